@@ -1,0 +1,166 @@
+"""The ``metricpipe`` command. It parses arguments and hands off; errors become one line and exit 2."""
+import functools
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from pipeline.config import RunConfig, load_config, parse_config
+from pipeline.errors import StageError
+from tasks.errors import InputError
+
+EXIT_INPUT = 2
+
+
+def _echo(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
+def handle_errors(fn):
+    """Turn project errors into a one-line message and exit code 2; --verbose shows the traceback."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        verbose = click.get_current_context().find_root().params.get("verbose", False)
+        try:
+            return fn(*args, **kwargs)
+        except (InputError, StageError) as e:
+            if verbose:
+                raise
+            _echo(f"error: {str(e).splitlines()[0]}")
+            store = kwargs.get("store") or getattr(click.get_current_context(), "_store", None)
+            if isinstance(e, StageError) and store:
+                _echo(f"to resume: metricpipe run {kwargs.get('config', 'CONFIG')} --store {store} --resume")
+            sys.exit(EXIT_INPUT)
+        except KeyboardInterrupt:
+            _echo("interrupted; finished stages are kept, rerun with --resume to continue")
+            sys.exit(130)
+    return wrapper
+
+
+@click.group()
+@click.option("--verbose", "-v", is_flag=True, help="Show tracebacks and debug logging.")
+@click.version_option(package_name="metricpipe")
+def main(verbose):
+    """metricpipe: supervised compact codes for image descriptors, on Dask."""
+    # Our own one-line messages say what failed; Dask's per-task logs are for --verbose. Set through
+    # the environment so that worker processes started from here inherit it.
+    level = "info" if verbose else "error"
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", level)
+    import dask
+    dask.config.set({"logging.distributed": level})
+    logging.getLogger("distributed").setLevel(level.upper())
+
+
+def _cluster_options(f):
+    f = click.option("--cluster", help="local | tcp://HOST:PORT | a cluster spec YAML (overrides config).")(f)
+    f = click.option("--workers", type=click.IntRange(min=1), help="Number of workers (overrides config).")(f)
+    f = click.option("--memory-limit", help="Per-worker memory limit of a local cluster, e.g. 2GB.")(f)
+    return f
+
+
+def _apply(cfg: RunConfig, store, cluster, workers, memory_limit) -> RunConfig:
+    return cfg.with_overrides(store=store, cluster=cluster, workers=workers, memory_limit=memory_limit)
+
+
+@main.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--store", help="Store directory or fsspec URL (overrides config).")
+@_cluster_options
+@click.option("--resume/--force", default=True, show_default=True,
+              help="Reuse finished stages whose inputs match, or recompute everything.")
+@click.option("--performance-report", type=click.Path(dir_okay=False), help="Write Dask's HTML performance report.")
+@handle_errors
+def run(config, store, cluster, workers, memory_limit, resume, performance_report):
+    """Run the whole pipeline described by CONFIG (YAML)."""
+    from pipeline.runner import run_pipeline
+
+    cfg = _apply(load_config(config), store, cluster, workers, memory_limit)
+    run_pipeline(cfg, resume=resume, log=_echo, performance_report=performance_report)
+
+
+@main.command()
+@click.option("--store", default="runs/digits", show_default=True, help="Where to write the demo's store.")
+@_cluster_options
+@handle_errors
+def demo(store, cluster, workers, memory_limit):
+    """Run examples/digits.yaml: scikit-learn's digits on a LocalCluster and a local store."""
+    from pipeline.runner import run_pipeline
+
+    cfg = _apply(load_config(demo_config_path()), store, cluster, workers, memory_limit)
+    run_pipeline(cfg, log=_echo)
+
+
+def demo_config_path() -> Path:
+    here = Path(__file__).resolve().parent
+    for p in (here / "examples" / "digits.yaml", here.parent / "examples" / "digits.yaml"):
+        if p.is_file():
+            return p
+    raise InputError("examples/digits.yaml is missing from this installation; reinstall metricpipe")
+
+
+@main.command("stage")
+@click.argument("source")
+@click.option("--store", required=True, help="Store directory or fsspec URL.")
+@click.option("--features", default="X", show_default=True, help="Array name inside npz/h5/zarr.")
+@click.option("--labels", default="y", show_default=True, help="Label array name, or a .npy path.")
+@click.option("--normalize", default="none", show_default=True, type=click.Choice(["none", "l1", "l2", "power"]))
+@click.option("--test", "test_fraction", default=0.2, show_default=True, type=float, help="Stratified test fraction.")
+@click.option("--split-column", help="Array of train/test/val/negatives strings instead of a random split.")
+@_cluster_options
+@handle_errors
+def stage_cmd(source, store, features, labels, normalize, test_fraction, split_column, cluster, workers,
+              memory_limit):
+    """Stage SOURCE (a path, or digits | fashion-mnist | synthetic) into the store, alone."""
+    from pipeline.cluster import connect
+    from pipeline.context import StageContext
+    from pipeline.stages import run_stage
+    from pipeline.storage import Store
+
+    data = {"features": features, "labels": labels, "normalize": normalize,
+            "split": {"column": split_column} if split_column else {"test": test_fraction}}
+    data["source" if source in ("digits", "fashion-mnist", "synthetic") else "path"] = source
+    cfg = _apply(parse_config({"data": data}, where="metricpipe stage", base_dir=Path.cwd()), store, cluster,
+                 workers, memory_limit)
+    st = Store(cfg.store)
+    st.check_writable()
+    with connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard) as client:
+        _echo(f"Dashboard: {client.dashboard_link}")
+        info = run_stage(StageContext(client, st, cfg, log=_echo))
+    _echo(f"Staged {info.n_samples} x {info.n_features} into {info.unit.url}")
+
+
+@main.command()
+@click.argument("store")
+@handle_errors
+def inspect(store):
+    """Show what STORE holds: units, arrays, shapes, chunking and the inputs they were made from."""
+    from pipeline.inspect import describe
+
+    click.echo(describe(store))
+
+
+@main.command()
+@click.argument("store")
+@handle_errors
+def report(store):
+    """Rebuild STORE/report from the stored results of the last run."""
+    from pipeline.report import build_report
+    from pipeline.storage import Store
+
+    st = Store(store)
+    st.check_exists()
+    try:
+        manifest = st.read_json("runs/latest.json")
+    except FileNotFoundError:
+        raise InputError(f"{store}: no finished run in this store (runs/latest.json missing); "
+                         f"run 'metricpipe run CONFIG' first") from None
+    except json.JSONDecodeError:
+        raise InputError(f"{store}: runs/latest.json is corrupt; rerun 'metricpipe run CONFIG'") from None
+    _echo(f"Report: {build_report(st, manifest)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+"""Run configuration: YAML in, frozen dataclasses out, every key checked before any work starts."""
+import difflib
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import yaml
+
+from tasks.errors import InputError
+from tasks.normalize import NORMALIZATIONS
+from tasks.registry import expand_method
+
+BUILTINS = ("digits", "fashion-mnist", "synthetic")
+SPLIT_NAMES = ("train", "test", "val", "negatives")  # code = position; stored as int8 with flag_meanings
+
+
+@dataclass(frozen=True)
+class SplitConfig:
+    test: float | None = 0.2
+    val: float = 0.0
+    seed: int = 0
+    column: str | None = None
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    samples: int = 20000
+    dim: int = 128
+    classes: int = 10
+    seed: int = 0
+    separation: float = 3.0
+    nonnegative: bool = False
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: str | None = None
+    path: str | None = None
+    root: str | None = None
+    features: str = "X"
+    labels: str = "y"
+    groups: str | None = None
+    ids: str | None = None
+    normalize: str = "none"
+    split: SplitConfig = SplitConfig()
+    chunk_mb: float = 64.0
+    synthetic: SyntheticConfig = SyntheticConfig()
+
+
+@dataclass(frozen=True)
+class StatisticsConfig:
+    max_dense_dim: int = 8192  # above this, PCA is randomized and LDA/whitening are refused
+    components: int = 256      # components kept by the randomized method
+
+
+@dataclass(frozen=True)
+class NeighboursConfig:
+    k: int = 50
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    retrieval_k: tuple = (1, 10, 100)
+    classifiers: tuple = ("knn1", "knn10", "ncm")
+    retrieval: bool = True
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    store: str = "runs/metricpipe"
+    cluster: str = "local"
+    workers: int = 2
+    threads_per_worker: int = 1
+    memory_limit: str = "auto"
+    dashboard: str = ":8787"
+    data: DataConfig = DataConfig()
+    methods: tuple = ()            # expanded model specs: dicts {"method", "dim", ...params}
+    statistics: StatisticsConfig = StatisticsConfig()
+    neighbours: NeighboursConfig | None = None
+    evaluate: EvaluateConfig = EvaluateConfig()
+    seed: int = 0
+    source_file: str = "<config>"
+    raw: dict = field(default_factory=dict, compare=False)
+
+    def with_overrides(self, **kw) -> "RunConfig":
+        return replace(self, **{k: v for k, v in kw.items() if v is not None})
+
+
+class ConfigError(InputError):
+    pass
+
+
+def _fail(where: str, key: str, msg: str):
+    raise ConfigError(f"{where}: {key}: {msg}")
+
+
+def _check_keys(d: dict, allowed, where: str, prefix: str):
+    if not isinstance(d, dict):
+        _fail(where, prefix.rstrip(".") or "config", f"expected a mapping, got {type(d).__name__} {d!r}")
+    for key in d:
+        if key not in allowed:
+            near = difflib.get_close_matches(str(key), list(allowed), n=1)
+            hint = f"did you mean '{prefix}{near[0]}'?" if near else f"allowed keys: {', '.join(allowed)}"
+            _fail(where, f"{prefix}{key}", f"unknown key; {hint}")
+
+
+def _typed(d: dict, key: str, kind, where: str, prefix: str, default=None, minimum=None, maximum=None,
+           choices=None):
+    if key not in d or d[key] is None:
+        return default
+    v = d[key]
+    name = f"{prefix}{key}"
+    if kind is float and isinstance(v, int) and not isinstance(v, bool):
+        v = float(v)
+    if kind is int and isinstance(v, bool) or not isinstance(v, kind):
+        _fail(where, name, f"expected {getattr(kind, '__name__', kind)}, got {v!r}")
+    if minimum is not None and v < minimum:
+        _fail(where, name, f"must be >= {minimum}, got {v!r}")
+    if maximum is not None and v > maximum:
+        _fail(where, name, f"must be <= {maximum}, got {v!r}")
+    if choices is not None and v not in choices:
+        _fail(where, name, f"must be one of {', '.join(map(str, choices))}, got {v!r}")
+    return v
+
+
+def _int_list(d, key, where, prefix, default, minimum=1):
+    if key not in d:
+        return default
+    v = d[key]
+    v = v if isinstance(v, list) else [v]
+    if not v or not all(isinstance(x, int) and not isinstance(x, bool) and x >= minimum for x in v):
+        _fail(where, prefix + key, f"expected integers >= {minimum} (one or a list), got {d[key]!r}")
+    return tuple(v)
+
+
+def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = None) -> RunConfig:
+    """Validate a config mapping and return a RunConfig; raises ConfigError naming the key."""
+    if raw is None:
+        raw = {}
+    _check_keys(raw, ["store", "cluster", "workers", "threads_per_worker", "memory_limit", "dashboard", "data",
+                      "methods", "statistics", "neighbours", "evaluate", "seed"], where, "")
+    data = raw.get("data")
+    if data is None:
+        _fail(where, "data", "missing; give data.source (digits | fashion-mnist | synthetic) or data.path")
+    _check_keys(data, ["source", "path", "root", "features", "labels", "groups", "ids", "normalize", "split",
+                       "chunk_mb", "synthetic"], where, "data.")
+    source = _typed(data, "source", str, where, "data.", choices=BUILTINS)
+    path = _typed(data, "path", str, where, "data.")
+    if (source is None) == (path is None):
+        _fail(where, "data", "give exactly one of data.source (digits | fashion-mnist | synthetic) and data.path")
+
+    def resolve(p):
+        if p is None or "://" in p or base_dir is None:
+            return p
+        q = Path(os.path.expanduser(p))
+        return str(q if q.is_absolute() else (base_dir / q))
+
+    split_raw = data.get("split", {}) or {}
+    _check_keys(split_raw, ["test", "val", "seed", "column"], where, "data.split.")
+    column = _typed(split_raw, "column", str, where, "data.split.")
+    split = SplitConfig(
+        test=None if column else _typed(split_raw, "test", float, where, "data.split.", 0.2, 0.0, 1.0),
+        val=_typed(split_raw, "val", float, where, "data.split.", 0.0, 0.0, 1.0),
+        seed=_typed(split_raw, "seed", int, where, "data.split.", 0, 0),
+        column=column,
+    )
+    if column and ("test" in split_raw or "val" in split_raw):
+        _fail(where, "data.split", "give either column or test/val fractions, not both")
+    if split.test is not None and not 0.0 < split.test + split.val < 1.0:
+        _fail(where, "data.split.test", f"test + val must be in (0, 1), got {split.test} + {split.val}")
+    syn_raw = data.get("synthetic", {}) or {}
+    _check_keys(syn_raw, ["samples", "dim", "classes", "seed", "separation", "nonnegative"], where,
+                "data.synthetic.")
+    synthetic = SyntheticConfig(
+        samples=_typed(syn_raw, "samples", int, where, "data.synthetic.", 20000, 4),
+        dim=_typed(syn_raw, "dim", int, where, "data.synthetic.", 128, 1),
+        classes=_typed(syn_raw, "classes", int, where, "data.synthetic.", 10, 2),
+        seed=_typed(syn_raw, "seed", int, where, "data.synthetic.", 0, 0),
+        separation=_typed(syn_raw, "separation", float, where, "data.synthetic.", 3.0, 0.0),
+        nonnegative=_typed(syn_raw, "nonnegative", bool, where, "data.synthetic.", False),
+    )
+    labels = _typed(data, "labels", str, where, "data.", "y")
+    if labels.endswith(".npy"):
+        labels = resolve(labels)
+    data_cfg = DataConfig(
+        source=source, path=resolve(path), root=resolve(_typed(data, "root", str, where, "data.")),
+        features=_typed(data, "features", str, where, "data.", "X"), labels=labels,
+        groups=_typed(data, "groups", str, where, "data."), ids=_typed(data, "ids", str, where, "data."),
+        normalize=_typed(data, "normalize", str, where, "data.", "none", choices=NORMALIZATIONS),
+        split=split, chunk_mb=_typed(data, "chunk_mb", float, where, "data.", 64.0, 0.001),
+        synthetic=synthetic,
+    )
+
+    methods_raw = raw.get("methods") or [{"method": "identity"}]
+    if not isinstance(methods_raw, list):
+        _fail(where, "methods", f"expected a list of {{method: ...}} entries, got {methods_raw!r}")
+    methods, seen = [], set()
+    for i, entry in enumerate(methods_raw):
+        if not isinstance(entry, dict) or "method" not in entry:
+            _fail(where, f"methods[{i}]", f"expected a mapping with a 'method' key, got {entry!r}")
+        try:
+            for spec in expand_method(entry):
+                ident = tuple(sorted(spec.items()))
+                if ident not in seen:
+                    seen.add(ident)
+                    methods.append(spec)
+        except InputError as e:
+            _fail(where, f"methods[{i}]", str(e))
+
+    st_raw = raw.get("statistics", {}) or {}
+    _check_keys(st_raw, ["max_dense_dim", "components"], where, "statistics.")
+    statistics = StatisticsConfig(
+        max_dense_dim=_typed(st_raw, "max_dense_dim", int, where, "statistics.", 8192, 1),
+        components=_typed(st_raw, "components", int, where, "statistics.", 256, 1))
+
+    neighbours = None
+    if raw.get("neighbours") is not None:
+        nb = raw["neighbours"]
+        _check_keys(nb, ["k"], where, "neighbours.")
+        neighbours = NeighboursConfig(k=_typed(nb, "k", int, where, "neighbours.", 50, 1))
+
+    ev = raw.get("evaluate", {}) or {}
+    _check_keys(ev, ["retrieval", "classification"], where, "evaluate.")
+    ret = ev.get("retrieval", {})
+    do_retrieval = ret is not False
+    ret = ret if isinstance(ret, dict) else {}
+    _check_keys(ret, ["k"], where, "evaluate.retrieval.")
+    cls = ev.get("classification", {}) or {}
+    _check_keys(cls, ["classifiers"], where, "evaluate.classification.")
+    classifiers = cls.get("classifiers", ["knn1", "knn10", "ncm"])
+    if not isinstance(classifiers, list):
+        classifiers = [classifiers]
+    for c in classifiers:
+        if not (isinstance(c, str) and (c == "ncm" or (c.startswith("knn") and c[3:].isdigit() and int(c[3:]) > 0))):
+            _fail(where, "evaluate.classification.classifiers",
+                  f"unknown classifier {c!r}; use knnK (e.g. knn1, knn10) or ncm")
+    evaluate = EvaluateConfig(retrieval_k=_int_list(ret, "k", where, "evaluate.retrieval.", (1, 10, 100)),
+                              classifiers=tuple(classifiers), retrieval=do_retrieval)
+
+    cluster = _typed(raw, "cluster", str, where, "", "local")
+    if cluster not in ("local",) and not cluster.startswith("tcp://") and not cluster.endswith((".yaml", ".yml")):
+        _fail(where, "cluster", f"expected local, tcp://HOST:PORT or a cluster spec .yaml, got {cluster!r}")
+    memory_limit = raw.get("memory_limit", "auto")
+    if not isinstance(memory_limit, (str, int)) or isinstance(memory_limit, bool):
+        _fail(where, "memory_limit", f"expected a size such as 2GB or 'auto', got {memory_limit!r}")
+    store = _typed(raw, "store", str, where, "", "runs/metricpipe")
+    return RunConfig(
+        store=resolve(store) if raw.get("store") and base_dir is not None else store,
+        cluster=resolve(cluster) if cluster.endswith((".yaml", ".yml")) else cluster,
+        workers=_typed(raw, "workers", int, where, "", 2, 1),
+        threads_per_worker=_typed(raw, "threads_per_worker", int, where, "", 1, 1),
+        memory_limit=memory_limit, dashboard=str(raw.get("dashboard", ":8787")),
+        data=data_cfg, methods=tuple(methods), statistics=statistics, neighbours=neighbours,
+        evaluate=evaluate, seed=_typed(raw, "seed", int, where, "", 0, 0), source_file=where, raw=raw)
+
+
+def load_config(path: str | os.PathLike) -> RunConfig:
+    """Read and validate a YAML config; relative paths inside it resolve against the working directory."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: config file not found; pass the path to a YAML config (see examples/)")
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{p}: not valid YAML{at}: {getattr(e, 'problem', e)}") from None
+    return parse_config(raw, where=str(p), base_dir=Path.cwd())

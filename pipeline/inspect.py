@@ -1,0 +1,38 @@
+"""``metricpipe inspect``: a plain-text description of a store."""
+from pipeline.storage import Store
+
+
+def describe(url: str) -> str:
+    store = Store(url)
+    store.check_exists()
+    lines = [f"store {store.url}"]
+    try:
+        latest = store.read_json("runs/latest.json")
+        lines.append(f"last run: {latest['dataset'].get('source')}, {len(latest['evaluation_units'])} models "
+                     f"evaluated, {latest['seconds']:.1f} s")
+    except FileNotFoundError:
+        lines.append("last run: none finished")
+    for kind in ("data", "statistics", "neighbours", "models", "codes", "evaluation"):
+        units = store.units(kind)
+        if not units:
+            continue
+        lines.append(f"{kind}/")
+        for u in units:
+            state = "done" if u.done() else "INCOMPLETE (no commit marker; ignored and rewritten on the next run)"
+            meta = u.meta() if u.done() else {}
+            facts = ", ".join(f"{k}={v}" for k, v in meta.items()
+                              if k not in ("key", "kind", "committed", "spec") and not isinstance(v, (dict, list)))
+            spec = meta.get("spec")
+            lines.append(f"  {u.key}  {state}" + (f"  {spec}" if spec else "") + (f"  [{facts}]" if facts else ""))
+            if u.done():
+                lines += [f"    {a}" for a in _arrays(u.url)]
+    return "\n".join(lines)
+
+
+def _arrays(url: str) -> list[str]:
+    import zarr
+    try:
+        g = zarr.open_group(store=url, mode="r")
+    except Exception:  # a unit without arrays (evaluation) is fine
+        return []
+    return [f"{name}: {a.dtype} {a.shape} chunks {a.chunks}" for name, a in sorted(g.arrays())]

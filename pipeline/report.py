@@ -1,0 +1,96 @@
+"""The report: metrics.json (records + timings + run facts) and a self-contained index.html with
+tables and one metric-vs-dimension plot per metric."""
+import base64
+import html
+import io
+import platform
+from importlib import metadata
+
+from pipeline.storage import Store, to_json
+
+PACKAGES = ("metricpipe", "numpy", "scipy", "dask", "distributed", "zarr", "xarray", "scikit-learn")
+
+
+def package_versions() -> dict:
+    out = {"python": platform.python_version()}
+    for p in PACKAGES:
+        try:
+            out[p] = metadata.version(p)
+        except metadata.PackageNotFoundError:
+            out[p] = None
+    return out
+
+
+def build_report(store: Store, manifest: dict) -> str:
+    """Collect the run's evaluation units, write report/metrics.json and report/index.html."""
+    records = []
+    for rel in manifest["evaluation_units"]:
+        kind, key = rel.split("/")
+        records += store.unit(kind, key).read_json("records.json")
+    doc = {"run": {k: manifest[k] for k in ("config", "dataset", "store", "versions", "started", "seconds")},
+           "records": records, "timings": manifest["timings"]}
+    store.write_text("report/metrics.json", to_json(doc))
+    store.write_text("report/index.html", render_html(doc))
+    return store.path("report", "index.html")
+
+
+def _plot(records: list, metric: str, classifier) -> str:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    series = {}
+    for r in records:
+        if r["metric"] == metric and r["classifier"] == classifier:
+            label = r["method"] + ("" if not r["params"] else " " + ",".join(f"{k}={v}" for k, v in r["params"].items()
+                                                                             if k not in ("seed",)))
+            series.setdefault(label, []).append((r["dim"], r["value"]))
+    for label, pts in sorted(series.items()):
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("dimension")
+    ax.set_ylabel(metric if classifier is None else f"{metric} ({classifier})")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def render_html(doc: dict) -> str:
+    records = doc["records"]
+    columns = sorted({(r["metric"], r["classifier"]) for r in records},
+                     key=lambda mc: (mc[1] is not None, mc[1] or "", mc[0]))
+    rows = {}
+    for r in records:
+        ident = (r["method"], r["dim"], to_json(r["params"]))
+        rows.setdefault(ident, {})[(r["metric"], r["classifier"])] = r["value"]
+    esc = html.escape
+    head = "".join(f"<th>{esc(m)}{'' if c is None else '<br>' + esc(c)}</th>" for m, c in columns)
+    body = ""
+    for (method, dim, params), vals in sorted(rows.items(), key=lambda x: (x[0][0], x[0][1], x[0][2])):
+        cells = "".join(f"<td>{vals[c]:.4f}</td>" if c in vals else "<td></td>" for c in columns)
+        p = "" if params == "{}" else esc(params.replace("\n", ""))
+        body += f"<tr><td>{esc(method)}</td><td>{dim}</td><td><small>{p}</small></td>{cells}</tr>\n"
+    plots = "".join(f'<figure><img src="data:image/png;base64,{_plot(records, m, c)}"></figure>' for m, c in columns)
+    timings = "".join(f"<tr><td>{esc(t['stage'])}</td><td>{t['seconds']:.2f}</td><td>{esc(t.get('note', ''))}</td></tr>"
+                      for t in doc["timings"])
+    run = doc["run"]
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>metricpipe report</title>
+<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;
+padding:3px 8px;text-align:right}}figure{{display:inline-block;margin:4px}}pre{{background:#f6f6f6;padding:1em}}</style>
+</head><body><h1>metricpipe report</h1>
+<p>Dataset: {esc(str(run['dataset'].get('source')))} &mdash; {run['dataset'].get('n_samples')} samples x
+{run['dataset'].get('n_features')} features, {run['dataset'].get('n_classes')} classes,
+splits {esc(to_json(run['dataset'].get('splits')))}, fingerprint <code>{esc(run['dataset'].get('key', ''))}</code>.
+Run took {run['seconds']:.1f} s.</p>
+<h2>Metrics</h2><table><tr><th>method</th><th>dim</th><th>params</th>{head}</tr>{body}</table>
+<h2>Plots</h2>{plots}
+<h2>Stage timings</h2><table><tr><th>stage</th><th>seconds</th><th></th></tr>{timings}</table>
+<h2>Config</h2><pre>{esc(to_json(run['config']))}</pre>
+<h2>Versions</h2><pre>{esc(to_json(run['versions']))}</pre>
+</body></html>"""

@@ -1,0 +1,336 @@
+"""Feature sources: picklable readers that give row ranges of a feature file without loading it whole.
+
+A :class:`Source` bundles a reader (``shape``, ``dtype``, ``read(start, stop)``) that workers call on
+their own row-block, the labels and optional split/group/id columns (1-D, small), and a fingerprint
+(path, size, mtime) that keys the staged data.
+"""
+import gzip
+import os
+import struct
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.config import DataConfig
+from tasks.errors import InputError
+from tasks.synthetic import SyntheticSpec
+
+FASHION_DEBIAN = "/usr/share/datasets/fashion-mnist"
+FASHION_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                 "t10k-labels-idx1-ubyte")
+
+
+@dataclass
+class Source:
+    name: str                      # what error messages call it (a file path or builtin:NAME)
+    reader: object
+    labels: np.ndarray
+    split: np.ndarray | None = None   # strings train/test/val/negatives, or None for a random split
+    groups: np.ndarray | None = None
+    ids: np.ndarray | None = None
+    fingerprint: dict = field(default_factory=dict)
+
+
+def _fingerprint(*paths) -> dict:
+    out = {}
+    for p in paths:
+        p = Path(p)
+        files = sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p]
+        out[str(p.resolve())] = [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files[:1000]]
+    return out
+
+
+class MemoryReader:
+    """Rows of an in-memory array (small built-ins only)."""
+
+    def __init__(self, X):
+        self.X = np.asarray(X)
+        self.shape, self.dtype = self.X.shape, self.X.dtype
+
+    def read(self, start, stop):
+        return self.X[start:stop]
+
+
+class NpyReader:
+    def __init__(self, path):
+        self.path = str(path)
+        a = np.load(self.path, mmap_mode="r")
+        self.shape, self.dtype = a.shape, a.dtype
+
+    def read(self, start, stop):
+        return np.array(np.load(self.path, mmap_mode="r")[start:stop])
+
+
+class NpzReader:
+    """One array of an .npz; seeks inside the zip member so blocks are read without loading it all."""
+
+    def __init__(self, path, key):
+        self.path, self.key = str(path), key
+        with zipfile.ZipFile(self.path) as z, z.open(key + ".npy") as f:
+            version = np.lib.format.read_magic(f)
+            self.shape, fortran, self.dtype = np.lib.format._read_array_header(f, version)
+            self.offset = f.tell()
+        if fortran:
+            raise InputError(f"{self.path}: array {key!r} is stored in Fortran order; save it C-ordered")
+
+    def read(self, start, stop):
+        row = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+        with zipfile.ZipFile(self.path) as z, z.open(self.key + ".npy") as f:
+            f.seek(self.offset + start * row)
+            buf = f.read((stop - start) * row)
+        return np.frombuffer(buf, self.dtype).reshape((stop - start,) + tuple(self.shape[1:]))
+
+
+class H5Reader:
+    def __init__(self, path, key):
+        import h5py
+        self.path, self.key = str(path), key
+        with h5py.File(self.path, "r") as f:
+            if key not in f:
+                raise InputError(f"{self.path}: no dataset {key!r} (data.features); it holds {sorted(f.keys())}")
+            self.shape, self.dtype = f[key].shape, f[key].dtype
+
+    def read(self, start, stop):
+        import h5py
+        with h5py.File(self.path, "r") as f:
+            return f[self.key][start:stop]
+
+
+class ZarrReader:
+    def __init__(self, path, key):
+        import zarr
+        self.path, self.key = str(path), key
+        a = zarr.open_array(store=f"{self.path}/{key}", mode="r")
+        self.shape, self.dtype = a.shape, a.dtype
+
+    def read(self, start, stop):
+        import zarr
+        return zarr.open_array(store=f"{self.path}/{self.key}", mode="r")[start:stop]
+
+
+class VecsReader:
+    """.fvecs (float32) and .bvecs (uint8): each row is an int32 dimension followed by the values."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        self.dtype = np.dtype(np.float32 if self.path.endswith(".fvecs") else np.uint8)
+        size = os.path.getsize(self.path)
+        if size < 4:
+            raise InputError(f"{self.path}: file is empty; expected {self.path[-5:]} vectors")
+        d = int(np.fromfile(self.path, np.int32, 1)[0])
+        self.row_bytes = 4 + d * self.dtype.itemsize
+        if d <= 0 or size % self.row_bytes:
+            raise InputError(f"{self.path}: size {size} is not a multiple of a {d}-d row "
+                             f"({self.row_bytes} bytes); the file is truncated or not {self.path[-5:]}")
+        self.shape = (size // self.row_bytes, d)
+
+    def read(self, start, stop):
+        raw = np.fromfile(self.path, np.uint8, (stop - start) * self.row_bytes, offset=start * self.row_bytes)
+        raw = raw.reshape(stop - start, self.row_bytes)
+        dims = raw[:, :4].copy().view(np.int32).ravel()
+        if (dims != self.shape[1]).any():
+            raise InputError(f"{self.path}: rows {start}..{stop - 1} are ragged (dimensions "
+                             f"{sorted(set(dims.tolist()))[:4]} vs {self.shape[1]}); every vector needs one length")
+        return raw[:, 4:].copy().view(self.dtype)
+
+
+IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+
+
+def _open_idx(path):
+    return gzip.open(path, "rb") if str(path).endswith(".gz") else open(path, "rb")
+
+
+class IdxReader:
+    """IDX files (MNIST format), optionally gzipped; images are flattened to rows."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        with _open_idx(self.path) as f:
+            head = f.read(4)
+            if len(head) < 4 or head[:2] != b"\0\0" or head[2] not in IDX_DTYPES:
+                raise InputError(f"{self.path}: not an IDX file (bad magic number)")
+            ndim = head[3]
+            dims = struct.unpack(f">{ndim}I", f.read(4 * ndim))
+        self.offset = 4 + 4 * ndim
+        self.item = np.dtype(IDX_DTYPES[head[2]])
+        self.dims = dims
+        self.shape = (dims[0], int(np.prod(dims[1:], dtype=np.int64)))
+        self.dtype = self.item.newbyteorder("=") if self.item.byteorder == ">" else self.item
+
+    def read(self, start, stop):
+        with _open_idx(self.path) as f:
+            f.seek(self.offset + start * self.shape[1] * self.item.itemsize)
+            buf = f.read((stop - start) * self.shape[1] * self.item.itemsize)
+        return np.frombuffer(buf, self.item).reshape(stop - start, self.shape[1]).astype(self.dtype)
+
+    def read_all_1d(self):
+        return self.read(0, self.shape[0]).reshape(-1)
+
+
+class ConcatReader:
+    def __init__(self, readers):
+        self.readers = readers
+        self.bounds = np.cumsum([0] + [r.shape[0] for r in readers])
+        self.shape = (int(self.bounds[-1]), readers[0].shape[1])
+        self.dtype = readers[0].dtype
+
+    def read(self, start, stop):
+        parts = []
+        for r, lo, hi in zip(self.readers, self.bounds[:-1], self.bounds[1:]):
+            a, b = max(start, lo), min(stop, hi)
+            if a < b:
+                parts.append(r.read(a - lo, b - lo))
+        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+
+class SyntheticReader:
+    def __init__(self, spec: SyntheticSpec):
+        self.spec = spec
+        self.shape = (spec.n_samples, spec.n_features)
+        self.dtype = np.dtype(np.float32)
+        self._labels = None
+
+    def read(self, start, stop):
+        if self._labels is None:
+            self._labels = self.spec.labels()
+        return self.spec.rows(start, stop, self._labels)
+
+
+def _find_idx(folder: Path, stem: str) -> Path | None:
+    for name in (stem, stem + ".gz"):
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def fashion_mnist_root(cfg: DataConfig) -> Path:
+    """data.root, else $METRICPIPE_DATA, else Debian's dataset-fashion-mnist location."""
+    candidates = [c for c in (cfg.root, os.environ.get("METRICPIPE_DATA"), FASHION_DEBIAN) if c]
+    for c in candidates:
+        p = Path(c)
+        for q in (p, p / "fashion-mnist"):
+            if all(_find_idx(q, s) for s in FASHION_FILES):
+                return q
+    raise InputError(
+        f"data.source fashion-mnist: IDX files not found in {', '.join(candidates)}; install them with "
+        f"'apt-get install dataset-fashion-mnist', or set data.root or METRICPIPE_DATA to a folder holding "
+        f"{FASHION_FILES[0]}.gz and the other three files")
+
+
+def _idx_source(folder: Path, name: str) -> Source:
+    files = [_find_idx(folder, s) for s in FASHION_FILES]
+    tr, tr_lab, te, te_lab = [IdxReader(f) for f in files]
+    y = np.concatenate([tr_lab.read_all_1d(), te_lab.read_all_1d()])
+    split = np.array(["train"] * tr.shape[0] + ["test"] * te.shape[0])
+    return Source(name, ConcatReader([tr, te]), y, split=split, fingerprint=_fingerprint(*files))
+
+
+def _column(container, key, path, field_name, n=None):
+    if key not in container:
+        raise InputError(f"{path}: no array {key!r} ({field_name}); it holds {sorted(container.keys())}")
+    return np.asarray(container[key][...])
+
+
+def open_source(cfg: DataConfig) -> Source:
+    """Open the configured source lazily; raises InputError naming the file and key on any problem."""
+    if cfg.source == "digits":
+        from sklearn.datasets import load_digits
+        d = load_digits()
+        return Source("builtin:digits", MemoryReader(d.data.astype(np.float32)), d.target,
+                      fingerprint={"builtin": "digits"})
+    if cfg.source == "fashion-mnist":
+        return _idx_source(fashion_mnist_root(cfg), "builtin:fashion-mnist")
+    if cfg.source == "synthetic":
+        s = cfg.synthetic
+        spec = SyntheticSpec(s.samples, s.dim, s.classes, s.seed, separation=s.separation,
+                             nonnegative=s.nonnegative)
+        return Source("builtin:synthetic", SyntheticReader(spec), spec.labels(),
+                      fingerprint={"builtin": "synthetic", **s.__dict__})
+    path = Path(cfg.path)
+    if not path.exists():
+        raise InputError(f"{path}: file not found (data.path); check the path or the working directory")
+    try:
+        return _open_path(cfg, path)
+    except InputError:
+        raise
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+        raise InputError(f"{path}: cannot read (data.path): {type(e).__name__}: {e}".splitlines()[0]) from None
+
+
+def _labels_from_npy(cfg, n_hint=None):
+    p = Path(cfg.labels)
+    if not p.is_file():
+        raise InputError(f"{p}: labels file not found (data.labels)")
+    return np.load(p, allow_pickle=False)
+
+
+def _open_path(cfg: DataConfig, path: Path) -> Source:
+    suffix = "".join(path.suffixes[-1:]).lower()
+    extra = {}
+    separate_labels = cfg.labels.endswith(".npy")
+    if path.is_file() and path.stat().st_size == 0:
+        raise InputError(f"{path}: file is empty (data.path)")
+    if suffix == ".npy":
+        reader = NpyReader(path)
+        if not separate_labels:
+            raise InputError(f"{path}: a .npy file holds one array; give data.labels as the path of a .npy "
+                             f"file of labels")
+        y = _labels_from_npy(cfg)
+    elif suffix == ".npz":
+        with np.load(path, allow_pickle=False) as z:
+            if cfg.features not in z.files:
+                raise InputError(f"{path}: no array {cfg.features!r} (data.features); it holds {sorted(z.files)}")
+            y = _labels_from_npy(cfg) if separate_labels else _column(z, cfg.labels, path, "data.labels")
+            extra = _extra_columns(cfg, z, path)
+        reader = NpzReader(path, cfg.features)
+    elif suffix in (".h5", ".hdf5"):
+        import h5py
+        reader = H5Reader(path, cfg.features)
+        with h5py.File(path, "r") as f:
+            y = _labels_from_npy(cfg) if separate_labels else _column(f, cfg.labels, path, "data.labels")
+            extra = _extra_columns(cfg, f, path)
+    elif suffix == ".zarr" or (path.is_dir() and (path / "zarr.json").exists()):
+        import zarr
+        g = zarr.open_group(store=str(path), mode="r")
+        names = {k for k, _ in g.arrays()}
+        if cfg.features not in names:
+            raise InputError(f"{path}: no array {cfg.features!r} (data.features); it holds {sorted(names)}")
+        reader = ZarrReader(path, cfg.features)
+        y = _labels_from_npy(cfg) if separate_labels else _column({k: g[k] for k in names}, cfg.labels, path,
+                                                                  "data.labels")
+        extra = _extra_columns(cfg, {k: g[k] for k in names}, path)
+    elif suffix in (".fvecs", ".bvecs"):
+        reader = VecsReader(path)
+        if not separate_labels:
+            raise InputError(f"{path}: {suffix} files hold no labels; give data.labels as a .npy path")
+        y = _labels_from_npy(cfg)
+    elif path.is_dir() and all(_find_idx(path, s) for s in FASHION_FILES):
+        return _idx_source(path, str(path))
+    elif "idx" in path.name:
+        reader = IdxReader(path)
+        if not separate_labels:
+            raise InputError(f"{path}: give data.labels as a .npy path or point data.path at a folder with "
+                             f"train-/t10k- images and labels IDX files")
+        y = _labels_from_npy(cfg)
+    else:
+        raise InputError(f"{path}: unknown format (data.path); use .npy, .npz, .h5, .zarr, .fvecs, .bvecs "
+                         f"or an IDX file/folder")
+    if len(reader.shape) != 2:
+        raise InputError(f"{path}: features must be a 2-D (sample, feature) array; got shape "
+                         f"{tuple(reader.shape)}; reshape to (n_samples, n_features)")
+    return Source(str(path), reader, y, fingerprint=_fingerprint(path, *([cfg.labels] if separate_labels else [])),
+                  **extra)
+
+
+def _extra_columns(cfg, container, path) -> dict:
+    out = {}
+    if cfg.split.column:
+        out["split"] = _column(container, cfg.split.column, path, "data.split.column").astype(str)
+    if cfg.groups:
+        out["groups"] = _column(container, cfg.groups, path, "data.groups")
+    if cfg.ids:
+        out["ids"] = _column(container, cfg.ids, path, "data.ids")
+    return out

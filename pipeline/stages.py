@@ -1,0 +1,510 @@
+"""The stages: each opens its inputs lazily, checks them, writes its output template, maps `tasks`
+kernels over row-blocks on the workers, and commits its unit. A stage wires; it does not compute.
+
+Worker-side functions (prefixed ``_``) read exactly the row-block they are given, call a kernel and
+write their own chunk-aligned region, so no task ever holds more than a row-block of features
+(a kNN task holds a query block and a database block) and no two tasks write the same chunk.
+"""
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+
+import dask.array as da
+import numpy as np
+import xarray as xr
+
+from pipeline.config import SPLIT_NAMES, RunConfig
+from pipeline.context import StageContext
+from pipeline.sources import open_source
+from pipeline.storage import (Unit, chunk_rows_for, create_array, hash_key, load_arrays, open_array, row_chunks,
+                              save_arrays)
+from tasks import knn, metrics, moments
+from tasks.errors import InputError
+from tasks.models import LinearModel
+from tasks.normalize import normalize_rows
+from tasks.registry import METHODS
+from tasks.validate import check_feature_block, check_split, encode_labels
+
+TRAIN, TEST = SPLIT_NAMES.index("train"), SPLIT_NAMES.index("test")
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    unit: Unit
+    n_samples: int
+    n_features: int
+    chunk_rows: int
+    classes: list
+    labels: np.ndarray
+    split: np.ndarray
+    groups: np.ndarray | None
+
+    @property
+    def url(self):
+        return self.unit.url
+
+    @property
+    def chunks(self):
+        return row_chunks(self.n_samples, self.chunk_rows)
+
+    def rows(self, code: int) -> np.ndarray:
+        return np.flatnonzero(self.split == code)
+
+
+def _timed(unit: Unit, started: float, meta: dict) -> None:
+    unit.commit({**meta, "seconds": round(time.perf_counter() - started, 3)})
+
+
+def _write_template(url: str, variables: dict, coords: dict, attrs: dict, chunk_rows: int) -> None:
+    """Write the metadata and coordinates of an xarray Dataset; data chunks are filled by tasks."""
+    data_vars, encoding = {}, {}
+    for name, (dims, shape, dtype, fill) in variables.items():
+        chunks = (min(chunk_rows, shape[0]),) + tuple(shape[1:])
+        data_vars[name] = (dims, da.full(shape, fill, dtype=dtype, chunks=chunks))
+        encoding[name] = {"chunks": chunks}
+    ds = xr.Dataset(data_vars, coords={k: ("sample", v) for k, v in coords.items()}, attrs=attrs)
+    ds.to_zarr(url, mode="w", compute=False, consolidated=False, encoding=encoding)
+
+
+# ---- 1. stage ----------------------------------------------------------------------------------------
+
+def _split_codes(cfg: RunConfig, src, codes: np.ndarray) -> np.ndarray:
+    n = len(codes)
+    if src.split is not None:
+        unknown = sorted(set(np.unique(src.split)) - set(SPLIT_NAMES))
+        if unknown:
+            raise InputError(f"{src.name}: split column holds {unknown[:3]} (data.split.column); "
+                             f"allowed values are {', '.join(SPLIT_NAMES)}")
+        lookup = {name: i for i, name in enumerate(SPLIT_NAMES)}
+        return np.array([lookup[s] for s in src.split], np.int8) if n < 1000 else \
+            np.select([src.split == s for s in SPLIT_NAMES], range(len(SPLIT_NAMES)), TRAIN).astype(np.int8)
+    if cfg.data.split.column:
+        raise InputError(f"{src.name}: this source has no split column {cfg.data.split.column!r} "
+                         f"(data.split.column); use data.split.test instead")
+    from sklearn.model_selection import train_test_split
+
+    s = cfg.data.split
+    split = np.full(n, TRAIN, np.int8)
+    counts = np.bincount(codes)
+    if counts.min() < 2:
+        raise InputError(f"{src.name}: class {int(np.argmin(counts))} has {counts.min()} sample(s); a stratified "
+                         f"split needs at least two per class (data.labels); drop or merge that class")
+    held = s.test + s.val
+    try:
+        _, rest = train_test_split(np.arange(n), test_size=held, stratify=codes, random_state=s.seed)
+        if s.val > 0:
+            test, val = train_test_split(rest, test_size=s.val / held, stratify=codes[rest], random_state=s.seed)
+            split[val] = SPLIT_NAMES.index("val")
+        else:
+            test = rest
+    except ValueError as e:
+        raise InputError(f"{src.name}: cannot split {n} samples of {len(counts)} classes with "
+                         f"data.split.test={s.test}: {e}".splitlines()[0]) from None
+    split[test] = TEST
+    return split
+
+
+def _stage_block(reader, start: int, stop: int, normalize: str, url: str, name: str) -> int:
+    X = np.asarray(reader.read(start, stop))
+    check_feature_block(X, start, name)
+    out = open_array(f"{url}/features", mode="r+")
+    out[start:stop] = normalize_rows(X, normalize)
+    return stop - start
+
+
+def run_stage(ctx: StageContext) -> DataInfo:
+    """Read the source in row-blocks, validate, normalise, write features (sample, feature) + coords."""
+    cfg = ctx.config
+    src = open_source(cfg.data)
+    n, D = int(src.reader.shape[0]), int(np.prod(src.reader.shape[1:]))
+    if n == 0 or D == 0:
+        raise InputError(f"{src.name}: features are empty (shape {tuple(src.reader.shape)}); check data.features")
+    codes, classes = encode_labels(src.labels, n, f"{src.name} (data.labels)")
+    split = _split_codes(cfg, src, codes)
+    check_split(codes, split, SPLIT_NAMES, classes, src.name)
+    groups = None
+    if src.groups is not None:
+        groups = encode_labels(src.groups, n, f"{src.name} (data.groups)")[0] if len(np.unique(src.groups)) > 1 \
+            else np.zeros(n, np.int32)
+    chunk_rows = chunk_rows_for(D, cfg.data.chunk_mb)
+    d = cfg.data
+    key = hash_key({"stage": "data", "source": src.fingerprint, "name": src.name, "features": d.features,
+                    "labels": d.labels, "groups": d.groups, "normalize": d.normalize, "split": d.split.__dict__,
+                    "chunk_rows": chunk_rows})
+    unit = ctx.store.unit("data", key)
+    info = DataInfo(unit, n, D, chunk_rows, classes, codes, split, groups)
+    if ctx.resume and unit.done():
+        ctx.log(f"  stage: reusing {unit.rel}")
+        return info
+    t0 = time.perf_counter()
+    unit.begin()
+    coords = {"label": codes, "split": split}
+    if groups is not None:
+        coords["group"] = groups
+    if src.ids is not None:
+        ids = np.asarray(src.ids)
+        if not np.issubdtype(ids.dtype, np.integer) or len(ids) != n:
+            raise InputError(f"{src.name}: data.ids must be {n} integers; got dtype {ids.dtype}, length {len(ids)}")
+        coords["id"] = ids
+    attrs = {"source": src.name, "normalize": d.normalize, "classes": [str(c) for c in classes],
+             "split_flag_meanings": " ".join(SPLIT_NAMES)}
+    _write_template(unit.url, {"features": (("sample", "feature"), (n, D), np.float32, np.nan)}, coords, attrs,
+                    chunk_rows)
+    futures = [ctx.submit(_stage_block, src.reader, a, b, d.normalize, unit.url, src.name, name="stage-block")
+               for a, b in info.chunks]
+    ctx.gather(futures, "stage", [f"rows {a}..{b - 1}" for a, b in info.chunks])
+    _timed(unit, t0, {"n_samples": n, "n_features": D, "source": src.name})
+    return info
+
+
+def load_features(url: str, start: int, stop: int, rows: np.ndarray | None = None) -> np.ndarray:
+    """Rows ``start:stop`` of a staged array (optionally only the local positions ``rows``)."""
+    X = open_array(f"{url}/features")[start:stop]
+    return X if rows is None else X[rows]
+
+
+# ---- 2. statistics -------------------------------------------------------------------------------------
+
+def _moments_block(url: str, start: int, stop: int, n_classes: int, second: bool, array_url: str | None = None):
+    """Moments of the train rows of block start:stop (of ``array_url``, default the staged features)."""
+    split = open_array(f"{url}/split")[start:stop]
+    y = open_array(f"{url}/label")[start:stop]
+    train = np.flatnonzero(split == TRAIN)
+    X = open_array(array_url or f"{url}/features")[start:stop][train]
+    return moments.partial_moments(X, y[train], n_classes, second=second)
+
+
+def _finalize_statistics(m, url: str, n_components) -> dict:
+    stats = moments.finalize_statistics(m, n_components)
+    save_arrays(url, stats)
+    return {"n_train": int(m.n)}
+
+
+def _tree_combine(ctx, futures, name):
+    while len(futures) > 1:
+        futures = [ctx.submit(moments.combine_moments, futures[i], futures[i + 1], name=name)
+                   if i + 1 < len(futures) else futures[i] for i in range(0, len(futures), 2)]
+    return futures[0]
+
+
+def run_statistics(ctx: StageContext, data: DataInfo) -> Unit:
+    """Mean, covariance (blockwise tree reduction), class counts/means, scatters, PCA basis."""
+    cfg = ctx.config.statistics
+    dense = data.n_features <= cfg.max_dense_dim
+    key = hash_key({"stage": "statistics", "data": data.unit.key, "dense": dense,
+                    "components": None if dense else cfg.components})
+    unit = ctx.store.unit("statistics", key)
+    if ctx.resume and unit.done():
+        ctx.log(f"  statistics: reusing {unit.rel}")
+        return unit
+    t0 = time.perf_counter()
+    unit.begin()
+    parts = [ctx.submit(_moments_block, data.url, a, b, len(data.classes), dense, name="moments-block")
+             for a, b in data.chunks]
+    ctx.gather(parts, "statistics", [f"rows {a}..{b - 1}" for a, b in data.chunks])
+    total = _tree_combine(ctx, parts, "moments-combine")
+    if dense:
+        meta = ctx.gather([ctx.submit(_finalize_statistics, total, unit.url, None, name="statistics-finalize")],
+                          "statistics")[0]
+    else:
+        meta = _randomized_statistics(ctx, data, total, unit, cfg.components)
+    _timed(unit, t0, {**meta, "dense": dense})
+    return unit
+
+
+def _randomized_statistics(ctx, data, total, unit, n_components) -> dict:
+    """PCA by dask's out-of-core randomized SVD when D is too large for a dense covariance."""
+    m = ctx.gather([total], "statistics")[0]
+    stats = moments.finalize_statistics(m)
+    train = data.rows(TRAIN)
+    X = da.from_zarr(open_array(f"{data.url}/features"))[train] - stats["mean"].astype(np.float32)
+    k = min(n_components, data.n_features, len(train))
+    u, s, v = da.linalg.svd_compressed(X.rechunk({1: -1}), k=k, n_power_iter=2, seed=ctx.config.seed)
+    s, v = ctx.client.compute([s, v], sync=True)
+    stats["pca_variances"] = (np.asarray(s, np.float64) ** 2) / (m.n - 1)
+    stats["pca_components"] = moments.fix_signs(np.asarray(v, np.float64))
+    save_arrays(unit.url, stats)
+    return {"n_train": int(m.n)}
+
+
+# ---- 3. neighbours -------------------------------------------------------------------------------------
+
+def _knn_pair(url: str, q: tuple, x: tuple, k: int):
+    """Top-k among the train rows of database block ``x`` for the train rows of query block ``q``."""
+    split_q = open_array(f"{url}/split")[q[0]:q[1]]
+    split_x = open_array(f"{url}/split")[x[0]:x[1]]
+    qr, xr_ = np.flatnonzero(split_q == TRAIN), np.flatnonzero(split_x == TRAIN)
+    Q = load_features(url, q[0], q[1], qr)
+    X = Q if q == x else load_features(url, x[0], x[1], xr_)
+    return knn.block_topk(Q, X, k, q_ids=qr + q[0], x_ids=xr_ + x[0], exclude_self=(q == x))
+
+
+def _merge(k):
+    def merge(a, b):
+        return knn.merge_topk(a, b, k)
+    return merge
+
+
+def _write_graph(url: str, data_url: str, q: tuple, best, k: int) -> int:
+    split = open_array(f"{data_url}/split")[q[0]:q[1]]
+    labels = open_array(f"{data_url}/label")[:]
+    rows = np.flatnonzero(split == TRAIN)
+    dist, idx = best
+    nbr = np.full((q[1] - q[0], k), -1, np.int32)
+    d2 = np.full((q[1] - q[0], k), np.inf, np.float32)
+    same = np.zeros((q[1] - q[0], k), bool)
+    nbr[rows], d2[rows] = idx, dist
+    same[rows] = (labels[np.maximum(idx, 0)] == labels[rows + q[0]][:, None]) & (idx >= 0)
+    for name, value in (("neighbours", nbr), ("distances", d2), ("same_label", same)):
+        open_array(f"{url}/{name}", mode="r+")[q[0]:q[1]] = value
+    return len(rows)
+
+
+def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
+    """Exact kNN graph of the train split: neighbours (sample, neighbour) int32 global indices (-1 for
+    samples outside train), squared distances float32, and same_label (targets; the rest are impostors)."""
+    k = ctx.config.neighbours.k
+    n_train = int((data.split == TRAIN).sum())
+    if k >= n_train:
+        raise InputError(f"{ctx.config.source_file}: neighbours.k={k} but the train split has {n_train} samples; "
+                         f"use k < {n_train}")
+    unit = ctx.store.unit("neighbours", hash_key({"stage": "neighbours", "data": data.unit.key, "k": k}))
+    if ctx.resume and unit.done():
+        ctx.log(f"  neighbours: reusing {unit.rel}")
+        return unit
+    t0 = time.perf_counter()
+    unit.begin()
+    N = data.n_samples
+    _write_template(unit.url, {"neighbours": (("sample", "neighbour"), (N, k), np.int32, -1),
+                               "distances": (("sample", "neighbour"), (N, k), np.float32, np.inf),
+                               "same_label": (("sample", "neighbour"), (N, k), bool, False)},
+                    {}, {"k": k, "data": data.unit.key}, data.chunk_rows)
+    blocks = [(a, b) for a, b in data.chunks if (data.split[a:b] == TRAIN).any()]
+    pairs, writes = [], []
+    merge = _merge(k)
+    for q in blocks:
+        row = [ctx.submit(_knn_pair, data.url, q, x, k, name="knn-pair") for x in blocks]
+        pairs += row
+        while len(row) > 1:
+            row = [ctx.submit(merge, row[i], row[i + 1], name="knn-merge") if i + 1 < len(row) else row[i]
+                   for i in range(0, len(row), 2)]
+        writes.append(ctx.submit(_write_graph, unit.url, data.url, q, row[0], k, name="knn-write"))
+    ctx.gather(pairs, "neighbours", [f"query rows {q[0]}.. x db rows {x[0]}.." for q in blocks for x in blocks])
+    ctx.gather(writes, "neighbours", [f"rows {q[0]}..{q[1] - 1}" for q in blocks])
+    _timed(unit, t0, {"k": k, "n_train": n_train})
+    return unit
+
+
+# ---- 4. train ------------------------------------------------------------------------------------------
+
+def model_id(spec: dict) -> str:
+    extra = "-".join(f"{k}{v}" for k, v in sorted(spec.items()) if k not in ("method", "dim") and v is not None)
+    return "-".join(str(x) for x in (spec["method"], spec.get("dim") or "", extra) if x != "")
+
+
+def _train_model(spec: dict, stats_url: str, model_url: str) -> dict:
+    method = METHODS[spec["method"]]
+    stats, _ = load_arrays(stats_url)
+    params = {k: v for k, v in spec.items() if k != "method"}
+    t0 = time.perf_counter()
+    model = method.fit(stats, **params)
+    seconds = time.perf_counter() - t0
+    n_out = model.n_components(len(stats["mean"]))
+    save_arrays(model_url, model.arrays(), {"spec": spec, "dim": n_out, "fit_meta": model.meta,
+                                            "identity": model.W is None})
+    return {"dim": n_out, "fit_seconds": seconds}
+
+
+def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit | None) -> list[tuple[dict, Unit]]:
+    """One task per (method, parameter set); returns [(spec, model unit)]."""
+    stats_meta = stats.meta()
+    todo, out = [], []
+    for spec in ctx.config.methods:
+        method = METHODS[spec["method"]]
+        if method.needs_covariance and not stats_meta.get("dense", True) and spec["method"] in ("lda",):
+            raise InputError(f"{ctx.config.source_file}: methods: lda needs a dense covariance but D="
+                             f"{data.n_features} > statistics.max_dense_dim; raise max_dense_dim or drop lda")
+        inputs = {"statistics": stats.key}
+        if "neighbours" in method.inputs:
+            inputs["neighbours"] = neighbours.key
+        unit = ctx.store.unit("models", hash_key({"stage": "model", "spec": spec, **inputs}))
+        out.append((spec, unit))
+        if ctx.resume and unit.done():
+            continue
+        unit.begin()
+        todo.append((spec, unit, ctx.submit(_train_model, spec, stats.url, unit.url,
+                                            name=f"train-{model_id(spec)}")))
+    if len(todo) < len(out):
+        ctx.log(f"  train: reusing {len(out) - len(todo)} of {len(out)} models")
+    t0 = time.perf_counter()
+    results = ctx.gather([f for *_, f in todo], "train", [f"model {model_id(s)}" for s, *_ in todo])
+    for (spec, unit, _), res in zip(todo, results):
+        unit.commit({**res, "spec": spec, "seconds": round(res["fit_seconds"], 3),
+                     "wall": round(time.perf_counter() - t0, 3)})
+    return out
+
+
+# ---- 5. encode -----------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=8)
+def _load_model(model_url: str) -> LinearModel:
+    arrays, attrs = load_arrays(model_url)
+    return LinearModel(arrays.get("W"), arrays.get("b"), attrs.get("fit_meta", {}))
+
+
+def _encode_block(data_url: str, model_url: str, code_url: str, start: int, stop: int) -> int:
+    codes = _load_model(model_url).transform(load_features(data_url, start, stop))
+    open_array(f"{code_url}/codes", mode="r+")[start:stop] = codes
+    return stop - start
+
+
+def run_encode(ctx: StageContext, data: DataInfo, models: list) -> list[tuple[dict, Unit, int]]:
+    """Apply every model to every row-block; returns [(spec, codes unit, code dim)]."""
+    out, futures, labels, pending = [], [], [], []
+    t0 = time.perf_counter()
+    for spec, model in models:
+        dim = int(model.meta()["dim"])
+        unit = ctx.store.unit("codes", hash_key({"stage": "codes", "model": model.key, "data": data.unit.key}))
+        out.append((spec, unit, dim))
+        if ctx.resume and unit.done():
+            continue
+        unit.begin()
+        _write_template(unit.url, {"codes": (("sample", "code"), (data.n_samples, dim), np.float32, np.nan)},
+                        {}, {"model": model.key, "spec": spec}, data.chunk_rows)
+        pending.append(unit)
+        for a, b in data.chunks:
+            futures.append(ctx.submit(_encode_block, data.url, model.url, unit.url, a, b,
+                                      name=f"encode-{model_id(spec)}"))
+            labels.append(f"model {model_id(spec)} rows {a}..{b - 1}")
+    if len(pending) < len(out):
+        ctx.log(f"  encode: reusing {len(out) - len(pending)} of {len(out)} encodings")
+    ctx.gather(futures, "encode", labels)
+    for unit in pending:
+        _timed(unit, t0, {})
+    return out
+
+
+# ---- 6. evaluate ---------------------------------------------------------------------------------------
+
+def _read_rows(url: str, idx: np.ndarray) -> np.ndarray:
+    return open_array(url).get_orthogonal_selection((idx, slice(None)))
+
+
+def _retrieval_block(code_url: str, q_idx: np.ndarray, db_idx: np.ndarray, rel_key: np.ndarray, ks: tuple,
+                     ukb: bool, chunk_rows: int) -> dict:
+    """Queries ``q_idx`` against database ``db_idx`` (global rows, sorted); relevance = equal rel_key."""
+    url = f"{code_url}/codes"
+    Q = _read_rows(url, q_idx)
+    dist = np.empty((len(q_idx), len(db_idx)), np.float32)
+    for a in range(0, len(db_idx), chunk_rows):  # stream the database in row-blocks
+        dist[:, a:a + chunk_rows] = metrics.sq_distances(Q, _read_rows(url, db_idx[a:a + chunk_rows]))
+    self_hit = q_idx[:, None] == db_idx[None, :]
+    dist[self_hit] = np.inf
+    relevant = (rel_key[q_idx][:, None] == rel_key[db_idx][None, :]) & ~self_hit
+    out = metrics.retrieval_scores(dist, relevant, ks)
+    if ukb:
+        out["ukb4"] = metrics.ukb_score(dist, relevant)
+    return out
+
+
+def _classify_block(code_url: str, q_idx: np.ndarray, train_blocks: list, labels: np.ndarray,
+                    classifiers: tuple, means) -> dict:
+    url = f"{code_url}/codes"
+    Q = _read_rows(url, q_idx)
+    y = labels[q_idx]
+    n_classes = int(labels.max()) + 1
+    out = {}
+    ks = [int(c[3:]) for c in classifiers if c.startswith("knn")]
+    if ks:
+        kmax = max(ks)
+        best = knn.empty_topk(len(Q), kmax)
+        for rows in train_blocks:
+            best = knn.merge_topk(best, knn.block_topk(Q, _read_rows(url, rows), kmax, x_ids=rows), kmax)
+        nb_labels = np.where(best[1] >= 0, labels[np.maximum(best[1], 0)], -1)
+        for k in ks:
+            errs = metrics.topk_errors(metrics.knn_class_ranking(nb_labels, n_classes, k), y)
+            out[f"knn{k}"] = (errs[1], errs[5])
+    if "ncm" in classifiers:
+        errs = metrics.topk_errors(metrics.nearest_mean_ranking(Q, means), y)
+        out["ncm"] = (errs[1], errs[5])
+    return out
+
+
+def _class_means(m) -> np.ndarray:
+    return moments.finalize_statistics(m)["class_means"].astype(np.float32)
+
+
+# Fixed (not worker-count dependent) so that every query meets the same GEMM shapes on any cluster.
+CLASSIFY_QUERIES = 4096
+
+
+def _fixed_blocks(idx: np.ndarray, size: int) -> list[np.ndarray]:
+    return [idx[a:a + size] for a in range(0, len(idx), size)]
+
+
+def _query_blocks(idx: np.ndarray, n_db: int, budget_bytes: float = 2.5e8) -> list[np.ndarray]:
+    """Split queries so that one block's distance matrix and its sort stay within ``budget_bytes``."""
+    return _fixed_blocks(idx, int(max(1, min(len(idx), budget_bytes // max(1, n_db * 24)))))
+
+
+def run_evaluate(ctx: StageContext, data: DataInfo, codes: list) -> list[tuple[dict, Unit]]:
+    """Retrieval (test queries against the rest of test) and classification (train as database)."""
+    ev = ctx.config.evaluate
+    test = data.rows(TEST)
+    rel_key = data.groups if data.groups is not None else data.labels
+    ukb = data.groups is not None and bool(np.all(np.bincount(data.groups[test])[np.unique(data.groups[test])] == 4))
+    train_blocks = [r for r in (np.flatnonzero(data.split[a:b] == TRAIN) + a for a, b in data.chunks) if len(r)]
+    labels_f = ctx.client.scatter(data.labels, broadcast=True)
+    rel_f = labels_f if data.groups is None else ctx.client.scatter(rel_key, broadcast=True)
+    out, jobs = [], []
+    for spec, cunit, dim in codes:
+        unit = ctx.store.unit("evaluation", hash_key({"stage": "evaluation", "codes": cunit.key,
+                                                     "evaluate": ev.__dict__, "data": data.unit.key}))
+        out.append((spec, unit))
+        if ctx.resume and unit.done():
+            continue
+        unit.begin()
+        means = None
+        if "ncm" in ev.classifiers:
+            parts = [ctx.submit(_moments_block, data.url, a, b, len(data.classes), False, f"{cunit.url}/codes",
+                                name="ncm-means") for a, b in data.chunks]
+            means = ctx.submit(_class_means, _tree_combine(ctx, parts, "ncm-combine"), name="ncm-means")
+        ret = [ctx.submit(_retrieval_block, cunit.url, q, test, rel_f, ev.retrieval_k, ukb, data.chunk_rows,
+                          name=f"retrieval-{model_id(spec)}") for q in _query_blocks(test, len(test))] \
+            if ev.retrieval else []
+        cls = [ctx.submit(_classify_block, cunit.url, q, train_blocks, labels_f, ev.classifiers, means,
+                          name=f"classify-{model_id(spec)}") for q in _fixed_blocks(test, CLASSIFY_QUERIES)] \
+            if ev.classifiers else []
+        jobs.append((spec, unit, dim, ret, cls))
+    t0 = time.perf_counter()
+    for spec, unit, dim, ret, cls in jobs:
+        name = model_id(spec)
+        ret_res = ctx.gather(ret, "evaluate", [f"model {name} retrieval block {i}" for i in range(len(ret))])
+        cls_res = ctx.gather(cls, "evaluate", [f"model {name} classification block {i}" for i in range(len(cls))])
+        records = _records(spec, dim, ev, data.labels[test], ret_res, cls_res)
+        unit.write_json("records.json", records)
+        _timed(unit, t0, {"model": name})
+    return out
+
+
+def _records(spec: dict, dim: int, ev, test_labels: np.ndarray, ret_res: list, cls_res: list) -> list[dict]:
+    params = {k: v for k, v in spec.items() if k not in ("method", "dim")}
+    base = {"method": spec["method"], "dim": dim, "params": params}
+    recs = []
+    if ret_res:
+        cat = {k: np.concatenate([r[k] for r in ret_res]) for k in ret_res[0]}
+        recs.append({**base, "classifier": None, "metric": "map", "value": float(np.nanmean(cat["ap"]))})
+        for j, k in enumerate(ev.retrieval_k):
+            recs.append({**base, "classifier": None, "metric": f"mprec@{k}",
+                         "value": float(metrics.class_average(cat["prec"][:, j], test_labels))})
+            recs.append({**base, "classifier": None, "metric": f"recall@{k}",
+                         "value": float(np.nanmean(cat["recall"][:, j]))})
+        if "ukb4" in cat:
+            recs.append({**base, "classifier": None, "metric": "ukb4", "value": float(cat["ukb4"].mean())})
+    if cls_res:
+        for c in ev.classifiers:
+            top1 = np.concatenate([r[c][0] for r in cls_res])
+            top5 = np.concatenate([r[c][1] for r in cls_res])
+            recs.append({**base, "classifier": c, "metric": "top1_error", "value": float(top1.mean())})
+            recs.append({**base, "classifier": c, "metric": "top5_error", "value": float(top5.mean())})
+    return recs

@@ -1,0 +1,192 @@
+"""The store: one module owns its layout, its atomic commits and its Zarr access.
+
+Layout (every result is a *unit* ``KIND/KEY/`` where KEY hashes everything the result depends on):
+
+    STORE/data/KEY/          staged features (xarray Dataset in Zarr): features (sample, feature),
+                             coordinates label, split, [group, id]
+    STORE/statistics/KEY/    mean, covariance, class means, scatter matrices, PCA basis
+    STORE/neighbours/KEY/    kNN graph of the train split: neighbours, distances, same_label
+    STORE/models/KEY/        one trained model (arrays W, b; attributes method, dim, params)
+    STORE/codes/KEY/         one model's codes for every sample (sample, code)
+    STORE/evaluation/KEY/    one model's metrics (records.json)
+    STORE/runs/latest.json   the last run's config and the units it used
+    STORE/report/            metrics.json, index.html, plots
+
+A unit is complete only when its marker ``KIND/KEY.committed.json`` exists and holds its key; the
+marker sits beside the unit (so the unit stays a clean Zarr hierarchy) and is written last (write to a temporary name, then rename), so a killed writer leaves a unit without a
+marker, which is never read and is wiped before the unit is written again.
+"""
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import fsspec
+import numpy as np
+
+from tasks.errors import InputError
+
+MARKER_SUFFIX = ".committed.json"
+STAGE_VERSION = 1  # bump when a stage's output for the same inputs changes
+
+
+def hash_key(inputs: dict) -> str:
+    """A short, stable key of a JSON-able description of a result's inputs."""
+    blob = json.dumps({"v": STAGE_VERSION, **inputs}, sort_keys=True, default=_json_default)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, (set, tuple)):
+        return list(o)
+    return str(o)
+
+
+def to_json(obj) -> str:
+    return json.dumps(obj, indent=1, sort_keys=True, default=_json_default)
+
+
+class Store:
+    """A local directory or fsspec URL holding units."""
+
+    def __init__(self, url: str):
+        self.url = str(url).rstrip("/")
+        self.fs, self.root = fsspec.core.url_to_fs(self.url)
+        self.local = self.fs.protocol in ("file", ("file", "local")) or "file" in getattr(self.fs, "protocol", ())
+        if self.local:
+            self.root = os.path.abspath(self.root)
+            self.url = self.root
+
+    def check_writable(self) -> None:
+        if self.fs.exists(self.root) and not self.fs.isdir(self.root):
+            raise InputError(f"{self.url}: store path is a file, not a directory (store); choose another path")
+        try:
+            self.fs.makedirs(self.root, exist_ok=True)
+        except OSError as e:
+            raise InputError(f"{self.url}: cannot create the store directory (store): {e.strerror or e}") from None
+
+    def check_exists(self) -> None:
+        if not self.fs.isdir(self.root):
+            raise InputError(f"{self.url}: no such store; run 'metricpipe run CONFIG' first or check the path")
+
+    def path(self, *parts) -> str:
+        return "/".join([self.url, *parts])
+
+    def unit(self, kind: str, key: str) -> "Unit":
+        return Unit(self, kind, key)
+
+    def units(self, kind: str) -> list["Unit"]:
+        base = f"{self.root}/{kind}"
+        if not self.fs.isdir(base):
+            return []
+        return [Unit(self, kind, e["name"].rstrip("/").split("/")[-1]) for e in
+                sorted(self.fs.ls(base, detail=True), key=lambda e: e["name"]) if e["type"] == "directory"]
+
+    def write_text(self, rel: str, text: str) -> None:
+        """Write a small file atomically (temporary name, then rename)."""
+        target = f"{self.root}/{rel}"
+        self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+        tmp = f"{target}.tmp-{os.getpid()}"
+        self.fs.pipe_file(tmp, text.encode())
+        self.fs.mv(tmp, target)
+
+    def read_json(self, rel: str):
+        with self.fs.open(f"{self.root}/{rel}", "r") as f:
+            return json.load(f)
+
+
+class Unit:
+    """One keyed result in the store."""
+
+    def __init__(self, store: Store, kind: str, key: str):
+        self.store, self.kind, self.key = store, kind, key
+        self.rel = f"{kind}/{key}"
+        self.url = store.path(kind, key)
+        self._root = f"{store.root}/{kind}/{key}"
+
+    def done(self) -> bool:
+        try:
+            return self.meta().get("key") == self.key
+        except (FileNotFoundError, json.JSONDecodeError, OSError):
+            return False
+
+    def meta(self) -> dict:
+        return self.store.read_json(f"{self.rel}{MARKER_SUFFIX}")
+
+    def begin(self) -> None:
+        """Wipe anything a killed writer left and create the unit's directory."""
+        fs = self.store.fs
+        if fs.exists(self._root + MARKER_SUFFIX):
+            fs.rm(self._root + MARKER_SUFFIX)
+        if fs.exists(self._root):
+            fs.rm(self._root, recursive=True)
+        fs.makedirs(self._root, exist_ok=True)
+
+    def commit(self, meta: dict) -> None:
+        """Mark the unit complete (the marker is written last and atomically)."""
+        self.store.write_text(f"{self.rel}{MARKER_SUFFIX}", to_json({**meta, "key": self.key, "kind": self.kind,
+                                                               "committed": time.time()}))
+
+    def write_json(self, name: str, obj) -> None:
+        self.store.write_text(f"{self.rel}/{name}", to_json(obj))
+
+    def read_json(self, name: str):
+        return self.store.read_json(f"{self.rel}/{name}")
+
+
+# ---- Zarr helpers (the only place that talks to zarr directly) -------------------------------------
+
+def open_array(url: str, mode: str = "r"):
+    import zarr
+    return zarr.open_array(store=url, mode=mode)
+
+
+def create_array(url: str, shape, chunks, dtype, fill_value=None, attrs=None):
+    import zarr
+    a = zarr.create_array(store=url, shape=shape, chunks=chunks, dtype=dtype, fill_value=fill_value,
+                          overwrite=True)
+    if attrs:
+        a.attrs.update(attrs)
+    return a
+
+
+def save_arrays(url: str, arrays: dict, attrs: dict | None = None) -> None:
+    """Write small arrays (statistics, models) as one Zarr group."""
+    import zarr
+    g = zarr.open_group(store=url, mode="w")
+    scalars = {}
+    for name, value in arrays.items():
+        value = np.asarray(value)
+        if value.ndim == 0:
+            scalars[name] = value.item()
+            continue
+        a = g.create_array(name, shape=value.shape, dtype=value.dtype, chunks=value.shape)
+        a[...] = value
+    g.attrs.update(json.loads(to_json({**(attrs or {}), "scalars": scalars})))
+
+
+def load_arrays(url: str) -> tuple[dict, dict]:
+    import zarr
+    g = zarr.open_group(store=url, mode="r")
+    attrs = dict(g.attrs)
+    return {**attrs.pop("scalars", {}), **{k: a[...] for k, a in g.arrays()}}, attrs
+
+
+def row_chunks(n_rows: int, chunk_rows: int) -> list[tuple[int, int]]:
+    return [(a, min(a + chunk_rows, n_rows)) for a in range(0, n_rows, chunk_rows)]
+
+
+def chunk_rows_for(n_features: int, chunk_mb: float, itemsize: int = 4) -> int:
+    """Rows per chunk so that one chunk of float32 features is about ``chunk_mb`` MB."""
+    return max(1, int(chunk_mb * 1e6 // (n_features * itemsize)))
+
+
+def local_path(url: str) -> Path | None:
+    return Path(url) if "://" not in url else None

@@ -1,0 +1,90 @@
+"""Retrieval and classification metrics on blocks of queries.
+
+Retrieval: every query ranks the whole database by ascending distance (ties by database order).
+  AP      = (1/R) sum over relevant ranks r of precision@r (non-interpolated average precision).
+  prec@K  = |relevant in top K| / K; mprec@K averages it per class, then over classes (NML paper).
+  recall@K = |relevant in top K| / R.
+  ukb4    = the UKB score: number of the query's group of four (itself included) in its top 4.
+Classification: classes are ranked per query and top-1/top-5 error is the fraction of queries whose
+true class is not among the first 1/5.
+"""
+import numpy as np
+
+
+def sq_distances(Q: np.ndarray, X: np.ndarray) -> np.ndarray:
+    """Squared Euclidean distances (n, m) in float32, clipped at 0."""
+    Q = np.asarray(Q, np.float32)
+    X = np.asarray(X, np.float32)
+    d = Q @ X.T
+    d *= -2.0
+    d += np.einsum("ij,ij->i", Q, Q)[:, None]
+    d += np.einsum("ij,ij->i", X, X)[None, :]
+    return np.maximum(d, 0.0, out=d)
+
+
+def retrieval_scores(dist: np.ndarray, relevant: np.ndarray, ks: tuple) -> dict:
+    """Per-query retrieval scores from a full query x database distance matrix.
+
+    Parameters
+    ----------
+    dist : (n, m) distances; the query itself must already be excluded (e.g. set to +inf and
+        masked out of ``relevant``).
+    relevant : (n, m) bool, True where the database item is relevant to the query.
+    ks : cut-offs K.
+
+    Returns
+    -------
+    dict with ``ap`` (n,), ``n_relevant`` (n,), ``prec`` (n, len(ks)), ``recall`` (n, len(ks)).
+    Queries with no relevant item get ap = nan and recall = nan.
+    """
+    order = np.argsort(dist, axis=1, kind="stable")
+    rel_sorted = np.take_along_axis(relevant, order, 1)
+    n_rel = rel_sorted.sum(axis=1)
+    hits = np.cumsum(rel_sorted, axis=1, dtype=np.int64)
+    ranks = np.arange(1, dist.shape[1] + 1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ap = np.where(rel_sorted, hits / ranks, 0.0).sum(axis=1) / n_rel
+        prec = np.stack([hits[:, min(k, dist.shape[1]) - 1] / k for k in ks], 1)
+        recall = np.stack([hits[:, min(k, dist.shape[1]) - 1] / n_rel for k in ks], 1)
+    return {"ap": ap, "n_relevant": n_rel, "prec": prec, "recall": recall}
+
+
+def ukb_score(dist: np.ndarray, relevant: np.ndarray) -> np.ndarray:
+    """UKB score per query: 1 (the query itself) + relevant items among the 3 nearest others."""
+    top3 = np.argsort(dist, axis=1, kind="stable")[:, :3]
+    return 1.0 + np.take_along_axis(relevant, top3, 1).sum(axis=1)
+
+
+def class_average(values: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Mean of ``values`` (n, ...) per class, then over classes (ignores nan rows)."""
+    classes = np.unique(labels)
+    return np.mean([np.nanmean(values[labels == c], axis=0) for c in classes], axis=0)
+
+
+def knn_class_ranking(neighbour_labels: np.ndarray, n_classes: int, k: int) -> np.ndarray:
+    """Rank classes for each query from its nearest neighbours' labels (nearest first).
+
+    Majority vote among the first ``k`` labels; ties between classes go to the class whose nearest
+    member is closer, then to the lower class code. Returns (n, n_classes) class codes, best first.
+    """
+    lab = neighbour_labels[:, :k]
+    n = len(lab)
+    rows = np.repeat(np.arange(n), lab.shape[1])
+    valid = lab.reshape(-1) >= 0
+    counts = np.zeros((n, n_classes), np.int64)
+    np.add.at(counts, (rows[valid], lab.reshape(-1)[valid]), 1)
+    first = np.full((n, n_classes), k, np.int64)
+    pos = np.tile(np.arange(lab.shape[1]), n)
+    np.minimum.at(first, (rows[valid], lab.reshape(-1)[valid]), pos[valid])
+    key = counts * (k + 1) + (k - first)  # more votes first, then nearer first member
+    return np.argsort(-key, axis=1, kind="stable")
+
+
+def nearest_mean_ranking(Q: np.ndarray, means: np.ndarray) -> np.ndarray:
+    """Rank classes by distance of each query to the class means; (n, C) class codes, best first."""
+    return np.argsort(sq_distances(Q, means), axis=1, kind="stable")
+
+
+def topk_errors(ranking: np.ndarray, y: np.ndarray, ks=(1, 5)) -> dict:
+    """Per-query 0/1 errors: true class not among the first k of ``ranking`` for each k."""
+    return {k: ~(ranking[:, :k] == y[:, None]).any(axis=1) for k in ks}

@@ -1,0 +1,86 @@
+"""The map from ``method:`` names in configs to learners, with each learner's declared parameters.
+
+Later learners (slde, sparse, ncmml, nml, slem) plug in here: an entry names the fit function, the
+stored inputs it needs and its parameters with defaults and checks. Config validation reads the
+declarations, so an unknown or ill-typed parameter is refused before any work starts.
+"""
+from dataclasses import dataclass, field
+from typing import Callable
+
+from tasks import baselines
+from tasks.errors import InputError
+
+
+@dataclass(frozen=True)
+class Param:
+    kind: type                 # int, float or str
+    default: object = None
+    minimum: float | None = None
+    choices: tuple = ()
+    sweep: bool = False        # a list value means one model per entry
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    fit: Callable
+    params: dict = field(default_factory=dict)
+    inputs: tuple = ("statistics",)  # which stored results fit() receives
+    needs_covariance: bool = True
+
+
+DIM = Param(int, None, minimum=1, sweep=True)
+
+METHODS = {
+    "identity": Method("identity", baselines.fit_identity, {}, needs_covariance=False),
+    "pca": Method("pca", baselines.fit_pca, {"dim": DIM}),
+    "pcaw": Method("pcaw", baselines.fit_pcaw, {"dim": DIM, "eps": Param(float, 1e-6, minimum=0)}),
+    "lda": Method("lda", baselines.fit_lda, {"dim": DIM, "reg": Param(float, 1e-4, minimum=0)}),
+    "random": Method("random", baselines.fit_random, {"dim": DIM, "seed": Param(int, 0, minimum=0)},
+                     needs_covariance=False),
+}
+
+
+def _check_value(method: str, key: str, p: Param, v):
+    ok = isinstance(v, p.kind) and not isinstance(v, bool) or (p.kind is float and isinstance(v, int)
+                                                                 and not isinstance(v, bool))
+    if not ok:
+        raise InputError(f"The '{key}' parameter of {method} must be {p.kind.__name__}. Got {v!r} instead.")
+    if p.minimum is not None and v < p.minimum:
+        raise InputError(f"The '{key}' parameter of {method} must be >= {p.minimum}. Got {v!r} instead.")
+    if p.choices and v not in p.choices:
+        raise InputError(f"The '{key}' parameter of {method} must be one of {list(p.choices)}. Got {v!r} instead.")
+    return p.kind(v)
+
+
+def expand_method(entry: dict) -> list[dict]:
+    """Check one ``methods:`` entry and expand its swept parameters into one dict per model.
+
+    Returns dicts ``{"method": name, **params}`` with every declared parameter filled in.
+    """
+    import difflib
+    import itertools
+
+    name = entry.get("method")
+    if name not in METHODS:
+        near = difflib.get_close_matches(str(name), METHODS, n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else f"; known methods: {', '.join(METHODS)}"
+        raise InputError(f"unknown method {name!r}{hint}")
+    spec = METHODS[name]
+    for key in entry:
+        if key != "method" and key not in spec.params:
+            near = difflib.get_close_matches(key, spec.params, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else \
+                f"; {name} takes {', '.join(spec.params) or 'no parameters'}"
+            raise InputError(f"unknown parameter {key!r} for method {name}{hint}")
+    grids = {}
+    for key, p in spec.params.items():
+        v = entry.get(key, p.default)
+        values = v if isinstance(v, list) else [v]
+        if isinstance(v, list) and not p.sweep:
+            raise InputError(f"The '{key}' parameter of {name} takes one value, not a list. Got {v!r} instead.")
+        if isinstance(v, list) and not v:
+            raise InputError(f"The '{key}' parameter of {name} must not be an empty list.")
+        grids[key] = [None if x is None else _check_value(name, key, p, x) for x in values]
+    keys = list(grids)
+    return [{"method": name, **dict(zip(keys, combo))} for combo in itertools.product(*grids.values())]

@@ -1,0 +1,61 @@
+"""Validators for user data: each raises InputError with a one-line message naming the fix."""
+import numpy as np
+
+from tasks.errors import InputError
+
+
+def check_feature_block(X: np.ndarray, start: int, where: str) -> None:
+    """Check a block of rows ``start:start+len(X)`` is 2-D, numeric and finite."""
+    if X.ndim != 2:
+        raise InputError(f"{where}: features must be a 2-D (sample, feature) array; got {X.ndim}-D "
+                         f"shape {X.shape}; reshape to (n_samples, n_features)")
+    if not (np.issubdtype(X.dtype, np.number) or X.dtype == np.bool_):
+        raise InputError(f"{where}: features must be numeric; got dtype {X.dtype}; convert to float32")
+    if np.issubdtype(X.dtype, np.floating):
+        bad = ~np.isfinite(X)
+        if bad.any():
+            r, c = np.argwhere(bad)[0]
+            raise InputError(f"{where}: features contain {int(bad.sum())} non-finite value(s) (NaN or inf) "
+                             f"in rows {start}..{start + len(X) - 1}, first at row {start + r}, column {c}; "
+                             f"clean or impute them before staging")
+
+
+def encode_labels(y: np.ndarray, n_samples: int, where: str) -> tuple[np.ndarray, list]:
+    """Check labels and return (codes int32 in 0..C-1, class names)."""
+    y = np.asarray(y)
+    if y.ndim != 1:
+        y = y.reshape(-1) if y.ndim == 2 and 1 in y.shape else y
+    if y.ndim != 1:
+        raise InputError(f"{where}: labels must be a 1-D array; got shape {y.shape}")
+    if len(y) != n_samples:
+        raise InputError(f"{where}: labels have length {len(y)} but features have {n_samples} rows; "
+                         f"give one label per feature row")
+    if np.issubdtype(y.dtype, np.floating):
+        if not np.all(np.isfinite(y)) or not np.all(y == np.round(y)):
+            raise InputError(f"{where}: labels must be integers or strings; got non-integral {y.dtype} values")
+        y = y.astype(np.int64)
+    elif not (np.issubdtype(y.dtype, np.integer) or y.dtype.kind in "USO"):
+        raise InputError(f"{where}: labels must be integers or strings; got dtype {y.dtype}")
+    if y.dtype.kind == "O":
+        y = y.astype(str)
+    classes, codes = np.unique(y, return_inverse=True)
+    if len(classes) < 2:
+        raise InputError(f"{where}: labels hold only one class ({classes[0]!r}); "
+                         f"supervised learning needs at least two classes")
+    return codes.astype(np.int32), [c.item() if hasattr(c, "item") else c for c in classes]
+
+
+def check_split(codes: np.ndarray, split: np.ndarray, split_names: tuple, classes: list, where: str) -> None:
+    """Check the train and test splits are non-empty and every class has >= 2 train members."""
+    train = split == split_names.index("train")
+    test = split == split_names.index("test")
+    if not train.any():
+        raise InputError(f"{where}: the train split is empty; mark some samples 'train' or lower split.test")
+    if not test.any():
+        raise InputError(f"{where}: the test split is empty; mark some samples 'test' or raise split.test")
+    counts = np.bincount(codes[train], minlength=len(classes))
+    small = np.flatnonzero(counts < 2)
+    if len(small):
+        names = ", ".join(repr(classes[c]) for c in small[:5])
+        raise InputError(f"{where}: class(es) {names} have fewer than two training samples "
+                         f"({int(counts[small[0]])}); give every class at least two, or drop those classes")
