@@ -27,6 +27,7 @@ def run_pipeline(cfg: RunConfig, resume: bool = True, log=print, performance_rep
     """Run every stage of ``cfg``; return the path of the report's index.html."""
     store = Store(cfg.store)
     store.check_writable()
+    plan = stages.prepare_data(cfg, store)  # refuse bad input before starting anything
     with contextlib.ExitStack() as stack:
         if client is None:
             client = stack.enter_context(connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit,
@@ -35,10 +36,10 @@ def run_pipeline(cfg: RunConfig, resume: bool = True, log=print, performance_rep
         if performance_report:
             from distributed import performance_report as perf
             stack.enter_context(perf(filename=performance_report))
-        return _run(StageContext(client, store, cfg, resume=resume, log=log), log)
+        return _run(StageContext(client, store, cfg, resume=resume, log=log), plan, log)
 
 
-def _run(ctx: StageContext, log) -> str:
+def _run(ctx: StageContext, plan, log) -> str:
     cfg = ctx.config
     names = stage_names(cfg)
     timings, started = [], time.time()
@@ -54,7 +55,7 @@ def _run(ctx: StageContext, log) -> str:
         return result
 
     i = iter(range(1, len(names) + 1))
-    data = step(next(i), "stage", stages.run_stage, ctx)
+    data = step(next(i), "stage", stages.run_stage, ctx, plan)
     stats = step(next(i), "statistics", stages.run_statistics, ctx, data)
     graph = None
     if "neighbours" in names:

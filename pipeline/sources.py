@@ -70,7 +70,9 @@ class NpzReader:
         self.path, self.key = str(path), key
         with zipfile.ZipFile(self.path) as z, z.open(key + ".npy") as f:
             version = np.lib.format.read_magic(f)
-            self.shape, fortran, self.dtype = np.lib.format._read_array_header(f, version)
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                np.lib.format.read_array_header_2_0
+            self.shape, fortran, self.dtype = read_header(f)
             self.offset = f.tell()
         if fortran:
             raise InputError(f"{self.path}: array {key!r} is stored in Fortran order; save it C-ordered")

@@ -68,7 +68,7 @@ def _write_template(url: str, variables: dict, coords: dict, attrs: dict, chunk_
 
 # ---- 1. stage ----------------------------------------------------------------------------------------
 
-def _split_codes(cfg: RunConfig, src, codes: np.ndarray) -> np.ndarray:
+def _split_codes(cfg: RunConfig, src, codes: np.ndarray, classes: list) -> np.ndarray:
     n = len(codes)
     if src.split is not None:
         unknown = sorted(set(np.unique(src.split)) - set(SPLIT_NAMES))
@@ -87,7 +87,7 @@ def _split_codes(cfg: RunConfig, src, codes: np.ndarray) -> np.ndarray:
     split = np.full(n, TRAIN, np.int8)
     counts = np.bincount(codes)
     if counts.min() < 2:
-        raise InputError(f"{src.name}: class {int(np.argmin(counts))} has {counts.min()} sample(s); a stratified "
+        raise InputError(f"{src.name}: class {classes[int(np.argmin(counts))]!r} has {counts.min()} sample(s); a stratified "
                          f"split needs at least two per class (data.labels); drop or merge that class")
     held = s.test + s.val
     try:
@@ -112,48 +112,62 @@ def _stage_block(reader, start: int, stop: int, normalize: str, url: str, name: 
     return stop - start
 
 
-def run_stage(ctx: StageContext) -> DataInfo:
-    """Read the source in row-blocks, validate, normalise, write features (sample, feature) + coords."""
-    cfg = ctx.config
+@dataclass(frozen=True)
+class DataPlan:
+    """Everything about the staged data that can be known and checked before any task runs."""
+    source: object
+    info: DataInfo
+    coords: dict
+    attrs: dict
+
+
+def prepare_data(cfg: RunConfig, store) -> DataPlan:
+    """Open the source lazily and check labels, splits, groups and ids on the client (cheap, 1-D)."""
     src = open_source(cfg.data)
     n, D = int(src.reader.shape[0]), int(np.prod(src.reader.shape[1:]))
     if n == 0 or D == 0:
         raise InputError(f"{src.name}: features are empty (shape {tuple(src.reader.shape)}); check data.features")
     codes, classes = encode_labels(src.labels, n, f"{src.name} (data.labels)")
-    split = _split_codes(cfg, src, codes)
+    split = _split_codes(cfg, src, codes, classes)
     check_split(codes, split, SPLIT_NAMES, classes, src.name)
+    coords = {"label": codes, "split": split}
     groups = None
     if src.groups is not None:
         groups = encode_labels(src.groups, n, f"{src.name} (data.groups)")[0] if len(np.unique(src.groups)) > 1 \
             else np.zeros(n, np.int32)
-    chunk_rows = chunk_rows_for(D, cfg.data.chunk_mb)
-    d = cfg.data
-    key = hash_key({"stage": "data", "source": src.fingerprint, "name": src.name, "features": d.features,
-                    "labels": d.labels, "groups": d.groups, "normalize": d.normalize, "split": d.split.__dict__,
-                    "chunk_rows": chunk_rows})
-    unit = ctx.store.unit("data", key)
-    info = DataInfo(unit, n, D, chunk_rows, classes, codes, split, groups)
-    if ctx.resume and unit.done():
-        ctx.log(f"  stage: reusing {unit.rel}")
-        return info
-    t0 = time.perf_counter()
-    unit.begin()
-    coords = {"label": codes, "split": split}
-    if groups is not None:
         coords["group"] = groups
     if src.ids is not None:
         ids = np.asarray(src.ids)
         if not np.issubdtype(ids.dtype, np.integer) or len(ids) != n:
             raise InputError(f"{src.name}: data.ids must be {n} integers; got dtype {ids.dtype}, length {len(ids)}")
         coords["id"] = ids
+    d = cfg.data
+    chunk_rows = chunk_rows_for(D, d.chunk_mb)
+    key = hash_key({"stage": "data", "source": src.fingerprint, "name": src.name, "features": d.features,
+                    "labels": d.labels, "groups": d.groups, "normalize": d.normalize, "split": d.split.__dict__,
+                    "chunk_rows": chunk_rows})
+    info = DataInfo(store.unit("data", key), n, D, chunk_rows, classes, codes, split, groups)
     attrs = {"source": src.name, "normalize": d.normalize, "classes": [str(c) for c in classes],
              "split_flag_meanings": " ".join(SPLIT_NAMES)}
-    _write_template(unit.url, {"features": (("sample", "feature"), (n, D), np.float32, np.nan)}, coords, attrs,
-                    chunk_rows)
-    futures = [ctx.submit(_stage_block, src.reader, a, b, d.normalize, unit.url, src.name, name="stage-block")
+    return DataPlan(src, info, coords, attrs)
+
+
+def run_stage(ctx: StageContext, plan: DataPlan | None = None) -> DataInfo:
+    """Read the source in row-blocks, validate, normalise, write features (sample, feature) + coords."""
+    plan = plan or prepare_data(ctx.config, ctx.store)
+    info, src, unit = plan.info, plan.source, plan.info.unit
+    if ctx.resume and unit.done():
+        ctx.log(f"  stage: reusing {unit.rel}")
+        return info
+    t0 = time.perf_counter()
+    unit.begin()
+    _write_template(unit.url, {"features": (("sample", "feature"), (info.n_samples, info.n_features), np.float32,
+                                            np.nan)}, plan.coords, plan.attrs, info.chunk_rows)
+    normalize = ctx.config.data.normalize
+    futures = [ctx.submit(_stage_block, src.reader, a, b, normalize, unit.url, src.name, name="stage-block")
                for a, b in info.chunks]
     ctx.gather(futures, "stage", [f"rows {a}..{b - 1}" for a, b in info.chunks])
-    _timed(unit, t0, {"n_samples": n, "n_features": D, "source": src.name})
+    _timed(unit, t0, {"n_samples": info.n_samples, "n_features": info.n_features, "source": src.name})
     return info
 
 

@@ -1,6 +1,6 @@
 """Retrieval and classification metrics on blocks of queries.
 
-Retrieval: every query ranks the whole database by ascending distance (ties by database order).
+Retrieval: every query ranks the whole database by ascending distance (ties handled order-free).
   AP      = (1/R) sum over relevant ranks r of precision@r (non-interpolated average precision).
   prec@K  = |relevant in top K| / K; mprec@K averages it per class, then over classes (NML paper).
   recall@K = |relevant in top K| / R.
@@ -25,6 +25,11 @@ def sq_distances(Q: np.ndarray, X: np.ndarray) -> np.ndarray:
 def retrieval_scores(dist: np.ndarray, relevant: np.ndarray, ks: tuple) -> dict:
     """Per-query retrieval scores from a full query x database distance matrix.
 
+    Ties are handled without choosing an order, so the scores do not depend on how the database was
+    laid out: each relevant item j contributes precision hits(d <= d_j) / count(d <= d_j) to AP
+    (scikit-learn's ``average_precision_score`` convention), and at a cut-off K that splits a group of
+    tied items, the group counts in proportion (the expected value under random tie-breaking).
+
     Parameters
     ----------
     dist : (n, m) distances; the query itself must already be excluded (e.g. set to +inf and
@@ -37,22 +42,37 @@ def retrieval_scores(dist: np.ndarray, relevant: np.ndarray, ks: tuple) -> dict:
     dict with ``ap`` (n,), ``n_relevant`` (n,), ``prec`` (n, len(ks)), ``recall`` (n, len(ks)).
     Queries with no relevant item get ap = nan and recall = nan.
     """
-    order = np.argsort(dist, axis=1, kind="stable")
-    rel_sorted = np.take_along_axis(relevant, order, 1)
-    n_rel = rel_sorted.sum(axis=1)
-    hits = np.cumsum(rel_sorted, axis=1, dtype=np.int64)
-    ranks = np.arange(1, dist.shape[1] + 1)
+    dist = np.asarray(dist)
+    n_rel = relevant.sum(axis=1)
+    sorted_all = np.sort(dist, axis=1)  # a value sort is far cheaper than an argsort
+    sorted_rel = np.sort(np.where(relevant, dist, np.inf), axis=1)
+    ap = np.full(len(dist), np.nan)
+    for q in range(len(dist)):
+        r = sorted_rel[q, :n_rel[q]]
+        if len(r):
+            ranks = np.searchsorted(sorted_all[q], r, side="right")
+            hits = np.searchsorted(r, r, side="right")
+            ap[q] = np.mean(hits / ranks)
+    hits_k = np.stack([hits_at(dist, relevant, sorted_all, k) for k in ks], 1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        ap = np.where(rel_sorted, hits / ranks, 0.0).sum(axis=1) / n_rel
-        prec = np.stack([hits[:, min(k, dist.shape[1]) - 1] / k for k in ks], 1)
-        recall = np.stack([hits[:, min(k, dist.shape[1]) - 1] / n_rel for k in ks], 1)
-    return {"ap": ap, "n_relevant": n_rel, "prec": prec, "recall": recall}
+        recall = hits_k / n_rel[:, None]
+    return {"ap": ap, "n_relevant": n_rel, "prec": hits_k / np.asarray(ks, float)[None, :], "recall": recall}
+
+
+def hits_at(dist: np.ndarray, relevant: np.ndarray, sorted_all: np.ndarray, k: int) -> np.ndarray:
+    """Expected number of relevant items among the first k (tie groups split proportionally)."""
+    k = min(k, dist.shape[1])
+    t = sorted_all[:, k - 1][:, None]
+    below, tied = dist < t, dist == t
+    n_below = below.sum(1)
+    rel_below = (below & relevant).sum(1)
+    n_tied, rel_tied = tied.sum(1), (tied & relevant).sum(1)
+    return rel_below + rel_tied * (k - n_below) / np.maximum(n_tied, 1)
 
 
 def ukb_score(dist: np.ndarray, relevant: np.ndarray) -> np.ndarray:
     """UKB score per query: 1 (the query itself) + relevant items among the 3 nearest others."""
-    top3 = np.argsort(dist, axis=1, kind="stable")[:, :3]
-    return 1.0 + np.take_along_axis(relevant, top3, 1).sum(axis=1)
+    return 1.0 + hits_at(dist, relevant, np.sort(dist, axis=1), 3)
 
 
 def class_average(values: np.ndarray, labels: np.ndarray) -> np.ndarray:

@@ -1,0 +1,30 @@
+"""Shared fixtures: seeded synthetic data with chunks that do not divide evenly, a session LocalCluster."""
+import numpy as np
+import pytest
+
+
+@pytest.fixture(scope="session")
+def client():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                      memory_limit="2GB") as cluster, Client(cluster) as c:
+        yield c
+
+
+def make_blobs(n=600, d=12, classes=4, seed=0, sep=3.0):
+    """Small seeded class-structured data (float32) with integer labels."""
+    rng = np.random.default_rng(seed)
+    y = np.arange(n) % classes
+    rng.shuffle(y)
+    centers = rng.normal(0, sep, (classes, d))
+    X = (centers[y] + rng.normal(0, 1, (n, d))).astype(np.float32)
+    return X, y
+
+
+@pytest.fixture
+def blobs_npz(tmp_path):
+    X, y = make_blobs()
+    p = tmp_path / "blobs.npz"
+    np.savez(p, X=X, y=y)
+    return p, X, y

@@ -1,0 +1,130 @@
+"""The command line: bad input exits 2 with one line and leaves committed results untouched."""
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from pipeline.cli import main
+from tests.conftest import make_blobs
+
+
+def _config(tmp_path, data, **extra):
+    cfg = {"store": str(tmp_path / "store"), "workers": 1, "dashboard": ":0", "data": data,
+           "methods": [{"method": "pca", "dim": 4}], "evaluate": {"retrieval": {"k": [5]},
+                                                                  "classification": {"classifiers": ["knn1"]}},
+           **extra}
+    p = tmp_path / "cfg.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    return p
+
+
+def _invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+def _digest(root: Path) -> dict:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def good_store(tmp_path_factory):
+    """A store holding one finished run, shared by the bad-input cases."""
+    tmp = tmp_path_factory.mktemp("good")
+    X, y = make_blobs(n=300, d=8)
+    np.savez(tmp / "ok.npz", X=X, y=y)
+    cfg = _config(tmp, {"path": str(tmp / "ok.npz"), "chunk_mb": 0.002})
+    res = _invoke("run", cfg)
+    assert res.exit_code == 0, res.output
+    return tmp
+
+
+def _bad_npz(tmp, **arrays):
+    p = tmp / "bad.npz"
+    np.savez(p, **arrays)
+    return {"path": str(p)}
+
+
+X, Y = make_blobs(n=120, d=6)
+X_NAN = X.copy()
+X_NAN[77, 2] = np.nan
+X_INF = X.copy()
+X_INF[5, 0] = np.inf
+Y_ONE_MEMBER = Y.copy()
+Y_ONE_MEMBER[0] = 9
+
+BAD = {
+    "nan": (lambda t: _bad_npz(t, X=X_NAN, y=Y), {}, r"non-finite value.*first at row 77, column 2"),
+    "inf": (lambda t: _bad_npz(t, X=X_INF, y=Y), {}, r"non-finite value.*row 5"),
+    "label length": (lambda t: _bad_npz(t, X=X, y=Y[:-1]), {}, r"labels have length 119 but features have 120"),
+    "one class": (lambda t: _bad_npz(t, X=X, y=np.zeros(120, int)), {}, r"only one class"),
+    "one member": (lambda t: _bad_npz(t, X=X, y=Y_ONE_MEMBER), {}, r"class 9 has 1 sample\(s\); a stratified split needs at least two"),
+    "1-D features": (lambda t: _bad_npz(t, X=X[:, 0], y=Y), {}, r"must be a 2-D \(sample, feature\) array"),
+    "string features": (lambda t: _bad_npz(t, X=X.astype(str), y=Y), {}, r"features must be numeric"),
+    "missing file": (lambda t: {"path": str(t / "nope.npz")}, {}, r"nope.npz: file not found \(data.path\)"),
+    "unknown key": (lambda t: {"source": "digits"}, {"methds": []}, r"methds: unknown key; did you mean 'methods'"),
+    "bad dim": (lambda t: {"source": "digits"}, {"methods": [{"method": "pca", "dim": 1000}]},
+                r"'dim' parameter of pca must be <= 64"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_exits_2_with_one_line_and_store_unchanged(good_store, tmp_path, case):
+    make_data, extra, match = BAD[case]
+    before = _digest(good_store / "store")
+    cfg = _config(tmp_path, make_data(tmp_path), **extra, store=str(good_store / "store"))
+    res = CliRunner().invoke(main, ["run", str(cfg)])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.strip().splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, res.output
+    import re
+    assert re.search(match, lines[0]), lines[0]
+    after = _digest(good_store / "store")
+    assert {k: v for k, v in after.items() if k in before} == before  # nothing committed was touched
+
+
+def test_store_path_that_is_a_file(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    cfg = _config(tmp_path, {"source": "digits"}, store=str(f))
+    res = CliRunner().invoke(main, ["run", str(cfg)])
+    assert res.exit_code == 2 and "store path is a file" in res.output
+
+
+def test_rerun_reuses_every_stage_and_gives_the_same_report(good_store):
+    cfg = good_store / "cfg.yaml"
+    first = json.loads((good_store / "store/report/metrics.json").read_text())["records"]
+    res = _invoke("run", cfg)
+    assert res.exit_code == 0
+    assert "stage: reusing data/" in res.output and "train: reusing 1 of 1 models" in res.output
+    assert json.loads((good_store / "store/report/metrics.json").read_text())["records"] == first
+
+
+def test_inspect_and_report_commands(good_store):
+    res = _invoke("inspect", good_store / "store")
+    assert res.exit_code == 0 and "features: float32 (300, 8)" in res.output and "done" in res.output
+    (good_store / "store/report/index.html").unlink()
+    res = _invoke("report", good_store / "store")
+    assert res.exit_code == 0 and (good_store / "store/report/index.html").stat().st_size > 1000
+
+
+def test_inspect_missing_store(tmp_path):
+    res = CliRunner().invoke(main, ["inspect", str(tmp_path / "nope")])
+    assert res.exit_code == 2 and "no such store" in res.output
+
+
+def test_stage_command_alone(tmp_path):
+    X, y = make_blobs(n=50, d=3)
+    np.save(tmp_path / "X.npy", X)
+    np.save(tmp_path / "y.npy", y)
+    res = _invoke("stage", tmp_path / "X.npy", "--labels", tmp_path / "y.npy", "--store", tmp_path / "s",
+                  "--workers", 1, "--normalize", "l2")
+    assert res.exit_code == 0, res.output
+    import xarray as xr
+    ds = xr.open_zarr(next((tmp_path / "s/data").glob("*/")), consolidated=False)
+    np.testing.assert_allclose(np.linalg.norm(ds.features.values, axis=1), 1.0, rtol=1e-6)
+    assert list(ds.label.values) == list(y)

@@ -1,0 +1,47 @@
+import pytest
+
+from pipeline.config import ConfigError, load_config, parse_config
+
+BASE = {"data": {"source": "digits"}}
+
+
+def test_defaults_and_method_expansion():
+    cfg = parse_config({**BASE, "methods": [{"method": "pca", "dim": [8, 16]}, {"method": "lda"}]})
+    assert [(m["method"], m.get("dim")) for m in cfg.methods] == [("pca", 8), ("pca", 16), ("lda", None)]
+    assert cfg.cluster == "local" and cfg.evaluate.retrieval_k == (1, 10, 100) and cfg.neighbours is None
+
+
+@pytest.mark.parametrize("raw, match", [
+    ({**BASE, "methds": []}, r"cfg.yaml: methds: unknown key; did you mean 'methods'\?"),
+    ({"data": {"source": "digits", "normalise": "l2"}}, r"data.normalise: unknown key; did you mean 'data.normalize'"),
+    ({"data": {"source": "digits", "normalize": "l3"}}, r"data.normalize: must be one of none, l1, l2, power"),
+    ({"data": {"source": "mnist"}}, r"data.source: must be one of digits, fashion-mnist, synthetic"),
+    ({"data": {}}, r"give exactly one of data.source"),
+    ({"data": {"source": "digits", "split": {"test": 1.5}}}, r"data.split.test: must be <= 1.0"),
+    ({**BASE, "workers": 0}, r"workers: must be >= 1"),
+    ({**BASE, "workers": "two"}, r"workers: expected int"),
+    ({**BASE, "methods": [{"method": "pca", "dim": -1}]}, r"methods\[0\]: The 'dim' parameter of pca must be >= 1"),
+    ({**BASE, "methods": [{"dim": 3}]}, r"methods\[0\]: expected a mapping with a 'method' key"),
+    ({**BASE, "evaluate": {"classification": {"classifiers": ["svm"]}}}, r"unknown classifier 'svm'"),
+    ({**BASE, "neighbours": {"k": 0}}, r"neighbours.k: must be >= 1"),
+    ({**BASE, "cluster": "slurm"}, r"cluster: expected local, tcp://HOST:PORT or a cluster spec .yaml"),
+])
+def test_bad_config_is_one_line_naming_the_key(raw, match):
+    with pytest.raises(ConfigError, match=match) as e:
+        parse_config(raw, where="cfg.yaml")
+    assert "\n" not in str(e.value)
+
+
+def test_load_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("data: [unclosed\n")
+    with pytest.raises(ConfigError, match="bad.yaml: not valid YAML at line"):
+        load_config(bad)
+
+
+def test_example_configs_are_valid():
+    from pathlib import Path
+    for p in Path(__file__).parents[2].joinpath("examples").glob("*.yaml"):
+        assert load_config(p).methods

@@ -1,0 +1,118 @@
+import gzip
+import struct
+
+import numpy as np
+import pytest
+
+from pipeline.config import parse_config
+from pipeline.sources import open_source
+from tasks.errors import InputError
+
+
+def _cfg(path, **data):
+    return parse_config({"data": {"path": str(path), **data}}).data
+
+
+def _read_in_blocks(reader, size=7):
+    return np.vstack([reader.read(a, min(a + size, reader.shape[0])) for a in range(0, reader.shape[0], size)])
+
+
+@pytest.fixture
+def arrays():
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(30, 5)).astype(np.float32), rng.integers(0, 3, 30)
+
+
+def test_npy_with_separate_labels(tmp_path, arrays):
+    X, y = arrays
+    np.save(tmp_path / "X.npy", X)
+    np.save(tmp_path / "y.npy", y)
+    src = open_source(_cfg(tmp_path / "X.npy", labels=str(tmp_path / "y.npy")))
+    np.testing.assert_array_equal(_read_in_blocks(src.reader), X)
+    np.testing.assert_array_equal(src.labels, y)
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_npz_blocks_with_split_column(tmp_path, arrays, compressed):
+    X, y = arrays
+    split = np.array(["train"] * 20 + ["test"] * 10)
+    (np.savez_compressed if compressed else np.savez)(tmp_path / "f.npz", feats=X, lab=y, split=split)
+    src = open_source(_cfg(tmp_path / "f.npz", features="feats", labels="lab", split={"column": "split"}))
+    np.testing.assert_array_equal(_read_in_blocks(src.reader), X)
+    assert list(src.split[18:22]) == ["train", "train", "test", "test"]
+
+
+def test_h5_and_zarr(tmp_path, arrays):
+    import h5py
+    import zarr
+    X, y = arrays
+    with h5py.File(tmp_path / "f.h5", "w") as f:
+        f["X"], f["y"] = X, y
+    g = zarr.open_group(str(tmp_path / "f.zarr"), mode="w")
+    g.create_array("X", data=X, chunks=(8, 5))
+    g.create_array("y", data=y)
+    for p in ("f.h5", "f.zarr"):
+        src = open_source(_cfg(tmp_path / p))
+        np.testing.assert_array_equal(_read_in_blocks(src.reader), X)
+        np.testing.assert_array_equal(src.labels, y)
+
+
+@pytest.mark.parametrize("ext, dtype", [(".fvecs", np.float32), (".bvecs", np.uint8)])
+def test_vecs(tmp_path, arrays, ext, dtype):
+    X = (np.abs(arrays[0]) * 40).astype(dtype)
+    rows = np.hstack([np.full((30, 1), 5, np.int32).view(np.uint8), X.view(np.uint8)])
+    (tmp_path / f"f{ext}").write_bytes(rows.tobytes())
+    np.save(tmp_path / "y.npy", arrays[1])
+    src = open_source(_cfg(tmp_path / f"f{ext}", labels=str(tmp_path / "y.npy")))
+    np.testing.assert_array_equal(_read_in_blocks(src.reader), X)
+
+
+def test_truncated_fvecs_is_refused(tmp_path):
+    (tmp_path / "f.fvecs").write_bytes(np.array([3], np.int32).tobytes() + b"\0" * 10)
+    np.save(tmp_path / "y.npy", np.zeros(1))
+    with pytest.raises(InputError, match="truncated or not fvecs"):
+        open_source(_cfg(tmp_path / "f.fvecs", labels=str(tmp_path / "y.npy")))
+
+
+def _write_idx(path, arr):
+    codes = {np.uint8: 0x08}
+    head = b"\0\0" + bytes([codes[arr.dtype.type], arr.ndim]) + struct.pack(f">{arr.ndim}I", *arr.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(head + arr.tobytes())
+
+
+def test_idx_folder_gives_train_test_split(tmp_path):
+    rng = np.random.default_rng(0)
+    imgs = {s: rng.integers(0, 255, (n, 4, 4)).astype(np.uint8) for s, n in (("train", 12), ("t10k", 5))}
+    for s, a in imgs.items():
+        _write_idx(tmp_path / f"{s}-images-idx3-ubyte.gz", a)
+        _write_idx(tmp_path / f"{s}-labels-idx1-ubyte.gz", (np.arange(len(a)) % 3).astype(np.uint8))
+    src = open_source(_cfg(tmp_path))
+    np.testing.assert_array_equal(_read_in_blocks(src.reader, 5),
+                                  np.vstack([imgs["train"], imgs["t10k"]]).reshape(17, 16))
+    assert list(src.split).count("test") == 5
+
+
+def test_fashion_mnist_not_found_says_how_to_get_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("METRICPIPE_DATA", str(tmp_path))
+    monkeypatch.setattr("pipeline.sources.FASHION_DEBIAN", str(tmp_path / "none"))
+    with pytest.raises(InputError, match="apt-get install dataset-fashion-mnist"):
+        open_source(parse_config({"data": {"source": "fashion-mnist"}}).data)
+
+
+@pytest.mark.parametrize("setup, match", [
+    (lambda p: None, "file not found"),
+    (lambda p: p.write_bytes(b""), "file is empty"),
+    (lambda p: p.write_bytes(b"not a zip"), "cannot read"),
+])
+def test_unreadable_files(tmp_path, setup, match):
+    p = tmp_path / "f.npz"
+    setup(p)
+    with pytest.raises(InputError, match=match):
+        open_source(_cfg(p))
+
+
+def test_missing_array_name_lists_what_is_there(tmp_path, arrays):
+    np.savez(tmp_path / "f.npz", feats=arrays[0], y=arrays[1])
+    with pytest.raises(InputError, match=r"no array 'X' \(data.features\); it holds \['feats', 'y'\]"):
+        open_source(_cfg(tmp_path / "f.npz"))

@@ -1,0 +1,46 @@
+import numpy as np
+import pytest
+
+from pipeline.storage import Store, hash_key, load_arrays, save_arrays
+from tasks.errors import InputError
+
+
+def test_unit_is_done_only_after_commit_with_its_key(tmp_path):
+    store = Store(str(tmp_path / "s"))
+    store.check_writable()
+    u = store.unit("models", "abc")
+    assert not u.done()
+    u.begin()
+    save_arrays(u.url, {"W": np.eye(2)})
+    assert not u.done()  # written but not committed: a killed writer's leftovers
+    u.commit({"seconds": 1})
+    assert u.done() and u.meta()["key"] == "abc"
+    # a rerun wipes the unit and its marker before writing again
+    u.begin()
+    assert not u.done() and not any((tmp_path / "s" / "models" / "abc").iterdir())
+
+
+def test_marker_with_another_key_is_not_done(tmp_path):
+    store = Store(str(tmp_path))
+    u = store.unit("data", "k1")
+    u.begin()
+    store.write_text("data/k1.committed.json", '{"key": "other"}')
+    assert not u.done()
+
+
+def test_hash_key_is_stable_and_order_free():
+    assert hash_key({"a": 1, "b": [1, 2]}) == hash_key({"b": [1, 2], "a": 1})
+    assert hash_key({"a": 1}) != hash_key({"a": 2})
+
+
+def test_store_path_that_is_a_file(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(InputError, match="store path is a file"):
+        Store(str(f)).check_writable()
+
+
+def test_save_and_load_arrays_with_scalars(tmp_path):
+    save_arrays(str(tmp_path / "g"), {"W": np.arange(6.0).reshape(2, 3), "n": np.int64(5)}, {"dim": 3})
+    arrays, attrs = load_arrays(str(tmp_path / "g"))
+    assert arrays["n"] == 5 and attrs["dim"] == 3 and arrays["W"].shape == (2, 3)

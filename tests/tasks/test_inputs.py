@@ -1,0 +1,53 @@
+import numpy as np
+import pytest
+
+from tasks.errors import InputError
+from tasks.normalize import normalize_rows
+from tasks.synthetic import SyntheticSpec
+from tasks.validate import check_feature_block, check_split, encode_labels
+
+
+def test_normalizations():
+    X = np.array([[3.0, -4.0], [0.0, 0.0]], np.float32)
+    np.testing.assert_allclose(normalize_rows(X, "l2"), [[0.6, -0.8], [0, 0]])
+    np.testing.assert_allclose(normalize_rows(X, "l1"), [[3 / 7, -4 / 7], [0, 0]])
+    p = normalize_rows(X, "power")
+    np.testing.assert_allclose(p[0], np.array([np.sqrt(3), -2]) / np.sqrt(7), rtol=1e-6)
+    assert normalize_rows(X, "none") is not None and np.array_equal(normalize_rows(X, "none"), X)
+
+
+def test_non_finite_block_names_row_and_column():
+    X = np.zeros((4, 3), np.float32)
+    X[2, 1] = np.nan
+    with pytest.raises(InputError, match=r"feats.npy: .*first at row 12, column 1"):
+        check_feature_block(X, 10, "feats.npy")
+
+
+def test_labels():
+    codes, classes = encode_labels(np.array(["b", "a", "b"]), 3, "f")
+    assert list(codes) == [1, 0, 1] and classes == ["a", "b"]
+    with pytest.raises(InputError, match="labels have length 2 but features have 3 rows"):
+        encode_labels(np.array([0, 1]), 3, "f")
+    with pytest.raises(InputError, match="only one class"):
+        encode_labels(np.zeros(3), 3, "f")
+    with pytest.raises(InputError, match="non-integral"):
+        encode_labels(np.array([0.5, 1.0, 0.0]), 3, "f")
+
+
+def test_split_checks():
+    names = ("train", "test", "val", "negatives")
+    codes = np.array([0, 0, 1, 1, 1])
+    with pytest.raises(InputError, match="class\\(es\\) 'a' have fewer than two training samples"):
+        check_split(codes, np.array([0, 1, 0, 0, 1]), names, ["a", "b"], "f")
+    with pytest.raises(InputError, match="test split is empty"):
+        check_split(codes, np.zeros(5, int), names, ["a", "b"], "f")
+
+
+def test_synthetic_rows_do_not_depend_on_chunking():
+    s = SyntheticSpec(3000, 16, 5, seed=3)
+    whole = s.rows(0, 3000)
+    np.testing.assert_array_equal(whole, np.vstack([s.rows(a, min(a + 777, 3000)) for a in range(0, 3000, 777)]))
+    # class structure is real: class means differ far more than the noise of a mean
+    y = s.labels()
+    means = np.stack([whole[y == c].mean(0) for c in range(5)])
+    assert np.linalg.norm(means[0] - means[1]) > 1.0
