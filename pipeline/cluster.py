@@ -24,7 +24,7 @@ def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limi
         return
     if cluster.startswith(("tcp://", "tls://", "ucx://")):
         try:
-            client = Client(cluster, timeout="20s")
+            client = Client(cluster, timeout="10s")
         except (OSError, TimeoutError) as e:
             raise InputError(f"cluster {cluster}: cannot reach the scheduler ({e}); start it with "
                              f"'dask scheduler' or check the address") from None

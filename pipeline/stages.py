@@ -243,27 +243,33 @@ def _randomized_statistics(ctx, data, total, unit, n_components) -> dict:
 
 # ---- 3. neighbours -------------------------------------------------------------------------------------
 
-def _knn_pair(url: str, q: tuple, x: tuple, k: int):
-    """Top-k among the train rows of database block ``x`` for the train rows of query block ``q``."""
-    split_q = open_array(f"{url}/split")[q[0]:q[1]]
-    split_x = open_array(f"{url}/split")[x[0]:x[1]]
-    qr, xr_ = np.flatnonzero(split_q == TRAIN), np.flatnonzero(split_x == TRAIN)
-    Q = load_features(url, q[0], q[1], qr)
-    X = Q if q == x else load_features(url, x[0], x[1], xr_)
-    return knn.block_topk(Q, X, k, q_ids=qr + q[0], x_ids=xr_ + x[0], exclude_self=(q == x))
+# Query rows per kNN task. Fixed (never derived from the worker count) so results are identical on
+# any cluster; small enough that tasks balance across workers, large enough that reading each
+# database block (~64 MB, ~0.12 s) stays a small fraction of the GEMM work it feeds (~2 s at 784-d).
+KNN_QUERY_ROWS = 4096
 
 
-def _merge(k):
-    def merge(a, b):
-        return knn.merge_topk(a, b, k)
-    return merge
+def _knn_piece(url: str, q_rows: np.ndarray, blocks: list, k: int):
+    """Top-k among all train rows for the global train rows ``q_rows``, streaming the database one
+    row-block at a time (the task holds the query piece and one database block)."""
+    Q = _read_rows(f"{url}/features", q_rows)
+    best = knn.empty_topk(len(q_rows), k)
+    for a, b in blocks:
+        x_rows = np.flatnonzero(open_array(f"{url}/split")[a:b] == TRAIN) + a
+        X = load_features(url, a, b, x_rows - a)
+        best = knn.merge_topk(best, knn.block_topk(Q, X, k, q_ids=q_rows, x_ids=x_rows, exclude_self=True), k)
+    return best
 
 
-def _write_graph(url: str, data_url: str, q: tuple, best, k: int) -> int:
+def _write_graph(url: str, data_url: str, q: tuple, k: int, piece_rows: list, *pieces) -> int:
+    """Write rows q[0]:q[1] of the graph from the top-k lists of the query pieces overlapping them."""
     split = open_array(f"{data_url}/split")[q[0]:q[1]]
     labels = open_array(f"{data_url}/label")[:]
     rows = np.flatnonzero(split == TRAIN)
-    dist, idx = best
+    all_rows = np.concatenate(piece_rows)
+    inside = (all_rows >= q[0]) & (all_rows < q[1])
+    dist = np.concatenate([p[0] for p in pieces])[inside]
+    idx = np.concatenate([p[1] for p in pieces])[inside]
     nbr = np.full((q[1] - q[0], k), -1, np.int32)
     d2 = np.full((q[1] - q[0], k), np.inf, np.float32)
     same = np.zeros((q[1] - q[0], k), bool)
@@ -294,16 +300,17 @@ def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
                                "same_label": (("sample", "neighbour"), (N, k), bool, False)},
                     {}, {"k": k, "data": data.unit.key}, data.chunk_rows)
     blocks = [(a, b) for a, b in data.chunks if (data.split[a:b] == TRAIN).any()]
-    pairs, writes = [], []
-    merge = _merge(k)
+    # Query pieces are cut over all train rows (so tasks are equal whatever the chunk layout); each
+    # chunk's write task takes the pieces that overlap it.
+    rows = data.rows(TRAIN)
+    cuts = _fixed_blocks(rows, KNN_QUERY_ROWS)
+    pieces = [ctx.submit(_knn_piece, data.url, piece, blocks, k, name="knn-piece") for piece in cuts]
+    writes = []
     for q in blocks:
-        row = [ctx.submit(_knn_pair, data.url, q, x, k, name="knn-pair") for x in blocks]
-        pairs += row
-        while len(row) > 1:
-            row = [ctx.submit(merge, row[i], row[i + 1], name="knn-merge") if i + 1 < len(row) else row[i]
-                   for i in range(0, len(row), 2)]
-        writes.append(ctx.submit(_write_graph, unit.url, data.url, q, row[0], k, name="knn-write"))
-    ctx.gather(pairs, "neighbours", [f"query rows {q[0]}.. x db rows {x[0]}.." for q in blocks for x in blocks])
+        mine = [(piece, f) for piece, f in zip(cuts, pieces) if piece[0] < q[1] and piece[-1] >= q[0]]
+        writes.append(ctx.submit(_write_graph, unit.url, data.url, q, k, [p for p, _ in mine],
+                                 *[f for _, f in mine], name="knn-write"))
+    ctx.gather(pieces, "neighbours", [f"query rows {p[0]}..{p[-1]}" for p in cuts])
     ctx.gather(writes, "neighbours", [f"rows {q[0]}..{q[1] - 1}" for q in blocks])
     _timed(unit, t0, {"k": k, "n_train": n_train})
     return unit

@@ -1,0 +1,49 @@
+"""Reference computations with scikit-learn and helpers shared by the integration tests."""
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+from sklearn.decomposition import PCA
+from sklearn.metrics import average_precision_score
+from sklearn.neighbors import KNeighborsClassifier
+
+from pipeline.config import parse_config
+from pipeline.runner import run_pipeline
+
+
+def sklearn_pca_protocol(Xtr, ytr, Xte, yte, dim):
+    """PCA-dim retrieval mAP (test queries the rest of test) and kNN-1 top-1 error (train = database)."""
+    pca = PCA(n_components=dim, svd_solver="full").fit(Xtr.astype(np.float64))
+    Ztr, Zte = pca.transform(Xtr), pca.transform(Xte)
+    sq = (Zte ** 2).sum(1)
+    aps = []
+    for a in range(0, len(Zte), 1000):
+        d = sq[a:a + 1000, None] + sq[None, :] - 2 * Zte[a:a + 1000] @ Zte.T
+        for i, row in enumerate(d):
+            q = a + i
+            keep = np.arange(len(Zte)) != q
+            aps.append(average_precision_score(yte[keep] == yte[q], -row[keep]))
+    err = 1.0 - KNeighborsClassifier(n_neighbors=1, algorithm="brute").fit(Ztr, ytr).score(Zte, yte)
+    return float(np.mean(aps)), float(err)
+
+
+def record(records, method, dim, metric, classifier=None):
+    hits = [r["value"] for r in records if r["method"] == method and r["dim"] == dim and r["metric"] == metric
+            and r["classifier"] == classifier]
+    assert len(hits) == 1, (method, dim, metric, classifier, hits)
+    return hits[0]
+
+
+def run(raw: dict, client=None, **kw) -> dict:
+    path = run_pipeline(parse_config(raw), client=client, log=lambda m: None, **kw)
+    return json.loads(Path(path).with_name("metrics.json").read_text())
+
+
+def fashion_root() -> Path:
+    """Fashion-MNIST for tests: $METRICPIPE_DATA, else the shared folder beside the checkout."""
+    for p in (os.environ.get("METRICPIPE_DATA"), Path(__file__).parents[3] / "shared/data/fashion-mnist",
+              "/usr/share/datasets/fashion-mnist"):
+        if p and Path(p, "train-images-idx3-ubyte.gz").exists():
+            return Path(p)
+    raise AssertionError("Fashion-MNIST not found: set METRICPIPE_DATA to a folder with its IDX files")

@@ -1,0 +1,63 @@
+"""Stages on a LocalCluster against in-memory references, with chunks that do not divide evenly."""
+import numpy as np
+import pytest
+
+from pipeline import stages
+from pipeline.config import parse_config
+from pipeline.context import StageContext
+from pipeline.storage import Store, load_arrays, open_array
+from tasks.knn import brute_force_knn
+
+
+@pytest.fixture
+def staged(client, tmp_path):
+    rng = np.random.default_rng(5)
+    X = rng.integers(0, 4, (1000, 7)).astype(np.float32)  # integer-valued: exact distances, real ties
+    y = np.arange(1000) % 5
+    np.savez(tmp_path / "d.npz", X=X, y=y)
+    cfg = parse_config({"data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.0083, "split": {"test": 0.3}},
+                        "neighbours": {"k": 6}, "methods": [{"method": "pca", "dim": 3}]})
+    ctx = StageContext(client, Store(str(tmp_path / "s")), cfg, log=lambda m: None)
+    data = stages.run_stage(ctx)
+    assert data.chunk_rows == 296 and data.n_samples % data.chunk_rows  # uneven chunks
+    return ctx, data, X, y
+
+
+def test_staged_features_and_coordinates(staged):
+    _, data, X, y = staged
+    np.testing.assert_array_equal(open_array(f"{data.url}/features")[:], X)
+    np.testing.assert_array_equal(open_array(f"{data.url}/label")[:], y)
+    assert (data.split == stages.TEST).mean() == pytest.approx(0.3, abs=0.01)
+
+
+def test_statistics_stage_equals_numpy(staged):
+    ctx, data, X, y = staged
+    stats, _ = load_arrays(stages.run_statistics(ctx, data).url)
+    tr = data.split == stages.TRAIN
+    np.testing.assert_allclose(stats["covariance"], np.cov(X[tr].astype(np.float64), rowvar=False), atol=1e-10)
+    np.testing.assert_allclose(stats["class_means"][2], X[tr & (y == 2)].mean(0), rtol=1e-6)
+
+
+def test_neighbour_graph_equals_brute_force_exactly(staged):
+    ctx, data, X, y = staged
+    unit = stages.run_neighbours(ctx, data)
+    tr = data.rows(stages.TRAIN)
+    nbr = open_array(f"{unit.url}/neighbours")[:]
+    d2 = open_array(f"{unit.url}/distances")[:]
+    same = open_array(f"{unit.url}/same_label")[:]
+    bd, bi = brute_force_knn(X[tr], X[tr], 6, exclude_self=True)
+    np.testing.assert_array_equal(nbr[tr], tr[bi])  # global indices, ties broken by index
+    np.testing.assert_array_equal(d2[tr], bd.astype(np.float32))
+    np.testing.assert_array_equal(same[tr], y[tr[bi]] == y[tr][:, None])
+    assert (nbr[data.rows(stages.TEST)] == -1).all()
+
+
+def test_encode_equals_model_transform(staged):
+    ctx, data, X, _ = staged
+    stats = stages.run_statistics(ctx, data)
+    [(spec, model)] = stages.run_train(ctx, data, stats, None)
+    [(_, codes, dim)] = stages.run_encode(ctx, data, [(spec, model)])
+    arrays, _ = load_arrays(model.url)
+    np.testing.assert_allclose(open_array(f"{codes.url}/codes")[:], X @ arrays["W"] + arrays["b"], rtol=1e-5,
+                               atol=1e-5)
+    assert dim == 3 and codes.done()
