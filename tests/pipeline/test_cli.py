@@ -128,3 +128,27 @@ def test_stage_command_alone(tmp_path):
     ds = xr.open_zarr(next((tmp_path / "s/data").glob("*/")), consolidated=False)
     np.testing.assert_allclose(np.linalg.norm(ds.features.values, axis=1), 1.0, rtol=1e-6)
     assert list(ds.label.values) == list(y)
+
+
+def test_groups_give_instance_relevance_and_ukb_score(tmp_path):
+    rng = np.random.default_rng(3)
+    n_groups = 40
+    centres = rng.normal(0, 1, (n_groups, 5))
+    g = np.repeat(np.arange(n_groups), 4)
+    X = (centres[g] + rng.normal(0, 0.4, (len(g), 5))).astype(np.float32)
+    y = g % 2
+    split = np.where(g < 20, "train", "test")
+    np.savez(tmp_path / "g.npz", X=X, y=y, g=g, split=split)
+    cfg = _config(tmp_path, {"path": str(tmp_path / "g.npz"), "groups": "g", "split": {"column": "split"}},
+                  methods=[{"method": "identity"}])
+    res = _invoke("run", cfg, "--performance-report", tmp_path / "perf.html")
+    assert res.exit_code == 0, res.output
+    records = json.loads((tmp_path / "store/report/metrics.json").read_text())["records"]
+    ukb = [r["value"] for r in records if r["metric"] == "ukb4"]
+    te = split == "test"
+    d = ((X[te][:, None] - X[te][None]) ** 2).sum(-1)
+    np.fill_diagonal(d, np.inf)
+    top3 = np.argsort(d, axis=1)[:, :3]
+    expected = 1 + (g[te][top3] == g[te][:, None]).sum(1).mean()
+    assert ukb == [pytest.approx(expected)]
+    assert (tmp_path / "perf.html").stat().st_size > 10000  # Dask's performance report was written

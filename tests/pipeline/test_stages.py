@@ -61,3 +61,22 @@ def test_encode_equals_model_transform(staged):
     np.testing.assert_allclose(open_array(f"{codes.url}/codes")[:], X @ arrays["W"] + arrays["b"], rtol=1e-5,
                                atol=1e-5)
     assert dim == 3 and codes.done()
+
+
+def test_randomized_pca_when_d_exceeds_max_dense_dim(client, tmp_path):
+    rng = np.random.default_rng(0)
+    basis = np.linalg.qr(rng.normal(size=(20, 20)))[0]
+    X = (rng.normal(size=(900, 20)) * np.geomspace(10, 0.1, 20)) @ basis.T
+    y = np.arange(900) % 3
+    np.savez(tmp_path / "d.npz", X=X.astype(np.float32), y=y)
+    cfg = parse_config({"data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.02},
+                        "statistics": {"max_dense_dim": 10, "components": 4}})
+    ctx = StageContext(client, Store(str(tmp_path / "s")), cfg, log=lambda m: None)
+    data = stages.run_stage(ctx)
+    unit = stages.run_statistics(ctx, data)
+    stats, _ = load_arrays(unit.url)
+    assert "covariance" not in stats and unit.meta()["dense"] is False
+    tr = data.split == stages.TRAIN
+    ref_var, ref_vec = np.linalg.eigh(np.cov(X[tr], rowvar=False))
+    np.testing.assert_allclose(stats["pca_variances"], ref_var[::-1][:4], rtol=1e-3)
+    np.testing.assert_allclose(np.abs(np.sum(stats["pca_components"] * ref_vec[:, ::-1][:, :4].T, 1)), 1, atol=1e-3)
