@@ -231,9 +231,11 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
     if not isinstance(classifiers, list):
         classifiers = [classifiers]
     for c in classifiers:
-        if not (isinstance(c, str) and (c == "ncm" or (c.startswith("knn") and c[3:].isdigit() and int(c[3:]) > 0))):
+        ok = isinstance(c, str) and (c == "ncm" or any(c.startswith(p) and c[len(p):].isdigit() and int(c[len(p):]) > 0
+                                                       for p in ("knn", "softvote")))
+        if not ok:
             _fail(where, "evaluate.classification.classifiers",
-                  f"unknown classifier {c!r}; use knnK (e.g. knn1, knn10) or ncm")
+                  f"unknown classifier {c!r}; use knnK (e.g. knn1, knn10), softvoteK (Eq. 9 of SL-NE) or ncm")
     evaluate = EvaluateConfig(retrieval_k=_int_list(ret, "k", where, "evaluate.retrieval.", (1, 10, 100)),
                               classifiers=tuple(classifiers), retrieval=do_retrieval)
 

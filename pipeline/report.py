@@ -34,6 +34,15 @@ def build_report(store: Store, manifest: dict) -> str:
     return store.path("report", "index.html")
 
 
+def _label(r: dict) -> str:
+    """Method plus the parameters that differ from their defaults (the legend of a plot)."""
+    from tasks.registry import METHODS
+    declared = METHODS[r["method"]].params if r["method"] in METHODS else {}
+    extra = [f"{k}={v}" for k, v in r["params"].items()
+             if k not in declared or v != declared[k].default]
+    return " ".join([r["method"], *extra])
+
+
 def _plot(records: list, metric: str, classifier) -> str:
     import matplotlib
     matplotlib.use("Agg")
@@ -43,8 +52,7 @@ def _plot(records: list, metric: str, classifier) -> str:
     series = {}
     for r in records:
         if r["metric"] == metric and r["classifier"] == classifier:
-            label = r["method"] + ("" if not r["params"] else " " + ",".join(f"{k}={v}" for k, v in r["params"].items()
-                                                                             if k not in ("seed",)))
+            label = _label(r)
             series.setdefault(label, []).append((r["dim"], r["value"]))
     for label, pts in sorted(series.items()):
         pts.sort()
@@ -52,11 +60,10 @@ def _plot(records: list, metric: str, classifier) -> str:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("dimension")
     ax.set_ylabel(metric if classifier is None else f"{metric} ({classifier})")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3)
-    fig.tight_layout()
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
     plt.close(fig)
     return base64.b64encode(buf.getvalue()).decode()
 

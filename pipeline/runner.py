@@ -17,7 +17,8 @@ from tasks.registry import METHODS
 
 
 def stage_names(cfg: RunConfig) -> list[str]:
-    needs_graph = cfg.neighbours is not None or any("neighbours" in METHODS[m["method"]].inputs for m in cfg.methods)
+    needs_graph = cfg.neighbours is not None or any("neighbours" in METHODS[m["method"]].inputs for m in cfg.methods) \
+        or any(c.startswith("softvote") for c in cfg.evaluate.classifiers)
     return ["stage", "statistics"] + (["neighbours"] if needs_graph else []) + ["train", "encode", "evaluate",
                                                                                   "report"]
 
@@ -64,7 +65,7 @@ def _run(ctx: StageContext, plan, log) -> str:
         graph = step(next(i), "neighbours", stages.run_neighbours, ctx, data)
     models = step(next(i), "train", stages.run_train, ctx, data, stats, graph)
     codes = step(next(i), "encode", stages.run_encode, ctx, data, models)
-    evals = step(next(i), "evaluate", stages.run_evaluate, ctx, data, codes)
+    evals = step(next(i), "evaluate", stages.run_evaluate, ctx, data, codes, graph)
     manifest = {
         "config": cfg.raw, "store": ctx.store.url, "started": started, "versions": package_versions(),
         "dataset": {"source": data.unit.meta().get("source"), "key": data.unit.key, "n_samples": data.n_samples,

@@ -263,9 +263,8 @@ def _knn_piece(url: str, q_rows: np.ndarray, blocks: list, k: int):
 
 def _write_graph(url: str, data_url: str, q: tuple, k: int, piece_rows: list, *pieces) -> int:
     """Write rows q[0]:q[1] of the graph from the top-k lists of the query pieces overlapping them."""
-    split = open_array(f"{data_url}/split")[q[0]:q[1]]
     labels = open_array(f"{data_url}/label")[:]
-    rows = np.flatnonzero(split == TRAIN)
+    rows = np.arange(q[1] - q[0])
     all_rows = np.concatenate(piece_rows)
     inside = (all_rows >= q[0]) & (all_rows < q[1])
     dist = np.concatenate([p[0] for p in pieces])[inside]
@@ -281,14 +280,17 @@ def _write_graph(url: str, data_url: str, q: tuple, k: int, piece_rows: list, *p
 
 
 def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
-    """Exact kNN graph of the train split: neighbours (sample, neighbour) int32 global indices (-1 for
-    samples outside train), squared distances float32, and same_label (targets; the rest are impostors)."""
+    """Exact kNN graph: every sample's k nearest *train* samples (itself excluded), as neighbours
+    (sample, neighbour) int32 global indices, squared distances float32 and same_label. Train rows
+    form the graph SL-NE learns from (same_label marks targets, the rest impostors); the other rows
+    are the neighbourhoods the soft-vote classifier (Eq. 9) votes over."""
     k = ctx.config.neighbours.k
     n_train = int((data.split == TRAIN).sum())
     if k >= n_train:
         raise InputError(f"{ctx.config.source_file}: neighbours.k={k} but the train split has {n_train} samples; "
                          f"use k < {n_train}")
-    unit = ctx.store.unit("neighbours", hash_key({"stage": "neighbours", "data": data.unit.key, "k": k}))
+    unit = ctx.store.unit("neighbours", hash_key({"stage": "neighbours", "data": data.unit.key, "k": k,
+                                                 "queries": "all"}))
     if ctx.resume and unit.done():
         ctx.log(f"  neighbours: reusing {unit.rel}")
         return unit
@@ -299,19 +301,18 @@ def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
                                "distances": (("sample", "neighbour"), (N, k), np.float32, np.inf),
                                "same_label": (("sample", "neighbour"), (N, k), bool, False)},
                     {}, {"k": k, "data": data.unit.key}, data.chunk_rows)
-    blocks = [(a, b) for a, b in data.chunks if (data.split[a:b] == TRAIN).any()]
+    blocks = [(a, b) for a, b in data.chunks if (data.split[a:b] == TRAIN).any()]  # database blocks
     # Query pieces are cut over all train rows (so tasks are equal whatever the chunk layout); each
     # chunk's write task takes the pieces that overlap it.
-    rows = data.rows(TRAIN)
-    cuts = _fixed_blocks(rows, KNN_QUERY_ROWS)
+    cuts = _fixed_blocks(np.arange(N), KNN_QUERY_ROWS)
     pieces = [ctx.submit(_knn_piece, data.url, piece, blocks, k, name="knn-piece") for piece in cuts]
     writes = []
-    for q in blocks:
+    for q in data.chunks:
         mine = [(piece, f) for piece, f in zip(cuts, pieces) if piece[0] < q[1] and piece[-1] >= q[0]]
         writes.append(ctx.submit(_write_graph, unit.url, data.url, q, k, [p for p, _ in mine],
                                  *[f for _, f in mine], name="knn-write"))
     ctx.gather(pieces, "neighbours", [f"query rows {p[0]}..{p[-1]}" for p in cuts])
-    ctx.gather(writes, "neighbours", [f"rows {q[0]}..{q[1] - 1}" for q in blocks])
+    ctx.gather(writes, "neighbours", [f"rows {q[0]}..{q[1] - 1}" for q in data.chunks])
     _timed(unit, t0, {"k": k, "n_train": n_train})
     return unit
 
@@ -319,7 +320,10 @@ def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
 # ---- 4. train ------------------------------------------------------------------------------------------
 
 def model_id(spec: dict) -> str:
-    extra = "-".join(f"{k}{v}" for k, v in sorted(spec.items()) if k not in ("method", "dim") and v is not None)
+    """A short readable name: method, dim, then the parameters that differ from their defaults."""
+    params = METHODS[spec["method"]].params
+    extra = "-".join(f"{k}{v}" for k, v in sorted(spec.items())
+                     if k not in ("method", "dim") and v is not None and (k not in params or v != params[k].default))
     return "-".join(str(x) for x in (spec["method"], spec.get("dim") or "", extra) if x != "")
 
 
@@ -333,7 +337,7 @@ def _train_model(spec: dict, stats_url: str, model_url: str) -> dict:
     n_out = model.n_components(len(stats["mean"]))
     save_arrays(model_url, model.arrays(), {"spec": spec, "dim": n_out, "fit_meta": model.meta,
                                             "identity": model.W is None})
-    return {"dim": n_out, "fit_seconds": seconds}
+    return {"dim": n_out, "fit_seconds": seconds, "score": model.score}
 
 
 def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit | None) -> list[tuple[dict, Unit]]:
@@ -353,8 +357,12 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
         if ctx.resume and unit.done():
             continue
         unit.begin()
-        todo.append((spec, unit, ctx.submit(_train_model, spec, stats.url, unit.url,
-                                            name=f"train-{model_id(spec)}")))
+        if method.trainer == "statistics":
+            fut = ctx.submit(_train_model, spec, stats.url, unit.url, name=f"train-{model_id(spec)}")
+        else:
+            from pipeline import slne_train
+            fut = slne_train.submit(ctx, spec, data, stats, neighbours, unit, model_id(spec))
+        todo.append((spec, unit, fut))
     if len(todo) < len(out):
         ctx.log(f"  train: reusing {len(out) - len(todo)} of {len(out)} models")
     t0 = time.perf_counter()
@@ -362,6 +370,8 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
     for (spec, unit, _), res in zip(todo, results):
         unit.commit({**res, "spec": spec, "seconds": round(res["fit_seconds"], 3),
                      "wall": round(time.perf_counter() - t0, 3)})
+        if "samples_per_second" in res:
+            ctx.log(f"  train: {model_id(spec)} {res['samples_per_second']:.0f} samples/s")
     return out
 
 
@@ -369,13 +379,17 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
 
 @lru_cache(maxsize=8)
 def _load_model(model_url: str) -> LinearModel:
-    arrays, attrs = load_arrays(model_url)
-    return LinearModel(arrays.get("W"), arrays.get("b"), attrs.get("fit_meta", {}))
+    return LinearModel.from_arrays(*load_arrays(model_url))
 
 
 def _encode_block(data_url: str, model_url: str, code_url: str, start: int, stop: int) -> int:
-    codes = _load_model(model_url).transform(load_features(data_url, start, stop))
-    open_array(f"{code_url}/codes", mode="r+")[start:stop] = codes
+    model = _load_model(model_url)
+    X = load_features(data_url, start, stop)
+    open_array(f"{code_url}/codes", mode="r+")[start:stop] = model.transform(X)
+    if model.M is not None:  # bilinear: also the two views whose inner product is the exact score
+        query, base = model.exact_views(X)
+        open_array(f"{code_url}/query", mode="r+")[start:stop] = query
+        open_array(f"{code_url}/base", mode="r+")[start:stop] = base
     return stop - start
 
 
@@ -384,15 +398,21 @@ def run_encode(ctx: StageContext, data: DataInfo, models: list) -> list[tuple[di
     out, futures, labels, pending = [], [], [], []
     t0 = time.perf_counter()
     for spec, model in models:
-        dim = int(model.meta()["dim"])
+        meta = model.meta()
+        dim = int(meta["dim"])
         unit = ctx.store.unit("codes", hash_key({"stage": "codes", "model": model.key, "data": data.unit.key}))
         out.append((spec, unit, dim))
         if ctx.resume and unit.done():
             continue
         unit.begin()
-        _write_template(unit.url, {"codes": (("sample", "code"), (data.n_samples, dim), np.float32, np.nan)},
-                        {}, {"model": model.key, "spec": spec}, data.chunk_rows)
-        pending.append(unit)
+        variables = {"codes": (("sample", "code"), (data.n_samples, dim), np.float32, np.nan)}
+        if meta.get("bilinear_dim"):
+            p = int(meta["bilinear_dim"])
+            variables["query"] = (("sample", "input"), (data.n_samples, p), np.float32, np.nan)
+            variables["base"] = (("sample", "input"), (data.n_samples, p), np.float32, np.nan)
+        _write_template(unit.url, variables, {}, {"model": model.key, "spec": spec, "score": meta.get("score"),
+                                                  "bilinear": bool(meta.get("bilinear_dim"))}, data.chunk_rows)
+        pending.append((unit, {"score": meta.get("score") or "euclidean", "bilinear": bool(meta.get("bilinear_dim"))}))
         for a, b in data.chunks:
             futures.append(ctx.submit(_encode_block, data.url, model.url, unit.url, a, b,
                                       name=f"encode-{model_id(spec)}"))
@@ -400,8 +420,8 @@ def run_encode(ctx: StageContext, data: DataInfo, models: list) -> list[tuple[di
     if len(pending) < len(out):
         ctx.log(f"  encode: reusing {len(out) - len(pending)} of {len(out)} encodings")
     ctx.gather(futures, "encode", labels)
-    for unit in pending:
-        _timed(unit, t0, {})
+    for unit, meta in pending:
+        _timed(unit, t0, meta)
     return out
 
 
@@ -411,14 +431,18 @@ def _read_rows(url: str, idx: np.ndarray) -> np.ndarray:
     return open_array(url).get_orthogonal_selection((idx, slice(None)))
 
 
-def _retrieval_block(code_url: str, q_idx: np.ndarray, db_idx: np.ndarray, rel_key: np.ndarray, ks: tuple,
-                     ukb: bool, chunk_rows: int) -> dict:
+def _scores(Q: np.ndarray, X: np.ndarray, score: str) -> np.ndarray:
+    """Distances to rank by (ascending): squared Euclidean, or minus the inner product."""
+    return metrics.sq_distances(Q, X) if score == "euclidean" else -(np.asarray(Q, np.float32) @ X.T)
+
+
+def _retrieval_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, db_idx: np.ndarray,
+                     rel_key: np.ndarray, ks: tuple, ukb: bool, chunk_rows: int) -> dict:
     """Queries ``q_idx`` against database ``db_idx`` (global rows, sorted); relevance = equal rel_key."""
-    url = f"{code_url}/codes"
-    Q = _read_rows(url, q_idx)
+    Q = _read_rows(q_url, q_idx)
     dist = np.empty((len(q_idx), len(db_idx)), np.float32)
     for a in range(0, len(db_idx), chunk_rows):  # stream the database in row-blocks
-        dist[:, a:a + chunk_rows] = metrics.sq_distances(Q, _read_rows(url, db_idx[a:a + chunk_rows]))
+        dist[:, a:a + chunk_rows] = _scores(Q, _read_rows(db_url, db_idx[a:a + chunk_rows]), score)
     self_hit = q_idx[:, None] == db_idx[None, :]
     dist[self_hit] = np.inf
     relevant = (rel_key[q_idx][:, None] == rel_key[db_idx][None, :]) & ~self_hit
@@ -428,23 +452,37 @@ def _retrieval_block(code_url: str, q_idx: np.ndarray, db_idx: np.ndarray, rel_k
     return out
 
 
-def _classify_block(code_url: str, q_idx: np.ndarray, train_blocks: list, labels: np.ndarray,
-                    classifiers: tuple, means) -> dict:
-    url = f"{code_url}/codes"
-    Q = _read_rows(url, q_idx)
+def _classify_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, train_blocks: list,
+                    labels: np.ndarray, classifiers: tuple, means, graph_url: str | None) -> dict:
+    Q = _read_rows(q_url, q_idx)
     y = labels[q_idx]
     n_classes = int(labels.max()) + 1
     out = {}
     ks = [int(c[3:]) for c in classifiers if c.startswith("knn")]
     if ks:
         kmax = max(ks)
+        metric = "l2" if score == "euclidean" else "ip"
         best = knn.empty_topk(len(Q), kmax)
         for rows in train_blocks:
-            best = knn.merge_topk(best, knn.block_topk(Q, _read_rows(url, rows), kmax, x_ids=rows), kmax)
+            best = knn.merge_topk(best, knn.block_topk(Q, _read_rows(db_url, rows), kmax, x_ids=rows,
+                                                       metric=metric), kmax)
         nb_labels = np.where(best[1] >= 0, labels[np.maximum(best[1], 0)], -1)
         for k in ks:
             errs = metrics.topk_errors(metrics.knn_class_ranking(nb_labels, n_classes, k), y)
             out[f"knn{k}"] = (errs[1], errs[5])
+    soft = [int(c[8:]) for c in classifiers if c.startswith("softvote")]
+    if soft:
+        # Eq. 9: the neighbourhood is the stored Euclidean k-NN of the input features; the votes are
+        # weighted by the model's similarity (inner product of its query and base views).
+        nbr = open_array(f"{graph_url}/neighbours").get_orthogonal_selection((q_idx, slice(None))).astype(np.int64)
+        flat = np.unique(nbr[nbr >= 0])
+        B = _read_rows(db_url, flat)
+        pos = np.searchsorted(flat, np.maximum(nbr, 0))
+        sims = np.einsum("qd,qkd->qk", Q, B[pos])
+        nb_labels = np.where(nbr >= 0, labels[np.maximum(nbr, 0)], -1)
+        for k in soft:
+            errs = metrics.topk_errors(metrics.softvote_ranking(nb_labels, sims, n_classes, k), y)
+            out[f"softvote{k}"] = (errs[1], errs[5])
     if "ncm" in classifiers:
         errs = metrics.topk_errors(metrics.nearest_mean_ranking(Q, means), y)
         out["ncm"] = (errs[1], errs[5])
@@ -468,8 +506,13 @@ def _query_blocks(idx: np.ndarray, n_db: int, budget_bytes: float = 2.5e8) -> li
     return _fixed_blocks(idx, int(max(1, min(len(idx), budget_bytes // max(1, n_db * 24)))))
 
 
-def run_evaluate(ctx: StageContext, data: DataInfo, codes: list) -> list[tuple[dict, Unit]]:
-    """Retrieval (test queries against the rest of test) and classification (train as database)."""
+def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Unit | None = None
+                 ) -> list[tuple[dict, Unit]]:
+    """Retrieval (test queries against the rest of test) and classification (train as database).
+
+    Every model is evaluated on its codes; a bilinear model (SL-NE, SL-DE) also on its exact
+    similarity (query view Z M against base view Z), so the loss from factoring is visible.
+    """
     ev = ctx.config.evaluate
     test = data.rows(TEST)
     rel_key = data.groups if data.groups is not None else data.labels
@@ -477,39 +520,54 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list) -> list[tuple[d
     train_blocks = [r for r in (np.flatnonzero(data.split[a:b] == TRAIN) + a for a, b in data.chunks) if len(r)]
     labels_f = ctx.client.scatter(data.labels, broadcast=True)
     rel_f = labels_f if data.groups is None else ctx.client.scatter(rel_key, broadcast=True)
+    if any(c.startswith("softvote") for c in ev.classifiers) and neighbours is None:
+        raise InputError(f"{ctx.config.source_file}: evaluate: softvote classifiers need the neighbours stage; "
+                         f"add neighbours: {{k: 50}}")
+    graph_url = neighbours.url if neighbours is not None else None
     out, jobs = [], []
     for spec, cunit, dim in codes:
         unit = ctx.store.unit("evaluation", hash_key({"stage": "evaluation", "codes": cunit.key,
+                                                     "graph": neighbours.key if neighbours else None,
                                                      "evaluate": ev.__dict__, "data": data.unit.key}))
         out.append((spec, unit))
         if ctx.resume and unit.done():
             continue
         unit.begin()
-        means = None
-        if "ncm" in ev.classifiers:
-            parts = [ctx.submit(_moments_block, data.url, a, b, len(data.classes), False, f"{cunit.url}/codes",
-                                name="ncm-means") for a, b in data.chunks]
-            means = ctx.submit(_class_means, _tree_combine(ctx, parts, "ncm-combine"), name="ncm-means")
-        ret = [ctx.submit(_retrieval_block, cunit.url, q, test, rel_f, ev.retrieval_k, ukb, data.chunk_rows,
-                          name=f"retrieval-{model_id(spec)}") for q in _query_blocks(test, len(test))] \
-            if ev.retrieval else []
-        cls = [ctx.submit(_classify_block, cunit.url, q, train_blocks, labels_f, ev.classifiers, means,
-                          name=f"classify-{model_id(spec)}") for q in _fixed_blocks(test, CLASSIFY_QUERIES)] \
-            if ev.classifiers else []
-        jobs.append((spec, unit, dim, ret, cls))
+        cmeta = cunit.meta()
+        views = [("codes", f"{cunit.url}/codes", f"{cunit.url}/codes", (cmeta.get("score") or "euclidean"))]
+        if cmeta.get("bilinear"):
+            views.append(("exact", f"{cunit.url}/query", f"{cunit.url}/base", "inner"))
+        for view, q_url, db_url, score in views:
+            means = None
+            if "ncm" in ev.classifiers:
+                parts = [ctx.submit(_moments_block, data.url, a, b, len(data.classes), False, db_url,
+                                    name="ncm-means") for a, b in data.chunks]
+                means = ctx.submit(_class_means, _tree_combine(ctx, parts, "ncm-combine"), name="ncm-means")
+            ret = [ctx.submit(_retrieval_block, q_url, db_url, score, q, test, rel_f, ev.retrieval_k, ukb,
+                              data.chunk_rows, name=f"retrieval-{model_id(spec)}")
+                   for q in _query_blocks(test, len(test))] if ev.retrieval else []
+            cls = [ctx.submit(_classify_block, q_url, db_url, score, q, train_blocks, labels_f, ev.classifiers,
+                              means, graph_url, name=f"classify-{model_id(spec)}")
+                   for q in _fixed_blocks(test, CLASSIFY_QUERIES)] if ev.classifiers else []
+            jobs.append((spec, unit, dim, view, score, ret, cls))
     t0 = time.perf_counter()
-    for spec, unit, dim, ret, cls in jobs:
-        name = model_id(spec)
+    records = {}
+    for spec, unit, dim, view, score, ret, cls in jobs:
+        name = f"{model_id(spec)} ({view})"
         ret_res = ctx.gather(ret, "evaluate", [f"model {name} retrieval block {i}" for i in range(len(ret))])
         cls_res = ctx.gather(cls, "evaluate", [f"model {name} classification block {i}" for i in range(len(cls))])
-        records = _records(spec, dim, ev, data.labels[test], ret_res, cls_res)
-        unit.write_json("records.json", records)
-        _timed(unit, t0, {"model": name})
+        extra = {} if view == "codes" and score == "euclidean" else {"view": view, "score": score}
+        records.setdefault(unit.key, (unit, []))[1].extend(
+            _records(spec, dim, ev, data.labels[test], ret_res, cls_res, extra))
+    for unit, recs in records.values():
+        unit.write_json("records.json", recs)
+        _timed(unit, t0, {})
     return out
 
 
-def _records(spec: dict, dim: int, ev, test_labels: np.ndarray, ret_res: list, cls_res: list) -> list[dict]:
-    params = {k: v for k, v in spec.items() if k not in ("method", "dim")}
+def _records(spec: dict, dim: int, ev, test_labels: np.ndarray, ret_res: list, cls_res: list,
+             extra: dict | None = None) -> list[dict]:
+    params = {**{k: v for k, v in spec.items() if k not in ("method", "dim")}, **(extra or {})}
     base = {"method": spec["method"], "dim": dim, "params": params}
     recs = []
     if ret_res:

@@ -36,8 +36,9 @@ def sq_norms(X: np.ndarray) -> np.ndarray:
 
 def block_topk(Q: np.ndarray, X: np.ndarray, k: int, db_offset: int = 0,
                q_ids: np.ndarray | None = None, x_ids: np.ndarray | None = None,
-               exclude_self: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """k nearest rows of ``X`` (m, D) for every row of ``Q`` (n, D), by squared Euclidean distance.
+               exclude_self: bool = False, metric: str = "l2") -> tuple[np.ndarray, np.ndarray]:
+    """k nearest rows of ``X`` (m, D) for every row of ``Q`` (n, D), by squared Euclidean distance
+    (``metric="l2"``) or by largest inner product (``metric="ip"``, distances are then -q.x).
 
     Parameters
     ----------
@@ -56,10 +57,10 @@ def block_topk(Q: np.ndarray, X: np.ndarray, k: int, db_offset: int = 0,
         x_ids = np.arange(db_offset, db_offset + len(X), dtype=np.int64)
     x_ids = np.asarray(x_ids, dtype=np.int64)
     best = empty_topk(len(Q), k)
-    xn_all = sq_norms(X)
+    xn_all = sq_norms(X) if metric == "l2" else None
     for q0 in range(0, len(Q), QUERY_TILE):
         q = Q[q0:q0 + QUERY_TILE]
-        q_m2 = q * np.float32(-2.0)  # fold the -2 of -2 q.x into the GEMM instead of a pass over d
+        q_m2 = q * np.float32(-2.0 if metric == "l2" else -1.0)  # fold the -2 of -2 q.x into the GEMM
         qid = None if q_ids is None else np.asarray(q_ids[q0:q0 + QUERY_TILE], dtype=np.int64)
         run = empty_topk(len(q), k)
         for x0 in range(0, len(X), DB_TILE):
@@ -67,7 +68,8 @@ def block_topk(Q: np.ndarray, X: np.ndarray, k: int, db_offset: int = 0,
             # ||x||^2 - 2 q.x ranks each row exactly as the distance does (||q||^2 is constant per
             # row), so ||q||^2 and the clamp at 0 are applied to the k selected entries only.
             d = q_m2 @ X[x0:x0 + DB_TILE].T
-            d += xn_all[x0:x0 + DB_TILE][None, :]
+            if metric == "l2":
+                d += xn_all[x0:x0 + DB_TILE][None, :]
             if exclude_self and qid is not None:
                 pos = np.minimum(np.searchsorted(ids, qid), len(ids) - 1)
                 hit = np.flatnonzero(ids[pos] == qid)
@@ -77,7 +79,8 @@ def block_topk(Q: np.ndarray, X: np.ndarray, k: int, db_offset: int = 0,
             cand_i = np.where(np.isinf(cand_d), -1, ids[part])
             run = merge_topk(run, (cand_d, cand_i), k)
         dist, idx = run
-        dist = np.maximum(dist + sq_norms(q)[:, None], 0.0)
+        if metric == "l2":
+            dist = np.maximum(dist + sq_norms(q)[:, None], 0.0)
         best[0][q0:q0 + len(q)], best[1][q0:q0 + len(q)] = dist, idx
     return best
 

@@ -100,6 +100,23 @@ def knn_class_ranking(neighbour_labels: np.ndarray, n_classes: int, k: int) -> n
     return np.argsort(-key, axis=1, kind="stable")
 
 
+def softvote_ranking(neighbour_labels: np.ndarray, scores: np.ndarray, n_classes: int, k: int) -> np.ndarray:
+    """Eq. 9 of SL-NE: classes ranked by the summed similarity of the k most similar members of each
+    query's neighbourhood. neighbour_labels, scores : (n, K) with -1 labels for missing neighbours."""
+    scores = np.where(neighbour_labels >= 0, scores, -np.inf)
+    top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    lab = np.take_along_axis(neighbour_labels, top, 1)
+    sc = np.take_along_axis(scores, top, 1)
+    votes = np.zeros((len(lab), n_classes))
+    ok = lab >= 0
+    rows = np.repeat(np.arange(len(lab)), lab.shape[1]).reshape(lab.shape)
+    counts = np.zeros((len(lab), n_classes), np.int64)
+    np.add.at(votes, (rows[ok], lab[ok]), sc[ok])
+    np.add.at(counts, (rows[ok], lab[ok]), 1)
+    votes[counts == 0] = -np.inf  # classes with no voter rank last, after any (even negative) sum
+    return np.argsort(-votes, axis=1, kind="stable")
+
+
 def nearest_mean_ranking(Q: np.ndarray, means: np.ndarray) -> np.ndarray:
     """Rank classes by distance of each query to the class means; (n, C) class codes, best first."""
     return np.argsort(sq_distances(Q, means), axis=1, kind="stable")

@@ -6,25 +6,55 @@ import numpy as np
 
 @dataclass(frozen=True)
 class LinearModel:
-    """Encoder ``code = X @ W + b``; ``W is None`` means the identity (codes are the features).
+    """An encoder: optional preprocessing, then ``code = Z @ W + b``.
 
-    W : (D, d) float32 or None; b : (d,) float32 or None; meta: JSON-able facts about the fit.
+    Preprocessing (SL-NE's input space) is ``Z = l2normalize((X - pre_mean) @ pre_P)`` when
+    ``pre_P`` is given, else ``Z = X``. ``W is None`` means the codes are Z itself.
+    ``score`` says how codes are compared: ``euclidean`` distance or ``inner`` product.
+    A bilinear model also carries ``M`` (p, p), the exact similarity s(x, y) = z_x^T M z_y, whose
+    view is ``query = Z @ M`` against ``base = Z`` (see :meth:`exact_views`).
+
+    W : (p, d) float32 or None; b : (d,) float32 or None; meta : JSON-able facts about the fit.
     """
     W: np.ndarray | None
     b: np.ndarray | None = None
     meta: dict = field(default_factory=dict)
+    pre_mean: np.ndarray | None = None
+    pre_P: np.ndarray | None = None
+    M: np.ndarray | None = None
+    score: str = "euclidean"
+
+    def preprocess(self, X: np.ndarray) -> np.ndarray:
+        X = np.asarray(X, np.float32)
+        if self.pre_P is None:
+            return X
+        from tasks.slne import preprocess
+        return preprocess(X, self.pre_mean, self.pre_P)
 
     def transform(self, X: np.ndarray) -> np.ndarray:
-        X = np.asarray(X, np.float32)
+        Z = self.preprocess(X)
         if self.W is None:
-            return X
-        out = X @ self.W
+            return Z
+        out = Z @ self.W
         if self.b is not None:
             out += self.b
         return out
 
+    def exact_views(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(query view, base view) whose inner product is the exact bilinear similarity."""
+        Z = self.preprocess(X)
+        return Z @ self.M, Z
+
     def n_components(self, n_features: int) -> int:
-        return n_features if self.W is None else self.W.shape[1]
+        if self.W is not None:
+            return self.W.shape[1]
+        return n_features if self.pre_P is None else self.pre_P.shape[1]
 
     def arrays(self) -> dict:
-        return {k: v for k, v in (("W", self.W), ("b", self.b)) if v is not None}
+        names = ("W", "b", "pre_mean", "pre_P", "M")
+        return {k: getattr(self, k) for k in names if getattr(self, k) is not None}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict, attrs: dict) -> "LinearModel":
+        return cls(arrays.get("W"), arrays.get("b"), attrs.get("fit_meta", {}), arrays.get("pre_mean"),
+                   arrays.get("pre_P"), arrays.get("M"), attrs.get("score", "euclidean"))

@@ -25,11 +25,24 @@ class Method:
     name: str
     fit: Callable
     params: dict = field(default_factory=dict)
-    inputs: tuple = ("statistics",)  # which stored results fit() receives
+    inputs: tuple = ("statistics",)  # which stored results the learner needs
     needs_covariance: bool = True
+    trainer: str = "statistics"      # statistics: fit(stats, **params) in one task; slne / slde: see pipeline
 
 
 DIM = Param(int, None, minimum=1, sweep=True)
+
+# SL-NE / SL-DE (Wang et al.): defaults are the paper's (b = 0.02, rho0 = 0.2).
+SLNE_PARAMS = {
+    "margin": Param(float, 0.02, minimum=0, sweep=True),
+    "step": Param(float, 0.2, minimum=0, sweep=True),
+    "epochs": Param(int, 3, minimum=1, sweep=True),
+    "batch": Param(int, 64, minimum=1),
+    "sampling": Param(str, "violating", choices=("violating", "uniform"), sweep=True),
+    "normalize": Param(float, None, minimum=0),  # rescale ||M||_F to this after each batch (None: off)
+    "rank": Param(int, None, minimum=1),   # rank kept when factoring M into codes (None: all positive)
+    "seed": Param(int, 0, minimum=0),
+}
 
 METHODS = {
     "identity": Method("identity", baselines.fit_identity, {}, needs_covariance=False),
@@ -38,12 +51,23 @@ METHODS = {
     "lda": Method("lda", baselines.fit_lda, {"dim": DIM, "reg": Param(float, 1e-4, minimum=0)}),
     "random": Method("random", baselines.fit_random, {"dim": DIM, "seed": Param(int, 0, minimum=0)},
                      needs_covariance=False),
+    # dim: PCA directions kept for the input space (None: all)
+    "slne": Method("slne", None, {"dim": DIM, **SLNE_PARAMS}, inputs=("statistics", "neighbours"), trainer="slne"),
+    # dim: the dimension d of each member's subspace; input_dim: PCA directions of the input space
+    "slde": Method("slde", None, {"dim": Param(int, 64, minimum=1, sweep=True),
+                                  "members": Param(int, 8, minimum=1, sweep=True),
+                                  "subspace": Param(str, "pca-blocks", choices=("pca-blocks", "random"), sweep=True),
+                                  "input_dim": Param(int, None, minimum=1),
+                                  "refine": Param(bool, False), **SLNE_PARAMS},
+                   inputs=("statistics", "neighbours"), trainer="slde"),
 }
 
 
 def _check_value(method: str, key: str, p: Param, v):
-    ok = isinstance(v, p.kind) and not isinstance(v, bool) or (p.kind is float and isinstance(v, int)
-                                                                 and not isinstance(v, bool))
+    if p.kind is bool:
+        ok = isinstance(v, bool)
+    else:
+        ok = (isinstance(v, p.kind) or (p.kind is float and isinstance(v, int))) and not isinstance(v, bool)
     if not ok:
         raise InputError(f"The '{key}' parameter of {method} must be {p.kind.__name__}. Got {v!r} instead.")
     if p.minimum is not None and v < p.minimum:

@@ -49,7 +49,10 @@ def test_neighbour_graph_equals_brute_force_exactly(staged):
     np.testing.assert_array_equal(nbr[tr], tr[bi])  # global indices, ties broken by index
     np.testing.assert_array_equal(d2[tr], bd.astype(np.float32))
     np.testing.assert_array_equal(same[tr], y[tr[bi]] == y[tr][:, None])
-    assert (nbr[data.rows(stages.TEST)] == -1).all()
+    te = data.rows(stages.TEST)  # test rows: their nearest train samples (the soft vote's neighbourhood)
+    bd, bi = brute_force_knn(X[te], X[tr], 6)
+    np.testing.assert_array_equal(nbr[te], tr[bi])
+    np.testing.assert_array_equal(d2[te], bd.astype(np.float32))
 
 
 def test_encode_equals_model_transform(staged):
