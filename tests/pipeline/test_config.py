@@ -45,3 +45,19 @@ def test_example_configs_are_valid():
     from pathlib import Path
     for p in Path(__file__).parents[2].joinpath("examples").glob("*.yaml"):
         assert load_config(p).methods
+
+
+def test_readme_config_reference_is_valid():
+    """The README's config block lists every key; it must parse (source and path are alternatives)."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    text = Path(__file__).parents[2].joinpath("README.md").read_text()
+    block = re.search(r"## Config reference\s+```yaml\n(.*?)```", text, re.S).group(1)
+    raw = yaml.safe_load(block)
+    raw["data"].pop("path")
+    cfg = parse_config(raw, where="README.md")
+    assert {m["method"] for m in cfg.methods} >= {"identity", "pca", "pcaw", "lda", "random", "slne", "slde"}
+    assert "softvote3" in cfg.evaluate.classifiers
