@@ -359,6 +359,9 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
         unit.begin()
         if method.trainer == "statistics":
             fut = ctx.submit(_train_model, spec, stats.url, unit.url, name=f"train-{model_id(spec)}")
+        elif method.trainer == "sparse":
+            from pipeline import sparse_train
+            fut = sparse_train.submit(ctx, spec, data, stats, unit, model_id(spec))
         else:
             from pipeline import slne_train
             fut = slne_train.submit(ctx, spec, data, stats, neighbours, unit, model_id(spec))
@@ -412,7 +415,8 @@ def run_encode(ctx: StageContext, data: DataInfo, models: list) -> list[tuple[di
             variables["base"] = (("sample", "input"), (data.n_samples, p), np.float32, np.nan)
         _write_template(unit.url, variables, {}, {"model": model.key, "spec": spec, "score": meta.get("score"),
                                                   "bilinear": bool(meta.get("bilinear_dim"))}, data.chunk_rows)
-        pending.append((unit, {"score": meta.get("score") or "euclidean", "bilinear": bool(meta.get("bilinear_dim"))}))
+        pending.append((unit, {"score": meta.get("score") or "euclidean", "bilinear": bool(meta.get("bilinear_dim")),
+                               "cost": meta.get("cost")}))
         for a, b in data.chunks:
             futures.append(ctx.submit(_encode_block, data.url, model.url, unit.url, a, b,
                                       name=f"encode-{model_id(spec)}"))
@@ -524,7 +528,7 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
         raise InputError(f"{ctx.config.source_file}: evaluate: softvote classifiers need the neighbours stage; "
                          f"add neighbours: {{k: 50}}")
     graph_url = neighbours.url if neighbours is not None else None
-    out, jobs = [], []
+    out, jobs, costs = [], [], {}
     for spec, cunit, dim in codes:
         unit = ctx.store.unit("evaluation", hash_key({"stage": "evaluation", "codes": cunit.key,
                                                      "graph": neighbours.key if neighbours else None,
@@ -534,6 +538,7 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
             continue
         unit.begin()
         cmeta = cunit.meta()
+        costs[unit.key] = cmeta.get("cost")
         views = [("codes", f"{cunit.url}/codes", f"{cunit.url}/codes", (cmeta.get("score") or "euclidean"))]
         if cmeta.get("bilinear"):
             views.append(("exact", f"{cunit.url}/query", f"{cunit.url}/base", "inner"))
@@ -557,8 +562,12 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
         ret_res = ctx.gather(ret, "evaluate", [f"model {name} retrieval block {i}" for i in range(len(ret))])
         cls_res = ctx.gather(cls, "evaluate", [f"model {name} classification block {i}" for i in range(len(cls))])
         extra = {} if view == "codes" and score == "euclidean" else {"view": view, "score": score}
-        records.setdefault(unit.key, (unit, []))[1].extend(
-            _records(spec, dim, ev, data.labels[test], ret_res, cls_res, extra))
+        recs = records.setdefault(unit.key, (unit, []))[1]
+        recs.extend(_records(spec, dim, ev, data.labels[test], ret_res, cls_res, extra))
+        if view == "codes" and costs.get(unit.key):  # the projection's size and cost next to its metrics
+            base = {"method": spec["method"], "dim": dim, "classifier": None,
+                    "params": {k: v for k, v in spec.items() if k not in ("method", "dim")}}
+            recs.extend({**base, "metric": k, "value": v} for k, v in costs[unit.key].items())
     for unit, recs in records.values():
         unit.write_json("records.json", recs)
         _timed(unit, t0, {})

@@ -35,7 +35,7 @@ class LinearModel:
         Z = self.preprocess(X)
         if self.W is None:
             return Z
-        out = Z @ self.W
+        out = np.asarray(Z @ self.W, np.float32)
         if self.b is not None:
             out += self.b
         return out
@@ -51,10 +51,32 @@ class LinearModel:
         return n_features if self.pre_P is None else self.pre_P.shape[1]
 
     def arrays(self) -> dict:
+        """Arrays to store; a scipy sparse W is stored as its CSC parts W_data, W_indices, W_indptr."""
         names = ("W", "b", "pre_mean", "pre_P", "M")
-        return {k: getattr(self, k) for k in names if getattr(self, k) is not None}
+        out = {k: getattr(self, k) for k in names if getattr(self, k) is not None}
+        if self.W is not None and hasattr(self.W, "tocsc"):
+            W = self.W.tocsc()
+            del out["W"]
+            out.update(W_data=W.data, W_indices=W.indices, W_indptr=W.indptr, W_shape=np.array(W.shape))
+        return out
 
     @classmethod
     def from_arrays(cls, arrays: dict, attrs: dict) -> "LinearModel":
-        return cls(arrays.get("W"), arrays.get("b"), attrs.get("fit_meta", {}), arrays.get("pre_mean"),
+        W = arrays.get("W")
+        if "W_data" in arrays:
+            import scipy.sparse
+            W = scipy.sparse.csc_array((arrays["W_data"], arrays["W_indices"], arrays["W_indptr"]),
+                                       shape=tuple(arrays["W_shape"]))
+        return cls(W, arrays.get("b"), attrs.get("fit_meta", {}), arrays.get("pre_mean"),
                    arrays.get("pre_P"), arrays.get("M"), attrs.get("score", "euclidean"))
+
+    def cost(self, n_features: int) -> dict:
+        """Non-zeros, storage bytes and multiply-adds per image of the projection."""
+        if self.W is None:
+            return {"nnz": 0, "storage_bytes": 0, "flops_per_image": 0}
+        if hasattr(self.W, "nnz"):
+            nnz = int(self.W.nnz)
+            stored = sum(a.nbytes for a in (self.W.data, self.W.indices, self.W.indptr))
+        else:
+            nnz, stored = int(self.W.size), int(self.W.nbytes)
+        return {"nnz": nnz, "storage_bytes": int(stored), "flops_per_image": 2 * nnz}
