@@ -29,9 +29,48 @@ def build_report(store: Store, manifest: dict) -> str:
         records += store.unit(kind, key).read_json("records.json")
     doc = {"run": {k: manifest[k] for k in ("config", "dataset", "store", "versions", "started", "seconds")},
            "records": records, "timings": manifest["timings"]}
-    store.write_text("report/metrics.json", to_json(doc))
-    store.write_text("report/index.html", render_html(doc))
+    curves = training_curves(store, manifest)
+    store.write_text("report/metrics.json", to_json({**doc, "training": curves}))
+    store.write_text("report/index.html", render_html(doc, curves))
     return store.path("report", "index.html")
+
+
+def training_curves(store: Store, manifest: dict) -> list[dict]:
+    """Per model, the learner's recorded history (objective, train mAP, hinge...) if it has one."""
+    from pipeline.storage import read_attrs
+    out = []
+    for rel in manifest["units"].get("models", []):
+        kind, key = rel.split("/")
+        attrs = read_attrs(store.unit(kind, key).url)
+        meta = attrs.get("fit_meta") or {}
+        history = meta.get("history") or [h for m in meta.get("members", [])[:1] for h in m.get("history", [])]
+        if history:
+            out.append({"model": attrs["spec"], "history": history})
+    return out
+
+
+def _curve_plot(curve: dict) -> str:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hist = curve["history"]
+    xkey = "iter" if "iter" in hist[0] else "epoch"
+    keys = [k for k in hist[0] if k != xkey and isinstance(hist[0][k], (int, float))]
+    fig, axes = plt.subplots(1, len(keys), figsize=(3.2 * len(keys), 2.6), squeeze=False)
+    for ax, k in zip(axes[0], keys):
+        ax.plot([h[xkey] for h in hist], [h[k] for h in hist], ".-")
+        ax.set_xlabel(xkey)
+        ax.set_ylabel(k)
+        if k in ("objective", "hinge") and min(h[k] for h in hist) > 0:
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+    fig.suptitle(_label({"method": curve["model"]["method"], "params": {k: v for k, v in curve["model"].items()
+                                                                      if k not in ("method",)}}), fontsize=8)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
 
 
 def _label(r: dict) -> str:
@@ -68,7 +107,7 @@ def _plot(records: list, metric: str, classifier) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def render_html(doc: dict) -> str:
+def render_html(doc: dict, curves: list | None = None) -> str:
     records = doc["records"]
     columns = sorted({(r["metric"], r["classifier"]) for r in records},
                      key=lambda mc: (mc[1] is not None, mc[1] or "", mc[0]))
@@ -84,6 +123,8 @@ def render_html(doc: dict) -> str:
         p = "" if params == "{}" else esc(params.replace("\n", ""))
         body += f"<tr><td>{esc(method)}</td><td>{dim}</td><td><small>{p}</small></td>{cells}</tr>\n"
     plots = "".join(f'<figure><img src="data:image/png;base64,{_plot(records, m, c)}"></figure>' for m, c in columns)
+    training = "".join(f'<figure><img src="data:image/png;base64,{_curve_plot(c)}"></figure>' for c in curves or [])
+    training = f"<h2>Training curves</h2>{training}" if training else ""
     timings = "".join(f"<tr><td>{esc(t['stage'])}</td><td>{t['seconds']:.2f}</td><td>{esc(t.get('note', ''))}</td></tr>"
                       for t in doc["timings"])
     run = doc["run"]
@@ -97,6 +138,7 @@ splits {esc(to_json(run['dataset'].get('splits')))}, fingerprint <code>{esc(run[
 Run took {run['seconds']:.1f} s.</p>
 <h2>Metrics</h2><table><tr><th>method</th><th>dim</th><th>params</th>{head}</tr>{body}</table>
 <h2>Plots</h2>{plots}
+{training}
 <h2>Stage timings</h2><table><tr><th>stage</th><th>seconds</th><th></th></tr>{timings}</table>
 <h2>Config</h2><pre>{esc(to_json(run['config']))}</pre>
 <h2>Versions</h2><pre>{esc(to_json(run['versions']))}</pre>

@@ -179,6 +179,12 @@ def load_arrays(url: str) -> tuple[dict, dict]:
     return {**attrs.pop("scalars", {}), **{k: a[...] for k, a in g.arrays()}}, attrs
 
 
+def read_attrs(url: str) -> dict:
+    """The attributes of a Zarr group, without reading its arrays."""
+    import zarr
+    return dict(zarr.open_group(store=url, mode="r").attrs)
+
+
 def row_chunks(n_rows: int, chunk_rows: int) -> list[tuple[int, int]]:
     return [(a, min(a + chunk_rows, n_rows)) for a in range(0, n_rows, chunk_rows)]
 

@@ -1,5 +1,6 @@
 """Model containers shared by learners and the encode stage."""
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -35,10 +36,21 @@ class LinearModel:
         Z = self.preprocess(X)
         if self.W is None:
             return Z
-        out = np.asarray(Z @ self.W, np.float32)
+        out = np.asarray(Z @ self._W_compute, np.float32)
         if self.b is not None:
             out += self.b
         return out
+
+    # A sparse W is stored sparse (the storage win), but multiplied as a dense copy when that fits:
+    # on row-major features BLAS beats scipy's sparse product ~6x at tau = 0.99 (benchmarks/README.md).
+    DENSE_COMPUTE_BYTES = 256e6
+
+    @cached_property
+    def _W_compute(self):
+        W = self.W
+        if hasattr(W, "toarray") and W.shape[0] * W.shape[1] * 4 <= self.DENSE_COMPUTE_BYTES:
+            return W.toarray().astype(np.float32)
+        return W
 
     def exact_views(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(query view, base view) whose inner product is the exact bilinear similarity."""
@@ -57,7 +69,10 @@ class LinearModel:
         if self.W is not None and hasattr(self.W, "tocsc"):
             W = self.W.tocsc()
             del out["W"]
-            out.update(W_data=W.data, W_indices=W.indices, W_indptr=W.indptr, W_shape=np.array(W.shape))
+            # row indices in the smallest unsigned type that holds them (uint16 below 65,536 features)
+            small = np.uint16 if W.shape[0] <= np.iinfo(np.uint16).max else np.int32
+            out.update(W_data=W.data, W_indices=W.indices.astype(small), W_indptr=W.indptr,
+                       W_shape=np.array(W.shape))
         return out
 
     @classmethod
@@ -65,7 +80,7 @@ class LinearModel:
         W = arrays.get("W")
         if "W_data" in arrays:
             import scipy.sparse
-            W = scipy.sparse.csc_array((arrays["W_data"], arrays["W_indices"], arrays["W_indptr"]),
+            W = scipy.sparse.csc_array((arrays["W_data"], arrays["W_indices"].astype(np.int32), arrays["W_indptr"]),
                                        shape=tuple(arrays["W_shape"]))
         return cls(W, arrays.get("b"), attrs.get("fit_meta", {}), arrays.get("pre_mean"),
                    arrays.get("pre_P"), arrays.get("M"), attrs.get("score", "euclidean"))
@@ -76,7 +91,7 @@ class LinearModel:
             return {"nnz": 0, "storage_bytes": 0, "flops_per_image": 0}
         if hasattr(self.W, "nnz"):
             nnz = int(self.W.nnz)
-            stored = sum(a.nbytes for a in (self.W.data, self.W.indices, self.W.indptr))
+            stored = sum(a.nbytes for k, a in self.arrays().items() if k.startswith("W_") and k != "W_shape")
         else:
             nnz, stored = int(self.W.size), int(self.W.nbytes)
         return {"nnz": nnz, "storage_bytes": int(stored), "flops_per_image": 2 * nnz}

@@ -100,7 +100,7 @@ def test_sparse_projector_stage_stores_a_sparse_model_and_encodes_with_it(client
     [(spec, model)] = stages.run_train(ctx, data, stats, None)
     m = _load_model(model.url)
     assert hasattr(m.W, "nnz") and list(np.diff(m.W.indptr)) == [5, 5, 5]  # M = (1 - 0.75) * 20
-    assert model.meta()["cost"] == {"nnz": 15, "storage_bytes": m.W.data.nbytes + m.W.indices.nbytes +
-                                    m.W.indptr.nbytes, "flops_per_image": 30}
+    # float32 values, uint16 row indices, int32 column pointers
+    assert model.meta()["cost"] == {"nnz": 15, "storage_bytes": 15 * 4 + 15 * 2 + 4 * 4, "flops_per_image": 30}
     [(_, codes, _)] = stages.run_encode(ctx, data, [(spec, model)])
     np.testing.assert_allclose(open_array(f"{codes.url}/codes")[:], X @ m.W.toarray() + m.b, rtol=1e-4, atol=1e-5)
