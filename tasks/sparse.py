@@ -107,14 +107,16 @@ def query_terms(S: np.ndarray, pos: np.ndarray, neg: np.ndarray, piv: np.ndarray
 
 
 def objective_and_gradient(U: np.ndarray, X: np.ndarray, gt: GroundTruth, qs: np.ndarray, piv: np.ndarray,
-                           eps: float):
-    """sum_q f_q over queries ``qs`` and its gradient with respect to U (D, R) (Eq. 14)."""
+                           eps: float, gradient: bool = True):
+    """sum_q f_q over queries ``qs``, its gradient with respect to U (D, R) (Eq. 14; None when
+    ``gradient`` is False) and the per-query f_q."""
     Y = X @ U
     S = Y[qs] @ Y.T
     pos, neg = gt.masks(qs)
     f, C = query_terms(S, pos, neg, piv, eps)
-    # d s(q, k) / dU = x_q y_k^T + x_k y_q^T  =>  G = X_q^T (C Y) + (C X)^T Y_q
-    G = X[qs].T @ (C @ Y) + (C @ X).T @ Y[qs]
+    G = None
+    if gradient:  # d s(q, k) / dU = x_q y_k^T + x_k y_q^T  =>  G = X_q^T (C Y) + (C X)^T Y_q
+        G = X[qs].T @ (C @ Y) + (C @ X).T @ Y[qs]
     return float(f.sum()), G, f
 
 
@@ -164,8 +166,9 @@ class SparseProjector:
         rng = np.random.default_rng(self.seed)
         P = min(self.queries, N)
         self.history = []
+        done = 0
         for it in range(self.max_iter):
-            total, _, f_all = objective_and_gradient(U, X, gt, gt.queries, piv_all, self.epsilon)
+            total, _, f_all = objective_and_gradient(U, X, gt, gt.queries, piv_all, self.epsilon, gradient=False)
             if it % self.record_every == 0:
                 self.history.append({"iter": it, "objective": total, "train_map": train_map(U, X, gt)})
             if total < self.tol:
@@ -181,11 +184,13 @@ class SparseProjector:
             def step(mu):
                 return unit_columns(project_l0(U - mu * G, m))                         # Eqs. 15, 17
 
-            mu = golden_section(lambda mu: objective_and_gradient(step(mu), X, gt, qs, piv_all[qs], self.epsilon)[0],
-                                0.0, np.linalg.norm(U) / gnorm, tol=1e-4, max_iter=30)
+            mu = golden_section(lambda mu: objective_and_gradient(step(mu), X, gt, qs, piv_all[qs], self.epsilon,
+                                                                  gradient=False)[0],
+                                0.0, np.linalg.norm(U) / gnorm, tol=1e-4, max_iter=20)
             U = step(mu)
-        total = objective_and_gradient(U, X, gt, gt.queries, piv_all, self.epsilon)[0]
-        self.history.append({"iter": len(self.history) and self.history[-1]["iter"] + 1, "objective": total,
-                             "train_map": train_map(U, X, gt)})
+            done = it + 1
+        if self.history[-1]["iter"] != done:  # the state after the last step
+            total = objective_and_gradient(U, X, gt, gt.queries, piv_all, self.epsilon, gradient=False)[0]
+            self.history.append({"iter": done, "objective": total, "train_map": train_map(U, X, gt)})
         self.U_ = U.astype(np.float32)
         return self
