@@ -104,3 +104,27 @@ def test_sparse_projector_stage_stores_a_sparse_model_and_encodes_with_it(client
     assert model.meta()["cost"] == {"nnz": 15, "storage_bytes": 15 * 4 + 15 * 2 + 4 * 4, "flops_per_image": 30}
     [(_, codes, _)] = stages.run_encode(ctx, data, [(spec, model)])
     np.testing.assert_allclose(open_array(f"{codes.url}/codes")[:], X @ m.W.toarray() + m.b, rtol=1e-4, atol=1e-5)
+
+
+def _boom(i):
+    if i == 2:
+        raise ZeroDivisionError("division by zero in block")
+    return i
+
+
+def _bad_input(i):
+    from tasks.errors import InputError
+    raise InputError("feats.npy: features contain NaN; clean them")
+
+
+def test_worker_failures_name_the_stage_and_block(client, tmp_path):
+    from pipeline.errors import StageError
+    from tasks.errors import InputError
+
+    ctx = StageContext(client, Store(str(tmp_path)), parse_config({"data": {"source": "digits"}}), log=lambda m: None)
+    futures = [ctx.submit(_boom, i, name="boom") for i in range(4)]
+    with pytest.raises(StageError, match=r"stage encode failed on rows 20\.\.29: ZeroDivisionError: division by zero"):
+        ctx.gather(futures, "encode", [f"rows {10 * i}..{10 * i + 9}" for i in range(4)])
+    # bad input on a worker keeps its own one-line message and type
+    with pytest.raises(InputError, match="^feats.npy: features contain NaN; clean them$"):
+        ctx.gather([ctx.submit(_bad_input, 0, name="bad")], "stage")
