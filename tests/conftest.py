@@ -28,3 +28,13 @@ def blobs_npz(tmp_path):
     p = tmp_path / "blobs.npz"
     np.savez(p, X=X, y=y)
     return p, X, y
+
+
+def numerical_gradient(f, M, h=1e-6):
+    """Central finite differences of the scalar function f at the matrix M."""
+    grad = np.zeros_like(M, dtype=np.float64)
+    for idx in np.ndindex(M.shape):
+        E = np.zeros_like(M, dtype=np.float64)
+        E[idx] = h
+        grad[idx] = (f(M + E) - f(M - E)) / (2 * h)
+    return grad

@@ -5,7 +5,7 @@ from tasks import slne
 from tasks.errors import InputError
 from tasks.knn import brute_force_knn
 from tasks.metrics import softvote_ranking
-from tests.conftest import make_blobs
+from tests.conftest import make_blobs, numerical_gradient
 
 
 def _problem(n=120, d=6, k=8, seed=0, sep=1.2):
@@ -56,14 +56,7 @@ def test_single_update_is_minus_rho_times_the_hinge_subgradient():
         return max(5.0 - X[i] @ Mx @ X[j] + X[i] @ Mx @ X[l], 0.0)
 
     assert hinge[0] == pytest.approx(h(M), rel=1e-5)
-    grad = np.zeros_like(M)
-    eps = 1e-4
-    for a in range(M.shape[0]):
-        for b in range(M.shape[1]):
-            E = np.zeros_like(M)
-            E[a, b] = eps
-            grad[a, b] = (h(M + E) - h(M - E)) / (2 * eps)
-    np.testing.assert_allclose(dM, -0.3 * grad, atol=1e-4)
+    np.testing.assert_allclose(dM, -0.3 * numerical_gradient(h, M, 1e-4), atol=1e-4)
 
 
 def test_training_lowers_the_objective_and_is_deterministic_per_seed():

@@ -3,7 +3,7 @@ import pytest
 
 from tasks import sparse
 from tasks.errors import InputError
-from tests.conftest import make_blobs
+from tests.conftest import make_blobs, numerical_gradient
 
 
 def _data(n=60, d=10, seed=0):
@@ -40,14 +40,7 @@ def test_gradient_matches_finite_differences_of_the_objective():
     _, neg = gt.masks(qs)
     piv = sparse.pivots((X[qs] @ U) @ (X @ U).T, neg)
     f0, G, _ = sparse.objective_and_gradient(U, X, gt, qs, piv, 1e-3)
-    num = np.zeros_like(U)
-    h = 1e-6
-    for a in range(U.shape[0]):
-        for b in range(U.shape[1]):
-            E = np.zeros_like(U)
-            E[a, b] = h
-            num[a, b] = (sparse.objective_and_gradient(U + E, X, gt, qs, piv, 1e-3)[0]
-                         - sparse.objective_and_gradient(U - E, X, gt, qs, piv, 1e-3)[0]) / (2 * h)
+    num = numerical_gradient(lambda V: sparse.objective_and_gradient(V, X, gt, qs, piv, 1e-3)[0], U)
     assert f0 > 0
     np.testing.assert_allclose(G, num, rtol=1e-4, atol=1e-6)
 
