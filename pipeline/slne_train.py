@@ -11,6 +11,7 @@ import numpy as np
 
 from pipeline.storage import load_arrays, open_array, save_arrays
 from tasks import slne
+from tasks.errors import InputError
 
 TRAIN = 0
 
@@ -18,7 +19,10 @@ TRAIN = 0
 def _space(stats_url: str, dim: int | None):
     stats, _ = load_arrays(stats_url)
     comps = stats["pca_components"]
-    p = len(comps) if dim is None else min(dim, len(comps))
+    if dim is not None and dim > len(comps):
+        raise InputError(f"The 'dim' (or 'input_dim') parameter of slne/slde must be <= {len(comps)}, the PCA "
+                         f"directions available. Got {dim} instead.")
+    p = len(comps) if dim is None else dim
     return stats["mean"].astype(np.float32), comps[:p].T.astype(np.float32)
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import scipy.sparse
 
 from pipeline.storage import load_arrays, open_array, save_arrays
+from tasks.errors import InputError
 from tasks.models import LinearModel
 from tasks.sparse import SparseProjector
 
@@ -38,6 +39,9 @@ def _train_sparse(spec, data_url, stats_url, chunks, model_url) -> dict:
             parts.append(open_array(f"{data_url}/features")[a:b][mine])
     mean = stats["mean"]
     X = np.concatenate(parts).astype(np.float64) - mean
+    if spec["dim"] > len(stats["pca_components"]):
+        raise InputError(f"The 'dim' parameter of sparse must be <= {len(stats['pca_components'])}, the PCA "
+                         f"projectors available to start from. Got {spec['dim']} instead.")
     U0 = stats["pca_components"][:spec["dim"]].T
     t0 = time.perf_counter()
     learner = SparseProjector(sparsity=spec["sparsity"], queries=spec["queries"], epsilon=spec["epsilon"],

@@ -69,6 +69,10 @@ BAD = {
     "unknown key": (lambda t: {"source": "digits"}, {"methds": []}, r"methds: unknown key; did you mean 'methods'"),
     "bad dim": (lambda t: {"source": "digits"}, {"methods": [{"method": "pca", "dim": 1000}]},
                 r"'dim' parameter of pca must be <= 64"),
+    "sparse dim": (lambda t: {"source": "digits"}, {"methods": [{"method": "sparse", "dim": 100, "max_iter": 1}]},
+                   r"'dim' parameter of sparse must be <= 64, the PCA projectors available"),
+    "slne dim": (lambda t: {"source": "digits"}, {"methods": [{"method": "slne", "dim": 65, "epochs": 1}]},
+                 r"'dim' \(or 'input_dim'\) parameter of slne/slde must be <= 64"),
 }
 
 
