@@ -7,6 +7,7 @@ import platform
 from importlib import metadata
 
 from pipeline.storage import Store, to_json
+from tasks.errors import InputError
 
 PACKAGES = ("metricpipe", "numpy", "scipy", "dask", "distributed", "zarr", "xarray", "scikit-learn")
 
@@ -26,7 +27,11 @@ def build_report(store: Store, manifest: dict) -> str:
     records = []
     for rel in manifest["evaluation_units"]:
         kind, key = rel.split("/")
-        records += store.unit(kind, key).read_json("records.json")
+        unit = store.unit(kind, key)
+        if not unit.done():  # wiped or half-written by a later, interrupted run: never read it
+            raise InputError(f"{store.url}: {rel} of the last run is not committed (a later run was interrupted?); "
+                             f"rerun 'metricpipe run CONFIG --resume' to recompute it")
+        records += unit.read_json("records.json")
     doc = {"run": {k: manifest[k] for k in ("config", "dataset", "store", "versions", "started", "seconds")},
            "records": records, "timings": manifest["timings"]}
     curves = training_curves(store, manifest)
@@ -41,6 +46,8 @@ def training_curves(store: Store, manifest: dict) -> list[dict]:
     out = []
     for rel in manifest["units"].get("models", []):
         kind, key = rel.split("/")
+        if not store.unit(kind, key).done():
+            continue
         attrs = read_attrs(store.unit(kind, key).url)
         meta = attrs.get("fit_meta") or {}
         history = meta.get("history") or [h for m in meta.get("members", [])[:1] for h in m.get("history", [])]

@@ -116,6 +116,16 @@ def test_inspect_and_report_commands(good_store):
     assert res.exit_code == 0 and (good_store / "store/report/index.html").stat().st_size > 1000
 
 
+def test_report_refuses_a_result_a_later_run_left_uncommitted(good_store, tmp_path):
+    import shutil
+    store = tmp_path / "copy"
+    shutil.copytree(good_store / "store", store)
+    rel = json.loads((store / "runs/latest.json").read_text())["evaluation_units"][0]
+    (store / f"{rel}.committed.json").unlink()  # as Unit.begin() leaves it before a killed rewrite
+    res = CliRunner().invoke(main, ["report", str(store)])
+    assert res.exit_code == 2 and f"{rel} of the last run is not committed" in res.output
+
+
 def test_inspect_missing_store(tmp_path):
     res = CliRunner().invoke(main, ["inspect", str(tmp_path / "nope")])
     assert res.exit_code == 2 and "no such store" in res.output
