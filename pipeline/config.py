@@ -1,4 +1,5 @@
 """Run configuration: YAML in, frozen dataclasses out, every key checked before any work starts."""
+import json
 import difflib
 import os
 from dataclasses import dataclass, field, replace
@@ -200,7 +201,7 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
             _fail(where, f"methods[{i}]", f"expected a mapping with a 'method' key, got {entry!r}")
         try:
             for spec in expand_method(entry):
-                ident = tuple(sorted(spec.items()))
+                ident = json.dumps(spec, sort_keys=True)
                 if ident not in seen:
                     seen.add(ident)
                     methods.append(spec)
@@ -231,11 +232,11 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
     if not isinstance(classifiers, list):
         classifiers = [classifiers]
     for c in classifiers:
-        ok = isinstance(c, str) and (c == "ncm" or any(c.startswith(p) and c[len(p):].isdigit() and int(c[len(p):]) > 0
+        ok = isinstance(c, str) and (c in ("ncm", "ncmc") or any(c.startswith(p) and c[len(p):].isdigit() and int(c[len(p):]) > 0
                                                        for p in ("knn", "softvote")))
         if not ok:
             _fail(where, "evaluate.classification.classifiers",
-                  f"unknown classifier {c!r}; use knnK (e.g. knn1, knn10), softvoteK (Eq. 9 of SL-NE) or ncm")
+                  f"unknown classifier {c!r}; use knnK (e.g. knn1, knn10), softvoteK (Eq. 9 of SL-NE), ncm or ncmc")
     evaluate = EvaluateConfig(retrieval_k=_int_list(ret, "k", where, "evaluate.retrieval.", (1, 10, 100)),
                               classifiers=tuple(classifiers), retrieval=do_retrieval)
 

@@ -12,13 +12,14 @@ from functools import lru_cache
 import dask.array as da
 import numpy as np
 import xarray as xr
+import zarr
 
 from pipeline.config import SPLIT_NAMES, RunConfig
 from pipeline.context import StageContext
 from pipeline.sources import open_source
-from pipeline.storage import (Unit, chunk_rows_for, create_array, hash_key, load_arrays, open_array, row_chunks,
-                              save_arrays)
-from tasks import knn, metrics, moments
+from pipeline.storage import (Unit, chunk_rows_for, create_array, hash_key, load_arrays, open_array, read_attrs,
+                              row_chunks, save_arrays)
+from tasks import knn, metrics, moments, ncmml
 from tasks.errors import InputError
 from tasks.models import LinearModel
 from tasks.normalize import normalize_rows
@@ -362,6 +363,9 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
         elif method.trainer == "sparse":
             from pipeline import sparse_train
             fut = sparse_train.submit(ctx, spec, data, stats, unit, model_id(spec))
+        elif method.trainer == "ncmml":
+            from pipeline import ncmml_train
+            fut = ncmml_train.submit(ctx, spec, data, stats, unit, model_id(spec))
         else:
             from pipeline import slne_train
             fut = slne_train.submit(ctx, spec, data, stats, neighbours, unit, model_id(spec))
@@ -457,7 +461,8 @@ def _retrieval_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, db_
 
 
 def _classify_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, train_blocks: list,
-                    labels: np.ndarray, classifiers: tuple, means, graph_url: str | None) -> dict:
+                    labels: np.ndarray, classifiers: tuple, means, graph_url: str | None,
+                    ncm_model: dict | None = None) -> dict:
     Q = _read_rows(q_url, q_idx)
     y = labels[q_idx]
     n_classes = int(labels.max()) + 1
@@ -488,8 +493,34 @@ def _classify_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, trai
             errs = metrics.topk_errors(metrics.softvote_ranking(nb_labels, sims, n_classes, k), y)
             out[f"softvote{k}"] = (errs[1], errs[5])
     if "ncm" in classifiers:
-        errs = metrics.topk_errors(metrics.nearest_mean_ranking(Q, means), y)
+        if ncm_model and ncm_model.get("bias") is not None:  # Eq. 27's dot form with class biases
+            bias = ncm_model["bias"]
+            bias = np.where(np.isfinite(bias), bias, -0.5 * (means.astype(np.float64) ** 2).sum(1))
+            ranking = np.argsort(-ncmml.ncm_scores(Q.astype(np.float64), means.astype(np.float64), bias),
+                                 axis=1, kind="stable")
+        else:
+            ranking = metrics.nearest_mean_ranking(Q, means)
+        errs = metrics.topk_errors(ranking, y)
         out["ncm"] = (errs[1], errs[5])
+    if "ncmc" in classifiers and ncm_model and ncm_model.get("centroids") is not None:
+        scores = ncmml.mixture_class_scores(Q.astype(np.float64), ncm_model["centroids"], ncm_model["owner"],
+                                            n_classes)
+        errs = metrics.topk_errors(np.argsort(-scores, axis=1, kind="stable"), y)
+        out["ncmc"] = (errs[1], errs[5])
+    return out
+
+
+def _ncm_model(model_url: str) -> dict | None:
+    """What the ncm / ncmc classifiers need from an NCMML/NCMC model: class biases (dot form) and
+    the centroids in code space with their classes (only when some class has more than one)."""
+    names = {k for k, _ in zarr.open_group(store=model_url, mode="r").arrays()}
+    if "centroid_class" not in names:
+        return None
+    arrays, _ = load_arrays(model_url)
+    owner = arrays["centroid_class"].astype(np.int64)
+    out = {"bias": arrays.get("class_bias"), "centroids": None, "owner": owner}
+    if np.bincount(owner).max() > 1:
+        out["centroids"] = _load_model(model_url).transform(arrays["centroids"]).astype(np.float64)
     return out
 
 
@@ -551,8 +582,12 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
             ret = [ctx.submit(_retrieval_block, q_url, db_url, score, q, test, rel_f, ev.retrieval_k, ukb,
                               data.chunk_rows, name=f"retrieval-{model_id(spec)}")
                    for q in _query_blocks(test, len(test))] if ev.retrieval else []
+            ncm_model = None
+            if view == "codes" and spec["method"] in ("ncmml", "ncmc"):
+                ncm_model = ctx.submit(_ncm_model, ctx.store.unit("models", read_attrs(cunit.url)["model"]).url,
+                                      name="ncm-model")
             cls = [ctx.submit(_classify_block, q_url, db_url, score, q, train_blocks, labels_f, ev.classifiers,
-                              means, graph_url, name=f"classify-{model_id(spec)}")
+                              means, graph_url, ncm_model, name=f"classify-{model_id(spec)}")
                    for q in _fixed_blocks(test, CLASSIFY_QUERIES)] if ev.classifiers else []
             jobs.append((spec, unit, dim, view, score, ret, cls))
     t0 = time.perf_counter()
@@ -590,9 +625,16 @@ def _records(spec: dict, dim: int, ev, test_labels: np.ndarray, ret_res: list, c
         if "ukb4" in cat:
             recs.append({**base, "classifier": None, "metric": "ukb4", "value": float(cat["ukb4"].mean())})
     if cls_res:
+        # a model trained on some classes only is also scored on the test images of the others
+        new = None if not spec.get("classes") else ~np.isin(test_labels, spec["classes"])
         for c in ev.classifiers:
+            if c not in cls_res[0]:  # e.g. ncmc for a model without centroids
+                continue
             top1 = np.concatenate([r[c][0] for r in cls_res])
             top5 = np.concatenate([r[c][1] for r in cls_res])
             recs.append({**base, "classifier": c, "metric": "top1_error", "value": float(top1.mean())})
             recs.append({**base, "classifier": c, "metric": "top5_error", "value": float(top5.mean())})
+            if new is not None and new.any():
+                recs.append({**base, "classifier": c, "metric": "top1_error_new_classes", "value": float(top1[new].mean())})
+                recs.append({**base, "classifier": c, "metric": "top5_error_new_classes", "value": float(top5[new].mean())})
     return recs

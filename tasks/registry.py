@@ -44,6 +44,16 @@ SLNE_PARAMS = {
     "seed": Param(int, 0, minimum=0),
 }
 
+NCM_PARAMS = {
+    "batch": Param(int, 1000, minimum=2),
+    "lr": Param(float, 30.0, minimum=0, sweep=True),   # tuned on l2-normalised features
+    "iters": Param(int, 2000, minimum=1),
+    "validate_every": Param(int, 100, minimum=1),
+    "validation": Param(int, 5000, minimum=10),        # validation rows (the val split, else held out of train)
+    "classes": Param(list, None),
+    "seed": Param(int, 0, minimum=0),
+}
+
 METHODS = {
     "identity": Method("identity", baselines.fit_identity, {}, needs_covariance=False),
     "pca": Method("pca", baselines.fit_pca, {"dim": DIM}),
@@ -68,10 +78,32 @@ METHODS = {
                                       "epsilon": Param(float, 1e-6, minimum=0),
                                       "seed": Param(int, 0, minimum=0)},
                      trainer="sparse"),
+    # Mensink et al.: W (dim x D) from PCA, SGD on m = batch images per step at a fixed lr, the W with
+    # the lowest validation error (every validate_every steps) kept; classes: train on these class
+    # indices only (the others are new classes the NCM classifier meets at test time)
+    "ncmml": Method("ncmml", None, {"dim": DIM, "objective": Param(str, "euclidean", choices=("euclidean", "dot")),
+                                    **NCM_PARAMS}, trainer="ncmml"),
+    # centroids: k per class (k-means in the input space); train_centroids: 1 = NCMC-test (the metric
+    # learns with the class means and is used with the k centroids)
+    "ncmc": Method("ncmc", None, {"dim": DIM, "centroids": Param(int, 10, minimum=1, sweep=True),
+                                  "train_centroids": Param(int, None, minimum=1, choices=(1,)),
+                                  "kmeans_iters": Param(int, 10, minimum=1), **NCM_PARAMS}, trainer="ncmml"),
+    # k-NN metric learning: triplet hinge with targets fixed (l2), all same-class, or dynamic (current
+    # W), k targets per query, batch = m images per step (2/3 from one class)
+    "knnml": Method("knnml", None, {"dim": DIM, "targets": Param(str, "dynamic", choices=("dynamic", "all", "fixed"),
+                                                                 sweep=True),
+                                    "k": Param(int, 5, minimum=1), **{**NCM_PARAMS, "batch": Param(int, 300, minimum=3),
+                                                                     "lr": Param(float, 0.1, minimum=0, sweep=True)}},
+                    trainer="ncmml"),
 }
 
 
 def _check_value(method: str, key: str, p: Param, v):
+    if p.kind is list:  # a list of non-negative integers, one value (not a sweep)
+        if not isinstance(v, list) or not v or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v):
+            raise InputError(f"The '{key}' parameter of {method} must be a non-empty list of class indices "
+                             f"(integers >= 0). Got {v!r} instead.")
+        return sorted(set(v))
     if p.kind is bool:
         ok = isinstance(v, bool)
     else:
@@ -108,8 +140,8 @@ def expand_method(entry: dict) -> list[dict]:
     grids = {}
     for key, p in spec.params.items():
         v = entry.get(key, p.default)
-        values = v if isinstance(v, list) else [v]
-        if isinstance(v, list) and not p.sweep:
+        values = v if isinstance(v, list) and p.kind is not list else [v]
+        if isinstance(v, list) and not p.sweep and p.kind is not list:
             raise InputError(f"The '{key}' parameter of {name} takes one value, not a list. Got {v!r} instead.")
         if isinstance(v, list) and not v:
             raise InputError(f"The '{key}' parameter of {name} must not be an empty list.")

@@ -24,6 +24,12 @@ def test_defaults_and_method_expansion():
     ({**BASE, "methods": [{"dim": 3}]}, r"methods\[0\]: expected a mapping with a 'method' key"),
     ({**BASE, "evaluate": {"classification": {"classifiers": ["svm"]}}}, r"unknown classifier 'svm'"),
     ({**BASE, "neighbours": {"k": 0}}, r"neighbours.k: must be >= 1"),
+    ({**BASE, "methods": [{"method": "ncmml", "classes": [0, -1]}]},
+     r"methods\[0\]: The 'classes' parameter of ncmml must be a non-empty list of class indices"),
+    ({**BASE, "methods": [{"method": "ncmml", "classes": 3}]}, r"'classes' parameter of ncmml must be a non-empty list"),
+    ({**BASE, "methods": [{"method": "knnml", "targets": "closest"}]},
+     r"The 'targets' parameter of knnml must be one of \['dynamic', 'all', 'fixed'\]"),
+    ({**BASE, "methods": [{"method": "ncmc", "train_centroids": 2}]}, r"'train_centroids' parameter of ncmc must be one of \[1\]"),
     ({**BASE, "cluster": "slurm"}, r"cluster: expected local, tcp://HOST:PORT or a cluster spec .yaml"),
 ])
 def test_bad_config_is_one_line_naming_the_key(raw, match):

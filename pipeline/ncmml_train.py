@@ -1,0 +1,176 @@
+"""Train-stage wiring for NCMML, NCMC and k-NN metric learning (`tasks.ncmml`).
+
+Out of core: the task never holds the training set. SGD visits the row-blocks of the staged store
+in a seeded random order each epoch and draws its minibatches from the block in hand (the block's
+train rows in a seeded permutation, m at a time; k-NN metric learning samples each batch as in
+Section 4.2 from the block). Early stopping reads a bounded validation set once: the `val` split
+when the store has one, otherwise a seeded, stratified share of the train split that SGD then
+never sees. NCMC's centroids come from k-means per class in the input space: k-means++ on a
+bounded per-class sample, then Lloyd passes that stream the blocks.
+"""
+import time
+
+import numpy as np
+
+from pipeline.storage import load_arrays, open_array, save_arrays
+from pipeline.sparse_train import training_subset
+from tasks import metrics, ncmml
+from tasks.errors import InputError
+from tasks.models import LinearModel
+
+TRAIN, VAL = 0, 2
+KMEANS_SAMPLE = 2000  # rows per class k-means++ seeds from
+
+
+def _validation_rows(split, labels, allowed, size, seed):
+    val = np.flatnonzero((split == VAL) & allowed)
+    if len(val):
+        return val[np.sort(np.random.default_rng([seed, 7]).permutation(len(val))[:size])], False
+    sub = split.copy()
+    sub[~allowed] = -1
+    # held out of the train split: at most a fifth of it, so that SGD keeps most of its rows
+    size = min(size, int((sub == TRAIN).sum()) // 5)
+    return training_subset(sub, labels, size, seed + 1), True
+
+
+def _read(data_url, rows, chunks):
+    """Rows (sorted global indices) read one block at a time."""
+    parts = []
+    for a, b in chunks:
+        mine = rows[(rows >= a) & (rows < b)] - a
+        if len(mine):
+            parts.append(open_array(f"{data_url}/features")[a:b][mine])
+    return np.concatenate(parts).astype(np.float64) if parts else np.zeros((0, 0))
+
+
+def _kmeans(data_url, chunks, split, labels, classes, k, iters, seed):
+    """k centroids per class (input space), streaming Lloyd passes over the blocks."""
+    rng = np.random.default_rng([seed, 11])
+    train = (split == TRAIN) & np.isin(labels, classes)
+    sample = training_subset(np.where(train, TRAIN, -1), labels, KMEANS_SAMPLE * len(classes), seed + 2)
+    Xs, ys = _read(data_url, sample, chunks), labels[sample]
+    cents, owner = [], []
+    for c in classes:
+        cents.append(ncmml.kmeans_plus_plus(Xs[ys == c], k, rng))
+        owner += [c] * k
+    cents, owner = np.concatenate(cents), np.array(owner)
+    for _ in range(iters):
+        sums, counts = np.zeros_like(cents), np.zeros(len(cents), np.int64)
+        for a, b in chunks:
+            rows = np.flatnonzero(train[a:b])
+            if len(rows):
+                s, n = ncmml.lloyd_partial(open_array(f"{data_url}/features")[a:b][rows].astype(np.float64),
+                                           labels[a:b][rows], cents, owner)
+                sums += s
+                counts += n
+        new = ncmml.lloyd_update(cents, sums, counts)
+        if np.array_equal(new, cents):
+            break
+        cents = new
+    return cents, owner
+
+
+def _error(sgd, spec, Xv, yv, ref):
+    Y = Xv @ sgd.W.T
+    if spec["method"] == "knnml":
+        Xr, yr = ref
+        D = metrics.sq_distances(Y.astype(np.float32), (Xr @ sgd.W.T).astype(np.float32))
+        nb = np.argsort(D, axis=1, kind="stable")[:, :spec["k"]]
+        rank = metrics.knn_class_ranking(yr[nb], sgd.n_classes, spec["k"])
+    else:
+        Mp = sgd.centroids @ sgd.W.T
+        if sgd.bias is not None:
+            rank = np.argsort(-ncmml.ncm_scores(Y, Mp, sgd.bias), axis=1, kind="stable")
+        else:
+            rank = np.argsort(-ncmml.mixture_class_scores(Y, Mp, sgd.owner, sgd.n_classes), axis=1, kind="stable")
+    return float((rank[:, 0] != yv).mean())
+
+
+def _train(spec, data_url, stats_url, chunks, model_url) -> dict:
+    stats, _ = load_arrays(stats_url)
+    split = open_array(f"{data_url}/split")[:]
+    labels = open_array(f"{data_url}/label")[:].astype(np.int64)
+    C = len(stats["class_means"])
+    classes = np.arange(C) if spec.get("classes") is None else np.array(sorted(set(spec["classes"])))
+    if classes.min() < 0 or classes.max() >= C:
+        raise InputError(f"The 'classes' parameter of {spec['method']} must list class indices in 0..{C - 1}. "
+                         f"Got {spec['classes']} instead.")
+    if spec["dim"] > len(stats["pca_components"]):
+        raise InputError(f"The 'dim' parameter of {spec['method']} must be <= {len(stats['pca_components'])}, "
+                         f"the PCA directions W starts from. Got {spec['dim']} instead.")
+    allowed = np.isin(labels, classes)
+    val, held_out = _validation_rows(split, labels, allowed, spec["validation"], spec["seed"])
+    if len(np.unique(labels[val])) < len(classes):
+        raise InputError(f"{spec['method']}: the validation rows miss some classes; raise 'validation' "
+                         f"(now {spec['validation']})")
+    Xv, yv = _read(data_url, val, chunks), labels[val]
+    sgd_rows = (split == TRAIN) & allowed
+    if held_out:
+        sgd_rows[val] = False
+    t0 = time.perf_counter()
+    W0 = stats["pca_components"][:spec["dim"]]
+    ref = None
+    if spec["method"] == "ncmml":
+        cents, owner = stats["class_means"][classes], classes
+        sgd = ncmml.MetricSGD(W0, "dot" if spec["objective"] == "dot" else "ncm", spec["lr"], cents, owner, C)
+    elif spec["method"] == "ncmc":
+        # centroids of every class (a class left out of training is a new class at test time)
+        cents, owner = _kmeans(data_url, chunks, split, labels, np.arange(C), spec["centroids"],
+                               spec["kmeans_iters"], spec["seed"])
+        if spec["train_centroids"] == 1:  # NCMC-test: the metric learns with one mean per class
+            sgd = ncmml.MetricSGD(W0, "ncm", spec["lr"], stats["class_means"][classes], classes, C)
+        else:
+            mine = np.isin(owner, classes)
+            sgd = ncmml.MetricSGD(W0, "ncm", spec["lr"], cents[mine], owner[mine], C)
+    else:
+        sgd = ncmml.MetricSGD(W0, "knn", spec["lr"], n_classes=C, targets=spec["targets"], k=spec["k"])
+        ref_rows = training_subset(np.where(sgd_rows, TRAIN, -1), labels, spec["validation"], spec["seed"] + 3)
+        ref = (_read(data_url, ref_rows, chunks), labels[ref_rows])
+    rng = np.random.default_rng([spec["seed"], 5])
+    blocks = [(a, b) for a, b in chunks if sgd_rows[a:b].any()]
+    if not blocks:
+        raise InputError(f"{spec['method']}: no training rows left for SGD after the validation rows")
+    value = np.nan
+    while sgd.steps < spec["iters"]:
+        for i in rng.permutation(len(blocks)):
+            a, b = blocks[i]
+            rows = np.flatnonzero(sgd_rows[a:b])
+            X, y = open_array(f"{data_url}/features")[a:b][rows], labels[a:b][rows]
+            if spec["method"] == "knnml":
+                batches = []
+                for _ in range(max(1, len(rows) // spec["batch"])):
+                    drawn = ncmml.sample_triplet_batch(y, spec["batch"], 2.0 / 3.0, rng)
+                    if drawn is not None:
+                        batches.append(drawn)
+            else:
+                perm = rng.permutation(len(rows))
+                batches = [(perm[s:s + spec["batch"]], None) for s in range(0, len(perm), spec["batch"])]
+            for sel, is_pos in batches:
+                with np.errstate(over="ignore", invalid="ignore"):
+                    value = sgd.step(X[sel], y[sel], is_pos)
+                if sgd.steps % spec["validate_every"] == 0 or sgd.steps == spec["iters"]:
+                    sgd.record(_error(sgd, spec, Xv, yv, ref), value)
+                if sgd.steps >= spec["iters"]:
+                    break
+            if sgd.steps >= spec["iters"]:
+                break
+    seconds = time.perf_counter() - t0
+    err, W, bias, at = sgd.best
+    arrays = {}
+    if spec["method"] != "knnml":
+        arrays = {"centroids": (cents if spec["method"] == "ncmc" else stats["class_means"][classes]).astype(np.float32),
+                  "centroid_class": np.asarray(owner if spec["method"] == "ncmc" else classes, np.int32)}
+        if bias is not None:
+            arrays["class_bias"] = np.full(C, np.nan, np.float32)
+            arrays["class_bias"][classes] = bias[classes]
+    model = LinearModel(W.T.astype(np.float32), None, {"history": sgd.history, "best_iter": at,
+                                                       "val_error": err, "held_out_validation": held_out})
+    save_arrays(model_url, {**model.arrays(), **arrays},
+                {"spec": spec, "dim": int(W.shape[0]), "fit_meta": model.meta, "identity": False,
+                 "score": "euclidean"})
+    return {"dim": int(W.shape[0]), "score": "euclidean", "fit_seconds": seconds, "best_iter": at,
+            "val_error": err}
+
+
+def submit(ctx, spec, data, stats, unit, name):
+    return ctx.submit(_train, spec, data.url, stats.url, data.chunks, unit.url, name=f"train-{name}")

@@ -1,0 +1,298 @@
+"""Nearest-class-mean metric learning (Mensink, Verbeek, Perronnin, Csurka), Sections 3-4.
+
+W (d, D) defines d_W(x, y) = ||W x - W y||^2. Every learner here is plain minibatch SGD on rows
+handed to it; the pipeline streams row-blocks through it (`pipeline.ncmml_train`).
+
+- NCMML: p(c|x) = softmax_c(-d_W(x, mu_c) / 2) (Eq. 5), maximise the mean log-likelihood (Eq. 9),
+  gradient sum_ic alpha_ic W z_ic z_ic^T with alpha_ic = p(c|x_i) - [c = y_i], z_ic = mu_c - x_i
+  (Eq. 10). Distances are taken in the projected space (Table 1's cheapest option): the m images and
+  the C means are projected once per step.
+- NCMC: k centroids per class, p(c|x) = sum_j softmax_cj(-d_W(x, m_cj) / 2) (Eqs. 21-22), gradient
+  with alpha_icj = p(m_cj|x) - [c = y] p(m_cj|x) / sum_j' p(m_cj'|x) (Eqs. 24-25). NCM is the
+  case k = 1, and both share one gradient routine.
+- The dot-product variant (Eq. 27): p(c|x) = softmax_c(x^T W^T W mu_c + s_c) with a learned bias
+  per class; a class added later takes s_c = -||W mu_c||^2 / 2, the bias the Euclidean form implies.
+- k-NN metric learning: the triplet hinge [1 + d_W(q, p) - d_W(q, n)]_+ (Eq. 35), triplets from m
+  images per step (rho m from one class, Section 4.2), and the gradient 2 W X^T A X whose coefficients
+  come from one sort per query (Algorithm 1, Eqs. 40-43), never a loop over triplets.
+
+The sign convention of the ascent: W <- W + lr * grad of the log-likelihood (NCM/NCMC); W <- W - lr *
+grad of the hinge loss (k-NN).
+"""
+import numpy as np
+
+from tasks.errors import InputError
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _sqdist(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    d = (A * A).sum(1)[:, None] - 2.0 * (A @ B.T) + (B * B).sum(1)[None, :]
+    return np.maximum(d, 0.0)
+
+
+def mixture_posteriors(Y: np.ndarray, Mp: np.ndarray, owner: np.ndarray, n_classes: int):
+    """p(m_cj|x) (Eq. 21) for projected rows Y (m, d) and projected centroids Mp (K, d) whose classes
+    are ``owner`` (K,); returns (p_centroid (m, K), p_class (m, C)) (Eq. 22)."""
+    pc = _softmax(-0.5 * _sqdist(Y, Mp))
+    pclass = np.zeros((len(Y), n_classes))
+    np.add.at(pclass.T, owner, pc.T)
+    return pc, pclass
+
+
+def log_likelihood_and_gradient(W: np.ndarray, X: np.ndarray, y: np.ndarray, centroids: np.ndarray,
+                                owner: np.ndarray, n_classes: int, gradient: bool = True):
+    """Mean log-likelihood (Eq. 9) of labels y (m,) under the NCMC posterior (NCM when each class
+    has one centroid), and its gradient with respect to W (Eqs. 10 / 24-25)."""
+    Y, Mp = X @ W.T, centroids @ W.T
+    pc, pclass = mixture_posteriors(Y, Mp, owner, n_classes)
+    m = len(X)
+    py = np.maximum(pclass[np.arange(m), y], 1e-300)
+    L = float(np.log(py).mean())
+    if not gradient:
+        return L, None
+    mine = owner[None, :] == y[:, None]                           # centroids of the true class
+    alpha = pc - np.where(mine, pc / py[:, None], 0.0)            # Eq. 25 (Eq. 10 when k = 1)
+    # sum_ij alpha_ij (Mp_j - Y_i)(mu_j - x_i)^T, expanded into four GEMMs
+    col, row = alpha.sum(0), alpha.sum(1)
+    G = (Mp.T * col) @ centroids - Mp.T @ (alpha.T @ X) - (Y.T @ alpha) @ centroids + (Y.T * row) @ X
+    return L, G / m
+
+
+def dot_log_likelihood_and_gradient(W: np.ndarray, bias: np.ndarray, X: np.ndarray, y: np.ndarray,
+                                    means: np.ndarray, gradient: bool = True):
+    """Eq. 27: logits x^T W^T W mu_c + s_c. The images are projected twice (x_hat = W^T W x) and
+    compared with the means in the input space, so the C means are never projected (Table 1)."""
+    m = len(X)
+    Y = X @ W.T
+    Xh = Y @ W                                                    # (m, D) double projection
+    P = _softmax(Xh @ means.T + bias)
+    L = float(np.log(np.maximum(P[np.arange(m), y], 1e-300)).mean())
+    if not gradient:
+        return L, None, None
+    R = -P
+    R[np.arange(m), y] += 1.0                                     # [c = y] - p(c|x)
+    # d/dW x^T W^T W mu = W (x mu^T + mu x^T)
+    RM = R @ means                                                # (m, D)
+    G = (Y.T @ RM + (RM @ W.T).T @ X) / m
+    return L, G, R.mean(0)
+
+
+def ncm_scores(Y: np.ndarray, Mp: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """Class scores of projected rows against projected means: -d/2 (Eq. 5) or the dot form (Eq. 27)."""
+    if bias is None:
+        return -0.5 * _sqdist(Y, Mp)
+    return Y @ Mp.T + bias
+
+
+def mixture_class_scores(Y: np.ndarray, Mp: np.ndarray, owner: np.ndarray, n_classes: int) -> np.ndarray:
+    """log p(c|x) of the NCMC mixture (Eq. 22), -inf for classes without centroids."""
+    _, pclass = mixture_posteriors(Y, Mp, owner, n_classes)
+    with np.errstate(divide="ignore"):
+        return np.log(pclass)
+
+
+def implied_bias(W: np.ndarray, means: np.ndarray) -> np.ndarray:
+    """s_c = -||W mu_c||^2 / 2: the bias a class added after training takes in the dot form."""
+    Mp = means @ W.T
+    return -0.5 * (Mp * Mp).sum(1)
+
+
+# ---- k-means for NCMC centroids (Section 3.3) --------------------------------------------------------------
+
+def kmeans_plus_plus(X: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """k seeds by D^2 sampling (k-means++), on rows held in memory (a sample of one class)."""
+    if len(X) < k:
+        raise InputError(f"k-means: a class has {len(X)} images for {k} centroids; lower 'centroids' "
+                         f"to at most {len(X)}")
+    C = [X[rng.integers(len(X))]]
+    d = ((X - C[0]) ** 2).sum(1)
+    for _ in range(1, k):
+        total = d.sum()
+        i = rng.choice(len(X), p=d / total) if total > 0 else rng.integers(len(X))
+        C.append(X[i])
+        d = np.minimum(d, ((X - X[i]) ** 2).sum(1))
+    return np.array(C)
+
+
+def assign(X: np.ndarray, C: np.ndarray) -> np.ndarray:
+    """Index of the nearest centroid (l2) of every row; ties go to the lower index."""
+    return np.argmin(_sqdist(X, C), axis=1)
+
+
+def lloyd_partial(X: np.ndarray, y: np.ndarray, centroids: np.ndarray, owner: np.ndarray):
+    """One block's share of a Lloyd step: per centroid, the sum and count of the rows of its class
+    that are nearest to it. Blocks add up; `lloyd_update` divides."""
+    sums = np.zeros_like(centroids, dtype=np.float64)
+    counts = np.zeros(len(centroids), np.int64)
+    for c in np.unique(y):
+        mine = np.flatnonzero(owner == c)
+        if not len(mine):
+            continue
+        Xc = X[y == c]
+        j = mine[assign(Xc, centroids[mine])]
+        np.add.at(sums, j, Xc)
+        counts += np.bincount(j, minlength=len(centroids))
+    return sums, counts
+
+
+def lloyd_update(centroids: np.ndarray, sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """New centroids; an empty one keeps its place."""
+    out = centroids.copy()
+    full = counts > 0
+    out[full] = sums[full] / counts[full, None]
+    return out
+
+
+# ---- k-NN metric learning (Section 4) ------------------------------------------------------------------------
+
+def triplet_counts(dq: np.ndarray, targets: np.ndarray, negatives: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Algorithm 1 for a batch of queries. dq (Q, m): d_W from each query to the m images;
+    targets / negatives (Q, m) boolean. Returns (cp, cn) (Q, m): for a target p the number of
+    negatives n with [1 + d(q,p) - d(q,n)]_+ > 0, for a negative n the number of such targets p.
+
+    One sort per query of the distances with the targets shifted by the margin (step 1-2); the
+    counts are running sums over the sorted order (steps 3-5). Ties (1 + d(q,p) = d(q,n), zero loss)
+    sort the target first so they are not counted."""
+    shifted = np.where(targets, dq + 1.0, dq)
+    keyed = np.where(targets | negatives, shifted, np.inf)
+    order = np.lexsort((~targets, keyed), axis=1)  # by value, targets before negatives on ties
+    t_sorted = np.take_along_axis(targets, order, 1)
+    n_sorted = np.take_along_axis(negatives, order, 1)
+    neg_before = np.cumsum(n_sorted, axis=1) - n_sorted                          # C_n: negatives ahead
+    tgt_after = t_sorted.sum(1, keepdims=True) - np.cumsum(t_sorted, axis=1)    # C_p: targets behind
+    cp = np.zeros(dq.shape, np.int64)
+    cn = np.zeros(dq.shape, np.int64)
+    np.put_along_axis(cp, order, np.where(t_sorted, neg_before, 0), 1)
+    np.put_along_axis(cn, order, np.where(n_sorted, tgt_after, 0), 1)
+    return cp, cn
+
+
+def triplet_gradient(W: np.ndarray, X: np.ndarray, queries: np.ndarray, cp: np.ndarray, cn: np.ndarray):
+    """Gradient of sum_q sum_pn L_qpn (Eq. 39 summed) = 2 W X^T A X (Eq. 40) for images X (m, D),
+    query rows ``queries`` (Q,) into X and the counts of `triplet_counts`."""
+    m = len(X)
+    w = np.zeros((m, m))
+    w[queries] = cp - cn                 # + x_qp x_qp^T per violating triplet, - x_qn x_qn^T
+    # sum_qj w_qj (x_q - x_j)(x_q - x_j)^T = X^T (diag(rowsum + colsum) - w - w^T) X
+    A = np.diag(w.sum(1) + w.sum(0)) - w - w.T
+    return 2.0 * (W @ X.T) @ (A @ X)
+
+
+def triplet_loss_loop(W: np.ndarray, X: np.ndarray, queries, targets, negatives):
+    """Reference: the hinge loss and its gradient by an explicit loop over triplets (tests, benchmark)."""
+    Y = X @ W.T
+    loss, G = 0.0, np.zeros_like(W)
+    for qi, q in enumerate(queries):
+        for p in np.flatnonzero(targets[qi]):
+            dp = Y[q] - Y[p]
+            for n in np.flatnonzero(negatives[qi]):
+                dn = Y[q] - Y[n]
+                v = 1.0 + dp @ dp - dn @ dn
+                if v > 0:
+                    loss += v
+                    xp, xn = X[q] - X[p], X[q] - X[n]
+                    G += 2.0 * (np.outer(W @ xp, xp) - np.outer(W @ xn, xn))
+    return loss, G
+
+
+def sample_triplet_batch(y: np.ndarray, m: int, rho: float, rng: np.random.Generator, classes=None):
+    """Section 4.2: a class c at random, round(rho m) images of c and the rest from other classes.
+    Returns (rows, is_positive) with the positives first; None when no class has two images."""
+    classes = np.unique(y) if classes is None else classes
+    counts = np.array([(y == c).sum() for c in classes])
+    ok = classes[counts >= 2]
+    if not len(ok):
+        return None
+    c = ok[rng.integers(len(ok))]
+    same = np.flatnonzero(y == c)
+    other = np.flatnonzero(y != c)
+    n_pos = min(len(same), max(2, int(round(rho * m))))
+    n_neg = min(len(other), m - n_pos)
+    rows = np.concatenate([rng.choice(same, n_pos, replace=False), rng.choice(other, n_neg, replace=False)])
+    return rows, np.arange(len(rows)) < n_pos
+
+
+def choose_targets(Y: np.ndarray, X: np.ndarray, n_pos: int, k: int | None, mode: str) -> np.ndarray:
+    """Targets (n_pos, m) of the n_pos queries (the positives, rows 0..n_pos-1) among the other
+    positives: all of them, the k closest under the current W (dynamic) or in l2 (fixed)."""
+    m = len(Y)
+    t = np.zeros((n_pos, m), bool)
+    t[:, :n_pos] = True
+    t[np.arange(n_pos), np.arange(n_pos)] = False
+    if mode == "all" or k is None or k >= n_pos - 1:
+        return t
+    Z = Y if mode == "dynamic" else X
+    d = _sqdist(Z[:n_pos], Z[:n_pos])
+    np.fill_diagonal(d, np.inf)
+    near = np.argsort(d, axis=1, kind="stable")[:, :k]
+    t[:] = False
+    np.put_along_axis(t, near, True, 1)
+    return t
+
+
+def knnml_step(W: np.ndarray, X: np.ndarray, is_pos: np.ndarray, k: int, mode: str):
+    """One SGD direction for the triplet objective on the batch X (positives first); returns
+    (gradient / number of queries, number of violating triplets)."""
+    n_pos = int(is_pos.sum())
+    Y = X @ W.T
+    targets = choose_targets(Y, X, n_pos, k, mode)
+    negatives = np.broadcast_to(~is_pos, targets.shape)
+    dq = _sqdist(Y[:n_pos], Y)
+    cp, cn = triplet_counts(dq, targets, negatives)
+    G = triplet_gradient(W, X, np.arange(n_pos), cp, cn)
+    return G / n_pos, int(cp.sum())
+
+
+# ---- SGD drivers: the pipeline feeds them batches; they hold W and the best W seen on validation --------------
+
+class MetricSGD:
+    """Minibatch SGD on W (d, D) with early stopping (Section 5.1): every ``validate_every`` steps
+    the caller reports a validation error; the W with the lowest error is kept.
+
+    objective: 'ncm' (Eqs. 9-10, with ``centroids``/``owner``: NCMC, Eqs. 21-25), 'dot' (Eq. 27,
+    learned biases) or 'knn' (Eq. 35 with Algorithm 1's gradient)."""
+
+    def __init__(self, W0: np.ndarray, objective: str, lr: float, centroids: np.ndarray | None = None,
+                 owner: np.ndarray | None = None, n_classes: int | None = None, targets: str = "dynamic",
+                 k: int = 5):
+        if objective not in ("ncm", "dot", "knn"):
+            raise InputError(f"metric learning objective must be ncm, dot or knn. Got {objective!r} instead.")
+        self.W = np.array(W0, np.float64)
+        self.objective, self.lr, self.targets, self.k = objective, float(lr), targets, int(k)
+        self.centroids = None if centroids is None else np.asarray(centroids, np.float64)
+        self.owner = owner
+        self.n_classes = n_classes
+        self.bias = np.zeros(n_classes) if objective == "dot" else None
+        self.steps = 0
+        self.best = (np.inf, self.W.copy(), None if self.bias is None else self.bias.copy(), 0)
+        self.history = []
+
+    def step(self, X: np.ndarray, y: np.ndarray, is_pos: np.ndarray | None = None) -> float:
+        """One update from the batch; returns the batch's log-likelihood (ncm/dot) or the number of
+        violating triplets (knn)."""
+        X = np.asarray(X, np.float64)
+        if self.objective == "ncm":
+            value, G = log_likelihood_and_gradient(self.W, X, y, self.centroids, self.owner, self.n_classes)
+            self.W += self.lr * G
+        elif self.objective == "dot":
+            value, G, gb = dot_log_likelihood_and_gradient(self.W, self.bias, X, y, self.centroids)
+            self.W += self.lr * G
+            self.bias += self.lr * gb
+        else:
+            G, value = knnml_step(self.W, X, is_pos, self.k, self.targets)
+            self.W -= self.lr * G
+        if not np.all(np.isfinite(self.W)):
+            raise InputError(f"metric learning diverged after {self.steps + 1} steps (W is not finite); "
+                             f"lower 'lr' (now {self.lr})")
+        self.steps += 1
+        return float(value)
+
+    def record(self, val_error: float, train_value: float) -> None:
+        """Report the validation error of the current W (early stopping keeps the best)."""
+        self.history.append({"iter": self.steps, "val_error": float(val_error), "batch": float(train_value)})
+        if val_error < self.best[0]:
+            self.best = (val_error, self.W.copy(), None if self.bias is None else self.bias.copy(), self.steps)

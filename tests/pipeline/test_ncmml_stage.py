@@ -1,0 +1,114 @@
+"""NCMML / NCMC / k-NN metric learning through the pipeline, on small data cut into many row-blocks."""
+import numpy as np
+import pytest
+
+from pipeline.config import parse_config
+from pipeline.context import StageContext
+from pipeline.stages import _load_model, run_encode, run_evaluate, run_stage, run_statistics, run_train
+from pipeline.storage import Store, load_arrays, open_array
+from tests.conftest import make_blobs
+
+
+@pytest.fixture(scope="module")
+def trained(client, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ncm")
+    X, y = make_blobs(n=900, d=12, classes=5, sep=0.9, seed=3)
+    np.savez(tmp / "d.npz", X=X, y=y)
+    common = {"dim": 4, "iters": 60, "batch": 100, "validate_every": 10, "validation": 100}
+    cfg = parse_config({
+        "data": {"path": str(tmp / "d.npz"), "chunk_mb": 0.005, "normalize": "l2"},
+        "methods": [{"method": "identity"},
+                    {"method": "ncmml", **common},
+                    {"method": "ncmml", **common, "objective": "dot", "lr": 1.0},
+                    {"method": "ncmml", **common, "classes": [0, 1, 2]},
+                    {"method": "ncmc", **common, "centroids": 2, "kmeans_iters": 100},
+                    {"method": "knnml", **{**common, "batch": 60}, "targets": "dynamic"}],
+        "evaluate": {"retrieval": False, "classification": {"classifiers": ["knn1", "ncm", "ncmc"]}}})
+    ctx = StageContext(client, Store(str(tmp / "s")), cfg, log=lambda m: None)
+    data = run_stage(ctx)
+    assert len(data.chunks) > 5
+    stats = run_statistics(ctx, data)
+    models = run_train(ctx, data, stats, None)
+    codes = run_encode(ctx, data, models)
+    evals = run_evaluate(ctx, data, codes)
+    return ctx, data, models, codes, evals
+
+
+def _records(evals, method, **params):
+    for spec, unit in evals:
+        if spec["method"] == method and all(spec.get(k) == v for k, v in params.items()):
+            return unit.read_json("records.json")
+    raise AssertionError((method, params))
+
+
+def test_early_stopping_keeps_the_w_with_the_lowest_validation_error(trained):
+    _, _, models, _, _ = trained
+    for spec, unit in models:
+        if spec["method"] in ("ncmml", "ncmc", "knnml"):
+            meta = load_arrays(unit.url)[1]["fit_meta"]
+            errors = [h["val_error"] for h in meta["history"]]
+            assert len(errors) == 6  # every 10 of 60 steps
+            best = int(np.argmin(errors))
+            assert meta["val_error"] == errors[best] and meta["best_iter"] == meta["history"][best]["iter"]
+
+
+def test_ncmc_centroids_are_a_lloyd_fixed_point_per_class(trained):
+    _, data, models, _, _ = trained
+    [unit] = [u for s, u in models if s["method"] == "ncmc"]
+    arrays, _ = load_arrays(unit.url)
+    X = open_array(f"{data.url}/features")[:].astype(np.float64)
+    y = open_array(f"{data.url}/label")[:]
+    train = open_array(f"{data.url}/split")[:] == 0
+    cents, owner = arrays["centroids"], arrays["centroid_class"]
+    assert np.bincount(owner).tolist() == [2] * 5
+    for c in range(5):  # streamed over the blocks, yet each centroid is the mean of the rows it owns
+        Xc, mine = X[train & (y == c)], np.flatnonzero(owner == c)
+        j = np.argmin(((Xc[:, None] - cents[mine][None]) ** 2).sum(-1), axis=1)
+        for a in range(2):
+            np.testing.assert_allclose(cents[mine[a]], Xc[j == a].mean(0), rtol=1e-4, atol=1e-6)
+
+
+def test_ncm_classifiers_use_the_learned_metric_and_new_classes_are_scored_apart(trained):
+    ctx, data, models, codes, evals = trained
+    test = np.flatnonzero(open_array(f"{data.url}/split")[:] == 1)
+    y = open_array(f"{data.url}/label")[:]
+    train = np.flatnonzero(open_array(f"{data.url}/split")[:] == 0)
+    [(spec, cunit, _)] = [c for c in codes if c[0]["method"] == "ncmml" and c[0].get("classes")]
+    Z = open_array(f"{cunit.url}/codes")[:].astype(np.float64)
+    means = np.stack([Z[train][y[train] == c].mean(0) for c in range(5)])  # every class, from train codes
+    pred = np.argmin(((Z[test][:, None] - means[None]) ** 2).sum(-1), axis=1)
+    wrong = pred != y[test]
+    recs = _records(evals, "ncmml", classes=[0, 1, 2])
+    got = {r["metric"]: r["value"] for r in recs if r["classifier"] == "ncm"}
+    new = ~np.isin(y[test], [0, 1, 2])
+    assert got["top1_error"] == pytest.approx(wrong.mean(), abs=1e-9)
+    assert got["top1_error_new_classes"] == pytest.approx(wrong[new].mean(), abs=1e-9)
+    # ncmc is reported for the model that has several centroids per class, and only for it
+    assert any(r["classifier"] == "ncmc" for r in _records(evals, "ncmc"))
+    assert not any(r["classifier"] == "ncmc" for r in _records(evals, "ncmml", objective="euclidean"))
+    assert not any(r["metric"].endswith("new_classes") for r in _records(evals, "ncmml", objective="euclidean"))
+
+
+def test_dot_form_stores_class_biases_and_classifies_with_them(trained):
+    ctx, data, models, codes, evals = trained
+    [unit] = [u for s, u in models if s.get("objective") == "dot"]
+    arrays, _ = load_arrays(unit.url)
+    assert arrays["class_bias"].shape == (5,) and np.all(np.isfinite(arrays["class_bias"]))
+    [(spec, cunit, _)] = [c for c in codes if c[0].get("objective") == "dot"]
+    Z = open_array(f"{cunit.url}/codes")[:].astype(np.float64)
+    split, y = open_array(f"{data.url}/split")[:], open_array(f"{data.url}/label")[:]
+    means = np.stack([Z[split == 0][y[split == 0] == c].mean(0) for c in range(5)])
+    pred = np.argmax(Z[split == 1] @ means.T + arrays["class_bias"], axis=1)
+    got = [r["value"] for r in _records(evals, "ncmml", objective="dot")
+           if r["classifier"] == "ncm" and r["metric"] == "top1_error"]
+    assert got == [pytest.approx((pred != y[split == 1]).mean(), abs=1e-9)]
+
+
+def test_learned_metrics_are_linear_encoders_without_offset(trained):
+    _, data, models, _, _ = trained
+    X = open_array(f"{data.url}/features")[:50]
+    for spec, unit in models:
+        if spec["method"] in ("ncmml", "ncmc", "knnml"):
+            m = _load_model(unit.url)
+            assert m.W.shape == (12, 4) and m.b is None
+            np.testing.assert_allclose(m.transform(X), X @ m.W, rtol=1e-5)

@@ -1,0 +1,116 @@
+import numpy as np
+import pytest
+
+from tasks import ncmml
+from tasks.errors import InputError
+from tests.conftest import make_blobs, numerical_gradient
+
+
+def _case(n=40, D=6, d=3, C=4, k=1, seed=0):
+    X, y = make_blobs(n=n, d=D, classes=C, seed=seed, sep=1.0)
+    X = X.astype(np.float64)
+    rng = np.random.default_rng(seed)
+    W = rng.normal(size=(d, D)) * 0.3
+    cents = np.concatenate([X[y == c].mean(0) + rng.normal(0, 0.5, (k, D)) * (k > 1) for c in range(C)])
+    owner = np.repeat(np.arange(C), k)
+    return X, y, W, cents, owner
+
+
+def _explicit_ncm_loglik(W, X, y, means):
+    """Eqs. 5 and 9 written out per image and class."""
+    total = 0.0
+    for x, c in zip(X, y):
+        d = np.array([np.sum((W @ (x - mu)) ** 2) for mu in means])
+        total += -0.5 * d[c] - np.log(np.sum(np.exp(-0.5 * d)))
+    return total / len(X)
+
+
+def test_ncm_loglik_equals_the_equations_and_its_gradient_matches_finite_differences():
+    X, y, W, means, owner = _case()
+    L, G = ncmml.log_likelihood_and_gradient(W, X, y, means, owner, 4)
+    assert L == pytest.approx(_explicit_ncm_loglik(W, X, y, means), rel=1e-10)
+    num = numerical_gradient(lambda V: ncmml.log_likelihood_and_gradient(V, X, y, means, owner, 4, False)[0], W)
+    np.testing.assert_allclose(G, num, rtol=1e-6, atol=1e-8)
+
+
+def test_ncmc_gradient_matches_finite_differences_and_k1_equals_ncm():
+    X, y, W, cents, owner = _case(k=3)
+    _, G = ncmml.log_likelihood_and_gradient(W, X, y, cents, owner, 4)
+    num = numerical_gradient(lambda V: ncmml.log_likelihood_and_gradient(V, X, y, cents, owner, 4, False)[0], W)
+    np.testing.assert_allclose(G, num, rtol=1e-6, atol=1e-8)
+    # Eq. 10's alpha written out for NCM against the mixture's alpha (Eq. 25) at k = 1
+    X, y, W, means, owner = _case(k=1)
+    Y, Mp = X @ W.T, means @ W.T
+    P = ncmml._softmax(-0.5 * ((Y[:, None] - Mp[None]) ** 2).sum(-1))
+    alpha = P - np.eye(4)[y]
+    G10 = sum(alpha[i, c] * W @ np.outer(means[c] - X[i], means[c] - X[i]) for i in range(len(X)) for c in range(4))
+    _, G = ncmml.log_likelihood_and_gradient(W, X, y, means, owner, 4)
+    np.testing.assert_allclose(G, G10 / len(X), rtol=1e-10, atol=1e-12)
+
+
+def test_dot_product_variant_gradient_matches_finite_differences():
+    X, y, W, means, _ = _case()
+    bias = np.array([0.1, -0.2, 0.05, 0.0])
+    _, G, gb = ncmml.dot_log_likelihood_and_gradient(W, bias, X, y, means)
+    f = lambda V: ncmml.dot_log_likelihood_and_gradient(V, bias, X, y, means, False)[0]  # noqa: E731
+    np.testing.assert_allclose(G, numerical_gradient(f, W), rtol=1e-6, atol=1e-8)
+    fb = lambda b: ncmml.dot_log_likelihood_and_gradient(W, b, X, y, means, False)[0]  # noqa: E731
+    np.testing.assert_allclose(gb, numerical_gradient(fb, bias), rtol=1e-6, atol=1e-8)
+
+
+def _random_triplet_case(m=30, D=5, d=3, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(m, D))
+    W = rng.normal(size=(d, D)) * 0.4
+    is_pos = np.arange(m) < 20
+    return X, W, is_pos
+
+
+@pytest.mark.parametrize("mode,k", [("all", None), ("dynamic", 3), ("fixed", 3)])
+def test_sorting_gradient_equals_the_explicit_triplet_loop(mode, k):
+    X, W, is_pos = _random_triplet_case()
+    n_pos = int(is_pos.sum())
+    Y = X @ W.T
+    targets = ncmml.choose_targets(Y, X, n_pos, k, mode)
+    negatives = np.broadcast_to(~is_pos, targets.shape)
+    cp, cn = ncmml.triplet_counts(ncmml._sqdist(Y[:n_pos], Y), targets, negatives)
+    G = ncmml.triplet_gradient(W, X, np.arange(n_pos), cp, cn)
+    loss, G_loop = ncmml.triplet_loss_loop(W, X, np.arange(n_pos), targets, negatives)
+    assert loss > 0 and cp.sum() > 0 and cp.sum() == cn.sum()
+    np.testing.assert_allclose(G, G_loop, rtol=1e-9, atol=1e-9)
+
+
+def test_triplet_counts_on_ties_count_only_positive_losses():
+    # d(q,p) + 1 == d(q,n) exactly: zero loss, not counted; d(q,n) just below: counted
+    dq = np.array([[0.0, 1.0, 2.0, 1.5]])
+    targets = np.array([[False, True, False, False]])
+    negatives = np.array([[False, False, True, True]])
+    cp, cn = ncmml.triplet_counts(dq, targets, negatives)
+    assert cp.tolist() == [[0, 1, 0, 0]] and cn.tolist() == [[0, 0, 0, 1]]
+
+
+def test_dynamic_targets_are_the_closest_positives_under_w():
+    X, W, is_pos = _random_triplet_case()
+    Y = X @ W.T
+    t = ncmml.choose_targets(Y, X, 20, 2, "dynamic")
+    for q in range(20):
+        d = ((Y[:20] - Y[q]) ** 2).sum(1)
+        d[q] = np.inf
+        assert set(np.flatnonzero(t[q])) == set(np.argsort(d)[:2])
+
+
+def test_streaming_lloyd_equals_in_memory_lloyd_and_kmeanspp_refuses_too_few_rows():
+    X, y = make_blobs(n=300, d=4, classes=3, seed=2)
+    X = X.astype(np.float64)
+    rng = np.random.default_rng(0)
+    cents = np.concatenate([ncmml.kmeans_plus_plus(X[y == c], 2, rng) for c in range(3)])
+    owner = np.repeat(np.arange(3), 2)
+    parts = [ncmml.lloyd_partial(X[a:a + 70], y[a:a + 70], cents, owner) for a in range(0, 300, 70)]
+    new = ncmml.lloyd_update(cents, sum(p[0] for p in parts), sum(p[1] for p in parts))
+    for c in range(3):  # reference: one Lloyd step on the class's rows in memory
+        Xc, mine = X[y == c], np.flatnonzero(owner == c)
+        j = np.argmin(((Xc[:, None] - cents[mine][None]) ** 2).sum(-1), axis=1)
+        for a in range(2):
+            np.testing.assert_allclose(new[mine[a]], Xc[j == a].mean(0), rtol=1e-12)
+    with pytest.raises(InputError, match="centroids"):
+        ncmml.kmeans_plus_plus(X[:3], 5, rng)
