@@ -162,5 +162,44 @@ def report(store):
     _echo(f"Report: {build_report(st, manifest)}")
 
 
+@main.command("add-classes")
+@click.argument("store")
+@click.argument("new_data", type=click.Path(exists=False))
+@click.option("--features", default="X", show_default=True, help="Array name inside npz/h5/zarr.")
+@click.option("--labels", default="y", show_default=True, help="Label array name, or a .npy path.")
+@click.option("--model", help="Extend only the model whose key starts with this (default: every NCM model).")
+@click.option("--hierarchy", type=click.Path(dir_okay=False), help="YAML map class: parent (zero-shot prior, Eq. 33).")
+@click.option("--prior-weight", default=0.0, show_default=True, type=click.FloatRange(min=0),
+              help="m of Eq. 34: weight of the zero-shot prior against the sample mean.")
+@click.option("--zero-shot", multiple=True, help="A class with no images, placed by the hierarchy alone.")
+@handle_errors
+def add_classes_cmd(store, new_data, features, labels, model, hierarchy, prior_weight, zero_shot):
+    """Add the classes of NEW_DATA to STORE's NCMML/NCMC models without retraining W."""
+    from pipeline.classes import add_classes
+
+    add_classes(store, new_data, features, labels, model, hierarchy, prior_weight, zero_shot, log=_echo)
+
+
+@main.command()
+@click.argument("store")
+@click.argument("data", type=click.Path(exists=False))
+@click.option("--model", required=True, help="Key (or key prefix) of an NCMML/NCMC model in STORE/models.")
+@click.option("--features", default="X", show_default=True, help="Array name inside npz/h5/zarr.")
+@click.option("--labels", default=None, help="Label array name: also print the top-1 error.")
+@click.option("--out", type=click.Path(dir_okay=False), help="Write the predicted class names (.npy).")
+@handle_errors
+def predict(store, data, model, features, labels, out):
+    """Classify the rows of DATA with an NCM/NCMC model (nearest class mean under the learned metric)."""
+    import numpy as np
+
+    from pipeline.classes import predict as run_predict
+
+    names, error = run_predict(store, model, data, features, labels)
+    if out:
+        np.save(out, names)
+    _echo(f"{len(names)} rows classified" + (f"; top-1 error {error:.4f}" if error is not None else "")
+          + (f"; predictions in {out}" if out else ""))
+
+
 if __name__ == "__main__":
     main()

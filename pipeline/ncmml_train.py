@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from pipeline.storage import load_arrays, open_array, save_arrays
+from pipeline.storage import load_arrays, open_array, read_attrs, save_arrays
 from pipeline.sparse_train import training_subset
 from tasks import metrics, ncmml
 from tasks.errors import InputError
@@ -75,7 +75,9 @@ def _error(sgd, spec, Xv, yv, ref):
     if spec["method"] == "knnml":
         Xr, yr = ref
         D = metrics.sq_distances(Y.astype(np.float32), (Xr @ sgd.W.T).astype(np.float32))
-        nb = np.argsort(D, axis=1, kind="stable")[:, :spec["k"]]
+        k = spec["k"]
+        part = np.argpartition(D, k - 1, axis=1)[:, :k]
+        nb = np.take_along_axis(part, np.argsort(np.take_along_axis(D, part, 1), axis=1, kind="stable"), 1)
         rank = metrics.knn_class_ranking(yr[nb], sgd.n_classes, spec["k"])
     else:
         Mp = sgd.centroids @ sgd.W.T
@@ -130,6 +132,7 @@ def _train(spec, data_url, stats_url, chunks, model_url) -> dict:
     blocks = [(a, b) for a, b in chunks if sgd_rows[a:b].any()]
     if not blocks:
         raise InputError(f"{spec['method']}: no training rows left for SGD after the validation rows")
+    sgd.record(_error(sgd, spec, Xv, yv, ref), None)  # the PCA start is a candidate too
     value = np.nan
     while sgd.steps < spec["iters"]:
         for i in rng.permutation(len(blocks)):
@@ -167,7 +170,8 @@ def _train(spec, data_url, stats_url, chunks, model_url) -> dict:
                                                        "val_error": err, "held_out_validation": held_out})
     save_arrays(model_url, {**model.arrays(), **arrays},
                 {"spec": spec, "dim": int(W.shape[0]), "fit_meta": model.meta, "identity": False,
-                 "score": "euclidean"})
+                 "score": "euclidean", "class_names": read_attrs(data_url)["classes"],
+                 "normalize": read_attrs(data_url)["normalize"]})
     return {"dim": int(W.shape[0]), "score": "euclidean", "fit_seconds": seconds, "best_iter": at,
             "val_error": err}
 

@@ -561,7 +561,7 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
     graph_url = neighbours.url if neighbours is not None else None
     out, jobs, costs = [], [], {}
     for spec, cunit, dim in codes:
-        unit = ctx.store.unit("evaluation", hash_key({"stage": "evaluation", "codes": cunit.key,
+        unit = ctx.store.unit("evaluation", hash_key({"stage": "evaluation", "version": 2, "codes": cunit.key,
                                                      "graph": neighbours.key if neighbours else None,
                                                      "evaluate": ev.__dict__, "data": data.unit.key}))
         out.append((spec, unit))
@@ -590,15 +590,20 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
                               means, graph_url, ncm_model, name=f"classify-{model_id(spec)}")
                    for q in _fixed_blocks(test, CLASSIFY_QUERIES)] if ev.classifiers else []
             jobs.append((spec, unit, dim, view, score, ret, cls))
+    # When the models that leave classes out of training all keep the same ones, every model also
+    # reports its errors on the other classes' test images: the control beside the new-class figure.
+    subsets = {tuple(spec["classes"]) for spec, *_ in codes if spec.get("classes")}
+    common = list(subsets.pop()) if len(subsets) == 1 else None
     t0 = time.perf_counter()
     records = {}
     for spec, unit, dim, view, score, ret, cls in jobs:
+        trained_on = spec.get("classes") or common
         name = f"{model_id(spec)} ({view})"
         ret_res = ctx.gather(ret, "evaluate", [f"model {name} retrieval block {i}" for i in range(len(ret))])
         cls_res = ctx.gather(cls, "evaluate", [f"model {name} classification block {i}" for i in range(len(cls))])
         extra = {} if view == "codes" and score == "euclidean" else {"view": view, "score": score}
         recs = records.setdefault(unit.key, (unit, []))[1]
-        recs.extend(_records(spec, dim, ev, data.labels[test], ret_res, cls_res, extra))
+        recs.extend(_records(spec, dim, ev, data.labels[test], ret_res, cls_res, extra, trained_on))
         if view == "codes" and costs.get(unit.key):  # the projection's size and cost next to its metrics
             base = {"method": spec["method"], "dim": dim, "classifier": None,
                     "params": {k: v for k, v in spec.items() if k not in ("method", "dim")}}
@@ -610,7 +615,7 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
 
 
 def _records(spec: dict, dim: int, ev, test_labels: np.ndarray, ret_res: list, cls_res: list,
-             extra: dict | None = None) -> list[dict]:
+             extra: dict | None = None, trained_on: list | None = None) -> list[dict]:
     params = {**{k: v for k, v in spec.items() if k not in ("method", "dim")}, **(extra or {})}
     base = {"method": spec["method"], "dim": dim, "params": params}
     recs = []
@@ -626,7 +631,7 @@ def _records(spec: dict, dim: int, ev, test_labels: np.ndarray, ret_res: list, c
             recs.append({**base, "classifier": None, "metric": "ukb4", "value": float(cat["ukb4"].mean())})
     if cls_res:
         # a model trained on some classes only is also scored on the test images of the others
-        new = None if not spec.get("classes") else ~np.isin(test_labels, spec["classes"])
+        new = None if not trained_on else ~np.isin(test_labels, trained_on)
         for c in ev.classifiers:
             if c not in cls_res[0]:  # e.g. ncmc for a model without centroids
                 continue

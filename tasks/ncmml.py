@@ -22,6 +22,7 @@ grad of the hinge loss (k-NN).
 import numpy as np
 
 from tasks.errors import InputError
+from tasks.moments import class_sums
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
@@ -133,9 +134,9 @@ def lloyd_partial(X: np.ndarray, y: np.ndarray, centroids: np.ndarray, owner: np
         if not len(mine):
             continue
         Xc = X[y == c]
-        j = mine[assign(Xc, centroids[mine])]
-        np.add.at(sums, j, Xc)
-        counts += np.bincount(j, minlength=len(centroids))
+        j = assign(Xc, centroids[mine])
+        sums[mine] += class_sums(Xc, j, len(mine))
+        counts[mine] += np.bincount(j, minlength=len(mine))
     return sums, counts
 
 
@@ -291,8 +292,9 @@ class MetricSGD:
         self.steps += 1
         return float(value)
 
-    def record(self, val_error: float, train_value: float) -> None:
+    def record(self, val_error: float, train_value: float | None) -> None:
         """Report the validation error of the current W (early stopping keeps the best)."""
-        self.history.append({"iter": self.steps, "val_error": float(val_error), "batch": float(train_value)})
+        self.history.append({"iter": self.steps, "val_error": float(val_error),
+                             "batch": None if train_value is None else float(train_value)})
         if val_error < self.best[0]:
             self.best = (val_error, self.W.copy(), None if self.bias is None else self.bias.copy(), self.steps)

@@ -47,7 +47,7 @@ def test_early_stopping_keeps_the_w_with_the_lowest_validation_error(trained):
         if spec["method"] in ("ncmml", "ncmc", "knnml"):
             meta = load_arrays(unit.url)[1]["fit_meta"]
             errors = [h["val_error"] for h in meta["history"]]
-            assert len(errors) == 6  # every 10 of 60 steps
+            assert len(errors) == 7  # the start, then every 10 of 60 steps
             best = int(np.argmin(errors))
             assert meta["val_error"] == errors[best] and meta["best_iter"] == meta["history"][best]["iter"]
 
@@ -86,7 +86,15 @@ def test_ncm_classifiers_use_the_learned_metric_and_new_classes_are_scored_apart
     # ncmc is reported for the model that has several centroids per class, and only for it
     assert any(r["classifier"] == "ncmc" for r in _records(evals, "ncmc"))
     assert not any(r["classifier"] == "ncmc" for r in _records(evals, "ncmml", objective="euclidean"))
-    assert not any(r["metric"].endswith("new_classes") for r in _records(evals, "ncmml", objective="euclidean"))
+    # the control (trained on every class) is scored on the same new-class images
+    [(_, ctrl, _)] = [c for c in codes if c[0]["method"] == "ncmml" and c[0]["objective"] == "euclidean"
+                      and not c[0].get("classes")]
+    Zc = open_array(f"{ctrl.url}/codes")[:].astype(np.float64)
+    mc = np.stack([Zc[train][y[train] == c].mean(0) for c in range(5)])
+    wrong_c = np.argmin(((Zc[test][:, None] - mc[None]) ** 2).sum(-1), axis=1) != y[test]
+    got_c = {r["metric"]: r["value"] for r in _records(evals, "ncmml", objective="euclidean", classes=None)
+             if r["classifier"] == "ncm"}
+    assert got_c["top1_error_new_classes"] == pytest.approx(wrong_c[new].mean(), abs=1e-9)
 
 
 def test_dot_form_stores_class_biases_and_classifies_with_them(trained):
@@ -112,3 +120,45 @@ def test_learned_metrics_are_linear_encoders_without_offset(trained):
             m = _load_model(unit.url)
             assert m.W.shape == (12, 4) and m.b is None
             np.testing.assert_allclose(m.transform(X), X @ m.W, rtol=1e-5)
+
+
+def test_add_classes_extends_a_copy_and_predicts_like_ncm_with_numpy_means(trained, tmp_path):
+    from pipeline.classes import add_classes, predict
+    from tasks.normalize import normalize_rows
+    ctx, data, models, _, _ = trained
+    [(spec, unit)] = [(s, u) for s, u in models if s["method"] == "ncmml" and s.get("classes")]
+    before = {p: p.read_bytes() for p in __import__("pathlib").Path(unit.url).rglob("*") if p.is_file()}
+    rng = np.random.default_rng(5)
+    Xn = rng.normal(0, 1, (300, 12)).astype(np.float32) + np.repeat(np.eye(12)[[0, 5]] * 4, 150, axis=0)
+    yn = np.repeat(np.array(["new-a", "new-b"]), 150)
+    np.savez(tmp_path / "new.npz", X=Xn, y=yn)
+    [info] = add_classes(ctx.store.url, str(tmp_path / "new.npz"), model=unit.key, log=lambda m: None)
+    assert info["added"] == ["new-a", "new-b"] and info["images"] == 300
+    assert {p: p.read_bytes() for p in before} == before  # the trained model is untouched
+    ext = ctx.store.unit("models", info["model"].split("/")[-1])
+    arrays, attrs = load_arrays(ext.url)
+    assert attrs["class_names"][-2:] == ["new-a", "new-b"] and ext.done()
+    Z = normalize_rows(Xn, "l2").astype(np.float64)
+    np.testing.assert_allclose(arrays["centroids"][-2:], [Z[:150].mean(0), Z[150:].mean(0)], rtol=1e-5)
+    # prediction = nearest projected mean among the trained classes' means and the two new ones
+    probe = np.concatenate([Xn[:20], open_array(f"{data.url}/features")[:20]])
+    np.savez(tmp_path / "probe.npz", X=probe, y=np.zeros(40, int))
+    names, _ = predict(ctx.store.url, ext.key, str(tmp_path / "probe.npz"))
+    W = _load_model(unit.url).W
+    P = normalize_rows(probe, "l2") @ W
+    M = arrays["centroids"] @ W
+    expect = np.array(attrs["class_names"])[arrays["centroid_class"][np.argmin(((P[:, None] - M[None]) ** 2).sum(-1), 1)]]
+    assert (names == expect).all() and (names[:20] == "new-a").mean() > 0.5  # chance: 1 in 7
+
+
+def test_add_classes_refuses_bad_new_data(trained, tmp_path):
+    from pipeline.classes import add_classes
+    from tasks.errors import InputError
+    ctx, _, models, _, _ = trained
+    [unit] = [u for s, u in models if s["method"] == "ncmml" and s.get("classes")]
+    np.savez(tmp_path / "wrong_dim.npz", X=np.ones((10, 7), np.float32), y=np.zeros(10, int))
+    with pytest.raises(InputError, match="features have 7 dimensions but model .* takes 12"):
+        add_classes(ctx.store.url, str(tmp_path / "wrong_dim.npz"), model=unit.key, log=lambda m: None)
+    np.savez(tmp_path / "old.npz", X=np.ones((10, 12), np.float32), y=np.zeros(10, int))
+    with pytest.raises(InputError, match=r"class\(es\) \['0'\] are already in model"):
+        add_classes(ctx.store.url, str(tmp_path / "old.npz"), model=unit.key, log=lambda m: None)

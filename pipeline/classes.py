@@ -1,0 +1,233 @@
+"""Open-ended classes (Mensink et al., Sections 3.4-3.6): add classes to a trained NCM / NCMC model
+without touching W, and classify with the extended model.
+
+`add_classes` streams the new images in row-blocks (one block in memory), sums them per class and
+divides: the class means, or for an NCMC model the k-means centroids of each new class (k-means++
+on a bounded sample, then Lloyd passes over the blocks). With a class hierarchy (a YAML map
+``class: parent`` covering the new classes and the model's classes) the zero-shot prior of Eq. 33
+is the average over the new class's ancestors of the mean of the training classes below each; Eq. 34
+mixes it with the sample mean, mu_p = (n mu_s + m mu_z) / (n + m), m = ``prior_weight``. A class
+with no images takes the prior alone. The extended model is a new committed unit; the model it
+extends is never modified. It runs in the calling process: the work is one pass over the new data.
+"""
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.config import DataConfig
+from pipeline.sources import open_source
+from pipeline.storage import Store, hash_key, load_arrays, read_attrs, save_arrays
+from tasks import ncmml
+from tasks.errors import InputError
+from tasks.models import LinearModel
+from tasks.moments import class_sums
+from tasks.normalize import normalize_rows
+from tasks.validate import check_feature_block
+
+BLOCK_ROWS = 16384
+KMEANS_SAMPLE = 2000
+
+
+def ncm_models(store: Store, model: str | None = None) -> list:
+    """Committed NCMML / NCMC models of the store (or the one whose key starts with ``model``)."""
+    units = [u for u in store.units("models") if u.done()]
+    found = []
+    for u in units:
+        attrs = read_attrs(u.url)
+        if attrs.get("spec", {}).get("method") in ("ncmml", "ncmc") and (model is None or u.key.startswith(model)):
+            found.append((u, attrs))
+    if not found:
+        what = f"model {model!r}" if model else "NCMML or NCMC model"
+        raise InputError(f"{store.url}: no committed {what} in models/; train one with metricpipe run "
+                         f"(methods: ncmml or ncmc)")
+    return found
+
+
+def _open(path: str, features: str, labels: str, where: str):
+    src = open_source(DataConfig(path=path, features=features, labels=labels))
+    n, D = src.reader.shape[0], int(np.prod(src.reader.shape[1:]))
+    y = np.asarray(src.labels)
+    if y.ndim != 1 or len(y) != n:  # one class is fine here: adding a single class is the common case
+        raise InputError(f"{src.name} (labels): labels must be 1-D with one per feature row; got shape "
+                         f"{y.shape} for {n} rows")
+    names, codes = np.unique(y.astype(str), return_inverse=True)
+    return src, n, D, codes.astype(np.int64), [str(c) for c in names]
+
+
+def _blocks(src, n, D, normalize):
+    for a in range(0, n, BLOCK_ROWS):
+        X = src.reader.read(a, min(n, a + BLOCK_ROWS)).reshape(-1, D)
+        check_feature_block(X, a, f"{src.name} (features)")
+        yield a, normalize_rows(X.astype(np.float32), normalize).astype(np.float64)
+
+
+def _parents(path: str | None) -> dict:
+    if path is None:
+        return {}
+    import yaml
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise InputError(f"{path}: cannot read the hierarchy (--hierarchy): {type(e).__name__}") from None
+    if not isinstance(raw, dict):
+        raise InputError(f"{path}: the hierarchy must map each class to its parent (class: parent)")
+    return {str(k): str(v) for k, v in raw.items()}
+
+
+def zero_shot_prior(name: str, parents: dict, class_means: dict) -> np.ndarray:
+    """Eq. 33: the mean over the ancestors of ``name`` of each ancestor's mean, an ancestor's mean
+    being the average of the means of the training classes below it."""
+    def ancestors(c):
+        out = []
+        while c in parents:
+            c = parents[c]
+            out.append(c)
+        return out
+    below = {}
+    for c in class_means:
+        for a in ancestors(c):
+            below.setdefault(a, []).append(class_means[c])
+    nodes = [a for a in ancestors(name) if a in below]
+    if not nodes:
+        raise InputError(f"hierarchy: class {name!r} has no ancestor shared with a trained class; give its "
+                         f"parent in the hierarchy file")
+    return np.mean([np.mean(below[a], axis=0) for a in nodes], axis=0)
+
+
+def add_classes(store_url: str, data_path: str, features: str = "X", labels: str = "y", model: str | None = None,
+                hierarchy: str | None = None, prior_weight: float = 0.0, zero_shot: tuple = (), log=print) -> list:
+    """Add the classes of ``data_path`` (and ``zero_shot`` classes, prior only) to the store's NCM
+    models. Returns one dict per extended model."""
+    store = Store(store_url)
+    store.check_exists()
+    targets = ncm_models(store, model)
+    src, n, D, codes, names = _open(data_path, features, labels, "new data")
+    parents = _parents(hierarchy)
+    if (zero_shot or prior_weight > 0) and not parents:
+        raise InputError("--zero-shot and --prior-weight need --hierarchy (a YAML map class: parent)")
+    out = []
+    for unit, attrs in targets:
+        t0 = time.perf_counter()
+        arrays, _ = load_arrays(unit.url)
+        old_names = list(attrs.get("class_names") or [])
+        W = LinearModel.from_arrays(arrays, attrs).W
+        if W.shape[0] != D:
+            raise InputError(f"{src.name}: features have {D} dimensions but model {unit.key} takes {W.shape[0]}; "
+                             f"give features of the staged data's dimension")
+        owner = arrays["centroid_class"].astype(np.int64)
+        have = {old_names[c] for c in np.unique(owner)} if old_names else set()  # classes with centroids
+        clash = sorted(set(names + list(zero_shot)) & have)
+        if clash:
+            raise InputError(f"{src.name}: class(es) {clash[:5]} are already in model {unit.key}; new data must "
+                             f"hold new classes only")
+        k = int(np.bincount(owner).max())
+        C0 = len(old_names)
+        sums, counts = np.zeros((len(names), D)), np.zeros(len(names), np.int64)
+        for a, X in _blocks(src, n, D, attrs.get("normalize", "none")):
+            y = codes[a:a + len(X)]
+            sums += class_sums(X, y, len(names))
+            counts += np.bincount(y, minlength=len(names))
+        new_means = sums / np.maximum(counts, 1)[:, None]
+        trained = {old_names[c]: arrays["centroids"][owner == c].mean(0) for c in np.unique(owner)}
+        if parents:
+            for j, name in enumerate(names):  # Eq. 34
+                mu_z = zero_shot_prior(name, parents, trained)
+                new_means[j] = (counts[j] * new_means[j] + prior_weight * mu_z) / (counts[j] + prior_weight)
+        if k > 1:
+            cents = _kmeans_new(src, n, D, codes, names, k, attrs.get("normalize", "none"), counts)
+        else:
+            cents = new_means
+        extra_names = [z for z in zero_shot]
+        extra = [zero_shot_prior(z, parents, trained) for z in extra_names]
+        new_owner = np.repeat(np.arange(C0, C0 + len(names)), k)
+        all_cents = np.concatenate([arrays["centroids"], cents.astype(np.float32)]
+                                   + ([np.array(extra, np.float32)] if extra else []))
+        all_owner = np.concatenate([owner, new_owner, np.arange(C0 + len(names), C0 + len(names) + len(extra))])
+        arrays = {**arrays, "centroids": all_cents, "centroid_class": all_owner.astype(np.int32)}
+        if "class_bias" in arrays:  # new classes take the bias the Euclidean form implies (NaN marks them)
+            arrays["class_bias"] = np.concatenate([arrays["class_bias"],
+                                                   np.full(len(names) + len(extra), np.nan, np.float32)])
+        key = hash_key({"stage": "add-classes", "model": unit.key, "data": src.fingerprint, "features": features,
+                        "labels": labels, "hierarchy": parents, "prior_weight": prior_weight,
+                        "zero_shot": list(zero_shot)})
+        new_unit = store.unit("models", key)
+        new_unit.begin()
+        save_arrays(new_unit.url, arrays, {**attrs, "class_names": old_names + names + extra_names,
+                                           "extends": unit.key})
+        seconds = time.perf_counter() - t0
+        info = {"model": new_unit.rel, "extends": unit.key, "added": names + extra_names, "images": int(n),
+                "seconds": round(seconds, 4)}
+        new_unit.commit({**info, "spec": attrs.get("spec"), "dim": attrs.get("dim")})
+        log(f"{new_unit.rel}: {unit.key} + {len(names) + len(extra)} class(es) from {n} images in {seconds:.3f} s")
+        out.append(info)
+    return out
+
+
+def _kmeans_new(src, n, D, codes, names, k, normalize, counts):
+    """k centroids per new class: k-means++ on up to KMEANS_SAMPLE rows of each, Lloyd over the blocks."""
+    rng = np.random.default_rng(0)
+    short = [names[j] for j in np.flatnonzero(counts < k)]
+    if short:
+        raise InputError(f"{src.name}: class(es) {short[:5]} have fewer images than the model's {k} centroids "
+                         f"per class; give at least {k} images of each")
+    keep = np.zeros(n, bool)
+    for j in range(len(names)):
+        rows = np.flatnonzero(codes == j)
+        keep[rng.choice(rows, min(len(rows), KMEANS_SAMPLE), replace=False)] = True
+    sample, ys = [], []
+    for a, X in _blocks(src, n, D, normalize):
+        m = keep[a:a + len(X)]
+        sample.append(X[m])
+        ys.append(codes[a:a + len(X)][m])
+    sample, ys = np.concatenate(sample), np.concatenate(ys)
+    cents = np.concatenate([ncmml.kmeans_plus_plus(sample[ys == j], k, rng) for j in range(len(names))])
+    owner = np.repeat(np.arange(len(names)), k)
+    for _ in range(10):
+        sums, cnt = np.zeros_like(cents), np.zeros(len(cents), np.int64)
+        for a, X in _blocks(src, n, D, normalize):
+            s, c = ncmml.lloyd_partial(X, codes[a:a + len(X)], cents, owner)
+            sums += s
+            cnt += c
+        new = ncmml.lloyd_update(cents, sums, cnt)
+        if np.array_equal(new, cents):
+            break
+        cents = new
+    return cents
+
+
+def predict(store_url: str, model: str, data_path: str, features: str = "X", labels: str | None = None):
+    """Class names predicted for every row of ``data_path`` by an NCM / NCMC model (nearest class mean,
+    or the mixture of Eq. 22), and the top-1 error when the data carries labels."""
+    store = Store(store_url)
+    store.check_exists()
+    [(unit, attrs)] = ncm_models(store, model)[:1]
+    arrays, _ = load_arrays(unit.url)
+    lm = LinearModel.from_arrays(arrays, attrs)
+    names = list(attrs.get("class_names") or [])
+    owner = arrays["centroid_class"].astype(np.int64)
+    Mp = lm.transform(arrays["centroids"]).astype(np.float64)
+    C = int(owner.max()) + 1
+    bias = arrays.get("class_bias")
+    src = open_source(DataConfig(path=data_path, features=features, labels=labels or "y"))
+    n, D = src.reader.shape[0], int(np.prod(src.reader.shape[1:]))
+    if D != lm.W.shape[0]:
+        raise InputError(f"{src.name}: features have {D} dimensions but model {unit.key} takes {lm.W.shape[0]}")
+    pred = np.empty(n, np.int64)
+    if bias is not None:  # dot form (Eq. 27): one mean per class, classes without one never win
+        Mc = np.zeros((C, Mp.shape[1]))
+        Mc[owner] = Mp
+        b = np.full(C, -np.inf)
+        b[owner] = np.where(np.isfinite(bias[owner]), bias[owner], -0.5 * (Mp ** 2).sum(1))
+    for a, X in _blocks(src, n, D, attrs.get("normalize", "none")):
+        Y = lm.transform(X).astype(np.float64)
+        if bias is not None:
+            scores = ncmml.ncm_scores(Y, Mc, b)
+        else:
+            scores = ncmml.mixture_class_scores(Y, Mp, owner, C)
+        pred[a:a + len(X)] = np.argmax(scores, axis=1)
+    out = np.array([names[i] for i in pred])
+    error = None
+    if labels is not None:
+        error = float(np.mean(out != np.asarray(src.labels).astype(str)))
+    return out, error
