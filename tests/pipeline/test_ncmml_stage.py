@@ -22,6 +22,7 @@ def trained(client, tmp_path_factory):
                     {"method": "ncmml", **common, "objective": "dot", "lr": 1.0},
                     {"method": "ncmml", **common, "classes": [0, 1, 2]},
                     {"method": "ncmc", **common, "centroids": 2, "kmeans_iters": 100},
+                    {"method": "ncmc", **common, "centroids": 1},
                     {"method": "knnml", **{**common, "batch": 60}, "targets": "dynamic"}],
         "evaluate": {"retrieval": False, "classification": {"classifiers": ["knn1", "ncm", "ncmc"]}}})
     ctx = StageContext(client, Store(str(tmp / "s")), cfg, log=lambda m: None)
@@ -54,7 +55,7 @@ def test_early_stopping_keeps_the_w_with_the_lowest_validation_error(trained):
 
 def test_ncmc_centroids_are_a_lloyd_fixed_point_per_class(trained):
     _, data, models, _, _ = trained
-    [unit] = [u for s, u in models if s["method"] == "ncmc"]
+    [unit] = [u for s, u in models if s["method"] == "ncmc" and s["centroids"] == 2]
     arrays, _ = load_arrays(unit.url)
     X = open_array(f"{data.url}/features")[:].astype(np.float64)
     y = open_array(f"{data.url}/label")[:]
@@ -84,7 +85,7 @@ def test_ncm_classifiers_use_the_learned_metric_and_new_classes_are_scored_apart
     assert got["top1_error"] == pytest.approx(wrong.mean(), abs=1e-9)
     assert got["top1_error_new_classes"] == pytest.approx(wrong[new].mean(), abs=1e-9)
     # ncmc is reported for the model that has several centroids per class, and only for it
-    assert any(r["classifier"] == "ncmc" for r in _records(evals, "ncmc"))
+    assert any(r["classifier"] == "ncmc" for r in _records(evals, "ncmc", centroids=2))
     assert not any(r["classifier"] == "ncmc" for r in _records(evals, "ncmml", objective="euclidean"))
     # the control (trained on every class) is scored on the same new-class images
     [(_, ctrl, _)] = [c for c in codes if c[0]["method"] == "ncmml" and c[0]["objective"] == "euclidean"
@@ -162,3 +163,36 @@ def test_add_classes_refuses_bad_new_data(trained, tmp_path):
     np.savez(tmp_path / "old.npz", X=np.ones((10, 12), np.float32), y=np.zeros(10, int))
     with pytest.raises(InputError, match=r"class\(es\) \['0'\] are already in model"):
         add_classes(ctx.store.url, str(tmp_path / "old.npz"), model=unit.key, log=lambda m: None)
+
+
+def test_zero_shot_prior_is_the_mean_of_ancestor_means_and_map_mixes_it(trained, tmp_path):
+    from pipeline.classes import add_classes, zero_shot_prior
+    means = {"cat": np.array([1.0, 0]), "dog": np.array([3.0, 0]), "car": np.array([0, 10.0])}
+    parents = {"cat": "mammal", "dog": "mammal", "lynx": "mammal", "mammal": "animal", "car": "thing"}
+    # Eq. 33: ancestors of lynx are mammal (cat, dog) and animal (cat, dog): both average to (2, 0)
+    np.testing.assert_allclose(zero_shot_prior("lynx", parents, means), [2.0, 0])
+    ctx, data, models, _, _ = trained
+    [unit] = [u for s, u in models if s["method"] == "ncmml" and s.get("classes")]
+    (tmp_path / "h.yaml").write_text("'0': a\n'1': a\n'2': b\nnew: a\nghost: b\n")
+    Xn = np.abs(np.random.default_rng(1).normal(size=(4, 12))).astype(np.float32)
+    np.savez(tmp_path / "n.npz", X=Xn, y=np.array(["new"] * 4))
+    [info] = add_classes(ctx.store.url, str(tmp_path / "n.npz"), model=unit.key, hierarchy=str(tmp_path / "h.yaml"),
+                         prior_weight=2.0, zero_shot=("ghost",), log=lambda m: None)
+    arrays, attrs = load_arrays(ctx.store.unit("models", info["model"].split("/")[-1]).url)
+    base, _ = load_arrays(unit.url)
+    c = {int(k): v for k, v in zip(base["centroid_class"], base["centroids"])}
+    from tasks.normalize import normalize_rows
+    mu_s = normalize_rows(Xn, "l2").mean(0)
+    mu_z = (c[0] + c[1]) / 2
+    np.testing.assert_allclose(arrays["centroids"][-2], (4 * mu_s + 2 * mu_z) / 6, rtol=1e-5)  # Eq. 34
+    np.testing.assert_allclose(arrays["centroids"][-1], c[2], rtol=1e-6)  # ghost: the prior alone
+    assert attrs["class_names"][-2:] == ["new", "ghost"]
+
+
+def test_ncmc_with_one_centroid_per_class_trains_the_ncmml_metric(trained):
+    _, _, models, _, _ = trained
+    [ncmc1] = [u for s, u in models if s["method"] == "ncmc" and s["centroids"] == 1]
+    [ncm] = [u for s, u in models if s["method"] == "ncmml" and s["objective"] == "euclidean" and not s["classes"]]
+    a, b = load_arrays(ncmc1.url)[0], load_arrays(ncm.url)[0]
+    np.testing.assert_allclose(a["centroids"], b["centroids"], rtol=1e-5, atol=1e-6)  # k-means, k = 1: the means
+    np.testing.assert_allclose(a["W"], b["W"], rtol=1e-4, atol=1e-6)
