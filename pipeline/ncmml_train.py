@@ -140,17 +140,20 @@ def _train(spec, data_url, stats_url, chunks, model_url) -> dict:
             rows = np.flatnonzero(sgd_rows[a:b])
             X, y = open_array(f"{data_url}/features")[a:b][rows], labels[a:b][rows]
             if spec["method"] == "knnml":
+                # fixed targets: each row's k nearest same-class rows (l2) within the block in hand
+                tl2 = ncmml.l2_targets(X, y, spec["k"]) if spec["targets"] == "fixed" else None
                 batches = []
                 for _ in range(max(1, len(rows) // spec["batch"])):
-                    drawn = ncmml.sample_triplet_batch(y, spec["batch"], 2.0 / 3.0, rng)
+                    drawn = (ncmml.sample_fixed_batch(y, tl2, spec["batch"], 2.0 / 3.0, rng) if tl2 is not None
+                             else ncmml.sample_triplet_batch(y, spec["batch"], 2.0 / 3.0, rng))
                     if drawn is not None:
-                        batches.append(drawn)
+                        batches.append(drawn if len(drawn) == 3 else (*drawn, None))
             else:
                 perm = rng.permutation(len(rows))
-                batches = [(perm[s:s + spec["batch"]], None) for s in range(0, len(perm), spec["batch"])]
-            for sel, is_pos in batches:
+                batches = [(perm[s:s + spec["batch"]], None, None) for s in range(0, len(perm), spec["batch"])]
+            for sel, is_pos, fixed in batches:
                 with np.errstate(over="ignore", invalid="ignore"):
-                    value = sgd.step(X[sel], y[sel], is_pos)
+                    value = sgd.step(X[sel], y[sel], is_pos, fixed)
                 if sgd.steps % spec["validate_every"] == 0 or sgd.steps == spec["iters"]:
                     sgd.record(_error(sgd, spec, Xv, yv, ref), value)
                 if sgd.steps >= spec["iters"]:

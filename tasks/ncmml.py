@@ -219,7 +219,8 @@ def sample_triplet_batch(y: np.ndarray, m: int, rho: float, rng: np.random.Gener
 
 def choose_targets(Y: np.ndarray, X: np.ndarray, n_pos: int, k: int | None, mode: str) -> np.ndarray:
     """Targets (n_pos, m) of the n_pos queries (the positives, rows 0..n_pos-1) among the other
-    positives: all of them, the k closest under the current W (dynamic) or in l2 (fixed)."""
+    positives: all of them, or the k closest under the current W (dynamic). ('fixed' here takes the
+    k closest in l2 among the batch; the learner's fixed mode uses `l2_targets` instead.)"""
     m = len(Y)
     t = np.zeros((n_pos, m), bool)
     t[:, :n_pos] = True
@@ -235,17 +236,66 @@ def choose_targets(Y: np.ndarray, X: np.ndarray, n_pos: int, k: int | None, mode
     return t
 
 
-def knnml_step(W: np.ndarray, X: np.ndarray, is_pos: np.ndarray, k: int, mode: str):
+def knnml_step(W: np.ndarray, X: np.ndarray, is_pos: np.ndarray, k: int, mode: str, fixed=None):
     """One SGD direction for the triplet objective on the batch X (positives first); returns
-    (gradient / number of queries, number of violating triplets)."""
+    (gradient / number of queries, number of violating triplets). For mode 'fixed' ``fixed`` is
+    (queries, targets) from `sample_fixed_batch`; otherwise every positive is a query."""
     n_pos = int(is_pos.sum())
     Y = X @ W.T
-    targets = choose_targets(Y, X, n_pos, k, mode)
+    if mode == "fixed":
+        queries, targets = fixed
+    else:
+        queries, targets = np.arange(n_pos), choose_targets(Y, X, n_pos, k, mode)
     negatives = np.broadcast_to(~is_pos, targets.shape)
-    dq = _sqdist(Y[:n_pos], Y)
+    dq = _sqdist(Y[queries], Y)
     cp, cn = triplet_counts(dq, targets, negatives)
-    G = triplet_gradient(W, X, np.arange(n_pos), cp, cn)
-    return G / n_pos, int(cp.sum())
+    G = triplet_gradient(W, X, queries, cp, cn)
+    return G / len(queries), int(cp.sum())
+
+
+def l2_targets(X: np.ndarray, y: np.ndarray, k: int) -> np.ndarray:
+    """LMNN's fixed targets (Section 4.1, option 1): for every row, its k nearest rows of the same
+    class by l2 distance (row indices; -1 where the class has fewer than k + 1 rows)."""
+    from tasks.knn import block_topk
+    out = np.full((len(X), k), -1, np.int64)
+    Xf = np.asarray(X, np.float32)
+    for c in np.unique(y):
+        rows = np.flatnonzero(y == c)
+        for a in range(0, len(rows), 2048):
+            q = rows[a:a + 2048]
+            _, idx = block_topk(Xf[q], Xf[rows], k, q_ids=q, x_ids=rows, exclude_self=True)
+            out[q] = idx
+    return out
+
+
+def sample_fixed_batch(y: np.ndarray, targets: np.ndarray, m: int, rho: float, rng: np.random.Generator):
+    """Section 4.2 for fixed targets: a class c at random; queries of c taken in random order, each
+    with its targets, until round(rho m) positive images; the rest of the m images from other
+    classes. Returns (rows, is_pos, (query positions, target mask)) or None."""
+    classes, counts = np.unique(y, return_counts=True)
+    ok = classes[counts >= 2]
+    if not len(ok):
+        return None
+    c = ok[rng.integers(len(ok))]
+    budget = max(2, int(round(rho * m)))
+    chosen, queries = [], []
+    index = {}
+    for q in rng.permutation(np.flatnonzero(y == c)):
+        group = [q] + [t for t in targets[q] if t >= 0]
+        new = [r for r in group if r not in index]
+        if len(index) + len(new) > budget and queries:
+            break
+        for r in new:
+            index[r] = len(chosen)
+            chosen.append(r)
+        queries.append(q)
+    other = np.flatnonzero(y != c)
+    neg = rng.choice(other, min(len(other), m - len(chosen)), replace=False)
+    rows = np.concatenate([np.array(chosen, np.int64), neg])
+    mask = np.zeros((len(queries), len(rows)), bool)
+    for i, q in enumerate(queries):
+        mask[i, [index[t] for t in targets[q] if t >= 0]] = True
+    return rows, np.arange(len(rows)) < len(chosen), (np.array([index[q] for q in queries]), mask)
 
 
 # ---- SGD drivers: the pipeline feeds them batches; they hold W and the best W seen on validation --------------
@@ -272,7 +322,7 @@ class MetricSGD:
         self.best = (np.inf, self.W.copy(), None if self.bias is None else self.bias.copy(), 0)
         self.history = []
 
-    def step(self, X: np.ndarray, y: np.ndarray, is_pos: np.ndarray | None = None) -> float:
+    def step(self, X: np.ndarray, y: np.ndarray, is_pos: np.ndarray | None = None, fixed=None) -> float:
         """One update from the batch; returns the batch's log-likelihood (ncm/dot) or the number of
         violating triplets (knn)."""
         X = np.asarray(X, np.float64)
@@ -284,7 +334,7 @@ class MetricSGD:
             self.W += self.lr * G
             self.bias += self.lr * gb
         else:
-            G, value = knnml_step(self.W, X, is_pos, self.k, self.targets)
+            G, value = knnml_step(self.W, X, is_pos, self.k, self.targets, fixed)
             self.W -= self.lr * G
         if not np.all(np.isfinite(self.W)):
             raise InputError(f"metric learning diverged after {self.steps + 1} steps (W is not finite); "

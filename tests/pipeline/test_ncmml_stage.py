@@ -23,7 +23,7 @@ def trained(client, tmp_path_factory):
                     {"method": "ncmml", **common, "classes": [0, 1, 2]},
                     {"method": "ncmc", **common, "centroids": 2, "kmeans_iters": 100},
                     {"method": "ncmc", **common, "centroids": 1},
-                    {"method": "knnml", **{**common, "batch": 60}, "targets": "dynamic"}],
+                    {"method": "knnml", **{**common, "batch": 60}, "targets": ["dynamic", "fixed"]}],
         "evaluate": {"retrieval": False, "classification": {"classifiers": ["knn1", "ncm", "ncmc"]}}})
     ctx = StageContext(client, Store(str(tmp / "s")), cfg, log=lambda m: None)
     data = run_stage(ctx)

@@ -114,3 +114,29 @@ def test_streaming_lloyd_equals_in_memory_lloyd_and_kmeanspp_refuses_too_few_row
             np.testing.assert_allclose(new[mine[a]], Xc[j == a].mean(0), rtol=1e-12)
     with pytest.raises(InputError, match="centroids"):
         ncmml.kmeans_plus_plus(X[:3], 5, rng)
+
+
+def test_l2_targets_are_the_nearest_same_class_rows():
+    X, y = make_blobs(n=120, d=5, classes=3, seed=4)
+    t = ncmml.l2_targets(X, y, 4)
+    for i in range(len(X)):
+        same = np.flatnonzero((y == y[i]) & (np.arange(len(X)) != i))
+        d = ((X[same] - X[i]) ** 2).sum(1)
+        assert set(t[i]) == set(same[np.argsort(d, kind="stable")[:4]])
+
+
+def test_fixed_batch_holds_queries_with_their_targets_and_its_gradient_equals_the_loop():
+    X, y = make_blobs(n=200, d=6, classes=4, seed=5)
+    X = X.astype(np.float64)
+    t = ncmml.l2_targets(X, y, 3)
+    rows, is_pos, (queries, mask) = ncmml.sample_fixed_batch(y, t, 60, 2 / 3, np.random.default_rng(0))
+    n_pos = int(is_pos.sum())
+    assert n_pos <= 40 and len(rows) == 60 and len(set(rows.tolist())) == 60
+    assert len(np.unique(y[rows[:n_pos]])) == 1 and not np.isin(y[rows[n_pos:]], y[rows[0]]).any()
+    for qi, q in enumerate(queries):  # each query's targets are its l2 targets, all in the batch
+        assert set(rows[mask[qi]]) == set(t[rows[q]])
+    W = np.random.default_rng(1).normal(size=(3, 6)) * 0.3
+    G, _ = ncmml.knnml_step(W, X[rows], is_pos, 3, "fixed", (queries, mask))
+    negatives = np.broadcast_to(~is_pos, mask.shape)
+    _, G_loop = ncmml.triplet_loss_loop(W, X[rows], queries, mask, negatives)
+    np.testing.assert_allclose(G, G_loop / len(queries), rtol=1e-9, atol=1e-9)
