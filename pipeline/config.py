@@ -46,6 +46,7 @@ class DataConfig:
     split: SplitConfig = SplitConfig()
     chunk_mb: float = 64.0
     synthetic: SyntheticConfig = SyntheticConfig()
+    pairs: str | None = None   # npz of similar/dissimilar pairs (arrays i, j, y) for NML / linear ML
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,7 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
     if data is None:
         _fail(where, "data", "missing; give data.source (digits | fashion-mnist | synthetic) or data.path")
     _check_keys(data, ["source", "path", "root", "features", "labels", "groups", "ids", "normalize", "split",
-                       "chunk_mb", "synthetic"], where, "data.")
+                       "chunk_mb", "synthetic", "pairs"], where, "data.")
     source = _typed(data, "source", str, where, "data.", choices=BUILTINS)
     path = _typed(data, "path", str, where, "data.")
     if (source is None) == (path is None):
@@ -189,7 +190,7 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
         groups=_typed(data, "groups", str, where, "data."), ids=_typed(data, "ids", str, where, "data."),
         normalize=_typed(data, "normalize", str, where, "data.", "none", choices=NORMALIZATIONS),
         split=split, chunk_mb=_typed(data, "chunk_mb", float, where, "data.", 64.0, 0.001),
-        synthetic=synthetic,
+        synthetic=synthetic, pairs=resolve(_typed(data, "pairs", str, where, "data.")),
     )
 
     methods_raw = raw.get("methods") or [{"method": "identity"}]

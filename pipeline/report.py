@@ -114,9 +114,50 @@ def _plot(records: list, metric: str, classifier) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+def _at_k(metric: str):
+    """(name, K) of a metric@K, else None."""
+    name, _, k = metric.partition("@")
+    return (name, int(k)) if k.isdigit() else None
+
+
+def _kept_ks(records: list) -> set:
+    """With many K (e.g. 1..50), tables and per-metric plots show a few; the curves over K show all."""
+    ks = sorted({_at_k(r["metric"])[1] for r in records if _at_k(r["metric"])})
+    if len(ks) <= 6:
+        return set(ks)
+    return {k for k in ks if k in (1, 5, 10, 20, 50, 100)} | {ks[0], ks[-1]}
+
+
+def _plot_over_k(records: list, name: str, dim) -> str:
+    """``name``@K against K for every model of dimension ``dim`` (the NML paper's Fig. 3)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    series = {}
+    for r in records:
+        at = _at_k(r["metric"])
+        if at and at[0] == name and r["dim"] == dim and r["classifier"] is None:
+            series.setdefault(_label(r), []).append((at[1], r["value"]))
+    for label, pts in sorted(series.items()):
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], ".-", label=label)
+    ax.set_xlabel("K")
+    ax.set_ylabel(f"{name}@K (d = {dim})")
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(alpha=0.3)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
 def render_html(doc: dict, curves: list | None = None) -> str:
     records = doc["records"]
-    columns = sorted({(r["metric"], r["classifier"]) for r in records},
+    kept = _kept_ks(records)
+    columns = sorted({(r["metric"], r["classifier"]) for r in records
+                      if not _at_k(r["metric"]) or _at_k(r["metric"])[1] in kept},
                      key=lambda mc: (mc[1] is not None, mc[1] or "", mc[0]))
     rows = {}
     for r in records:
@@ -130,6 +171,11 @@ def render_html(doc: dict, curves: list | None = None) -> str:
         p = "" if params == "{}" else esc(params.replace("\n", ""))
         body += f"<tr><td>{esc(method)}</td><td>{dim}</td><td><small>{p}</small></td>{cells}</tr>\n"
     plots = "".join(f'<figure><img src="data:image/png;base64,{_plot(records, m, c)}"></figure>' for m, c in columns)
+    all_ks = {_at_k(r["metric"])[1] for r in records if _at_k(r["metric"])}
+    if len(all_ks) > 6:  # precision against K, one plot per dimension
+        dims = sorted({r["dim"] for r in records if _at_k(r["metric"])}, key=lambda d: (d is None, d or 0))
+        plots += "".join(f'<figure><img src="data:image/png;base64,{_plot_over_k(records, "mprec", d)}"></figure>'
+                         for d in dims)
     training = "".join(f'<figure><img src="data:image/png;base64,{_curve_plot(c)}"></figure>' for c in curves or [])
     training = f"<h2>Training curves</h2>{training}" if training else ""
     timings = "".join(f"<tr><td>{esc(t['stage'])}</td><td>{t['seconds']:.2f}</td><td>{esc(t.get('note', ''))}</td></tr>"

@@ -120,6 +120,7 @@ class DataPlan:
     info: DataInfo
     coords: dict
     attrs: dict
+    pairs: dict | None = None   # user pairs for NML / linear ML (pair_i, pair_j, pair_y)
 
 
 def prepare_data(cfg: RunConfig, store) -> DataPlan:
@@ -143,14 +144,34 @@ def prepare_data(cfg: RunConfig, store) -> DataPlan:
             raise InputError(f"{src.name}: data.ids must be {n} integers; got dtype {ids.dtype}, length {len(ids)}")
         coords["id"] = ids
     d = cfg.data
+    pairs_fp = None
+    if d.pairs:
+        coords_pairs = _read_pairs(d.pairs, split)
+        from pipeline.sources import _fingerprint
+        pairs_fp = _fingerprint(d.pairs)
     chunk_rows = chunk_rows_for(D, d.chunk_mb)
     key = hash_key({"stage": "data", "source": src.fingerprint, "name": src.name, "features": d.features,
                     "labels": d.labels, "groups": d.groups, "normalize": d.normalize, "split": d.split.__dict__,
-                    "chunk_rows": chunk_rows})
+                    "chunk_rows": chunk_rows, **({"pairs": pairs_fp} if pairs_fp else {})})
     info = DataInfo(store.unit("data", key), n, D, chunk_rows, classes, codes, split, groups)
     attrs = {"source": src.name, "normalize": d.normalize, "classes": [str(c) for c in classes],
              "split_flag_meanings": " ".join(SPLIT_NAMES)}
-    return DataPlan(src, info, coords, attrs)
+    return DataPlan(src, info, coords, attrs, coords_pairs if d.pairs else None)
+
+
+def _read_pairs(path: str, split: np.ndarray) -> dict:
+    """User pairs (data.pairs: an npz with arrays i, j, y), checked against the staged rows."""
+    from pipeline.nml_train import check_pairs
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            missing = [k for k in ("i", "j", "y") if k not in z.files]
+            if missing:
+                raise InputError(f"{path}: data.pairs needs arrays i, j, y; missing {missing} (it holds {sorted(z.files)})")
+            i, j, y = z["i"], z["j"], z["y"]
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path}: cannot read data.pairs: {type(e).__name__}: {e}".splitlines()[0]) from None
+    check_pairs(i, j, y, split, f"{path} (data.pairs)")
+    return {"pair_i": i.astype(np.int64), "pair_j": j.astype(np.int64), "pair_y": y.astype(np.int8)}
 
 
 def run_stage(ctx: StageContext, plan: DataPlan | None = None) -> DataInfo:
@@ -164,6 +185,8 @@ def run_stage(ctx: StageContext, plan: DataPlan | None = None) -> DataInfo:
     unit.begin()
     _write_template(unit.url, {"features": (("sample", "feature"), (info.n_samples, info.n_features), np.float32,
                                             np.nan)}, plan.coords, plan.attrs, info.chunk_rows)
+    for name, values in (plan.pairs or {}).items():  # user pairs (NML), beside the rows
+        create_array(f"{unit.url}/{name}", values.shape, (max(1, min(len(values), 1 << 20)),), values.dtype)[:] = values
     normalize = ctx.config.data.normalize
     futures = [ctx.submit(_stage_block, src.reader, a, b, normalize, unit.url, src.name, name="stage-block")
                for a, b in info.chunks]
@@ -363,6 +386,9 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
         elif method.trainer == "sparse":
             from pipeline import sparse_train
             fut = sparse_train.submit(ctx, spec, data, stats, unit, model_id(spec))
+        elif method.trainer == "nml":
+            from pipeline import nml_train
+            fut = nml_train.submit(ctx, spec, data, stats, unit, model_id(spec))
         elif method.trainer == "ncmml":
             from pipeline import ncmml_train
             fut = ncmml_train.submit(ctx, spec, data, stats, unit, model_id(spec))
@@ -386,7 +412,11 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
 
 @lru_cache(maxsize=8)
 def _load_model(model_url: str) -> LinearModel:
-    return LinearModel.from_arrays(*load_arrays(model_url))
+    arrays, attrs = load_arrays(model_url)
+    if attrs.get("kind") == "chi2-embedding":  # NML: a non-linear encoder with the same interface
+        from tasks.nml import ChiEmbedding
+        return ChiEmbedding.from_arrays(arrays, attrs)
+    return LinearModel.from_arrays(arrays, attrs)
 
 
 def _encode_block(data_url: str, model_url: str, code_url: str, start: int, stop: int) -> int:

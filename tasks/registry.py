@@ -44,6 +44,14 @@ SLNE_PARAMS = {
     "seed": Param(int, 0, minimum=0),
 }
 
+PAIR_PARAMS = {
+    "pairs": Param(int, 500000, minimum=2),      # pairs sampled from labels when the store has none
+    "iters": Param(int, 1000000, minimum=1),     # pairs seen by SGD
+    "batch": Param(int, 64, minimum=1),
+    "learn_bias": Param(bool, False),
+    "seed": Param(int, 0, minimum=0),
+}
+
 NCM_PARAMS = {
     "batch": Param(int, 1000, minimum=2),
     "lr": Param(float, 30.0, minimum=0, sweep=True),   # tuned on l2-normalised features
@@ -78,6 +86,14 @@ METHODS = {
                                       "epsilon": Param(float, 1e-6, minimum=0),
                                       "seed": Param(int, 0, minimum=0)},
                      trainer="sparse"),
+    # Sharma & Schiele: pairs sampled from labels (balanced, seeded) or the store's user pairs;
+    # iters: pairs seen (Algorithm 1's steps), in mini-batches of batch pairs
+    "nml": Method("nml", None, {"dim": Param(int, 64, minimum=1, sweep=True), **PAIR_PARAMS,
+                                "bias": Param(float, 0.1), "margin": Param(float, 0.02, minimum=0),
+                                "lr": Param(float, 10.0, minimum=0, sweep=True)}, trainer="nml", needs_covariance=False),
+    "linear-ml": Method("linear-ml", None, {"dim": Param(int, 64, minimum=1, sweep=True), **PAIR_PARAMS,
+                                            "bias": Param(float, 1.0), "margin": Param(float, 0.2, minimum=0),
+                                            "lr": Param(float, 0.1, minimum=0, sweep=True)}, trainer="nml"),
     # Mensink et al.: W (dim x D) from PCA, SGD on m = batch images per step at a fixed lr, the W with
     # the lowest validation error (every validate_every steps) kept; classes: train on these class
     # indices only (the others are new classes the NCM classifier meets at test time)

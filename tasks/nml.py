@@ -1,0 +1,153 @@
+"""Non-linear metric learning by approximate kernelization (Sharma, Schiele), Sections 2.1 and 3.
+
+The embedding of x is [k(l_1, x), ..., k(l_d, x)] (Eq. 7) with the shifted chi2 kernel
+k(l, x) = sum_c 2 l_c x_c / (|l_c| + |x_c|) (Eq. 11), on l1-normalised non-negative x; pairs
+(i, j, y = +-1) train L (d, D) with the hinge max(0, m - y (b - d^2)) (Eq. 9), d^2 the squared
+distance of the embeddings (Eq. 8), by SGD with the subgradient of Eq. 10 and the kernel gradient
+of Eq. 12, dk/dl_c = 2 x_c |x_c| / (|x_c| + |l_c|)^2. 0/0 (l_c = x_c = 0) counts as 0 in both.
+
+The linear baseline (Eq. 3 with a margin m) is the same hinge on d^2 = ||L x_i - L x_j||^2.
+
+SGD runs on mini-batches of pairs: each step averages the subgradients of the batch's pairs, which
+is Algorithm 1's update when the batch holds one pair. Only non-zero input coordinates contribute
+to the kernel and its gradient, so the kernel is evaluated on the union of the batch's non-zero
+columns.
+"""
+import numpy as np
+
+from tasks.errors import InputError
+
+
+# |l| + |x| is floored at TINY so that 0/0 (l_c = x_c = 0) gives 0 without a masked division:
+# the term's numerator x_c is then 0 and TINY^-2 stays finite in float32.
+TINY = np.float32(1e-18)
+
+
+def chi2_embed(L: np.ndarray, X: np.ndarray, gradient: bool = False):
+    """k(l_t, x_i) for rows x_i of X (n, D) and rows l_t of L (d, D): (n, d); with
+    ``gradient`` also half of Eq. 12's dk/dl = 2 x |x| / (|x| + |l|)^2 as a (d, n, D') array over the columns
+    D' where some x_i is non-zero (returned with their indices)."""
+    dt = np.float64 if np.asarray(X).dtype == np.float64 else np.float32  # float32 unless given float64
+    X = np.asarray(X, dt)
+    cols = np.flatnonzero((X != 0).any(axis=0))
+    Xc, Lc = X[:, cols], np.asarray(L, dt)[:, cols]
+    ax = np.abs(Xc)
+    R = (np.abs(Lc) + dt(TINY))[:, None, :] + ax[None, :, :]         # (d, n, D'): |l| + |x|
+    np.divide(Xc[None, :, :], R, out=R)                            # x / (|l| + |x|)
+    K = 2.0 * np.matmul(R, Lc[:, :, None])[:, :, 0].T             # sum_c 2 l x / (|l| + |x|)  (Eq. 11)
+    if not gradient:
+        return K
+    np.multiply(R, R, out=R)                                       # x^2 / (|l| + |x|)^2
+    if (Xc < 0).any():
+        R *= np.sign(Xc)[None, :, :]                               # x |x| / (|l| + |x|)^2
+    return K, R, cols                                              # Eq. 12 is 2 R
+
+
+def chi2_kernel(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """k(a, b) of Eq. 11 for all rows of A and B (reference, small inputs)."""
+    num = 2.0 * A[:, None, :] * B[None, :, :]
+    den = np.abs(A)[:, None, :] + np.abs(B)[None, :, :]
+    return np.divide(num, den, out=np.zeros_like(num), where=den > 0).sum(-1)
+
+
+def hinge(d2: np.ndarray, y: np.ndarray, bias: float, margin: float) -> np.ndarray:
+    """max(0, m - y (b - d^2)) per pair (Eqs. 3 and 9)."""
+    return np.maximum(0.0, margin - y * (bias - d2))
+
+
+def nml_loss_and_gradient(L: np.ndarray, Xi: np.ndarray, Xj: np.ndarray, y: np.ndarray, bias: float,
+                          margin: float):
+    """Mean hinge of Eq. 9 over the pairs and its subgradient with respect to L (Eq. 10) and b."""
+    n = len(y)
+    K, dK, cols = chi2_embed(L, np.concatenate([Xi, Xj]), gradient=True)
+    diff = K[:n] - K[n:]                                          # k_i^t - k_j^t
+    d2 = (diff ** 2).sum(1)
+    loss = hinge(d2, y, bias, margin)
+    active = loss > 0
+    # d/dl_t of -y (b - d^2) = 2 y (k_i - k_j)(grad k_i - grad k_j)   (Eq. 10)
+    c = (np.where(active, y, 0.0)[:, None] * 4.0 * diff).astype(dK.dtype)   # (n, d); 2 of Eq. 10 x 2 of Eq. 12
+    G = np.zeros(L.shape, np.float64)
+    # sum over pairs of c (grad k_i - grad k_j): one batched reduction over the 2n images
+    cc = np.concatenate([c, -c]).T[:, None, :]                    # (d, 1, 2n)
+    G[:, cols] = np.matmul(cc, dK)[:, 0, :] / n
+    gb = -np.where(active, y, 0.0).mean()
+    return float(loss.mean()), G, gb
+
+
+def linear_loss_and_gradient(L: np.ndarray, Xi: np.ndarray, Xj: np.ndarray, y: np.ndarray, bias: float,
+                             margin: float):
+    """Mean hinge of Eq. 3 (with margin m) over the pairs and its gradient with respect to L and b."""
+    n = len(y)
+    Z = Xi - Xj
+    P = Z @ L.T
+    d2 = (P ** 2).sum(1)
+    loss = hinge(d2, y, bias, margin)
+    w = np.where(loss > 0, y, 0.0)
+    G = 2.0 * (P * w[:, None]).T @ Z / n                           # d/dL of y d^2 = 2 y L z z^T
+    return float(loss.mean()), G, -w.mean()
+
+
+def check_nonnegative(X: np.ndarray, where: str) -> None:
+    if (X < 0).any():
+        r, c = np.argwhere(X < 0)[0]
+        raise InputError(f"{where}: NML's chi2 kernel needs non-negative features (e.g. CNN activations after "
+                         f"ReLU); found {int((X < 0).sum())} negative value(s), first at row {r}, column {c}; "
+                         f"shift or clip them, or use method linear-ml")
+
+
+class PairSGD:
+    """Mini-batch SGD for NML (kind 'nml') or the linear baseline (kind 'linear')."""
+
+    def __init__(self, L0: np.ndarray, kind: str, lr: float, bias: float, margin: float, learn_bias: bool = False):
+        self.L = np.array(L0, np.float64)
+        self.kind, self.lr, self.bias, self.margin, self.learn_bias = kind, float(lr), float(bias), float(margin), learn_bias
+        self.pairs_seen = 0
+
+    def step(self, Xi, Xj, y) -> float:
+        if len(y) == 0:
+            return 0.0
+        f = nml_loss_and_gradient if self.kind == "nml" else linear_loss_and_gradient
+        loss, G, gb = f(self.L, Xi, Xj, y, self.bias, self.margin)
+        self.L -= self.lr * G
+        if self.learn_bias:
+            self.bias -= self.lr * gb
+        self.pairs_seen += len(y)
+        return loss
+
+    def embed(self, X: np.ndarray) -> np.ndarray:
+        if self.kind == "nml":
+            return chi2_embed(self.L, X)
+        return X @ self.L.T
+
+
+class ChiEmbedding:
+    """The encoder of an NML model: rows are l1-normalised (the chi2 kernel compares histograms),
+    then embedded as [k(l_1, x), ..., k(l_d, x)] (Eq. 7). Same interface as LinearModel."""
+    score = "euclidean"
+    M = None
+
+    def __init__(self, L: np.ndarray, meta: dict | None = None):
+        self.L = np.asarray(L, np.float32)
+        self.meta = meta or {}
+
+    def transform(self, X: np.ndarray, rows: int = 256) -> np.ndarray:
+        X = np.asarray(X, np.float32)
+        out = np.empty((len(X), len(self.L)), np.float32)
+        for a in range(0, len(X), rows):  # bounded (d, rows, D) temporaries
+            B = X[a:a + rows]
+            B = B / np.maximum(np.abs(B).sum(1, keepdims=True), np.float32(1e-30))
+            out[a:a + rows] = chi2_embed(self.L, B)
+        return out
+
+    def n_components(self, n_features: int) -> int:
+        return len(self.L)
+
+    def arrays(self) -> dict:
+        return {"L": self.L}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict, attrs: dict) -> "ChiEmbedding":
+        return cls(arrays["L"], attrs.get("fit_meta", {}))
+
+    def cost(self, n_features: int) -> dict:
+        return {"nnz": int(self.L.size), "storage_bytes": int(self.L.nbytes), "flops_per_image": 4 * int(self.L.size)}

@@ -1,0 +1,65 @@
+import numpy as np
+import pytest
+
+from tasks import nml
+from tasks.errors import InputError
+from tests.conftest import numerical_gradient
+
+
+def _pairs(n=12, D=7, d=3, seed=0, zero_col=True):
+    rng = np.random.default_rng(seed)
+    X = rng.random((2 * n, D)) * (rng.random((2 * n, D)) > 0.3)
+    if zero_col:
+        X[:, 2] = 0.0                           # an all-zero column
+    X[0] = 0.0                                  # an all-zero image
+    X /= np.maximum(X.sum(1, keepdims=True), 1e-12)
+    L = rng.uniform(-0.5, 0.5, (d, D))
+    L[1, 4] = 0.0                               # l_c = 0 meets x_c = 0 somewhere
+    y = np.where(rng.random(n) < 0.5, 1.0, -1.0)
+    return X[:n], X[n:], y, L
+
+
+def test_chi2_embedding_equals_the_kernel_of_eq_11_and_is_finite_on_zeros():
+    Xi, Xj, _, L = _pairs()
+    X = np.concatenate([Xi, Xj])
+    K = nml.chi2_embed(L, X)
+    assert np.all(np.isfinite(K)) and np.allclose(K[0], 0.0)  # x = 0 embeds at the origin
+    np.testing.assert_allclose(K, nml.chi2_kernel(X, L), rtol=1e-5, atol=1e-7)
+    # Eq. 11 by hand for one entry
+    l, x = L[2], X[3]
+    by_hand = sum(2 * a * b / (abs(a) + abs(b)) for a, b in zip(l, x) if abs(a) + abs(b) > 0)
+    assert K[3, 2] == pytest.approx(by_hand, rel=1e-5)
+
+
+@pytest.mark.parametrize("margin,bias", [(0.02, 0.1), (0.5, 0.3)])
+def test_nml_subgradient_matches_finite_differences(margin, bias):
+    Xi, Xj, y, L = _pairs()
+    loss, G, _ = nml.nml_loss_and_gradient(L, Xi, Xj, y, bias, margin)
+    assert loss > 0 and np.all(np.isfinite(G))
+    f = lambda M: nml.nml_loss_and_gradient(M, Xi, Xj, y, bias, margin)[0]  # noqa: E731
+    np.testing.assert_allclose(G, numerical_gradient(f, L, h=1e-7), rtol=2e-3, atol=1e-6)
+
+
+def test_kernel_gradient_of_eq_12_matches_finite_differences():
+    rng = np.random.default_rng(3)
+    x = rng.random(6)
+    x[1] = 0.0
+    l = rng.uniform(-0.5, 0.5, 6)
+    _, R, cols = nml.chi2_embed(l[None], x[None], gradient=True)
+    grad = np.zeros(6)
+    grad[cols] = 2.0 * R[0, 0]
+    num = numerical_gradient(lambda v: nml.chi2_kernel(x[None], v[None])[0, 0], l)
+    np.testing.assert_allclose(grad, num, rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(grad, 2 * x * np.abs(x) / (np.abs(x) + np.abs(l)) ** 2, rtol=1e-5)
+
+
+def test_linear_gradient_matches_finite_differences():
+    Xi, Xj, y, L = _pairs(zero_col=False)
+    _, G, gb = nml.linear_loss_and_gradient(L, Xi * 5, Xj * 5, y, 1.0, 0.2)
+    f = lambda M: nml.linear_loss_and_gradient(M, Xi * 5, Xj * 5, y, 1.0, 0.2)[0]  # noqa: E731
+    np.testing.assert_allclose(G, numerical_gradient(f, L), rtol=1e-5, atol=1e-8)
+
+
+def test_negative_features_are_refused():
+    with pytest.raises(InputError, match="non-negative features .* first at row 1, column 0"):
+        nml.check_nonnegative(np.array([[0.1, 0.2], [-0.3, 0.0]]), "x.npz")
