@@ -89,29 +89,35 @@ def _label(r: dict) -> str:
     return " ".join([r["method"], *extra])
 
 
-def _plot(records: list, metric: str, classifier) -> str:
+def _lines_png(series: dict, xlabel: str, ylabel: str, marker: str, log2_x: bool = False) -> str:
+    """One line per label from {label: [(x, y), ...]}, as a base64 PNG."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5, 3.2))
-    series = {}
-    for r in records:
-        if r["metric"] == metric and r["classifier"] == classifier:
-            label = _label(r)
-            series.setdefault(label, []).append((r["dim"], r["value"]))
     for label, pts in sorted(series.items()):
         pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("dimension")
-    ax.set_ylabel(metric if classifier is None else f"{metric} ({classifier})")
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker, label=label)
+    if log2_x:
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
     plt.close(fig)
     return base64.b64encode(buf.getvalue()).decode()
+
+
+def _plot(records: list, metric: str, classifier) -> str:
+    series = {}
+    for r in records:
+        if r["metric"] == metric and r["classifier"] == classifier:
+            series.setdefault(_label(r), []).append((r["dim"], r["value"]))
+    return _lines_png(series, "dimension", metric if classifier is None else f"{metric} ({classifier})", "o-",
+                      log2_x=True)
 
 
 def _at_k(metric: str):
@@ -130,27 +136,12 @@ def _kept_ks(records: list) -> set:
 
 def _plot_over_k(records: list, name: str, dim) -> str:
     """``name``@K against K for every model of dimension ``dim`` (the NML paper's Fig. 3)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.2))
     series = {}
     for r in records:
         at = _at_k(r["metric"])
         if at and at[0] == name and r["dim"] == dim and r["classifier"] is None:
             series.setdefault(_label(r), []).append((at[1], r["value"]))
-    for label, pts in sorted(series.items()):
-        pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], ".-", label=label)
-    ax.set_xlabel("K")
-    ax.set_ylabel(f"{name}@K (d = {dim})")
-    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.grid(alpha=0.3)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode()
+    return _lines_png(series, "K", f"{name}@K (d = {dim})", ".-")
 
 
 def render_html(doc: dict, curves: list | None = None) -> str:
