@@ -110,14 +110,17 @@ def _train(spec, data_url, stats_url, chunks, model_url) -> dict:
         for g in rng.permutation(groups):
             sel = np.flatnonzero(group == g)
             b1, b2 = int(lo[sel[0]]), int(hi[sel[0]])
-            blocks = {b1: _block(data_url, chunks, b1, kind)}
-            if b2 != b1:
-                blocks[b2] = _block(data_url, chunks, b2, kind)
-            sel = sel[rng.permutation(len(sel))]
+            held = [b1] if b1 == b2 else [b1, b2]
+            cat = np.concatenate([_block(data_url, chunks, b, kind) for b in held])  # the group's rows
+            offset = np.zeros(len(chunks), np.int64)
+            for k, b in enumerate(held):
+                offset[b] = sum(chunks[h][1] - chunks[h][0] for h in held[:k]) - chunks[b][0]
+            pi, pj = i[sel] + offset[bi[sel]], j[sel] + offset[bj[sel]]    # rows of ``cat``
+            order = rng.permutation(len(sel))
+            sel, pi, pj = sel[order], pi[order], pj[order]
             for s in range(0, len(sel), spec["batch"]):
                 p = sel[s:s + spec["batch"]]
-                Xi = np.stack([blocks[b][r - chunks[b][0]] for b, r in zip(bi[p], i[p])])
-                Xj = np.stack([blocks[b][r - chunks[b][0]] for b, r in zip(bj[p], j[p])])
+                Xi, Xj = cat[pi[s:s + spec["batch"]]], cat[pj[s:s + spec["batch"]]]
                 losses.append(sgd.step(Xi, Xj, y[p]))
                 if sgd.pairs_seen // every != (sgd.pairs_seen - len(p)) // every:
                     history.append({"iter": int(sgd.pairs_seen), "hinge": float(np.mean(losses))})
