@@ -14,7 +14,7 @@ import numpy as np
 
 from pipeline.storage import load_arrays, open_array, read_attrs, save_arrays
 from pipeline.sparse_train import training_subset
-from tasks import metrics, ncmml
+from tasks import knn, metrics, ncmml
 from tasks.errors import InputError
 from tasks.models import LinearModel
 
@@ -71,21 +71,14 @@ def _kmeans(data_url, chunks, split, labels, classes, k, iters, seed):
 
 
 def _error(sgd, spec, Xv, yv, ref):
-    Y = Xv @ sgd.W.T
+    """Top-1 validation error of the current W: kNN (k-NN ML, against the reference rows) or the
+    model's own class rule."""
     if spec["method"] == "knnml":
         Xr, yr = ref
-        D = metrics.sq_distances(Y.astype(np.float32), (Xr @ sgd.W.T).astype(np.float32))
-        k = spec["k"]
-        part = np.argpartition(D, k - 1, axis=1)[:, :k]
-        nb = np.take_along_axis(part, np.argsort(np.take_along_axis(D, part, 1), axis=1, kind="stable"), 1)
+        _, nb = knn.block_topk((Xv @ sgd.W.T).astype(np.float32), (Xr @ sgd.W.T).astype(np.float32), spec["k"])
         rank = metrics.knn_class_ranking(yr[nb], sgd.n_classes, spec["k"])
-    else:
-        Mp = sgd.centroids @ sgd.W.T
-        if sgd.bias is not None:
-            rank = np.argsort(-ncmml.ncm_scores(Y, Mp, sgd.bias), axis=1, kind="stable")
-        else:
-            rank = np.argsort(-ncmml.mixture_class_scores(Y, Mp, sgd.owner, sgd.n_classes), axis=1, kind="stable")
-    return float((rank[:, 0] != yv).mean())
+        return float((rank[:, 0] != yv).mean())
+    return float((sgd.classify(Xv) != yv).mean())
 
 
 def _train(spec, data_url, stats_url, chunks, model_url) -> dict:
@@ -168,7 +161,7 @@ def _train(spec, data_url, stats_url, chunks, model_url) -> dict:
                   "centroid_class": np.asarray(owner if spec["method"] == "ncmc" else classes, np.int32)}
         if bias is not None:
             arrays["class_bias"] = np.full(C, np.nan, np.float32)
-            arrays["class_bias"][classes] = bias[classes]
+            arrays["class_bias"][classes] = bias  # the dot form's biases follow ``classes``
     model = LinearModel(W.T.astype(np.float32), None, {"history": sgd.history, "best_iter": at,
                                                        "val_error": err, "held_out_validation": held_out})
     save_arrays(model_url, {**model.arrays(), **arrays},

@@ -315,9 +315,13 @@ class MetricSGD:
         self.W = np.array(W0, np.float64)
         self.objective, self.lr, self.targets, self.k = objective, float(lr), targets, int(k)
         self.centroids = None if centroids is None else np.asarray(centroids, np.float64)
-        self.owner = owner
+        self.owner = None if owner is None else np.asarray(owner, np.int64)
         self.n_classes = n_classes
-        self.bias = np.zeros(n_classes) if objective == "dot" else None
+        self.bias = None
+        if objective == "dot":  # one mean and one bias per trained class, in the order of ``owner``
+            self.bias = np.zeros(len(self.owner))
+            self._position = np.full(n_classes, -1)
+            self._position[self.owner] = np.arange(len(self.owner))
         self.steps = 0
         self.best = (np.inf, self.W.copy(), None if self.bias is None else self.bias.copy(), 0)
         self.history = []
@@ -330,7 +334,7 @@ class MetricSGD:
             value, G = log_likelihood_and_gradient(self.W, X, y, self.centroids, self.owner, self.n_classes)
             self.W += self.lr * G
         elif self.objective == "dot":
-            value, G, gb = dot_log_likelihood_and_gradient(self.W, self.bias, X, y, self.centroids)
+            value, G, gb = dot_log_likelihood_and_gradient(self.W, self.bias, X, self._position[y], self.centroids)
             self.W += self.lr * G
             self.bias += self.lr * gb
         else:
@@ -341,6 +345,14 @@ class MetricSGD:
                              f"lower 'lr' (now {self.lr})")
         self.steps += 1
         return float(value)
+
+    def classify(self, X: np.ndarray) -> np.ndarray:
+        """Class (as given in ``owner``) of each row under the current W: nearest class mean (Eq. 5),
+        the mixture of Eq. 22, or the dot form of Eq. 27."""
+        Y, Mp = np.asarray(X, np.float64) @ self.W.T, self.centroids @ self.W.T
+        if self.bias is not None:
+            return self.owner[np.argmax(ncm_scores(Y, Mp, self.bias), axis=1)]
+        return np.argmax(mixture_class_scores(Y, Mp, self.owner, self.n_classes), axis=1)
 
     def record(self, val_error: float, train_value: float | None) -> None:
         """Report the validation error of the current W (early stopping keeps the best)."""

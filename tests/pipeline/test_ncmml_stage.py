@@ -21,6 +21,7 @@ def trained(client, tmp_path_factory):
                     {"method": "ncmml", **common},
                     {"method": "ncmml", **common, "objective": "dot", "lr": 1.0},
                     {"method": "ncmml", **common, "classes": [0, 1, 2]},
+                    {"method": "ncmml", **common, "classes": [0, 1, 2], "objective": "dot", "lr": 1.0},
                     {"method": "ncmc", **common, "centroids": 2, "kmeans_iters": 100},
                     {"method": "ncmc", **common, "centroids": 1},
                     {"method": "knnml", **{**common, "batch": 60}, "targets": ["dynamic", "fixed"]}],
@@ -74,12 +75,13 @@ def test_ncm_classifiers_use_the_learned_metric_and_new_classes_are_scored_apart
     test = np.flatnonzero(open_array(f"{data.url}/split")[:] == 1)
     y = open_array(f"{data.url}/label")[:]
     train = np.flatnonzero(open_array(f"{data.url}/split")[:] == 0)
-    [(spec, cunit, _)] = [c for c in codes if c[0]["method"] == "ncmml" and c[0].get("classes")]
+    [(spec, cunit, _)] = [c for c in codes if c[0]["method"] == "ncmml" and c[0].get("classes")
+                          and c[0]["objective"] == "euclidean"]
     Z = open_array(f"{cunit.url}/codes")[:].astype(np.float64)
     means = np.stack([Z[train][y[train] == c].mean(0) for c in range(5)])  # every class, from train codes
     pred = np.argmin(((Z[test][:, None] - means[None]) ** 2).sum(-1), axis=1)
     wrong = pred != y[test]
-    recs = _records(evals, "ncmml", classes=[0, 1, 2])
+    recs = _records(evals, "ncmml", classes=[0, 1, 2], objective="euclidean")
     got = {r["metric"]: r["value"] for r in recs if r["classifier"] == "ncm"}
     new = ~np.isin(y[test], [0, 1, 2])
     assert got["top1_error"] == pytest.approx(wrong.mean(), abs=1e-9)
@@ -100,15 +102,15 @@ def test_ncm_classifiers_use_the_learned_metric_and_new_classes_are_scored_apart
 
 def test_dot_form_stores_class_biases_and_classifies_with_them(trained):
     ctx, data, models, codes, evals = trained
-    [unit] = [u for s, u in models if s.get("objective") == "dot"]
+    [unit] = [u for s, u in models if s.get("objective") == "dot" and not s["classes"]]
     arrays, _ = load_arrays(unit.url)
     assert arrays["class_bias"].shape == (5,) and np.all(np.isfinite(arrays["class_bias"]))
-    [(spec, cunit, _)] = [c for c in codes if c[0].get("objective") == "dot"]
+    [(spec, cunit, _)] = [c for c in codes if c[0].get("objective") == "dot" and not c[0]["classes"]]
     Z = open_array(f"{cunit.url}/codes")[:].astype(np.float64)
     split, y = open_array(f"{data.url}/split")[:], open_array(f"{data.url}/label")[:]
     means = np.stack([Z[split == 0][y[split == 0] == c].mean(0) for c in range(5)])
     pred = np.argmax(Z[split == 1] @ means.T + arrays["class_bias"], axis=1)
-    got = [r["value"] for r in _records(evals, "ncmml", objective="dot")
+    got = [r["value"] for r in _records(evals, "ncmml", objective="dot", classes=None)
            if r["classifier"] == "ncm" and r["metric"] == "top1_error"]
     assert got == [pytest.approx((pred != y[split == 1]).mean(), abs=1e-9)]
 
@@ -127,7 +129,8 @@ def test_add_classes_extends_a_copy_and_predicts_like_ncm_with_numpy_means(train
     from pipeline.classes import add_classes, predict
     from tasks.normalize import normalize_rows
     ctx, data, models, _, _ = trained
-    [(spec, unit)] = [(s, u) for s, u in models if s["method"] == "ncmml" and s.get("classes")]
+    [(spec, unit)] = [(s, u) for s, u in models if s["method"] == "ncmml" and s.get("classes")
+                      and s["objective"] == "euclidean"]
     before = {p: p.read_bytes() for p in __import__("pathlib").Path(unit.url).rglob("*") if p.is_file()}
     rng = np.random.default_rng(5)
     Xn = rng.normal(0, 1, (300, 12)).astype(np.float32) + np.repeat(np.eye(12)[[0, 5]] * 4, 150, axis=0)
@@ -156,7 +159,7 @@ def test_add_classes_refuses_bad_new_data(trained, tmp_path):
     from pipeline.classes import add_classes
     from tasks.errors import InputError
     ctx, _, models, _, _ = trained
-    [unit] = [u for s, u in models if s["method"] == "ncmml" and s.get("classes")]
+    [unit] = [u for s, u in models if s["method"] == "ncmml" and s.get("classes") and s["objective"] == "euclidean"]
     np.savez(tmp_path / "wrong_dim.npz", X=np.ones((10, 7), np.float32), y=np.zeros(10, int))
     with pytest.raises(InputError, match="features have 7 dimensions but model .* takes 12"):
         add_classes(ctx.store.url, str(tmp_path / "wrong_dim.npz"), model=unit.key, log=lambda m: None)
@@ -172,7 +175,7 @@ def test_zero_shot_prior_is_the_mean_of_ancestor_means_and_map_mixes_it(trained,
     # Eq. 33: ancestors of lynx are mammal (cat, dog) and animal (cat, dog): both average to (2, 0)
     np.testing.assert_allclose(zero_shot_prior("lynx", parents, means), [2.0, 0])
     ctx, data, models, _, _ = trained
-    [unit] = [u for s, u in models if s["method"] == "ncmml" and s.get("classes")]
+    [unit] = [u for s, u in models if s["method"] == "ncmml" and s.get("classes") and s["objective"] == "euclidean"]
     (tmp_path / "h.yaml").write_text("'0': a\n'1': a\n'2': b\nnew: a\nghost: b\n")
     Xn = np.abs(np.random.default_rng(1).normal(size=(4, 12))).astype(np.float32)
     np.savez(tmp_path / "n.npz", X=Xn, y=np.array(["new"] * 4))
@@ -196,3 +199,12 @@ def test_ncmc_with_one_centroid_per_class_trains_the_ncmml_metric(trained):
     a, b = load_arrays(ncmc1.url)[0], load_arrays(ncm.url)[0]
     np.testing.assert_allclose(a["centroids"], b["centroids"], rtol=1e-5, atol=1e-6)  # k-means, k = 1: the means
     np.testing.assert_allclose(a["W"], b["W"], rtol=1e-4, atol=1e-6)
+
+
+def test_dot_form_on_a_class_subset_stores_biases_of_its_classes_only(trained):
+    _, _, models, _, evals = trained
+    [unit] = [u for s, u in models if s.get("objective") == "dot" and s["classes"]]
+    bias = load_arrays(unit.url)[0]["class_bias"]
+    assert np.isfinite(bias[:3]).all() and np.isnan(bias[3:]).all()
+    recs = _records(evals, "ncmml", objective="dot", classes=[0, 1, 2])
+    assert {r["metric"] for r in recs if r["classifier"] == "ncm"} >= {"top1_error", "top1_error_new_classes"}

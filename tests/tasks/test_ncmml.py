@@ -140,3 +140,19 @@ def test_fixed_batch_holds_queries_with_their_targets_and_its_gradient_equals_th
     negatives = np.broadcast_to(~is_pos, mask.shape)
     _, G_loop = ncmml.triplet_loss_loop(W, X[rows], queries, mask, negatives)
     np.testing.assert_allclose(G, G_loop / len(queries), rtol=1e-9, atol=1e-9)
+
+
+def test_dot_form_trained_on_some_classes_keeps_one_bias_per_trained_class():
+    X, y = make_blobs(n=300, d=6, classes=4, seed=0, sep=0.3)
+    X = X.astype(np.float64)
+    means = np.stack([X[y == c].mean(0) for c in range(4)])
+    sub = np.array([0, 2])
+    sgd = ncmml.MetricSGD(np.eye(3, 6), "dot", 0.1, means[sub], sub, 4)
+    m = np.isin(y, sub)
+    L0 = ncmml.dot_log_likelihood_and_gradient(sgd.W, sgd.bias, X[m], (y[m] == 2).astype(int), means[sub], False)[0]
+    for _ in range(30):
+        sgd.step(X[m], y[m])
+    assert sgd.bias.shape == (2,)
+    L1 = ncmml.dot_log_likelihood_and_gradient(sgd.W, sgd.bias, X[m], (y[m] == 2).astype(int), means[sub], False)[0]
+    assert L1 > L0  # the likelihood of the trained classes rises
+    assert set(np.unique(sgd.classify(X))) <= {0, 2}
