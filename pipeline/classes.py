@@ -122,6 +122,9 @@ def add_classes(store_url: str, data_path: str, features: str = "X", labels: str
             raise InputError(f"{src.name}: class(es) {clash[:5]} are already in model {unit.key}; new data must "
                              f"hold new classes only")
         k = int(np.bincount(owner).max())
+        if parents and k > 1:
+            raise InputError(f"--hierarchy: model {unit.key} keeps {k} centroids per class; the zero-shot prior "
+                             f"(Eqs. 33-34) is for one mean per class (NCMML); pick that model with --model")
         C0 = len(old_names)
         sums, counts = np.zeros((len(names), D)), np.zeros(len(names), np.int64)
         for a, X in _blocks(src, n, D, attrs.get("normalize", "none")):
@@ -201,7 +204,11 @@ def predict(store_url: str, model: str, data_path: str, features: str = "X", lab
     or the mixture of Eq. 22), and the top-1 error when the data carries labels."""
     store = Store(store_url)
     store.check_exists()
-    [(unit, attrs)] = ncm_models(store, model)[:1]
+    found = ncm_models(store, model)
+    if len(found) > 1:
+        raise InputError(f"{store.url}: --model {model!r} matches {len(found)} models "
+                         f"({', '.join(u.key for u, _ in found[:4])}); give more of the key")
+    [(unit, attrs)] = found
     arrays, _ = load_arrays(unit.url)
     lm = LinearModel.from_arrays(arrays, attrs)
     names = list(attrs.get("class_names") or [])
@@ -209,7 +216,7 @@ def predict(store_url: str, model: str, data_path: str, features: str = "X", lab
     Mp = lm.transform(arrays["centroids"]).astype(np.float64)
     C = int(owner.max()) + 1
     bias = arrays.get("class_bias")
-    src = open_source(DataConfig(path=data_path, features=features, labels=labels or "y"))
+    src = open_source(DataConfig(path=data_path, features=features, labels=labels or ""))
     n, D = src.reader.shape[0], int(np.prod(src.reader.shape[1:]))
     if D != lm.W.shape[0]:
         raise InputError(f"{src.name}: features have {D} dimensions but model {unit.key} takes {lm.W.shape[0]}")
@@ -229,5 +236,9 @@ def predict(store_url: str, model: str, data_path: str, features: str = "X", lab
     out = np.array([names[i] for i in pred])
     error = None
     if labels is not None:
-        error = float(np.mean(out != np.asarray(src.labels).astype(str)))
+        truth = np.asarray(src.labels)
+        if truth.shape != (n,):
+            raise InputError(f"{src.name} (--labels {labels}): labels of shape {truth.shape} for {n} rows; give a "
+                             f"1-D array with one label per row")
+        error = float(np.mean(out != truth.astype(str)))
     return out, error

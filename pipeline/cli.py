@@ -195,8 +195,10 @@ def predict(store, data, model, features, labels, out):
     from pipeline.classes import predict as run_predict
 
     names, error = run_predict(store, model, data, features, labels)
-    if out:
-        np.save(out, names)
+    if out:  # written whole or not at all
+        tmp = f"{out}.partial.npy"
+        np.save(tmp, names)
+        os.replace(tmp, out)
     _echo(f"{len(names)} rows classified" + (f"; top-1 error {error:.4f}" if error is not None else "")
           + (f"; predictions in {out}" if out else ""))
 

@@ -272,27 +272,30 @@ def _labels_from_npy(cfg, n_hint=None):
 def _open_path(cfg: DataConfig, path: Path) -> Source:
     suffix = "".join(path.suffixes[-1:]).lower()
     extra = {}
+    want = bool(cfg.labels)  # labels="" opens the features alone (predicting unlabelled data)
     separate_labels = cfg.labels.endswith(".npy")
     if path.is_file() and path.stat().st_size == 0:
         raise InputError(f"{path}: file is empty (data.path)")
     if suffix == ".npy":
         reader = NpyReader(path)
-        if not separate_labels:
+        if want and not separate_labels:
             raise InputError(f"{path}: a .npy file holds one array; give data.labels as the path of a .npy "
                              f"file of labels")
-        y = _labels_from_npy(cfg)
+        y = _labels_from_npy(cfg) if want else None
     elif suffix == ".npz":
         with np.load(path, allow_pickle=False) as z:
             if cfg.features not in z.files:
                 raise InputError(f"{path}: no array {cfg.features!r} (data.features); it holds {sorted(z.files)}")
-            y = _labels_from_npy(cfg) if separate_labels else _column(z, cfg.labels, path, "data.labels")
+            y = None if not want else _labels_from_npy(cfg) if separate_labels else \
+                _column(z, cfg.labels, path, "data.labels")
             extra = _extra_columns(cfg, z, path)
         reader = NpzReader(path, cfg.features)
     elif suffix in (".h5", ".hdf5"):
         import h5py
         reader = H5Reader(path, cfg.features)
         with h5py.File(path, "r") as f:
-            y = _labels_from_npy(cfg) if separate_labels else _column(f, cfg.labels, path, "data.labels")
+            y = None if not want else _labels_from_npy(cfg) if separate_labels else \
+                _column(f, cfg.labels, path, "data.labels")
             extra = _extra_columns(cfg, f, path)
     elif suffix == ".zarr" or (path.is_dir() and (path / "zarr.json").exists()):
         import zarr
@@ -301,22 +304,22 @@ def _open_path(cfg: DataConfig, path: Path) -> Source:
         if cfg.features not in names:
             raise InputError(f"{path}: no array {cfg.features!r} (data.features); it holds {sorted(names)}")
         reader = ZarrReader(path, cfg.features)
-        y = _labels_from_npy(cfg) if separate_labels else _column({k: g[k] for k in names}, cfg.labels, path,
-                                                                  "data.labels")
+        y = None if not want else _labels_from_npy(cfg) if separate_labels else \
+            _column({k: g[k] for k in names}, cfg.labels, path, "data.labels")
         extra = _extra_columns(cfg, {k: g[k] for k in names}, path)
     elif suffix in (".fvecs", ".bvecs"):
         reader = VecsReader(path)
-        if not separate_labels:
+        if want and not separate_labels:
             raise InputError(f"{path}: {suffix} files hold no labels; give data.labels as a .npy path")
-        y = _labels_from_npy(cfg)
+        y = _labels_from_npy(cfg) if want else None
     elif path.is_dir() and all(_find_idx(path, s) for s in FASHION_FILES):
         return _idx_source(path, str(path))
     elif "idx" in path.name:
         reader = IdxReader(path)
-        if not separate_labels:
+        if want and not separate_labels:
             raise InputError(f"{path}: give data.labels as a .npy path or point data.path at a folder with "
                              f"train-/t10k- images and labels IDX files")
-        y = _labels_from_npy(cfg)
+        y = _labels_from_npy(cfg) if want else None
     else:
         raise InputError(f"{path}: unknown format (data.path); use .npy, .npz, .h5, .zarr, .fvecs, .bvecs "
                          f"or an IDX file/folder")

@@ -162,6 +162,9 @@ def prepare_data(cfg: RunConfig, store) -> DataPlan:
 def _read_pairs(path: str, split: np.ndarray) -> dict:
     """User pairs (data.pairs: an npz with arrays i, j, y), checked against the staged rows."""
     from pipeline.nml_train import check_pairs
+    if not str(path).endswith(".npz"):
+        raise InputError(f"{path}: data.pairs must be an .npz file with arrays i, j, y (np.savez(path, i=..., "
+                         f"j=..., y=...))")
     try:
         with np.load(path, allow_pickle=False) as z:
             missing = [k for k in ("i", "j", "y") if k not in z.files]

@@ -132,6 +132,7 @@ class ChiEmbedding:
 
     def transform(self, X: np.ndarray, rows: int = 256) -> np.ndarray:
         X = np.asarray(X, np.float32)
+        check_nonnegative(X, "features to encode")
         out = np.empty((len(X), len(self.L)), np.float32)
         for a in range(0, len(X), rows):  # bounded (d, rows, D) temporaries
             B = X[a:a + rows]

@@ -208,3 +208,28 @@ def test_dot_form_on_a_class_subset_stores_biases_of_its_classes_only(trained):
     assert np.isfinite(bias[:3]).all() and np.isnan(bias[3:]).all()
     recs = _records(evals, "ncmml", objective="dot", classes=[0, 1, 2])
     assert {r["metric"] for r in recs if r["classifier"] == "ncm"} >= {"top1_error", "top1_error_new_classes"}
+
+
+def test_predict_needs_no_labels_and_refuses_bad_ones_and_ambiguous_models(trained, tmp_path):
+    from pipeline.classes import add_classes, predict
+    from tasks.errors import InputError
+    ctx, data, models, _, _ = trained
+    X = open_array(f"{data.url}/features")[:30]
+    np.savez(tmp_path / "unlabelled.npz", X=X)
+    [unit] = [u for s, u in models if s["method"] == "ncmml" and not s["classes"] and s["objective"] == "euclidean"]
+    names, error = predict(ctx.store.url, unit.key, str(tmp_path / "unlabelled.npz"))
+    assert len(names) == 30 and error is None
+    np.savez(tmp_path / "short.npz", X=X, y=np.zeros((2, 15), int))
+    with pytest.raises(InputError, match=r"labels of shape \(2, 15\) for 30 rows"):
+        predict(ctx.store.url, unit.key, str(tmp_path / "short.npz"), labels="y")
+    np.savez(tmp_path / "short2.npz", X=X, y=np.zeros(7, int))
+    with pytest.raises(InputError, match=r"\(--labels y\): labels of shape \(7,\) for 30 rows; give a 1-D array"):
+        predict(ctx.store.url, unit.key, str(tmp_path / "short2.npz"), labels="y")
+    with pytest.raises(InputError, match=r"--model .. matches \d+ models \(.*\); give more of the key"):
+        predict(ctx.store.url, "", str(tmp_path / "unlabelled.npz"))
+    [ncmc] = [u for s, u in models if s["method"] == "ncmc" and s["centroids"] == 2]
+    (tmp_path / "h.yaml").write_text("'0': a\nnew: a\n")
+    np.savez(tmp_path / "n.npz", X=np.abs(X[:4]), y=np.array(["new"] * 4))
+    with pytest.raises(InputError, match="keeps 2 centroids per class; the zero-shot prior"):
+        add_classes(ctx.store.url, str(tmp_path / "n.npz"), model=ncmc.key, hierarchy=str(tmp_path / "h.yaml"),
+                    prior_weight=1.0, log=lambda m: None)

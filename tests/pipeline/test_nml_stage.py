@@ -123,3 +123,17 @@ def test_bad_pairs_file_is_refused_at_staging(tmp_path):
     cfg = parse_config({"data": {"path": str(tmp_path / "d.npz"), "pairs": str(tmp_path / "p.npz")}})
     with pytest.raises(InputError, match=r"p.npz \(data.pairs\): pair index j=10000 is out of range"):
         prepare_data(cfg, Store(str(tmp_path / "s")))
+
+
+def test_pairs_file_that_is_not_an_npz_is_a_one_line_error(tmp_path):
+    from pipeline.stages import prepare_data
+    _data(tmp_path)
+    np.save(tmp_path / "p.npy", np.zeros(3))
+    cfg = parse_config({"data": {"path": str(tmp_path / "d.npz"), "pairs": str(tmp_path / "p.npy")}})
+    with pytest.raises(InputError, match=r"p.npy: data.pairs must be an .npz file with arrays i, j, y"):
+        prepare_data(cfg, Store(str(tmp_path / "s")))
+
+
+def test_nml_encoder_refuses_negative_features():
+    with pytest.raises(InputError, match="needs non-negative features"):
+        nml.ChiEmbedding(np.ones((2, 3))).transform(np.array([[0.1, -0.2, 0.3]]))
