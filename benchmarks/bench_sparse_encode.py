@@ -16,19 +16,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
+from timing import timed  # noqa: E402
 import scipy.sparse  # noqa: E402
 
 from tasks.models import LinearModel  # noqa: E402
 from tasks.sparse import SparseProjector, nonzeros_per_column, project_l0  # noqa: E402
 from tasks.synthetic import SyntheticSpec  # noqa: E402
-
-
-def timed(f, repeat=5):
-    f()
-    t = time.perf_counter()
-    for _ in range(repeat):
-        out = f()
-    return (time.perf_counter() - t) / repeat, out
 
 
 def main():

@@ -183,19 +183,13 @@ def _kmeans_new(src, n, D, codes, names, k, normalize, counts):
         m = keep[a:a + len(X)]
         sample.append(X[m])
         ys.append(codes[a:a + len(X)][m])
-    sample, ys = np.concatenate(sample), np.concatenate(ys)
-    cents = np.concatenate([ncmml.kmeans_plus_plus(sample[ys == j], k, rng) for j in range(len(names))])
-    owner = np.repeat(np.arange(len(names)), k)
-    for _ in range(10):
-        sums, cnt = np.zeros_like(cents), np.zeros(len(cents), np.int64)
+
+    def blocks():
         for a, X in _blocks(src, n, D, normalize):
-            s, c = ncmml.lloyd_partial(X, codes[a:a + len(X)], cents, owner)
-            sums += s
-            cnt += c
-        new = ncmml.lloyd_update(cents, sums, cnt)
-        if np.array_equal(new, cents):
-            break
-        cents = new
+            yield X, codes[a:a + len(X)]
+
+    cents, _ = ncmml.class_kmeans(np.concatenate(sample), np.concatenate(ys), np.arange(len(names)), k, blocks,
+                                  10, rng)
     return cents
 
 

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from pipeline.storage import load_arrays, open_array, read_attrs, save_arrays
+from pipeline.storage import load_arrays, open_array, read_attrs, read_rows, save_arrays
 from pipeline.sparse_train import training_subset
 from tasks import knn, metrics, ncmml
 from tasks.errors import InputError
@@ -33,41 +33,24 @@ def _validation_rows(split, labels, allowed, size, seed):
     return training_subset(sub, labels, size, seed + 1), True
 
 
-def _read(data_url, rows, chunks):
-    """Rows (sorted global indices) read one block at a time."""
-    parts = []
-    for a, b in chunks:
-        mine = rows[(rows >= a) & (rows < b)] - a
-        if len(mine):
-            parts.append(open_array(f"{data_url}/features")[a:b][mine])
-    return np.concatenate(parts).astype(np.float64) if parts else np.zeros((0, 0))
+def _read(data_url, rows):
+    """Training rows (sorted global indices) as float64."""
+    return read_rows(f"{data_url}/features", rows).astype(np.float64)
 
 
 def _kmeans(data_url, chunks, split, labels, classes, k, iters, seed):
-    """k centroids per class (input space), streaming Lloyd passes over the blocks."""
-    rng = np.random.default_rng([seed, 11])
+    """k centroids per class (input space): seeds from a stratified sample, Lloyd over the blocks."""
     train = (split == TRAIN) & np.isin(labels, classes)
     sample = training_subset(np.where(train, TRAIN, -1), labels, KMEANS_SAMPLE * len(classes), seed + 2)
-    Xs, ys = _read(data_url, sample, chunks), labels[sample]
-    cents, owner = [], []
-    for c in classes:
-        cents.append(ncmml.kmeans_plus_plus(Xs[ys == c], k, rng))
-        owner += [c] * k
-    cents, owner = np.concatenate(cents), np.array(owner)
-    for _ in range(iters):
-        sums, counts = np.zeros_like(cents), np.zeros(len(cents), np.int64)
+
+    def blocks():
         for a, b in chunks:
             rows = np.flatnonzero(train[a:b])
             if len(rows):
-                s, n = ncmml.lloyd_partial(open_array(f"{data_url}/features")[a:b][rows].astype(np.float64),
-                                           labels[a:b][rows], cents, owner)
-                sums += s
-                counts += n
-        new = ncmml.lloyd_update(cents, sums, counts)
-        if np.array_equal(new, cents):
-            break
-        cents = new
-    return cents, owner
+                yield open_array(f"{data_url}/features")[a:b][rows].astype(np.float64), labels[a:b][rows]
+
+    return ncmml.class_kmeans(_read(data_url, sample), labels[sample], classes, k, blocks, iters,
+                              np.random.default_rng([seed, 11]))
 
 
 def _error(sgd, spec, Xv, yv, ref):
@@ -98,7 +81,7 @@ def _train(spec, data_url, stats_url, chunks, model_url) -> dict:
     if len(np.unique(labels[val])) < len(classes):
         raise InputError(f"{spec['method']}: the validation rows miss some classes; raise 'validation' "
                          f"(now {spec['validation']})")
-    Xv, yv = _read(data_url, val, chunks), labels[val]
+    Xv, yv = _read(data_url, val), labels[val]
     sgd_rows = (split == TRAIN) & allowed
     if held_out:
         sgd_rows[val] = False
@@ -120,7 +103,7 @@ def _train(spec, data_url, stats_url, chunks, model_url) -> dict:
     else:
         sgd = ncmml.MetricSGD(W0, "knn", spec["lr"], n_classes=C, targets=spec["targets"], k=spec["k"])
         ref_rows = training_subset(np.where(sgd_rows, TRAIN, -1), labels, spec["validation"], spec["seed"] + 3)
-        ref = (_read(data_url, ref_rows, chunks), labels[ref_rows])
+        ref = (_read(data_url, ref_rows), labels[ref_rows])
     rng = np.random.default_rng([spec["seed"], 5])
     blocks = [(a, b) for a, b in chunks if sgd_rows[a:b].any()]
     if not blocks:
@@ -140,7 +123,7 @@ def _train(spec, data_url, stats_url, chunks, model_url) -> dict:
                     drawn = (ncmml.sample_fixed_batch(y, tl2, spec["batch"], 2.0 / 3.0, rng) if tl2 is not None
                              else ncmml.sample_triplet_batch(y, spec["batch"], 2.0 / 3.0, rng))
                     if drawn is not None:
-                        batches.append(drawn if len(drawn) == 3 else (*drawn, None))
+                        batches.append(drawn)
             else:
                 perm = rng.permutation(len(rows))
                 batches = [(perm[s:s + spec["batch"]], None, None) for s in range(0, len(perm), spec["batch"])]

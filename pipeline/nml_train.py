@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from pipeline.storage import load_arrays, open_array, save_arrays
+from pipeline.storage import array_names, load_arrays, open_array, save_arrays
 from tasks import nml
 from tasks.errors import InputError
 from tasks.models import LinearModel
@@ -36,9 +36,7 @@ def sample_pairs(labels: np.ndarray, split: np.ndarray, count: int, seed: int):
         other = np.flatnonzero(labels[i[n_pos:]] == c) + n_pos
         pool = train[y_tr != c]
         j[other] = pool[rng.integers(0, len(pool), len(other))]
-    same = (i == j)
-    j[same] = i[same]  # a row paired with itself is dropped below
-    keep = ~same
+    keep = i != j  # a row paired with itself is dropped
     y = np.where(np.arange(count) < n_pos, 1, -1).astype(np.int8)
     return i[keep], j[keep], y[keep]
 
@@ -78,9 +76,7 @@ def _train(spec, data_url, stats_url, chunks, model_url) -> dict:
     kind = "nml" if spec["method"] == "nml" else "linear"
     split = open_array(f"{data_url}/split")[:]
     labels = open_array(f"{data_url}/label")[:]
-    import zarr
-    names = {k for k, _ in zarr.open_group(store=data_url, mode="r").arrays()}
-    if "pair_i" in names:
+    if "pair_i" in array_names(data_url):
         i, j, y = (open_array(f"{data_url}/{k}")[:] for k in ("pair_i", "pair_j", "pair_y"))
         source = "user"
     else:
@@ -90,8 +86,10 @@ def _train(spec, data_url, stats_url, chunks, model_url) -> dict:
     starts = np.array([a for a, _ in chunks])
     bi, bj = np.searchsorted(starts, i, "right") - 1, np.searchsorted(starts, j, "right") - 1
     lo, hi = np.minimum(bi, bj), np.maximum(bi, bj)
+    # pairs sorted by the pair of blocks they join: group g is by_group[bounds[g]:bounds[g + 1]]
     group = lo * len(chunks) + hi
-    groups = np.unique(group)
+    by_group = np.argsort(group, kind="stable")
+    bounds = np.flatnonzero(np.r_[True, np.diff(group[by_group]) != 0, True])
     rng = np.random.default_rng([spec["seed"], 19])
     D = open_array(f"{data_url}/features").shape[1]
     if kind == "nml":
@@ -107,8 +105,8 @@ def _train(spec, data_url, stats_url, chunks, model_url) -> dict:
     t0 = time.perf_counter()
     losses = []
     while sgd.pairs_seen < spec["iters"]:
-        for g in rng.permutation(groups):
-            sel = np.flatnonzero(group == g)
+        for g in rng.permutation(len(bounds) - 1):
+            sel = by_group[bounds[g]:bounds[g + 1]]
             b1, b2 = int(lo[sel[0]]), int(hi[sel[0]])
             held = [b1] if b1 == b2 else [b1, b2]
             cat = np.concatenate([_block(data_url, chunks, b, kind) for b in held])  # the group's rows

@@ -5,7 +5,7 @@ import time
 import numpy as np
 import scipy.sparse
 
-from pipeline.storage import load_arrays, open_array, save_arrays
+from pipeline.storage import array_names, load_arrays, open_array, read_rows, save_arrays
 from tasks.errors import InputError
 from tasks.models import LinearModel
 from tasks.sparse import SparseProjector
@@ -26,19 +26,14 @@ def training_subset(split: np.ndarray, labels: np.ndarray, size: int, seed: int)
     return np.sort(np.concatenate(picked))
 
 
-def _train_sparse(spec, data_url, stats_url, chunks, model_url) -> dict:
+def _train_sparse(spec, data_url, stats_url, model_url) -> dict:
     stats, _ = load_arrays(stats_url)
     split = open_array(f"{data_url}/split")[:]
     labels = open_array(f"{data_url}/label")[:]
-    key = open_array(f"{data_url}/group")[:] if "group" in _names(data_url) else labels
+    key = open_array(f"{data_url}/group")[:] if "group" in array_names(data_url) else labels
     rows = training_subset(split, labels, spec["train_size"], spec["seed"])
-    parts = []
-    for a, b in chunks:  # one row-block at a time
-        mine = rows[(rows >= a) & (rows < b)] - a
-        if len(mine):
-            parts.append(open_array(f"{data_url}/features")[a:b][mine])
     mean = stats["mean"]
-    X = np.concatenate(parts).astype(np.float64) - mean
+    X = read_rows(f"{data_url}/features", rows).astype(np.float64) - mean
     if spec["dim"] > len(stats["pca_components"]):
         raise InputError(f"The 'dim' parameter of sparse must be <= {len(stats['pca_components'])}, the PCA "
                          f"projectors available to start from. Got {spec['dim']} instead.")
@@ -59,10 +54,5 @@ def _train_sparse(spec, data_url, stats_url, chunks, model_url) -> dict:
             "final": learner.history[-1]}
 
 
-def _names(url):
-    import zarr
-    return {k for k, _ in zarr.open_group(store=url, mode="r").arrays()}
-
-
 def submit(ctx, spec, data, stats, unit, name):
-    return ctx.submit(_train_sparse, spec, data.url, stats.url, data.chunks, unit.url, name=f"train-{name}")
+    return ctx.submit(_train_sparse, spec, data.url, stats.url, unit.url, name=f"train-{name}")

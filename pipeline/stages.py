@@ -12,13 +12,12 @@ from functools import lru_cache
 import dask.array as da
 import numpy as np
 import xarray as xr
-import zarr
 
 from pipeline.config import SPLIT_NAMES, RunConfig
 from pipeline.context import StageContext
 from pipeline.sources import open_source
-from pipeline.storage import (Unit, chunk_rows_for, create_array, hash_key, load_arrays, open_array, read_attrs,
-                              row_chunks, save_arrays)
+from pipeline.storage import (Unit, array_names, chunk_rows_for, create_array, hash_key, load_arrays, open_array,
+                              read_attrs, read_rows, row_chunks, save_arrays)
 from tasks import knn, metrics, moments, ncmml
 from tasks.errors import InputError
 from tasks.models import LinearModel
@@ -279,7 +278,7 @@ KNN_QUERY_ROWS = 4096
 def _knn_piece(url: str, q_rows: np.ndarray, blocks: list, k: int):
     """Top-k among all train rows for the global train rows ``q_rows``, streaming the database one
     row-block at a time (the task holds the query piece and one database block)."""
-    Q = _read_rows(f"{url}/features", q_rows)
+    Q = read_rows(f"{url}/features", q_rows)
     best = knn.empty_topk(len(q_rows), k)
     for a, b in blocks:
         x_rows = np.flatnonzero(open_array(f"{url}/split")[a:b] == TRAIN) + a
@@ -468,10 +467,6 @@ def run_encode(ctx: StageContext, data: DataInfo, models: list) -> list[tuple[di
 
 # ---- 6. evaluate ---------------------------------------------------------------------------------------
 
-def _read_rows(url: str, idx: np.ndarray) -> np.ndarray:
-    return open_array(url).get_orthogonal_selection((idx, slice(None)))
-
-
 def _scores(Q: np.ndarray, X: np.ndarray, score: str) -> np.ndarray:
     """Distances to rank by (ascending): squared Euclidean, or minus the inner product."""
     return metrics.sq_distances(Q, X) if score == "euclidean" else -(np.asarray(Q, np.float32) @ X.T)
@@ -480,10 +475,10 @@ def _scores(Q: np.ndarray, X: np.ndarray, score: str) -> np.ndarray:
 def _retrieval_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, db_idx: np.ndarray,
                      rel_key: np.ndarray, ks: tuple, ukb: bool, chunk_rows: int) -> dict:
     """Queries ``q_idx`` against database ``db_idx`` (global rows, sorted); relevance = equal rel_key."""
-    Q = _read_rows(q_url, q_idx)
+    Q = read_rows(q_url, q_idx)
     dist = np.empty((len(q_idx), len(db_idx)), np.float32)
     for a in range(0, len(db_idx), chunk_rows):  # stream the database in row-blocks
-        dist[:, a:a + chunk_rows] = _scores(Q, _read_rows(db_url, db_idx[a:a + chunk_rows]), score)
+        dist[:, a:a + chunk_rows] = _scores(Q, read_rows(db_url, db_idx[a:a + chunk_rows]), score)
     self_hit = q_idx[:, None] == db_idx[None, :]
     dist[self_hit] = np.inf
     relevant = (rel_key[q_idx][:, None] == rel_key[db_idx][None, :]) & ~self_hit
@@ -496,7 +491,7 @@ def _retrieval_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, db_
 def _classify_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, train_blocks: list,
                     labels: np.ndarray, classifiers: tuple, means, graph_url: str | None,
                     ncm_model: dict | None = None) -> dict:
-    Q = _read_rows(q_url, q_idx)
+    Q = read_rows(q_url, q_idx)
     y = labels[q_idx]
     n_classes = int(labels.max()) + 1
     out = {}
@@ -506,7 +501,7 @@ def _classify_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, trai
         metric = "l2" if score == "euclidean" else "ip"
         best = knn.empty_topk(len(Q), kmax)
         for rows in train_blocks:
-            best = knn.merge_topk(best, knn.block_topk(Q, _read_rows(db_url, rows), kmax, x_ids=rows,
+            best = knn.merge_topk(best, knn.block_topk(Q, read_rows(db_url, rows), kmax, x_ids=rows,
                                                        metric=metric), kmax)
         nb_labels = np.where(best[1] >= 0, labels[np.maximum(best[1], 0)], -1)
         for k in ks:
@@ -518,7 +513,7 @@ def _classify_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, trai
         # weighted by the model's similarity (inner product of its query and base views).
         nbr = open_array(f"{graph_url}/neighbours").get_orthogonal_selection((q_idx, slice(None))).astype(np.int64)
         flat = np.unique(nbr[nbr >= 0])
-        B = _read_rows(db_url, flat)
+        B = read_rows(db_url, flat)
         pos = np.searchsorted(flat, np.maximum(nbr, 0))
         sims = np.einsum("qd,qkd->qk", Q, B[pos])
         nb_labels = np.where(nbr >= 0, labels[np.maximum(nbr, 0)], -1)
@@ -546,8 +541,7 @@ def _classify_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, trai
 def _ncm_model(model_url: str) -> dict | None:
     """What the ncm / ncmc classifiers need from an NCMML/NCMC model: class biases (dot form) and
     the centroids in code space with their classes (only when some class has more than one)."""
-    names = {k for k, _ in zarr.open_group(store=model_url, mode="r").arrays()}
-    if "centroid_class" not in names:
+    if "centroid_class" not in array_names(model_url):
         return None
     arrays, _ = load_arrays(model_url)
     owner = arrays["centroid_class"].astype(np.int64)

@@ -179,6 +179,17 @@ def load_arrays(url: str) -> tuple[dict, dict]:
     return {**attrs.pop("scalars", {}), **{k: a[...] for k, a in g.arrays()}}, attrs
 
 
+def read_rows(url: str, idx: np.ndarray) -> np.ndarray:
+    """Rows ``idx`` of a stored 2-D array; only the chunks holding them are read."""
+    return open_array(url).get_orthogonal_selection((np.asarray(idx), slice(None)))
+
+
+def array_names(url: str) -> set:
+    """Names of the arrays in a Zarr group."""
+    import zarr
+    return {k for k, _ in zarr.open_group(store=url, mode="r").arrays()}
+
+
 def read_attrs(url: str) -> dict:
     """The attributes of a Zarr group, without reading its arrays."""
     import zarr

@@ -148,6 +148,26 @@ def lloyd_update(centroids: np.ndarray, sums: np.ndarray, counts: np.ndarray) ->
     return out
 
 
+def class_kmeans(Xs: np.ndarray, ys: np.ndarray, classes, k: int, blocks, iters: int,
+                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """k centroids per class (Section 3.3): k-means++ seeds from the in-memory sample (Xs, ys), then
+    up to ``iters`` Lloyd steps, each one pass over ``blocks()`` (a callable giving (X, y) row-blocks,
+    so the data never needs to fit in memory). Returns (centroids (C k, D), their classes)."""
+    cents = np.concatenate([kmeans_plus_plus(Xs[ys == c], k, rng) for c in classes])
+    owner = np.repeat(np.asarray(classes), k)
+    for _ in range(iters):
+        sums, counts = np.zeros_like(cents), np.zeros(len(cents), np.int64)
+        for X, y in blocks():
+            s, n = lloyd_partial(X, y, cents, owner)
+            sums += s
+            counts += n
+        new = lloyd_update(cents, sums, counts)
+        if np.array_equal(new, cents):
+            break
+        cents = new
+    return cents, owner
+
+
 # ---- k-NN metric learning (Section 4) ------------------------------------------------------------------------
 
 def triplet_counts(dq: np.ndarray, targets: np.ndarray, negatives: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -202,7 +222,8 @@ def triplet_loss_loop(W: np.ndarray, X: np.ndarray, queries, targets, negatives)
 
 def sample_triplet_batch(y: np.ndarray, m: int, rho: float, rng: np.random.Generator, classes=None):
     """Section 4.2: a class c at random, round(rho m) images of c and the rest from other classes.
-    Returns (rows, is_positive) with the positives first; None when no class has two images."""
+    Returns (rows, is_positive, None) with the positives first (the shape of `sample_fixed_batch`'s
+    answer); None when no class has two images."""
     classes = np.unique(y) if classes is None else classes
     counts = np.array([(y == c).sum() for c in classes])
     ok = classes[counts >= 2]
@@ -214,21 +235,22 @@ def sample_triplet_batch(y: np.ndarray, m: int, rho: float, rng: np.random.Gener
     n_pos = min(len(same), max(2, int(round(rho * m))))
     n_neg = min(len(other), m - n_pos)
     rows = np.concatenate([rng.choice(same, n_pos, replace=False), rng.choice(other, n_neg, replace=False)])
-    return rows, np.arange(len(rows)) < n_pos
+    return rows, np.arange(len(rows)) < n_pos, None
 
 
-def choose_targets(Y: np.ndarray, X: np.ndarray, n_pos: int, k: int | None, mode: str) -> np.ndarray:
+def choose_targets(Y: np.ndarray, n_pos: int, k: int | None, mode: str) -> np.ndarray:
     """Targets (n_pos, m) of the n_pos queries (the positives, rows 0..n_pos-1) among the other
-    positives: all of them, or the k closest under the current W (dynamic). ('fixed' here takes the
-    k closest in l2 among the batch; the learner's fixed mode uses `l2_targets` instead.)"""
+    positives: all of them, or the k closest under the current W (dynamic). Fixed targets come from
+    `l2_targets` and `sample_fixed_batch` instead."""
     m = len(Y)
     t = np.zeros((n_pos, m), bool)
     t[:, :n_pos] = True
     t[np.arange(n_pos), np.arange(n_pos)] = False
     if mode == "all" or k is None or k >= n_pos - 1:
         return t
-    Z = Y if mode == "dynamic" else X
-    d = _sqdist(Z[:n_pos], Z[:n_pos])
+    if mode != "dynamic":
+        raise InputError(f"choose_targets: mode must be all or dynamic, got {mode!r}")
+    d = _sqdist(Y[:n_pos], Y[:n_pos])
     np.fill_diagonal(d, np.inf)
     near = np.argsort(d, axis=1, kind="stable")[:, :k]
     t[:] = False
@@ -245,7 +267,7 @@ def knnml_step(W: np.ndarray, X: np.ndarray, is_pos: np.ndarray, k: int, mode: s
     if mode == "fixed":
         queries, targets = fixed
     else:
-        queries, targets = np.arange(n_pos), choose_targets(Y, X, n_pos, k, mode)
+        queries, targets = np.arange(n_pos), choose_targets(Y, n_pos, k, mode)
     negatives = np.broadcast_to(~is_pos, targets.shape)
     dq = _sqdist(Y[queries], Y)
     cp, cn = triplet_counts(dq, targets, negatives)

@@ -38,3 +38,15 @@ def numerical_gradient(f, M, h=1e-6):
         E[idx] = h
         grad[idx] = (f(M + E) - f(M - E)) / (2 * h)
     return grad
+
+
+def staged(client, store_dir, raw: dict):
+    """(context, data, statistics) for config ``raw`` on a fresh store: data staged, statistics done."""
+    from pipeline.config import parse_config
+    from pipeline.context import StageContext
+    from pipeline.stages import run_stage, run_statistics
+    from pipeline.storage import Store
+
+    ctx = StageContext(client, Store(str(store_dir)), parse_config(raw), log=lambda m: None)
+    data = run_stage(ctx)
+    return ctx, data, run_statistics(ctx, data)

@@ -2,11 +2,9 @@
 import numpy as np
 import pytest
 
-from pipeline.config import parse_config
-from pipeline.context import StageContext
-from pipeline.stages import _load_model, run_encode, run_evaluate, run_stage, run_statistics, run_train
-from pipeline.storage import Store, load_arrays, open_array
-from tests.conftest import make_blobs
+from pipeline.stages import _load_model, run_encode, run_evaluate, run_train
+from pipeline.storage import load_arrays, open_array
+from tests.conftest import make_blobs, staged
 
 
 @pytest.fixture(scope="module")
@@ -15,7 +13,7 @@ def trained(client, tmp_path_factory):
     X, y = make_blobs(n=900, d=12, classes=5, sep=0.9, seed=3)
     np.savez(tmp / "d.npz", X=X, y=y)
     common = {"dim": 4, "iters": 60, "batch": 100, "validate_every": 10, "validation": 100}
-    cfg = parse_config({
+    ctx, data, stats = staged(client, tmp / "s", {
         "data": {"path": str(tmp / "d.npz"), "chunk_mb": 0.005, "normalize": "l2"},
         "methods": [{"method": "identity"},
                     {"method": "ncmml", **common},
@@ -26,10 +24,7 @@ def trained(client, tmp_path_factory):
                     {"method": "ncmc", **common, "centroids": 1},
                     {"method": "knnml", **{**common, "batch": 60}, "targets": ["dynamic", "fixed"]}],
         "evaluate": {"retrieval": False, "classification": {"classifiers": ["knn1", "ncm", "ncmc"]}}})
-    ctx = StageContext(client, Store(str(tmp / "s")), cfg, log=lambda m: None)
-    data = run_stage(ctx)
     assert len(data.chunks) > 5
-    stats = run_statistics(ctx, data)
     models = run_train(ctx, data, stats, None)
     codes = run_encode(ctx, data, models)
     evals = run_evaluate(ctx, data, codes)

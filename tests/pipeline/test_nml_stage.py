@@ -3,13 +3,12 @@ import numpy as np
 import pytest
 
 from pipeline.config import parse_config
-from pipeline.context import StageContext
 from pipeline.nml_train import check_pairs, sample_pairs
-from pipeline.stages import _load_model, run_encode, run_stage, run_statistics, run_train
+from pipeline.stages import _load_model, run_encode, run_train
 from pipeline.storage import Store, open_array
 from tasks import nml
 from tasks.errors import InputError
-from tests.conftest import make_blobs
+from tests.conftest import make_blobs, staged
 
 
 def _data(tmp_path):
@@ -46,13 +45,11 @@ def test_bad_user_pairs_are_refused(i, j, y, match):
 
 def test_nml_and_linear_ml_train_encode_and_match_their_definitions(client, tmp_path):
     X, y = _data(tmp_path)
-    cfg = parse_config({"data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.005},
-                        "methods": [{"method": "nml", "dim": 3, "pairs": 2000, "iters": 4000, "lr": 30.0},
-                                    {"method": "linear-ml", "dim": 3, "pairs": 2000, "iters": 4000}]})
-    ctx = StageContext(client, Store(str(tmp_path / "s")), cfg, log=lambda m: None)
-    data = run_stage(ctx)
+    ctx, data, stats = staged(client, tmp_path / "s", {
+        "data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.005},
+        "methods": [{"method": "nml", "dim": 3, "pairs": 2000, "iters": 4000, "lr": 30.0},
+                    {"method": "linear-ml", "dim": 3, "pairs": 2000, "iters": 4000}]})
     assert len(data.chunks) > 3
-    stats = run_statistics(ctx, data)
     models = run_train(ctx, data, stats, None)
     codes = run_encode(ctx, data, models)
     for (spec, unit), (_, cunit, dim) in zip(models, codes):
@@ -88,11 +85,9 @@ def stats_pca(stats, d):
 def test_negative_features_are_a_one_line_error_for_nml(client, tmp_path):
     X, y = make_blobs(n=200, d=6, classes=2, seed=1)
     np.savez(tmp_path / "neg.npz", X=X, y=y)
-    cfg = parse_config({"data": {"path": str(tmp_path / "neg.npz")},
-                        "methods": [{"method": "nml", "dim": 2, "pairs": 100, "iters": 100}]})
-    ctx = StageContext(client, Store(str(tmp_path / "s")), cfg, log=lambda m: None)
-    data = run_stage(ctx)
-    stats = run_statistics(ctx, data)
+    ctx, data, stats = staged(client, tmp_path / "s", {"data": {"path": str(tmp_path / "neg.npz")},
+                                                       "methods": [{"method": "nml", "dim": 2, "pairs": 100,
+                                                                    "iters": 100}]})
     with pytest.raises(InputError, match="needs non-negative features"):
         run_train(ctx, data, stats, None)
 
@@ -103,14 +98,11 @@ def test_user_pairs_and_label_pairs_take_the_same_code_path(client, tmp_path):
     spec = {"method": "nml", "dim": 2, "pairs": 1000, "iters": 1500, "lr": 30.0}
     out = {}
     for name, extra in (("labels", {}), ("user", {"pairs": str(tmp_path / "pairs.npz")})):
-        cfg = parse_config({"data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.005, **extra},
-                            "methods": [spec]})
-        ctx = StageContext(client, Store(str(tmp_path / name)), cfg, log=lambda m: None)
-        data = run_stage(ctx)
+        ctx, data, stats = staged(client, tmp_path / name, {
+            "data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.005, **extra}, "methods": [spec]})
         if name == "labels":  # the user hands in exactly the pairs the labels would give
             i, j, yy = sample_pairs(open_array(f"{data.url}/label")[:], open_array(f"{data.url}/split")[:], 1000, 0)
             np.savez(tmp_path / "pairs.npz", i=i, j=j, y=yy)
-        stats = run_statistics(ctx, data)
         [(_, unit)] = run_train(ctx, data, stats, None)
         out[name] = (open_array(f"{unit.url}/L")[:], unit.meta())
     assert np.array_equal(out["labels"][0], out["user"][0])

@@ -87,16 +87,14 @@ def test_randomized_pca_when_d_exceeds_max_dense_dim(client, tmp_path):
 
 def test_sparse_projector_stage_stores_a_sparse_model_and_encodes_with_it(client, tmp_path):
     from pipeline.stages import _load_model
-    from tests.conftest import make_blobs
+    from tests.conftest import make_blobs, staged
 
     X, y = make_blobs(n=400, d=20, classes=4, sep=0.8)
     np.savez(tmp_path / "d.npz", X=X, y=y)
-    cfg = parse_config({"data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.01},
-                        "methods": [{"method": "sparse", "dim": 3, "sparsity": 0.75, "train_size": 200,
-                                     "max_iter": 5, "queries": 20}]})
-    ctx = StageContext(client, Store(str(tmp_path / "s")), cfg, log=lambda m: None)
-    data = stages.run_stage(ctx)
-    stats = stages.run_statistics(ctx, data)
+    ctx, data, stats = staged(client, tmp_path / "s", {
+        "data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.01},
+        "methods": [{"method": "sparse", "dim": 3, "sparsity": 0.75, "train_size": 200, "max_iter": 5,
+                     "queries": 20}]})
     [(spec, model)] = stages.run_train(ctx, data, stats, None)
     m = _load_model(model.url)
     assert hasattr(m.W, "nnz") and list(np.diff(m.W.indptr)) == [5, 5, 5]  # M = (1 - 0.75) * 20

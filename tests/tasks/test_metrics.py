@@ -38,7 +38,7 @@ def test_class_average_weights_classes_equally():
 
 def test_knn_ranking_matches_sklearn_for_odd_k():
     X, y = make_blobs(n=500, d=5, sep=1.0, seed=3)
-    Xtr, ytr, Xte, yte = X[:400], y[:400], X[400:], y[400:]
+    Xtr, ytr, Xte = X[:400], y[:400], X[400:]
     d = metrics.sq_distances(Xte, Xtr)
     order = np.argsort(d, axis=1, kind="stable")[:, :7]
     for k in (1, 7):
