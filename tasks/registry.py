@@ -13,11 +13,12 @@ from tasks.errors import InputError
 
 @dataclass(frozen=True)
 class Param:
-    kind: type                 # int, float or str
+    kind: type                 # int, float, str, bool, list (class indices) or dict (keys in choices)
     default: object = None
     minimum: float | None = None
     choices: tuple = ()
     sweep: bool = False        # a list value means one model per entry
+    words: tuple = ()          # strings also accepted (e.g. rank: full), stored as given
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,9 @@ SLNE_PARAMS = {
     "seed": Param(int, 0, minimum=0),
 }
 
+OPTIMIZERS = ("sgd", "adam")
+# SLEM's negative pool: the images of one split (never test), a seeded sample of count of them (None: all)
+NEGATIVES = Param(dict, {"split": "train", "count": 15000, "seed": 0}, choices=("split", "count", "seed"))
 PAIR_PARAMS = {
     "pairs": Param(int, 500000, minimum=2),      # pairs sampled from labels when the store has none
     "iters": Param(int, 1000000, minimum=1),     # pairs seen by SGD
@@ -90,9 +94,13 @@ METHODS = {
     # iters: pairs seen (Algorithm 1's steps), in mini-batches of batch pairs
     "nml": Method("nml", None, {"dim": Param(int, 64, minimum=1, sweep=True), **PAIR_PARAMS,
                                 "bias": Param(float, 0.1), "margin": Param(float, 0.02, minimum=0),
-                                "lr": Param(float, 10.0, minimum=0, sweep=True)}, trainer="nml", needs_covariance=False),
+                                # Adam: Algorithm 1's plain SGD ('sgd') needs lr ~300 on l1-normalised 784-d
+                                # input and lands below Adam (benchmarks/README.md)
+                                "optimizer": Param(str, "adam", choices=OPTIMIZERS),
+                                "lr": Param(float, 0.001, minimum=0, sweep=True)}, trainer="nml", needs_covariance=False),
     "linear-ml": Method("linear-ml", None, {"dim": Param(int, 64, minimum=1, sweep=True), **PAIR_PARAMS,
                                             "bias": Param(float, 1.0), "margin": Param(float, 0.2, minimum=0),
+                                            "optimizer": Param(str, "sgd", choices=OPTIMIZERS),
                                             "lr": Param(float, 0.1, minimum=0, sweep=True)}, trainer="nml"),
     # Mensink et al.: W (dim x D) from PCA, SGD on m = batch images per step at a fixed lr, the W with
     # the lowest validation error (every validate_every steps) kept; classes: train on these class
@@ -104,6 +112,24 @@ METHODS = {
     "ncmc": Method("ncmc", None, {"dim": DIM, "centroids": Param(int, 10, minimum=1, sweep=True),
                                   "train_centroids": Param(int, None, minimum=1, choices=(1,)),
                                   "kmeans_iters": Param(int, 10, minimum=1), **NCM_PARAMS}, trainer="ncmml"),
+    # Rezende et al.: each image is encoded by its square-loss exemplar classifier against a pool of
+    # negatives (negatives.split, a seeded sample of negatives.count images; never the test split);
+    # kernel linear: code A^-1 (x - mu) normalised; gaussian / poly: Lemma 1 and Eq. 16 on a factor of
+    # the negatives' kernel (rank full or r; decomposition cholesky, kpca or icd)
+    "slem": Method("slem", None, {"kernel": Param(str, "linear", choices=("linear", "gaussian", "poly"), sweep=True),
+                                  "gamma": Param(float, 1.0, minimum=0, sweep=True),
+                                  "lambda": Param(float, 1e-3, minimum=0, sweep=True),
+                                  "rank": Param(int, "full", minimum=1, sweep=True, words=("full",)),
+                                  "decomposition": Param(str, "cholesky", choices=("cholesky", "kpca", "icd"), sweep=True),
+                                  "negatives": NEGATIVES},
+                   trainer="slem", needs_covariance=False),
+    # the exemplar SVM baseline (Eq. 1, hinge loss) by SGD per image: epochs over the negatives in
+    # batches of batch negatives, positive weight theta
+    "esvm": Method("esvm", None, {"lambda": Param(float, 1e-3, minimum=0, sweep=True),
+                                  "theta": Param(float, 1.0, minimum=0, sweep=True),
+                                  "epochs": Param(int, 2, minimum=1), "batch": Param(int, 64, minimum=1),
+                                  "negatives": NEGATIVES, "seed": Param(int, 0, minimum=0)},
+                   trainer="slem", needs_covariance=False),
     # k-NN metric learning: triplet hinge with targets fixed (l2), all same-class, or dynamic (current
     # W), k targets per query, batch = m images per step (2/3 from one class)
     "knnml": Method("knnml", None, {"dim": DIM, "targets": Param(str, "dynamic", choices=("dynamic", "all", "fixed"),
@@ -115,6 +141,13 @@ METHODS = {
 
 
 def _check_value(method: str, key: str, p: Param, v):
+    if isinstance(v, str) and v in p.words:
+        return v
+    if p.kind is dict:
+        if not isinstance(v, dict) or set(v) - set(p.choices):
+            raise InputError(f"The '{key}' parameter of {method} must be a mapping with keys among "
+                             f"{list(p.choices)}. Got {v!r} instead.")
+        return {**p.default, **v}
     if p.kind is list:  # a list of non-negative integers, one value (not a sweep)
         if not isinstance(v, list) or not v or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v):
             raise InputError(f"The '{key}' parameter of {method} must be a non-empty list of class indices "
@@ -125,10 +158,11 @@ def _check_value(method: str, key: str, p: Param, v):
     else:
         ok = (isinstance(v, p.kind) or (p.kind is float and isinstance(v, int))) and not isinstance(v, bool)
     if not ok:
-        raise InputError(f"The '{key}' parameter of {method} must be {p.kind.__name__}. Got {v!r} instead.")
+        also = "".join(f" or '{w}'" for w in p.words)
+        raise InputError(f"The '{key}' parameter of {method} must be {p.kind.__name__}{also}. Got {v!r} instead.")
     if p.minimum is not None and v < p.minimum:
         raise InputError(f"The '{key}' parameter of {method} must be >= {p.minimum}. Got {v!r} instead.")
-    if p.choices and v not in p.choices:
+    if p.choices and v not in p.choices:  # (p.words were accepted above)
         raise InputError(f"The '{key}' parameter of {method} must be one of {list(p.choices)}. Got {v!r} instead.")
     return p.kind(v)
 

@@ -47,7 +47,7 @@ def test_nml_and_linear_ml_train_encode_and_match_their_definitions(client, tmp_
     X, y = _data(tmp_path)
     ctx, data, stats = staged(client, tmp_path / "s", {
         "data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.005},
-        "methods": [{"method": "nml", "dim": 3, "pairs": 2000, "iters": 4000, "lr": 30.0},
+        "methods": [{"method": "nml", "dim": 3, "pairs": 2000, "iters": 4000, "lr": 30.0, "optimizer": "sgd"},
                     {"method": "linear-ml", "dim": 3, "pairs": 2000, "iters": 4000}]})
     assert len(data.chunks) > 3
     models = run_train(ctx, data, stats, None)
@@ -95,7 +95,7 @@ def test_negative_features_are_a_one_line_error_for_nml(client, tmp_path):
 def test_user_pairs_and_label_pairs_take_the_same_code_path(client, tmp_path):
     """The same pairs given by the user give the same model as when sampled from the labels."""
     X, y = _data(tmp_path)
-    spec = {"method": "nml", "dim": 2, "pairs": 1000, "iters": 1500, "lr": 30.0}
+    spec = {"method": "nml", "dim": 2, "pairs": 1000, "iters": 1500, "lr": 0.01}  # the default optimizer, Adam
     out = {}
     for name, extra in (("labels", {}), ("user", {"pairs": str(tmp_path / "pairs.npz")})):
         ctx, data, stats = staged(client, tmp_path / name, {

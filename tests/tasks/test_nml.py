@@ -63,3 +63,42 @@ def test_linear_gradient_matches_finite_differences():
 def test_negative_features_are_refused():
     with pytest.raises(InputError, match="non-negative features .* first at row 1, column 0"):
         nml.check_nonnegative(np.array([[0.1, 0.2], [-0.3, 0.0]]), "x.npz")
+
+
+def test_reused_work_buffer_gives_the_fresh_result_on_gathered_and_dense_columns():
+    rng = np.random.default_rng(5)
+    L = rng.uniform(-0.5, 0.5, (4, 30))
+    work = np.empty(4 * 9 * 30, np.float32)
+    sparse = rng.random((9, 30)) * (rng.random((9, 30)) > 0.5)
+    sparse[:, :10] = 0.0                         # the union of non-zero columns is 2/3 of D: gathered
+    dense = rng.random((5, 30))                  # all columns: no gather
+    for X in (sparse, dense, sparse[:3]):
+        K, R, cols = nml.chi2_embed(L, X, gradient=True, work=work)
+        np.testing.assert_allclose(K, nml.chi2_kernel(X, L), rtol=1e-5, atol=1e-7)
+        full = np.zeros((4, len(X), 30), np.float32)
+        full[:, :, cols] = R
+        Xa, La = X[None], np.abs(L)[:, None, :]
+        expect = np.divide(Xa * Xa, (La + Xa) ** 2, out=np.zeros_like(La + Xa), where=La + Xa > 0)
+        np.testing.assert_allclose(full, expect, rtol=1e-5, atol=1e-9)
+    assert len(nml.chi2_embed(L, sparse, True, work)[2]) < 30 == len(nml.chi2_embed(L, dense, True, work)[2])
+
+
+def test_sgd_step_is_algorithm_1s_update_and_adam_lowers_the_hinge():
+    Xi, Xj, y, L = _pairs(n=40, D=12, d=3, seed=4)
+    _, G, _ = nml.nml_loss_and_gradient(L, Xi, Xj, y, 0.1, 0.02)
+    sgd = nml.PairSGD(L, "nml", 50.0, 0.1, 0.02)
+    sgd.step(Xi, Xj, y)
+    np.testing.assert_allclose(sgd.L, L - 50.0 * G, rtol=1e-6, atol=1e-9)
+    adam = nml.PairSGD(L, "nml", 0.01, 0.1, 0.02, optimizer="adam")
+    first = nml.nml_loss_and_gradient(L, Xi, Xj, y, 0.1, 0.02)[0]
+    for _ in range(200):
+        adam.step(Xi, Xj, y)
+    after = nml.nml_loss_and_gradient(adam.L, Xi, Xj, y, 0.1, 0.02)[0]
+    assert after < 0.5 * first
+    # Adam's first step moves every entry with a non-zero gradient by lr (the bias-corrected ratio is +-1)
+    one = nml.PairSGD(L, "nml", 0.01, 0.1, 0.02, optimizer="adam")
+    one.step(Xi, Xj, y)
+    moved = np.abs(one.L - L)[G != 0]
+    np.testing.assert_allclose(moved, 0.01, rtol=1e-6)
+    with pytest.raises(ValueError, match="optimizer"):
+        nml.PairSGD(L, "nml", 0.01, 0.1, 0.02, optimizer="rmsprop")
