@@ -96,6 +96,20 @@ def _fail(where: str, key: str, msg: str):
     raise ConfigError(f"{where}: {key}: {msg}")
 
 
+def _check_negatives(neg: dict, where: str, key: str) -> None:
+    """SLEM's negative pool: a split other than test (the evaluation images), count >= 2 or null."""
+    if neg["split"] not in SPLIT_NAMES or neg["split"] == "test":
+        _fail(where, f"{key}.split", f"must name the split of the negative images, one of "
+              f"{', '.join(n for n in SPLIT_NAMES if n != 'test')} (never test: those are the queries); "
+              f"got {neg['split']!r}")
+    c = neg["count"]
+    if c is not None and (not isinstance(c, int) or isinstance(c, bool) or c < 2):
+        _fail(where, f"{key}.count", f"must be an integer >= 2 (images sampled from the split) or null for "
+              f"all of them; got {c!r}")
+    if not isinstance(neg["seed"], int) or isinstance(neg["seed"], bool) or neg["seed"] < 0:
+        _fail(where, f"{key}.seed", f"must be an integer >= 0; got {neg['seed']!r}")
+
+
 def _check_keys(d: dict, allowed, where: str, prefix: str):
     if not isinstance(d, dict):
         _fail(where, prefix.rstrip(".") or "config", f"expected a mapping, got {type(d).__name__} {d!r}")
@@ -202,6 +216,8 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
             _fail(where, f"methods[{i}]", f"expected a mapping with a 'method' key, got {entry!r}")
         try:
             for spec in expand_method(entry):
+                if "negatives" in spec:
+                    _check_negatives(spec["negatives"], where, f"methods[{i}].negatives")
                 ident = json.dumps(spec, sort_keys=True)
                 if ident not in seen:
                     seen.add(ident)

@@ -100,7 +100,8 @@ def _train(spec, data_url, stats_url, chunks, model_url) -> dict:
             raise InputError(f"The 'dim' parameter of linear-ml must be <= {len(stats['pca_components'])}. "
                              f"Got {spec['dim']} instead.")
         L0 = stats["pca_components"][:spec["dim"]]
-    sgd = nml.PairSGD(L0, kind, spec["lr"], spec["bias"], spec["margin"], spec["learn_bias"], spec["optimizer"])
+    sgd = nml.PairSGD(L0, kind, spec["lr"], spec["bias"], spec["margin"], spec["learn_bias"], spec["optimizer"],
+                      spec.get("threads", 1))
     history, every = [], max(1, spec["iters"] // 50)
     t0 = time.perf_counter()
     losses = []

@@ -5,6 +5,7 @@ Worker-side functions (prefixed ``_``) read exactly the row-block they are given
 write their own chunk-aligned region, so no task ever holds more than a row-block of features
 (a kNN task holds a query block and a database block) and no two tasks write the same chunk.
 """
+import importlib
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -385,15 +386,9 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
         unit.begin()
         if method.trainer == "statistics":
             fut = ctx.submit(_train_model, spec, stats.url, unit.url, name=f"train-{model_id(spec)}")
-        elif method.trainer == "sparse":
-            from pipeline import sparse_train
-            fut = sparse_train.submit(ctx, spec, data, stats, unit, model_id(spec))
-        elif method.trainer == "nml":
-            from pipeline import nml_train
-            fut = nml_train.submit(ctx, spec, data, stats, unit, model_id(spec))
-        elif method.trainer == "ncmml":
-            from pipeline import ncmml_train
-            fut = ncmml_train.submit(ctx, spec, data, stats, unit, model_id(spec))
+        elif method.trainer in ("sparse", "nml", "ncmml", "slem"):  # pipeline/<trainer>_train.py
+            trainer = importlib.import_module(f"pipeline.{method.trainer}_train")
+            fut = trainer.submit(ctx, spec, data, stats, unit, model_id(spec))
         else:
             from pipeline import slne_train
             fut = slne_train.submit(ctx, spec, data, stats, neighbours, unit, model_id(spec))
@@ -415,9 +410,11 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
 @lru_cache(maxsize=8)
 def _load_model(model_url: str) -> LinearModel:
     arrays, attrs = load_arrays(model_url)
-    if attrs.get("kind") == "chi2-embedding":  # NML: a non-linear encoder with the same interface
-        from tasks.nml import ChiEmbedding
-        return ChiEmbedding.from_arrays(arrays, attrs)
+    if attrs.get("kind"):  # a non-linear encoder with LinearModel's interface
+        from tasks import nml, slem
+        kinds = {"chi2-embedding": nml.ChiEmbedding, "slem-linear": slem.LinearSLEM, "slem-kernel": slem.KernelSLEM,
+                 "esvm": slem.ESVMEncoder}
+        return kinds[attrs["kind"]].from_arrays(arrays, attrs)
     return LinearModel.from_arrays(arrays, attrs)
 
 
@@ -468,7 +465,11 @@ def run_encode(ctx: StageContext, data: DataInfo, models: list) -> list[tuple[di
 # ---- 6. evaluate ---------------------------------------------------------------------------------------
 
 def _scores(Q: np.ndarray, X: np.ndarray, score: str) -> np.ndarray:
-    """Distances to rank by (ascending): squared Euclidean, or minus the inner product."""
+    """Distances to rank by (ascending): squared Euclidean, minus the inner product, or minus kernel
+    SLEM's similarity (Eq. 16, score "slem:...")."""
+    if score.startswith("slem:"):
+        from tasks.slem import similarity
+        return -similarity(Q, X, score).astype(np.float32)
     return metrics.sq_distances(Q, X) if score == "euclidean" else -(np.asarray(Q, np.float32) @ X.T)
 
 
@@ -501,8 +502,10 @@ def _classify_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, trai
         metric = "l2" if score == "euclidean" else "ip"
         best = knn.empty_topk(len(Q), kmax)
         for rows in train_blocks:
-            best = knn.merge_topk(best, knn.block_topk(Q, read_rows(db_url, rows), kmax, x_ids=rows,
-                                                       metric=metric), kmax)
+            X = read_rows(db_url, rows)
+            part = knn.distance_topk(_scores(Q, X, score), rows, kmax) if score.startswith("slem:") else \
+                knn.block_topk(Q, X, kmax, x_ids=rows, metric=metric)
+            best = knn.merge_topk(best, part, kmax)
         nb_labels = np.where(best[1] >= 0, labels[np.maximum(best[1], 0)], -1)
         for k in ks:
             errs = metrics.topk_errors(metrics.knn_class_ranking(nb_labels, n_classes, k), y)
@@ -601,6 +604,11 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
         if cmeta.get("bilinear"):
             views.append(("exact", f"{cunit.url}/query", f"{cunit.url}/base", "inner"))
         for view, q_url, db_url, score in views:
+            odd = [c for c in ev.classifiers if not c.startswith("knn")]
+            if score.startswith("slem:") and odd:
+                raise InputError(f"{ctx.config.source_file}: evaluate.classification.classifiers: {', '.join(odd)} "
+                                 f"need codes in a vector space; kernel SLEM ({model_id(spec)}) compares images by "
+                                 f"Eq. 16 only, so use knnK classifiers or retrieval")
             means = None
             if "ncm" in ev.classifiers:
                 parts = [ctx.submit(_moments_block, data.url, a, b, len(data.classes), False, db_url,

@@ -85,6 +85,14 @@ def block_topk(Q: np.ndarray, X: np.ndarray, k: int, db_offset: int = 0,
     return best
 
 
+def distance_topk(d: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The top-k list of a precomputed (n, m) distance block whose columns are the rows ``ids``."""
+    part = _select(d, min(k, d.shape[1]))
+    cand_d = np.take_along_axis(d, part, 1).astype(np.float32)
+    cand = (cand_d, np.where(np.isinf(cand_d), -1, np.asarray(ids, np.int64)[part]))
+    return merge_topk(empty_topk(len(d), k), cand, k)
+
+
 def _select(d: np.ndarray, k: int) -> np.ndarray:
     """Column positions of the k smallest entries of each row, ties resolved towards lower columns.
 

@@ -23,14 +23,27 @@ from tasks.errors import InputError
 TINY = np.float32(1e-18)
 
 
-def chi2_embed(L: np.ndarray, X: np.ndarray, gradient: bool = False, work: np.ndarray | None = None):
+def _over_rows(pool, d: int, f) -> None:
+    """f(slice of L's rows) over ``pool``'s threads (numpy's loops release the GIL), or inline. Each row
+    t is computed by the same calls whatever the split, so the result does not depend on the pool."""
+    if pool is None or d < 2:
+        f(slice(0, d))
+        return
+    n = pool._max_workers
+    cuts = np.linspace(0, d, min(n, d) + 1).astype(int)
+    list(pool.map(f, [slice(a, b) for a, b in zip(cuts[:-1], cuts[1:])]))
+
+
+def chi2_embed(L: np.ndarray, X: np.ndarray, gradient: bool = False, work: np.ndarray | None = None, pool=None):
     """k(l_t, x_i) for rows x_i of X (n, D) and rows l_t of L (d, D): (n, d); with
     ``gradient`` also half of Eq. 12's dk/dl = 2 x |x| / (|x| + |l|)^2 as a (d, n, D') array over the columns
     D' where some x_i is non-zero (returned with their indices).
 
     ``work``, a flat float array reused across calls, holds the (d, n, D') temporary: allocating it afresh
     costs page faults on every call when malloc returns large blocks to the system at once (as under a
-    Dask nanny's MALLOC_TRIM_THRESHOLD_); the gradient returned is then a view of ``work``."""
+    Dask nanny's MALLOC_TRIM_THRESHOLD_); the gradient returned is then a view of ``work``. ``pool``
+    (a ThreadPoolExecutor) splits the rows of L over its threads: the passes are memory-bound numpy
+    loops, which release the GIL."""
     dt = np.float64 if np.asarray(X).dtype == np.float64 else np.float32  # float32 unless given float64
     X = np.asarray(X, dt)
     cols = np.flatnonzero((X != 0).any(axis=0))
@@ -44,15 +57,21 @@ def chi2_embed(L: np.ndarray, X: np.ndarray, gradient: bool = False, work: np.nd
     if work is None or work.dtype != dt or work.size < size:
         work = np.empty(size, dt)
     R = work[:size].reshape(shape)
-    np.add((np.abs(Lc) + dt(TINY))[:, None, :], np.abs(Xc)[None, :, :], out=R)   # |l| + |x|
-    np.divide(Xc[None, :, :], R, out=R)                            # x / (|l| + |x|)
-    K = 2.0 * np.matmul(R, Lc[:, :, None])[:, :, 0].T             # sum_c 2 l x / (|l| + |x|)  (Eq. 11)
-    if not gradient:
-        return K
-    np.multiply(R, R, out=R)                                       # x^2 / (|l| + |x|)^2
-    if (Xc < 0).any():
-        R *= np.sign(Xc)[None, :, :]                               # x |x| / (|l| + |x|)^2
-    return K, R, cols                                              # Eq. 12 is 2 R
+    K = np.empty((shape[1], shape[0]), dt)
+    absL, absX = np.abs(Lc) + dt(TINY), np.abs(Xc)
+    signs = np.sign(Xc) if gradient and (Xc < 0).any() else None
+
+    def rows(t):
+        np.add(absL[t, None, :], absX[None, :, :], out=R[t])         # |l| + |x|
+        np.divide(Xc[None, :, :], R[t], out=R[t])                   # x / (|l| + |x|)
+        K[:, t] = 2.0 * np.matmul(R[t], Lc[t, :, None])[:, :, 0].T  # sum_c 2 l x / (|l| + |x|)  (Eq. 11)
+        if gradient:
+            np.multiply(R[t], R[t], out=R[t])                        # x^2 / (|l| + |x|)^2
+            if signs is not None:
+                R[t] *= signs[None, :, :]                            # x |x| / (|l| + |x|)^2
+
+    _over_rows(pool, shape[0], rows)
+    return (K, R, cols) if gradient else K                            # Eq. 12 is 2 R
 
 
 def chi2_kernel(A: np.ndarray, B: np.ndarray) -> np.ndarray:
@@ -68,10 +87,10 @@ def hinge(d2: np.ndarray, y: np.ndarray, bias: float, margin: float) -> np.ndarr
 
 
 def nml_loss_and_gradient(L: np.ndarray, Xi: np.ndarray, Xj: np.ndarray, y: np.ndarray, bias: float,
-                          margin: float, work: np.ndarray | None = None):
+                          margin: float, work: np.ndarray | None = None, pool=None):
     """Mean hinge of Eq. 9 over the pairs and its subgradient with respect to L (Eq. 10) and b."""
     n = len(y)
-    K, dK, cols = chi2_embed(L, np.concatenate([Xi, Xj]), gradient=True, work=work)
+    K, dK, cols = chi2_embed(L, np.concatenate([Xi, Xj]), gradient=True, work=work, pool=pool)
     diff = K[:n] - K[n:]                                          # k_i^t - k_j^t
     d2 = (diff ** 2).sum(1)
     loss = hinge(d2, y, bias, margin)
@@ -81,7 +100,13 @@ def nml_loss_and_gradient(L: np.ndarray, Xi: np.ndarray, Xj: np.ndarray, y: np.n
     G = np.zeros(L.shape, np.float64)
     # sum over pairs of c (grad k_i - grad k_j): one batched reduction over the 2n images
     cc = np.concatenate([c, -c]).T[:, None, :]                    # (d, 1, 2n)
-    G[:, cols] = np.matmul(cc, dK)[:, 0, :] / n
+    Gc = np.empty((len(L), len(cols)), dK.dtype)
+
+    def rows(t):
+        Gc[t] = np.matmul(cc[t], dK[t])[:, 0, :]
+
+    _over_rows(pool, len(L), rows)
+    G[:, cols] = Gc / n
     gb = -np.where(active, y, 0.0).mean()
     return float(loss.mean()), G, gb
 
@@ -116,7 +141,7 @@ class PairSGD:
     2 x^2 / (|x| + |l|)^2 is ~1e-4 for l drawn from (-0.5, 0.5), so plain SGD barely moves L."""
 
     def __init__(self, L0: np.ndarray, kind: str, lr: float, bias: float, margin: float, learn_bias: bool = False,
-                 optimizer: str = "sgd"):
+                 optimizer: str = "sgd", threads: int = 1):
         if optimizer not in ("sgd", "adam"):
             raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
         self.L = np.array(L0, np.float64)
@@ -125,6 +150,10 @@ class PairSGD:
         self.pairs_seen = self.steps = 0
         self.work = None  # NML's reused (d, 2 x batch, D) temporary
         self.moments = None
+        self.pool = None
+        if threads > 1 and kind == "nml":
+            from concurrent.futures import ThreadPoolExecutor
+            self.pool = ThreadPoolExecutor(threads)
 
     def _direction(self, G: np.ndarray, gb: float):
         """The step for L and b from their gradients."""
@@ -149,7 +178,7 @@ class PairSGD:
         if self.kind == "nml":
             if self.work is None or self.work.size < 2 * len(y) * self.L.size:
                 self.work = np.empty(2 * len(y) * self.L.size, np.float32)
-            loss, G, gb = nml_loss_and_gradient(self.L, Xi, Xj, y, self.bias, self.margin, self.work)
+            loss, G, gb = nml_loss_and_gradient(self.L, Xi, Xj, y, self.bias, self.margin, self.work, self.pool)
         else:
             loss, G, gb = linear_loss_and_gradient(self.L, Xi, Xj, y, self.bias, self.margin)
         self.steps += 1

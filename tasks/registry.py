@@ -97,6 +97,9 @@ METHODS = {
                                 # Adam: Algorithm 1's plain SGD ('sgd') needs lr ~300 on l1-normalised 784-d
                                 # input and lands below Adam (benchmarks/README.md)
                                 "optimizer": Param(str, "adam", choices=OPTIMIZERS),
+                                # threads of the one task that trains this model (the kernel's passes are
+                                # split over L's rows; the model is the same bit for bit)
+                                "threads": Param(int, 1, minimum=1),
                                 "lr": Param(float, 0.001, minimum=0, sweep=True)}, trainer="nml", needs_covariance=False),
     "linear-ml": Method("linear-ml", None, {"dim": Param(int, 64, minimum=1, sweep=True), **PAIR_PARAMS,
                                             "bias": Param(float, 1.0), "margin": Param(float, 0.2, minimum=0),
@@ -118,14 +121,14 @@ METHODS = {
     # the negatives' kernel (rank full or r; decomposition cholesky, kpca or icd)
     "slem": Method("slem", None, {"kernel": Param(str, "linear", choices=("linear", "gaussian", "poly"), sweep=True),
                                   "gamma": Param(float, 1.0, minimum=0, sweep=True),
-                                  "lambda": Param(float, 1e-3, minimum=0, sweep=True),
+                                  "lambda": Param(float, 0.1, minimum=0, sweep=True),   # for l2-normalised features
                                   "rank": Param(int, "full", minimum=1, sweep=True, words=("full",)),
                                   "decomposition": Param(str, "cholesky", choices=("cholesky", "kpca", "icd"), sweep=True),
                                   "negatives": NEGATIVES},
                    trainer="slem", needs_covariance=False),
     # the exemplar SVM baseline (Eq. 1, hinge loss) by SGD per image: epochs over the negatives in
     # batches of batch negatives, positive weight theta
-    "esvm": Method("esvm", None, {"lambda": Param(float, 1e-3, minimum=0, sweep=True),
+    "esvm": Method("esvm", None, {"lambda": Param(float, 0.1, minimum=0, sweep=True),
                                   "theta": Param(float, 1.0, minimum=0, sweep=True),
                                   "epochs": Param(int, 2, minimum=1), "batch": Param(int, 64, minimum=1),
                                   "negatives": NEGATIVES, "seed": Param(int, 0, minimum=0)},

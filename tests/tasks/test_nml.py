@@ -102,3 +102,13 @@ def test_sgd_step_is_algorithm_1s_update_and_adam_lowers_the_hinge():
     np.testing.assert_allclose(moved, 0.01, rtol=1e-6)
     with pytest.raises(ValueError, match="optimizer"):
         nml.PairSGD(L, "nml", 0.01, 0.1, 0.02, optimizer="rmsprop")
+
+
+def test_threads_split_the_rows_of_L_without_changing_a_bit():
+    Xi, Xj, y, L = _pairs(n=40, D=30, d=7, seed=6)
+    one = nml.PairSGD(L, "nml", 0.01, 0.1, 0.02, optimizer="adam")
+    two = nml.PairSGD(L, "nml", 0.01, 0.1, 0.02, optimizer="adam", threads=3)
+    for s in range(5):
+        assert one.step(Xi, Xj, y) == two.step(Xi, Xj, y)
+    assert np.array_equal(one.L, two.L)
+    np.testing.assert_array_equal(nml.chi2_embed(L, Xi), nml.chi2_embed(L, Xi, pool=two.pool))

@@ -1,0 +1,95 @@
+import numpy as np
+import pytest
+
+from pipeline.config import ConfigError, parse_config
+from pipeline.slem_train import negative_rows
+from pipeline.stages import run_encode, run_evaluate, run_train
+from pipeline.storage import load_arrays, open_array
+from tasks import slem
+from tests.conftest import make_blobs, staged
+
+
+def _data(tmp_path, n=600, D=12):
+    X, y = make_blobs(n, D, 4, seed=3)
+    np.savez(tmp_path / "d.npz", X=X.astype(np.float32), y=y)
+    return X, y
+
+
+def test_slem_models_train_encode_and_match_their_definitions(client, tmp_path):
+    X, y = _data(tmp_path)
+    neg = {"split": "train", "count": 200, "seed": 1}
+    ctx, data, stats = staged(client, tmp_path / "s", {
+        "data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.005, "split": {"test": 0.25, "seed": 0}},
+        "methods": [{"method": "slem", "lambda": 0.1, "negatives": {"split": "train", "count": None}},
+                    {"method": "slem", "lambda": 0.1, "negatives": neg},
+                    {"method": "slem", "kernel": "gaussian", "gamma": 0.05, "lambda": 0.1, "negatives": neg},
+                    {"method": "slem", "kernel": "poly", "gamma": 0.1, "lambda": 0.1, "rank": 8,
+                     "decomposition": "icd", "negatives": neg},
+                    {"method": "esvm", "lambda": 0.01, "epochs": 3, "negatives": neg}],
+        "evaluate": {"retrieval": {"k": [10]}, "classification": {"classifiers": ["knn1"]}}})
+    assert len(data.chunks) > 3
+    split = open_array(f"{data.url}/split")[:]
+    Xs = open_array(f"{data.url}/features")[:].astype(np.float64)
+    pool = negative_rows(split, neg, "t")
+    assert len(pool) == 200 and np.all(split[pool] == 0)            # train rows only, never test
+    models = run_train(ctx, data, stats, None)
+    codes = run_encode(ctx, data, models)
+    test = np.flatnonzero(split == 1)
+    got = {i: open_array(f"{cunit.url}/codes")[:][test] for i, (_, cunit, _) in enumerate(codes)}
+    train = Xs[split == 0]
+    # linear SLEM on the whole train split: A^-1 (x - mu) normalised, mu and A from numpy
+    A = np.cov(train.T, bias=True) + 0.1 * np.eye(X.shape[1])
+    ref = slem.unit_rows(np.linalg.solve(A, (Xs[test] - train.mean(0)).T).T)
+    np.testing.assert_allclose(got[0], ref, atol=2e-5)
+    # the same on a sampled pool, whose moments were streamed block by block
+    P = Xs[pool]
+    ref = slem.unit_rows(np.linalg.solve(np.cov(P.T, bias=True) + 0.1 * np.eye(X.shape[1]), (Xs[test] - P.mean(0)).T).T)
+    np.testing.assert_allclose(got[1], ref, atol=2e-5)
+    # kernel SLEM: the stored code is [beta_hat, v, u, x0] of a model fitted on the pool in memory
+    m = slem.KernelSLEM.fit(P, 0.1, "gaussian", 0.05, "cholesky", None)
+    np.testing.assert_allclose(got[2], m.transform(Xs[test]), rtol=1e-4, atol=1e-4)
+    assert got[3].shape[1] == 2 * 8 + 1 + X.shape[1]
+    # fit records: offline and online costs
+    for spec, unit in models:
+        meta = unit.meta()
+        assert meta["cost"]["offline_seconds"] >= 0 and meta["cost"]["online_seconds_per_image"] > 0
+    attrs = load_arrays(models[2][1].url)[1]
+    assert attrs["kind"] == "slem-kernel" and attrs["score"].startswith("slem:gaussian")
+    # evaluation uses Eq. 16 for the kernel model: its kNN-1 error equals a brute-force check
+    evals = run_evaluate(ctx, data, codes)
+    recs = evals[2][1].read_json("records.json")
+    err = next(r["value"] for r in recs if r["classifier"] == "knn1" and r["metric"] == "top1_error")
+    trc = open_array(f"{codes[2][1].url}/codes")[:][split == 0]
+    S = slem.similarity(got[2], trc, attrs["score"])
+    labels = open_array(f"{data.url}/label")[:]
+    assert err == pytest.approx(np.mean(labels[split == 0][S.argmax(1)] != labels[test]), abs=1e-9)
+    # ESVM codes are unit vectors that score their own image above the pool
+    E = got[4].astype(np.float64)
+    np.testing.assert_allclose(np.linalg.norm(E, axis=1), 1.0, atol=1e-5)
+
+
+def test_negatives_must_not_be_the_test_split_and_need_a_valid_count(tmp_path):
+    for neg, msg in (({"split": "test"}, "never test"), ({"split": "holdout"}, "must name the split"),
+                     ({"count": 1}, "integer >= 2"), ({"size": 5}, "keys among")):
+        with pytest.raises(ConfigError, match=msg):
+            parse_config({"data": {"source": "digits"}, "methods": [{"method": "slem", "negatives": neg}]})
+
+
+def test_an_empty_negative_split_is_a_one_line_error_naming_the_splits():
+    from tasks.errors import InputError
+    split = np.array([0, 0, 1, 1, 0], np.int8)
+    with pytest.raises(InputError, match=r"negatives.split 'negatives' holds 0 image\(s\).*train \(3\), test \(2\)"):
+        negative_rows(split, {"split": "negatives", "count": None, "seed": 0}, "c.yaml: slem")
+
+
+def test_kernel_slem_refuses_vector_space_classifiers(client, tmp_path):
+    from tasks.errors import InputError
+    _data(tmp_path)
+    ctx, data, stats = staged(client, tmp_path / "s", {
+        "data": {"path": str(tmp_path / "d.npz"), "split": {"test": 0.25, "seed": 0}},
+        "methods": [{"method": "slem", "kernel": "poly", "rank": 4, "decomposition": "kpca",
+                     "negatives": {"count": 50}}],
+        "evaluate": {"classification": {"classifiers": ["ncm"]}}})
+    codes = run_encode(ctx, data, run_train(ctx, data, stats, None))
+    with pytest.raises(InputError, match="ncm need codes in a vector space"):
+        run_evaluate(ctx, data, codes)
