@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from pipeline.config import RunConfig, load_config, parse_config
+from pipeline.context import STAGES
 from pipeline.errors import StageError
 from tasks.errors import InputError
 
@@ -30,9 +31,9 @@ def handle_errors(fn):
             if verbose:
                 raise
             _echo(f"error: {str(e).splitlines()[0]}")
-            store = kwargs.get("store") or getattr(click.get_current_context(), "_store", None)
-            if isinstance(e, StageError) and store:
-                _echo(f"to resume: metricpipe run {kwargs.get('config', 'CONFIG')} --store {store} --resume")
+            if isinstance(e, StageError) and "config" in kwargs:
+                store = f" --store {kwargs['store']}" if kwargs.get("store") else ""
+                _echo(f"to resume: metricpipe run {kwargs['config']}{store} --resume (finished stages are kept)")
             sys.exit(EXIT_INPUT)
         except KeyboardInterrupt:
             _echo("interrupted; finished stages are kept, rerun with --resume to continue")
@@ -69,16 +70,19 @@ def _apply(cfg: RunConfig, store, cluster, workers, memory_limit) -> RunConfig:
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.option("--store", help="Store directory or fsspec URL (overrides config).")
 @_cluster_options
-@click.option("--resume/--force", default=True, show_default=True,
-              help="Reuse finished stages whose inputs match, or recompute everything.")
+@click.option("--resume/--no-resume", default=True, show_default=True,
+              help="Reuse committed, intact stages whose inputs match, or recompute everything.")
+@click.option("--force", type=click.Choice(list(STAGES)), help="Recompute this stage and every stage after it.")
+@click.option("--repair", is_flag=True, help="Recompute committed results whose files fail verification "
+                                             "(default: stop with an error naming the damaged file).")
 @click.option("--performance-report", type=click.Path(dir_okay=False), help="Write Dask's HTML performance report.")
 @handle_errors
-def run(config, store, cluster, workers, memory_limit, resume, performance_report):
+def run(config, store, cluster, workers, memory_limit, resume, force, repair, performance_report):
     """Run the whole pipeline described by CONFIG (YAML)."""
     from pipeline.runner import run_pipeline
 
     cfg = _apply(load_config(config), store, cluster, workers, memory_limit)
-    run_pipeline(cfg, resume=resume, log=_echo, performance_report=performance_report)
+    run_pipeline(cfg, resume=resume, log=_echo, performance_report=performance_report, force=force, repair=repair)
 
 
 @main.command()
@@ -126,7 +130,8 @@ def stage_cmd(source, store, features, labels, normalize, test_fraction, split_c
                  workers, memory_limit)
     st = Store(cfg.store)
     st.check_writable()
-    with connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard) as client:
+    with st.lock("metricpipe stage"), \
+            connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard) as client:
         _echo(f"Dashboard: {client.dashboard_link}")
         info = run_stage(StageContext(client, st, cfg, log=_echo))
     _echo(f"Staged {info.n_samples} x {info.n_features} into {info.unit.url}")
@@ -134,12 +139,23 @@ def stage_cmd(source, store, features, labels, normalize, test_fraction, split_c
 
 @main.command()
 @click.argument("store")
+@click.option("--verify", is_flag=True, help="Check every committed file against its checksum; exit 1 when "
+                                             "any is missing or corrupt.")
 @handle_errors
-def inspect(store):
+def inspect(store, verify):
     """Show what STORE holds: units, arrays, shapes, chunking and the inputs they were made from."""
-    from pipeline.inspect import describe
+    from pipeline.inspect import describe, verify_store
 
-    click.echo(describe(store))
+    if not verify:
+        click.echo(describe(store))
+        return
+    checked, problems = verify_store(store)
+    for p in problems:
+        click.echo(f"DAMAGED {p}")
+    click.echo(f"{checked} committed units checked; {len(problems)} problem(s)"
+               + ("; 'metricpipe run CONFIG --repair' recomputes the damaged units" if problems else ""))
+    if problems:
+        sys.exit(1)
 
 
 @main.command()
@@ -176,8 +192,12 @@ def report(store):
 def add_classes_cmd(store, new_data, features, labels, model, hierarchy, prior_weight, zero_shot):
     """Add the classes of NEW_DATA to STORE's NCMML/NCMC models without retraining W."""
     from pipeline.classes import add_classes
+    from pipeline.storage import Store
 
-    add_classes(store, new_data, features, labels, model, hierarchy, prior_weight, zero_shot, log=_echo)
+    st = Store(store)
+    st.check_exists()
+    with st.lock("metricpipe add-classes"):
+        add_classes(store, new_data, features, labels, model, hierarchy, prior_weight, zero_shot, log=_echo)
 
 
 @main.command()

@@ -8,6 +8,10 @@ from distributed import Client, LocalCluster
 
 from tasks.errors import InputError
 
+# A task may lose its worker this many times (pre-emption, OOM kill) before the run stops with a
+# message naming the stage and block; its retries recompute the identical result.
+ALLOWED_FAILURES = 3
+
 
 @contextlib.contextmanager
 def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limit="auto",
@@ -18,6 +22,8 @@ def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limi
     ``kind: kubernetes`` and the keyword arguments of that cluster class.
     """
     if cluster == "local":
+        import dask
+        dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES})
         with LocalCluster(n_workers=workers, threads_per_worker=threads_per_worker, processes=True,
                           memory_limit=memory_limit, dashboard_address=dashboard) as lc, Client(lc) as client:
             yield client

@@ -1,5 +1,8 @@
 """What every stage receives: the client, the store, the config, and helpers to submit and gather
 tasks with progress and errors that name the stage and the block."""
+import functools
+import os
+import signal
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -12,7 +15,16 @@ from pipeline.errors import StageError
 from pipeline.storage import Store
 from tasks.errors import InputError
 
-RETRIES = 2  # tasks are pure and seeded, so a retry after a lost worker gives the identical result
+# Tasks are pure and seeded, so a retry after a lost worker gives the identical result. A task whose
+# worker dies is rescheduled by Dask up to distributed.scheduler.allowed-failures times (cluster.py
+# sets it to ALLOWED_FAILURES), then fails with KilledWorker, which gather() reports with the stage
+# and block; RETRIES covers exceptions raised inside a task (e.g. a flaky filesystem read).
+RETRIES = 2
+# Fault injection for the reliability tests: METRICPIPE_FAILPOINT="TASKNAME-PREFIX:FLAGFILE" makes the
+# first task whose name starts with the prefix SIGKILL its own worker process (once: the flag file
+# records that it happened; FLAGFILE "always" kills it on every attempt).
+FAILPOINT = "METRICPIPE_FAILPOINT"
+STAGES = ("stage", "statistics", "neighbours", "train", "encode", "evaluate")
 
 
 @dataclass
@@ -23,9 +35,32 @@ class StageContext:
     resume: bool = True
     log: Callable[[str], None] = print
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    force: str | None = None     # recompute this stage and every stage after it
+    repair: bool = False         # recompute committed units whose files fail verification
+
+    def reuse(self, unit, stage: str) -> bool:
+        """Whether ``unit`` (of ``stage``) is committed, intact and may be reused; otherwise the caller
+        recomputes it. A damaged unit is an error naming its first bad file, unless ``repair``."""
+        if not self.resume or (self.force is not None and STAGES.index(stage) >= STAGES.index(self.force)):
+            return False
+        if not unit.done():
+            if unit.store.fs.exists(unit._root):
+                self.log(f"  {stage}: {unit.rel} was left unfinished by an interrupted run; recomputing it")
+            return False
+        bad = unit.verify()
+        if not bad:
+            return True
+        if self.repair:
+            self.log(f"  {stage}: repairing {unit.rel} ({bad[0]}); recomputing it")
+            return False
+        raise InputError(f"{unit.store.url}: {bad[0]}{f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''}; "
+                         f"rerun with --repair to recompute it, or check the disk")
 
     def submit(self, fn, *args, name: str, **kwargs):
         """Submit one task; ``name`` shows on the dashboard (one bar per kind of task)."""
+        point = os.environ.get(FAILPOINT)
+        if point and name.startswith(point.split(":", 1)[0]):
+            fn = functools.partial(_die_once, point.split(":", 1)[1], fn)
         return self.client.submit(fn, *args, key=f"{name}-{self.run_id}-{uuid.uuid4().hex[:6]}",
                                   retries=RETRIES, pure=False, **kwargs)
 
@@ -54,3 +89,14 @@ class StageContext:
             self.client.cancel(futures)
             raise
         return [f.result() for f in futures]
+
+
+def _die_once(flag: str, fn, *args, **kwargs):
+    if flag != "always":
+        try:
+            fd = os.open(flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return fn(*args, **kwargs)
+        os.close(fd)
+    time.sleep(0.2)  # let the task be seen running
+    os.kill(os.getpid(), signal.SIGKILL)

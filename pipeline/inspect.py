@@ -29,6 +29,19 @@ def describe(url: str) -> str:
     return "\n".join(lines)
 
 
+def verify_store(url: str) -> tuple[int, list[str]]:
+    """(committed units checked, problems): every file each marker lists, present and unchanged."""
+    store = Store(url)
+    store.check_exists()
+    checked, problems = 0, []
+    for kind in ("data", "statistics", "neighbours", "models", "codes", "evaluation"):
+        for u in store.units(kind):
+            if u.done():
+                checked += 1
+                problems += u.verify()
+    return checked, problems
+
+
 def _arrays(url: str) -> list[str]:
     import zarr
     try:

@@ -35,9 +35,26 @@ def build_report(store: Store, manifest: dict) -> str:
     doc = {"run": {k: manifest[k] for k in ("config", "dataset", "store", "versions", "started", "seconds")},
            "records": records, "timings": manifest["timings"]}
     curves = training_curves(store, manifest)
+    doc["model_timings"] = model_timings(store, manifest)
     store.write_text("report/metrics.json", to_json({**doc, "training": curves}))
     store.write_text("report/index.html", render_html(doc, curves))
     return store.path("report", "index.html")
+
+
+def model_timings(store: Store, manifest: dict) -> list[dict]:
+    """Measured costs a learner recorded (SLEM / ESVM: offline seconds, online seconds per image). Kept
+    apart from the records, which hold only what is the same on every rerun."""
+    from pipeline.storage import read_attrs
+    out = []
+    for rel in manifest["units"].get("models", []):
+        kind, key = rel.split("/")
+        if store.unit(kind, key).done():
+            attrs = read_attrs(store.unit(kind, key).url)
+            meta = attrs.get("fit_meta") or {}
+            timed = {k: meta[k] for k in ("offline_seconds", "online_seconds_per_image") if k in meta}
+            if timed:
+                out.append({"model": attrs["spec"], **timed})
+    return out
 
 
 def training_curves(store: Store, manifest: dict) -> list[dict]:
@@ -171,6 +188,10 @@ def render_html(doc: dict, curves: list | None = None) -> str:
     training = f"<h2>Training curves</h2>{training}" if training else ""
     timings = "".join(f"<tr><td>{esc(t['stage'])}</td><td>{t['seconds']:.2f}</td><td>{esc(t.get('note', ''))}</td></tr>"
                       for t in doc["timings"])
+    timings += "".join(f"<tr><td>{esc(_label({'method': t['model']['method'], 'params': t['model']}))}</td>"
+                       f"<td>{t.get('offline_seconds', 0):.3f}</td><td>offline; online "
+                       f"{t.get('online_seconds_per_image', 0) * 1e3:.3f} ms per image</td></tr>"
+                       for t in doc.get("model_timings", []))
     run = doc["run"]
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>metricpipe report</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;

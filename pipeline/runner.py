@@ -13,6 +13,7 @@ from pipeline.config import SPLIT_NAMES, NeighboursConfig, RunConfig
 from pipeline.context import StageContext
 from pipeline.report import build_report, package_versions
 from pipeline.storage import Store, to_json
+from tasks.errors import InputError
 from tasks.registry import METHODS
 
 
@@ -24,20 +25,45 @@ def stage_names(cfg: RunConfig) -> list[str]:
 
 
 def run_pipeline(cfg: RunConfig, resume: bool = True, log=print, performance_report: str | None = None,
-                 client=None) -> str:
-    """Run every stage of ``cfg``; return the path of the report's index.html."""
+                 client=None, force: str | None = None, repair: bool = False) -> str:
+    """Run every stage of ``cfg``; return the path of the report's index.html. ``force`` recomputes
+    that stage and the ones after it; ``repair`` recomputes committed units that fail verification."""
     store = Store(cfg.store)
     store.check_writable()
-    plan = stages.prepare_data(cfg, store)  # refuse bad input before starting anything
     with contextlib.ExitStack() as stack:
+        stack.enter_context(store.lock("metricpipe run"))  # one writer at a time
+        plan = stages.prepare_data(cfg, store)  # refuse bad input before starting anything
         if client is None:
             client = stack.enter_context(connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit,
                                                  cfg.dashboard))
         log(f"Dashboard: {client.dashboard_link}")
+        check_memory(client, plan.info, cfg)
         if performance_report:
             from distributed import performance_report as perf
             stack.enter_context(perf(filename=performance_report))
-        return _run(StageContext(client, store, cfg, resume=resume, log=log), plan, log)
+        return _run(StageContext(client, store, cfg, resume=resume, log=log, force=force, repair=repair), plan, log)
+
+
+# The memory rule: a task holds at most BLOCKS_PER_TASK row-blocks of the staged features (a kNN
+# piece: its queries, one database block and the distance tile; NML: the two blocks of a pair group)
+# plus the evaluation's distance budget, and that must stay under SPILL_FRACTION of a worker's memory
+# limit (Dask's spill target), so spilling never has to save a running task. Learners that hold more
+# than row-blocks (kernel SLEM's n x n kernel matrix, a D x D covariance) state their own limits.
+BLOCKS_PER_TASK = 4
+EVAL_BUDGET = 2.5e8   # stages._query_blocks
+SPILL_FRACTION = 0.6
+
+
+def check_memory(client, info, cfg: RunConfig) -> None:
+    limits = [w.get("memory_limit") for w in client.scheduler_info()["workers"].values()]
+    limits = [m for m in limits if m]
+    if not limits:
+        return
+    need = BLOCKS_PER_TASK * info.chunk_rows * info.n_features * 4 + EVAL_BUDGET
+    if need > SPILL_FRACTION * min(limits):
+        raise InputError(f"{cfg.source_file}: data.chunk_mb {cfg.data.chunk_mb:g} gives tasks of ~{need / 1e6:.0f} MB, "
+                         f"over {SPILL_FRACTION:.0%} of the smallest worker memory limit ({min(limits) / 1e6:.0f} MB); "
+                         f"lower data.chunk_mb or raise memory_limit")
 
 
 def _run(ctx: StageContext, plan, log) -> str:

@@ -181,7 +181,7 @@ def run_stage(ctx: StageContext, plan: DataPlan | None = None) -> DataInfo:
     """Read the source in row-blocks, validate, normalise, write features (sample, feature) + coords."""
     plan = plan or prepare_data(ctx.config, ctx.store)
     info, src, unit = plan.info, plan.source, plan.info.unit
-    if ctx.resume and unit.done():
+    if ctx.reuse(unit, "stage"):
         ctx.log(f"  stage: reusing {unit.rel}")
         return info
     t0 = time.perf_counter()
@@ -235,7 +235,7 @@ def run_statistics(ctx: StageContext, data: DataInfo) -> Unit:
     key = hash_key({"stage": "statistics", "data": data.unit.key, "dense": dense,
                     "components": None if dense else cfg.components})
     unit = ctx.store.unit("statistics", key)
-    if ctx.resume and unit.done():
+    if ctx.reuse(unit, "statistics"):
         ctx.log(f"  statistics: reusing {unit.rel}")
         return unit
     t0 = time.perf_counter()
@@ -318,7 +318,7 @@ def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
                          f"use k < {n_train}")
     unit = ctx.store.unit("neighbours", hash_key({"stage": "neighbours", "data": data.unit.key, "k": k,
                                                  "queries": "all"}))
-    if ctx.resume and unit.done():
+    if ctx.reuse(unit, "neighbours"):
         ctx.log(f"  neighbours: reusing {unit.rel}")
         return unit
     t0 = time.perf_counter()
@@ -381,7 +381,7 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
             inputs["neighbours"] = neighbours.key
         unit = ctx.store.unit("models", hash_key({"stage": "model", "spec": spec, **inputs}))
         out.append((spec, unit))
-        if ctx.resume and unit.done():
+        if ctx.reuse(unit, "train"):
             continue
         unit.begin()
         if method.trainer == "statistics":
@@ -438,7 +438,7 @@ def run_encode(ctx: StageContext, data: DataInfo, models: list) -> list[tuple[di
         dim = int(meta["dim"])
         unit = ctx.store.unit("codes", hash_key({"stage": "codes", "model": model.key, "data": data.unit.key}))
         out.append((spec, unit, dim))
-        if ctx.resume and unit.done():
+        if ctx.reuse(unit, "encode"):
             continue
         unit.begin()
         variables = {"codes": (("sample", "code"), (data.n_samples, dim), np.float32, np.nan)}
@@ -595,7 +595,7 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
                                                      "graph": neighbours.key if neighbours else None,
                                                      "evaluate": ev.__dict__, "data": data.unit.key}))
         out.append((spec, unit))
-        if ctx.resume and unit.done():
+        if ctx.reuse(unit, "evaluate"):
             continue
         unit.begin()
         cmeta = cunit.meta()

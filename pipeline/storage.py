@@ -13,13 +13,25 @@ Layout (every result is a *unit* ``KIND/KEY/`` where KEY hashes everything the r
     STORE/report/            metrics.json, index.html, plots
 
 A unit is complete only when its marker ``KIND/KEY.committed.json`` exists and holds its key; the
-marker sits beside the unit (so the unit stays a clean Zarr hierarchy) and is written last (write to a temporary name, then rename), so a killed writer leaves a unit without a
-marker, which is never read and is wiped before the unit is written again.
+marker sits beside the unit (so the unit stays a clean Zarr hierarchy) and is written last (write to
+a temporary name, then rename), so a killed writer leaves a unit without a marker, which is never
+read and is wiped before the unit is written again.
+
+Zarr v3's default codecs carry no checksum and a missing chunk reads silently as the fill value, so
+the marker also lists every file of the unit with its size and CRC-32 (``files``). A unit is reused
+only after :meth:`Unit.verify` finds every listed file present and unchanged (``metricpipe inspect
+--verify`` runs the same check over a whole store).
+
+One run at a time writes a store: ``STORE/.lock`` (created exclusively, holding the owner's host and
+pid) is taken for the run and removed at its end; a lock whose process is gone is taken over.
 """
+import contextlib
 import hashlib
 import json
 import os
+import socket
 import time
+import zlib
 from pathlib import Path
 
 import fsspec
@@ -89,6 +101,42 @@ class Store:
         return [Unit(self, kind, e["name"].rstrip("/").split("/")[-1]) for e in
                 sorted(self.fs.ls(base, detail=True), key=lambda e: e["name"]) if e["type"] == "directory"]
 
+    @contextlib.contextmanager
+    def lock(self, what: str = "run"):
+        """Hold ``STORE/.lock`` while the block runs: a second writer gets a one-line error."""
+        path = f"{self.root}/.lock"
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "what": what, "since": time.time()}
+        if self.local:
+            for attempt in range(2):
+                try:
+                    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                    break
+                except FileExistsError:
+                    owner = self._lock_owner(path)
+                    if attempt == 0 and owner is not None and owner.get("host") == me["host"] \
+                            and not _pid_alive(owner.get("pid", -1)):
+                        os.remove(path)  # its process is gone: take the lock over
+                        continue
+                    who = f"pid {owner.get('pid')} on {owner.get('host')} ({owner.get('what')})" if owner else "another process"
+                    raise InputError(f"{self.url}: the store is in use by {who} (STORE/.lock); wait for it to finish, "
+                                     f"or delete {path} if that process is gone") from None
+            with os.fdopen(fd, "w") as f:
+                json.dump(me, f)
+        try:
+            yield
+        finally:
+            if self.local:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(path)
+
+    @staticmethod
+    def _lock_owner(path: str) -> dict | None:
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
     def write_text(self, rel: str, text: str) -> None:
         """Write a small file atomically (temporary name, then rename)."""
         target = f"{self.root}/{rel}"
@@ -130,9 +178,38 @@ class Unit:
         fs.makedirs(self._root, exist_ok=True)
 
     def commit(self, meta: dict) -> None:
-        """Mark the unit complete (the marker is written last and atomically)."""
+        """Mark the unit complete (the marker is written last and atomically) with its files' checksums."""
         self.store.write_text(f"{self.rel}{MARKER_SUFFIX}", to_json({**meta, "key": self.key, "kind": self.kind,
-                                                               "committed": time.time()}))
+                                                               "committed": time.time(), "files": self._files()}))
+
+    def _files(self) -> dict:
+        """{path inside the unit: [size, CRC-32]} for every file of the unit."""
+        fs, out = self.store.fs, {}
+        for path in sorted(fs.find(self._root)):
+            with fs.open(path, "rb") as f:
+                data = f.read()
+            out[path[len(self._root) + 1:]] = [len(data), zlib.crc32(data)]
+        return out
+
+    def verify(self) -> list[str]:
+        """Problems with a committed unit's files: missing, resized or changed since the commit."""
+        listed = self.meta().get("files")
+        if listed is None:  # committed before checksums were recorded: nothing to compare
+            return []
+        fs, bad = self.store.fs, []
+        for rel, (size, crc) in listed.items():
+            path = f"{self._root}/{rel}"
+            try:
+                with fs.open(path, "rb") as f:
+                    data = f.read()
+            except FileNotFoundError:
+                bad.append(f"{self.rel}/{rel}: missing (zarr would read it as the fill value)")
+                continue
+            if len(data) != size:
+                bad.append(f"{self.rel}/{rel}: {len(data)} bytes, {size} at commit")
+            elif zlib.crc32(data) != crc:
+                bad.append(f"{self.rel}/{rel}: checksum differs from the commit's (corrupt)")
+        return bad
 
     def write_json(self, name: str, obj) -> None:
         self.store.write_text(f"{self.rel}/{name}", to_json(obj))
@@ -207,3 +284,13 @@ def chunk_rows_for(n_features: int, chunk_mb: float, itemsize: int = 4) -> int:
 
 def local_path(url: str) -> Path | None:
     return Path(url) if "://" not in url else None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError, TypeError):
+        return True
+    return True

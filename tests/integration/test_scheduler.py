@@ -1,5 +1,5 @@
-"""The same config on a LocalCluster with 1 worker and on a real `dask scheduler` with two
-`dask worker` processes on 127.0.0.1 gives identical models and metrics."""
+"""The same config on a LocalCluster with 1 and with 3 workers and on a real `dask scheduler` with
+two `dask worker` processes on 127.0.0.1 gives identical models and metrics."""
 import json
 import subprocess
 import sys
@@ -63,15 +63,17 @@ def _run(tmp_path, name, *extra):
     return json.loads((store / "report/metrics.json").read_text())["records"], models, res.output
 
 
-def test_real_scheduler_and_local_cluster_agree_exactly(tmp_path, scheduler):
+def test_one_three_and_remote_workers_agree_exactly(tmp_path, scheduler):
     remote, remote_models, out = _run(tmp_path, "remote", "--cluster", scheduler)
     assert "Dashboard:" in out and "Completed 7 of 7 stages" in out
     local, local_models, _ = _run(tmp_path, "local", "--workers", "1")
-    assert remote == local  # every metric, exactly
-    assert remote_models.keys() == local_models.keys()
-    for spec, arrays in remote_models.items():
-        for name, value in arrays.items():
-            np.testing.assert_array_equal(value, local_models[spec][name], err_msg=f"{spec} {name}")
+    three, three_models, _ = _run(tmp_path, "three", "--workers", "3")
+    for other, other_models in ((local, local_models), (three, three_models)):
+        assert remote == other  # every metric, exactly
+        assert remote_models.keys() == other_models.keys()
+        for spec, arrays in remote_models.items():
+            for name, value in arrays.items():
+                np.testing.assert_array_equal(value, other_models[spec][name], err_msg=f"{spec} {name}")
 
 
 def test_unreachable_scheduler_is_a_one_line_error(tmp_path):

@@ -37,7 +37,8 @@ def good_store(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("good")
     X, y = make_blobs(n=300, d=8)
     np.savez(tmp / "ok.npz", X=X, y=y)
-    cfg = _config(tmp, {"path": str(tmp / "ok.npz"), "chunk_mb": 0.002})
+    cfg = _config(tmp, {"path": str(tmp / "ok.npz"), "chunk_mb": 0.002},
+                  methods=[{"method": "pca", "dim": 4}, {"method": "ncmml", "dim": 4, "iters": 20}])
     res = _invoke("run", cfg)
     assert res.exit_code == 0, res.output
     return tmp
@@ -73,7 +74,32 @@ BAD = {
                    r"'dim' parameter of sparse must be <= 64, the PCA projectors available"),
     "slne dim": (lambda t: {"source": "digits"}, {"methods": [{"method": "slne", "dim": 65, "epochs": 1}]},
                  r"'dim' \(or 'input_dim'\) parameter of slne/slde must be <= 64"),
+    "negative values for nml": (lambda t: _bad_npz(t, X=X - 10.0, y=Y),
+                                {"methods": [{"method": "nml", "dim": 2, "pairs": 10, "iters": 10}]},
+                                r"NML's chi2 kernel needs non-negative features"),
+    "pair index out of range": (lambda t: {**_bad_npz(t, X=X, y=Y), "pairs": str(_pairs(t, 500))}, {},
+                                r"pair index i=500 is out of range 0..119"),
+    "unreadable file": (lambda t: _garbage(t), {}, r"bad.npz: cannot read"),
+    "empty test split": (lambda t: {**_bad_npz(t, X=X, y=Y, s=np.array(["train"] * 120)), "split": {"column": "s"}},
+                         {}, r"the test split is empty"),
+    "worker memory below the task rule": (lambda t: {"source": "digits"}, {"memory_limit": "300MB"},
+                                          r"data.chunk_mb 64 gives tasks of ~\d+ MB, over 60% of the smallest worker"),
+    "negatives from the test split": (lambda t: {"source": "digits"},
+                                      {"methods": [{"method": "slem", "negatives": {"split": "test"}}]},
+                                      r"negatives.split: .*never test"),
 }
+
+
+def _pairs(t, bad_j):
+    p = t / "pairs.npz"
+    np.savez(p, i=np.array([bad_j, 1]), j=np.array([2, 3]), y=np.array([1, -1]))
+    return p
+
+
+def _garbage(t):
+    p = t / "bad.npz"
+    p.write_bytes(b"PK\x03\x04 this is not a zip archive")
+    return {"path": str(p)}
 
 
 @pytest.mark.parametrize("case", list(BAD))
@@ -91,6 +117,51 @@ def test_bad_input_exits_2_with_one_line_and_store_unchanged(good_store, tmp_pat
     assert {k: v for k, v in after.items() if k in before} == before  # nothing committed was touched
 
 
+def _ncm_key(store: Path) -> str:
+    for marker in (store / "models").glob("*.committed.json"):
+        if json.loads(marker.read_text())["spec"]["method"] == "ncmml":
+            return marker.name.split(".")[0]
+    raise AssertionError("no ncmml model")
+
+
+def _busy(store: Path):
+    """A lock held by a live process (this one's parent shell would do; a sleeper is simpler)."""
+    import socket
+    import subprocess
+    import sys
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    (store / ".lock").write_text(json.dumps({"host": socket.gethostname(), "pid": sleeper.pid, "what": "run"}))
+    return sleeper
+
+
+@pytest.mark.parametrize("case", ["model dimension mismatch", "new classes of another dimension", "concurrent run"])
+def test_bad_command_input_exits_2_with_one_line_and_store_unchanged(good_store, tmp_path, case):
+    store = good_store / "store"
+    before = _digest(store)
+    wrong = tmp_path / "wrong.npz"
+    np.savez(wrong, X=np.ones((5, 3), np.float32), y=np.array([0, 1, 0, 1, 0]))
+    sleeper = None
+    if case == "model dimension mismatch":
+        args, match = ["predict", store, wrong, "--model", _ncm_key(store)], r"features have 3 dimensions but model \w+ takes 8"
+    elif case == "new classes of another dimension":
+        args, match = ["add-classes", store, wrong], r"features have 3 dimensions but model \w+ takes 8"
+    else:
+        sleeper = _busy(store)
+        args, match = ["run", good_store / "cfg.yaml"], rf"store is in use by pid {sleeper.pid}"
+    try:
+        res = CliRunner().invoke(main, [str(a) for a in args])
+    finally:
+        if sleeper:
+            sleeper.kill()
+            sleeper.wait()
+            (store / ".lock").unlink()
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.strip().splitlines() if ln.startswith("error:")]
+    import re
+    assert len(lines) == 1 and re.search(match, lines[0]), res.output
+    assert _digest(store) == before
+
+
 def test_store_path_that_is_a_file(tmp_path):
     f = tmp_path / "afile"
     f.write_text("x")
@@ -104,7 +175,7 @@ def test_rerun_reuses_every_stage_and_gives_the_same_report(good_store):
     first = json.loads((good_store / "store/report/metrics.json").read_text())["records"]
     res = _invoke("run", cfg)
     assert res.exit_code == 0
-    assert "stage: reusing data/" in res.output and "train: reusing 1 of 1 models" in res.output
+    assert "stage: reusing data/" in res.output and "train: reusing 2 of 2 models" in res.output
     assert json.loads((good_store / "store/report/metrics.json").read_text())["records"] == first
 
 

@@ -51,8 +51,8 @@ def test_slem_models_train_encode_and_match_their_definitions(client, tmp_path):
     assert got[3].shape[1] == 2 * 8 + 1 + X.shape[1]
     # fit records: offline and online costs
     for spec, unit in models:
-        meta = unit.meta()
-        assert meta["cost"]["offline_seconds"] >= 0 and meta["cost"]["online_seconds_per_image"] > 0
+        fit = load_arrays(unit.url)[1]["fit_meta"]
+        assert fit["offline_seconds"] >= 0 and fit["online_seconds_per_image"] > 0
     attrs = load_arrays(models[2][1].url)[1]
     assert attrs["kind"] == "slem-kernel" and attrs["score"].startswith("slem:gaussian")
     # evaluation uses Eq. 16 for the kernel model: its kNN-1 error equals a brute-force check

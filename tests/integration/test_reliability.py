@@ -1,0 +1,171 @@
+"""Faults injected into real runs: a worker SIGKILLed mid-stage, the client SIGKILLed mid-stage, a
+flipped or missing chunk, a second run on the same store. Each run must finish (or refuse) with the
+same models and metrics as an undisturbed run, bit for bit."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from pipeline.cli import main
+from pipeline.storage import load_arrays
+from tests.conftest import make_blobs
+
+pytestmark = pytest.mark.integration
+
+METHODS = [{"method": "pca", "dim": 4},
+           {"method": "nml", "dim": 4, "pairs": 4000, "iters": 400000},   # a train task of a few seconds
+           {"method": "esvm", "epochs": 40, "negatives": {"count": 200}}]   # encode tasks of a second or so
+
+
+def _config(tmp_path, name, **extra):
+    X, y = make_blobs(n=900, d=10, seed=5)
+    np.savez(tmp_path / "d.npz", X=np.abs(X), y=y)
+    cfg = {"store": str(tmp_path / name), "workers": 2, "dashboard": ":0",
+           "data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.01, "split": {"test": 0.3, "seed": 0}},
+           "methods": METHODS, "evaluate": {"retrieval": {"k": [5]}, "classification": {"classifiers": ["knn1"]}},
+           **extra}
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    return p
+
+
+def _results(store: Path):
+    """(metrics records, {model spec: arrays}) of the store's last run."""
+    manifest = json.loads((store / "runs/latest.json").read_text())
+    models = {}
+    for rel in manifest["units"]["models"]:
+        arrays, attrs = load_arrays(str(store / rel))
+        models[json.dumps(attrs["spec"], sort_keys=True)] = arrays
+    return json.loads((store / "report/metrics.json").read_text())["records"], models
+
+
+def _same(a, b):
+    assert a[0] == b[0]                       # every metric, exactly
+    assert a[1].keys() == b[1].keys()
+    for spec, arrays in a[1].items():
+        for name, value in arrays.items():
+            np.testing.assert_array_equal(value, b[1][spec][name], err_msg=f"{spec} {name}")
+
+
+def _run(*args, env=None):
+    return CliRunner().invoke(main, [str(a) for a in args], env=env)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ref")
+    cfg = _config(tmp, "store")
+    res = _run("run", cfg)
+    assert res.exit_code == 0, res.output
+    return tmp, _results(tmp / "store"), cfg
+
+
+def _copy(reference, tmp_path):
+    """A copy of the reference store, and the reference config's arguments pointed at it."""
+    import shutil
+    store = tmp_path / "store"
+    shutil.copytree(reference[0] / "store", store)
+    return store, (reference[2], "--store", store)
+
+
+@pytest.mark.parametrize("task", ["train-nml", "encode-esvm"])
+def test_a_worker_killed_mid_stage_costs_a_retry_not_the_run(reference, tmp_path, monkeypatch, task):
+    flag = tmp_path / "killed"
+    monkeypatch.setenv("METRICPIPE_FAILPOINT", f"{task}:{flag}")   # inherited by the local workers
+    res = _run("run", _config(tmp_path, "store"))
+    assert res.exit_code == 0, res.output
+    assert flag.exists()                      # a worker really died inside that stage
+    _same(_results(tmp_path / "store"), reference[1])
+
+
+def test_client_killed_mid_stage_resumes_from_that_stage_with_identical_results(reference, tmp_path):
+    cfg = _config(tmp_path, "store")
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "run", str(cfg)], stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, cwd=Path(__file__).resolve().parents[2])
+    seen = []
+    for line in proc.stderr:                  # wait until the train stage is under way
+        seen.append(line)
+        if "train ..." in line:
+            time.sleep(0.5)
+            break
+    os.killpg(proc.pid, signal.SIGKILL)       # the client and its local cluster, at once
+    proc.wait(timeout=30)
+    assert any("train ..." in s for s in seen), "".join(seen)
+    assert (tmp_path / "store/.lock").exists()   # left by the killed run; its pid is gone
+    res = _run("run", cfg, "--resume")
+    assert res.exit_code == 0, res.output
+    out = res.output
+    assert "stage: reusing" in out and "statistics: reusing" in out   # finished stages are not redone
+    assert "train: reusing 3 of 3" not in out                          # the interrupted stage is redone
+    assert "encode: reusing" not in out and "evaluate: reusing" not in out
+    _same(_results(tmp_path / "store"), reference[1])
+
+
+def test_flipped_bytes_are_named_by_verify_refused_by_run_and_repaired(reference, tmp_path):
+    store, cfg = _copy(reference, tmp_path)
+    assert _run("inspect", store, "--verify").exit_code == 0
+    codes = json.loads((store / "runs/latest.json").read_text())["units"]["codes"][0]
+    chunk = sorted(p for p in (store / codes / "codes").rglob("*") if p.is_file() and p.name != "zarr.json")[0]
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    rel = str(chunk.relative_to(store))
+    res = _run("inspect", store, "--verify")
+    assert res.exit_code == 1 and f"DAMAGED {rel}: checksum differs" in res.output, res.output
+    res = _run("run", *cfg)
+    assert res.exit_code == 2 and rel in res.output and "--repair" in res.output, res.output
+    res = _run("run", *cfg, "--repair")
+    assert res.exit_code == 0 and f"repairing {codes}" in res.output, res.output
+    assert _run("inspect", store, "--verify").exit_code == 0
+    _same(_results(store), reference[1])
+    chunk.unlink()                             # a missing chunk would read as the fill value
+    res = _run("inspect", store, "--verify")
+    assert res.exit_code == 1 and f"{rel}: missing" in res.output
+
+
+def test_force_recomputes_one_stage_and_those_after_it(reference, tmp_path):
+    store, cfg = _copy(reference, tmp_path)
+    models = json.loads((store / "runs/latest.json").read_text())["units"]["models"]
+    marker = store / f"{models[0]}.committed.json"
+    before = marker.read_text()
+    res = _run("run", *cfg, "--force", "encode")
+    assert res.exit_code == 0, res.output
+    assert "train: reusing 3 of 3 models" in res.output and "encode: reusing" not in res.output
+    assert marker.read_text() == before       # the model was not touched
+    _same(_results(store), reference[1])
+
+
+def test_a_second_run_on_a_busy_store_is_refused_and_a_stale_lock_is_taken_over(reference, tmp_path):
+    store, cfg = _copy(reference, tmp_path)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (store / ".lock").write_text(json.dumps({"host": socket.gethostname(), "pid": sleeper.pid,
+                                                 "what": "metricpipe run"}))
+        res = _run("run", *cfg)
+        assert res.exit_code == 2 and f"in use by pid {sleeper.pid}" in res.output, res.output
+        assert len([ln for ln in res.output.splitlines() if ln.startswith("error:")]) == 1
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    res = _run("run", *cfg)                    # its owner is gone now
+    assert res.exit_code == 0, res.output
+    assert not (store / ".lock").exists()
+
+
+def test_a_task_that_kills_its_worker_every_time_ends_the_run_naming_stage_and_block(tmp_path, monkeypatch):
+    monkeypatch.setenv("METRICPIPE_FAILPOINT", "train-nml:always")
+    res = _run("run", _config(tmp_path, "store"))
+    assert res.exit_code == 2, res.output
+    errors = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "stage train failed on model nml-4" in errors[0] and "KilledWorker" in errors[0], \
+        res.output
+    assert "to resume: metricpipe run" in res.output
