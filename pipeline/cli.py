@@ -138,6 +138,29 @@ def stage_cmd(source, store, features, labels, normalize, test_fraction, split_c
 
 
 @main.command()
+@click.option("--samples", type=click.IntRange(min=4), required=True, help="Rows N.")
+@click.option("--dim", type=click.IntRange(min=1), required=True, help="Features D.")
+@click.option("--classes", type=click.IntRange(min=2), default=10, show_default=True)
+@click.option("--store", required=True, type=click.Path(), help="The Zarr store to create (e.g. synth.zarr).")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--nonnegative", is_flag=True, help="Clip at 0 (ReLU-like features, e.g. for NML).")
+@click.option("--chunk-mb", type=click.FloatRange(min=0.001), default=64.0, show_default=True)
+@_cluster_options
+@handle_errors
+def synth(samples, dim, classes, store, seed, nonnegative, chunk_mb, cluster, workers, memory_limit):
+    """Write N x D class-structured synthetic features (X, y) as a Zarr store, blockwise on the workers;
+    use it with data: {path: STORE}."""
+    from pipeline.cluster import connect
+    from pipeline.synth import write_synthetic
+
+    cfg = _apply(parse_config({"data": {"source": "digits"}}, where="metricpipe synth"), None, cluster, workers,
+                 memory_limit)
+    with connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard) as client:
+        _echo(f"Dashboard: {client.dashboard_link}")
+        write_synthetic(client, store, samples, dim, classes, seed, nonnegative, chunk_mb, log=_echo)
+
+
+@main.command()
 @click.argument("store")
 @click.option("--verify", is_flag=True, help="Check every committed file against its checksum; exit 1 when "
                                              "any is missing or corrupt.")

@@ -65,6 +65,7 @@ class EvaluateConfig:
     retrieval_k: tuple = (1, 10, 100)
     classifiers: tuple = ("knn1", "knn10", "ncm")
     retrieval: bool = True
+    queries: int | None = None   # a seeded sample of this many test images query the whole test set
 
 
 @dataclass(frozen=True)
@@ -242,7 +243,7 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
     ret = ev.get("retrieval", {})
     do_retrieval = ret is not False
     ret = ret if isinstance(ret, dict) else {}
-    _check_keys(ret, ["k"], where, "evaluate.retrieval.")
+    _check_keys(ret, ["k", "queries"], where, "evaluate.retrieval.")
     cls = ev.get("classification", {}) or {}
     _check_keys(cls, ["classifiers"], where, "evaluate.classification.")
     classifiers = cls.get("classifiers", ["knn1", "knn10", "ncm"])
@@ -255,7 +256,8 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
             _fail(where, "evaluate.classification.classifiers",
                   f"unknown classifier {c!r}; use knnK (e.g. knn1, knn10), softvoteK (Eq. 9 of SL-NE), ncm or ncmc")
     evaluate = EvaluateConfig(retrieval_k=_int_list(ret, "k", where, "evaluate.retrieval.", (1, 10, 100)),
-                              classifiers=tuple(classifiers), retrieval=do_retrieval)
+                              classifiers=tuple(classifiers), retrieval=do_retrieval,
+                              queries=_typed(ret, "queries", int, where, "evaluate.retrieval.", None, 1))
 
     cluster = _typed(raw, "cluster", str, where, "", "local")
     if cluster not in ("local",) and not cluster.startswith("tcp://") and not cluster.endswith((".yaml", ".yml")):

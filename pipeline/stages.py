@@ -580,6 +580,9 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
     """
     ev = ctx.config.evaluate
     test = data.rows(TEST)
+    queries = test  # retrieval queries: every test image, or a seeded sample of them (evaluate.retrieval.queries)
+    if ev.queries is not None and ev.queries < len(test):
+        queries = np.sort(np.random.default_rng([ctx.config.seed, 31]).choice(test, ev.queries, replace=False))
     rel_key = data.groups if data.groups is not None else data.labels
     ukb = data.groups is not None and bool(np.all(np.bincount(data.groups[test])[np.unique(data.groups[test])] == 4))
     train_blocks = [r for r in (np.flatnonzero(data.split[a:b] == TRAIN) + a for a, b in data.chunks) if len(r)]
@@ -616,7 +619,7 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
                 means = ctx.submit(_class_means, _tree_combine(ctx, parts, "ncm-combine"), name="ncm-means")
             ret = [ctx.submit(_retrieval_block, q_url, db_url, score, q, test, rel_f, ev.retrieval_k, ukb,
                               data.chunk_rows, name=f"retrieval-{model_id(spec)}")
-                   for q in _query_blocks(test, len(test))] if ev.retrieval else []
+                   for q in _query_blocks(queries, len(test))] if ev.retrieval else []
             ncm_model = None
             if view == "codes" and spec["method"] in ("ncmml", "ncmc"):
                 ncm_model = ctx.submit(_ncm_model, ctx.store.unit("models", read_attrs(cunit.url)["model"]).url,
@@ -638,7 +641,8 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
         cls_res = ctx.gather(cls, "evaluate", [f"model {name} classification block {i}" for i in range(len(cls))])
         extra = {} if view == "codes" and score == "euclidean" else {"view": view, "score": score}
         recs = records.setdefault(unit.key, (unit, []))[1]
-        recs.extend(_records(spec, dim, ev, data.labels[test], ret_res, cls_res, extra, trained_on))
+        recs.extend(_records(spec, dim, ev, data.labels[test], ret_res, cls_res, extra, trained_on,
+                             data.labels[queries]))
         if view == "codes" and costs.get(unit.key):  # the projection's size and cost next to its metrics
             base = {"method": spec["method"], "dim": dim, "classifier": None,
                     "params": {k: v for k, v in spec.items() if k not in ("method", "dim")}}
@@ -650,7 +654,10 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
 
 
 def _records(spec: dict, dim: int, ev, test_labels: np.ndarray, ret_res: list, cls_res: list,
-             extra: dict | None = None, trained_on: list | None = None) -> list[dict]:
+             extra: dict | None = None, trained_on: list | None = None,
+             query_labels: np.ndarray | None = None) -> list[dict]:
+    """Metric records; ``query_labels`` are the retrieval queries' labels (default: the test labels)."""
+    query_labels = test_labels if query_labels is None else query_labels
     params = {**{k: v for k, v in spec.items() if k not in ("method", "dim")}, **(extra or {})}
     base = {"method": spec["method"], "dim": dim, "params": params}
     recs = []
@@ -659,7 +666,7 @@ def _records(spec: dict, dim: int, ev, test_labels: np.ndarray, ret_res: list, c
         recs.append({**base, "classifier": None, "metric": "map", "value": float(np.nanmean(cat["ap"]))})
         for j, k in enumerate(ev.retrieval_k):
             recs.append({**base, "classifier": None, "metric": f"mprec@{k}",
-                         "value": float(metrics.class_average(cat["prec"][:, j], test_labels))})
+                         "value": float(metrics.class_average(cat["prec"][:, j], query_labels))})
             recs.append({**base, "classifier": None, "metric": f"recall@{k}",
                          "value": float(np.nanmean(cat["recall"][:, j]))})
         if "ukb4" in cat:
