@@ -1,0 +1,110 @@
+"""Staging, statistics and encoding against plain single-process references (issue #9, items 1, 2, 4).
+
+On N x D float32 synthetic features saved as one .npy file, measured in one run:
+
+1. staging (read, validate, normalise none, write Zarr) in MB/s against a plain sequential copy of
+   the same bytes: numpy.load (memory-mapped) then a Zarr array written chunk by chunk, same codec;
+2. the statistics stage (mean, covariance, class means, scatters, PCA) against numpy's mean and
+   Xc^T Xc / (n - 1) plus eigh on the train rows held in memory: time ratio and max |difference|;
+3. the encode stage of a PCA-64 model against one numpy matmul (X - mean) @ W in memory.
+
+The stage times exclude the cluster's start-up; the store is fresh each time. Asserts nothing.
+
+    PYTHONPATH=. python benchmarks/bench_stages.py [--samples 1000000] [--dim 256] [--workers 2]
+"""
+import argparse
+import os
+import shutil
+import tempfile
+import time
+
+import numpy as np
+from distributed import Client, LocalCluster
+
+from pipeline import stages
+from pipeline.config import parse_config
+from pipeline.context import StageContext
+from pipeline.storage import Store, chunk_rows_for, create_array, load_arrays, open_array
+from tasks.synthetic import SyntheticSpec
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--samples", type=int, default=1_000_000)
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--dir", default=None, help="scratch directory (default: a temporary one)")
+    a = p.parse_args()
+    tmp = a.dir or tempfile.mkdtemp(prefix="mp-bench-")
+    os.makedirs(tmp, exist_ok=True)
+    n, D = a.samples, a.dim
+    spec = SyntheticSpec(n, D, 10, seed=0)
+    X = np.lib.format.open_memmap(f"{tmp}/X.npy", mode="w+", dtype=np.float32, shape=(n, D))
+    for s in range(0, n, 100_000):
+        X[s:s + 100_000] = spec.rows(s, min(s + 100_000, n))
+    X.flush()
+    del X
+    np.save(f"{tmp}/y.npy", spec.labels())
+    mb = n * D * 4 / 1e6
+    print(f"{n:,} x {D} float32 = {mb:,.0f} MB, {a.workers} workers, {os.cpu_count()} cores")
+
+    # 1. a plain sequential copy: memory-mapped .npy into a Zarr array of the same chunking
+    cfg = parse_config({"store": f"{tmp}/store", "data": {"path": f"{tmp}/X.npy", "labels": f"{tmp}/y.npy",
+                                                          "split": {"test": 0.1, "seed": 0}},
+                        "methods": [{"method": "pca", "dim": 64}], "evaluate": {"classification": {"classifiers": []}}})
+    rows = chunk_rows_for(D, cfg.data.chunk_mb)
+    t = time.perf_counter()
+    src = np.load(f"{tmp}/X.npy", mmap_mode="r")
+    out = create_array(f"{tmp}/copy.zarr", (n, D), (rows, D), np.float32)
+    for s in range(0, n, rows):
+        out[s:s + rows] = np.asarray(src[s:s + rows])
+    t_copy = time.perf_counter() - t
+
+    with LocalCluster(n_workers=a.workers, threads_per_worker=1, dashboard_address=":0") as lc, Client(lc) as c:
+        store = Store(cfg.store)
+        store.check_writable()
+        ctx = StageContext(c, store, cfg, log=lambda m: None)
+        t = time.perf_counter()
+        data = stages.run_stage(ctx)
+        t_stage = time.perf_counter() - t
+        print(f"1. staging: {mb / t_stage:,.0f} MB/s; plain sequential copy {mb / t_copy:,.0f} MB/s; "
+              f"staging / copy throughput = {t_copy / t_stage:.2f}")
+
+        t = time.perf_counter()
+        stats_unit = stages.run_statistics(ctx, data)
+        t_stats = time.perf_counter() - t
+        stats, _ = load_arrays(stats_unit.url)
+        train = np.flatnonzero(data.split == 0)
+        t = time.perf_counter()
+        Xt = np.load(f"{tmp}/X.npy")[train].astype(np.float64)
+        t_load = time.perf_counter() - t
+        t = time.perf_counter()
+        mean = Xt.mean(0)
+        Xt -= mean
+        cov = Xt.T @ Xt / (len(Xt) - 1)
+        np.linalg.eigh(cov)
+        t_np = time.perf_counter() - t
+        diff = max(np.abs(stats["mean"] - mean).max(), np.abs(stats["covariance"] - cov).max())
+        print(f"2. statistics stage {t_stats:.2f} s; numpy in memory {t_np:.2f} s (+ {t_load:.2f} s to load); "
+              f"stage / numpy time = {t_stats / t_np:.2f}; max |difference| {diff:.1e}")
+        del Xt
+
+        models = stages.run_train(ctx, data, stats_unit, None)
+        t = time.perf_counter()
+        codes = stages.run_encode(ctx, data, models)
+        t_enc = time.perf_counter() - t
+        arrays, _ = load_arrays(models[0][1].url)
+        Xa = np.load(f"{tmp}/X.npy")
+        t = time.perf_counter()
+        ref = Xa @ arrays["W"] + arrays["b"]      # the PCA model: (x - mean) W = x W + b
+        t_mm = time.perf_counter() - t
+        err = np.abs(open_array(f"{codes[0][1].url}/codes")[:1000] - ref[:1000]).max()
+        print(f"3. encode stage (PCA-64) {t_enc:.2f} s = {n / t_enc:,.0f} rows/s; numpy matmul in memory "
+              f"{t_mm:.2f} s; stage / matmul time = {t_enc / t_mm:.2f}; max |difference| {err:.1e}")
+        del ref
+    if a.dir is None:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
