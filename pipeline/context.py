@@ -35,6 +35,7 @@ class StageContext:
     resume: bool = True
     log: Callable[[str], None] = print
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    tasks: int = 0               # tasks submitted so far (the runner reports them per stage)
     force: str | None = None     # recompute this stage and every stage after it
     repair: bool = False         # recompute committed units whose files fail verification
 
@@ -58,6 +59,7 @@ class StageContext:
 
     def submit(self, fn, *args, name: str, **kwargs):
         """Submit one task; ``name`` shows on the dashboard (one bar per kind of task)."""
+        self.tasks += 1
         point = os.environ.get(FAILPOINT)
         if point and name.startswith(point.split(":", 1)[0]):
             fn = functools.partial(_die_once, point.split(":", 1)[1], fn)

@@ -186,7 +186,10 @@ def render_html(doc: dict, curves: list | None = None) -> str:
                          for d in dims)
     training = "".join(f'<figure><img src="data:image/png;base64,{_curve_plot(c)}"></figure>' for c in curves or [])
     training = f"<h2>Training curves</h2>{training}" if training else ""
-    timings = "".join(f"<tr><td>{esc(t['stage'])}</td><td>{t['seconds']:.2f}</td><td>{esc(t.get('note', ''))}</td></tr>"
+    def stage_note(t):
+        return " ".join(x for x in (t.get("note", ""), f"{t['tasks']} tasks" if t.get("tasks") else "") if x)
+
+    timings = "".join(f"<tr><td>{esc(t['stage'])}</td><td>{t['seconds']:.2f}</td><td>{esc(stage_note(t))}</td></tr>"
                       for t in doc["timings"])
     timings += "".join(f"<tr><td>{esc(_label({'method': t['model']['method'], 'params': t['model']}))}</td>"
                        f"<td>{t.get('offline_seconds', 0):.3f}</td><td>offline; online "

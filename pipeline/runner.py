@@ -74,10 +74,10 @@ def _run(ctx: StageContext, plan, log) -> str:
 
     def step(i, name, fn, *args):
         log(f"[{i}/{len(names)}] {name} ...")
-        t0 = time.perf_counter()
+        t0, tasks0 = time.perf_counter(), ctx.tasks
         result = fn(*args)
         seconds = time.perf_counter() - t0
-        timings.append({"stage": name, "seconds": round(seconds, 3)})
+        timings.append({"stage": name, "seconds": round(seconds, 3), "tasks": ctx.tasks - tasks0})
         log(f"Completed {i} of {len(names)} stages ({name}, {seconds:.1f} s)")
         return result
 
