@@ -58,6 +58,9 @@ class StatisticsConfig:
 @dataclass(frozen=True)
 class NeighboursConfig:
     k: int = 50
+    method: str = "auto"        # exact | ivf | auto (exact up to EXACT_MAX_TRAIN train rows, else ivf)
+    nlist: int | None = None    # IVF lists (None: about 4 sqrt(n_train))
+    nprobe: int = 16            # lists searched per query
 
 
 @dataclass(frozen=True)
@@ -235,8 +238,12 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
     neighbours = None
     if raw.get("neighbours") is not None:
         nb = raw["neighbours"]
-        _check_keys(nb, ["k"], where, "neighbours.")
-        neighbours = NeighboursConfig(k=_typed(nb, "k", int, where, "neighbours.", 50, 1))
+        _check_keys(nb, ["k", "method", "nlist", "nprobe"], where, "neighbours.")
+        neighbours = NeighboursConfig(k=_typed(nb, "k", int, where, "neighbours.", 50, 1),
+                                      method=_typed(nb, "method", str, where, "neighbours.", "auto",
+                                                    choices=("auto", "exact", "ivf")),
+                                      nlist=_typed(nb, "nlist", int, where, "neighbours.", None, 1),
+                                      nprobe=_typed(nb, "nprobe", int, where, "neighbours.", 16, 1))
 
     ev = raw.get("evaluate", {}) or {}
     _check_keys(ev, ["retrieval", "classification"], where, "evaluate.")

@@ -89,6 +89,9 @@ def _run(ctx: StageContext, plan, log) -> str:
         if cfg.neighbours is None:
             cfg = ctx.config = cfg.with_overrides(neighbours=NeighboursConfig())
         graph = step(next(i), "neighbours", stages.run_neighbours, ctx, data)
+        g = graph.meta()
+        if g.get("method") == "ivf":  # the report shows how approximate the graph is
+            timings[-1]["note"] = f"{g['index']}, nprobe {g['nprobe']}: recall@{g['k']} {g['recall']:.3f} against exact"
     models = step(next(i), "train", stages.run_train, ctx, data, stats, graph)
     codes = step(next(i), "encode", stages.run_encode, ctx, data, models)
     evals = step(next(i), "evaluate", stages.run_evaluate, ctx, data, codes, graph)
@@ -108,5 +111,22 @@ def _run(ctx: StageContext, plan, log) -> str:
     path = build_report(ctx.store, manifest)
     timings.append({"stage": "report", "seconds": round(time.perf_counter() - t0, 3)})
     log(f"Completed {len(names)} of {len(names)} stages (report)")
+    peaks = _peak_rss(ctx.client)
+    if peaks:
+        log("Peak RSS: " + ", ".join(f"{who} {mb:,.0f} MB" for who, mb in peaks))
     log(f"Report: {path}")
     return path
+
+
+def _max_rss_mb() -> float:
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+
+
+def _peak_rss(client) -> list[tuple[str, float]]:
+    """(process, peak resident MB) for this client process and each worker process."""
+    try:
+        workers = client.run(_max_rss_mb)
+    except Exception:  # a remote cluster may refuse client.run; the figure is informative only
+        workers = {}
+    return [("client", _max_rss_mb())] + [(f"worker {i}", mb) for i, (_, mb) in enumerate(sorted(workers.items()))]

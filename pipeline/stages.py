@@ -316,8 +316,12 @@ def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
     if k >= n_train:
         raise InputError(f"{ctx.config.source_file}: neighbours.k={k} but the train split has {n_train} samples; "
                          f"use k < {n_train}")
-    unit = ctx.store.unit("neighbours", hash_key({"stage": "neighbours", "data": data.unit.key, "k": k,
-                                                 "queries": "all"}))
+    nb = ctx.config.neighbours
+    ivf = nb.method == "ivf" or (nb.method == "auto" and n_train > EXACT_MAX_TRAIN)
+    inputs = {"stage": "neighbours", "data": data.unit.key, "k": k, "queries": "all"}
+    if ivf:
+        inputs["ivf"] = {"nlist": nb.nlist, "nprobe": nb.nprobe, "seed": ctx.config.seed}
+    unit = ctx.store.unit("neighbours", hash_key(inputs))
     if ctx.reuse(unit, "neighbours"):
         ctx.log(f"  neighbours: reusing {unit.rel}")
         return unit
@@ -332,7 +336,11 @@ def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
     # Query pieces are cut over all train rows (so tasks are equal whatever the chunk layout); each
     # chunk's write task takes the pieces that overlap it.
     cuts = _fixed_blocks(np.arange(N), KNN_QUERY_ROWS)
-    pieces = [ctx.submit(_knn_piece, data.url, piece, blocks, k, name="knn-piece") for piece in cuts]
+    extra = {}
+    if ivf:
+        pieces, extra = _ivf_pieces(ctx, data, unit, blocks, cuts, k)
+    else:
+        pieces = [ctx.submit(_knn_piece, data.url, piece, blocks, k, name="knn-piece") for piece in cuts]
     writes = []
     for q in data.chunks:
         mine = [(piece, f) for piece, f in zip(cuts, pieces) if piece[0] < q[1] and piece[-1] >= q[0]]
@@ -340,8 +348,38 @@ def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
                                  *[f for _, f in mine], name="knn-write"))
     ctx.gather(pieces, "neighbours", [f"query rows {p[0]}..{p[-1]}" for p in cuts])
     ctx.gather(writes, "neighbours", [f"rows {q[0]}..{q[1] - 1}" for q in data.chunks])
-    _timed(unit, t0, {"k": k, "n_train": n_train})
+    _timed(unit, t0, {"k": k, "n_train": n_train, "method": "ivf" if ivf else "exact", **extra})
+    if ivf:
+        ctx.log(f"  neighbours: IVF ({extra['index']}, nprobe {nb.nprobe}) recall@{k} {extra['recall']:.3f} "
+                f"against exact search on {extra['recall_queries']} train queries")
     return unit
+
+
+# Exact search stays the default up to this many train rows (neighbours.method auto); above it an IVF
+# index (pipeline/ivf.py) is built.
+EXACT_MAX_TRAIN = 200_000
+
+
+def _ivf_pieces(ctx: StageContext, data: DataInfo, unit: Unit, blocks: list, cuts: list, k: int):
+    """Train, fill and search the IVF index; returns the query pieces' futures and facts for the unit."""
+    from pipeline import ivf
+    nb, seed = ctx.config.neighbours, ctx.config.seed
+    train = data.rows(TRAIN)
+    nlist = nb.nlist or ivf.nlist_for(len(train))
+    factory = ivf.factory_string(len(train), data.n_features, nlist)
+    rng = np.random.default_rng([seed, 37])
+    sample = np.sort(rng.choice(train, min(len(train), max(39 * nlist, 20_000)), replace=False))
+    trained = ctx.submit(ivf.train, data.url, sample, factory, seed, name="ivf-train")
+    parts = [ctx.submit(ivf.encode, data.url, trained, a, b, name="ivf-encode") for a, b in blocks]
+    built = ctx.submit(ivf.build, unit.url, trained, *parts, name="ivf-build")
+    ctx.gather([built], "neighbours", ["the IVF index"])
+    pieces = [ctx.submit(ivf.search, data.url, unit.url, piece, k, nb.nprobe, name="ivf-search") for piece in cuts]
+    probe = np.sort(rng.choice(train, min(len(train), ivf.RECALL_QUERIES), replace=False))
+    exact = ctx.submit(_knn_piece, data.url, probe, blocks, k, name="ivf-recall")
+    approx = ctx.submit(ivf.search, data.url, unit.url, probe, k, nb.nprobe, name="ivf-recall")
+    e, a = ctx.gather([exact, approx], "neighbours", ["recall: exact", "recall: ivf"])
+    return pieces, {"index": factory, "nprobe": nb.nprobe, "recall": ivf.recall(e, a, k),
+                    "recall_queries": int(len(probe))}
 
 
 # ---- 4. train ------------------------------------------------------------------------------------------

@@ -1,0 +1,57 @@
+"""IVF neighbours: searching every list is exact search; fewer lists trade recall, which is measured
+against exact search and recorded with the graph."""
+import numpy as np
+import pytest
+
+from pipeline import ivf
+from pipeline.stages import run_neighbours
+from pipeline.storage import open_array
+from tests.conftest import make_blobs, staged
+
+
+def _graph(client, tmp_path, name, neighbours):
+    X, y = make_blobs(n=3000, d=16, classes=6, seed=2, sep=2.0)
+    np.savez(tmp_path / "d.npz", X=X, y=y)
+    ctx, data, _ = staged(client, tmp_path / name, {
+        "data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.05, "split": {"test": 0.2, "seed": 0}},
+        "neighbours": neighbours})
+    unit = run_neighbours(ctx, data)
+    return unit, open_array(f"{unit.url}/neighbours")[:], open_array(f"{unit.url}/distances")[:], data
+
+
+def _overlap(a, b):
+    return np.mean([len(np.intersect1d(x, z)) / len(x) for x, z in zip(a, b)])
+
+
+def test_ivf_probing_every_list_is_exact_and_fewer_lists_report_their_recall(client, tmp_path):
+    exact_unit, exact, exact_d, data = _graph(client, tmp_path, "exact", {"k": 10, "method": "exact"})
+    assert exact_unit.meta()["method"] == "exact"
+    full_unit, full, full_d, _ = _graph(client, tmp_path, "full", {"k": 10, "method": "ivf", "nlist": 16, "nprobe": 16})
+    meta = full_unit.meta()
+    assert meta["method"] == "ivf" and meta["index"] == "IVF16,Flat" and meta["recall"] == pytest.approx(1.0)
+    # the same lists, up to the order of near-ties (faiss and the GEMM round differently)
+    diff = np.flatnonzero((full != exact).any(1))
+    assert len(diff) <= 3
+    np.testing.assert_allclose(full_d, exact_d, rtol=1e-4, atol=1e-4)
+    for r in diff:
+        assert len(np.intersect1d(full[r], exact[r])) >= 9
+    one_unit, one, _, _ = _graph(client, tmp_path, "one", {"k": 10, "method": "ivf", "nlist": 16, "nprobe": 1})
+    rec = one_unit.meta()["recall"]
+    train = np.flatnonzero(data.split == 0)
+    overall = _overlap(exact[train], one[train])
+    assert 0.2 < rec < 1.0 and abs(rec - overall) < 0.1     # the sampled recall tracks the whole graph's
+    assert np.all((one[train] != train[:, None]))           # a row is never its own neighbour
+
+
+def test_pq_index_when_flat_codes_would_not_fit(client, tmp_path, monkeypatch):
+    monkeypatch.setattr(ivf, "IVF_FLAT_BYTES", 0)
+    assert ivf.factory_string(2400, 16, 16) == "IVF16,PQ4"
+    unit, graph, _, data = _graph(client, tmp_path, "pq", {"k": 10, "method": "ivf", "nlist": 16, "nprobe": 16})
+    meta = unit.meta()
+    assert meta["index"] == "IVF16,PQ4" and 0.2 < meta["recall"] < 1.0
+
+
+def test_auto_is_exact_below_the_stated_size_and_nlist_follows_sqrt_n():
+    from pipeline.stages import EXACT_MAX_TRAIN
+    assert EXACT_MAX_TRAIN == 200_000
+    assert ivf.nlist_for(5_000_000) == 4096 and ivf.nlist_for(1000) == 25
