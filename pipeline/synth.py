@@ -23,7 +23,7 @@ def _write_rows(url: str, spec: SyntheticSpec, labels: np.ndarray, a: int, b: in
 
 
 def write_synthetic(client, path: str, n: int, dim: int, classes: int, seed: int = 0, nonnegative: bool = False,
-                    chunk_mb: float = 64.0, log=print) -> str:
+                    chunk_mb: float = 64.0, log=print, separation: float = 3.0) -> str:
     from distributed import as_completed
 
     path = os.path.abspath(path)
@@ -34,12 +34,13 @@ def write_synthetic(client, path: str, n: int, dim: int, classes: int, seed: int
                          f"{n} x {dim}, {classes} classes")
     tmp = f"{path}.partial"
     shutil.rmtree(tmp, ignore_errors=True)   # leftovers of a killed synth
-    spec = SyntheticSpec(n, dim, classes, seed=seed, nonnegative=nonnegative)
+    spec = SyntheticSpec(n, dim, classes, seed=seed, nonnegative=nonnegative, separation=separation)
     labels = spec.labels()
     rows = chunk_rows_for(dim, chunk_mb)
     import zarr
     zarr.open_group(store=tmp, mode="w").attrs.update({"synthetic": {"samples": n, "dim": dim, "classes": classes,
-                                                                     "seed": seed, "nonnegative": nonnegative}})
+                                                                     "seed": seed, "nonnegative": nonnegative,
+                                                                     "separation": separation}})
     create_array(f"{tmp}/X", (n, dim), (rows, dim), np.float32)
     create_array(f"{tmp}/y", (n,), (min(n, 1 << 20),), np.int32)[:] = labels
     t0 = time.perf_counter()
