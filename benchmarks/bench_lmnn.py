@@ -20,21 +20,14 @@ import numpy as np  # noqa: E402
 from sklearn.decomposition import PCA  # noqa: E402
 from sklearn.neighbors import KNeighborsClassifier  # noqa: E402
 
-from pipeline.config import parse_config  # noqa: E402
-from pipeline.sources import open_source  # noqa: E402
 from tasks import knn, metrics, slne  # noqa: E402
+from timing import fashion_subset  # noqa: E402
 
 
 def load(n_train=5000, n_test=2000, seed=0):
-    src = open_source(parse_config({"data": {"source": "fashion-mnist"}}).data)
-    X = src.reader.read(0, src.reader.shape[0]).astype(np.float32)
-    X /= np.linalg.norm(X, axis=1, keepdims=True)
-    rng = np.random.default_rng(seed)
-    tr = rng.choice(np.flatnonzero(src.split == "train"), n_train, replace=False)
-    te = rng.choice(np.flatnonzero(src.split == "test"), n_test, replace=False)
-    pca = PCA(64, svd_solver="full", random_state=0).fit(X[tr])
-    return pca.transform(X[tr]).astype(np.float32), src.labels[tr], pca.transform(X[te]).astype(np.float32), \
-        src.labels[te]
+    Xtr, ytr, Xte, yte = fashion_subset(n_train, n_test, seed)
+    pca = PCA(64, svd_solver="full", random_state=0).fit(Xtr)
+    return pca.transform(Xtr).astype(np.float32), ytr, pca.transform(Xte).astype(np.float32), yte
 
 
 def main():

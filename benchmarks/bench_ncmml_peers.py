@@ -21,20 +21,14 @@ import numpy as np  # noqa: E402
 from sklearn.discriminant_analysis import LinearDiscriminantAnalysis  # noqa: E402
 from sklearn.neighbors import KNeighborsClassifier, NearestCentroid, NeighborhoodComponentsAnalysis  # noqa: E402
 
-from pipeline.config import parse_config  # noqa: E402
-from pipeline.sources import open_source  # noqa: E402
 from tasks import ncmml  # noqa: E402
+from timing import fashion_subset  # noqa: E402
 
 
 def load(n_train, n_test, seed=0):
-    src = open_source(parse_config({"data": {"source": "fashion-mnist"}}).data)
-    X = src.reader.read(0, src.reader.shape[0]).astype(np.float64)
-    X /= np.linalg.norm(X, axis=1, keepdims=True)
-    rng = np.random.default_rng(seed)
-    tr = rng.choice(np.flatnonzero(src.split == "train"), n_train, replace=False)
-    te = rng.choice(np.flatnonzero(src.split == "test"), n_test, replace=False)
-    y = np.unique(src.labels, return_inverse=True)[1]
-    return X[tr], y[tr], X[te], y[te]
+    Xtr, ytr, Xte, yte = fashion_subset(n_train, n_test, seed, np.float64)
+    classes = np.unique(np.concatenate([ytr, yte]))
+    return Xtr, np.searchsorted(classes, ytr), Xte, np.searchsorted(classes, yte)
 
 
 def errors(Ztr, ytr, Zte, yte):

@@ -9,3 +9,19 @@ def timed(f, repeat=5):
     for _ in range(repeat):
         out = f()
     return (time.perf_counter() - t) / repeat, out
+
+
+def fashion_subset(n_train: int, n_test: int, seed: int = 0, dtype=None):
+    """(X_train, y_train, X_test, y_test): seeded subsets of Fashion-MNIST's train and test splits,
+    l2-normalised pixels (METRICPIPE_DATA, ../shared or the Debian path), labels as given."""
+    import numpy as np
+
+    from pipeline.config import parse_config
+    from pipeline.sources import open_source
+    src = open_source(parse_config({"data": {"source": "fashion-mnist"}}).data)
+    X = src.reader.read(0, src.reader.shape[0]).astype(dtype or np.float32)
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    rng = np.random.default_rng(seed)
+    tr = rng.choice(np.flatnonzero(src.split == "train"), n_train, replace=False)
+    te = rng.choice(np.flatnonzero(src.split == "test"), n_test, replace=False)
+    return X[tr], src.labels[tr], X[te], src.labels[te]
