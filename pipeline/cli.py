@@ -153,8 +153,9 @@ def synth(samples, dim, classes, store, seed, nonnegative, separation, chunk_mb,
     """Write N x D class-structured synthetic features (X, y) as a Zarr store, blockwise on the workers;
     use it with data: {path: STORE}."""
     from pipeline.cluster import connect
-    from pipeline.synth import write_synthetic
+    from pipeline.synth import check_args, write_synthetic
 
+    check_args(store, samples, dim, classes)
     cfg = _apply(parse_config({"data": {"source": "digits"}}, where="metricpipe synth"), None, cluster, workers,
                  memory_limit)
     with connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard) as client:
@@ -240,11 +241,16 @@ def predict(store, data, model, features, labels, out):
 
     from pipeline.classes import predict as run_predict
 
+    if out and not Path(out).resolve().parent.is_dir():
+        raise InputError(f"{out}: its folder does not exist (--out); create it or choose another path")
     names, error = run_predict(store, model, data, features, labels)
     if out:  # written whole or not at all
         tmp = f"{out}.partial.npy"
-        np.save(tmp, names)
-        os.replace(tmp, out)
+        try:
+            np.save(tmp, names)
+            os.replace(tmp, out)
+        except OSError as e:
+            raise InputError(f"{out}: cannot write the predictions (--out): {e.strerror or e}") from None
     _echo(f"{len(names)} rows classified" + (f"; top-1 error {error:.4f}" if error is not None else "")
           + (f"; predictions in {out}" if out else ""))
 

@@ -114,6 +114,21 @@ def _check_negatives(neg: dict, where: str, key: str) -> None:
         _fail(where, f"{key}.seed", f"must be an integer >= 0; got {neg['seed']!r}")
 
 
+def _check_kernel_slem(methods: list, evaluate, where: str) -> None:
+    """Kernel SLEM combinations refused before any work: a Cholesky factor is always full rank, and its
+    codes are compared by Eq. 16 only, which no vector-space classifier (ncm, ncmc, softvote) can use."""
+    for spec in methods:
+        if spec["method"] != "slem" or spec["kernel"] == "linear":
+            continue
+        if spec["decomposition"] == "cholesky" and spec["rank"] != "full":
+            _fail(where, "methods", f"slem decomposition cholesky is full rank, but rank is {spec['rank']}; use "
+                  f"decomposition kpca or icd for a low rank, or rank full")
+        odd = [c for c in evaluate.classifiers if not c.startswith("knn")]
+        if odd:
+            _fail(where, "evaluate.classification.classifiers", f"{', '.join(odd)} need codes in a vector space; "
+                  f"kernel SLEM ({spec['kernel']}) compares images by Eq. 16 only: use knnK classifiers or retrieval")
+
+
 def _check_keys(d: dict, allowed, where: str, prefix: str):
     if not isinstance(d, dict):
         _fail(where, prefix.rstrip(".") or "config", f"expected a mapping, got {type(d).__name__} {d!r}")
@@ -265,6 +280,7 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
     evaluate = EvaluateConfig(retrieval_k=_int_list(ret, "k", where, "evaluate.retrieval.", (1, 10, 100)),
                               classifiers=tuple(classifiers), retrieval=do_retrieval,
                               queries=_typed(ret, "queries", int, where, "evaluate.retrieval.", None, 1))
+    _check_kernel_slem(methods, evaluate, where)
 
     cluster = _typed(raw, "cluster", str, where, "", "local")
     if cluster not in ("local",) and not cluster.startswith("tcp://") and not cluster.endswith((".yaml", ".yml")):

@@ -45,7 +45,7 @@ class StageContext:
         if not self.resume or (self.force is not None and STAGES.index(stage) >= STAGES.index(self.force)):
             return False
         if not unit.done():
-            if unit.store.fs.exists(unit._root):
+            if unit.exists():
                 self.log(f"  {stage}: {unit.rel} was left unfinished by an interrupted run; recomputing it")
             return False
         bad = unit.verify()

@@ -14,6 +14,7 @@ import numpy as np
 from pipeline.storage import array_names, load_arrays, open_array, save_arrays
 from tasks import nml
 from tasks.errors import InputError
+from tasks.normalize import normalize_rows
 from tasks.models import LinearModel
 
 TRAIN = 0
@@ -68,7 +69,7 @@ def _block(data_url, chunks, b, kind):
     X = open_array(f"{data_url}/features")[a:z]
     if kind == "nml":
         nml.check_nonnegative(X, f"{data_url}/features rows {a}..{z - 1}")
-        X = X / np.maximum(X.sum(1, keepdims=True), np.float32(1e-30))
+        X = normalize_rows(X, "l1")
     return np.asarray(X, np.float32)
 
 

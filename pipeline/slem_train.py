@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from pipeline.config import SPLIT_NAMES
-from pipeline.storage import load_arrays, open_array, save_arrays
+from pipeline.storage import load_arrays, open_array, read_rows, save_arrays
 from tasks import moments, slem
 from tasks.errors import InputError
 
@@ -46,17 +46,18 @@ def _by_block(chunks, rows):
             yield a, b, rows[lo:hi] - a
 
 
-def _gather(data_url: str, chunks, rows) -> np.ndarray:
-    X = open_array(f"{data_url}/features")
-    return np.concatenate([X[a:b][local] for a, b, local in _by_block(chunks, rows)]).astype(np.float64)
+def _gather(data_url: str, rows) -> np.ndarray:
+    return read_rows(f"{data_url}/features", rows).astype(np.float64)
 
 
 def _pool_moments(data_url: str, chunks, rows) -> tuple[np.ndarray, np.ndarray]:
-    """(mean, biased covariance) of the pool, one row-block at a time."""
+    """(mean, biased covariance) of the pool, one row-block at a time, folded as they come (one D x D
+    scatter in hand)."""
     X = open_array(f"{data_url}/features")
-    parts = [moments.partial_moments(X[a:b][local], np.zeros(len(local), np.int64), 1)
-             for a, b, local in _by_block(chunks, rows)]
-    m = moments.combine_all(parts)
+    m = None
+    for a, b, local in _by_block(chunks, rows):
+        part = moments.partial_moments(X[a:b][local], np.zeros(len(local), np.int64), 1)
+        m = part if m is None else moments.combine_moments(m, part)
     return m.mean, m.m2 / m.n
 
 
@@ -75,7 +76,7 @@ def _train(spec, data_url, stats_url, chunks, model_url, where) -> dict:
     t0 = time.perf_counter()
     meta = {"negatives": int(len(rows)), "negatives_split": neg["split"]}
     if spec["method"] == "esvm":
-        Xneg = _gather(data_url, chunks, rows)
+        Xneg = _gather(data_url, rows)
         model = slem.ESVMEncoder(Xneg, spec["lambda"], spec["theta"], spec["epochs"], spec["batch"], spec["seed"], meta)
     elif kernel == "linear":
         if neg["split"] == "train" and len(rows) == np.count_nonzero(split == TRAIN):  # the statistics stage's
@@ -90,11 +91,11 @@ def _train(spec, data_url, stats_url, chunks, model_url, where) -> dict:
         model = slem.LinearSLEM(mu, slem.factor(A, where), meta)
         Xneg = None
     else:
-        Xneg = _gather(data_url, chunks, rows)
+        Xneg = _gather(data_url, rows)
         model = slem.KernelSLEM.fit(Xneg, spec["lambda"], kernel, spec["gamma"], spec["decomposition"], rank, meta)
     offline = time.perf_counter() - t0
     sample = rows[:ONLINE_SAMPLE]
-    Xs = _gather(data_url, chunks, sample)
+    Xs = _gather(data_url, sample)
     t1 = time.perf_counter()
     model.transform(Xs)
     online = (time.perf_counter() - t1) / len(sample)
@@ -108,5 +109,9 @@ def _train(spec, data_url, stats_url, chunks, model_url, where) -> dict:
 
 
 def submit(ctx, spec, data, stats, unit, name):
+    if spec["method"] == "slem" and spec["kernel"] == "linear" and not stats.meta().get("dense", True):
+        raise InputError(f"{ctx.config.source_file}: methods: linear slem needs the D x D covariance, but D = "
+                         f"{data.n_features} is above statistics.max_dense_dim; raise statistics.max_dense_dim "
+                         f"(memory: D^2 x 8 bytes) or use a kernel SLEM")
     return ctx.submit(_train, spec, data.url, stats.url, data.chunks, unit.url, f"{ctx.config.source_file}: {name}",
                       name=f"train-{name}")

@@ -33,7 +33,7 @@ class Source:
     fingerprint: dict = field(default_factory=dict)
 
 
-def _fingerprint(*paths) -> dict:
+def fingerprint(*paths) -> dict:
     out = {}
     for p in paths:
         p = Path(p)
@@ -227,7 +227,7 @@ def _idx_source(folder: Path, name: str) -> Source:
     tr, tr_lab, te, te_lab = [IdxReader(f) for f in files]
     y = np.concatenate([tr_lab.read_all_1d(), te_lab.read_all_1d()])
     split = np.array(["train"] * tr.shape[0] + ["test"] * te.shape[0])
-    return Source(name, ConcatReader([tr, te]), y, split=split, fingerprint=_fingerprint(*files))
+    return Source(name, ConcatReader([tr, te]), y, split=split, fingerprint=fingerprint(*files))
 
 
 def _column(container, key, path, field_name, n=None):
@@ -326,7 +326,7 @@ def _open_path(cfg: DataConfig, path: Path) -> Source:
     if len(reader.shape) != 2:
         raise InputError(f"{path}: features must be a 2-D (sample, feature) array; got shape "
                          f"{tuple(reader.shape)}; reshape to (n_samples, n_features)")
-    return Source(str(path), reader, y, fingerprint=_fingerprint(path, *([cfg.labels] if separate_labels else [])),
+    return Source(str(path), reader, y, fingerprint=fingerprint(path, *([cfg.labels] if separate_labels else [])),
                   **extra)
 
 

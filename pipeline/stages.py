@@ -147,8 +147,8 @@ def prepare_data(cfg: RunConfig, store) -> DataPlan:
     pairs_fp = None
     if d.pairs:
         coords_pairs = _read_pairs(d.pairs, split)
-        from pipeline.sources import _fingerprint
-        pairs_fp = _fingerprint(d.pairs)
+        from pipeline.sources import fingerprint
+        pairs_fp = fingerprint(d.pairs)
     chunk_rows = chunk_rows_for(D, d.chunk_mb)
     key = hash_key({"stage": "data", "source": src.fingerprint, "name": src.name, "features": d.features,
                     "labels": d.labels, "groups": d.groups, "normalize": d.normalize, "split": d.split.__dict__,
@@ -171,6 +171,8 @@ def _read_pairs(path: str, split: np.ndarray) -> dict:
             if missing:
                 raise InputError(f"{path}: data.pairs needs arrays i, j, y; missing {missing} (it holds {sorted(z.files)})")
             i, j, y = z["i"], z["j"], z["y"]
+    except InputError:
+        raise
     except (OSError, ValueError) as e:
         raise InputError(f"{path}: cannot read data.pairs: {type(e).__name__}: {e}".splitlines()[0]) from None
     check_pairs(i, j, y, split, f"{path} (data.pairs)")
@@ -645,11 +647,6 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
         if cmeta.get("bilinear"):
             views.append(("exact", f"{cunit.url}/query", f"{cunit.url}/base", "inner"))
         for view, q_url, db_url, score in views:
-            odd = [c for c in ev.classifiers if not c.startswith("knn")]
-            if score.startswith("slem:") and odd:
-                raise InputError(f"{ctx.config.source_file}: evaluate.classification.classifiers: {', '.join(odd)} "
-                                 f"need codes in a vector space; kernel SLEM ({model_id(spec)}) compares images by "
-                                 f"Eq. 16 only, so use knnK classifiers or retrieval")
             means = None
             if "ncm" in ev.classifiers:
                 parts = [ctx.submit(_moments_block, data.url, a, b, len(data.classes), False, db_url,

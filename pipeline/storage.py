@@ -22,8 +22,8 @@ the marker also lists every file of the unit with its size and CRC-32 (``files``
 only after :meth:`Unit.verify` finds every listed file present and unchanged (``metricpipe inspect
 --verify`` runs the same check over a whole store).
 
-One run at a time writes a store: ``STORE/.lock`` (created exclusively, holding the owner's host and
-pid) is taken for the run and removed at its end; a lock whose process is gone is taken over.
+One run at a time writes a store: the run holds an exclusive ``flock`` on ``STORE/.lock`` (which also
+records the holder's host and pid); the operating system drops it when that process ends.
 """
 import contextlib
 import hashlib
@@ -103,31 +103,28 @@ class Store:
 
     @contextlib.contextmanager
     def lock(self, what: str = "run"):
-        """Hold ``STORE/.lock`` while the block runs: a second writer gets a one-line error."""
+        """Hold an exclusive lock on ``STORE/.lock`` while the block runs; a second writer gets a one-line
+        error naming the holder. The operating system releases the lock when its process ends, however
+        it ends, so a killed run never leaves a stale lock (and a reused pid cannot fake one)."""
+        if not self.local:  # remote stores: no portable lock; one writer is the user's to ensure
+            yield
+            return
+        import fcntl
         path = f"{self.root}/.lock"
-        me = {"host": socket.gethostname(), "pid": os.getpid(), "what": what, "since": time.time()}
-        if self.local:
-            for attempt in range(2):
-                try:
-                    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-                    break
-                except FileExistsError:
-                    owner = self._lock_owner(path)
-                    if attempt == 0 and owner is not None and owner.get("host") == me["host"] \
-                            and not _pid_alive(owner.get("pid", -1)):
-                        os.remove(path)  # its process is gone: take the lock over
-                        continue
-                    who = f"pid {owner.get('pid')} on {owner.get('host')} ({owner.get('what')})" if owner else "another process"
-                    raise InputError(f"{self.url}: the store is in use by {who} (STORE/.lock); wait for it to finish, "
-                                     f"or delete {path} if that process is gone") from None
-            with os.fdopen(fd, "w") as f:
-                json.dump(me, f)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                owner = self._lock_owner(path)
+                who = f"pid {owner.get('pid')} on {owner.get('host')} ({owner.get('what')})" if owner else "another process"
+                raise InputError(f"{self.url}: the store is in use by {who} (STORE/.lock); wait for it to finish") from None
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "what": what,
+                                     "since": time.time()}).encode())
             yield
         finally:
-            if self.local:
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(path)
+            os.close(fd)  # releases the lock; the file stays (deleting it would let two writers lock two files)
 
     @staticmethod
     def _lock_owner(path: str) -> dict | None:
@@ -159,6 +156,10 @@ class Unit:
         self.url = store.path(kind, key)
         self._root = f"{store.root}/{kind}/{key}"
 
+    def exists(self) -> bool:
+        """Whether anything of the unit is on disk (committed or left by an interrupted writer)."""
+        return self.store.fs.exists(self._root)
+
     def done(self) -> bool:
         try:
             return self.meta().get("key") == self.key
@@ -184,30 +185,28 @@ class Unit:
 
     def _files(self) -> dict:
         """{path inside the unit: [size, CRC-32]} for every file of the unit."""
-        fs, out = self.store.fs, {}
-        for path in sorted(fs.find(self._root)):
-            with fs.open(path, "rb") as f:
-                data = f.read()
-            out[path[len(self._root) + 1:]] = [len(data), zlib.crc32(data)]
-        return out
+        return {path[len(self._root) + 1:]: self._size_crc(path) for path in sorted(self.store.fs.find(self._root))}
+
+    def _size_crc(self, path: str) -> list[int]:
+        with self.store.fs.open(path, "rb") as f:
+            data = f.read()
+        return [len(data), zlib.crc32(data)]
 
     def verify(self) -> list[str]:
         """Problems with a committed unit's files: missing, resized or changed since the commit."""
         listed = self.meta().get("files")
         if listed is None:  # committed before checksums were recorded: nothing to compare
             return []
-        fs, bad = self.store.fs, []
+        bad = []
         for rel, (size, crc) in listed.items():
-            path = f"{self._root}/{rel}"
             try:
-                with fs.open(path, "rb") as f:
-                    data = f.read()
+                now_size, now_crc = self._size_crc(f"{self._root}/{rel}")
             except FileNotFoundError:
                 bad.append(f"{self.rel}/{rel}: missing (zarr would read it as the fill value)")
                 continue
-            if len(data) != size:
-                bad.append(f"{self.rel}/{rel}: {len(data)} bytes, {size} at commit")
-            elif zlib.crc32(data) != crc:
+            if now_size != size:
+                bad.append(f"{self.rel}/{rel}: {now_size} bytes, {size} at commit")
+            elif now_crc != crc:
                 bad.append(f"{self.rel}/{rel}: checksum differs from the commit's (corrupt)")
         return bad
 
@@ -285,12 +284,3 @@ def chunk_rows_for(n_features: int, chunk_mb: float, itemsize: int = 4) -> int:
 def local_path(url: str) -> Path | None:
     return Path(url) if "://" not in url else None
 
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, ValueError, TypeError):
-        return True
-    return True

@@ -22,16 +22,22 @@ def _write_rows(url: str, spec: SyntheticSpec, labels: np.ndarray, a: int, b: in
     return b - a
 
 
-def write_synthetic(client, path: str, n: int, dim: int, classes: int, seed: int = 0, nonnegative: bool = False,
-                    chunk_mb: float = 64.0, log=print, separation: float = 3.0) -> str:
-    from distributed import as_completed
-
+def check_args(path: str, n: int, dim: int, classes: int) -> str:
+    """The absolute store path, or a one-line error before any cluster starts."""
     path = os.path.abspath(path)
     if os.path.exists(path):
         raise InputError(f"{path}: already exists (synth --store); choose a new path or delete it")
     if classes < 2 or n < 2 * classes or dim < 1:
         raise InputError(f"synth: need --classes >= 2, --samples >= 2 x classes and --dim >= 1; got "
                          f"{n} x {dim}, {classes} classes")
+    return path
+
+
+def write_synthetic(client, path: str, n: int, dim: int, classes: int, seed: int = 0, nonnegative: bool = False,
+                    chunk_mb: float = 64.0, log=print, separation: float = 3.0) -> str:
+    from distributed import as_completed
+
+    path = check_args(path, n, dim, classes)
     tmp = f"{path}.partial"
     shutil.rmtree(tmp, ignore_errors=True)   # leftovers of a killed synth
     spec = SyntheticSpec(n, dim, classes, seed=seed, nonnegative=nonnegative, separation=separation)

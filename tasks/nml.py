@@ -16,6 +16,7 @@ columns.
 import numpy as np
 
 from tasks.errors import InputError
+from tasks.normalize import normalize_rows
 
 
 # |l| + |x| is floored at TINY so that 0/0 (l_c = x_c = 0) gives 0 without a masked division:
@@ -211,7 +212,7 @@ class ChiEmbedding:
         out = np.empty((len(X), len(self.L)), np.float32)
         for a in range(0, len(X), rows):  # bounded (d, rows, D) temporaries
             B = X[a:a + rows]
-            B = B / np.maximum(np.abs(B).sum(1, keepdims=True), np.float32(1e-30))
+            B = normalize_rows(B, "l1")
             out[a:a + rows] = chi2_embed(self.L, B)
         return out
 

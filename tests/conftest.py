@@ -30,6 +30,17 @@ def blobs_npz(tmp_path):
     return p, X, y
 
 
+def hold_lock(store_dir):
+    """A separate process holding the store's lock (as a running metricpipe would); kill it to release."""
+    import subprocess
+    import sys
+    code = ("import sys, time; from pipeline.storage import Store\n"
+            "with Store(sys.argv[1]).lock('metricpipe run'):\n    print('locked', flush=True); time.sleep(120)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(store_dir)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
 def numerical_gradient(f, M, h=1e-6):
     """Central finite differences of the scalar function f at the matrix M."""
     grad = np.zeros_like(M, dtype=np.float64)

@@ -9,7 +9,7 @@ import yaml
 from click.testing import CliRunner
 
 from pipeline.cli import main
-from tests.conftest import make_blobs
+from tests.conftest import hold_lock, make_blobs
 
 
 def _config(tmp_path, data, **extra):
@@ -28,7 +28,7 @@ def _invoke(*args):
 
 def _digest(root: Path) -> dict:
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name != ".lock"}  # the lock is no result
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +77,8 @@ BAD = {
     "negative values for nml": (lambda t: _bad_npz(t, X=X - 10.0, y=Y),
                                 {"methods": [{"method": "nml", "dim": 2, "pairs": 10, "iters": 10}]},
                                 r"NML's chi2 kernel needs non-negative features"),
+    "pairs file without y": (lambda t: {**_bad_npz(t, X=X, y=Y), "pairs": str(_pairs_missing_y(t))}, {},
+                             r"^error: \S+pairs.npz: data.pairs needs arrays i, j, y; missing \['y'\]"),
     "pair index out of range": (lambda t: {**_bad_npz(t, X=X, y=Y), "pairs": str(_pairs(t, 500))}, {},
                                 r"pair index i=500 is out of range 0..119"),
     "unreadable file": (lambda t: _garbage(t), {}, r"bad.npz: cannot read"),
@@ -93,6 +95,12 @@ BAD = {
 def _pairs(t, bad_j):
     p = t / "pairs.npz"
     np.savez(p, i=np.array([bad_j, 1]), j=np.array([2, 3]), y=np.array([1, -1]))
+    return p
+
+
+def _pairs_missing_y(t):
+    p = t / "pairs.npz"
+    np.savez(p, i=np.array([0, 1]), j=np.array([2, 3]))
     return p
 
 
@@ -124,17 +132,8 @@ def _ncm_key(store: Path) -> str:
     raise AssertionError("no ncmml model")
 
 
-def _busy(store: Path):
-    """A lock held by a live process (this one's parent shell would do; a sleeper is simpler)."""
-    import socket
-    import subprocess
-    import sys
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    (store / ".lock").write_text(json.dumps({"host": socket.gethostname(), "pid": sleeper.pid, "what": "run"}))
-    return sleeper
-
-
-@pytest.mark.parametrize("case", ["model dimension mismatch", "new classes of another dimension", "concurrent run"])
+@pytest.mark.parametrize("case", ["model dimension mismatch", "new classes of another dimension", "concurrent run",
+                                  "predictions to a missing folder"])
 def test_bad_command_input_exits_2_with_one_line_and_store_unchanged(good_store, tmp_path, case):
     store = good_store / "store"
     before = _digest(store)
@@ -143,10 +142,15 @@ def test_bad_command_input_exits_2_with_one_line_and_store_unchanged(good_store,
     sleeper = None
     if case == "model dimension mismatch":
         args, match = ["predict", store, wrong, "--model", _ncm_key(store)], r"features have 3 dimensions but model \w+ takes 8"
+    elif case == "predictions to a missing folder":
+        right = tmp_path / "right.npz"
+        np.savez(right, X=np.ones((5, 8), np.float32))
+        args, match = ["predict", store, right, "--model", _ncm_key(store), "--out", tmp_path / "no/p.npy"], \
+            r"no/p.npy: its folder does not exist \(--out\)"
     elif case == "new classes of another dimension":
         args, match = ["add-classes", store, wrong], r"features have 3 dimensions but model \w+ takes 8"
     else:
-        sleeper = _busy(store)
+        sleeper = hold_lock(store)
         args, match = ["run", good_store / "cfg.yaml"], rf"store is in use by pid {sleeper.pid}"
     try:
         res = CliRunner().invoke(main, [str(a) for a in args])
@@ -154,7 +158,6 @@ def test_bad_command_input_exits_2_with_one_line_and_store_unchanged(good_store,
         if sleeper:
             sleeper.kill()
             sleeper.wait()
-            (store / ".lock").unlink()
     assert res.exit_code == 2, res.output
     lines = [ln for ln in res.output.strip().splitlines() if ln.startswith("error:")]
     import re

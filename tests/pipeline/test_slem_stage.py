@@ -82,14 +82,27 @@ def test_an_empty_negative_split_is_a_one_line_error_naming_the_splits():
         negative_rows(split, {"split": "negatives", "count": None, "seed": 0}, "c.yaml: slem")
 
 
-def test_kernel_slem_refuses_vector_space_classifiers(client, tmp_path):
+@pytest.mark.parametrize("method,classifiers,match", [
+    ({"kernel": "poly", "rank": 4, "decomposition": "kpca"}, ["knn1", "ncm"],
+     r"evaluate.classification.classifiers: ncm need codes in a vector space"),
+    ({"kernel": "gaussian", "rank": 16, "decomposition": "cholesky"}, ["knn1"],
+     r"decomposition cholesky is full rank, but rank is 16")])
+def test_kernel_slem_contradictions_are_refused_before_any_work(method, classifiers, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_config({"data": {"source": "digits"}, "methods": [{"method": "slem", **method}],
+                      "evaluate": {"classification": {"classifiers": classifiers}}})
+    # linear SLEM codes live in a vector space: every classifier is allowed
+    parse_config({"data": {"source": "digits"}, "methods": [{"method": "slem"}],
+                  "evaluate": {"classification": {"classifiers": classifiers}}})
+
+
+def test_linear_slem_without_a_dense_covariance_is_a_one_line_error(client, tmp_path):
     from tasks.errors import InputError
     _data(tmp_path)
     ctx, data, stats = staged(client, tmp_path / "s", {
         "data": {"path": str(tmp_path / "d.npz"), "split": {"test": 0.25, "seed": 0}},
-        "methods": [{"method": "slem", "kernel": "poly", "rank": 4, "decomposition": "kpca",
-                     "negatives": {"count": 50}}],
-        "evaluate": {"classification": {"classifiers": ["ncm"]}}})
-    codes = run_encode(ctx, data, run_train(ctx, data, stats, None))
-    with pytest.raises(InputError, match="ncm need codes in a vector space"):
-        run_evaluate(ctx, data, codes)
+        "statistics": {"max_dense_dim": 8, "components": 4},
+        "methods": [{"method": "slem", "negatives": {"count": None}}]})
+    with pytest.raises(InputError, match=r"linear slem needs the D x D covariance, but D = 12 is above "
+                                         r"statistics.max_dense_dim"):
+        run_train(ctx, data, stats, None)
