@@ -4,15 +4,25 @@ import pytest
 from tasks import knn
 
 
-def test_exact_on_integer_data_including_ties():
+@pytest.mark.parametrize("tiles", [(1024, 8192), (64, 50)])
+def test_exact_on_integer_data_including_ties(monkeypatch, tiles):
     # Integer-valued float32 data: GEMM distances are exact, so ties are real and must be broken
-    # by index exactly as the brute-force (distance, index) order does.
+    # by index exactly as the brute-force (distance, index) order does. Small tiles exercise the
+    # pruned merge (entries at or below the running k-th distance only), ties included.
+    monkeypatch.setattr(knn, "QUERY_TILE", tiles[0])
+    monkeypatch.setattr(knn, "DB_TILE", tiles[1])
     rng = np.random.default_rng(1)
     X = rng.integers(0, 3, (700, 6)).astype(np.float32)
     d, i = knn.block_topk(X, X, 15, q_ids=np.arange(700), x_ids=np.arange(700), exclude_self=True)
     bd, bi = knn.brute_force_knn(X, X, 15, exclude_self=True)
     np.testing.assert_array_equal(i, bi)
     np.testing.assert_array_equal(d, bd)
+    # the same, carrying the running lists from one database block to the next
+    run = knn.empty_topk(700, 15)
+    for a, b in [(0, 240), (240, 241), (241, 700)]:
+        run = knn.block_topk(X, X[a:b], 15, q_ids=np.arange(700), x_ids=np.arange(a, b), exclude_self=True, init=run)
+    np.testing.assert_array_equal(run[1], bi)
+    np.testing.assert_array_equal(run[0], bd)
 
 
 @pytest.mark.parametrize("tiles", [(1024, 8192), (37, 101)])
