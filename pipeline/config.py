@@ -61,6 +61,9 @@ class NeighboursConfig:
     method: str = "auto"        # exact | ivf | auto (exact up to EXACT_MAX_TRAIN train rows, else ivf)
     nlist: int | None = None    # IVF lists (None: about 4 sqrt(n_train))
     nprobe: int = 16            # lists searched per query
+    rerank: int = 4             # a PQ index returns rerank x k candidates, re-scored exactly (1: off)
+    queries: int | None = None  # a seeded, class-stratified sample of train rows gets a neighbourhood
+                                # (all rows when None); SL-NE/SL-DE then train on it and its neighbours
 
 
 @dataclass(frozen=True)
@@ -253,12 +256,14 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
     neighbours = None
     if raw.get("neighbours") is not None:
         nb = raw["neighbours"]
-        _check_keys(nb, ["k", "method", "nlist", "nprobe"], where, "neighbours.")
+        _check_keys(nb, ["k", "method", "nlist", "nprobe", "rerank", "queries"], where, "neighbours.")
         neighbours = NeighboursConfig(k=_typed(nb, "k", int, where, "neighbours.", 50, 1),
                                       method=_typed(nb, "method", str, where, "neighbours.", "auto",
                                                     choices=("auto", "exact", "ivf")),
                                       nlist=_typed(nb, "nlist", int, where, "neighbours.", None, 1),
-                                      nprobe=_typed(nb, "nprobe", int, where, "neighbours.", 16, 1))
+                                      nprobe=_typed(nb, "nprobe", int, where, "neighbours.", 16, 1),
+                                      rerank=_typed(nb, "rerank", int, where, "neighbours.", 4, 1),
+                                      queries=_typed(nb, "queries", int, where, "neighbours.", None, 1))
 
     ev = raw.get("evaluate", {}) or {}
     _check_keys(ev, ["retrieval", "classification"], where, "evaluate.")
@@ -281,6 +286,11 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
                               classifiers=tuple(classifiers), retrieval=do_retrieval,
                               queries=_typed(ret, "queries", int, where, "evaluate.retrieval.", None, 1))
     _check_kernel_slem(methods, evaluate, where)
+    if neighbours is not None and neighbours.queries is not None and \
+            any(c.startswith("softvote") for c in evaluate.classifiers):
+        _fail(where, "evaluate.classification.classifiers",
+              "softvote votes over the test rows' neighbourhoods, which neighbours.queries leaves out; "
+              "drop neighbours.queries or use knnK classifiers")
 
     cluster = _typed(raw, "cluster", str, where, "", "local")
     if cluster not in ("local",) and not cluster.startswith("tcp://") and not cluster.endswith((".yaml", ".yml")):

@@ -2,11 +2,15 @@
 
 The index is IVF-Flat when the train rows' vectors fit in IVF_FLAT_BYTES, else IVF-PQ (D/4 bytes per
 vector at most 64 sub-quantizers), so one worker holds it whatever N. Steps: one task trains the
-coarse quantizer (and PQ) on a seeded sample of train rows; one task per row-block encodes its
-train rows (``sa_encode``: the list number and the code); the client appends the codes in block
-order (``add_sa_codes``, cheap) and stores the index in the neighbours unit; then query pieces are
-searched by the workers, each loading the stored index once (cached per worker). Recall@k against
-exact search is measured on a seeded sample of train queries and recorded with the graph.
+coarse quantizer (and PQ) on a seeded sample of train rows and stores it in the neighbours unit;
+one task per row-block encodes its train rows (``sa_encode``: the list number and the code) into the
+unit's ``ivf_codes``; then query pieces are searched by the workers, each filling the trained index
+from the stored codes once (``add_sa_codes`` in block order; cached per worker and per build, keyed
+by ``token``). No process ever holds a serialized copy of the full index. A PQ index's
+distances are approximate, so it returns ``rerank`` x k candidates per query, which are re-scored
+exactly in one pass over the row-blocks (per group of queries whose candidates fit RERANK_PAIRS) and
+cut to k. Recall@k against exact search is measured on a seeded sample of train queries and
+recorded with the graph.
 
 faiss (faiss-cpu) is the standard library for this; it runs single-threaded in a Dask worker.
 """
@@ -18,6 +22,7 @@ from pipeline.storage import create_array, open_array, read_rows
 
 IVF_FLAT_BYTES = 512e6
 RECALL_QUERIES = 1000
+RERANK_PAIRS = 4_000_000  # candidate pairs re-scored per pass over the row-blocks (32 MB of ids)
 
 
 def nlist_for(n_train: int) -> int:
@@ -44,49 +49,79 @@ def _faiss():
     return faiss
 
 
-def train(data_url: str, rows: np.ndarray, factory: str, seed: int) -> np.ndarray:
-    """The trained, empty index (serialized) from the sample ``rows``."""
+def train(data_url: str, unit_url: str, rows: np.ndarray, factory: str, seed: int) -> int:
+    """Train the empty index on the sample ``rows``, store it as the unit's ``ivf_trained``; returns
+    the size in bytes of one vector's code."""
     faiss = _faiss()
     X = np.ascontiguousarray(read_rows(f"{data_url}/features", rows), dtype=np.float32)
     index = faiss.index_factory(X.shape[1], factory)
-    ivf = faiss.extract_index_ivf(index)
+    ivf = faiss.downcast_index(faiss.extract_index_ivf(index))
     ivf.cp.seed = seed
+    if hasattr(ivf, "do_polysemous_training"):
+        # the factory turns on polysemous training (Hamming filtering, which search never uses); it was
+        # 95% of training time: 190 s of 200 s for IVF2048,PQ64 on 80k x 256
+        ivf.do_polysemous_training = False
     index.train(X)
-    return faiss.serialize_index(index)
+    _store_blob(f"{unit_url}/ivf_trained", faiss.serialize_index(index))
+    return int(index.sa_code_size())
 
 
-def encode(data_url: str, trained: np.ndarray, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
-    """(codes, global ids) of the train rows of block a:b."""
-    faiss = _faiss()
-    split = open_array(f"{data_url}/split")[a:b]
-    local = np.flatnonzero(split == 0)
-    X = np.ascontiguousarray(open_array(f"{data_url}/features")[a:b][local], dtype=np.float32)
-    index = faiss.deserialize_index(trained)
-    return index.sa_encode(X), (local + a).astype(np.int64)
-
-
-def build(unit_url: str, trained: np.ndarray, *parts) -> int:
-    """Append every block's codes in block order and store the index as the unit's ``ivf_index``."""
-    faiss = _faiss()
-    index = faiss.deserialize_index(trained)
-    for codes, ids in parts:
-        if len(ids):
-            index.add_sa_codes(codes, ids)
-    blob = faiss.serialize_index(index)
-    create_array(f"{unit_url}/ivf_index", blob.shape, (max(1, min(len(blob), 1 << 26)),), np.uint8)[:] = blob
-    return int(index.ntotal)
+def _store_blob(url: str, blob: np.ndarray) -> None:
+    create_array(url, blob.shape, (max(1, min(len(blob), 1 << 26)),), np.uint8)[:] = blob
 
 
 @lru_cache(maxsize=2)
-def _load(unit_url: str):
+def _trained(unit_url: str, token: str):
     faiss = _faiss()
-    return faiss.deserialize_index(open_array(f"{unit_url}/ivf_index")[:])
+    index = faiss.deserialize_index(open_array(f"{unit_url}/ivf_trained")[:])
+    ivf = faiss.downcast_index(faiss.extract_index_ivf(index))
+    if hasattr(ivf, "use_precomputed_table"):
+        # IVF-PQ's precomputed residual tables are nlist x M x 256 floats (268 MB at IVF4096,PQ64), the
+        # size of the codes of 4M vectors; without them a query computes its table per probed list,
+        # which costs little at nprobe 16. Dropped so the index fits a small worker.
+        ivf.use_precomputed_table = -1
+        ivf.precompute_table()
+    return index
 
 
-def search(data_url: str, unit_url: str, q_rows: np.ndarray, k: int, nprobe: int) -> tuple[np.ndarray, np.ndarray]:
+def encode(data_url: str, unit_url: str, token: str, a: int, b: int) -> int:
+    """Encode the train rows of block a:b into rows a:b of the unit's ``ivf_codes`` (one chunk per
+    block, so blocks never share a chunk); returns the rows encoded."""
+    split = open_array(f"{data_url}/split")[a:b]
+    local = np.flatnonzero(split == 0)
+    X = np.ascontiguousarray(open_array(f"{data_url}/features")[a:b][local], dtype=np.float32)
+    codes = open_array(f"{unit_url}/ivf_codes")
+    block = np.zeros((b - a, codes.shape[1]), np.uint8)
+    block[local] = _trained(unit_url, token).sa_encode(X)
+    open_array(f"{unit_url}/ivf_codes", mode="r+")[a:b] = block
+    return len(local)
+
+
+@lru_cache(maxsize=2)
+def _load(unit_url: str, token: str, data_url: str, chunks: tuple):
+    """The filled index: the trained one plus every block's codes, appended in block order. A worker
+    builds it once from the stored codes (no serialized copy of the full index is ever made)."""
+    faiss = _faiss()
+    index = faiss.clone_index(_trained(unit_url, token))
+    codes = open_array(f"{unit_url}/ivf_codes")
+    for a, b in chunks:
+        local = np.flatnonzero(open_array(f"{data_url}/split")[a:b] == 0)
+        if len(local):
+            index.add_sa_codes(np.ascontiguousarray(codes[a:b][local]), (local + a).astype(np.int64))
+    return index
+
+
+def release() -> None:
+    """Drop the indexes this process caches (run on every worker when the stage ends)."""
+    _load.cache_clear()
+    _trained.cache_clear()
+
+
+def search(data_url: str, unit_url: str, token: str, chunks: tuple, q_rows: np.ndarray, k: int, nprobe: int
+           ) -> tuple[np.ndarray, np.ndarray]:
     """Top-k train rows (itself excluded) of the global rows ``q_rows``: (squared distances, ids)."""
     faiss = _faiss()
-    index = _load(unit_url)
+    index = _load(unit_url, token, data_url, tuple(chunks))
     faiss.extract_index_ivf(index).nprobe = nprobe
     Q = np.ascontiguousarray(read_rows(f"{data_url}/features", q_rows), dtype=np.float32)
     dist, idx = index.search(Q, k + 1)
@@ -95,6 +130,44 @@ def search(data_url: str, unit_url: str, q_rows: np.ndarray, k: int, nprobe: int
     dist = dist[keep].reshape(len(Q), k).astype(np.float32)
     idx = idx[keep].reshape(len(Q), k).astype(np.int64)
     dist[idx < 0] = np.inf
+    return dist, idx
+
+
+def rescore(data_url: str, a: int, b: int, Q: np.ndarray, *pieces) -> tuple[np.ndarray, np.ndarray]:
+    """Exact squared distances of the candidates that fall in row-block a:b.
+
+    ``pieces`` are search results (distances, ids) whose rows, stacked, match the query vectors Q;
+    returns (positions in the stacked, flattened ids, distances). The block is read once, whatever
+    the number of queries."""
+    ids = np.concatenate([p[1] for p in pieces])
+    kc = ids.shape[1]
+    flat = ids.reshape(-1)
+    pos = np.flatnonzero((flat >= a) & (flat < b))
+    if not len(pos):
+        return pos, np.empty(0, np.float32)
+    X = open_array(f"{data_url}/features")[a:b]
+    d = np.empty(len(pos), np.float32)
+    for s in range(0, len(pos), 65536):  # bounded temporaries: 65,536 pairs x D floats
+        p = pos[s:s + 65536]
+        diff = Q[p // kc].astype(np.float32) - X[flat[p] - a]
+        d[s:s + 65536] = np.einsum("ij,ij->i", diff, diff)
+    return pos, d
+
+
+def rerank(piece: tuple, lo: int, k: int, *scored) -> tuple[np.ndarray, np.ndarray]:
+    """The k best of one query piece's candidates by their exact distances (``rescore`` parts of the
+    group the piece sits in at row offset ``lo``); ties keep the index's order."""
+    ids = piece[1]
+    n, kc = ids.shape
+    d = np.full(n * kc, np.inf, np.float32)
+    start = lo * kc
+    for pos, dist in scored:
+        sel = (pos >= start) & (pos < start + n * kc)
+        d[pos[sel] - start] = dist[sel]
+    d = d.reshape(n, kc)
+    order = np.argsort(d, axis=1, kind="stable")[:, :k]
+    dist, idx = np.take_along_axis(d, order, 1), np.take_along_axis(ids, order, 1)
+    idx[~np.isfinite(dist)] = -1
     return dist, idx
 
 

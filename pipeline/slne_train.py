@@ -3,13 +3,15 @@ maps them to the SL-NE input space (and a member's subspace), and calls `tasks.s
 
 SL-NE holds its training set in the preprocessed space (n_train x p floats) in one task: the SGD
 of Algorithm 1 visits samples in random order. An SL-DE member holds only its projection
-(n_train x d), which is what lets members of a high-dimensional input train on small workers.
+(n_train x d), which is what lets members of a high-dimensional input train on small workers. At
+millions of rows, ``neighbours.queries`` bounds the training set: the sampled rows and their
+neighbours.
 """
 import time
 
 import numpy as np
 
-from pipeline.storage import load_arrays, open_array, save_arrays
+from pipeline.storage import array_names, load_arrays, open_array, read_rows, save_arrays
 from tasks import slne
 from tasks.errors import InputError
 
@@ -27,23 +29,33 @@ def _space(stats_url: str, dim: int | None):
 
 
 def _inputs(data_url: str, stats_url: str, graph_url: str, chunks: list, dim, Pn=None):
-    """(Z, y, graph) of the train split: Z in the SL-NE space (optionally projected by Pn),
-    graph as local train indices."""
+    """(Z, y, graph) of the training rows: Z in the SL-NE space (optionally projected by Pn), graph as
+    local indices. The training rows are the train split, or with a sampled graph (neighbours.queries)
+    the sampled rows and their neighbours; a neighbour-only row has no graph row of its own (-1) and
+    takes part through the symmetrised edges of Eq. 4."""
     mean, P = _space(stats_url, dim)
     split = open_array(f"{data_url}/split")[:]
     labels = open_array(f"{data_url}/label")[:]
-    train = np.flatnonzero(split == TRAIN)
+    if "query_rows" in array_names(graph_url):
+        anchors = open_array(f"{graph_url}/query_rows")[:]
+        g = read_rows(f"{graph_url}/neighbours", anchors)
+        rows = np.union1d(anchors, g[g >= 0])
+    else:
+        anchors = rows = np.flatnonzero(split == TRAIN)
+        g = read_rows(f"{graph_url}/neighbours", rows)
+    keep = np.zeros(len(split), bool)
+    keep[rows] = True
     parts = []
     for a, b in chunks:  # one row-block at a time; only the projected rows are kept
-        rows = np.flatnonzero(split[a:b] == TRAIN)
-        if len(rows):
-            Z = slne.preprocess(open_array(f"{data_url}/features")[a:b][rows], mean, P)
+        local = np.flatnonzero(keep[a:b])
+        if len(local):
+            Z = slne.preprocess(open_array(f"{data_url}/features")[a:b][local], mean, P)
             parts.append(Z if Pn is None else Z @ Pn.T)
     pos = np.full(len(split), -1, np.int64)
-    pos[train] = np.arange(len(train))
-    g = open_array(f"{graph_url}/neighbours").get_orthogonal_selection((train, slice(None)))
-    graph = np.where(g >= 0, pos[np.maximum(g, 0)], -1)
-    return np.concatenate(parts), labels[train], graph, mean, P
+    pos[rows] = np.arange(len(rows))
+    graph = np.full((len(rows), g.shape[1]), -1, np.int64)
+    graph[pos[anchors]] = np.where(g >= 0, pos[np.maximum(g, 0)], -1)
+    return np.concatenate(parts), labels[rows], graph, mean, P
 
 
 def _save(model_url: str, spec: dict, mean, P, M, L, meta: dict) -> dict:

@@ -11,14 +11,16 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import dask.array as da
+import distributed
 import numpy as np
 import xarray as xr
 
 from pipeline.config import SPLIT_NAMES, RunConfig
 from pipeline.context import StageContext
 from pipeline.sources import open_source
+from pipeline.sparse_train import training_subset
 from pipeline.storage import (Unit, array_names, chunk_rows_for, create_array, hash_key, load_arrays, open_array,
-                              read_attrs, read_rows, row_chunks, save_arrays)
+                              read_attrs, read_rows, row_chunks, row_codecs, save_arrays)
 from tasks import knn, metrics, moments, ncmml
 from tasks.errors import InputError
 from tasks.models import LinearModel
@@ -62,7 +64,7 @@ def _write_template(url: str, variables: dict, coords: dict, attrs: dict, chunk_
     for name, (dims, shape, dtype, fill) in variables.items():
         chunks = (min(chunk_rows, shape[0]),) + tuple(shape[1:])
         data_vars[name] = (dims, da.full(shape, fill, dtype=dtype, chunks=chunks))
-        encoding[name] = {"chunks": chunks}
+        encoding[name] = {"chunks": chunks, "compressors": row_codecs()}
     ds = xr.Dataset(data_vars, coords={k: ("sample", v) for k, v in coords.items()}, attrs=attrs)
     ds.to_zarr(url, mode="w", compute=False, consolidated=False, encoding=encoding)
 
@@ -286,16 +288,16 @@ def _knn_piece(url: str, q_rows: np.ndarray, blocks: list, k: int):
     for a, b in blocks:
         x_rows = np.flatnonzero(open_array(f"{url}/split")[a:b] == TRAIN) + a
         X = load_features(url, a, b, x_rows - a)
-        best = knn.merge_topk(best, knn.block_topk(Q, X, k, q_ids=q_rows, x_ids=x_rows, exclude_self=True), k)
+        best = knn.block_topk(Q, X, k, q_ids=q_rows, x_ids=x_rows, exclude_self=True, init=best)
     return best
 
 
 def _write_graph(url: str, data_url: str, q: tuple, k: int, piece_rows: list, *pieces) -> int:
     """Write rows q[0]:q[1] of the graph from the top-k lists of the query pieces overlapping them."""
     labels = open_array(f"{data_url}/label")[:]
-    rows = np.arange(q[1] - q[0])
     all_rows = np.concatenate(piece_rows)
     inside = (all_rows >= q[0]) & (all_rows < q[1])
+    rows = all_rows[inside] - q[0]  # every row of the chunk, or the sampled query rows in it
     dist = np.concatenate([p[0] for p in pieces])[inside]
     idx = np.concatenate([p[1] for p in pieces])[inside]
     nbr = np.full((q[1] - q[0], k), -1, np.int32)
@@ -312,7 +314,11 @@ def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
     """Exact kNN graph: every sample's k nearest *train* samples (itself excluded), as neighbours
     (sample, neighbour) int32 global indices, squared distances float32 and same_label. Train rows
     form the graph SL-NE learns from (same_label marks targets, the rest impostors); the other rows
-    are the neighbourhoods the soft-vote classifier (Eq. 9) votes over."""
+    are the neighbourhoods the soft-vote classifier (Eq. 9) votes over.
+
+    With ``neighbours.queries: Q`` only a seeded, class-stratified sample of Q train rows is searched
+    (still against every train row); the other rows keep -1 and the sample is stored as
+    ``query_rows``. That is what makes the graph affordable at millions of rows."""
     k = ctx.config.neighbours.k
     n_train = int((data.split == TRAIN).sum())
     if k >= n_train:
@@ -320,9 +326,11 @@ def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
                          f"use k < {n_train}")
     nb = ctx.config.neighbours
     ivf = nb.method == "ivf" or (nb.method == "auto" and n_train > EXACT_MAX_TRAIN)
-    inputs = {"stage": "neighbours", "data": data.unit.key, "k": k, "queries": "all"}
+    inputs = {"stage": "neighbours", "data": data.unit.key, "k": k, "queries": nb.queries or "all"}
+    if nb.queries is not None:
+        inputs["queries_seed"] = ctx.config.seed
     if ivf:
-        inputs["ivf"] = {"nlist": nb.nlist, "nprobe": nb.nprobe, "seed": ctx.config.seed}
+        inputs["ivf"] = {"nlist": nb.nlist, "nprobe": nb.nprobe, "seed": ctx.config.seed, "rerank": nb.rerank}
     unit = ctx.store.unit("neighbours", hash_key(inputs))
     if ctx.reuse(unit, "neighbours"):
         ctx.log(f"  neighbours: reusing {unit.rel}")
@@ -337,22 +345,33 @@ def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
     blocks = [(a, b) for a, b in data.chunks if (data.split[a:b] == TRAIN).any()]  # database blocks
     # Query pieces are cut over all train rows (so tasks are equal whatever the chunk layout); each
     # chunk's write task takes the pieces that overlap it.
-    cuts = _fixed_blocks(np.arange(N), KNN_QUERY_ROWS)
+    if nb.queries is None:
+        query_rows = np.arange(N)
+    else:
+        query_rows = training_subset(data.split, data.labels, nb.queries, [ctx.config.seed, 41])
+        create_array(f"{unit.url}/query_rows", query_rows.shape, (max(1, len(query_rows)),), np.int64)[:] = query_rows
+    # equal pieces of at most KNN_QUERY_ROWS: a short last piece would leave a worker idle at the end
+    cuts = [c for c in np.array_split(query_rows, -(-len(query_rows) // KNN_QUERY_ROWS)) if len(c)]
     extra = {}
     if ivf:
         pieces, extra = _ivf_pieces(ctx, data, unit, blocks, cuts, k)
     else:
         pieces = [ctx.submit(_knn_piece, data.url, piece, blocks, k, name="knn-piece") for piece in cuts]
-    writes = []
+    writes, where = [], []
     for q in data.chunks:
         mine = [(piece, f) for piece, f in zip(cuts, pieces) if piece[0] < q[1] and piece[-1] >= q[0]]
+        if not mine:
+            continue  # no query row here: the chunk keeps the template's fill (-1, inf, False)
         writes.append(ctx.submit(_write_graph, unit.url, data.url, q, k, [p for p, _ in mine],
                                  *[f for _, f in mine], name="knn-write"))
+        where.append(f"rows {q[0]}..{q[1] - 1}")
     ctx.gather(pieces, "neighbours", [f"query rows {p[0]}..{p[-1]}" for p in cuts])
-    ctx.gather(writes, "neighbours", [f"rows {q[0]}..{q[1] - 1}" for q in data.chunks])
-    _timed(unit, t0, {"k": k, "n_train": n_train, "method": "ivf" if ivf else "exact", **extra})
+    ctx.gather(writes, "neighbours", where)
+    _timed(unit, t0, {"k": k, "n_train": n_train, "method": "ivf" if ivf else "exact",
+                      "queries": int(len(query_rows)), **extra})
     if ivf:
-        ctx.log(f"  neighbours: IVF ({extra['index']}, nprobe {nb.nprobe}) recall@{k} {extra['recall']:.3f} "
+        ctx.log(f"  neighbours: IVF ({extra['index']}, nprobe {nb.nprobe}, rerank {extra['rerank']}) "
+                f"recall@{k} {extra['recall']:.3f} "
                 f"against exact search on {extra['recall_queries']} train queries")
     return unit
 
@@ -371,17 +390,52 @@ def _ivf_pieces(ctx: StageContext, data: DataInfo, unit: Unit, blocks: list, cut
     factory = ivf.factory_string(len(train), data.n_features, nlist)
     rng = np.random.default_rng([seed, 37])
     sample = np.sort(rng.choice(train, min(len(train), max(39 * nlist, 20_000)), replace=False))
-    trained = ctx.submit(ivf.train, data.url, sample, factory, seed, name="ivf-train")
-    parts = [ctx.submit(ivf.encode, data.url, trained, a, b, name="ivf-encode") for a, b in blocks]
-    built = ctx.submit(ivf.build, unit.url, trained, *parts, name="ivf-build")
-    ctx.gather([built], "neighbours", ["the IVF index"])
-    pieces = [ctx.submit(ivf.search, data.url, unit.url, piece, k, nb.nprobe, name="ivf-search") for piece in cuts]
+    token = f"{unit.url}@{time.time_ns()}"   # this build's index in the workers' caches
+    code_size = ctx.gather([ctx.submit(ivf.train, data.url, unit.url, sample, factory, seed, name="ivf-train")],
+                           "neighbours", ["training the IVF index"])[0]
+    create_array(f"{unit.url}/ivf_codes", (data.n_samples, code_size), (data.chunk_rows, code_size), np.uint8)
+    ctx.gather([ctx.submit(ivf.encode, data.url, unit.url, token, a, b, name="ivf-encode") for a, b in blocks],
+               "neighbours", [f"encoding rows {a}..{b - 1}" for a, b in blocks])
+    rerank = nb.rerank if ",PQ" in factory else 1   # IVF-Flat distances are exact already
+    pieces = _ivf_search(ctx, data, unit, token, blocks, cuts, k, rerank)
     probe = np.sort(rng.choice(train, min(len(train), ivf.RECALL_QUERIES), replace=False))
     exact = ctx.submit(_knn_piece, data.url, probe, blocks, k, name="ivf-recall")
-    approx = ctx.submit(ivf.search, data.url, unit.url, probe, k, nb.nprobe, name="ivf-recall")
+    approx = _ivf_search(ctx, data, unit, token, blocks, [probe], k, rerank)[0]
     e, a = ctx.gather([exact, approx], "neighbours", ["recall: exact", "recall: ivf"])
-    return pieces, {"index": factory, "nprobe": nb.nprobe, "recall": ivf.recall(e, a, k),
+    distributed.wait(pieces)      # (a failed piece is reported by the graph writes that need it)
+    ctx.client.run(ivf.release)  # the filled index (N x code bytes) leaves the workers' memory
+    return pieces, {"index": factory, "nprobe": nb.nprobe, "rerank": rerank, "recall": ivf.recall(e, a, k),
                     "recall_queries": int(len(probe))}
+
+
+def _ivf_search(ctx: StageContext, data: DataInfo, unit: Unit, token: str, blocks: list, cuts: list, k: int,
+                rerank: int):
+    """Futures of (distances, ids) per query piece: the index's top k or, with rerank > 1, its top
+    rerank x k re-scored exactly (one pass over the row-blocks per group of pieces whose candidates
+    fit ivf.RERANK_PAIRS) and cut to k."""
+    from pipeline import ivf
+    kc = k * rerank
+    found = [ctx.submit(ivf.search, data.url, unit.url, token, tuple(blocks), piece, kc, ctx.config.neighbours.nprobe,
+                        name="ivf-search") for piece in cuts]
+    if rerank <= 1:
+        return found
+    groups, size = [[]], 0
+    for piece, f in zip(cuts, found):
+        if groups[-1] and (size + len(piece)) * kc > ivf.RERANK_PAIRS:
+            groups.append([])
+            size = 0
+        groups[-1].append((piece, f))
+        size += len(piece)
+    out = []
+    for group in groups:
+        Q = ctx.submit(read_rows, f"{data.url}/features", np.concatenate([p for p, _ in group]), name="ivf-queries")
+        scored = [ctx.submit(ivf.rescore, data.url, a, b, Q, *[f for _, f in group], name="ivf-rescore")
+                  for a, b in blocks]
+        lo = 0
+        for piece, f in group:
+            out.append(ctx.submit(ivf.rerank, f, lo, k, *scored, name="ivf-rerank"))
+            lo += len(piece)
+    return out
 
 
 # ---- 4. train ------------------------------------------------------------------------------------------
@@ -543,9 +597,10 @@ def _classify_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, trai
         best = knn.empty_topk(len(Q), kmax)
         for rows in train_blocks:
             X = read_rows(db_url, rows)
-            part = knn.distance_topk(_scores(Q, X, score), rows, kmax) if score.startswith("slem:") else \
-                knn.block_topk(Q, X, kmax, x_ids=rows, metric=metric)
-            best = knn.merge_topk(best, part, kmax)
+            if score.startswith("slem:"):
+                best = knn.merge_topk(best, knn.distance_topk(_scores(Q, X, score), rows, kmax), kmax)
+            else:
+                best = knn.block_topk(Q, X, kmax, x_ids=rows, metric=metric, init=best)
         nb_labels = np.where(best[1] >= 0, labels[np.maximum(best[1], 0)], -1)
         for k in ks:
             errs = metrics.topk_errors(metrics.knn_class_ranking(nb_labels, n_classes, k), y)

@@ -224,10 +224,23 @@ def open_array(url: str, mode: str = "r"):
     return zarr.open_array(store=url, mode=mode)
 
 
-def create_array(url: str, shape, chunks, dtype, fill_value=None, attrs=None):
+def row_codecs() -> tuple:
+    """Compression of the row-block arrays (features, codes, graphs): Blosc LZ4 with byte shuffle.
+
+    Every stage reads these again, the kNN stage once per query piece, so decoding speed matters more
+    than size: on Fashion-MNIST features LZ4 reads at 990 MB/s (Zarr's default zstd: 500 MB/s, the
+    bare bytes 963 MB/s) and still compresses 1.7x (zstd 2.8x); dense descriptors compress ~1.07x
+    with either."""
+    from zarr.codecs import BloscCodec
+    return (BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),)
+
+
+def create_array(url: str, shape, chunks, dtype, fill_value=None, attrs=None, rows: bool = False):
+    """A new array; ``rows`` marks a row-block array that stages read repeatedly (see row_codecs)."""
     import zarr
+    extra = {"compressors": row_codecs()} if rows else {}
     a = zarr.create_array(store=url, shape=shape, chunks=chunks, dtype=dtype, fill_value=fill_value,
-                          overwrite=True)
+                          overwrite=True, **extra)
     if attrs:
         a.attrs.update(attrs)
     return a

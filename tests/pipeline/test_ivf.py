@@ -12,10 +12,11 @@ from tests.conftest import make_blobs, staged
 def _graph(client, tmp_path, name, neighbours):
     X, y = make_blobs(n=3000, d=16, classes=6, seed=2, sep=2.0)
     np.savez(tmp_path / "d.npz", X=X, y=y)
-    ctx, data, _ = staged(client, tmp_path / name, {
+    ctx, data, stats = staged(client, tmp_path / name, {
         "data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.05, "split": {"test": 0.2, "seed": 0}},
         "neighbours": neighbours})
     unit = run_neighbours(ctx, data)
+    _graph.stats = stats
     return unit, open_array(f"{unit.url}/neighbours")[:], open_array(f"{unit.url}/distances")[:], data
 
 
@@ -43,15 +44,52 @@ def test_ivf_probing_every_list_is_exact_and_fewer_lists_report_their_recall(cli
     assert np.all((one[train] != train[:, None]))           # a row is never its own neighbour
 
 
-def test_pq_index_when_flat_codes_would_not_fit(client, tmp_path, monkeypatch):
+def test_pq_index_when_flat_codes_would_not_fit_and_reranking_restores_exact_distances(client, tmp_path, monkeypatch):
     monkeypatch.setattr(ivf, "IVF_FLAT_BYTES", 0)
     assert ivf.factory_string(2400, 16, 16) == "IVF16,PQ4"
-    unit, graph, _, data = _graph(client, tmp_path, "pq", {"k": 10, "method": "ivf", "nlist": 16, "nprobe": 16})
+    _, exact, exact_d, data = _graph(client, tmp_path, "exact", {"k": 10, "method": "exact"})
+    unit, _, _, _ = _graph(client, tmp_path, "pq", {"k": 10, "method": "ivf", "nlist": 16, "nprobe": 16, "rerank": 1})
     meta = unit.meta()
-    assert meta["index"] == "IVF16,PQ4" and 0.2 < meta["recall"] < 1.0
+    assert meta["index"] == "IVF16,PQ4" and meta["rerank"] == 1 and 0.2 < meta["recall"] < 0.9
+    # re-ranking 8 x k candidates, in several groups (each one pass over the blocks)
+    monkeypatch.setattr(ivf, "RERANK_PAIRS", 300 * 80)
+    unit, graph, dist, _ = _graph(client, tmp_path, "rr", {"k": 10, "method": "ivf", "nlist": 16, "nprobe": 16, "rerank": 8})
+    train = np.flatnonzero(data.split == 0)
+    assert unit.meta()["recall"] > meta["recall"] + 0.2 and unit.meta()["recall"] > 0.9
+    X = open_array(f"{data.url}/features")[:]
+    ref = ((X[train][:, None, :] - X[graph[train]]) ** 2).sum(-1)    # the stored distances are exact ones
+    np.testing.assert_allclose(dist[train], ref, rtol=1e-4, atol=1e-5)
+    assert np.all(np.diff(dist[train], axis=1) >= 0)                  # and sorted
+    assert _overlap(exact[train], graph[train]) > 0.9
+    # the filled index does not outlive the stage in the workers' memory
+    assert set(client.run(lambda: ivf._load.cache_info().currsize).values()) == {0}
 
 
 def test_auto_is_exact_below_the_stated_size_and_nlist_follows_sqrt_n():
     from pipeline.stages import EXACT_MAX_TRAIN
     assert EXACT_MAX_TRAIN == 200_000
     assert ivf.nlist_for(5_000_000) == 4096 and ivf.nlist_for(1000) == 25
+
+
+def test_sampled_queries_keep_the_full_graphs_rows_and_slne_trains_on_them_and_their_neighbours(client, tmp_path):
+    from pipeline.slne_train import _inputs
+    _, full, _, data = _graph(client, tmp_path, "all", {"k": 10, "method": "exact"})
+    unit, part, _, _ = _graph(client, tmp_path, "part", {"k": 10, "method": "exact", "queries": 300})
+    q = open_array(f"{unit.url}/query_rows")[:]
+    train = np.flatnonzero(data.split == 0)
+    assert np.all(np.isin(q, train)) and abs(len(q) - 300) <= 6 and unit.meta()["queries"] == len(q)
+    for c in np.unique(data.labels[train]):   # every class keeps its share of the train split
+        share = np.mean(data.labels[train] == c)
+        assert abs(np.sum(data.labels[q] == c) - 300 * share) <= 1
+    np.testing.assert_array_equal(part[q], full[q])             # a sampled row's list is the exact one
+    assert np.all(np.delete(part, q, axis=0) == -1)             # nothing else was searched
+
+    Z, y, graph, mean, P = _inputs(data.url, _graph.stats.url, unit.url, data.chunks, None)
+    rows = np.union1d(q, full[q])                                # the sampled rows and their neighbours
+    X = open_array(f"{data.url}/features")[:]
+    ref = (X[rows] - mean) @ P
+    np.testing.assert_allclose(Z, ref / np.linalg.norm(ref, axis=1, keepdims=True), rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(y, data.labels[rows])
+    anchor = np.isin(rows, q)
+    np.testing.assert_array_equal(rows[graph[anchor]], full[q])  # local indices point at the same rows
+    assert np.all(graph[~anchor] == -1)
