@@ -282,13 +282,21 @@ KNN_QUERY_ROWS = 4096
 
 def _knn_piece(url: str, q_rows: np.ndarray, blocks: list, k: int):
     """Top-k among all train rows for the global train rows ``q_rows``, streaming the database one
-    row-block at a time (the task holds the query piece and one database block)."""
-    Q = read_rows(f"{url}/features", q_rows)
+    row-block at a time (the task holds the query piece and one database block). When the queries
+    lie in one database block, that block goes first and gives them, so it is read once."""
+    home = [blk for blk in blocks if blk[0] <= q_rows[0] and q_rows[-1] < blk[1]]
+    order = home + [blk for blk in blocks if blk not in home]
+    Q = None if home else read_rows(f"{url}/features", q_rows)
     best = knn.empty_topk(len(q_rows), k)
-    for a, b in blocks:
-        x_rows = np.flatnonzero(open_array(f"{url}/split")[a:b] == TRAIN) + a
-        X = load_features(url, a, b, x_rows - a)
-        best = knn.block_topk(Q, X, k, q_ids=q_rows, x_ids=x_rows, exclude_self=True, init=best)
+    for a, b in order:
+        local = np.flatnonzero(open_array(f"{url}/split")[a:b] == TRAIN)
+        X = load_features(url, a, b)
+        if Q is None:
+            Q = X[q_rows - a]
+        if len(local) < b - a:
+            X = X[local]
+        # blocks in any order give the same lists: they are merged by (distance, index)
+        best = knn.block_topk(Q, X, k, q_ids=q_rows, x_ids=local + a, exclude_self=True, init=best)
     return best
 
 
