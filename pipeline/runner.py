@@ -90,8 +90,14 @@ def _run(ctx: StageContext, plan, log) -> str:
             cfg = ctx.config = cfg.with_overrides(neighbours=NeighboursConfig())
         graph = step(next(i), "neighbours", stages.run_neighbours, ctx, data)
         g = graph.meta()
+        notes = []
         if g.get("method") == "ivf":  # the report shows how approximate the graph is
-            timings[-1]["note"] = f"{g['index']}, nprobe {g['nprobe']}: recall@{g['k']} {g['recall']:.3f} against exact"
+            notes.append(f"{g['index']}, nprobe {g['nprobe']}, rerank {g.get('rerank', 1)}: "
+                         f"recall@{g['k']} {g['recall']:.3f} against exact")
+        if g.get("queries") is not None and g["queries"] < data.n_samples:
+            notes.append(f"{g['queries']:,} sampled train rows searched")
+        if notes:
+            timings[-1]["note"] = "; ".join(notes)
     models = step(next(i), "train", stages.run_train, ctx, data, stats, graph)
     codes = step(next(i), "encode", stages.run_encode, ctx, data, models)
     evals = step(next(i), "evaluate", stages.run_evaluate, ctx, data, codes, graph)

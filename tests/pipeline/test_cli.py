@@ -240,3 +240,17 @@ def test_groups_give_instance_relevance_and_ukb_score(tmp_path):
     expected = 1 + (g[te][top3] == g[te][:, None]).sum(1).mean()
     assert ukb == [pytest.approx(expected)]
     assert (tmp_path / "perf.html").stat().st_size > 10000  # Dask's performance report was written
+
+
+def test_sampled_ivf_graph_trains_slne_and_the_report_says_how_it_was_built(tmp_path, monkeypatch):
+    from pipeline import ivf
+    monkeypatch.setattr(ivf, "IVF_FLAT_BYTES", 0)   # the PQ index, re-ranked, as at millions of rows
+    X, y = make_blobs(n=2000, d=16, classes=5, sep=2.0)
+    np.savez(tmp_path / "d.npz", X=X, y=y)
+    cfg = _config(tmp_path, {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.05},
+                  methods=[{"method": "slne", "dim": 8, "epochs": 1}],
+                  neighbours={"k": 5, "method": "ivf", "nlist": 8, "queries": 200})
+    res = _invoke("run", cfg)
+    assert res.exit_code == 0, res.output
+    html = (tmp_path / "store" / "report" / "index.html").read_text()
+    assert "IVF8,PQ4, nprobe 16, rerank 4: recall@5" in html and "sampled train rows searched" in html
