@@ -7,6 +7,7 @@ combination yields the mean, covariance, class means, within/between-class scatt
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.sparse as sp
 
 
 @dataclass
@@ -23,30 +24,77 @@ class Moments:
     class_sums: np.ndarray
 
 
+# Rows per float32 product in ``within_scatter``: each S x D slab's Z^T Z is a float32 GEMM (twice the
+# float64 rate) added into a float64 total, so rounding grows with S, not with the block: on 65,536 x
+# 256 blocks the scatter is within 2e-8 of float64 (relative to its largest entry) at 2048 rows and
+# 1e-7 at 8192, and the block's moments take half the float64 time (0.08 s against 0.16 s).
+SCATTER_ROWS = 2048
+
+
 def partial_moments(X: np.ndarray, y: np.ndarray, n_classes: int, second: bool = True) -> Moments:
-    """Moments of rows ``X`` (n, D) with class codes ``y`` (n,) in ``0..n_classes-1``."""
-    X = np.array(X, dtype=np.float64)  # one float64 copy, centred in place below
+    """Moments of rows ``X`` (n, D) with class codes ``y`` (n,) in ``0..n_classes-1``.
+
+    The centred scatter is assembled as within-class scatter (rows minus their class mean, small
+    numbers, so float32 products lose nothing that float32 features had) plus the between-class
+    part from the float64 class means: no raw sums, no cancellation, whatever the offset."""
+    X = np.asarray(X)
+    y = np.asarray(y)
     n, D = X.shape
     counts = np.bincount(y, minlength=n_classes).astype(np.int64)
     sums = class_sums(X, y, n_classes)
     if n == 0:
         return Moments(0, np.zeros(D), np.zeros((D, D)) if second else None, counts, sums)
-    mean = X.mean(axis=0)
+    mean = sums.sum(axis=0) / n
     m2 = None
     if second:
-        X -= mean
-        m2 = X.T @ X
+        means = class_means(counts, sums)
+        diff = (means - mean) * np.sqrt(counts)[:, None]
+        m2 = within_scatter(X, y, means, counts) + diff.T @ diff
     return Moments(n, mean, m2, counts, sums)
 
 
+def class_means(counts: np.ndarray, sums: np.ndarray) -> np.ndarray:
+    """(C, D) float64 class means; zero rows for absent classes."""
+    means = np.zeros_like(sums)
+    present = counts > 0
+    means[present] = sums[present] / counts[present, None]
+    return means
+
+
+def within_scatter(X: np.ndarray, y: np.ndarray, means: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """sum_i (x_i - mu_{y_i})(x_i - mu_{y_i})^T in float64, by products of SCATTER_ROWS-row slabs in
+    the features' precision (float32 unless they are float64)."""
+    dt = np.float64 if X.dtype == np.float64 else np.float32
+    m = means.astype(dt)
+    D = X.shape[1]
+    W = np.zeros((D, D))
+    # buffers made once: Dask workers set MALLOC_TRIM_THRESHOLD_, under which every fresh temporary
+    # is a new mmap and page-faults; that doubled this loop's time there (0.067 s -> 0.145 s a block)
+    Z, P = np.empty((min(SCATTER_ROWS, len(X)), D), dt), np.empty((D, D), dt)
+    for s in range(0, len(X), SCATTER_ROWS):
+        z = Z[:min(SCATTER_ROWS, len(X) - s)]
+        np.take(m, y[s:s + len(z)], axis=0, out=z, mode="clip")  # "raise" would buffer out
+        np.subtract(X[s:s + len(z)], z, out=z, casting="unsafe")
+        np.matmul(z.T, z, out=P)  # numpy runs z^T z as one syrk
+        W += P
+    # the slabs were centred on the rounded means m: sum (x - m)(x - m)^T = W + n_c (mu - m)(mu - m)^T
+    d = (means - m) * np.sqrt(counts)[:, None]
+    return W - d.T @ d
+
+
 def class_sums(X: np.ndarray, y: np.ndarray, n_classes: int) -> np.ndarray:
-    """Per-class row sums (n_classes, D) in float64: a sparse one-hot (C, n) times X, one pass over X
-    whatever the number of classes (5x faster than sorting the rows and np.add.reduceat)."""
-    import scipy.sparse as sp
-    if len(y) == 0:
-        return np.zeros((n_classes, X.shape[1]))
-    onehot = sp.csr_matrix((np.ones(len(y)), (np.asarray(y), np.arange(len(y)))), shape=(n_classes, len(y)))
-    return np.asarray(onehot @ np.asarray(X, dtype=np.float64))
+    """Per-class row sums (n_classes, D) in float64: a sparse one-hot (C, rows) times X in float64,
+    slab by slab (one pass over X whatever the number of classes, 5x faster than sorting the rows
+    and np.add.reduceat; the slabs keep the float64 copy small)."""
+    sums = np.zeros((n_classes, X.shape[1]))
+    buf = np.empty((min(SCATTER_ROWS, len(y)), X.shape[1]))
+    for s in range(0, len(y), SCATTER_ROWS):
+        ys = np.asarray(y[s:s + SCATTER_ROWS])
+        b = buf[:len(ys)]
+        np.copyto(b, X[s:s + len(ys)], casting="unsafe")
+        onehot = sp.csr_matrix((np.ones(len(ys)), (ys, np.arange(len(ys)))), shape=(n_classes, len(ys)))
+        sums += onehot @ b
+    return sums
 
 
 def combine_moments(a: Moments, b: Moments) -> Moments:
@@ -84,13 +132,12 @@ def finalize_statistics(m: Moments, n_components: int | None = None) -> dict:
         raise ValueError(f"statistics need at least two rows; got {m.n}")
     counts = m.class_counts
     present = counts > 0
-    class_means = np.zeros_like(m.class_sums)
-    class_means[present] = m.class_sums[present] / counts[present, None]
-    out = {"n_samples": np.int64(m.n), "mean": m.mean, "class_counts": counts, "class_means": class_means}
+    means = class_means(counts, m.class_sums)
+    out = {"n_samples": np.int64(m.n), "mean": m.mean, "class_counts": counts, "class_means": means}
     if m.m2 is None:
         return out
     out["covariance"] = m.m2 / (m.n - 1)
-    diff = (class_means[present] - m.mean) * np.sqrt(counts[present])[:, None]
+    diff = (means[present] - m.mean) * np.sqrt(counts[present])[:, None]
     sb = diff.T @ diff
     out["between_scatter"] = sb
     out["within_scatter"] = m.m2 - sb
