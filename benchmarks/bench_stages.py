@@ -55,7 +55,8 @@ def main():
     rows = chunk_rows_for(D, cfg.data.chunk_mb)
     t = time.perf_counter()
     src = np.load(f"{tmp}/X.npy", mmap_mode="r")
-    out = create_array(f"{tmp}/copy.zarr", (n, D), (rows, D), np.float32, rows=True)  # the stage's codec
+    out = create_array(f"{tmp}/copy.zarr", (n, D), (rows, D), np.float32, rows=True,
+                       sample=np.asarray(src[:4096]))  # the stage's codec choice
     for s in range(0, n, rows):
         out[s:s + rows] = np.asarray(src[s:s + rows])
     t_copy = time.perf_counter() - t

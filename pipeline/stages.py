@@ -58,13 +58,15 @@ def _timed(unit: Unit, started: float, meta: dict) -> None:
     unit.commit({**meta, "seconds": round(time.perf_counter() - started, 3)})
 
 
-def _write_template(url: str, variables: dict, coords: dict, attrs: dict, chunk_rows: int) -> None:
-    """Write the metadata and coordinates of an xarray Dataset; data chunks are filled by tasks."""
+def _write_template(url: str, variables: dict, coords: dict, attrs: dict, chunk_rows: int,
+                    samples: dict | None = None) -> None:
+    """Write the metadata and coordinates of an xarray Dataset; data chunks are filled by tasks.
+    ``samples`` (name -> a few rows as stored) lets a variable go uncompressed where LZ4 gains little."""
     data_vars, encoding = {}, {}
     for name, (dims, shape, dtype, fill) in variables.items():
         chunks = (min(chunk_rows, shape[0]),) + tuple(shape[1:])
         data_vars[name] = (dims, da.full(shape, fill, dtype=dtype, chunks=chunks))
-        encoding[name] = {"chunks": chunks, "compressors": row_codecs()}
+        encoding[name] = {"chunks": chunks, "compressors": row_codecs((samples or {}).get(name))}
     ds = xr.Dataset(data_vars, coords={k: ("sample", v) for k, v in coords.items()}, attrs=attrs)
     ds.to_zarr(url, mode="w", compute=False, consolidated=False, encoding=encoding)
 
@@ -105,6 +107,13 @@ def _split_codes(cfg: RunConfig, src, codes: np.ndarray, classes: list) -> np.nd
                          f"data.split.test={s.test}: {e}".splitlines()[0]) from None
     split[test] = TEST
     return split
+
+
+def _stored_sample(reader, info, normalize: str, rows: int = 4096) -> np.ndarray:
+    """The first rows as they will be stored, to decide the features' compression."""
+    X = np.asarray(reader.read(0, min(rows, info.n_samples)), dtype=np.float32).reshape(-1, info.n_features)
+    with np.errstate(all="ignore"):
+        return normalize_rows(X, normalize)
 
 
 def _stage_block(reader, start: int, stop: int, normalize: str, url: str, name: str) -> int:
@@ -191,7 +200,8 @@ def run_stage(ctx: StageContext, plan: DataPlan | None = None) -> DataInfo:
     t0 = time.perf_counter()
     unit.begin()
     _write_template(unit.url, {"features": (("sample", "feature"), (info.n_samples, info.n_features), np.float32,
-                                            np.nan)}, plan.coords, plan.attrs, info.chunk_rows)
+                                            np.nan)}, plan.coords, plan.attrs, info.chunk_rows,
+                    samples={"features": _stored_sample(src.reader, info, normalize=ctx.config.data.normalize)})
     for name, values in (plan.pairs or {}).items():  # user pairs (NML), beside the rows
         create_array(f"{unit.url}/{name}", values.shape, (max(1, min(len(values), 1 << 20)),), values.dtype)[:] = values
     normalize = ctx.config.data.normalize

@@ -47,7 +47,7 @@ def write_synthetic(client, path: str, n: int, dim: int, classes: int, seed: int
     zarr.open_group(store=tmp, mode="w").attrs.update({"synthetic": {"samples": n, "dim": dim, "classes": classes,
                                                                      "seed": seed, "nonnegative": nonnegative,
                                                                      "separation": separation}})
-    create_array(f"{tmp}/X", (n, dim), (rows, dim), np.float32, rows=True)
+    create_array(f"{tmp}/X", (n, dim), (rows, dim), np.float32, rows=True, sample=spec.rows(0, min(n, 4096), labels))
     create_array(f"{tmp}/y", (n,), (min(n, 1 << 20),), np.int32)[:] = labels
     t0 = time.perf_counter()
     spec_f, labels_f = client.scatter([spec, labels], broadcast=True)

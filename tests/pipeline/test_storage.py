@@ -44,3 +44,18 @@ def test_save_and_load_arrays_with_scalars(tmp_path):
     save_arrays(str(tmp_path / "g"), {"W": np.arange(6.0).reshape(2, 3), "n": np.int64(5)}, {"dim": 3})
     arrays, attrs = load_arrays(str(tmp_path / "g"))
     assert arrays["n"] == 5 and attrs["dim"] == 3 and arrays["W"].shape == (2, 3)
+
+
+def test_row_arrays_are_compressed_only_where_lz4_pays(tmp_path):
+    from pipeline.storage import create_array, lz4_ratio, open_array, row_codecs
+    rng = np.random.default_rng(0)
+    dense = rng.standard_normal((4096, 64)).astype(np.float32)          # descriptors: ~1.1x
+    pixels = np.where(rng.random((4096, 64)) < 0.5, 0, rng.integers(0, 256, (4096, 64))).astype(np.float32)
+    assert lz4_ratio(dense) < 1.5 <= lz4_ratio(pixels)
+    assert row_codecs(dense) == () and len(row_codecs(pixels)) == 1 and len(row_codecs()) == 1
+    for name, X in (("dense", dense), ("pixels", pixels)):
+        a = create_array(str(tmp_path / name), X.shape, (1000, 64), np.float32, rows=True, sample=X[:500])
+        a[:] = X
+        b = open_array(str(tmp_path / name))
+        np.testing.assert_array_equal(b[:], X)
+        assert len(b.compressors) == (name == "pixels")

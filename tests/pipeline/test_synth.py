@@ -22,6 +22,7 @@ def test_synth_store_holds_the_generators_rows_whatever_the_chunking(tmp_path):
     spec = SyntheticSpec(3000, 16, 5, seed=4)
     X = open_array(str(tmp_path / "a.zarr/X"))
     assert X.chunks[0] < 3000                               # written in several blocks
+    assert X.compressors == ()                              # dense floats: stored bare (row_codecs)
     np.testing.assert_array_equal(X[:], spec.rows(0, 3000))
     np.testing.assert_array_equal(open_array(str(tmp_path / "a.zarr/y"))[:], spec.labels())
     assert _synth(tmp_path / "b.zarr", 0.05, 1).exit_code == 0
@@ -45,6 +46,7 @@ def test_run_on_a_synth_store_with_sampled_queries_matches_numpy(tmp_path):
     data = json.loads((store / "runs/latest.json").read_text())["units"]["data"]
     split = open_array(str(store / data / "split"))[:]
     label = open_array(str(store / data / "label"))[:]
+    assert open_array(str(store / data / "features")).compressors == ()   # staged bare too
     X = open_array(str(store / data / "features"))[:].astype(np.float64)
     test = np.flatnonzero(split == 1)
     queries = np.sort(np.random.default_rng([7, 31]).choice(test, 40, replace=False))
