@@ -54,8 +54,8 @@ class DataInfo:
         return np.flatnonzero(self.split == code)
 
 
-def _timed(unit: Unit, started: float, meta: dict) -> None:
-    unit.commit({**meta, "seconds": round(time.perf_counter() - started, 3)})
+def _timed(ctx: StageContext, unit: Unit, started: float, meta: dict) -> None:
+    ctx.commit(unit, {**meta, "seconds": round(time.perf_counter() - started, 3)})
 
 
 def _write_template(url: str, variables: dict, coords: dict, attrs: dict, chunk_rows: int,
@@ -208,7 +208,7 @@ def run_stage(ctx: StageContext, plan: DataPlan | None = None) -> DataInfo:
     futures = [ctx.submit(_stage_block, src.reader, a, b, normalize, unit.url, src.name, name="stage-block")
                for a, b in info.chunks]
     ctx.gather(futures, "stage", [f"rows {a}..{b - 1}" for a, b in info.chunks])
-    _timed(unit, t0, {"n_samples": info.n_samples, "n_features": info.n_features, "source": src.name})
+    _timed(ctx, unit, t0, {"n_samples": info.n_samples, "n_features": info.n_features, "source": src.name})
     return info
 
 
@@ -263,7 +263,7 @@ def run_statistics(ctx: StageContext, data: DataInfo) -> Unit:
                           "statistics")[0]
     else:
         meta = _randomized_statistics(ctx, data, total, unit, cfg.components)
-    _timed(unit, t0, {**meta, "dense": dense})
+    _timed(ctx, unit, t0, {**meta, "dense": dense})
     return unit
 
 
@@ -385,7 +385,7 @@ def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
         where.append(f"rows {q[0]}..{q[1] - 1}")
     ctx.gather(pieces, "neighbours", [f"query rows {p[0]}..{p[-1]}" for p in cuts])
     ctx.gather(writes, "neighbours", where)
-    _timed(unit, t0, {"k": k, "n_train": n_train, "method": "ivf" if ivf else "exact",
+    _timed(ctx, unit, t0, {"k": k, "n_train": n_train, "method": "ivf" if ivf else "exact",
                       "queries": int(len(query_rows)), **extra})
     if ivf:
         ctx.log(f"  neighbours: IVF ({extra['index']}, nprobe {nb.nprobe}, rerank {extra['rerank']}) "
@@ -570,7 +570,7 @@ def run_encode(ctx: StageContext, data: DataInfo, models: list) -> list[tuple[di
         ctx.log(f"  encode: reusing {len(out) - len(pending)} of {len(out)} encodings")
     ctx.gather(futures, "encode", labels)
     for unit, meta in pending:
-        _timed(unit, t0, meta)
+        _timed(ctx, unit, t0, meta)
     return out
 
 
@@ -757,7 +757,7 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
             recs.extend({**base, "metric": k, "value": v} for k, v in costs[unit.key].items())
     for unit, recs in records.values():
         unit.write_json("records.json", recs)
-        _timed(unit, t0, {})
+        _timed(ctx, unit, t0, {})
     return out
 
 

@@ -178,29 +178,33 @@ class Unit:
             fs.rm(self._root, recursive=True)
         fs.makedirs(self._root, exist_ok=True)
 
-    def commit(self, meta: dict) -> None:
-        """Mark the unit complete (the marker is written last and atomically) with its files' checksums."""
+    def commit(self, meta: dict, sums: dict | None = None) -> None:
+        """Mark the unit complete (the marker is written last and atomically) with its files' checksums
+        (``sums``: those already taken elsewhere, e.g. by workers; the rest are taken here)."""
         self.store.write_text(f"{self.rel}{MARKER_SUFFIX}", to_json({**meta, "key": self.key, "kind": self.kind,
-                                                               "committed": time.time(), "files": self._files()}))
+                                                               "committed": time.time(), "files": self.checksums(sums)}))
 
-    def _files(self) -> dict:
-        """{path inside the unit: [size, CRC-32]} for every file of the unit."""
-        return {path[len(self._root) + 1:]: self._size_crc(path) for path in sorted(self.store.fs.find(self._root))}
+    def file_sizes(self) -> dict:
+        """{path inside the unit: size in bytes} for every file of the unit."""
+        found = self.store.fs.find(self._root, detail=True)
+        return {path[len(self._root) + 1:]: int(info["size"]) for path, info in sorted(found.items())}
 
-    def _size_crc(self, path: str) -> list[int]:
-        with self.store.fs.open(path, "rb") as f:
-            data = f.read()
-        return [len(data), zlib.crc32(data)]
+    def checksums(self, sums: dict | None = None, names=None) -> dict:
+        """{path inside the unit: [size, CRC-32]} for ``names`` (default every file of the unit)."""
+        sums = sums or {}
+        names = self.file_sizes() if names is None else names
+        return {rel: sums[rel] if rel in sums else size_crc(self.store.fs, f"{self._root}/{rel}") for rel in names}
 
-    def verify(self) -> list[str]:
-        """Problems with a committed unit's files: missing, resized or changed since the commit."""
+    def verify(self, sums: dict | None = None) -> list[str]:
+        """Problems with a committed unit's files: missing, resized or changed since the commit
+        (``sums``: checksums already taken of some of them, e.g. by workers)."""
         listed = self.meta().get("files")
         if listed is None:  # committed before checksums were recorded: nothing to compare
             return []
         bad = []
         for rel, (size, crc) in listed.items():
             try:
-                now_size, now_crc = self._size_crc(f"{self._root}/{rel}")
+                now_size, now_crc = (sums or {}).get(rel) or size_crc(self.store.fs, f"{self._root}/{rel}")
             except FileNotFoundError:
                 bad.append(f"{self.rel}/{rel}: missing (zarr would read it as the fill value)")
                 continue
@@ -215,6 +219,24 @@ class Unit:
 
     def read_json(self, name: str):
         return self.store.read_json(f"{self.rel}/{name}")
+
+
+def size_crc(fs, path: str) -> list[int]:
+    """[size, CRC-32] of one file; raises FileNotFoundError."""
+    with fs.open(path, "rb") as f:
+        data = f.read()
+    return [len(data), zlib.crc32(data)]
+
+
+def size_crcs(fs, root: str, names: list) -> dict:
+    """{name: [size, CRC-32] or None when missing} for files under ``root`` (a worker's share)."""
+    out = {}
+    for rel in names:
+        try:
+            out[rel] = size_crc(fs, f"{root}/{rel}")
+        except FileNotFoundError:
+            out[rel] = None
+    return out
 
 
 # ---- Zarr helpers (the only place that talks to zarr directly) -------------------------------------

@@ -109,7 +109,9 @@ def test_client_killed_mid_stage_resumes_from_that_stage_with_identical_results(
     _same(_results(tmp_path / "store"), reference[1])
 
 
-def test_flipped_bytes_are_named_by_verify_refused_by_run_and_repaired(reference, tmp_path):
+def test_flipped_bytes_are_named_by_verify_refused_by_run_and_repaired(reference, tmp_path, monkeypatch):
+    from pipeline import context
+    monkeypatch.setattr(context, "CHECKSUM_TASK_BYTES", 1024)   # run checks every file on the workers
     store, cfg = _copy(reference, tmp_path)
     assert _run("inspect", store, "--verify").exit_code == 0
     codes = json.loads((store / "runs/latest.json").read_text())["units"]["codes"][0]

@@ -129,3 +129,23 @@ def test_worker_failures_name_the_stage_and_block(client, tmp_path):
     # bad input on a worker keeps its own one-line message and type
     with pytest.raises(InputError, match="^feats.npy: features contain NaN; clean them$"):
         ctx.gather([ctx.submit(_bad_input, 0, name="bad")], "stage")
+
+
+def test_workers_checksum_the_large_files_as_the_client_would(staged, monkeypatch):
+    from pipeline import context
+    ctx, data, X, y = staged
+    unit = data.unit
+    sizes = unit.file_sizes()
+    big = max(sizes.values())
+    monkeypatch.setattr(context, "CHECKSUM_TASK_BYTES", 2 * big)   # several files per task, several tasks
+    tasks = ctx.tasks
+    sums = ctx.checksums(unit)
+    assert ctx.tasks - tasks > 1 and set(sums) == {n for n, s in sizes.items() if s >= 2 * big // 16}
+    assert sums == unit.checksums(names=list(sums))                # same [size, CRC-32] as on the client
+    assert unit.meta()["files"] == unit.checksums()                # and as the commit recorded
+    chunk = next(n for n in sums if n.startswith("features/c/"))
+    path = f"{data.url}/{chunk}"
+    raw = bytearray(open(path, "rb").read())
+    raw[0] ^= 1
+    open(path, "wb").write(bytes(raw))
+    assert unit.verify(ctx.checksums(unit)) == [f"{unit.rel}/{chunk}: checksum differs from the commit's (corrupt)"]
