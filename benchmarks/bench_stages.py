@@ -8,7 +8,8 @@ On N x D float32 synthetic features saved as one .npy file, measured in one run:
    Xc^T Xc / (n - 1) plus eigh on the train rows held in memory: time ratio and max |difference|;
 3. the encode stage of a PCA-64 model against one numpy matmul (X - mean) @ W in memory.
 
-The stage times exclude the cluster's start-up; the store is fresh each time. Asserts nothing.
+The stage times exclude the cluster's start-up and one-time imports (scikit-learn's, for the split:
+~1 s); the store is fresh each time. Asserts nothing.
 
     PYTHONPATH=. python benchmarks/bench_stages.py [--samples 1000000] [--dim 256] [--workers 2]
 """
@@ -61,6 +62,7 @@ def main():
         out[s:s + rows] = np.asarray(src[s:s + rows])
     t_copy = time.perf_counter() - t
 
+    import sklearn.model_selection  # noqa: F401 -- imported once per process by a run, not per stage
     with LocalCluster(n_workers=a.workers, threads_per_worker=1, dashboard_address=":0") as lc, Client(lc) as c:
         store = Store(cfg.store)
         store.check_writable()
