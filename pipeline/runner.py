@@ -46,11 +46,11 @@ def run_pipeline(cfg: RunConfig, resume: bool = True, log=print, performance_rep
 
 # The memory rule: a task holds at most BLOCKS_PER_TASK row-blocks of the staged features (a kNN
 # piece: its queries, one database block and the distance tile; NML: the two blocks of a pair group)
-# plus the evaluation's distance budget, and that must stay under SPILL_FRACTION of a worker's memory
-# limit (Dask's spill target), so spilling never has to save a running task. Learners that hold more
+# plus the evaluation's budget (stages.EVAL_BUDGET: a retrieval task's database and distances), and
+# that must stay under SPILL_FRACTION of a worker's memory limit (Dask's spill target), so spilling
+# never has to save a running task. Learners that hold more
 # than row-blocks (kernel SLEM's n x n kernel matrix, a D x D covariance) state their own limits.
 BLOCKS_PER_TASK = 4
-EVAL_BUDGET = 2.5e8   # stages._query_blocks
 SPILL_FRACTION = 0.6
 
 
@@ -59,7 +59,7 @@ def check_memory(client, info, cfg: RunConfig) -> None:
     limits = [m for m in limits if m]
     if not limits:
         return
-    need = BLOCKS_PER_TASK * info.chunk_rows * info.n_features * 4 + EVAL_BUDGET
+    need = BLOCKS_PER_TASK * info.chunk_rows * info.n_features * 4 + stages.EVAL_BUDGET
     if need > SPILL_FRACTION * min(limits):
         raise InputError(f"{cfg.source_file}: data.chunk_mb {cfg.data.chunk_mb:g} gives tasks of ~{need / 1e6:.0f} MB, "
                          f"over {SPILL_FRACTION:.0%} of the smallest worker memory limit ({min(limits) / 1e6:.0f} MB); "

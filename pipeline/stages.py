@@ -576,29 +576,48 @@ def run_encode(ctx: StageContext, data: DataInfo, models: list) -> list[tuple[di
 
 # ---- 6. evaluate ---------------------------------------------------------------------------------------
 
-def _scores(Q: np.ndarray, X: np.ndarray, score: str) -> np.ndarray:
+def _scores(Q: np.ndarray, X: np.ndarray, score: str, x_sq: np.ndarray | None = None) -> np.ndarray:
     """Distances to rank by (ascending): squared Euclidean, minus the inner product, or minus kernel
-    SLEM's similarity (Eq. 16, score "slem:...")."""
+    SLEM's similarity (Eq. 16, score "slem:..."); ``x_sq``: X's squared row norms, if known."""
     if score.startswith("slem:"):
         from tasks.slem import similarity
         return -similarity(Q, X, score).astype(np.float32)
-    return metrics.sq_distances(Q, X) if score == "euclidean" else -(np.asarray(Q, np.float32) @ X.T)
+    return metrics.sq_distances(Q, X, x_sq) if score == "euclidean" else -(np.asarray(Q, np.float32) @ X.T)
 
 
 def _retrieval_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, db_idx: np.ndarray,
-                     rel_key: np.ndarray, ks: tuple, ukb: bool, chunk_rows: int) -> dict:
-    """Queries ``q_idx`` against database ``db_idx`` (global rows, sorted); relevance = equal rel_key."""
+                     rel_key: np.ndarray, ks: tuple, ukb: bool, chunk_rows: int, group: int) -> dict:
+    """Queries ``q_idx`` against database ``db_idx`` (global rows, sorted), ``group`` queries at a
+    time; relevance = equal rel_key. The database is read once per task when it fits in
+    RETRIEVAL_DB_BYTES (the test rows are spread over every row-block, so a read is a pass over the
+    whole array), else streamed again for every group."""
     Q = read_rows(q_url, q_idx)
-    dist = np.empty((len(q_idx), len(db_idx)), np.float32)
-    for a in range(0, len(db_idx), chunk_rows):  # stream the database in row-blocks
-        dist[:, a:a + chunk_rows] = _scores(Q, read_rows(db_url, db_idx[a:a + chunk_rows]), score)
-    self_hit = q_idx[:, None] == db_idx[None, :]
-    dist[self_hit] = np.inf
-    relevant = (rel_key[q_idx][:, None] == rel_key[db_idx][None, :]) & ~self_hit
-    out = metrics.retrieval_scores(dist, relevant, ks)
-    if ukb:
-        out["ukb4"] = metrics.ukb_score(dist, relevant)
-    return out
+    n_db = len(db_idx)
+    X = read_rows(db_url, db_idx) if n_db * open_array(db_url).shape[1] * 4 <= RETRIEVAL_DB_BYTES else None
+    x_sq = np.einsum("ij,ij->i", X, X) if X is not None and score == "euclidean" else None
+    db_key = rel_key[db_idx]
+    dist = np.empty((min(group, len(q_idx)), n_db), np.float32)
+    work = np.empty_like(dist)  # buffers reused by every group
+    parts = []
+    for s in range(0, len(q_idx), group):
+        q = q_idx[s:s + group]
+        d = dist[:len(q)]
+        for a in range(0, n_db, chunk_rows):  # in row-blocks: the score tiles stay small
+            if X is None:
+                d[:, a:a + chunk_rows] = _scores(Q[s:s + group], read_rows(db_url, db_idx[a:a + chunk_rows]), score)
+            else:
+                d[:, a:a + chunk_rows] = _scores(Q[s:s + group], X[a:a + chunk_rows], score,
+                                                 None if x_sq is None else x_sq[a:a + chunk_rows])
+        pos = np.minimum(np.searchsorted(db_idx, q), n_db - 1)
+        own = np.flatnonzero(db_idx[pos] == q)  # queries that are in the database: not their own hit
+        d[own, pos[own]] = np.inf
+        relevant = rel_key[q][:, None] == db_key[None, :]
+        relevant[own, pos[own]] = False
+        out = metrics.retrieval_scores(d, relevant, ks, work=work)
+        if ukb:
+            out["ukb4"] = metrics.ukb_score(d, relevant)
+        parts.append(out)
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
 def _classify_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, train_blocks: list,
@@ -679,9 +698,24 @@ def _fixed_blocks(idx: np.ndarray, size: int) -> list[np.ndarray]:
     return [idx[a:a + size] for a in range(0, len(idx), size)]
 
 
-def _query_blocks(idx: np.ndarray, n_db: int, budget_bytes: float = 2.5e8) -> list[np.ndarray]:
-    """Split queries so that one block's distance matrix and its sort stay within ``budget_bytes``."""
-    return _fixed_blocks(idx, int(max(1, min(len(idx), budget_bytes // max(1, n_db * 24)))))
+# An evaluation task's memory: EVAL_BUDGET bytes beyond its queries, of which a retrieval task
+# keeps up to RETRIEVAL_DB_BYTES for its database (the test rows of one view; streamed again for
+# every group of queries when larger) and the rest for a group's distance matrix, its sorted copy and
+# masks. A view's queries are cut into at most RETRIEVAL_TASKS tasks (fixed, so the split is the same
+# on any cluster), each reading the database once.
+EVAL_BUDGET = 2.5e8
+RETRIEVAL_DB_BYTES = 1.5e8
+RETRIEVAL_TASKS = 8
+
+
+def _query_group(n_db: int, budget_bytes: float = EVAL_BUDGET - RETRIEVAL_DB_BYTES) -> int:
+    """Queries scored at once: 24 bytes per query x database entry within ``budget_bytes``."""
+    return int(max(1, budget_bytes // max(1, n_db * 24)))
+
+
+def _query_blocks(idx: np.ndarray, n_db: int) -> list[np.ndarray]:
+    """One block per retrieval task: at least one group, at most RETRIEVAL_TASKS blocks."""
+    return _fixed_blocks(idx, max(_query_group(n_db), -(-len(idx) // RETRIEVAL_TASKS)))
 
 
 def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Unit | None = None
@@ -726,7 +760,7 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
                                     name="ncm-means") for a, b in data.chunks]
                 means = ctx.submit(_class_means, _tree_combine(ctx, parts, "ncm-combine"), name="ncm-means")
             ret = [ctx.submit(_retrieval_block, q_url, db_url, score, q, test, rel_f, ev.retrieval_k, ukb,
-                              data.chunk_rows, name=f"retrieval-{model_id(spec)}")
+                              data.chunk_rows, _query_group(len(test)), name=f"retrieval-{model_id(spec)}")
                    for q in _query_blocks(queries, len(test))] if ev.retrieval else []
             ncm_model = None
             if view == "codes" and spec["method"] in ("ncmml", "ncmc"):

@@ -11,18 +11,19 @@ true class is not among the first 1/5.
 import numpy as np
 
 
-def sq_distances(Q: np.ndarray, X: np.ndarray) -> np.ndarray:
-    """Squared Euclidean distances (n, m) in float32, clipped at 0."""
+def sq_distances(Q: np.ndarray, X: np.ndarray, x_sq: np.ndarray | None = None) -> np.ndarray:
+    """Squared Euclidean distances (n, m) in float32, clipped at 0; ``x_sq``: the rows' squared
+    norms when the caller has them (a database scored against many query groups)."""
     Q = np.asarray(Q, np.float32)
     X = np.asarray(X, np.float32)
     d = Q @ X.T
     d *= -2.0
     d += np.einsum("ij,ij->i", Q, Q)[:, None]
-    d += np.einsum("ij,ij->i", X, X)[None, :]
+    d += (np.einsum("ij,ij->i", X, X) if x_sq is None else x_sq)[None, :]
     return np.maximum(d, 0.0, out=d)
 
 
-def retrieval_scores(dist: np.ndarray, relevant: np.ndarray, ks: tuple) -> dict:
+def retrieval_scores(dist: np.ndarray, relevant: np.ndarray, ks: tuple, work: np.ndarray | None = None) -> dict:
     """Per-query retrieval scores from a full query x database distance matrix.
 
     Ties are handled without choosing an order, so the scores do not depend on how the database was
@@ -36,6 +37,8 @@ def retrieval_scores(dist: np.ndarray, relevant: np.ndarray, ks: tuple) -> dict:
         masked out of ``relevant``).
     relevant : (n, m) bool, True where the database item is relevant to the query.
     ks : cut-offs K.
+    work : optional float buffer of at least (n, m) for the sorted distances, reused across calls
+        (a fresh one page-faults on every call where large allocations are returned to the system).
 
     Returns
     -------
@@ -44,12 +47,16 @@ def retrieval_scores(dist: np.ndarray, relevant: np.ndarray, ks: tuple) -> dict:
     """
     dist = np.asarray(dist)
     n_rel = relevant.sum(axis=1)
-    sorted_all = np.sort(dist, axis=1)  # a value sort is far cheaper than an argsort
-    sorted_rel = np.sort(np.where(relevant, dist, np.inf), axis=1)
+    if work is None:
+        sorted_all = np.sort(dist, axis=1)  # a value sort is far cheaper than an argsort
+    else:
+        sorted_all = work[:dist.shape[0], :dist.shape[1]]
+        np.copyto(sorted_all, dist)
+        sorted_all.sort(axis=1)
     ap = np.full(len(dist), np.nan)
     for q in range(len(dist)):
-        r = sorted_rel[q, :n_rel[q]]
-        if len(r):
+        if n_rel[q]:
+            r = np.sort(dist[q][relevant[q]])  # only the relevant distances: R << m values to sort
             ranks = np.searchsorted(sorted_all[q], r, side="right")
             hits = np.searchsorted(r, r, side="right")
             ap[q] = np.mean(hits / ranks)
@@ -72,7 +79,8 @@ def hits_at(dist: np.ndarray, relevant: np.ndarray, sorted_all: np.ndarray, k: i
 
 def ukb_score(dist: np.ndarray, relevant: np.ndarray) -> np.ndarray:
     """UKB score per query: 1 (the query itself) + relevant items among the 3 nearest others."""
-    return 1.0 + hits_at(dist, relevant, np.sort(dist, axis=1), 3)
+    k = min(3, dist.shape[1])
+    return 1.0 + hits_at(dist, relevant, np.partition(dist, k - 1, axis=1), 3)  # reads the k-th value only
 
 
 def class_average(values: np.ndarray, labels: np.ndarray) -> np.ndarray:

@@ -149,3 +149,26 @@ def test_workers_checksum_the_large_files_as_the_client_would(staged, monkeypatc
     raw[0] ^= 1
     open(path, "wb").write(bytes(raw))
     assert unit.verify(ctx.checksums(unit)) == [f"{unit.rel}/{chunk}: checksum differs from the commit's (corrupt)"]
+
+
+@pytest.mark.parametrize("db_bytes", [0, 1e9])  # database streamed per group / held once per task
+def test_retrieval_task_in_query_groups_equals_the_full_matrix(staged, monkeypatch, db_bytes):
+    from sklearn.metrics import average_precision_score
+    from tasks import metrics
+    _, data, X, y = staged
+    monkeypatch.setattr(stages, "RETRIEVAL_DB_BYTES", db_bytes)
+    te = data.rows(stages.TEST)
+    q = te[::3]
+    url = f"{data.url}/features"
+    got = stages._retrieval_block(url, url, "euclidean", q, te, y, (1, 10), True, data.chunk_rows, 7)
+    d = ((X[q, None, :].astype(np.float64) - X[None, te, :]) ** 2).sum(-1)  # exact: integer features
+    own = q[:, None] == te[None, :]
+    d[own] = np.inf
+    rel = (y[q][:, None] == y[te][None, :]) & ~own
+    ref = metrics.retrieval_scores(d, rel, (1, 10))
+    for k in ("ap", "prec", "recall"):
+        np.testing.assert_allclose(got[k], ref[k], rtol=1e-12)
+    np.testing.assert_allclose(got["ukb4"], metrics.ukb_score(d, rel))
+    for i in (0, 50):  # ties included, AP as scikit-learn defines it
+        keep = ~own[i]
+        assert got["ap"][i] == pytest.approx(average_precision_score(rel[i, keep], -d[i, keep]))

@@ -12,6 +12,9 @@ def test_average_precision_and_precision_at_k_match_references():
     rel = rng.random((40, 200)) < 0.1
     rel[:, 0] = True  # every query has a relevant item
     out = metrics.retrieval_scores(dist, rel, (1, 5, 20))
+    reused = metrics.retrieval_scores(dist, rel, (1, 5, 20), work=np.full((50, 250), -1.0, np.float32))
+    for k in ("ap", "prec", "recall"):  # a work buffer larger than the block and dirty: same scores
+        np.testing.assert_array_equal(reused[k], out[k])
     for q in range(40):
         assert np.isclose(out["ap"][q], average_precision_score(rel[q], -dist[q]))
         order = np.argsort(dist[q])
