@@ -25,3 +25,21 @@ def fashion_subset(n_train: int, n_test: int, seed: int = 0, dtype=None):
     tr = rng.choice(np.flatnonzero(src.split == "train"), n_train, replace=False)
     te = rng.choice(np.flatnonzero(src.split == "test"), n_test, replace=False)
     return X[tr], src.labels[tr], X[te], src.labels[te]
+
+
+def retrieval(Z, y, ks=(10,), score: str = "euclidean") -> dict:
+    """Category retrieval on codes Z: each row queries all the others, relevant = same label, scored
+    by the pipeline's own metrics (`tasks.metrics`). Returns {"map": ..., "mprec@K": ...}."""
+    import numpy as np
+
+    from tasks import metrics
+    Z = np.asarray(Z, np.float32)
+    dist = metrics.sq_distances(Z, Z) if score == "euclidean" else -(Z @ Z.T)
+    own = np.eye(len(Z), dtype=bool)
+    dist[own] = np.inf
+    rel = (y[:, None] == y[None, :]) & ~own
+    out = metrics.retrieval_scores(dist, rel, ks)
+    res = {"map": float(np.nanmean(out["ap"]))}
+    for j, k in enumerate(ks):
+        res[f"mprec@{k}"] = float(metrics.class_average(out["prec"][:, j], y))
+    return res
