@@ -64,10 +64,10 @@ class StageContext:
         unit.commit(meta, self.checksums(unit))
 
     def checksums(self, unit, names: list | None = None) -> dict:
-        """{name: [size, CRC-32]} of the unit's files of CHECKSUM_TASK_BYTES or more (all of them when
-        ``names`` is None), taken by tasks of about that many bytes each: reading a 1 GB unit back on
-        the client took 0.88 s, longer than writing it on two workers. Missing files are left out
-        (the caller reports them)."""
+        """{name: [size, CRC-32]} of the unit's files of CHECKSUM_TASK_BYTES / 16 (8 MiB) or more, among
+        ``names`` (all files when None), taken by tasks of about CHECKSUM_TASK_BYTES each: reading a
+        1 GB unit back on the client took 0.88 s, longer than writing it on two workers. Missing
+        files are left out (the caller reports them)."""
         sizes = unit.file_sizes()
         names = [n for n in (sizes if names is None else names) if sizes.get(n, 0) >= CHECKSUM_TASK_BYTES // 16]
         if not names:
