@@ -1,16 +1,17 @@
 """Approximate neighbours for large N: a faiss IVF index, built on a sample and searched by the workers.
 
 The index is IVF-Flat when the train rows' vectors fit in IVF_FLAT_BYTES, else IVF-PQ (D/4 bytes per
-vector at most 64 sub-quantizers), so one worker holds it whatever N. Steps: one task trains the
-coarse quantizer (and PQ) on a seeded sample of train rows and stores it in the neighbours unit;
-one task per row-block encodes its train rows (``sa_encode``: the list number and the code) into the
-unit's ``ivf_codes``; then query pieces are searched by the workers, each filling the trained index
-from the stored codes once (``add_sa_codes`` in block order; cached per worker and per build, keyed
-by ``token``). No process ever holds a serialized copy of the full index. A PQ index's
-distances are approximate, so it returns ``rerank`` x k candidates per query, which are re-scored
-exactly in one pass over the row-blocks (per group of queries whose candidates fit RERANK_PAIRS) and
-cut to k. Recall@k against exact search is measured on a seeded sample of train queries and
-recorded with the graph.
+vector at most 64 sub-quantizers), so one worker holds it whatever N; from HNSW_MIN_NLIST lists the
+coarse quantizer is an HNSW graph. Steps: one task trains the coarse quantizer (and PQ) on a seeded
+sample of train rows and stores it in the neighbours unit; one task per row-block encodes its train
+rows (``sa_encode``: the list number and the code) into the unit's ``ivf_codes``; then query pieces
+are searched by the workers, each filling the trained index from the stored codes once
+(``add_sa_codes`` in block order; cached per worker and per build, keyed by ``token``). No process
+ever holds a serialized copy of the full index. A PQ index's distances are approximate, so it
+returns ``rerank`` x k candidates per query, which are re-scored exactly in one pass over the
+row-blocks (per group of queries whose candidates fit RERANK_PAIRS) and cut to k. Recall@k against
+exact search is measured on a seeded sample of train queries (its exact side runs beside the
+training, which needs no index) and recorded with the graph.
 
 faiss (faiss-cpu) is the standard library for this; it runs single-threaded in a Dask worker.
 """
@@ -23,6 +24,10 @@ from pipeline.storage import create_array, open_array, read_rows
 IVF_FLAT_BYTES = 512e6
 RECALL_QUERIES = 1000
 RERANK_PAIRS = 4_000_000  # candidate pairs re-scored per pass over the row-blocks (32 MB of ids)
+# From this many lists the coarse quantizer is an HNSW graph over the centroids: finding a vector's
+# list is then a graph walk instead of nlist x D flops. At 5M x 256 with 4,096 lists a 62,500-row
+# block encoded in 1.41 s instead of 2.38 s, for recall@20 0.835 instead of 0.838 (500k-row check).
+HNSW_MIN_NLIST = 2048
 
 
 def nlist_for(n_train: int) -> int:
@@ -34,10 +39,11 @@ def nlist_for(n_train: int) -> int:
 
 
 def factory_string(n_train: int, dim: int, nlist: int) -> str:
+    coarse = f"IVF{nlist}_HNSW32" if nlist >= HNSW_MIN_NLIST else f"IVF{nlist}"
     if n_train * dim * 4 <= IVF_FLAT_BYTES:
-        return f"IVF{nlist},Flat"
+        return f"{coarse},Flat"
     m = max(d for d in range(1, min(64, dim) + 1) if dim % d == 0 and d <= max(1, dim // 4))
-    return f"IVF{nlist},PQ{m}"
+    return f"{coarse},PQ{m}"
 
 
 def _faiss():
@@ -122,7 +128,11 @@ def search(data_url: str, unit_url: str, token: str, chunks: tuple, q_rows: np.n
     """Top-k train rows (itself excluded) of the global rows ``q_rows``: (squared distances, ids)."""
     faiss = _faiss()
     index = _load(unit_url, token, data_url, tuple(chunks))
-    faiss.extract_index_ivf(index).nprobe = nprobe
+    ivf = faiss.extract_index_ivf(index)
+    ivf.nprobe = nprobe
+    quantizer = faiss.downcast_index(ivf.quantizer)
+    if hasattr(quantizer, "hnsw"):  # the graph walk keeps 4 x nprobe candidate lists to find nprobe
+        quantizer.hnsw.efSearch = max(16, 4 * nprobe)
     Q = np.ascontiguousarray(read_rows(f"{data_url}/features", q_rows), dtype=np.float32)
     dist, idx = index.search(Q, k + 1)
     own = idx == np.asarray(q_rows)[:, None]

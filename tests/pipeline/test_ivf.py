@@ -93,3 +93,17 @@ def test_sampled_queries_keep_the_full_graphs_rows_and_slne_trains_on_them_and_t
     anchor = np.isin(rows, q)
     np.testing.assert_array_equal(rows[graph[anchor]], full[q])  # local indices point at the same rows
     assert np.all(graph[~anchor] == -1)
+
+
+def test_hnsw_quantizer_from_many_lists_finds_every_probed_list(client, tmp_path, monkeypatch):
+    monkeypatch.setattr(ivf, "HNSW_MIN_NLIST", 16)
+    assert ivf.factory_string(2400, 16, 16) == "IVF16_HNSW32,Flat" and ivf.factory_string(2400, 16, 8) == "IVF8,Flat"
+    _, exact, exact_d, data = _graph(client, tmp_path, "exact", {"k": 10, "method": "exact"})
+    unit, graph, dist, _ = _graph(client, tmp_path, "hnsw", {"k": 10, "method": "ivf", "nlist": 16, "nprobe": 16})
+    assert unit.meta()["index"] == "IVF16_HNSW32,Flat"
+    # probing all 16 lists through the graph walk (efSearch 4 x nprobe) is exact search
+    assert unit.meta()["recall"] == pytest.approx(1.0)
+    train = np.flatnonzero(data.split == 0)
+    np.testing.assert_allclose(dist[train], exact_d[train], rtol=1e-4, atol=1e-4)
+    one, _, _, _ = _graph(client, tmp_path, "hnsw1", {"k": 10, "method": "ivf", "nlist": 16, "nprobe": 1})
+    assert 0.2 < one.meta()["recall"] < 1.0
