@@ -48,8 +48,8 @@ def run_pipeline(cfg: RunConfig, resume: bool = True, log=print, performance_rep
 # piece: its queries, one database block and the distance tile; NML: the two blocks of a pair group)
 # plus the evaluation's budget (stages.EVAL_BUDGET: a retrieval task's database and distances), and
 # that must stay under SPILL_FRACTION of a worker's memory limit (Dask's spill target), so spilling
-# never has to save a running task. Learners that hold more
-# than row-blocks (kernel SLEM's n x n kernel matrix, a D x D covariance) state their own limits.
+# never has to save a running task. Learners that hold more than row-blocks (kernel SLEM's n x n
+# kernel matrix, a D x D covariance) state their own limits.
 BLOCKS_PER_TASK = 4
 SPILL_FRACTION = 0.6
 

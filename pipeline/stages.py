@@ -109,11 +109,12 @@ def _split_codes(cfg: RunConfig, src, codes: np.ndarray, classes: list) -> np.nd
     return split
 
 
-def _stored_sample(reader, info, normalize: str, rows: int = 4096) -> np.ndarray:
-    """The first rows as they will be stored, to decide the features' compression."""
-    X = np.asarray(reader.read(0, min(rows, info.n_samples)), dtype=np.float32).reshape(-1, info.n_features)
-    with np.errstate(all="ignore"):
-        return normalize_rows(X, normalize)
+def _stored_sample(reader, info, normalize: str, where: str, rows: int = 4096) -> np.ndarray:
+    """The first rows as they will be stored, to decide the features' compression (checked like
+    every block first, so bad input is the same one-line error here as in the stage's tasks)."""
+    X = np.asarray(reader.read(0, min(rows, info.n_samples)))
+    check_feature_block(X, 0, where)
+    return normalize_rows(X.astype(np.float32), normalize)
 
 
 def _stage_block(reader, start: int, stop: int, normalize: str, url: str, name: str) -> int:
@@ -201,7 +202,7 @@ def run_stage(ctx: StageContext, plan: DataPlan | None = None) -> DataInfo:
     unit.begin()
     _write_template(unit.url, {"features": (("sample", "feature"), (info.n_samples, info.n_features), np.float32,
                                             np.nan)}, plan.coords, plan.attrs, info.chunk_rows,
-                    samples={"features": _stored_sample(src.reader, info, normalize=ctx.config.data.normalize)})
+                    samples={"features": _stored_sample(src.reader, info, ctx.config.data.normalize, src.name)})
     for name, values in (plan.pairs or {}).items():  # user pairs (NML), beside the rows
         create_array(f"{unit.url}/{name}", values.shape, (max(1, min(len(values), 1 << 20)),), values.dtype)[:] = values
     normalize = ctx.config.data.normalize

@@ -11,6 +11,9 @@ def check_feature_block(X: np.ndarray, start: int, where: str) -> None:
                          f"shape {X.shape}; reshape to (n_samples, n_features)")
     if not (np.issubdtype(X.dtype, np.number) or X.dtype == np.bool_):
         raise InputError(f"{where}: features must be numeric; got dtype {X.dtype}; convert to float32")
+    if X.dtype.kind == "c":
+        raise InputError(f"{where}: features must be real numbers; got dtype {X.dtype}; take the magnitude "
+                         f"or split real and imaginary parts into columns")
     if np.issubdtype(X.dtype, np.floating):
         bad = ~np.isfinite(X)
         if bad.any():
