@@ -19,8 +19,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 
-from tasks import knn  # noqa: E402
-from tasks.synthetic import SyntheticSpec  # noqa: E402
+from metricpipe.tasks import knn  # noqa: E402
+from metricpipe.tasks.synthetic import SyntheticSpec  # noqa: E402
 
 
 GEMM_SHAPE = (1024, 8192)  # rows of the two operands of the reference GEMM (a large one, whatever our tiles)
@@ -95,10 +95,10 @@ def main():
 
     from distributed import Client, LocalCluster
 
-    from pipeline.config import parse_config
-    from pipeline.context import StageContext
-    from pipeline.stages import run_neighbours, run_stage
-    from pipeline.storage import Store
+    from metricpipe.config import parse_config
+    from metricpipe.context import StageContext
+    from metricpipe.stages import run_neighbours, run_stage
+    from metricpipe.storage import Store
 
     with tempfile.TemporaryDirectory() as tmp, \
             LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as lc, Client(lc) as client:

@@ -18,7 +18,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 from timing import timed  # noqa: E402
 
-from tasks import ncmml  # noqa: E402
+from metricpipe.tasks import ncmml  # noqa: E402
 
 
 def loop_counts(dq, targets, negatives, queries):

@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 from sklearn.decomposition import PCA  # noqa: E402
 from sklearn.neighbors import KNeighborsClassifier  # noqa: E402
 
-from tasks import knn, metrics, slne  # noqa: E402
+from metricpipe.tasks import knn, metrics, slne  # noqa: E402
 from timing import fashion_subset  # noqa: E402
 
 

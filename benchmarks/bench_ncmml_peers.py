@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 from sklearn.discriminant_analysis import LinearDiscriminantAnalysis  # noqa: E402
 from sklearn.neighbors import KNeighborsClassifier, NearestCentroid, NeighborhoodComponentsAnalysis  # noqa: E402
 
-from tasks import ncmml  # noqa: E402
+from metricpipe.tasks import ncmml  # noqa: E402
 from timing import fashion_subset  # noqa: E402
 
 

@@ -24,9 +24,9 @@ import numpy as np  # noqa: E402
 from sklearn.discriminant_analysis import LinearDiscriminantAnalysis  # noqa: E402
 from sklearn.neighbors import NeighborhoodComponentsAnalysis  # noqa: E402
 
-from pipeline.nml_train import sample_pairs  # noqa: E402
-from tasks import nml  # noqa: E402
-from tasks.normalize import normalize_rows  # noqa: E402
+from metricpipe.nml_train import sample_pairs  # noqa: E402
+from metricpipe.tasks import nml  # noqa: E402
+from metricpipe.tasks.normalize import normalize_rows  # noqa: E402
 from timing import fashion_subset, retrieval  # noqa: E402
 
 

@@ -17,10 +17,10 @@ import time
 
 from distributed import Client, LocalCluster, get_task_stream
 
-from pipeline import runner, stages
-from pipeline.config import load_config
-from pipeline.context import StageContext
-from pipeline.storage import Store
+from metricpipe import runner, stages
+from metricpipe.config import load_config
+from metricpipe.context import StageContext
+from metricpipe.storage import Store
 
 
 def _noop(i):

@@ -12,10 +12,10 @@ import time
 import numpy as np
 from distributed import Client, LocalCluster
 
-from pipeline import stages
-from pipeline.config import parse_config
-from pipeline.context import StageContext
-from pipeline.storage import Store, load_arrays
+from metricpipe import stages
+from metricpipe.config import parse_config
+from metricpipe.context import StageContext
+from metricpipe.storage import Store, load_arrays
 
 CONFIG = {"data": {"source": "fashion-mnist", "normalize": "l2", "split": {"column": "split"}},
           "methods": [{"method": "slde", "members": 8, "dim": 64, "step": 0.02, "epochs": 3}],

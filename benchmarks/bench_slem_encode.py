@@ -18,8 +18,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 from timing import timed  # noqa: E402
 
-from tasks import slem  # noqa: E402
-from tasks.synthetic import SyntheticSpec  # noqa: E402
+from metricpipe.tasks import slem  # noqa: E402
+from metricpipe.tasks.synthetic import SyntheticSpec  # noqa: E402
 
 
 def main():

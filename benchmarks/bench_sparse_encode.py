@@ -19,9 +19,9 @@ import numpy as np  # noqa: E402
 from timing import timed  # noqa: E402
 import scipy.sparse  # noqa: E402
 
-from tasks.models import LinearModel  # noqa: E402
-from tasks.sparse import SparseProjector, nonzeros_per_column, project_l0  # noqa: E402
-from tasks.synthetic import SyntheticSpec  # noqa: E402
+from metricpipe.tasks.models import LinearModel  # noqa: E402
+from metricpipe.tasks.sparse import SparseProjector, nonzeros_per_column, project_l0  # noqa: E402
+from metricpipe.tasks.synthetic import SyntheticSpec  # noqa: E402
 
 
 def main():

@@ -23,7 +23,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 from sklearn.decomposition import SparsePCA  # noqa: E402
 
-from tasks import sparse  # noqa: E402
+from metricpipe.tasks import sparse  # noqa: E402
 from timing import fashion_subset, retrieval  # noqa: E402
 
 

@@ -22,11 +22,11 @@ import time
 import numpy as np
 from distributed import Client, LocalCluster
 
-from pipeline import stages
-from pipeline.config import parse_config
-from pipeline.context import StageContext
-from pipeline.storage import Store, chunk_rows_for, create_array, load_arrays, open_array
-from tasks.synthetic import SyntheticSpec
+from metricpipe import stages
+from metricpipe.config import parse_config
+from metricpipe.context import StageContext
+from metricpipe.storage import Store, chunk_rows_for, create_array, load_arrays, open_array
+from metricpipe.tasks.synthetic import SyntheticSpec
 
 
 def main():

@@ -16,8 +16,8 @@ def fashion_subset(n_train: int, n_test: int, seed: int = 0, dtype=None):
     l2-normalised pixels (METRICPIPE_DATA, ../shared or the Debian path), labels as given."""
     import numpy as np
 
-    from pipeline.config import parse_config
-    from pipeline.sources import open_source
+    from metricpipe.config import parse_config
+    from metricpipe.sources import open_source
     src = open_source(parse_config({"data": {"source": "fashion-mnist"}}).data)
     X = src.reader.read(0, src.reader.shape[0]).astype(dtype or np.float32)
     X /= np.linalg.norm(X, axis=1, keepdims=True)
@@ -32,7 +32,7 @@ def retrieval(Z, y, ks=(10,), score: str = "euclidean") -> dict:
     by the pipeline's own metrics (`tasks.metrics`). Returns {"map": ..., "mprec@K": ...}."""
     import numpy as np
 
-    from tasks import metrics
+    from metricpipe.tasks import metrics
     Z = np.asarray(Z, np.float32)
     dist = metrics.sq_distances(Z, Z) if score == "euclidean" else -(Z @ Z.T)
     own = np.eye(len(Z), dtype=bool)

@@ -15,15 +15,15 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.config import DataConfig
-from pipeline.sources import open_source
-from pipeline.storage import Store, hash_key, load_arrays, read_attrs, save_arrays
-from tasks import ncmml
-from tasks.errors import InputError
-from tasks.models import LinearModel
-from tasks.moments import class_sums
-from tasks.normalize import normalize_rows
-from tasks.validate import check_feature_block
+from metricpipe.config import DataConfig
+from metricpipe.sources import open_source
+from metricpipe.storage import Store, hash_key, load_arrays, read_attrs, save_arrays
+from metricpipe.tasks import ncmml
+from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.models import LinearModel
+from metricpipe.tasks.moments import class_sums
+from metricpipe.tasks.normalize import normalize_rows
+from metricpipe.tasks.validate import check_feature_block
 
 BLOCK_ROWS = 16384
 KMEANS_SAMPLE = 2000

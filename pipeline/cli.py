@@ -8,10 +8,10 @@ from pathlib import Path
 
 import click
 
-from pipeline.config import RunConfig, load_config, parse_config
-from pipeline.context import STAGES
-from pipeline.errors import StageError
-from tasks.errors import InputError
+from metricpipe.config import RunConfig, load_config, parse_config
+from metricpipe.context import STAGES
+from metricpipe.errors import StageError
+from metricpipe.tasks.errors import InputError
 
 EXIT_INPUT = 2
 
@@ -79,7 +79,7 @@ def _apply(cfg: RunConfig, store, cluster, workers, memory_limit) -> RunConfig:
 @handle_errors
 def run(config, store, cluster, workers, memory_limit, resume, force, repair, performance_report):
     """Run the whole pipeline described by CONFIG (YAML)."""
-    from pipeline.runner import run_pipeline
+    from metricpipe.runner import run_pipeline
 
     cfg = _apply(load_config(config), store, cluster, workers, memory_limit)
     run_pipeline(cfg, resume=resume, log=_echo, performance_report=performance_report, force=force, repair=repair)
@@ -91,17 +91,17 @@ def run(config, store, cluster, workers, memory_limit, resume, force, repair, pe
 @handle_errors
 def demo(store, cluster, workers, memory_limit):
     """Run examples/digits.yaml: scikit-learn's digits on a LocalCluster and a local store."""
-    from pipeline.runner import run_pipeline
+    from metricpipe.runner import run_pipeline
 
     cfg = _apply(load_config(demo_config_path()), store, cluster, workers, memory_limit)
     run_pipeline(cfg, log=_echo)
 
 
 def demo_config_path() -> Path:
-    here = Path(__file__).resolve().parent
-    for p in (here / "examples" / "digits.yaml", here.parent / "examples" / "digits.yaml"):
-        if p.is_file():
-            return p
+    from importlib.resources import files
+    p = files("metricpipe.examples") / "digits.yaml"   # examples/ ships as metricpipe.examples
+    if p.is_file():
+        return Path(str(p))
     raise InputError("examples/digits.yaml is missing from this installation; reinstall metricpipe")
 
 
@@ -118,10 +118,10 @@ def demo_config_path() -> Path:
 def stage_cmd(source, store, features, labels, normalize, test_fraction, split_column, cluster, workers,
               memory_limit):
     """Stage SOURCE (a path, or digits | fashion-mnist | synthetic) into the store, alone."""
-    from pipeline.cluster import connect
-    from pipeline.context import StageContext
-    from pipeline.stages import run_stage
-    from pipeline.storage import Store
+    from metricpipe.cluster import connect
+    from metricpipe.context import StageContext
+    from metricpipe.stages import run_stage
+    from metricpipe.storage import Store
 
     data = {"features": features, "labels": labels, "normalize": normalize,
             "split": {"column": split_column} if split_column else {"test": test_fraction}}
@@ -152,8 +152,8 @@ def stage_cmd(source, store, features, labels, normalize, test_fraction, split_c
 def synth(samples, dim, classes, store, seed, nonnegative, separation, chunk_mb, cluster, workers, memory_limit):
     """Write N x D class-structured synthetic features (X, y) as a Zarr store, blockwise on the workers;
     use it with data: {path: STORE}."""
-    from pipeline.cluster import connect
-    from pipeline.synth import check_args, write_synthetic
+    from metricpipe.cluster import connect
+    from metricpipe.synth import check_args, write_synthetic
 
     check_args(store, samples, dim, classes)
     cfg = _apply(parse_config({"data": {"source": "digits"}}, where="metricpipe synth"), None, cluster, workers,
@@ -171,7 +171,7 @@ def synth(samples, dim, classes, store, seed, nonnegative, separation, chunk_mb,
 @handle_errors
 def inspect(store, verify):
     """Show what STORE holds: units, arrays, shapes, chunking and the inputs they were made from."""
-    from pipeline.inspect import describe, verify_store
+    from metricpipe.inspect import describe, verify_store
 
     if not verify:
         click.echo(describe(store))
@@ -190,8 +190,8 @@ def inspect(store, verify):
 @handle_errors
 def report(store):
     """Rebuild STORE/report from the stored results of the last run."""
-    from pipeline.report import build_report
-    from pipeline.storage import Store
+    from metricpipe.report import build_report
+    from metricpipe.storage import Store
 
     st = Store(store)
     st.check_exists()
@@ -218,8 +218,8 @@ def report(store):
 @handle_errors
 def add_classes_cmd(store, new_data, features, labels, model, hierarchy, prior_weight, zero_shot):
     """Add the classes of NEW_DATA to STORE's NCMML/NCMC models without retraining W."""
-    from pipeline.classes import add_classes
-    from pipeline.storage import Store
+    from metricpipe.classes import add_classes
+    from metricpipe.storage import Store
 
     st = Store(store)
     st.check_exists()
@@ -239,7 +239,7 @@ def predict(store, data, model, features, labels, out):
     """Classify the rows of DATA with an NCM/NCMC model (nearest class mean under the learned metric)."""
     import numpy as np
 
-    from pipeline.classes import predict as run_predict
+    from metricpipe.classes import predict as run_predict
 
     if out and not Path(out).resolve().parent.is_dir():
         raise InputError(f"{out}: its folder does not exist (--out); create it or choose another path")

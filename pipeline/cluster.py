@@ -6,7 +6,7 @@ from pathlib import Path
 import yaml
 from distributed import Client, LocalCluster
 
-from tasks.errors import InputError
+from metricpipe.tasks.errors import InputError
 
 # A task may lose its worker this many times (pre-emption, OOM kill) before the run stops with a
 # message naming the stage and block; its retries recompute the identical result.

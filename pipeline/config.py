@@ -7,9 +7,9 @@ from pathlib import Path
 
 import yaml
 
-from tasks.errors import InputError
-from tasks.normalize import NORMALIZATIONS
-from tasks.registry import expand_method
+from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.normalize import NORMALIZATIONS
+from metricpipe.tasks.registry import expand_method
 
 BUILTINS = ("digits", "fashion-mnist", "synthetic")
 SPLIT_NAMES = ("train", "test", "val", "negatives")  # code = position; stored as int8 with flag_meanings

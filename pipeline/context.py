@@ -10,10 +10,10 @@ from typing import Callable
 
 from distributed import Client, as_completed
 
-from pipeline.config import RunConfig
-from pipeline.errors import StageError
-from pipeline.storage import Store, size_crcs
-from tasks.errors import InputError
+from metricpipe.config import RunConfig
+from metricpipe.errors import StageError
+from metricpipe.storage import Store, size_crcs
+from metricpipe.tasks.errors import InputError
 
 # Tasks are pure and seeded, so a retry after a lost worker gives the identical result. A task whose
 # worker dies is rescheduled by Dask up to distributed.scheduler.allowed-failures times (cluster.py

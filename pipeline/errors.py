@@ -1,5 +1,5 @@
 """Errors raised by the orchestration layer (user-input errors are tasks.errors.InputError)."""
-from tasks.errors import InputError
+from metricpipe.tasks.errors import InputError
 
 
 class StageError(RuntimeError):

@@ -1,5 +1,5 @@
 """``metricpipe inspect``: a plain-text description of a store."""
-from pipeline.storage import Store
+from metricpipe.storage import Store
 
 
 def describe(url: str) -> str:

@@ -19,7 +19,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from pipeline.storage import create_array, open_array, read_rows
+from metricpipe.storage import create_array, open_array, read_rows
 
 IVF_FLAT_BYTES = 512e6
 RECALL_QUERIES = 1000
@@ -50,7 +50,7 @@ def _faiss():
     try:
         import faiss
     except ImportError:  # pragma: no cover - faiss-cpu is a dependency
-        from tasks.errors import InputError
+        from metricpipe.tasks.errors import InputError
         raise InputError("neighbours.method ivf needs faiss-cpu; pip install faiss-cpu") from None
     return faiss
 

@@ -12,11 +12,11 @@ import time
 
 import numpy as np
 
-from pipeline.storage import load_arrays, open_array, read_attrs, read_rows, save_arrays
-from pipeline.sparse_train import training_subset
-from tasks import knn, metrics, ncmml
-from tasks.errors import InputError
-from tasks.models import LinearModel
+from metricpipe.storage import load_arrays, open_array, read_attrs, read_rows, save_arrays
+from metricpipe.sparse_train import training_subset
+from metricpipe.tasks import knn, metrics, ncmml
+from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.models import LinearModel
 
 TRAIN, VAL = 0, 2
 KMEANS_SAMPLE = 2000  # rows per class k-means++ seeds from

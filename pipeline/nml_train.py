@@ -11,11 +11,11 @@ import time
 
 import numpy as np
 
-from pipeline.storage import array_names, load_arrays, open_array, save_arrays
-from tasks import nml
-from tasks.errors import InputError
-from tasks.normalize import normalize_rows
-from tasks.models import LinearModel
+from metricpipe.storage import array_names, load_arrays, open_array, save_arrays
+from metricpipe.tasks import nml
+from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.normalize import normalize_rows
+from metricpipe.tasks.models import LinearModel
 
 TRAIN = 0
 

@@ -6,8 +6,8 @@ import io
 import platform
 from importlib import metadata
 
-from pipeline.storage import Store, to_json
-from tasks.errors import InputError
+from metricpipe.storage import Store, to_json
+from metricpipe.tasks.errors import InputError
 
 PACKAGES = ("metricpipe", "numpy", "scipy", "dask", "distributed", "zarr", "xarray", "scikit-learn")
 
@@ -44,7 +44,7 @@ def build_report(store: Store, manifest: dict) -> str:
 def model_timings(store: Store, manifest: dict) -> list[dict]:
     """Measured costs a learner recorded (SLEM / ESVM: offline seconds, online seconds per image). Kept
     apart from the records, which hold only what is the same on every rerun."""
-    from pipeline.storage import read_attrs
+    from metricpipe.storage import read_attrs
     out = []
     for rel in manifest["units"].get("models", []):
         kind, key = rel.split("/")
@@ -59,7 +59,7 @@ def model_timings(store: Store, manifest: dict) -> list[dict]:
 
 def training_curves(store: Store, manifest: dict) -> list[dict]:
     """Per model, the learner's recorded history (objective, train mAP, hinge...) if it has one."""
-    from pipeline.storage import read_attrs
+    from metricpipe.storage import read_attrs
     out = []
     for rel in manifest["units"].get("models", []):
         kind, key = rel.split("/")
@@ -99,7 +99,7 @@ def _curve_plot(curve: dict) -> str:
 
 def _label(r: dict) -> str:
     """Method plus the parameters that differ from their defaults (the legend of a plot)."""
-    from tasks.registry import METHODS
+    from metricpipe.tasks.registry import METHODS
     declared = METHODS[r["method"]].params if r["method"] in METHODS else {}
     extra = [f"{k}={v}" for k, v in r["params"].items()
              if k not in declared or v != declared[k].default]

@@ -7,14 +7,14 @@ import time
 
 import numpy as np
 
-from pipeline import stages
-from pipeline.cluster import connect
-from pipeline.config import SPLIT_NAMES, NeighboursConfig, RunConfig
-from pipeline.context import StageContext
-from pipeline.report import build_report, package_versions
-from pipeline.storage import Store, to_json
-from tasks.errors import InputError
-from tasks.registry import METHODS
+from metricpipe import stages
+from metricpipe.cluster import connect
+from metricpipe.config import SPLIT_NAMES, NeighboursConfig, RunConfig
+from metricpipe.context import StageContext
+from metricpipe.report import build_report, package_versions
+from metricpipe.storage import Store, to_json
+from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.registry import METHODS
 
 
 def stage_names(cfg: RunConfig) -> list[str]:

@@ -14,10 +14,10 @@ import time
 
 import numpy as np
 
-from pipeline.config import SPLIT_NAMES
-from pipeline.storage import load_arrays, open_array, read_rows, save_arrays
-from tasks import moments, slem
-from tasks.errors import InputError
+from metricpipe.config import SPLIT_NAMES
+from metricpipe.storage import load_arrays, open_array, read_rows, save_arrays
+from metricpipe.tasks import moments, slem
+from metricpipe.tasks.errors import InputError
 
 TRAIN = SPLIT_NAMES.index("train")
 MAX_POOL = 20000        # n x n float64 kernel matrix: 3.2 GB at this size

@@ -11,9 +11,9 @@ import time
 
 import numpy as np
 
-from pipeline.storage import array_names, load_arrays, open_array, read_rows, save_arrays
-from tasks import slne
-from tasks.errors import InputError
+from metricpipe.storage import array_names, load_arrays, open_array, read_rows, save_arrays
+from metricpipe.tasks import slne
+from metricpipe.tasks.errors import InputError
 
 TRAIN = 0
 

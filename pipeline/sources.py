@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.config import DataConfig
-from tasks.errors import InputError
-from tasks.synthetic import SyntheticSpec
+from metricpipe.config import DataConfig
+from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.synthetic import SyntheticSpec
 
 FASHION_DEBIAN = "/usr/share/datasets/fashion-mnist"
 FASHION_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",

@@ -5,10 +5,10 @@ import time
 import numpy as np
 import scipy.sparse
 
-from pipeline.storage import array_names, load_arrays, open_array, read_rows, save_arrays
-from tasks.errors import InputError
-from tasks.models import LinearModel
-from tasks.sparse import SparseProjector
+from metricpipe.storage import array_names, load_arrays, open_array, read_rows, save_arrays
+from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.models import LinearModel
+from metricpipe.tasks.sparse import SparseProjector
 
 TRAIN = 0
 

@@ -15,18 +15,18 @@ import distributed
 import numpy as np
 import xarray as xr
 
-from pipeline.config import SPLIT_NAMES, RunConfig
-from pipeline.context import StageContext
-from pipeline.sources import open_source
-from pipeline.sparse_train import training_subset
-from pipeline.storage import (Unit, array_names, chunk_rows_for, create_array, hash_key, load_arrays, open_array,
+from metricpipe.config import SPLIT_NAMES, RunConfig
+from metricpipe.context import StageContext
+from metricpipe.sources import open_source
+from metricpipe.sparse_train import training_subset
+from metricpipe.storage import (Unit, array_names, chunk_rows_for, create_array, hash_key, load_arrays, open_array,
                               read_attrs, read_rows, row_chunks, row_codecs, save_arrays)
-from tasks import knn, metrics, moments, ncmml
-from tasks.errors import InputError
-from tasks.models import LinearModel
-from tasks.normalize import normalize_rows
-from tasks.registry import METHODS
-from tasks.validate import check_feature_block, check_split, encode_labels
+from metricpipe.tasks import knn, metrics, moments, ncmml
+from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.models import LinearModel
+from metricpipe.tasks.normalize import normalize_rows
+from metricpipe.tasks.registry import METHODS
+from metricpipe.tasks.validate import check_feature_block, check_split, encode_labels
 
 TRAIN, TEST = SPLIT_NAMES.index("train"), SPLIT_NAMES.index("test")
 
@@ -159,7 +159,7 @@ def prepare_data(cfg: RunConfig, store) -> DataPlan:
     pairs_fp = None
     if d.pairs:
         coords_pairs = _read_pairs(d.pairs, split)
-        from pipeline.sources import fingerprint
+        from metricpipe.sources import fingerprint
         pairs_fp = fingerprint(d.pairs)
     chunk_rows = chunk_rows_for(D, d.chunk_mb)
     key = hash_key({"stage": "data", "source": src.fingerprint, "name": src.name, "features": d.features,
@@ -173,7 +173,7 @@ def prepare_data(cfg: RunConfig, store) -> DataPlan:
 
 def _read_pairs(path: str, split: np.ndarray) -> dict:
     """User pairs (data.pairs: an npz with arrays i, j, y), checked against the staged rows."""
-    from pipeline.nml_train import check_pairs
+    from metricpipe.nml_train import check_pairs
     if not str(path).endswith(".npz"):
         raise InputError(f"{path}: data.pairs must be an .npz file with arrays i, j, y (np.savez(path, i=..., "
                          f"j=..., y=...))")
@@ -402,7 +402,7 @@ EXACT_MAX_TRAIN = 200_000
 
 def _ivf_pieces(ctx: StageContext, data: DataInfo, unit: Unit, blocks: list, cuts: list, k: int):
     """Train, fill and search the IVF index; returns the query pieces' futures and facts for the unit."""
-    from pipeline import ivf
+    from metricpipe import ivf
     nb, seed = ctx.config.neighbours, ctx.config.seed
     train = data.rows(TRAIN)
     nlist = nb.nlist or ivf.nlist_for(len(train))
@@ -434,7 +434,7 @@ def _ivf_search(ctx: StageContext, data: DataInfo, unit: Unit, token: str, block
     """Futures of (distances, ids) per query piece: the index's top k or, with rerank > 1, its top
     rerank x k re-scored exactly (one pass over the row-blocks per group of pieces whose candidates
     fit ivf.RERANK_PAIRS) and cut to k."""
-    from pipeline import ivf
+    from metricpipe import ivf
     kc = k * rerank
     found = [ctx.submit(ivf.search, data.url, unit.url, token, tuple(blocks), piece, kc, ctx.config.neighbours.nprobe,
                         name="ivf-search") for piece in cuts]
@@ -502,10 +502,10 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
         if method.trainer == "statistics":
             fut = ctx.submit(_train_model, spec, stats.url, unit.url, name=f"train-{model_id(spec)}")
         elif method.trainer in ("sparse", "nml", "ncmml", "slem"):  # pipeline/<trainer>_train.py
-            trainer = importlib.import_module(f"pipeline.{method.trainer}_train")
+            trainer = importlib.import_module(f"metricpipe.{method.trainer}_train")
             fut = trainer.submit(ctx, spec, data, stats, unit, model_id(spec))
         else:
-            from pipeline import slne_train
+            from metricpipe import slne_train
             fut = slne_train.submit(ctx, spec, data, stats, neighbours, unit, model_id(spec))
         todo.append((spec, unit, fut))
     if len(todo) < len(out):
@@ -526,7 +526,7 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
 def _load_model(model_url: str) -> LinearModel:
     arrays, attrs = load_arrays(model_url)
     if attrs.get("kind"):  # a non-linear encoder with LinearModel's interface
-        from tasks import nml, slem
+        from metricpipe.tasks import nml, slem
         kinds = {"chi2-embedding": nml.ChiEmbedding, "slem-linear": slem.LinearSLEM, "slem-kernel": slem.KernelSLEM,
                  "esvm": slem.ESVMEncoder}
         return kinds[attrs["kind"]].from_arrays(arrays, attrs)
@@ -583,7 +583,7 @@ def _scores(Q: np.ndarray, X: np.ndarray, score: str, x_sq: np.ndarray | None = 
     """Distances to rank by (ascending): squared Euclidean, minus the inner product, or minus kernel
     SLEM's similarity (Eq. 16, score "slem:..."); ``x_sq``: X's squared row norms, if known."""
     if score.startswith("slem:"):
-        from tasks.slem import similarity
+        from metricpipe.tasks.slem import similarity
         return -similarity(Q, X, score).astype(np.float32)
     return metrics.sq_distances(Q, X, x_sq) if score == "euclidean" else -(np.asarray(Q, np.float32) @ X.T)
 

@@ -37,7 +37,7 @@ from pathlib import Path
 import fsspec
 import numpy as np
 
-from tasks.errors import InputError
+from metricpipe.tasks.errors import InputError
 
 MARKER_SUFFIX = ".committed.json"
 STAGE_VERSION = 1  # bump when a stage's output for the same inputs changes

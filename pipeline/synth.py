@@ -12,9 +12,9 @@ import time
 
 import numpy as np
 
-from pipeline.storage import chunk_rows_for, create_array, open_array
-from tasks.errors import InputError
-from tasks.synthetic import SyntheticSpec
+from metricpipe.storage import chunk_rows_for, create_array, open_array
+from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.synthetic import SyntheticSpec
 
 
 def _write_rows(url: str, spec: SyntheticSpec, labels: np.ndarray, a: int, b: int) -> int:

@@ -4,6 +4,6 @@ Everything here takes NumPy arrays and returns NumPy arrays: no Dask, no I/O, no
 configuration, and every function is deterministic given its seed. A learner here can be used by
 someone who has never heard of Dask.
 """
-from tasks.errors import InputError
+from metricpipe.tasks.errors import InputError
 
 __all__ = ["InputError"]

@@ -8,8 +8,8 @@ import warnings
 import numpy as np
 import scipy.linalg
 
-from tasks.errors import InputError
-from tasks.models import LinearModel
+from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.models import LinearModel
 
 
 def _centred(W: np.ndarray, stats: dict, meta: dict) -> LinearModel:

@@ -29,7 +29,7 @@ class LinearModel:
         X = np.asarray(X, np.float32)
         if self.pre_P is None:
             return X
-        from tasks.slne import preprocess
+        from metricpipe.tasks.slne import preprocess
         return preprocess(X, self.pre_mean, self.pre_P)
 
     def transform(self, X: np.ndarray) -> np.ndarray:

@@ -21,8 +21,8 @@ grad of the hinge loss (k-NN).
 """
 import numpy as np
 
-from tasks.errors import InputError
-from tasks.moments import class_sums
+from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.moments import class_sums
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
@@ -278,7 +278,7 @@ def knnml_step(W: np.ndarray, X: np.ndarray, is_pos: np.ndarray, k: int, mode: s
 def l2_targets(X: np.ndarray, y: np.ndarray, k: int) -> np.ndarray:
     """LMNN's fixed targets (Section 4.1, option 1): for every row, its k nearest rows of the same
     class by l2 distance (row indices; -1 where the class has fewer than k + 1 rows)."""
-    from tasks.knn import block_topk
+    from metricpipe.tasks.knn import block_topk
     out = np.full((len(X), k), -1, np.int64)
     Xf = np.asarray(X, np.float32)
     for c in np.unique(y):

@@ -15,8 +15,8 @@ columns.
 """
 import numpy as np
 
-from tasks.errors import InputError
-from tasks.normalize import normalize_rows
+from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.normalize import normalize_rows
 
 
 # |l| + |x| is floored at TINY so that 0/0 (l_c = x_c = 0) gives 0 without a masked division:

@@ -1,7 +1,7 @@
 """Row-wise normalisation of feature blocks."""
 import numpy as np
 
-from tasks.errors import InputError
+from metricpipe.tasks.errors import InputError
 
 NORMALIZATIONS = ("none", "l1", "l2", "power")
 

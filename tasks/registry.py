@@ -7,8 +7,8 @@ declarations, so an unknown or ill-typed parameter is refused before any work st
 from dataclasses import dataclass, field
 from typing import Callable
 
-from tasks import baselines
-from tasks.errors import InputError
+from metricpipe.tasks import baselines
+from metricpipe.tasks.errors import InputError
 
 
 @dataclass(frozen=True)

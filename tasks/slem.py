@@ -27,7 +27,7 @@ The ESVM baseline (Eq. 1 with the hinge loss) is solved for each image by SGD, m
 import numpy as np
 import scipy.linalg as sla
 
-from tasks.errors import InputError
+from metricpipe.tasks.errors import InputError
 
 KERNELS = ("linear", "gaussian", "poly")
 DECOMPOSITIONS = ("cholesky", "kpca", "icd")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tasks.errors import InputError
+from metricpipe.tasks.errors import InputError
 
 
 @dataclass(frozen=True)

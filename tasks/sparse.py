@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tasks.errors import InputError
-from tasks.metrics import retrieval_scores
+from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.metrics import retrieval_scores
 
 GOLDEN = (np.sqrt(5.0) - 1.0) / 2.0
 

@@ -1,7 +1,7 @@
 """Validators for user data: each raises InputError with a one-line message naming the fix."""
 import numpy as np
 
-from tasks.errors import InputError
+from metricpipe.tasks.errors import InputError
 
 
 def check_feature_block(X: np.ndarray, start: int, where: str) -> None:

@@ -34,7 +34,7 @@ def hold_lock(store_dir):
     """A separate process holding the store's lock (as a running metricpipe would); kill it to release."""
     import subprocess
     import sys
-    code = ("import sys, time; from pipeline.storage import Store\n"
+    code = ("import sys, time; from metricpipe.storage import Store\n"
             "with Store(sys.argv[1]).lock('metricpipe run'):\n    print('locked', flush=True); time.sleep(120)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(store_dir)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "locked"
@@ -53,10 +53,10 @@ def numerical_gradient(f, M, h=1e-6):
 
 def staged(client, store_dir, raw: dict):
     """(context, data, statistics) for config ``raw`` on a fresh store: data staged, statistics done."""
-    from pipeline.config import parse_config
-    from pipeline.context import StageContext
-    from pipeline.stages import run_stage, run_statistics
-    from pipeline.storage import Store
+    from metricpipe.config import parse_config
+    from metricpipe.context import StageContext
+    from metricpipe.stages import run_stage, run_statistics
+    from metricpipe.storage import Store
 
     ctx = StageContext(client, Store(str(store_dir)), parse_config(raw), log=lambda m: None)
     data = run_stage(ctx)

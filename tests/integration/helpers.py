@@ -8,8 +8,8 @@ from sklearn.decomposition import PCA
 from sklearn.metrics import average_precision_score
 from sklearn.neighbors import KNeighborsClassifier
 
-from pipeline.config import parse_config
-from pipeline.runner import run_pipeline
+from metricpipe.config import parse_config
+from metricpipe.runner import run_pipeline
 
 
 def sklearn_pca_protocol(Xtr, ytr, Xte, yte, dim):

@@ -4,8 +4,8 @@ import pytest
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
-from pipeline.config import parse_config
-from pipeline.sources import open_source
+from metricpipe.config import parse_config
+from metricpipe.sources import open_source
 from tests.integration.helpers import fashion_root, record, run, sklearn_pca_protocol
 
 pytestmark = pytest.mark.integration
@@ -48,8 +48,8 @@ def test_full_fashion_mnist_example_matches_sklearn(tmp_path):
     """The acceptance run: examples/fashion-mnist.yaml on all 70k images, timed, against scikit-learn."""
     import time
 
-    from pipeline.config import load_config
-    from pipeline.runner import run_pipeline
+    from metricpipe.config import load_config
+    from metricpipe.runner import run_pipeline
     from pathlib import Path
     import json
 

@@ -15,8 +15,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from pipeline.cli import main
-from pipeline.storage import load_arrays
+from metricpipe.cli import main
+from metricpipe.storage import load_arrays
 from tests.conftest import hold_lock, make_blobs
 
 pytestmark = pytest.mark.integration
@@ -89,7 +89,7 @@ def test_a_worker_killed_mid_stage_costs_a_retry_not_the_run(reference, tmp_path
 
 def test_client_killed_mid_stage_resumes_from_that_stage_with_identical_results(reference, tmp_path):
     cfg = _config(tmp_path, "store")
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "run", str(cfg)], stderr=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "metricpipe.cli", "run", str(cfg)], stderr=subprocess.PIPE,
                             text=True, start_new_session=True, cwd=Path(__file__).resolve().parents[2])
     seen = []
     for line in proc.stderr:                  # wait until the train stage is under way
@@ -110,7 +110,7 @@ def test_client_killed_mid_stage_resumes_from_that_stage_with_identical_results(
 
 
 def test_flipped_bytes_are_named_by_verify_refused_by_run_and_repaired(reference, tmp_path, monkeypatch):
-    from pipeline import context
+    from metricpipe import context
     monkeypatch.setattr(context, "CHECKSUM_TASK_BYTES", 1024)   # run checks every file on the workers
     store, cfg = _copy(reference, tmp_path)
     assert _run("inspect", store, "--verify").exit_code == 0

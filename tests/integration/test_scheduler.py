@@ -10,8 +10,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from pipeline.cli import main
-from pipeline.storage import load_arrays
+from metricpipe.cli import main
+from metricpipe.storage import load_arrays
 
 pytestmark = pytest.mark.integration
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import load_config
-from pipeline.runner import run_pipeline
+from metricpipe.config import load_config
+from metricpipe.runner import run_pipeline
 from tests.integration.helpers import fashion_root
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

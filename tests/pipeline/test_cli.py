@@ -8,7 +8,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from pipeline.cli import main
+from metricpipe.cli import main
 from tests.conftest import hold_lock, make_blobs
 
 
@@ -247,7 +247,7 @@ def test_groups_give_instance_relevance_and_ukb_score(tmp_path):
 
 
 def test_sampled_ivf_graph_trains_slne_and_the_report_says_how_it_was_built(tmp_path, monkeypatch):
-    from pipeline import ivf
+    from metricpipe import ivf
     monkeypatch.setattr(ivf, "IVF_FLAT_BYTES", 0)   # the PQ index, re-ranked, as at millions of rows
     X, y = make_blobs(n=2000, d=16, classes=5, sep=2.0)
     np.savez(tmp_path / "d.npz", X=X, y=y)

@@ -1,6 +1,6 @@
 import pytest
 
-from pipeline.config import ConfigError, load_config, parse_config
+from metricpipe.config import ConfigError, load_config, parse_config
 
 BASE = {"data": {"source": "digits"}}
 

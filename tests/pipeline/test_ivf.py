@@ -3,9 +3,9 @@ against exact search and recorded with the graph."""
 import numpy as np
 import pytest
 
-from pipeline import ivf
-from pipeline.stages import run_neighbours
-from pipeline.storage import open_array
+from metricpipe import ivf
+from metricpipe.stages import run_neighbours
+from metricpipe.storage import open_array
 from tests.conftest import make_blobs, staged
 
 
@@ -66,13 +66,13 @@ def test_pq_index_when_flat_codes_would_not_fit_and_reranking_restores_exact_dis
 
 
 def test_auto_is_exact_below_the_stated_size_and_nlist_follows_sqrt_n():
-    from pipeline.stages import EXACT_MAX_TRAIN
+    from metricpipe.stages import EXACT_MAX_TRAIN
     assert EXACT_MAX_TRAIN == 200_000
     assert ivf.nlist_for(5_000_000) == 4096 and ivf.nlist_for(1000) == 25
 
 
 def test_sampled_queries_keep_the_full_graphs_rows_and_slne_trains_on_them_and_their_neighbours(client, tmp_path):
-    from pipeline.slne_train import _inputs
+    from metricpipe.slne_train import _inputs
     _, full, _, data = _graph(client, tmp_path, "all", {"k": 10, "method": "exact"})
     unit, part, _, _ = _graph(client, tmp_path, "part", {"k": 10, "method": "exact", "queries": 300})
     q = open_array(f"{unit.url}/query_rows")[:]

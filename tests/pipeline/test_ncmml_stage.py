@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from pipeline.stages import _load_model, run_encode, run_evaluate, run_train
-from pipeline.storage import load_arrays, open_array
+from metricpipe.stages import _load_model, run_encode, run_evaluate, run_train
+from metricpipe.storage import load_arrays, open_array
 from tests.conftest import make_blobs, staged
 
 
@@ -121,8 +121,8 @@ def test_learned_metrics_are_linear_encoders_without_offset(trained):
 
 
 def test_add_classes_extends_a_copy_and_predicts_like_ncm_with_numpy_means(trained, tmp_path):
-    from pipeline.classes import add_classes, predict
-    from tasks.normalize import normalize_rows
+    from metricpipe.classes import add_classes, predict
+    from metricpipe.tasks.normalize import normalize_rows
     ctx, data, models, _, _ = trained
     [(spec, unit)] = [(s, u) for s, u in models if s["method"] == "ncmml" and s.get("classes")
                       and s["objective"] == "euclidean"]
@@ -151,8 +151,8 @@ def test_add_classes_extends_a_copy_and_predicts_like_ncm_with_numpy_means(train
 
 
 def test_add_classes_refuses_bad_new_data(trained, tmp_path):
-    from pipeline.classes import add_classes
-    from tasks.errors import InputError
+    from metricpipe.classes import add_classes
+    from metricpipe.tasks.errors import InputError
     ctx, _, models, _, _ = trained
     [unit] = [u for s, u in models if s["method"] == "ncmml" and s.get("classes") and s["objective"] == "euclidean"]
     np.savez(tmp_path / "wrong_dim.npz", X=np.ones((10, 7), np.float32), y=np.zeros(10, int))
@@ -164,7 +164,7 @@ def test_add_classes_refuses_bad_new_data(trained, tmp_path):
 
 
 def test_zero_shot_prior_is_the_mean_of_ancestor_means_and_map_mixes_it(trained, tmp_path):
-    from pipeline.classes import add_classes, zero_shot_prior
+    from metricpipe.classes import add_classes, zero_shot_prior
     means = {"cat": np.array([1.0, 0]), "dog": np.array([3.0, 0]), "car": np.array([0, 10.0])}
     parents = {"cat": "mammal", "dog": "mammal", "lynx": "mammal", "mammal": "animal", "car": "thing"}
     # Eq. 33: ancestors of lynx are mammal (cat, dog) and animal (cat, dog): both average to (2, 0)
@@ -179,7 +179,7 @@ def test_zero_shot_prior_is_the_mean_of_ancestor_means_and_map_mixes_it(trained,
     arrays, attrs = load_arrays(ctx.store.unit("models", info["model"].split("/")[-1]).url)
     base, _ = load_arrays(unit.url)
     c = {int(k): v for k, v in zip(base["centroid_class"], base["centroids"])}
-    from tasks.normalize import normalize_rows
+    from metricpipe.tasks.normalize import normalize_rows
     mu_s = normalize_rows(Xn, "l2").mean(0)
     mu_z = (c[0] + c[1]) / 2
     np.testing.assert_allclose(arrays["centroids"][-2], (4 * mu_s + 2 * mu_z) / 6, rtol=1e-5)  # Eq. 34
@@ -206,8 +206,8 @@ def test_dot_form_on_a_class_subset_stores_biases_of_its_classes_only(trained):
 
 
 def test_predict_needs_no_labels_and_refuses_bad_ones_and_ambiguous_models(trained, tmp_path):
-    from pipeline.classes import add_classes, predict
-    from tasks.errors import InputError
+    from metricpipe.classes import add_classes, predict
+    from metricpipe.tasks.errors import InputError
     ctx, data, models, _, _ = trained
     X = open_array(f"{data.url}/features")[:30]
     np.savez(tmp_path / "unlabelled.npz", X=X)

@@ -2,12 +2,12 @@
 import numpy as np
 import pytest
 
-from pipeline.config import parse_config
-from pipeline.nml_train import check_pairs, sample_pairs
-from pipeline.stages import _load_model, run_encode, run_train
-from pipeline.storage import Store, open_array
-from tasks import nml
-from tasks.errors import InputError
+from metricpipe.config import parse_config
+from metricpipe.nml_train import check_pairs, sample_pairs
+from metricpipe.stages import _load_model, run_encode, run_train
+from metricpipe.storage import Store, open_array
+from metricpipe.tasks import nml
+from metricpipe.tasks.errors import InputError
 from tests.conftest import make_blobs, staged
 
 
@@ -56,7 +56,7 @@ def test_nml_and_linear_ml_train_encode_and_match_their_definitions(client, tmp_
         meta = unit.meta()
         m = _load_model(unit.url)
         Z = open_array(f"{cunit.url}/codes")[:]
-        hist = __import__("pipeline.storage", fromlist=["load_arrays"]).load_arrays(unit.url)[1]["fit_meta"]
+        hist = __import__("metricpipe.storage", fromlist=["load_arrays"]).load_arrays(unit.url)[1]["fit_meta"]
         assert 1900 < hist["pairs"] <= 2000 and hist["pair_source"] == "labels"
         split, lab = open_array(f"{data.url}/split")[:], open_array(f"{data.url}/label")[:]
         i, j, yy = sample_pairs(lab, split, 2000, 0)
@@ -78,7 +78,7 @@ def test_nml_and_linear_ml_train_encode_and_match_their_definitions(client, tmp_
 
 
 def stats_pca(stats, d):
-    from pipeline.storage import load_arrays
+    from metricpipe.storage import load_arrays
     return load_arrays(stats.url)[0]["pca_components"][:d]
 
 
@@ -109,7 +109,7 @@ def test_user_pairs_and_label_pairs_take_the_same_code_path(client, tmp_path):
 
 
 def test_bad_pairs_file_is_refused_at_staging(tmp_path):
-    from pipeline.stages import prepare_data
+    from metricpipe.stages import prepare_data
     _data(tmp_path)
     np.savez(tmp_path / "p.npz", i=np.array([0, 1]), j=np.array([2, 10_000]), y=np.array([1, -1]))
     cfg = parse_config({"data": {"path": str(tmp_path / "d.npz"), "pairs": str(tmp_path / "p.npz")}})
@@ -118,7 +118,7 @@ def test_bad_pairs_file_is_refused_at_staging(tmp_path):
 
 
 def test_pairs_file_that_is_not_an_npz_is_a_one_line_error(tmp_path):
-    from pipeline.stages import prepare_data
+    from metricpipe.stages import prepare_data
     _data(tmp_path)
     np.save(tmp_path / "p.npy", np.zeros(3))
     cfg = parse_config({"data": {"path": str(tmp_path / "d.npz"), "pairs": str(tmp_path / "p.npy")}})

@@ -1,4 +1,4 @@
-from pipeline.report import _kept_ks, render_html
+from metricpipe.report import _kept_ks, render_html
 
 
 def _doc(ks):

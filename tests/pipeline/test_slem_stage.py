@@ -1,11 +1,11 @@
 import numpy as np
 import pytest
 
-from pipeline.config import ConfigError, parse_config
-from pipeline.slem_train import negative_rows
-from pipeline.stages import run_encode, run_evaluate, run_train
-from pipeline.storage import load_arrays, open_array
-from tasks import slem
+from metricpipe.config import ConfigError, parse_config
+from metricpipe.slem_train import negative_rows
+from metricpipe.stages import run_encode, run_evaluate, run_train
+from metricpipe.storage import load_arrays, open_array
+from metricpipe.tasks import slem
 from tests.conftest import make_blobs, staged
 
 
@@ -76,7 +76,7 @@ def test_negatives_must_not_be_the_test_split_and_need_a_valid_count(tmp_path):
 
 
 def test_an_empty_negative_split_is_a_one_line_error_naming_the_splits():
-    from tasks.errors import InputError
+    from metricpipe.tasks.errors import InputError
     split = np.array([0, 0, 1, 1, 0], np.int8)
     with pytest.raises(InputError, match=r"negatives.split 'negatives' holds 0 image\(s\).*train \(3\), test \(2\)"):
         negative_rows(split, {"split": "negatives", "count": None, "seed": 0}, "c.yaml: slem")
@@ -97,7 +97,7 @@ def test_kernel_slem_contradictions_are_refused_before_any_work(method, classifi
 
 
 def test_linear_slem_without_a_dense_covariance_is_a_one_line_error(client, tmp_path):
-    from tasks.errors import InputError
+    from metricpipe.tasks.errors import InputError
     _data(tmp_path)
     ctx, data, stats = staged(client, tmp_path / "s", {
         "data": {"path": str(tmp_path / "d.npz"), "split": {"test": 0.25, "seed": 0}},

@@ -4,9 +4,9 @@ import struct
 import numpy as np
 import pytest
 
-from pipeline.config import parse_config
-from pipeline.sources import open_source
-from tasks.errors import InputError
+from metricpipe.config import parse_config
+from metricpipe.sources import open_source
+from metricpipe.tasks.errors import InputError
 
 
 def _cfg(path, **data):
@@ -95,7 +95,7 @@ def test_idx_folder_gives_train_test_split(tmp_path):
 
 def test_fashion_mnist_not_found_says_how_to_get_it(tmp_path, monkeypatch):
     monkeypatch.setenv("METRICPIPE_DATA", str(tmp_path))
-    monkeypatch.setattr("pipeline.sources.FASHION_DEBIAN", str(tmp_path / "none"))
+    monkeypatch.setattr("metricpipe.sources.FASHION_DEBIAN", str(tmp_path / "none"))
     with pytest.raises(InputError, match="apt-get install dataset-fashion-mnist"):
         open_source(parse_config({"data": {"source": "fashion-mnist"}}).data)
 

@@ -2,11 +2,11 @@
 import numpy as np
 import pytest
 
-from pipeline import stages
-from pipeline.config import parse_config
-from pipeline.context import StageContext
-from pipeline.storage import Store, load_arrays, open_array
-from tasks.knn import brute_force_knn
+from metricpipe import stages
+from metricpipe.config import parse_config
+from metricpipe.context import StageContext
+from metricpipe.storage import Store, load_arrays, open_array
+from metricpipe.tasks.knn import brute_force_knn
 
 
 @pytest.fixture
@@ -89,7 +89,7 @@ def test_randomized_pca_when_d_exceeds_max_dense_dim(client, tmp_path):
 
 
 def test_sparse_projector_stage_stores_a_sparse_model_and_encodes_with_it(client, tmp_path):
-    from pipeline.stages import _load_model
+    from metricpipe.stages import _load_model
     from tests.conftest import make_blobs, staged
 
     X, y = make_blobs(n=400, d=20, classes=4, sep=0.8)
@@ -114,13 +114,13 @@ def _boom(i):
 
 
 def _bad_input(i):
-    from tasks.errors import InputError
+    from metricpipe.tasks.errors import InputError
     raise InputError("feats.npy: features contain NaN; clean them")
 
 
 def test_worker_failures_name_the_stage_and_block(client, tmp_path):
-    from pipeline.errors import StageError
-    from tasks.errors import InputError
+    from metricpipe.errors import StageError
+    from metricpipe.tasks.errors import InputError
 
     ctx = StageContext(client, Store(str(tmp_path)), parse_config({"data": {"source": "digits"}}), log=lambda m: None)
     futures = [ctx.submit(_boom, i, name="boom") for i in range(4)]
@@ -132,7 +132,7 @@ def test_worker_failures_name_the_stage_and_block(client, tmp_path):
 
 
 def test_workers_checksum_the_large_files_as_the_client_would(staged, monkeypatch):
-    from pipeline import context
+    from metricpipe import context
     ctx, data, X, y = staged
     unit = data.unit
     sizes = unit.file_sizes()
@@ -154,7 +154,7 @@ def test_workers_checksum_the_large_files_as_the_client_would(staged, monkeypatc
 @pytest.mark.parametrize("db_bytes", [0, 1e9])  # database streamed per group / held once per task
 def test_retrieval_task_in_query_groups_equals_the_full_matrix(staged, monkeypatch, db_bytes):
     from sklearn.metrics import average_precision_score
-    from tasks import metrics
+    from metricpipe.tasks import metrics
     _, data, X, y = staged
     monkeypatch.setattr(stages, "RETRIEVAL_DB_BYTES", db_bytes)
     te = data.rows(stages.TEST)

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from pipeline.storage import Store, hash_key, load_arrays, save_arrays
-from tasks.errors import InputError
+from metricpipe.storage import Store, hash_key, load_arrays, save_arrays
+from metricpipe.tasks.errors import InputError
 
 
 def test_unit_is_done_only_after_commit_with_its_key(tmp_path):
@@ -47,7 +47,7 @@ def test_save_and_load_arrays_with_scalars(tmp_path):
 
 
 def test_row_arrays_are_compressed_only_where_lz4_pays(tmp_path):
-    from pipeline.storage import create_array, lz4_ratio, open_array, row_codecs
+    from metricpipe.storage import create_array, lz4_ratio, open_array, row_codecs
     rng = np.random.default_rng(0)
     dense = rng.standard_normal((4096, 64)).astype(np.float32)          # descriptors: ~1.1x
     pixels = np.where(rng.random((4096, 64)) < 0.5, 0, rng.integers(0, 256, (4096, 64))).astype(np.float32)

@@ -6,9 +6,9 @@ import numpy as np
 import yaml
 from click.testing import CliRunner
 
-from pipeline.cli import main
-from pipeline.storage import open_array
-from tasks.synthetic import SyntheticSpec
+from metricpipe.cli import main
+from metricpipe.storage import open_array
+from metricpipe.tasks.synthetic import SyntheticSpec
 
 
 def _synth(path, chunk_mb, workers):

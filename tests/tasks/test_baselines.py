@@ -2,10 +2,10 @@ import numpy as np
 import pytest
 from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
 
-from tasks import baselines
-from tasks.errors import InputError
-from tasks.moments import finalize_statistics, partial_moments
-from tasks.registry import expand_method
+from metricpipe.tasks import baselines
+from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.moments import finalize_statistics, partial_moments
+from metricpipe.tasks.registry import expand_method
 from tests.conftest import make_blobs
 
 

@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
 
-from tasks.errors import InputError
-from tasks.normalize import normalize_rows
-from tasks.synthetic import SyntheticSpec
-from tasks.validate import check_feature_block, check_split, encode_labels
+from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.normalize import normalize_rows
+from metricpipe.tasks.synthetic import SyntheticSpec
+from metricpipe.tasks.validate import check_feature_block, check_split, encode_labels
 
 
 def test_normalizations():

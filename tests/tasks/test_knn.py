@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from tasks import knn
+from metricpipe.tasks import knn
 
 
 @pytest.mark.parametrize("tiles", [(1024, 8192), (64, 50)])

@@ -2,7 +2,7 @@ import numpy as np
 from sklearn.metrics import average_precision_score
 from sklearn.neighbors import KNeighborsClassifier, NearestCentroid
 
-from tasks import metrics
+from metricpipe.tasks import metrics
 from tests.conftest import make_blobs
 
 

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 from sklearn.decomposition import PCA
 
-from tasks import moments
-from tasks.moments import combine_all, combine_moments, finalize_statistics, partial_moments
+from metricpipe.tasks import moments
+from metricpipe.tasks.moments import combine_all, combine_moments, finalize_statistics, partial_moments
 from tests.conftest import make_blobs
 
 # float64 features are reduced in float64 (rounding ~1e-12); float32 features through float32 slab

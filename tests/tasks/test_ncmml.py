@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from tasks import ncmml
-from tasks.errors import InputError
+from metricpipe.tasks import ncmml
+from metricpipe.tasks.errors import InputError
 from tests.conftest import make_blobs, numerical_gradient
 
 

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from tasks import nml
-from tasks.errors import InputError
+from metricpipe.tasks import nml
+from metricpipe.tasks.errors import InputError
 from tests.conftest import numerical_gradient
 
 

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from tasks import slem
-from tasks.errors import InputError
+from metricpipe.tasks import slem
+from metricpipe.tasks.errors import InputError
 
 
 def _data(n=30, D=5, seed=0):

@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
 
-from tasks import slne
-from tasks.errors import InputError
-from tasks.knn import brute_force_knn
-from tasks.metrics import softvote_ranking
+from metricpipe.tasks import slne
+from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.knn import brute_force_knn
+from metricpipe.tasks.metrics import softvote_ranking
 from tests.conftest import make_blobs, numerical_gradient
 
 

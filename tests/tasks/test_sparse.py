@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from tasks import sparse
-from tasks.errors import InputError
+from metricpipe.tasks import sparse
+from metricpipe.tasks.errors import InputError
 from tests.conftest import make_blobs, numerical_gradient
 
 
@@ -91,7 +91,7 @@ def test_annealed_support_shrinks_geometrically_to_m_and_anneal_zero_is_algorith
 @pytest.mark.parametrize("used", [20, 198])
 def test_sparse_encode_equals_dense_whether_it_gathers_used_dimensions_or_not(used):
     import scipy.sparse
-    from tasks.models import LinearModel
+    from metricpipe.tasks.models import LinearModel
     rng = np.random.default_rng(0)
     U = np.zeros((200, 6), np.float32)
     for c in range(6):  # supports together cover exactly the first `used` input dimensions
