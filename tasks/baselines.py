@@ -1,72 +1,198 @@
 """Baseline projections users compare against: identity, PCA, PCA-whitening, LDA, random.
 
-Each takes the statistics dict of :func:`tasks.moments.finalize_statistics` (so it never sees the
-N x D data) and returns a :class:`tasks.models.LinearModel`. Codes are centred (``b = -mean @ W``).
+Each is a :class:`~metricpipe.tasks.base.Learner` that never needs the N x D data: ``fit(X, y)``
+computes the statistics in memory (:func:`metricpipe.tasks.moments.statistics`) and hands them to
+``fit_statistics``, which is also what the pipeline calls with the statistics stage's result (the
+same moments, streamed over row-blocks). Codes are centred: ``code = (x - mean) @ components_``.
 """
 import warnings
 
 import numpy as np
 import scipy.linalg
 
+from metricpipe.tasks import moments
+from metricpipe.tasks.base import DIM_OR_NONE, NON_NEGATIVE, RANDOM_STATE, Learner, seed_of
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.models import LinearModel
 
 
-def _centred(W: np.ndarray, stats: dict, meta: dict) -> LinearModel:
-    W = np.ascontiguousarray(W, np.float32)
-    b = (-np.asarray(stats["mean"], np.float64) @ W).astype(np.float32)
-    return LinearModel(W, b, meta)
+class LinearCodes:
+    """Codes ``X @ components_ + offset_`` (``components_`` (D, d), dense or scipy sparse; None
+    means the codes are X itself)."""
+
+    def _encoder(self) -> LinearModel:
+        return LinearModel(getattr(self, "components_", None), getattr(self, "offset_", None), score=self.code_metric)
+
+    def _transform(self, X):
+        return self._encoder().transform(X)
+
+    @property
+    def _n_features_out(self):
+        W = getattr(self, "components_", None)
+        return self.n_features_in_ if W is None else W.shape[1]
+
+    def cost(self) -> dict:
+        return self._encoder().cost(self.n_features_in_)
 
 
-def _check_dim(dim: int, limit: int, method: str, why: str) -> int:
-    if dim > limit:
-        raise InputError(f"The 'dim' parameter of {method} must be <= {limit} ({why}). Got {dim} instead.")
-    return dim
+class _StatisticsLearner(LinearCodes, Learner):
+    """A learner defined by the data's moments (mean, covariance, class scatters, PCA basis)."""
+    needs_labels = False
+
+    def fit(self, X, y=None):
+        """Fit on rows X (n_samples, n_features) with labels y (n_samples,) (used by LDA only).
+
+        Returns
+        -------
+        self
+        """
+        self._validate_params()
+        if self.needs_labels:
+            X, codes = self._check_Xy(X, y)
+        else:
+            X, codes = self._check_X(X, reset=True, ensure_min_samples=2), None
+        return self.fit_statistics(moments.statistics(X, codes), _validated=True)
+
+    def fit_statistics(self, stats: dict, _validated: bool = False):
+        """Fit from the statistics dict of :func:`metricpipe.tasks.moments.finalize_statistics`
+        (``mean`` (D,), ``pca_components`` (k, D), ``pca_variances`` (k,), scatters, class counts):
+        the pipeline's entry point."""
+        if not _validated:
+            self._validate_params()
+            self.n_features_in_ = int(len(stats["mean"]))
+        W, meta = self._projection(stats)
+        if W is not None:
+            W = np.ascontiguousarray(W, np.float32)
+            self.components_ = W
+            self.offset_ = (-np.asarray(stats["mean"], np.float64) @ W).astype(np.float32)
+        self.fit_meta_ = meta
+        return self
+
+    def _check_dim(self, limit: int, why: str) -> int:
+        if self.dim is not None and self.dim > limit:
+            raise InputError(f"The 'dim' parameter of {type(self).__name__} must be <= {limit} ({why}). "
+                             f"Got {self.dim} instead.")
+        return limit if self.dim is None else self.dim
 
 
-def fit_identity(stats: dict, dim=None) -> LinearModel:
-    """The raw features: no projection."""
-    return LinearModel(None, None, {"dim": int(len(stats["mean"]))})
+class Identity(_StatisticsLearner):
+    """The raw features: no projection (the baseline every learner must beat)."""
+    method = "identity"
+    _parameter_constraints = {}
+
+    def __init__(self):
+        pass
+
+    def _projection(self, stats):
+        return None, {"dim": int(len(stats["mean"]))}
 
 
-def fit_pca(stats: dict, dim: int) -> LinearModel:
-    """Project on the ``dim`` leading principal components."""
-    comps = stats["pca_components"]
-    _check_dim(dim, len(comps), "pca", "the number of principal components available")
-    return _centred(comps[:dim].T, stats, {"explained_variance": float(stats["pca_variances"][:dim].sum())})
+class PCA(_StatisticsLearner):
+    """Projection on the ``dim`` leading principal components (None: all).
+
+    Parameters
+    ----------
+    dim : int or None, default=None
+    """
+    method = "pca"
+    dim_within_features = True
+    _parameter_constraints = {"dim": DIM_OR_NONE}
+
+    def __init__(self, dim=None):
+        self.dim = dim
+
+    def _projection(self, stats):
+        comps = stats["pca_components"]
+        d = self._check_dim(len(comps), "the number of principal components available")
+        return comps[:d].T, {"explained_variance": float(stats["pca_variances"][:d].sum())}
 
 
-def fit_pcaw(stats: dict, dim: int, eps: float = 1e-6) -> LinearModel:
-    """PCA followed by whitening: component i scaled by 1/sqrt(lambda_i + eps * lambda_1)."""
-    comps, var = stats["pca_components"], stats["pca_variances"]
-    _check_dim(dim, len(comps), "pcaw", "the number of principal components available")
-    scale = 1.0 / np.sqrt(var[:dim] + eps * var[0])
-    return _centred(comps[:dim].T * scale[None, :], stats, {"eps": eps})
+class PCAWhitening(_StatisticsLearner):
+    """PCA followed by whitening: component i scaled by 1/sqrt(lambda_i + eps * lambda_1).
+
+    Parameters
+    ----------
+    dim : int or None, default=None
+    eps : float >= 0, default=1e-6
+        Regularisation relative to the largest variance.
+    """
+    method = "pcaw"
+    dim_within_features = True
+    _parameter_constraints = {"dim": DIM_OR_NONE, "eps": NON_NEGATIVE}
+
+    def __init__(self, dim=None, eps=1e-6):
+        self.dim = dim
+        self.eps = eps
+
+    def _projection(self, stats):
+        comps, var = stats["pca_components"], stats["pca_variances"]
+        d = self._check_dim(len(comps), "the number of principal components available")
+        floor = var[:d] + self.eps * var[0]
+        if not np.all(floor > 0):
+            raise InputError(f"PCAWhitening: component {int(np.argmin(floor))} has variance 0 and eps={self.eps}; "
+                             f"raise 'eps' (e.g. 1e-6) or lower 'dim'")
+        return comps[:d].T / np.sqrt(floor)[None, :], {"eps": self.eps}
 
 
-def fit_lda(stats: dict, dim: int | None = None, reg: float = 1e-4) -> LinearModel:
+class LDA(_StatisticsLearner):
     """Fisher LDA: generalised eigenvectors of (Sb, Sw + reg * trace(Sw)/D * I), W^T Sw W = I.
 
-    ``dim`` defaults to (number of classes - 1), the rank of Sb.
+    Parameters
+    ----------
+    dim : int or None, default=None
+        At most (number of classes - 1), the rank of Sb; None takes that many.
+    reg : float >= 0, default=1e-4
+        Ridge on Sw relative to its mean eigenvalue.
     """
-    counts = stats["class_counts"]
-    n_classes = int((counts > 0).sum())
-    if dim is None:
-        dim = n_classes - 1
-    _check_dim(dim, n_classes - 1, "lda", "LDA has at most n_classes - 1 discriminant directions")
-    sw = stats["within_scatter"]
-    D = sw.shape[0]
-    ridge = reg * np.trace(sw) / D
-    values, vectors = scipy.linalg.eigh(stats["between_scatter"], sw + ridge * np.eye(D),
-                                        subset_by_index=[D - dim, D - 1])
-    order = np.argsort(values)[::-1]
-    return _centred(vectors[:, order], stats, {"reg": reg, "eigenvalues": values[order].tolist()})
+    method = "lda"
+    needs_labels = True
+    _parameter_constraints = {"dim": DIM_OR_NONE, "reg": NON_NEGATIVE}
+
+    def __init__(self, dim=None, reg=1e-4):
+        self.dim = dim
+        self.reg = reg
+
+    def check_data_shape(self, n_features: int, n_classes: int) -> None:
+        if self.dim is not None and self.dim > min(n_classes - 1, n_features):
+            raise InputError(f"The 'dim' parameter of LDA must be <= {min(n_classes - 1, n_features)} (LDA has at "
+                             f"most min(n_classes - 1, n_features) directions; the data has {n_classes} classes). "
+                             f"Got {self.dim} instead.")
+
+    def _projection(self, stats):
+        n_classes = int((stats["class_counts"] > 0).sum())
+        if n_classes < 2:
+            raise InputError(f"LDA needs at least 2 classes; got {n_classes}")
+        sw = stats["within_scatter"]
+        D = sw.shape[0]
+        d = self._check_dim(min(n_classes - 1, D), "LDA has at most min(n_classes - 1, n_features) directions")
+        ridge = self.reg * np.trace(sw) / D
+        if ridge <= 0:
+            ridge = 1e-12 * max(1.0, float(np.abs(stats["between_scatter"]).max()))
+        values, vectors = scipy.linalg.eigh(stats["between_scatter"], sw + ridge * np.eye(D),
+                                            subset_by_index=[D - d, D - 1])
+        order = np.argsort(values)[::-1]
+        return vectors[:, order], {"reg": self.reg, "eigenvalues": values[order].tolist()}
 
 
-def fit_random(stats: dict, dim: int, seed: int = 0) -> LinearModel:
-    """Gaussian random projection, entries N(0, 1/dim), seeded."""
-    D = len(stats["mean"])
-    if dim > D:
-        warnings.warn(f"random projection to dim={dim} > n_features={D} adds no information", stacklevel=2)
-    W = np.random.default_rng(seed).standard_normal((D, dim)) / np.sqrt(dim)
-    return _centred(W, stats, {"seed": seed})
+class RandomProjection(_StatisticsLearner):
+    """Gaussian random projection, entries N(0, 1/dim), seeded.
+
+    Parameters
+    ----------
+    dim : int or None, default=None (n_features)
+    random_state : int, RandomState or None, default=None (seed 0)
+    """
+    method = "random"
+    _parameter_constraints = {"dim": DIM_OR_NONE, "random_state": RANDOM_STATE}
+
+    def __init__(self, dim=None, random_state=None):
+        self.dim = dim
+        self.random_state = random_state
+
+    def _projection(self, stats):
+        D = len(stats["mean"])
+        d = D if self.dim is None else self.dim
+        if d > D:
+            warnings.warn(f"random projection to dim={d} > n_features={D} adds no information", stacklevel=3)
+        W = np.random.default_rng(seed_of(self.random_state)).standard_normal((D, d)) / np.sqrt(d)
+        return W, {"seed": seed_of(self.random_state)}

@@ -167,3 +167,10 @@ def fix_signs(comps: np.ndarray) -> np.ndarray:
     signs = np.sign(comps[np.arange(len(comps)), idx])
     signs[signs == 0] = 1.0
     return comps * signs[:, None]
+
+
+def statistics(X: np.ndarray, y: np.ndarray | None = None, n_components: int | None = None) -> dict:
+    """In memory, what the statistics stage computes out of core: :func:`finalize_statistics` of
+    the moments of X (n, D) with class codes y (n,) in 0..C-1 (None: one class)."""
+    y = np.zeros(len(X), np.int64) if y is None else np.asarray(y, np.int64)
+    return finalize_statistics(partial_moments(X, y, int(y.max()) + 1 if len(y) else 1), n_components)

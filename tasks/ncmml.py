@@ -1,7 +1,8 @@
 """Nearest-class-mean metric learning (Mensink, Verbeek, Perronnin, Csurka), Sections 3-4.
 
 W (d, D) defines d_W(x, y) = ||W x - W y||^2. Every learner here is plain minibatch SGD on rows
-handed to it; the pipeline streams row-blocks through it (`pipeline.ncmml_train`).
+handed to it. The estimators NCMML, NCMC and KNNML (end of this module) run the SGD over the pools of
+`metricpipe.tasks.stream`: in memory from arrays, in the pipeline from the shuffled copy of the train rows.
 
 - NCMML: p(c|x) = softmax_c(-d_W(x, mu_c) / 2) (Eq. 5), maximise the mean log-likelihood (Eq. 9),
   gradient sum_ic alpha_ic W z_ic z_ic^T with alpha_ic = p(c|x_i) - [c = y_i], z_ic = mu_c - x_i
@@ -19,8 +20,13 @@ handed to it; the pipeline streams row-blocks through it (`pipeline.ncmml_train`
 The sign convention of the ascent: W <- W + lr * grad of the log-likelihood (NCM/NCMC); W <- W - lr *
 grad of the hinge loss (k-NN).
 """
-import numpy as np
+from numbers import Integral
 
+import numpy as np
+from sklearn.base import ClassifierMixin
+
+from metricpipe.tasks import moments, stream
+from metricpipe.tasks.base import COUNT, DIM, POSITIVE, RANDOM_STATE, Interval, Learner, Options, StrOptions, seed_of
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.moments import class_sums
 
@@ -382,3 +388,414 @@ class MetricSGD:
                              "batch": None if train_value is None else float(train_value)})
         if val_error < self.best[0]:
             self.best = (val_error, self.W.copy(), None if self.bias is None else self.bias.copy(), self.steps)
+
+
+# ---- estimators ----------------------------------------------------------------------------------------------
+
+KMEANS_SAMPLE = 2000  # rows per class NCMC's k-means++ seeds from
+
+_SGD_CONSTRAINTS = {
+    "dim": DIM,
+    "batch": [Interval(Integral, 2, None, closed="left")],
+    "lr": POSITIVE,
+    "iters": COUNT,
+    "validate_every": COUNT,
+    "validation": [Interval(Integral, 10, None, closed="left")],
+    "classes": ["array-like", None],
+    "random_state": RANDOM_STATE,
+}
+
+
+class _MetricLearner(Learner):
+    """Shared by NCMML, NCMC and KNNML: W (dim, D) starts from the PCA directions and learns by
+    minibatch SGD over the pools of :mod:`metricpipe.tasks.stream`; the W with the lowest validation
+    error (every ``validate_every`` steps, the PCA start included) is kept (Section 5.1).
+
+    Codes are ``x @ components_`` with ``components_ = W.T`` (D, dim).
+    """
+    dim_within_features = True
+
+    def _validate_params(self):
+        super()._validate_params()
+        c = self.classes
+        ok = c is None or (hasattr(c, "__len__") and not isinstance(c, str) and len(c) > 0 and all(
+            isinstance(v, (Integral, np.integer)) and not isinstance(v, bool) and v >= 0 for v in c))
+        if not ok:
+            raise InputError(f"The 'classes' parameter of {type(self).__name__} must be a non-empty list of class "
+                             f"indices (integers >= 0) or None. Got {c!r} instead.")
+
+    def _transform(self, X):
+        return np.asarray(X, np.float64) @ self.components_.astype(np.float64)
+
+    @property
+    def _n_features_out(self):
+        return self.components_.shape[1]
+
+    def cost(self) -> dict:
+        W = self.components_
+        return {"nnz": int(W.size), "storage_bytes": int(W.nbytes), "flops_per_image": 2 * int(W.size)}
+
+    def trained_classes(self, n_classes: int) -> np.ndarray:
+        """The class codes whose images train W (``classes``, default all)."""
+        if self.classes is None:
+            return np.arange(n_classes)
+        c = np.array(sorted(set(int(x) for x in self.classes)))
+        if len(c) == 0 or c.min() < 0 or c.max() >= n_classes:
+            raise InputError(f"The 'classes' parameter of {type(self).__name__} must list class indices in "
+                             f"0..{n_classes - 1}. Got {list(self.classes)} instead.")
+        return c
+
+    def fit(self, X, y, X_val=None, y_val=None, block_rows=None):
+        """Learn W from rows X (n_samples, n_features) with labels y.
+
+        Early stopping reads (X_val, y_val) when given, else a stratified, seeded share of X (at most a
+        fifth, ``validation`` rows at most) that SGD never sees. SGD takes its batches from pools of
+        ``block_rows`` rows (default: 64 MB of float32 rows, as the pipeline's row-blocks), each a
+        uniform sample of the training rows whatever their order (:func:`metricpipe.tasks.stream.pools`).
+
+        Returns
+        -------
+        self
+        """
+        self._validate_params()
+        X, codes = self._check_Xy(X, y)
+        C = len(self.classes_)
+        seed = seed_of(self.random_state)
+        allowed = np.isin(codes, self.trained_classes(C))
+        keep = allowed.copy()
+        if X_val is None:
+            pos = np.flatnonzero(allowed)
+            val = pos[stream.validation_split(codes[pos], self.validation, seed)]
+            keep[val] = False
+            Xv, yv = X[val], codes[val]
+        else:
+            Xv = self._check_X(X_val, reset=False)
+            yv = np.searchsorted(self.classes_, np.asarray(y_val))
+            if np.any(yv >= C) or np.any(self.classes_[np.minimum(yv, C - 1)] != np.asarray(y_val)):
+                raise InputError(f"{type(self).__name__}: y_val holds labels that are not in y")
+        if not keep.any():
+            raise InputError(f"{type(self).__name__}: no training rows left for SGD after the validation rows")
+        stats = moments.statistics(X, codes)
+        br = block_rows or stream.block_rows_for(X.shape[1])
+        extra = self._memory_inputs(X, codes, keep, seed)
+        classes = self.classes_
+        self.fit_stream(stats, stream.pools(X, codes, keep, br, seed), Xv, yv, **extra)
+        self.classes_ = classes
+        return self
+
+    def _memory_inputs(self, X, codes, keep, seed) -> dict:
+        return {}
+
+    def _start(self, stats: dict):
+        comps = stats["pca_components"]
+        if self.dim > len(comps):
+            raise InputError(f"The 'dim' parameter of {type(self).__name__} must be <= {len(comps)}, the PCA "
+                             f"directions W starts from (n_features = {len(stats['mean'])}). Got {self.dim} instead.")
+        self._validate_params()
+        self.n_features_in_ = int(len(stats["mean"]))
+        self.classes_ = np.arange(len(stats["class_means"]))
+        return comps[:self.dim]
+
+    def _run(self, sgd: "MetricSGD", pools, Xv, yv, error, batches) -> None:
+        """The SGD loop: batches from each pool until ``iters`` steps; early stopping on validation."""
+        yv = np.asarray(yv, np.int64)
+        if len(np.unique(yv)) < len(self._train_classes):
+            raise InputError(f"{type(self).__name__}: the validation rows miss some classes; raise 'validation' "
+                             f"(now {self.validation})")
+        sgd.record(error(sgd, Xv, yv), None)  # the PCA start is a candidate too
+        rng = np.random.default_rng([seed_of(self.random_state), 5])
+        for X, y in pools:
+            for sel, is_pos, fixed in batches(X, y, rng):
+                with np.errstate(over="ignore", invalid="ignore"):
+                    value = sgd.step(X[sel], y[sel], is_pos, fixed)
+                if sgd.steps % self.validate_every == 0 or sgd.steps == self.iters:
+                    sgd.record(error(sgd, Xv, yv), value)
+                if sgd.steps >= self.iters:
+                    break
+            if sgd.steps >= self.iters:
+                break
+        err, W, bias, at = sgd.best
+        self.components_ = np.ascontiguousarray(W.T, np.float32)
+        self.history_ = sgd.history
+        self.best_iter_ = int(at)
+        self.val_error_ = float(err)
+        self._best_bias = bias
+
+    def _slices(self, X, y, rng):
+        """NCM/NCMC batches: the pool's rows (already in random order) ``batch`` at a time."""
+        return [(np.arange(s, min(len(y), s + self.batch)), None, None) for s in range(0, len(y), self.batch)]
+
+
+class _NCMClassifier(ClassifierMixin):
+    """predict / predict_proba of the nearest-class-mean rule (Eq. 5), its mixture (Eq. 22) or its
+    dot form with class biases (Eq. 27), over ``centroids_`` (input space) and their classes."""
+
+    def _class_scores(self, X):
+        from sklearn.utils.validation import check_is_fitted
+        check_is_fitted(self)
+        X = self._check_X(X, reset=False).astype(np.float64)
+        W = self.components_.astype(np.float64)
+        Y, Mp = X @ W, self.centroids_.astype(np.float64) @ W
+        C = len(self.classes_)
+        if self.class_bias_ is not None:
+            scores = np.full((len(X), C), -np.inf)
+            scores[:, self.centroid_classes_] = ncm_scores(Y, Mp, self.class_bias_[self.centroid_classes_])
+            return scores
+        return mixture_class_scores(Y, Mp, self.centroid_classes_, C)
+
+    def add_centroids(self, centroids, classes):
+        """Extend the fitted classifier with new classes without touching W (Sections 3.4-3.5).
+
+        centroids : (m, n_features) their means (NCMC: k-means centroids) in the input space;
+        classes : (m,) their class codes, beyond the current ``classes_``. In the dot form (Eq. 27)
+        a new class takes the bias the Euclidean form implies, -||W mu_c||^2 / 2. Returns self.
+        """
+        centroids = np.asarray(centroids, np.float32)
+        classes = np.asarray(classes, np.int32)
+        if self.class_bias_ is not None:
+            W = self.components_.T.astype(np.float64)
+            self.class_bias_ = np.concatenate([self.class_bias_,
+                                               implied_bias(W, centroids.astype(np.float64)).astype(np.float32)])
+        self.centroids_ = np.concatenate([self.centroids_, centroids])
+        self.centroid_classes_ = np.concatenate([self.centroid_classes_, classes]).astype(np.int32)
+        self.classes_ = np.arange(int(self.centroid_classes_.max()) + 1)
+        return self
+
+    def predict_proba(self, X):
+        """p(c|x) for every class, shape (n_samples, n_classes)."""
+        s = self._class_scores(X)
+        s = s - s.max(axis=1, keepdims=True)
+        e = np.exp(s)
+        return e / e.sum(axis=1, keepdims=True)
+
+    def predict(self, X):
+        """The most probable class of every row."""
+        scores = self._class_scores(X)
+        return self.classes_[np.argmax(scores, axis=1)]
+
+
+class NCMML(_NCMClassifier, _MetricLearner):
+    """Nearest-class-mean metric learning (Mensink et al., Sections 3.1-3.2).
+
+    p(c|x) = softmax_c(-||W x - W mu_c||^2 / 2) (Eq. 5); the mean log-likelihood (Eq. 9) is maximised
+    by minibatch SGD with the gradient of Eq. 10; ``objective='dot'`` is Eq. 27's
+    softmax(x^T W^T W mu_c + s_c) with a learned bias per class.
+
+    Parameters
+    ----------
+    dim : int, default=32
+        Rows of W: the code dimension.
+    objective : {'euclidean', 'dot'}, default='euclidean'
+    batch : int, default=1000
+        Images per SGD step.
+    lr : float, default=30.0
+        Fixed SGD step (tuned on l2-normalised features; lower it on raw features).
+    iters : int, default=2000
+        SGD steps.
+    validate_every : int, default=100
+    validation : int, default=5000
+        Validation rows held out of SGD when no X_val is given.
+    classes : list of int or None, default=None
+        Class indices (positions in ``classes_``) whose images train W; the others are new classes
+        the classifier meets with their means only (Section 5.3).
+    random_state : int, RandomState or None, default=None (seed 0)
+
+    Attributes
+    ----------
+    components_ : ndarray (n_features, dim), W^T
+    centroids_ : ndarray (n_classes, n_features), the class means
+    centroid_classes_ : ndarray (n_classes,)
+    class_bias_ : ndarray (n_classes,) or None (dot objective only)
+    classes_, history_, best_iter_, val_error_
+    """
+    method = "ncmml"
+    _parameter_constraints = {**_SGD_CONSTRAINTS, "objective": [StrOptions({"euclidean", "dot"})]}
+
+    def __init__(self, dim=32, objective="euclidean", batch=1000, lr=30.0, iters=2000, validate_every=100,
+                 validation=5000, classes=None, random_state=None):
+        self.dim = dim
+        self.objective = objective
+        self.batch = batch
+        self.lr = lr
+        self.iters = iters
+        self.validate_every = validate_every
+        self.validation = validation
+        self.classes = classes
+        self.random_state = random_state
+
+    def fit_stream(self, statistics: dict, pools, X_val, y_val):
+        """The pipeline's entry point (``fit`` calls it too): W from the statistics' PCA directions
+        and class means, SGD over ``pools`` (an iterable of (X_pool, y_pool) with class codes
+        0..C-1), early stopping on (X_val, y_val). Returns self."""
+        W0 = self._start(statistics)
+        C = len(self.classes_)
+        trained = self._train_classes = self.trained_classes(C)
+        means = statistics["class_means"]
+        sgd = MetricSGD(W0, "dot" if self.objective == "dot" else "ncm", self.lr, means[trained], trained, C)
+        self._run(sgd, pools, X_val, y_val, _class_error, self._slices)
+        self.centroids_ = np.asarray(means, np.float32)
+        self.centroid_classes_ = np.arange(C, dtype=np.int32)
+        self.class_bias_ = None
+        if self.objective == "dot":  # learned biases for the trained classes, Eq. 27's implied one for the rest
+            bias = implied_bias(self.components_.T.astype(np.float64), np.asarray(means, np.float64))
+            bias[trained] = self._best_bias
+            self.class_bias_ = bias.astype(np.float32)
+        del self._best_bias, self._train_classes
+        return self
+
+
+class NCMC(_NCMClassifier, _MetricLearner):
+    """Nearest class multiple centroids (Mensink et al., Section 3.3): k centroids per class from
+    k-means in the input space, the mixture posterior of Eqs. 21-22 and its gradient (Eqs. 24-25).
+
+    Parameters
+    ----------
+    centroids : int, default=10
+        k, centroids per class.
+    train_centroids : {1} or None, default=None
+        1: NCMC-test, W learns with the class means and is used with the k centroids.
+    kmeans_iters : int, default=10
+        Lloyd passes over the data.
+    dim, batch, lr, iters, validate_every, validation, classes, random_state : as :class:`NCMML`.
+    """
+    method = "ncmc"
+    _parameter_constraints = {**_SGD_CONSTRAINTS, "centroids": COUNT, "train_centroids": [Options(Integral, {1}), None],
+                              "kmeans_iters": COUNT}
+
+    def __init__(self, dim=32, centroids=10, train_centroids=None, kmeans_iters=10, batch=1000, lr=30.0,
+                 iters=2000, validate_every=100, validation=5000, classes=None, random_state=None):
+        self.dim = dim
+        self.centroids = centroids
+        self.train_centroids = train_centroids
+        self.kmeans_iters = kmeans_iters
+        self.batch = batch
+        self.lr = lr
+        self.iters = iters
+        self.validate_every = validate_every
+        self.validation = validation
+        self.classes = classes
+        self.random_state = random_state
+
+    @staticmethod
+    def kmeans_sample(labels: np.ndarray, seed: int, per_class: int = KMEANS_SAMPLE) -> np.ndarray:
+        """Positions (among the training rows) of the stratified sample k-means++ seeds from."""
+        return stream.stratified_subset(labels, per_class * len(np.unique(labels)), seed + 2)
+
+    def kmeans(self, X_sample, y_sample, blocks, n_classes: int):
+        """k centroids for every class (Section 3.3): k-means++ on the sample, then ``kmeans_iters``
+        Lloyd passes over ``blocks()`` (a callable giving (X, y) row-blocks). Returns (centroids (C k, D),
+        their classes (C k,))."""
+        k = min(self.centroids, int(np.bincount(np.asarray(y_sample, np.int64), minlength=n_classes).min()))
+        if k < self.centroids:
+            raise InputError(f"NCMC: a class has {k} images in the k-means sample for {self.centroids} centroids; "
+                             f"lower 'centroids' to at most {k}")
+        return class_kmeans(np.asarray(X_sample, np.float64), np.asarray(y_sample), np.arange(n_classes),
+                            self.centroids, blocks, self.kmeans_iters,
+                            np.random.default_rng([seed_of(self.random_state), 11]))
+
+    def _memory_inputs(self, X, codes, keep, seed) -> dict:
+        sample = self.kmeans_sample(codes, seed)
+        br = stream.block_rows_for(X.shape[1])
+
+        def blocks():
+            for a in range(0, len(X), br):
+                yield np.asarray(X[a:a + br], np.float64), codes[a:a + br]
+        return {"centroids": self.kmeans(X[sample], codes[sample], blocks, len(self.classes_))}
+
+    def fit_stream(self, statistics: dict, pools, X_val, y_val, centroids):
+        """The pipeline's entry point (``fit`` calls it too); ``centroids`` is :meth:`kmeans`'s answer."""
+        W0 = self._start(statistics)
+        C = len(self.classes_)
+        trained = self._train_classes = self.trained_classes(C)
+        cents, owner = centroids
+        if self.train_centroids == 1:  # NCMC-test: the metric learns with one mean per class
+            sgd = MetricSGD(W0, "ncm", self.lr, statistics["class_means"][trained], trained, C)
+        else:
+            mine = np.isin(owner, trained)
+            sgd = MetricSGD(W0, "ncm", self.lr, cents[mine], owner[mine], C)
+        self._run(sgd, pools, X_val, y_val, _class_error, self._slices)
+        self.centroids_ = np.asarray(cents, np.float32)
+        self.centroid_classes_ = np.asarray(owner, np.int32)
+        self.class_bias_ = None
+        del self._best_bias, self._train_classes
+        return self
+
+
+class KNNML(_MetricLearner):
+    """k-NN metric learning (Mensink et al., Section 4): the triplet hinge of Eq. 35 with targets
+    fixed (l2 same-class neighbours within the pool), all same-class images, or dynamic (the k
+    closest under the current W); batches of ``batch`` images, 2/3 from one class (Section 4.2);
+    the gradient from one sort per query (Algorithm 1). Early stopping on the kNN error of the
+    validation rows against ``validation`` reference rows of the training set.
+
+    Parameters
+    ----------
+    targets : {'dynamic', 'all', 'fixed'}, default='dynamic'
+    k : int, default=5
+    batch : int, default=300
+    lr : float, default=0.1
+    dim, iters, validate_every, validation, classes, random_state : as :class:`NCMML`.
+    """
+    method = "knnml"
+    _parameter_constraints = {**_SGD_CONSTRAINTS, "targets": [StrOptions({"dynamic", "all", "fixed"})], "k": COUNT,
+                              "batch": [Interval(Integral, 3, None, closed="left")]}
+
+    def __init__(self, dim=32, targets="dynamic", k=5, batch=300, lr=0.1, iters=2000, validate_every=100,
+                 validation=5000, classes=None, random_state=None):
+        self.dim = dim
+        self.targets = targets
+        self.k = k
+        self.batch = batch
+        self.lr = lr
+        self.iters = iters
+        self.validate_every = validate_every
+        self.validation = validation
+        self.classes = classes
+        self.random_state = random_state
+
+    @staticmethod
+    def reference_rows(labels: np.ndarray, keep: np.ndarray, size: int, seed: int) -> np.ndarray:
+        """Positions of the reference rows (among SGD's rows) the validation kNN error searches."""
+        pos = np.flatnonzero(keep)
+        return pos[stream.stratified_subset(labels[pos], size, seed + 3)]
+
+    def _memory_inputs(self, X, codes, keep, seed) -> dict:
+        ref = self.reference_rows(codes, keep, self.validation, seed)
+        return {"reference": (X[ref], codes[ref])}
+
+    def _batches(self, X, y, rng):
+        tl2 = l2_targets(X, y, self.k) if self.targets == "fixed" else None
+        out = []
+        for _ in range(max(1, len(y) // self.batch)):
+            drawn = (sample_fixed_batch(y, tl2, self.batch, 2.0 / 3.0, rng) if tl2 is not None
+                     else sample_triplet_batch(y, self.batch, 2.0 / 3.0, rng))
+            if drawn is not None:
+                out.append(drawn)
+        return out
+
+    def fit_stream(self, statistics: dict, pools, X_val, y_val, reference):
+        """The pipeline's entry point (``fit`` calls it too); ``reference`` = (X_ref, y_ref), the
+        training rows the validation queries search (:meth:`reference_rows`)."""
+        W0 = self._start(statistics)
+        C = len(self.classes_)
+        self._train_classes = self.trained_classes(C)
+        sgd = MetricSGD(W0, "knn", self.lr, n_classes=C, targets=self.targets, k=self.k)
+        Xr, yr = np.asarray(reference[0], np.float64), np.asarray(reference[1], np.int64)
+        self._run(sgd, pools, X_val, y_val, lambda s, Xv, yv: _knn_error(s, Xv, yv, Xr, yr, self.k), self._batches)
+        del self._best_bias, self._train_classes
+        return self
+
+
+def _class_error(sgd: "MetricSGD", Xv, yv) -> float:
+    return float((sgd.classify(np.asarray(Xv, np.float64)) != yv).mean())
+
+
+def _knn_error(sgd: "MetricSGD", Xv, yv, Xr, yr, k: int) -> float:
+    """Top-1 error of the kNN classifier (k neighbours among the reference rows) under the current W."""
+    from metricpipe.tasks import knn, metrics
+    k = min(k, len(Xr))
+    with np.errstate(over="ignore", invalid="ignore"):   # a W on its way to diverging: a poor error, not a crash
+        _, nb = knn.block_topk((np.asarray(Xv, np.float64) @ sgd.W.T).astype(np.float32),
+                               (Xr @ sgd.W.T).astype(np.float32), k)
+    rank = metrics.knn_class_ranking(yr[nb], sgd.n_classes, k)
+    return float((rank[:, 0] != yv).mean())

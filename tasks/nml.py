@@ -12,9 +12,24 @@ SGD runs on mini-batches of pairs: each step averages the subgradients of the ba
 is Algorithm 1's update when the batch holds one pair. Only non-zero input coordinates contribute
 to the kernel and its gradient, so the kernel is evaluated on the union of the batch's non-zero
 columns.
+
+The estimators :class:`NML` and :class:`LinearML` (end of this module) take their pairs from
+*pair pools*, a set of rows in hand with pairs of indices into it:
+
+- from labels (``fit(X, y)``, the pipeline's ``fit_stream``): the pools of
+  :mod:`metricpipe.tasks.stream`, each a uniform random sample of the training rows whatever their
+  stored order; pairs are drawn inside each pool (:func:`sample_pairs`), so every batch mixes
+  classes from across the data set;
+- from pairs the user gives (``fit_pairs``, the pipeline's ``fit_pair_blocks``): the pairs are
+  grouped by the layout blocks of their two rows (:func:`pair_groups`), and SGD visits the groups
+  in a seeded order holding at most two blocks.
 """
+from numbers import Integral, Real
+
 import numpy as np
 
+from metricpipe.tasks import moments, stream
+from metricpipe.tasks.base import COUNT, DIM, NON_NEGATIVE, RANDOM_STATE, Interval, Learner, StrOptions, seed_of
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.normalize import normalize_rows
 
@@ -128,8 +143,9 @@ def linear_loss_and_gradient(L: np.ndarray, Xi: np.ndarray, Xj: np.ndarray, y: n
 def check_nonnegative(X: np.ndarray, where: str) -> None:
     if (X < 0).any():
         r, c = np.argwhere(X < 0)[0]
-        raise InputError(f"{where}: NML's chi2 kernel needs non-negative features (e.g. CNN activations after "
-                         f"ReLU); found {int((X < 0).sum())} negative value(s), first at row {r}, column {c}; "
+        raise InputError(f"{where}: Negative values in data: NML's chi2 kernel needs non-negative features (e.g. "
+                         f"CNN activations after ReLU); found {int((X < 0).sum())} negative value(s), first at row {r}, "
+                         f"column {c}; "
                          f"shift or clip them, or use method linear-ml")
 
 
@@ -195,36 +211,524 @@ class PairSGD:
             return chi2_embed(self.L, X)
         return X @ self.L.T
 
+    def close(self) -> None:
+        """Stop the kernel's threads (when ``threads`` > 1)."""
+        if self.pool is not None:
+            self.pool.shutdown()
+            self.pool = None
 
-class ChiEmbedding:
-    """The encoder of an NML model: rows are l1-normalised (the chi2 kernel compares histograms),
-    then embedded as [k(l_1, x), ..., k(l_d, x)] (Eq. 7). Same interface as LinearModel."""
-    score = "euclidean"
-    M = None
 
-    def __init__(self, L: np.ndarray, meta: dict | None = None):
-        self.L = np.asarray(L, np.float32)
-        self.meta = meta or {}
+# ---- pairs -----------------------------------------------------------------------------------------------
 
-    def transform(self, X: np.ndarray, rows: int = 256) -> np.ndarray:
+def sample_pairs(y: np.ndarray, count: int, rng: np.random.Generator):
+    """``count`` pairs of distinct rows of one pool with class codes ``y`` (m,), in random order:
+    half similar (s = +1), half dissimilar (s = -1).
+
+    A similar pair is a row drawn uniformly among the rows whose class has another row in the pool
+    and a second row of its class; a dissimilar pair a row drawn uniformly and a row of another
+    class. When the pool cannot give one kind (one class only; no class with two rows), all pairs
+    are of the other kind; a pool of fewer than two rows gives none. The draws depend on the order
+    of the class codes only, not on their values, so the codes of the staged data and those of
+    ``np.unique`` give the same pairs.
+
+    Returns
+    -------
+    i, j : ndarray of shape (n_pairs,), int64 rows of the pool; s : ndarray (n_pairs,), float32 +-1
+    """
+    y = np.asarray(y)
+    empty = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32))
+    if count <= 0 or len(y) < 2:
+        return empty
+    _, codes, counts = np.unique(y, return_inverse=True, return_counts=True)
+    codes = codes.ravel()
+    order = np.argsort(codes, kind="stable")           # rows grouped by class, in pool order inside each
+    start = np.r_[0, np.cumsum(counts)[:-1]]
+    rank = np.empty(len(y), np.int64)
+    rank[order] = np.arange(len(y)) - start[codes[order]]   # place of each row inside its class
+    can_pos, can_neg = bool((counts >= 2).any()), len(counts) >= 2
+    n_pos = (count // 2 if can_neg else count) if can_pos else 0
+    n_neg = count - n_pos if can_neg else 0
+    # similar: i among the rows of classes with >= 2 rows, j another row of its class
+    eligible = np.flatnonzero(counts[codes] >= 2)
+    i_pos = eligible[rng.integers(0, len(eligible), n_pos)] if n_pos else np.zeros(0, np.int64)
+    c = codes[i_pos]
+    k = rng.integers(0, counts[c] - 1) if n_pos else np.zeros(0, np.int64)
+    j_pos = order[start[c] + k + (k >= rank[i_pos])]        # skips i itself
+    # dissimilar: i any row, j the k-th row outside its class
+    i_neg = rng.integers(0, len(y), n_neg)
+    c = codes[i_neg]
+    k = rng.integers(0, len(y) - counts[c]) if n_neg else np.zeros(0, np.int64)
+    j_neg = order[np.where(k < start[c], k, k + counts[c])]
+    perm = rng.permutation(n_pos + n_neg)
+    s = np.r_[np.ones(n_pos, np.float32), -np.ones(n_neg, np.float32)]
+    return np.r_[i_pos, i_neg][perm].astype(np.int64), np.r_[j_pos, j_neg][perm].astype(np.int64), s[perm]
+
+
+def check_pair_indices(i, j, y, n_rows: int, where: str) -> None:
+    """Pairs given by the user: integer row indices in 0..n_rows-1 of one equal length, y in {-1, +1}."""
+    i, j, y = np.asarray(i), np.asarray(j), np.asarray(y)
+    if not (len(i) == len(j) == len(y)) or len(i) == 0:
+        raise InputError(f"{where}: pairs need arrays i, j, y of one equal, non-zero length; got "
+                         f"{len(i)}, {len(j)}, {len(y)}")
+    for name, a in (("i", i), ("j", j)):
+        if not np.issubdtype(a.dtype, np.integer):
+            raise InputError(f"{where}: pairs '{name}' must hold integer row indices; got {a.dtype}")
+        bad = (a < 0) | (a >= n_rows)
+        if bad.any():
+            raise InputError(f"{where}: pair index {name}={int(a[bad][0])} is out of range 0..{n_rows - 1} "
+                             f"(pair {int(np.flatnonzero(bad)[0])}); fix or drop it")
+    if not np.isin(y, (-1, 1)).all():
+        raise InputError(f"{where}: pair labels y must be +1 (similar) or -1 (dissimilar); got "
+                         f"{sorted(set(np.unique(y).tolist()) - {-1, 1})[:3]}")
+
+
+def pair_groups(pos_i: np.ndarray, pos_j: np.ndarray, n_rows: int, block_rows: int, seed: int):
+    """Endless visiting order of user pairs over the layout of :mod:`metricpipe.tasks.stream`.
+
+    The pairs are grouped by the (unordered) layout blocks of their two rows; every epoch visits
+    the groups in a seeded order and each group's pairs in a seeded order. Since every layout block
+    is a uniform sample of the rows, each group's pairs are a random subset of all pairs.
+
+    Parameters
+    ----------
+    pos_i, pos_j : ndarray of shape (n_pairs,)
+        Layout positions of the pairs' two rows.
+    n_rows, block_rows : int
+        Rows of the layout and rows per layout block.
+
+    Yields
+    ------
+    blocks : tuple of one or two block numbers (ascending); sel : ndarray, pair indices in visiting order
+    """
+    n_blocks = -(-n_rows // block_rows)
+    bi, bj = pos_i // block_rows, pos_j // block_rows
+    lo, hi = np.minimum(bi, bj), np.maximum(bi, bj)
+    key = lo * n_blocks + hi
+    by = np.argsort(key, kind="stable")
+    bounds = np.flatnonzero(np.r_[True, np.diff(key[by]) != 0, True])
+    epoch = 0
+    while True:
+        rng = np.random.default_rng([seed, 23, epoch])
+        for g in rng.permutation(len(bounds) - 1):
+            sel = by[bounds[g]:bounds[g + 1]]
+            b1, b2 = int(lo[sel[0]]), int(hi[sel[0]])
+            yield ((b1,) if b1 == b2 else (b1, b2)), rng.permutation(sel)
+        epoch += 1
+
+
+# ---- the estimators --------------------------------------------------------------------------------------
+
+_PAIR_CONSTRAINTS = {
+    "dim": DIM,
+    "pairs": [Interval(Integral, 2, None, closed="left")],
+    "iters": COUNT,
+    "batch": COUNT,
+    "learn_bias": ["boolean"],
+    "bias": [Interval(Real, None, None, closed="neither")],
+    "margin": NON_NEGATIVE,
+    "optimizer": [StrOptions({"sgd", "adam"})],
+    "lr": NON_NEGATIVE,
+    "random_state": RANDOM_STATE,
+}
+
+
+class _PairLearner(Learner):
+    """Shared by :class:`NML` and :class:`LinearML`: SGD on the hinge of pairs (Eqs. 3 and 9).
+
+    Four ways in, two in memory and two for the pipeline, which share the SGD loop:
+
+    ``fit(X, y)``
+        pairs from labels, drawn inside the pools of ``tasks.stream.pools`` -> :meth:`fit_stream`.
+    ``fit_stream(pools, n_samples, n_features, init)``
+        the pipeline's entry point for labels: pools (X_pool, y_pool) from its shuffled copy.
+    ``fit_pairs(pairs, y, X=None)``
+        pairs given by the user, as metric-learn's pair learners take them -> :meth:`fit_pair_blocks`.
+    ``fit_pair_blocks(pairs, y, read_block, n_rows, block_rows, n_features, init)``
+        the pipeline's entry point for user pairs: layout positions and a reader of layout blocks.
+
+    Pairs from labels: a pool of m rows (out of ``n_samples`` per pass over the rows) gets its share
+    of ``pairs``, m * pairs / n_samples (rounded so that a pass draws exactly ``pairs``), drawn
+    afresh on every pass (:func:`sample_pairs`); SGD takes them ``batch`` at a time (a pool's last
+    batch may be shorter) until ``iters`` pairs are seen. So ``pairs`` is the number of pairs drawn
+    per pass over the training rows (the paper's 500,000 sampled pairs seen over 1,000,000
+    iterations become two passes of 500,000 fresh pairs each). Pairs from the user are all used,
+    ``pairs`` is then ignored.
+
+    Fitted attributes: ``L_`` (dim, n_features) float32, ``bias_`` (the threshold b, learned when
+    ``learn_bias``), ``history_`` (list of {"iter": pairs seen, "hinge": mean hinge since the
+    previous entry}, about 50 entries), ``pairs_seen_``, ``n_steps_``, ``n_pairs_`` (pairs drawn or
+    given), ``pair_source_`` ("labels" or "user").
+    """
+    _kind = ""
+
+    # -- in memory ---------------------------------------------------------------------------------------
+    def fit(self, X, y, block_rows=None):
+        """Learn from rows X with class labels y: pairs drawn from the labels.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like of shape (n_samples,)
+        block_rows : int or None
+            Rows per pool (None: 64 MB of float32 rows, as the pipeline's row-blocks); the pipeline
+            uses its row-block size, so ``fit(X, y, block_rows=data.chunk_rows)`` on the training
+            rows learns the pipeline's model.
+
+        Returns
+        -------
+        self
+        """
+        self._validate_params()
+        X, codes = self._check_Xy(X, y)
+        br = block_rows or stream.block_rows_for(X.shape[1])
+        seed = seed_of(self.random_state)  # once: a RandomState random_state gives one draw per call
+        return self._fit_labels(stream.pools(X, codes, None, br, seed), len(X), X.shape[1], self._memory_init(X), seed)
+
+    def fit_pairs(self, pairs, y, X=None, block_rows=None):
+        """Learn from pairs given by the user (metric-learn's ``_PairsClassifierMixin`` convention).
+
+        Parameters
+        ----------
+        pairs : array-like of shape (n_pairs, 2, n_features), or (n_pairs, 2) int when X is given
+            The two images of each pair, or (with X, like metric-learn's ``preprocessor``) their row
+            indices in X.
+        y : array-like of shape (n_pairs,)
+            +1 for a similar pair, -1 for a dissimilar one.
+        X : array-like of shape (n_samples, n_features) or None
+        block_rows : int or None
+            Rows per layout block (None: 64 MB of float32 rows). The rows get the seeded layout of
+            ``tasks.stream.layout``; pairs are visited by the blocks of their two rows
+            (:func:`pair_groups`), as the pipeline visits them on its shuffled copy.
+
+        Returns
+        -------
+        self
+        """
+        self._validate_params()
+        name = type(self).__name__
+        if X is None:
+            P = np.asarray(pairs)
+            if P.ndim != 3 or P.shape[1] != 2:
+                raise InputError(f"{name}.fit_pairs: pairs must be an array of shape (n_pairs, 2, n_features) when "
+                                 f"X is not given; got shape {P.shape}; pass X for pairs of row indices")
+            X = self._check_X(P.reshape(-1, P.shape[2]), reset=True)
+            idx = np.arange(len(X)).reshape(-1, 2)
+        else:
+            X = self._check_X(X, reset=True)
+            idx = np.asarray(pairs)
+            if idx.ndim != 2 or idx.shape[1] != 2:
+                raise InputError(f"{name}.fit_pairs: with X, pairs must be an (n_pairs, 2) array of row indices; "
+                                 f"got shape {idx.shape}")
+        y = np.asarray(y).ravel()
+        check_pair_indices(idx[:, 0], idx[:, 1], y, len(X), f"{name}.fit_pairs")
+        n, seed = len(X), seed_of(self.random_state)
+        br = block_rows or stream.block_rows_for(X.shape[1])
+        pi = stream.layout(n, seed)
+        pos = np.empty(n, np.int64)
+        pos[pi] = np.arange(n)
+        return self._fit_pairs(pos[idx], y, lambda b: X[pi[b * br:(b + 1) * br]], n, br, X.shape[1],
+                               self._memory_init(X), seed)
+
+    # -- the pipeline's entry points ---------------------------------------------------------------------
+    def fit_stream(self, pools, n_samples: int, n_features: int, init=None):
+        """Learn from pools of labelled rows: pairs drawn inside each pool (see the class docstring).
+
+        Parameters
+        ----------
+        pools : iterable of (X_pool (m, n_features), y_pool (m,) class codes)
+            Endless (or long enough) stream of pools, e.g. ``tasks.stream.pools`` in memory or
+            ``metricpipe.shuffle.stream_pools`` in the pipeline.
+        n_samples : int
+            Rows in one pass over the pools (the training rows).
+        n_features : int
+        init : ndarray of shape (k, n_features) or None
+            The start of L: its first ``dim`` rows (LinearML: the PCA components, required; NML: None
+            for Algorithm 1's seeded uniform(-0.5, 0.5)).
+
+        Returns
+        -------
+        self
+        """
+        self._validate_params()
+        return self._fit_labels(pools, n_samples, n_features, init, seed_of(self.random_state))
+
+    def fit_pair_blocks(self, pairs, y, read_block, n_rows: int, block_rows: int, n_features: int, init=None):
+        """Learn from user pairs over rows in a block layout, holding at most two blocks at a time.
+
+        Parameters
+        ----------
+        pairs : ndarray of shape (n_pairs, 2)
+            Layout positions of the two rows of each pair (checked by the caller).
+        y : ndarray of shape (n_pairs,), +-1
+        read_block : callable
+            ``read_block(b)`` -> rows ``b * block_rows`` up to ``(b + 1) * block_rows`` of the layout,
+            an array (<= block_rows, n_features).
+        n_rows, block_rows, n_features : int
+        init : as in :meth:`fit_stream`
+
+        Returns
+        -------
+        self
+        """
+        self._validate_params()
+        return self._fit_pairs(pairs, y, read_block, n_rows, block_rows, n_features, init, seed_of(self.random_state))
+
+    # -- internals ---------------------------------------------------------------------------------------
+    def _fit_labels(self, pools, n_samples, n_features, init, seed: int):
+        L0 = self._start(n_features, init, seed)
+        rng = np.random.default_rng([seed, 17])
+        self._run(self._label_pair_pools(pools, int(n_samples), rng), L0)
+        self.pair_source_ = "labels"
+        return self
+
+    def _fit_pairs(self, pairs, y, read_block, n_rows, block_rows, n_features, init, seed: int):
+        pairs = np.asarray(pairs, np.int64)
+        y = np.asarray(y, np.float32).ravel()
+        L0 = self._start(n_features, init, seed)
+        groups = pair_groups(pairs[:, 0], pairs[:, 1], int(n_rows), int(block_rows), seed)
+        self._run(self._block_pair_pools(groups, pairs, y, read_block, int(block_rows)), L0)
+        self.pair_source_ = "user"
+        self.n_pairs_ = int(len(y))
+        self.__dict__.pop("classes_", None)  # from an earlier fit(X, y)
+        return self
+
+    def _start(self, n_features: int, init, seed: int) -> np.ndarray:
+        self.n_features_in_ = int(n_features)
+        if init is None:
+            return self._default_init(n_features, seed)
+        init = np.asarray(init, np.float64)
+        if init.ndim != 2 or init.shape[1] != n_features:
+            raise InputError(f"{type(self).__name__}: init must be an array (k, n_features={n_features}); "
+                             f"got shape {init.shape}")
+        if self.dim > len(init):
+            raise InputError(f"The 'dim' parameter of {type(self).__name__} must be <= {len(init)}, the rows of init "
+                             f"(the PCA components L starts from; n_features = {n_features}). Got {self.dim} instead.")
+        return init[:self.dim]
+
+    def _prepare(self, X, where: str) -> np.ndarray:
+        """The rows SGD compares: float32 (NML: checked non-negative and l1-normalised)."""
+        return np.asarray(X, np.float32)
+
+    def _label_pair_pools(self, pools, n_samples: int, rng):
+        """Pair pools (rows, i, j, s) from pools of labelled rows, until ``iters`` pairs are drawn."""
+        rows = drawn = idle = 0
+        for X, y in pools:
+            before = self.pairs * rows // n_samples
+            rows += len(y)
+            count = min(self.pairs * rows // n_samples - before, self.iters - drawn)
+            i, j, s = sample_pairs(y, count, rng)
+            if len(s) == 0:
+                idle += len(y)
+                if idle > 2 * n_samples:
+                    raise InputError(f"{type(self).__name__}: two passes over the {n_samples} training rows gave no "
+                                     f"pair (pools of fewer than two rows?); raise 'pairs' or the rows per pool")
+                continue
+            idle = 0
+            drawn += len(s)
+            self.n_pairs_ = drawn
+            yield self._prepare(X, f"{type(self).__name__}: training rows"), i, j, s
+            if drawn >= self.iters:
+                return
+
+    def _block_pair_pools(self, groups, pairs, y, read_block, block_rows: int):
+        """Pair pools from the groups of :func:`pair_groups`: the group's one or two blocks, in hand."""
+        held = {}
+        for blocks, sel in groups:
+            held = {b: held[b] if b in held else
+                    self._prepare(read_block(b), f"{type(self).__name__}: rows of layout block {b}") for b in blocks}
+            X = np.concatenate([held[b] for b in blocks]) if len(blocks) > 1 else held[blocks[0]]
+            local = []
+            for col in (0, 1):
+                p = pairs[sel, col]
+                b = p // block_rows
+                local.append(p - b * block_rows + np.where(b == blocks[0], 0, len(held[blocks[0]])))
+            yield X, local[0], local[1], y[sel]
+
+    def _run(self, pair_pools, L0) -> None:
+        """The SGD loop: ``batch`` pairs per step from each pair pool until ``iters`` pairs are seen."""
+        sgd = PairSGD(L0, self._kind, self.lr, self.bias, self.margin, self.learn_bias, self.optimizer,
+                      getattr(self, "threads", 1))
+        history, losses, every = [], [], max(1, self.iters // 50)
+        try:
+            for X, i, j, s in pair_pools:
+                for a in range(0, len(s), self.batch):
+                    b = min(a + self.batch, len(s), a + self.iters - sgd.pairs_seen)
+                    losses.append(sgd.step(X[i[a:b]], X[j[a:b]], s[a:b]))
+                    if sgd.pairs_seen // every != (sgd.pairs_seen - (b - a)) // every:
+                        history.append({"iter": int(sgd.pairs_seen), "hinge": float(np.mean(losses))})
+                        losses = []
+                    if sgd.pairs_seen >= self.iters:
+                        break
+                if sgd.pairs_seen >= self.iters:
+                    break
+        finally:
+            sgd.close()
+        if losses:
+            history.append({"iter": int(sgd.pairs_seen), "hinge": float(np.mean(losses))})
+        self.L_ = np.ascontiguousarray(sgd.L, np.float32)
+        self.bias_ = float(sgd.bias)
+        self.history_ = history
+        self.pairs_seen_ = int(sgd.pairs_seen)
+        self.n_steps_ = int(sgd.steps)
+
+    @property
+    def _n_features_out(self):
+        return len(self.L_)
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.target_tags.required = True
+        return tags
+
+
+class NML(_PairLearner):
+    """Non-linear metric learning (Sharma & Schiele): codes [k(l_1, x), ..., k(l_d, x)] (Eq. 7) of
+    the l1-normalised row x with the chi2 kernel of Eq. 11, L learned by SGD on the pair hinge of
+    Eq. 9 (Algorithm 1, in mini-batches). Input must be non-negative (e.g. CNN activations after
+    ReLU); rows are l1-normalised inside, in ``fit`` and ``transform``.
+
+    Parameters
+    ----------
+    dim : int, default=64
+        Output dimension d (rows of L).
+    pairs : int >= 2, default=500000
+        Pairs drawn from the labels per pass over the training rows (see below; ignored for user pairs).
+    iters : int, default=1000000
+        Pairs seen by SGD.
+    batch : int, default=64
+        Pairs per SGD step.
+    learn_bias : bool, default=False
+        Learn the threshold b too (Eq. 10's derivative in b).
+    bias : float, default=0.1
+        The threshold b of Eq. 9 (its start when ``learn_bias``).
+    margin : float >= 0, default=0.02
+        The margin m of Eq. 9.
+    optimizer : {"adam", "sgd"}, default="adam"
+        "sgd" is Algorithm 1's update (needs lr ~300 on l1-normalised 784-d input); Adam scales each
+        entry's step by its running gradient size.
+    threads : int, default=1
+        Threads splitting the kernel's passes over L's rows (the model is the same bit for bit).
+    lr : float >= 0, default=0.001
+    random_state : int, RandomState or None, default=None (seed 0)
+        Seeds the layout of the rows, the pools' order, the pairs and the start of L.
+
+    Attributes
+    ----------
+    L_ : ndarray of shape (dim, n_features), float32
+    bias_, history_, pairs_seen_, n_steps_, n_pairs_, pair_source_, classes_ (fit(X, y) only)
+
+    Notes
+    -----
+    Entry points: ``fit(X, y)`` (pairs from labels), ``fit_pairs(pairs, y, X=None)`` (user pairs,
+    metric-learn's convention) and, for the pipeline, ``fit_stream`` and ``fit_pair_blocks``.
+    """
+    method = "nml"
+    _kind = "nml"
+    _parameter_constraints = {**_PAIR_CONSTRAINTS, "threads": COUNT}
+
+    def __init__(self, dim=64, pairs=500000, iters=1000000, batch=64, learn_bias=False, bias=0.1, margin=0.02,
+                 optimizer="adam", threads=1, lr=0.001, random_state=None):
+        self.dim = dim
+        self.pairs = pairs
+        self.iters = iters
+        self.batch = batch
+        self.learn_bias = learn_bias
+        self.bias = bias
+        self.margin = margin
+        self.optimizer = optimizer
+        self.threads = threads
+        self.lr = lr
+        self.random_state = random_state
+
+    def _memory_init(self, X):
+        return None
+
+    def _default_init(self, n_features: int, seed: int) -> np.ndarray:
+        return np.random.default_rng([seed, 19]).uniform(-0.5, 0.5, (self.dim, n_features))  # Algorithm 1
+
+    def _prepare(self, X, where: str) -> np.ndarray:
         X = np.asarray(X, np.float32)
-        check_nonnegative(X, "features to encode")
-        out = np.empty((len(X), len(self.L)), np.float32)
-        for a in range(0, len(X), rows):  # bounded (d, rows, D) temporaries
-            B = X[a:a + rows]
-            B = normalize_rows(B, "l1")
-            out[a:a + rows] = chi2_embed(self.L, B)
+        check_nonnegative(X, where)
+        return normalize_rows(X, "l1")
+
+    def _transform(self, X):
+        X = np.asarray(X, np.float32)
+        check_nonnegative(X, f"{type(self).__name__}.transform")
+        out = np.empty((len(X), len(self.L_)), np.float32)
+        for a in range(0, len(X), 256):  # bounded (d, rows, D) temporaries
+            out[a:a + 256] = chi2_embed(self.L_, normalize_rows(X[a:a + 256], "l1"))    # Eq. 7
         return out
 
-    def n_components(self, n_features: int) -> int:
-        return len(self.L)
+    def cost(self) -> dict:
+        L = self.L_
+        return {"nnz": int(L.size), "storage_bytes": int(L.nbytes), "flops_per_image": 4 * int(L.size)}
 
-    def arrays(self) -> dict:
-        return {"L": self.L}
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.positive_only = True
+        return tags
 
-    @classmethod
-    def from_arrays(cls, arrays: dict, attrs: dict) -> "ChiEmbedding":
-        return cls(arrays["L"], attrs.get("fit_meta", {}))
 
-    def cost(self, n_features: int) -> dict:
-        return {"nnz": int(self.L.size), "storage_bytes": int(self.L.nbytes), "flops_per_image": 4 * int(self.L.size)}
+class LinearML(_PairLearner):
+    """Linear metric learning, the baseline of Sharma & Schiele (Eq. 3 with a margin m): codes L x,
+    L learned by SGD on the pair hinge max(0, m - y (b - ||L x_i - L x_j||^2)), from the PCA basis.
+
+    Parameters
+    ----------
+    dim : int, default=64
+        Output dimension (rows of L); at most the number of PCA components (n_features in memory).
+    pairs, iters, batch, learn_bias, random_state : as in :class:`NML`
+    bias : float, default=1.0
+    margin : float >= 0, default=0.2
+    optimizer : {"sgd", "adam"}, default="sgd"
+    lr : float >= 0, default=0.1
+
+    Attributes
+    ----------
+    L_ : ndarray of shape (dim, n_features), float32
+        Codes are ``X @ L_.T``.
+    bias_, history_, pairs_seen_, n_steps_, n_pairs_, pair_source_, classes_ (fit(X, y) only)
+
+    Notes
+    -----
+    L starts from the ``dim`` leading PCA components: in memory those of X
+    (:func:`metricpipe.tasks.moments.statistics`), in the pipeline the statistics stage's (``init``).
+    Entry points: ``fit(X, y)`` (pairs from labels), ``fit_pairs(pairs, y, X=None)`` (user pairs,
+    metric-learn's convention) and, for the pipeline, ``fit_stream`` and ``fit_pair_blocks``.
+    """
+    method = "linear-ml"
+    _kind = "linear"
+    _parameter_constraints = dict(_PAIR_CONSTRAINTS)
+
+    def __init__(self, dim=64, pairs=500000, iters=1000000, batch=64, learn_bias=False, bias=1.0, margin=0.2,
+                 optimizer="sgd", lr=0.1, random_state=None):
+        self.dim = dim
+        self.pairs = pairs
+        self.iters = iters
+        self.batch = batch
+        self.learn_bias = learn_bias
+        self.bias = bias
+        self.margin = margin
+        self.optimizer = optimizer
+        self.lr = lr
+        self.random_state = random_state
+
+    def _memory_init(self, X):
+        return moments.statistics(X)["pca_components"]
+
+    def _default_init(self, n_features: int, seed: int) -> np.ndarray:
+        raise InputError("LinearML starts from the PCA basis: pass init = the PCA components (k, n_features), "
+                         "e.g. the statistics stage's pca_components")
+
+    def _transform(self, X):
+        return np.asarray(X, np.float32) @ self.L_.T
+
+    def cost(self) -> dict:
+        L = self.L_
+        return {"nnz": int(L.size), "storage_bytes": int(L.nbytes), "flops_per_image": 2 * int(L.size)}
+
+
+_doc = _PairLearner.__doc__
+_PAIRS_NOTES = _doc[_doc.index("    Pairs from labels"):_doc.index("    Fitted attributes")]
+NML.__doc__ += "\n" + _PAIRS_NOTES
+LinearML.__doc__ += "\n" + _PAIRS_NOTES

@@ -23,14 +23,69 @@ which, divided by the norms ||h|| = sqrt(||beta_hat||^2 + (u / lambda)^2), is th
 classifiers. Like Eq. 16, the per-image scalar of Eq. 6 is left out: the cosine does not see it.
 
 The ESVM baseline (Eq. 1 with the hinge loss) is solved for each image by SGD, many images at once.
+
+The estimators: :class:`SLEM` (linear; fitted from the pool's moments, :meth:`SLEM.fit_moments` /
+:meth:`SLEM.fit_blocks`), :class:`KernelSLEM` and :class:`ESVM` (both hold the pool,
+:meth:`KernelSLEM.fit_pool` / :meth:`ESVM.fit_pool`). Their ``negatives`` parameter, ``{split, count,
+seed}``, names the pool: the pipeline takes ``count`` seeded images of the split ``split`` (never
+test); in memory ``fit(X)`` takes the same seeded sample of ``count`` rows of X itself
+(:func:`pool_positions`), whatever ``split`` says.
 """
+from numbers import Integral
+
 import numpy as np
 import scipy.linalg as sla
 
+from metricpipe.tasks import moments
+from metricpipe.tasks.base import COUNT, NON_NEGATIVE, POSITIVE, RANDOM_STATE, Interval, Learner, StrOptions, seed_of
 from metricpipe.tasks.errors import InputError
 
 KERNELS = ("linear", "gaussian", "poly")
 DECOMPOSITIONS = ("cholesky", "kpca", "icd")
+# the negative pool when ``negatives`` is None or leaves a key out: 15,000 seeded train images
+NEGATIVES = {"split": "train", "count": 15000, "seed": 0}
+
+
+# ---- the negative pool ---------------------------------------------------------------------------------
+
+def check_negatives(negatives: dict | None) -> dict:
+    """The pool settings ``{split, count, seed}`` with the defaults of :data:`NEGATIVES` filled in.
+
+    ``split``: a split name other than test (the evaluation images: never negatives); ``count``: an
+    int >= 2 or None (every image of the split); ``seed``: an int >= 0. Raises :class:`InputError`
+    on anything else.
+    """
+    if negatives is not None and not isinstance(negatives, dict):
+        raise InputError(f"negatives must be a mapping with keys among split, count, seed; got {negatives!r}")
+    neg = {**NEGATIVES, **(negatives or {})}
+    odd = sorted(set(neg) - set(NEGATIVES), key=str)
+    if odd:
+        raise InputError(f"negatives: keys among split, count, seed expected; got {', '.join(map(repr, odd))}; "
+                         f"remove them")
+    if not isinstance(neg["split"], str) or neg["split"] == "test":
+        raise InputError(f"negatives.split must name the split of the negative images (never test: those are the "
+                         f"queries); got {neg['split']!r}")
+    c = neg["count"]
+    if c is not None and (not isinstance(c, Integral) or isinstance(c, bool) or c < 2):
+        raise InputError(f"negatives.count must be an integer >= 2 (images sampled) or None for all of them; "
+                         f"got {c!r}")
+    s = neg["seed"]
+    if not isinstance(s, Integral) or isinstance(s, bool) or s < 0:
+        raise InputError(f"negatives.seed must be an integer >= 0; got {s!r}")
+    return neg
+
+
+def pool_positions(n: int, negatives: dict | None, who: str = "SLEM") -> np.ndarray:
+    """Sorted positions (in 0..n-1) of the negative pool among n candidate images: all of them, or
+    a seeded sample of ``negatives.count`` (``np.random.default_rng([seed, 29])``) when there are
+    more. The pipeline applies it to the rows of ``negatives.split``; ``fit(X)`` to the rows of X."""
+    neg = check_negatives(negatives)
+    if n < 2:
+        raise InputError(f"{who} needs a pool of at least 2 negative images; got {n} sample(s); give more rows")
+    if neg["count"] is not None and neg["count"] < n:
+        rng = np.random.default_rng([neg["seed"], 29])
+        return np.sort(rng.choice(n, int(neg["count"]), replace=False))
+    return np.arange(n)
 
 
 # ---- linear SLEM ---------------------------------------------------------------------------------------
@@ -47,8 +102,8 @@ def factor(A: np.ndarray, where: str = "SLEM") -> np.ndarray:
     try:
         return np.linalg.cholesky(A)
     except np.linalg.LinAlgError:
-        raise InputError(f"{where}: the negatives' covariance plus lambda * Id is not positive definite; "
-                         f"raise lambda (features with no variance need lambda > 0)") from None
+        raise InputError(f"{where}: the negatives' covariance plus lam * Id is not positive definite; "
+                         f"raise lam (lambda; features with no variance need lam > 0)") from None
 
 
 def solve(Lc: np.ndarray, R: np.ndarray) -> np.ndarray:
@@ -79,35 +134,151 @@ def unit_rows(W: np.ndarray) -> np.ndarray:
     return W / np.maximum(np.linalg.norm(W, axis=1, keepdims=True), 1e-30)
 
 
-class LinearSLEM:
-    """The linear SLEM encoder: code = A^-1 (x - mu) / ||A^-1 (x - mu)|| (unit rows: Euclidean ranking is
-    cosine ranking). Same interface as LinearModel."""
-    score = "euclidean"
-    M = None
-    kind = "slem-linear"
+class SLEM(Learner):
+    """Linear SLEM: each image's code is the direction of its square-loss exemplar classifier
+    against a pool of negatives, A^-1 (x - mu) / ||A^-1 (x - mu)|| (Eq. 6; unit rows, so Euclidean
+    ranking is cosine ranking).
 
-    def __init__(self, mu: np.ndarray, chol: np.ndarray, meta: dict | None = None):
-        self.mu, self.chol, self.meta = np.asarray(mu, np.float64), np.asarray(chol, np.float64), meta or {}
+    Parameters
+    ----------
+    lam : float >= 0, default 0.1
+        lambda of Eqs. 1 and 6, the ridge added to the negatives' covariance (Python reserves the
+        word lambda). 0 needs a positive definite covariance.
+    kernel : {"linear"}, default "linear"
+        Only "linear" for this class (kept so that config entries read the same;
+        :class:`KernelSLEM` is SLEM with the gaussian or poly kernel).
+    negatives : dict or None, default None
+        The pool ``{split, count, seed}`` (:func:`check_negatives`; None or a missing key:
+        :data:`NEGATIVES`). In memory the pool is a seeded sample of ``count`` rows of X.
 
-    def transform(self, X: np.ndarray) -> np.ndarray:
-        return unit_rows(solve(self.chol, np.asarray(X, np.float64) - self.mu)).astype(np.float32)
+    Attributes
+    ----------
+    mean_ : ndarray of shape (n_features,)
+        mu, the pool's mean.
+    cholesky_ : ndarray of shape (n_features, n_features)
+        Lower Cholesky factor of A = cov + lam Id (cov the pool's biased covariance).
+    n_negatives_ : int
+        Images in the pool.
 
-    def n_components(self, n_features: int) -> int:
-        return len(self.mu)
+    Notes
+    -----
+    The out-of-core pipeline never gathers the pool: it calls :meth:`fit_moments` with the
+    statistics stage's moments when the pool is the whole train split, else :meth:`fit_blocks` on
+    the pool's rows streamed block by block. ``fit(X)`` is ``fit_blocks([X[pool]])``.
+    """
+    method = "slem"
+    code_metric = "euclidean"
+    _parameter_constraints = {"lam": NON_NEGATIVE, "kernel": [StrOptions({"linear"})], "negatives": [dict, None]}
 
-    def arrays(self) -> dict:
-        return {"mu": self.mu, "chol": self.chol}
+    def __init__(self, lam=0.1, kernel="linear", negatives=None):
+        self.lam = lam
+        self.kernel = kernel
+        self.negatives = negatives
 
-    def attrs(self) -> dict:
-        return {}
+    def fit(self, X, y=None):
+        """Fit on a seeded sample of ``negatives.count`` rows of X (all rows when there are fewer).
 
-    @classmethod
-    def from_arrays(cls, arrays: dict, attrs: dict) -> "LinearSLEM":
-        return cls(arrays["mu"], arrays["chol"], attrs.get("fit_meta", {}))
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : ignored
 
-    def cost(self, n_features: int) -> dict:
-        D = len(self.mu)
-        return {"storage_bytes": int(self.chol.nbytes + self.mu.nbytes), "flops_per_image": 2 * D * D}
+        Returns
+        -------
+        self
+        """
+        self._validate_params()
+        X = self._check_X(X, reset=True)
+        rows = pool_positions(len(X), self.negatives, type(self).__name__)
+        return self._fit_blocks([X[rows]])
+
+    def fit_blocks(self, blocks):
+        """Fit on the pool given as row blocks, folded one at a time (tasks.moments partial ->
+        combine, Chan et al.): only one D x D scatter is held, never the pool.
+
+        Parameters
+        ----------
+        blocks : iterable of arrays of shape (m_i, n_features)
+            The pool's rows, in any grouping (the pipeline's Zarr row-blocks).
+
+        Returns
+        -------
+        self
+        """
+        self._validate_params()
+        check_negatives(self.negatives)
+        self.__dict__.pop("feature_names_in_", None)
+        return self._fit_blocks(blocks)
+
+    def _fit_blocks(self, blocks):
+        m = None
+        for B in blocks:
+            B = np.asarray(B)
+            if B.ndim != 2:
+                raise InputError(f"SLEM.fit_blocks: blocks of shape (rows, n_features) expected; got shape {B.shape}")
+            part = moments.partial_moments(B, np.zeros(len(B), np.int64), 1)
+            m = part if m is None else moments.combine_moments(m, part)
+        n = 0 if m is None else m.n
+        if n < 2:
+            raise InputError(f"SLEM needs a pool of at least 2 negative images; got {n} sample(s); give more rows")
+        return self._fit_moments(m.mean, m.m2 / n, n, 0)      # the biased covariance of Eq. 4
+
+    def fit_moments(self, mean, covariance, n_samples: int, ddof: int = 0):
+        """Fit from the pool's moments: the pipeline's entry point with the statistics stage's
+        mean and covariance (``ddof=1``).
+
+        Parameters
+        ----------
+        mean : array-like of shape (n_features,)
+            mu, the pool's mean.
+        covariance : array-like of shape (n_features, n_features)
+            The pool's covariance sum_i (x_i - mu)(x_i - mu)^T / (n_samples - ddof).
+        n_samples : int
+            n, the images in the pool (>= 2).
+        ddof : int, default 0
+            0 for the biased covariance of Eq. 4, 1 for the unbiased one (the statistics stage's).
+
+        Returns
+        -------
+        self
+        """
+        self._validate_params()
+        check_negatives(self.negatives)
+        self.__dict__.pop("feature_names_in_", None)
+        return self._fit_moments(mean, covariance, n_samples, ddof)
+
+    def _fit_moments(self, mean, covariance, n_samples, ddof):
+        mu = np.asarray(mean, np.float64)
+        cov = np.asarray(covariance, np.float64)
+        if mu.ndim != 1 or cov.shape != (len(mu), len(mu)):
+            raise InputError(f"SLEM.fit_moments: mean (D,) and covariance (D, D) expected; got shapes {mu.shape} "
+                             f"and {cov.shape}")
+        if not (np.all(np.isfinite(mu)) and np.all(np.isfinite(cov))):
+            raise InputError("SLEM.fit_moments: the moments hold NaN or infinity; check the features")
+        n = int(n_samples)
+        if n < 2 or not 0 <= ddof < n:
+            raise InputError(f"SLEM needs a pool of at least 2 negative images and 0 <= ddof < n; got n = {n}, "
+                             f"ddof = {ddof}")
+        A = regularised_covariance(cov * ((n - ddof) / n), self.lam)   # Eq. 6: A = (1/n) X X^T - mu mu^T + lam Id
+        self.cholesky_ = factor(A, type(self).__name__)
+        self.mean_ = mu
+        self.n_negatives_ = n
+        self.n_features_in_ = len(mu)
+        return self
+
+    def _transform(self, X):
+        return unit_rows(solve(self.cholesky_, X - self.mean_))    # A^-1 (x - mu), normalised (Eq. 6)
+
+    @property
+    def _n_features_out(self):
+        return len(self.mean_)
+
+    def cost(self) -> dict:
+        """Stored values (the triangular factor and mu), bytes, multiply-adds per image (two
+        triangular solves)."""
+        D = len(self.mean_)
+        return {"nnz": D * (D + 1) // 2 + D, "storage_bytes": int(self.cholesky_.nbytes + self.mean_.nbytes),
+                "flops_per_image": 2 * D * D}
 
 
 # ---- kernels and factorisations -------------------------------------------------------------------------
@@ -143,7 +314,7 @@ def complete_cholesky(K: np.ndarray) -> tuple[np.ndarray, float]:
         pass
     lam_min = float(sla.eigh(K, eigvals_only=True, subset_by_index=[0, 0])[0])
     eps = max(0.0, -lam_min)
-    jitter = 1e-10 * float(np.trace(K)) / len(K)
+    jitter = 1e-10 * max(float(np.trace(K)) / len(K), 1e-300)
     for _ in range(8):
         try:
             return np.linalg.cholesky(K + (eps + jitter) * np.eye(len(K))), eps + jitter
@@ -197,86 +368,171 @@ def decompose(Xneg: np.ndarray, kind: str, gamma: float, method: str, rank: int 
         if rank is not None and rank < n:
             raise InputError(f"decomposition cholesky is full rank; rank {rank} needs kpca or icd")
         B, eps = complete_cholesky(K)
-        return B, {"shift": eps}
+        return B, {"shift": float(eps)}
     if method == "kpca":
         B = kpca(K, n if rank is None else min(rank, n))
-        return B, {"residual": float(1.0 - (B * B).sum() / np.trace(K))}
+        return B, {"residual": float(1.0 - (B * B).sum() / max(float(np.trace(K)), 1e-300))}
     raise ValueError(f"unknown decomposition {method!r}; one of {DECOMPOSITIONS}")
 
 
 # ---- kernel SLEM ---------------------------------------------------------------------------------------
 
-class KernelSLEM:
-    """Kernel SLEM: offline B, P = B^+ (r, n), mu_B and the Cholesky factor of A_B; an image's code is
-    [beta_hat (r), v (r), u, x_0 (D)], compared by Eq. 16 (:func:`similarity`)."""
-    M = None
-    kind = "slem-kernel"
+class _PoolLearner(Learner):
+    """A learner defined on a pool of negatives it holds (kernel SLEM, ESVM): ``fit`` samples the pool
+    from X, ``fit_pool`` (the pipeline's entry point) takes it as it is; both end in ``_fit_pool``."""
 
-    def __init__(self, Xneg, P, mu_B, chol_B, lam: float, kernel_kind: str, gamma: float, meta: dict | None = None):
-        self.Xneg = np.asarray(Xneg, np.float64)
-        self.P, self.mu_B, self.chol_B = np.asarray(P, np.float64), np.asarray(mu_B, np.float64), np.asarray(chol_B, np.float64)
-        self.lam, self.kernel_kind, self.gamma = float(lam), kernel_kind, float(gamma)
-        self.meta = meta or {}
+    def fit(self, X, y=None):
+        """Fit on a seeded sample of ``negatives.count`` rows of X (all rows when there are fewer).
 
-    @classmethod
-    def fit(cls, Xneg: np.ndarray, lam: float, kernel_kind: str, gamma: float, method: str, rank: int | None,
-            meta: dict | None = None) -> "KernelSLEM":
-        B, info = decompose(Xneg, kernel_kind, gamma, method, rank)
-        piv = info.pop("pivots", None)
-        if method == "cholesky":                                   # v = B^+ k_0 = B^-1 k_0 (Lemma 1)
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : ignored
+
+        Returns
+        -------
+        self
+        """
+        self._validate_params()
+        X = self._check_X(X, reset=True)
+        return self._fit_pool(X[pool_positions(len(X), self.negatives, type(self).__name__)])
+
+    def fit_pool(self, Xneg):
+        """Fit on the pool itself, every row of it (the pipeline's entry point).
+
+        Parameters
+        ----------
+        Xneg : array-like of shape (n, n_features)
+            The negatives, n >= 2.
+
+        Returns
+        -------
+        self
+        """
+        self._validate_params()
+        check_negatives(self.negatives)
+        return self._fit_pool(self._check_X(Xneg, reset=True))
+
+
+class KernelSLEM(_PoolLearner):
+    """Kernel SLEM (Section 4): each image's code is [beta_hat (r), v (r), u, x_0 (D)] (Lemma 1 and
+    Eq. 6 in the coordinates of a factor K = B B^T of the pool's kernel matrix), compared by Eq. 16
+    (:func:`similarity` with the score string :attr:`code_metric`), not by a vector-space metric.
+
+    Parameters
+    ----------
+    lam : float > 0, default 0.1
+        lambda of Eqs. 6 and 16 (Python reserves the word lambda); Eq. 16 divides by it.
+    kernel : {"gaussian", "poly"}, default "gaussian"
+        exp(-gamma ||a - b||^2) (Eq. 17) or a^T b + gamma (a^T b)^2 (Eq. 18).
+    gamma : float >= 0, default 1.0
+        The kernel's gamma.
+    rank : "full" or int >= 1, default "full"
+        r, the factor's rank (clipped to the pool size); "full": n.
+    decomposition : {"cholesky", "kpca", "icd"}, default "cholesky"
+        Complete Cholesky with the eigenvalue shift of Section 5.1 (full rank only), the top r
+        eigenpairs, or pivoted incomplete Cholesky at rank r.
+    negatives : dict or None, default None
+        The pool ``{split, count, seed}`` (:func:`check_negatives`). In memory the pool is a seeded
+        sample of ``count`` rows of X.
+
+    Attributes
+    ----------
+    pool_ : ndarray of shape (n, n_features)
+        The negatives (Lemma 1 needs k(X, x_0)).
+    projector_ : ndarray of shape (r, n)
+        P with v = P k(X, x_0): B^+ (Cholesky, KPCA) or ICD's Nystrom extension from the pivots.
+    factor_mean_ : ndarray of shape (r,)
+        mu_B, the mean row of B.
+    cholesky_ : ndarray of shape (r, r)
+        Lower Cholesky factor of A_B = (1/n) B^T B - mu_B mu_B^T + lam Id.
+    rank_ : int
+        r, the factor's rank after clipping (KPCA and ICD drop null directions).
+    factor_info_ : dict
+        {"shift": eps} (Cholesky), {"residual": 1 - tr(B B^T) / tr(K)} (KPCA) or {"pivots": r} (ICD).
+
+    Notes
+    -----
+    The pipeline gathers the pool (bounded: count <= its MAX_POOL) and calls :meth:`fit_pool`;
+    ``fit(X)`` is ``fit_pool(X[pool])``.
+    """
+    method = "slem"
+    _parameter_constraints = {
+        "lam": POSITIVE,
+        "kernel": [StrOptions({"gaussian", "poly"})],
+        "gamma": NON_NEGATIVE,
+        "rank": [StrOptions({"full"}), Interval(Integral, 1, None, closed="left")],
+        "decomposition": [StrOptions(set(DECOMPOSITIONS))],
+        "negatives": [dict, None],
+    }
+
+    def __init__(self, lam=0.1, kernel="gaussian", gamma=1.0, rank="full", decomposition="cholesky", negatives=None):
+        self.lam = lam
+        self.kernel = kernel
+        self.gamma = gamma
+        self.rank = rank
+        self.decomposition = decomposition
+        self.negatives = negatives
+
+    def _fit_pool(self, Xneg):
+        Xneg = np.asarray(Xneg, np.float64)
+        n = len(Xneg)
+        if n < 2:
+            raise InputError(f"KernelSLEM needs a pool of at least 2 negative images; got {n} sample(s)")
+        rank = None if self.rank == "full" else int(self.rank)
+        lam, gamma = float(self.lam), float(self.gamma)
+        B, info = decompose(Xneg, self.kernel, gamma, self.decomposition, rank)
+        if self.decomposition == "cholesky":                       # v = B^+ k_0 = B^-1 k_0 (Lemma 1)
             P = sla.solve_triangular(B, np.eye(len(B)), lower=True)
-        elif method == "kpca":                                     # B^T B = diag(eigenvalues): B^+ = diag^-1 B^T
+        elif self.decomposition == "kpca":                         # B^T B = diag(eigenvalues): B^+ = diag^-1 B^T
             P = B.T / (B * B).sum(0)[:, None]
         else:
             # ICD's own extension: the new row of the factor from the pivot columns, B[piv] v = k_0[piv]
             # (B[piv] is lower triangular). Equal to B^+ k_0 when K = B B^T exactly (full rank); at low rank
             # B^+ k_0 can overshoot ||v||^2 > k_00, while this is the Nystrom projection, ||v||^2 <= k_00.
-            P = np.zeros((B.shape[1], len(B)))
+            piv = info.pop("pivots")
+            P = np.zeros((B.shape[1], n))
             P[:, piv] = sla.solve_triangular(B[piv], np.eye(len(piv)), lower=True)
-            info["pivots"] = len(piv)
+            info["pivots"] = int(len(piv))
         mu_B = B.mean(0)
-        A_B = regularised_covariance(B.T @ B / len(B) - np.outer(mu_B, mu_B), lam)
-        return cls(Xneg, P, mu_B, factor(A_B), lam, kernel_kind, gamma, {**(meta or {}), **info, "rank": B.shape[1]})
+        A_B = regularised_covariance(B.T @ B / n - np.outer(mu_B, mu_B), lam)   # A of Eq. 6 in B's coordinates
+        self.cholesky_ = factor(A_B, type(self).__name__)
+        self.pool_ = Xneg
+        self.projector_ = P
+        self.factor_mean_ = mu_B
+        self.rank_ = int(B.shape[1])
+        self.factor_info_ = info
+        return self
 
     @property
-    def rank(self) -> int:
-        return len(self.mu_B)
+    def code_metric(self) -> str:
+        """The score string of :func:`similarity`: ``slem:kernel:gamma:lam:rank``."""
+        return f"slem:{self.kernel}:{float(self.gamma)!r}:{float(self.lam)!r}:{self.rank_}"
 
-    @property
-    def score(self) -> str:
-        return f"slem:{self.kernel_kind}:{self.gamma!r}:{self.lam!r}:{self.rank}"
-
-    def lemma1(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(v (m, r), u (m,)) of Lemma 1 for the rows of X."""
+    def lemma1(self, X) -> tuple[np.ndarray, np.ndarray]:
+        """(v (m, r), u (m,)) of Lemma 1 for the rows of X (m, n_features)."""
         X = np.asarray(X, np.float64)
-        v = (self.P @ kernel(self.Xneg, X, self.kernel_kind, self.gamma)).T
-        u = np.sqrt(np.maximum(kernel_diag(X, self.kernel_kind, self.gamma) - (v * v).sum(1), 0.0))
+        gamma = float(self.gamma)
+        v = (self.projector_ @ kernel(self.pool_, X, self.kernel, gamma)).T
+        u = np.sqrt(np.maximum(kernel_diag(X, self.kernel, gamma) - (v * v).sum(1), 0.0))
         return v, u
 
-    def transform(self, X: np.ndarray) -> np.ndarray:
-        X = np.asarray(X, np.float64)
+    def _transform(self, X):
         v, u = self.lemma1(X)
-        beta_hat = solve(self.chol_B, v - self.mu_B)
-        return np.concatenate([beta_hat, v, u[:, None], X], axis=1).astype(np.float32)
+        beta_hat = solve(self.cholesky_, v - self.factor_mean_)   # A_B^-1 (v - mu_B), Eq. 6
+        return np.concatenate([beta_hat, v, u[:, None], X], axis=1)
 
-    def n_components(self, n_features: int) -> int:
-        return 2 * self.rank + 1 + n_features
+    @property
+    def _n_features_out(self):
+        return 2 * self.rank_ + 1 + self.pool_.shape[1]
 
-    def arrays(self) -> dict:
-        return {"Xneg": self.Xneg, "P": self.P, "mu_B": self.mu_B, "chol_B": self.chol_B}
-
-    def attrs(self) -> dict:
-        return {"lambda": self.lam, "kernel": self.kernel_kind, "gamma": self.gamma}
-
-    @classmethod
-    def from_arrays(cls, arrays: dict, attrs: dict) -> "KernelSLEM":
-        return cls(arrays["Xneg"], arrays["P"], arrays["mu_B"], arrays["chol_B"], attrs["lambda"],
-                   attrs["kernel"], attrs["gamma"], attrs.get("fit_meta", {}))
-
-    def cost(self, n_features: int) -> dict:
-        n, r = len(self.Xneg), self.rank
-        return {"storage_bytes": int(sum(a.nbytes for a in self.arrays().values())),
-                "flops_per_image": 2 * n * n_features + 2 * r * n + 2 * r * r}
+    def cost(self) -> dict:
+        """Stored values, bytes and multiply-adds per image (k(X, x_0), v = P k, the solve pair)."""
+        arrays = (self.pool_, self.projector_, self.factor_mean_, self.cholesky_)
+        n, D = self.pool_.shape
+        r = self.rank_
+        return {"nnz": int(sum(a.size for a in arrays)), "storage_bytes": int(sum(a.nbytes for a in arrays)),
+                "flops_per_image": 2 * n * D + 2 * r * n + 2 * r * r}
 
 
 def parse_score(score: str) -> tuple[str, float, float, int]:
@@ -328,36 +584,69 @@ def esvm(X0: np.ndarray, Xneg: np.ndarray, lam: float, theta: float, epochs: int
     return unit_rows(W)
 
 
-class ESVMEncoder:
-    """The ESVM baseline as an encoder: each image's code is its unit-norm exemplar SVM (:func:`esvm`),
-    trained against the stored negatives with a seeded draw (the same for every block)."""
-    score = "euclidean"
-    M = None
-    kind = "esvm"
+class ESVM(_PoolLearner):
+    """The exemplar SVM baseline (Eq. 1 with the hinge loss): each image's code is its unit-norm
+    exemplar SVM against the stored pool, trained by SGD when the image is transformed
+    (:func:`esvm`, with a seeded draw of negatives that is the same for every image and block).
 
-    def __init__(self, Xneg, lam: float, theta: float, epochs: int, batch: int, seed: int, meta: dict | None = None):
-        self.Xneg = np.asarray(Xneg, np.float64)
-        self.lam, self.theta, self.epochs, self.batch, self.seed = float(lam), float(theta), int(epochs), int(batch), int(seed)
-        self.meta = meta or {}
+    Parameters
+    ----------
+    lam : float >= 0, default 0.1
+        lambda of Eq. 1 (Python reserves the word lambda).
+    theta : float >= 0, default 1.0
+        The positive exemplar's weight in Eq. 1.
+    epochs : int >= 1, default 2
+        Passes over the pool per image (SGD steps = epochs * n // batch, at least 1).
+    batch : int >= 1, default 64
+        Negatives per SGD step.
+    negatives : dict or None, default None
+        The pool ``{split, count, seed}`` (:func:`check_negatives`). In memory the pool is a seeded
+        sample of ``count`` rows of X.
+    random_state : int, RandomState or None, default None
+        Seed of the SGD draws (None: 0).
 
-    def transform(self, X: np.ndarray) -> np.ndarray:
-        rng = np.random.default_rng([self.seed, 23])
-        return esvm(X, self.Xneg, self.lam, self.theta, self.epochs, self.batch, rng).astype(np.float32)
+    Attributes
+    ----------
+    pool_ : ndarray of shape (n, n_features)
+        The negatives.
+    seed_ : int
+        The seed of the SGD draws, resolved from ``random_state`` at fit.
 
-    def n_components(self, n_features: int) -> int:
-        return n_features
+    Notes
+    -----
+    The pipeline gathers the pool (bounded by its MAX_POOL) and calls :meth:`fit_pool`; ``fit(X)``
+    is ``fit_pool(X[pool])``. The training happens in ``transform``: every image is its own SVM.
+    """
+    method = "esvm"
+    code_metric = "euclidean"
+    _parameter_constraints = {"lam": NON_NEGATIVE, "theta": NON_NEGATIVE, "epochs": COUNT, "batch": COUNT,
+                              "negatives": [dict, None], "random_state": RANDOM_STATE}
 
-    def arrays(self) -> dict:
-        return {"Xneg": self.Xneg}
+    def __init__(self, lam=0.1, theta=1.0, epochs=2, batch=64, negatives=None, random_state=None):
+        self.lam = lam
+        self.theta = theta
+        self.epochs = epochs
+        self.batch = batch
+        self.negatives = negatives
+        self.random_state = random_state
 
-    def attrs(self) -> dict:
-        return {"lambda": self.lam, "theta": self.theta, "epochs": self.epochs, "batch": self.batch, "seed": self.seed}
+    def _fit_pool(self, Xneg):
+        if len(Xneg) < 2:
+            raise InputError(f"ESVM needs a pool of at least 2 negative images; got {len(Xneg)} sample(s)")
+        self.pool_ = np.array(Xneg, np.float64)
+        self.seed_ = seed_of(self.random_state)
+        return self
 
-    @classmethod
-    def from_arrays(cls, arrays: dict, attrs: dict) -> "ESVMEncoder":
-        return cls(arrays["Xneg"], attrs["lambda"], attrs["theta"], attrs["epochs"], attrs["batch"], attrs["seed"],
-                   attrs.get("fit_meta", {}))
+    def _transform(self, X):
+        rng = np.random.default_rng([self.seed_, 23])
+        return esvm(X, self.pool_, float(self.lam), float(self.theta), int(self.epochs), int(self.batch), rng)
 
-    def cost(self, n_features: int) -> dict:
-        steps = max(1, self.epochs * len(self.Xneg) // self.batch)
-        return {"storage_bytes": int(self.Xneg.nbytes), "flops_per_image": 4 * steps * (self.batch + 1) * n_features}
+    @property
+    def _n_features_out(self):
+        return self.pool_.shape[1]
+
+    def cost(self) -> dict:
+        """Stored values (the pool), bytes and multiply-adds per image (the SGD steps)."""
+        steps = max(1, int(self.epochs) * len(self.pool_) // int(self.batch))
+        return {"nnz": int(self.pool_.size), "storage_bytes": int(self.pool_.nbytes),
+                "flops_per_image": 4 * steps * (int(self.batch) + 1) * self.pool_.shape[1]}

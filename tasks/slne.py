@@ -14,11 +14,25 @@ Inputs are the training features in a centred PCA space with rows l2-normalised,
 experiments ("project to the PCA space and normalize their lengths"): with non-negative raw
 features (pixels, ReLU activations) the summed updates otherwise build a rank-one "hub" term that
 ranks database items by popularity rather than by the query.
+
+The estimators :class:`SLNE` and :class:`SLDE` wrap these kernels. In memory, ``fit(X, y)`` computes
+the PCA of X (:mod:`metricpipe.tasks.moments`) and the exact kNN graph of X (:mod:`metricpipe.tasks.knn`)
+itself; the pipeline, which has both already (statistics and neighbours stages), calls
+:meth:`SLNE.fit_space` with the preprocessed training rows, or maps :func:`fit_member` over SL-DE's
+members and calls :meth:`SLDE.assemble`. ``fit`` goes through the same code. Given the same rows,
+statistics, graph and seed the model is the same bit for bit; the pipeline maps its rows into the
+input space one row-block at a time, and float32 products over other row counts may round the last
+bit of Z differently (measured: 1e-7 in Z, 1e-8 in M, 1e-7 in the codes; tested with atol 1e-5).
 """
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass
 
 import numpy as np
+from sklearn.utils.validation import check_is_fitted
 
+from metricpipe.tasks import knn, moments
+from metricpipe.tasks.base import (COUNT, DIM_OR_NONE, NON_NEGATIVE, POSITIVE, RANDOM_STATE, Learner, StrOptions,
+                                   seed_of)
 from metricpipe.tasks.errors import InputError
 
 
@@ -101,72 +115,63 @@ def triplet_update(M: np.ndarray, X: np.ndarray, nb: Neighbourhoods, B: np.ndarr
     return (xi.T @ diff).astype(np.float64), hinge                    # sum of rho x_i (x_j - x_l)^T
 
 
-@dataclass
-class SLNE:
-    """Similarity learning with neighbourhood embedding.
+def learn_similarity(Z: np.ndarray, y: np.ndarray, graph: np.ndarray, *, margin: float = 0.02,
+                     step: float = 0.2, epochs: int = 3, batch: int = 64, sampling: str = "violating",
+                     normalize: float | None = None, seed=0, symmetric: bool = True,
+                     offset: np.ndarray | None = None, M0: np.ndarray | None = None):
+    """Algorithm 1: learn M of s_M(z_i, z_j) = z_i^T M z_j (Eq. 2) on a fixed neighbour graph.
 
     Parameters
     ----------
-    margin : b of Eq. 6 (default 0.02). step : rho0 (default 0.2). epochs : passes over the data.
+    Z : (n, p) training rows (in SL-NE's input space, see :func:`preprocess`).
+    y : (n,) labels; equal labels make a neighbour a target, others an impostor.
+    graph : (n, k) int, local kNN indices into Z's rows (-1 = none).
+    margin : b of Eq. 6. step : rho0 of Algorithm 1. epochs : passes over the data.
     batch : samples whose updates are computed with the same M (1 = Algorithm 1 exactly).
     sampling : 'violating' (Eq. 7) or 'uniform' (a random target and a random impostor).
     normalize : after each batch rescale M to this Frobenius norm (None: no normalisation).
-    symmetric : project M to (M + M^T) / 2 after each batch. seed : permutation seed.
+    seed : permutation seed (anything ``np.random.default_rng`` takes).
+    symmetric : project M to (M + M^T) / 2 after each batch.
+    offset : optional fixed score added to every edge of :func:`neighbourhoods` (the other members'
+        similarity during SL-DE's joint refinement). M0 : initial M (default identity).
+
+    Returns
+    -------
+    M : (p, p) float32; history : list of {"epoch", "violations", "hinge"} dicts, one per epoch.
     """
-    margin: float = 0.02
-    step: float = 0.2
-    epochs: int = 3
-    batch: int = 64
-    sampling: str = "violating"
-    normalize: float | None = None
-    symmetric: bool = True
-    seed: int = 0
-    history: list = field(default_factory=list)
-
-    def fit(self, X: np.ndarray, y: np.ndarray, graph: np.ndarray, offset: np.ndarray | None = None,
-            M0: np.ndarray | None = None) -> "SLNE":
-        """Learn M.
-
-        X : (n, D) training features; y : (n,) labels; graph : (n, k) local kNN indices (-1 = none).
-        offset : optional fixed score added to every edge of :func:`neighbourhoods` (the other members'
-            similarity during SL-DE's joint refinement). M0 : initial M (default identity).
-        """
-        X = np.ascontiguousarray(X, np.float32)
-        n, D = X.shape
-        if graph.shape[0] != n:
-            raise InputError(f"SL-NE: the neighbour graph has {graph.shape[0]} rows for {n} samples")
-        if self.sampling not in ("violating", "uniform"):
-            raise InputError(f"The 'sampling' parameter of slne must be violating or uniform. Got {self.sampling!r}")
-        nb = neighbourhoods(graph, np.asarray(y))
-        if offset is not None and len(offset) != len(nb.indices):
-            raise InputError(f"SL-NE: offset has {len(offset)} entries for {len(nb.indices)} edges")
-        M = np.eye(D, dtype=np.float64) if M0 is None else np.array(M0, dtype=np.float64)
-        rng = np.random.default_rng(self.seed)
-        self.history = []
-        t = 0
-        for epoch in range(self.epochs):
-            perm = rng.permutation(n)
-            n_viol, loss = 0, 0.0
-            for a in range(0, n, self.batch):
-                B = perm[a:a + self.batch]
-                rho = self.step / np.sqrt((t + np.arange(len(B))) / n + 1.0)  # Algorithm 1 line 7 (t-1 -> t)
-                t += len(B)
-                dM, hinge = triplet_update(M, X, nb, B, rho, self.margin, self.sampling, rng, offset)
-                if hinge.any():
-                    M += dM
-                    if self.symmetric:
-                        M = 0.5 * (M + M.T)
-                    if self.normalize:
-                        M *= self.normalize / np.linalg.norm(M)
-                n_viol += int((hinge > 0).sum())
-                loss += float(hinge.sum())
-            self.history.append({"epoch": epoch + 1, "violations": int(n_viol), "hinge": float(loss / n)})
-        self.M_ = M.astype(np.float32)
-        return self
-
-    def similarity(self, A: np.ndarray, B: np.ndarray) -> np.ndarray:
-        """s_M between rows of A (n, D) and B (m, D): (n, m), Eq. 2."""
-        return (np.asarray(A, np.float32) @ self.M_) @ np.asarray(B, np.float32).T
+    X = np.ascontiguousarray(Z, np.float32)
+    n, D = X.shape
+    graph = np.asarray(graph)
+    if graph.ndim != 2 or graph.shape[0] != n:
+        raise InputError(f"SL-NE: the neighbour graph must have one row per sample, shape ({n}, k). "
+                         f"Got shape {graph.shape} instead.")
+    if sampling not in ("violating", "uniform"):
+        raise InputError(f"The 'sampling' parameter of slne must be violating or uniform. Got {sampling!r}")
+    nb = neighbourhoods(graph, np.asarray(y))
+    if offset is not None and len(offset) != len(nb.indices):
+        raise InputError(f"SL-NE: offset has {len(offset)} entries for {len(nb.indices)} edges")
+    M = np.eye(D, dtype=np.float64) if M0 is None else np.array(M0, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    history = []
+    t = 0
+    for epoch in range(epochs):
+        perm = rng.permutation(n)
+        n_viol, loss = 0, 0.0
+        for a in range(0, n, batch):
+            B = perm[a:a + batch]
+            rho = step / np.sqrt((t + np.arange(len(B))) / n + 1.0)  # Algorithm 1 line 7 (t-1 -> t)
+            t += len(B)
+            dM, hinge = triplet_update(M, X, nb, B, rho, margin, sampling, rng, offset)
+            if hinge.any():
+                M += dM                                               # Eq. 6's hinge step
+                if symmetric:
+                    M = 0.5 * (M + M.T)
+                if normalize:
+                    M *= normalize / np.linalg.norm(M)
+            n_viol += int((hinge > 0).sum())
+            loss += float(hinge.sum())
+        history.append({"epoch": epoch + 1, "violations": int(n_viol), "hinge": float(loss / max(n, 1))})
+    return M.astype(np.float32), history
 
 
 def edge_scores(X: np.ndarray, M: np.ndarray, nb: Neighbourhoods) -> np.ndarray:
@@ -191,6 +196,7 @@ def hinge_objective(X: np.ndarray, y: np.ndarray, graph: np.ndarray, M: np.ndarr
     return float(total)
 
 
+
 # ---- preprocessing, subspaces, factorisation, the ensemble ---------------------------------------
 
 def preprocess(X: np.ndarray, mean: np.ndarray, P: np.ndarray) -> np.ndarray:
@@ -201,21 +207,79 @@ def preprocess(X: np.ndarray, mean: np.ndarray, P: np.ndarray) -> np.ndarray:
     return Z / norms
 
 
-def subspaces(p: int, members: int, dim: int, kind: str, seed: int) -> list[np.ndarray]:
-    """The projections P_n (dim, p) of SL-DE in the p-dimensional preprocessed space.
+def pca_statistics(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """What the statistics stage gives the learners, from rows X (n, D) in memory: the mean (D,)
+    float64 and the PCA basis (D, D) as rows, decreasing variance (:func:`moments.finalize_statistics`)."""
+    stats = moments.finalize_statistics(moments.partial_moments(X, np.zeros(len(X), np.int64), 1))
+    return stats["mean"], stats["pca_components"]
 
-    ``pca-blocks``: consecutive blocks of PCA coordinates (the input is already in PCA coordinates,
-    so P_n selects coordinates n*dim .. (n+1)*dim-1). ``random``: Gaussian N(0, 1/dim), seeded per member.
+
+def knn_graph(X: np.ndarray, n_neighbors: int) -> np.ndarray:
+    """The exact kNN graph of the rows of X (n, D) among themselves, self excluded, as the neighbours
+    stage computes it on the train rows: (n, k) int64 local indices, k = min(n_neighbors, n - 1)
+    (one column of -1 when n = 1)."""
+    n = len(X)
+    k = min(int(n_neighbors), n - 1)
+    if k < 1:
+        return np.full((n, 1), -1, np.int64)
+    ids = np.arange(n)
+    return knn.block_topk(X, X, k, q_ids=ids, x_ids=ids, exclude_self=True)[1]
+
+
+def training_graph(anchors: np.ndarray, neighbours: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The training rows of a stored graph and the graph in their local indices.
+
+    Parameters
+    ----------
+    anchors : (a,) sorted global rows that have a neighbour list (the train split, or the sampled
+        ``query_rows`` of ``neighbours.queries``).
+    neighbours : (a, k) int, their lists as global rows (-1 = none).
+
+    Returns
+    -------
+    rows : (n,) sorted global rows that take part: the anchors and every row they list. A row listed
+        but not an anchor has no list of its own (-1) and takes part through Eq. 4's reverse edges.
+    graph : (n, k) int64 local indices into ``rows`` (-1 = none).
+    """
+    anchors = np.asarray(anchors, np.int64)
+    neighbours = np.asarray(neighbours, np.int64)
+    rows = np.union1d(anchors, neighbours[neighbours >= 0])
+    graph = np.full((len(rows), neighbours.shape[1]), -1, np.int64)
+    local = np.searchsorted(rows, np.maximum(neighbours, 0))
+    graph[np.searchsorted(rows, anchors)] = np.where(neighbours >= 0, local, -1)
+    return rows, graph
+
+
+def subspace(p: int, n: int, dim: int, kind: str, seed) -> np.ndarray:
+    """The projection P_n (dim, p) of SL-DE member n in the p-dimensional preprocessed space.
+
+    ``pca-blocks``: the n-th block of PCA coordinates (the input is already in PCA coordinates, so P_n
+    selects coordinates n*dim .. (n+1)*dim-1). ``random``: Gaussian N(0, 1/dim), seeded per member.
     """
     if kind == "pca-blocks":
-        if members * dim > p:
-            raise InputError(f"slde: members x dim = {members} x {dim} = {members * dim} PCA directions, but only "
-                             f"{p} exist; lower members or dim, or use subspace: random")
-        return [np.eye(p, dtype=np.float32)[n * dim:(n + 1) * dim] for n in range(members)]
+        return np.eye(p, dtype=np.float32)[n * dim:(n + 1) * dim]
     if kind == "random":
-        return [(np.random.default_rng([seed, 7, n]).standard_normal((dim, p)) / np.sqrt(dim)).astype(np.float32)
-                for n in range(members)]
+        return (np.random.default_rng([seed, 7, n]).standard_normal((dim, p)) / np.sqrt(dim)).astype(np.float32)
     raise InputError(f"The 'subspace' parameter of slde must be pca-blocks or random. Got {kind!r} instead.")
+
+
+def project(Z: np.ndarray, Pn: np.ndarray) -> np.ndarray:
+    """Rows Z (n, p) in member subspace Pn (d, p): Z P_n^T, (n, d) float32."""
+    return np.asarray(Z, np.float32) @ Pn.T
+
+
+def check_subspaces(p: int, members: int, dim: int, kind: str, n_features: int | None = None) -> None:
+    """pca-blocks needs members x dim <= p PCA directions (``n_features``: D, for the message)."""
+    if kind == "pca-blocks" and members * dim > p:
+        of = "" if n_features is None else f" (X has {n_features} feature(s))"
+        raise InputError(f"slde: members x member_dim = {members} x {dim} = {members * dim} PCA directions, but "
+                         f"only {p} exist{of}; lower members or member_dim, or use subspace: random")
+
+
+def subspaces(p: int, members: int, dim: int, kind: str, seed, n_features: int | None = None) -> list[np.ndarray]:
+    """Every member's :func:`subspace` (see :func:`check_subspaces`)."""
+    check_subspaces(p, members, dim, kind, n_features)
+    return [subspace(p, n, dim, kind, seed) for n in range(members)]
 
 
 def factor(M: np.ndarray, rank: int | None = None) -> np.ndarray:
@@ -233,26 +297,34 @@ def factor(M: np.ndarray, rank: int | None = None) -> np.ndarray:
     return L.astype(np.float32)
 
 
-SLNE_KEYS = ("margin", "step", "epochs", "batch", "sampling", "normalize")
-
-
-def slne_params(spec: dict) -> dict:
-    """The SLNE constructor arguments found in a method spec."""
-    return {k: spec[k] for k in SLNE_KEYS if spec.get(k) is not None}
-
-
 def member_seed(seed: int, n: int) -> int:
+    """The SGD seed of SL-DE member n: a function of the estimator's seed and n only (never of the
+    number of workers or the order members run in)."""
     return int(np.random.SeedSequence([seed, n]).generate_state(1)[0])
 
 
-def fit_member(Zn: np.ndarray, y: np.ndarray, graph: np.ndarray, params: dict, seed: int):
-    """One SL-DE member: SL-NE on its projected data Zn = Z P_n^T. Returns (M_n (d, d), meta)."""
-    import time
+def fit_member(params: dict, Zn: np.ndarray, y: np.ndarray, graph: np.ndarray, seed: int,
+               offset: np.ndarray | None = None, M0: np.ndarray | None = None):
+    """One SL-DE member: SL-NE (:func:`learn_similarity`) on its projected rows. A pure function, so
+    the pipeline runs each member as its own task and :meth:`SLDE.fit` runs them one after another.
+
+    Parameters
+    ----------
+    params : the SL-NE solver parameters, :meth:`SLDE.member_params`.
+    Zn : (n, d) the training rows in the member's subspace, Z P_n^T.
+    y : (n,) labels. graph : (n, k) local kNN indices (-1 = none).
+    seed : the member's seed, :meth:`SLDE.member_seed`.
+    offset, M0 : see :func:`learn_similarity` (joint refinement).
+
+    Returns
+    -------
+    M_n : (d, d) float32; meta : {"history", "seconds", "samples_per_second"}.
+    """
     t0 = time.perf_counter()
-    model = SLNE(**{**params, "seed": seed}).fit(Zn, y, graph)
+    M, history = learn_similarity(Zn, y, graph, **params, seed=seed, offset=offset, M0=M0)
     seconds = time.perf_counter() - t0
-    return model.M_, {"history": model.history, "seconds": seconds,
-                      "samples_per_second": params.get("epochs", 3) * len(Zn) / max(seconds, 1e-9)}
+    return M, {"history": history, "seconds": seconds,
+               "samples_per_second": params.get("epochs", 3) * len(Zn) / max(seconds, 1e-9)}
 
 
 def ensemble_matrix(Ps: list, Ms: list) -> np.ndarray:
@@ -273,9 +345,418 @@ def refine(Ps: list, Ms: list, Z: np.ndarray, y: np.ndarray, graph: np.ndarray, 
     for n, P in enumerate(Ps):
         others = np.sum([sc for m, sc in enumerate(scores) if m != n], axis=0)
         Zn = Z @ P.T
-        Ms[n] = SLNE(**{**params, "seed": member_seed(seed + 1, n)}).fit(Zn, y, graph, offset=others, M0=Ms[n]).M_
+        Ms[n] = fit_member(params, Zn, y, graph, member_seed(seed + 1, n), offset=others, M0=Ms[n])[0]
         scores[n] = edge_scores(Zn, Ms[n], nb)
     return Ms
+
+
+# ---- the estimators ------------------------------------------------------------------------------------
+
+SOLVER_PARAMS = ("margin", "step", "epochs", "batch", "sampling", "normalize")
+
+_SOLVER_CONSTRAINTS = {
+    "margin": NON_NEGATIVE,
+    "step": NON_NEGATIVE,
+    "epochs": COUNT,
+    "batch": COUNT,
+    "sampling": [StrOptions({"violating", "uniform"})],
+    "normalize": POSITIVE + [None],
+    "n_neighbors": COUNT,
+    "random_state": RANDOM_STATE,
+}
+
+
+class _Bilinear(Learner):
+    """What SL-NE and SL-DE share: the input space, the bilinear similarity, its factored codes.
+
+    Fitted attributes: ``mean_`` (D,) and ``basis_`` (D, p) float32 (the input space: Z =
+    l2normalize((X - mean_) @ basis_)); ``M_`` (p, p) float32, s(x, y) = z_x^T M_ z_y (Eq. 2 / Eq. 8);
+    ``factor_`` (p, r) float32, the codes Z @ factor_ whose inner products approximate s (the PSD
+    part of M_, :func:`factor`); ``classes_``; ``history_`` (JSON-able list).
+    """
+    code_metric = "inner"
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.target_tags.required = True
+        return tags
+
+    # -- the input space from the statistics --------------------------------------------------------------
+    def input_space(self, mean, components) -> tuple[np.ndarray, np.ndarray]:
+        """The SL-NE input space from the statistics: (mean (D,), P (D, p)) float32, P the first
+        ``input_dim`` PCA directions (all when None).
+
+        Parameters
+        ----------
+        mean : (D,) the training rows' mean. components : (k, D) their PCA directions as rows,
+            decreasing variance (the statistics' ``pca_components``).
+        """
+        comps = np.asarray(components)
+        if comps.ndim != 2 or comps.shape[1] != len(mean):
+            raise InputError(f"{type(self).__name__}: components must be (k, D) PCA directions as rows of the "
+                             f"D = {len(mean)} features of the mean. Got shape {comps.shape} instead.")
+        if self.input_dim is not None and self.input_dim > len(comps):
+            raise InputError(f"The 'input_dim' parameter of {self.method} must be <= {len(comps)}, the PCA "
+                             f"directions available (X has {comps.shape[1]} feature(s)). Got {self.input_dim} "
+                             f"instead.")
+        p = len(comps) if self.input_dim is None else self.input_dim
+        return np.asarray(mean, np.float32), np.ascontiguousarray(comps[:p].T, dtype=np.float32)
+
+    def input_rows(self, X, mean, components) -> np.ndarray:
+        """Rows X (n, D) in the input space given the statistics (see :meth:`input_space`): (n, p)
+        float32, what :meth:`SLNE.fit_space` and :meth:`SLDE.assemble` take as Z."""
+        return self.input_map(mean, components)(X)
+
+    def input_map(self, mean, components):
+        """:meth:`input_rows` as a function of X alone, the space built once (for many row-blocks)."""
+        mean32, P = self.input_space(mean, components)
+        return lambda X: preprocess(X, mean32, P)
+
+    # -- data checks -----------------------------------------------------------------------------------
+    def _fit_data(self, X, y):
+        """Validated (X, y codes) for ``fit``; SL-NE needs targets and impostors, so two classes."""
+        if y is None:
+            raise ValueError(f"{type(self).__name__} requires y to be passed, but the target y is None.")
+        X, y = self._check_Xy(X, y, min_classes=1)
+        self._check_classes(len(self.classes_))
+        return X, y
+
+    def _check_classes(self, n_classes: int) -> None:
+        if n_classes < 2:
+            raise InputError(f"{type(self).__name__} needs at least 2 classes (targets and impostors); got "
+                             f"{n_classes} class. Pass labels of several classes.")
+
+    def _space_data(self, Z, y, neighbors, mean, components):
+        """Checks of the pipeline entry points' arrays; sets n_features_in_ and classes_."""
+        Z = np.ascontiguousarray(Z, np.float32)
+        y = np.asarray(y)
+        _, P = self.input_space(mean, components)
+        if Z.ndim != 2 or Z.shape[1] != P.shape[1] or len(y) != len(Z):
+            raise InputError(f"{type(self).__name__}: Z must be the training rows in the input space, shape "
+                             f"(n, {P.shape[1]}) with one label each. Got Z {Z.shape} and {len(y)} labels; "
+                             f"build Z with input_rows(X, mean, components).")
+        graph = _check_graph(neighbors, len(Z))
+        self.classes_ = np.unique(y)
+        self._check_classes(len(self.classes_))
+        self.n_features_in_ = int(len(mean))
+        self.__dict__.pop("feature_names_in_", None)
+        return Z, y, graph
+
+    def _graph(self, X, neighbors):
+        return knn_graph(X, self.n_neighbors) if neighbors is None else neighbors
+
+    # -- fitted model ---------------------------------------------------------------------------------
+    @property
+    def _n_features_out(self) -> int:
+        return int(self.factor_.shape[1])
+
+    def _transform(self, X):
+        return preprocess(X, self.mean_, self.basis_) @ self.factor_
+
+    def exact_views(self, X) -> tuple[np.ndarray, np.ndarray]:
+        """(query view Z M_, base view Z), each (n, p) float32: the inner product of a query's query
+        view and a database row's base view is the exact similarity s_M (Eq. 2), which the codes only
+        approximate when M_ is not PSD or ``dim`` cuts its rank.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features_in_)
+        """
+        check_is_fitted(self)
+        X = self._check_X(X, reset=False)
+        Z = preprocess(X, self.mean_, self.basis_)
+        return Z @ self.M_, Z
+
+    def cost(self) -> dict:
+        """The encoder's projection (D, p) and factor (p, r), dense: non-zeros, bytes, multiply-adds."""
+        check_is_fitted(self)
+        nnz = int(self.basis_.size + self.factor_.size)
+        stored = int(self.basis_.nbytes + self.factor_.nbytes + self.mean_.nbytes)
+        return {"nnz": nnz, "storage_bytes": stored, "flops_per_image": 2 * nnz}
+
+    def _set_model(self, mean, P, M, L, history) -> None:
+        self.mean_ = np.ascontiguousarray(mean, np.float32)
+        self.basis_ = np.ascontiguousarray(P, np.float32)
+        self.M_ = np.ascontiguousarray(M, np.float32)
+        self.factor_ = np.ascontiguousarray(L, np.float32)
+        self.history_ = history
+
+
+def _check_graph(neighbors, n: int) -> np.ndarray:
+    g = np.asarray(neighbors)
+    if g.ndim != 2 or g.shape[0] != n or not np.issubdtype(g.dtype, np.integer):
+        raise InputError(f"neighbors must be an integer array of shape ({n}, k), one row per training sample. "
+                         f"Got {g.dtype} {g.shape} instead; pass local row indices, -1 for none.")
+    if g.size and (g.min() < -1 or g.max() >= n):
+        raise InputError(f"neighbors must hold row indices in [0, {n}) or -1 for none. Got values in "
+                         f"[{g.min()}, {g.max()}] instead.")
+    return g.astype(np.int64, copy=False)
+
+
+class SLNE(_Bilinear):
+    """Similarity learning with neighbourhood embedding (Wang et al., Algorithm 1).
+
+    Learns a bilinear similarity s(x, y) = z_x^T M z_y (Eq. 2) in a centred, l2-normalised PCA space
+    z = l2normalize((x - mean) P), and codes z L with L L^T the PSD part of M, so that the inner
+    product of two codes approximates s.
+
+    Parameters
+    ----------
+    dim : int or None, default None
+        Output code dimension: eigen-directions of M kept when factoring it into codes (the largest
+        positive ones; None = all positive; fewer when M has fewer positive eigenvalues).
+    input_dim : int or None, default None
+        PCA directions of the input space (p); None = all.
+    margin : float, default 0.02
+        b of Eq. 6.
+    step : float, default 0.2
+        rho0 of Algorithm 1.
+    epochs : int, default 3
+        Passes over the training rows.
+    batch : int, default 64
+        Samples whose updates are computed with the same M (1 = Algorithm 1 exactly).
+    sampling : {'violating', 'uniform'}, default 'violating'
+        The most violating target/impostor pair (Eq. 7) or a uniformly drawn one.
+    normalize : float or None, default None
+        After each batch rescale M to this Frobenius norm (None: no normalisation).
+    n_neighbors : int, default 50
+        k of the exact kNN graph ``fit`` computes when none is given (clipped to n - 1).
+    random_state : int, RandomState or None, default None
+        Seed of the SGD's permutations (None: 0).
+
+    Attributes
+    ----------
+    mean_ : (D,) float32; basis_ : (D, p) float32; M_ : (p, p) float32; factor_ : (p, r) float32;
+    history_ : list of {"epoch", "violations", "hinge"}; classes_; n_features_in_.
+    """
+    method = "slne"
+
+    def check_data_shape(self, n_features: int, n_classes: int) -> None:
+        super().check_data_shape(n_features, n_classes)
+        p = self.input_dim or n_features
+        if self.dim is not None and self.dim > p:
+            raise InputError(f"The 'dim' parameter of SLNE must be <= {p}, the input space's dimension (input_dim, "
+                             f"default the data's {n_features} features). Got {self.dim} instead.")
+    _parameter_constraints = {"dim": DIM_OR_NONE, "input_dim": DIM_OR_NONE, **_SOLVER_CONSTRAINTS}
+
+    def __init__(self, dim=None, input_dim=None, margin=0.02, step=0.2, epochs=3, batch=64, sampling="violating",
+                 normalize=None, n_neighbors=50, random_state=None):
+        self.dim = dim
+        self.input_dim = input_dim
+        self.margin = margin
+        self.step = step
+        self.epochs = epochs
+        self.batch = batch
+        self.sampling = sampling
+        self.normalize = normalize
+        self.n_neighbors = n_neighbors
+        self.random_state = random_state
+
+    def fit(self, X, y, neighbors=None):
+        """Learn M from rows X with labels y.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like of shape (n_samples,)
+        neighbors : int array of shape (n_samples, k) or None
+            Each row's neighbours as row indices of X (-1 = none); None: the exact kNN graph of X
+            (``n_neighbors``, self excluded).
+        """
+        self._validate_params()
+        X, y = self._fit_data(X, y)
+        mean, components = pca_statistics(X)
+        Z = self.input_rows(X, mean, components)
+        return self._fit_space(Z, y, _check_graph(self._graph(X, neighbors), len(X)), mean, components)
+
+    def fit_space(self, Z, y, neighbors, mean, components):
+        """The pipeline's entry point: learn M from training rows already in the input space.
+
+        Parameters
+        ----------
+        Z : (n, p) float32, the training rows as :meth:`input_rows` (X, mean, components) gives them.
+        y : (n,) labels. neighbors : (n, k) int, local row indices into Z (-1 = none).
+        mean : (D,) the training rows' mean; components : (k, D) their PCA directions (rows), as
+            the statistics stage stores them (``mean``, ``pca_components``).
+        """
+        self._validate_params()
+        Z, y, graph = self._space_data(Z, y, neighbors, mean, components)
+        return self._fit_space(Z, y, graph, mean, components)
+
+    def solver_params(self) -> dict:
+        """The keyword arguments of :func:`learn_similarity` this estimator uses (without the seed)."""
+        return {k: getattr(self, k) for k in SOLVER_PARAMS}
+
+    def _fit_space(self, Z, y, graph, mean, components):
+        mean32, P = self.input_space(mean, components)
+        M, history = learn_similarity(Z, y, graph, **self.solver_params(), seed=seed_of(self.random_state))
+        self._set_model(mean32, P, M, factor(M, self.dim), history)
+        return self
+
+
+class SLDE(_Bilinear):
+    """Similarity learning with diverse ensembles (Wang et al., Section 3): one SL-NE per subspace,
+    trained independently, similarities summed (Eq. 8), optionally refined jointly (Section 3.1).
+
+    Parameters
+    ----------
+    members : int, default 8
+        N_E, the number of subspaces.
+    member_dim : int, default 64
+        d, the dimension of each member's subspace.
+    input_dim : int or None, default None
+        PCA directions of the input space (p); None = all.
+    subspace : {'pca-blocks', 'random'}, default 'pca-blocks'
+        Consecutive blocks of PCA coordinates (needs members x member_dim <= p) or seeded Gaussian
+        projections N(0, 1/d).
+    refine : bool, default False
+        One round of coordinate descent over members, each re-trained with the others fixed.
+    margin, step, epochs, batch, sampling, normalize : as :class:`SLNE`, for every member.
+    dim : int or None, default None
+        Output code dimension: the codes concatenate each member's factor (the eigen-directions of
+        M_n, mapped back by P_n^T). None = every member's positive eigen-directions; an int is split
+        evenly over members (the first dim % members members keep one more), at most that many per
+        member (fewer when M_n has fewer positive eigenvalues); dim must be >= members.
+    n_neighbors : int, default 50
+        k of the exact kNN graph ``fit`` computes when none is given (clipped to n - 1).
+    random_state : int, RandomState or None, default None
+        Seed of the random subspaces and, through :func:`member_seed`, of each member's SGD.
+
+    Attributes
+    ----------
+    mean_, basis_, M_ (the ensemble M_E of Eq. 8), factor_, classes_ : as :class:`SLNE`.
+    member_matrices_ : (members, d, d) float32, each M_n.
+    history_ : list of {"member", "history"}, one per member.
+    """
+    method = "slde"
+
+    def check_data_shape(self, n_features: int, n_classes: int) -> None:
+        super().check_data_shape(n_features, n_classes)
+        check_subspaces(min(self.input_dim or n_features, n_features), self.members, self.member_dim, self.subspace)
+    _parameter_constraints = {"members": COUNT, "member_dim": COUNT, "input_dim": DIM_OR_NONE,
+                              "subspace": [StrOptions({"pca-blocks", "random"})], "refine": ["boolean"],
+                              "dim": DIM_OR_NONE, **_SOLVER_CONSTRAINTS}
+
+    def __init__(self, members=8, member_dim=64, input_dim=None, subspace="pca-blocks", refine=False, margin=0.02,
+                 step=0.2, epochs=3, batch=64, sampling="violating", normalize=None, dim=None, n_neighbors=50,
+                 random_state=None):
+        self.members = members
+        self.member_dim = member_dim
+        self.input_dim = input_dim
+        self.subspace = subspace
+        self.refine = refine
+        self.margin = margin
+        self.step = step
+        self.epochs = epochs
+        self.batch = batch
+        self.sampling = sampling
+        self.normalize = normalize
+        self.dim = dim
+        self.n_neighbors = n_neighbors
+        self.random_state = random_state
+
+    # -- what the pipeline maps over its workers ----------------------------------------------------------
+    def member_params(self) -> dict:
+        """The SL-NE solver parameters every member uses (the ``params`` of :func:`fit_member`)."""
+        return {k: getattr(self, k) for k in SOLVER_PARAMS}
+
+    def member_seed(self, n: int) -> int:
+        """Member n's SGD seed: depends on random_state and n only."""
+        return member_seed(seed_of(self.random_state), n)
+
+    def projections(self, p: int, n_features: int | None = None) -> list[np.ndarray]:
+        """Every member's subspace P_n (member_dim, p) in the p-dimensional input space (``n_features``:
+        D, named in the error when pca-blocks needs more than p directions)."""
+        return subspaces(p, self.members, self.member_dim, self.subspace, seed_of(self.random_state), n_features)
+
+    def member_rows(self, X, mean, components, n: int) -> np.ndarray:
+        """Rows X (n_rows, D) in member n's subspace: :meth:`input_rows` times P_n^T, (n_rows, member_dim)."""
+        return self.member_map(mean, components, n)(X)
+
+    def member_map(self, mean, components, n: int):
+        """:meth:`member_rows` as a function of X alone, the spaces built once (for many row-blocks)."""
+        mean32, P = self.input_space(mean, components)
+        check_subspaces(P.shape[1], self.members, self.member_dim, self.subspace, P.shape[0])
+        Pn = subspace(P.shape[1], n, self.member_dim, self.subspace, seed_of(self.random_state))
+        return lambda X: project(preprocess(X, mean32, P), Pn)
+
+    def member_ranks(self) -> list:
+        """The code dimension each member keeps (None: all its positive eigen-directions)."""
+        if self.dim is None:
+            return [None] * self.members
+        if self.dim < self.members:
+            raise InputError(f"The 'dim' parameter of slde must be >= members ({self.members}): every member "
+                             f"keeps at least one code direction. Got {self.dim} instead; raise dim or use None.")
+        return [self.dim // self.members + (n < self.dim % self.members) for n in range(self.members)]
+
+    # -- in memory ----------------------------------------------------------------------------------------
+    def fit(self, X, y, neighbors=None):
+        """Train every member on rows X with labels y, one after another, and assemble them.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like of shape (n_samples,)
+        neighbors : int array of shape (n_samples, k) or None
+            Each row's neighbours as row indices of X (-1 = none); None: the exact kNN graph of X.
+        """
+        self._validate_params()
+        X, y = self._fit_data(X, y)
+        self.member_ranks()
+        mean, components = pca_statistics(X)
+        Z = self.input_rows(X, mean, components)
+        graph = _check_graph(self._graph(X, neighbors), len(X))
+        params = self.member_params()
+        members = [fit_member(params, project(Z, Pn), y, graph, self.member_seed(n))
+                   for n, Pn in enumerate(self.projections(Z.shape[1], X.shape[1]))]
+        return self._assemble(members, mean, components, Z, y, graph)
+
+    def assemble(self, members: list, mean, components, Z=None, y=None, neighbors=None):
+        """The pipeline's entry point: the fitted ensemble from its trained members.
+
+        Parameters
+        ----------
+        members : list of (M_n (member_dim, member_dim), meta), :func:`fit_member`'s results in
+            member order (member n trained on :meth:`member_rows` (X, mean, components, n) with seed
+            :meth:`member_seed` (n)).
+        mean : (D,), components : (k, D): the statistics' mean and PCA directions.
+        Z, y, neighbors : the training rows in the input space (:meth:`input_rows`), their labels and
+            local kNN graph; only ``refine`` needs them.
+        """
+        self._validate_params()
+        if len(members) != self.members:
+            raise InputError(f"SLDE.assemble: expected {self.members} members (the 'members' parameter). "
+                             f"Got {len(members)} instead.")
+        shapes = {np.shape(m) for m, _ in members}
+        if shapes != {(self.member_dim, self.member_dim)}:
+            raise InputError(f"SLDE.assemble: every member's M_n must be ({self.member_dim}, {self.member_dim}) "
+                             f"(member_dim). Got shapes {sorted(shapes)}; train members with member_rows.")
+        if self.refine:
+            if Z is None or y is None or neighbors is None:
+                raise InputError("SLDE.assemble with refine=True needs Z, y and neighbors (the training rows). "
+                                 "Got None; pass them or set refine=False.")
+            Z, y, neighbors = self._space_data(Z, y, neighbors, mean, components)
+        else:
+            self.n_features_in_ = int(len(mean))
+            self.__dict__.pop("feature_names_in_", None)
+            if y is not None:
+                self.classes_ = np.unique(np.asarray(y))
+        return self._assemble(members, mean, components, Z, y, neighbors)
+
+    def _assemble(self, members, mean, components, Z, y, graph):
+        ranks = self.member_ranks()
+        mean32, P = self.input_space(mean, components)
+        Ps = self.projections(*P.shape[::-1])
+        Ms = [np.asarray(m, np.float32) for m, _ in members]
+        if self.refine:
+            Ms = refine(Ps, Ms, Z, y, graph, self.member_params(), seed_of(self.random_state))
+        M = ensemble_matrix(Ps, Ms)                                                    # Eq. 8
+        # codes: concatenated members' factors, <code_x, code_y> = sum_n <L_n P_n z_x, L_n P_n z_y>
+        L = np.concatenate([Pn.T @ factor(Mn, r) for Pn, Mn, r in zip(Ps, Ms, ranks)], axis=1)
+        self._set_model(mean32, P, M, L, [{"member": n, "history": meta["history"]}
+                                          for n, (_, meta) in enumerate(members)])
+        self.member_matrices_ = np.stack(Ms).astype(np.float32)
+        return self
 
 
 def _uniform_pairs(tgt, seg, rng):

@@ -22,13 +22,24 @@ it and the support then barely moves (on Fashion-MNIST, R = 64, tau = 0.9: 89% o
 projector's test mAP). Shrinking M geometrically from D to its target over the first half of the
 iterations lets the gradient choose the support, and reaches the dense projector's mAP (101%).
 With anneal = 0 the learner is Algorithm 1 as printed.
+
+:class:`SparseProjector` is the estimator. ``fit(X, y)`` draws a stratified subset of ``train_size``
+rows (:func:`stratified_subset`), starts from the PCA of all of X and learns on the subset; the
+pipeline draws the same subset of the train split, reads only those rows and calls
+:meth:`SparseProjector.fit_subset` with the statistics stage's mean and PCA basis.
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from numbers import Integral, Real
 
 import numpy as np
+import scipy.sparse
+from sklearn.utils.validation import check_array, check_is_fitted
 
+from metricpipe.tasks.base import COUNT, DIM_OR_NONE, NON_NEGATIVE, RANDOM_STATE, Interval, Learner, seed_of
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.metrics import retrieval_scores
+from metricpipe.tasks.models import LinearModel
+from metricpipe.tasks.slne import pca_statistics
 
 GOLDEN = (np.sqrt(5.0) - 1.0) / 2.0
 
@@ -127,89 +138,269 @@ def objective_and_gradient(U: np.ndarray, X: np.ndarray, gt: GroundTruth, qs: np
 
 
 def train_map(U: np.ndarray, X: np.ndarray, gt: GroundTruth) -> float:
+    """mAP of the training queries ranked by the projected similarity (each query against the others)."""
     Y = X @ U
     qs = gt.queries
     S = Y[qs] @ Y.T
     S[np.arange(len(qs)), qs] = -np.inf  # the query itself is not in its ranking
     pos, _ = gt.masks(qs)
-    return float(np.nanmean(retrieval_scores(-S, pos, (1,))["ap"]))
+    ap = retrieval_scores(-S, pos, (1,))["ap"]
+    ap = ap[np.isfinite(ap)]  # a query without positives has no AP
+    return float(ap.mean()) if len(ap) else float("nan")
 
 
-@dataclass
-class SparseProjector:
-    """Rank-optimised projector U (D, R) with at most (1 - sparsity) D non-zeros per column.
+# The objective over all queries below which training stops.
+TOL = 1e-12
+
+
+def support_size(it: int, D: int, m: int, anneal: float, max_iter: int) -> int:
+    """M for iteration ``it``: geometric from D down to m over the first anneal * max_iter iterations."""
+    steps = int(round(anneal * max_iter))
+    if it >= steps:
+        return m
+    return max(m, int(round(D * (m / D) ** (it / steps))))
+
+
+def rank_projectors(X: np.ndarray, key: np.ndarray, U0: np.ndarray, *, sparsity: float = 0.9, queries: int = 100,
+                    epsilon: float = 1e-6, max_iter: int = 200, anneal: float = 0.5, seed=0, tol: float = TOL,
+                    record_every: int = 1):
+    """Algorithm 1 (with the continuation ``anneal``): rank-optimised projectors from a start U0.
 
     Parameters
     ----------
+    X : (N, D) centred training signatures, each a query against the others.
+    key : (N,) relevance keys (labels or groups): the same key is a positive.
+    U0 : (D, R) initial projectors (PCA).
     sparsity : tau of Eq. 19 (0 = dense). queries : P, queries per iteration (half the highest f_q,
-    half at random). epsilon : margin of Eq. 7. max_iter : iterations. tol : stop when the objective
-    over all queries falls below it. seed : random half of the query selection. anneal : share of
-    max_iter over which M shrinks geometrically from D to its target (continuation; 0 = Algorithm 1
-    as printed, projecting onto the target M from the first step).
+        half at random). epsilon : margin of Eq. 7. max_iter : iterations. anneal : share of max_iter
+        over which M shrinks geometrically from D to its target (0 = Algorithm 1 as printed).
+    seed : the random half of the query selection. tol : stop when the objective over all queries
+        falls below it. record_every : iterations between ``history`` entries.
+
+    Returns
+    -------
+    U : (D, R) float32 with unit columns of at most (1 - sparsity) D non-zeros; history : list of
+    {"iter", "objective", "train_map"}, "iter" counting the steps taken; n_iter : iterations run
+    (the one that found the objective below tol or a zero gradient included).
     """
-    sparsity: float = 0.9
-    queries: int = 100
-    epsilon: float = 1e-6
-    max_iter: int = 200
-    tol: float = 1e-12
-    seed: int = 0
-    record_every: int = 1
-    anneal: float = 0.5
-    history: list = field(default_factory=list)
+    X = np.asarray(X, np.float64)
+    N, D = X.shape
+    if U0.shape[0] != D:
+        raise InputError(f"sparse: initial projectors have {U0.shape[0]} rows for {D}-d signatures")
+    if not 0.0 <= anneal <= 1.0:
+        raise InputError(f"The 'anneal' parameter of sparse must be in [0, 1]. Got {anneal} instead.")
+    if not 0.0 <= sparsity < 1.0:
+        raise InputError(f"The 'sparsity' parameter of sparse must be in [0, 1). Got {sparsity} instead.")
+    gt = GroundTruth(np.arange(N), np.asarray(key))
+    m_final = nonzeros_per_column(D, sparsity)
+    U = unit_columns(project_l0(np.asarray(U0, np.float64), support_size(0, D, m_final, anneal, max_iter)))
+    Y0 = X @ np.asarray(U0, np.float64)
+    _, neg_all = gt.masks(gt.queries)
+    piv_all = pivots(Y0 @ Y0.T, neg_all)
+    rng = np.random.default_rng(seed)
+    P = min(queries, N)
+    history = []
+    done = n_iter = 0
+    for it in range(max_iter):
+        n_iter = it + 1
+        m = support_size(it, D, m_final, anneal, max_iter)
+        total, _, f_all = objective_and_gradient(U, X, gt, gt.queries, piv_all, epsilon, gradient=False)
+        if it % record_every == 0:
+            history.append({"iter": it, "objective": total, "train_map": train_map(U, X, gt)})
+        if total < tol:
+            break
+        active = np.argsort(-f_all, kind="stable")[:P // 2]                       # active half
+        rest = np.setdiff1d(np.arange(N), active)
+        qs = np.concatenate([active, rng.choice(rest, P - len(active), replace=False)])  # stochastic half
+        _, G, _ = objective_and_gradient(U, X, gt, qs, piv_all[qs], epsilon)
+        gnorm = np.linalg.norm(G)
+        if gnorm == 0:
+            break
 
-    def _support(self, it: int, D: int, m: int) -> int:
-        """M for iteration ``it``: geometric from D down to m over the first anneal * max_iter iterations."""
-        steps = int(round(self.anneal * self.max_iter))
-        if it >= steps:
-            return m
-        return max(m, int(round(D * (m / D) ** (it / steps))))
+        def step(mu):
+            return unit_columns(project_l0(U - mu * G, m))                         # Eqs. 15, 17
 
-    def fit(self, X: np.ndarray, key: np.ndarray, U0: np.ndarray) -> "SparseProjector":
-        """X : (N, D) training signatures (each a query against the others); key : (N,) relevance
-        keys (labels or groups); U0 : (D, R) initial projectors (PCA)."""
-        X = np.asarray(X, np.float64)
-        N, D = X.shape
-        if U0.shape[0] != D:
-            raise InputError(f"sparse: initial projectors have {U0.shape[0]} rows for {D}-d signatures")
-        if not 0.0 <= self.anneal <= 1.0:
-            raise InputError(f"The 'anneal' parameter of sparse must be in [0, 1]. Got {self.anneal} instead.")
-        if not 0.0 <= self.sparsity < 1.0:
-            raise InputError(f"The 'sparsity' parameter of sparse must be in [0, 1). Got {self.sparsity} instead.")
-        gt = GroundTruth(np.arange(N), np.asarray(key))
-        m_final = nonzeros_per_column(D, self.sparsity)
-        U = unit_columns(project_l0(np.asarray(U0, np.float64), self._support(0, D, m_final)))
-        Y0 = X @ np.asarray(U0, np.float64)
-        _, neg_all = gt.masks(gt.queries)
-        piv_all = pivots(Y0 @ Y0.T, neg_all)
-        rng = np.random.default_rng(self.seed)
-        P = min(self.queries, N)
-        self.history = []
-        done = 0
-        for it in range(self.max_iter):
-            m = self._support(it, D, m_final)
-            total, _, f_all = objective_and_gradient(U, X, gt, gt.queries, piv_all, self.epsilon, gradient=False)
-            if it % self.record_every == 0:
-                self.history.append({"iter": it, "objective": total, "train_map": train_map(U, X, gt)})
-            if total < self.tol:
-                break
-            active = np.argsort(-f_all, kind="stable")[:P // 2]                       # active half
-            rest = np.setdiff1d(np.arange(N), active)
-            qs = np.concatenate([active, rng.choice(rest, P - len(active), replace=False)])  # stochastic half
-            _, G, _ = objective_and_gradient(U, X, gt, qs, piv_all[qs], self.epsilon)
-            gnorm = np.linalg.norm(G)
-            if gnorm == 0:
-                break
+        mu = golden_section(lambda mu: objective_and_gradient(step(mu), X, gt, qs, piv_all[qs], epsilon,
+                                                              gradient=False)[0],
+                            0.0, np.linalg.norm(U) / gnorm, tol=1e-4, max_iter=20)
+        U = step(mu)
+        done = it + 1
+    cut = np.count_nonzero(U, axis=0).max() > m_final
+    if cut:  # stopped (tol) before the annealed support reached its target: project onto it (Eq. 17)
+        U = unit_columns(project_l0(U, m_final))
+    if cut or history[-1]["iter"] != done:  # the state after the last step
+        total = objective_and_gradient(U, X, gt, gt.queries, piv_all, epsilon, gradient=False)[0]
+        if history[-1]["iter"] == done:
+            history.pop()
+        history.append({"iter": done, "objective": total, "train_map": train_map(U, X, gt)})
+    return U.astype(np.float32), history, n_iter
 
-            def step(mu):
-                return unit_columns(project_l0(U - mu * G, m))                         # Eqs. 15, 17
 
-            mu = golden_section(lambda mu: objective_and_gradient(step(mu), X, gt, qs, piv_all[qs], self.epsilon,
-                                                                  gradient=False)[0],
-                                0.0, np.linalg.norm(U) / gnorm, tol=1e-4, max_iter=20)
-            U = step(mu)
-            done = it + 1
-        if self.history[-1]["iter"] != done:  # the state after the last step
-            total = objective_and_gradient(U, X, gt, gt.queries, piv_all, self.epsilon, gradient=False)[0]
-            self.history.append({"iter": done, "objective": total, "train_map": train_map(U, X, gt)})
-        self.U_ = U.astype(np.float32)
+def stratified_subset(labels: np.ndarray, size: int, seed, among: np.ndarray | None = None) -> np.ndarray:
+    """Sorted indices of about ``size`` rows, the same share of every class (seeded).
+
+    Parameters
+    ----------
+    labels : (n,) class of every row.
+    size : rows wanted; every class present keeps at least one, so the count can differ by a few.
+    seed : anything ``np.random.default_rng`` takes.
+    among : sorted candidate rows (default all); with ``size`` >= their number they are all returned.
+
+    Returns
+    -------
+    rows : (m,) int64 sorted indices into ``labels``.
+    """
+    labels = np.asarray(labels)
+    rows = np.arange(len(labels)) if among is None else np.asarray(among, np.int64)
+    if size >= len(rows):
+        return rows
+    rng = np.random.default_rng(seed)
+    picked = []
+    for c in np.unique(labels[rows]):
+        of_c = rows[labels[rows] == c]
+        picked.append(rng.choice(of_c, max(1, int(round(size * len(of_c) / len(rows)))), replace=False))
+    return np.sort(np.concatenate(picked))
+
+
+class SparseProjector(Learner):
+    """Rank-optimised sparse projectors (Negrel, Picard, Gosselin): codes x U + b, U (D, R) with at
+    most (1 - sparsity) D non-zeros per column, compared by inner product (Eq. 2).
+
+    Parameters
+    ----------
+    dim : int or None, default None
+        R, the number of projectors (the code dimension); None = every PCA direction (D).
+    sparsity : float in [0, 1), default 0.9
+        tau of Eq. 19 (0 = dense).
+    queries : int, default 100
+        P, queries per iteration (half the highest f_q, half at random).
+    train_size : int, default 2000
+        Rows of the training set (a stratified, seeded subset of the rows given; each is a query
+        against the others). Its cost grows with train_size squared.
+    max_iter : int, default 200
+        Iterations.
+    anneal : float in [0, 1], default 0.5
+        Share of max_iter over which M shrinks geometrically from D to its target (continuation;
+        0 = Algorithm 1 as printed).
+    epsilon : float, default 1e-6
+        The margin of Eq. 7.
+    random_state : int, RandomState or None, default None
+        Seed of the training subset and of the random half of the queries (None: 0).
+
+    Attributes
+    ----------
+    projectors_ : (D, R) float32, a scipy CSC sparse array when sparsity > 0, else dense.
+    bias_ : (R,) float32, -mean U (the codes of centred rows).
+    history_ : list of {"iter", "objective", "train_map"}. n_iter_ : iterations run (see
+    :func:`rank_projectors`).
+    n_features_in_, classes_.
+    """
+    method = "sparse"
+    dim_within_features = True
+    code_metric = "inner"
+    _parameter_constraints = {
+        "dim": DIM_OR_NONE,
+        "sparsity": [Interval(Real, 0, 1, closed="left")],
+        "queries": [Interval(Integral, 2, None, closed="left")],
+        "train_size": [Interval(Integral, 4, None, closed="left")],
+        "max_iter": COUNT,
+        "anneal": [Interval(Real, 0, 1, closed="both")],
+        "epsilon": NON_NEGATIVE,
+        "random_state": RANDOM_STATE,
+    }
+
+    def __init__(self, dim=None, sparsity=0.9, queries=100, train_size=2000, max_iter=200, anneal=0.5,
+                 epsilon=1e-6, random_state=None):
+        self.dim = dim
+        self.sparsity = sparsity
+        self.queries = queries
+        self.train_size = train_size
+        self.max_iter = max_iter
+        self.anneal = anneal
+        self.epsilon = epsilon
+        self.random_state = random_state
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.target_tags.required = True
+        return tags
+
+    def fit(self, X, y):
+        """Learn the projectors on a stratified subset of ``train_size`` rows of X, from the PCA of X.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like of shape (n_samples,), the relevance keys (same key = relevant).
+        """
+        self._validate_params()
+        if y is None:
+            raise ValueError("SparseProjector requires y to be passed, but the target y is None.")
+        X, y = self._check_Xy(X, y, min_classes=1)
+        _check_keys(len(self.classes_))
+        mean, components = pca_statistics(X)
+        rows = stratified_subset(y, self.train_size, seed_of(self.random_state))
+        return self._fit_subset(X[rows], y[rows], mean, components)
+
+    def fit_subset(self, X, key, mean, components):
+        """The pipeline's entry point: learn on the training subset, starting from given statistics.
+
+        Parameters
+        ----------
+        X : (n, D) the subset's rows (:func:`stratified_subset` of the train split with
+            ``train_size`` and ``random_state``; bounded, so read in one task).
+        key : (n,) their relevance keys (labels, or groups where the data has them).
+        mean : (D,) the training rows' mean; components : (k, D) their PCA directions (rows).
+        """
+        self._validate_params()
+        X = check_array(X, dtype=[np.float64, np.float32])
+        key = np.asarray(key)
+        mean = np.asarray(mean, np.float64)
+        if X.shape[1] != len(mean) or len(key) != len(X):
+            raise InputError(f"SparseProjector.fit_subset: X must have {len(mean)} columns (the mean's length) and "
+                             f"one key per row. Got X {X.shape} and {len(key)} keys.")
+        self.classes_ = np.unique(key)
+        _check_keys(len(self.classes_))
+        self.n_features_in_ = int(X.shape[1])
+        self.__dict__.pop("feature_names_in_", None)
+        return self._fit_subset(X, key, mean, components)
+
+    def _fit_subset(self, X, key, mean, components):
+        comps = np.asarray(components)
+        if self.dim is not None and self.dim > len(comps):
+            raise InputError(f"The 'dim' parameter of sparse must be <= {len(comps)}, the PCA projectors "
+                             f"available to start from (X has {comps.shape[1]} feature(s)). Got {self.dim} "
+                             f"instead.")
+        dim = len(comps) if self.dim is None else self.dim
+        mean = np.asarray(mean, np.float64)
+        U, history, n_iter = rank_projectors(
+            np.asarray(X, np.float64) - mean, key, comps[:dim].T, sparsity=self.sparsity, queries=self.queries,
+            epsilon=self.epsilon, max_iter=self.max_iter, anneal=self.anneal, seed=seed_of(self.random_state),
+            record_every=max(1, self.max_iter // 50))
+        self.projectors_ = scipy.sparse.csc_array(U) if self.sparsity > 0 else U
+        self.bias_ = (-mean.astype(np.float32) @ U).astype(np.float32)
+        self.history_ = history
+        self.n_iter_ = int(n_iter)
         return self
+
+    @property
+    def _n_features_out(self) -> int:
+        return int(self.projectors_.shape[1])
+
+    def _model(self) -> LinearModel:
+        # a fresh container per call: its cached compute form must not live on the estimator
+        return LinearModel(self.projectors_, self.bias_, score="inner")
+
+    def _transform(self, X):
+        return self._model().transform(X)
+
+    def cost(self) -> dict:
+        """Non-zeros of U, its storage (CSC with small row indices when sparse) and multiply-adds."""
+        check_is_fitted(self)
+        return self._model().cost(self.n_features_in_)
+
+
+def _check_keys(n_keys: int) -> None:
+    if n_keys < 2:
+        raise InputError(f"SparseProjector needs at least 2 relevance keys (positives and negatives); got "
+                         f"{n_keys} class. Pass labels of several classes.")

@@ -1,6 +1,12 @@
 """Shared fixtures: seeded synthetic data with chunks that do not divide evenly, a session LocalCluster."""
-import numpy as np
-import pytest
+import os
+
+# scikit-learn's estimator checks include check_array_api_input, which runs only when scipy's array
+# API support is switched on before scipy is first imported (else it skips itself)
+os.environ.setdefault("SCIPY_ARRAY_API", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,11 @@
 import numpy as np
 import pytest
+from sklearn.decomposition import PCA as SkPCA
 from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
 
-from metricpipe.tasks import baselines
+from metricpipe.tasks.baselines import LDA, PCA, PCAWhitening, RandomProjection
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.moments import finalize_statistics, partial_moments
-from metricpipe.tasks.registry import expand_method
 from tests.conftest import make_blobs
 
 
@@ -15,47 +15,57 @@ def data():
     return X, y, finalize_statistics(partial_moments(X, y, 4))
 
 
-def test_pca_codes_are_centred_and_decorrelated(data):
-    X, _, s = data
-    Z = baselines.fit_pca(s, 3).transform(X).astype(np.float64)
+def test_pca_codes_are_centred_and_decorrelated_and_match_sklearn(data):
+    X, y, s = data
+    Z = PCA(3).fit(X).transform(X).astype(np.float64)
     np.testing.assert_allclose(Z.mean(0), 0, atol=1e-4)
     cov = np.cov(Z, rowvar=False)
     np.testing.assert_allclose(np.diag(cov), s["pca_variances"][:3], rtol=1e-4)
     assert np.abs(cov - np.diag(np.diag(cov))).max() < 1e-3 * cov.max()
+    ref = SkPCA(3).fit_transform(X.astype(np.float64))
+    np.testing.assert_allclose(np.abs(Z), np.abs(ref), atol=1e-4)   # up to each component's sign
+
+
+def test_fit_in_memory_equals_fit_from_streamed_statistics(data):
+    X, y, _ = data
+    parts = [partial_moments(X[a:a + 97], y[a:a + 97], 4) for a in range(0, len(X), 97)]
+    from metricpipe.tasks.moments import combine_all
+    streamed = finalize_statistics(combine_all(parts))
+    for est in (PCA(4), PCAWhitening(4), LDA(), RandomProjection(5, random_state=3)):
+        a = est.fit(X, y).transform(X)
+        b = type(est)(**est.get_params()).fit_statistics(streamed).transform(X)
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
 
 def test_pca_whitening_gives_unit_covariance(data):
-    X, _, s = data
-    Z = baselines.fit_pcaw(s, 4, eps=0).transform(X).astype(np.float64)
+    X, _, _ = data
+    Z = PCAWhitening(4, eps=0).fit(X).transform(X).astype(np.float64)
     np.testing.assert_allclose(np.cov(Z, rowvar=False), np.eye(4), atol=1e-4)
 
 
+def test_pca_whitening_refuses_a_zero_variance_component_without_eps():
+    X = np.zeros((10, 3))
+    X[:, 0] = np.arange(10)
+    with pytest.raises(InputError, match="variance 0 and eps=0"):
+        PCAWhitening(3, eps=0).fit(X)
+
+
 def test_lda_spans_the_same_subspace_as_sklearn(data):
-    X, y, s = data
-    W = baselines.fit_lda(s, reg=0.0).W.astype(np.float64)
+    X, y, _ = data
+    W = LDA(reg=0.0).fit(X, y).components_.astype(np.float64)
     ref = LinearDiscriminantAnalysis(solver="eigen").fit(X, y).scalings_[:, :3]
-    # projection of ref's columns onto span(W) loses nothing
     Qw, _ = np.linalg.qr(W)
     resid = ref - Qw @ (Qw.T @ ref)
     assert np.linalg.norm(resid) / np.linalg.norm(ref) < 1e-4
 
 
 def test_lda_dim_above_classes_minus_one_is_refused(data):
-    with pytest.raises(InputError, match="'dim' parameter of lda must be <= 3"):
-        baselines.fit_lda(data[2], dim=5)
+    X, y, _ = data
+    with pytest.raises(InputError, match="'dim' parameter of LDA must be <= 3"):
+        LDA(dim=5).fit(X, y)
 
 
 def test_random_projection_is_seeded(data):
-    s = data[2]
-    a, b, c = (baselines.fit_random(s, 5, seed=q).W for q in (0, 0, 1))
+    X = data[0]
+    a, b, c = (RandomProjection(5, random_state=q).fit(X).components_ for q in (0, 0, 1))
     assert np.array_equal(a, b) and not np.array_equal(a, c)
-
-
-def test_registry_expands_sweeps_and_rejects_unknown_parameters():
-    assert [m["dim"] for m in expand_method({"method": "pca", "dim": [8, 16]})] == [8, 16]
-    with pytest.raises(InputError, match="unknown parameter 'dimm' for method pca; did you mean 'dim'"):
-        expand_method({"method": "pca", "dimm": 8})
-    with pytest.raises(InputError, match="did you mean 'pca'"):
-        expand_method({"method": "pcca"})
-    with pytest.raises(InputError, match="'dim' parameter of pca must be >= 1"):
-        expand_method({"method": "pca", "dim": 0})

@@ -112,3 +112,41 @@ def test_threads_split_the_rows_of_L_without_changing_a_bit():
         assert one.step(Xi, Xj, y) == two.step(Xi, Xj, y)
     assert np.array_equal(one.L, two.L)
     np.testing.assert_array_equal(nml.chi2_embed(L, Xi), nml.chi2_embed(L, Xi, pool=two.pool))
+
+
+def test_pool_pairs_are_balanced_distinct_and_correctly_labelled():
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 5, 1000)
+    i, j, s = nml.sample_pairs(y, 4001, np.random.default_rng(3))
+    assert len(s) == 4001 and (i != j).all() and (s == 1).sum() == 2000
+    assert np.array_equal(s == 1, y[i] == y[j])
+    assert 0.4 < (s[:200] == 1).mean() < 0.6                # shuffled: both kinds throughout
+    again = nml.sample_pairs(y, 4001, np.random.default_rng(3))
+    relabelled = nml.sample_pairs(10 * y + 7, 4001, np.random.default_rng(3))  # codes' order only matters
+    assert all(np.array_equal(a, b) and np.array_equal(a, c) for a, b, c in zip((i, j, s), again, relabelled))
+    # similar partners are uniform over the other rows of the class; dissimilar ones over other classes
+    sim = s == 1
+    assert np.all(np.bincount(j[sim][y[i[sim]] == 0], minlength=1000)[y != 0] == 0)
+    counts = np.bincount(y[j[~sim]], minlength=5) / np.bincount(y[i[~sim]], minlength=5).sum()
+    assert counts.min() > 0.15
+
+
+def test_pool_pairs_fall_back_when_a_kind_is_impossible():
+    one_class = nml.sample_pairs(np.zeros(5, int), 10, np.random.default_rng(0))
+    assert (one_class[2] == 1).all() and (one_class[0] != one_class[1]).all()
+    singletons = nml.sample_pairs(np.arange(6), 10, np.random.default_rng(0))
+    assert (singletons[2] == -1).all() and len(singletons[2]) == 10
+    assert len(nml.sample_pairs(np.array([3]), 10, np.random.default_rng(0))[2]) == 0
+
+
+def test_pair_groups_visit_every_pair_once_per_epoch_by_block_pairs():
+    rng = np.random.default_rng(1)
+    pi, pj = rng.integers(0, 100, 500), rng.integers(0, 100, 500)
+    gen = nml.pair_groups(pi, pj, 100, 30, seed=4)
+    n_groups = len({(min(a, b), max(a, b)) for a, b in zip(pi // 30, pj // 30)})
+    epochs = [[next(gen) for _ in range(n_groups)] for _ in range(2)]
+    for groups in epochs:
+        assert np.array_equal(np.sort(np.concatenate([sel for _, sel in groups])), np.arange(500))
+        for blocks, sel in groups:
+            assert len(blocks) <= 2 and set(pi[sel] // 30) | set(pj[sel] // 30) == set(blocks)
+    assert [b for b, _ in epochs[0]] != [b for b, _ in epochs[1]]   # a new seeded order every epoch

@@ -38,14 +38,17 @@ def test_theta_changes_the_norm_not_the_direction_and_the_encoder_is_that_direct
     np.testing.assert_allclose(dirs[0], dirs[1], atol=1e-12)
     np.testing.assert_allclose(dirs[0], dirs[2], atol=1e-12)
     assert len({round(v, 6) for v in norms}) == 3
-    enc = slem.LinearSLEM(X.mean(0), slem.factor(A))
+    enc = slem.SLEM(lam=lam, negatives={"count": None}).fit(X)
+    np.testing.assert_allclose(enc.cholesky_ @ enc.cholesky_.T, A, atol=1e-12)
     np.testing.assert_allclose(enc.transform(Y[:1])[0], dirs[0], atol=1e-6)
 
 
 def test_singular_covariance_without_lambda_is_a_one_line_error():
     X = np.c_[np.random.default_rng(0).normal(size=(10, 3)), np.zeros(10)]   # a feature with no variance
-    with pytest.raises(InputError, match="raise lambda"):
+    with pytest.raises(InputError, match="raise lam"):
         slem.factor(slem.regularised_covariance(np.cov(X.T, bias=True), 0.0))
+    with pytest.raises(InputError, match="SLEM: .* raise lam"):
+        slem.SLEM(lam=0.0).fit(X)
 
 
 @pytest.mark.parametrize("kind,gamma", [("gaussian", 0.3), ("poly", 0.5)])
@@ -54,7 +57,7 @@ def test_lemma1_factor_reproduces_the_augmented_kernel_matrix(kind, gamma):
     K = slem.kernel(X, X, kind, gamma)
     B, eps = slem.complete_cholesky(K)
     assert eps < 1e-6
-    m = slem.KernelSLEM.fit(X, 0.1, kind, gamma, "cholesky", None)
+    m = slem.KernelSLEM(0.1, kind, gamma, "full", "cholesky").fit(X)
     v, u = m.lemma1(Y[:1])
     Bp = np.zeros((len(X) + 1, len(X) + 1))
     Bp[0, 0], Bp[0, 1:], Bp[1:, 1:] = u[0], v[0], B
@@ -66,7 +69,7 @@ def test_lemma1_factor_reproduces_the_augmented_kernel_matrix(kind, gamma):
 def test_eq16_equals_the_inner_product_of_the_explicit_classifiers(kind, gamma):
     X, Y = _data()
     lam = 0.3
-    m = slem.KernelSLEM.fit(X, lam, kind, gamma, "cholesky", None)
+    m = slem.KernelSLEM(lam, kind, gamma, "full", "cholesky").fit(X)
     C = m.transform(Y[:2]).astype(np.float64)
     n = len(X)
     Kfull = slem.kernel(np.vstack([Y[:2], X]), np.vstack([Y[:2], X]), kind, gamma)
@@ -81,7 +84,7 @@ def test_eq16_equals_the_inner_product_of_the_explicit_classifiers(kind, gamma):
         alphas.append(al)
     h, g = alphas
     cosine = h @ Kfull @ g / np.sqrt((h @ Kfull @ h) * (g @ Kfull @ g))
-    assert slem.similarity(C[:1], C[1:], m.score)[0, 0] == pytest.approx(cosine, abs=1e-5)
+    assert slem.similarity(C[:1], C[1:], m.code_metric)[0, 0] == pytest.approx(cosine, abs=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["gaussian", "poly"])
@@ -91,10 +94,11 @@ def test_icd_at_full_rank_equals_complete_cholesky(kind):
     B, piv = slem.incomplete_cholesky(np.diag(K), lambda j: K[:, j], len(X))
     assert sorted(piv) == list(range(len(X)))            # every column pivoted once
     np.testing.assert_allclose(B @ B.T, K, atol=1e-8)
-    ccd = slem.KernelSLEM.fit(X, 0.2, kind, 0.4, "cholesky", None)
-    icd = slem.KernelSLEM.fit(X, 0.2, kind, 0.4, "icd", None)
-    Sc = slem.similarity(ccd.transform(Y), ccd.transform(Y), ccd.score)
-    Si = slem.similarity(icd.transform(Y), icd.transform(Y), icd.score)
+    ccd = slem.KernelSLEM(0.2, kind, 0.4, "full", "cholesky").fit(X)
+    icd = slem.KernelSLEM(0.2, kind, 0.4, "full", "icd").fit(X)
+    assert icd.factor_info_ == {"pivots": len(X)}
+    Sc = slem.similarity(ccd.transform(Y), ccd.transform(Y), ccd.code_metric)
+    Si = slem.similarity(icd.transform(Y), icd.transform(Y), icd.code_metric)
     np.testing.assert_allclose(Si, Sc, atol=1e-5)
 
 
@@ -103,8 +107,8 @@ def test_low_rank_factors_approximate_k_and_keep_lemma1_valid():
     K = slem.kernel(X, X, "gaussian", 0.5)
     err = {}
     for method in ("kpca", "icd"):
-        m = slem.KernelSLEM.fit(X, 0.1, "gaussian", 0.5, method, 10)
-        assert m.rank == 10
+        m = slem.KernelSLEM(0.1, "gaussian", 0.5, 10, method).fit(X)
+        assert m.rank_ == 10
         v, u = m.lemma1(Y)
         assert np.all(np.isfinite(u)) and np.all((v * v).sum(1) <= 1.0 + 1e-9)   # ||v||^2 <= k_00 = 1
         B, _ = slem.decompose(X, "gaussian", 0.5, method, 10)
@@ -122,6 +126,9 @@ def test_esvm_separates_each_exemplar_from_the_negatives():
     np.testing.assert_allclose(np.linalg.norm(W, axis=1), 1.0)
     own = (W * X0).sum(1)                                 # each classifier's score on its exemplar
     assert np.all(own > (W @ Xneg.T).max(axis=1))          # above every negative's
-    # the same seed gives the same codes; the encoder wraps the same solver
-    enc = slem.ESVMEncoder(Xneg, 1e-3, 1.0, 20, 16, 0)
+    # the same seed gives the same codes; the estimator wraps the same solver with the draw [seed, 23]
+    enc = slem.ESVM(1e-3, 1.0, 20, 16, {"count": None}, random_state=0).fit(Xneg)
     np.testing.assert_array_equal(enc.transform(X0), enc.transform(X0))
+    ref = slem.esvm(X0, Xneg, 1e-3, 1.0, 20, 16, np.random.default_rng([0, 23]))
+    np.testing.assert_allclose(enc.transform(X0), ref, atol=1e-7)
+    assert not np.allclose(slem.ESVM(1e-3, 1.0, 20, 16, {"count": None}, random_state=1).fit(Xneg).transform(X0), ref)

@@ -62,20 +62,21 @@ def test_single_update_is_minus_rho_times_the_hinge_subgradient():
 def test_training_lowers_the_objective_and_is_deterministic_per_seed():
     X, y, g = _problem(n=300, sep=0.8)
     before = slne.hinge_objective(X, y, g, np.eye(X.shape[1]), 0.02)
-    a = slne.SLNE(step=0.05, epochs=5, batch=8, seed=3).fit(X, y, g)
-    b = slne.SLNE(step=0.05, epochs=5, batch=8, seed=3).fit(X, y, g)
-    c = slne.SLNE(step=0.05, epochs=5, batch=8, seed=4).fit(X, y, g)
-    assert slne.hinge_objective(X, y, g, a.M_, 0.02) < 0.8 * before
-    assert np.array_equal(a.M_, b.M_) and not np.array_equal(a.M_, c.M_)
-    assert np.allclose(a.M_, a.M_.T)  # symmetric projection
-    u = slne.SLNE(step=0.05, epochs=5, batch=8, sampling="uniform").fit(X, y, g)
-    assert slne.hinge_objective(X, y, g, u.M_, 0.02) < before
+    a, hist = slne.learn_similarity(X, y, g, step=0.05, epochs=5, batch=8, seed=3)
+    b, _ = slne.learn_similarity(X, y, g, step=0.05, epochs=5, batch=8, seed=3)
+    c, _ = slne.learn_similarity(X, y, g, step=0.05, epochs=5, batch=8, seed=4)
+    assert slne.hinge_objective(X, y, g, a, 0.02) < 0.8 * before
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+    assert np.allclose(a, a.T)  # symmetric projection
+    assert [h["epoch"] for h in hist] == [1, 2, 3, 4, 5] and hist[-1]["hinge"] < hist[0]["hinge"]
+    u, _ = slne.learn_similarity(X, y, g, step=0.05, epochs=5, batch=8, sampling="uniform")
+    assert slne.hinge_objective(X, y, g, u, 0.02) < before
 
 
 def test_frobenius_normalisation():
     X, y, g = _problem()
-    m = slne.SLNE(step=0.5, epochs=2, normalize=2.0).fit(X, y, g)
-    assert np.linalg.norm(m.M_) == pytest.approx(2.0, rel=1e-5)
+    M, _ = slne.learn_similarity(X, y, g, step=0.5, epochs=2, normalize=2.0)
+    assert np.linalg.norm(M) == pytest.approx(2.0, rel=1e-5)
 
 
 def test_ensemble_similarity_is_the_sum_of_members():
@@ -88,7 +89,7 @@ def test_ensemble_similarity_is_the_sum_of_members():
         direct = sum((A @ P.T) @ M @ (B @ P.T).T for P, M in zip(Ps, Ms))
         np.testing.assert_allclose(A @ slne.ensemble_matrix(Ps, Ms) @ B.T, direct, rtol=1e-4, atol=1e-4)
     assert np.array_equal(slne.subspaces(p, 2, d, "random", 5)[1], slne.subspaces(p, 2, d, "random", 5)[1])
-    with pytest.raises(InputError, match="members x dim = 4 x 4 = 16 PCA directions, but only 12"):
+    with pytest.raises(InputError, match="members x member_dim = 4 x 4 = 16 PCA directions, but only 12"):
         slne.subspaces(p, 4, d, "pca-blocks", 0)
 
 
@@ -110,3 +111,136 @@ def test_softvote_is_eq9_over_the_most_similar_neighbours():
     assert list(softvote_ranking(labels, sims, 3, 4)[0][:2]) == [1, 2]  # 0.95 (class 2) < 0.5 + 0.47 (class 1)
     assert softvote_ranking(labels, sims, 3, 1)[0][0] == 2
     assert softvote_ranking(labels, sims, 3, 2)[0][0] == 2  # 2: 0.95 vs 0: 0.9
+
+
+# ---- the estimators ------------------------------------------------------------------------------------
+
+def _blobs(n=240, d=10, seed=0, sep=1.0):
+    X, y = make_blobs(n=n, d=d, classes=3, seed=seed, sep=sep)
+    return X + 2.0, y  # not centred: the estimator centres
+
+
+def test_slne_fits_pca_space_exact_knn_graph_and_todays_linear_model_codes():
+    from metricpipe.tasks.models import LinearModel
+    X, y = _blobs()
+    est = slne.SLNE(dim=4, input_dim=6, step=0.05, n_neighbors=7, random_state=2).fit(X, y)
+    # the input space: the mean and the 6 leading principal directions of X (numpy reference)
+    vals, vecs = np.linalg.eigh(np.cov(X.astype(np.float64).T))
+    ref = vecs[:, ::-1][:, :6]
+    ref *= np.sign(ref[np.argmax(np.abs(ref), axis=0), np.arange(6)])
+    np.testing.assert_allclose(est.mean_, X.mean(0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(est.basis_, ref, atol=1e-4)
+    # the graph: brute-force 7-NN of X, self excluded; the solver: Algorithm 1 with the estimator's seed
+    _, g = brute_force_knn(X, X, 7, exclude_self=True)
+    np.testing.assert_array_equal(slne.knn_graph(X, 7), g)
+    Z = slne.preprocess(X, est.mean_, est.basis_)
+    M, hist = slne.learn_similarity(Z, y, g, step=0.05, seed=2)
+    np.testing.assert_array_equal(est.M_, M)
+    assert est.history_ == hist
+    L = slne.factor(M, 4)
+    model = LinearModel(W=L, pre_mean=est.mean_, pre_P=est.basis_, M=M, score="inner")
+    np.testing.assert_array_equal(est.transform(X), model.transform(X))
+    for a, b in zip(est.exact_views(X), model.exact_views(X)):
+        np.testing.assert_array_equal(a, b)
+    assert est.transform(X).shape == (len(X), 4) and est.code_metric == "inner"
+    # a graph given to fit is used as is: the computed one gives the same model
+    same = slne.SLNE(dim=4, input_dim=6, step=0.05, random_state=2).fit(X, y, neighbors=g)
+    np.testing.assert_array_equal(same.M_, est.M_)
+
+
+def test_slne_exact_views_give_the_bilinear_similarity_and_codes_its_psd_part():
+    X, y = _blobs(sep=0.5)
+    est = slne.SLNE(step=0.5, epochs=2, random_state=0).fit(X, y)
+    q, b = est.exact_views(X[:20])
+    Z = slne.preprocess(X[:20], est.mean_, est.basis_)
+    np.testing.assert_allclose(q @ b.T, Z @ est.M_ @ Z.T, rtol=1e-4, atol=1e-5)       # Eq. 2
+    vals, vecs = np.linalg.eigh(0.5 * (est.M_ + est.M_.T).astype(np.float64))
+    psd = vecs @ np.diag(np.clip(vals, 0, None)) @ vecs.T
+    C = est.transform(X[:20])
+    np.testing.assert_allclose(C @ C.T, Z @ psd @ Z.T, rtol=1e-3, atol=1e-4)
+    assert est.cost()["flops_per_image"] == 2 * (est.basis_.size + est.factor_.size)
+
+
+def test_slne_refuses_bad_input_dim_graph_and_single_class():
+    X, y = _blobs(d=5)
+    with pytest.raises(InputError, match="'input_dim' parameter of slne must be <= 5"):
+        slne.SLNE(input_dim=6).fit(X, y)
+    with pytest.raises(InputError, match=r"neighbors must be an integer array of shape \(240, k\)"):
+        slne.SLNE().fit(X, y, neighbors=np.zeros((10, 3), np.int64))
+    with pytest.raises(InputError, match=r"row indices in \[0, 240\)"):
+        slne.SLNE().fit(X, y, neighbors=np.full((240, 3), 240))
+    with pytest.raises(InputError, match="at least 2 classes .* got 1 class"):
+        slne.SLNE().fit(X, np.zeros(len(X)))
+    with pytest.raises(ValueError, match="The 'sampling' parameter of SLNE must be a str among"):
+        slne.SLNE(sampling="best").fit(X, y)
+
+
+def test_training_graph_keeps_anchors_and_their_neighbours_in_local_indices():
+    anchors = np.array([2, 5, 9])
+    nbrs = np.array([[5, 7, -1], [2, 11, 7], [3, -1, -1]])
+    rows, graph = slne.training_graph(anchors, nbrs)
+    np.testing.assert_array_equal(rows, [2, 3, 5, 7, 9, 11])
+    anchor = np.isin(rows, anchors)
+    np.testing.assert_array_equal(np.where(graph[anchor] >= 0, rows[graph[anchor]], -1), nbrs)
+    assert np.all(graph[~anchor] == -1)                 # neighbour-only rows have no list of their own
+    # with every train row an anchor, the rows are the anchors and the graph is re-indexed
+    rows, graph = slne.training_graph(np.array([1, 4, 6]), np.array([[4, 6], [1, 6], [4, 1]]))
+    np.testing.assert_array_equal(rows, [1, 4, 6])
+    np.testing.assert_array_equal(graph, [[1, 2], [0, 2], [1, 0]])
+
+
+def test_slde_codes_concatenate_member_factors_split_over_members():
+    X, y = _blobs(d=12)
+    est = slne.SLDE(members=3, member_dim=4, dim=7, step=0.1, epochs=2, random_state=1).fit(X, y)
+    Ps = est.projections(12)
+    assert est.member_ranks() == [3, 2, 2]
+    Z = slne.preprocess(X[:30], est.mean_, est.basis_)
+    # codes: each member's factor of rank <= its share (fewer where M_n has fewer positive
+    # eigenvalues), mapped back by P_n^T
+    L = np.concatenate([Pn.T @ slne.factor(Mn, r) for Pn, Mn, r in zip(Ps, est.member_matrices_, [3, 2, 2])], 1)
+    np.testing.assert_array_equal(est.factor_, L)
+    positive = [int((np.linalg.eigvalsh(0.5 * (M + M.T)) > 0).sum()) for M in est.member_matrices_]
+    assert est.transform(X).shape == (len(X), sum(min(r, max(k, 1)) for r, k in zip([3, 2, 2], positive)))
+    # the exact views: the sum of the members' similarities (Eq. 8)
+    q, b = est.exact_views(X[:30])
+    direct = sum((Z @ Pn.T) @ Mn @ (Z @ Pn.T).T for Pn, Mn in zip(Ps, est.member_matrices_))
+    np.testing.assert_allclose(q @ b.T, direct, rtol=1e-4, atol=1e-5)
+    assert slne.SLDE(members=3, member_dim=4).fit(X, y).factor_.shape[1] <= 12   # None: all positive
+    with pytest.raises(InputError, match="'dim' parameter of slde must be >= members"):
+        slne.SLDE(members=3, member_dim=4, dim=2).fit(X, y)
+    with pytest.raises(InputError, match=r"only 12 exist \(X has 12 feature\(s\)\)"):
+        slne.SLDE(members=4, member_dim=4).fit(X, y)
+
+
+def test_slde_member_seeds_and_members_do_not_depend_on_the_worker_layout():
+    X, y = _blobs(d=12)
+    est = slne.SLDE(members=3, member_dim=4, subspace="random", epochs=2, random_state=5).fit(X, y)
+    assert est.member_seed(2) == slne.SLDE(members=7, random_state=5).member_seed(2) != est.member_seed(1)
+    mean, comps = slne.pca_statistics(X)
+    g = slne.knn_graph(X, est.n_neighbors)
+    # member 2 trained alone (as on its own worker) is the fitted member 2
+    M2, meta = slne.fit_member(est.member_params(), est.member_rows(X, mean, comps, 2), y, g, est.member_seed(2))
+    np.testing.assert_array_equal(M2, est.member_matrices_[2])
+    assert meta["history"] == est.history_[2]["history"] and meta["samples_per_second"] > 0
+    with pytest.raises(InputError, match="refine=True needs Z, y and neighbors"):
+        slne.SLDE(members=3, member_dim=4, refine=True).assemble([(M2, meta)] * 3, mean, comps)
+    with pytest.raises(InputError, match="expected 3 members"):
+        slne.SLDE(members=3, member_dim=4).assemble([(M2, meta)] * 2, mean, comps)
+
+
+def test_slde_refine_is_coordinate_descent_from_the_independent_members():
+    X, y = _blobs(d=12, sep=0.6)
+    plain = slne.SLDE(members=3, member_dim=4, step=0.05, epochs=2, random_state=0).fit(X, y)
+    refined = slne.SLDE(members=3, member_dim=4, step=0.05, epochs=2, refine=True, random_state=0).fit(X, y)
+    Z = slne.preprocess(X, plain.mean_, plain.basis_)
+    Ps = plain.projections(12)
+    Ms = slne.refine(Ps, list(plain.member_matrices_), Z, y, slne.knn_graph(X, 50), plain.member_params(), 0)
+    np.testing.assert_array_equal(refined.member_matrices_, np.stack(Ms))
+    np.testing.assert_array_equal(refined.M_, slne.ensemble_matrix(Ps, Ms))
+    assert not np.array_equal(refined.M_, plain.M_)
+    # the refined member n sees the others' similarity as a fixed offset on every edge
+    nb = slne.neighbourhoods(slne.knn_graph(X, 50), y)
+    others = sum(slne.edge_scores(Z @ P.T, M, nb) for P, M in zip(Ps[1:], plain.member_matrices_[1:]))
+    M0, _ = slne.learn_similarity(Z @ Ps[0].T, y, slne.knn_graph(X, 50), step=0.05, epochs=2,
+                                  seed=slne.member_seed(1, 0), offset=others, M0=plain.member_matrices_[0])
+    np.testing.assert_array_equal(M0, refined.member_matrices_[0])

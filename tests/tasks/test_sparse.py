@@ -57,8 +57,9 @@ def test_dense_training_lowers_the_objective_and_raises_train_map():
     X = X - X.mean(0)
     X /= np.linalg.norm(X, axis=1, keepdims=True)
     U0 = np.linalg.svd(X, full_matrices=False)[2][:8].T
-    m = sparse.SparseProjector(sparsity=0.0, queries=40, max_iter=20).fit(X, y, U0)
-    first, last = m.history[0], m.history[-1]
+    _, history, n_iter = sparse.rank_projectors(X, y, U0, sparsity=0.0, queries=40, max_iter=20)
+    first, last = history[0], history[-1]
+    assert n_iter == 20 and [h["iter"] for h in history] == list(range(21))
     assert last["objective"] < 0.25 * first["objective"]
     assert last["train_map"] > first["train_map"] + 0.08
 
@@ -66,26 +67,32 @@ def test_dense_training_lowers_the_objective_and_raises_train_map():
 def test_sparse_training_keeps_the_constraint_and_is_seeded():
     X, y = _data(n=120, d=30)
     U0 = np.linalg.svd(X, full_matrices=False)[2][:4].T
-    a = sparse.SparseProjector(sparsity=0.9, queries=30, max_iter=10).fit(X, y, U0)
-    b = sparse.SparseProjector(sparsity=0.9, queries=30, max_iter=10).fit(X, y, U0)
-    assert ((a.U_ != 0).sum(0) == 3).all()
-    np.testing.assert_allclose(np.linalg.norm(a.U_, axis=0), 1.0, rtol=1e-5)
-    assert np.array_equal(a.U_, b.U_)
+    a, _, _ = sparse.rank_projectors(X, y, U0, sparsity=0.9, queries=30, max_iter=10)
+    b, _, _ = sparse.rank_projectors(X, y, U0, sparsity=0.9, queries=30, max_iter=10)
+    c, _, _ = sparse.rank_projectors(X, y, U0, sparsity=0.9, queries=30, max_iter=10, seed=1)
+    assert ((a != 0).sum(0) == 3).all()
+    np.testing.assert_allclose(np.linalg.norm(a, axis=0), 1.0, rtol=1e-5)
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
     with pytest.raises(InputError, match="'sparsity' parameter of sparse must be in \\[0, 1\\)"):
-        sparse.SparseProjector(sparsity=1.0).fit(X, y, U0)
+        sparse.rank_projectors(X, y, U0, sparsity=1.0)
+    with pytest.raises(ValueError, match="The 'sparsity' parameter of SparseProjector must be a float in the range "
+                                         "\\[0.0, 1.0\\)"):
+        sparse.SparseProjector(sparsity=1.0).fit(X, y)
 
 
 def test_annealed_support_shrinks_geometrically_to_m_and_anneal_zero_is_algorithm_1():
-    p = sparse.SparseProjector(sparsity=0.99, max_iter=100, anneal=0.5)
-    ms = [p._support(it, 1000, 10) for it in range(100)]
+    ms = [sparse.support_size(it, 1000, 10, 0.5, 100) for it in range(100)]
     assert ms[0] == 1000 and ms[50:] == [10] * 50
     assert all(a >= b for a, b in zip(ms, ms[1:]))
     assert ms[25] == 100  # geometric: halfway through the schedule, sqrt(D * M)
-    assert sparse.SparseProjector(sparsity=0.99, max_iter=100, anneal=0.0)._support(0, 1000, 10) == 10
+    assert sparse.support_size(0, 1000, 10, 0.0, 100) == 10
     X, y = _data(n=120, d=30)
     U0 = np.linalg.svd(X, full_matrices=False)[2][:4].T
     with pytest.raises(InputError, match="'anneal' parameter of sparse must be in \\[0, 1\\]"):
-        sparse.SparseProjector(anneal=1.5).fit(X, y, U0)
+        sparse.rank_projectors(X, y, U0, anneal=1.5)
+    with pytest.raises(ValueError, match="The 'anneal' parameter of SparseProjector must be a float in the range "
+                                         "\\[0.0, 1.0\\]"):
+        sparse.SparseProjector(anneal=1.5).fit(X, y)
 
 
 @pytest.mark.parametrize("used", [20, 198])
@@ -102,3 +109,82 @@ def test_sparse_encode_equals_dense_whether_it_gathers_used_dimensions_or_not(us
     rows, _ = model._W_compute
     assert (rows is not None) == (used <= LinearModel.GATHER_BELOW * 200)
     np.testing.assert_allclose(model.transform(X), X @ U + 1, rtol=1e-5, atol=1e-5)
+
+
+# ---- the estimator and its training subset -----------------------------------------------------------
+
+def _reference_subset(labels, size, seed):
+    """The stratified draw as the train stage made it before it moved to tasks/ (a reference)."""
+    n = len(labels)
+    if size >= n:
+        return np.arange(n)
+    rng = np.random.default_rng(seed)
+    picked = [rng.choice(np.flatnonzero(labels == c), max(1, int(round(size * np.mean(labels == c)))), replace=False)
+              for c in np.unique(labels)]
+    return np.sort(np.concatenate(picked))
+
+
+def test_stratified_subset_keeps_every_class_share_and_is_seeded():
+    rng = np.random.default_rng(3)
+    labels = rng.integers(0, 5, 1000)
+    among = np.sort(rng.choice(1000, 600, replace=False))
+    rows = sparse.stratified_subset(labels, 120, 7, among=among)
+    assert np.all(np.isin(rows, among)) and np.all(np.diff(rows) > 0)
+    for c in range(5):
+        assert abs(np.sum(labels[rows] == c) - 120 * np.mean(labels[among] == c)) <= 1
+    np.testing.assert_array_equal(rows, among[_reference_subset(labels[among], 120, 7)])
+    np.testing.assert_array_equal(rows, sparse.stratified_subset(labels, 120, 7, among=among))
+    assert not np.array_equal(rows, sparse.stratified_subset(labels, 120, 8, among=among))
+    np.testing.assert_array_equal(sparse.stratified_subset(labels, 5000, 7, among=among), among)
+    assert len(sparse.stratified_subset(np.array([0] * 50 + [1]), 10, 0)) == 11  # every class keeps one row
+
+
+def test_projector_is_algorithm_1_on_the_stratified_subset_from_the_pca_of_all_rows():
+    import scipy.sparse
+    from metricpipe.tasks.models import LinearModel
+    X, y = make_blobs(n=300, d=20, classes=4, sep=0.5)
+    X = X + 1.0
+    est = sparse.SparseProjector(dim=5, sparsity=0.8, queries=20, train_size=120, max_iter=12,
+                                 random_state=4).fit(X, y)
+    mean = X.astype(np.float64).mean(0)
+    vals, vecs = np.linalg.eigh(np.cov(X.astype(np.float64).T))
+    U0 = vecs[:, ::-1][:, :5]
+    U0 *= np.sign(U0[np.argmax(np.abs(U0), axis=0), np.arange(5)])          # numpy reference PCA
+    rows = _reference_subset(y, 120, 4)
+    U, history, n_iter = sparse.rank_projectors(X[rows] - mean, y[rows], U0, sparsity=0.8, queries=20, max_iter=12,
+                                                seed=4)
+    assert isinstance(est.projectors_, scipy.sparse.csc_array) and est.n_iter_ == n_iter == 12
+    np.testing.assert_allclose(est.projectors_.toarray(), U, atol=1e-5)
+    assert ((est.projectors_.toarray() != 0).sum(0) <= sparse.nonzeros_per_column(20, 0.8)).all()
+    assert [h["iter"] for h in est.history_] == [h["iter"] for h in history]
+    model = LinearModel(scipy.sparse.csc_array(est.projectors_), (-mean.astype(np.float32) @ U).astype(np.float32))
+    np.testing.assert_allclose(est.transform(X), model.transform(X), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(est.transform(X), (X - mean) @ U, rtol=1e-4, atol=1e-4)
+    assert est.cost() == model.cost(20) and est.cost()["nnz"] == est.projectors_.nnz
+    dense = sparse.SparseProjector(dim=5, sparsity=0.0, max_iter=2).fit(X, y)
+    assert isinstance(dense.projectors_, np.ndarray) and dense.transform(X).shape == (300, 5)
+
+
+def test_fit_subset_takes_relevance_keys_other_than_the_labels():
+    X, y = make_blobs(n=200, d=10, classes=4, sep=0.5)
+    groups = y // 2                                            # e.g. the data's groups: two relevance keys
+    mean, comps = X.astype(np.float64).mean(0), np.linalg.svd(X - X.mean(0), full_matrices=False)[2]
+    est = sparse.SparseProjector(dim=3, sparsity=0.5, queries=10, max_iter=5).fit_subset(X, groups, mean, comps)
+    U, _, _ = sparse.rank_projectors(X - mean, groups, comps[:3].T, sparsity=0.5, queries=10, max_iter=5)
+    np.testing.assert_allclose(est.projectors_.toarray(), U)
+    assert est.n_features_in_ == 10 and list(est.classes_) == [0, 1]
+
+
+def test_stopping_before_the_annealing_ends_still_meets_the_sparsity():
+    X, y = make_blobs(n=90, d=12, classes=3, sep=5.0)            # separable: the objective is 0 at once
+    est = sparse.SparseProjector(dim=4, sparsity=0.75, queries=20, max_iter=50).fit(X, y)
+    assert est.n_iter_ == 1 and est.history_[-1]["iter"] == 0
+    assert ((est.projectors_.toarray() != 0).sum(0) <= 3).all()
+
+
+def test_projector_refuses_too_many_projectors_and_a_single_key():
+    X, y = make_blobs(n=60, d=6, classes=3)
+    with pytest.raises(InputError, match=r"'dim' parameter of sparse must be <= 6, .*\(X has 6 feature\(s\)\)"):
+        sparse.SparseProjector(dim=7).fit(X, y)
+    with pytest.raises(InputError, match=r"at least 2 relevance keys \(positives and negatives\); got 1 class"):
+        sparse.SparseProjector(dim=2).fit(X, np.zeros(len(X)))

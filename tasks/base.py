@@ -1,0 +1,149 @@
+"""What every metricpipe learner shares: scikit-learn's estimator contract.
+
+A learner's ``__init__`` only stores its parameters; ``fit`` checks them against the class's
+``_parameter_constraints`` (scikit-learn's wording: "The 'dim' parameter of NCMML must be an int in
+the range [1, inf). Got 0 instead.") and checks the data; fitted attributes end in ``_``;
+``transform(X)`` gives the codes. ``get_params``/``set_params``/``clone`` come from
+:class:`sklearn.base.BaseEstimator`, so a learner works in ``Pipeline`` and ``GridSearchCV``.
+
+The out-of-core pipeline drives the *same* classes: it never trains a model itself, it hands a
+learner what the learner's documented entry point takes (streamed statistics, a stream of
+shuffled batches, a bounded set of rows) and stores the fitted attributes
+(:meth:`Learner.fitted_state`), from which :meth:`Learner.from_state` rebuilds the estimator.
+"""
+from numbers import Integral, Real
+
+import numpy as np
+from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
+from sklearn.utils._param_validation import Interval, Options, StrOptions  # noqa: F401  (re-exported)
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from metricpipe.tasks.errors import InputError
+
+# constraints shared by many learners
+DIM = [Interval(Integral, 1, None, closed="left")]
+DIM_OR_NONE = [Interval(Integral, 1, None, closed="left"), None]
+POSITIVE = [Interval(Real, 0, None, closed="neither")]
+NON_NEGATIVE = [Interval(Real, 0, None, closed="left")]
+COUNT = [Interval(Integral, 1, None, closed="left")]
+RANDOM_STATE = ["random_state"]
+
+
+def seed_of(random_state) -> int:
+    """An int seed from ``random_state`` (None -> 0, so that a learner is deterministic by default).
+
+    Learners draw from ``np.random.default_rng([seed, purpose])`` streams; a ``RandomState``
+    instance contributes one draw.
+    """
+    if random_state is None:
+        return 0
+    if isinstance(random_state, (Integral, np.integer)):
+        return int(random_state)
+    if isinstance(random_state, np.random.RandomState):
+        return int(random_state.randint(0, 2 ** 31 - 1))
+    raise InputError(f"random_state must be None, an int or a numpy RandomState. Got {random_state!r} instead.")
+
+
+class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
+    """Base of every learner. Subclasses declare ``_parameter_constraints`` and implement
+    ``fit`` and ``_transform``.
+
+    Class attributes a subclass may override:
+
+    ``code_metric``: how two codes are compared, ``"euclidean"`` (distance) or ``"inner"``
+    (product; SL-NE/SL-DE); a property where it depends on the fit (kernel SLEM's Eq. 16 score).
+    ``method``: the name in configs (``methods: [{method: ncmml}]``).
+
+    A fitted learner also has ``n_features_in_`` and the property ``_n_features_out`` (the code
+    dimension; scikit-learn's ``get_feature_names_out`` uses it).
+    """
+    method: str = ""
+    code_metric: str = "euclidean"
+
+    # -- scikit-learn plumbing -------------------------------------------------------------------------
+    def _check_X(self, X, reset: bool, y=None, **kw):
+        """``validate_data`` with float32/float64 input (other dtypes are cast to float64)."""
+        kw.setdefault("dtype", [np.float64, np.float32])
+        if reset:  # fitting: moments need two rows
+            kw.setdefault("ensure_min_samples", 2)
+        if y is None:
+            return validate_data(self, X, reset=reset, **kw)
+        return validate_data(self, X, y, reset=reset, **kw)
+
+    def _check_Xy(self, X, y, min_classes: int = 2, min_per_class: int = 1):
+        """Validate labelled training data: returns (X, y codes 0..C-1); sets ``classes_``."""
+        if y is None:
+            raise ValueError(f"{type(self).__name__} requires y to be passed, but the target y is None.")
+        X, y = self._check_X(X, True, y=y)
+        check_classification_targets(y)
+        self.classes_, codes = np.unique(y, return_inverse=True)
+        if len(self.classes_) < min_classes:
+            raise ValueError(f"{type(self).__name__} needs at least {min_classes} classes in y; "
+                             f"got {len(self.classes_)} class(es).")
+        if min_per_class > 1:
+            counts = np.bincount(codes)
+            if counts.min() < min_per_class:
+                raise ValueError(f"{type(self).__name__} needs at least {min_per_class} samples of every class; "
+                                 f"class {self.classes_[int(np.argmin(counts))]!r} has {int(counts.min())}.")
+        return X, codes.astype(np.int64)
+
+    def transform(self, X):
+        """Codes of the rows of X.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features_in_)
+
+        Returns
+        -------
+        codes : ndarray of shape (n_samples, n_codes), float32
+        """
+        check_is_fitted(self)
+        X = self._check_X(X, reset=False)
+        return np.asarray(self._transform(X), np.float32)
+
+    def _transform(self, X):  # pragma: no cover - every subclass implements it
+        raise NotImplementedError
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.transformer_tags.preserves_dtype = ["float32"]
+        return tags
+
+    # -- storage: the pipeline saves the fitted attributes and rebuilds the estimator from them --------
+    def fitted_state(self) -> dict:
+        """Every fitted attribute (public, ending in ``_``): arrays, scipy sparse arrays, numbers,
+        strings and JSON-able lists/dicts. The pipeline stores arrays in Zarr and the rest as JSON."""
+        check_is_fitted(self)
+        return {k: v for k, v in vars(self).items() if k.endswith("_") and not k.startswith("_")}
+
+    @classmethod
+    def from_state(cls, params: dict, state: dict) -> "Learner":
+        """The fitted estimator from its parameters and :meth:`fitted_state`."""
+        est = cls(**params)
+        for k, v in state.items():
+            setattr(est, k, v)
+        return est
+
+    #: whether ``dim`` starts from the PCA directions (so it cannot exceed the number of features)
+    dim_within_features = False
+
+    def check_data_shape(self, n_features: int, n_classes: int) -> None:
+        """Refuse parameters the data's shape rules out, before any work (the pipeline calls it
+        after reading the source's header): ``dim`` above the features a PCA start has, class
+        indices beyond the classes. Subclasses with other limits extend it."""
+        for name in ("dim", "input_dim") if self.dim_within_features else ("input_dim",):
+            v = getattr(self, name, None)
+            if isinstance(v, Integral) and v > n_features:
+                raise InputError(f"The '{name}' parameter of {type(self).__name__} must be <= {n_features}, the "
+                                 f"data's features. Got {v} instead.")
+        classes = getattr(self, "classes", None)
+        if classes is not None and any(int(c) >= n_classes or int(c) < 0 for c in classes):
+            raise InputError(f"The 'classes' parameter of {type(self).__name__} must list class indices in "
+                             f"0..{n_classes - 1}. Got {list(classes)} instead.")
+
+    def cost(self) -> dict:
+        """Non-zeros, storage bytes and multiply-adds per image of the encoder (0 when it has no
+        projection); subclasses with a projection override it."""
+        return {"nnz": 0, "storage_bytes": 0, "flops_per_image": 0}

@@ -1,0 +1,106 @@
+"""Evaluation kernels: retrieval scores and classification errors of query codes against a
+database, on arrays handed to them. The evaluate stage reads the rows and calls these; a user can
+call them on codes in memory.
+"""
+import numpy as np
+
+from metricpipe.tasks import knn, metrics, ncmml
+
+
+def scores(Q: np.ndarray, X: np.ndarray, score: str, x_sq: np.ndarray | None = None) -> np.ndarray:
+    """Distances to rank by (ascending): squared Euclidean, minus the inner product, or minus kernel
+    SLEM's similarity (Eq. 16, score "slem:..."); ``x_sq``: X's squared row norms, if known."""
+    if score.startswith("slem:"):
+        from metricpipe.tasks.slem import similarity
+        return -similarity(Q, X, score).astype(np.float32)
+    return metrics.sq_distances(Q, X, x_sq) if score == "euclidean" else -(np.asarray(Q, np.float32) @ X.T)
+
+
+def retrieval(Q: np.ndarray, q_idx: np.ndarray, db_idx: np.ndarray, db_rows, rel_key: np.ndarray, ks: tuple,
+              ukb: bool, score: str, chunk_rows: int, group: int) -> dict:
+    """Per-query retrieval scores (``ap``, ``prec`` and ``recall`` at each k, ``ukb4``) of the queries
+    Q (rows ``q_idx``) against the database rows ``db_idx`` (sorted), ``group`` queries at a time;
+    relevance is equal ``rel_key``; a query that is in the database is not its own hit.
+
+    db_rows : callable giving the database rows db_idx[a:b] for (a, b), or the whole database array.
+    """
+    n_db = len(db_idx)
+    X = db_rows if isinstance(db_rows, np.ndarray) else None
+    x_sq = np.einsum("ij,ij->i", X, X) if X is not None and score == "euclidean" else None
+    db_key = rel_key[db_idx]
+    dist = np.empty((min(group, len(q_idx)), n_db), np.float32)
+    work = np.empty_like(dist)  # buffers reused by every group
+    parts = []
+    for s in range(0, len(q_idx), group):
+        q = q_idx[s:s + group]
+        d = dist[:len(q)]
+        for a in range(0, n_db, chunk_rows):  # in row-blocks: the score tiles stay small
+            if X is None:
+                d[:, a:a + chunk_rows] = scores(Q[s:s + group], db_rows(a, min(n_db, a + chunk_rows)), score)
+            else:
+                d[:, a:a + chunk_rows] = scores(Q[s:s + group], X[a:a + chunk_rows], score,
+                                                None if x_sq is None else x_sq[a:a + chunk_rows])
+        pos = np.minimum(np.searchsorted(db_idx, q), n_db - 1)
+        own = np.flatnonzero(db_idx[pos] == q)
+        d[own, pos[own]] = np.inf
+        relevant = rel_key[q][:, None] == db_key[None, :]
+        relevant[own, pos[own]] = False
+        out = metrics.retrieval_scores(d, relevant, ks, work=work)
+        if ukb:
+            out["ukb4"] = metrics.ukb_score(d, relevant)
+        parts.append(out)
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def knn_errors(Q: np.ndarray, y: np.ndarray, blocks, labels: np.ndarray, ks: list, score: str,
+               n_classes: int) -> dict:
+    """Top-1 and top-5 errors of kNN classifiers (each k in ``ks``) over the database ``blocks``, an
+    iterable of (global rows, their codes); ``labels`` are indexed by global row."""
+    kmax = max(ks)
+    metric = "l2" if score == "euclidean" else "ip"
+    best = knn.empty_topk(len(Q), kmax)
+    for rows, X in blocks:
+        if score.startswith("slem:"):
+            best = knn.merge_topk(best, knn.distance_topk(scores(Q, X, score), rows, kmax), kmax)
+        else:
+            best = knn.block_topk(Q, X, kmax, x_ids=rows, metric=metric, init=best)
+    nb_labels = np.where(best[1] >= 0, labels[np.maximum(best[1], 0)], -1)
+    out = {}
+    for k in ks:
+        errs = metrics.topk_errors(metrics.knn_class_ranking(nb_labels, n_classes, k), y)
+        out[f"knn{k}"] = (errs[1], errs[5])
+    return out
+
+
+def softvote_errors(Q: np.ndarray, y: np.ndarray, nbr: np.ndarray, B: np.ndarray, flat: np.ndarray,
+                    labels: np.ndarray, soft: list, n_classes: int) -> dict:
+    """Eq. 9 of SL-NE: the stored Euclidean neighbourhood ``nbr`` (q, k) of each query votes with the
+    model's similarity (inner product of the query view Q and the base view B of rows ``flat``)."""
+    pos = np.searchsorted(flat, np.maximum(nbr, 0))
+    sims = np.einsum("qd,qkd->qk", Q, B[pos])
+    nb_labels = np.where(nbr >= 0, labels[np.maximum(nbr, 0)], -1)
+    out = {}
+    for k in soft:
+        errs = metrics.topk_errors(metrics.softvote_ranking(nb_labels, sims, n_classes, k), y)
+        out[f"softvote{k}"] = (errs[1], errs[5])
+    return out
+
+
+def ncm_errors(Q: np.ndarray, y: np.ndarray, means: np.ndarray, bias: np.ndarray | None = None) -> tuple:
+    """Nearest class mean of the codes (Eq. 5), or Eq. 27's dot form when class biases are given (a
+    class without a learned bias takes the one the Euclidean form implies)."""
+    if bias is not None:
+        bias = np.where(np.isfinite(bias), bias, -0.5 * (means.astype(np.float64) ** 2).sum(1))
+        ranking = np.argsort(-ncmml.ncm_scores(Q.astype(np.float64), means.astype(np.float64), bias),
+                             axis=1, kind="stable")
+    else:
+        ranking = metrics.nearest_mean_ranking(Q, means)
+    errs = metrics.topk_errors(ranking, y)
+    return errs[1], errs[5]
+
+
+def ncmc_errors(Q: np.ndarray, y: np.ndarray, centroids: np.ndarray, owner: np.ndarray, n_classes: int) -> tuple:
+    """The NCMC mixture (Eq. 22) over the model's centroids in code space."""
+    s = ncmml.mixture_class_scores(Q.astype(np.float64), centroids, owner, n_classes)
+    errs = metrics.topk_errors(np.argsort(-s, axis=1, kind="stable"), y)
+    return errs[1], errs[5]

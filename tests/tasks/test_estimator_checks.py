@@ -1,0 +1,46 @@
+"""scikit-learn's estimator checks over every estimator metricpipe exports (the registry's classes).
+
+The instances use small parameters so the ~60 checks per estimator stay fast (scikit-learn fits on
+tiny data many times); every other parameter is the class's default. No check is expected to fail.
+"""
+import pytest
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+import metricpipe
+from metricpipe.tasks import registry
+from metricpipe.tasks.baselines import LDA, PCA, Identity, PCAWhitening, RandomProjection
+from metricpipe.tasks.ncmml import KNNML, NCMC, NCMML
+from metricpipe.tasks.nml import NML, LinearML
+from metricpipe.tasks.slem import ESVM, SLEM, KernelSLEM
+from metricpipe.tasks.slne import SLDE, SLNE
+from metricpipe.tasks.sparse import SparseProjector
+
+SGD = {"lr": 0.1, "iters": 20, "batch": 10, "validate_every": 5}
+CHECKED = [
+    Identity(), PCA(), PCAWhitening(), LDA(), RandomProjection(),
+    SLNE(epochs=1, n_neighbors=5),
+    SLDE(members=2, member_dim=1, epochs=1, n_neighbors=5),
+    SparseProjector(dim=2, queries=10, max_iter=5),
+    NCMML(dim=2, **SGD), NCMC(dim=2, centroids=1, **SGD), KNNML(dim=2, **{**SGD, "lr": 0.1}),
+    NML(dim=2, pairs=200, iters=400, batch=16), LinearML(dim=2, pairs=200, iters=400, batch=16),
+    SLEM(), KernelSLEM(rank=5, decomposition="kpca"), KernelSLEM(kernel="poly", gamma=0.5, rank=5, decomposition="icd"),
+    KernelSLEM(gamma=0.5), ESVM(epochs=1, batch=16),
+]
+
+
+@parametrize_with_checks(CHECKED)
+def test_sklearn_checks(estimator, check):
+    check(estimator)
+
+
+def test_every_exported_estimator_is_checked():
+    exported = {getattr(metricpipe, n) for n in metricpipe.__all__ if isinstance(getattr(metricpipe, n), type)}
+    assert exported == set(registry.ESTIMATORS) == {type(e) for e in CHECKED}
+
+
+@pytest.mark.parametrize("cls", registry.ESTIMATORS, ids=lambda c: c.__name__)
+def test_parameters_are_only_stored_and_named_for_configs(cls):
+    est = cls()
+    assert set(vars(est)) == set(est.get_params())          # __init__ stores its parameters, nothing else
+    assert not any(k == "seed" or k == "lambda" for k in est.get_params())
+    assert set(cls._parameter_constraints) == set(est.get_params())

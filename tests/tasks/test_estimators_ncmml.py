@@ -1,0 +1,101 @@
+"""NCMML, NCMC and k-NN ML as estimators: in-memory fit equals the stream entry point, predict and
+predict_proba follow Eqs. 5, 22 and 27, parameters work in GridSearchCV, state round-trips."""
+import numpy as np
+import pytest
+from sklearn.base import clone
+from sklearn.datasets import load_digits
+from sklearn.model_selection import GridSearchCV
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+
+from metricpipe.tasks import moments, stream
+from metricpipe.tasks.ncmml import KNNML, NCMC, NCMML, ncm_scores
+from tests.conftest import make_blobs
+
+
+@pytest.fixture(scope="module")
+def data():
+    X, y = make_blobs(n=600, d=12, classes=5, sep=0.8, seed=4)
+    return X / np.linalg.norm(X, axis=1, keepdims=True), y
+
+
+SGD = {"dim": 4, "iters": 40, "batch": 50, "validate_every": 10, "validation": 100, "random_state": 3}
+
+
+@pytest.mark.parametrize("est", [NCMML(**SGD), NCMML(**SGD, objective="dot", lr=1.0),
+                                 NCMC(**SGD, centroids=2), KNNML(**{**SGD, "batch": 30, "lr": 0.1})],
+                         ids=["ncmml", "dot", "ncmc", "knnml"])
+def test_fit_equals_the_stream_entry_point_fed_by_the_same_pools(data, est):
+    X, y = data
+    a = clone(est).fit(X, y, block_rows=97)
+    b = clone(est)
+    seed = 3
+    val = stream.validation_split(y, est.validation, seed)
+    keep = np.ones(len(y), bool)
+    keep[val] = False
+    extra = {}
+    if isinstance(est, NCMC):
+        sample = est.kmeans_sample(y, seed)
+        bl = stream.block_rows_for(X.shape[1])
+        extra["centroids"] = b.kmeans(X[sample], y[sample], lambda: iter([(X[s:s + bl], y[s:s + bl])
+                                                                         for s in range(0, len(X), bl)]), 5)
+    if isinstance(est, KNNML):
+        ref = est.reference_rows(y, keep, est.validation, seed)
+        extra["reference"] = (X[ref], y[ref])
+    b.fit_stream(moments.statistics(X, y), stream.pools(X, y, keep, 97, seed), X[val], y[val], **extra)
+    np.testing.assert_array_equal(a.components_, b.components_)
+    assert a.history_ == b.history_ and a.best_iter_ == b.best_iter_
+
+
+def test_early_stopping_keeps_the_best_validated_w(data):
+    X, y = data
+    est = NCMML(**{**SGD, "lr": 300.0}).fit(X, y)        # a step that overshoots: later W are worse
+    errors = [h["val_error"] for h in est.history_]
+    assert est.val_error_ == min(errors) and est.best_iter_ == est.history_[int(np.argmin(errors))]["iter"]
+
+
+def test_predict_proba_is_eq5_softmax_and_predict_its_argmax(data):
+    X, y = data
+    est = NCMML(**SGD).fit(X, y)
+    W = est.components_.astype(np.float64)
+    P = est.predict_proba(X[:20])
+    s = ncm_scores(X[:20] @ W, est.centroids_.astype(np.float64) @ W)       # -||Wx - W mu_c||^2 / 2
+    ref = np.exp(s - s.max(1, keepdims=True))
+    np.testing.assert_allclose(P, ref / ref.sum(1, keepdims=True), rtol=1e-10)
+    np.testing.assert_array_equal(est.predict(X[:20]), est.classes_[P.argmax(1)])
+    np.testing.assert_allclose(est.centroids_, np.stack([X[y == c].mean(0) for c in range(5)]), rtol=1e-5)
+
+
+def test_labels_of_any_type_come_back_as_given(data):
+    X, y = data
+    names = np.array(["cat", "dog", "eel", "fox", "gnu"])[y]
+    est = NCMC(**SGD, centroids=2).fit(X, names)
+    assert set(est.predict(X[:50])) <= set(names) and est.score(X, names) > 0.5
+
+
+def test_state_round_trip_gives_the_same_codes_and_classes(data):
+    X, y = data
+    for est in (NCMML(**SGD, objective="dot", lr=1.0).fit(X, y), KNNML(**SGD).fit(X, y)):
+        again = type(est).from_state(est.get_params(), est.fitted_state())
+        np.testing.assert_array_equal(again.transform(X), est.transform(X))
+        if hasattr(est, "predict"):
+            np.testing.assert_array_equal(again.predict(X), est.predict(X))
+
+
+def test_pools_of_class_sorted_rows_mix_the_classes():
+    X, y = load_digits(return_X_y=True)
+    order = np.argsort(y, kind="stable")
+    Xs, ys = X[order], y[order]
+    first = next(stream.pools(Xs, ys, None, 200, 0))[1]
+    assert len(np.unique(first)) == 10            # a stored block of 200 sorted rows holds 2 classes
+    assert len(np.unique(ys[:200])) <= 2
+
+
+def test_grid_search_over_a_pipeline_with_ncmml():
+    X, y = load_digits(return_X_y=True)
+    X, y = X[:900], y[:900]
+    search = GridSearchCV(make_pipeline(StandardScaler(), NCMML(dim=16, iters=100, batch=200, random_state=0)),
+                          {"ncmml__lr": [0.001, 0.1]}, cv=3).fit(X, y)
+    scores = search.cv_results_["mean_test_score"]
+    assert search.best_params_["ncmml__lr"] == [0.001, 0.1][int(np.argmax(scores))]
+    assert search.best_score_ > 0.8

@@ -1,0 +1,101 @@
+"""SLEM, kernel SLEM and ESVM as scikit-learn estimators: the common checks, the pipeline's entry
+points against in-memory fit, and the stored-state round trip."""
+import numpy as np
+import pytest
+from sklearn.base import clone
+
+from metricpipe.tasks import moments, slem
+from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.slem import ESVM, SLEM, KernelSLEM
+
+# scikit-learn's estimator checks for these classes: tests/tasks/test_estimator_checks.py
+
+
+def _pool(n=80, D=6, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, D)) + rng.normal(size=D), rng.normal(size=(7, D))
+
+
+def test_linear_fit_samples_count_rows_and_equals_the_moments_entry_points():
+    X, Y = _pool()
+    neg = {"count": 50, "seed": 3}
+    est = SLEM(lam=0.2, negatives=neg).fit(X)
+    rows = np.sort(np.random.default_rng([3, 29]).choice(len(X), 50, replace=False))   # the pipeline's draw
+    P = X[rows]
+    assert est.n_negatives_ == 50
+    # the paper's A^-1 (x - mu) normalised on the sampled pool (numpy reference)
+    A = np.cov(P.T, bias=True) + 0.2 * np.eye(X.shape[1])
+    ref = slem.unit_rows(np.linalg.solve(A, (Y - P.mean(0)).T).T)
+    np.testing.assert_allclose(est.transform(Y), ref, atol=1e-6)
+    # the pipeline's two entry points: streamed blocks, and the statistics stage's unbiased moments
+    streamed = clone(est).fit_blocks([P[:13], P[13:14], P[14:]])
+    stats = moments.finalize_statistics(moments.combine_all(
+        [moments.partial_moments(P[a:a + 16], np.zeros(len(P[a:a + 16]), np.int64), 1) for a in range(0, 50, 16)]))
+    from_stats = clone(est).fit_moments(stats["mean"], stats["covariance"], int(stats["n_samples"]), ddof=1)
+    for other in (streamed, from_stats):
+        np.testing.assert_allclose(other.cholesky_, est.cholesky_, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(other.transform(Y), est.transform(Y), atol=1e-6)
+
+
+@pytest.mark.parametrize("make", [lambda: KernelSLEM(lam=0.3, gamma=0.2, negatives={"count": 40, "seed": 1}),
+                                  lambda: KernelSLEM(kernel="poly", gamma=0.3, rank=6, decomposition="icd",
+                                                     negatives={"count": 40, "seed": 1}),
+                                  lambda: ESVM(lam=0.01, epochs=3, negatives={"count": 40, "seed": 1},
+                                               random_state=5)])
+def test_pool_learners_fit_equals_fit_pool_on_the_same_pool(make):
+    X, Y = _pool()
+    est = make().fit(X)
+    rows = np.sort(np.random.default_rng([1, 29]).choice(len(X), 40, replace=False))
+    np.testing.assert_array_equal(est.pool_, X[rows])
+    other = make().fit_pool(X[rows])
+    np.testing.assert_array_equal(other.transform(Y), est.transform(Y))
+    assert other.code_metric == est.code_metric
+
+
+@pytest.mark.parametrize("make", [lambda: SLEM(lam=0.05),
+                                  lambda: KernelSLEM(kernel="poly", gamma=0.3, rank=6, decomposition="kpca"),
+                                  lambda: KernelSLEM(gamma=0.2, rank=6, decomposition="icd"),
+                                  lambda: ESVM(epochs=2, random_state=np.random.RandomState(4))])
+def test_from_state_round_trip_transforms_identically(make):
+    X, Y = _pool()
+    est = make().fit(X)
+    state = est.fitted_state()
+    for k, v in state.items():      # arrays or JSON-able values only: the pipeline stores nothing else
+        assert isinstance(v, (np.ndarray, int, float, str, dict, list)), k
+    params = est.get_params()
+    again = type(est).from_state(params, state)
+    np.testing.assert_array_equal(again.transform(Y), est.transform(Y))
+    assert again.code_metric == est.code_metric and again.cost() == est.cost()
+    assert again.get_feature_names_out().tolist() == est.get_feature_names_out().tolist()
+
+
+def test_kernel_slem_score_string_parses_and_drives_similarity():
+    X, Y = _pool()
+    est = KernelSLEM(lam=np.float64(0.3), gamma=np.float32(0.25), rank=5, decomposition="kpca").fit(X)
+    assert est.code_metric == "slem:gaussian:0.25:0.3:5"
+    assert slem.parse_score(est.code_metric) == ("gaussian", 0.25, 0.3, 5)
+    C = est.transform(Y)
+    S = slem.similarity(C, C, est.code_metric)
+    np.testing.assert_allclose(np.diag(S), 1.0, atol=1e-5)        # a cosine: each image's own classifier
+
+
+def test_bad_negatives_and_small_pools_are_one_line_errors():
+    X, _ = _pool(n=10)
+    for neg, msg in (({"split": "test"}, "never test"), ({"count": 1}, "integer >= 2"),
+                     ({"size": 5}, "keys among split, count, seed"), ({"seed": -1}, "seed must be an integer >= 0")):
+        for est in (SLEM(negatives=neg), KernelSLEM(negatives=neg), ESVM(negatives=neg)):
+            with pytest.raises(InputError, match=msg):
+                est.fit(X)
+    with pytest.raises(ValueError, match="1 sample"):
+        KernelSLEM().fit_pool(X[:1])
+    with pytest.raises(InputError, match="at least 2 negative images; got 1 sample"):
+        SLEM().fit_blocks([X[:1]])
+    with pytest.raises(InputError, match=r"SLEM.fit_moments: mean \(D,\) and covariance \(D, D\) expected"):
+        SLEM().fit_moments(np.zeros(3), np.eye(4), 10)
+    with pytest.raises(InputError, match="decomposition cholesky is full rank; rank 4 needs kpca or icd"):
+        KernelSLEM(rank=4).fit(X)
+    from sklearn.utils._param_validation import InvalidParameterError
+    with pytest.raises(InvalidParameterError, match="The 'kernel' parameter of SLEM must be a str among"):
+        SLEM(kernel="gaussian").fit(X)
+    with pytest.raises(InvalidParameterError, match="The 'lam' parameter of KernelSLEM must be a float in the range"):
+        KernelSLEM(lam=0.0).fit(X)

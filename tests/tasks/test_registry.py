@@ -1,0 +1,38 @@
+import pytest
+
+from metricpipe.tasks import registry
+from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.registry import expand_method
+
+
+def test_registry_expands_sweeps_and_rejects_unknown_parameters():
+    assert [m["dim"] for m in expand_method({"method": "pca", "dim": [8, 16]})] == [8, 16]
+    with pytest.raises(InputError, match="unknown parameter 'dimm' for method pca; did you mean 'dim'"):
+        expand_method({"method": "pca", "dimm": 8})
+    with pytest.raises(InputError, match="did you mean 'pca'"):
+        expand_method({"method": "pcca"})
+    with pytest.raises(InputError, match=r"The 'dim' parameter of PCA must be an int in the range \[1, inf\) or None"):
+        expand_method({"method": "pca", "dim": 0})
+
+
+def test_a_list_parameter_is_one_value_not_a_sweep():
+    [spec] = expand_method({"method": "ncmml", "classes": [0, 2, 3]})
+    assert spec["classes"] == [0, 2, 3]
+
+
+def test_config_names_are_the_python_names():
+    with pytest.raises(InputError, match="'lam' .Python reserves the word lambda"):
+        expand_method({"method": "slem", "lambda": 0.1})
+    with pytest.raises(InputError, match="called 'random_state'"):
+        expand_method({"method": "ncmml", "seed": 1})
+    for name, entry in registry.METHODS.items():
+        spec = expand_method({"method": name})[0]
+        est = registry.make(spec)
+        assert isinstance(est, entry.cls)
+        assert est.get_params() == {k: v for k, v in spec.items() if k != "method"}
+        assert est.method == name
+
+
+def test_kernel_slem_entries_build_kernel_slem():
+    specs = expand_method({"method": "slem", "kernel": ["linear", "gaussian"]})
+    assert [type(registry.make(s)).__name__ for s in specs] == ["SLEM", "KernelSLEM"]
