@@ -1,5 +1,37 @@
-"""metricpipe orchestration: config, CLI, stage graph, storage, cluster and report.
+"""metricpipe: supervised compact codes for large image-descriptor collections.
 
-This layer wires `tasks` kernels to storage and the cluster; it holds no maths.
+Every learner is a scikit-learn estimator, usable in memory without Dask::
+
+    from metricpipe import NCMML
+    codes = NCMML(dim=32).fit(X_train, y_train).transform(X_test)
+
+and the same classes are driven out of core by the Dask pipeline (``metricpipe run CONFIG``);
+:func:`load_model` returns a stored model of a run as a fitted estimator.
+
+This package is the orchestration layer (config, CLI, stages, storage, cluster, report; no maths);
+``metricpipe.tasks`` holds the estimators and numerical kernels.
 """
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
+from metricpipe.tasks.baselines import LDA, PCA, Identity, PCAWhitening, RandomProjection  # noqa: E402
+from metricpipe.tasks.ncmml import KNNML, NCMC, NCMML  # noqa: E402
+from metricpipe.tasks.nml import NML, LinearML  # noqa: E402
+from metricpipe.tasks.slem import ESVM, SLEM, KernelSLEM  # noqa: E402
+from metricpipe.tasks.slne import SLDE, SLNE  # noqa: E402
+from metricpipe.tasks.sparse import SparseProjector  # noqa: E402
+
+
+def load_model(store: str, key: str):
+    """The fitted estimator of model ``key`` in the run store ``store`` (a directory or fsspec URL).
+
+    Its ``transform`` takes raw features, as given to ``metricpipe run``: when the run normalised
+    its data (``data.normalize``), the estimator comes wrapped in a scikit-learn ``Pipeline`` whose
+    first step applies that normalisation. ``key`` may be a prefix of the key (``metricpipe models
+    STORE`` lists them).
+    """
+    from metricpipe.models import load_model as _load
+    return _load(store, key)
+
+
+__all__ = ["ESVM", "Identity", "KNNML", "KernelSLEM", "LDA", "LinearML", "NCMC", "NCMML", "NML", "PCA",
+           "PCAWhitening", "RandomProjection", "SLDE", "SLEM", "SLNE", "SparseProjector", "load_model"]

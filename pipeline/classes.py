@@ -17,10 +17,10 @@ import numpy as np
 
 from metricpipe.config import DataConfig
 from metricpipe.sources import open_source
-from metricpipe.storage import Store, hash_key, load_arrays, read_attrs, save_arrays
-from metricpipe.tasks import ncmml
+from metricpipe.models import model_units
+from metricpipe.storage import Store, hash_key, load_estimator, save_estimator
+from metricpipe.tasks.ncmml import NCMC
 from metricpipe.tasks.errors import InputError
-from metricpipe.tasks.models import LinearModel
 from metricpipe.tasks.moments import class_sums
 from metricpipe.tasks.normalize import normalize_rows
 from metricpipe.tasks.validate import check_feature_block
@@ -30,13 +30,10 @@ KMEANS_SAMPLE = 2000
 
 
 def ncm_models(store: Store, model: str | None = None) -> list:
-    """Committed NCMML / NCMC models of the store (or the one whose key starts with ``model``)."""
-    units = [u for u in store.units("models") if u.done()]
-    found = []
-    for u in units:
-        attrs = read_attrs(u.url)
-        if attrs.get("spec", {}).get("method") in ("ncmml", "ncmc") and (model is None or u.key.startswith(model)):
-            found.append((u, attrs))
+    """Committed NCMML / NCMC models of the store (or the one whose key starts with ``model``), as
+    (unit, commit record)."""
+    found = [(u, meta) for u, meta in model_units(store)
+             if (meta.get("spec") or {}).get("method") in ("ncmml", "ncmc") and (model is None or u.key.startswith(model))]
     if not found:
         what = f"model {model!r}" if model else "NCMML or NCMC model"
         raise InputError(f"{store.url}: no committed {what} in models/; train one with metricpipe run "
@@ -109,13 +106,12 @@ def add_classes(store_url: str, data_path: str, features: str = "X", labels: str
     out = []
     for unit, attrs in targets:
         t0 = time.perf_counter()
-        arrays, _ = load_arrays(unit.url)
+        est = load_estimator(unit.url)
         old_names = list(attrs.get("class_names") or [])
-        W = LinearModel.from_arrays(arrays, attrs).W
-        if W.shape[0] != D:
-            raise InputError(f"{src.name}: features have {D} dimensions but model {unit.key} takes {W.shape[0]}; "
-                             f"give features of the staged data's dimension")
-        owner = arrays["centroid_class"].astype(np.int64)
+        if est.n_features_in_ != D:
+            raise InputError(f"{src.name}: features have {D} dimensions but model {unit.key} takes "
+                             f"{est.n_features_in_}; give features of the staged data's dimension")
+        owner = np.asarray(est.centroid_classes_, np.int64)
         have = {old_names[c] for c in np.unique(owner)} if old_names else set()  # classes with centroids
         clash = sorted(set(names + list(zero_shot)) & have)
         if clash:
@@ -132,7 +128,7 @@ def add_classes(store_url: str, data_path: str, features: str = "X", labels: str
             sums += class_sums(X, y, len(names))
             counts += np.bincount(y, minlength=len(names))
         new_means = sums / np.maximum(counts, 1)[:, None]
-        trained = {old_names[c]: arrays["centroids"][owner == c].mean(0) for c in np.unique(owner)}
+        trained = {old_names[c]: est.centroids_[owner == c].mean(0) for c in np.unique(owner)}
         if parents:
             for j, name in enumerate(names):  # Eq. 34
                 mu_z = zero_shot_prior(name, parents, trained)
@@ -144,24 +140,23 @@ def add_classes(store_url: str, data_path: str, features: str = "X", labels: str
         extra_names = [z for z in zero_shot]
         extra = [zero_shot_prior(z, parents, trained) for z in extra_names]
         new_owner = np.repeat(np.arange(C0, C0 + len(names)), k)
-        all_cents = np.concatenate([arrays["centroids"], cents.astype(np.float32)]
+        all_cents = np.concatenate([est.centroids_, cents.astype(np.float32)]
                                    + ([np.array(extra, np.float32)] if extra else []))
         all_owner = np.concatenate([owner, new_owner, np.arange(C0 + len(names), C0 + len(names) + len(extra))])
-        arrays = {**arrays, "centroids": all_cents, "centroid_class": all_owner.astype(np.int32)}
-        if "class_bias" in arrays:  # new classes take the bias the Euclidean form implies (NaN marks them)
-            arrays["class_bias"] = np.concatenate([arrays["class_bias"],
-                                                   np.full(len(names) + len(extra), np.nan, np.float32)])
+        est.add_centroids(all_cents[len(owner):], all_owner[len(owner):])
         key = hash_key({"stage": "add-classes", "model": unit.key, "data": src.fingerprint, "features": features,
                         "labels": labels, "hierarchy": parents, "prior_weight": prior_weight,
                         "zero_shot": list(zero_shot)})
         new_unit = store.unit("models", key)
         new_unit.begin()
-        save_arrays(new_unit.url, arrays, {**attrs, "class_names": old_names + names + extra_names,
-                                           "extends": unit.key})
+        save_estimator(new_unit.url, est, {"spec": attrs.get("spec"), "dim": attrs.get("dim"),
+                                           "score": attrs.get("score"), "extends": unit.key})
         seconds = time.perf_counter() - t0
         info = {"model": new_unit.rel, "extends": unit.key, "added": names + extra_names, "images": int(n),
                 "seconds": round(seconds, 4)}
-        new_unit.commit({**info, "spec": attrs.get("spec"), "dim": attrs.get("dim")})
+        new_unit.commit({**info, "spec": attrs.get("spec"), "dim": attrs.get("dim"), "score": attrs.get("score"),
+                         "normalize": attrs.get("normalize", "none"), "class_names": old_names + names + extra_names,
+                         "data": attrs.get("data")})
         log(f"{new_unit.rel}: {unit.key} + {len(names) + len(extra)} class(es) from {n} images in {seconds:.3f} s")
         out.append(info)
     return out
@@ -188,8 +183,8 @@ def _kmeans_new(src, n, D, codes, names, k, normalize, counts):
         for a, X in _blocks(src, n, D, normalize):
             yield X, codes[a:a + len(X)]
 
-    cents, _ = ncmml.class_kmeans(np.concatenate(sample), np.concatenate(ys), np.arange(len(names)), k, blocks,
-                                  10, rng)
+    cents, _ = NCMC(centroids=k, kmeans_iters=10, random_state=0).kmeans(np.concatenate(sample), np.concatenate(ys),
+                                                                         blocks, len(names))
     return cents
 
 
@@ -203,30 +198,15 @@ def predict(store_url: str, model: str, data_path: str, features: str = "X", lab
         raise InputError(f"{store.url}: --model {model!r} matches {len(found)} models "
                          f"({', '.join(u.key for u, _ in found[:4])}); give more of the key")
     [(unit, attrs)] = found
-    arrays, _ = load_arrays(unit.url)
-    lm = LinearModel.from_arrays(arrays, attrs)
+    est = load_estimator(unit.url)
     names = list(attrs.get("class_names") or [])
-    owner = arrays["centroid_class"].astype(np.int64)
-    Mp = lm.transform(arrays["centroids"]).astype(np.float64)
-    C = int(owner.max()) + 1
-    bias = arrays.get("class_bias")
     src = open_source(DataConfig(path=data_path, features=features, labels=labels or ""))
     n, D = src.reader.shape[0], int(np.prod(src.reader.shape[1:]))
-    if D != lm.W.shape[0]:
-        raise InputError(f"{src.name}: features have {D} dimensions but model {unit.key} takes {lm.W.shape[0]}")
+    if D != est.n_features_in_:
+        raise InputError(f"{src.name}: features have {D} dimensions but model {unit.key} takes {est.n_features_in_}")
     pred = np.empty(n, np.int64)
-    if bias is not None:  # dot form (Eq. 27): one mean per class, classes without one never win
-        Mc = np.zeros((C, Mp.shape[1]))
-        Mc[owner] = Mp
-        b = np.full(C, -np.inf)
-        b[owner] = np.where(np.isfinite(bias[owner]), bias[owner], -0.5 * (Mp ** 2).sum(1))
     for a, X in _blocks(src, n, D, attrs.get("normalize", "none")):
-        Y = lm.transform(X).astype(np.float64)
-        if bias is not None:
-            scores = ncmml.ncm_scores(Y, Mc, b)
-        else:
-            scores = ncmml.mixture_class_scores(Y, Mp, owner, C)
-        pred[a:a + len(X)] = np.argmax(scores, axis=1)
+        pred[a:a + len(X)] = est.predict(X)   # nearest class mean (Eq. 5), Eq. 22's mixture or Eq. 27
     out = np.array([names[i] for i in pred])
     error = None
     if labels is not None:

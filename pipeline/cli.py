@@ -188,6 +188,25 @@ def inspect(store, verify):
 @main.command()
 @click.argument("store")
 @handle_errors
+def models(store):
+    """List STORE's trained models: key, method, code dimension and parameters.
+
+    In Python, ``metricpipe.load_model(STORE, KEY)`` returns one as a fitted estimator."""
+    from metricpipe.models import describe
+
+    rows = describe(store)
+    if not rows:
+        click.echo(f"{store}: no committed models")
+        return
+    for r in rows:
+        params = " ".join(f"{k}={v}" for k, v in sorted(r["params"].items()))
+        ext = f" (extends {r['extends']})" if r["extends"] else ""
+        click.echo(f"{r['key']}  {r['method']:<10} dim={r['dim']}{ext}  {params}")
+
+
+@main.command()
+@click.argument("store")
+@handle_errors
 def report(store):
     """Rebuild STORE/report from the stored results of the last run."""
     from metricpipe.report import build_report

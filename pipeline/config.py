@@ -10,6 +10,7 @@ import yaml
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.normalize import NORMALIZATIONS
 from metricpipe.tasks.registry import expand_method
+from metricpipe.tasks.slem import check_negatives
 
 BUILTINS = ("digits", "fashion-mnist", "synthetic")
 SPLIT_NAMES = ("train", "test", "val", "negatives")  # code = position; stored as int8 with flag_meanings
@@ -103,18 +104,18 @@ def _fail(where: str, key: str, msg: str):
     raise ConfigError(f"{where}: {key}: {msg}")
 
 
-def _check_negatives(neg: dict, where: str, key: str) -> None:
-    """SLEM's negative pool: a split other than test (the evaluation images), count >= 2 or null."""
-    if neg["split"] not in SPLIT_NAMES or neg["split"] == "test":
+def _check_negatives(neg: dict | None, where: str, key: str) -> dict:
+    """SLEM's negative pool, defaults filled in: a split of the data other than test (the evaluation
+    images), count >= 2 or null, seed >= 0."""
+    try:
+        neg = check_negatives(neg)
+    except InputError as e:
+        _fail(where, key, str(e))
+    if neg["split"] not in SPLIT_NAMES:
         _fail(where, f"{key}.split", f"must name the split of the negative images, one of "
               f"{', '.join(n for n in SPLIT_NAMES if n != 'test')} (never test: those are the queries); "
               f"got {neg['split']!r}")
-    c = neg["count"]
-    if c is not None and (not isinstance(c, int) or isinstance(c, bool) or c < 2):
-        _fail(where, f"{key}.count", f"must be an integer >= 2 (images sampled from the split) or null for "
-              f"all of them; got {c!r}")
-    if not isinstance(neg["seed"], int) or isinstance(neg["seed"], bool) or neg["seed"] < 0:
-        _fail(where, f"{key}.seed", f"must be an integer >= 0; got {neg['seed']!r}")
+    return neg
 
 
 def _check_kernel_slem(methods: list, evaluate, where: str) -> None:
@@ -239,11 +240,13 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
         try:
             for spec in expand_method(entry):
                 if "negatives" in spec:
-                    _check_negatives(spec["negatives"], where, f"methods[{i}].negatives")
+                    spec["negatives"] = _check_negatives(spec["negatives"], where, f"methods[{i}].negatives")
                 ident = json.dumps(spec, sort_keys=True)
                 if ident not in seen:
                     seen.add(ident)
                     methods.append(spec)
+        except ConfigError:
+            raise
         except InputError as e:
             _fail(where, f"methods[{i}]", str(e))
 
@@ -286,6 +289,11 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
                               classifiers=tuple(classifiers), retrieval=do_retrieval,
                               queries=_typed(ret, "queries", int, where, "evaluate.retrieval.", None, 1))
     _check_kernel_slem(methods, evaluate, where)
+    k_graph = (neighbours or NeighboursConfig()).k
+    too_many = [c for c in evaluate.classifiers if c.startswith("softvote") and int(c[8:]) > k_graph]
+    if too_many:
+        _fail(where, "evaluate.classification.classifiers", f"{too_many[0]} votes over more neighbours than the "
+              f"graph keeps (neighbours.k = {k_graph}); use softvoteK with K <= {k_graph} or raise neighbours.k")
     if neighbours is not None and neighbours.queries is not None and \
             any(c.startswith("softvote") for c in evaluate.classifiers):
         _fail(where, "evaluate.classification.classifiers",

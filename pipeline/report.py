@@ -44,16 +44,15 @@ def build_report(store: Store, manifest: dict) -> str:
 def model_timings(store: Store, manifest: dict) -> list[dict]:
     """Measured costs a learner recorded (SLEM / ESVM: offline seconds, online seconds per image). Kept
     apart from the records, which hold only what is the same on every rerun."""
-    from metricpipe.storage import read_attrs
     out = []
     for rel in manifest["units"].get("models", []):
         kind, key = rel.split("/")
-        if store.unit(kind, key).done():
-            attrs = read_attrs(store.unit(kind, key).url)
-            meta = attrs.get("fit_meta") or {}
+        unit = store.unit(kind, key)
+        if unit.done():
+            meta = unit.meta()
             timed = {k: meta[k] for k in ("offline_seconds", "online_seconds_per_image") if k in meta}
             if timed:
-                out.append({"model": attrs["spec"], **timed})
+                out.append({"model": meta["spec"], **timed})
     return out
 
 
@@ -66,8 +65,10 @@ def training_curves(store: Store, manifest: dict) -> list[dict]:
         if not store.unit(kind, key).done():
             continue
         attrs = read_attrs(store.unit(kind, key).url)
-        meta = attrs.get("fit_meta") or {}
-        history = meta.get("history") or [h for m in meta.get("members", [])[:1] for h in m.get("history", [])]
+        state = attrs.get("state") or {}   # the estimator's fitted attributes (history_: its training curve)
+        history = state.get("history_") or []
+        if history and "member" in history[0]:   # an ensemble (SL-DE): its first member's curve
+            history = history[0]["history"]
         if history:
             out.append({"model": attrs["spec"], "history": history})
     return out
@@ -99,10 +100,10 @@ def _curve_plot(curve: dict) -> str:
 
 def _label(r: dict) -> str:
     """Method plus the parameters that differ from their defaults (the legend of a plot)."""
-    from metricpipe.tasks.registry import METHODS
-    declared = METHODS[r["method"]].params if r["method"] in METHODS else {}
-    extra = [f"{k}={v}" for k, v in r["params"].items()
-             if k not in declared or v != declared[k].default]
+    from metricpipe.tasks import registry
+    declared = registry.defaults(registry.estimator_class(r["method"], r["params"])) \
+        if r["method"] in registry.METHODS else {}
+    extra = [f"{k}={v}" for k, v in r["params"].items() if k not in declared or v != declared[k]]
     return " ".join([r["method"], *extra])
 
 

@@ -14,11 +14,11 @@ from metricpipe.context import StageContext
 from metricpipe.report import build_report, package_versions
 from metricpipe.storage import Store, to_json
 from metricpipe.tasks.errors import InputError
-from metricpipe.tasks.registry import METHODS
+from metricpipe.tasks import registry
 
 
 def stage_names(cfg: RunConfig) -> list[str]:
-    needs_graph = cfg.neighbours is not None or any("neighbours" in METHODS[m["method"]].inputs for m in cfg.methods) \
+    needs_graph = cfg.neighbours is not None or any(registry.feeds(m["method"]) == "neighbours" for m in cfg.methods) \
         or any(c.startswith("softvote") for c in cfg.evaluate.classifiers)
     return ["stage", "statistics"] + (["neighbours"] if needs_graph else []) + ["train", "encode", "evaluate",
                                                                                   "report"]
@@ -33,6 +33,7 @@ def run_pipeline(cfg: RunConfig, resume: bool = True, log=print, performance_rep
     with contextlib.ExitStack() as stack:
         stack.enter_context(store.lock("metricpipe run"))  # one writer at a time
         plan = stages.prepare_data(cfg, store)  # refuse bad input before starting anything
+        check_methods(cfg, plan.info)
         if client is None:
             client = stack.enter_context(connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit,
                                                  cfg.dashboard))
@@ -42,6 +43,17 @@ def run_pipeline(cfg: RunConfig, resume: bool = True, log=print, performance_rep
             from distributed import performance_report as perf
             stack.enter_context(perf(filename=performance_report))
         return _run(StageContext(client, store, cfg, resume=resume, log=log, force=force, repair=repair), plan, log)
+
+
+def check_methods(cfg: RunConfig, info) -> None:
+    """Every parameter the data's shape rules out (dim above the features, LDA's dim above
+    classes - 1, class indices beyond the classes, ...) is refused here, after the source's header
+    and labels are read and before any unit is written."""
+    for i, spec in enumerate(cfg.methods):
+        try:
+            registry.make(spec).check_data_shape(info.n_features, len(info.classes))
+        except InputError as e:
+            raise InputError(f"{cfg.source_file}: methods ({stages.model_id(spec)}): {e}") from None
 
 
 # The memory rule: a task holds at most BLOCKS_PER_TASK row-blocks of the staged features (a kNN
@@ -72,7 +84,7 @@ def _run(ctx: StageContext, plan, log) -> str:
     timings, started = [], time.time()
     t_run = time.perf_counter()
 
-    def step(i, name, fn, *args):
+    def stage(i, name, fn, *args):
         log(f"[{i}/{len(names)}] {name} ...")
         t0, tasks0 = time.perf_counter(), ctx.tasks
         result = fn(*args)
@@ -82,13 +94,13 @@ def _run(ctx: StageContext, plan, log) -> str:
         return result
 
     i = iter(range(1, len(names) + 1))
-    data = step(next(i), "stage", stages.run_stage, ctx, plan)
-    stats = step(next(i), "statistics", stages.run_statistics, ctx, data)
+    data = stage(next(i), "stage", stages.run_stage, ctx, plan)
+    stats = stage(next(i), "statistics", stages.run_statistics, ctx, data)
     graph = None
     if "neighbours" in names:
         if cfg.neighbours is None:
             cfg = ctx.config = cfg.with_overrides(neighbours=NeighboursConfig())
-        graph = step(next(i), "neighbours", stages.run_neighbours, ctx, data)
+        graph = stage(next(i), "neighbours", stages.run_neighbours, ctx, data)
         g = graph.meta()
         notes = []
         if g.get("method") == "ivf":  # the report shows how approximate the graph is
@@ -98,9 +110,9 @@ def _run(ctx: StageContext, plan, log) -> str:
             notes.append(f"{g['queries']:,} sampled train rows searched")
         if notes:
             timings[-1]["note"] = "; ".join(notes)
-    models = step(next(i), "train", stages.run_train, ctx, data, stats, graph)
-    codes = step(next(i), "encode", stages.run_encode, ctx, data, models)
-    evals = step(next(i), "evaluate", stages.run_evaluate, ctx, data, codes, graph)
+    models = stage(next(i), "train", stages.run_train, ctx, data, stats, graph)
+    codes = stage(next(i), "encode", stages.run_encode, ctx, data, models)
+    evals = stage(next(i), "evaluate", stages.run_evaluate, ctx, data, codes, graph)
     manifest = {
         "config": cfg.raw, "store": ctx.store.url, "started": started, "versions": package_versions(),
         "dataset": {"source": data.unit.meta().get("source"), "key": data.unit.key, "n_samples": data.n_samples,

@@ -73,11 +73,18 @@ BAD = {
     "missing file": (lambda t: {"path": str(t / "nope.npz")}, {}, r"nope.npz: file not found \(data.path\)"),
     "unknown key": (lambda t: {"source": "digits"}, {"methds": []}, r"methds: unknown key; did you mean 'methods'"),
     "bad dim": (lambda t: {"source": "digits"}, {"methods": [{"method": "pca", "dim": 1000}]},
-                r"'dim' parameter of pca must be <= 64"),
+                r"methods \(pca-1000\): The 'dim' parameter of PCA must be <= 64, the data's features"),
     "sparse dim": (lambda t: {"source": "digits"}, {"methods": [{"method": "sparse", "dim": 100, "max_iter": 1}]},
-                   r"'dim' parameter of sparse must be <= 64, the PCA projectors available"),
-    "slne dim": (lambda t: {"source": "digits"}, {"methods": [{"method": "slne", "dim": 65, "epochs": 1}]},
-                 r"'dim' \(or 'input_dim'\) parameter of slne/slde must be <= 64"),
+                   r"The 'dim' parameter of SparseProjector must be <= 64"),
+    "slne dim": (lambda t: {"source": "digits"}, {"methods": [{"method": "slne", "input_dim": 65, "epochs": 1}]},
+                 r"The 'input_dim' parameter of SLNE must be <= 64"),
+    "lda dim": (lambda t: {"source": "digits"}, {"methods": [{"method": "lda", "dim": 10}]},
+                r"The 'dim' parameter of LDA must be <= 9"),
+    "classes beyond the data": (lambda t: {"source": "digits"}, {"methods": [{"method": "ncmml", "classes": [0, 12]}]},
+                                r"The 'classes' parameter of NCMML must list class indices in 0..9"),
+    "softvote beyond the graph": (lambda t: {"source": "digits"}, {"neighbours": {"k": 5},
+                                  "evaluate": {"classification": {"classifiers": ["softvote10"]}}},
+                                  r"softvote10 votes over more neighbours than the graph keeps \(neighbours.k = 5\)"),
     "negative values for nml": (lambda t: _bad_npz(t, X=X - 10.0, y=Y),
                                 {"methods": [{"method": "nml", "dim": 2, "pairs": 10, "iters": 10}]},
                                 r"NML's chi2 kernel needs non-negative features"),
@@ -92,7 +99,7 @@ BAD = {
                                           r"data.chunk_mb 64 gives tasks of ~\d+ MB, over 60% of the smallest worker"),
     "negatives from the test split": (lambda t: {"source": "digits"},
                                       {"methods": [{"method": "slem", "negatives": {"split": "test"}}]},
-                                      r"negatives.split: .*never test"),
+                                      r"methods\[0\].negatives: negatives.split must name .*never test"),
 }
 
 
@@ -252,7 +259,7 @@ def test_sampled_ivf_graph_trains_slne_and_the_report_says_how_it_was_built(tmp_
     X, y = make_blobs(n=2000, d=16, classes=5, sep=2.0)
     np.savez(tmp_path / "d.npz", X=X, y=y)
     cfg = _config(tmp_path, {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.05},
-                  methods=[{"method": "slne", "dim": 8, "epochs": 1}],
+                  methods=[{"method": "slne", "input_dim": 8, "epochs": 1}],
                   neighbours={"k": 5, "method": "ivf", "nlist": 8, "queries": 200})
     res = _invoke("run", cfg)
     assert res.exit_code == 0, res.output

@@ -84,7 +84,11 @@ def test_sampled_queries_keep_the_full_graphs_rows_and_slne_trains_on_them_and_t
     np.testing.assert_array_equal(part[q], full[q])             # a sampled row's list is the exact one
     assert np.all(np.delete(part, q, axis=0) == -1)             # nothing else was searched
 
-    Z, y, graph, mean, P = _inputs(data.url, _graph.stats.url, unit.url, data.chunks, None)
+    from metricpipe.storage import load_arrays
+    from metricpipe.tasks.slne import SLNE
+    stats, _ = load_arrays(_graph.stats.url)
+    mean, P = SLNE().input_space(stats["mean"], stats["pca_components"])
+    Z, y, graph = _inputs(data.url, unit.url, data.chunks, SLNE().input_map(stats["mean"], stats["pca_components"]))
     rows = np.union1d(q, full[q])                                # the sampled rows and their neighbours
     X = open_array(f"{data.url}/features")[:]
     ref = (X[rows] - mean) @ P

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from metricpipe.stages import _load_model, run_encode, run_evaluate, run_train
-from metricpipe.storage import load_arrays, open_array
+from metricpipe.stages import run_encode, run_evaluate, run_train
+from metricpipe.storage import load_estimator, open_array
 from tests.conftest import make_blobs, staged
 
 
@@ -42,21 +42,22 @@ def test_early_stopping_keeps_the_w_with_the_lowest_validation_error(trained):
     _, _, models, _, _ = trained
     for spec, unit in models:
         if spec["method"] in ("ncmml", "ncmc", "knnml"):
-            meta = load_arrays(unit.url)[1]["fit_meta"]
-            errors = [h["val_error"] for h in meta["history"]]
+            est = load_estimator(unit.url)
+            errors = [h["val_error"] for h in est.history_]
             assert len(errors) == 7  # the start, then every 10 of 60 steps
             best = int(np.argmin(errors))
-            assert meta["val_error"] == errors[best] and meta["best_iter"] == meta["history"][best]["iter"]
+            assert est.val_error_ == errors[best] and est.best_iter_ == est.history_[best]["iter"]
+            assert unit.meta()["val_error"] == errors[best]
 
 
 def test_ncmc_centroids_are_a_lloyd_fixed_point_per_class(trained):
     _, data, models, _, _ = trained
     [unit] = [u for s, u in models if s["method"] == "ncmc" and s["centroids"] == 2]
-    arrays, _ = load_arrays(unit.url)
+    est = load_estimator(unit.url)
     X = open_array(f"{data.url}/features")[:].astype(np.float64)
     y = open_array(f"{data.url}/label")[:]
     train = open_array(f"{data.url}/split")[:] == 0
-    cents, owner = arrays["centroids"], arrays["centroid_class"]
+    cents, owner = est.centroids_, est.centroid_classes_
     assert np.bincount(owner).tolist() == [2] * 5
     for c in range(5):  # streamed over the blocks, yet each centroid is the mean of the rows it owns
         Xc, mine = X[train & (y == c)], np.flatnonzero(owner == c)
@@ -98,13 +99,13 @@ def test_ncm_classifiers_use_the_learned_metric_and_new_classes_are_scored_apart
 def test_dot_form_stores_class_biases_and_classifies_with_them(trained):
     ctx, data, models, codes, evals = trained
     [unit] = [u for s, u in models if s.get("objective") == "dot" and not s["classes"]]
-    arrays, _ = load_arrays(unit.url)
-    assert arrays["class_bias"].shape == (5,) and np.all(np.isfinite(arrays["class_bias"]))
+    bias = load_estimator(unit.url).class_bias_
+    assert bias.shape == (5,) and np.all(np.isfinite(bias))
     [(spec, cunit, _)] = [c for c in codes if c[0].get("objective") == "dot" and not c[0]["classes"]]
     Z = open_array(f"{cunit.url}/codes")[:].astype(np.float64)
     split, y = open_array(f"{data.url}/split")[:], open_array(f"{data.url}/label")[:]
     means = np.stack([Z[split == 0][y[split == 0] == c].mean(0) for c in range(5)])
-    pred = np.argmax(Z[split == 1] @ means.T + arrays["class_bias"], axis=1)
+    pred = np.argmax(Z[split == 1] @ means.T + bias, axis=1)
     got = [r["value"] for r in _records(evals, "ncmml", objective="dot", classes=None)
            if r["classifier"] == "ncm" and r["metric"] == "top1_error"]
     assert got == [pytest.approx((pred != y[split == 1]).mean(), abs=1e-9)]
@@ -115,9 +116,9 @@ def test_learned_metrics_are_linear_encoders_without_offset(trained):
     X = open_array(f"{data.url}/features")[:50]
     for spec, unit in models:
         if spec["method"] in ("ncmml", "ncmc", "knnml"):
-            m = _load_model(unit.url)
-            assert m.W.shape == (12, 4) and m.b is None
-            np.testing.assert_allclose(m.transform(X), X @ m.W, rtol=1e-5)
+            m = load_estimator(unit.url)
+            assert m.components_.shape == (12, 4) and not hasattr(m, "offset_")
+            np.testing.assert_allclose(m.transform(X), X @ m.components_, rtol=1e-5)
 
 
 def test_add_classes_extends_a_copy_and_predicts_like_ncm_with_numpy_means(trained, tmp_path):
@@ -135,18 +136,18 @@ def test_add_classes_extends_a_copy_and_predicts_like_ncm_with_numpy_means(train
     assert info["added"] == ["new-a", "new-b"] and info["images"] == 300
     assert {p: p.read_bytes() for p in before} == before  # the trained model is untouched
     ext = ctx.store.unit("models", info["model"].split("/")[-1])
-    arrays, attrs = load_arrays(ext.url)
-    assert attrs["class_names"][-2:] == ["new-a", "new-b"] and ext.done()
+    est, names_all = load_estimator(ext.url), ext.meta()["class_names"]
+    assert names_all[-2:] == ["new-a", "new-b"] and ext.done()
     Z = normalize_rows(Xn, "l2").astype(np.float64)
-    np.testing.assert_allclose(arrays["centroids"][-2:], [Z[:150].mean(0), Z[150:].mean(0)], rtol=1e-5)
+    np.testing.assert_allclose(est.centroids_[-2:], [Z[:150].mean(0), Z[150:].mean(0)], rtol=1e-5)
     # prediction = nearest projected mean among the trained classes' means and the two new ones
     probe = np.concatenate([Xn[:20], open_array(f"{data.url}/features")[:20]])
     np.savez(tmp_path / "probe.npz", X=probe, y=np.zeros(40, int))
     names, _ = predict(ctx.store.url, ext.key, str(tmp_path / "probe.npz"))
-    W = _load_model(unit.url).W
+    W = load_estimator(unit.url).components_
     P = normalize_rows(probe, "l2") @ W
-    M = arrays["centroids"] @ W
-    expect = np.array(attrs["class_names"])[arrays["centroid_class"][np.argmin(((P[:, None] - M[None]) ** 2).sum(-1), 1)]]
+    M = est.centroids_ @ W
+    expect = np.array(names_all)[est.centroid_classes_[np.argmin(((P[:, None] - M[None]) ** 2).sum(-1), 1)]]
     assert (names == expect).all() and (names[:20] == "new-a").mean() > 0.5  # chance: 1 in 7
 
 
@@ -176,31 +177,34 @@ def test_zero_shot_prior_is_the_mean_of_ancestor_means_and_map_mixes_it(trained,
     np.savez(tmp_path / "n.npz", X=Xn, y=np.array(["new"] * 4))
     [info] = add_classes(ctx.store.url, str(tmp_path / "n.npz"), model=unit.key, hierarchy=str(tmp_path / "h.yaml"),
                          prior_weight=2.0, zero_shot=("ghost",), log=lambda m: None)
-    arrays, attrs = load_arrays(ctx.store.unit("models", info["model"].split("/")[-1]).url)
-    base, _ = load_arrays(unit.url)
-    c = {int(k): v for k, v in zip(base["centroid_class"], base["centroids"])}
+    ext_unit = ctx.store.unit("models", info["model"].split("/")[-1])
+    ext, base = load_estimator(ext_unit.url), load_estimator(unit.url)
+    c = {int(k): v for k, v in zip(base.centroid_classes_, base.centroids_)}
     from metricpipe.tasks.normalize import normalize_rows
     mu_s = normalize_rows(Xn, "l2").mean(0)
     mu_z = (c[0] + c[1]) / 2
-    np.testing.assert_allclose(arrays["centroids"][-2], (4 * mu_s + 2 * mu_z) / 6, rtol=1e-5)  # Eq. 34
-    np.testing.assert_allclose(arrays["centroids"][-1], c[2], rtol=1e-6)  # ghost: the prior alone
-    assert attrs["class_names"][-2:] == ["new", "ghost"]
+    np.testing.assert_allclose(ext.centroids_[-2], (4 * mu_s + 2 * mu_z) / 6, rtol=1e-5)  # Eq. 34
+    np.testing.assert_allclose(ext.centroids_[-1], c[2], rtol=1e-6)  # ghost: the prior alone
+    assert ext_unit.meta()["class_names"][-2:] == ["new", "ghost"]
 
 
 def test_ncmc_with_one_centroid_per_class_trains_the_ncmml_metric(trained):
     _, _, models, _, _ = trained
     [ncmc1] = [u for s, u in models if s["method"] == "ncmc" and s["centroids"] == 1]
     [ncm] = [u for s, u in models if s["method"] == "ncmml" and s["objective"] == "euclidean" and not s["classes"]]
-    a, b = load_arrays(ncmc1.url)[0], load_arrays(ncm.url)[0]
-    np.testing.assert_allclose(a["centroids"], b["centroids"], rtol=1e-5, atol=1e-6)  # k-means, k = 1: the means
-    np.testing.assert_allclose(a["W"], b["W"], rtol=1e-4, atol=1e-6)
+    a, b = load_estimator(ncmc1.url), load_estimator(ncm.url)
+    np.testing.assert_allclose(a.centroids_, b.centroids_, rtol=1e-5, atol=1e-6)  # k-means, k = 1: the means
+    np.testing.assert_allclose(a.components_, b.components_, rtol=1e-4, atol=1e-6)
 
 
-def test_dot_form_on_a_class_subset_stores_biases_of_its_classes_only(trained):
+def test_dot_form_on_a_class_subset_learns_biases_of_its_classes_and_implies_the_others(trained):
     _, _, models, _, evals = trained
     [unit] = [u for s, u in models if s.get("objective") == "dot" and s["classes"]]
-    bias = load_arrays(unit.url)[0]["class_bias"]
-    assert np.isfinite(bias[:3]).all() and np.isnan(bias[3:]).all()
+    est = load_estimator(unit.url)
+    P = est.centroids_.astype(np.float64) @ est.components_.astype(np.float64)
+    implied = -0.5 * (P ** 2).sum(1)  # Eq. 27's bias for a class that did not train W
+    np.testing.assert_allclose(est.class_bias_[3:], implied[3:], rtol=1e-5)
+    assert not np.allclose(est.class_bias_[:3], implied[:3], rtol=1e-3)
     recs = _records(evals, "ncmml", objective="dot", classes=[0, 1, 2])
     assert {r["metric"] for r in recs if r["classifier"] == "ncm"} >= {"top1_error", "top1_error_new_classes"}
 
@@ -228,3 +232,52 @@ def test_predict_needs_no_labels_and_refuses_bad_ones_and_ambiguous_models(train
     with pytest.raises(InputError, match="keeps 2 centroids per class; the zero-shot prior"):
         add_classes(ctx.store.url, str(tmp_path / "n.npz"), model=ncmc.key, hierarchy=str(tmp_path / "h.yaml"),
                     prior_weight=1.0, log=lambda m: None)
+
+
+@pytest.mark.parametrize("method, params", [("ncmml", {"objective": "euclidean", "classes": None}),
+                                            ("ncmc", {"centroids": 2}), ("knnml", {"targets": "fixed"})])
+def test_the_pipeline_learns_what_fit_learns_in_memory(trained, method, params):
+    """Fed the same statistics, the estimator learns the same W in memory (from ``tasks.stream.pools``
+    over the train rows) as the pipeline (from the shuffled copy): bit for bit. ``fit(X, y)`` computes
+    its own statistics, whose summation order differs from the pipeline's block-by-block moments by
+    ~1e-7; NCM/NCMC's W stays within 1e-3, while k-NN ML's sorted triplets can pick other targets
+    after a few steps, so its fit is compared by validation error (the documented tolerance)."""
+    from metricpipe.storage import load_arrays
+    from metricpipe.tasks import registry, stream
+    _, data, models, _, _ = trained
+    [(spec, unit)] = [(s, u) for s, u in models if s["method"] == method
+                      and all(s.get(k) == v for k, v in params.items())]
+    X = open_array(f"{data.url}/features")[:]
+    train = data.split == 0
+    Xt, yt = X[train], data.labels[train]
+    stored = load_estimator(unit.url)
+    seed = spec["random_state"] or 0
+    est = registry.make(spec)
+    val = stream.validation_split(yt, est.validation, seed)
+    keep = np.ones(len(yt), bool)
+    keep[val] = False
+    extra = {}
+    if method == "ncmc":
+        sample = est.kmeans_sample(yt, seed)
+        blocks = [(X[a:b][train[a:b]].astype(np.float64), data.labels[a:b][train[a:b]]) for a, b in data.chunks]
+        extra["centroids"] = est.kmeans(Xt[sample], yt[sample], lambda: iter(blocks), 5)  # as the driver does
+    if method == "knnml":
+        ref = est.reference_rows(yt, keep, est.validation, seed)
+        extra["reference"] = (Xt[ref], yt[ref])
+    stats, _ = load_arrays(_stats_url(trained))
+    est.fit_stream(stats, stream.pools(Xt, yt, keep, data.chunk_rows, seed), Xt[val], yt[val], **extra)
+    np.testing.assert_array_equal(est.components_, stored.components_)
+    assert est.history_ == stored.history_
+
+    mem = registry.make(spec).fit(Xt, yt, block_rows=data.chunk_rows)
+    if method == "knnml":
+        assert abs(mem.val_error_ - stored.val_error_) <= 0.05
+    else:
+        np.testing.assert_allclose(mem.components_, stored.components_, rtol=1e-3, atol=1e-4)
+
+
+def _stats_url(trained):
+    ctx, data, _, _, _ = trained
+    from metricpipe.storage import hash_key  # noqa: F401  (the statistics unit is the only one)
+    [unit] = ctx.store.units("statistics")
+    return unit.url

@@ -1,13 +1,16 @@
-"""NML and linear ML through the pipeline: pairs from labels or from the user take one code path."""
+"""NML and linear ML through the pipeline: the driver feeds the estimator the pools of the shuffled
+copy (pairs from labels) or the user's pairs by layout blocks, and learns what the estimator learns
+in memory on the training rows."""
 import numpy as np
 import pytest
 
 from metricpipe.config import parse_config
-from metricpipe.nml_train import check_pairs, sample_pairs
-from metricpipe.stages import _load_model, run_encode, run_train
-from metricpipe.storage import Store, open_array
+from metricpipe.nml_train import check_pairs
+from metricpipe.stages import prepare_data, run_encode, run_train
+from metricpipe.storage import Store, load_arrays, load_estimator, open_array
 from metricpipe.tasks import nml
 from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.nml import NML, LinearML
 from tests.conftest import make_blobs, staged
 
 
@@ -16,17 +19,6 @@ def _data(tmp_path):
     X = np.abs(X)
     np.savez(tmp_path / "d.npz", X=X, y=y)
     return X, y
-
-
-def test_sampled_pairs_are_balanced_train_pairs_with_correct_labels():
-    rng = np.random.default_rng(0)
-    labels = rng.integers(0, 5, 1000)
-    split = (rng.random(1000) < 0.2).astype(np.int8)  # 1 = test
-    i, j, y = sample_pairs(labels, split, 4000, seed=3)
-    assert (split[i] == 0).all() and (split[j] == 0).all() and (i != j).all()
-    assert np.array_equal(y == 1, labels[i] == labels[j])
-    assert abs((y == 1).mean() - 0.5) < 0.01
-    assert all(np.array_equal(a, b) for a, b in zip((i, j, y), sample_pairs(labels, split, 4000, seed=3)))
 
 
 @pytest.mark.parametrize("i,j,y,match", [
@@ -52,34 +44,30 @@ def test_nml_and_linear_ml_train_encode_and_match_their_definitions(client, tmp_
     assert len(data.chunks) > 3
     models = run_train(ctx, data, stats, None)
     codes = run_encode(ctx, data, models)
+    split, lab = open_array(f"{data.url}/split")[:], open_array(f"{data.url}/label")[:]
+    train = np.flatnonzero(split == 0)
+    i, j, yy = nml.sample_pairs(lab[train], 2000, np.random.default_rng(0))   # fixed label pairs to score on
+    i, j = train[i], train[j]
+    Xs = open_array(f"{data.url}/features")[:].astype(np.float64)
     for (spec, unit), (_, cunit, dim) in zip(models, codes):
         meta = unit.meta()
-        m = _load_model(unit.url)
+        m = load_estimator(unit.url)
         Z = open_array(f"{cunit.url}/codes")[:]
-        hist = __import__("metricpipe.storage", fromlist=["load_arrays"]).load_arrays(unit.url)[1]["fit_meta"]
-        assert 1900 < hist["pairs"] <= 2000 and hist["pair_source"] == "labels"
-        split, lab = open_array(f"{data.url}/split")[:], open_array(f"{data.url}/label")[:]
-        i, j, yy = sample_pairs(lab, split, 2000, 0)
-        Xs = open_array(f"{data.url}/features")[:].astype(np.float64)
-        if spec["method"] == "nml":  # the objective (Eq. 9) over the training pairs falls from the start
+        assert m.n_pairs_ == 4000 and m.pair_source_ == "labels"   # 2 passes of 2000 pairs drawn from the labels
+        L = m.L_.astype(np.float64)
+        if spec["method"] == "nml":  # the objective (Eq. 9) over label pairs falls from the start
             X1 = X / X.sum(1, keepdims=True)
-            L = open_array(f"{unit.url}/L")[:]
             L0 = np.random.default_rng([0, 19]).uniform(-0.5, 0.5, L.shape)
-            f = lambda M: nml.nml_loss_and_gradient(M, X1[i], X1[j], yy.astype(float), 0.1, 0.02)[0]  # noqa: E731
+            f = lambda M: nml.nml_loss_and_gradient(M, X1[i], X1[j], yy, 0.1, 0.02)[0]  # noqa: E731
         else:
-            L, L0 = m.W.T.astype(np.float64), stats_pca(stats, 3)
-            f = lambda M: nml.linear_loss_and_gradient(M, Xs[i], Xs[j], yy.astype(float), 1.0, 0.2)[0]  # noqa: E731
+            L0 = load_arrays(stats.url)[0]["pca_components"][:3]
+            f = lambda M: nml.linear_loss_and_gradient(M, Xs[i], Xs[j], yy, 1.0, 0.2)[0]  # noqa: E731
         assert f(L) < 0.9 * f(L0)
         if spec["method"] == "nml":  # Eq. 7 on l1-normalised rows
-            np.testing.assert_allclose(Z, nml.chi2_kernel(X1, L.astype(np.float64)), rtol=1e-4, atol=1e-6)
+            np.testing.assert_allclose(Z, nml.chi2_kernel(X1, L), rtol=1e-4, atol=1e-6)
         else:
-            np.testing.assert_allclose(Z, X @ m.W, rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(Z, X @ L.T, rtol=1e-4, atol=1e-5)
         assert meta["samples_per_second"] > 0 and dim == 3
-
-
-def stats_pca(stats, d):
-    from metricpipe.storage import load_arrays
-    return load_arrays(stats.url)[0]["pca_components"][:d]
 
 
 def test_negative_features_are_a_one_line_error_for_nml(client, tmp_path):
@@ -92,24 +80,59 @@ def test_negative_features_are_a_one_line_error_for_nml(client, tmp_path):
         run_train(ctx, data, stats, None)
 
 
-def test_user_pairs_and_label_pairs_take_the_same_code_path(client, tmp_path):
-    """The same pairs given by the user give the same model as when sampled from the labels."""
+def _train_rows(data):
+    train = np.flatnonzero(open_array(f"{data.url}/split")[:] == 0)
+    return train, open_array(f"{data.url}/features")[:][train], open_array(f"{data.url}/label")[:][train]
+
+
+def test_the_pipeline_learns_the_in_memory_model_from_labels(client, tmp_path):
+    """Pools of the shuffled copy = tasks.stream.pools on the training rows with block_rows = the
+    row-block: NML's model is the same bit for bit; LinearML's starts from the statistics stage's
+    PCA instead of the in-memory one (the same basis to rounding)."""
+    _data(tmp_path)
+    specs = [{"method": "nml", "dim": 3, "pairs": 1500, "iters": 3000, "lr": 0.01, "random_state": 5},
+             {"method": "linear-ml", "dim": 3, "pairs": 1500, "iters": 3000, "random_state": 5}]
+    ctx, data, stats = staged(client, tmp_path / "s", {
+        "data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.005}, "methods": specs})
+    models = run_train(ctx, data, stats, None)
+    train, Xt, yt = _train_rows(data)
+    assert data.chunk_rows < len(train) / 3                          # several pools
+    for (spec, unit), cls in zip(models, (NML, LinearML)):
+        got = load_estimator(unit.url)
+        params = {k: v for k, v in spec.items() if k != "method"}
+        mem = cls(**params).fit(Xt, yt, block_rows=data.chunk_rows)
+        assert got.pairs_seen_ == mem.pairs_seen_ == 3000 and got.n_steps_ == mem.n_steps_
+        if cls is NML:
+            assert np.array_equal(got.L_, mem.L_)
+        else:
+            np.testing.assert_allclose(got.L_, mem.L_, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(got.transform(Xt), mem.transform(Xt), rtol=1e-3, atol=1e-4)
+
+
+def test_user_pairs_in_the_pipeline_are_fit_pairs_in_memory(client, tmp_path):
+    """User pairs (global staged rows) visit the layout blocks of the shuffled copy as fit_pairs visits
+    them on the training rows, given the same block_rows: the same model."""
     X, y = _data(tmp_path)
-    spec = {"method": "nml", "dim": 2, "pairs": 1000, "iters": 1500, "lr": 0.01}  # the default optimizer, Adam
-    out = {}
-    for name, extra in (("labels", {}), ("user", {"pairs": str(tmp_path / "pairs.npz")})):
-        ctx, data, stats = staged(client, tmp_path / name, {
-            "data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.005, **extra}, "methods": [spec]})
-        if name == "labels":  # the user hands in exactly the pairs the labels would give
-            i, j, yy = sample_pairs(open_array(f"{data.url}/label")[:], open_array(f"{data.url}/split")[:], 1000, 0)
-            np.savez(tmp_path / "pairs.npz", i=i, j=j, y=yy)
-        [(_, unit)] = run_train(ctx, data, stats, None)
-        out[name] = (open_array(f"{unit.url}/L")[:], unit.meta())
-    assert np.array_equal(out["labels"][0], out["user"][0])
+    spec = {"method": "nml", "dim": 2, "iters": 1500, "lr": 0.01, "random_state": 1}
+    ctx, data, stats = staged(client, tmp_path / "plain", {"data": {"path": str(tmp_path / "d.npz")}})
+    train = np.flatnonzero(open_array(f"{data.url}/split")[:] == 0)
+    rng = np.random.default_rng(0)
+    i, j = rng.choice(train, 1000), rng.choice(train, 1000)
+    s = np.where(y[i] == y[j], 1, -1)
+    np.savez(tmp_path / "pairs.npz", i=i, j=j, y=s)
+    ctx, data, stats = staged(client, tmp_path / "user", {
+        "data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.005, "pairs": str(tmp_path / "pairs.npz")},
+        "methods": [spec]})
+    [(_, unit)] = run_train(ctx, data, stats, None)
+    got = load_estimator(unit.url)
+    assert got.pair_source_ == "user" and got.n_pairs_ == 1000 and got.pairs_seen_ == 1500
+    train, Xt, _ = _train_rows(data)
+    local = np.searchsorted(train, np.stack([i, j], axis=1))
+    mem = NML(dim=2, iters=1500, lr=0.01, random_state=1).fit_pairs(local, s, X=Xt, block_rows=data.chunk_rows)
+    assert np.array_equal(got.L_, mem.L_)
 
 
 def test_bad_pairs_file_is_refused_at_staging(tmp_path):
-    from metricpipe.stages import prepare_data
     _data(tmp_path)
     np.savez(tmp_path / "p.npz", i=np.array([0, 1]), j=np.array([2, 10_000]), y=np.array([1, -1]))
     cfg = parse_config({"data": {"path": str(tmp_path / "d.npz"), "pairs": str(tmp_path / "p.npz")}})
@@ -118,7 +141,6 @@ def test_bad_pairs_file_is_refused_at_staging(tmp_path):
 
 
 def test_pairs_file_that_is_not_an_npz_is_a_one_line_error(tmp_path):
-    from metricpipe.stages import prepare_data
     _data(tmp_path)
     np.save(tmp_path / "p.npy", np.zeros(3))
     cfg = parse_config({"data": {"path": str(tmp_path / "d.npz"), "pairs": str(tmp_path / "p.npy")}})
@@ -127,5 +149,6 @@ def test_pairs_file_that_is_not_an_npz_is_a_one_line_error(tmp_path):
 
 
 def test_nml_encoder_refuses_negative_features():
+    m = NML.from_state(NML(dim=2).get_params(), {"L_": np.ones((2, 3), np.float32), "n_features_in_": 3})
     with pytest.raises(InputError, match="needs non-negative features"):
-        nml.ChiEmbedding(np.ones((2, 3))).transform(np.array([[0.1, -0.2, 0.3]]))
+        m.transform(np.array([[0.1, -0.2, 0.3]]))

@@ -20,12 +20,12 @@ def test_slem_models_train_encode_and_match_their_definitions(client, tmp_path):
     neg = {"split": "train", "count": 200, "seed": 1}
     ctx, data, stats = staged(client, tmp_path / "s", {
         "data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.005, "split": {"test": 0.25, "seed": 0}},
-        "methods": [{"method": "slem", "lambda": 0.1, "negatives": {"split": "train", "count": None}},
-                    {"method": "slem", "lambda": 0.1, "negatives": neg},
-                    {"method": "slem", "kernel": "gaussian", "gamma": 0.05, "lambda": 0.1, "negatives": neg},
-                    {"method": "slem", "kernel": "poly", "gamma": 0.1, "lambda": 0.1, "rank": 8,
+        "methods": [{"method": "slem", "lam": 0.1, "negatives": {"split": "train", "count": None}},
+                    {"method": "slem", "lam": 0.1, "negatives": neg},
+                    {"method": "slem", "kernel": "gaussian", "gamma": 0.05, "lam": 0.1, "negatives": neg},
+                    {"method": "slem", "kernel": "poly", "gamma": 0.1, "lam": 0.1, "rank": 8,
                      "decomposition": "icd", "negatives": neg},
-                    {"method": "esvm", "lambda": 0.01, "epochs": 3, "negatives": neg}],
+                    {"method": "esvm", "lam": 0.01, "epochs": 3, "negatives": neg}],
         "evaluate": {"retrieval": {"k": [10]}, "classification": {"classifiers": ["knn1"]}}})
     assert len(data.chunks) > 3
     split = open_array(f"{data.url}/split")[:]
@@ -46,15 +46,16 @@ def test_slem_models_train_encode_and_match_their_definitions(client, tmp_path):
     ref = slem.unit_rows(np.linalg.solve(np.cov(P.T, bias=True) + 0.1 * np.eye(X.shape[1]), (Xs[test] - P.mean(0)).T).T)
     np.testing.assert_allclose(got[1], ref, atol=2e-5)
     # kernel SLEM: the stored code is [beta_hat, v, u, x0] of a model fitted on the pool in memory
-    m = slem.KernelSLEM.fit(P, 0.1, "gaussian", 0.05, "cholesky", None)
+    m = slem.KernelSLEM(lam=0.1, kernel="gaussian", gamma=0.05, negatives=neg).fit_pool(P)
     np.testing.assert_allclose(got[2], m.transform(Xs[test]), rtol=1e-4, atol=1e-4)
     assert got[3].shape[1] == 2 * 8 + 1 + X.shape[1]
     # fit records: offline and online costs
     for spec, unit in models:
-        fit = load_arrays(unit.url)[1]["fit_meta"]
+        fit = unit.meta()
         assert fit["offline_seconds"] >= 0 and fit["online_seconds_per_image"] > 0
     attrs = load_arrays(models[2][1].url)[1]
-    assert attrs["kind"] == "slem-kernel" and attrs["score"].startswith("slem:gaussian")
+    assert attrs["method"] == "slem" and attrs["score"].startswith("slem:gaussian")
+    assert models[0][1].meta()["moments"] == "statistics stage" and models[1][1].meta()["moments"] == "pool, streamed"
     # evaluation uses Eq. 16 for the kernel model: its kNN-1 error equals a brute-force check
     evals = run_evaluate(ctx, data, codes)
     recs = evals[2][1].read_json("records.json")

@@ -5,7 +5,7 @@ import pytest
 from metricpipe import stages
 from metricpipe.config import parse_config
 from metricpipe.context import StageContext
-from metricpipe.storage import Store, load_arrays, open_array
+from metricpipe.storage import Store, load_arrays, load_estimator, open_array
 from metricpipe.tasks.knn import brute_force_knn
 
 
@@ -63,8 +63,8 @@ def test_encode_equals_model_transform(staged):
     stats = stages.run_statistics(ctx, data)
     [(spec, model)] = stages.run_train(ctx, data, stats, None)
     [(_, codes, dim)] = stages.run_encode(ctx, data, [(spec, model)])
-    arrays, _ = load_arrays(model.url)
-    np.testing.assert_allclose(open_array(f"{codes.url}/codes")[:], X @ arrays["W"] + arrays["b"], rtol=1e-5,
+    est = load_estimator(model.url)
+    np.testing.assert_allclose(open_array(f"{codes.url}/codes")[:], X @ est.components_ + est.offset_, rtol=1e-5,
                                atol=1e-5)
     assert dim == 3 and codes.done()
 
@@ -89,7 +89,6 @@ def test_randomized_pca_when_d_exceeds_max_dense_dim(client, tmp_path):
 
 
 def test_sparse_projector_stage_stores_a_sparse_model_and_encodes_with_it(client, tmp_path):
-    from metricpipe.stages import _load_model
     from tests.conftest import make_blobs, staged
 
     X, y = make_blobs(n=400, d=20, classes=4, sep=0.8)
@@ -99,12 +98,13 @@ def test_sparse_projector_stage_stores_a_sparse_model_and_encodes_with_it(client
         "methods": [{"method": "sparse", "dim": 3, "sparsity": 0.75, "train_size": 200, "max_iter": 5,
                      "queries": 20}]})
     [(spec, model)] = stages.run_train(ctx, data, stats, None)
-    m = _load_model(model.url)
-    assert hasattr(m.W, "nnz") and list(np.diff(m.W.indptr)) == [5, 5, 5]  # M = (1 - 0.75) * 20
+    m = load_estimator(model.url)
+    W = m.projectors_
+    assert hasattr(W, "nnz") and list(np.diff(W.indptr)) == [5, 5, 5]  # M = (1 - 0.75) * 20
     # float32 values, uint16 row indices, int32 column pointers
     assert model.meta()["cost"] == {"nnz": 15, "storage_bytes": 15 * 4 + 15 * 2 + 4 * 4, "flops_per_image": 30}
     [(_, codes, _)] = stages.run_encode(ctx, data, [(spec, model)])
-    np.testing.assert_allclose(open_array(f"{codes.url}/codes")[:], X @ m.W.toarray() + m.b, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(open_array(f"{codes.url}/codes")[:], X @ W.toarray() + m.bias_, rtol=1e-4, atol=1e-5)
 
 
 def _boom(i):
@@ -156,11 +156,12 @@ def test_retrieval_task_in_query_groups_equals_the_full_matrix(staged, monkeypat
     from sklearn.metrics import average_precision_score
     from metricpipe.tasks import metrics
     _, data, X, y = staged
-    monkeypatch.setattr(stages, "RETRIEVAL_DB_BYTES", db_bytes)
+    from metricpipe.stages import evaluate
+    monkeypatch.setattr(evaluate, "RETRIEVAL_DB_BYTES", db_bytes)
     te = data.rows(stages.TEST)
     q = te[::3]
     url = f"{data.url}/features"
-    got = stages._retrieval_block(url, url, "euclidean", q, te, y, (1, 10), True, data.chunk_rows, 7)
+    got = evaluate._retrieval_block(url, url, "euclidean", q, te, y, (1, 10), True, data.chunk_rows, 7)
     d = ((X[q, None, :].astype(np.float64) - X[None, te, :]) ** 2).sum(-1)  # exact: integer features
     own = q[:, None] == te[None, :]
     d[own] = np.inf

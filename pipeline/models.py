@@ -1,0 +1,55 @@
+"""Stored models as estimators: list a store's models, load one as a fitted scikit-learn estimator."""
+from metricpipe.storage import Store, Unit, load_estimator, read_attrs
+from metricpipe.tasks.errors import InputError
+
+
+def model_units(store: Store) -> list[tuple[Unit, dict]]:
+    """Committed model units of the store with their commit records (spec, dim, data, ...)."""
+    return [(u, u.meta()) for u in store.units("models") if u.done()]
+
+
+def find_model(store: Store, key: str) -> tuple[Unit, dict]:
+    """The one committed model whose key starts with ``key``."""
+    found = [(u, m) for u, m in model_units(store) if u.key.startswith(key)]
+    if not found:
+        raise InputError(f"{store.url}: no committed model {key!r} in models/; `metricpipe models {store.url}` "
+                         f"lists them")
+    if len(found) > 1:
+        raise InputError(f"{store.url}: model {key!r} matches {len(found)} models "
+                         f"({', '.join(u.key for u, _ in found[:4])}); give more of the key")
+    return found[0]
+
+
+def with_normalization(est, normalize: str | None):
+    """``est`` behind the row normalisation the run applied at staging (none: ``est`` itself)."""
+    if not normalize or normalize == "none":
+        return est
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import FunctionTransformer
+
+    from metricpipe.tasks.normalize import normalize_rows
+    step = FunctionTransformer(normalize_rows, kw_args={"kind": normalize}, validate=True)
+    return Pipeline([("normalize", step), (est.method, est)])
+
+
+def load_model(store_url: str, key: str):
+    """The fitted estimator of model ``key`` (a key or its prefix) in ``store_url``; its transform
+    takes raw features (the run's ``data.normalize`` is its first step when there was one)."""
+    store = Store(store_url)
+    store.check_exists()
+    unit, meta = find_model(store, key)
+    est = load_estimator(unit.url)
+    normalize = meta.get("normalize", read_attrs(unit.url).get("normalize"))
+    return with_normalization(est, normalize)
+
+
+def describe(store_url: str) -> list[dict]:
+    """One row per committed model: key, method, dimension, parameters, what it extends."""
+    store = Store(store_url)
+    store.check_exists()
+    rows = []
+    for unit, meta in model_units(store):
+        spec = dict(meta.get("spec") or {})
+        rows.append({"key": unit.key, "method": spec.pop("method", "?"), "dim": meta.get("dim"),
+                     "params": spec, "extends": meta.get("extends")})
+    return sorted(rows, key=lambda r: (r["method"], str(r["dim"]), r["key"]))

@@ -1,0 +1,119 @@
+"""The shuffled copy of the training rows that SGD learners stream (`metricpipe.tasks.stream`).
+
+Position j of the copy holds training row ``pi[j]`` (``tasks.stream.layout``), one row-block per
+layout block, so that reading the copy block by block gives pools that are uniform samples of the
+whole training set, however the source was ordered. It is written out of core in two passes of
+one read and one write each: every staged row-block sends each of its training rows to the piece
+(source block, target block) of a 4-D scratch array (one chunk per piece, so no two tasks write the
+same chunk), then every target block gathers its pieces and writes its rows in layout order. No
+task holds more than one row-block of features.
+
+The unit ``shuffled/KEY`` holds ``features`` (n_train, D) float32, ``label`` (n_train,) and ``row``
+(n_train,), the global staged row of each position; its key is the staged data's and the seed's.
+"""
+import time
+
+import numpy as np
+
+from metricpipe.context import StageContext
+from metricpipe.storage import Unit, create_array, hash_key, open_array
+from metricpipe.tasks import stream
+
+TRAIN = 0
+
+
+def _plan(data, seed: int):
+    """(train rows, layout pi, destination position of each train row, block rows)."""
+    train = data.rows(TRAIN)
+    pi = stream.layout(len(train), seed)
+    dest = np.empty(len(train), np.int64)
+    dest[pi] = np.arange(len(train))
+    return train, pi, dest, data.chunk_rows
+
+
+def _scatter(data_url: str, url: str, src: int, a: int, b: int, dest: np.ndarray, block_rows: int):
+    """Pass 1: the train rows of staged block ``src`` (rows a:b; ``dest`` the layout positions of its
+    train rows, in order) go to the pieces (src, target block), each sorted by destination."""
+    split = open_array(f"{data_url}/split")[a:b]
+    X = open_array(f"{data_url}/features")[a:b][split == TRAIN]
+    out = open_array(f"{url}/pieces", mode="r+")
+    target = dest // block_rows
+    for j in np.unique(target):
+        mine = np.flatnonzero(target == j)
+        mine = mine[np.argsort(dest[mine], kind="stable")]
+        piece = np.full((out.shape[2], X.shape[1]), np.nan, np.float32)
+        piece[:len(mine)] = X[mine]
+        out[src, j] = piece
+    return int(len(X))
+
+
+def _gather_block(url: str, j: int, counts: np.ndarray, block_rows: int, n_train: int, dests: list):
+    """Pass 2: target block j from its pieces; ``dests[i]`` are the sorted layout positions of piece (i, j)."""
+    pieces = open_array(f"{url}/pieces")
+    lo = j * block_rows
+    hi = min(n_train, lo + block_rows)
+    Y = np.empty((hi - lo, pieces.shape[3]), np.float32)
+    for i in np.flatnonzero(counts):
+        Y[dests[i] - lo] = pieces[i, j][:counts[i]]
+    open_array(f"{url}/features", mode="r+")[lo:hi] = Y
+    return hi - lo
+
+
+def shuffled(ctx: StageContext, data, seed: int) -> Unit:
+    """The committed shuffled copy of the training rows for ``seed`` (written when missing)."""
+    unit = ctx.store.unit("shuffled", hash_key({"stage": "shuffled", "version": 1, "data": data.unit.key,
+                                                 "seed": int(seed), "layout": "tasks.stream.layout/53"}))
+    if ctx.reuse(unit, "train"):
+        return unit
+    t0 = time.perf_counter()
+    unit.begin()
+    train, pi, dest, br = _plan(data, seed)
+    n, D = len(train), data.n_features
+    n_out = -(-n // br)
+    blocks = [(a, b) for a, b in data.chunks]
+    # train positions of each staged block, and its rows' target blocks: piece sizes
+    starts = np.searchsorted(train, [a for a, _ in blocks])
+    stops = np.searchsorted(train, [b for _, b in blocks])
+    counts = np.zeros((len(blocks), n_out), np.int64)
+    for i, (lo, hi) in enumerate(zip(starts, stops)):
+        counts[i] = np.bincount(dest[lo:hi] // br, minlength=n_out)
+    piece_rows = max(1, int(counts.max()))
+    create_array(f"{unit.url}/pieces", (len(blocks), n_out, piece_rows, D), (1, 1, piece_rows, D), np.float32,
+                 fill_value=np.nan)
+    create_array(f"{unit.url}/features", (n, D), (br, D), np.float32, rows=True)
+    create_array(f"{unit.url}/label", (n,), (max(1, n),), np.int32)[:] = data.labels[train][pi]
+    create_array(f"{unit.url}/row", (n,), (max(1, n),), np.int64)[:] = train[pi]
+    futs = [ctx.submit(_scatter, data.url, unit.url, i, a, b, dest[lo:hi], br, name="shuffle-scatter")
+            for i, ((a, b), lo, hi) in enumerate(zip(blocks, starts, stops)) if hi > lo]
+    ctx.gather(futs, "train", [f"shuffling rows {a}..{b - 1}" for (a, b), lo, hi in zip(blocks, starts, stops)
+                               if hi > lo])
+    gathers = []
+    for j in range(n_out):
+        dests = [np.sort(dest[lo:hi][dest[lo:hi] // br == j]) for lo, hi in zip(starts, stops)]
+        gathers.append(ctx.submit(_gather_block, unit.url, j, counts[:, j], br, n, dests, name="shuffle-gather"))
+    ctx.gather(gathers, "train", [f"shuffled block {j}" for j in range(n_out)])
+    unit.store.fs.rm(f"{unit._root}/pieces", recursive=True)   # scratch: only the layout-ordered copy stays
+    ctx.commit(unit, {"n_train": int(n), "block_rows": int(br), "seed": int(seed),
+                      "seconds": round(time.perf_counter() - t0, 3)})
+    ctx.log(f"  train: shuffled {n} training rows for seed {seed} ({time.perf_counter() - t0:.1f} s)")
+    return unit
+
+
+def read_pool(url: str, block: int, block_rows: int, positions: np.ndarray):
+    """(X, y) of the layout ``positions`` (all in ``block``), read from that one block of the copy."""
+    lo = block * block_rows
+    X = open_array(f"{url}/features")[lo:lo + block_rows]
+    y = open_array(f"{url}/label")[lo:lo + len(X)]
+    return X[positions - lo], y[positions - lo].astype(np.int64)
+
+
+def stream_pools(url: str, block_rows: int, seed: int, keep: np.ndarray | None = None):
+    """On a worker: the endless pools of ``tasks.stream.epoch_order`` read from the shuffled copy,
+    one block at a time; ``keep`` (n_train,) bool over layout positions (False: validation rows).
+    Yields (X_pool, y_pool), exactly what ``tasks.stream.pools`` yields in memory."""
+    n = open_array(f"{url}/label").shape[0]
+    epoch = 0
+    while True:
+        for b, pos in stream.epoch_order(n, block_rows, epoch, seed, keep):
+            yield read_pool(url, b, block_rows, pos)
+        epoch += 1

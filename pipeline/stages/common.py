@@ -1,0 +1,75 @@
+"""The stages: each opens its inputs lazily, checks them, writes its output template, maps `tasks`
+kernels over row-blocks on the workers, and commits its unit. A stage wires; it does not compute.
+
+Worker-side functions (prefixed ``_``) read exactly the row-block they are given, call a kernel and
+write their own chunk-aligned region, so no task ever holds more than a row-block of features
+(a kNN task holds a query block and a database block) and no two tasks write the same chunk.
+"""
+import time
+from dataclasses import dataclass
+
+import dask.array as da
+import numpy as np
+import xarray as xr
+
+from metricpipe.config import SPLIT_NAMES
+from metricpipe.context import StageContext
+from metricpipe.storage import Unit, open_array, row_chunks, row_codecs
+from metricpipe.tasks import moments
+
+TRAIN, TEST = SPLIT_NAMES.index("train"), SPLIT_NAMES.index("test")
+
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    unit: Unit
+    n_samples: int
+    n_features: int
+    chunk_rows: int
+    classes: list
+    labels: np.ndarray
+    split: np.ndarray
+    groups: np.ndarray | None
+
+    @property
+    def url(self):
+        return self.unit.url
+
+    @property
+    def chunks(self):
+        return row_chunks(self.n_samples, self.chunk_rows)
+
+    def rows(self, code: int) -> np.ndarray:
+        return np.flatnonzero(self.split == code)
+
+
+def _timed(ctx: StageContext, unit: Unit, started: float, meta: dict) -> None:
+    ctx.commit(unit, {**meta, "seconds": round(time.perf_counter() - started, 3)})
+
+
+def _write_template(url: str, variables: dict, coords: dict, attrs: dict, chunk_rows: int,
+                    samples: dict | None = None) -> None:
+    """Write the metadata and coordinates of an xarray Dataset; data chunks are filled by tasks.
+    ``samples`` (name -> a few rows as stored) lets a variable go uncompressed where LZ4 gains little."""
+    data_vars, encoding = {}, {}
+    for name, (dims, shape, dtype, fill) in variables.items():
+        chunks = (min(chunk_rows, shape[0]),) + tuple(shape[1:])
+        data_vars[name] = (dims, da.full(shape, fill, dtype=dtype, chunks=chunks))
+        encoding[name] = {"chunks": chunks, "compressors": row_codecs((samples or {}).get(name))}
+    ds = xr.Dataset(data_vars, coords={k: ("sample", v) for k, v in coords.items()}, attrs=attrs)
+    ds.to_zarr(url, mode="w", compute=False, consolidated=False, encoding=encoding)
+
+
+def load_features(url: str, start: int, stop: int, rows: np.ndarray | None = None) -> np.ndarray:
+    """Rows ``start:stop`` of a staged array (optionally only the local positions ``rows``)."""
+    X = open_array(f"{url}/features")[start:stop]
+    return X if rows is None else X[rows]
+
+def _tree_combine(ctx, futures, name):
+    while len(futures) > 1:
+        futures = [ctx.submit(moments.combine_moments, futures[i], futures[i + 1], name=name)
+                   if i + 1 < len(futures) else futures[i] for i in range(0, len(futures), 2)]
+    return futures[0]
+
+

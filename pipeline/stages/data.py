@@ -1,0 +1,160 @@
+"""Stage 1, staging: read the source in row-blocks, validate, normalise, write `features` (sample, feature)."""
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from metricpipe.config import SPLIT_NAMES, RunConfig
+from metricpipe.context import StageContext
+from metricpipe.sources import open_source
+from metricpipe.storage import chunk_rows_for, create_array, hash_key, open_array
+from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.normalize import normalize_rows
+from metricpipe.tasks.validate import check_feature_block, check_split, encode_labels
+
+from metricpipe.stages.common import DataInfo, TEST, TRAIN, _timed, _write_template
+
+
+
+# ---- 1. stage ----------------------------------------------------------------------------------------
+
+def _split_codes(cfg: RunConfig, src, codes: np.ndarray, classes: list) -> np.ndarray:
+    n = len(codes)
+    if src.split is not None:
+        unknown = sorted(set(np.unique(src.split)) - set(SPLIT_NAMES))
+        if unknown:
+            raise InputError(f"{src.name}: split column holds {unknown[:3]} (data.split.column); "
+                             f"allowed values are {', '.join(SPLIT_NAMES)}")
+        lookup = {name: i for i, name in enumerate(SPLIT_NAMES)}
+        return np.array([lookup[s] for s in src.split], np.int8) if n < 1000 else \
+            np.select([src.split == s for s in SPLIT_NAMES], range(len(SPLIT_NAMES)), TRAIN).astype(np.int8)
+    if cfg.data.split.column:
+        raise InputError(f"{src.name}: this source has no split column {cfg.data.split.column!r} "
+                         f"(data.split.column); use data.split.test instead")
+    from sklearn.model_selection import train_test_split
+
+    s = cfg.data.split
+    split = np.full(n, TRAIN, np.int8)
+    counts = np.bincount(codes)
+    if counts.min() < 2:
+        raise InputError(f"{src.name}: class {classes[int(np.argmin(counts))]!r} has {counts.min()} sample(s); a stratified "
+                         f"split needs at least two per class (data.labels); drop or merge that class")
+    held = s.test + s.val
+    try:
+        _, rest = train_test_split(np.arange(n), test_size=held, stratify=codes, random_state=s.seed)
+        if s.val > 0:
+            test, val = train_test_split(rest, test_size=s.val / held, stratify=codes[rest], random_state=s.seed)
+            split[val] = SPLIT_NAMES.index("val")
+        else:
+            test = rest
+    except ValueError as e:
+        raise InputError(f"{src.name}: cannot split {n} samples of {len(counts)} classes with "
+                         f"data.split.test={s.test}: {e}".splitlines()[0]) from None
+    split[test] = TEST
+    return split
+
+
+def _stored_sample(reader, info, normalize: str, where: str, rows: int = 4096) -> np.ndarray:
+    """The first rows as they will be stored, to decide the features' compression (checked like
+    every block first, so bad input is the same one-line error here as in the stage's tasks)."""
+    X = np.asarray(reader.read(0, min(rows, info.n_samples)))
+    check_feature_block(X, 0, where)
+    return normalize_rows(X.astype(np.float32), normalize)
+
+
+def _stage_block(reader, start: int, stop: int, normalize: str, url: str, name: str) -> int:
+    X = np.asarray(reader.read(start, stop))
+    check_feature_block(X, start, name)
+    out = open_array(f"{url}/features", mode="r+")
+    out[start:stop] = normalize_rows(X, normalize)
+    return stop - start
+
+
+@dataclass(frozen=True)
+class DataPlan:
+    """Everything about the staged data that can be known and checked before any task runs."""
+    source: object
+    info: DataInfo
+    coords: dict
+    attrs: dict
+    pairs: dict | None = None   # user pairs for NML / linear ML (pair_i, pair_j, pair_y)
+
+
+def prepare_data(cfg: RunConfig, store) -> DataPlan:
+    """Open the source lazily and check labels, splits, groups and ids on the client (cheap, 1-D)."""
+    src = open_source(cfg.data)
+    n, D = int(src.reader.shape[0]), int(np.prod(src.reader.shape[1:]))
+    if n == 0 or D == 0:
+        raise InputError(f"{src.name}: features are empty (shape {tuple(src.reader.shape)}); check data.features")
+    codes, classes = encode_labels(src.labels, n, f"{src.name} (data.labels)")
+    split = _split_codes(cfg, src, codes, classes)
+    check_split(codes, split, SPLIT_NAMES, classes, src.name)
+    coords = {"label": codes, "split": split}
+    groups = None
+    if src.groups is not None:
+        groups = encode_labels(src.groups, n, f"{src.name} (data.groups)")[0] if len(np.unique(src.groups)) > 1 \
+            else np.zeros(n, np.int32)
+        coords["group"] = groups
+    if src.ids is not None:
+        ids = np.asarray(src.ids)
+        if not np.issubdtype(ids.dtype, np.integer) or len(ids) != n:
+            raise InputError(f"{src.name}: data.ids must be {n} integers; got dtype {ids.dtype}, length {len(ids)}")
+        coords["id"] = ids
+    d = cfg.data
+    pairs_fp = None
+    if d.pairs:
+        coords_pairs = _read_pairs(d.pairs, split)
+        from metricpipe.sources import fingerprint
+        pairs_fp = fingerprint(d.pairs)
+    chunk_rows = chunk_rows_for(D, d.chunk_mb)
+    key = hash_key({"stage": "data", "source": src.fingerprint, "name": src.name, "features": d.features,
+                    "labels": d.labels, "groups": d.groups, "normalize": d.normalize, "split": d.split.__dict__,
+                    "chunk_rows": chunk_rows, **({"pairs": pairs_fp} if pairs_fp else {})})
+    info = DataInfo(store.unit("data", key), n, D, chunk_rows, classes, codes, split, groups)
+    attrs = {"source": src.name, "normalize": d.normalize, "classes": [str(c) for c in classes],
+             "split_flag_meanings": " ".join(SPLIT_NAMES)}
+    return DataPlan(src, info, coords, attrs, coords_pairs if d.pairs else None)
+
+
+def _read_pairs(path: str, split: np.ndarray) -> dict:
+    """User pairs (data.pairs: an npz with arrays i, j, y), checked against the staged rows."""
+    from metricpipe.nml_train import check_pairs
+    if not str(path).endswith(".npz"):
+        raise InputError(f"{path}: data.pairs must be an .npz file with arrays i, j, y (np.savez(path, i=..., "
+                         f"j=..., y=...))")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            missing = [k for k in ("i", "j", "y") if k not in z.files]
+            if missing:
+                raise InputError(f"{path}: data.pairs needs arrays i, j, y; missing {missing} (it holds {sorted(z.files)})")
+            i, j, y = z["i"], z["j"], z["y"]
+    except InputError:
+        raise
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path}: cannot read data.pairs: {type(e).__name__}: {e}".splitlines()[0]) from None
+    check_pairs(i, j, y, split, f"{path} (data.pairs)")
+    return {"pair_i": i.astype(np.int64), "pair_j": j.astype(np.int64), "pair_y": y.astype(np.int8)}
+
+
+def run_stage(ctx: StageContext, plan: DataPlan | None = None) -> DataInfo:
+    """Read the source in row-blocks, validate, normalise, write features (sample, feature) + coords."""
+    plan = plan or prepare_data(ctx.config, ctx.store)
+    info, src, unit = plan.info, plan.source, plan.info.unit
+    if ctx.reuse(unit, "stage"):
+        ctx.log(f"  stage: reusing {unit.rel}")
+        return info
+    t0 = time.perf_counter()
+    unit.begin()
+    _write_template(unit.url, {"features": (("sample", "feature"), (info.n_samples, info.n_features), np.float32,
+                                            np.nan)}, plan.coords, plan.attrs, info.chunk_rows,
+                    samples={"features": _stored_sample(src.reader, info, ctx.config.data.normalize, src.name)})
+    for name, values in (plan.pairs or {}).items():  # user pairs (NML), beside the rows
+        create_array(f"{unit.url}/{name}", values.shape, (max(1, min(len(values), 1 << 20)),), values.dtype)[:] = values
+    normalize = ctx.config.data.normalize
+    futures = [ctx.submit(_stage_block, src.reader, a, b, normalize, unit.url, src.name, name="stage-block")
+               for a, b in info.chunks]
+    ctx.gather(futures, "stage", [f"rows {a}..{b - 1}" for a, b in info.chunks])
+    _timed(ctx, unit, t0, {"n_samples": info.n_samples, "n_features": info.n_features, "source": src.name})
+    return info
+
+

@@ -1,0 +1,63 @@
+"""Stage 5, encode: every model applied to every row-block (``codes`` (sample, code)); a bilinear
+model (SL-NE, SL-DE) also writes the two views whose inner product is its exact similarity."""
+import time
+from functools import lru_cache
+
+import numpy as np
+
+from metricpipe.context import StageContext
+from metricpipe.stages.common import DataInfo, _timed, _write_template, load_features
+from metricpipe.stages.train import model_id
+from metricpipe.storage import hash_key, load_estimator, open_array
+
+
+@lru_cache(maxsize=8)
+def _load_model(model_url: str):
+    """The fitted estimator of a model unit (cached per worker: every block of a model reuses it)."""
+    return load_estimator(model_url)
+
+
+def _encode_block(data_url: str, model_url: str, code_url: str, start: int, stop: int) -> int:
+    model = _load_model(model_url)
+    X = load_features(data_url, start, stop)
+    codes = model.transform(X)
+    open_array(f"{code_url}/codes", mode="r+")[start:stop] = codes
+    if getattr(model, "M_", None) is not None:  # bilinear: also the two views whose inner product is the exact score
+        query, base = model.exact_views(X)
+        open_array(f"{code_url}/query", mode="r+")[start:stop] = query
+        open_array(f"{code_url}/base", mode="r+")[start:stop] = base
+    return stop - start
+
+
+def run_encode(ctx: StageContext, data: DataInfo, models: list) -> list[tuple[dict, object, int]]:
+    """Apply every model to every row-block; returns [(spec, codes unit, code dim)]."""
+    out, futures, labels, pending = [], [], [], []
+    t0 = time.perf_counter()
+    for spec, model in models:
+        meta = model.meta()
+        dim = int(meta["dim"])
+        unit = ctx.store.unit("codes", hash_key({"stage": "codes", "model": model.key,
+                                                 "data": data.unit.key}))
+        out.append((spec, unit, dim))
+        if ctx.reuse(unit, "encode"):
+            continue
+        unit.begin()
+        variables = {"codes": (("sample", "code"), (data.n_samples, dim), np.float32, np.nan)}
+        if meta.get("bilinear_dim"):
+            p = int(meta["bilinear_dim"])
+            variables["query"] = (("sample", "input"), (data.n_samples, p), np.float32, np.nan)
+            variables["base"] = (("sample", "input"), (data.n_samples, p), np.float32, np.nan)
+        _write_template(unit.url, variables, {}, {"model": model.key, "spec": spec, "score": meta.get("score"),
+                                                  "bilinear": bool(meta.get("bilinear_dim"))}, data.chunk_rows)
+        pending.append((unit, {"score": meta.get("score") or "euclidean", "bilinear": bool(meta.get("bilinear_dim")),
+                               "cost": meta.get("cost")}))
+        for a, b in data.chunks:
+            futures.append(ctx.submit(_encode_block, data.url, model.url, unit.url, a, b,
+                                      name=f"encode-{model_id(spec)}"))
+            labels.append(f"model {model_id(spec)} rows {a}..{b - 1}")
+    if len(pending) < len(out):
+        ctx.log(f"  encode: reusing {len(out) - len(pending)} of {len(out)} encodings")
+    ctx.gather(futures, "encode", labels)
+    for unit, meta in pending:
+        _timed(ctx, unit, t0, meta)
+    return out

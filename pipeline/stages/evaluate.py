@@ -1,0 +1,207 @@
+"""Stage 6, evaluate: retrieval (test queries against the rest of the test set) and classification
+(train as the database) of every model's codes; the kernels are in `metricpipe.tasks.evaluation`."""
+import time
+
+import numpy as np
+
+from metricpipe.context import StageContext
+from metricpipe.storage import Unit, hash_key, open_array, read_attrs, read_rows
+from metricpipe.tasks import evaluation, metrics, moments, registry
+from metricpipe.stages.encode import _load_model
+from metricpipe.stages.statistics import _moments_block
+from metricpipe.stages.train import model_id
+from metricpipe.tasks.errors import InputError
+
+from metricpipe.stages.common import DataInfo, TEST, TRAIN, _timed, _tree_combine
+
+
+
+def _retrieval_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, db_idx: np.ndarray,
+                     rel_key: np.ndarray, ks: tuple, ukb: bool, chunk_rows: int, group: int) -> dict:
+    """Queries ``q_idx`` against database ``db_idx`` (global rows, sorted). The database is read once
+    per task when it fits in RETRIEVAL_DB_BYTES (the test rows are spread over every row-block, so a
+    read is a pass over the whole array), else streamed again for every group of queries."""
+    Q = read_rows(q_url, q_idx)
+    fits = len(db_idx) * open_array(db_url).shape[1] * 4 <= RETRIEVAL_DB_BYTES
+    db = read_rows(db_url, db_idx) if fits else (lambda a, b: read_rows(db_url, db_idx[a:b]))
+    return evaluation.retrieval(Q, q_idx, db_idx, db, rel_key, ks, ukb, score, chunk_rows, group)
+
+
+def _classify_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, train_blocks: list,
+                    labels: np.ndarray, classifiers: tuple, means, graph_url: str | None,
+                    ncm_model: dict | None = None) -> dict:
+    Q = read_rows(q_url, q_idx)
+    y = labels[q_idx]
+    n_classes = int(labels.max()) + 1
+    out = {}
+    ks = [int(c[3:]) for c in classifiers if c.startswith("knn")]
+    if ks:
+        blocks = ((rows, read_rows(db_url, rows)) for rows in train_blocks)
+        out.update(evaluation.knn_errors(Q, y, blocks, labels, ks, score, n_classes))
+    soft = [int(c[8:]) for c in classifiers if c.startswith("softvote")]
+    if soft:
+        nbr = open_array(f"{graph_url}/neighbours").get_orthogonal_selection((q_idx, slice(None))).astype(np.int64)
+        flat = np.unique(nbr[nbr >= 0])
+        out.update(evaluation.softvote_errors(Q, y, nbr, read_rows(db_url, flat), flat, labels, soft, n_classes))
+    if "ncm" in classifiers:
+        out["ncm"] = evaluation.ncm_errors(Q, y, means, ncm_model.get("bias") if ncm_model else None)
+    if "ncmc" in classifiers and ncm_model and ncm_model.get("centroids") is not None:
+        out["ncmc"] = evaluation.ncmc_errors(Q, y, ncm_model["centroids"], ncm_model["owner"], n_classes)
+    return out
+
+
+def _ncm_model(model_url: str) -> dict | None:
+    """What the ncm / ncmc classifiers need from an NCMML/NCMC model: class biases (dot form) and
+    the centroids in code space with their classes (only when some class has more than one)."""
+    est = _load_model(model_url)
+    if getattr(est, "centroids_", None) is None:
+        return None
+    owner = np.asarray(est.centroid_classes_, np.int64)
+    out = {"bias": est.class_bias_, "centroids": None, "owner": owner}
+    if np.bincount(owner).max() > 1:
+        out["centroids"] = est.transform(est.centroids_).astype(np.float64)
+    return out
+
+
+def _class_means(m) -> np.ndarray:
+    return moments.finalize_statistics(m)["class_means"].astype(np.float32)
+
+
+# Fixed (not worker-count dependent) so that every query meets the same GEMM shapes on any cluster.
+CLASSIFY_QUERIES = 4096
+
+
+def _fixed_blocks(idx: np.ndarray, size: int) -> list[np.ndarray]:
+    return [idx[a:a + size] for a in range(0, len(idx), size)]
+
+
+# An evaluation task's memory: EVAL_BUDGET bytes beyond its queries, of which a retrieval task
+# keeps up to RETRIEVAL_DB_BYTES for its database (the test rows of one view; streamed again for
+# every group of queries when larger) and the rest for a group's distance matrix, its sorted copy and
+# masks. A view's queries are cut into at most RETRIEVAL_TASKS tasks (fixed, so the split is the same
+# on any cluster), each reading the database once.
+EVAL_BUDGET = 2.5e8
+RETRIEVAL_DB_BYTES = 1.5e8
+RETRIEVAL_TASKS = 8
+
+
+def _query_group(n_db: int, budget_bytes: float = EVAL_BUDGET - RETRIEVAL_DB_BYTES) -> int:
+    """Queries scored at once: 24 bytes per query x database entry within ``budget_bytes``."""
+    return int(max(1, budget_bytes // max(1, n_db * 24)))
+
+
+def _query_blocks(idx: np.ndarray, n_db: int) -> list[np.ndarray]:
+    """One block per retrieval task: at least one group, at most RETRIEVAL_TASKS blocks."""
+    return _fixed_blocks(idx, max(_query_group(n_db), -(-len(idx) // RETRIEVAL_TASKS)))
+
+
+def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Unit | None = None
+                 ) -> list[tuple[dict, Unit]]:
+    """Retrieval (test queries against the rest of test) and classification (train as database).
+
+    Every model is evaluated on its codes; a bilinear model (SL-NE, SL-DE) also on its exact
+    similarity (query view Z M against base view Z), so the loss from factoring is visible.
+    """
+    ev = ctx.config.evaluate
+    test = data.rows(TEST)
+    queries = test  # retrieval queries: every test image, or a seeded sample of them (evaluate.retrieval.queries)
+    if ev.queries is not None and ev.queries < len(test):
+        queries = np.sort(np.random.default_rng([ctx.config.seed, 31]).choice(test, ev.queries, replace=False))
+    rel_key = data.groups if data.groups is not None else data.labels
+    ukb = data.groups is not None and bool(np.all(np.bincount(data.groups[test])[np.unique(data.groups[test])] == 4))
+    train_blocks = [r for r in (np.flatnonzero(data.split[a:b] == TRAIN) + a for a, b in data.chunks) if len(r)]
+    labels_f = ctx.client.scatter(data.labels, broadcast=True)
+    rel_f = labels_f if data.groups is None else ctx.client.scatter(rel_key, broadcast=True)
+    if any(c.startswith("softvote") for c in ev.classifiers) and neighbours is None:
+        raise InputError(f"{ctx.config.source_file}: evaluate: softvote classifiers need the neighbours stage; "
+                         f"add neighbours: {{k: 50}}")
+    graph_url = neighbours.url if neighbours is not None else None
+    out, jobs, costs = [], [], {}
+    for spec, cunit, dim in codes:
+        unit = ctx.store.unit("evaluation", hash_key({"stage": "evaluation", "seed": ctx.config.seed, "codes": cunit.key,
+                                                     "graph": neighbours.key if neighbours else None,
+                                                     "evaluate": ev.__dict__, "data": data.unit.key}))
+        out.append((spec, unit))
+        if ctx.reuse(unit, "evaluate"):
+            continue
+        unit.begin()
+        cmeta = cunit.meta()
+        costs[unit.key] = cmeta.get("cost")
+        views = [("codes", f"{cunit.url}/codes", f"{cunit.url}/codes", (cmeta.get("score") or "euclidean"))]
+        if cmeta.get("bilinear"):
+            views.append(("exact", f"{cunit.url}/query", f"{cunit.url}/base", "inner"))
+        for view, q_url, db_url, score in views:
+            means = None
+            if "ncm" in ev.classifiers:
+                parts = [ctx.submit(_moments_block, data.url, a, b, len(data.classes), False, db_url,
+                                    name="ncm-means") for a, b in data.chunks]
+                means = ctx.submit(_class_means, _tree_combine(ctx, parts, "ncm-combine"), name="ncm-means")
+            ret = [ctx.submit(_retrieval_block, q_url, db_url, score, q, test, rel_f, ev.retrieval_k, ukb,
+                              data.chunk_rows, _query_group(len(test)), name=f"retrieval-{model_id(spec)}")
+                   for q in _query_blocks(queries, len(test))] if ev.retrieval else []
+            ncm_model = None
+            if view == "codes" and hasattr(registry.estimator_class(spec["method"], spec), "predict_proba"):
+                ncm_model = ctx.submit(_ncm_model, ctx.store.unit("models", read_attrs(cunit.url)["model"]).url,
+                                      name="ncm-model")
+            cls = [ctx.submit(_classify_block, q_url, db_url, score, q, train_blocks, labels_f, ev.classifiers,
+                              means, graph_url, ncm_model, name=f"classify-{model_id(spec)}")
+                   for q in _fixed_blocks(test, CLASSIFY_QUERIES)] if ev.classifiers else []
+            jobs.append((spec, unit, dim, view, score, ret, cls))
+    # When the models that leave classes out of training all keep the same ones, every model also
+    # reports its errors on the other classes' test images: the control beside the new-class figure.
+    subsets = {tuple(spec["classes"]) for spec, *_ in codes if spec.get("classes")}
+    common = list(subsets.pop()) if len(subsets) == 1 else None
+    t0 = time.perf_counter()
+    records = {}
+    for spec, unit, dim, view, score, ret, cls in jobs:
+        trained_on = spec.get("classes") or common
+        name = f"{model_id(spec)} ({view})"
+        ret_res = ctx.gather(ret, "evaluate", [f"model {name} retrieval block {i}" for i in range(len(ret))])
+        cls_res = ctx.gather(cls, "evaluate", [f"model {name} classification block {i}" for i in range(len(cls))])
+        extra = {} if view == "codes" and score == "euclidean" else {"view": view, "score": score}
+        recs = records.setdefault(unit.key, (unit, []))[1]
+        recs.extend(_records(spec, dim, ev, data.labels[test], ret_res, cls_res, extra, trained_on,
+                             data.labels[queries]))
+        if view == "codes" and costs.get(unit.key):  # the projection's size and cost next to its metrics
+            base = {"method": spec["method"], "dim": dim, "classifier": None,
+                    "params": {k: v for k, v in spec.items() if k not in ("method", "dim")}}
+            recs.extend({**base, "metric": k, "value": v} for k, v in costs[unit.key].items())
+    for unit, recs in records.values():
+        unit.write_json("records.json", recs)
+        _timed(ctx, unit, t0, {})
+    return out
+
+
+def _records(spec: dict, dim: int, ev, test_labels: np.ndarray, ret_res: list, cls_res: list,
+             extra: dict | None = None, trained_on: list | None = None,
+             query_labels: np.ndarray | None = None) -> list[dict]:
+    """Metric records; ``query_labels`` are the retrieval queries' labels (default: the test labels)."""
+    query_labels = test_labels if query_labels is None else query_labels
+    params = {**{k: v for k, v in spec.items() if k not in ("method", "dim")}, **(extra or {})}
+    base = {"method": spec["method"], "dim": dim, "params": params}
+    recs = []
+    if ret_res:
+        cat = {k: np.concatenate([r[k] for r in ret_res]) for k in ret_res[0]}
+        recs.append({**base, "classifier": None, "metric": "map", "value": float(np.nanmean(cat["ap"]))})
+        for j, k in enumerate(ev.retrieval_k):
+            recs.append({**base, "classifier": None, "metric": f"mprec@{k}",
+                         "value": float(metrics.class_average(cat["prec"][:, j], query_labels))})
+            recs.append({**base, "classifier": None, "metric": f"recall@{k}",
+                         "value": float(np.nanmean(cat["recall"][:, j]))})
+        if "ukb4" in cat:
+            recs.append({**base, "classifier": None, "metric": "ukb4", "value": float(cat["ukb4"].mean())})
+    if cls_res:
+        # a model trained on some classes only is also scored on the test images of the others
+        new = None if not trained_on else ~np.isin(test_labels, trained_on)
+        for c in ev.classifiers:
+            if c not in cls_res[0]:  # e.g. ncmc for a model without centroids
+                continue
+            top1 = np.concatenate([r[c][0] for r in cls_res])
+            top5 = np.concatenate([r[c][1] for r in cls_res])
+            recs.append({**base, "classifier": c, "metric": "top1_error", "value": float(top1.mean())})
+            recs.append({**base, "classifier": c, "metric": "top5_error", "value": float(top5.mean())})
+            if new is not None and new.any():
+                recs.append({**base, "classifier": c, "metric": "top1_error_new_classes", "value": float(top1[new].mean())})
+                recs.append({**base, "classifier": c, "metric": "top5_error_new_classes", "value": float(top5[new].mean())})
+    return recs
+

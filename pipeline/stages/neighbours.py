@@ -1,0 +1,192 @@
+"""Stage 3, neighbours: every sample's k nearest train samples, exact or through an IVF index."""
+import time
+
+import distributed
+import numpy as np
+
+from metricpipe.context import StageContext
+from metricpipe.sparse_train import training_subset
+from metricpipe.storage import Unit, create_array, hash_key, open_array, read_rows
+from metricpipe.tasks import knn
+from metricpipe.tasks.errors import InputError
+
+from metricpipe.stages.common import DataInfo, TRAIN, _timed, _write_template, load_features
+
+
+
+# ---- 3. neighbours -------------------------------------------------------------------------------------
+
+# Query rows per kNN task. Fixed (never derived from the worker count) so results are identical on
+# any cluster; small enough that tasks balance across workers, large enough that reading each
+# database block (~64 MB, ~0.12 s) stays a small fraction of the GEMM work it feeds (~2 s at 784-d).
+KNN_QUERY_ROWS = 4096
+
+
+def _knn_piece(url: str, q_rows: np.ndarray, blocks: list, k: int):
+    """Top-k among all train rows for the global train rows ``q_rows``, streaming the database one
+    row-block at a time (the task holds the query piece and one database block). When the queries
+    lie in one database block, that block goes first and gives them, so it is read once."""
+    home = [blk for blk in blocks if blk[0] <= q_rows[0] and q_rows[-1] < blk[1]]
+    order = home + [blk for blk in blocks if blk not in home]
+    Q = None if home else read_rows(f"{url}/features", q_rows)
+    best = knn.empty_topk(len(q_rows), k)
+    for a, b in order:
+        local = np.flatnonzero(open_array(f"{url}/split")[a:b] == TRAIN)
+        X = load_features(url, a, b)
+        if Q is None:
+            Q = X[q_rows - a]
+        if len(local) < b - a:
+            X = X[local]
+        # blocks in any order give the same lists: they are merged by (distance, index)
+        best = knn.block_topk(Q, X, k, q_ids=q_rows, x_ids=local + a, exclude_self=True, init=best)
+    return best
+
+
+def _write_graph(url: str, data_url: str, q: tuple, k: int, piece_rows: list, *pieces) -> int:
+    """Write rows q[0]:q[1] of the graph from the top-k lists of the query pieces overlapping them."""
+    labels = open_array(f"{data_url}/label")[:]
+    all_rows = np.concatenate(piece_rows)
+    inside = (all_rows >= q[0]) & (all_rows < q[1])
+    rows = all_rows[inside] - q[0]  # every row of the chunk, or the sampled query rows in it
+    dist = np.concatenate([p[0] for p in pieces])[inside]
+    idx = np.concatenate([p[1] for p in pieces])[inside]
+    nbr = np.full((q[1] - q[0], k), -1, np.int32)
+    d2 = np.full((q[1] - q[0], k), np.inf, np.float32)
+    same = np.zeros((q[1] - q[0], k), bool)
+    nbr[rows], d2[rows] = idx, dist
+    same[rows] = (labels[np.maximum(idx, 0)] == labels[rows + q[0]][:, None]) & (idx >= 0)
+    for name, value in (("neighbours", nbr), ("distances", d2), ("same_label", same)):
+        open_array(f"{url}/{name}", mode="r+")[q[0]:q[1]] = value
+    return len(rows)
+
+
+def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
+    """Exact kNN graph: every sample's k nearest *train* samples (itself excluded), as neighbours
+    (sample, neighbour) int32 global indices, squared distances float32 and same_label. Train rows
+    form the graph SL-NE learns from (same_label marks targets, the rest impostors); the other rows
+    are the neighbourhoods the soft-vote classifier (Eq. 9) votes over.
+
+    With ``neighbours.queries: Q`` only a seeded, class-stratified sample of Q train rows is searched
+    (still against every train row); the other rows keep -1 and the sample is stored as
+    ``query_rows``. That is what makes the graph affordable at millions of rows."""
+    k = ctx.config.neighbours.k
+    n_train = int((data.split == TRAIN).sum())
+    if k >= n_train:
+        raise InputError(f"{ctx.config.source_file}: neighbours.k={k} but the train split has {n_train} samples; "
+                         f"use k < {n_train}")
+    nb = ctx.config.neighbours
+    ivf = nb.method == "ivf" or (nb.method == "auto" and n_train > EXACT_MAX_TRAIN)
+    inputs = {"stage": "neighbours", "data": data.unit.key, "k": k, "queries": nb.queries or "all"}
+    if nb.queries is not None:
+        inputs["queries_seed"] = ctx.config.seed
+    if ivf:
+        inputs["ivf"] = {"nlist": nb.nlist, "nprobe": nb.nprobe, "seed": ctx.config.seed, "rerank": nb.rerank}
+    unit = ctx.store.unit("neighbours", hash_key(inputs))
+    if ctx.reuse(unit, "neighbours"):
+        ctx.log(f"  neighbours: reusing {unit.rel}")
+        return unit
+    t0 = time.perf_counter()
+    unit.begin()
+    N = data.n_samples
+    _write_template(unit.url, {"neighbours": (("sample", "neighbour"), (N, k), np.int32, -1),
+                               "distances": (("sample", "neighbour"), (N, k), np.float32, np.inf),
+                               "same_label": (("sample", "neighbour"), (N, k), bool, False)},
+                    {}, {"k": k, "data": data.unit.key}, data.chunk_rows)
+    blocks = [(a, b) for a, b in data.chunks if (data.split[a:b] == TRAIN).any()]  # database blocks
+    # Query pieces are cut over all train rows (so tasks are equal whatever the chunk layout); each
+    # chunk's write task takes the pieces that overlap it.
+    if nb.queries is None:
+        query_rows = np.arange(N)
+    else:
+        query_rows = training_subset(data.split, data.labels, nb.queries, [ctx.config.seed, 41])
+        create_array(f"{unit.url}/query_rows", query_rows.shape, (max(1, len(query_rows)),), np.int64)[:] = query_rows
+    # equal pieces of at most KNN_QUERY_ROWS: a short last piece would leave a worker idle at the end
+    cuts = [c for c in np.array_split(query_rows, -(-len(query_rows) // KNN_QUERY_ROWS)) if len(c)]
+    extra = {}
+    if ivf:
+        pieces, extra = _ivf_pieces(ctx, data, unit, blocks, cuts, k)
+    else:
+        pieces = [ctx.submit(_knn_piece, data.url, piece, blocks, k, name="knn-piece") for piece in cuts]
+    writes, where = [], []
+    for q in data.chunks:
+        mine = [(piece, f) for piece, f in zip(cuts, pieces) if piece[0] < q[1] and piece[-1] >= q[0]]
+        if not mine:
+            continue  # no query row here: the chunk keeps the template's fill (-1, inf, False)
+        writes.append(ctx.submit(_write_graph, unit.url, data.url, q, k, [p for p, _ in mine],
+                                 *[f for _, f in mine], name="knn-write"))
+        where.append(f"rows {q[0]}..{q[1] - 1}")
+    ctx.gather(pieces, "neighbours", [f"query rows {p[0]}..{p[-1]}" for p in cuts])
+    ctx.gather(writes, "neighbours", where)
+    _timed(ctx, unit, t0, {"k": k, "n_train": n_train, "method": "ivf" if ivf else "exact",
+                      "queries": int(len(query_rows)), **extra})
+    if ivf:
+        ctx.log(f"  neighbours: IVF ({extra['index']}, nprobe {nb.nprobe}, rerank {extra['rerank']}) "
+                f"recall@{k} {extra['recall']:.3f} "
+                f"against exact search on {extra['recall_queries']} train queries")
+    return unit
+
+
+# Exact search stays the default up to this many train rows (neighbours.method auto); above it an IVF
+# index (pipeline/ivf.py) is built.
+EXACT_MAX_TRAIN = 200_000
+
+
+def _ivf_pieces(ctx: StageContext, data: DataInfo, unit: Unit, blocks: list, cuts: list, k: int):
+    """Train, fill and search the IVF index; returns the query pieces' futures and facts for the unit."""
+    from metricpipe import ivf
+    nb, seed = ctx.config.neighbours, ctx.config.seed
+    train = data.rows(TRAIN)
+    nlist = nb.nlist or ivf.nlist_for(len(train))
+    factory = ivf.factory_string(len(train), data.n_features, nlist)
+    rng = np.random.default_rng([seed, 37])
+    sample = np.sort(rng.choice(train, min(len(train), max(39 * nlist, 20_000)), replace=False))
+    probe = np.sort(rng.choice(train, min(len(train), ivf.RECALL_QUERIES), replace=False))
+    # the exact side of the recall check needs no index: submitted first, it runs beside the training
+    # (one task on one worker, which left the other idle for 52 s at 5M rows)
+    exact = ctx.submit(_knn_piece, data.url, probe, blocks, k, name="ivf-recall")
+    token = f"{unit.url}@{time.time_ns()}"   # this build's index in the workers' caches
+    code_size = ctx.gather([ctx.submit(ivf.train, data.url, unit.url, sample, factory, seed, name="ivf-train")],
+                           "neighbours", ["training the IVF index"])[0]
+    create_array(f"{unit.url}/ivf_codes", (data.n_samples, code_size), (data.chunk_rows, code_size), np.uint8)
+    ctx.gather([ctx.submit(ivf.encode, data.url, unit.url, token, a, b, name="ivf-encode") for a, b in blocks],
+               "neighbours", [f"encoding rows {a}..{b - 1}" for a, b in blocks])
+    rerank = nb.rerank if ",PQ" in factory else 1   # IVF-Flat distances are exact already
+    pieces = _ivf_search(ctx, data, unit, token, blocks, cuts, k, rerank)
+    approx = _ivf_search(ctx, data, unit, token, blocks, [probe], k, rerank)[0]
+    e, a = ctx.gather([exact, approx], "neighbours", ["recall: exact", "recall: ivf"])
+    distributed.wait(pieces)      # (a failed piece is reported by the graph writes that need it)
+    ctx.client.run(ivf.release)  # the filled index (N x code bytes) leaves the workers' memory
+    return pieces, {"index": factory, "nprobe": nb.nprobe, "rerank": rerank, "recall": ivf.recall(e, a, k),
+                    "recall_queries": int(len(probe))}
+
+
+def _ivf_search(ctx: StageContext, data: DataInfo, unit: Unit, token: str, blocks: list, cuts: list, k: int,
+                rerank: int):
+    """Futures of (distances, ids) per query piece: the index's top k or, with rerank > 1, its top
+    rerank x k re-scored exactly (one pass over the row-blocks per group of pieces whose candidates
+    fit ivf.RERANK_PAIRS) and cut to k."""
+    from metricpipe import ivf
+    kc = k * rerank
+    found = [ctx.submit(ivf.search, data.url, unit.url, token, tuple(blocks), piece, kc, ctx.config.neighbours.nprobe,
+                        name="ivf-search") for piece in cuts]
+    if rerank <= 1:
+        return found
+    groups, size = [[]], 0
+    for piece, f in zip(cuts, found):
+        if groups[-1] and (size + len(piece)) * kc > ivf.RERANK_PAIRS:
+            groups.append([])
+            size = 0
+        groups[-1].append((piece, f))
+        size += len(piece)
+    out = []
+    for group in groups:
+        Q = ctx.submit(read_rows, f"{data.url}/features", np.concatenate([p for p, _ in group]), name="ivf-queries")
+        scored = [ctx.submit(ivf.rescore, data.url, a, b, Q, *[f for _, f in group], name="ivf-rescore")
+                  for a, b in blocks]
+        lo = 0
+        for piece, f in group:
+            out.append(ctx.submit(ivf.rerank, f, lo, k, *scored, name="ivf-rerank"))
+            lo += len(piece)
+    return out
+
+

@@ -1,0 +1,71 @@
+"""Stage 2, statistics: mean, covariance, class means and scatters, PCA basis (blockwise tree reduction)."""
+import time
+
+import dask.array as da
+import numpy as np
+
+from metricpipe.context import StageContext
+from metricpipe.storage import Unit, hash_key, open_array, save_arrays
+from metricpipe.tasks import moments
+
+from metricpipe.stages.common import DataInfo, TRAIN, _timed, _tree_combine
+
+
+
+# ---- 2. statistics -------------------------------------------------------------------------------------
+
+def _moments_block(url: str, start: int, stop: int, n_classes: int, second: bool, array_url: str | None = None):
+    """Moments of the train rows of block start:stop (of ``array_url``, default the staged features)."""
+    split = open_array(f"{url}/split")[start:stop]
+    y = open_array(f"{url}/label")[start:stop]
+    train = np.flatnonzero(split == TRAIN)
+    X = open_array(array_url or f"{url}/features")[start:stop][train]
+    return moments.partial_moments(X, y[train], n_classes, second=second)
+
+
+def _finalize_statistics(m, url: str, n_components) -> dict:
+    stats = moments.finalize_statistics(m, n_components)
+    save_arrays(url, stats)
+    return {"n_train": int(m.n)}
+
+
+def run_statistics(ctx: StageContext, data: DataInfo) -> Unit:
+    """Mean, covariance (blockwise tree reduction), class counts/means, scatters, PCA basis."""
+    cfg = ctx.config.statistics
+    dense = data.n_features <= cfg.max_dense_dim
+    key = hash_key({"stage": "statistics", "data": data.unit.key, "dense": dense, "seed": ctx.config.seed,
+                    "components": None if dense else cfg.components})
+    unit = ctx.store.unit("statistics", key)
+    if ctx.reuse(unit, "statistics"):
+        ctx.log(f"  statistics: reusing {unit.rel}")
+        return unit
+    t0 = time.perf_counter()
+    unit.begin()
+    parts = [ctx.submit(_moments_block, data.url, a, b, len(data.classes), dense, name="moments-block")
+             for a, b in data.chunks]
+    ctx.gather(parts, "statistics", [f"rows {a}..{b - 1}" for a, b in data.chunks])
+    total = _tree_combine(ctx, parts, "moments-combine")
+    if dense:
+        meta = ctx.gather([ctx.submit(_finalize_statistics, total, unit.url, None, name="statistics-finalize")],
+                          "statistics")[0]
+    else:
+        meta = _randomized_statistics(ctx, data, total, unit, cfg.components)
+    _timed(ctx, unit, t0, {**meta, "dense": dense})
+    return unit
+
+
+def _randomized_statistics(ctx, data, total, unit, n_components) -> dict:
+    """PCA by dask's out-of-core randomized SVD when D is too large for a dense covariance."""
+    m = ctx.gather([total], "statistics")[0]
+    stats = moments.finalize_statistics(m)
+    train = data.rows(TRAIN)
+    X = da.from_zarr(open_array(f"{data.url}/features"))[train] - stats["mean"].astype(np.float32)
+    k = min(n_components, data.n_features, len(train))
+    u, s, v = da.linalg.svd_compressed(X.rechunk({1: -1}), k=k, n_power_iter=2, seed=ctx.config.seed)
+    s, v = ctx.client.compute([s, v], sync=True)
+    stats["pca_variances"] = (np.asarray(s, np.float64) ** 2) / (m.n - 1)
+    stats["pca_components"] = moments.fix_signs(np.asarray(v, np.float64))
+    save_arrays(unit.url, stats)
+    return {"n_train": int(m.n)}
+
+

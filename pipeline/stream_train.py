@@ -1,0 +1,72 @@
+"""Train driver for the SGD learners that take pools of training rows (NCMML, NCMC, k-NN ML).
+
+The estimator does the learning (``est.fit_stream``); this driver only moves data to it on a
+worker: the statistics stage's result (W's PCA start, class means), the validation rows (the
+``val`` split when the data has one, else the stratified share of the train split that
+``tasks.stream.validation_split`` holds out, exactly as ``est.fit`` does in memory), and the pools
+of the shuffled copy of the training rows (``pipeline.shuffle``). The task holds one pool, the
+validation rows and, for NCMC's k-means, a bounded sample; never the training set.
+"""
+import time
+
+import numpy as np
+
+from metricpipe import shuffle
+from metricpipe.storage import load_arrays, open_array, read_rows, save_model
+from metricpipe.tasks import stream
+from metricpipe.tasks.base import seed_of
+from metricpipe.tasks.errors import InputError
+
+TRAIN, VAL = 0, 2
+
+
+def _validation(est, split, labels, train, allowed_train, seed):
+    """(global validation rows, keep mask over train positions)."""
+    keep = allowed_train.copy()
+    val = np.flatnonzero((split == VAL) & np.isin(labels, est.trained_classes(int(labels.max()) + 1)))
+    if len(val):  # the user's val split, a seeded sample of at most ``validation`` rows
+        return val[np.sort(np.random.default_rng([seed, 7]).permutation(len(val))[:est.validation])], keep
+    pos = np.flatnonzero(allowed_train)
+    vpos = pos[stream.validation_split(labels[train][pos], est.validation, seed)]
+    keep[vpos] = False
+    return train[vpos], keep
+
+
+def _train(est, spec: dict, data_url: str, stats_url: str, shuffled_url: str, chunks: list, block_rows: int,
+           model_url: str) -> dict:
+    stats, _ = load_arrays(stats_url)
+    split = open_array(f"{data_url}/split")[:]
+    labels = open_array(f"{data_url}/label")[:].astype(np.int64)
+    seed = seed_of(est.random_state)
+    C = len(stats["class_means"])
+    train = np.flatnonzero(split == TRAIN)
+    allowed = np.isin(labels[train], est.trained_classes(C))
+    val, keep = _validation(est, split, labels, train, allowed, seed)
+    if not keep.any():
+        raise InputError(f"{spec['method']}: no training rows left for SGD after the validation rows")
+    Xv, yv = read_rows(f"{data_url}/features", val), labels[val]
+    layout_rows = open_array(f"{shuffled_url}/row")[:]
+    keep_pos = keep[np.searchsorted(train, layout_rows)]
+    extra = {}
+    if hasattr(est, "kmeans"):  # NCMC: centroids by k-means over the train rows
+        sample = train[est.kmeans_sample(labels[train], seed)]
+
+        def blocks():
+            for a, b in chunks:
+                rows = np.flatnonzero(split[a:b] == TRAIN)
+                if len(rows):
+                    yield open_array(f"{data_url}/features")[a:b][rows].astype(np.float64), labels[a:b][rows]
+        extra["centroids"] = est.kmeans(read_rows(f"{data_url}/features", sample), labels[sample], blocks, C)
+    elif hasattr(est, "reference_rows"):  # k-NN ML: the rows validation queries search
+        ref = train[est.reference_rows(labels[train], keep, est.validation, seed)]
+        extra["reference"] = (read_rows(f"{data_url}/features", ref), labels[ref])
+    t0 = time.perf_counter()
+    est.fit_stream(stats, shuffle.stream_pools(shuffled_url, block_rows, seed, keep_pos), Xv, yv, **extra)
+    return save_model(model_url, est, spec, time.perf_counter() - t0, best_iter=est.best_iter_,
+                      val_error=est.val_error_, held_out_validation=bool(not (split == VAL).any()))
+
+
+def submit(ctx, spec, est, data, stats, neighbours, unit, name):
+    shuffled = shuffle.shuffled(ctx, data, seed_of(est.random_state))
+    return ctx.submit(_train, est, spec, data.url, stats.url, shuffled.url, data.chunks, data.chunk_rows, unit.url,
+                      name=f"train-{name}")
