@@ -18,7 +18,7 @@ from metricpipe.context import StageContext
 from metricpipe.storage import Store, load_arrays
 
 CONFIG = {"data": {"source": "fashion-mnist", "normalize": "l2", "split": {"column": "split"}},
-          "methods": [{"method": "slde", "members": 8, "dim": 64, "step": 0.02, "epochs": 3}],
+          "methods": [{"method": "slde", "members": 8, "member_dim": 64, "step": 0.02, "epochs": 3}],
           "neighbours": {"k": 50}}
 
 

@@ -36,12 +36,12 @@ def main():
     X = spec.rows(a.negatives, a.negatives + a.images).astype(np.float64)
 
     t = time.perf_counter()
-    A = slem.regularised_covariance(np.cov(Xneg.T, bias=True), 0.1)
-    enc = slem.LinearSLEM(Xneg.mean(0), slem.factor(A))
+    enc = slem.SLEM(lam=0.1, negatives={"count": None}).fit(Xneg)
     offline = time.perf_counter() - t
     t_slem, codes = timed(lambda: enc.transform(X), repeat=3)
 
-    esvm = slem.ESVMEncoder(Xneg, 0.1, 1.0, a.epochs, a.batch, 0)
+    esvm = slem.ESVM(lam=0.1, theta=1.0, epochs=a.epochs, batch=a.batch, negatives={"count": None},
+                     random_state=0).fit(Xneg)
     few = X[:max(64, a.images // 10)]             # ESVM is slow: time a tenth of the images
     t_esvm, _ = timed(lambda: esvm.transform(few), repeat=1)           # many classifiers per SGD step
     one = X[:20]
@@ -58,7 +58,7 @@ def main():
     Kneg = Xneg[:a.kernel_negatives] / np.linalg.norm(Xneg[:a.kernel_negatives], axis=1, keepdims=True)
     Xk = X[:500] / np.linalg.norm(X[:500], axis=1, keepdims=True)
     t = time.perf_counter()
-    km = slem.KernelSLEM.fit(Kneg, 0.1, "gaussian", 1.0, "cholesky", None)
+    km = slem.KernelSLEM(lam=0.1, kernel="gaussian", gamma=1.0).fit_pool(Kneg)
     k_off = time.perf_counter() - t
     t_k, _ = timed(lambda: km.transform(Xk), repeat=1)
     print(f"kernel SLEM (Gaussian, full rank, n = {a.kernel_negatives}): offline {k_off:.1f} s, "

@@ -49,7 +49,7 @@ def main():
     rows = [("raw pixels (cosine)", None, None, retrieval(X, y, score="inner"))]
 
     t = time.perf_counter()
-    enc = slem.LinearSLEM(Xneg.mean(0), slem.factor(slem.regularised_covariance(np.cov(Xneg.T, bias=True), 0.3)))
+    enc = slem.SLEM(lam=0.3, negatives={"count": None}).fit(Xneg)
     offline = time.perf_counter() - t
     t = time.perf_counter()
     codes = enc.transform(X)
@@ -57,7 +57,8 @@ def main():
     rows.append(("linear SLEM lambda 0.3 (metricpipe)", offline, t_slem, retrieval(codes, y)))
 
     t = time.perf_counter()
-    codes = slem.ESVMEncoder(Xneg, 0.1, 1.0, 2, 64, 0).transform(X)
+    codes = slem.ESVM(lam=0.1, theta=1.0, epochs=2, batch=64, negatives={"count": None},
+                      random_state=0).fit(Xneg).transform(X)
     rows.append(("ESVM SGD lambda 0.1 (metricpipe)", None, (time.perf_counter() - t) / len(X), retrieval(codes, y)))
 
     t = time.perf_counter()

@@ -2,7 +2,7 @@
 features (issue #4). Prints time and storage ratios measured in one run, and the floor that any
 kernel reading every feature must pay (one pass over the block). Asserts nothing about time.
 
-Two sparse projectors per R: one trained by `tasks.sparse.SparseProjector` (tau = 0.99, from the
+Two sparse projectors per R: one trained by `tasks.sparse.rank_projectors` (SparseProjector's solver) (tau = 0.99, from the
 PCA of a 1,000-image sample, a short run: its supports, not its accuracy, set the encode cost) and
 one with random supports (the worst case: the supports spread over every input dimension).
 
@@ -20,7 +20,7 @@ from timing import timed  # noqa: E402
 import scipy.sparse  # noqa: E402
 
 from metricpipe.tasks.models import LinearModel  # noqa: E402
-from metricpipe.tasks.sparse import SparseProjector, nonzeros_per_column, project_l0  # noqa: E402
+from metricpipe.tasks.sparse import nonzeros_per_column, project_l0, rank_projectors  # noqa: E402
 from metricpipe.tasks.synthetic import SyntheticSpec  # noqa: E402
 
 
@@ -49,8 +49,8 @@ def main():
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for R in a.r:
         t0 = time.perf_counter()
-        trained = SparseProjector(sparsity=a.sparsity, queries=100, max_iter=a.iters,
-                                  record_every=a.iters).fit(T, yT, Vt[:R].T).U_
+        trained = rank_projectors(T, yT, Vt[:R].T, sparsity=a.sparsity, queries=100, max_iter=a.iters,
+                                  record_every=a.iters)[0].astype(np.float32)
         fit = time.perf_counter() - t0
         rand = project_l0(np.random.default_rng(0).standard_normal((a.dim, R)).astype(np.float32), m)
         t_dense, ref = timed(lambda: X @ trained)

@@ -17,10 +17,10 @@ pytestmark = pytest.mark.integration
 
 CONFIG = {"data": {"source": "digits", "split": {"test": 0.25, "seed": 1}, "chunk_mb": 0.1},
           "methods": [{"method": "pca", "dim": [8, 16]}, {"method": "lda"}, {"method": "pcaw", "dim": 16},
-                      {"method": "random", "dim": 8, "seed": 3},
-                      {"method": "slne", "dim": 24, "step": 0.02, "epochs": 2},
-                      {"method": "slde", "members": 3, "dim": 8, "step": 0.02, "epochs": 2, "refine": True},
-                      {"method": "slde", "members": 2, "dim": 8, "subspace": "random", "epochs": 1}],
+                      {"method": "random", "dim": 8, "random_state": 3},
+                      {"method": "slne", "input_dim": 24, "step": 0.02, "epochs": 2},
+                      {"method": "slde", "members": 3, "member_dim": 8, "step": 0.02, "epochs": 2, "refine": True},
+                      {"method": "slde", "members": 2, "member_dim": 8, "subspace": "random", "epochs": 1}],
           "neighbours": {"k": 5}, "dashboard": ":0",
           "evaluate": {"retrieval": {"k": [1, 10]}, "classification": {"classifiers": ["knn1", "knn5", "ncm", "softvote3"]}}}
 
