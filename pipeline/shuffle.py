@@ -1,6 +1,7 @@
 """The shuffled copy of the training rows that SGD learners stream (`metricpipe.tasks.stream`).
 
-Position j of the copy holds training row ``pi[j]`` (``tasks.stream.layout``), one row-block per
+Position j of the copy holds training row ``pi[j]`` (``tasks.stream.layout`` of the rows' content
+keys, ``row_key``, written at staging), one row-block per
 layout block, so that reading the copy block by block gives pools that are uniform samples of the
 whole training set, however the source was ordered. It is written out of core in two passes of
 one read and one write each: every staged row-block sends each of its training rows to the piece
@@ -25,7 +26,7 @@ TRAIN = 0
 def _plan(data, seed: int):
     """(train rows, layout pi, destination position of each train row, block rows)."""
     train = data.rows(TRAIN)
-    pi = stream.layout(len(train), seed)
+    pi = stream.layout(open_array(f"{data.url}/row_key")[:][train], seed)
     dest = np.empty(len(train), np.int64)
     dest[pi] = np.arange(len(train))
     return train, pi, dest, data.chunk_rows
@@ -62,7 +63,7 @@ def _gather_block(url: str, j: int, counts: np.ndarray, block_rows: int, n_train
 def shuffled(ctx: StageContext, data, seed: int) -> Unit:
     """The committed shuffled copy of the training rows for ``seed`` (written when missing)."""
     unit = ctx.store.unit("shuffled", hash_key({"stage": "shuffled", "version": 1, "data": data.unit.key,
-                                                 "seed": int(seed), "layout": "tasks.stream.layout/53"}))
+                                                 "seed": int(seed), "layout": "row-keys"}))
     if ctx.reuse(unit, "train"):
         return unit
     t0 = time.perf_counter()

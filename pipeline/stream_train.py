@@ -20,14 +20,14 @@ from metricpipe.tasks.errors import InputError
 TRAIN, VAL = 0, 2
 
 
-def _validation(est, split, labels, train, allowed_train, seed):
-    """(global validation rows, keep mask over train positions)."""
+def _validation(est, split, labels, train, allowed_train, keys, seed):
+    """(global validation rows, keep mask over train positions); ``keys``: the train rows' content keys."""
     keep = allowed_train.copy()
     val = np.flatnonzero((split == VAL) & np.isin(labels, est.trained_classes(int(labels.max()) + 1)))
     if len(val):  # the user's val split, a seeded sample of at most ``validation`` rows
         return val[np.sort(np.random.default_rng([seed, 7]).permutation(len(val))[:est.validation])], keep
     pos = np.flatnonzero(allowed_train)
-    vpos = pos[stream.validation_split(labels[train][pos], est.validation, seed)]
+    vpos = pos[stream.validation_split(labels[train][pos], est.validation, keys[pos], seed)]
     keep[vpos] = False
     return train[vpos], keep
 
@@ -41,7 +41,8 @@ def _train(est, spec: dict, data_url: str, stats_url: str, shuffled_url: str, ch
     C = len(stats["class_means"])
     train = np.flatnonzero(split == TRAIN)
     allowed = np.isin(labels[train], est.trained_classes(C))
-    val, keep = _validation(est, split, labels, train, allowed, seed)
+    keys = open_array(f"{data_url}/row_key")[:][train]
+    val, keep = _validation(est, split, labels, train, allowed, keys, seed)
     if not keep.any():
         raise InputError(f"{spec['method']}: no training rows left for SGD after the validation rows")
     Xv, yv = read_rows(f"{data_url}/features", val), labels[val]
@@ -49,7 +50,7 @@ def _train(est, spec: dict, data_url: str, stats_url: str, shuffled_url: str, ch
     keep_pos = keep[np.searchsorted(train, layout_rows)]
     extra = {}
     if hasattr(est, "kmeans"):  # NCMC: centroids by k-means over the train rows
-        sample = train[est.kmeans_sample(labels[train], seed)]
+        sample = train[est.kmeans_sample(labels[train], keys, seed)]
 
         def blocks():
             for a, b in chunks:
@@ -58,7 +59,7 @@ def _train(est, spec: dict, data_url: str, stats_url: str, shuffled_url: str, ch
                     yield open_array(f"{data_url}/features")[a:b][rows].astype(np.float64), labels[a:b][rows]
         extra["centroids"] = est.kmeans(read_rows(f"{data_url}/features", sample), labels[sample], blocks, C)
     elif hasattr(est, "reference_rows"):  # k-NN ML: the rows validation queries search
-        ref = train[est.reference_rows(labels[train], keep, est.validation, seed)]
+        ref = train[est.reference_rows(labels[train], keep, keys, est.validation, seed)]
         extra["reference"] = (read_rows(f"{data_url}/features", ref), labels[ref])
     t0 = time.perf_counter()
     est.fit_stream(stats, shuffle.stream_pools(shuffled_url, block_rows, seed, keep_pos), Xv, yv, **extra)

@@ -463,9 +463,10 @@ class _MetricLearner(Learner):
         seed = seed_of(self.random_state)
         allowed = np.isin(codes, self.trained_classes(C))
         keep = allowed.copy()
+        keys = stream.row_keys(X)
         if X_val is None:
             pos = np.flatnonzero(allowed)
-            val = pos[stream.validation_split(codes[pos], self.validation, seed)]
+            val = pos[stream.validation_split(codes[pos], self.validation, keys[pos], seed)]
             keep[val] = False
             Xv, yv = X[val], codes[val]
         else:
@@ -477,13 +478,13 @@ class _MetricLearner(Learner):
             raise InputError(f"{type(self).__name__}: no training rows left for SGD after the validation rows")
         stats = moments.statistics(X, codes)
         br = block_rows or stream.block_rows_for(X.shape[1])
-        extra = self._memory_inputs(X, codes, keep, seed)
+        extra = self._memory_inputs(X, codes, keep, keys, seed)
         classes = self.classes_
-        self.fit_stream(stats, stream.pools(X, codes, keep, br, seed), Xv, yv, **extra)
+        self.fit_stream(stats, stream.pools(X, codes, keep, br, seed, keys), Xv, yv, **extra)
         self.classes_ = classes
         return self
 
-    def _memory_inputs(self, X, codes, keep, seed) -> dict:
+    def _memory_inputs(self, X, codes, keep, keys, seed) -> dict:
         return {}
 
     def _start(self, stats: dict):
@@ -677,9 +678,11 @@ class NCMC(_NCMClassifier, _MetricLearner):
         self.random_state = random_state
 
     @staticmethod
-    def kmeans_sample(labels: np.ndarray, seed: int, per_class: int = KMEANS_SAMPLE) -> np.ndarray:
-        """Positions (among the training rows) of the stratified sample k-means++ seeds from."""
-        return stream.stratified_subset(labels, per_class * len(np.unique(labels)), seed + 2)
+    def kmeans_sample(labels: np.ndarray, keys: np.ndarray, seed, per_class: int = KMEANS_SAMPLE) -> np.ndarray:
+        """Positions (among the training rows, whose :func:`~metricpipe.tasks.stream.row_keys` are
+        ``keys``) of the stratified sample k-means++ seeds from."""
+        return stream.stratified_subset(labels, per_class * len(np.unique(labels)),
+                                        stream.rank(keys, seed, stream.KMEANS))
 
     def kmeans(self, X_sample, y_sample, blocks, n_classes: int):
         """k centroids for every class (Section 3.3): k-means++ on the sample, then ``kmeans_iters``
@@ -693,8 +696,8 @@ class NCMC(_NCMClassifier, _MetricLearner):
                             self.centroids, blocks, self.kmeans_iters,
                             np.random.default_rng([seed_of(self.random_state), 11]))
 
-    def _memory_inputs(self, X, codes, keep, seed) -> dict:
-        sample = self.kmeans_sample(codes, seed)
+    def _memory_inputs(self, X, codes, keep, keys, seed) -> dict:
+        sample = self.kmeans_sample(codes, keys, seed)
         br = stream.block_rows_for(X.shape[1])
 
         def blocks():
@@ -754,13 +757,13 @@ class KNNML(_MetricLearner):
         self.random_state = random_state
 
     @staticmethod
-    def reference_rows(labels: np.ndarray, keep: np.ndarray, size: int, seed: int) -> np.ndarray:
+    def reference_rows(labels: np.ndarray, keep: np.ndarray, keys: np.ndarray, size: int, seed) -> np.ndarray:
         """Positions of the reference rows (among SGD's rows) the validation kNN error searches."""
         pos = np.flatnonzero(keep)
-        return pos[stream.stratified_subset(labels[pos], size, seed + 3)]
+        return pos[stream.stratified_subset(labels[pos], size, stream.rank(keys[pos], seed, stream.REFERENCE))]
 
-    def _memory_inputs(self, X, codes, keep, seed) -> dict:
-        ref = self.reference_rows(codes, keep, self.validation, seed)
+    def _memory_inputs(self, X, codes, keep, keys, seed) -> dict:
+        ref = self.reference_rows(codes, keep, keys, self.validation, seed)
         return {"reference": (X[ref], codes[ref])}
 
     def _batches(self, X, y, rng):

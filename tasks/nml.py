@@ -423,7 +423,7 @@ class _PairLearner(Learner):
         check_pair_indices(idx[:, 0], idx[:, 1], y, len(X), f"{name}.fit_pairs")
         n, seed = len(X), seed_of(self.random_state)
         br = block_rows or stream.block_rows_for(X.shape[1])
-        pi = stream.layout(n, seed)
+        pi = stream.layout(stream.row_keys(X), seed)
         pos = np.empty(n, np.int64)
         pos[pi] = np.arange(n)
         return self._fit_pairs(pos[idx], y, lambda b: X[pi[b * br:(b + 1) * br]], n, br, X.shape[1],

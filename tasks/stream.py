@@ -7,6 +7,12 @@ block is a uniform random sample of the whole training set. An epoch visits the 
 order and each block's positions in a seeded order; a learner takes its batches from the block
 in hand (a *pool*), so every batch mixes rows from across the data set.
 
+The layout is a function of the rows' *content*, not of their positions: each row has a 64-bit key
+hashed from its float32 bytes (:func:`row_keys`), and the layout sorts the rows by their keys mixed
+with the seed. The same rows stored in any order therefore give the same pools, the same
+validation rows (:func:`stratified_subset` with ``rank``) and the same model; only the statistics'
+summation order, and with it the PCA start, moves by float rounding.
+
 The pipeline writes the training rows in layout order once (a shuffled copy, one row-block per
 layout block) and reads it block by block; :func:`pools` does the same on arrays in memory, so
 ``fit(X, y)`` and the pipeline see the same pools and learn the same model.
@@ -21,9 +27,48 @@ def block_rows_for(n_features: int, mb: float = POOL_MB) -> int:
     return max(1, int(mb * 1e6 // (n_features * 4)))
 
 
-def layout(n: int, seed: int) -> np.ndarray:
-    """The permutation ``pi`` of the n training rows: layout position j holds row pi[j]."""
-    return np.random.default_rng([seed, 53]).permutation(n)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on uint64 arrays (wrapping arithmetic)."""
+    with np.errstate(over="ignore"):
+        z = np.asarray(z, np.uint64) + _GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def row_keys(X: np.ndarray, rows: int = 4096) -> np.ndarray:
+    """A 64-bit key per row of X (n, D), a hash of the row's float32 bytes: equal rows get equal
+    keys wherever they are stored. The staging stage stores them (``row_key``) for the pipeline."""
+    U = np.ascontiguousarray(X, np.float32).view(np.uint32)
+    mult = np.random.default_rng(20261123).integers(1, 2 ** 63, U.shape[1], dtype=np.uint64) | np.uint64(1)
+    out = np.empty(len(U), np.uint64)
+    with np.errstate(over="ignore"):
+        for a in range(0, len(U), rows):
+            out[a:a + rows] = (U[a:a + rows].astype(np.uint64) * mult).sum(axis=1, dtype=np.uint64)
+    return _mix(out)
+
+
+def order_keys(keys: np.ndarray, seed, purpose: int = 0) -> np.ndarray:
+    """The keys mixed with the seed (and a purpose, so that the validation rows, the k-means sample
+    and the layout are independent draws)."""
+    s = np.random.default_rng([int(seed), 53, int(purpose)]).integers(0, 2 ** 63, dtype=np.uint64)
+    return _mix(np.asarray(keys, np.uint64) ^ s)
+
+
+def layout(keys: np.ndarray, seed) -> np.ndarray:
+    """The permutation ``pi`` of the training rows with these :func:`row_keys`: layout position j
+    holds row pi[j] (rows with equal keys, i.e. equal content, keep their relative order)."""
+    return np.argsort(order_keys(keys, seed), kind="stable")
+
+
+def rank(keys: np.ndarray, seed, purpose: int) -> np.ndarray:
+    """Each row's place in a seeded random order of the rows that depends on their content only."""
+    r = np.empty(len(keys), np.int64)
+    r[np.argsort(order_keys(keys, seed, purpose), kind="stable")] = np.arange(len(keys))
+    return r
 
 
 def epoch_order(n: int, block_rows: int, epoch: int, seed: int, keep: np.ndarray | None = None):
@@ -44,12 +89,13 @@ def epoch_order(n: int, block_rows: int, epoch: int, seed: int, keep: np.ndarray
     return out
 
 
-def pools(X: np.ndarray, y: np.ndarray, keep: np.ndarray | None, block_rows: int, seed: int):
+def pools(X: np.ndarray, y: np.ndarray, keep: np.ndarray | None, block_rows: int, seed: int,
+          keys: np.ndarray | None = None):
     """In memory: endless pools (X_pool, y_pool) of the training rows X (n, D), y (n,) in the
     order the pipeline streams them from its shuffled copy. ``keep`` (n,) bool marks the rows SGD
-    may see (by row, not by layout position)."""
+    may see (by row, not by layout position); ``keys``: X's :func:`row_keys`, if known."""
     n = len(X)
-    pi = layout(n, seed)
+    pi = layout(row_keys(X) if keys is None else keys, seed)
     keep_pos = None if keep is None else np.asarray(keep, bool)[pi]
     epoch = 0
     while True:
@@ -59,22 +105,26 @@ def pools(X: np.ndarray, y: np.ndarray, keep: np.ndarray | None, block_rows: int
         epoch += 1
 
 
-def stratified_subset(labels: np.ndarray, size: int, seed) -> np.ndarray:
-    """Sorted positions of ``size`` rows, the same share of every class (at least one each), seeded;
-    every position when size >= len(labels)."""
+def stratified_subset(labels: np.ndarray, size: int, rank: np.ndarray) -> np.ndarray:
+    """Sorted positions of ``size`` rows, the same share of every class (at least one each): in each
+    class the rows first in ``rank`` (a seeded random order, :func:`rank`), so the subset depends on
+    the rows' content and the seed, not on where they are stored; every position when size >=
+    len(labels)."""
     labels = np.asarray(labels)
     if size >= len(labels):
         return np.arange(len(labels))
-    rng = np.random.default_rng(seed)
     picked = []
     for c in np.unique(labels):
         rows = np.flatnonzero(labels == c)
-        picked.append(rng.choice(rows, min(len(rows), max(1, int(round(size * len(rows) / len(labels))))),
-                                 replace=False))
+        take = min(len(rows), max(1, int(round(size * len(rows) / len(labels)))))
+        picked.append(rows[np.argsort(rank[rows], kind="stable")[:take]])
     return np.sort(np.concatenate(picked))
 
 
-def validation_split(labels: np.ndarray, size: int, seed: int) -> np.ndarray:
+VALIDATION, KMEANS, REFERENCE = 1, 2, 3   # purposes of :func:`rank`
+
+
+def validation_split(labels: np.ndarray, size: int, keys: np.ndarray, seed) -> np.ndarray:
     """Positions held out of SGD for early stopping: a stratified sample of at most a fifth of the
-    rows (SGD keeps most of them), ``size`` at most."""
-    return stratified_subset(labels, min(size, len(labels) // 5), seed + 1)
+    rows (SGD keeps most of them), ``size`` at most; ``keys``: the rows' :func:`row_keys`."""
+    return stratified_subset(labels, min(size, len(labels) // 5), rank(keys, seed, VALIDATION))

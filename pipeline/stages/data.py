@@ -9,6 +9,7 @@ from metricpipe.context import StageContext
 from metricpipe.sources import open_source
 from metricpipe.storage import chunk_rows_for, create_array, hash_key, open_array
 from metricpipe.tasks.errors import InputError
+from metricpipe.tasks import stream
 from metricpipe.tasks.normalize import normalize_rows
 from metricpipe.tasks.validate import check_feature_block, check_split, encode_labels
 
@@ -65,8 +66,10 @@ def _stored_sample(reader, info, normalize: str, where: str, rows: int = 4096) -
 def _stage_block(reader, start: int, stop: int, normalize: str, url: str, name: str) -> int:
     X = np.asarray(reader.read(start, stop))
     check_feature_block(X, start, name)
-    out = open_array(f"{url}/features", mode="r+")
-    out[start:stop] = normalize_rows(X, normalize)
+    X = normalize_rows(X, normalize)
+    open_array(f"{url}/features", mode="r+")[start:stop] = X
+    # each row's content key: the SGD learners' layout follows the rows, not where they are stored
+    open_array(f"{url}/row_key", mode="r+")[start:stop] = stream.row_keys(X)
     return stop - start
 
 
@@ -146,7 +149,9 @@ def run_stage(ctx: StageContext, plan: DataPlan | None = None) -> DataInfo:
     t0 = time.perf_counter()
     unit.begin()
     _write_template(unit.url, {"features": (("sample", "feature"), (info.n_samples, info.n_features), np.float32,
-                                            np.nan)}, plan.coords, plan.attrs, info.chunk_rows,
+                                            np.nan),
+                               "row_key": (("sample",), (info.n_samples,), np.uint64, 0)},
+                    plan.coords, plan.attrs, info.chunk_rows,
                     samples={"features": _stored_sample(src.reader, info, ctx.config.data.normalize, src.name)})
     for name, values in (plan.pairs or {}).items():  # user pairs (NML), beside the rows
         create_array(f"{unit.url}/{name}", values.shape, (max(1, min(len(values), 1 << 20)),), values.dtype)[:] = values

@@ -253,16 +253,17 @@ def test_the_pipeline_learns_what_fit_learns_in_memory(trained, method, params):
     stored = load_estimator(unit.url)
     seed = spec["random_state"] or 0
     est = registry.make(spec)
-    val = stream.validation_split(yt, est.validation, seed)
+    keys = stream.row_keys(Xt)
+    val = stream.validation_split(yt, est.validation, keys, seed)
     keep = np.ones(len(yt), bool)
     keep[val] = False
     extra = {}
     if method == "ncmc":
-        sample = est.kmeans_sample(yt, seed)
+        sample = est.kmeans_sample(yt, keys, seed)
         blocks = [(X[a:b][train[a:b]].astype(np.float64), data.labels[a:b][train[a:b]]) for a, b in data.chunks]
         extra["centroids"] = est.kmeans(Xt[sample], yt[sample], lambda: iter(blocks), 5)  # as the driver does
     if method == "knnml":
-        ref = est.reference_rows(yt, keep, est.validation, seed)
+        ref = est.reference_rows(yt, keep, keys, est.validation, seed)
         extra["reference"] = (Xt[ref], yt[ref])
     stats, _ = load_arrays(_stats_url(trained))
     est.fit_stream(stats, stream.pools(Xt, yt, keep, data.chunk_rows, seed), Xt[val], yt[val], **extra)

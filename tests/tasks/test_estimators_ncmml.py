@@ -30,17 +30,18 @@ def test_fit_equals_the_stream_entry_point_fed_by_the_same_pools(data, est):
     a = clone(est).fit(X, y, block_rows=97)
     b = clone(est)
     seed = 3
-    val = stream.validation_split(y, est.validation, seed)
+    keys = stream.row_keys(X)
+    val = stream.validation_split(y, est.validation, keys, seed)
     keep = np.ones(len(y), bool)
     keep[val] = False
     extra = {}
     if isinstance(est, NCMC):
-        sample = est.kmeans_sample(y, seed)
+        sample = est.kmeans_sample(y, keys, seed)
         bl = stream.block_rows_for(X.shape[1])
         extra["centroids"] = b.kmeans(X[sample], y[sample], lambda: iter([(X[s:s + bl], y[s:s + bl])
                                                                          for s in range(0, len(X), bl)]), 5)
     if isinstance(est, KNNML):
-        ref = est.reference_rows(y, keep, est.validation, seed)
+        ref = est.reference_rows(y, keep, keys, est.validation, seed)
         extra["reference"] = (X[ref], y[ref])
     b.fit_stream(moments.statistics(X, y), stream.pools(X, y, keep, 97, seed), X[val], y[val], **extra)
     np.testing.assert_array_equal(a.components_, b.components_)
@@ -80,6 +81,26 @@ def test_state_round_trip_gives_the_same_codes_and_classes(data):
         np.testing.assert_array_equal(again.transform(X), est.transform(X))
         if hasattr(est, "predict"):
             np.testing.assert_array_equal(again.predict(X), est.predict(X))
+
+
+def test_the_same_rows_stored_in_another_order_learn_the_same_model(data):
+    X, y = data
+    order = np.argsort(y, kind="stable")
+    for est in (NCMML(**SGD), KNNML(**{**SGD, "batch": 30})):
+        a, b = clone(est).fit(X, y), clone(est).fit(X[order], y[order])
+        # the same pools and validation rows; only the statistics' summation order (the PCA start) differs
+        np.testing.assert_allclose(a.components_, b.components_, rtol=1e-5, atol=1e-6)
+
+
+def test_row_keys_follow_content_and_layouts_follow_seeds(data):
+    X, _ = data
+    keys = stream.row_keys(X)
+    perm = np.random.default_rng(0).permutation(len(X))
+    np.testing.assert_array_equal(stream.row_keys(X[perm]), keys[perm])
+    assert len(np.unique(keys)) == len(X)
+    pi0, pi1 = stream.layout(keys, 0), stream.layout(keys, 1)
+    assert sorted(pi0) == list(range(len(X))) and not np.array_equal(pi0, pi1)
+    np.testing.assert_array_equal(perm[stream.layout(keys[perm], 0)], pi0)   # the same rows, in the same order
 
 
 def test_pools_of_class_sorted_rows_mix_the_classes():

@@ -59,7 +59,7 @@ def test_fit_from_labels_is_the_reference_loop_on_one_pool():
     X, y = _data(n=120)
     est = NML(dim=3, pairs=250, iters=250, batch=16, optimizer="sgd", lr=50.0, random_state=1)
     est.fit(X, y, block_rows=1000)
-    pi = stream.layout(len(X), 1)
+    pi = stream.layout(stream.row_keys(X), 1)
     [(_, pos)] = stream.epoch_order(len(X), 1000, 0, 1)
     rows = pi[pos]
     i, j, s = nml.sample_pairs(y[rows], 250, np.random.default_rng([1, 17]))
@@ -109,7 +109,7 @@ def test_user_pairs_follow_the_layout_groups_of_the_pipeline():
     s = np.where(y[P[:, 0]] == y[P[:, 1]], 1, -1)
     est = LinearML(dim=3, iters=1000, batch=32, random_state=2)
     est.fit_pairs(P, s, X=X, block_rows=70)
-    pi = stream.layout(300, 2)
+    pi = stream.layout(stream.row_keys(X), 2)
     pos = np.empty(300, np.int64)
     pos[pi] = np.arange(300)
     batches, seen = [], 0
