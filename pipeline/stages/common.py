@@ -1,10 +1,5 @@
-"""The stages: each opens its inputs lazily, checks them, writes its output template, maps `tasks`
-kernels over row-blocks on the workers, and commits its unit. A stage wires; it does not compute.
-
-Worker-side functions (prefixed ``_``) read exactly the row-block they are given, call a kernel and
-write their own chunk-aligned region, so no task ever holds more than a row-block of features
-(a kNN task holds a query block and a database block) and no two tasks write the same chunk.
-"""
+"""What the stages share: the staged data's description (DataInfo), the output template writer,
+commit with timing, row reads and the moments tree reduction."""
 import time
 from dataclasses import dataclass
 

@@ -173,3 +173,18 @@ def test_retrieval_task_in_query_groups_equals_the_full_matrix(staged, monkeypat
     for i in (0, 50):  # ties included, AP as scikit-learn defines it
         keep = ~own[i]
         assert got["ap"][i] == pytest.approx(average_precision_score(rel[i, keep], -d[i, keep]))
+
+
+def test_the_top_level_seed_keys_statistics_and_evaluation(client, tmp_path):
+    """Randomized PCA and sampled retrieval queries use the run's seed: another seed must not reuse them."""
+    from tests.conftest import staged
+    raw = {"data": {"source": "digits", "chunk_mb": 0.05}, "methods": [{"method": "pca", "dim": 4}],
+           "evaluate": {"retrieval": {"k": [1], "queries": 50}, "classification": {"classifiers": ["knn1"]}}}
+    units = {}
+    for seed in (0, 1):
+        ctx, data, stats = staged(client, tmp_path / "s", {**raw, "seed": seed})
+        models = stages.run_train(ctx, data, stats, None)
+        [(_, ev)] = stages.run_evaluate(ctx, data, stages.run_encode(ctx, data, models))
+        units[seed] = (data.unit.key, stats.key, ev.key)
+    assert units[0][0] == units[1][0]                                  # staging does not depend on it
+    assert units[0][1] != units[1][1] and units[0][2] != units[1][2]
