@@ -198,10 +198,11 @@ def models(store):
     if not rows:
         click.echo(f"{store}: no committed models")
         return
+    click.echo(f"{'key':<16}  {'method':<10} {'codes':>5}  parameters")
     for r in rows:
         params = " ".join(f"{k}={v}" for k, v in sorted(r["params"].items()))
         ext = f" (extends {r['extends']})" if r["extends"] else ""
-        click.echo(f"{r['key']}  {r['method']:<10} dim={r['dim']}{ext}  {params}")
+        click.echo(f"{r['key']:<16}  {r['method']:<10} {r['dim']:>5}  {params}{ext}")
 
 
 @main.command()

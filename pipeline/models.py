@@ -1,4 +1,6 @@
 """Stored models as estimators: list a store's models, load one as a fitted scikit-learn estimator."""
+import numpy as np
+
 from metricpipe.storage import Store, Unit, load_estimator, read_attrs
 from metricpipe.tasks.errors import InputError
 
@@ -15,8 +17,9 @@ def find_model(store: Store, key: str) -> tuple[Unit, dict]:
         raise InputError(f"{store.url}: no committed model {key!r} in models/; `metricpipe models {store.url}` "
                          f"lists them")
     if len(found) > 1:
+        more = ", ..." if len(found) > 4 else ""
         raise InputError(f"{store.url}: model {key!r} matches {len(found)} models "
-                         f"({', '.join(u.key for u, _ in found[:4])}); give more of the key")
+                         f"({', '.join(u.key for u, _ in found[:4])}{more}); give more of the key")
     return found[0]
 
 
@@ -39,6 +42,9 @@ def load_model(store_url: str, key: str):
     store.check_exists()
     unit, meta = find_model(store, key)
     est = load_estimator(unit.url)
+    names = meta.get("class_names")
+    if names is not None and hasattr(est, "classes_") and len(est.classes_) == len(names):
+        est.classes_ = np.asarray(names)   # predict / score in the data's own labels, not class codes
     normalize = meta.get("normalize", read_attrs(unit.url).get("normalize"))
     return with_normalization(est, normalize)
 

@@ -197,10 +197,15 @@ class PairSGD:
                 self.work = np.empty(2 * len(y) * self.L.size, np.float32)
             loss, G, gb = nml_loss_and_gradient(self.L, Xi, Xj, y, self.bias, self.margin, self.work, self.pool)
         else:
-            loss, G, gb = linear_loss_and_gradient(self.L, Xi, Xj, y, self.bias, self.margin)
+            with np.errstate(over="ignore", invalid="ignore"):   # a diverging L is caught below
+                loss, G, gb = linear_loss_and_gradient(self.L, Xi, Xj, y, self.bias, self.margin)
         self.steps += 1
         dL, db = self._direction(G, gb)
-        self.L -= self.lr * dL
+        with np.errstate(over="ignore", invalid="ignore"):
+            self.L -= self.lr * dL
+        if not np.all(np.isfinite(self.L)):
+            raise InputError(f"{'NML' if self.kind == 'nml' else 'LinearML'} diverged after {self.steps} steps "
+                             f"(L is not finite); lower 'lr' (now {self.lr})")
         if self.learn_bias:
             self.bias -= self.lr * db
         self.pairs_seen += len(y)

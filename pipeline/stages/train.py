@@ -72,7 +72,8 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
     for (spec, unit, _), res in zip(todo, results):
         unit.commit({**res, "spec": spec, "seconds": round(res["fit_seconds"], 3),
                      "wall": round(time.perf_counter() - t0, 3), "data": data.unit.key,
-                     "normalize": ctx.config.data.normalize, "class_names": [str(c) for c in data.classes]})
+                     "normalize": ctx.config.data.normalize,
+                     "class_names": [c.item() if hasattr(c, "item") else c for c in data.classes]})
         if "samples_per_second" in res:
             ctx.log(f"  train: {model_id(spec)} {res['samples_per_second']:.0f} samples/s")
     return out

@@ -60,9 +60,24 @@ def test_models_command_lists_every_model_with_its_method_and_parameters(stored)
     ctx, _, _, models, _ = stored
     res = CliRunner().invoke(main, ["models", ctx.store.url])
     assert res.exit_code == 0, res.output
-    lines = res.output.strip().splitlines()
-    assert len(lines) == len(models)
+    header, *lines = res.output.strip().splitlines()
+    assert header.split()[:3] == ["key", "method", "codes"] and len(lines) == len(models)
     for spec, unit in models:
         [line] = [ln for ln in lines if ln.startswith(unit.key)]
         assert f" {spec['method']} " in line
     assert any("input_dim=6" in ln and " slne " in ln for ln in lines)
+
+
+def test_a_loaded_classifier_predicts_the_data_s_own_labels(client, tmp_path):
+    """Class names of any type (here strings) come back from predict, not the stored class codes."""
+    X, y = make_blobs(n=300, d=6, classes=3, sep=3.0, seed=1)
+    names = np.array(["ant", "bee", "cat"])[y]
+    np.savez(tmp_path / "d.npz", X=X, y=names)
+    ctx, data, stats = staged(client, tmp_path / "s", {
+        "data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.002},
+        "methods": [{"method": "ncmml", "dim": 3, "iters": 20, "batch": 50, "validate_every": 10, "validation": 30,
+                     "lr": 0.1}]})
+    [(_, unit)] = run_train(ctx, data, stats, None)
+    est = metricpipe.load_model(ctx.store.url, unit.key)
+    assert list(est.classes_) == ["ant", "bee", "cat"]
+    assert set(est.predict(X)) <= {"ant", "bee", "cat"} and est.score(X, names) > 0.9

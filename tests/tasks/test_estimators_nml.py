@@ -8,7 +8,6 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
-from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from metricpipe.tasks import moments, nml, stream
 from metricpipe.tasks.errors import InputError
@@ -19,9 +18,7 @@ from tests.conftest import make_blobs
 SMALL = {"dim": 2, "pairs": 200, "iters": 200, "batch": 32}
 
 
-@parametrize_with_checks([NML(**SMALL), LinearML(**SMALL)])
-def test_sklearn_compatible(estimator, check):
-    check(estimator)
+# scikit-learn's estimator checks for NML and LinearML: tests/tasks/test_estimator_checks.py
 
 
 def _data(n=400, d=12, classes=5, seed=0):
@@ -215,3 +212,9 @@ def test_grid_search_on_digits_with_a_1nn_score():
     gs = GridSearchCV(pipe, {"linearml__lr": [0.1, 0.01]}, cv=3, scoring=knn1).fit(X, y)
     assert gs.best_params_ == {"linearml__lr": 0.01}     # lr 0.1 diverges on standardised pixels
     assert gs.best_score_ > 0.9 and gs.best_estimator_.transform(X).shape == (600, 8)
+
+
+def test_a_diverging_step_is_an_error_not_a_nan_model():
+    X, y = _data(n=200)
+    with pytest.raises(InputError, match=r"LinearML diverged after \d+ steps \(L is not finite\); lower 'lr'"):
+        LinearML(dim=3, pairs=2000, iters=20000, lr=1e6, random_state=0).fit(X, y)
