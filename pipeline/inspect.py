@@ -1,6 +1,9 @@
 """``metricpipe inspect``: a plain-text description of a store."""
 from metricpipe.storage import Store
 
+# every kind of unit a run writes (shuffled: the SGD learners' copy of the training rows)
+KINDS = ("data", "statistics", "neighbours", "shuffled", "models", "codes", "evaluation")
+
 
 def describe(url: str) -> str:
     store = Store(url)
@@ -12,7 +15,7 @@ def describe(url: str) -> str:
                      f"evaluated, {latest['seconds']:.1f} s")
     except FileNotFoundError:
         lines.append("last run: none finished")
-    for kind in ("data", "statistics", "neighbours", "models", "codes", "evaluation"):
+    for kind in KINDS:
         units = store.units(kind)
         if not units:
             continue
@@ -34,7 +37,7 @@ def verify_store(url: str) -> tuple[int, list[str]]:
     store = Store(url)
     store.check_exists()
     checked, problems = 0, []
-    for kind in ("data", "statistics", "neighbours", "models", "codes", "evaluation"):
+    for kind in KINDS:
         for u in store.units(kind):
             if u.done():
                 checked += 1

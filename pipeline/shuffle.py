@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from metricpipe.context import StageContext
-from metricpipe.storage import Unit, create_array, hash_key, open_array
+from metricpipe.storage import Unit, create_array, hash_key, open_array, save_arrays
 from metricpipe.tasks import stream
 
 TRAIN = 0
@@ -79,6 +79,7 @@ def shuffled(ctx: StageContext, data, seed: int) -> Unit:
     for i, (lo, hi) in enumerate(zip(starts, stops)):
         counts[i] = np.bincount(dest[lo:hi] // br, minlength=n_out)
     piece_rows = max(1, int(counts.max()))
+    save_arrays(unit.url, {}, {"seed": int(seed), "block_rows": int(br), "data": data.unit.key})  # the group
     create_array(f"{unit.url}/pieces", (len(blocks), n_out, piece_rows, D), (1, 1, piece_rows, D), np.float32,
                  fill_value=np.nan)
     create_array(f"{unit.url}/features", (n, D), (br, D), np.float32, rows=True)
