@@ -107,7 +107,7 @@ def add_classes(store_url: str, data_path: str, features: str = "X", labels: str
     for unit, attrs in targets:
         t0 = time.perf_counter()
         est = load_estimator(unit.url)
-        old_names = list(attrs.get("class_names") or [])
+        old_names = [str(c) for c in attrs.get("class_names") or []]   # names as add-classes reads them: text
         if est.n_features_in_ != D:
             raise InputError(f"{src.name}: features have {D} dimensions but model {unit.key} takes "
                              f"{est.n_features_in_}; give features of the staged data's dimension")
@@ -199,7 +199,7 @@ def predict(store_url: str, model: str, data_path: str, features: str = "X", lab
                          f"({', '.join(u.key for u, _ in found[:4])}); give more of the key")
     [(unit, attrs)] = found
     est = load_estimator(unit.url)
-    names = list(attrs.get("class_names") or [])
+    names = [str(c) for c in attrs.get("class_names") or []]
     src = open_source(DataConfig(path=data_path, features=features, labels=labels or ""))
     n, D = src.reader.shape[0], int(np.prod(src.reader.shape[1:]))
     if D != est.n_features_in_:

@@ -26,7 +26,8 @@ import numpy as np
 from sklearn.base import ClassifierMixin
 
 from metricpipe.tasks import moments, stream
-from metricpipe.tasks.base import COUNT, DIM, POSITIVE, RANDOM_STATE, Interval, Learner, Options, StrOptions, seed_of
+from metricpipe.tasks.base import (COUNT, DIM, POSITIVE, RANDOM_STATE, Interval, Learner, Options, StrOptions,
+                                   one_blas_thread, seed_of)
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.moments import class_sums
 
@@ -503,6 +504,16 @@ class _MetricLearner(Learner):
         if len(np.unique(yv)) < len(self._train_classes):
             raise InputError(f"{type(self).__name__}: the validation rows miss some classes; raise 'validation' "
                              f"(now {self.validation})")
+        with one_blas_thread():
+            self._steps(sgd, pools, Xv, yv, error, batches)
+        err, W, bias, at = sgd.best
+        self.components_ = np.ascontiguousarray(W.T, np.float32)
+        self.history_ = sgd.history
+        self.best_iter_ = int(at)
+        self.val_error_ = float(err)
+        self._best_bias = bias
+
+    def _steps(self, sgd, pools, Xv, yv, error, batches) -> None:
         sgd.record(error(sgd, Xv, yv), None)  # the PCA start is a candidate too
         rng = np.random.default_rng([seed_of(self.random_state), 5])
         for X, y in pools:
@@ -515,12 +526,6 @@ class _MetricLearner(Learner):
                     break
             if sgd.steps >= self.iters:
                 break
-        err, W, bias, at = sgd.best
-        self.components_ = np.ascontiguousarray(W.T, np.float32)
-        self.history_ = sgd.history
-        self.best_iter_ = int(at)
-        self.val_error_ = float(err)
-        self._best_bias = bias
 
     def _slices(self, X, y, rng):
         """NCM/NCMC batches: the pool's rows (already in random order) ``batch`` at a time."""

@@ -29,7 +29,8 @@ from numbers import Integral, Real
 import numpy as np
 
 from metricpipe.tasks import moments, stream
-from metricpipe.tasks.base import COUNT, DIM, NON_NEGATIVE, RANDOM_STATE, Interval, Learner, StrOptions, seed_of
+from metricpipe.tasks.base import (COUNT, DIM, NON_NEGATIVE, RANDOM_STATE, Interval, Learner, StrOptions, one_blas_thread,
+                                   seed_of)
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.normalize import normalize_rows
 
@@ -482,7 +483,8 @@ class _PairLearner(Learner):
     def _fit_labels(self, pools, n_samples, n_features, init, seed: int):
         L0 = self._start(n_features, init, seed)
         rng = np.random.default_rng([seed, 17])
-        self._run(self._label_pair_pools(pools, int(n_samples), rng), L0)
+        with one_blas_thread():
+            self._run(self._label_pair_pools(pools, int(n_samples), rng), L0)
         self.pair_source_ = "labels"
         return self
 
@@ -491,7 +493,8 @@ class _PairLearner(Learner):
         y = np.asarray(y, np.float32).ravel()
         L0 = self._start(n_features, init, seed)
         groups = pair_groups(pairs[:, 0], pairs[:, 1], int(n_rows), int(block_rows), seed)
-        self._run(self._block_pair_pools(groups, pairs, y, read_block, int(block_rows)), L0)
+        with one_blas_thread():
+            self._run(self._block_pair_pools(groups, pairs, y, read_block, int(block_rows)), L0)
         self.pair_source_ = "user"
         self.n_pairs_ = int(len(y))
         self.__dict__.pop("classes_", None)  # from an earlier fit(X, y)
