@@ -89,9 +89,12 @@ def shuffled(ctx: StageContext, data, seed: int) -> Unit:
             for i, ((a, b), lo, hi) in enumerate(zip(blocks, starts, stops)) if hi > lo]
     ctx.gather(futs, "train", [f"shuffling rows {a}..{b - 1}" for (a, b), lo, hi in zip(blocks, starts, stops)
                                if hi > lo])
+    # each source block's destinations sorted once: its piece for target block j is one slice of them
+    ends = np.cumsum(counts, axis=1)
+    sorted_dest = [np.sort(dest[lo:hi]) for lo, hi in zip(starts, stops)]
     gathers = []
     for j in range(n_out):
-        dests = [np.sort(dest[lo:hi][dest[lo:hi] // br == j]) for lo, hi in zip(starts, stops)]
+        dests = [d[e[j] - c[j]:e[j]] for d, e, c in zip(sorted_dest, ends, counts)]
         gathers.append(ctx.submit(_gather_block, unit.url, j, counts[:, j], br, n, dests, name="shuffle-gather"))
     ctx.gather(gathers, "train", [f"shuffled block {j}" for j in range(n_out)])
     unit.store.fs.rm(f"{unit._root}/pieces", recursive=True)   # scratch: only the layout-ordered copy stays

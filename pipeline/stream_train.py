@@ -21,15 +21,16 @@ TRAIN, VAL = 0, 2
 
 
 def _validation(est, split, labels, train, allowed_train, keys, seed):
-    """(global validation rows, keep mask over train positions); ``keys``: the train rows' content keys."""
+    """(global validation rows, keep mask over train positions, whether they were held out of the
+    train split); ``keys``: the train rows' content keys."""
     keep = allowed_train.copy()
     val = np.flatnonzero((split == VAL) & np.isin(labels, est.trained_classes(int(labels.max()) + 1)))
     if len(val):  # the user's val split, a seeded sample of at most ``validation`` rows
-        return val[np.sort(np.random.default_rng([seed, 7]).permutation(len(val))[:est.validation])], keep
+        return val[np.sort(np.random.default_rng([seed, 7]).permutation(len(val))[:est.validation])], keep, False
     pos = np.flatnonzero(allowed_train)
     vpos = pos[stream.validation_split(labels[train][pos], est.validation, keys[pos], seed)]
     keep[vpos] = False
-    return train[vpos], keep
+    return train[vpos], keep, True
 
 
 def _train(est, spec: dict, data_url: str, stats_url: str, shuffled_url: str, chunks: list, block_rows: int,
@@ -42,7 +43,7 @@ def _train(est, spec: dict, data_url: str, stats_url: str, shuffled_url: str, ch
     train = np.flatnonzero(split == TRAIN)
     allowed = np.isin(labels[train], est.trained_classes(C))
     keys = open_array(f"{data_url}/row_key")[:][train]
-    val, keep = _validation(est, split, labels, train, allowed, keys, seed)
+    val, keep, held_out = _validation(est, split, labels, train, allowed, keys, seed)
     if not keep.any():
         raise InputError(f"{spec['method']}: no training rows left for SGD after the validation rows")
     Xv, yv = read_rows(f"{data_url}/features", val), labels[val]
@@ -64,7 +65,7 @@ def _train(est, spec: dict, data_url: str, stats_url: str, shuffled_url: str, ch
     t0 = time.perf_counter()
     est.fit_stream(stats, shuffle.stream_pools(shuffled_url, block_rows, seed, keep_pos), Xv, yv, **extra)
     return save_model(model_url, est, spec, time.perf_counter() - t0, best_iter=est.best_iter_,
-                      val_error=est.val_error_, held_out_validation=bool(not (split == VAL).any()))
+                      val_error=est.val_error_, held_out_validation=held_out)
 
 
 def submit(ctx, spec, est, data, stats, neighbours, unit, name):

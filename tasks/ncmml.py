@@ -394,6 +394,7 @@ class MetricSGD:
 # ---- estimators ----------------------------------------------------------------------------------------------
 
 KMEANS_SAMPLE = 2000  # rows per class NCMC's k-means++ seeds from
+IDLE_POOLS = 100      # pools in a row without a batch before SGD gives up (instead of looping forever)
 
 _SGD_CONSTRAINTS = {
     "dim": DIM,
@@ -516,8 +517,15 @@ class _MetricLearner(Learner):
     def _steps(self, sgd, pools, Xv, yv, error, batches) -> None:
         sgd.record(error(sgd, Xv, yv), None)  # the PCA start is a candidate too
         rng = np.random.default_rng([seed_of(self.random_state), 5])
+        idle = 0   # pools in a row that gave no batch (k-NN ML needs a class with two rows in a pool)
         for X, y in pools:
-            for sel, is_pos, fixed in batches(X, y, rng):
+            drawn = batches(X, y, rng)
+            idle = 0 if drawn else idle + 1
+            if idle >= IDLE_POOLS:
+                raise InputError(f"{type(self).__name__}: {IDLE_POOLS} pools in a row held no class with two "
+                                 f"training rows, so no batch could be drawn; give more images per class or "
+                                 f"lower 'validation' (now {self.validation})")
+            for sel, is_pos, fixed in drawn:
                 with np.errstate(over="ignore", invalid="ignore"):
                     value = sgd.step(X[sel], y[sel], is_pos, fixed)
                 if sgd.steps % self.validate_every == 0 or sgd.steps == self.iters:
@@ -558,10 +566,12 @@ class _NCMClassifier(ClassifierMixin):
         """
         centroids = np.asarray(centroids, np.float32)
         classes = np.asarray(classes, np.int32)
-        if self.class_bias_ is not None:
+        if self.class_bias_ is not None:   # one bias per class code (Eq. 27 has one mean per class)
             W = self.components_.T.astype(np.float64)
-            self.class_bias_ = np.concatenate([self.class_bias_,
-                                               implied_bias(W, centroids.astype(np.float64)).astype(np.float32)])
+            bias = np.full(max(len(self.class_bias_), int(classes.max()) + 1), np.nan, np.float32)
+            bias[:len(self.class_bias_)] = self.class_bias_
+            bias[classes] = implied_bias(W, centroids.astype(np.float64))
+            self.class_bias_ = bias
         self.centroids_ = np.concatenate([self.centroids_, centroids])
         self.centroid_classes_ = np.concatenate([self.centroid_classes_, classes]).astype(np.int32)
         self.classes_ = np.arange(int(self.centroid_classes_.max()) + 1)

@@ -105,18 +105,18 @@ def pools(X: np.ndarray, y: np.ndarray, keep: np.ndarray | None, block_rows: int
         epoch += 1
 
 
-def stratified_subset(labels: np.ndarray, size: int, rank: np.ndarray) -> np.ndarray:
+def stratified_subset(labels: np.ndarray, size: int, rank: np.ndarray, leave: int = 0) -> np.ndarray:
     """Sorted positions of ``size`` rows, the same share of every class (at least one each): in each
     class the rows first in ``rank`` (a seeded random order, :func:`rank`), so the subset depends on
     the rows' content and the seed, not on where they are stored; every position when size >=
-    len(labels)."""
+    len(labels). ``leave``: rows of every class never taken (a held-out set leaves training rows)."""
     labels = np.asarray(labels)
-    if size >= len(labels):
+    if size >= len(labels) and not leave:
         return np.arange(len(labels))
     picked = []
     for c in np.unique(labels):
         rows = np.flatnonzero(labels == c)
-        take = min(len(rows), max(1, int(round(size * len(rows) / len(labels)))))
+        take = max(0, min(len(rows) - leave, max(1, int(round(size * len(rows) / len(labels))))))
         picked.append(rows[np.argsort(rank[rows], kind="stable")[:take]])
     return np.sort(np.concatenate(picked))
 
@@ -126,5 +126,6 @@ VALIDATION, KMEANS, REFERENCE = 1, 2, 3   # purposes of :func:`rank`
 
 def validation_split(labels: np.ndarray, size: int, keys: np.ndarray, seed) -> np.ndarray:
     """Positions held out of SGD for early stopping: a stratified sample of at most a fifth of the
-    rows (SGD keeps most of them), ``size`` at most; ``keys``: the rows' :func:`row_keys`."""
-    return stratified_subset(labels, min(size, len(labels) // 5), rank(keys, seed, VALIDATION))
+    rows (SGD keeps most of them, and at least one of every class), ``size`` at most; ``keys``: the
+    rows' :func:`row_keys`."""
+    return stratified_subset(labels, min(size, len(labels) // 5), rank(keys, seed, VALIDATION), leave=1)

@@ -120,3 +120,29 @@ def test_grid_search_over_a_pipeline_with_ncmml():
     scores = search.cv_results_["mean_test_score"]
     assert search.best_params_["ncmml__lr"] == [0.001, 0.1][int(np.argmax(scores))]
     assert search.best_score_ > 0.8
+
+
+def test_knnml_without_a_class_of_two_rows_in_any_pool_is_an_error_not_a_hang():
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(100, 8)), np.repeat(np.arange(50), 2)   # each class: one SGD row, one held out
+    with pytest.raises(Exception, match="pools in a row held no class with two training rows"):
+        KNNML(dim=4, iters=20, validate_every=10, validation=10, batch=10).fit(X, y)
+
+
+def test_validation_leaves_every_class_a_training_row():
+    y = np.repeat(np.arange(30), 2)
+    keys = stream.row_keys(np.arange(60, dtype=np.float32)[:, None])
+    val = stream.validation_split(y, 5000, keys, 0)
+    assert np.bincount(y[val], minlength=30).max() <= 1 and len(val) <= 30
+    rest = np.setdiff1d(np.arange(60), val)
+    assert set(y[rest]) == set(range(30))
+
+
+def test_added_classes_take_their_implied_bias_by_class_code_in_the_dot_form(data):
+    X, y = data
+    est = NCMML(**SGD, objective="dot", lr=1.0, classes=[0, 1, 2]).fit(X[y < 4], y[y < 4])
+    new = X[y == 4].mean(0, keepdims=True)
+    est.add_centroids(new, [5])                       # code 4 is skipped: code 5 gets its bias
+    W = est.components_.astype(np.float64)
+    assert est.class_bias_[5] == pytest.approx(-0.5 * float(((new @ W) ** 2).sum()), rel=1e-5)
+    assert np.isnan(est.class_bias_[4]) and est.predict(X[:5]).shape == (5,)
