@@ -371,6 +371,9 @@ def load_estimator(url: str):
     import scipy.sparse
     from metricpipe.tasks.registry import estimator_class
     arrays, attrs = load_arrays(url)
+    if "method" not in attrs or "params" not in attrs:
+        raise InputError(f"{url}: this model was stored by metricpipe before 0.2, which kept no estimator; "
+                         f"rerun its config to train it again")
     state = dict(attrs.get("state", {}))
     for name in attrs.get("sparse", []):
         state[name] = scipy.sparse.csc_array(

@@ -134,7 +134,44 @@ def unit_rows(W: np.ndarray) -> np.ndarray:
     return W / np.maximum(np.linalg.norm(W, axis=1, keepdims=True), 1e-30)
 
 
-class SLEM(Learner):
+class _PoolLearner(Learner):
+    """A learner defined on a pool of negatives (SLEM, kernel SLEM, ESVM): ``fit`` samples the pool
+    from X, ``fit_pool`` takes it as it is; both end in ``_fit_pool``."""
+
+    def fit(self, X, y=None):
+        """Fit on a seeded sample of ``negatives.count`` rows of X (all rows when there are fewer).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : ignored
+
+        Returns
+        -------
+        self
+        """
+        self._validate_params()
+        X = self._check_X(X, reset=True)
+        return self._fit_pool(X[pool_positions(len(X), self.negatives, type(self).__name__)])
+
+    def fit_pool(self, Xneg):
+        """Fit on the pool itself, every row of it (the pipeline's entry point).
+
+        Parameters
+        ----------
+        Xneg : array-like of shape (n, n_features)
+            The negatives, n >= 2.
+
+        Returns
+        -------
+        self
+        """
+        self._validate_params()
+        check_negatives(self.negatives)
+        return self._fit_pool(self._check_X(Xneg, reset=True))
+
+
+class SLEM(_PoolLearner):
     """Linear SLEM: each image's code is the direction of its square-loss exemplar classifier
     against a pool of negatives, A^-1 (x - mu) / ||A^-1 (x - mu)|| (Eq. 6; unit rows, so Euclidean
     ranking is cosine ranking).
@@ -175,22 +212,8 @@ class SLEM(Learner):
         self.kernel = kernel
         self.negatives = negatives
 
-    def fit(self, X, y=None):
-        """Fit on a seeded sample of ``negatives.count`` rows of X (all rows when there are fewer).
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-        y : ignored
-
-        Returns
-        -------
-        self
-        """
-        self._validate_params()
-        X = self._check_X(X, reset=True)
-        rows = pool_positions(len(X), self.negatives, type(self).__name__)
-        return self._fit_blocks([X[rows]])
+    def _fit_pool(self, Xneg):   # the pool in memory is one block of the streamed moments
+        return self._fit_blocks([Xneg])
 
     def fit_blocks(self, blocks):
         """Fit on the pool given as row blocks, folded one at a time (tasks.moments partial ->
@@ -376,43 +399,6 @@ def decompose(Xneg: np.ndarray, kind: str, gamma: float, method: str, rank: int 
 
 
 # ---- kernel SLEM ---------------------------------------------------------------------------------------
-
-class _PoolLearner(Learner):
-    """A learner defined on a pool of negatives it holds (kernel SLEM, ESVM): ``fit`` samples the pool
-    from X, ``fit_pool`` (the pipeline's entry point) takes it as it is; both end in ``_fit_pool``."""
-
-    def fit(self, X, y=None):
-        """Fit on a seeded sample of ``negatives.count`` rows of X (all rows when there are fewer).
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-        y : ignored
-
-        Returns
-        -------
-        self
-        """
-        self._validate_params()
-        X = self._check_X(X, reset=True)
-        return self._fit_pool(X[pool_positions(len(X), self.negatives, type(self).__name__)])
-
-    def fit_pool(self, Xneg):
-        """Fit on the pool itself, every row of it (the pipeline's entry point).
-
-        Parameters
-        ----------
-        Xneg : array-like of shape (n, n_features)
-            The negatives, n >= 2.
-
-        Returns
-        -------
-        self
-        """
-        self._validate_params()
-        check_negatives(self.negatives)
-        return self._fit_pool(self._check_X(Xneg, reset=True))
-
 
 class KernelSLEM(_PoolLearner):
     """Kernel SLEM (Section 4): each image's code is [beta_hat (r), v (r), u, x_0 (D)] (Lemma 1 and

@@ -81,3 +81,10 @@ def test_a_loaded_classifier_predicts_the_data_s_own_labels(client, tmp_path):
     est = metricpipe.load_model(ctx.store.url, unit.key)
     assert list(est.classes_) == ["ant", "bee", "cat"]
     assert set(est.predict(X)) <= {"ant", "bee", "cat"} and est.score(X, names) > 0.9
+
+
+def test_a_model_stored_before_estimators_is_a_one_line_error(tmp_path):
+    from metricpipe.storage import load_estimator, save_arrays
+    save_arrays(str(tmp_path / "old"), {"W": np.eye(3, dtype=np.float32)}, {"spec": {"method": "pca"}, "dim": 3})
+    with pytest.raises(InputError, match="stored by metricpipe before 0.2.*rerun its config"):
+        load_estimator(str(tmp_path / "old"))

@@ -278,7 +278,5 @@ def test_the_pipeline_learns_what_fit_learns_in_memory(trained, method, params):
 
 
 def _stats_url(trained):
-    ctx, data, _, _, _ = trained
-    from metricpipe.storage import hash_key  # noqa: F401  (the statistics unit is the only one)
-    [unit] = ctx.store.units("statistics")
+    [unit] = trained[0].store.units("statistics")   # the store's only statistics unit
     return unit.url
