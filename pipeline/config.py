@@ -19,7 +19,7 @@ SPLIT_NAMES = ("train", "test", "val", "negatives")  # code = position; stored a
 @dataclass(frozen=True)
 class SplitConfig:
     test: float | None = 0.2
-    val: float = 0.0
+    val: float | str = "auto"   # a fraction, or auto: a stratified share of train (stages.data.auto_val_size)
     seed: int = 0
     column: str | None = None
 
@@ -162,6 +162,15 @@ def _typed(d: dict, key: str, kind, where: str, prefix: str, default=None, minim
     return v
 
 
+def _val_fraction(split_raw: dict, where: str):
+    v = split_raw.get("val", "auto")
+    if v == "auto":
+        return v
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
+        _fail(where, "data.split.val", f"expected auto or a fraction in [0, 1), got {v!r}")
+    return float(v)
+
+
 def _int_list(d, key, where, prefix, default, minimum=1):
     if key not in d:
         return default
@@ -199,13 +208,16 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
     column = _typed(split_raw, "column", str, where, "data.split.")
     split = SplitConfig(
         test=None if column else _typed(split_raw, "test", float, where, "data.split.", 0.2, 0.0, 1.0),
-        val=_typed(split_raw, "val", float, where, "data.split.", 0.0, 0.0, 1.0),
+        val=_val_fraction(split_raw, where),
         seed=_typed(split_raw, "seed", int, where, "data.split.", 0, 0),
         column=column,
     )
-    if column and ("test" in split_raw or "val" in split_raw):
-        _fail(where, "data.split", "give either column or test/val fractions, not both")
-    if split.test is not None and not 0.0 < split.test + split.val < 1.0:
+    if column and "test" in split_raw:
+        _fail(where, "data.split", "give either column or a test fraction, not both")
+    if column and split.val not in ("auto", 0.0):
+        _fail(where, "data.split.val", "with data.split.column the val rows are the column's 'val' rows (or, when it "
+              "has none, a stratified share of its train rows: val: auto); use auto or 0")
+    if split.test is not None and split.val != "auto" and not 0.0 < split.test + split.val < 1.0:
         _fail(where, "data.split.test", f"test + val must be in (0, 1), got {split.test} + {split.val}")
     syn_raw = data.get("synthetic", {}) or {}
     _check_keys(syn_raw, ["samples", "dim", "classes", "seed", "separation", "nonnegative"], where,

@@ -40,6 +40,8 @@ class StageContext:
     tasks: int = 0               # tasks submitted so far (the runner reports them per stage)
     force: str | None = None     # recompute this stage and every stage after it
     repair: bool = False         # recompute committed units whose files fail verification
+    returning_errors: bool = False  # submit(): an InputError is the task's result, not its failure
+    selections: list = field(default_factory=list)  # the train stage's selection units (store paths)
 
     def reuse(self, unit, stage: str) -> bool:
         """Whether ``unit`` (of ``stage``) is committed, intact and may be reused; otherwise the caller
@@ -88,6 +90,8 @@ class StageContext:
     def submit(self, fn, *args, name: str, **kwargs):
         """Submit one task; ``name`` shows on the dashboard (one bar per kind of task)."""
         self.tasks += 1
+        if self.returning_errors:
+            fn = functools.partial(_returning_errors, fn)
         point = os.environ.get(FAILPOINT)
         if point and name.startswith(point.split(":", 1)[0]):
             fn = functools.partial(_die_once, point.split(":", 1)[1], fn)
@@ -119,6 +123,15 @@ class StageContext:
             self.client.cancel(futures)
             raise
         return [f.result() for f in futures]
+
+
+def _returning_errors(fn, *args, **kwargs):
+    """A candidate's task: bad input or a diverged fit (InputError) is returned as its result, so the
+    selection records it beside the other candidates' scores and no worker logs a failure."""
+    try:
+        return fn(*args, **kwargs)
+    except InputError as e:
+        return e
 
 
 def _die_once(flag: str, fn, *args, **kwargs):

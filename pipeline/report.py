@@ -36,9 +36,44 @@ def build_report(store: Store, manifest: dict) -> str:
            "records": records, "timings": manifest["timings"]}
     curves = training_curves(store, manifest)
     doc["model_timings"] = model_timings(store, manifest)
+    doc["selection"] = selections(store, manifest)
     store.write_text("report/metrics.json", to_json({**doc, "training": curves}))
     store.write_text("report/index.html", render_html(doc, curves))
     return store.path("report", "index.html")
+
+
+def selections(store: Store, manifest: dict) -> list[dict]:
+    """Each parameter selection of the run: metric, every candidate's validation score, the choice."""
+    out = []
+    for rel in manifest["units"].get("selection", []):
+        unit = store.unit(*rel.split("/"))
+        if unit.done():
+            m = unit.meta()
+            out.append({k: m[k] for k in ("method", "metric", "higher_is_better", "validation_rows", "candidates",
+                                          "chosen")})
+    return out
+
+
+BOLD = ' style="font-weight:bold"'
+
+
+def _selection_html(sel: list[dict]) -> str:
+    if not sel:
+        return ""
+    esc = html.escape
+    parts = []
+    for s in sel:
+        best = "highest" if s["higher_is_better"] else "lowest"
+        rows = "".join(
+            f"<tr{BOLD if i == s['chosen'] else ''}><td>{esc(to_json(c['params']))}</td>"
+            f"<td>{'failed: ' + esc(c['error']) if c['score'] is None else format(c['score'], '.4f')}</td>"
+            f"<td>{'chosen' if i == s['chosen'] else ''}</td><td><code>{esc(c['model'][:12])}</code></td></tr>"
+            for i, c in enumerate(s["candidates"]))
+        parts.append(f"<p>{esc(s['method'])}: {esc(s['metric'])} on {s['validation_rows']:,} validation rows "
+                     f"({best} wins)</p><table><tr><th>parameters</th><th>validation {esc(s['metric'])}</th>"
+                     f"<th></th><th>model</th></tr>{rows}</table>")
+    return ("<h2>Parameter selection</h2><p>Candidates trained on the train split and scored on the validation "
+            "split; the test split was not read. Test metrics above are the chosen models'.</p>" + "".join(parts))
 
 
 def model_timings(store: Store, manifest: dict) -> list[dict]:
@@ -206,6 +241,7 @@ padding:3px 8px;text-align:right}}figure{{display:inline-block;margin:4px}}pre{{
 splits {esc(to_json(run['dataset'].get('splits')))}, fingerprint <code>{esc(run['dataset'].get('key', ''))}</code>.
 Run took {run['seconds']:.1f} s.</p>
 <h2>Metrics</h2><table><tr><th>method</th><th>dim</th><th>params</th>{head}</tr>{body}</table>
+{_selection_html(doc.get("selection", []))}
 <h2>Plots</h2>{plots}
 {training}
 <h2>Stage timings</h2><table><tr><th>stage</th><th>seconds</th><th></th></tr>{timings}</table>

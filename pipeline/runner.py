@@ -49,11 +49,12 @@ def check_methods(cfg: RunConfig, info) -> None:
     """Every parameter the data's shape rules out (dim above the features, LDA's dim above
     classes - 1, class indices beyond the classes, ...) is refused here, after the source's header
     and labels are read and before any unit is written."""
-    for i, spec in enumerate(cfg.methods):
-        try:
-            registry.make(spec).check_data_shape(info.n_features, len(info.classes))
-        except InputError as e:
-            raise InputError(f"{cfg.source_file}: methods ({stages.model_id(spec)}): {e}") from None
+    for spec in cfg.methods:
+        for cand in registry.candidates(spec):
+            try:
+                registry.make(cand).check_data_shape(info.n_features, len(info.classes))
+            except InputError as e:
+                raise InputError(f"{cfg.source_file}: methods ({stages.model_id(cand)}): {e}") from None
 
 
 # The memory rule: a task holds at most BLOCKS_PER_TASK row-blocks of the staged features (a kNN
@@ -119,7 +120,8 @@ def _run(ctx: StageContext, plan, log) -> str:
                     "n_features": data.n_features, "n_classes": len(data.classes),
                     "splits": {SPLIT_NAMES[c]: int(n) for c, n in enumerate(np.bincount(data.split)) if n}},
         "units": {"data": data.unit.rel, "statistics": stats.rel, "neighbours": graph.rel if graph else None,
-                  "models": [u.rel for _, u in models], "codes": [u.rel for _, u, _ in codes]},
+                  "models": [u.rel for _, u in models], "codes": [u.rel for _, u, _ in codes],
+                  "selection": ctx.selections},
         "evaluation_units": [u.rel for _, u in evals], "timings": timings,
     }
     t0 = time.perf_counter()

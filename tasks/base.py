@@ -63,12 +63,19 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     ``code_metric``: how two codes are compared, ``"euclidean"`` (distance) or ``"inner"``
     (product; SL-NE/SL-DE); a property where it depends on the fit (kernel SLEM's Eq. 16 score).
     ``method``: the name in configs (``methods: [{method: ncmml}]``).
+    ``search_space``: the parameters chosen on a validation split when a config leaves them unset,
+    each with its candidate values (the default first); ``selection_metric``: what ranks the
+    candidates, in the evaluate stage's words (``knnK``, ``softvoteK``, ``ncm``, ``ncmc``, ``map``).
+    Both are read by :func:`metricpipe.tasks.evaluation.validation_score` and the pipeline's
+    selection; a Python user passes them to GridSearchCV themselves.
 
     A fitted learner also has ``n_features_in_`` and the property ``_n_features_out`` (the code
     dimension; scikit-learn's ``get_feature_names_out`` uses it).
     """
     method: str = ""
     code_metric: str = "euclidean"
+    search_space: dict = {}
+    selection_metric: str = "knn1"
 
     # -- scikit-learn plumbing -------------------------------------------------------------------------
     def _check_X(self, X, reset: bool, y=None, **kw):

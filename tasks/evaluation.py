@@ -104,3 +104,50 @@ def ncmc_errors(Q: np.ndarray, y: np.ndarray, centroids: np.ndarray, owner: np.n
     s = ncmml.mixture_class_scores(Q.astype(np.float64), centroids, owner, n_classes)
     errs = metrics.topk_errors(np.argsort(-s, axis=1, kind="stable"), y)
     return errs[1], errs[5]
+
+
+def higher_is_better(metric: str) -> bool:
+    """Whether a selection metric is a score (mAP) rather than an error."""
+    return metric == "map"
+
+
+def validation_score(est, metric: str, Xv: np.ndarray, yv: np.ndarray, Xr: np.ndarray, yr: np.ndarray,
+                     nbr: np.ndarray | None = None, group: int = 512) -> float:
+    """The selection metric of a fitted estimator: validation rows (Xv, yv) against reference rows
+    (Xr, yr), a sample of the train split, as the database; features as the estimator takes them.
+
+    ``knnK``, ``softvoteK``, ``ncm``, ``ncmc``: top-1 error of that classifier on the validation
+    rows (``ncm``/``ncmc`` is the estimator's own ``predict`` when it is an NCM classifier, else the
+    nearest mean of the reference codes); ``map``: mean average precision of the validation rows
+    querying the reference rows. ``nbr`` (V, k): positions in Xr of each validation row's Euclidean
+    neighbours in the input space, the neighbourhood ``softvoteK`` votes over (Eq. 9 of SL-NE).
+    Queries go ``group`` at a time, so the distance tiles stay small.
+    """
+    yv, yr = np.asarray(yv, np.int64), np.asarray(yr, np.int64)
+    n_classes = int(max(yv.max(), yr.max())) + 1
+    score = est.code_metric or "euclidean"
+    if metric in ("ncm", "ncmc") and hasattr(est, "predict"):
+        return float(np.mean(np.asarray(est.predict(Xv)) != yv))
+    Qv, Cr = est.transform(Xv), est.transform(Xr)
+    if metric == "map":
+        R = len(Cr)
+        rel = np.concatenate([yr, yv])
+        out = retrieval(Qv, np.arange(R, R + len(Qv)), np.arange(R), np.ascontiguousarray(Cr, np.float32), rel,
+                        (1,), False, score, 4096, group)
+        return float(np.nanmean(out["ap"]))
+    if metric == "ncm":
+        means = np.stack([Cr[yr == c].mean(0) if (yr == c).any() else np.full(Cr.shape[1], np.inf)
+                          for c in range(n_classes)])
+        return float(ncm_errors(Qv, yv, means)[0].mean())
+    if metric.startswith("knn"):
+        k = int(metric[3:])
+        errs = [knn_errors(Qv[s:s + group], yv[s:s + group], [(np.arange(len(Cr)), Cr)], yr, [k], score,
+                           n_classes)[metric][0] for s in range(0, len(Qv), group)]
+        return float(np.concatenate(errs).mean())
+    if metric.startswith("softvote"):
+        if nbr is None:
+            raise ValueError("softvote selection needs the validation rows' neighbourhoods (nbr)")
+        k = int(metric[8:])
+        errs = softvote_errors(Qv, yv, nbr, Cr, np.arange(len(Cr)), yr, [k], n_classes)[metric][0]
+        return float(np.mean(errs))
+    raise ValueError(f"unknown selection metric {metric!r}; use knnK, softvoteK, ncm, ncmc or map")

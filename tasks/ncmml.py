@@ -624,6 +624,10 @@ class NCMML(_NCMClassifier, _MetricLearner):
     class_bias_ : ndarray (n_classes,) or None (dot objective only)
     classes_, history_, best_iter_, val_error_
     """
+    # the best rate scales with 1 / the rows' squared norm: a wide log grid covers raw and l2 data
+    search_space = {"lr": [30.0, 0.001, 0.01, 0.1, 1.0, 10.0, 100.0]}
+    selection_metric = "ncm"
+
     method = "ncmml"
     _parameter_constraints = {**_SGD_CONSTRAINTS, "objective": [StrOptions({"euclidean", "dot"})]}
 
@@ -674,6 +678,9 @@ class NCMC(_NCMClassifier, _MetricLearner):
         Lloyd passes over the data.
     dim, batch, lr, iters, validate_every, validation, classes, random_state : as :class:`NCMML`.
     """
+    search_space = {"lr": [30.0, 0.001, 0.01, 0.1, 1.0, 10.0, 100.0]}
+    selection_metric = "ncmc"
+
     method = "ncmc"
     _parameter_constraints = {**_SGD_CONSTRAINTS, "centroids": COUNT, "train_centroids": [Options(Integral, {1}), None],
                               "kmeans_iters": COUNT}
@@ -754,6 +761,9 @@ class KNNML(_MetricLearner):
     lr : float, default=0.1
     dim, iters, validate_every, validation, classes, random_state : as :class:`NCMML`.
     """
+    search_space = {"lr": [0.1, 0.001, 0.01, 1.0]}
+    selection_metric = "knn5"
+
     method = "knnml"
     _parameter_constraints = {**_SGD_CONSTRAINTS, "targets": [StrOptions({"dynamic", "all", "fixed"})], "k": COUNT,
                               "batch": [Interval(Integral, 3, None, closed="left")]}

@@ -630,6 +630,9 @@ class NML(_PairLearner):
     Entry points: ``fit(X, y)`` (pairs from labels), ``fit_pairs(pairs, y, X=None)`` (user pairs,
     metric-learn's convention) and, for the pipeline, ``fit_stream`` and ``fit_pair_blocks``.
     """
+    search_space = {"lr": [0.001, 0.0001, 0.01]}
+    selection_metric = "map"
+
     method = "nml"
     _kind = "nml"
     _parameter_constraints = {**_PAIR_CONSTRAINTS, "threads": COUNT}
@@ -704,6 +707,9 @@ class LinearML(_PairLearner):
     Entry points: ``fit(X, y)`` (pairs from labels), ``fit_pairs(pairs, y, X=None)`` (user pairs,
     metric-learn's convention) and, for the pipeline, ``fit_stream`` and ``fit_pair_blocks``.
     """
+    search_space = {"lr": [0.1, 0.01, 1.0]}
+    selection_metric = "map"
+
     method = "linear-ml"
     _kind = "linear"
     _parameter_constraints = dict(_PAIR_CONSTRAINTS)

@@ -79,10 +79,70 @@ def defaults(cls: type) -> dict:
     return cls().get_params(deep=False)
 
 
+def params_of(spec: dict) -> dict:
+    """The estimator parameters of a spec (without ``method`` and ``select``)."""
+    return {k: v for k, v in spec.items() if k not in ("method", "select")}
+
+
 def make(spec: dict):
     """The unfitted estimator of a config spec ``{"method": name, **params}``."""
-    params = {k: v for k, v in spec.items() if k != "method"}
+    params = params_of(spec)
     return estimator_class(spec["method"], params)(**params)
+
+
+def candidates(spec: dict) -> list[dict]:
+    """The plain specs a spec's selection chooses among (its ``select.grid``, first values first);
+    ``[spec]`` without ``select`` when nothing is searched."""
+    plain = {k: v for k, v in spec.items() if k != "select"}
+    sel = spec.get("select")
+    if not sel:
+        return [plain]
+    grid = sel["grid"]
+    return [{**plain, **dict(zip(grid, combo))} for combo in itertools.product(*grid.values())]
+
+
+def _metric_ok(metric) -> bool:
+    if not isinstance(metric, str):
+        return False
+    for prefix in ("knn", "softvote"):
+        if metric.startswith(prefix):
+            return metric[len(prefix):].isdigit() and int(metric[len(prefix):]) > 0
+    return metric in ("ncm", "ncmc", "map")
+
+
+def _selection(name: str, cls: type, entry: dict, select, allowed: dict) -> dict | None:
+    """``select`` of a methods entry -> {"metric", "grid"} or None (nothing to choose).
+
+    Absent or true: the class's ``search_space`` minus the parameters the entry sets (a parameter
+    the user sets is never searched). False: no selection. A mapping: ``metric`` overrides the
+    class's ``selection_metric``, other keys are the grid (parameter -> candidate values).
+    """
+    if select is False:
+        return None
+    if select is None or select is True:
+        select = {}
+    if not isinstance(select, dict):
+        raise InputError(f"select must be true, false or a mapping such as {{metric: map, lr: [0.1, 1.0]}}; "
+                         f"got {select!r}")
+    metric = select.get("metric", cls.selection_metric)
+    if not _metric_ok(metric):
+        raise InputError(f"select.metric {metric!r} is not a selection metric; use knnK, softvoteK, ncm, ncmc or map")
+    if metric == "ncmc" and not hasattr(cls, "kmeans"):
+        raise InputError(f"select.metric ncmc needs an NCMC model (method ncmc); {name} has no class centroids")
+    user_grid = {k: v for k, v in select.items() if k != "metric"}
+    for key, values in user_grid.items():
+        if key not in allowed:
+            near = difflib.get_close_matches(key, allowed, n=1)
+            raise InputError(f"select: unknown parameter {key!r} for method {name}"
+                             f"{f'; did you mean {near[0]!r}?' if near else ''}")
+        if key in entry:
+            raise InputError(f"select: {key!r} is both set ({entry[key]!r}) and searched; drop one of them")
+        if not isinstance(values, list) or not values:
+            raise InputError(f"select.{key} must be a non-empty list of candidate values, got {values!r}")
+    grid = user_grid or {k: list(v) for k, v in cls.search_space.items() if k not in entry}
+    if not grid or all(len(v) == 1 for v in grid.values()):
+        return None
+    return {"metric": metric, "grid": grid}
 
 
 def _sweeps(cls: type, key: str, value) -> bool:
@@ -94,13 +154,14 @@ def _sweeps(cls: type, key: str, value) -> bool:
 
 def expand_method(entry: dict) -> list[dict]:
     """Check one ``methods:`` entry and expand its swept parameters (list values) into one spec per
-    model: ``{"method": name, **params}`` with every parameter of the class filled in.
+    model: ``{"method": name, **params}`` with every parameter of the class filled in, plus
+    ``select: {metric, grid}`` when parameters are left to the validation split (:func:`_selection`).
 
     Unknown keys and bad values are refused with scikit-learn's wording ("The 'dim' parameter of
     NCMML must be an int in the range [1, inf). Got 0 instead.").
     """
     name = entry.get("method")
-    raw = {k: v for k, v in entry.items() if k != "method"}
+    raw = {k: v for k, v in entry.items() if k not in ("method", "select")}
     kernels = raw.get("kernel", "linear") if name == "slem" else None
     out = []
     for kernel in (kernels if isinstance(kernels, list) else [kernels]):
@@ -128,11 +189,15 @@ def expand_method(entry: dict) -> list[dict]:
                 grids[key] = v
             else:
                 grids[key] = [v]
+        select = _selection(name, cls, params, entry.get("select"), allowed)
         for combo in itertools.product(*grids.values()):
-            spec = dict(zip(grids, combo))
-            try:
-                cls(**spec)._validate_params()   # the class's own checks: the same for YAML and Python
-            except InvalidParameterError as e:
-                raise InputError(str(e).splitlines()[0]) from None
-            out.append({"method": name, **spec})
+            spec = {"method": name, **dict(zip(grids, combo))}
+            if select:
+                spec.update({k: v[0] for k, v in select["grid"].items()}, select=select)
+            for cand in candidates(spec):
+                try:
+                    make(cand)._validate_params()   # the class's own checks: the same for YAML and Python
+                except InvalidParameterError as e:
+                    raise InputError(str(e).splitlines()[0]) from None
+            out.append(spec)
     return out

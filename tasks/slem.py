@@ -203,6 +203,10 @@ class SLEM(_PoolLearner):
     statistics stage's moments when the pool is the whole train split, else :meth:`fit_blocks` on
     the pool's rows streamed block by block. ``fit(X)`` is ``fit_blocks([X[pool]])``.
     """
+    # the ridge of Eq. 11, a decade apart (the paper picks it by validation)
+    search_space = {"lam": [0.1, 0.0001, 0.001, 0.01, 1.0, 10.0, 100.0, 1000.0]}
+    selection_metric = "map"
+
     method = "slem"
     code_metric = "euclidean"
     _parameter_constraints = {"lam": NON_NEGATIVE, "kernel": [StrOptions({"linear"})], "negatives": [dict, None]}
@@ -442,6 +446,9 @@ class KernelSLEM(_PoolLearner):
     The pipeline gathers the pool (bounded: count <= its MAX_POOL) and calls :meth:`fit_pool`;
     ``fit(X)`` is ``fit_pool(X[pool])``.
     """
+    search_space = {"lam": [0.1, 0.01, 1.0]}
+    selection_metric = "map"
+
     method = "slem"
     _parameter_constraints = {
         "lam": POSITIVE,
@@ -603,6 +610,9 @@ class ESVM(_PoolLearner):
     The pipeline gathers the pool (bounded by its MAX_POOL) and calls :meth:`fit_pool`; ``fit(X)``
     is ``fit_pool(X[pool])``. The training happens in ``transform``: every image is its own SVM.
     """
+    search_space = {"lam": [0.1, 0.01, 1.0]}
+    selection_metric = "map"
+
     method = "esvm"
     code_metric = "euclidean"
     _parameter_constraints = {"lam": NON_NEGATIVE, "theta": NON_NEGATIVE, "epochs": COUNT, "batch": COUNT,

@@ -529,6 +529,10 @@ class SLNE(_Bilinear):
     mean_ : (D,) float32; basis_ : (D, p) float32; M_ : (p, p) float32; factor_ : (p, r) float32;
     history_ : list of {"epoch", "violations", "hinge"}; classes_; n_features_in_.
     """
+    # step sizes a decade apart and between: a step that suits pixels overshoots on other data
+    search_space = {"step": [0.2, 0.05, 0.02, 0.005]}
+    selection_metric = "softvote10"
+
     method = "slne"
 
     def check_data_shape(self, n_features: int, n_classes: int) -> None:
@@ -628,6 +632,10 @@ class SLDE(_Bilinear):
     member_matrices_ : (members, d, d) float32, each M_n.
     history_ : list of {"member", "history"}, one per member.
     """
+    # step sizes a decade apart and between: a step that suits pixels overshoots on other data
+    search_space = {"step": [0.2, 0.05, 0.02, 0.005]}
+    selection_metric = "softvote10"
+
     method = "slde"
 
     def check_data_shape(self, n_features: int, n_classes: int) -> None:

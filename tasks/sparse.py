@@ -295,6 +295,10 @@ class SparseProjector(Learner):
     :func:`rank_projectors`).
     n_features_in_, classes_.
     """
+    # how long the support shrinks from D to its final size (0: Algorithm 1 as printed)
+    search_space = {"anneal": [0.5, 0.25, 0.9]}
+    selection_metric = "map"
+
     method = "sparse"
     dim_within_features = True
     code_metric = "inner"

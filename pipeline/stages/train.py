@@ -8,7 +8,7 @@ estimator (``storage.save_model``).
 """
 import time
 
-from metricpipe import nml_train, slem_train, slne_train, sparse_train, stream_train
+from metricpipe import nml_train, select, slem_train, slne_train, sparse_train, stream_train
 from metricpipe.context import StageContext
 from metricpipe.stages.common import DataInfo
 from metricpipe.storage import Unit, hash_key, load_arrays, save_model
@@ -18,8 +18,8 @@ from metricpipe.tasks.errors import InputError
 def model_id(spec: dict) -> str:
     """A short readable name: method, dim, then the parameters that differ from their defaults."""
     defaults = registry.defaults(registry.estimator_class(spec["method"], spec))
-    extra = "-".join(f"{k}{v}" for k, v in sorted(spec.items())
-                     if k not in ("method", "dim") and v is not None and (k not in defaults or v != defaults[k]))
+    extra = "-".join(f"{k}{v}" for k, v in sorted(registry.params_of(spec).items())
+                     if k != "dim" and v is not None and (k not in defaults or v != defaults[k]))
     return "-".join(str(x) for x in (spec["method"], spec.get("dim") or "", extra) if x != "")
 
 
@@ -55,25 +55,97 @@ def model_key(spec: dict, stats: Unit, neighbours: Unit | None, data: DataInfo) 
 
 
 def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit | None) -> list[tuple[dict, Unit]]:
-    """One model per spec of the config; returns [(spec, model unit)]."""
-    todo, out = [], []
+    """One model per spec of the config; a spec with parameters left to selection trains every
+    candidate and keeps the best on the validation split (``metricpipe.select``). Returns
+    [(spec of the model kept, its unit)]."""
+    plans, units = [], {}   # per spec: (spec, candidates, their units, selection unit or None, reused)
+    has_val = bool((data.split == select.VAL).any())
+    if not has_val and any(spec.get("select") for spec in ctx.config.methods):
+        ctx.log("  train: the data has no validation rows (data.split.val: 0), so parameters keep their defaults")
     for spec in ctx.config.methods:
-        unit = ctx.store.unit("models", model_key(spec, stats, neighbours, data))
-        out.append((spec, unit))
+        cands = registry.candidates(spec) if has_val else registry.candidates(spec)[:1]
+        cunits = [ctx.store.unit("models", model_key(c, stats, neighbours, data)) for c in cands]
+        sel_unit, done = None, False
+        if len(cands) > 1:
+            sel_unit = ctx.store.unit("selection", select.selection_key(cunits, spec["select"]["metric"],
+                                                                        ctx.config.seed))
+            done = ctx.reuse(sel_unit, "train") and ctx.reuse(cunits[sel_unit.meta()["chosen"]], "train")
+        plans.append((spec, cands, cunits, sel_unit, done))
+        if not done:
+            for c, u in zip(cands, cunits):
+                units.setdefault(u.key, (c, u))
+    pending = [p for p in plans if p[3] is not None and not p[4]]
+    sel_future, n_val = None, 0
+    if pending:
+        sel_future, n_val = select.submit_data(ctx, data, [p[0]["select"]["metric"] for p in pending])
+    optional = {u.key for _, _, us, su, done in pending for u in us}
+    todo, reused = {}, 0
+    for key, (spec, unit) in units.items():
         if ctx.reuse(unit, "train"):
+            reused += 1
             continue
         unit.begin()
         driver = DRIVERS[registry.feeds(spec["method"])]
-        todo.append((spec, unit, driver(ctx, spec, registry.make(spec), data, stats, neighbours, unit, model_id(spec))))
-    if len(todo) < len(out):
-        ctx.log(f"  train: reusing {len(out) - len(todo)} of {len(out)} models")
+        ctx.returning_errors = key in optional  # a candidate may diverge: that is a score, not a failure
+        try:
+            todo[key] = (spec, unit, driver(ctx, spec, registry.make(spec), data, stats, neighbours, unit,
+                                            model_id(spec)))
+        finally:
+            ctx.returning_errors = False
+    if reused:
+        ctx.log(f"  train: reusing {reused} of {len(units)} models")
+    scores = {}
+    for spec, cands, cunits, sel_unit, _ in pending:
+        for c, u in zip(cands, cunits):
+            trained = todo[u.key][2] if u.key in todo else None
+            scores[(sel_unit.key, u.key)] = select.submit_score(ctx, trained, u, spec["select"]["metric"], sel_future,
+                                                                model_id(c))
     t0 = time.perf_counter()
-    results = ctx.gather([f for *_, f in todo], "train", [f"model {model_id(s)}" for s, *_ in todo])
-    for (spec, unit, _), res in zip(todo, results):
+    items = list(todo.values())
+    results = ctx.gather([f for *_, f in items], "train", [f"model {model_id(s)}" for s, *_ in items])
+    for (spec, unit, _), res in zip(items, results):
+        if isinstance(res, Exception):
+            if unit.key not in optional:
+                raise res
+            continue
         unit.commit({**res, "spec": spec, "seconds": round(res["fit_seconds"], 3),
                      "wall": round(time.perf_counter() - t0, 3), "data": data.unit.key,
                      "normalize": ctx.config.data.normalize,
                      "class_names": [c.item() if hasattr(c, "item") else c for c in data.classes]})
         if "samples_per_second" in res:
             ctx.log(f"  train: {model_id(spec)} {res['samples_per_second']:.0f} samples/s")
+    keys = list(scores)
+    values = ctx.gather([scores[k] for k in keys], "train", [f"selection score {k[1]}" for k in keys])
+    values = dict(zip(keys, values))
+    out = []
+    for spec, cands, cunits, sel_unit, done in plans:
+        if sel_unit is None:
+            out.append((cands[0], cunits[0]))
+            continue
+        if not done:
+            _commit_selection(ctx, spec, cands, cunits, sel_unit, [values[(sel_unit.key, u.key)] for u in cunits], n_val)
+        best = sel_unit.meta()["chosen"]
+        out.append((cands[best], cunits[best]))
+        ctx.selections.append(sel_unit.rel)
     return out
+
+
+def _commit_selection(ctx, spec, cands, cunits, sel_unit, results, n_val) -> None:
+    metric, grid = spec["select"]["metric"], spec["select"]["grid"]
+    scores = [None if isinstance(r, Exception) else float(r) for r in results]
+    best = select.choose(metric, scores)
+    name = model_id(cands[0])
+    if best < 0:
+        first = next(r for r in results if isinstance(r, Exception))
+        raise InputError(f"{ctx.config.source_file}: methods ({name}): every candidate failed; the first: {first}")
+    rows = [{"params": {k: c[k] for k in grid}, "model": u.key,
+             "score": s, "error": None if s is not None else str(r).splitlines()[0]}
+            for c, u, s, r in zip(cands, cunits, scores, results)]
+    sel_unit.begin()
+    ctx.commit(sel_unit, {"method": spec["method"], "metric": metric, "grid": grid, "validation_rows": n_val,
+                          "higher_is_better": select.evaluation.higher_is_better(metric),
+                          "candidates": rows, "chosen": best, "model": cunits[best].key})
+    shown = "; ".join(f"{select.describe(metric, grid, r['params'])}: "
+                      + (f"{r['score']:.4f}" if r["score"] is not None else "failed") for r in rows)
+    ctx.log(f"  train: {spec['method']} selected {select.describe(metric, grid, rows[best]['params'])} by "
+            f"{metric} on {n_val:,} validation rows ({shown})")
