@@ -49,8 +49,8 @@ def selections(store: Store, manifest: dict) -> list[dict]:
         unit = store.unit(*rel.split("/"))
         if unit.done():
             m = unit.meta()
-            out.append({k: m[k] for k in ("method", "metric", "higher_is_better", "validation_rows", "candidates",
-                                          "chosen")})
+            out.append({k: m.get(k) for k in ("method", "metric", "higher_is_better", "validation_rows", "candidates",
+                                              "chosen", "spec", "grid")})
     return out
 
 
@@ -116,13 +116,14 @@ def _curve_plot(curve: dict) -> str:
 
     hist = curve["history"]
     xkey = "iter" if "iter" in hist[0] else "epoch"
-    keys = [k for k in hist[0] if k != xkey and isinstance(hist[0][k], (int, float))]
+    keys = list(dict.fromkeys(k for h in hist for k in h if k != xkey and isinstance(h[k], (int, float))))
     fig, axes = plt.subplots(1, len(keys), figsize=(3.2 * len(keys), 2.6), squeeze=False)
     for ax, k in zip(axes[0], keys):
-        ax.plot([h[xkey] for h in hist], [h[k] for h in hist], ".-")
+        have = [h for h in hist if isinstance(h.get(k), (int, float))]   # e.g. val_error also at the start
+        ax.plot([h[xkey] for h in have], [h[k] for h in have], ".-")
         ax.set_xlabel(xkey)
         ax.set_ylabel(k)
-        if k in ("objective", "hinge") and min(h[k] for h in hist) > 0:
+        if k in ("objective", "hinge") and min(h[k] for h in have) > 0:
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
     fig.suptitle(_label({"method": curve["model"]["method"], "params": {k: v for k, v in curve["model"].items()

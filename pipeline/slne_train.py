@@ -24,6 +24,31 @@ def _statistics(stats_url: str):
     return stats["mean"], stats["pca_components"]
 
 
+# Validation rows an SL-NE / SL-DE member stops early on (a seeded sample of the val split).
+VALIDATION_ROWS = 2000
+VAL = 2
+
+
+def _validation(data_url: str, graph_url: str, to_space):
+    """(Z_val, y_val, neighbourhoods among the training rows as local indices) of at most
+    VALIDATION_ROWS val rows, their neighbourhoods from the stored graph; None when the data has no
+    val rows or the graph was sampled (neighbours.queries: val rows were not searched)."""
+    if "query_rows" in array_names(graph_url):
+        return None
+    split = open_array(f"{data_url}/split")[:]
+    val = np.flatnonzero(split == VAL)
+    if not len(val):
+        return None
+    if len(val) > VALIDATION_ROWS:
+        val = np.sort(np.random.default_rng([0, 61]).choice(val, VALIDATION_ROWS, replace=False))
+    train = np.flatnonzero(split == TRAIN)
+    g = read_rows(f"{graph_url}/neighbours", val).astype(np.int64)
+    pos = np.minimum(np.searchsorted(train, np.maximum(g, 0)), len(train) - 1)
+    nbr = np.where((g >= 0) & (train[pos] == g), pos, -1)
+    labels = open_array(f"{data_url}/label")[:]
+    return to_space(read_rows(f"{data_url}/features", val)), labels[val], nbr
+
+
 def _inputs(data_url: str, graph_url: str, chunks: list, to_space):
     """(Z, y, graph) of the training rows: ``to_space`` maps each row-block's selected rows into the
     estimator's input space (or a member's subspace); graph in local indices. The training rows are
@@ -47,17 +72,22 @@ def _inputs(data_url: str, graph_url: str, chunks: list, to_space):
 def _train_slne(est, spec, data_url, stats_url, graph_url, chunks, model_url) -> dict:
     est = clone(est)  # fitted here, never the caller's object (a threaded worker shares it)
     mean, components = _statistics(stats_url)
-    Z, y, graph = _inputs(data_url, graph_url, chunks, est.input_map(mean, components))
+    to_space = est.input_map(mean, components)
+    Z, y, graph = _inputs(data_url, graph_url, chunks, to_space)
+    val = _validation(data_url, graph_url, to_space)
     t0 = time.perf_counter()
-    est.fit_space(Z, y, graph, mean, components)
+    est.fit_space(Z, y, graph, mean, components, *(val or ()))
     seconds = time.perf_counter() - t0
-    return save_model(model_url, est, spec, seconds, samples_per_second=est.epochs * len(Z) / max(seconds, 1e-9))
+    return save_model(model_url, est, spec, seconds, samples_per_second=est.epochs * len(Z) / max(seconds, 1e-9),
+                      best_epoch=est.best_epoch())
 
 
 def _train_member(est, n, data_url, stats_url, graph_url, chunks):
     mean, components = _statistics(stats_url)
-    Zn, y, graph = _inputs(data_url, graph_url, chunks, est.member_map(mean, components, n))
-    return slne.fit_member(est.member_params(), Zn, y, graph, est.member_seed(n))
+    to_space = est.member_map(mean, components, n)
+    Zn, y, graph = _inputs(data_url, graph_url, chunks, to_space)
+    return slne.fit_member(est.member_params(), Zn, y, graph, est.member_seed(n),
+                           validation=_validation(data_url, graph_url, to_space))
 
 
 def _assemble(est, spec, data_url, stats_url, graph_url, chunks, model_url, *members) -> dict:

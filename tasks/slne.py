@@ -118,7 +118,7 @@ def triplet_update(M: np.ndarray, X: np.ndarray, nb: Neighbourhoods, B: np.ndarr
 def learn_similarity(Z: np.ndarray, y: np.ndarray, graph: np.ndarray, *, margin: float = 0.02,
                      step: float = 0.2, epochs: int = 3, batch: int = 64, sampling: str = "violating",
                      normalize: float | None = None, seed=0, symmetric: bool = True,
-                     offset: np.ndarray | None = None, M0: np.ndarray | None = None):
+                     offset: np.ndarray | None = None, M0: np.ndarray | None = None, validate=None):
     """Algorithm 1: learn M of s_M(z_i, z_j) = z_i^T M z_j (Eq. 2) on a fixed neighbour graph.
 
     Parameters
@@ -134,10 +134,14 @@ def learn_similarity(Z: np.ndarray, y: np.ndarray, graph: np.ndarray, *, margin:
     symmetric : project M to (M + M^T) / 2 after each batch.
     offset : optional fixed score added to every edge of :func:`neighbourhoods` (the other members'
         similarity during SL-DE's joint refinement). M0 : initial M (default identity).
+    validate : optional callable M -> validation error (e.g. :func:`softvote_validator`), called at
+        the start and after every epoch; M is then the one with the lowest error (early stopping,
+        the start included, so training never leaves M worse on validation than it began).
 
     Returns
     -------
-    M : (p, p) float32; history : list of {"epoch", "violations", "hinge"} dicts, one per epoch.
+    M : (p, p) float32; history : list of {"epoch", "violations", "hinge"} dicts, one per epoch
+    (with ``validate``: "val_error" in each, and a first entry {"epoch": 0, "val_error"}).
     """
     X = np.ascontiguousarray(Z, np.float32)
     n, D = X.shape
@@ -153,6 +157,10 @@ def learn_similarity(Z: np.ndarray, y: np.ndarray, graph: np.ndarray, *, margin:
     M = np.eye(D, dtype=np.float64) if M0 is None else np.array(M0, dtype=np.float64)
     rng = np.random.default_rng(seed)
     history = []
+    best = None
+    if validate is not None:
+        best = (float(validate(M)), M.copy())
+        history.append({"epoch": 0, "val_error": best[0]})
     t = 0
     for epoch in range(epochs):
         perm = rng.permutation(n)
@@ -171,7 +179,29 @@ def learn_similarity(Z: np.ndarray, y: np.ndarray, graph: np.ndarray, *, margin:
             n_viol += int((hinge > 0).sum())
             loss += float(hinge.sum())
         history.append({"epoch": epoch + 1, "violations": int(n_viol), "hinge": float(loss / max(n, 1))})
+        if validate is not None:
+            err = float(validate(M))
+            history[-1]["val_error"] = err
+            if err < best[0]:
+                best = (err, M.copy())
+    if best is not None:
+        M = best[1]
     return M.astype(np.float32), history
+
+
+def softvote_validator(Zv: np.ndarray, yv: np.ndarray, nbr: np.ndarray, Z: np.ndarray, y: np.ndarray, k: int = 10):
+    """M -> top-1 error of Eq. 9's soft vote for validation rows Zv (labels yv) over their
+    neighbourhoods ``nbr`` (V, >= k) among the training rows Z (labels y; local indices, -1 none),
+    weighted by s_M(z_v, z_j) = z_v^T M z_j: the early-stopping criterion of SL-NE and SL-DE."""
+    from metricpipe.tasks.evaluation import softvote_errors
+    _, codes = np.unique(np.r_[np.asarray(y), np.asarray(yv)], return_inverse=True)
+    ytr, yval = codes[:len(y)], codes[len(y):]
+    nbr = np.asarray(nbr, np.int64)[:, :k]
+    flat = np.arange(len(Z))
+    Zv32 = np.ascontiguousarray(Zv, np.float32)
+    n_classes = int(codes.max()) + 1
+    return lambda M: float(softvote_errors(Zv32 @ np.asarray(M, np.float32), yval, nbr, Z, flat, ytr, [k],
+                                           n_classes)[f"softvote{k}"][0].mean())
 
 
 def edge_scores(X: np.ndarray, M: np.ndarray, nb: Neighbourhoods) -> np.ndarray:
@@ -304,7 +334,7 @@ def member_seed(seed: int, n: int) -> int:
 
 
 def fit_member(params: dict, Zn: np.ndarray, y: np.ndarray, graph: np.ndarray, seed: int,
-               offset: np.ndarray | None = None, M0: np.ndarray | None = None):
+               offset: np.ndarray | None = None, M0: np.ndarray | None = None, validation: tuple | None = None):
     """One SL-DE member: SL-NE (:func:`learn_similarity`) on its projected rows. A pure function, so
     the pipeline runs each member as its own task and :meth:`SLDE.fit` runs them one after another.
 
@@ -315,13 +345,17 @@ def fit_member(params: dict, Zn: np.ndarray, y: np.ndarray, graph: np.ndarray, s
     y : (n,) labels. graph : (n, k) local kNN indices (-1 = none).
     seed : the member's seed, :meth:`SLDE.member_seed`.
     offset, M0 : see :func:`learn_similarity` (joint refinement).
+    validation : optional (Zv_n (V, d), yv (V,), nbr (V, k)): validation rows in the member's
+        subspace and their neighbourhoods among the training rows (local indices, -1 none); the
+        member then keeps the epoch with the lowest soft-vote error on them (:func:`softvote_validator`).
 
     Returns
     -------
     M_n : (d, d) float32; meta : {"history", "seconds", "samples_per_second"}.
     """
     t0 = time.perf_counter()
-    M, history = learn_similarity(Zn, y, graph, **params, seed=seed, offset=offset, M0=M0)
+    validate = None if validation is None else softvote_validator(*validation, Zn, y)
+    M, history = learn_similarity(Zn, y, graph, **params, seed=seed, offset=offset, M0=M0, validate=validate)
     seconds = time.perf_counter() - t0
     return M, {"history": history, "seconds": seconds,
                "samples_per_second": params.get("epochs", 3) * len(Zn) / max(seconds, 1e-9)}
@@ -445,6 +479,26 @@ class _Bilinear(Learner):
     def _graph(self, X, neighbors):
         return knn_graph(X, self.n_neighbors) if neighbors is None else neighbors
 
+    def _memory_validation(self, X, X_val, y_val, to_space):
+        """(Z_val, y_val, neighbourhoods among X) for ``fit``'s X_val, y_val, or None."""
+        if X_val is None:
+            return None
+        if y_val is None:
+            raise InputError(f"{type(self).__name__}.fit: X_val needs y_val, the validation labels")
+        X_val = self._check_X(X_val, reset=False)
+        y_val = np.asarray(y_val)
+        if len(y_val) != len(X_val):
+            raise InputError(f"{type(self).__name__}.fit: y_val has {len(y_val)} labels for {len(X_val)} rows of X_val")
+        from metricpipe.tasks.knn import block_topk
+        nbr = block_topk(np.asarray(X_val, np.float32), np.asarray(X, np.float32), min(self.n_neighbors, len(X)))[1]
+        return to_space(X_val), y_val, nbr
+
+    def best_epoch(self) -> int | None:
+        """The epoch whose M was kept (0: the start), when training was validated."""
+        hist = self.history_ if self.history_ and "member" not in self.history_[0] else []
+        errs = [(h["val_error"], h["epoch"]) for h in hist if "val_error" in h]
+        return min(errs)[1] if errs else None
+
     # -- fitted model ---------------------------------------------------------------------------------
     @property
     def _n_features_out(self) -> int:
@@ -556,7 +610,7 @@ class SLNE(_Bilinear):
         self.n_neighbors = n_neighbors
         self.random_state = random_state
 
-    def fit(self, X, y, neighbors=None):
+    def fit(self, X, y, neighbors=None, X_val=None, y_val=None):
         """Learn M from rows X with labels y.
 
         Parameters
@@ -566,14 +620,17 @@ class SLNE(_Bilinear):
         neighbors : int array of shape (n_samples, k) or None
             Each row's neighbours as row indices of X (-1 = none); None: the exact kNN graph of X
             (``n_neighbors``, self excluded).
+        X_val, y_val : optional validation rows and labels: M is then the epoch's (or the start's)
+            with the lowest soft-vote error on them (early stopping; ``history_`` has "val_error").
         """
         self._validate_params()
         X, y = self._fit_data(X, y)
         mean, components = pca_statistics(X)
         Z = self.input_rows(X, mean, components)
-        return self._fit_space(Z, y, _check_graph(self._graph(X, neighbors), len(X)), mean, components)
+        val = self._memory_validation(X, X_val, y_val, lambda A: self.input_rows(A, mean, components))
+        return self._fit_space(Z, y, _check_graph(self._graph(X, neighbors), len(X)), mean, components, val)
 
-    def fit_space(self, Z, y, neighbors, mean, components):
+    def fit_space(self, Z, y, neighbors, mean, components, Z_val=None, y_val=None, val_neighbors=None):
         """The pipeline's entry point: learn M from training rows already in the input space.
 
         Parameters
@@ -582,18 +639,25 @@ class SLNE(_Bilinear):
         y : (n,) labels. neighbors : (n, k) int, local row indices into Z (-1 = none).
         mean : (D,) the training rows' mean; components : (k, D) their PCA directions (rows), as
             the statistics stage stores them (``mean``, ``pca_components``).
+        Z_val, y_val, val_neighbors : optional validation rows in the input space, their labels and
+            their neighbourhoods among the training rows (local indices into Z, -1 none): early
+            stopping on the soft-vote error, as in :meth:`fit`.
         """
         self._validate_params()
         Z, y, graph = self._space_data(Z, y, neighbors, mean, components)
-        return self._fit_space(Z, y, graph, mean, components)
+        val = None if Z_val is None else (np.asarray(Z_val, np.float32), np.asarray(y_val),
+                                          np.asarray(val_neighbors, np.int64))
+        return self._fit_space(Z, y, graph, mean, components, val)
 
     def solver_params(self) -> dict:
         """The keyword arguments of :func:`learn_similarity` this estimator uses (without the seed)."""
         return {k: getattr(self, k) for k in SOLVER_PARAMS}
 
-    def _fit_space(self, Z, y, graph, mean, components):
+    def _fit_space(self, Z, y, graph, mean, components, val=None):
         mean32, P = self.input_space(mean, components)
-        M, history = learn_similarity(Z, y, graph, **self.solver_params(), seed=seed_of(self.random_state))
+        validate = None if val is None else softvote_validator(*val, Z, y)
+        M, history = learn_similarity(Z, y, graph, **self.solver_params(), seed=seed_of(self.random_state),
+                                      validate=validate)
         self._set_model(mean32, P, M, factor(M, self.dim), history)
         return self
 
@@ -606,8 +670,10 @@ class SLDE(_Bilinear):
     ----------
     members : int, default 8
         N_E, the number of subspaces.
-    member_dim : int, default 64
-        d, the dimension of each member's subspace.
+    member_dim : int or None, default None
+        d, the dimension of each member's subspace; None: min(64, p // members) for pca-blocks (the
+        paper's 64 where the input has members x 64 PCA directions, else an even share of them),
+        min(64, p) for random subspaces.
     input_dim : int or None, default None
         PCA directions of the input space (p); None = all.
     subspace : {'pca-blocks', 'random'}, default 'pca-blocks'
@@ -640,12 +706,13 @@ class SLDE(_Bilinear):
 
     def check_data_shape(self, n_features: int, n_classes: int) -> None:
         super().check_data_shape(n_features, n_classes)
-        check_subspaces(min(self.input_dim or n_features, n_features), self.members, self.member_dim, self.subspace)
-    _parameter_constraints = {"members": COUNT, "member_dim": COUNT, "input_dim": DIM_OR_NONE,
+        p = min(self.input_dim or n_features, n_features)
+        check_subspaces(p, self.members, self.member_size(p), self.subspace)
+    _parameter_constraints = {"members": COUNT, "member_dim": [*COUNT, None], "input_dim": DIM_OR_NONE,
                               "subspace": [StrOptions({"pca-blocks", "random"})], "refine": ["boolean"],
                               "dim": DIM_OR_NONE, **_SOLVER_CONSTRAINTS}
 
-    def __init__(self, members=8, member_dim=64, input_dim=None, subspace="pca-blocks", refine=False, margin=0.02,
+    def __init__(self, members=8, member_dim=None, input_dim=None, subspace="pca-blocks", refine=False, margin=0.02,
                  step=0.2, epochs=3, batch=64, sampling="violating", normalize=None, dim=None, n_neighbors=50,
                  random_state=None):
         self.members = members
@@ -672,10 +739,16 @@ class SLDE(_Bilinear):
         """Member n's SGD seed: depends on random_state and n only."""
         return member_seed(seed_of(self.random_state), n)
 
+    def member_size(self, p: int) -> int:
+        """d for a p-dimensional input space: ``member_dim``, or its rule when None."""
+        if self.member_dim is not None:
+            return self.member_dim
+        return max(1, min(64, p // self.members if self.subspace == "pca-blocks" else p))
+
     def projections(self, p: int, n_features: int | None = None) -> list[np.ndarray]:
         """Every member's subspace P_n (member_dim, p) in the p-dimensional input space (``n_features``:
         D, named in the error when pca-blocks needs more than p directions)."""
-        return subspaces(p, self.members, self.member_dim, self.subspace, seed_of(self.random_state), n_features)
+        return subspaces(p, self.members, self.member_size(p), self.subspace, seed_of(self.random_state), n_features)
 
     def member_rows(self, X, mean, components, n: int) -> np.ndarray:
         """Rows X (n_rows, D) in member n's subspace: :meth:`input_rows` times P_n^T, (n_rows, member_dim)."""
@@ -684,8 +757,9 @@ class SLDE(_Bilinear):
     def member_map(self, mean, components, n: int):
         """:meth:`member_rows` as a function of X alone, the spaces built once (for many row-blocks)."""
         mean32, P = self.input_space(mean, components)
-        check_subspaces(P.shape[1], self.members, self.member_dim, self.subspace, P.shape[0])
-        Pn = subspace(P.shape[1], n, self.member_dim, self.subspace, seed_of(self.random_state))
+        d = self.member_size(P.shape[1])
+        check_subspaces(P.shape[1], self.members, d, self.subspace, P.shape[0])
+        Pn = subspace(P.shape[1], n, d, self.subspace, seed_of(self.random_state))
         return lambda X: project(preprocess(X, mean32, P), Pn)
 
     def member_ranks(self) -> list:
@@ -698,7 +772,7 @@ class SLDE(_Bilinear):
         return [self.dim // self.members + (n < self.dim % self.members) for n in range(self.members)]
 
     # -- in memory ----------------------------------------------------------------------------------------
-    def fit(self, X, y, neighbors=None):
+    def fit(self, X, y, neighbors=None, X_val=None, y_val=None):
         """Train every member on rows X with labels y, one after another, and assemble them.
 
         Parameters
@@ -707,6 +781,8 @@ class SLDE(_Bilinear):
         y : array-like of shape (n_samples,)
         neighbors : int array of shape (n_samples, k) or None
             Each row's neighbours as row indices of X (-1 = none); None: the exact kNN graph of X.
+        X_val, y_val : optional validation rows: each member keeps its epoch with the lowest
+            soft-vote error on them, in its subspace (early stopping, as :meth:`SLNE.fit`).
         """
         self._validate_params()
         X, y = self._fit_data(X, y)
@@ -715,7 +791,9 @@ class SLDE(_Bilinear):
         Z = self.input_rows(X, mean, components)
         graph = _check_graph(self._graph(X, neighbors), len(X))
         params = self.member_params()
-        members = [fit_member(params, project(Z, Pn), y, graph, self.member_seed(n))
+        val = self._memory_validation(X, X_val, y_val, lambda A: self.input_rows(A, mean, components))
+        members = [fit_member(params, project(Z, Pn), y, graph, self.member_seed(n),
+                              validation=None if val is None else (project(val[0], Pn), val[1], val[2]))
                    for n, Pn in enumerate(self.projections(Z.shape[1], X.shape[1]))]
         return self._assemble(members, mean, components, Z, y, graph)
 
@@ -736,8 +814,9 @@ class SLDE(_Bilinear):
             raise InputError(f"SLDE.assemble: expected {self.members} members (the 'members' parameter). "
                              f"Got {len(members)} instead.")
         shapes = {np.shape(m) for m, _ in members}
-        if shapes != {(self.member_dim, self.member_dim)}:
-            raise InputError(f"SLDE.assemble: every member's M_n must be ({self.member_dim}, {self.member_dim}) "
+        d = self.member_size(self.input_space(mean, components)[1].shape[1])
+        if shapes != {(d, d)}:
+            raise InputError(f"SLDE.assemble: every member's M_n must be ({d}, {d}) "
                              f"(member_dim). Got shapes {sorted(shapes)}; train members with member_rows.")
         if self.refine:
             if Z is None or y is None or neighbors is None:

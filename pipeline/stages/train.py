@@ -78,7 +78,9 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
     sel_future, n_val = None, 0
     if pending:
         sel_future, n_val = select.submit_data(ctx, data, [p[0]["select"]["metric"] for p in pending])
-    optional = {u.key for _, _, us, su, done in pending for u in us}
+    # a candidate may fail (diverge) without failing the run, unless a spec without selection needs it
+    required = {us[0].key for _, _, us, su, _ in plans if su is None}
+    optional = {u.key for _, _, us, su, done in pending for u in us} - required
     todo, reused = {}, 0
     for key, (spec, unit) in units.items():
         if ctx.reuse(unit, "train"):
@@ -92,8 +94,11 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
                                             model_id(spec)))
         finally:
             ctx.returning_errors = False
-    if reused:
-        ctx.log(f"  train: reusing {reused} of {len(units)} models")
+    kept = sum(1 for _, _, us, su, done in plans if done or (su is None and us[0].key not in todo))
+    if kept:
+        ctx.log(f"  train: reusing {kept} of {len(plans)} models"
+                + (f" ({reused} of {len(units) - (len(plans) - len(pending))} candidates reused)"
+                   if pending and reused > kept else ""))
     scores = {}
     for spec, cands, cunits, sel_unit, _ in pending:
         for c, u in zip(cands, cunits):
@@ -144,7 +149,7 @@ def _commit_selection(ctx, spec, cands, cunits, sel_unit, results, n_val) -> Non
     sel_unit.begin()
     ctx.commit(sel_unit, {"method": spec["method"], "metric": metric, "grid": grid, "validation_rows": n_val,
                           "higher_is_better": select.evaluation.higher_is_better(metric),
-                          "candidates": rows, "chosen": best, "model": cunits[best].key})
+                          "candidates": rows, "chosen": best, "model": cunits[best].key, "spec": cands[best]})
     shown = "; ".join(f"{select.describe(metric, grid, r['params'])}: "
                       + (f"{r['score']:.4f}" if r["score"] is not None else "failed") for r in rows)
     ctx.log(f"  train: {spec['method']} selected {select.describe(metric, grid, rows[best]['params'])} by "

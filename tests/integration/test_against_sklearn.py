@@ -14,7 +14,7 @@ EVAL = {"retrieval": {"k": [1, 10]}, "classification": {"classifiers": ["knn1"]}
 
 
 def test_digits_pca_matches_sklearn(client, tmp_path):
-    m = run({"store": str(tmp_path), "data": {"source": "digits", "split": {"test": 0.2, "seed": 0}},
+    m = run({"store": str(tmp_path), "data": {"source": "digits", "split": {"test": 0.2, "seed": 0, "val": 0}},
              "methods": [{"method": "pca", "dim": 32}], "evaluate": EVAL}, client)
     X, y = load_digits(return_X_y=True)
     tr, te = train_test_split(np.arange(len(y)), test_size=0.2, stratify=y, random_state=0)
@@ -34,7 +34,7 @@ def test_fashion_mnist_subset_pca_matches_sklearn(client, tmp_path):
     idx = np.r_[0:6000, 60000:61500]
     X, y, split = X[idx] / 255.0, y[idx], split[idx]
     np.savez(tmp_path / "fm.npz", X=X, y=y, split=split)
-    m = run({"store": str(tmp_path / "s"), "data": {"path": str(tmp_path / "fm.npz"), "split": {"column": "split"},
+    m = run({"store": str(tmp_path / "s"), "data": {"path": str(tmp_path / "fm.npz"), "split": {"column": "split", "val": 0},
                                                   "chunk_mb": 5},
              "methods": [{"method": "pca", "dim": 32}], "evaluate": EVAL}, client)
     tr, te = split == "train", split == "test"

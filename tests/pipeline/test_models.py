@@ -10,11 +10,12 @@ from metricpipe.storage import open_array
 from metricpipe.tasks.errors import InputError
 from tests.conftest import make_blobs, staged
 
-METHODS = [{"method": "identity"}, {"method": "pca", "dim": 4}, {"method": "lda"},
-           {"method": "ncmml", "dim": 4, "iters": 30, "batch": 50, "validate_every": 10, "validation": 50},
-           {"method": "slne", "dim": 3, "input_dim": 6, "epochs": 1},
-           {"method": "sparse", "dim": 3, "sparsity": 0.5, "train_size": 100, "max_iter": 3, "queries": 10},
-           {"method": "nml", "dim": 3, "pairs": 500, "iters": 1000},
+METHODS = [{"method": "identity"}, {"method": "pca", "dim": 4}, {"method": "lda"},  # fixed: no selection
+           {"method": "ncmml", "dim": 4, "iters": 30, "batch": 50, "validate_every": 10, "validation": 50, "select": False},
+           {"method": "slne", "dim": 3, "input_dim": 6, "epochs": 1, "select": False},
+           {"method": "sparse", "dim": 3, "sparsity": 0.5, "train_size": 100, "max_iter": 3, "queries": 10,
+            "select": False},
+           {"method": "nml", "dim": 3, "pairs": 500, "iters": 1000, "select": False},
            {"method": "slem", "lam": 0.1, "negatives": {"count": 100}}]
 
 

@@ -12,9 +12,9 @@ def trained(client, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ncm")
     X, y = make_blobs(n=900, d=12, classes=5, sep=0.9, seed=3)
     np.savez(tmp / "d.npz", X=X, y=y)
-    common = {"dim": 4, "iters": 60, "batch": 100, "validate_every": 10, "validation": 100}
+    common = {"dim": 4, "iters": 60, "batch": 100, "validate_every": 10, "validation": 100, "select": False}
     ctx, data, stats = staged(client, tmp / "s", {
-        "data": {"path": str(tmp / "d.npz"), "chunk_mb": 0.005, "normalize": "l2"},
+        "data": {"path": str(tmp / "d.npz"), "chunk_mb": 0.005, "normalize": "l2", "split": {"val": 0}},
         "methods": [{"method": "identity"},
                     {"method": "ncmml", **common},
                     {"method": "ncmml", **common, "objective": "dot", "lr": 1.0},

@@ -91,9 +91,9 @@ def test_the_pipeline_learns_the_in_memory_model_from_labels(client, tmp_path):
     PCA instead of the in-memory one (the same basis to rounding)."""
     _data(tmp_path)
     specs = [{"method": "nml", "dim": 3, "pairs": 1500, "iters": 3000, "lr": 0.01, "random_state": 5},
-             {"method": "linear-ml", "dim": 3, "pairs": 1500, "iters": 3000, "random_state": 5}]
+             {"method": "linear-ml", "dim": 3, "pairs": 1500, "iters": 3000, "random_state": 5, "select": False}]
     ctx, data, stats = staged(client, tmp_path / "s", {
-        "data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.005}, "methods": specs})
+        "data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.005, "split": {"val": 0}}, "methods": specs})
     models = run_train(ctx, data, stats, None)
     train, Xt, yt = _train_rows(data)
     assert data.chunk_rows < len(train) / 3                          # several pools

@@ -29,7 +29,7 @@ def test_config_names_are_the_python_names():
         spec = expand_method({"method": name})[0]
         est = registry.make(spec)
         assert isinstance(est, entry.cls)
-        assert est.get_params() == {k: v for k, v in spec.items() if k != "method"}
+        assert est.get_params() == registry.params_of(spec)
         assert est.method == name
 
 

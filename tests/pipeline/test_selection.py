@@ -1,0 +1,187 @@
+"""Parameter selection on the validation split: the split, the scores, the choice, and that the test
+split never enters it."""
+import json
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits
+from sklearn.neighbors import KNeighborsClassifier
+
+from metricpipe.config import parse_config
+from metricpipe.runner import run_pipeline
+from metricpipe.select import selection_rows
+from metricpipe.stages.data import auto_val_size, prepare_data
+from metricpipe.storage import Store, load_estimator, open_array
+from metricpipe.tasks import evaluation, registry
+from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.ncmml import NCMML
+from metricpipe.tasks.baselines import PCA
+
+TRAIN, TEST, VAL = 0, 1, 2
+
+
+# ---- the validation split ---------------------------------------------------------------------
+
+def _plan(tmp_path, split):
+    cfg = parse_config({"store": str(tmp_path / "s"), "data": {"source": "digits", "split": split}})
+    return prepare_data(cfg, Store(cfg.store)).info
+
+
+def test_auto_val_is_a_stratified_tenth_of_train_leaving_two_train_rows_per_class(tmp_path):
+    info = _plan(tmp_path, {"test": 0.2, "seed": 0})
+    n_pool = int((info.split != TEST).sum())
+    val, train = info.split == VAL, info.split == TRAIN
+    assert val.sum() == pytest.approx(auto_val_size(n_pool), abs=len(info.classes))
+    assert auto_val_size(n_pool) == int(min(10000, max(0.1 * n_pool, min(500, 0.2 * n_pool))))
+    share = np.bincount(info.labels[val]) / np.bincount(info.labels[info.split != TEST])
+    assert share.min() > 0.1 and share.max() < 0.3          # stratified: every class gives its share
+    assert np.bincount(info.labels[train]).min() >= 2
+    # the same seed, the same rows; another seed, other rows
+    assert np.array_equal(_plan(tmp_path, {"test": 0.2, "seed": 0}).split, info.split)
+    assert not np.array_equal(_plan(tmp_path, {"test": 0.2, "seed": 1}).split == VAL, val)
+
+
+def test_val_zero_keeps_every_non_test_row_for_training(tmp_path):
+    info = _plan(tmp_path, {"test": 0.2, "val": 0})
+    assert not (info.split == VAL).any() and (info.split == TRAIN).sum() > 1400
+
+
+def test_a_column_split_without_val_rows_gets_them_carved_from_train(tmp_path):
+    X, y = load_digits(return_X_y=True)
+    split = np.where(np.arange(len(y)) % 5 == 0, "test", "train")
+    np.savez(tmp_path / "d.npz", X=X, y=y, split=split)
+    cfg = parse_config({"store": str(tmp_path / "s"),
+                        "data": {"path": str(tmp_path / "d.npz"), "split": {"column": "split"}}})
+    info = prepare_data(cfg, Store(cfg.store)).info
+    assert (info.split[split == "test"] == TEST).all()        # the user's test rows are untouched
+    assert (info.split == VAL).sum() == pytest.approx(auto_val_size(int((split == "train").sum())), abs=10)
+
+
+def test_selection_rows_are_val_and_train_rows_only():
+    rng = np.random.default_rng(0)
+    split = rng.choice([TRAIN, TEST, VAL], 5000, p=[0.6, 0.3, 0.1]).astype(np.int8)
+    labels = rng.integers(0, 7, 5000)
+    val, ref = selection_rows(split, labels, 64, seed=0)
+    assert (split[val] == VAL).all() and (split[ref] == TRAIN).all()
+    assert len(val) == (split == VAL).sum() and len(ref) == (split == TRAIN).sum()
+    val2, ref2 = selection_rows(split, labels, 200_000, seed=0)   # wide rows: the budget shrinks both
+    assert len(val2) + len(ref2) <= max(200, 2.5e8 // (4 * 200_000)) + 100
+    assert set(np.unique(labels[ref2])) == set(range(7))
+
+
+# ---- the score ----------------------------------------------------------------------------------
+
+def test_validation_scores_match_scikit_learn_and_brute_force():
+    X, y = load_digits(return_X_y=True)
+    X = X.astype(np.float32)
+    Xr, yr, Xv, yv = X[:1200], y[:1200], X[1200:], y[1200:]
+    est = PCA(dim=12).fit(Xr, yr)
+    Zr, Zv = est.transform(Xr), est.transform(Xv)
+    knn = KNeighborsClassifier(n_neighbors=1, algorithm="brute").fit(Zr, yr)
+    assert evaluation.validation_score(est, "knn1", Xv, yv, Xr, yr) == pytest.approx(1 - knn.score(Zv, yv), abs=1e-9)
+    # mAP: each validation row ranks every reference row by distance
+    d = ((Zv[:, None, :] - Zr[None]) ** 2).sum(-1)
+    aps = []
+    for q in range(len(Zv)):
+        rel = (yr[np.argsort(d[q], kind="stable")] == yv[q])
+        hits = np.cumsum(rel)
+        aps.append((hits[rel] / (np.flatnonzero(rel) + 1)).mean())
+    assert evaluation.validation_score(est, "map", Xv, yv, Xr, yr) == pytest.approx(np.mean(aps), abs=1e-5)
+    # ncm of a model that is not an NCM classifier: nearest mean of the reference codes
+    means = np.stack([Zr[yr == c].mean(0) for c in range(10)])
+    pred = ((Zv[:, None, :] - means[None]) ** 2).sum(-1).argmin(1)
+    assert evaluation.validation_score(est, "ncm", Xv, yv, Xr, yr) == pytest.approx(np.mean(pred != yv), abs=1e-9)
+    # an NCM classifier is scored by its own predict
+    ncm = NCMML(dim=8, iters=30, lr=0.001, random_state=0).fit(Xr, yr)
+    assert evaluation.validation_score(ncm, "ncm", Xv, yv, Xr, yr) == pytest.approx(np.mean(ncm.predict(Xv) != yv))
+
+
+# ---- config -----------------------------------------------------------------------------------
+
+def test_unset_parameters_are_searched_set_ones_never():
+    [spec] = registry.expand_method({"method": "slne"})
+    assert spec["select"] == {"metric": "softvote10", "grid": {"step": [0.2, 0.05, 0.02, 0.005]}}
+    assert [c["step"] for c in registry.candidates(spec)] == [0.2, 0.05, 0.02, 0.005]
+    assert "select" not in registry.expand_method({"method": "slne", "step": 0.01})[0]
+    assert "select" not in registry.expand_method({"method": "slne", "select": False})[0]
+    [spec] = registry.expand_method({"method": "ncmml", "select": {"metric": "knn1", "lr": [0.1, 1.0], "dim": [8, 16]}})
+    assert spec["select"]["metric"] == "knn1" and len(registry.candidates(spec)) == 4
+    assert all("select" not in c for c in registry.candidates(spec))
+    assert registry.expand_method({"method": "pca"}) == [{"method": "pca", "dim": None}]   # nothing to search
+
+
+@pytest.mark.parametrize("entry, words", [
+    ({"method": "slne", "step": 0.1, "select": {"step": [0.1, 0.2]}}, "both set"),
+    ({"method": "slne", "select": {"stpe": [0.1, 0.2]}}, "did you mean 'step'"),
+    ({"method": "slne", "select": {"metric": "accuracy"}}, "not a selection metric"),
+    ({"method": "slne", "select": {"step": 0.1}}, "non-empty list"),
+    ({"method": "ncmml", "select": {"metric": "ncmc"}}, "needs an NCMC model"),
+    ({"method": "slne", "select": "yes"}, "true, false or a mapping"),
+    ({"method": "ncmml", "select": {"lr": [1.0, -1.0]}}, "'lr' parameter"),
+])
+def test_bad_select_entries_are_one_line_errors(entry, words):
+    with pytest.raises(InputError, match=words) as e:
+        registry.expand_method(entry)
+    assert "\n" not in str(e.value)
+
+
+# ---- the pipeline ---------------------------------------------------------------------------------
+
+def _digits_npz(path, poison_test: bool):
+    X, y = load_digits(return_X_y=True)
+    split = np.where(np.arange(len(y)) % 5 == 0, "test", "train")
+    y = y.copy()
+    if poison_test:   # every test label wrong: a selection that read them would change its mind
+        t = split == "test"
+        y[t] = (y[t] + 1 + np.arange(t.sum()) % 9) % 10
+    np.savez(path, X=X.astype(np.float32), y=y, split=split)
+
+
+def _run(tmp_path, name, client, poison=False, methods=None):
+    _digits_npz(tmp_path / f"{name}.npz", poison)
+    raw = {"store": str(tmp_path / name),
+           "data": {"path": str(tmp_path / f"{name}.npz"), "split": {"column": "split"}, "chunk_mb": 0.05},
+           "methods": methods or [{"method": "ncmml", "dim": 8, "iters": 150, "validate_every": 50},
+                                  {"method": "slem"}],
+           "evaluate": {"retrieval": {"k": [10]}, "classification": {"classifiers": ["knn1", "ncm"]}}}
+    logs = []
+    path = run_pipeline(parse_config(raw), client=client, log=logs.append)
+    return json.loads(open(path.replace("index.html", "metrics.json")).read()), logs
+
+
+@pytest.mark.integration
+def test_selection_keeps_the_best_validation_score_and_ignores_the_test_labels(client, tmp_path):
+    clean, logs = _run(tmp_path, "clean", client)
+    poisoned, _ = _run(tmp_path, "poisoned", client, poison=True)
+    assert [s["method"] for s in clean["selection"]] == ["ncmml", "slem"]
+    for a, b in zip(clean["selection"], poisoned["selection"]):
+        assert a["chosen"] == b["chosen"]
+        assert [c["params"] for c in a["candidates"]] == [c["params"] for c in b["candidates"]]
+        assert [c["score"] for c in a["candidates"]] == [c["score"] for c in b["candidates"]]
+    # the choice is the best score; diverged candidates are recorded as failed and never chosen
+    ncm, slem = clean["selection"]
+    scores = [c["score"] for c in ncm["candidates"]]
+    assert any(s is None for s in scores) and ncm["candidates"][ncm["chosen"]]["score"] is not None
+    assert ncm["chosen"] == min((s, i) for i, s in enumerate(scores) if s is not None)[1]
+    assert all("diverged" in c["error"] for c in ncm["candidates"] if c["score"] is None)
+    assert slem["candidates"][slem["chosen"]]["score"] == max(c["score"] for c in slem["candidates"])
+    # the test metrics are the chosen model's, and its stored score is reproduced from the stored model
+    lr = ncm["candidates"][ncm["chosen"]]["params"]["lr"]
+    assert {r["params"]["lr"] for r in clean["records"] if r["method"] == "ncmml"} == {lr}
+    store = tmp_path / "clean"
+    data = next(p for p in (store / "data").iterdir() if p.is_dir())
+    split, labels = open_array(f"{data}/split")[:], open_array(f"{data}/label")[:]
+    X = open_array(f"{data}/features")[:]
+    val, ref = selection_rows(split, labels, X.shape[1], seed=0)
+    est = load_estimator(str(store / "models" / ncm["candidates"][ncm["chosen"]]["model"]))
+    assert evaluation.validation_score(est, "ncm", X[val], labels[val], X[ref], labels[ref]) == \
+        pytest.approx(ncm["candidates"][ncm["chosen"]]["score"], abs=1e-12)
+    assert any("ncmml selected lr" in line for line in logs)
+
+
+@pytest.mark.integration
+def test_every_candidate_failing_is_a_one_line_error(client, tmp_path):
+    with pytest.raises(InputError, match="every candidate failed") as e:
+        _run(tmp_path, "bad", client, methods=[{"method": "ncmml", "dim": 8, "iters": 150,
+                                                "select": {"lr": [1e4, 1e5]}}])
+    assert "\n" not in str(e.value)
