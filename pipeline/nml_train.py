@@ -17,7 +17,8 @@ import time
 import numpy as np
 
 from metricpipe import shuffle
-from metricpipe.storage import array_names, open_array, save_model
+from metricpipe.storage import array_names, open_array, read_rows, save_model
+from metricpipe.stream_train import validation_rows
 from metricpipe.tasks.base import seed_of
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.nml import check_pair_indices
@@ -59,10 +60,29 @@ def _train(est, spec: dict, data_url: str, stats_url: str, copy_url: str, block_
         est.fit_pair_blocks(pairs, y, lambda b: features[b * block_rows:(b + 1) * block_rows], n, block_rows, D,
                             init)
     else:
-        est.fit_stream(shuffle.stream_pools(copy_url, block_rows, est.random_state), n, D, init)
+        keep_pos, n, val = None, n, {}
+        if est.validation:
+            keep_pos, n, val = _validation(est, data_url, copy_url)
+        t0 = time.perf_counter()
+        est.fit_stream(shuffle.stream_pools(copy_url, block_rows, est.random_state, keep_pos), n, D, init, **val)
     seconds = time.perf_counter() - t0
     return save_model(model_url, est, spec, seconds, samples_per_second=est.pairs_seen_ / max(seconds, 1e-9),
-                      pairs=int(est.n_pairs_), pair_source=est.pair_source_)
+                      pairs=int(est.n_pairs_), pair_source=est.pair_source_, best_iter=est.best_iter_,
+                      val_map=est.val_map_)
+
+
+def _validation(est, data_url: str, copy_url: str):
+    """(keep mask over the copy's layout, rows SGD sees, {X_val, y_val}): the val split's rows, or the
+    share of the train split that ``fit`` holds out in memory (then left out of SGD)."""
+    split = open_array(f"{data_url}/split")[:]
+    labels = open_array(f"{data_url}/label")[:].astype(np.int64)
+    train = np.flatnonzero(split == TRAIN)
+    keys = open_array(f"{data_url}/row_key")[:][train]
+    seed = seed_of(est.random_state)
+    val, keep, held_out = validation_rows(est, split, labels, train, np.ones(len(train), bool), keys, seed)
+    layout_rows = open_array(f"{copy_url}/row")[:]
+    keep_pos = keep[np.searchsorted(train, layout_rows)] if held_out else None
+    return keep_pos, int(keep.sum()), {"X_val": read_rows(f"{data_url}/features", val), "y_val": labels[val]}
 
 
 def submit(ctx, spec: dict, est, data, stats, neighbours, unit, name: str):

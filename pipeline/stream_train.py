@@ -20,11 +20,14 @@ from metricpipe.tasks.errors import InputError
 TRAIN, VAL = 0, 2
 
 
-def _validation(est, split, labels, train, allowed_train, keys, seed):
+def validation_rows(est, split, labels, train, allowed_train, keys, seed):
     """(global validation rows, keep mask over train positions, whether they were held out of the
-    train split); ``keys``: the train rows' content keys."""
+    train split) for an estimator with ``validation`` rows at most: the ``val`` split's rows (of the
+    classes it trains on), else the stratified share of the train split that its in-memory ``fit``
+    holds out too; ``keys``: the train rows' content keys."""
     keep = allowed_train.copy()
-    val = np.flatnonzero((split == VAL) & np.isin(labels, est.trained_classes(int(labels.max()) + 1)))
+    classes = est.trained_classes(int(labels.max()) + 1) if hasattr(est, "trained_classes") else np.unique(labels)
+    val = np.flatnonzero((split == VAL) & np.isin(labels, classes))
     if len(val):  # the user's val split, a seeded sample of at most ``validation`` rows
         return val[np.sort(np.random.default_rng([seed, 7]).permutation(len(val))[:est.validation])], keep, False
     pos = np.flatnonzero(allowed_train)
@@ -43,7 +46,7 @@ def _train(est, spec: dict, data_url: str, stats_url: str, shuffled_url: str, ch
     train = np.flatnonzero(split == TRAIN)
     allowed = np.isin(labels[train], est.trained_classes(C))
     keys = open_array(f"{data_url}/row_key")[:][train]
-    val, keep, held_out = _validation(est, split, labels, train, allowed, keys, seed)
+    val, keep, held_out = validation_rows(est, split, labels, train, allowed, keys, seed)
     if not keep.any():
         raise InputError(f"{spec['method']}: no training rows left for SGD after the validation rows")
     Xv, yv = read_rows(f"{data_url}/features", val), labels[val]

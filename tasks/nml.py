@@ -334,8 +334,22 @@ _PAIR_CONSTRAINTS = {
     "margin": NON_NEGATIVE,
     "optimizer": [StrOptions({"sgd", "adam"})],
     "lr": NON_NEGATIVE,
+    "validation": [Interval(Integral, 0, None, closed="left")],
     "random_state": RANDOM_STATE,
 }
+
+# Early stopping: validation every ITERS // VALIDATIONS pairs; training stops after PATIENCE checks
+# in a row without a better validation mAP, and keeps the best L.
+VALIDATIONS, PATIENCE = 20, 5
+
+
+def validation_map(codes: np.ndarray, y: np.ndarray, score: str = "euclidean") -> float:
+    """mAP of every validation row querying the others by their codes (the early-stopping criterion
+    of the pair learners)."""
+    from metricpipe.tasks.evaluation import retrieval
+    Q = np.ascontiguousarray(codes, np.float32)
+    idx = np.arange(len(Q))
+    return float(np.nanmean(retrieval(Q, idx, idx, Q, np.asarray(y), (1,), False, score, 4096, 512)["ap"]))
 
 
 class _PairLearner(Learner):
@@ -360,15 +374,23 @@ class _PairLearner(Learner):
     iterations become two passes of 500,000 fresh pairs each). Pairs from the user are all used,
     ``pairs`` is then ignored.
 
+    Early stopping (pairs from labels): with ``validation`` > 0, the mAP of validation rows querying
+    one another is measured at the start and every ``iters`` / 20 pairs; L is the best seen, and
+    training stops after 5 checks in a row without a better one. The validation rows are
+    (X_val, y_val) when given, else a stratified, seeded share of the training rows (at most a fifth,
+    ``validation`` at most) that SGD never sees; the pipeline gives its ``val`` split.
+
     Fitted attributes: ``L_`` (dim, n_features) float32, ``bias_`` (the threshold b, learned when
     ``learn_bias``), ``history_`` (list of {"iter": pairs seen, "hinge": mean hinge since the
-    previous entry}, about 50 entries), ``pairs_seen_``, ``n_steps_``, ``n_pairs_`` (pairs drawn or
-    given), ``pair_source_`` ("labels" or "user").
+    previous entry}, about 50 entries, and {"iter", "val_map"} at each validation),
+    ``pairs_seen_``, ``n_steps_``, ``n_pairs_`` (pairs drawn or given), ``pair_source_`` ("labels"
+    or "user"), ``best_iter_`` and ``val_map_`` (the kept L's pairs seen and validation mAP; None
+    without validation).
     """
     _kind = ""
 
     # -- in memory ---------------------------------------------------------------------------------------
-    def fit(self, X, y, block_rows=None):
+    def fit(self, X, y, block_rows=None, X_val=None, y_val=None):
         """Learn from rows X with class labels y: pairs drawn from the labels.
 
         Parameters
@@ -379,6 +401,7 @@ class _PairLearner(Learner):
             Rows per pool (None: 64 MB of float32 rows, as the pipeline's row-blocks); the pipeline
             uses its row-block size, so ``fit(X, y, block_rows=data.chunk_rows)`` on the training
             rows learns the pipeline's model.
+        X_val, y_val : optional validation rows for early stopping (see the class docstring).
 
         Returns
         -------
@@ -388,7 +411,18 @@ class _PairLearner(Learner):
         X, codes = self._check_Xy(X, y)
         br = block_rows or stream.block_rows_for(X.shape[1])
         seed = seed_of(self.random_state)  # once: a RandomState random_state gives one draw per call
-        return self._fit_labels(stream.pools(X, codes, None, br, seed), len(X), X.shape[1], self._memory_init(X), seed)
+        keep, keys, val = None, None, None
+        if X_val is not None:
+            val = (self._check_X(X_val, reset=False), np.asarray(y_val))
+        elif self.validation:
+            keys = stream.row_keys(X)
+            held = stream.validation_split(codes, self.validation, keys, seed)
+            keep = np.ones(len(X), bool)
+            keep[held] = False
+            val = (X[held], codes[held])
+        n = len(X) if keep is None else int(keep.sum())
+        return self._fit_labels(stream.pools(X, codes, keep, br, seed, keys), n, X.shape[1], self._memory_init(X),
+                                seed, val)
 
     def fit_pairs(self, pairs, y, X=None, block_rows=None):
         """Learn from pairs given by the user (metric-learn's ``_PairsClassifierMixin`` convention).
@@ -436,7 +470,7 @@ class _PairLearner(Learner):
                                self._memory_init(X), seed)
 
     # -- the pipeline's entry points ---------------------------------------------------------------------
-    def fit_stream(self, pools, n_samples: int, n_features: int, init=None):
+    def fit_stream(self, pools, n_samples: int, n_features: int, init=None, X_val=None, y_val=None):
         """Learn from pools of labelled rows: pairs drawn inside each pool (see the class docstring).
 
         Parameters
@@ -450,13 +484,16 @@ class _PairLearner(Learner):
         init : ndarray of shape (k, n_features) or None
             The start of L: its first ``dim`` rows (LinearML: the PCA components, required; NML: None
             for Algorithm 1's seeded uniform(-0.5, 0.5)).
+        X_val, y_val : optional validation rows and labels (early stopping; ignored when
+            ``validation`` is 0).
 
         Returns
         -------
         self
         """
         self._validate_params()
-        return self._fit_labels(pools, n_samples, n_features, init, seed_of(self.random_state))
+        val = None if X_val is None else (np.asarray(X_val), np.asarray(y_val))
+        return self._fit_labels(pools, n_samples, n_features, init, seed_of(self.random_state), val)
 
     def fit_pair_blocks(self, pairs, y, read_block, n_rows: int, block_rows: int, n_features: int, init=None):
         """Learn from user pairs over rows in a block layout, holding at most two blocks at a time.
@@ -480,11 +517,15 @@ class _PairLearner(Learner):
         return self._fit_pairs(pairs, y, read_block, n_rows, block_rows, n_features, init, seed_of(self.random_state))
 
     # -- internals ---------------------------------------------------------------------------------------
-    def _fit_labels(self, pools, n_samples, n_features, init, seed: int):
+    def _fit_labels(self, pools, n_samples, n_features, init, seed: int, val=None):
         L0 = self._start(n_features, init, seed)
         rng = np.random.default_rng([seed, 17])
+        if val is not None and (not self.validation or len(val[1]) < 2):
+            val = None
+        if val is not None:
+            val = (self._prepare(val[0], f"{type(self).__name__}: validation rows"), val[1])
         with one_blas_thread():
-            self._run(self._label_pair_pools(pools, int(n_samples), rng), L0)
+            self._run(self._label_pair_pools(pools, int(n_samples), rng), L0, val)
         self.pair_source_ = "labels"
         return self
 
@@ -552,11 +593,27 @@ class _PairLearner(Learner):
                 local.append(p - b * block_rows + np.where(b == blocks[0], 0, len(held[blocks[0]])))
             yield X, local[0], local[1], y[sel]
 
-    def _run(self, pair_pools, L0) -> None:
-        """The SGD loop: ``batch`` pairs per step from each pair pool until ``iters`` pairs are seen."""
+    def _run(self, pair_pools, L0, val=None) -> None:
+        """The SGD loop: ``batch`` pairs per step from each pair pool until ``iters`` pairs are seen
+        (or, with validation rows ``val`` = (X_val prepared, y_val), until early stopping)."""
         sgd = PairSGD(L0, self._kind, self.lr, self.bias, self.margin, self.learn_bias, self.optimizer,
                       getattr(self, "threads", 1))
         history, losses, every = [], [], max(1, self.iters // 50)
+        check = max(self.batch, self.iters // VALIDATIONS)
+        best, stale = None, 0
+
+        def validate():
+            nonlocal best, stale
+            with np.errstate(over="ignore", invalid="ignore"):   # a diverging L is the step's error to raise
+                v = validation_map(sgd.embed(val[0]), val[1])
+            history.append({"iter": int(sgd.pairs_seen), "val_map": v})
+            if best is None or v > best[0] or not np.isfinite(best[0]):
+                best, stale = (v, int(sgd.pairs_seen), sgd.L.copy(), sgd.bias), 0
+            else:
+                stale += 1
+            return stale >= PATIENCE
+
+        stop = val is not None and validate()
         try:
             for X, i, j, s in pair_pools:
                 for a in range(0, len(s), self.batch):
@@ -565,14 +622,23 @@ class _PairLearner(Learner):
                     if sgd.pairs_seen // every != (sgd.pairs_seen - (b - a)) // every:
                         history.append({"iter": int(sgd.pairs_seen), "hinge": float(np.mean(losses))})
                         losses = []
-                    if sgd.pairs_seen >= self.iters:
+                    if val is not None and sgd.pairs_seen // check != (sgd.pairs_seen - (b - a)) // check:
+                        stop = validate()
+                    if sgd.pairs_seen >= self.iters or stop:
                         break
-                if sgd.pairs_seen >= self.iters:
+                if sgd.pairs_seen >= self.iters or stop:
                     break
         finally:
             sgd.close()
         if losses:
             history.append({"iter": int(sgd.pairs_seen), "hinge": float(np.mean(losses))})
+        checked = [h["iter"] for h in history if "val_map" in h]
+        if val is not None and not stop and checked[-1] != sgd.pairs_seen:
+            validate()   # the end of training is a candidate too
+        self.best_iter_ = self.val_map_ = None
+        if best is not None:
+            self.val_map_, self.best_iter_ = best[0], best[1]
+            sgd.L, sgd.bias = best[2], best[3]
         self.L_ = np.ascontiguousarray(sgd.L, np.float32)
         self.bias_ = float(sgd.bias)
         self.history_ = history
@@ -617,6 +683,8 @@ class NML(_PairLearner):
     threads : int, default=1
         Threads splitting the kernel's passes over L's rows (the model is the same bit for bit).
     lr : float >= 0, default=0.001
+    validation : int >= 0, default=2000
+        Validation rows for early stopping (0: off; see below).
     random_state : int, RandomState or None, default=None (seed 0)
         Seeds the layout of the rows, the pools' order, the pairs and the start of L.
 
@@ -638,7 +706,7 @@ class NML(_PairLearner):
     _parameter_constraints = {**_PAIR_CONSTRAINTS, "threads": COUNT}
 
     def __init__(self, dim=64, pairs=500000, iters=1000000, batch=64, learn_bias=False, bias=0.1, margin=0.02,
-                 optimizer="adam", threads=1, lr=0.001, random_state=None):
+                 optimizer="adam", threads=1, lr=0.001, validation=2000, random_state=None):
         self.dim = dim
         self.pairs = pairs
         self.iters = iters
@@ -649,6 +717,7 @@ class NML(_PairLearner):
         self.optimizer = optimizer
         self.threads = threads
         self.lr = lr
+        self.validation = validation
         self.random_state = random_state
 
     def _memory_init(self, X):
@@ -688,7 +757,7 @@ class LinearML(_PairLearner):
     ----------
     dim : int, default=64
         Output dimension (rows of L); at most the number of PCA components (n_features in memory).
-    pairs, iters, batch, learn_bias, random_state : as in :class:`NML`
+    pairs, iters, batch, learn_bias, validation, random_state : as in :class:`NML`
     bias : float, default=1.0
     margin : float >= 0, default=0.2
     optimizer : {"sgd", "adam"}, default="sgd"
@@ -715,7 +784,7 @@ class LinearML(_PairLearner):
     _parameter_constraints = dict(_PAIR_CONSTRAINTS)
 
     def __init__(self, dim=64, pairs=500000, iters=1000000, batch=64, learn_bias=False, bias=1.0, margin=0.2,
-                 optimizer="sgd", lr=0.1, random_state=None):
+                 optimizer="sgd", lr=0.1, validation=2000, random_state=None):
         self.dim = dim
         self.pairs = pairs
         self.iters = iters
@@ -725,6 +794,7 @@ class LinearML(_PairLearner):
         self.margin = margin
         self.optimizer = optimizer
         self.lr = lr
+        self.validation = validation
         self.random_state = random_state
 
     def _memory_init(self, X):

@@ -37,7 +37,7 @@ def _reference_sgd(est, L0, X, batches):
 @pytest.mark.parametrize("cls", [NML, LinearML])
 def test_fit_is_fit_stream_fed_by_the_in_memory_pools(cls):
     X, y = _data()
-    est = cls(dim=3, pairs=300, iters=700, batch=16, random_state=3)
+    est = cls(dim=3, pairs=300, iters=700, batch=16, validation=0, random_state=3)
     a = clone(est).fit(X, y, block_rows=90)
     init = None if cls is NML else moments.statistics(X)["pca_components"]
     b = clone(est).fit_stream(stream.pools(X, y, None, 90, 3), len(X), X.shape[1], init)
@@ -54,7 +54,7 @@ def test_fit_from_labels_is_the_reference_loop_on_one_pool():
     """One pool (block_rows >= n): the pairs of sample_pairs drawn once with the [seed, 17] stream,
     then batches of 16 in order; iters = 250 cuts the last batch to 10 pairs."""
     X, y = _data(n=120)
-    est = NML(dim=3, pairs=250, iters=250, batch=16, optimizer="sgd", lr=50.0, random_state=1)
+    est = NML(dim=3, pairs=250, iters=250, batch=16, optimizer="sgd", lr=50.0, validation=0, random_state=1)
     est.fit(X, y, block_rows=1000)
     pi = stream.layout(stream.row_keys(X), 1)
     [(_, pos)] = stream.epoch_order(len(X), 1000, 0, 1)
@@ -208,7 +208,7 @@ def test_grid_search_on_digits_with_a_1nn_score():
         np.fill_diagonal(d, np.inf)
         return float((y[d.argmin(1)] == y).mean())
 
-    pipe = make_pipeline(StandardScaler(), LinearML(dim=8, pairs=20000, iters=20000))
+    pipe = make_pipeline(StandardScaler(), LinearML(dim=8, pairs=20000, iters=20000, validation=0))
     gs = GridSearchCV(pipe, {"linearml__lr": [0.1, 0.01]}, cv=3, scoring=knn1).fit(X, y)
     assert gs.best_params_ == {"linearml__lr": 0.01}     # lr 0.1 diverges on standardised pixels
     assert gs.best_score_ > 0.9 and gs.best_estimator_.transform(X).shape == (600, 8)
@@ -218,3 +218,19 @@ def test_a_diverging_step_is_an_error_not_a_nan_model():
     X, y = _data(n=200)
     with pytest.raises(InputError, match=r"LinearML diverged after \d+ steps \(L is not finite\); lower 'lr'"):
         LinearML(dim=3, pairs=2000, iters=20000, lr=1e6, random_state=0).fit(X, y)
+
+
+@pytest.mark.parametrize("cls", [NML, LinearML])
+def test_early_stopping_keeps_the_l_with_the_best_validation_map(cls):
+    X, y = _data(n=600)
+    Xv, yv = _data(n=200)
+    est = cls(dim=3, pairs=3000, iters=20000, batch=16, random_state=0).fit(X, y, X_val=Xv, y_val=yv)
+    checks = [h for h in est.history_ if "val_map" in h]
+    best = max(checks, key=lambda h: h["val_map"])
+    assert est.val_map_ == best["val_map"] and est.best_iter_ == best["iter"]
+    assert est.val_map_ == pytest.approx(nml.validation_map(est.transform(Xv), yv), abs=1e-6)
+    assert checks[0]["iter"] == 0                                   # the start is a candidate
+    if est.pairs_seen_ < 20000:   # stopped early: PATIENCE checks in a row without a better mAP
+        assert len(checks) - 1 - checks.index(best) == nml.PATIENCE
+    off = clone(est).set_params(validation=0).fit(X, y)
+    assert off.best_iter_ is None and off.pairs_seen_ == 20000

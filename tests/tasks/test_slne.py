@@ -244,3 +244,41 @@ def test_slde_refine_is_coordinate_descent_from_the_independent_members():
     M0, _ = slne.learn_similarity(Z @ Ps[0].T, y, slne.knn_graph(X, 50), step=0.05, epochs=2,
                                   seed=slne.member_seed(1, 0), offset=others, M0=plain.member_matrices_[0])
     np.testing.assert_array_equal(M0, refined.member_matrices_[0])
+
+
+def test_validated_training_keeps_the_epoch_with_the_lowest_validation_error():
+    rng = np.random.default_rng(0)
+    Z = rng.normal(size=(60, 5)).astype(np.float32)
+    y = np.arange(60) % 3
+    graph = slne.knn_graph(Z, 6)
+    seen, errors = [], iter([0.5, 0.3, 0.4, 0.35])
+
+    def validate(M):
+        seen.append(M.copy())
+        return next(errors)
+    M, history = slne.learn_similarity(Z, y, graph, epochs=3, step=0.5, validate=validate)
+    assert [h.get("val_error") for h in history] == [0.5, 0.3, 0.4, 0.35]
+    assert np.array_equal(M, seen[1].astype(np.float32)) and not np.array_equal(M, seen[3].astype(np.float32))
+    np.testing.assert_array_equal(seen[0], np.eye(5))                  # the start is a candidate
+
+
+def test_softvote_validator_is_eq9_by_brute_force():
+    rng = np.random.default_rng(1)
+    Z, Zv = rng.normal(size=(40, 4)), rng.normal(size=(15, 4))
+    y, yv = rng.integers(0, 3, 40), rng.integers(0, 3, 15)
+    nbr = np.argsort(((Zv[:, None] - Z[None]) ** 2).sum(-1), axis=1)[:, :10]
+    M = rng.normal(size=(4, 4))
+    votes = np.zeros((15, 3))
+    for q in range(15):
+        for j in nbr[q]:
+            votes[q, y[j]] += Zv[q] @ M @ Z[j]
+    want = np.mean(votes.argmax(1) != yv)
+    assert slne.softvote_validator(Zv, yv, nbr, Z.astype(np.float32), y, k=10)(M) == pytest.approx(want)
+
+
+def test_slne_fit_with_validation_rows_never_ends_worse_than_its_start():
+    from sklearn.datasets import load_digits
+    X, y = load_digits(return_X_y=True)
+    est = slne.SLNE(step=5.0, random_state=0).fit(X[:800], y[:800], X_val=X[800:1100], y_val=y[800:1100])
+    errs = [h["val_error"] for h in est.history_]
+    assert est.best_epoch() == int(np.argmin(errs)) and errs[est.best_epoch()] <= errs[0]
