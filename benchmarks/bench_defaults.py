@@ -23,9 +23,10 @@ from distributed import Client, LocalCluster
 
 from metricpipe.config import parse_config
 from metricpipe.runner import run_pipeline
+from metricpipe.tasks.errors import InputError
 
 LEARNERS = [{"method": "slne"}, {"method": "slde"}, {"method": "ncmml"}, {"method": "ncmc"}, {"method": "knnml"},
-            {"method": "slem"}]
+            {"method": "slem", "kernel": "linear"}]
 CLASSIFIERS = ["knn1", "knn5", "knn10", "knn20", "softvote10", "ncm", "ncmc"]
 
 
@@ -78,22 +79,28 @@ def sparse_r(name: str) -> int:
     return min(64, {"digits": 64, "fashion": 784, "fashion14": 196, "hog": 324}[name] // 4)
 
 
-def config(name: str, data: dict, store: str) -> dict:
+def learners(name: str) -> list[dict]:
+    r, d = sparse_r(name), 16   # sparse projectors' R; NML / linear ML code size (the papers' small codes)
+    return LEARNERS + [{"method": "sparse", "dim": r, "sparsity": 0.0}, {"method": "sparse", "dim": r, "sparsity": 0.9},
+                       {"method": "nml", "dim": d}, {"method": "linear-ml", "dim": d}]
+
+
+def config(name: str, data: dict, store: str, methods: list | None = None) -> dict:
+    """The selected run: baselines and every learner with its parameters chosen on validation
+    (``methods``: another list, e.g. one learner with ``select: false``)."""
     r = sparse_r(name)
-    d = 16                    # NML / linear ML code size (the papers' small-code setting)
-    methods = [{"method": "identity"}, {"method": "pca", "dim": d}, {"method": "pca", "dim": r},
-               {"method": "pcaw"}, {"method": "lda"}]
-    learners = LEARNERS + [{"method": "sparse", "dim": r, "sparsity": 0.0}, {"method": "sparse", "dim": r},
-                           {"method": "nml", "dim": d}, {"method": "linear-ml", "dim": d}]
-    methods += learners + [{**m, "select": False} for m in learners]
+    if methods is None:
+        methods = [{"method": "identity"}, {"method": "pca", "dim": 16}, {"method": "pca", "dim": r},
+                   {"method": "pcaw"}, {"method": "lda"}] + learners(name)
     return {"store": store, "workers": 2, "data": data, "methods": methods, "neighbours": {"k": 50},
             "evaluate": {"retrieval": {"k": [10], "queries": 2000},
                          "classification": {"classifiers": CLASSIFIERS}}}
 
 
-def kernel_config(base: dict) -> dict:
-    return {**base, "methods": [{"method": "slem", "kernel": "gaussian"}, {"method": "slem"},
-                                {"method": "slem", "kernel": "gaussian", "select": False}],
+def kernel_config(base: dict, select: bool = True) -> dict:
+    methods = [{"method": "slem", "kernel": "gaussian"}, {"method": "slem"}] if select else \
+        [{"method": "slem", "kernel": "gaussian", "select": False}]
+    return {**base, "methods": methods,
             "evaluate": {"retrieval": {"k": [10], "queries": 2000}, "classification": {"classifiers": ["knn1"]}}}
 
 
@@ -105,20 +112,23 @@ def value(records, method, metric, classifier=None, **params):
     return hits[0] if hits else None
 
 
-def default_and_selected(doc, method, metric, classifier=None, **fixed):
-    """(value with the defaults, value with the selected parameters) of the selection of ``method``
-    whose chosen spec has the ``fixed`` parameters."""
+def default_and_selected(doc, defaults, method, metric, classifier=None, **fixed):
+    """(value with every default, value with the parameters selected on validation) of ``method``
+    with the ``fixed`` parameters; a default whose training failed is its one-line error."""
+    selected = None
     for s in doc["selection"]:
         spec = s["spec"]
         if s["method"] == method and all(spec.get(k) == v for k, v in fixed.items()):
             params = {k: v for k, v in spec.items() if k not in ("method", "dim")}
-            default = {**params, **{k: v[0] for k, v in s["grid"].items()}}
-            return (value(doc["records"], method, metric, classifier, **default),
-                    value(doc["records"], method, metric, classifier, **params))
-    return None, None
+            selected = value(doc["records"], method, metric, classifier, **params)
+    default = None
+    for entry, got in defaults:
+        if entry["method"] == method and all(entry.get(k) == v for k, v in fixed.items()):
+            default = got if isinstance(got, str) else value(got, method, metric, classifier, **fixed)
+    return default, selected
 
 
-def rows_for(name: str, doc: dict, kdoc: dict | None, r: int) -> list[tuple]:
+def rows_for(name: str, doc: dict, kdoc: dict | None, r: int, defaults: list) -> list[tuple]:
     """(learner, criterion, baseline, default, selected, holds) for one data set; ``r``: the sparse
     projectors' R."""
     rec = doc["records"]
@@ -129,20 +139,20 @@ def rows_for(name: str, doc: dict, kdoc: dict | None, r: int) -> list[tuple]:
                     None)
 
     def lower(s, base):
-        return s is not None and base is not None and s < base
+        return isinstance(s, float) and isinstance(base, float) and s < base
 
     best_knn = min(value(rec, "identity", "top1_error", f"knn{k}") for k in (1, 5, 10, 20))
     for m in ("slne", "slde"):
-        d, s = default_and_selected(doc, m, "top1_error", "softvote10")
+        d, s = default_and_selected(doc, defaults, m, "top1_error", "softvote10")
         out.append((m, "softvote10 error < best Euclidean kNN", best_knn, d, s, lower(s, best_knn)))
     pca_r = dim_value("pca", r, "map")
-    d0, s0 = default_and_selected(doc, "sparse", "map", sparsity=0.0)
+    d0, s0 = default_and_selected(doc, defaults, "sparse", "map", sparsity=0.0)
     out.append(("sparse (dense)", f"mAP > PCA-{r}", pca_r, d0, s0, lower(pca_r, s0)))
-    d9, s9 = default_and_selected(doc, "sparse", "map", sparsity=0.9)
+    d9, s9 = default_and_selected(doc, defaults, "sparse", "map", sparsity=0.9)
     out.append(("sparse tau 0.9", "mAP >= 97% of dense", None if s0 is None else 0.97 * s0, d9, s9,
                 s9 is not None and s0 is not None and s9 >= 0.97 * s0))
     ident, pcaw = value(rec, "identity", "map"), value(rec, "pcaw", "map")
-    d, s = default_and_selected(doc, "slem", "map", kernel="linear")
+    d, s = default_and_selected(doc, defaults, "slem", "map", kernel="linear")
     out.append(("slem", "mAP >= raw + 0.01 and > PCAw", max(ident + 0.01, pcaw), d, s,
                 s is not None and s >= ident + 0.01 and s > pcaw))
     if kdoc:
@@ -150,22 +160,24 @@ def rows_for(name: str, doc: dict, kdoc: dict | None, r: int) -> list[tuple]:
         kd, ks = default_and_selected(kdoc, "slem", "map", kernel="gaussian")
         out.append(("kernel slem", "mAP >= linear SLEM", lin, kd, ks, ks is not None and lin is not None and ks >= lin))
     l2ncm, lda = value(rec, "identity", "top1_error", "ncm"), value(rec, "lda", "top1_error", "ncm")
-    d, s = default_and_selected(doc, "ncmml", "top1_error", "ncm")
+    d, s = default_and_selected(doc, defaults, "ncmml", "top1_error", "ncm")
     out.append(("ncmml", "NCM error < l2 NCM and LDA", min(l2ncm, lda), d, s, lower(s, min(l2ncm, lda))))
     ncmml_sel = s
-    d, s = default_and_selected(doc, "ncmc", "top1_error", "ncmc")
+    d, s = default_and_selected(doc, defaults, "ncmc", "top1_error", "ncmc")
     out.append(("ncmc", "NCMC error < NCMML", ncmml_sel, d, s, lower(s, ncmml_sel)))
     base = value(rec, "identity", "top1_error", "knn5")
-    d, s = default_and_selected(doc, "knnml", "top1_error", "knn5")
+    d, s = default_and_selected(doc, defaults, "knnml", "top1_error", "knn5")
     out.append(("knnml", "kNN-5 error < Euclidean kNN-5", base, d, s, lower(s, base)))
     pca16 = dim_value("pca", 16, "mprec@10")
     for m in ("nml", "linear-ml"):
-        d, s = default_and_selected(doc, m, "mprec@10", None, dim=16)
+        d, s = default_and_selected(doc, defaults, m, "mprec@10", None, dim=16)
         out.append((m, "mprec@10 > PCA-16", pca16, d, s, lower(pca16, s)))
     return out
 
 
 def fmt(x):
+    if isinstance(x, str):
+        return "failed: " + x.split(": ")[-1][:60]
     return "" if x is None else f"{x:.4f}"
 
 
@@ -185,19 +197,28 @@ def main():
             data = make_set(name, out, args.max_train, args.max_test)
             store = str(out / f"store-{name}-{args.max_train}-{args.max_test}")
             t0 = time.perf_counter()
-            path = run_pipeline(parse_config(config(name, data, store)), client=client,
-                                log=lambda m: print(f"[{name}] {m}", flush=True))
-            doc = json.loads(Path(path).with_name("metrics.json").read_text())
-            kdoc = None
-            if not args.no_kernel:
-                path = run_pipeline(parse_config(kernel_config(config(name, data, store))), client=client,
-                                    log=lambda m: print(f"[{name} kernel] {m}", flush=True))
-                kdoc = json.loads(Path(path).with_name("metrics.json").read_text())
-            (out / f"{name}.json").write_text(json.dumps({"main": doc, "kernel": kdoc}))
+
+            def run(raw, tag):
+                path = run_pipeline(parse_config(raw), client=client, log=lambda m: print(f"[{name} {tag}] {m}",
+                                                                                          flush=True))
+                return json.loads(Path(path).with_name("metrics.json").read_text())
+            doc = run(config(name, data, store), "selected")
+            kdoc = None if args.no_kernel else run(kernel_config(config(name, data, store)), "kernel")
+            defaults = []   # each learner with every default, in a run of its own (a default may diverge)
+            extra = [] if args.no_kernel else [{"method": "slem", "kernel": "gaussian"}]
+            for entry in learners(name) + extra:
+                raw = config(name, data, store, [{**entry, "select": False}])
+                if entry.get("kernel"):
+                    raw = kernel_config(raw, select=False)
+                try:
+                    defaults.append((entry, run(raw, "default")["records"]))
+                except InputError as e:
+                    defaults.append((entry, str(e)))
+            (out / f"{name}.json").write_text(json.dumps({"main": doc, "kernel": kdoc, "defaults": defaults}))
             n = doc["run"]["dataset"]
             print(f"{name}: {n['n_samples']} rows x {n['n_features']}, splits {n['splits']}: "
                   f"{time.perf_counter() - t0:.0f} s", flush=True)
-            for learner, crit, base, d, s, ok in rows_for(name, doc, kdoc, sparse_r(name)):
+            for learner, crit, base, d, s, ok in rows_for(name, doc, kdoc, sparse_r(name), defaults):
                 table.append(f"| {name} | {learner} | {crit} | {fmt(base)} | {fmt(d)} | {fmt(s)} | "
                              f"{'yes' if ok else 'no'} |")
             (out / "table.md").write_text("\n".join(table) + "\n")

@@ -6,8 +6,9 @@ The negative pool is a seeded sample of ``negatives.count`` rows of the split ``
 Linear SLEM needs only the pool's mean and covariance: when the pool is the whole train split they
 come from the statistics stage (:meth:`SLEM.fit_moments`), otherwise the pool's rows are streamed
 block by block into :meth:`SLEM.fit_blocks` (the pool is never gathered). Kernel SLEM and ESVM hold
-the pool itself (count x D; kernel SLEM also its n x n kernel matrix), so the pool size is capped at
-MAX_POOL and the pool goes to their ``fit_pool``.
+the pool itself (count x D; kernel SLEM by Cholesky or KPCA also its n x n kernel matrix), so the
+pool size is capped at MAX_POOL and the pool goes to their ``fit_pool``; ICD never forms the n x n
+matrix, so its cap is ICD_POOL_BYTES of pool and n x r factor.
 
 The fit records the offline cost (the fit: moments or factorisation and solve setup) and the online
 cost per image, measured by encoding up to ONLINE_SAMPLE pool images with the fitted estimator; both
@@ -25,6 +26,7 @@ from metricpipe.tasks.errors import InputError
 
 TRAIN = SPLIT_NAMES.index("train")
 MAX_POOL = 20000        # n x n float64 kernel matrix: 3.2 GB at this size
+ICD_POOL_BYTES = 8e8    # ICD holds the pool and its n x r factor (float64), never the n x n matrix
 ONLINE_SAMPLE = 256
 
 
@@ -67,10 +69,18 @@ def _train(est, spec: dict, data_url: str, stats_url: str, chunks, model_url: st
     rows = negative_rows(split, neg, where)
     facts = {"negatives": int(len(rows)), "negatives_split": neg["split"]}
     linear = isinstance(est, slem.SLEM)
-    if not linear and len(rows) > MAX_POOL:
+    icd = getattr(est, "decomposition", None) == "icd"
+    if icd:   # no n x n matrix: the pool and the n x r factor
+        D = open_array(f"{data_url}/features").shape[1]
+        r = len(rows) if est.rank == "full" else min(int(est.rank), len(rows))
+        if len(rows) * (D + r) * 8 > ICD_POOL_BYTES:
+            raise InputError(f"{where}: negatives.count {len(rows)} with rank {r} needs "
+                             f"{len(rows) * (D + r) * 8 / 1e9:.1f} GB for ICD's pool and factor, above "
+                             f"{ICD_POOL_BYTES / 1e9:.1f} GB; lower negatives.count or rank")
+    elif not linear and len(rows) > MAX_POOL:
         raise InputError(f"{where}: negatives.count {len(rows)} is above {MAX_POOL} for {spec['method']} "
                          f"{getattr(est, 'kernel', '')} (it holds the pool, and kernel SLEM its n x n kernel "
-                         f"matrix); lower negatives.count")
+                         f"matrix; decomposition icd has no such matrix); lower negatives.count")
     t0 = time.perf_counter()
     try:
         if linear and neg["split"] == "train" and len(rows) == np.count_nonzero(split == TRAIN):

@@ -54,7 +54,8 @@ def _train(est, spec: dict, data_url: str, stats_url: str, shuffled_url: str, ch
     keep_pos = keep[np.searchsorted(train, layout_rows)]
     extra = {}
     if hasattr(est, "kmeans"):  # NCMC: centroids by k-means over the train rows
-        sample = train[est.kmeans_sample(labels[train], keys, seed)]
+        D = open_array(f"{data_url}/features").shape[1]
+        sample = train[est.kmeans_sample(labels[train], keys, seed, est.kmeans_per_class(C, D))]
 
         def blocks():
             for a, b in chunks:

@@ -160,7 +160,7 @@ def class_kmeans(Xs: np.ndarray, ys: np.ndarray, classes, k: int, blocks, iters:
     """k centroids per class (Section 3.3): k-means++ seeds from the in-memory sample (Xs, ys), then
     up to ``iters`` Lloyd steps, each one pass over ``blocks()`` (a callable giving (X, y) row-blocks,
     so the data never needs to fit in memory). Returns (centroids (C k, D), their classes)."""
-    cents = np.concatenate([kmeans_plus_plus(Xs[ys == c], k, rng) for c in classes])
+    cents = np.concatenate([kmeans_plus_plus(np.asarray(Xs[ys == c], np.float64), k, rng) for c in classes])
     owner = np.repeat(np.asarray(classes), k)
     for _ in range(iters):
         sums, counts = np.zeros_like(cents), np.zeros(len(cents), np.int64)
@@ -393,7 +393,8 @@ class MetricSGD:
 
 # ---- estimators ----------------------------------------------------------------------------------------------
 
-KMEANS_SAMPLE = 2000  # rows per class NCMC's k-means++ seeds from
+KMEANS_SAMPLE = 2000  # rows per class NCMC's k-means++ seeds from, at most ...
+KMEANS_BYTES = 2.5e8  # ... and at most this many bytes of float32 rows over all classes (>= k per class)
 IDLE_POOLS = 100      # pools in a row without a batch before SGD gives up (instead of looping forever)
 
 _SGD_CONSTRAINTS = {
@@ -706,6 +707,13 @@ class NCMC(_NCMClassifier, _MetricLearner):
         return stream.stratified_subset(labels, per_class * len(np.unique(labels)),
                                         stream.rank(keys, seed, stream.KMEANS))
 
+    def kmeans_per_class(self, n_classes: int, n_features: int) -> int:
+        """Rows per class the k-means++ seeding sample holds: KMEANS_SAMPLE, fewer where the sample
+        would pass KMEANS_BYTES (1,000 classes x 4,096 dimensions: 15 rows each, 246 MB), never
+        fewer than the k centroids it seeds; the Lloyd passes that follow see every row."""
+        fit = int(KMEANS_BYTES // (4 * max(1, n_classes) * max(1, n_features)))
+        return max(self.centroids, min(KMEANS_SAMPLE, fit))
+
     def kmeans(self, X_sample, y_sample, blocks, n_classes: int):
         """k centroids for every class (Section 3.3): k-means++ on the sample, then ``kmeans_iters``
         Lloyd passes over ``blocks()`` (a callable giving (X, y) row-blocks). Returns (centroids (C k, D),
@@ -714,12 +722,12 @@ class NCMC(_NCMClassifier, _MetricLearner):
         if k < self.centroids:
             raise InputError(f"NCMC: a class has {k} images in the k-means sample for {self.centroids} centroids; "
                              f"lower 'centroids' to at most {k}")
-        return class_kmeans(np.asarray(X_sample, np.float64), np.asarray(y_sample), np.arange(n_classes),
+        return class_kmeans(np.asarray(X_sample), np.asarray(y_sample), np.arange(n_classes),
                             self.centroids, blocks, self.kmeans_iters,
                             np.random.default_rng([seed_of(self.random_state), 11]))
 
     def _memory_inputs(self, X, codes, keep, keys, seed) -> dict:
-        sample = self.kmeans_sample(codes, keys, seed)
+        sample = self.kmeans_sample(codes, keys, seed, self.kmeans_per_class(len(self.classes_), X.shape[1]))
         br = stream.block_rows_for(X.shape[1])
 
         def blocks():

@@ -349,7 +349,8 @@ def validation_map(codes: np.ndarray, y: np.ndarray, score: str = "euclidean") -
     from metricpipe.tasks.evaluation import retrieval
     Q = np.ascontiguousarray(codes, np.float32)
     idx = np.arange(len(Q))
-    return float(np.nanmean(retrieval(Q, idx, idx, Q, np.asarray(y), (1,), False, score, 4096, 512)["ap"]))
+    ap = retrieval(Q, idx, idx, Q, np.asarray(y), (1,), False, score, 4096, 512)["ap"]
+    return float(np.mean(ap[np.isfinite(ap)])) if np.isfinite(ap).any() else float("nan")
 
 
 class _PairLearner(Learner):
@@ -520,8 +521,8 @@ class _PairLearner(Learner):
     def _fit_labels(self, pools, n_samples, n_features, init, seed: int, val=None):
         L0 = self._start(n_features, init, seed)
         rng = np.random.default_rng([seed, 17])
-        if val is not None and (not self.validation or len(val[1]) < 2):
-            val = None
+        if val is not None and (not self.validation or np.bincount(np.unique(val[1], return_inverse=True)[1]).max() < 2):
+            val = None   # off, or no validation row has another of its class to find
         if val is not None:
             val = (self._prepare(val[0], f"{type(self).__name__}: validation rows"), val[1])
         with one_blas_thread():

@@ -429,8 +429,9 @@ class KernelSLEM(_PoolLearner):
     Attributes
     ----------
     pool_ : ndarray of shape (n, n_features)
-        The negatives (Lemma 1 needs k(X, x_0)).
-    projector_ : ndarray of shape (r, n)
+        The negatives Lemma 1 compares an image with, k(X, x_0): all n (Cholesky, KPCA), or ICD's r
+        pivots only (r, n_features).
+    projector_ : ndarray of shape (r, n) (ICD: (r, r))
         P with v = P k(X, x_0): B^+ (Cholesky, KPCA) or ICD's Nystrom extension from the pivots.
     factor_mean_ : ndarray of shape (r,)
         mu_B, the mean row of B.
@@ -483,9 +484,11 @@ class KernelSLEM(_PoolLearner):
             # ICD's own extension: the new row of the factor from the pivot columns, B[piv] v = k_0[piv]
             # (B[piv] is lower triangular). Equal to B^+ k_0 when K = B B^T exactly (full rank); at low rank
             # B^+ k_0 can overshoot ||v||^2 > k_00, while this is the Nystrom projection, ||v||^2 <= k_00.
+            # Only the pivots' columns of P are non-zero, so an image needs k(x, pivot) alone: the
+            # model keeps the r pivot rows, and encoding costs r kernel evaluations, not n (Fig. 3).
             piv = info.pop("pivots")
-            P = np.zeros((B.shape[1], n))
-            P[:, piv] = sla.solve_triangular(B[piv], np.eye(len(piv)), lower=True)
+            P = sla.solve_triangular(B[piv], np.eye(len(piv)), lower=True)
+            Xneg = Xneg[piv]
             info["pivots"] = int(len(piv))
         mu_B = B.mean(0)
         A_B = regularised_covariance(B.T @ B / n - np.outer(mu_B, mu_B), lam)   # A of Eq. 6 in B's coordinates

@@ -35,7 +35,8 @@ import numpy as np
 import scipy.sparse
 from sklearn.utils.validation import check_array, check_is_fitted
 
-from metricpipe.tasks.base import COUNT, DIM_OR_NONE, NON_NEGATIVE, RANDOM_STATE, Interval, Learner, seed_of
+from metricpipe.tasks.base import (COUNT, DIM_OR_NONE, NON_NEGATIVE, RANDOM_STATE, Interval, Learner, StrOptions,
+                                   seed_of)
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.metrics import retrieval_scores
 from metricpipe.tasks.models import LinearModel
@@ -163,7 +164,7 @@ def support_size(it: int, D: int, m: int, anneal: float, max_iter: int) -> int:
 
 def rank_projectors(X: np.ndarray, key: np.ndarray, U0: np.ndarray, *, sparsity: float = 0.9, queries: int = 100,
                     epsilon: float = 1e-6, max_iter: int = 200, anneal: float = 0.5, seed=0, tol: float = TOL,
-                    record_every: int = 1):
+                    record_every: int = 1, pivot: str = "original"):
     """Algorithm 1 (with the continuation ``anneal``): rank-optimised projectors from a start U0.
 
     Parameters
@@ -176,6 +177,9 @@ def rank_projectors(X: np.ndarray, key: np.ndarray, U0: np.ndarray, *, sparsity:
         over which M shrinks geometrically from D to its target (0 = Algorithm 1 as printed).
     seed : the random half of the query selection. tol : stop when the objective over all queries
         falls below it. record_every : iterations between ``history`` entries.
+    pivot : "original": each query's pivot is its highest-scored negative by the original
+        signatures, X X^T (Section IV-1, "to stay as close as possible to the original
+        signatures"); "initial": by the projected start, (X U0)(X U0)^T.
 
     Returns
     -------
@@ -194,7 +198,9 @@ def rank_projectors(X: np.ndarray, key: np.ndarray, U0: np.ndarray, *, sparsity:
     gt = GroundTruth(np.arange(N), np.asarray(key))
     m_final = nonzeros_per_column(D, sparsity)
     U = unit_columns(project_l0(np.asarray(U0, np.float64), support_size(0, D, m_final, anneal, max_iter)))
-    Y0 = X @ np.asarray(U0, np.float64)
+    if pivot not in ("original", "initial"):
+        raise InputError(f"The 'pivot' parameter of sparse must be original or initial. Got {pivot!r} instead.")
+    Y0 = X if pivot == "original" else X @ np.asarray(U0, np.float64)
     _, neg_all = gt.masks(gt.queries)
     piv_all = pivots(Y0 @ Y0.T, neg_all)
     rng = np.random.default_rng(seed)
@@ -284,6 +290,8 @@ class SparseProjector(Learner):
         0 = Algorithm 1 as printed).
     epsilon : float, default 1e-6
         The margin of Eq. 7.
+    pivot : {"original", "initial"}, default "original"
+        Scores that choose each query's pivot: the original signatures (the paper) or the PCA start.
     random_state : int, RandomState or None, default None
         Seed of the training subset and of the random half of the queries (None: 0).
 
@@ -310,11 +318,12 @@ class SparseProjector(Learner):
         "max_iter": COUNT,
         "anneal": [Interval(Real, 0, 1, closed="both")],
         "epsilon": NON_NEGATIVE,
+        "pivot": [StrOptions({"original", "initial"})],
         "random_state": RANDOM_STATE,
     }
 
     def __init__(self, dim=None, sparsity=0.9, queries=100, train_size=2000, max_iter=200, anneal=0.5,
-                 epsilon=1e-6, random_state=None):
+                 epsilon=1e-6, pivot="original", random_state=None):
         self.dim = dim
         self.sparsity = sparsity
         self.queries = queries
@@ -322,6 +331,7 @@ class SparseProjector(Learner):
         self.max_iter = max_iter
         self.anneal = anneal
         self.epsilon = epsilon
+        self.pivot = pivot
         self.random_state = random_state
 
     def __sklearn_tags__(self):
@@ -380,7 +390,7 @@ class SparseProjector(Learner):
         U, history, n_iter = rank_projectors(
             np.asarray(X, np.float64) - mean, key, comps[:dim].T, sparsity=self.sparsity, queries=self.queries,
             epsilon=self.epsilon, max_iter=self.max_iter, anneal=self.anneal, seed=seed_of(self.random_state),
-            record_every=max(1, self.max_iter // 50))
+            record_every=max(1, self.max_iter // 50), pivot=self.pivot)
         self.projectors_ = scipy.sparse.csc_array(U) if self.sparsity > 0 else U
         self.bias_ = (-mean.astype(np.float32) @ U).astype(np.float32)
         self.history_ = history

@@ -46,7 +46,10 @@ def test_pool_learners_fit_equals_fit_pool_on_the_same_pool(make):
     X, Y = _pool()
     est = make().fit(X)
     rows = np.sort(np.random.default_rng([1, 29]).choice(len(X), 40, replace=False))
-    np.testing.assert_array_equal(est.pool_, X[rows])
+    if getattr(est, "decomposition", None) == "icd":   # ICD keeps its r pivots of the pool only
+        assert len(est.pool_) == est.rank_ == 6 and all((X[rows] == p).all(1).any() for p in est.pool_)
+    else:
+        np.testing.assert_array_equal(est.pool_, X[rows])
     other = make().fit_pool(X[rows])
     np.testing.assert_array_equal(other.transform(Y), est.transform(Y))
     assert other.code_metric == est.code_metric
@@ -99,3 +102,21 @@ def test_bad_negatives_and_small_pools_are_one_line_errors():
         SLEM(kernel="gaussian").fit(X)
     with pytest.raises(InvalidParameterError, match="The 'lam' parameter of KernelSLEM must be a float in the range"):
         KernelSLEM(lam=0.0).fit(X)
+
+
+def test_icd_encodes_against_its_pivots_as_the_nystrom_extension_over_the_whole_pool():
+    """v = P k(pool, x) with P zero outside the pivot columns (the full-pool form) equals the r x r
+    form the model keeps; encoding costs r kernel evaluations, not n."""
+    from scipy import linalg as sla
+    from metricpipe.tasks.slem import incomplete_cholesky, kernel, kernel_diag
+    X, Y = _pool()
+    pool = X[:60].astype(np.float64)
+    est = KernelSLEM(kernel="gaussian", gamma=0.2, rank=8, decomposition="icd").fit_pool(pool)
+    B, piv = incomplete_cholesky(kernel_diag(pool, "gaussian", 0.2),
+                                 lambda j: kernel(pool, pool[j:j + 1], "gaussian", 0.2)[:, 0], 8)
+    P_full = np.zeros((8, len(pool)))
+    P_full[:, piv] = sla.solve_triangular(B[piv], np.eye(8), lower=True)
+    v_full = (P_full @ kernel(pool, Y.astype(np.float64), "gaussian", 0.2)).T
+    v, _ = est.lemma1(Y)
+    np.testing.assert_allclose(v, v_full, rtol=1e-10, atol=1e-12)
+    assert est.cost()["flops_per_image"] == 2 * 8 * X.shape[1] + 2 * 8 * 8 + 2 * 8 * 8

@@ -156,3 +156,12 @@ def test_dot_form_trained_on_some_classes_keeps_one_bias_per_trained_class():
     L1 = ncmml.dot_log_likelihood_and_gradient(sgd.W, sgd.bias, X[m], (y[m] == 2).astype(int), means[sub], False)[0]
     assert L1 > L0  # the likelihood of the trained classes rises
     assert set(np.unique(sgd.classify(X))) <= {0, 2}
+
+
+def test_ncmc_kmeans_seeding_sample_is_bounded_in_bytes():
+    from metricpipe.tasks.ncmml import KMEANS_BYTES, KMEANS_SAMPLE, NCMC
+    est = NCMC(centroids=10)
+    per = est.kmeans_per_class(1000, 4096)
+    assert 10 <= per < KMEANS_SAMPLE and per * 1000 * 4096 * 4 <= KMEANS_BYTES   # 1,000 classes x 4,096 dims
+    assert est.kmeans_per_class(10, 784) == KMEANS_SAMPLE                        # small data: unchanged
+    assert NCMC(centroids=30).kmeans_per_class(10_000, 100_000) == 30            # never below k
