@@ -383,12 +383,17 @@ class MetricSGD:
             return self.owner[np.argmax(ncm_scores(Y, Mp, self.bias), axis=1)]
         return np.argmax(mixture_class_scores(Y, Mp, self.owner, self.n_classes), axis=1)
 
-    def record(self, val_error: float, train_value: float | None) -> None:
-        """Report the validation error of the current W (early stopping keeps the best)."""
+    def record(self, val_error: float, train_value: float | None) -> bool:
+        """Report the validation error of the current W (early stopping keeps the best); True when
+        PATIENCE validations in a row have not improved on the best (time to stop)."""
         self.history.append({"iter": self.steps, "val_error": float(val_error),
                              "batch": None if train_value is None else float(train_value)})
         if val_error < self.best[0]:
             self.best = (val_error, self.W.copy(), None if self.bias is None else self.bias.copy(), self.steps)
+            self.stale = 0
+        else:
+            self.stale = getattr(self, "stale", 0) + 1
+        return self.stale >= PATIENCE
 
 
 # ---- estimators ----------------------------------------------------------------------------------------------
@@ -396,6 +401,7 @@ class MetricSGD:
 KMEANS_SAMPLE = 2000  # rows per class NCMC's k-means++ seeds from, at most ...
 KMEANS_BYTES = 2.5e8  # ... and at most this many bytes of float32 rows over all classes (>= k per class)
 IDLE_POOLS = 100      # pools in a row without a batch before SGD gives up (instead of looping forever)
+PATIENCE = 5          # validations in a row without a lower error before SGD stops (the best W is kept)
 
 _SGD_CONSTRAINTS = {
     "dim": DIM,
@@ -518,6 +524,7 @@ class _MetricLearner(Learner):
     def _steps(self, sgd, pools, Xv, yv, error, batches) -> None:
         sgd.record(error(sgd, Xv, yv), None)  # the PCA start is a candidate too
         rng = np.random.default_rng([seed_of(self.random_state), 5])
+        stop = False
         idle = 0   # pools in a row that gave no batch (k-NN ML needs a class with two rows in a pool)
         for X, y in pools:
             drawn = batches(X, y, rng)
@@ -529,11 +536,12 @@ class _MetricLearner(Learner):
             for sel, is_pos, fixed in drawn:
                 with np.errstate(over="ignore", invalid="ignore"):
                     value = sgd.step(X[sel], y[sel], is_pos, fixed)
+                stop = False
                 if sgd.steps % self.validate_every == 0 or sgd.steps == self.iters:
-                    sgd.record(error(sgd, Xv, yv), value)
-                if sgd.steps >= self.iters:
+                    stop = sgd.record(error(sgd, Xv, yv), value)
+                if sgd.steps >= self.iters or stop:
                     break
-            if sgd.steps >= self.iters:
+            if sgd.steps >= self.iters or stop:
                 break
 
     def _slices(self, X, y, rng):
