@@ -1,8 +1,9 @@
 """``metricpipe inspect``: a plain-text description of a store."""
 from metricpipe.storage import Store
 
-# every kind of unit a run writes (shuffled: the SGD learners' copy of the training rows)
-KINDS = ("data", "statistics", "neighbours", "shuffled", "models", "codes", "evaluation")
+# every kind of unit a run writes (shuffled: the SGD learners' copy of the training rows; selection: the
+# validation scores of a spec's candidates and its choice)
+KINDS = ("data", "statistics", "neighbours", "shuffled", "models", "selection", "codes", "evaluation")
 
 
 def describe(url: str) -> str:

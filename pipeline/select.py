@@ -95,7 +95,8 @@ def choose(metric: str, scores: list) -> int:
     return min(ok, key=lambda i: (-scores[i] if better else scores[i], i))
 
 
-def describe(metric: str, grid: dict, params: dict) -> str:
+def describe(grid: dict, params: dict) -> str:
+    """'step 0.02, margin 0.05': a candidate's searched parameters."""
     return ", ".join(f"{k} {params[k]:g}" if isinstance(params[k], float) else f"{k} {params[k]}" for k in grid)
 
 

@@ -77,6 +77,11 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     search_space: dict = {}
     selection_metric: str = "knn1"
 
+    @classmethod
+    def search_grid(cls, params: dict) -> dict:
+        """The search space for an entry with these parameters (a subclass drops what they make moot)."""
+        return cls.search_space
+
     # -- scikit-learn plumbing -------------------------------------------------------------------------
     def _check_X(self, X, reset: bool, y=None, **kw):
         """``validate_data`` with float32/float64 input (other dtypes are cast to float64)."""

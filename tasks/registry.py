@@ -139,7 +139,7 @@ def _selection(name: str, cls: type, entry: dict, select, allowed: dict) -> dict
             raise InputError(f"select: {key!r} is both set ({entry[key]!r}) and searched; drop one of them")
         if not isinstance(values, list) or not values:
             raise InputError(f"select.{key} must be a non-empty list of candidate values, got {values!r}")
-    grid = user_grid or {k: list(v) for k, v in cls.search_space.items() if k not in entry}
+    grid = user_grid or {k: list(v) for k, v in cls.search_grid(entry).items() if k not in entry}
     if not grid or all(len(v) == 1 for v in grid.values()):
         return None
     return {"metric": metric, "grid": grid}

@@ -307,6 +307,11 @@ class SparseProjector(Learner):
     search_space = {"anneal": [0.5, 0.25, 0.9]}
     selection_metric = "map"
 
+    @classmethod
+    def search_grid(cls, params: dict) -> dict:
+        """Dense projectors (sparsity 0) have no support to shrink: nothing to search."""
+        return {} if params.get("sparsity", 0.9) == 0 else cls.search_space
+
     method = "sparse"
     dim_within_features = True
     code_metric = "inner"

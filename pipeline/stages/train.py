@@ -13,6 +13,7 @@ from metricpipe.context import StageContext
 from metricpipe.stages.common import DataInfo
 from metricpipe.storage import Unit, hash_key, load_arrays, save_model
 from metricpipe.tasks import registry
+from metricpipe.tasks.evaluation import higher_is_better
 from metricpipe.tasks.errors import InputError
 
 def model_id(spec: dict) -> str:
@@ -81,10 +82,9 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
     # a candidate may fail (diverge) without failing the run, unless a spec without selection needs it
     required = {us[0].key for _, _, us, su, _ in plans if su is None}
     optional = {u.key for _, _, us, su, done in pending for u in us} - required
-    todo, reused = {}, 0
+    todo = {}
     for key, (spec, unit) in units.items():
         if ctx.reuse(unit, "train"):
-            reused += 1
             continue
         unit.begin()
         driver = DRIVERS[registry.feeds(spec["method"])]
@@ -96,9 +96,7 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
             ctx.returning_errors = False
     kept = sum(1 for _, _, us, su, done in plans if done or (su is None and us[0].key not in todo))
     if kept:
-        ctx.log(f"  train: reusing {kept} of {len(plans)} models"
-                + (f" ({reused} of {len(units) - (len(plans) - len(pending))} candidates reused)"
-                   if pending and reused > kept else ""))
+        ctx.log(f"  train: reusing {kept} of {len(plans)} models")
     scores = {}
     for spec, cands, cunits, sel_unit, _ in pending:
         for c, u in zip(cands, cunits):
@@ -148,9 +146,9 @@ def _commit_selection(ctx, spec, cands, cunits, sel_unit, results, n_val) -> Non
             for c, u, s, r in zip(cands, cunits, scores, results)]
     sel_unit.begin()
     ctx.commit(sel_unit, {"method": spec["method"], "metric": metric, "grid": grid, "validation_rows": n_val,
-                          "higher_is_better": select.evaluation.higher_is_better(metric),
+                          "higher_is_better": higher_is_better(metric),
                           "candidates": rows, "chosen": best, "model": cunits[best].key, "spec": cands[best]})
-    shown = "; ".join(f"{select.describe(metric, grid, r['params'])}: "
+    shown = "; ".join(f"{select.describe(grid, r['params'])}: "
                       + (f"{r['score']:.4f}" if r["score"] is not None else "failed") for r in rows)
-    ctx.log(f"  train: {spec['method']} selected {select.describe(metric, grid, rows[best]['params'])} by "
+    ctx.log(f"  train: {spec['method']} selected {select.describe(grid, rows[best]['params'])} by "
             f"{metric} on {n_val:,} validation rows ({shown})")

@@ -108,6 +108,8 @@ def test_unset_parameters_are_searched_set_ones_never():
     assert spec["select"]["metric"] == "knn1" and len(registry.candidates(spec)) == 4
     assert all("select" not in c for c in registry.candidates(spec))
     assert registry.expand_method({"method": "pca"}) == [{"method": "pca", "dim": None}]   # nothing to search
+    assert "select" not in registry.expand_method({"method": "sparse", "sparsity": 0.0})[0]  # no support to anneal
+    assert "select" in registry.expand_method({"method": "sparse", "sparsity": 0.9})[0]
 
 
 @pytest.mark.parametrize("entry, words", [
