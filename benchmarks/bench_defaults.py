@@ -97,9 +97,9 @@ def config(name: str, data: dict, store: str, methods: list | None = None) -> di
                          "classification": {"classifiers": CLASSIFIERS}}}
 
 
-def kernel_config(base: dict, select: bool = True) -> dict:
-    methods = [{"method": "slem", "kernel": "gaussian"}, {"method": "slem"}] if select else \
-        [{"method": "slem", "kernel": "gaussian", "select": False}]
+def kernel_config(base: dict, methods: list | None = None) -> dict:
+    """Kernel SLEM beside linear SLEM (its codes are compared by Eq. 16: kNN classifiers only)."""
+    methods = methods or [{"method": "slem", "kernel": "gaussian"}, {"method": "slem", "kernel": "linear"}]
     return {**base, "methods": methods,
             "evaluate": {"retrieval": {"k": [10], "queries": 2000}, "classification": {"classifiers": ["knn1"]}}}
 
@@ -108,7 +108,7 @@ def value(records, method, metric, classifier=None, **params):
     """The record of ``method`` whose parameters include ``params`` (codes view)."""
     hits = [r["value"] for r in records if r["method"] == method and r["metric"] == metric
             and r["classifier"] == classifier and r["params"].get("view") in (None, "codes")
-            and all(r["params"].get(k) == v for k, v in params.items())]
+            and all((r["dim"] if k == "dim" else r["params"].get(k)) == v for k, v in params.items())]
     return hits[0] if hits else None
 
 
@@ -121,6 +121,8 @@ def default_and_selected(doc, defaults, method, metric, classifier=None, **fixed
         if s["method"] == method and all(spec.get(k) == v for k, v in fixed.items()):
             params = {k: v for k, v in spec.items() if k not in ("method", "dim")}
             selected = value(doc["records"], method, metric, classifier, **params)
+    if selected is None:   # nothing was searched (e.g. dense sparse projectors): the one model
+        selected = value(doc["records"], method, metric, classifier, **fixed)
     default = None
     for entry, got in defaults:
         if entry["method"] == method and all(entry.get(k) == v for k, v in fixed.items()):
@@ -156,8 +158,8 @@ def rows_for(name: str, doc: dict, kdoc: dict | None, r: int, defaults: list) ->
     out.append(("slem", "mAP >= raw + 0.01 and > PCAw", max(ident + 0.01, pcaw), d, s,
                 s is not None and s >= ident + 0.01 and s > pcaw))
     if kdoc:
-        lin = default_and_selected(kdoc, "slem", "map", kernel="linear")[1]
-        kd, ks = default_and_selected(kdoc, "slem", "map", kernel="gaussian")
+        lin = default_and_selected(kdoc, defaults, "slem", "map", kernel="linear")[1]
+        kd, ks = default_and_selected(kdoc, defaults, "slem", "map", kernel="gaussian")
         out.append(("kernel slem", "mAP >= linear SLEM", lin, kd, ks, ks is not None and lin is not None and ks >= lin))
     l2ncm, lda = value(rec, "identity", "top1_error", "ncm"), value(rec, "lda", "top1_error", "ncm")
     d, s = default_and_selected(doc, defaults, "ncmml", "top1_error", "ncm")
@@ -188,7 +190,18 @@ def main():
     p.add_argument("--max-test", type=int, default=0)
     p.add_argument("--out", default="/tmp/bench-defaults")
     p.add_argument("--no-kernel", action="store_true", help="skip kernel SLEM (its n x n kernel is the slow part)")
+    p.add_argument("--table-only", action="store_true", help="print the table from DIR/NAME.json of earlier runs")
     args = p.parse_args()
+    if args.table_only:
+        table = ["| data set | learner | criterion | baseline | default | selected | holds |", "|---|---|---|---|---|---|---|"]
+        for name in args.sets:
+            saved = json.loads((Path(args.out) / f"{name}.json").read_text())
+            for learner, crit, base, d, s, ok in rows_for(name, saved["main"], saved["kernel"], sparse_r(name),
+                                                          saved["defaults"]):
+                table.append(f"| {name} | {learner} | {crit} | {fmt(base)} | {fmt(d)} | {fmt(s)} | "
+                             f"{'yes' if ok else 'no'} |")
+        print("\n".join(table))
+        return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table = ["| data set | learner | criterion | baseline | default | selected | holds |", "|---|---|---|---|---|---|---|"]
@@ -208,8 +221,8 @@ def main():
             extra = [] if args.no_kernel else [{"method": "slem", "kernel": "gaussian"}]
             for entry in learners(name) + extra:
                 raw = config(name, data, store, [{**entry, "select": False}])
-                if entry.get("kernel"):
-                    raw = kernel_config(raw, select=False)
+                if entry.get("kernel") == "gaussian":
+                    raw = kernel_config(raw, [{**entry, "select": False}])
                 try:
                     defaults.append((entry, run(raw, "default")["records"]))
                 except InputError as e:

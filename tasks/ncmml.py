@@ -777,7 +777,7 @@ class KNNML(_MetricLearner):
     lr : float, default=0.1
     dim, iters, validate_every, validation, classes, random_state : as :class:`NCMML`.
     """
-    search_space = {"lr": [0.1, 0.001, 0.01, 1.0]}
+    search_space = {"lr": [0.1, 0.0001, 0.001, 0.01, 1.0]}
     selection_metric = "knn5"
 
     method = "knnml"

@@ -324,6 +324,19 @@ def kernel(A: np.ndarray, B: np.ndarray, kind: str, gamma: float) -> np.ndarray:
     raise ValueError(f"unknown kernel {kind!r}; one of {KERNELS}")
 
 
+def scaled_gamma(gamma, kind: str, Xneg: np.ndarray) -> float:
+    """The kernel's gamma: a number as given, or "scale" from the pool (see :class:`KernelSLEM`)."""
+    if gamma != "scale":
+        return float(gamma)
+    X = np.asarray(Xneg, np.float64)
+    if kind == "gaussian":
+        spread = 2.0 * float(X.var(0).sum())          # mean ||a - b||^2 over pairs of pool rows
+        return 1.0 / spread if spread > 0 else 1.0
+    sample = X[:2000]
+    dots = float(np.abs(sample @ sample.T).mean())
+    return 1.0 / dots if dots > 0 else 1.0
+
+
 def kernel_diag(X: np.ndarray, kind: str, gamma: float) -> np.ndarray:
     """k(x, x) for every row."""
     if kind == "gaussian":
@@ -415,8 +428,11 @@ class KernelSLEM(_PoolLearner):
         lambda of Eqs. 6 and 16 (Python reserves the word lambda); Eq. 16 divides by it.
     kernel : {"gaussian", "poly"}, default "gaussian"
         exp(-gamma ||a - b||^2) (Eq. 17) or a^T b + gamma (a^T b)^2 (Eq. 18).
-    gamma : float >= 0, default 1.0
-        The kernel's gamma.
+    gamma : float >= 0 or "scale", default "scale"
+        The kernel's gamma; "scale" sets it from the pool (fitted ``gamma_``): Gaussian
+        1 / mean ||a - b||^2 = 1 / (2 tr Cov), so distances are on the kernel's scale whatever the
+        features' units (about 1 on l2-normalised rows); polynomial 1 / mean |a^T b|, so the
+        quadratic term is as large as the linear one.
     rank : "full" or int >= 1, default "full"
         r, the factor's rank (clipped to the pool size); "full": n.
     decomposition : {"cholesky", "kpca", "icd"}, default "cholesky"
@@ -454,13 +470,14 @@ class KernelSLEM(_PoolLearner):
     _parameter_constraints = {
         "lam": POSITIVE,
         "kernel": [StrOptions({"gaussian", "poly"})],
-        "gamma": NON_NEGATIVE,
+        "gamma": [*NON_NEGATIVE, StrOptions({"scale"})],
         "rank": [StrOptions({"full"}), Interval(Integral, 1, None, closed="left")],
         "decomposition": [StrOptions(set(DECOMPOSITIONS))],
         "negatives": [dict, None],
     }
 
-    def __init__(self, lam=0.1, kernel="gaussian", gamma=1.0, rank="full", decomposition="cholesky", negatives=None):
+    def __init__(self, lam=0.1, kernel="gaussian", gamma="scale", rank="full", decomposition="cholesky",
+                 negatives=None):
         self.lam = lam
         self.kernel = kernel
         self.gamma = gamma
@@ -474,7 +491,8 @@ class KernelSLEM(_PoolLearner):
         if n < 2:
             raise InputError(f"KernelSLEM needs a pool of at least 2 negative images; got {n} sample(s)")
         rank = None if self.rank == "full" else int(self.rank)
-        lam, gamma = float(self.lam), float(self.gamma)
+        lam, gamma = float(self.lam), scaled_gamma(self.gamma, self.kernel, Xneg)
+        self.gamma_ = gamma
         B, info = decompose(Xneg, self.kernel, gamma, self.decomposition, rank)
         if self.decomposition == "cholesky":                       # v = B^+ k_0 = B^-1 k_0 (Lemma 1)
             P = sla.solve_triangular(B, np.eye(len(B)), lower=True)
@@ -503,12 +521,12 @@ class KernelSLEM(_PoolLearner):
     @property
     def code_metric(self) -> str:
         """The score string of :func:`similarity`: ``slem:kernel:gamma:lam:rank``."""
-        return f"slem:{self.kernel}:{float(self.gamma)!r}:{float(self.lam)!r}:{self.rank_}"
+        return f"slem:{self.kernel}:{float(self.gamma_)!r}:{float(self.lam)!r}:{self.rank_}"
 
     def lemma1(self, X) -> tuple[np.ndarray, np.ndarray]:
         """(v (m, r), u (m,)) of Lemma 1 for the rows of X (m, n_features)."""
         X = np.asarray(X, np.float64)
-        gamma = float(self.gamma)
+        gamma = float(self.gamma_)
         v = (self.projector_ @ kernel(self.pool_, X, self.kernel, gamma)).T
         u = np.sqrt(np.maximum(kernel_diag(X, self.kernel, gamma) - (v * v).sum(1), 0.0))
         return v, u
