@@ -120,3 +120,21 @@ def test_icd_encodes_against_its_pivots_as_the_nystrom_extension_over_the_whole_
     v, _ = est.lemma1(Y)
     np.testing.assert_allclose(v, v_full, rtol=1e-10, atol=1e-12)
     assert est.cost()["flops_per_image"] == 2 * 8 * X.shape[1] + 2 * 8 * 8 + 2 * 8 * 8
+
+
+def test_kernel_slem_gamma_scale_makes_the_gaussian_score_unit_free():
+    """gamma: scale = 1 / mean squared distance of the pool: scaling every feature by 100 (raw pixel
+    units against l2-normalised ones) leaves Eq. 16's scores unchanged; a fixed gamma does not."""
+    from metricpipe.tasks.slem import similarity
+    X, Y = _pool()
+    scores = {}
+    for s in (1.0, 100.0):
+        for gamma in ("scale", 1.0):
+            est = KernelSLEM(lam=0.3, gamma=gamma).fit_pool(s * X[:50])
+            C = est.transform(s * Y)
+            scores[s, gamma] = similarity(C, C, est.code_metric)
+    np.testing.assert_allclose(scores[1.0, "scale"], scores[100.0, "scale"], rtol=1e-6, atol=1e-9)
+    assert not np.allclose(scores[1.0, 1.0], scores[100.0, 1.0], atol=1e-3)
+    est = KernelSLEM(gamma="scale").fit_pool(X[:50])
+    d2 = ((X[:50, None, :] - X[None, :50, :]) ** 2).sum(-1)
+    assert est.gamma_ == pytest.approx(1.0 / (d2.sum() / 50 ** 2), rel=1e-9)   # 1 / mean ||a - b||^2
