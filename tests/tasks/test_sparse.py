@@ -177,7 +177,7 @@ def test_fit_subset_takes_relevance_keys_other_than_the_labels():
 
 def test_stopping_before_the_annealing_ends_still_meets_the_sparsity():
     X, y = make_blobs(n=90, d=12, classes=3, sep=5.0)            # separable: the objective is 0 at once
-    est = sparse.SparseProjector(dim=4, sparsity=0.75, queries=20, max_iter=50).fit(X, y)
+    est = sparse.SparseProjector(dim=4, sparsity=0.75, queries=20, max_iter=50, pivot="initial").fit(X, y)
     assert est.n_iter_ == 1 and est.history_[-1]["iter"] == 0
     assert ((est.projectors_.toarray() != 0).sum(0) <= 3).all()
 
@@ -188,3 +188,24 @@ def test_projector_refuses_too_many_projectors_and_a_single_key():
         sparse.SparseProjector(dim=7).fit(X, y)
     with pytest.raises(InputError, match=r"at least 2 relevance keys \(positives and negatives\); got 1 class"):
         sparse.SparseProjector(dim=2).fit(X, np.zeros(len(X)))
+
+
+def test_pivots_come_from_the_original_signatures_by_default():
+    """Section IV-1: each query's pivot is its negative scored highest by the original signatures."""
+    X, y = make_blobs(n=60, d=8, classes=3, sep=1.0)
+    Xc = X - X.mean(0)
+    U0 = np.linalg.svd(Xc, full_matrices=False)[2][:2].T
+    seen = {}
+    real = sparse.pivots
+
+    def spy(S0, neg):
+        seen["S0"] = S0
+        return real(S0, neg)
+    sparse.pivots = spy
+    try:
+        sparse.rank_projectors(Xc, y, U0, sparsity=0.0, queries=10, max_iter=2)
+        np.testing.assert_allclose(seen["S0"], Xc @ Xc.T)
+        sparse.rank_projectors(Xc, y, U0, sparsity=0.0, queries=10, max_iter=2, pivot="initial")
+        np.testing.assert_allclose(seen["S0"], (Xc @ U0) @ (Xc @ U0).T)
+    finally:
+        sparse.pivots = real
