@@ -63,13 +63,23 @@ def _train(est, spec: dict, data_url: str, stats_url: str, shuffled_url: str, ch
                 if len(rows):
                     yield open_array(f"{data_url}/features")[a:b][rows].astype(np.float64), labels[a:b][rows]
         extra["centroids"] = est.kmeans(read_rows(f"{data_url}/features", sample), labels[sample], blocks, C)
+    elif getattr(est, "classes", None) is not None and est.method == "ncmml":   # monitor the other classes
+        others = ~np.isin(labels, est.trained_classes(C))
+        new = np.flatnonzero((split == VAL) & others)
+        if not len(new):
+            pos = np.flatnonzero(others[train])
+            new = train[pos[stream.validation_split(labels[train][pos], est.validation, keys[pos], seed)]]
+        new = new[np.sort(np.random.default_rng([seed, 7]).permutation(len(new))[:est.validation])]
+        extra.update(X_new=read_rows(f"{data_url}/features", new), y_new=labels[new])
     elif hasattr(est, "reference_rows"):  # k-NN ML: the rows validation queries search
         ref = train[est.reference_rows(labels[train], keep, keys, est.validation, seed)]
         extra["reference"] = (read_rows(f"{data_url}/features", ref), labels[ref])
     t0 = time.perf_counter()
     est.fit_stream(stats, shuffle.stream_pools(shuffled_url, block_rows, seed, keep_pos), Xv, yv, **extra)
+    extra_facts = {k: getattr(est, f"{k}_") for k in ("val_error_new_classes", "best_iter_new_classes")
+                   if getattr(est, f"{k}_", None) is not None}
     return save_model(model_url, est, spec, time.perf_counter() - t0, best_iter=est.best_iter_,
-                      val_error=est.val_error_, held_out_validation=held_out)
+                      val_error=est.val_error_, held_out_validation=held_out, **extra_facts)
 
 
 def submit(ctx, spec, est, data, stats, neighbours, unit, name):

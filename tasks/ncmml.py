@@ -523,6 +523,7 @@ class _MetricLearner(Learner):
 
     def _steps(self, sgd, pools, Xv, yv, error, batches) -> None:
         sgd.record(error(sgd, Xv, yv), None)  # the PCA start is a candidate too
+        self._watch(sgd)
         rng = np.random.default_rng([seed_of(self.random_state), 5])
         stop = False
         idle = 0   # pools in a row that gave no batch (k-NN ML needs a class with two rows in a pool)
@@ -539,10 +540,18 @@ class _MetricLearner(Learner):
                 stop = False
                 if sgd.steps % self.validate_every == 0 or sgd.steps == self.iters:
                     stop = sgd.record(error(sgd, Xv, yv), value)
+                    self._watch(sgd)
                 if sgd.steps >= self.iters or stop:
                     break
             if sgd.steps >= self.iters or stop:
                 break
+
+    def _watch(self, sgd) -> None:
+        """Record the new classes' validation error beside the last validation (NCMML's monitor)."""
+        monitor = getattr(self, "_monitor", None)
+        if monitor is not None:
+            with np.errstate(over="ignore", invalid="ignore"):
+                sgd.history[-1]["val_error_new_classes"] = monitor(sgd)
 
     def _slices(self, X, y, rng):
         """NCM/NCMC batches: the pool's rows (already in random order) ``batch`` at a time."""
@@ -632,6 +641,9 @@ class NCMML(_NCMClassifier, _MetricLearner):
     centroid_classes_ : ndarray (n_classes,)
     class_bias_ : ndarray (n_classes,) or None (dot objective only)
     classes_, history_, best_iter_, val_error_
+    val_error_new_classes_, best_iter_new_classes_ : with ``classes`` and rows of the other
+        classes to validate on: their NCM error at the kept W, and the step where it was lowest
+        (a diagnostic of Section 5.3's protocol: W is still chosen on the trained classes)
     """
     # the best rate scales with 1 / the rows' squared norm: a wide log grid covers raw and l2 data
     search_space = {"lr": [30.0, 0.001, 0.01, 0.1, 1.0, 10.0, 100.0]}
@@ -652,16 +664,35 @@ class NCMML(_NCMClassifier, _MetricLearner):
         self.classes = classes
         self.random_state = random_state
 
-    def fit_stream(self, statistics: dict, pools, X_val, y_val):
+    def _memory_inputs(self, X, codes, keep, keys, seed) -> dict:
+        """The other classes' rows to monitor (``classes`` set): a stratified share, as validation."""
+        new = np.flatnonzero(~np.isin(codes, self.trained_classes(len(self.classes_))))
+        if self.classes is None or not len(new):
+            return {}
+        pick = new[stream.validation_split(codes[new], self.validation, keys[new], seed)]
+        return {"X_new": X[pick], "y_new": codes[pick]}
+
+    def fit_stream(self, statistics: dict, pools, X_val, y_val, X_new=None, y_new=None):
         """The pipeline's entry point (``fit`` calls it too): W from the statistics' PCA directions
         and class means, SGD over ``pools`` (an iterable of (X_pool, y_pool) with class codes
-        0..C-1), early stopping on (X_val, y_val). Returns self."""
+        0..C-1), early stopping on (X_val, y_val). With ``classes`` set, (X_new, y_new): validation
+        rows of the other classes, whose NCM error over all class means is recorded at every
+        validation (``history_``'s "val_error_new_classes") but never chooses W. Returns self."""
         W0 = self._start(statistics)
         C = len(self.classes_)
         trained = self._train_classes = self.trained_classes(C)
         means = statistics["class_means"]
         sgd = MetricSGD(W0, "dot" if self.objective == "dot" else "ncm", self.lr, means[trained], trained, C)
+        self._monitor = None
+        if X_new is not None and len(X_new) and self.objective != "dot":
+            Xn, yn, M = np.asarray(X_new, np.float64), np.asarray(y_new, np.int64), np.asarray(means, np.float64)
+            self._monitor = lambda s: float((metrics_nearest(Xn @ s.W.T, M @ s.W.T) != yn).mean())
         self._run(sgd, pools, X_val, y_val, _class_error, self._slices)
+        hist = [h for h in self.history_ if "val_error_new_classes" in h]
+        self.val_error_new_classes_ = next((h["val_error_new_classes"] for h in hist if h["iter"] == self.best_iter_),
+                                           None)
+        self.best_iter_new_classes_ = min(hist, key=lambda h: h["val_error_new_classes"])["iter"] if hist else None
+        del self._monitor
         self.centroids_ = np.asarray(means, np.float32)
         self.centroid_classes_ = np.arange(C, dtype=np.int32)
         self.class_bias_ = None
@@ -828,6 +859,12 @@ class KNNML(_MetricLearner):
         self._run(sgd, pools, X_val, y_val, lambda s, Xv, yv: _knn_error(s, Xv, yv, Xr, yr, self.k), self._batches)
         del self._best_bias, self._train_classes
         return self
+
+
+def metrics_nearest(Y: np.ndarray, M: np.ndarray) -> np.ndarray:
+    """Index of the nearest row of M for every row of Y (squared Euclidean)."""
+    d = (Y * Y).sum(1)[:, None] - 2 * Y @ M.T + (M * M).sum(1)[None, :]
+    return np.argmin(d, axis=1)
 
 
 def _class_error(sgd: "MetricSGD", Xv, yv) -> float:

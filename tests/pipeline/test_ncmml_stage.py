@@ -282,3 +282,30 @@ def test_the_pipeline_learns_what_fit_learns_in_memory(trained, method, params):
 def _stats_url(trained):
     [unit] = trained[0].store.units("statistics")   # the store's only statistics unit
     return unit.url
+
+
+def test_a_model_trained_on_some_classes_records_the_others_validation_error(trained):
+    """Section 5.3's protocol: W is chosen on the trained classes; the other classes' NCM error over
+    all class means is recorded at every validation and at the kept W (never used to choose it)."""
+    _, data, models, _, _ = trained
+    [(spec, unit)] = [(s, u) for s, u in models if s["method"] == "ncmml" and s.get("classes") == [0, 1, 2]
+                      and s["objective"] == "euclidean"]
+    est = load_estimator(unit.url)
+    hist = est.history_
+    assert all("val_error_new_classes" in h for h in hist)
+    kept = next(h for h in hist if h["iter"] == est.best_iter_)
+    assert est.val_error_new_classes_ == kept["val_error_new_classes"] == unit.meta()["val_error_new_classes"]
+    assert est.best_iter_new_classes_ == min(hist, key=lambda h: h["val_error_new_classes"])["iter"]
+    assert est.best_iter_ == min(hist, key=lambda h: h["val_error"])["iter"]
+    # the recorded figure is the kept W's NCM error, over all class means, on the other classes'
+    # share of the train split that the driver holds out for it (this fixture has no val split)
+    from metricpipe.tasks import stream
+    X = open_array(f"{data.url}/features")[:].astype(np.float64)
+    train = np.flatnonzero(data.split == 0)
+    keys = open_array(f"{data.url}/row_key")[:][train]
+    pos = np.flatnonzero(~np.isin(data.labels[train], [0, 1, 2]))
+    rows = train[pos[stream.validation_split(data.labels[train][pos], est.validation, keys[pos], 0)]]
+    W = est.components_.astype(np.float64)
+    means = est.centroids_.astype(np.float64) @ W
+    pred = (((X[rows] @ W)[:, None, :] - means[None]) ** 2).sum(-1).argmin(1)
+    assert np.mean(pred != data.labels[rows]) == pytest.approx(est.val_error_new_classes_, abs=1e-12)
