@@ -347,6 +347,7 @@ class MetricSGD:
         self.owner = None if owner is None else np.asarray(owner, np.int64)
         self.n_classes = n_classes
         self.bias = None
+        self.patience, self.stale = 5, 0   # validations without a lower error before record() says stop
         if objective == "dot":  # one mean and one bias per trained class, in the order of ``owner``
             self.bias = np.zeros(len(self.owner))
             self._position = np.full(n_classes, -1)
@@ -392,8 +393,8 @@ class MetricSGD:
             self.best = (val_error, self.W.copy(), None if self.bias is None else self.bias.copy(), self.steps)
             self.stale = 0
         else:
-            self.stale = getattr(self, "stale", 0) + 1
-        return self.stale >= PATIENCE
+            self.stale += 1
+        return self.stale >= self.patience
 
 
 # ---- estimators ----------------------------------------------------------------------------------------------
@@ -401,7 +402,9 @@ class MetricSGD:
 KMEANS_SAMPLE = 2000  # rows per class NCMC's k-means++ seeds from, at most ...
 KMEANS_BYTES = 2.5e8  # ... and at most this many bytes of float32 rows over all classes (>= k per class)
 IDLE_POOLS = 100      # pools in a row without a batch before SGD gives up (instead of looping forever)
-PATIENCE = 5          # validations in a row without a lower error before SGD stops (the best W is kept)
+PATIENCE = 0.5        # SGD stops after this share of its validations (iters / validate_every) in a row
+                      # without a lower error, at least 5 (the best W is kept). k-NN ML's error often rises
+                      # for a few hundred steps before it falls below the start, so half, not a fixed 5.
 
 _SGD_CONSTRAINTS = {
     "dim": DIM,
@@ -512,6 +515,7 @@ class _MetricLearner(Learner):
         if len(np.unique(yv)) < len(self._train_classes):
             raise InputError(f"{type(self).__name__}: the validation rows miss some classes; raise 'validation' "
                              f"(now {self.validation})")
+        sgd.patience = max(5, int(PATIENCE * self.iters / self.validate_every))
         with one_blas_thread():
             self._steps(sgd, pools, Xv, yv, error, batches)
         err, W, bias, at = sgd.best
