@@ -340,7 +340,7 @@ _PAIR_CONSTRAINTS = {
 
 # Early stopping: validation every ITERS // VALIDATIONS pairs; training stops after PATIENCE checks
 # in a row without a better validation mAP, and keeps the best L.
-VALIDATIONS, PATIENCE = 20, 5
+VALIDATIONS, PATIENCE = 20, 10
 
 
 def validation_map(codes: np.ndarray, y: np.ndarray, score: str = "euclidean") -> float:
@@ -377,7 +377,7 @@ class _PairLearner(Learner):
 
     Early stopping (pairs from labels): with ``validation`` > 0, the mAP of validation rows querying
     one another is measured at the start and every ``iters`` / 20 pairs; L is the best seen, and
-    training stops after 5 checks in a row without a better one. The validation rows are
+    training stops after 10 checks (half of them) in a row without a better one. The validation rows are
     (X_val, y_val) when given, else a stratified, seeded share of the training rows (at most a fifth,
     ``validation`` at most) that SGD never sees; the pipeline gives its ``val`` split.
 
