@@ -180,6 +180,11 @@ class Unit:
             fs.rm(self._root, recursive=True)
         fs.makedirs(self._root, exist_ok=True)
 
+    def discard(self) -> None:
+        """Remove an uncommitted unit's files (a candidate whose fit failed: nothing to resume)."""
+        if not self.done() and self.store.fs.exists(self._root):
+            self.store.fs.rm(self._root, recursive=True)
+
     def commit(self, meta: dict, sums: dict | None = None) -> None:
         """Mark the unit complete (the marker is written last and atomically) with its files' checksums
         (``sums``: those already taken elsewhere, e.g. by workers; the rest are taken here)."""

@@ -110,6 +110,7 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
         if isinstance(res, Exception):
             if unit.key not in optional:
                 raise res
+            unit.discard()   # the selection records the failure; no half-written model is left behind
             continue
         unit.commit({**res, "spec": spec, "seconds": round(res["fit_seconds"], 3),
                      "wall": round(time.perf_counter() - t0, 3), "data": data.unit.key,

@@ -166,6 +166,8 @@ def test_selection_keeps_the_best_validation_score_and_ignores_the_test_labels(c
     assert any(s is None for s in scores) and ncm["candidates"][ncm["chosen"]]["score"] is not None
     assert ncm["chosen"] == min((s, i) for i, s in enumerate(scores) if s is not None)[1]
     assert all("diverged" in c["error"] for c in ncm["candidates"] if c["score"] is None)
+    failed = [c["model"] for c in ncm["candidates"] if c["score"] is None]
+    assert failed and not any((tmp_path / "clean" / "models" / key).exists() for key in failed)  # nothing half-written
     assert slem["candidates"][slem["chosen"]]["score"] == max(c["score"] for c in slem["candidates"])
     # the test metrics are the chosen model's, and its stored score is reproduced from the stored model
     lr = ncm["candidates"][ncm["chosen"]]["params"]["lr"]
