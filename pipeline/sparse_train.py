@@ -1,6 +1,8 @@
 """Train-stage driver for sparse projectors: a seeded, stratified subset of the train split (bounded
 by ``train_size``, so read in one task) goes to :meth:`SparseProjector.fit_subset` with the
-statistics stage's mean and PCA basis; no learning here."""
+statistics stage's mean and PCA basis, and the validation rows for early stopping (the val split's,
+or the share of train the in-memory ``fit`` holds out, then left out of the subset); no learning
+here."""
 import time
 
 import numpy as np
@@ -8,6 +10,7 @@ from sklearn.base import clone
 
 from metricpipe.storage import array_names, load_arrays, open_array, read_rows, save_model
 from metricpipe.tasks.base import seed_of
+from metricpipe.stream_train import validation_rows
 from metricpipe.tasks.sparse import stratified_subset
 
 TRAIN = 0
@@ -25,12 +28,21 @@ def _train_sparse(est, spec, data_url, stats_url, model_url) -> dict:
     split = open_array(f"{data_url}/split")[:]
     labels = open_array(f"{data_url}/label")[:]
     key = open_array(f"{data_url}/group")[:] if "group" in array_names(data_url) else labels
-    rows = training_subset(split, labels, est.train_size, seed_of(est.random_state))
+    seed = seed_of(est.random_state)
+    val = {}
+    among = np.flatnonzero(split == TRAIN)
+    if est.validation:   # the val split's rows, or the share of train that fit() holds out in memory
+        row_keys = open_array(f"{data_url}/row_key")[:][among]
+        vrows, keep, _ = validation_rows(est, split, labels, among, np.ones(len(among), bool), row_keys, seed)
+        val = {"X_val": read_rows(f"{data_url}/features", vrows), "key_val": key[vrows]}
+        among = among[keep]
+    rows = stratified_subset(labels, est.train_size, seed, among=among)
     X = read_rows(f"{data_url}/features", rows)
     t0 = time.perf_counter()
-    est.fit_subset(X, key[rows], stats["mean"], stats["pca_components"])
+    est.fit_subset(X, key[rows], stats["mean"], stats["pca_components"], **val)
     seconds = time.perf_counter() - t0
-    return save_model(model_url, est, spec, seconds, final=est.history_[-1])
+    return save_model(model_url, est, spec, seconds, final=est.history_[-1], best_iter=est.best_iter_,
+                      val_map=est.val_map_)
 
 
 def submit(ctx, spec: dict, est, data, stats, neighbours, unit, name: str):

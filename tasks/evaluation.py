@@ -106,6 +106,15 @@ def ncmc_errors(Q: np.ndarray, y: np.ndarray, centroids: np.ndarray, owner: np.n
     return errs[1], errs[5]
 
 
+def validation_map(codes: np.ndarray, y: np.ndarray, score: str = "euclidean") -> float:
+    """mAP of every validation row querying the others by their codes (the early-stopping criterion
+    of the pair learners)."""
+    Q = np.ascontiguousarray(codes, np.float32)
+    idx = np.arange(len(Q))
+    ap = retrieval(Q, idx, idx, Q, np.asarray(y), (1,), False, score, 4096, 512)["ap"]
+    return float(np.mean(ap[np.isfinite(ap)])) if np.isfinite(ap).any() else float("nan")
+
+
 def higher_is_better(metric: str) -> bool:
     """Whether a selection metric is a score (mAP) rather than an error."""
     return metric == "map"

@@ -32,6 +32,7 @@ from metricpipe.tasks import moments, stream
 from metricpipe.tasks.base import (COUNT, DIM, NON_NEGATIVE, RANDOM_STATE, Interval, Learner, StrOptions, one_blas_thread,
                                    seed_of)
 from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.evaluation import validation_map
 from metricpipe.tasks.normalize import normalize_rows
 
 
@@ -341,16 +342,6 @@ _PAIR_CONSTRAINTS = {
 # Early stopping: validation every ITERS // VALIDATIONS pairs; training stops after PATIENCE checks
 # in a row without a better validation mAP, and keeps the best L.
 VALIDATIONS, PATIENCE = 20, 10
-
-
-def validation_map(codes: np.ndarray, y: np.ndarray, score: str = "euclidean") -> float:
-    """mAP of every validation row querying the others by their codes (the early-stopping criterion
-    of the pair learners)."""
-    from metricpipe.tasks.evaluation import retrieval
-    Q = np.ascontiguousarray(codes, np.float32)
-    idx = np.arange(len(Q))
-    ap = retrieval(Q, idx, idx, Q, np.asarray(y), (1,), False, score, 4096, 512)["ap"]
-    return float(np.mean(ap[np.isfinite(ap)])) if np.isfinite(ap).any() else float("nan")
 
 
 class _PairLearner(Learner):

@@ -23,6 +23,12 @@ projector's test mAP). Shrinking M geometrically from D to its target over the f
 iterations lets the gradient choose the support, and reaches the dense projector's mAP (101%).
 With anneal = 0 the learner is Algorithm 1 as printed.
 
+Early stopping (``validation``): the paper runs a fixed number of iterations on a training set large
+enough that ranking it perfectly generalises. On small ones it does not: on scikit-learn's digits
+(1,400 training rows) 200 dense iterations bring train mAP towards 1 while test mAP falls below the
+PCA start. The validation mAP is checked along the way and the best state kept; the PCA start is a
+candidate for dense projectors, and sparse states only once their support has its final size.
+
 :class:`SparseProjector` is the estimator. ``fit(X, y)`` draws a stratified subset of ``train_size``
 rows (:func:`stratified_subset`), starts from the PCA of all of X and learns on the subset; the
 pipeline draws the same subset of the train split, reads only those rows and calls
@@ -37,6 +43,7 @@ from sklearn.utils.validation import check_array, check_is_fitted
 
 from metricpipe.tasks.base import (COUNT, DIM_OR_NONE, NON_NEGATIVE, RANDOM_STATE, Interval, Learner, StrOptions,
                                    seed_of)
+from metricpipe.tasks import evaluation, stream
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.metrics import retrieval_scores
 from metricpipe.tasks.models import LinearModel
@@ -164,7 +171,7 @@ def support_size(it: int, D: int, m: int, anneal: float, max_iter: int) -> int:
 
 def rank_projectors(X: np.ndarray, key: np.ndarray, U0: np.ndarray, *, sparsity: float = 0.9, queries: int = 100,
                     epsilon: float = 1e-6, max_iter: int = 200, anneal: float = 0.5, seed=0, tol: float = TOL,
-                    record_every: int = 1, pivot: str = "original"):
+                    record_every: int = 1, pivot: str = "original", validation=None, patience: int | None = None):
     """Algorithm 1 (with the continuation ``anneal``): rank-optimised projectors from a start U0.
 
     Parameters
@@ -181,11 +188,19 @@ def rank_projectors(X: np.ndarray, key: np.ndarray, U0: np.ndarray, *, sparsity:
         signatures, X X^T (Section IV-1, "to stay as close as possible to the original
         signatures"); "initial": by the projected start, (X U0)(X U0)^T.
 
+    validation : optional (X_val centred like X, keys): early stopping. At every history entry whose
+        support has reached its final size (the start too, when nothing is annealed) the mAP of the
+        validation rows querying each other by x U is recorded ("val_map"), and the U with the best
+        one is returned (ties: the earlier); training stops after ``patience`` such checks in a row
+        without a better one (default: half of the checks the run would make, at least 5).
+
     Returns
     -------
     U : (D, R) float32 with unit columns of at most (1 - sparsity) D non-zeros; history : list of
-    {"iter", "objective", "train_map"}, "iter" counting the steps taken; n_iter : iterations run
-    (the one that found the objective below tol or a zero gradient included).
+    {"iter", "objective", "train_map"[, "val_map"]}, "iter" counting the steps taken; n_iter :
+    iterations run (the one that found the objective below tol or a zero gradient included);
+    with ``validation``, U is the best checked state and ``best`` = (iter, val_map) is appended to
+    the return value.
     """
     X = np.asarray(X, np.float64)
     N, D = X.shape
@@ -207,12 +222,32 @@ def rank_projectors(X: np.ndarray, key: np.ndarray, U0: np.ndarray, *, sparsity:
     P = min(queries, N)
     history = []
     done = n_iter = 0
+    best, stale = None, 0          # (val_map, iter, U) of the best checked state; checks without a better one
+    if validation is not None:
+        Xv, kv = np.asarray(validation[0], np.float64), np.asarray(validation[1])
+        eligible = [it for it in range(0, max_iter, record_every)
+                    if support_size(max(it - 1, 0), D, m_final, anneal, max_iter) == m_final]
+        patience = patience or max(5, (len(eligible) + 1) // 2)
+
+    def check(entry, U):
+        nonlocal best, stale
+        if validation is None or np.count_nonzero(U, axis=0).max() > m_final:
+            return False
+        entry["val_map"] = v = evaluation.validation_map(Xv @ U, kv, "inner")
+        if best is None or v > best[0]:
+            best, stale = (v, entry["iter"], U.copy()), 0
+        else:
+            stale += 1
+        return stale >= patience
+
     for it in range(max_iter):
         n_iter = it + 1
         m = support_size(it, D, m_final, anneal, max_iter)
         total, _, f_all = objective_and_gradient(U, X, gt, gt.queries, piv_all, epsilon, gradient=False)
         if it % record_every == 0:
             history.append({"iter": it, "objective": total, "train_map": train_map(U, X, gt)})
+            if check(history[-1], U):
+                break
         if total < tol:
             break
         active = np.argsort(-f_all, kind="stable")[:P // 2]                       # active half
@@ -239,7 +274,12 @@ def rank_projectors(X: np.ndarray, key: np.ndarray, U0: np.ndarray, *, sparsity:
         if history[-1]["iter"] == done:
             history.pop()
         history.append({"iter": done, "objective": total, "train_map": train_map(U, X, gt)})
-    return U.astype(np.float32), history, n_iter
+        check(history[-1], U)
+    if validation is None:
+        return U.astype(np.float32), history, n_iter
+    if best is None:           # no state reached the final support before stopping: the last one
+        best = (history[-1].get("val_map", float("nan")), history[-1]["iter"], U)
+    return best[2].astype(np.float32), history, n_iter, (int(best[1]), float(best[0]))
 
 
 def stratified_subset(labels: np.ndarray, size: int, seed, among: np.ndarray | None = None) -> np.ndarray:
@@ -292,6 +332,13 @@ class SparseProjector(Learner):
         The margin of Eq. 7.
     pivot : {"original", "initial"}, default "original"
         Scores that choose each query's pivot: the original signatures (the paper) or the PCA start.
+    validation : int >= 0, default 2000
+        Early stopping (0 = off): the mAP of at most this many validation rows querying each other is
+        checked at every history entry once the support has its final size, training stops after
+        half the checks without a better one, and the best U is kept (for dense projectors the PCA
+        start is a candidate). The rows are (X_val, y_val) when given, else a stratified, seeded share
+        of the rows (at most a fifth) kept out of the training subset; the pipeline gives its ``val``
+        split.
     random_state : int, RandomState or None, default None
         Seed of the training subset and of the random half of the queries (None: 0).
 
@@ -299,8 +346,9 @@ class SparseProjector(Learner):
     ----------
     projectors_ : (D, R) float32, a scipy CSC sparse array when sparsity > 0, else dense.
     bias_ : (R,) float32, -mean U (the codes of centred rows).
-    history_ : list of {"iter", "objective", "train_map"}. n_iter_ : iterations run (see
-    :func:`rank_projectors`).
+    history_ : list of {"iter", "objective", "train_map"[, "val_map"]}. n_iter_ : iterations run (see
+    :func:`rank_projectors`). best_iter_, val_map_ : the kept U's iteration and validation mAP (None
+    without validation).
     n_features_in_, classes_.
     """
     # how long the support shrinks from D to its final size (0: Algorithm 1 as printed)
@@ -324,11 +372,12 @@ class SparseProjector(Learner):
         "anneal": [Interval(Real, 0, 1, closed="both")],
         "epsilon": NON_NEGATIVE,
         "pivot": [StrOptions({"original", "initial"})],
+        "validation": [Interval(Integral, 0, None, closed="left")],
         "random_state": RANDOM_STATE,
     }
 
     def __init__(self, dim=None, sparsity=0.9, queries=100, train_size=2000, max_iter=200, anneal=0.5,
-                 epsilon=1e-6, pivot="original", random_state=None):
+                 epsilon=1e-6, pivot="original", validation=2000, random_state=None):
         self.dim = dim
         self.sparsity = sparsity
         self.queries = queries
@@ -337,6 +386,7 @@ class SparseProjector(Learner):
         self.anneal = anneal
         self.epsilon = epsilon
         self.pivot = pivot
+        self.validation = validation
         self.random_state = random_state
 
     def __sklearn_tags__(self):
@@ -344,13 +394,15 @@ class SparseProjector(Learner):
         tags.target_tags.required = True
         return tags
 
-    def fit(self, X, y):
+    def fit(self, X, y, X_val=None, y_val=None):
         """Learn the projectors on a stratified subset of ``train_size`` rows of X, from the PCA of X.
 
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features)
         y : array-like of shape (n_samples,), the relevance keys (same key = relevant).
+        X_val, y_val : optional validation rows and keys for early stopping (see ``validation``);
+            without them a share of X is held out of the training subset.
         """
         self._validate_params()
         if y is None:
@@ -358,10 +410,18 @@ class SparseProjector(Learner):
         X, y = self._check_Xy(X, y, min_classes=1)
         _check_keys(len(self.classes_))
         mean, components = pca_statistics(X)
-        rows = stratified_subset(y, self.train_size, seed_of(self.random_state))
-        return self._fit_subset(X[rows], y[rows], mean, components)
+        seed = seed_of(self.random_state)
+        among, val = None, None
+        if X_val is not None:
+            val = (self._check_X(X_val, reset=False), np.asarray(y_val))
+        elif self.validation:
+            held = stream.validation_split(y, self.validation, stream.row_keys(X), seed)
+            among = np.setdiff1d(np.arange(len(X)), held)
+            val = (X[held], y[held])
+        rows = stratified_subset(y, self.train_size, seed, among=among)
+        return self._fit_subset(X[rows], y[rows], mean, components, val)
 
-    def fit_subset(self, X, key, mean, components):
+    def fit_subset(self, X, key, mean, components, X_val=None, key_val=None):
         """The pipeline's entry point: learn on the training subset, starting from given statistics.
 
         Parameters
@@ -370,6 +430,7 @@ class SparseProjector(Learner):
             ``train_size`` and ``random_state``; bounded, so read in one task).
         key : (n,) their relevance keys (labels, or groups where the data has them).
         mean : (D,) the training rows' mean; components : (k, D) their PCA directions (rows).
+        X_val, key_val : optional validation rows and keys (early stopping when ``validation`` > 0).
         """
         self._validate_params()
         X = check_array(X, dtype=[np.float64, np.float32])
@@ -382,9 +443,10 @@ class SparseProjector(Learner):
         _check_keys(len(self.classes_))
         self.n_features_in_ = int(X.shape[1])
         self.__dict__.pop("feature_names_in_", None)
-        return self._fit_subset(X, key, mean, components)
+        val = None if X_val is None else (check_array(X_val, dtype=[np.float64, np.float32]), np.asarray(key_val))
+        return self._fit_subset(X, key, mean, components, val)
 
-    def _fit_subset(self, X, key, mean, components):
+    def _fit_subset(self, X, key, mean, components, val=None):
         comps = np.asarray(components)
         if self.dim is not None and self.dim > len(comps):
             raise InputError(f"The 'dim' parameter of sparse must be <= {len(comps)}, the PCA projectors "
@@ -392,10 +454,18 @@ class SparseProjector(Learner):
                              f"instead.")
         dim = len(comps) if self.dim is None else self.dim
         mean = np.asarray(mean, np.float64)
-        U, history, n_iter = rank_projectors(
+        if val is not None and (not self.validation or len(np.unique(val[1])) < 2
+                                or np.bincount(np.unique(val[1], return_inverse=True)[1]).max() < 2):
+            val = None   # off, or no validation row has a positive and a negative to rank
+        if val is not None:
+            n = min(self.validation, len(val[1]))
+            pick = stratified_subset(val[1], n, seed_of(self.random_state))
+            val = (np.asarray(val[0], np.float64)[pick] - mean, val[1][pick])
+        U, history, n_iter, *best = rank_projectors(
             np.asarray(X, np.float64) - mean, key, comps[:dim].T, sparsity=self.sparsity, queries=self.queries,
             epsilon=self.epsilon, max_iter=self.max_iter, anneal=self.anneal, seed=seed_of(self.random_state),
-            record_every=max(1, self.max_iter // 50), pivot=self.pivot)
+            record_every=max(1, self.max_iter // 50), pivot=self.pivot, validation=val)
+        self.best_iter_, self.val_map_ = best[0] if best else (None, None)
         self.projectors_ = scipy.sparse.csc_array(U) if self.sparsity > 0 else U
         self.bias_ = (-mean.astype(np.float32) @ U).astype(np.float32)
         self.history_ = history

@@ -9,7 +9,7 @@ write their own chunk-aligned region, so no task holds more than a row-block of 
 task holds a query block and a database block) and no two tasks write the same chunk. The report
 stage is `metricpipe.report`.
 """
-from metricpipe.stages.common import TEST, TRAIN, DataInfo, load_features
+from metricpipe.stages.common import TEST, TRAIN, VAL, DataInfo, load_features
 from metricpipe.stages.data import DataPlan, prepare_data, run_stage
 from metricpipe.stages.encode import run_encode
 from metricpipe.stages.evaluate import EVAL_BUDGET, run_evaluate
@@ -17,5 +17,5 @@ from metricpipe.stages.neighbours import EXACT_MAX_TRAIN, run_neighbours
 from metricpipe.stages.statistics import run_statistics
 from metricpipe.stages.train import model_id, run_train
 
-__all__ = ["TEST", "TRAIN", "DataInfo", "DataPlan", "EVAL_BUDGET", "EXACT_MAX_TRAIN", "load_features", "model_id",
+__all__ = ["TEST", "TRAIN", "VAL", "DataInfo", "DataPlan", "EVAL_BUDGET", "EXACT_MAX_TRAIN", "load_features", "model_id",
            "prepare_data", "run_encode", "run_evaluate", "run_neighbours", "run_stage", "run_statistics", "run_train"]

@@ -12,7 +12,7 @@ from metricpipe.context import StageContext
 from metricpipe.storage import Unit, open_array, row_chunks, row_codecs
 from metricpipe.tasks import moments
 
-TRAIN, TEST = SPLIT_NAMES.index("train"), SPLIT_NAMES.index("test")
+TRAIN, TEST, VAL = SPLIT_NAMES.index("train"), SPLIT_NAMES.index("test"), SPLIT_NAMES.index("val")
 
 
 

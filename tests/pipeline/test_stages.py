@@ -104,7 +104,13 @@ def test_sparse_projector_stage_stores_a_sparse_model_and_encodes_with_it(client
     # float32 values, uint16 row indices, int32 column pointers
     assert model.meta()["cost"] == {"nnz": 15, "storage_bytes": 15 * 4 + 15 * 2 + 4 * 4, "flops_per_image": 30}
     [(_, codes, _)] = stages.run_encode(ctx, data, [(spec, model)])
-    np.testing.assert_allclose(open_array(f"{codes.url}/codes")[:], X @ W.toarray() + m.bias_, rtol=1e-4, atol=1e-5)
+    Z = open_array(f"{codes.url}/codes")[:]
+    np.testing.assert_allclose(Z, X @ W.toarray() + m.bias_, rtol=1e-4, atol=1e-5)
+    # early stopping on the val split carved from train: the kept U's recorded mAP is that of its codes
+    from metricpipe.tasks.evaluation import validation_map
+    val = data.split == stages.VAL
+    assert 0 < val.sum() <= 2000 and model.meta()["best_iter"] == m.best_iter_ <= 5
+    assert model.meta()["val_map"] == pytest.approx(validation_map(Z[val], y[val], "inner"), abs=1e-4)
 
 
 def _boom(i):

@@ -84,15 +84,23 @@ def test_slde_fit_is_its_members_then_assemble():
         np.testing.assert_allclose(a.transform(X), b.transform(X), rtol=0, atol=atol)
 
 
-def test_sparse_fit_is_fit_subset_on_the_stratified_rows():
+@pytest.mark.parametrize("validation", [0, 40])
+def test_sparse_fit_is_fit_subset_on_the_stratified_rows(validation):
+    """fit holds a stratified share out of the training subset for early stopping (validation > 0)."""
+    from metricpipe.tasks import stream
     X, y = _data()
-    est = SparseProjector(dim=5, sparsity=0.7, queries=20, train_size=150, max_iter=8, random_state=6)
+    est = SparseProjector(dim=5, sparsity=0.7, queries=20, train_size=150, max_iter=8, validation=validation,
+                          random_state=6)
     a = clone(est).fit(X, y)
     mean, comps = slne.pca_statistics(X)
-    rows = sparse.stratified_subset(y, 150, 6)
-    b = clone(est).fit_subset(X[rows], y[rows], mean, comps)
+    held = stream.validation_split(y, validation, stream.row_keys(X), 6) if validation else np.array([], int)
+    rows = sparse.stratified_subset(y, 150, 6, among=np.setdiff1d(np.arange(len(X)), held))
+    assert not np.isin(rows, held).any()
+    val = {"X_val": X[held], "key_val": y[held]} if validation else {}
+    b = clone(est).fit_subset(X[rows], y[rows], mean, comps, **val)
     _assert_same_state(a.fitted_state(), b.fitted_state())
     np.testing.assert_array_equal(a.transform(X), b.transform(X))
+    assert (a.val_map_ is None) == (validation == 0) and a.best_iter_ == b.best_iter_
 
 
 @pytest.mark.parametrize("est", [SLNE(dim=5, epochs=2), SLDE(members=2, member_dim=3, epochs=1, refine=True),

@@ -144,7 +144,7 @@ def test_projector_is_algorithm_1_on_the_stratified_subset_from_the_pca_of_all_r
     from metricpipe.tasks.models import LinearModel
     X, y = make_blobs(n=300, d=20, classes=4, sep=0.5)
     X = X + 1.0
-    est = sparse.SparseProjector(dim=5, sparsity=0.8, queries=20, train_size=120, max_iter=12,
+    est = sparse.SparseProjector(dim=5, sparsity=0.8, queries=20, train_size=120, max_iter=12, validation=0,
                                  random_state=4).fit(X, y)
     mean = X.astype(np.float64).mean(0)
     vals, vecs = np.linalg.eigh(np.cov(X.astype(np.float64).T))
@@ -177,7 +177,8 @@ def test_fit_subset_takes_relevance_keys_other_than_the_labels():
 
 def test_stopping_before_the_annealing_ends_still_meets_the_sparsity():
     X, y = make_blobs(n=90, d=12, classes=3, sep=5.0)            # separable: the objective is 0 at once
-    est = sparse.SparseProjector(dim=4, sparsity=0.75, queries=20, max_iter=50, pivot="initial").fit(X, y)
+    est = sparse.SparseProjector(dim=4, sparsity=0.75, queries=20, max_iter=50, pivot="initial",
+                                 validation=0).fit(X, y)
     assert est.n_iter_ == 1 and est.history_[-1]["iter"] == 0
     assert ((est.projectors_.toarray() != 0).sum(0) <= 3).all()
 
@@ -209,3 +210,57 @@ def test_pivots_come_from_the_original_signatures_by_default():
         np.testing.assert_allclose(seen["S0"], (Xc @ U0) @ (Xc @ U0).T, rtol=1e-5, atol=1e-6)
     finally:
         sparse.pivots = real
+
+
+def _split_digits():
+    """900 of scikit-learn's digits (l2-normalised, centred on the first 600): 600 train, 300 validation
+    rows; dense training first loses validation mAP, then beats the PCA start around step 24."""
+    from sklearn.datasets import load_digits
+    X, y = load_digits(return_X_y=True)
+    X = X / np.linalg.norm(X, axis=1, keepdims=True)
+    p = np.random.default_rng(0).permutation(len(X))[:900]
+    X, y = X[p], y[p]
+    X = X - X[:600].mean(0)
+    return X[:600], y[:600], X[600:], y[600:]
+
+
+@pytest.mark.parametrize("sparsity", [0.0, 0.5])
+def test_early_stopping_keeps_the_state_with_the_best_validation_map(sparsity):
+    from metricpipe.tasks.evaluation import validation_map
+    X, y, Xv, yv = _split_digits()
+    U0 = np.linalg.svd(X, full_matrices=False)[2][:8].T
+    kw = dict(sparsity=sparsity, anneal=0.0, queries=40, seed=2)
+    U, hist, n_iter, (best_iter, best_map) = sparse.rank_projectors(X, y, U0, max_iter=30, validation=(Xv, yv),
+                                                                     patience=1000, **kw)
+    checked = [h for h in hist if "val_map" in h]
+    assert len(checked) == len(hist) and n_iter == 30           # anneal 0: every state has its final support
+    assert best_map == max(h["val_map"] for h in checked)
+    assert best_iter == next(h["iter"] for h in checked if h["val_map"] == best_map)
+    assert validation_map(Xv @ U, yv, "inner") == pytest.approx(best_map, abs=1e-6)
+    start = validation_map(Xv @ sparse.unit_columns(sparse.project_l0(U0, sparse.nonzeros_per_column(64, sparsity))),
+                           yv, "inner")
+    assert checked[0]["iter"] == 0 and checked[0]["val_map"] == pytest.approx(start, abs=1e-6)  # the start counts
+    assert best_map >= start and checked[-1]["val_map"] < best_map     # the last state is not the one kept
+    # the kept state is the one Algorithm 1 reaches after best_iter steps (the start: its projection)
+    ref = sparse.rank_projectors(X, y, U0, max_iter=best_iter, **kw)[0] if best_iter else \
+        sparse.unit_columns(sparse.project_l0(U0, sparse.nonzeros_per_column(64, sparsity)))
+    np.testing.assert_allclose(U, ref, atol=1e-6)
+
+
+def test_early_stopping_stops_after_patience_checks_without_a_better_map():
+    X, y, Xv, yv = _split_digits()
+    U0 = np.linalg.svd(X, full_matrices=False)[2][:8].T
+    U, hist, n_iter, (best_iter, _) = sparse.rank_projectors(X, y, U0, sparsity=0.0, queries=40, max_iter=200,
+                                                             validation=(Xv, yv), patience=3, seed=2)
+    after = [h["iter"] for h in hist if h["iter"] > best_iter]
+    assert n_iter < 200 and after == [best_iter + 1, best_iter + 2, best_iter + 3]
+
+
+def test_annealed_states_are_validated_only_once_the_support_is_final():
+    X, y, Xv, yv = _split_digits()
+    U0 = np.linalg.svd(X, full_matrices=False)[2][:8].T
+    _, hist, _, (best_iter, _) = sparse.rank_projectors(X, y, U0, sparsity=0.8, anneal=0.5, queries=40, max_iter=20,
+                                                        validation=(Xv, yv), patience=1000)
+    steps = 10      # anneal * max_iter: the step taken at iteration 10 projects onto M first; states after it count
+    assert [h["iter"] for h in hist if "val_map" in h] == list(range(steps + 1, 21))
+    assert best_iter >= steps
