@@ -57,10 +57,24 @@ X_INF = X.copy()
 X_INF[5, 0] = np.inf
 Y_ONE_MEMBER = Y.copy()
 Y_ONE_MEMBER[0] = 9
+X_HUGE = X.astype(np.float64)
+X_HUGE[3, 1] = 1e39      # finite in float64, inf in the float32 the store keeps
 
 BAD = {
     "nan": (lambda t: _bad_npz(t, X=X_NAN, y=Y), {}, r"non-finite value.*first at row 77, column 2"),
     "inf": (lambda t: _bad_npz(t, X=X_INF, y=Y), {}, r"non-finite value.*row 5"),
+    "beyond float32": (lambda t: _bad_npz(t, X=X_HUGE, y=Y), {},
+                       r"bad.npz: features hold 1 value\(s\) beyond float32's range .*first 1e\+39 at row 3, column 1"),
+    "non-integral float labels": (lambda t: _bad_npz(t, X=X, y=Y + 0.5), {},
+                                  r"non-integral float64 value\(s\), first \d\.5 at row 0; store class labels"),
+    "float labels beyond 2^53": (lambda t: _bad_npz(t, X=X, y=np.where(Y == 0, 1e19, 2e19)), {},
+                                 r"float64 labels beyond 2\^53 are not exact integers .*classes would merge"),
+    "pcaw eps 0": (lambda t: {"source": "digits"}, {"methods": [{"method": "pcaw", "eps": 0}]},
+                   r"PCAWhitening: component \d+ has variance 0 and eps=0; raise 'eps'"),
+    "pcaw codes not finite": (lambda t: {"source": "digits", "normalize": "none"},
+                              {"methods": [{"method": "pcaw", "eps": 1e-300}]},
+                              r"methods \(pcaw\S*\): \d+ codes value\(s\) are not finite, first nan at row \d+, "
+                              r"column \d+ \(parameters \{dim: None, eps: 1e-300\}\).*a larger eps for pcaw"),
     "label length": (lambda t: _bad_npz(t, X=X, y=Y[:-1]), {}, r"labels have length 119 but features have 120"),
     "one class": (lambda t: _bad_npz(t, X=X, y=np.zeros(120, int)), {}, r"only one class"),
     "one member": (lambda t: _bad_npz(t, X=X, y=Y_ONE_MEMBER), {}, r"class 9 has 1 sample\(s\); a stratified split needs at least two"),
@@ -129,7 +143,7 @@ def test_bad_input_exits_2_with_one_line_and_store_unchanged(good_store, tmp_pat
     res = CliRunner().invoke(main, ["run", str(cfg)])
     assert res.exit_code == 2, res.output
     lines = [ln for ln in res.output.strip().splitlines() if ln.startswith("error:")]
-    assert len(lines) == 1, res.output
+    assert len(lines) == 1 and "Traceback" not in res.output, res.output
     import re
     assert re.search(match, lines[0]), lines[0]
     after = _digest(good_store / "store")
