@@ -63,6 +63,11 @@ def _cluster_options(f):
 
 
 def _apply(cfg: RunConfig, store, cluster, workers, memory_limit) -> RunConfig:
+    from metricpipe.config import check_cluster, check_store_url
+    if store is not None:
+        check_store_url(store, "--store")
+    if cluster is not None:
+        check_cluster(cluster, "--cluster")
     return cfg.with_overrides(store=store, cluster=cluster, workers=workers, memory_limit=memory_limit)
 
 
@@ -131,7 +136,7 @@ def stage_cmd(source, store, features, labels, normalize, test_fraction, split_c
     st = Store(cfg.store)
     st.check_writable()
     with st.lock("metricpipe stage"), \
-            connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard) as client:
+            connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard, cfg.tls) as client:
         _echo(f"Dashboard: {client.dashboard_link}")
         info = run_stage(StageContext(client, st, cfg, log=_echo))
     _echo(f"Staged {info.n_samples} x {info.n_features} into {info.unit.url}")
@@ -158,7 +163,7 @@ def synth(samples, dim, classes, store, seed, nonnegative, separation, chunk_mb,
     check_args(store, samples, dim, classes)
     cfg = _apply(parse_config({"data": {"source": "digits"}}, where="metricpipe synth"), None, cluster, workers,
                  memory_limit)
-    with connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard) as client:
+    with connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard, cfg.tls) as client:
         _echo(f"Dashboard: {client.dashboard_link}")
         write_synthetic(client, store, samples, dim, classes, seed, nonnegative, chunk_mb, log=_echo,
                         separation=separation)

@@ -36,8 +36,9 @@ def run_pipeline(cfg: RunConfig, resume: bool = True, log=print, performance_rep
         check_methods(cfg, plan.info)
         if client is None:
             client = stack.enter_context(connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit,
-                                                 cfg.dashboard))
-        log(f"Dashboard: {client.dashboard_link}")
+                                                 cfg.dashboard, cfg.tls))
+        if cfg.dashboard is not None or cfg.cluster != "local":
+            log(f"Dashboard: {client.dashboard_link}")
         check_memory(client, plan.info, cfg)
         if performance_report:
             from distributed import performance_report as perf

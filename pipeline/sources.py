@@ -34,12 +34,31 @@ class Source:
 
 
 def fingerprint(*paths) -> dict:
+    """What identifies the data of ``paths`` (files or folders such as a Zarr source): for a folder,
+    every file's relative path, size and mtime (nanoseconds) hashed into one digest, with the count
+    and total bytes. A rewrite that keeps a file's size and mtime (``cp -p``, ``touch -r``) goes
+    unseen: ``metricpipe run --verify-source`` hashes the contents instead."""
+    import hashlib
     out = {}
     for p in paths:
         p = Path(p)
         files = sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p]
-        out[str(p.resolve())] = [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files[:1000]]
+        h, total = hashlib.sha256(), 0
+        for f in files:
+            st = f.stat()
+            total += st.st_size
+            h.update(f"{f.relative_to(p) if p.is_dir() else f.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+            if VERIFY_SOURCE:
+                with open(f, "rb") as fh:
+                    for block in iter(lambda: fh.read(1 << 24), b""):
+                        h.update(block)
+        out[str(p.resolve())] = {"files": len(files), "bytes": total, "digest": h.hexdigest()[:32],
+                                 **({"contents": True} if VERIFY_SOURCE else {})}
     return out
+
+
+# set by ``metricpipe run --verify-source``: fingerprints also hash every source file's contents
+VERIFY_SOURCE = False
 
 
 class MemoryReader:
@@ -100,11 +119,39 @@ class H5Reader:
             return f[self.key][start:stop]
 
 
+def check_zarr_complete(a, path, key: str, field_name: str) -> None:
+    """A Zarr array whose chunk files are missing reads their rows as the fill value (zeros): refuse it
+    (the store's own units are protected by checksums; a user's source is not)."""
+    missing = a.nchunks - a.nchunks_initialized
+    if missing:
+        raise InputError(f"{path}: array {key!r} ({field_name}) is missing {missing} of its {a.nchunks} chunk(s), "
+                         f"which would read as {a.fill_value!r}; rewrite or re-copy the Zarr source completely")
+
+
+class _CheckedGroup:
+    """The arrays of a Zarr group, each checked for missing chunks when a column is read from it."""
+
+    def __init__(self, group, names, path):
+        self.group, self.names, self.path = group, names, path
+
+    def __contains__(self, key):
+        return key in self.names
+
+    def keys(self):
+        return self.names
+
+    def __getitem__(self, key):
+        a = self.group[key]
+        check_zarr_complete(a, self.path, key, "a column")
+        return a
+
+
 class ZarrReader:
     def __init__(self, path, key):
         import zarr
         self.path, self.key = str(path), key
         a = zarr.open_array(store=f"{self.path}/{key}", mode="r")
+        check_zarr_complete(a, path, key, "data.features")
         self.shape, self.dtype = a.shape, a.dtype
 
     def read(self, start, stop):
@@ -304,9 +351,10 @@ def _open_path(cfg: DataConfig, path: Path) -> Source:
         if cfg.features not in names:
             raise InputError(f"{path}: no array {cfg.features!r} (data.features); it holds {sorted(names)}")
         reader = ZarrReader(path, cfg.features)
+        cols = _CheckedGroup(g, names, path)
         y = None if not want else _labels_from_npy(cfg) if separate_labels else \
-            _column({k: g[k] for k in names}, cfg.labels, path, "data.labels")
-        extra = _extra_columns(cfg, {k: g[k] for k in names}, path)
+            _column(cols, cfg.labels, path, "data.labels")
+        extra = _extra_columns(cfg, cols, path)
     elif suffix in (".fvecs", ".bvecs"):
         reader = VecsReader(path)
         if want and not separate_labels:
