@@ -81,12 +81,18 @@ def _apply(cfg: RunConfig, store, cluster, workers, memory_limit) -> RunConfig:
 @click.option("--repair", is_flag=True, help="Recompute committed results whose files fail verification "
                                              "(default: stop with an error naming the damaged file).")
 @click.option("--performance-report", type=click.Path(dir_okay=False), help="Write Dask's HTML performance report.")
+@click.option("--verify-source", is_flag=True, help="Fingerprint source files by their contents (a full read), "
+                                                    "not sizes and mtimes (data.verify_source).")
 @handle_errors
-def run(config, store, cluster, workers, memory_limit, resume, force, repair, performance_report):
+def run(config, store, cluster, workers, memory_limit, resume, force, repair, performance_report, verify_source):
     """Run the whole pipeline described by CONFIG (YAML)."""
+    from dataclasses import replace
+
     from metricpipe.runner import run_pipeline
 
     cfg = _apply(load_config(config), store, cluster, workers, memory_limit)
+    if verify_source:
+        cfg = replace(cfg, data=replace(cfg.data, verify_source=True))
     run_pipeline(cfg, resume=resume, log=_echo, performance_report=performance_report, force=force, repair=repair)
 
 

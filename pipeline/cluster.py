@@ -3,7 +3,6 @@
 import contextlib
 from pathlib import Path
 
-import yaml
 from distributed import Client, LocalCluster
 
 from metricpipe.tasks.errors import InputError
@@ -93,7 +92,11 @@ def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limi
     if not spec_path.is_file():
         raise InputError(f"{cluster}: cluster spec not found (cluster); use local, tcp://HOST:PORT or a spec "
                          f"under cluster/")
-    spec = yaml.safe_load(spec_path.read_text()) or {}
+    from metricpipe.config import read_yaml
+    spec = read_yaml(spec_path, "a cluster spec") or {}
+    if not isinstance(spec, dict):
+        raise InputError(f"{cluster}: a cluster spec is a YAML mapping (kind: slurm | kubernetes, then that "
+                         f"cluster's arguments), got a {type(spec).__name__}; see cluster/slurm.yaml")
     kind = spec.pop("kind", None)
     if kind == "slurm":
         try:

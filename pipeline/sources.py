@@ -33,11 +33,12 @@ class Source:
     fingerprint: dict = field(default_factory=dict)
 
 
-def fingerprint(*paths) -> dict:
+def fingerprint(*paths, contents: bool = False) -> dict:
     """What identifies the data of ``paths`` (files or folders such as a Zarr source): for a folder,
     every file's relative path, size and mtime (nanoseconds) hashed into one digest, with the count
     and total bytes. A rewrite that keeps a file's size and mtime (``cp -p``, ``touch -r``) goes
-    unseen: ``metricpipe run --verify-source`` hashes the contents instead."""
+    unseen: ``contents`` (``data.verify_source: true`` or ``metricpipe run --verify-source``) also
+    hashes every byte, so such a rewrite gets a new key too (and the first run with it restages)."""
     import hashlib
     out = {}
     for p in paths:
@@ -48,17 +49,14 @@ def fingerprint(*paths) -> dict:
             st = f.stat()
             total += st.st_size
             h.update(f"{f.relative_to(p) if p.is_dir() else f.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-            if VERIFY_SOURCE:
+            if contents:
                 with open(f, "rb") as fh:
                     for block in iter(lambda: fh.read(1 << 24), b""):
                         h.update(block)
         out[str(p.resolve())] = {"files": len(files), "bytes": total, "digest": h.hexdigest()[:32],
-                                 **({"contents": True} if VERIFY_SOURCE else {})}
+                                 **({"contents": True} if contents else {})}
     return out
 
-
-# set by ``metricpipe run --verify-source``: fingerprints also hash every source file's contents
-VERIFY_SOURCE = False
 
 
 class MemoryReader:
@@ -124,8 +122,9 @@ def check_zarr_complete(a, path, key: str, field_name: str) -> None:
     (the store's own units are protected by checksums; a user's source is not)."""
     missing = a.nchunks - a.nchunks_initialized
     if missing:
+        fill = a.fill_value.item() if hasattr(a.fill_value, "item") else a.fill_value
         raise InputError(f"{path}: array {key!r} ({field_name}) is missing {missing} of its {a.nchunks} chunk(s), "
-                         f"which would read as {a.fill_value!r}; rewrite or re-copy the Zarr source completely")
+                         f"which would read as {fill!r}; rewrite or re-copy the Zarr source completely")
 
 
 class _CheckedGroup:
@@ -269,12 +268,12 @@ def fashion_mnist_root(cfg: DataConfig) -> Path:
         f"{FASHION_FILES[0]}.gz and the other three files")
 
 
-def _idx_source(folder: Path, name: str) -> Source:
+def _idx_source(folder: Path, name: str, contents: bool = False) -> Source:
     files = [_find_idx(folder, s) for s in FASHION_FILES]
     tr, tr_lab, te, te_lab = [IdxReader(f) for f in files]
     y = np.concatenate([tr_lab.read_all_1d(), te_lab.read_all_1d()])
     split = np.array(["train"] * tr.shape[0] + ["test"] * te.shape[0])
-    return Source(name, ConcatReader([tr, te]), y, split=split, fingerprint=fingerprint(*files))
+    return Source(name, ConcatReader([tr, te]), y, split=split, fingerprint=fingerprint(*files, contents=contents))
 
 
 def _column(container, key, path, field_name, n=None):
@@ -291,7 +290,7 @@ def open_source(cfg: DataConfig) -> Source:
         return Source("builtin:digits", MemoryReader(d.data.astype(np.float32)), d.target,
                       fingerprint={"builtin": "digits"})
     if cfg.source == "fashion-mnist":
-        return _idx_source(fashion_mnist_root(cfg), "builtin:fashion-mnist")
+        return _idx_source(fashion_mnist_root(cfg), "builtin:fashion-mnist", cfg.verify_source)
     if cfg.source == "synthetic":
         s = cfg.synthetic
         spec = SyntheticSpec(s.samples, s.dim, s.classes, s.seed, separation=s.separation,
@@ -361,7 +360,7 @@ def _open_path(cfg: DataConfig, path: Path) -> Source:
             raise InputError(f"{path}: {suffix} files hold no labels; give data.labels as a .npy path")
         y = _labels_from_npy(cfg) if want else None
     elif path.is_dir() and all(_find_idx(path, s) for s in FASHION_FILES):
-        return _idx_source(path, str(path))
+        return _idx_source(path, str(path), cfg.verify_source)
     elif "idx" in path.name:
         reader = IdxReader(path)
         if want and not separate_labels:
@@ -374,7 +373,8 @@ def _open_path(cfg: DataConfig, path: Path) -> Source:
     if len(reader.shape) != 2:
         raise InputError(f"{path}: features must be a 2-D (sample, feature) array; got shape "
                          f"{tuple(reader.shape)}; reshape to (n_samples, n_features)")
-    return Source(str(path), reader, y, fingerprint=fingerprint(path, *([cfg.labels] if separate_labels else [])),
+    return Source(str(path), reader, y, fingerprint=fingerprint(path, *([cfg.labels] if separate_labels else []),
+                                                    contents=cfg.verify_source),
                   **extra)
 
 

@@ -279,3 +279,85 @@ def test_sampled_ivf_graph_trains_slne_and_the_report_says_how_it_was_built(tmp_
     assert res.exit_code == 0, res.output
     html = (tmp_path / "store" / "report" / "index.html").read_text()
     assert "IVF8,PQ4, nprobe 16, rerank 4: recall@5" in html and "sampled train rows searched" in html
+
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+SWEEP = {"methods": [{"method": "ncmml", "lr": [0.1 * i for i in range(1, 31)], "batch": list(range(10, 50))}]}
+RAW = {
+    "binary config": (b"\x00\x9f\x92\x96 binary \xff", r"cfg.yaml: not a text file; a config must be YAML text"),
+    "alias bomb": (BOMB, r"cfg.yaml: YAML aliases expand to more than 100,000 values"),
+    "a list": ("- data: {source: digits}\n", r"cfg.yaml: a config is a YAML mapping .* got a list"),
+    "chunk_mb inf": ({"data": {"source": "digits", "chunk_mb": float("inf")}},
+                     r"data.chunk_mb: expected a finite number, got inf"),
+    "chunk_mb nan": ({"data": {"source": "digits", "chunk_mb": float("nan")}},
+                     r"data.chunk_mb: expected a finite number, got nan"),
+    "memory_limit lots": ({"memory_limit": "lots"}, r"memory_limit: expected a positive size such as 2GB .*'lots'"),
+    "memory_limit -5": ({"memory_limit": -5}, r"memory_limit: expected a positive size such as 2GB or 'auto', got -5"),
+    "dashboard list": ({"dashboard": [1, 2]}, r"dashboard: expected \[HOST\]:PORT .* got \[1, 2\]"),
+    "empty store": ({"store": ""}, r"cfg.yaml: store: empty; give a directory"),
+    "methods mapping": ({"methods": {}}, r"methods: expected a non-empty list of \{method: ...\} entries, got \{\}"),
+    "sweep of 1,200 models": (SWEEP, r"methods\[0\]: method ncmml sweeps 40 batch x 30 lr = 1,200 models, over the "
+                                     r"limit of 1,000"),
+    "data a list": ({"data": ["digits"]}, r"data: expected a mapping \(key: value\), got \['digits'\]"),
+    "verify_source text": ({"data": {"source": "digits", "verify_source": "yes"}},
+                           r"data.verify_source: expected bool, got 'yes'"),
+}
+
+
+@pytest.mark.parametrize("case", list(RAW))
+def test_bad_config_files_exit_2_with_one_line(tmp_path, case):
+    content, match = RAW[case]
+    cfg = tmp_path / "cfg.yaml"
+    if isinstance(content, dict):
+        content = yaml.safe_dump({"store": str(tmp_path / "s"), "data": {"source": "digits"}, **content})
+    cfg.write_bytes(content if isinstance(content, bytes) else content.encode())
+    import time
+    t0 = time.perf_counter()
+    res = CliRunner().invoke(main, ["run", str(cfg)])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    [line] = res.output.strip().splitlines()
+    import re
+    assert line.startswith("error: ") and re.search(match, line), line
+    assert time.perf_counter() - t0 < 30          # refused, not expanded (the bomb ran 56 s to a MemoryError)
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("flag, value, match", [
+    ("--store", "memory://x", r"--store: 'memory://x' is in-memory, invisible to the workers"),
+    ("--store", "simplecache::/tmp/x", r"--store: 'simplecache::/tmp/x' is a chained fsspec URL"),
+    ("--store", " ", r"--store: empty"),
+    ("--cluster", "ucx://127.0.0.1:1", r"--cluster: ucx:// is not supported"),
+    ("--cluster", "LIST", r"spec.yaml: a cluster spec is a YAML mapping .* got a list"),
+])
+def test_bad_store_and_cluster_options_exit_2_with_one_line(tmp_path, flag, value, match):
+    import re
+    if value == "LIST":
+        (tmp_path / "spec.yaml").write_text("- kind: slurm\n")
+        value = str(tmp_path / "spec.yaml")
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump({"store": str(tmp_path / "s"), "data": {"source": "digits"}, "dashboard": ":0"}))
+    res = CliRunner().invoke(main, ["run", str(cfg), flag, value])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    lines = [ln for ln in res.output.strip().splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and re.search(match, lines[0]), res.output
+
+
+def test_the_top_level_seed_keys_statistics_and_evaluation(tmp_path):
+    """Issue 19 item 7: changing ``seed`` must not reuse the seed-0 sampled queries or randomized SVD."""
+    store = tmp_path / "s"
+    units = []
+    for seed in (0, 1, 0):
+        cfg = tmp_path / f"c{seed}.yaml"
+        cfg.write_text(yaml.safe_dump({"store": str(store), "seed": seed, "workers": 1, "dashboard": ":0",
+                                       "data": {"source": "digits"}, "methods": [{"method": "pca", "dim": 8}],
+                                       "evaluate": {"retrieval": {"k": [5], "queries": 50},
+                                                    "classification": {"classifiers": ["knn1"]}}}))
+        res = CliRunner().invoke(main, ["run", str(cfg)])
+        assert res.exit_code == 0, res.output
+        manifest = json.loads((store / "runs/latest.json").read_text())["units"]
+        evaluations = sorted(p.name for p in (store / "evaluation").glob("*.committed.json"))
+        units.append((manifest["statistics"], evaluations, manifest["data"]))
+    assert units[0][2] == units[1][2]                       # the same staged data (its split has its own seed)
+    assert units[0][0] != units[1][0] and len(units[0][1]) == 1 and len(units[1][1]) == 2   # a new evaluation
+    assert units[2] == (units[0][0], units[1][1], units[0][2])   # back to seed 0: the seed-0 units, reused
