@@ -35,10 +35,20 @@ def handle_errors(fn):
                 store = f" --store {kwargs['store']}" if kwargs.get("store") else ""
                 _echo(f"to resume: metricpipe run {kwargs['config']}{store} --resume (finished stages are kept)")
             sys.exit(EXIT_INPUT)
-        except KeyboardInterrupt:
-            _echo("interrupted; finished stages are kept, rerun with --resume to continue")
-            sys.exit(130)
+        except KeyboardInterrupt as e:
+            how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
+            _echo(f"{how}; finished stages are kept, rerun with --resume to continue")
+            sys.exit(143 if isinstance(e, Terminated) else 130)
     return wrapper
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's or a service manager's stop) handled like Ctrl-C: units being written stay
+    uncommitted, the cluster is closed and the resume hint printed."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
 
 
 @click.group()
@@ -48,6 +58,8 @@ def main(verbose):
     """metricpipe: supervised compact codes for image descriptors, on Dask."""
     # Our own one-line messages say what failed; Dask's per-task logs are for --verbose. Set through
     # the environment so that worker processes started from here inherit it.
+    import signal
+    signal.signal(signal.SIGTERM, _on_sigterm)
     level = "info" if verbose else "error"
     os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", level)
     import dask

@@ -168,6 +168,13 @@ class Unit:
         except (FileNotFoundError, json.JSONDecodeError, OSError):
             return False
 
+    def marker_damaged(self) -> bool:
+        """Whether the commit marker exists but is not a whole record of this unit (truncated by a full
+        disk or a torn copy): then the unit is not committed, and verification says so."""
+        if not self.store.fs.exists(self._root + MARKER_SUFFIX):
+            return False
+        return not self.done()
+
     def meta(self) -> dict:
         return self.store.read_json(f"{self.rel}{MARKER_SUFFIX}")
 

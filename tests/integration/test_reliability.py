@@ -109,6 +109,38 @@ def test_client_killed_mid_stage_resumes_from_that_stage_with_identical_results(
     _same(_results(tmp_path / "store"), reference[1])
 
 
+def test_sigterm_is_handled_like_ctrl_c_with_a_resume_hint(reference, tmp_path):
+    cfg = _config(tmp_path, "store")
+    proc = subprocess.Popen([sys.executable, "-m", "metricpipe.cli", "run", str(cfg)], stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, cwd=Path(__file__).resolve().parents[2])
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if "train ..." in line:
+            proc.send_signal(signal.SIGTERM)  # the client only, as a batch system's stop would
+            break
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=60) == 143, "".join(seen) + rest
+    assert rest.strip().splitlines()[-1] == ("terminated (SIGTERM); finished stages are kept, rerun with --resume "
+                                             "to continue"), rest
+    res = _run("run", cfg, "--resume")
+    assert res.exit_code == 0 and "statistics: reusing" in res.output, res.output
+    _same(_results(tmp_path / "store"), reference[1])
+
+
+def test_a_truncated_commit_marker_fails_verify_and_is_recomputed(reference, tmp_path):
+    store, cfg = _copy(reference, tmp_path)
+    rel = json.loads((store / "runs/latest.json").read_text())["units"]["models"][0]
+    marker = store / f"{rel}.committed.json"
+    marker.write_bytes(marker.read_bytes()[:40])          # e.g. a full disk while it was copied
+    res = _run("inspect", store, "--verify")
+    assert res.exit_code == 1 and f"models/{marker.name}: commit marker damaged" in res.output, res.output
+    res = _run("run", *cfg)
+    assert res.exit_code == 0 and "train: reusing 2 of 3" in res.output, res.output
+    assert _run("inspect", store, "--verify").exit_code == 0
+    _same(_results(store), reference[1])
+
+
 def test_flipped_bytes_are_named_by_verify_refused_by_run_and_repaired(reference, tmp_path, monkeypatch):
     from metricpipe import context
     monkeypatch.setattr(context, "CHECKSUM_TASK_BYTES", 1024)   # run checks every file on the workers
