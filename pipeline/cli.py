@@ -1,4 +1,5 @@
 """The ``metricpipe`` command. It parses arguments and hands off; errors become one line and exit 2."""
+import errno
 import functools
 import json
 import logging
@@ -34,6 +35,12 @@ def handle_errors(fn):
             if isinstance(e, StageError) and "config" in kwargs:
                 store = f" --store {kwargs['store']}" if kwargs.get("store") else ""
                 _echo(f"to resume: metricpipe run {kwargs['config']}{store} --resume (finished stages are kept)")
+            sys.exit(EXIT_INPUT)
+        except OSError as e:
+            if verbose or e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+                raise
+            from metricpipe.storage import _fix   # a write that failed outside the store's own checks
+            _echo(f"error: {e.filename or 'a write'}: {e.strerror}; {_fix(e)}")
             sys.exit(EXIT_INPUT)
         except KeyboardInterrupt as e:
             how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
@@ -238,6 +245,7 @@ def report(store):
 
     st = Store(store)
     st.check_exists()
+    st.check_writable()
     try:
         manifest = st.read_json("runs/latest.json")
     except FileNotFoundError:
@@ -266,6 +274,7 @@ def add_classes_cmd(store, new_data, features, labels, model, hierarchy, prior_w
 
     st = Store(store)
     st.check_exists()
+    st.check_writable()
     with st.lock("metricpipe add-classes"):
         add_classes(store, new_data, features, labels, model, hierarchy, prior_weight, zero_shot, log=_echo)
 

@@ -3,6 +3,7 @@
     stage -> statistics -> [neighbours] -> train -> encode -> evaluate -> report
 """
 import contextlib
+from dataclasses import replace
 import time
 
 import numpy as np
@@ -33,7 +34,7 @@ def run_pipeline(cfg: RunConfig, resume: bool = True, log=print, performance_rep
     with contextlib.ExitStack() as stack:
         stack.enter_context(store.lock("metricpipe run"))  # one writer at a time
         plan = stages.prepare_data(cfg, store)  # refuse bad input before starting anything
-        check_methods(cfg, plan.info)
+        cfg = check_methods(cfg, plan.info, log)
         if client is None:
             client = stack.enter_context(connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit,
                                                  cfg.dashboard, cfg.tls))
@@ -46,7 +47,7 @@ def run_pipeline(cfg: RunConfig, resume: bool = True, log=print, performance_rep
         return _run(StageContext(client, store, cfg, resume=resume, log=log, force=force, repair=repair), plan, log)
 
 
-def check_methods(cfg: RunConfig, info) -> None:
+def check_methods(cfg: RunConfig, info, log=print) -> RunConfig:
     """Every parameter the data's shape rules out (dim above the features, LDA's dim above
     classes - 1, class indices beyond the classes, ...) is refused here, after the source's header
     and labels are read and before any unit is written."""
@@ -56,6 +57,23 @@ def check_methods(cfg: RunConfig, info) -> None:
                 registry.make(cand).check_data_shape(info.n_features, len(info.classes))
             except InputError as e:
                 raise InputError(f"{cfg.source_file}: methods ({stages.model_id(cand)}): {e}") from None
+    ev = cfg.evaluate
+    n_test, n_train = int((info.split == stages.TEST).sum()), int((info.split == stages.TRAIN).sum())
+    user_k = "k" in ((cfg.raw.get("evaluate") or {}).get("retrieval") or {})
+    if ev.retrieval and not user_k and max(ev.retrieval_k) > n_test - 1:   # the default list, on a small test split
+        ks = tuple(k for k in ev.retrieval_k if k <= n_test - 1) or (1,)
+        log(f"  evaluate: {n_test} test rows: retrieval k {list(ks)} (the default's larger K need more rows)")
+        ev = replace(ev, retrieval_k=ks)
+        cfg = replace(cfg, evaluate=ev)
+    if ev.retrieval and max(ev.retrieval_k) > n_test - 1:
+        raise InputError(f"{cfg.source_file}: evaluate.retrieval.k: {max(ev.retrieval_k)} is more than the retrieval "
+                         f"database holds (each test query ranks the other {n_test - 1} test rows); use K <= "
+                         f"{n_test - 1}")
+    knn = [int(c[3:]) for c in ev.classifiers if c.startswith("knn")]
+    if knn and max(knn) > n_train:
+        raise InputError(f"{cfg.source_file}: evaluate.classification.classifiers: knn{max(knn)} votes over more "
+                         f"neighbours than the {n_train} train rows; use knnK with K <= {n_train}")
+    return cfg
 
 
 # The memory rule: a task holds at most BLOCKS_PER_TASK row-blocks of the staged features (a kNN

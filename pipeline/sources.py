@@ -59,6 +59,13 @@ def fingerprint(*paths, contents: bool = False) -> dict:
 
 
 
+def _refuse_objects(dtype, path, key, field_name: str) -> None:
+    """Object arrays hold pickled Python objects: never unpickled from a user's file."""
+    if dtype.hasobject:
+        raise InputError(f"{path}: array {key!r} ({field_name}) holds pickled Python objects (dtype object), which "
+                         f"metricpipe does not unpickle; save it as a numeric (or, for labels, string) array")
+
+
 class MemoryReader:
     """Rows of an in-memory array (small built-ins only)."""
 
@@ -73,6 +80,7 @@ class MemoryReader:
 class NpyReader:
     def __init__(self, path):
         self.path = str(path)
+        _refuse_objects(_npy_dtype(self.path), self.path, "", "data.path")
         a = np.load(self.path, mmap_mode="r")
         self.shape, self.dtype = a.shape, a.dtype
 
@@ -93,6 +101,7 @@ class NpzReader:
             self.offset = f.tell()
         if fortran:
             raise InputError(f"{self.path}: array {key!r} is stored in Fortran order; save it C-ordered")
+        _refuse_objects(self.dtype, self.path, key, "data.features")
 
     def read(self, start, stop):
         row = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
@@ -279,7 +288,12 @@ def _idx_source(folder: Path, name: str, contents: bool = False) -> Source:
 def _column(container, key, path, field_name, n=None):
     if key not in container:
         raise InputError(f"{path}: no array {key!r} ({field_name}); it holds {sorted(container.keys())}")
-    return np.asarray(container[key][...])
+    try:
+        return np.asarray(container[key][...])
+    except ValueError as e:
+        if "allow_pickle" in str(e):
+            _refuse_objects(np.dtype(object), path, key, field_name)
+        raise
 
 
 def open_source(cfg: DataConfig) -> Source:
@@ -308,11 +322,24 @@ def open_source(cfg: DataConfig) -> Source:
         raise InputError(f"{path}: cannot read (data.path): {type(e).__name__}: {e}".splitlines()[0]) from None
 
 
+def _npy_dtype(path) -> np.dtype:
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+            np.lib.format.read_array_header_2_0
+        return read_header(f)[2]
+
+
 def _labels_from_npy(cfg, n_hint=None):
     p = Path(cfg.labels)
     if not p.is_file():
         raise InputError(f"{p}: labels file not found (data.labels)")
-    return np.load(p, allow_pickle=False)
+    try:
+        _refuse_objects(_npy_dtype(p), p, "", "data.labels")
+        return np.load(p, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise InputError(f"{p}: cannot read the labels (data.labels): {type(e).__name__}: {e}".splitlines()[0]) \
+            from None
 
 
 def _open_path(cfg: DataConfig, path: Path) -> Source:

@@ -26,6 +26,7 @@ One run at a time writes a store: the run holds an exclusive ``flock`` on ``STOR
 records the holder's host and pid); the operating system drops it when that process ends.
 """
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -40,6 +41,15 @@ import numpy as np
 from metricpipe.tasks.errors import InputError
 
 MARKER_SUFFIX = ".committed.json"
+
+
+def _fix(e: OSError) -> str:
+    """What to do about a failed write, by its cause."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "free space on its disk (or choose another store), then rerun: finished stages are kept"
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return "the store is read-only here: choose a writable store (--store) or fix its permissions"
+    return "check the store's file system, then rerun: finished stages are kept"
 
 
 def hash_key(inputs: dict) -> str:
@@ -85,6 +95,16 @@ class Store:
             self.fs.makedirs(self.root, exist_ok=True)
         except OSError as e:
             raise InputError(f"{self.url}: cannot create the store directory (store): {e.strerror or e}") from None
+        if self.local:   # a read-only or full file system: say so now, not in a worker mid-stage
+            probe = f"{self.root}/.write-probe-{os.getpid()}"
+            try:
+                with open(probe, "wb") as f:
+                    f.write(b"x")
+                os.remove(probe)
+            except OSError as e:
+                with contextlib.suppress(OSError):
+                    os.remove(probe)
+                raise InputError(f"{self.url}: the store is not writable ({e.strerror or e}); {_fix(e)}") from None
 
     def check_exists(self) -> None:
         if not self.fs.isdir(self.root):
@@ -141,8 +161,13 @@ class Store:
         target = f"{self.root}/{rel}"
         self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
         tmp = f"{target}.tmp-{os.getpid()}"
-        self.fs.pipe_file(tmp, text.encode())
-        self.fs.mv(tmp, target)
+        try:
+            self.fs.pipe_file(tmp, text.encode())
+            self.fs.mv(tmp, target)
+        except OSError as e:      # a full disk or a read-only store: no half file, no stray temporary
+            with contextlib.suppress(OSError, FileNotFoundError):
+                self.fs.rm(tmp)
+            raise InputError(f"{target}: cannot write ({e.strerror or e}); {_fix(e)}") from None
 
     def read_json(self, rel: str):
         with self.fs.open(f"{self.root}/{rel}", "r") as f:

@@ -75,6 +75,16 @@ BAD = {
                               {"methods": [{"method": "pcaw", "eps": 1e-300}]},
                               r"methods \(pcaw\S*\): \d+ codes value\(s\) are not finite, first nan at row \d+, "
                               r"column \d+ \(parameters \{dim: None, eps: 1e-300\}\).*a larger eps for pcaw"),
+    "object features": (lambda t: _bad_npz_pickled(t, X=X.astype(object), y=Y), {},
+                        r"bad.npz: array .X. \(data.features\) holds pickled Python objects"),
+    "pickled labels npy": (lambda t: {**_bad_npz(t, X=X), "labels": _pickled_labels(t)}, {},
+                           r"labels.npy: array .. \(data.labels\) holds pickled Python objects"),
+    "retrieval k above the database": (lambda t: _bad_npz(t, X=X, y=Y), {"evaluate": {"retrieval": {"k": [500]}}},
+                                       r"evaluate.retrieval.k: 500 is more than the retrieval database holds "
+                                       r"\(each test query ranks the other \d+ test rows\)"),
+    "knn above the train rows": (lambda t: _bad_npz(t, X=X, y=Y),
+                                 {"evaluate": {"classification": {"classifiers": ["knn500"]}}},
+                                 r"knn500 votes over more neighbours than the \d+ train rows"),
     "label length": (lambda t: _bad_npz(t, X=X, y=Y[:-1]), {}, r"labels have length 119 but features have 120"),
     "one class": (lambda t: _bad_npz(t, X=X, y=np.zeros(120, int)), {}, r"only one class"),
     "one member": (lambda t: _bad_npz(t, X=X, y=Y_ONE_MEMBER), {}, r"class 9 has 1 sample\(s\); a stratified split needs at least two"),
@@ -115,6 +125,18 @@ BAD = {
                                       {"methods": [{"method": "slem", "negatives": {"split": "test"}}]},
                                       r"methods\[0\].negatives: negatives.split must name .*never test"),
 }
+
+
+def _bad_npz_pickled(t, **arrays):
+    p = t / "bad.npz"
+    np.savez(p, **arrays)        # object arrays are pickled inside the npz
+    return {"path": str(p)}
+
+
+def _pickled_labels(t):
+    p = t / "labels.npy"
+    np.save(p, np.array([{"c": int(v)} for v in Y], dtype=object), allow_pickle=True)
+    return str(p)
 
 
 def _pairs(t, bad_j):
