@@ -3,6 +3,7 @@
     stage -> statistics -> [neighbours] -> train -> encode -> evaluate -> report
 """
 import contextlib
+import os
 from dataclasses import replace
 import time
 
@@ -12,6 +13,7 @@ from metricpipe import stages
 from metricpipe.cluster import connect
 from metricpipe.config import SPLIT_NAMES, NeighboursConfig, RunConfig
 from metricpipe.context import StageContext
+from metricpipe.errors import StageError
 from metricpipe.report import build_report, package_versions
 from metricpipe.storage import Store, to_json
 from metricpipe.tasks.errors import InputError
@@ -41,10 +43,41 @@ def run_pipeline(cfg: RunConfig, resume: bool = True, log=print, performance_rep
         if cfg.dashboard is not None or cfg.cluster != "local":
             log(f"Dashboard: {client.dashboard_link}")
         check_memory(client, plan.info, cfg)
+        worker_log = _log_workers_to_store(client, store) if cfg.cluster == "local" else None
         if performance_report:
             from distributed import performance_report as perf
             stack.enter_context(perf(filename=performance_report))
-        return _run(StageContext(client, store, cfg, resume=resume, log=log, force=force, repair=repair), plan, log)
+        try:
+            return _run(StageContext(client, store, cfg, resume=resume, log=log, force=force, repair=repair), plan,
+                        log)
+        except StageError as e:
+            if worker_log is None:
+                raise
+            raise StageError(f"{str(e).splitlines()[0]} (worker tracebacks: {worker_log})") from e
+
+
+# Worker and scheduler logs of a local run: into STORE/logs/ (the terminal shows our one-line messages).
+def _to_file(path: str) -> None:
+    import logging
+    log = logging.getLogger("distributed")
+    for h in list(log.handlers):
+        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
+            log.removeHandler(h)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.WARNING)
+    log.propagate = False
+
+
+def _log_workers_to_store(client, store) -> str | None:
+    if not store.local:
+        return None
+    os.makedirs(f"{store.root}/logs", exist_ok=True)
+    path = f"{store.root}/logs/workers-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    client.run(_to_file, path)
+    client.run_on_scheduler(_to_file, path)
+    return path
 
 
 def check_methods(cfg: RunConfig, info, log=print) -> RunConfig:
