@@ -72,11 +72,16 @@ class Store:
 
     def __init__(self, url: str):
         self.url = str(url).rstrip("/")
-        self.fs, self.root = fsspec.core.url_to_fs(self.url)
+        try:
+            self.fs, self.root = fsspec.core.url_to_fs(self.url)
+        except ImportError as e:  # fsspec names the package (s3fs, gcsfs, ...) that the protocol needs
+            raise InputError(f"{self.url}: {e} (store); for S3, pip install 'metricpipe[s3]'") from None
         self.local = self.fs.protocol in ("file", ("file", "local")) or "file" in getattr(self.fs, "protocol", ())
         if self.local:
             self.root = os.path.abspath(self.root)
             self.url = self.root
+        else:  # workers write the units: a listing cached in this process would not show their files
+            self.fs, self.root = fsspec.core.url_to_fs(self.url, use_listings_cache=False)
 
     def check_writable(self) -> None:
         if self.fs.exists(self.root) and not self.fs.isdir(self.root):
@@ -137,8 +142,12 @@ class Store:
             return None
 
     def write_text(self, rel: str, text: str) -> None:
-        """Write a small file atomically (temporary name, then rename)."""
+        """Write a small file atomically (temporary name, then rename; on an object store one PUT, which
+        readers see whole or not at all)."""
         target = f"{self.root}/{rel}"
+        if not self.local:
+            self.fs.pipe_file(target, text.encode())
+            return
         self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
         tmp = f"{target}.tmp-{os.getpid()}"
         self.fs.pipe_file(tmp, text.encode())
