@@ -34,7 +34,7 @@ def run_pipeline(cfg: RunConfig, resume: bool = True, log=print, performance_rep
     store = Store(cfg.store)
     store.check_writable()
     with contextlib.ExitStack() as stack:
-        stack.enter_context(store.lock("metricpipe run"))  # one writer at a time
+        stack.enter_context(store.lock("metricpipe run", log=log))  # one writer at a time
         plan = stages.prepare_data(cfg, store)  # refuse bad input before starting anything
         cfg = check_methods(cfg, plan.info, log)
         if client is None:
