@@ -218,6 +218,16 @@ def inspect(store, verify):
 @main.command()
 @click.argument("store")
 @handle_errors
+def unlock(store):
+    """Remove the lock a killed run left on STORE on object storage (a local store's needs no clearing)."""
+    from metricpipe.storage import Store
+
+    _echo(Store(store).unlock())
+
+
+@main.command()
+@click.argument("store")
+@handle_errors
 def models(store):
     """List STORE's trained models: key, method, code dimension and parameters.
 

@@ -1,6 +1,7 @@
 """Clusters: an embedded LocalCluster, an existing scheduler address, or a spec file for SLURM
 (dask-jobqueue) or Kubernetes (dask-kubernetes)."""
 import contextlib
+import subprocess
 from pathlib import Path
 
 from distributed import Client, LocalCluster
@@ -10,6 +11,8 @@ from metricpipe.tasks.errors import InputError
 # A task may lose its worker this many times (pre-emption, OOM kill) before the run stops with a
 # message naming the stage and block; its retries recompute the identical result.
 ALLOWED_FAILURES = 3
+# How long a run waits for its first worker from a SLURM or Kubernetes cluster (queued jobs, pulled images).
+WORKER_WAIT = 600
 
 
 TLS_ENV = ("METRICPIPE_TLS_CA_FILE", "METRICPIPE_TLS_CERT", "METRICPIPE_TLS_KEY")
@@ -114,6 +117,31 @@ def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limi
     else:
         raise InputError(f"{cluster}: kind must be slurm or kubernetes (cluster spec), got {kind!r}")
     with cm as c, Client(c) as client:
+        if kind == "slurm":
+            check_slurm_job(cluster, c.job_script())
         c.scale(workers)
-        client.wait_for_workers(1, timeout=600)
+        try:
+            client.wait_for_workers(1, timeout=WORKER_WAIT)
+        except TimeoutError:
+            raise InputError(f"{cluster}: no worker joined the scheduler at {c.scheduler_address} within "
+                             f"{WORKER_WAIT} s ({kind}); see whether the jobs still wait for resources or "
+                             f"ended (squeue, kubectl get pods) and the workers' logs (a worker that cannot "
+                             f"reach that address needs the spec's interface)") from None
         yield client
+
+
+def check_slurm_job(cluster: str, script: str) -> None:
+    """Refuse a worker job SLURM would reject (partition, account, memory, walltime), with SLURM's
+    own words, before any job is submitted: a rejected submission would otherwise surface only as a
+    worker that never comes."""
+    try:
+        res = subprocess.run(["sbatch", "--test-only"], input=script, capture_output=True, text=True,
+                             timeout=60)
+    except FileNotFoundError:
+        raise InputError(f"{cluster}: sbatch not found; run on a machine that can submit SLURM jobs "
+                         f"(a login node)") from None
+    if res.returncode != 0:
+        why = "; ".join(line.strip().removeprefix("sbatch: error: ") for line in res.stderr.splitlines()
+                        if line.strip()) or f"exit code {res.returncode}"
+        raise InputError(f"{cluster}: SLURM refuses the worker job: {why}; check the spec's queue, account, "
+                         f"cores, memory and walltime") from None

@@ -34,7 +34,7 @@ def run_pipeline(cfg: RunConfig, resume: bool = True, log=print, performance_rep
     store = Store(cfg.store)
     store.check_writable()
     with contextlib.ExitStack() as stack:
-        stack.enter_context(store.lock("metricpipe run"))  # one writer at a time
+        stack.enter_context(store.lock("metricpipe run", log=log))  # one writer at a time
         plan = stages.prepare_data(cfg, store)  # refuse bad input before starting anything
         cfg = check_methods(cfg, plan.info, log)
         if client is None:
@@ -56,7 +56,7 @@ def run_pipeline(cfg: RunConfig, resume: bool = True, log=print, performance_rep
             raise StageError(f"{str(e).splitlines()[0]} (worker tracebacks: {worker_log})") from e
 
 
-# Worker and scheduler logs of a local run: into STORE/logs/ (the terminal shows our one-line messages).
+# Worker logs of a local run: into STORE/logs/ (the terminal shows our one-line messages).
 def _to_file(path: str) -> None:
     import logging
     log = logging.getLogger("distributed")
@@ -75,8 +75,7 @@ def _log_workers_to_store(client, store) -> str | None:
         return None
     os.makedirs(f"{store.root}/logs", exist_ok=True)
     path = f"{store.root}/logs/workers-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-    client.run(_to_file, path)
-    client.run_on_scheduler(_to_file, path)
+    client.run(_to_file, path)   # the workers' (the local scheduler runs in this process: its logging is ours)
     return path
 
 
