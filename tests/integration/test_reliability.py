@@ -200,7 +200,7 @@ def test_a_task_that_kills_its_worker_every_time_ends_the_run_naming_stage_and_b
     assert len(errors) == 1 and "stage train failed on model nml-4" in errors[0] and "KilledWorker" in errors[0], \
         res.output
     assert "to resume: metricpipe run" in res.output
-    # the workers' and scheduler's logs went to the store, not the terminal; the one line says where
+    # the workers' logs went to the store, not the terminal; the one line says where
     log = errors[0].rsplit("(worker tracebacks: ", 1)[1].rstrip(")")
     assert log.startswith(str(tmp_path / "store" / "logs" / "workers-")) and Path(log).is_file()
     assert "KilledWorker" in Path(log).read_text() or "train-nml" in Path(log).read_text()
