@@ -16,8 +16,8 @@ import yaml
 from click.testing import CliRunner
 
 from metricpipe.cli import main
-from metricpipe.storage import load_arrays
 from tests.conftest import hold_lock, make_blobs
+from tests.integration.helpers import assert_same_results, run_results
 
 pytestmark = pytest.mark.integration
 
@@ -38,22 +38,12 @@ def _config(tmp_path, name, **extra):
     return p
 
 
-def _results(store: Path):
-    """(metrics records, {model spec: arrays}) of the store's last run."""
-    manifest = json.loads((store / "runs/latest.json").read_text())
-    models = {}
-    for rel in manifest["units"]["models"]:
-        arrays, attrs = load_arrays(str(store / rel))
-        models[json.dumps(attrs["spec"], sort_keys=True)] = arrays
-    return json.loads((store / "report/metrics.json").read_text())["records"], models
+def _results(store):
+    return run_results(store)
 
 
 def _same(a, b):
-    assert a[0] == b[0]                       # every metric, exactly
-    assert a[1].keys() == b[1].keys()
-    for spec, arrays in a[1].items():
-        for name, value in arrays.items():
-            np.testing.assert_array_equal(value, b[1][spec][name], err_msg=f"{spec} {name}")
+    assert_same_results(a, b)
 
 
 def _run(*args, env=None):

@@ -11,15 +11,15 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
 from click.testing import CliRunner
 
 from metricpipe import storage
 from metricpipe.cli import main
-from metricpipe.storage import Store, load_arrays
+from metricpipe.storage import Store
 from metricpipe.tasks.errors import InputError
+from tests.integration.helpers import assert_same_results, run_results
 
 pytestmark = pytest.mark.integration
 
@@ -82,22 +82,12 @@ def _run(*args):
     return CliRunner().invoke(main, [str(a) for a in args])
 
 
-def _results(url: str):
-    """(metric records, {model spec: arrays}) of the last run in the store at ``url``."""
-    st = Store(url)
-    models = {}
-    for rel in st.read_json("runs/latest.json")["units"]["models"]:
-        arrays, attrs = load_arrays(st.path(rel))
-        models[json.dumps(attrs["spec"], sort_keys=True)] = arrays
-    return st.read_json("report/metrics.json")["records"], models
+def _results(store):
+    return run_results(store)
 
 
 def _same(a, b):
-    assert a[0] == b[0]                       # every metric, exactly
-    assert a[1].keys() == b[1].keys()
-    for spec, arrays in a[1].items():
-        for name, value in arrays.items():
-            np.testing.assert_array_equal(value, b[1][spec][name], err_msg=f"{spec} {name}")
+    assert_same_results(a, b)
 
 
 def _objects(fs, prefix: str) -> dict:

@@ -3,7 +3,6 @@ munge; munged, slurmctld and slurmd started here as root processes with their co
 logs in a tmp dir; proctrack/linuxproc, no cgroups) runs the pipeline's workers as batch jobs through
 dask-jobqueue. The metrics equal a LocalCluster run's, the workers really were SLURM jobs, and
 nothing the run starts listens beyond 127.0.0.1."""
-import json
 import os
 import shutil
 import socket
@@ -20,7 +19,7 @@ from click.testing import CliRunner
 from metricpipe import cluster as cluster_module
 from metricpipe.cli import main
 from metricpipe.cluster import connect
-from metricpipe.storage import load_arrays
+from tests.integration.helpers import run_results
 
 pytestmark = pytest.mark.integration
 
@@ -190,12 +189,7 @@ def _run(tmp_path, name, cluster="local"):
     cfg.write_text(yaml.safe_dump({**CONFIG, "store": str(tmp_path / name), "cluster": str(cluster)}))
     res = CliRunner().invoke(main, ["run", str(cfg)], catch_exceptions=False)
     assert res.exit_code == 0, res.output
-    store = tmp_path / name
-    models = {}
-    for rel in json.loads((store / "runs/latest.json").read_text())["units"]["models"]:
-        arrays, attrs = load_arrays(str(store / rel))
-        models[json.dumps(attrs["spec"], sort_keys=True)] = arrays
-    return json.loads((store / "report/metrics.json").read_text())["records"], models
+    return run_results(tmp_path / name)
 
 
 def _finished_workers(slurm) -> dict[str, str]:
