@@ -101,7 +101,7 @@ def main():
     from metricpipe.storage import Store
 
     with tempfile.TemporaryDirectory() as tmp, \
-            LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as lc, Client(lc) as client:
+            LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0") as lc, Client(lc) as client:
         np.savez(f"{tmp}/x.npz", X=X, y=np.arange(n) % 10)
         cfg = parse_config({"data": {"path": f"{tmp}/x.npz", "split": {"test": 0.001}}, "neighbours": {"k": k}})
         ctx = StageContext(client, Store(f"{tmp}/store"), cfg, log=lambda m: None)

@@ -33,7 +33,7 @@ def main():
     p.add_argument("--workers", type=int, default=2)
     a = p.parse_args()
     cfg = load_config(a.config).with_overrides(store=tempfile.mkdtemp(prefix="mp-sched-"), workers=a.workers)
-    with LocalCluster(n_workers=a.workers, threads_per_worker=1, dashboard_address=":0") as lc, Client(lc) as c:
+    with LocalCluster(n_workers=a.workers, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0") as lc, Client(lc) as c:
         store = Store(cfg.store)
         store.check_writable()
         ctx = StageContext(c, store, cfg, log=lambda m: None)

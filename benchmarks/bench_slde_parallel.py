@@ -31,7 +31,7 @@ def main():
     store.check_writable()
     times, models = {}, {}
     for workers in (2, 1, 2):
-        with LocalCluster(n_workers=workers, threads_per_worker=1, dashboard_address=":0") as lc, Client(lc) as c:
+        with LocalCluster(n_workers=workers, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0") as lc, Client(lc) as c:
             ctx = StageContext(c, store, cfg, log=lambda m: None)
             data = stages.run_stage(ctx)
             stat = stages.run_statistics(ctx, data)

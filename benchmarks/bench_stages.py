@@ -63,7 +63,7 @@ def main():
     t_copy = time.perf_counter() - t
 
     import sklearn.model_selection  # noqa: F401 -- imported once per process by a run, not per stage
-    with LocalCluster(n_workers=a.workers, threads_per_worker=1, dashboard_address=":0") as lc, Client(lc) as c:
+    with LocalCluster(n_workers=a.workers, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0") as lc, Client(lc) as c:
         store = Store(cfg.store)
         store.check_writable()
         ctx = StageContext(c, store, cfg, log=lambda m: None)

@@ -23,7 +23,7 @@ from metricpipe.tasks.ncmml import NCMC
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.moments import class_sums
 from metricpipe.tasks.normalize import normalize_rows
-from metricpipe.tasks.validate import check_feature_block
+from metricpipe.tasks.validate import check_feature_block, label_values
 
 BLOCK_ROWS = 16384
 KMEANS_SAMPLE = 2000
@@ -48,8 +48,8 @@ def _open(path: str, features: str, labels: str, where: str):
     if y.ndim != 1 or len(y) != n:  # one class is fine here: adding a single class is the common case
         raise InputError(f"{src.name} (labels): labels must be 1-D with one per feature row; got shape "
                          f"{y.shape} for {n} rows")
-    names, codes = np.unique(y.astype(str), return_inverse=True)
-    return src, n, D, codes.astype(np.int64), [str(c) for c in names]
+    names, codes = np.unique(label_values(y, f"{src.name} (labels)"), return_inverse=True)
+    return src, n, D, codes.astype(np.int64), [c.item() for c in names]
 
 
 def _blocks(src, n, D, normalize):
@@ -69,14 +69,24 @@ def _parents(path: str | None) -> dict:
         raise InputError(f"{path}: cannot read the hierarchy (--hierarchy): {type(e).__name__}") from None
     if not isinstance(raw, dict):
         raise InputError(f"{path}: the hierarchy must map each class to its parent (class: parent)")
-    return {str(k): str(v) for k, v in raw.items()}
+    parents = {str(k): str(v) for k, v in raw.items()}
+    for start in parents:   # a cycle would make the ancestor walk endless: refuse it, naming the loop
+        seen, c = [start], start
+        while c in parents:
+            c = parents[c]
+            if c in seen:
+                loop = " -> ".join(seen[seen.index(c):] + [c])
+                raise InputError(f"{path}: the hierarchy has a cycle ({loop}); class {c!r} is its own ancestor, "
+                                 f"so give it a parent outside the loop (--hierarchy)")
+            seen.append(c)
+    return parents
 
 
 def zero_shot_prior(name: str, parents: dict, class_means: dict) -> np.ndarray:
     """Eq. 33: the mean over the ancestors of ``name`` of each ancestor's mean, an ancestor's mean
     being the average of the means of the training classes below it."""
     def ancestors(c):
-        out = []
+        out, c = [], str(c)       # the hierarchy file names classes as text
         while c in parents:
             c = parents[c]
             out.append(c)
@@ -107,13 +117,15 @@ def add_classes(store_url: str, data_path: str, features: str = "X", labels: str
     for unit, attrs in targets:
         t0 = time.perf_counter()
         est = load_estimator(unit.url)
-        old_names = [str(c) for c in attrs.get("class_names") or []]   # names as add-classes reads them: text
+        old_names = list(attrs.get("class_names") or [])   # the run's labels and added names: compared by value
         if est.n_features_in_ != D:
             raise InputError(f"{src.name}: features have {D} dimensions but model {unit.key} takes "
                              f"{est.n_features_in_}; give features of the staged data's dimension")
         owner = np.asarray(est.centroid_classes_, np.int64)
         have = {old_names[c] for c in np.unique(owner)} if old_names else set()  # classes with centroids
-        clash = sorted(set(names + list(zero_shot)) & have)
+        zero = [int(z) if old_names and isinstance(old_names[0], int) and str(z).lstrip("-").isdigit() else z
+                for z in zero_shot]   # --zero-shot names are text: as the model's classes are
+        clash = sorted(set(names + zero) & have, key=str)
         if clash:
             raise InputError(f"{src.name}: class(es) {clash[:5]} are already in model {unit.key}; new data must "
                              f"hold new classes only")
@@ -137,7 +149,7 @@ def add_classes(store_url: str, data_path: str, features: str = "X", labels: str
             cents = _kmeans_new(src, n, D, codes, names, k, attrs.get("normalize", "none"), counts)
         else:
             cents = new_means
-        extra_names = [z for z in zero_shot]
+        extra_names = list(zero)
         extra = [zero_shot_prior(z, parents, trained) for z in extra_names]
         new_owner = np.repeat(np.arange(C0, C0 + len(names)), k)
         all_cents = np.concatenate([est.centroids_, cents.astype(np.float32)]
@@ -199,7 +211,7 @@ def predict(store_url: str, model: str, data_path: str, features: str = "X", lab
                          f"({', '.join(u.key for u, _ in found[:4])}); give more of the key")
     [(unit, attrs)] = found
     est = load_estimator(unit.url)
-    names = [str(c) for c in attrs.get("class_names") or []]
+    names = list(attrs.get("class_names") or [])
     src = open_source(DataConfig(path=data_path, features=features, labels=labels or ""))
     n, D = src.reader.shape[0], int(np.prod(src.reader.shape[1:]))
     if D != est.n_features_in_:
@@ -207,12 +219,19 @@ def predict(store_url: str, model: str, data_path: str, features: str = "X", lab
     pred = np.empty(n, np.int64)
     for a, X in _blocks(src, n, D, attrs.get("normalize", "none")):
         pred[a:a + len(X)] = est.predict(X)   # nearest class mean (Eq. 5), Eq. 22's mixture or Eq. 27
-    out = np.array([names[i] for i in pred])
+    out = np.asarray(names)[pred] if names else pred   # labels of the model's own kind (int64 or str)
     error = None
     if labels is not None:
         truth = np.asarray(src.labels)
         if truth.shape != (n,):
             raise InputError(f"{src.name} (--labels {labels}): labels of shape {truth.shape} for {n} rows; give a "
                              f"1-D array with one label per row")
-        error = float(np.mean(out != truth.astype(str)))
+        truth = label_values(truth, f"{src.name} (--labels {labels})")
+        index = {c: i for i, c in enumerate(names)}
+        truth_idx = np.array([index.get(t.item(), -1) for t in truth])   # by value: 3.0 is class 3, "3" is not
+        if n and (truth_idx < 0).all():
+            raise InputError(f"{src.name} (--labels {labels}): none of the labels is a class of model {unit.key} "
+                             f"(e.g. {truth[0].item()!r}; its classes: {names[:3]}...); give the labels the model "
+                             f"was trained with")
+        error = float(np.mean(pred != truth_idx))
     return out, error

@@ -1,4 +1,5 @@
 """The ``metricpipe`` command. It parses arguments and hands off; errors become one line and exit 2."""
+import errno
 import functools
 import json
 import logging
@@ -35,10 +36,26 @@ def handle_errors(fn):
                 store = f" --store {kwargs['store']}" if kwargs.get("store") else ""
                 _echo(f"to resume: metricpipe run {kwargs['config']}{store} --resume (finished stages are kept)")
             sys.exit(EXIT_INPUT)
-        except KeyboardInterrupt:
-            _echo("interrupted; finished stages are kept, rerun with --resume to continue")
-            sys.exit(130)
+        except OSError as e:
+            if verbose or e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+                raise
+            from metricpipe.storage import _fix   # a write that failed outside the store's own checks
+            _echo(f"error: {e.filename or 'a write'}: {e.strerror}; {_fix(e)}")
+            sys.exit(EXIT_INPUT)
+        except KeyboardInterrupt as e:
+            how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
+            _echo(f"{how}; finished stages are kept, rerun with --resume to continue")
+            sys.exit(143 if isinstance(e, Terminated) else 130)
     return wrapper
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's or a service manager's stop) handled like Ctrl-C: units being written stay
+    uncommitted, the cluster is closed and the resume hint printed."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
 
 
 @click.group()
@@ -48,6 +65,8 @@ def main(verbose):
     """metricpipe: supervised compact codes for image descriptors, on Dask."""
     # Our own one-line messages say what failed; Dask's per-task logs are for --verbose. Set through
     # the environment so that worker processes started from here inherit it.
+    import signal
+    signal.signal(signal.SIGTERM, _on_sigterm)
     level = "info" if verbose else "error"
     os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", level)
     import dask
@@ -63,6 +82,11 @@ def _cluster_options(f):
 
 
 def _apply(cfg: RunConfig, store, cluster, workers, memory_limit) -> RunConfig:
+    from metricpipe.config import check_cluster, check_store_url
+    if store is not None:
+        check_store_url(store, "--store")
+    if cluster is not None:
+        check_cluster(cluster, "--cluster")
     return cfg.with_overrides(store=store, cluster=cluster, workers=workers, memory_limit=memory_limit)
 
 
@@ -76,12 +100,18 @@ def _apply(cfg: RunConfig, store, cluster, workers, memory_limit) -> RunConfig:
 @click.option("--repair", is_flag=True, help="Recompute committed results whose files fail verification "
                                              "(default: stop with an error naming the damaged file).")
 @click.option("--performance-report", type=click.Path(dir_okay=False), help="Write Dask's HTML performance report.")
+@click.option("--verify-source", is_flag=True, help="Fingerprint source files by their contents (a full read), "
+                                                    "not sizes and mtimes (data.verify_source).")
 @handle_errors
-def run(config, store, cluster, workers, memory_limit, resume, force, repair, performance_report):
+def run(config, store, cluster, workers, memory_limit, resume, force, repair, performance_report, verify_source):
     """Run the whole pipeline described by CONFIG (YAML)."""
+    from dataclasses import replace
+
     from metricpipe.runner import run_pipeline
 
     cfg = _apply(load_config(config), store, cluster, workers, memory_limit)
+    if verify_source:
+        cfg = replace(cfg, data=replace(cfg.data, verify_source=True))
     run_pipeline(cfg, resume=resume, log=_echo, performance_report=performance_report, force=force, repair=repair)
 
 
@@ -131,7 +161,7 @@ def stage_cmd(source, store, features, labels, normalize, test_fraction, split_c
     st = Store(cfg.store)
     st.check_writable()
     with st.lock("metricpipe stage"), \
-            connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard) as client:
+            connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard, cfg.tls) as client:
         _echo(f"Dashboard: {client.dashboard_link}")
         info = run_stage(StageContext(client, st, cfg, log=_echo))
     _echo(f"Staged {info.n_samples} x {info.n_features} into {info.unit.url}")
@@ -158,7 +188,7 @@ def synth(samples, dim, classes, store, seed, nonnegative, separation, chunk_mb,
     check_args(store, samples, dim, classes)
     cfg = _apply(parse_config({"data": {"source": "digits"}}, where="metricpipe synth"), None, cluster, workers,
                  memory_limit)
-    with connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard) as client:
+    with connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard, cfg.tls) as client:
         _echo(f"Dashboard: {client.dashboard_link}")
         write_synthetic(client, store, samples, dim, classes, seed, nonnegative, chunk_mb, log=_echo,
                         separation=separation)
@@ -183,6 +213,16 @@ def inspect(store, verify):
                + ("; 'metricpipe run CONFIG --repair' recomputes the damaged units" if problems else ""))
     if problems:
         sys.exit(1)
+
+
+@main.command()
+@click.argument("store")
+@handle_errors
+def unlock(store):
+    """Remove the lock a killed run left on STORE on object storage (a local store's needs no clearing)."""
+    from metricpipe.storage import Store
+
+    _echo(Store(store).unlock())
 
 
 @main.command()
@@ -215,6 +255,7 @@ def report(store):
 
     st = Store(store)
     st.check_exists()
+    st.check_writable()
     try:
         manifest = st.read_json("runs/latest.json")
     except FileNotFoundError:
@@ -243,6 +284,7 @@ def add_classes_cmd(store, new_data, features, labels, model, hierarchy, prior_w
 
     st = Store(store)
     st.check_exists()
+    st.check_writable()
     with st.lock("metricpipe add-classes"):
         add_classes(store, new_data, features, labels, model, hierarchy, prior_weight, zero_shot, log=_echo)
 

@@ -1,9 +1,9 @@
 """Clusters: an embedded LocalCluster, an existing scheduler address, or a spec file for SLURM
 (dask-jobqueue) or Kubernetes (dask-kubernetes)."""
 import contextlib
+import subprocess
 from pathlib import Path
 
-import yaml
 from distributed import Client, LocalCluster
 
 from metricpipe.tasks.errors import InputError
@@ -11,11 +11,62 @@ from metricpipe.tasks.errors import InputError
 # A task may lose its worker this many times (pre-emption, OOM kill) before the run stops with a
 # message naming the stage and block; its retries recompute the identical result.
 ALLOWED_FAILURES = 3
+# How long a run waits for its first worker from a SLURM or Kubernetes cluster (queued jobs, pulled images).
+WORKER_WAIT = 600
+
+
+TLS_ENV = ("METRICPIPE_TLS_CA_FILE", "METRICPIPE_TLS_CERT", "METRICPIPE_TLS_KEY")
+
+
+def tls_security(cluster: str, tls: tuple | None):
+    """Dask's Security for a tls:// scheduler: the config's ``tls: {ca_file, cert, key}``, else the
+    environment (METRICPIPE_TLS_CA_FILE, _CERT, _KEY), else Dask's own ``distributed.comm.tls``
+    settings; encryption required. Missing or unreadable files are one line naming the setting."""
+    import os
+    from distributed.security import Security
+    if tls is None and all(os.environ.get(k) for k in TLS_ENV):
+        tls, where = tuple(os.environ[k] for k in TLS_ENV), "environment " + ", ".join(TLS_ENV)
+    else:
+        where = "config tls"
+    if tls is None:
+        sec = Security(require_encryption=True)
+        if not (sec.tls_ca_file and sec.tls_client_cert):
+            raise InputError(f"cluster {cluster}: a tls:// scheduler needs certificates; give tls: {{ca_file, cert, "
+                             f"key}} in the config or set {', '.join(TLS_ENV)}")
+        return sec
+    for name, path in zip(("ca_file", "cert", "key"), tls):
+        if not os.path.isfile(path):
+            raise InputError(f"{path}: file not found ({where}: {name}); give the PEM file's path")
+    return Security(tls_ca_file=tls[0], tls_client_cert=tls[1], tls_client_key=tls[2], require_encryption=True)
+
+
+def dashboard_address(dashboard: str | None) -> str | None:
+    """Where the local dashboard listens: 127.0.0.1 unless the config names a host (``0.0.0.0:8787``
+    opens it to the network deliberately); a taken port is swapped for a free one here, so Dask does
+    not warn about it (the link printed is the real one)."""
+    if dashboard is None:
+        return None
+    host, _, port = dashboard.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    if port != "0" and not _port_free(host, int(port)):
+        port = "0"
+    return f"{host}:{port}"
+
+
+def _port_free(host: str, port: int) -> bool:
+    import socket
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 @contextlib.contextmanager
 def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limit="auto",
-            dashboard: str | None = ":8787"):
+            dashboard: str | None = ":8787", tls: tuple | None = None):
     """Yield a connected Client; close what this function started on exit.
 
     ``cluster`` is ``local``, ``tcp://HOST:PORT`` or the path of a YAML spec with ``kind: slurm`` or
@@ -25,15 +76,18 @@ def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limi
         import dask
         dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES})
         with LocalCluster(n_workers=workers, threads_per_worker=threads_per_worker, processes=True,
-                          memory_limit=memory_limit, dashboard_address=dashboard) as lc, Client(lc) as client:
+                          host="127.0.0.1", memory_limit=memory_limit,
+                          dashboard_address=dashboard_address(dashboard)) as lc, Client(lc) as client:
             yield client
         return
-    if cluster.startswith(("tcp://", "tls://", "ucx://")):
+    if cluster.startswith(("tcp://", "tls://")):
+        security = tls_security(cluster, tls) if cluster.startswith("tls://") else None
         try:
-            client = Client(cluster, timeout="10s")
+            client = Client(cluster, timeout="10s", security=security)
         except (OSError, TimeoutError) as e:
             raise InputError(f"cluster {cluster}: cannot reach the scheduler ({e}); start it with "
-                             f"'dask scheduler' or check the address") from None
+                             f"'dask scheduler' or check the address"
+                             + (" and the tls certificates" if security else "")) from None
         with client:
             yield client
         return
@@ -41,7 +95,11 @@ def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limi
     if not spec_path.is_file():
         raise InputError(f"{cluster}: cluster spec not found (cluster); use local, tcp://HOST:PORT or a spec "
                          f"under cluster/")
-    spec = yaml.safe_load(spec_path.read_text()) or {}
+    from metricpipe.config import read_yaml
+    spec = read_yaml(spec_path, "a cluster spec") or {}
+    if not isinstance(spec, dict):
+        raise InputError(f"{cluster}: a cluster spec is a YAML mapping (kind: slurm | kubernetes, then that "
+                         f"cluster's arguments), got a {type(spec).__name__}; see cluster/slurm.yaml")
     kind = spec.pop("kind", None)
     if kind == "slurm":
         try:
@@ -59,6 +117,31 @@ def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limi
     else:
         raise InputError(f"{cluster}: kind must be slurm or kubernetes (cluster spec), got {kind!r}")
     with cm as c, Client(c) as client:
+        if kind == "slurm":
+            check_slurm_job(cluster, c.job_script())
         c.scale(workers)
-        client.wait_for_workers(1, timeout=600)
+        try:
+            client.wait_for_workers(1, timeout=WORKER_WAIT)
+        except TimeoutError:
+            raise InputError(f"{cluster}: no worker joined the scheduler at {c.scheduler_address} within "
+                             f"{WORKER_WAIT} s ({kind}); see whether the jobs still wait for resources or "
+                             f"ended (squeue, kubectl get pods) and the workers' logs (a worker that cannot "
+                             f"reach that address needs the spec's interface)") from None
         yield client
+
+
+def check_slurm_job(cluster: str, script: str) -> None:
+    """Refuse a worker job SLURM would reject (partition, account, memory, walltime), with SLURM's
+    own words, before any job is submitted: a rejected submission would otherwise surface only as a
+    worker that never comes."""
+    try:
+        res = subprocess.run(["sbatch", "--test-only"], input=script, capture_output=True, text=True,
+                             timeout=60)
+    except FileNotFoundError:
+        raise InputError(f"{cluster}: sbatch not found; run on a machine that can submit SLURM jobs "
+                         f"(a login node)") from None
+    if res.returncode != 0:
+        why = "; ".join(line.strip().removeprefix("sbatch: error: ") for line in res.stderr.splitlines()
+                        if line.strip()) or f"exit code {res.returncode}"
+        raise InputError(f"{cluster}: SLURM refuses the worker job: {why}; check the spec's queue, account, "
+                         f"cores, memory and walltime") from None

@@ -1,5 +1,7 @@
 """Run configuration: YAML in, frozen dataclasses out, every key checked before any work starts."""
 import json
+import math
+import re
 import difflib
 import os
 from dataclasses import dataclass, field, replace
@@ -9,7 +11,7 @@ import yaml
 
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.normalize import NORMALIZATIONS
-from metricpipe.tasks.registry import expand_method
+from metricpipe.tasks.registry import MAX_MODELS, expand_method
 from metricpipe.tasks.slem import check_negatives
 
 BUILTINS = ("digits", "fashion-mnist", "synthetic")
@@ -48,6 +50,7 @@ class DataConfig:
     chunk_mb: float = 64.0
     synthetic: SyntheticConfig = SyntheticConfig()
     pairs: str | None = None   # npz of similar/dissimilar pairs (arrays i, j, y) for NML / linear ML
+    verify_source: bool = False   # fingerprint source folders by content hashes, not sizes and mtimes
 
 
 @dataclass(frozen=True)
@@ -82,13 +85,14 @@ class RunConfig:
     workers: int = 2
     threads_per_worker: int = 1
     memory_limit: str = "auto"
-    dashboard: str = ":8787"
+    dashboard: str | None = ":8787"
     data: DataConfig = DataConfig()
     methods: tuple = ()            # expanded model specs: dicts {"method", "dim", ...params}
     statistics: StatisticsConfig = StatisticsConfig()
     neighbours: NeighboursConfig | None = None
     evaluate: EvaluateConfig = EvaluateConfig()
     seed: int = 0
+    tls: tuple | None = None       # (ca_file, cert, key) for a tls:// scheduler
     source_file: str = "<config>"
     raw: dict = field(default_factory=dict, compare=False)
 
@@ -153,6 +157,8 @@ def _typed(d: dict, key: str, kind, where: str, prefix: str, default=None, minim
         v = float(v)
     if kind is int and isinstance(v, bool) or not isinstance(v, kind):
         _fail(where, name, f"expected {getattr(kind, '__name__', kind)}, got {v!r}")
+    if kind is float and not math.isfinite(v):
+        _fail(where, name, f"expected a finite number, got {v!r}")
     if minimum is not None and v < minimum:
         _fail(where, name, f"must be >= {minimum}, got {v!r}")
     if maximum is not None and v > maximum:
@@ -185,13 +191,20 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
     """Validate a config mapping and return a RunConfig; raises ConfigError naming the key."""
     if raw is None:
         raw = {}
-    _check_keys(raw, ["store", "cluster", "workers", "threads_per_worker", "memory_limit", "dashboard", "data",
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: a config is a YAML mapping (key: value lines), got a {type(raw).__name__}; "
+                          f"see examples/ for the form")
+    _check_keys(raw, ["store", "cluster", "tls", "workers", "threads_per_worker", "memory_limit", "dashboard", "data",
                       "methods", "statistics", "neighbours", "evaluate", "seed"], where, "")
     data = raw.get("data")
     if data is None:
         _fail(where, "data", "missing; give data.source (digits | fashion-mnist | synthetic) or data.path")
+    for key, section in [("data", data)] + [(k, raw[k]) for k in ("statistics", "neighbours", "evaluate")
+                                            if raw.get(k) not in (None, False)]:
+        if not isinstance(section, dict):
+            _fail(where, key, f"expected a mapping (key: value), got {section!r}")
     _check_keys(data, ["source", "path", "root", "features", "labels", "groups", "ids", "normalize", "split",
-                       "chunk_mb", "synthetic", "pairs"], where, "data.")
+                       "chunk_mb", "synthetic", "pairs", "verify_source"], where, "data.")
     source = _typed(data, "source", str, where, "data.", choices=BUILTINS)
     path = _typed(data, "path", str, where, "data.")
     if (source is None) == (path is None):
@@ -240,11 +253,13 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
         normalize=_typed(data, "normalize", str, where, "data.", "none", choices=NORMALIZATIONS),
         split=split, chunk_mb=_typed(data, "chunk_mb", float, where, "data.", 64.0, 0.001),
         synthetic=synthetic, pairs=resolve(_typed(data, "pairs", str, where, "data.")),
+        verify_source=_typed(data, "verify_source", bool, where, "data.", False),
     )
 
-    methods_raw = raw.get("methods") or [{"method": "identity"}]
-    if not isinstance(methods_raw, list):
-        _fail(where, "methods", f"expected a list of {{method: ...}} entries, got {methods_raw!r}")
+    methods_raw = raw.get("methods", [{"method": "identity"}])
+    if not isinstance(methods_raw, list) or not methods_raw:
+        _fail(where, "methods", f"expected a non-empty list of {{method: ...}} entries, got {methods_raw!r}; "
+              f"e.g. methods: [{{method: identity}}, {{method: pca, dim: 32}}]")
     methods, seen = [], set()
     for i, entry in enumerate(methods_raw):
         if not isinstance(entry, dict) or "method" not in entry:
@@ -261,6 +276,9 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
             raise
         except InputError as e:
             _fail(where, f"methods[{i}]", str(e))
+        if len(methods) > MAX_MODELS:
+            _fail(where, "methods", f"{len(methods):,} models after methods[{i}], over the limit of {MAX_MODELS:,} per "
+                  f"config; sweep fewer values, or split the sweep over several configs")
 
     st_raw = raw.get("statistics", {}) or {}
     _check_keys(st_raw, ["max_dense_dim", "components"], where, "statistics.")
@@ -313,20 +331,115 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
               "drop neighbours.queries or use knnK classifiers")
 
     cluster = _typed(raw, "cluster", str, where, "", "local")
-    if cluster not in ("local",) and not cluster.startswith("tcp://") and not cluster.endswith((".yaml", ".yml")):
-        _fail(where, "cluster", f"expected local, tcp://HOST:PORT or a cluster spec .yaml, got {cluster!r}")
-    memory_limit = raw.get("memory_limit", "auto")
-    if not isinstance(memory_limit, (str, int)) or isinstance(memory_limit, bool):
-        _fail(where, "memory_limit", f"expected a size such as 2GB or 'auto', got {memory_limit!r}")
+    check_cluster(cluster, f"{where}: cluster")
+    tls_raw = raw.get("tls")
+    tls = None
+    if tls_raw is not None:
+        if not isinstance(tls_raw, dict):
+            _fail(where, "tls", f"expected a mapping {{ca_file, cert, key}}, got {tls_raw!r}")
+        _check_keys(tls_raw, ["ca_file", "cert", "key"], where, "tls.")
+        tls = tuple(resolve(_typed(tls_raw, k, str, where, "tls.")) for k in ("ca_file", "cert", "key"))
+        if None in tls:
+            _fail(where, "tls", "give ca_file, cert and key (PEM files: the CA that signed the scheduler's "
+                  "certificate, and this client's certificate and key)")
+    memory_limit = _memory_limit(raw.get("memory_limit", "auto"), where)
+    dashboard = raw.get("dashboard", ":8787")
+    if dashboard is False or dashboard is None:
+        dashboard = None     # no dashboard
+    elif isinstance(dashboard, int) and not isinstance(dashboard, bool) and 0 <= dashboard < 65536:
+        dashboard = f":{dashboard}"
+    elif not isinstance(dashboard, str) or not re.fullmatch(r"[\w.\-\[\]:]*:\d{1,5}", dashboard):
+        _fail(where, "dashboard", f"expected [HOST]:PORT (e.g. :8787 or 127.0.0.1:0), a port number or false, "
+              f"got {dashboard!r}")
     store = _typed(raw, "store", str, where, "", "runs/metricpipe")
+    check_store_url(store, f"{where}: store")
     return RunConfig(
         store=resolve(store) if raw.get("store") and base_dir is not None else store,
         cluster=resolve(cluster) if cluster.endswith((".yaml", ".yml")) else cluster,
         workers=_typed(raw, "workers", int, where, "", 2, 1),
         threads_per_worker=_typed(raw, "threads_per_worker", int, where, "", 1, 1),
-        memory_limit=memory_limit, dashboard=str(raw.get("dashboard", ":8787")),
+        memory_limit=memory_limit, dashboard=dashboard,
         data=data_cfg, methods=tuple(methods), statistics=statistics, neighbours=neighbours,
-        evaluate=evaluate, seed=_typed(raw, "seed", int, where, "", 0, 0), source_file=where, raw=raw)
+        evaluate=evaluate, seed=_typed(raw, "seed", int, where, "", 0, 0), tls=tls, source_file=where, raw=raw)
+
+
+def _memory_limit(v, where: str):
+    """'auto', a size string (2GB) or a positive byte count; anything else is refused here, not by Dask."""
+    from dask.utils import parse_bytes
+    if isinstance(v, bool) or not isinstance(v, (str, int)):
+        _fail(where, "memory_limit", f"expected a size such as 2GB or 'auto', got {v!r}")
+    if v == "auto":
+        return v
+    try:
+        n = parse_bytes(v) if isinstance(v, str) else v
+    except (ValueError, TypeError):
+        n = None
+    if n is None or n <= 0:
+        _fail(where, "memory_limit", f"expected a positive size such as 2GB or 'auto', got {v!r}")
+    return v
+
+
+def check_cluster(cluster: str, where: str) -> None:
+    """local, tcp:// or tls:// scheduler addresses, or a cluster spec .yaml; ucx:// is refused."""
+    if cluster.startswith("ucx://"):
+        raise ConfigError(f"{where}: ucx:// is not supported (metricpipe moves row-blocks through the store, "
+                          f"not the comm); use tcp:// or tls://")
+    if cluster != "local" and not cluster.startswith(("tcp://", "tls://")) and \
+            not cluster.endswith((".yaml", ".yml")):
+        raise ConfigError(f"{where}: expected local, tcp://HOST:PORT, tls://HOST:PORT or a cluster spec .yaml, "
+                          f"got {cluster!r}")
+
+
+def check_store_url(store: str, where: str) -> None:
+    """Refuse store locations that would write somewhere the user did not mean."""
+    if not store.strip():
+        raise ConfigError(f"{where}: empty; give a directory (e.g. runs/digits) or an fsspec URL (s3://bucket/run)")
+    if "::" in store:
+        raise ConfigError(f"{where}: {store!r} is a chained fsspec URL (::), which stores cannot use; give one "
+                          f"directory or URL")
+    if store.startswith("memory://"):
+        raise ConfigError(f"{where}: {store!r} is in-memory, invisible to the workers (other processes); give a "
+                          f"directory or a shared URL such as s3://bucket/run")
+
+
+# Alias expansion a config may imply (a 471-byte YAML alias bomb expands to billions of nodes).
+MAX_CONFIG_NODES = 100_000
+
+
+def _expanded_size(node, memo: dict) -> int:
+    """Nodes of a composed YAML tree once aliases are expanded, without expanding them."""
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    memo[key] = 1        # a recursive alias counts once (safe_load refuses what it cannot build)
+    if isinstance(node, yaml.SequenceNode):
+        n = 1 + sum(_expanded_size(c, memo) for c in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        n = 1 + sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in node.value)
+    else:
+        n = 1
+    memo[key] = n
+    return n
+
+
+def read_yaml(path: Path, what: str):
+    """A YAML file's contents, refusing binary files and alias bombs with one line."""
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file; {what} must be YAML text") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read {what}: {e.strerror or e}") from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        if node is not None and _expanded_size(node, {}) > MAX_CONFIG_NODES:
+            raise ConfigError(f"{path}: YAML aliases expand to more than {MAX_CONFIG_NODES:,} values; {what} "
+                              f"cannot be that large (an alias bomb?): write it out without nested aliases")
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{at}: {getattr(e, 'problem', None) or e}") from None
 
 
 def load_config(path: str | os.PathLike) -> RunConfig:
@@ -334,10 +447,5 @@ def load_config(path: str | os.PathLike) -> RunConfig:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{p}: config file not found; pass the path to a YAML config (see examples/)")
-    try:
-        raw = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{p}: not valid YAML{at}: {getattr(e, 'problem', e)}") from None
+    raw = read_yaml(p, "a config")
     return parse_config(raw, where=str(p), base_dir=Path.cwd())

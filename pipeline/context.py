@@ -84,14 +84,14 @@ class StageContext:
         futures = [self.submit(size_crcs, unit.store.fs, unit._root, g, name="checksum") for g in groups]
         out = {}
         for part in self.client.gather(futures):
+            _raise_refused(part)
             out.update({k: v for k, v in part.items() if v is not None})
         return out
 
     def submit(self, fn, *args, name: str, **kwargs):
         """Submit one task; ``name`` shows on the dashboard (one bar per kind of task)."""
         self.tasks += 1
-        if self.returning_errors:
-            fn = functools.partial(_returning_errors, fn)
+        fn = functools.partial(_returning_errors if self.returning_errors else _refusing, fn)
         point = os.environ.get(FAILPOINT)
         if point and name.startswith(point.split(":", 1)[0]):
             fn = functools.partial(_die_once, point.split(":", 1)[1], fn)
@@ -115,6 +115,7 @@ class StageContext:
                         raise exc
                     raise StageError(f"stage {stage} failed on {where[fut.key]}: "
                                      f"{type(exc).__name__}: {exc}".splitlines()[0]) from exc
+                _raise_refused(fut.result())   # bad input found by a task: its one line, at once
                 done += 1
                 if time.monotonic() - last > 5 or done == total and total > 4:
                     self.log(f"  {stage}: {done}/{total} tasks done")
@@ -123,6 +124,31 @@ class StageContext:
             self.client.cancel(futures)
             raise
         return [f.result() for f in futures]
+
+
+class Refused:
+    """The result of a task that found bad input: carried back as a value, so Dask neither retries
+    the task (RETRIES is for flaky reads) nor logs a "Compute Failed" block with a worker traceback;
+    a task given a Refused input passes it on, and ``gather`` raises its InputError."""
+
+    def __init__(self, error: InputError):
+        self.error = error
+
+
+def _raise_refused(result) -> None:
+    if isinstance(result, Refused):
+        raise result.error
+
+
+def _refusing(fn, *args, **kwargs):
+    for a in list(args) + list(kwargs.values()):
+        for x in (a if isinstance(a, (list, tuple)) else (a,)):
+            if isinstance(x, Refused):
+                return x
+    try:
+        return fn(*args, **kwargs)
+    except InputError as e:
+        return Refused(e)
 
 
 def _returning_errors(fn, *args, **kwargs):

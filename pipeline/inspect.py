@@ -43,6 +43,10 @@ def verify_store(url: str) -> tuple[int, list[str]]:
             if u.done():
                 checked += 1
                 problems += u.verify()
+            elif u.marker_damaged():
+                checked += 1
+                problems.append(f"{u.rel}.committed.json: commit marker damaged (truncated or not this unit's "
+                                f"record); the unit counts as unfinished and the next run recomputes it")
     return checked, problems
 
 

@@ -3,6 +3,8 @@
     stage -> statistics -> [neighbours] -> train -> encode -> evaluate -> report
 """
 import contextlib
+import os
+from dataclasses import replace
 import time
 
 import numpy as np
@@ -11,6 +13,7 @@ from metricpipe import stages
 from metricpipe.cluster import connect
 from metricpipe.config import SPLIT_NAMES, NeighboursConfig, RunConfig
 from metricpipe.context import StageContext
+from metricpipe.errors import StageError
 from metricpipe.report import build_report, package_versions
 from metricpipe.storage import Store, to_json
 from metricpipe.tasks.errors import InputError
@@ -31,21 +34,52 @@ def run_pipeline(cfg: RunConfig, resume: bool = True, log=print, performance_rep
     store = Store(cfg.store)
     store.check_writable()
     with contextlib.ExitStack() as stack:
-        stack.enter_context(store.lock("metricpipe run"))  # one writer at a time
+        stack.enter_context(store.lock("metricpipe run", log=log))  # one writer at a time
         plan = stages.prepare_data(cfg, store)  # refuse bad input before starting anything
-        check_methods(cfg, plan.info)
+        cfg = check_methods(cfg, plan.info, log)
         if client is None:
             client = stack.enter_context(connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit,
-                                                 cfg.dashboard))
-        log(f"Dashboard: {client.dashboard_link}")
+                                                 cfg.dashboard, cfg.tls))
+        if cfg.dashboard is not None or cfg.cluster != "local":
+            log(f"Dashboard: {client.dashboard_link}")
         check_memory(client, plan.info, cfg)
+        worker_log = _log_workers_to_store(client, store) if cfg.cluster == "local" else None
         if performance_report:
             from distributed import performance_report as perf
             stack.enter_context(perf(filename=performance_report))
-        return _run(StageContext(client, store, cfg, resume=resume, log=log, force=force, repair=repair), plan, log)
+        try:
+            return _run(StageContext(client, store, cfg, resume=resume, log=log, force=force, repair=repair), plan,
+                        log)
+        except StageError as e:
+            if worker_log is None:
+                raise
+            raise StageError(f"{str(e).splitlines()[0]} (worker tracebacks: {worker_log})") from e
 
 
-def check_methods(cfg: RunConfig, info) -> None:
+# Worker logs of a local run: into STORE/logs/ (the terminal shows our one-line messages).
+def _to_file(path: str) -> None:
+    import logging
+    log = logging.getLogger("distributed")
+    for h in list(log.handlers):
+        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
+            log.removeHandler(h)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.WARNING)
+    log.propagate = False
+
+
+def _log_workers_to_store(client, store) -> str | None:
+    if not store.local:
+        return None
+    os.makedirs(f"{store.root}/logs", exist_ok=True)
+    path = f"{store.root}/logs/workers-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    client.run(_to_file, path)   # the workers' (the local scheduler runs in this process: its logging is ours)
+    return path
+
+
+def check_methods(cfg: RunConfig, info, log=print) -> RunConfig:
     """Every parameter the data's shape rules out (dim above the features, LDA's dim above
     classes - 1, class indices beyond the classes, ...) is refused here, after the source's header
     and labels are read and before any unit is written."""
@@ -55,6 +89,23 @@ def check_methods(cfg: RunConfig, info) -> None:
                 registry.make(cand).check_data_shape(info.n_features, len(info.classes))
             except InputError as e:
                 raise InputError(f"{cfg.source_file}: methods ({stages.model_id(cand)}): {e}") from None
+    ev = cfg.evaluate
+    n_test, n_train = int((info.split == stages.TEST).sum()), int((info.split == stages.TRAIN).sum())
+    user_k = "k" in ((cfg.raw.get("evaluate") or {}).get("retrieval") or {})
+    if ev.retrieval and not user_k and max(ev.retrieval_k) > n_test - 1:   # the default list, on a small test split
+        ks = tuple(k for k in ev.retrieval_k if k <= n_test - 1) or (1,)
+        log(f"  evaluate: {n_test} test rows: retrieval k {list(ks)} (the default's larger K need more rows)")
+        ev = replace(ev, retrieval_k=ks)
+        cfg = replace(cfg, evaluate=ev)
+    if ev.retrieval and max(ev.retrieval_k) > n_test - 1:
+        raise InputError(f"{cfg.source_file}: evaluate.retrieval.k: {max(ev.retrieval_k)} is more than the retrieval "
+                         f"database holds (each test query ranks the other {n_test - 1} test rows); use K <= "
+                         f"{n_test - 1}")
+    knn = [int(c[3:]) for c in ev.classifiers if c.startswith("knn")]
+    if knn and max(knn) > n_train:
+        raise InputError(f"{cfg.source_file}: evaluate.classification.classifiers: knn{max(knn)} votes over more "
+                         f"neighbours than the {n_train} train rows; use knnK with K <= {n_train}")
+    return cfg
 
 
 # The memory rule: a task holds at most BLOCKS_PER_TASK row-blocks of the staged features (a kNN

@@ -33,13 +33,37 @@ class Source:
     fingerprint: dict = field(default_factory=dict)
 
 
-def fingerprint(*paths) -> dict:
+def fingerprint(*paths, contents: bool = False) -> dict:
+    """What identifies the data of ``paths`` (files or folders such as a Zarr source): for a folder,
+    every file's relative path, size and mtime (nanoseconds) hashed into one digest, with the count
+    and total bytes. A rewrite that keeps a file's size and mtime (``cp -p``, ``touch -r``) goes
+    unseen: ``contents`` (``data.verify_source: true`` or ``metricpipe run --verify-source``) also
+    hashes every byte, so such a rewrite gets a new key too (and the first run with it restages)."""
+    import hashlib
     out = {}
     for p in paths:
         p = Path(p)
         files = sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p]
-        out[str(p.resolve())] = [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files[:1000]]
+        h, total = hashlib.sha256(), 0
+        for f in files:
+            st = f.stat()
+            total += st.st_size
+            h.update(f"{f.relative_to(p) if p.is_dir() else f.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+            if contents:
+                with open(f, "rb") as fh:
+                    for block in iter(lambda: fh.read(1 << 24), b""):
+                        h.update(block)
+        out[str(p.resolve())] = {"files": len(files), "bytes": total, "digest": h.hexdigest()[:32],
+                                 **({"contents": True} if contents else {})}
     return out
+
+
+
+def _refuse_objects(dtype, path, key, field_name: str) -> None:
+    """Object arrays hold pickled Python objects: never unpickled from a user's file."""
+    if dtype.hasobject:
+        raise InputError(f"{path}: array {key!r} ({field_name}) holds pickled Python objects (dtype object), which "
+                         f"metricpipe does not unpickle; save it as a numeric (or, for labels, string) array")
 
 
 class MemoryReader:
@@ -56,6 +80,7 @@ class MemoryReader:
 class NpyReader:
     def __init__(self, path):
         self.path = str(path)
+        _refuse_objects(_npy_dtype(self.path), self.path, "", "data.path")
         a = np.load(self.path, mmap_mode="r")
         self.shape, self.dtype = a.shape, a.dtype
 
@@ -76,6 +101,7 @@ class NpzReader:
             self.offset = f.tell()
         if fortran:
             raise InputError(f"{self.path}: array {key!r} is stored in Fortran order; save it C-ordered")
+        _refuse_objects(self.dtype, self.path, key, "data.features")
 
     def read(self, start, stop):
         row = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
@@ -100,11 +126,40 @@ class H5Reader:
             return f[self.key][start:stop]
 
 
+def check_zarr_complete(a, path, key: str, field_name: str) -> None:
+    """A Zarr array whose chunk files are missing reads their rows as the fill value (zeros): refuse it
+    (the store's own units are protected by checksums; a user's source is not)."""
+    missing = a.nchunks - a.nchunks_initialized
+    if missing:
+        fill = a.fill_value.item() if hasattr(a.fill_value, "item") else a.fill_value
+        raise InputError(f"{path}: array {key!r} ({field_name}) is missing {missing} of its {a.nchunks} chunk(s), "
+                         f"which would read as {fill!r}; rewrite or re-copy the Zarr source completely")
+
+
+class _CheckedGroup:
+    """The arrays of a Zarr group, each checked for missing chunks when a column is read from it."""
+
+    def __init__(self, group, names, path):
+        self.group, self.names, self.path = group, names, path
+
+    def __contains__(self, key):
+        return key in self.names
+
+    def keys(self):
+        return self.names
+
+    def __getitem__(self, key):
+        a = self.group[key]
+        check_zarr_complete(a, self.path, key, "a column")
+        return a
+
+
 class ZarrReader:
     def __init__(self, path, key):
         import zarr
         self.path, self.key = str(path), key
         a = zarr.open_array(store=f"{self.path}/{key}", mode="r")
+        check_zarr_complete(a, path, key, "data.features")
         self.shape, self.dtype = a.shape, a.dtype
 
     def read(self, start, stop):
@@ -222,18 +277,23 @@ def fashion_mnist_root(cfg: DataConfig) -> Path:
         f"{FASHION_FILES[0]}.gz and the other three files")
 
 
-def _idx_source(folder: Path, name: str) -> Source:
+def _idx_source(folder: Path, name: str, contents: bool = False) -> Source:
     files = [_find_idx(folder, s) for s in FASHION_FILES]
     tr, tr_lab, te, te_lab = [IdxReader(f) for f in files]
     y = np.concatenate([tr_lab.read_all_1d(), te_lab.read_all_1d()])
     split = np.array(["train"] * tr.shape[0] + ["test"] * te.shape[0])
-    return Source(name, ConcatReader([tr, te]), y, split=split, fingerprint=fingerprint(*files))
+    return Source(name, ConcatReader([tr, te]), y, split=split, fingerprint=fingerprint(*files, contents=contents))
 
 
 def _column(container, key, path, field_name, n=None):
     if key not in container:
         raise InputError(f"{path}: no array {key!r} ({field_name}); it holds {sorted(container.keys())}")
-    return np.asarray(container[key][...])
+    try:
+        return np.asarray(container[key][...])
+    except ValueError as e:
+        if "allow_pickle" in str(e):
+            _refuse_objects(np.dtype(object), path, key, field_name)
+        raise
 
 
 def open_source(cfg: DataConfig) -> Source:
@@ -244,7 +304,7 @@ def open_source(cfg: DataConfig) -> Source:
         return Source("builtin:digits", MemoryReader(d.data.astype(np.float32)), d.target,
                       fingerprint={"builtin": "digits"})
     if cfg.source == "fashion-mnist":
-        return _idx_source(fashion_mnist_root(cfg), "builtin:fashion-mnist")
+        return _idx_source(fashion_mnist_root(cfg), "builtin:fashion-mnist", cfg.verify_source)
     if cfg.source == "synthetic":
         s = cfg.synthetic
         spec = SyntheticSpec(s.samples, s.dim, s.classes, s.seed, separation=s.separation,
@@ -262,11 +322,24 @@ def open_source(cfg: DataConfig) -> Source:
         raise InputError(f"{path}: cannot read (data.path): {type(e).__name__}: {e}".splitlines()[0]) from None
 
 
+def _npy_dtype(path) -> np.dtype:
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+            np.lib.format.read_array_header_2_0
+        return read_header(f)[2]
+
+
 def _labels_from_npy(cfg, n_hint=None):
     p = Path(cfg.labels)
     if not p.is_file():
         raise InputError(f"{p}: labels file not found (data.labels)")
-    return np.load(p, allow_pickle=False)
+    try:
+        _refuse_objects(_npy_dtype(p), p, "", "data.labels")
+        return np.load(p, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise InputError(f"{p}: cannot read the labels (data.labels): {type(e).__name__}: {e}".splitlines()[0]) \
+            from None
 
 
 def _open_path(cfg: DataConfig, path: Path) -> Source:
@@ -304,16 +377,17 @@ def _open_path(cfg: DataConfig, path: Path) -> Source:
         if cfg.features not in names:
             raise InputError(f"{path}: no array {cfg.features!r} (data.features); it holds {sorted(names)}")
         reader = ZarrReader(path, cfg.features)
+        cols = _CheckedGroup(g, names, path)
         y = None if not want else _labels_from_npy(cfg) if separate_labels else \
-            _column({k: g[k] for k in names}, cfg.labels, path, "data.labels")
-        extra = _extra_columns(cfg, {k: g[k] for k in names}, path)
+            _column(cols, cfg.labels, path, "data.labels")
+        extra = _extra_columns(cfg, cols, path)
     elif suffix in (".fvecs", ".bvecs"):
         reader = VecsReader(path)
         if want and not separate_labels:
             raise InputError(f"{path}: {suffix} files hold no labels; give data.labels as a .npy path")
         y = _labels_from_npy(cfg) if want else None
     elif path.is_dir() and all(_find_idx(path, s) for s in FASHION_FILES):
-        return _idx_source(path, str(path))
+        return _idx_source(path, str(path), cfg.verify_source)
     elif "idx" in path.name:
         reader = IdxReader(path)
         if want and not separate_labels:
@@ -326,7 +400,8 @@ def _open_path(cfg: DataConfig, path: Path) -> Source:
     if len(reader.shape) != 2:
         raise InputError(f"{path}: features must be a 2-D (sample, feature) array; got shape "
                          f"{tuple(reader.shape)}; reshape to (n_samples, n_features)")
-    return Source(str(path), reader, y, fingerprint=fingerprint(path, *([cfg.labels] if separate_labels else [])),
+    return Source(str(path), reader, y, fingerprint=fingerprint(path, *([cfg.labels] if separate_labels else []),
+                                                    contents=cfg.verify_source),
                   **extra)
 
 

@@ -23,14 +23,19 @@ only after :meth:`Unit.verify` finds every listed file present and unchanged (``
 --verify`` runs the same check over a whole store).
 
 One run at a time writes a store: the run holds an exclusive ``flock`` on ``STORE/.lock`` (which also
-records the holder's host and pid); the operating system drops it when that process ends.
+records the holder's host and pid); the operating system drops it when that process ends. Object
+stores have no flock: there ``STORE/.lock`` is an object created only if absent (a conditional PUT)
+and refreshed by its holder, see :class:`ObjectLock`.
 """
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import socket
+import threading
 import time
+import uuid
 import zlib
 from pathlib import Path
 
@@ -40,6 +45,15 @@ import numpy as np
 from metricpipe.tasks.errors import InputError
 
 MARKER_SUFFIX = ".committed.json"
+
+
+def _fix(e: OSError) -> str:
+    """What to do about a failed write, by its cause."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "free space on its disk (or choose another store), then rerun: finished stages are kept"
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return "the store is read-only here: choose a writable store (--store) or fix its permissions"
+    return "check the store's file system, then rerun: finished stages are kept"
 
 
 def hash_key(inputs: dict) -> str:
@@ -72,11 +86,17 @@ class Store:
 
     def __init__(self, url: str):
         self.url = str(url).rstrip("/")
-        self.fs, self.root = fsspec.core.url_to_fs(self.url)
+        try:
+            self.fs, self.root = fsspec.core.url_to_fs(self.url)
+        except ImportError as e:  # fsspec names the package (s3fs, gcsfs, ...) that the protocol needs
+            raise InputError(f"{self.url}: {e} (store); for S3, pip install 'metricpipe[s3]'") from None
         self.local = self.fs.protocol in ("file", ("file", "local")) or "file" in getattr(self.fs, "protocol", ())
         if self.local:
             self.root = os.path.abspath(self.root)
             self.url = self.root
+        else:  # workers write the units: a listing cached in this process would not show their files
+            self.fs, self.root = fsspec.core.url_to_fs(self.url, use_listings_cache=False)
+        self._held = None  # the ObjectLock this process holds on a remote store, while it holds it
 
     def check_writable(self) -> None:
         if self.fs.exists(self.root) and not self.fs.isdir(self.root):
@@ -85,6 +105,16 @@ class Store:
             self.fs.makedirs(self.root, exist_ok=True)
         except OSError as e:
             raise InputError(f"{self.url}: cannot create the store directory (store): {e.strerror or e}") from None
+        if self.local:   # a read-only or full file system: say so now, not in a worker mid-stage
+            probe = f"{self.root}/.write-probe-{os.getpid()}"
+            try:
+                with open(probe, "wb") as f:
+                    f.write(b"x")
+                os.remove(probe)
+            except OSError as e:
+                with contextlib.suppress(OSError):
+                    os.remove(probe)
+                raise InputError(f"{self.url}: the store is not writable ({e.strerror or e}); {_fix(e)}") from None
 
     def check_exists(self) -> None:
         if not self.fs.isdir(self.root):
@@ -104,12 +134,21 @@ class Store:
                 sorted(self.fs.ls(base, detail=True), key=lambda e: e["name"]) if e["type"] == "directory"]
 
     @contextlib.contextmanager
-    def lock(self, what: str = "run"):
+    def lock(self, what: str = "run", log=None):
         """Hold an exclusive lock on ``STORE/.lock`` while the block runs; a second writer gets a one-line
         error naming the holder. The operating system releases the lock when its process ends, however
-        it ends, so a killed run never leaves a stale lock (and a reused pid cannot fake one)."""
-        if not self.local:  # remote stores: no portable lock; one writer is the user's to ensure
-            yield
+        it ends, so a killed run never leaves a stale lock (and a reused pid cannot fake one). On an
+        object store the lock is an :class:`ObjectLock` (yielded); ``log`` hears when it replaces the
+        lock of a run that is gone."""
+        if not self.local:
+            with ObjectLock(self, what) as held:
+                if held.took_over and log:
+                    log(f"Took over the lock of {self.url} from {_holder(held.took_over[0])}: {held.took_over[1]}")
+                self._held = held
+                try:
+                    yield held
+                finally:
+                    self._held = None
             return
         import fcntl
         path = f"{self.root}/.lock"
@@ -136,17 +175,216 @@ class Store:
         except (OSError, ValueError):
             return None
 
+    def check_held(self, doing: str) -> None:
+        """Refuse to change the store once this process's ObjectLock was found taken over."""
+        if self._held is not None and self._held.lost:
+            raise InputError(f"{self.url}: this run lost the store's lock (STORE/.lock): {self._held.lost}; it stops "
+                             f"before {doing}; rerun with --resume when the other run has ended")
+
+    def unlock(self) -> str:
+        """Remove the lock object a killed run left on an object store; return what was removed."""
+        if self.local:
+            return f"{self.url}: a local store's lock (flock) ends with its holder; nothing to clear"
+        holder, _ = ObjectLock(self, "unlock").read()
+        if holder is None:
+            return f"{self.url}: not locked"
+        if _alive_here(holder):
+            raise InputError(f"{self.url}: the store is locked by {_holder(holder)}, which is still running on this "
+                             f"host (STORE/.lock); stop that run first")
+        self.fs.rm_file(f"{self.root}/.lock")
+        return f"{self.url}: removed the lock of {_holder(holder)}"
+
     def write_text(self, rel: str, text: str) -> None:
-        """Write a small file atomically (temporary name, then rename)."""
+        """Write a small file atomically (temporary name, then rename; on an object store one PUT, which
+        readers see whole or not at all)."""
         target = f"{self.root}/{rel}"
+        if not self.local:
+            self.check_held(f"writing {rel}")
+            self.fs.pipe_file(target, text.encode())
+            return
         self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
         tmp = f"{target}.tmp-{os.getpid()}"
-        self.fs.pipe_file(tmp, text.encode())
-        self.fs.mv(tmp, target)
+        try:
+            self.fs.pipe_file(tmp, text.encode())
+            self.fs.mv(tmp, target)
+        except OSError as e:      # a full disk or a read-only store: no half file, no stray temporary
+            with contextlib.suppress(OSError, FileNotFoundError):
+                self.fs.rm(tmp)
+            raise InputError(f"{target}: cannot write ({e.strerror or e}); {_fix(e)}") from None
 
     def read_json(self, rel: str):
         with self.fs.open(f"{self.root}/{rel}", "r") as f:
             return json.load(f)
+
+
+# ---- the one-writer lock on object storage ---------------------------------------------------------
+
+LOCK_LEASE = 120.0    # seconds: a lock on an object store not refreshed for this long belongs to a run that is gone
+LOCK_REFRESH = 20.0   # seconds between the holder's refreshes (several may fail within one lease)
+
+
+class ObjectLock:
+    """The one-writer lock of a store on object storage (S3 and compatible servers).
+
+    ``STORE/.lock`` is an object written only if absent (``If-None-Match: *``), holding the holder's
+    host, pid, command and token; a thread rewrites it every LOCK_REFRESH seconds, each time only if
+    it is still the object this holder last wrote (``If-Match`` its ETag), and the holder deletes it
+    on exit. A run killed before that leaves it behind; the next writer takes it over (again
+    ``If-Match``, so of two writers that both find it stale one wins) when its holder is gone: on
+    the same host, its process no longer runs; elsewhere, it was not refreshed for LOCK_LEASE
+    seconds (hosts' clocks must agree to well within that). Otherwise the second writer gets a
+    one-line error naming the holder. A holder whose refresh finds the lock taken (it was paused
+    past its lease) writes no further marker, manifest or report (:meth:`Store.write_text`).
+
+    Other fsspec backends have no conditional overwrite: there the same steps compare the holder's
+    token just before writing, which leaves a narrow race between two writers starting together.
+    """
+
+    def __init__(self, store: Store, what: str):
+        self.fs, self.url, self.path = store.fs, store.url, f"{store.root}/.lock"
+        self.conditional = "s3" in _protocols(store.fs)
+        pid = os.getpid()
+        self.me = {"host": socket.gethostname(), "pid": pid, "pid_started": _started(pid), "what": what,
+                   "since": time.time(), "token": uuid.uuid4().hex}
+        self.etag = None
+        self.lost = None       # why this holder no longer holds the lock, once that is found
+        self.took_over = None  # (record, why) of the stale lock this holder replaced
+        self._stop = threading.Event()
+        self._thread = None
+
+    def __enter__(self):
+        for _ in range(5):
+            self.etag = self._write()
+            if self.etag is not None:
+                break
+            holder, etag = self.read()
+            if holder is None:  # released between our attempt and the read: try again
+                continue
+            why = _gone(holder)
+            if why is None:
+                raise InputError(f"{self.url}: the store is in use by {_holder(holder)}, lock refreshed "
+                                 f"{time.time() - float(holder.get('refreshed', 0)):.0f} s ago (STORE/.lock); wait "
+                                 f"for it to finish, or if that run is gone 'metricpipe unlock {self.url}' (a lock "
+                                 f"not refreshed for {LOCK_LEASE:.0f} s is taken over)")
+            self.etag = self._write(expect=(etag, holder.get("token")))
+            if self.etag is not None:
+                self.took_over = (holder, why)
+                break
+        else:
+            raise InputError(f"{self.url}: the store's lock (STORE/.lock) changed hands 5 times while this run tried "
+                             f"to take it; another run is starting, wait for it to finish")
+        self._thread = threading.Thread(target=self._refresh, name="metricpipe-store-lock", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        if self.lost:
+            return
+        try:
+            holder, _ = self.read()
+            if holder is not None and holder.get("token") == self.me["token"]:
+                self.fs.rm_file(self.path)
+        except OSError:  # unreachable store: the lock lapses after LOCK_LEASE, so the next run can start
+            pass
+
+    def read(self) -> tuple[dict | None, str | None]:
+        """(the lock's record, its ETag); (None, None) when there is no lock. The ETag is read first, so
+        a conditional write with it fails if the record read is not the one it names."""
+        try:
+            etag = self.fs.info(self.path).get("ETag")
+            raw = self.fs.cat_file(self.path)
+        except FileNotFoundError:
+            return None, None
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            record = None
+        return (record if isinstance(record, dict) else {}), etag
+
+    def _write(self, expect: tuple | None = None) -> str | None:
+        """Write this holder's record: create the lock (``expect`` None) or replace the one whose
+        (ETag, token) is ``expect``. Returns the new ETag ("" where the backend has none), or None
+        when the lock is not what was expected (another run's)."""
+        body = json.dumps({**self.me, "refreshed": time.time()}).encode()
+        try:
+            if expect is None:
+                out = self.fs.pipe_file(self.path, body, mode="create")
+            elif self.conditional:
+                out = self.fs.pipe_file(self.path, body, IfMatch=expect[0])
+            else:
+                holder, _ = self.read()
+                if holder is None or holder.get("token") != expect[1]:
+                    return None
+                out = self.fs.pipe_file(self.path, body)
+        except OSError as e:
+            if _precondition_failed(e):
+                return None
+            raise
+        etag = out.get("ETag") if isinstance(out, dict) else None
+        if etag is None and self.conditional:
+            etag = self.fs.info(self.path).get("ETag")
+        return etag or ""
+
+    def _refresh(self) -> None:
+        while not self._stop.wait(LOCK_REFRESH):
+            try:
+                etag = self._write(expect=(self.etag, self.me["token"]))
+                if etag is None:
+                    holder, etag = self.read()
+                    if holder is None or holder.get("token") != self.me["token"]:
+                        self.lost = f"taken over by {_holder(holder)}" if holder else "removed by someone else"
+                        return
+                    # else: our own last refresh landed but its reply was lost; go on from what it wrote
+            except Exception:  # a failed refresh (network) is retried; the lease allows several
+                continue
+            self.etag = etag
+
+
+def _protocols(fs) -> tuple:
+    p = fs.protocol
+    return (p,) if isinstance(p, str) else tuple(p)
+
+
+def _precondition_failed(e: OSError) -> bool:
+    """Whether a write was refused because its condition (If-None-Match / If-Match) did not hold."""
+    if isinstance(e, FileExistsError):
+        return True
+    response = getattr(e.__cause__, "response", None) or {}
+    return response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict")
+
+
+def _holder(record: dict) -> str:
+    return f"pid {record.get('pid')} on {record.get('host')} ({record.get('what')})"
+
+
+def _started(pid: int) -> float | None:
+    """The start time of process ``pid`` (it tells a reused pid from the holder), None if none runs."""
+    import psutil
+    try:
+        p = psutil.Process(int(pid))
+        return None if p.status() == psutil.STATUS_ZOMBIE else p.create_time()
+    except (psutil.NoSuchProcess, ValueError, TypeError):
+        return None
+    except psutil.AccessDenied:
+        return -1.0
+
+
+def _alive_here(record: dict) -> bool:
+    """Whether the lock's holder is a process still running on this host."""
+    if record.get("host") != socket.gethostname():
+        return False
+    started = _started(record.get("pid"))
+    return started is not None and (started == -1.0 or abs(started - float(record.get("pid_started") or 0)) < 1)
+
+
+def _gone(record: dict) -> str | None:
+    """Why the lock ``record`` belongs to a run that is gone, or None while it may be running."""
+    if record.get("host") == socket.gethostname():
+        return None if _alive_here(record) else f"pid {record.get('pid')} no longer runs on this host"
+    age = time.time() - float(record.get("refreshed", 0))
+    return f"not refreshed for {age:.0f} s" if age > LOCK_LEASE else None
 
 
 class Unit:
@@ -168,11 +406,19 @@ class Unit:
         except (FileNotFoundError, json.JSONDecodeError, OSError):
             return False
 
+    def marker_damaged(self) -> bool:
+        """Whether the commit marker exists but is not a whole record of this unit (truncated by a full
+        disk or a torn copy): then the unit is not committed, and verification says so."""
+        if not self.store.fs.exists(self._root + MARKER_SUFFIX):
+            return False
+        return not self.done()
+
     def meta(self) -> dict:
         return self.store.read_json(f"{self.rel}{MARKER_SUFFIX}")
 
     def begin(self) -> None:
         """Wipe anything a killed writer left and create the unit's directory."""
+        self.store.check_held(f"writing {self.rel}")
         fs = self.store.fs
         if fs.exists(self._root + MARKER_SUFFIX):
             fs.rm(self._root + MARKER_SUFFIX)

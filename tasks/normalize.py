@@ -19,11 +19,13 @@ def normalize_rows(X: np.ndarray, kind: str) -> np.ndarray:
         X = np.sign(X) * np.sqrt(np.abs(X))
         kind = "l2"
     if kind == "l1":
-        norms = np.abs(X).sum(axis=1, keepdims=True)
+        norms = np.abs(X).sum(axis=1, keepdims=True, dtype=np.float64)
     elif kind == "l2":
-        norms = np.sqrt(np.einsum("ij,ij->i", X, X, dtype=np.float64))[:, None].astype(np.float32)
+        norms = np.sqrt(np.einsum("ij,ij->i", X, X, dtype=np.float64))[:, None]
     else:
         raise InputError(f"normalize must be one of {', '.join(NORMALIZATIONS)}; got {kind!r}")
     norms[norms == 0] = 1.0  # leave zero rows at zero instead of dividing 0/0
-    return (X / norms).astype(np.float32, copy=False)
+    if norms.max() > np.finfo(np.float32).max:   # a norm beyond float32 (huge values): divide in float64
+        return (X / norms).astype(np.float32)
+    return (X / norms.astype(np.float32)).astype(np.float32, copy=False)
 

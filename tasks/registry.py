@@ -16,6 +16,7 @@ What the pipeline feeds (``feeds``), each a driver in ``pipeline/``:
 """
 import difflib
 import itertools
+import math
 from dataclasses import dataclass
 
 from sklearn.utils._param_validation import InvalidParameterError
@@ -152,6 +153,10 @@ def _sweeps(cls: type, key: str, value) -> bool:
     return "array-like" not in cls._parameter_constraints.get(key, [])
 
 
+# Models one config may train: a sweep beyond it is refused before anything is expanded.
+MAX_MODELS = 1000
+
+
 def expand_method(entry: dict) -> list[dict]:
     """Check one ``methods:`` entry and expand its swept parameters (list values) into one spec per
     model: ``{"method": name, **params}`` with every parameter of the class filled in, plus
@@ -190,6 +195,11 @@ def expand_method(entry: dict) -> list[dict]:
             else:
                 grids[key] = [v]
         select = _selection(name, cls, params, entry.get("select"), allowed)
+        n_models = math.prod(len(g) for g in grids.values())
+        if n_models > MAX_MODELS:   # refuse before expanding (a 1.7 KB sweep made 1.7M models)
+            sizes = " x ".join(f"{len(g)} {k}" for k, g in grids.items() if len(g) > 1)
+            raise InputError(f"method {name} sweeps {sizes} = {n_models:,} models, over the limit of {MAX_MODELS:,} "
+                             f"per config; sweep fewer values, or split the sweep over several configs")
         for combo in itertools.product(*grids.values()):
             spec = {"method": name, **dict(zip(grids, combo))}
             if select:

@@ -21,6 +21,50 @@ def check_feature_block(X: np.ndarray, start: int, where: str) -> None:
             raise InputError(f"{where}: features contain {int(bad.sum())} non-finite value(s) (NaN or inf) "
                              f"in rows {start}..{start + len(X) - 1}, first at row {start + r}, column {c}; "
                              f"clean or impute them before staging")
+        if X.dtype.itemsize > 4:   # stored as float32: a finite float64 beyond its range becomes inf
+            big = np.abs(X) > np.finfo(np.float32).max
+            if big.any():
+                r, c = np.argwhere(big)[0]
+                raise InputError(f"{where}: features hold {int(big.sum())} value(s) beyond float32's range "
+                                 f"(+-3.4e38), first {X[r, c]:.3g} at row {start + r}, column {c}; features are "
+                                 f"stored as float32: rescale them (e.g. divide by a constant or take logs)")
+
+
+def check_normalized_block(X: np.ndarray, start: int, normalize: str, where: str) -> None:
+    """Check a block after normalisation is still finite (an l1 norm of huge values can overflow)."""
+    bad = ~np.isfinite(X)
+    if bad.any():
+        r, c = np.argwhere(bad)[0]
+        raise InputError(f"{where}: normalize: {normalize} overflows float32 at row {start + r}, column {c}; "
+                         f"rescale the features (e.g. divide by a constant) or use normalize: l2")
+
+
+def as_integer_labels(y: np.ndarray, where: str) -> np.ndarray:
+    """Float labels as int64 when every one is an exact integer (below 2^53, where floats hold integers
+    exactly); anything else is refused: casting would merge classes (1e19 and 2e19 overflow alike)."""
+    y = np.asarray(y)
+    bad = ~np.isfinite(y) | (y != np.round(y))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise InputError(f"{where}: labels must be integers or strings; got {int(bad.sum())} non-integral {y.dtype} "
+                         f"value(s), first {y[i].item()!r} at row {i}; store class labels as integers or strings")
+    big = np.abs(y) >= 2.0 ** 53
+    if big.any():
+        i = int(np.flatnonzero(big)[0])
+        raise InputError(f"{where}: {y.dtype} labels beyond 2^53 are not exact integers (first {y[i]:.6g} at row "
+                         f"{i}: classes would merge); store class labels as int64 or strings")
+    return y.astype(np.int64)
+
+
+def label_values(y, where: str) -> np.ndarray:
+    """Labels as values: int64 for integers, booleans and float labels that are exact integers; str
+    otherwise (so 3, 3.0 and np.int8(3) are one class, and "3" another)."""
+    y = np.asarray(y)
+    if np.issubdtype(y.dtype, np.floating):
+        return as_integer_labels(y, where)
+    if np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_:
+        return y.astype(np.int64)
+    return y.astype(str)
 
 
 def encode_labels(y: np.ndarray, n_samples: int, where: str) -> tuple[np.ndarray, list]:
@@ -34,9 +78,7 @@ def encode_labels(y: np.ndarray, n_samples: int, where: str) -> tuple[np.ndarray
         raise InputError(f"{where}: labels have length {len(y)} but features have {n_samples} rows; "
                          f"give one label per feature row")
     if np.issubdtype(y.dtype, np.floating):
-        if not np.all(np.isfinite(y)) or not np.all(y == np.round(y)):
-            raise InputError(f"{where}: labels must be integers or strings; got non-integral {y.dtype} values")
-        y = y.astype(np.int64)
+        y = as_integer_labels(y, where)
     elif not (np.issubdtype(y.dtype, np.integer) or y.dtype.kind in "USO"):
         raise InputError(f"{where}: labels must be integers or strings; got dtype {y.dtype}")
     if y.dtype.kind == "O":

@@ -13,8 +13,8 @@ import pytest  # noqa: E402
 def client():
     from distributed import Client, LocalCluster
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
-                      memory_limit="2GB") as cluster, Client(cluster) as c:
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0", memory_limit="2GB") as cluster, Client(cluster) as c:
         yield c
 
 

@@ -11,7 +11,7 @@ from metricpipe.storage import chunk_rows_for, create_array, hash_key, open_arra
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks import stream
 from metricpipe.tasks.normalize import normalize_rows
-from metricpipe.tasks.validate import check_feature_block, check_split, encode_labels
+from metricpipe.tasks.validate import check_feature_block, check_normalized_block, check_split, encode_labels
 
 from metricpipe.stages.common import DataInfo, TEST, TRAIN, _timed, _write_template
 
@@ -91,13 +91,16 @@ def _stored_sample(reader, info, normalize: str, where: str, rows: int = 4096) -
     every block first, so bad input is the same one-line error here as in the stage's tasks)."""
     X = np.asarray(reader.read(0, min(rows, info.n_samples)))
     check_feature_block(X, 0, where)
-    return normalize_rows(X.astype(np.float32), normalize)
+    X = normalize_rows(X.astype(np.float32), normalize)
+    check_normalized_block(X, 0, normalize, where)
+    return X
 
 
 def _stage_block(reader, start: int, stop: int, normalize: str, url: str, name: str) -> int:
     X = np.asarray(reader.read(start, stop))
     check_feature_block(X, start, name)
     X = normalize_rows(X, normalize)
+    check_normalized_block(X, start, normalize, name)
     open_array(f"{url}/features", mode="r+")[start:stop] = X
     # each row's content key: the SGD learners' layout follows the rows, not where they are stored
     open_array(f"{url}/row_key", mode="r+")[start:stop] = stream.row_keys(X)

@@ -9,6 +9,7 @@ from metricpipe.context import StageContext
 from metricpipe.stages.common import DataInfo, _timed, _write_template, load_features
 from metricpipe.stages.train import model_id
 from metricpipe.storage import hash_key, load_estimator, open_array
+from metricpipe.tasks.errors import InputError
 
 
 @lru_cache(maxsize=8)
@@ -17,13 +18,28 @@ def _load_model(model_url: str):
     return load_estimator(model_url)
 
 
-def _encode_block(data_url: str, model_url: str, code_url: str, start: int, stop: int) -> int:
+def check_codes(codes: np.ndarray, start: int, spec: dict, what: str = "codes") -> None:
+    """Refuse codes that are not finite (e.g. PCA-whitening with a tiny eps dividing by a zero variance):
+    one line naming the model, its parameters and the first bad row, instead of metrics at chance."""
+    bad = ~np.isfinite(codes)
+    if bad.any():
+        r, c = np.argwhere(bad)[0]
+        params = ", ".join(f"{k}: {v}" for k, v in spec.items() if k not in ("method", "select"))
+        raise InputError(f"methods ({model_id(spec)}): {int(bad.sum())} {what} value(s) are not finite, first "
+                         f"{codes[r, c]} at row {start + r}, column {c} (parameters {{{params}}}); the model "
+                         f"divides by zero or overflows: change these parameters (e.g. a larger eps for pcaw)")
+
+
+def _encode_block(data_url: str, model_url: str, code_url: str, start: int, stop: int, spec: dict) -> int:
     model = _load_model(model_url)
     X = load_features(data_url, start, stop)
     codes = model.transform(X)
+    check_codes(codes, start, spec)
     open_array(f"{code_url}/codes", mode="r+")[start:stop] = codes
     if getattr(model, "M_", None) is not None:  # bilinear: also the two views whose inner product is the exact score
         query, base = model.exact_views(X)
+        check_codes(query, start, spec, "query view")
+        check_codes(base, start, spec, "base view")
         open_array(f"{code_url}/query", mode="r+")[start:stop] = query
         open_array(f"{code_url}/base", mode="r+")[start:stop] = base
     return stop - start
@@ -52,7 +68,7 @@ def run_encode(ctx: StageContext, data: DataInfo, models: list) -> list[tuple[di
         pending.append((unit, {"score": meta.get("score") or "euclidean", "bilinear": bool(meta.get("bilinear_dim")),
                                "cost": meta.get("cost")}))
         for a, b in data.chunks:
-            futures.append(ctx.submit(_encode_block, data.url, model.url, unit.url, a, b,
+            futures.append(ctx.submit(_encode_block, data.url, model.url, unit.url, a, b, spec,
                                       name=f"encode-{model_id(spec)}"))
             labels.append(f"model {model_id(spec)} rows {a}..{b - 1}")
     if len(pending) < len(out):

@@ -47,3 +47,23 @@ def fashion_root() -> Path:
         if p and Path(p, "train-images-idx3-ubyte.gz").exists():
             return Path(p)
     raise AssertionError("Fashion-MNIST not found: set METRICPIPE_DATA to a folder with its IDX files")
+
+
+def run_results(url) -> tuple:
+    """(metric records, {model spec: arrays}) of the last run in the store at ``url`` (a path or URL)."""
+    from metricpipe.storage import Store, load_arrays
+    st = Store(str(url))
+    models = {}
+    for rel in st.read_json("runs/latest.json")["units"]["models"]:
+        arrays, attrs = load_arrays(st.path(rel))
+        models[json.dumps(attrs["spec"], sort_keys=True)] = arrays
+    return st.read_json("report/metrics.json")["records"], models
+
+
+def assert_same_results(a, b) -> None:
+    """Two runs' :func:`run_results` agree exactly: every metric and every model array."""
+    assert a[0] == b[0]                       # every metric, exactly
+    assert a[1].keys() == b[1].keys()
+    for spec, arrays in a[1].items():
+        for name, value in arrays.items():
+            np.testing.assert_array_equal(value, b[1][spec][name], err_msg=f"{spec} {name}")

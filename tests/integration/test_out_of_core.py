@@ -18,7 +18,7 @@ def _peak_rss():
 
 def test_synthetic_array_larger_than_worker_memory(tmp_path):
     assert N * D * 4 > LIMIT
-    with LocalCluster(n_workers=2, threads_per_worker=1, memory_limit=LIMIT, dashboard_address=":0") as lc, \
+    with LocalCluster(n_workers=2, threads_per_worker=1, memory_limit=LIMIT, host="127.0.0.1", dashboard_address="127.0.0.1:0") as lc, \
             Client(lc) as client:
         m = run({"store": str(tmp_path), "data": {"source": "synthetic", "chunk_mb": 32,
                                                   "synthetic": {"samples": N, "dim": D, "classes": 10},

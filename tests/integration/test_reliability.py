@@ -16,8 +16,8 @@ import yaml
 from click.testing import CliRunner
 
 from metricpipe.cli import main
-from metricpipe.storage import load_arrays
 from tests.conftest import hold_lock, make_blobs
+from tests.integration.helpers import assert_same_results, run_results
 
 pytestmark = pytest.mark.integration
 
@@ -38,22 +38,12 @@ def _config(tmp_path, name, **extra):
     return p
 
 
-def _results(store: Path):
-    """(metrics records, {model spec: arrays}) of the store's last run."""
-    manifest = json.loads((store / "runs/latest.json").read_text())
-    models = {}
-    for rel in manifest["units"]["models"]:
-        arrays, attrs = load_arrays(str(store / rel))
-        models[json.dumps(attrs["spec"], sort_keys=True)] = arrays
-    return json.loads((store / "report/metrics.json").read_text())["records"], models
+def _results(store):
+    return run_results(store)
 
 
 def _same(a, b):
-    assert a[0] == b[0]                       # every metric, exactly
-    assert a[1].keys() == b[1].keys()
-    for spec, arrays in a[1].items():
-        for name, value in arrays.items():
-            np.testing.assert_array_equal(value, b[1][spec][name], err_msg=f"{spec} {name}")
+    assert_same_results(a, b)
 
 
 def _run(*args, env=None):
@@ -107,6 +97,38 @@ def test_client_killed_mid_stage_resumes_from_that_stage_with_identical_results(
     assert "train: reusing 3 of 3" not in out                          # the interrupted stage is redone
     assert "encode: reusing" not in out and "evaluate: reusing" not in out
     _same(_results(tmp_path / "store"), reference[1])
+
+
+def test_sigterm_is_handled_like_ctrl_c_with_a_resume_hint(reference, tmp_path):
+    cfg = _config(tmp_path, "store")
+    proc = subprocess.Popen([sys.executable, "-m", "metricpipe.cli", "run", str(cfg)], stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, cwd=Path(__file__).resolve().parents[2])
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if "train ..." in line:
+            proc.send_signal(signal.SIGTERM)  # the client only, as a batch system's stop would
+            break
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=60) == 143, "".join(seen) + rest
+    assert rest.strip().splitlines()[-1] == ("terminated (SIGTERM); finished stages are kept, rerun with --resume "
+                                             "to continue"), rest
+    res = _run("run", cfg, "--resume")
+    assert res.exit_code == 0 and "statistics: reusing" in res.output, res.output
+    _same(_results(tmp_path / "store"), reference[1])
+
+
+def test_a_truncated_commit_marker_fails_verify_and_is_recomputed(reference, tmp_path):
+    store, cfg = _copy(reference, tmp_path)
+    rel = json.loads((store / "runs/latest.json").read_text())["units"]["models"][0]
+    marker = store / f"{rel}.committed.json"
+    marker.write_bytes(marker.read_bytes()[:40])          # e.g. a full disk while it was copied
+    res = _run("inspect", store, "--verify")
+    assert res.exit_code == 1 and f"models/{marker.name}: commit marker damaged" in res.output, res.output
+    res = _run("run", *cfg)
+    assert res.exit_code == 0 and "train: reusing 2 of 3" in res.output, res.output
+    assert _run("inspect", store, "--verify").exit_code == 0
+    _same(_results(store), reference[1])
 
 
 def test_flipped_bytes_are_named_by_verify_refused_by_run_and_repaired(reference, tmp_path, monkeypatch):
@@ -168,3 +190,8 @@ def test_a_task_that_kills_its_worker_every_time_ends_the_run_naming_stage_and_b
     assert len(errors) == 1 and "stage train failed on model nml-4" in errors[0] and "KilledWorker" in errors[0], \
         res.output
     assert "to resume: metricpipe run" in res.output
+    # the workers' logs went to the store, not the terminal; the one line says where
+    log = errors[0].rsplit("(worker tracebacks: ", 1)[1].rstrip(")")
+    assert log.startswith(str(tmp_path / "store" / "logs" / "workers-")) and Path(log).is_file()
+    assert "KilledWorker" in Path(log).read_text() or "train-nml" in Path(log).read_text()
+    assert "Traceback" not in res.output and "Compute Failed" not in res.output

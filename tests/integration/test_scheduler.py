@@ -11,7 +11,7 @@ import yaml
 from click.testing import CliRunner
 
 from metricpipe.cli import main
-from metricpipe.storage import load_arrays
+from tests.integration.helpers import run_results
 
 pytestmark = pytest.mark.integration
 
@@ -55,12 +55,7 @@ def _run(tmp_path, name, *extra):
     cfg.write_text(yaml.safe_dump({**CONFIG, "store": str(tmp_path / name)}))
     res = CliRunner().invoke(main, ["run", str(cfg), *extra], catch_exceptions=False)
     assert res.exit_code == 0, res.output
-    store = tmp_path / name
-    models = {}
-    for rel in json.loads((store / "runs/latest.json").read_text())["units"]["models"]:
-        arrays, attrs = load_arrays(str(store / rel))
-        models[json.dumps(attrs["spec"], sort_keys=True)] = arrays
-    return json.loads((store / "report/metrics.json").read_text())["records"], models, res.output
+    return (*run_results(tmp_path / name), res.output)
 
 
 def test_one_three_and_remote_workers_agree_exactly(tmp_path, scheduler):

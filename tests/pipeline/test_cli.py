@@ -57,10 +57,34 @@ X_INF = X.copy()
 X_INF[5, 0] = np.inf
 Y_ONE_MEMBER = Y.copy()
 Y_ONE_MEMBER[0] = 9
+X_HUGE = X.astype(np.float64)
+X_HUGE[3, 1] = 1e39      # finite in float64, inf in the float32 the store keeps
 
 BAD = {
     "nan": (lambda t: _bad_npz(t, X=X_NAN, y=Y), {}, r"non-finite value.*first at row 77, column 2"),
     "inf": (lambda t: _bad_npz(t, X=X_INF, y=Y), {}, r"non-finite value.*row 5"),
+    "beyond float32": (lambda t: _bad_npz(t, X=X_HUGE, y=Y), {},
+                       r"bad.npz: features hold 1 value\(s\) beyond float32's range .*first 1e\+39 at row 3, column 1"),
+    "non-integral float labels": (lambda t: _bad_npz(t, X=X, y=Y + 0.5), {},
+                                  r"non-integral float64 value\(s\), first \d\.5 at row 0; store class labels"),
+    "float labels beyond 2^53": (lambda t: _bad_npz(t, X=X, y=np.where(Y == 0, 1e19, 2e19)), {},
+                                 r"float64 labels beyond 2\^53 are not exact integers .*classes would merge"),
+    "pcaw eps 0": (lambda t: {"source": "digits"}, {"methods": [{"method": "pcaw", "eps": 0}]},
+                   r"PCAWhitening: component \d+ has variance 0 and eps=0; raise 'eps'"),
+    "pcaw codes not finite": (lambda t: {"source": "digits", "normalize": "none"},
+                              {"methods": [{"method": "pcaw", "eps": 1e-300}]},
+                              r"methods \(pcaw\S*\): \d+ codes value\(s\) are not finite, first nan at row \d+, "
+                              r"column \d+ \(parameters \{dim: None, eps: 1e-300\}\).*a larger eps for pcaw"),
+    "object features": (lambda t: _bad_npz_pickled(t, X=X.astype(object), y=Y), {},
+                        r"bad.npz: array .X. \(data.features\) holds pickled Python objects"),
+    "pickled labels npy": (lambda t: {**_bad_npz(t, X=X), "labels": _pickled_labels(t)}, {},
+                           r"labels.npy: array .. \(data.labels\) holds pickled Python objects"),
+    "retrieval k above the database": (lambda t: _bad_npz(t, X=X, y=Y), {"evaluate": {"retrieval": {"k": [500]}}},
+                                       r"evaluate.retrieval.k: 500 is more than the retrieval database holds "
+                                       r"\(each test query ranks the other \d+ test rows\)"),
+    "knn above the train rows": (lambda t: _bad_npz(t, X=X, y=Y),
+                                 {"evaluate": {"classification": {"classifiers": ["knn500"]}}},
+                                 r"knn500 votes over more neighbours than the \d+ train rows"),
     "label length": (lambda t: _bad_npz(t, X=X, y=Y[:-1]), {}, r"labels have length 119 but features have 120"),
     "one class": (lambda t: _bad_npz(t, X=X, y=np.zeros(120, int)), {}, r"only one class"),
     "one member": (lambda t: _bad_npz(t, X=X, y=Y_ONE_MEMBER), {}, r"class 9 has 1 sample\(s\); a stratified split needs at least two"),
@@ -103,6 +127,18 @@ BAD = {
 }
 
 
+def _bad_npz_pickled(t, **arrays):
+    p = t / "bad.npz"
+    np.savez(p, **arrays)        # object arrays are pickled inside the npz
+    return {"path": str(p)}
+
+
+def _pickled_labels(t):
+    p = t / "labels.npy"
+    np.save(p, np.array([{"c": int(v)} for v in Y], dtype=object), allow_pickle=True)
+    return str(p)
+
+
 def _pairs(t, bad_j):
     p = t / "pairs.npz"
     np.savez(p, i=np.array([bad_j, 1]), j=np.array([2, 3]), y=np.array([1, -1]))
@@ -129,7 +165,7 @@ def test_bad_input_exits_2_with_one_line_and_store_unchanged(good_store, tmp_pat
     res = CliRunner().invoke(main, ["run", str(cfg)])
     assert res.exit_code == 2, res.output
     lines = [ln for ln in res.output.strip().splitlines() if ln.startswith("error:")]
-    assert len(lines) == 1, res.output
+    assert len(lines) == 1 and "Traceback" not in res.output, res.output
     import re
     assert re.search(match, lines[0]), lines[0]
     after = _digest(good_store / "store")
@@ -265,3 +301,85 @@ def test_sampled_ivf_graph_trains_slne_and_the_report_says_how_it_was_built(tmp_
     assert res.exit_code == 0, res.output
     html = (tmp_path / "store" / "report" / "index.html").read_text()
     assert "IVF8,PQ4, nprobe 16, rerank 4: recall@5" in html and "sampled train rows searched" in html
+
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+SWEEP = {"methods": [{"method": "ncmml", "lr": [0.1 * i for i in range(1, 31)], "batch": list(range(10, 50))}]}
+RAW = {
+    "binary config": (b"\x00\x9f\x92\x96 binary \xff", r"cfg.yaml: not a text file; a config must be YAML text"),
+    "alias bomb": (BOMB, r"cfg.yaml: YAML aliases expand to more than 100,000 values"),
+    "a list": ("- data: {source: digits}\n", r"cfg.yaml: a config is a YAML mapping .* got a list"),
+    "chunk_mb inf": ({"data": {"source": "digits", "chunk_mb": float("inf")}},
+                     r"data.chunk_mb: expected a finite number, got inf"),
+    "chunk_mb nan": ({"data": {"source": "digits", "chunk_mb": float("nan")}},
+                     r"data.chunk_mb: expected a finite number, got nan"),
+    "memory_limit lots": ({"memory_limit": "lots"}, r"memory_limit: expected a positive size such as 2GB .*'lots'"),
+    "memory_limit -5": ({"memory_limit": -5}, r"memory_limit: expected a positive size such as 2GB or 'auto', got -5"),
+    "dashboard list": ({"dashboard": [1, 2]}, r"dashboard: expected \[HOST\]:PORT .* got \[1, 2\]"),
+    "empty store": ({"store": ""}, r"cfg.yaml: store: empty; give a directory"),
+    "methods mapping": ({"methods": {}}, r"methods: expected a non-empty list of \{method: ...\} entries, got \{\}"),
+    "sweep of 1,200 models": (SWEEP, r"methods\[0\]: method ncmml sweeps 40 batch x 30 lr = 1,200 models, over the "
+                                     r"limit of 1,000"),
+    "data a list": ({"data": ["digits"]}, r"data: expected a mapping \(key: value\), got \['digits'\]"),
+    "verify_source text": ({"data": {"source": "digits", "verify_source": "yes"}},
+                           r"data.verify_source: expected bool, got 'yes'"),
+}
+
+
+@pytest.mark.parametrize("case", list(RAW))
+def test_bad_config_files_exit_2_with_one_line(tmp_path, case):
+    content, match = RAW[case]
+    cfg = tmp_path / "cfg.yaml"
+    if isinstance(content, dict):
+        content = yaml.safe_dump({"store": str(tmp_path / "s"), "data": {"source": "digits"}, **content})
+    cfg.write_bytes(content if isinstance(content, bytes) else content.encode())
+    import time
+    t0 = time.perf_counter()
+    res = CliRunner().invoke(main, ["run", str(cfg)])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    [line] = res.output.strip().splitlines()
+    import re
+    assert line.startswith("error: ") and re.search(match, line), line
+    assert time.perf_counter() - t0 < 30          # refused, not expanded (the bomb ran 56 s to a MemoryError)
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("flag, value, match", [
+    ("--store", "memory://x", r"--store: 'memory://x' is in-memory, invisible to the workers"),
+    ("--store", "simplecache::/tmp/x", r"--store: 'simplecache::/tmp/x' is a chained fsspec URL"),
+    ("--store", " ", r"--store: empty"),
+    ("--cluster", "ucx://127.0.0.1:1", r"--cluster: ucx:// is not supported"),
+    ("--cluster", "LIST", r"spec.yaml: a cluster spec is a YAML mapping .* got a list"),
+])
+def test_bad_store_and_cluster_options_exit_2_with_one_line(tmp_path, flag, value, match):
+    import re
+    if value == "LIST":
+        (tmp_path / "spec.yaml").write_text("- kind: slurm\n")
+        value = str(tmp_path / "spec.yaml")
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump({"store": str(tmp_path / "s"), "data": {"source": "digits"}, "dashboard": ":0"}))
+    res = CliRunner().invoke(main, ["run", str(cfg), flag, value])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    lines = [ln for ln in res.output.strip().splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and re.search(match, lines[0]), res.output
+
+
+def test_the_top_level_seed_keys_statistics_and_evaluation(tmp_path):
+    """Issue 19 item 7: changing ``seed`` must not reuse the seed-0 sampled queries or randomized SVD."""
+    store = tmp_path / "s"
+    units = []
+    for seed in (0, 1, 0):
+        cfg = tmp_path / f"c{seed}.yaml"
+        cfg.write_text(yaml.safe_dump({"store": str(store), "seed": seed, "workers": 1, "dashboard": ":0",
+                                       "data": {"source": "digits"}, "methods": [{"method": "pca", "dim": 8}],
+                                       "evaluate": {"retrieval": {"k": [5], "queries": 50},
+                                                    "classification": {"classifiers": ["knn1"]}}}))
+        res = CliRunner().invoke(main, ["run", str(cfg)])
+        assert res.exit_code == 0, res.output
+        manifest = json.loads((store / "runs/latest.json").read_text())["units"]
+        evaluations = sorted(p.name for p in (store / "evaluation").glob("*.committed.json"))
+        units.append((manifest["statistics"], evaluations, manifest["data"]))
+    assert units[0][2] == units[1][2]                       # the same staged data (its split has its own seed)
+    assert units[0][0] != units[1][0] and len(units[0][1]) == 1 and len(units[1][1]) == 2   # a new evaluation
+    assert units[2] == (units[0][0], units[1][1], units[0][2])   # back to seed 0: the seed-0 units, reused

@@ -33,7 +33,7 @@ def test_defaults_and_method_expansion():
     ({**BASE, "methods": [{"method": "knnml", "targets": "closest"}]},
      r"The 'targets' parameter of KNNML must be a str among .*'dynamic'.*Got 'closest' instead"),
     ({**BASE, "methods": [{"method": "ncmc", "train_centroids": 2}]}, r"'train_centroids' parameter of NCMC must be a int among \{1\} or None"),
-    ({**BASE, "cluster": "slurm"}, r"cluster: expected local, tcp://HOST:PORT or a cluster spec .yaml"),
+    ({**BASE, "cluster": "slurm"}, r"cluster: expected local, tcp://HOST:PORT, tls://HOST:PORT or a cluster spec .yaml"),
 ])
 def test_bad_config_is_one_line_naming_the_key(raw, match):
     with pytest.raises(ConfigError, match=match) as e:

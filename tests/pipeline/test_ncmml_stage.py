@@ -163,7 +163,7 @@ def test_add_classes_refuses_bad_new_data(trained, tmp_path):
     with pytest.raises(InputError, match="features have 7 dimensions but model .* takes 12"):
         add_classes(ctx.store.url, str(tmp_path / "wrong_dim.npz"), model=unit.key, log=lambda m: None)
     np.savez(tmp_path / "old.npz", X=np.ones((10, 12), np.float32), y=np.zeros(10, int))
-    with pytest.raises(InputError, match=r"class\(es\) \['0'\] are already in model"):
+    with pytest.raises(InputError, match=r"class\(es\) \[0\] are already in model"):
         add_classes(ctx.store.url, str(tmp_path / "old.npz"), model=unit.key, log=lambda m: None)
 
 
@@ -310,3 +310,43 @@ def test_a_model_trained_on_some_classes_records_the_others_validation_error(tra
     means = est.centroids_.astype(np.float64) @ W
     pred = (((X[rows] @ W)[:, None, :] - means[None]) ** 2).sum(-1).argmin(1)
     assert np.mean(pred != data.labels[rows]) == pytest.approx(est.val_error_new_classes_, abs=1e-12)
+
+
+def test_labels_are_compared_by_value_and_predict_returns_the_models_kind(trained, tmp_path):
+    """Float labels 3.0 are class 3 (issue 19): predict's error, its output dtype, add-classes' clash."""
+    from metricpipe.classes import add_classes, predict
+    from metricpipe.tasks.errors import InputError
+    ctx, data, models, _, _ = trained
+    [unit] = [u for s, u in models if s["method"] == "ncmml" and not s["classes"] and s["objective"] == "euclidean"]
+    test = np.flatnonzero(data.split == 1)[:200]
+    X, y = open_array(f"{data.url}/features")[:][test], data.labels[test]
+    names = np.array(unit.meta()["class_names"])
+    np.savez(tmp_path / "int.npz", X=X, y=names[y])
+    np.savez(tmp_path / "float.npz", X=X, y=names[y].astype(np.float64))
+    pred, err_int = predict(ctx.store.url, unit.key, str(tmp_path / "int.npz"), labels="y")
+    _, err_float = predict(ctx.store.url, unit.key, str(tmp_path / "float.npz"), labels="y")
+    assert pred.dtype == np.int64 and err_float == err_int == pytest.approx(np.mean(pred != names[y]))
+    assert err_int < 0.5
+    np.savez(tmp_path / "text.npz", X=X, y=names[y].astype(str))
+    with pytest.raises(InputError, match=r"none of the labels is a class of model .* \(e.g. '\d+'"):
+        predict(ctx.store.url, unit.key, str(tmp_path / "text.npz"), labels="y")
+    np.savez(tmp_path / "half.npz", X=X, y=np.full(len(X), 2.5))
+    with pytest.raises(InputError, match=r"non-integral float64 value\(s\), first 2.5 at row 0"):
+        predict(ctx.store.url, unit.key, str(tmp_path / "half.npz"), labels="y")
+    [sub] = [u for s, u in models if s["method"] == "ncmml" and s.get("classes") and s["objective"] == "euclidean"]
+    taken = float(sub.meta()["class_names"][0])
+    np.savez(tmp_path / "again.npz", X=X[:10], y=np.full(10, taken))           # 3.0 against class 3: a clash
+    with pytest.raises(InputError, match=rf"class\(es\) \[{int(taken)}\] are already in model"):
+        add_classes(ctx.store.url, str(tmp_path / "again.npz"), model=sub.key, log=lambda m: None)
+
+
+def test_a_hierarchy_with_a_cycle_is_refused_naming_the_loop(trained, tmp_path):
+    from metricpipe.classes import add_classes
+    from metricpipe.tasks.errors import InputError
+    ctx, _, models, _, _ = trained
+    [unit] = [u for s, u in models if s["method"] == "ncmml" and s.get("classes") and s["objective"] == "euclidean"]
+    (tmp_path / "h.yaml").write_text("'0': a\nnew: a\na: b\nb: a\n")
+    np.savez(tmp_path / "n.npz", X=np.ones((4, 12), np.float32), y=np.array(["new"] * 4))
+    with pytest.raises(InputError, match=r"h.yaml: the hierarchy has a cycle \(a -> b -> a\); class 'a' is its own"):
+        add_classes(ctx.store.url, str(tmp_path / "n.npz"), model=unit.key, hierarchy=str(tmp_path / "h.yaml"),
+                    prior_weight=1.0, log=lambda m: None)

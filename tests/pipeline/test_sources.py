@@ -116,3 +116,41 @@ def test_missing_array_name_lists_what_is_there(tmp_path, arrays):
     np.savez(tmp_path / "f.npz", feats=arrays[0], y=arrays[1])
     with pytest.raises(InputError, match=r"no array 'X' \(data.features\); it holds \['feats', 'y'\]"):
         open_source(_cfg(tmp_path / "f.npz"))
+
+
+def test_folders_are_fingerprinted_by_every_file_and_contents_on_request(tmp_path):
+    """Issue 19: only the first 1,000 files counted, so relabelling a Zarr source reused the old stage."""
+    import os
+    from metricpipe.sources import fingerprint
+    d = tmp_path / "src"
+    d.mkdir()
+    for i in range(1200):
+        (d / f"c{i:05d}").write_bytes(b"ab")
+    base, base_c = fingerprint(d), fingerprint(d, contents=True)
+    last = d / "c01199"
+    st = last.stat()
+    last.write_bytes(b"abc")
+    assert fingerprint(d) != base                               # file 1,200 changed size
+    last.write_bytes(b"xy")                                     # same size, and the same mtime put back
+    os.utime(last, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert fingerprint(d) == base                               # what sizes and mtimes cannot see ...
+    assert fingerprint(d, contents=True) != base_c              # ... a content hash does
+    assert fingerprint(d)[str(d.resolve())]["files"] == 1200
+
+
+def test_a_zarr_source_with_a_missing_chunk_is_refused(tmp_path):
+    import zarr
+    from metricpipe.config import DataConfig
+    from metricpipe.sources import open_source
+    from metricpipe.tasks.errors import InputError
+    g = zarr.open_group(str(tmp_path / "d.zarr"), mode="w")
+    g.create_array("X", shape=(100, 4), chunks=(10, 4), dtype="f4")[:] = np.ones((100, 4))
+    g.create_array("y", shape=(100,), chunks=(10,), dtype="i8")[:] = np.arange(100) % 3
+    open_source(DataConfig(path=str(tmp_path / "d.zarr")))    # complete: fine
+    (tmp_path / "d.zarr/y/c/4").unlink()
+    with pytest.raises(InputError, match=r"d.zarr: array 'y' \(a column\) is missing 1 of its 10 chunk\(s\), which "
+                                         r"would read as 0"):
+        open_source(DataConfig(path=str(tmp_path / "d.zarr")))
+    (tmp_path / "d.zarr/X/c/3/0").unlink()
+    with pytest.raises(InputError, match=r"array 'X' \(data.features\) is missing 1 of its 10 chunk"):
+        open_source(DataConfig(path=str(tmp_path / "d.zarr")))

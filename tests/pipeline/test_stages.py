@@ -194,3 +194,14 @@ def test_the_top_level_seed_keys_statistics_and_evaluation(client, tmp_path):
         units[seed] = (data.unit.key, stats.key, ev.key)
     assert units[0][0] == units[1][0]                                  # staging does not depend on it
     assert units[0][1] != units[1][1] and units[0][2] != units[1][2]
+
+
+def test_encode_refuses_codes_that_are_not_finite_naming_the_model():
+    from metricpipe.stages.encode import check_codes
+    from metricpipe.tasks.errors import InputError
+    codes = np.ones((5, 3), np.float32)
+    check_codes(codes, 100, {"method": "pcaw", "eps": 0.5})
+    codes[3, 2] = np.inf
+    with pytest.raises(InputError, match=r"^methods \(pcaw\S*\): 1 codes value\(s\) are not finite, first inf at row "
+                                         r"103, column 2 \(parameters \{eps: 0.5\}\)"):
+        check_codes(codes, 100, {"method": "pcaw", "eps": 0.5})

@@ -14,6 +14,18 @@ def test_normalizations():
     p = normalize_rows(X, "power")
     np.testing.assert_allclose(p[0], np.array([np.sqrt(3), -2]) / np.sqrt(7), rtol=1e-6)
     assert np.array_equal(normalize_rows(X, "none"), X)
+    big = np.full((2, 6), 1e38, np.float32)         # the l1 norm (6e38) overflows float32, the result does not
+    np.testing.assert_allclose(normalize_rows(big, "l1"), np.full((2, 6), 1 / 6), rtol=1e-6)
+    np.testing.assert_allclose(normalize_rows(big, "l2"), np.full((2, 6), 1 / np.sqrt(6)), rtol=1e-6)
+
+
+def test_float_labels_are_exact_integers_or_refused():
+    from metricpipe.tasks.validate import label_values
+    assert label_values(np.array([3.0, -1.0]), "f").tolist() == [3, -1] and label_values([True], "f").dtype == np.int64
+    with pytest.raises(InputError, match=r"f: float64 labels beyond 2\^53 .*first 1e\+19 at row 1"):
+        encode_labels(np.array([1.0, 1e19, 2e19]), 3, "f")           # int64 would merge 1e19 and 2e19
+    with pytest.raises(InputError, match=r"f: labels must be integers .*2 non-integral float64 value\(s\), first nan"):
+        encode_labels(np.array([np.nan, 0.0, 0.25]), 3, "f")
 
 
 def test_non_finite_block_names_row_and_column():
