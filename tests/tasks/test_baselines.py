@@ -69,3 +69,14 @@ def test_random_projection_is_seeded(data):
     X = data[0]
     a, b, c = (RandomProjection(5, random_state=q).fit(X).components_ for q in (0, 0, 1))
     assert np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+def test_lda_on_one_feature_or_constant_features_gives_finite_codes():
+    """Issue 19 reported a raw LinAlgError here; the codes must be finite (the encode stage refuses others)."""
+    rng = np.random.default_rng(0)
+    y = np.arange(90) % 3
+    X1 = rng.normal(size=(90, 1)) + y[:, None]
+    Z = LDA().fit(X1, y).transform(X1)
+    assert Z.shape == (90, 1) and np.isfinite(Z).all() and abs(np.corrcoef(Z[:, 0], y)[0, 1]) > 0.5
+    Zc = LDA().fit(np.ones((90, 4)), y).transform(np.ones((5, 4)))
+    assert np.isfinite(Zc).all() and np.ptp(Zc, axis=0).max() == 0      # nothing to separate: one code for all
