@@ -193,5 +193,5 @@ def test_a_task_that_kills_its_worker_every_time_ends_the_run_naming_stage_and_b
     # the workers' logs went to the store, not the terminal; the one line says where
     log = errors[0].rsplit("(worker tracebacks: ", 1)[1].rstrip(")")
     assert log.startswith(str(tmp_path / "store" / "logs" / "workers-")) and Path(log).is_file()
-    assert "KilledWorker" in Path(log).read_text() or "train-nml" in Path(log).read_text()
+    # (a SIGKILLed worker writes nothing there: the file is where other failures' tracebacks go)
     assert "Traceback" not in res.output and "Compute Failed" not in res.output
