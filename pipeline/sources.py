@@ -94,10 +94,7 @@ class NpzReader:
     def __init__(self, path, key):
         self.path, self.key = str(path), key
         with zipfile.ZipFile(self.path) as z, z.open(key + ".npy") as f:
-            version = np.lib.format.read_magic(f)
-            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
-                np.lib.format.read_array_header_2_0
-            self.shape, fortran, self.dtype = read_header(f)
+            self.shape, fortran, self.dtype = _npy_header(f)
             self.offset = f.tell()
         if fortran:
             raise InputError(f"{self.path}: array {key!r} is stored in Fortran order; save it C-ordered")
@@ -322,12 +319,17 @@ def open_source(cfg: DataConfig) -> Source:
         raise InputError(f"{path}: cannot read (data.path): {type(e).__name__}: {e}".splitlines()[0]) from None
 
 
+def _npy_header(f) -> tuple:
+    """(shape, fortran_order, dtype) of the .npy stream ``f``, read from its header only (the file
+    position is left at the data)."""
+    version = np.lib.format.read_magic(f)
+    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    return read_header(f)
+
+
 def _npy_dtype(path) -> np.dtype:
     with open(path, "rb") as f:
-        version = np.lib.format.read_magic(f)
-        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
-            np.lib.format.read_array_header_2_0
-        return read_header(f)[2]
+        return _npy_header(f)[2]
 
 
 def _labels_from_npy(cfg, n_hint=None):
