@@ -70,3 +70,24 @@ def test_readme_config_reference_is_valid():
     cfg = parse_config(raw, where="README.md")
     assert {m["method"] for m in cfg.methods} >= {"identity", "pca", "pcaw", "lda", "random", "slne", "slde"}
     assert "softvote3" in cfg.evaluate.classifiers
+
+
+def test_alias_expansion_is_counted_without_expanding():
+    """The bomb guard counts the nodes aliases imply, memoised per node: a small document's count
+    equals that of its fully expanded copy, and the test file's bomb (9 levels of 9) is counted as
+    hundreds of millions without building it."""
+    import json
+    import yaml
+    from metricpipe.config import _expanded_size
+    from tests.pipeline.test_cli import BOMB
+
+    def nodes(x):
+        if isinstance(x, list):
+            return 1 + sum(nodes(v) for v in x)
+        if isinstance(x, dict):
+            return 1 + sum(1 + nodes(v) for v in x.values())
+        return 1
+    small = "a: &a [1, 2, {x: 3}]\nb: [*a, *a]\nc: {p: *a, q: [*a]}\n"
+    expanded = json.loads(json.dumps(yaml.safe_load(small)))       # aliases written out in full
+    assert _expanded_size(yaml.compose(small, Loader=yaml.SafeLoader), {}) == nodes(expanded)
+    assert _expanded_size(yaml.compose(BOMB, Loader=yaml.SafeLoader), {}) > 9 ** 9
