@@ -234,24 +234,18 @@ def test_workers_are_slurm_jobs_listening_on_loopback(tmp_path, slurm):
     assert _no_jobs_left()  # closing the cluster cancels its jobs
 
 
-def test_a_job_slurm_refuses_is_a_one_line_error(tmp_path, slurm):
-    cfg = tmp_path / "c.yaml"  # more memory than the node has: SLURM's own reason, before any job
-    cfg.write_text(yaml.safe_dump({**CONFIG, "store": str(tmp_path / "s"),
-                                   "cluster": str(_spec(tmp_path, slurm, memory="10GB"))}))
-    res = CliRunner().invoke(main, ["run", str(cfg)])
-    assert res.exit_code == 2, res.output
-    assert "SLURM refuses the worker job: " in res.output and "Requested node configuration is not available" \
-        in res.output, res.output
-    assert _no_jobs_left()
-
-
-def test_workers_that_never_join_are_a_one_line_error(tmp_path, slurm, monkeypatch):
+@pytest.mark.parametrize("spec, expected", [
+    ({"memory": "10GB"},                # more memory than the node has: SLURM's own reason, before any job
+     ("SLURM refuses the worker job: ", "Requested node configuration is not available")),
+    ({"python": "/bin/false"},          # the job starts, but its worker command fails at once
+     ("no worker joined the scheduler at tcp://127.0.0.1:", "within 5 s (slurm)")),
+], ids=["job SLURM refuses", "worker that never joins"])
+def test_a_cluster_that_cannot_give_workers_is_a_one_line_error(tmp_path, slurm, monkeypatch, spec, expected):
     monkeypatch.setattr(cluster_module, "WORKER_WAIT", 5)
-    cfg = tmp_path / "c.yaml"  # the job starts, but its worker command fails at once
+    cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({**CONFIG, "store": str(tmp_path / "s"),
-                                   "cluster": str(_spec(tmp_path, slurm, python="/bin/false"))}))
+                                   "cluster": str(_spec(tmp_path, slurm, **spec))}))
     res = CliRunner().invoke(main, ["run", str(cfg)])
     assert res.exit_code == 2, res.output
-    assert "no worker joined the scheduler at tcp://127.0.0.1:" in res.output and "within 5 s (slurm)" \
-        in res.output, res.output
+    assert all(part in res.output for part in expected), res.output
     assert _no_jobs_left()
