@@ -18,7 +18,7 @@ import numpy as np
 from metricpipe.config import DataConfig
 from metricpipe.sources import open_source
 from metricpipe.models import model_units
-from metricpipe.storage import Store, hash_key, load_estimator, save_estimator
+from metricpipe.storage import Store, hash_key, load_estimator, open_array, save_estimator
 from metricpipe.tasks.ncmml import NCMC
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.moments import class_sums
@@ -200,38 +200,61 @@ def _kmeans_new(src, n, D, codes, names, k, normalize, counts):
     return cents
 
 
-def predict(store_url: str, model: str, data_path: str, features: str = "X", labels: str | None = None):
-    """Class names predicted for every row of ``data_path`` by an NCM / NCMC model (nearest class mean,
-    or the mixture of Eq. 22), and the top-1 error when the data carries labels."""
+def predict(store_url: str, model: str, data_path: str, features: str = "X", labels: str | None = None,
+            k: int | None = None):
+    """Labels predicted for every row of ``data_path`` (a path or a builtin name) by any model, and the
+    top-1 error when the data carries labels. An NCMML / NCMC model classifies by its class means (Eq. 5,
+    Eq. 22's mixture or Eq. 27) unless ``k`` is given; any other model by the majority of the ``k``
+    (default 10) nearest train codes of its run, compared as the model compares codes. Labels come back
+    in the model's own kind (int64 or str)."""
+    from metricpipe.export import BLOCK_ROWS, codes_unit, encode_rows, open_input, split_rows
+    from metricpipe.models import find_model
+    from metricpipe.tasks.evaluation import knn_predict
     store = Store(store_url)
     store.check_exists()
-    found = ncm_models(store, model)
-    if len(found) > 1:
-        raise InputError(f"{store.url}: --model {model!r} matches {len(found)} models "
-                         f"({', '.join(u.key for u, _ in found[:4])}); give more of the key")
-    [(unit, attrs)] = found
+    unit, attrs = find_model(store, model)
     est = load_estimator(unit.url)
     names = list(attrs.get("class_names") or [])
-    src = open_source(DataConfig(path=data_path, features=features, labels=labels or ""))
+    src = open_input(data_path, features, labels or "")
     n, D = src.reader.shape[0], int(np.prod(src.reader.shape[1:]))
     if D != est.n_features_in_:
         raise InputError(f"{src.name}: features have {D} dimensions but model {unit.key} takes {est.n_features_in_}")
+    normalize = attrs.get("normalize", "none")
     pred = np.empty(n, np.int64)
-    for a, X in _blocks(src, n, D, attrs.get("normalize", "none")):
-        pred[a:a + len(X)] = est.predict(X)   # nearest class mean (Eq. 5), Eq. 22's mixture or Eq. 27
+    if hasattr(est, "predict") and k is None:
+        for a, X in _blocks(src, n, D, normalize):
+            pred[a:a + len(X)] = est.predict(X)   # nearest class mean (Eq. 5), Eq. 22's mixture or Eq. 27
+    else:
+        k = k or 10
+        codes = open_array(f"{codes_unit(store, unit, attrs).url}/codes")
+        train = split_rows(store, attrs, "train")
+        y_train = open_array(f"{store.unit('data', attrs['data']).url}/label")[:].astype(np.int64)
+        step = codes.chunks[0]
+        parts = [(train[s:s + step], codes.get_orthogonal_selection((train[s:s + step], slice(None))))
+                 for s in range(0, len(train), step)]   # the train codes (small: the model's dimension)
+        for a in range(0, n, BLOCK_ROWS):
+            Q = encode_rows(unit.url, data_path, features, normalize, a, min(n, a + BLOCK_ROWS))
+            pred[a:a + len(Q)] = knn_predict(Q, parts, y_train, k, est.code_metric, len(names))
     out = np.asarray(names)[pred] if names else pred   # labels of the model's own kind (int64 or str)
     error = None
     if labels is not None:
-        truth = np.asarray(src.labels)
-        if truth.shape != (n,):
-            raise InputError(f"{src.name} (--labels {labels}): labels of shape {truth.shape} for {n} rows; give a "
-                             f"1-D array with one label per row")
-        truth = label_values(truth, f"{src.name} (--labels {labels})")
-        index = {c: i for i, c in enumerate(names)}
-        truth_idx = np.array([index.get(t.item(), -1) for t in truth])   # by value: 3.0 is class 3, "3" is not
-        if n and (truth_idx < 0).all():
-            raise InputError(f"{src.name} (--labels {labels}): none of the labels is a class of model {unit.key} "
-                             f"(e.g. {truth[0].item()!r}; its classes: {names[:3]}...); give the labels the model "
-                             f"was trained with")
-        error = float(np.mean(pred != truth_idx))
+        error = _top1_error(src, labels, names, pred, unit.key)
     return out, error
+
+
+def _top1_error(src, labels: str, names: list, pred: np.ndarray, key: str) -> float:
+    """The fraction of rows whose label (compared by value: 3.0 is class 3, "3" is not) is not the
+    predicted class."""
+    n = len(pred)
+    truth = np.asarray(src.labels)
+    if truth.shape != (n,):
+        raise InputError(f"{src.name} (--labels {labels}): labels of shape {truth.shape} for {n} rows; give a "
+                         f"1-D array with one label per row")
+    truth = label_values(truth, f"{src.name} (--labels {labels})")
+    index = {c: i for i, c in enumerate(names)}
+    truth_idx = np.array([index.get(t.item(), -1) for t in truth])
+    if n and (truth_idx < 0).all():
+        raise InputError(f"{src.name} (--labels {labels}): none of the labels is a class of model {key} "
+                         f"(e.g. {truth[0].item()!r}; its classes: {names[:3]}...); give the labels the model "
+                         f"was trained with")
+    return float(np.mean(pred != truth_idx))

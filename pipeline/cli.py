@@ -292,20 +292,23 @@ def add_classes_cmd(store, new_data, features, labels, model, hierarchy, prior_w
 @main.command()
 @click.argument("store")
 @click.argument("data", type=click.Path(exists=False))
-@click.option("--model", required=True, help="Key (or key prefix) of an NCMML/NCMC model in STORE/models.")
+@click.option("--model", required=True, help="Key (or key prefix) of a model in STORE (`metricpipe models STORE`).")
 @click.option("--features", default="X", show_default=True, help="Array name inside npz/h5/zarr.")
-@click.option("--labels", default=None, help="Label array name: also print the top-1 error.")
-@click.option("--out", type=click.Path(dir_okay=False), help="Write the predicted class names (.npy).")
+@click.option("--labels", default=None, help="Label array name (or .npy path): also print the top-1 error.")
+@click.option("--k", "k", type=click.IntRange(min=1), default=None,
+              help="Classify by the k nearest train codes (default for models without class means: 10).")
+@click.option("--out", type=click.Path(dir_okay=False), help="Write the predicted labels (.npy).")
 @handle_errors
-def predict(store, data, model, features, labels, out):
-    """Classify the rows of DATA with an NCM/NCMC model (nearest class mean under the learned metric)."""
+def predict(store, data, model, features, labels, k, out):
+    """Classify the rows of DATA (a path, or digits | fashion-mnist) with a model of STORE: nearest class
+    mean for NCMML/NCMC models, else the majority of the k nearest train codes of the model's run."""
     import numpy as np
 
     from metricpipe.classes import predict as run_predict
 
     if out and not Path(out).resolve().parent.is_dir():
         raise InputError(f"{out}: its folder does not exist (--out); create it or choose another path")
-    names, error = run_predict(store, model, data, features, labels)
+    names, error = run_predict(store, model, data, features, labels, k)
     if out:  # written whole or not at all
         tmp = f"{out}.partial.npy"
         try:
@@ -315,6 +318,65 @@ def predict(store, data, model, features, labels, out):
             raise InputError(f"{out}: cannot write the predictions (--out): {e.strerror or e}") from None
     _echo(f"{len(names)} rows classified" + (f"; top-1 error {error:.4f}" if error is not None else "")
           + (f"; predictions in {out}" if out else ""))
+
+
+@main.command()
+@click.argument("store")
+@click.argument("data", type=click.Path(exists=False))
+@click.option("--model", required=True, help="Key (or key prefix) of a model in STORE (`metricpipe models STORE`).")
+@click.option("--out", required=True, type=click.Path(), help="Codes file: .npy, .npz (X, y, ids), .zarr (X, y, "
+                                                              "ids) or .parquet (id, label, code columns).")
+@click.option("--features", default="X", show_default=True, help="Array name inside npz/h5/zarr.")
+@click.option("--labels", default=None, help="Label array name (default: y when DATA has it) or .npy path.")
+@click.option("--ids", default=None, help="Array of row ids to carry into the output.")
+@_cluster_options
+@handle_errors
+def encode(store, data, model, out, features, labels, ids, cluster, workers, memory_limit):
+    """Encode every row of DATA (a path, or digits | fashion-mnist) with a model of STORE, normalised as
+    in training; on the cluster when DATA is large or --cluster is given."""
+    from metricpipe.cluster import connect
+    from metricpipe.export import encode as run_encode
+
+    cfg = _apply(parse_config({"data": {"source": "digits"}}, where="metricpipe encode"), None, cluster, workers,
+                 memory_limit)
+
+    def client():
+        return connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard, cfg.tls)
+
+    r = run_encode(store, model, data, out, features, labels, ids, client, cluster_given=cluster is not None,
+                   log=_echo)
+    cols = [c for c in ("labels", "ids") if r[c]]
+    _echo(f"Encoded {r['rows']:,} rows with model {r['model']} ({r['method']}, {r['dim']} dimensions) into {out}"
+          + (f" with {' and '.join(cols)}" if cols and not out.lower().endswith(".npy") else ""))
+
+
+@main.command()
+@click.argument("store")
+@click.option("--model", required=True, help="Key (or key prefix) of a model in STORE (`metricpipe models STORE`).")
+@click.option("--faiss", "faiss_path", type=click.Path(dir_okay=False),
+              help="Write the SPLIT rows' codes as a faiss index (ids: rows of the staged data).")
+@click.option("--split", default="test", show_default=True, type=click.Choice(["test", "train", "val", "all"]),
+              help="Which rows go into the faiss index (test: the database the run's retrieval searched).")
+@click.option("--npz", "npz_path", type=click.Path(dir_okay=False),
+              help="Write the model as plain arrays + model_json (apply it with numpy: see the README).")
+@handle_errors
+def export(store, model, faiss_path, split, npz_path):
+    """Export a model of STORE: its codes as a faiss index, or the model as arrays usable without metricpipe."""
+    from metricpipe.export import export_faiss, export_npz
+
+    if not faiss_path and not npz_path:
+        raise InputError("metricpipe export: nothing to write; give --faiss PATH and/or --npz PATH")
+    for p, opt in ((faiss_path, "--faiss"), (npz_path, "--npz")):
+        if p and not Path(p).resolve().parent.is_dir():
+            raise InputError(f"{p}: its folder does not exist ({opt}); create it or choose another path")
+    if faiss_path:
+        r = export_faiss(store, model, faiss_path, split)
+        _echo(f"faiss index ({r['index']}, {r['metric']}) of {r['rows']:,} {split} codes of model {r['model']} "
+              f"in {faiss_path}")
+    if npz_path:
+        r = export_npz(store, model, npz_path)
+        _echo(f"model {r['model']} ({r['method']}: {r['kind']}, arrays {', '.join(r['arrays']) or 'none'}) "
+              f"in {npz_path}")
 
 
 if __name__ == "__main__":

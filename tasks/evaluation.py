@@ -52,24 +52,36 @@ def retrieval(Q: np.ndarray, q_idx: np.ndarray, db_idx: np.ndarray, db_rows, rel
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
+def knn_neighbour_labels(Q: np.ndarray, blocks, labels: np.ndarray, k: int, score: str) -> np.ndarray:
+    """Labels (n, k) of the k nearest database rows of each query, nearest first (-1 where the
+    database has fewer rows), over the database ``blocks``: an iterable of (global rows, their codes);
+    ``labels`` are indexed by global row."""
+    metric = "l2" if score == "euclidean" else "ip"
+    best = knn.empty_topk(len(Q), k)
+    for rows, X in blocks:
+        if score.startswith("slem:"):
+            best = knn.merge_topk(best, knn.distance_topk(scores(Q, X, score), rows, k), k)
+        else:
+            best = knn.block_topk(Q, X, k, x_ids=rows, metric=metric, init=best)
+    return np.where(best[1] >= 0, labels[np.maximum(best[1], 0)], -1)
+
+
 def knn_errors(Q: np.ndarray, y: np.ndarray, blocks, labels: np.ndarray, ks: list, score: str,
                n_classes: int) -> dict:
     """Top-1 and top-5 errors of kNN classifiers (each k in ``ks``) over the database ``blocks``, an
     iterable of (global rows, their codes); ``labels`` are indexed by global row."""
-    kmax = max(ks)
-    metric = "l2" if score == "euclidean" else "ip"
-    best = knn.empty_topk(len(Q), kmax)
-    for rows, X in blocks:
-        if score.startswith("slem:"):
-            best = knn.merge_topk(best, knn.distance_topk(scores(Q, X, score), rows, kmax), kmax)
-        else:
-            best = knn.block_topk(Q, X, kmax, x_ids=rows, metric=metric, init=best)
-    nb_labels = np.where(best[1] >= 0, labels[np.maximum(best[1], 0)], -1)
+    nb_labels = knn_neighbour_labels(Q, blocks, labels, max(ks), score)
     out = {}
     for k in ks:
         errs = metrics.topk_errors(metrics.knn_class_ranking(nb_labels, n_classes, k), y)
         out[f"knn{k}"] = (errs[1], errs[5])
     return out
+
+
+def knn_predict(Q: np.ndarray, blocks, labels: np.ndarray, k: int, score: str, n_classes: int) -> np.ndarray:
+    """Class codes (n,) by majority vote of the k nearest database rows (ties: the class whose
+    nearest member is closer, then the lower code; see :func:`metrics.knn_class_ranking`)."""
+    return metrics.knn_class_ranking(knn_neighbour_labels(Q, blocks, labels, k, score), n_classes, k)[:, 0]
 
 
 def softvote_errors(Q: np.ndarray, y: np.ndarray, nbr: np.ndarray, B: np.ndarray, flat: np.ndarray,

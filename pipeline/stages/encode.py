@@ -66,7 +66,7 @@ def run_encode(ctx: StageContext, data: DataInfo, models: list) -> list[tuple[di
         _write_template(unit.url, variables, {}, {"model": model.key, "spec": spec, "score": meta.get("score"),
                                                   "bilinear": bool(meta.get("bilinear_dim"))}, data.chunk_rows)
         pending.append((unit, {"score": meta.get("score") or "euclidean", "bilinear": bool(meta.get("bilinear_dim")),
-                               "cost": meta.get("cost")}))
+                               "cost": meta.get("cost"), "model": model.key, "spec": spec}))   # inspect names the model
         for a, b in data.chunks:
             futures.append(ctx.submit(_encode_block, data.url, model.url, unit.url, a, b, spec,
                                       name=f"encode-{model_id(spec)}"))

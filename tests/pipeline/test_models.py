@@ -16,7 +16,10 @@ METHODS = [{"method": "identity"}, {"method": "pca", "dim": 4}, {"method": "lda"
            {"method": "sparse", "dim": 3, "sparsity": 0.5, "train_size": 100, "max_iter": 3, "queries": 10,
             "select": False},
            {"method": "nml", "dim": 3, "pairs": 500, "iters": 1000, "select": False},
-           {"method": "slem", "lam": 0.1, "negatives": {"count": 100}}]
+           {"method": "slem", "lam": 0.1, "negatives": {"count": 100}},
+           {"method": "slem", "kernel": "gaussian", "lam": 0.1, "gamma": 1.0, "negatives": {"count": 100}},
+           {"method": "esvm", "lam": 0.1, "epochs": 1, "negatives": {"count": 100}},
+           {"method": "linear-ml", "dim": 3, "pairs": 500, "iters": 1000, "select": False}]
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +29,8 @@ def stored(client, tmp_path_factory):
     X = np.abs(X) * 3.0                     # raw features, non-negative (NML), far from unit norm
     np.savez(tmp / "d.npz", X=X, y=y)
     raw = {"data": {"path": str(tmp / "d.npz"), "chunk_mb": 0.002, "normalize": "l2"}, "methods": METHODS,
-           "neighbours": {"k": 5}}
+           "neighbours": {"k": 5},
+           "evaluate": {"classification": {"classifiers": ["knn1"]}}}   # kernel SLEM serves no ncm
     ctx, data, stats = staged(client, tmp / "s", raw)
     from metricpipe.stages import run_neighbours
     graph = run_neighbours(ctx, data)
@@ -53,7 +57,7 @@ def test_load_model_by_key_prefix_and_its_errors(stored):
     assert metricpipe.load_model(ctx.store.url, key[:6])[-1].get_params()["dim"] == 4
     with pytest.raises(InputError, match="no committed model 'zzz'"):
         metricpipe.load_model(ctx.store.url, "zzz")
-    with pytest.raises(InputError, match="matches 8 models"):
+    with pytest.raises(InputError, match=f"matches {len(METHODS)} models"):
         metricpipe.load_model(ctx.store.url, "")
 
 
@@ -89,3 +93,225 @@ def test_a_model_stored_before_estimators_is_a_one_line_error(tmp_path):
     save_arrays(str(tmp_path / "old"), {"W": np.eye(3, dtype=np.float32)}, {"spec": {"method": "pca"}, "dim": 3})
     with pytest.raises(InputError, match="stored by metricpipe before 0.2.*rerun its config"):
         load_estimator(str(tmp_path / "old"))
+
+
+# -- results that leave the run: encode, export, predict ------------------------------------------------------
+
+def _stored_codes(cunit):
+    return open_array(f"{cunit.url}/codes")[:]
+
+
+def _by(models, codes, method, **params):
+    """((spec, model unit), (spec, codes unit, dim)) of the stored model of this method (and params)."""
+    [i] = [i for i, (spec, _) in enumerate(models) if spec["method"] == method
+           and all(spec.get(k) == v for k, v in params.items())]
+    return models[i], codes[i]
+
+
+def test_encode_reproduces_the_stored_codes_bit_for_bit_for_every_model_kind(stored, tmp_path):
+    ctx, data, X, models, codes = stored
+    src = ctx.config.data.path
+    y = np.load(src)["y"]
+    for (spec, unit), (_, cunit, _) in zip(models, codes):
+        out = tmp_path / f"{spec['method']}-{unit.key}.npz"
+        res = CliRunner().invoke(main, ["encode", ctx.store.url, src, "--model", unit.key, "--out", str(out)])
+        assert res.exit_code == 0, res.output
+        with np.load(out) as z:
+            np.testing.assert_array_equal(z["X"], _stored_codes(cunit), err_msg=spec["method"])
+            np.testing.assert_array_equal(z["y"], y)
+        assert f"Encoded 500 rows with model {unit.key}" in res.output
+
+
+@pytest.mark.parametrize("fmt", [".npy", ".zarr", ".parquet"])
+def test_encode_writes_every_format_with_labels_and_ids(stored, tmp_path, fmt):
+    ctx, data, X, models, codes = stored
+    d = np.load(ctx.config.data.path)
+    ids = np.arange(1000, 1000 + len(X)) * 7
+    src = tmp_path / "with_ids.npz"
+    np.savez(src, X=d["X"], y=np.array(["a", "b", "c", "d"])[d["y"]], rid=ids)
+    (spec, unit), (_, cunit, dim) = _by(models, codes, "slne")     # inner-product codes
+    out = tmp_path / f"codes{fmt}"
+    res = CliRunner().invoke(main, ["encode", ctx.store.url, str(src), "--model", unit.key[:8], "--out", str(out),
+                                    "--ids", "rid"])
+    assert res.exit_code == 0, res.output
+    want = _stored_codes(cunit)
+    labels = np.array(["a", "b", "c", "d"])[d["y"]]
+    if fmt == ".npy":
+        np.testing.assert_array_equal(np.load(out), want)
+    elif fmt == ".zarr":
+        import zarr
+        g = zarr.open_group(str(out), mode="r")
+        np.testing.assert_array_equal(g["X"][:], want)
+        assert list(g["y"][:]) == list(labels) and list(g["ids"][:]) == list(ids)
+    else:
+        import pyarrow.parquet as pq
+        t = pq.read_table(out)
+        assert t.column_names == ["id", "label", "code"]
+        np.testing.assert_array_equal(np.stack(t.column("code").to_numpy(zero_copy_only=False)), want)
+        assert t.column("label").to_pylist() == list(labels) and t.column("id").to_pylist() == list(ids)
+    assert not list(tmp_path.glob("*.partial*"))
+
+
+def test_encode_on_the_cluster_gives_the_same_codes_in_row_order(stored, client, tmp_path):
+    import contextlib
+
+    from metricpipe.export import encode
+    ctx, data, X, models, codes = stored
+    (spec, unit), (_, cunit, _) = _by(models, codes, "sparse")
+    out = tmp_path / "c.npz"
+    lines = []
+    r = encode(ctx.store.url, unit.key, ctx.config.data.path, str(out), client_factory=lambda: contextlib.nullcontext(client),
+               cluster_given=True, log=lines.append)
+    assert r["rows"] == len(X) and any(ln.startswith("  encode: 500/500 rows") for ln in lines)
+    np.testing.assert_array_equal(np.load(out)["X"], _stored_codes(cunit))
+
+
+def _apply_model_from_readme():
+    """The README's numpy-only apply_model, executed with numpy alone in its namespace."""
+    from pathlib import Path
+    text = (Path(__file__).parents[2] / "README.md").read_text()
+    block = text.split("<!-- apply-model -->\n```python\n", 1)[1].split("```", 1)[0]
+    ns = {}
+    exec(compile(block, "README.md", "exec"), ns)
+    assert not {k for k, v in ns.items() if getattr(v, "__name__", "").startswith("metricpipe")}
+    return ns["apply_model"]
+
+
+def test_npz_export_applied_with_numpy_alone_reproduces_the_codes(stored, tmp_path):
+    ctx, data, X, models, codes = stored
+    apply_model = _apply_model_from_readme()
+    kinds = set()
+    for (spec, unit), (_, cunit, _) in zip(models, codes):
+        out = tmp_path / f"{unit.key}.npz"
+        res = CliRunner().invoke(main, ["export", ctx.store.url, "--model", unit.key, "--npz", str(out)])
+        if spec["method"] == "esvm":
+            assert res.exit_code == 2 and "ESVM codes have no closed form" in res.output and not out.exists()
+            continue
+        assert res.exit_code == 0, res.output
+        want = _stored_codes(cunit)
+        got = apply_model(str(out), X)
+        kinds.add(str(np.load(out)["model_json"]))
+        assert got.shape == want.shape, spec
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max(), err_msg=spec["method"])
+    assert len(kinds) == len(models) - 1
+
+
+@pytest.fixture(scope="module")
+def retrieval_run(client, tmp_path_factory):
+    """A run with 1,250 test rows: PCA (L2 codes) and SL-NE (inner-product codes), encoded."""
+    from metricpipe.stages import run_neighbours
+    tmp = tmp_path_factory.mktemp("retrieval")
+    X, y = make_blobs(n=5000, d=16, classes=8, sep=1.0, seed=5)
+    np.savez(tmp / "d.npz", X=X, y=y)
+    ctx, data, stats = staged(client, tmp / "s", {
+        "data": {"path": str(tmp / "d.npz"), "split": {"test": 0.25}},
+        "methods": [{"method": "pca", "dim": 8}, {"method": "slne", "dim": 6, "input_dim": 8, "epochs": 1,
+                                                 "select": False}], "neighbours": {"k": 10}})
+    models = run_train(ctx, data, stats, run_neighbours(ctx, data))
+    return ctx, data, models, run_encode(ctx, data, models)
+
+
+def test_faiss_export_returns_the_pipeline_s_retrieval_top10_for_1000_queries(retrieval_run, tmp_path):
+    import faiss
+
+    from metricpipe.stages.common import TEST
+    from metricpipe.tasks.evaluation import scores
+    ctx, data, models, codes = retrieval_run
+    test = data.rows(TEST)
+    queries = test[:1000]
+    for method in ("pca", "slne"):                          # L2 and inner product
+        (spec, unit), (_, cunit, _) = _by(models, codes, method)
+        out = tmp_path / f"{method}.faiss"
+        res = CliRunner().invoke(main, ["export", ctx.store.url, "--model", unit.key, "--faiss", str(out)])
+        assert res.exit_code == 0, res.output
+        assert ("inner product" if method == "slne" else "L2") in res.output
+        C = _stored_codes(cunit)
+        index = faiss.read_index(str(out))
+        assert index.ntotal == len(test)
+        _, ids = index.search(C[queries], 11)
+        d = scores(C[queries], C[test], "inner" if method == "slne" else "euclidean")  # the evaluate stage's scores
+        d[np.arange(len(queries)), np.arange(len(queries))] = np.inf                   # a query is not its own hit
+        same = 0
+        for q, row in enumerate(ids):
+            mine = [r for r in row if r != queries[q]][:10]
+            theirs = test[np.argsort(d[q], kind="stable")[:10]]
+            same += set(mine) == set(theirs)
+            # any difference is only in the order of exactly tied scores
+            np.testing.assert_allclose(np.sort(d[q][np.searchsorted(test, mine)]),
+                                       np.sort(d[q][np.searchsorted(test, theirs)]), rtol=1e-5, atol=1e-6)
+        assert same >= 995, (method, same)
+
+
+def test_faiss_export_is_ivf_past_the_threshold_and_refuses_kernel_slem(stored, tmp_path, monkeypatch):
+    import faiss
+
+    import metricpipe.export as ex
+    ctx, data, X, models, codes = stored
+    monkeypatch.setattr(ex, "IVF_ABOVE", 50)
+    r = ex.export_faiss(ctx.store.url, _by(models, codes, "pca")[0][1].key, str(tmp_path / "ivf.faiss"), split="all")
+    assert r["index"] == "IVF" and r["rows"] == len(X)
+    index = faiss.extract_index_ivf(faiss.read_index(str(tmp_path / "ivf.faiss")))
+    assert index.nlist == int(4 * np.sqrt(len(X)))
+    res = CliRunner().invoke(main, ["export", ctx.store.url, "--model", _by(models, codes, "slem", kernel="gaussian")[0][1].key, "--faiss",
+                                    str(tmp_path / "k.faiss")])
+    assert res.exit_code == 2 and "which faiss has no index for" in res.output and "Traceback" not in res.output
+
+
+def test_predict_classifies_with_any_model_by_the_nearest_train_codes(stored, tmp_path):
+    from sklearn.neighbors import KNeighborsClassifier
+
+    from metricpipe.stages.common import TRAIN
+    ctx, data, X, models, codes = stored
+    src = ctx.config.data.path
+    y = np.load(src)["y"]
+    train = data.rows(TRAIN)
+    (spec, unit), (_, cunit, _) = _by(models, codes, "pca")   # no class means of its own
+    out = tmp_path / "pred.npy"
+    res = CliRunner().invoke(main, ["predict", ctx.store.url, src, "--model", unit.key, "--labels", "y", "--k", "1",
+                                    "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    C = _stored_codes(cunit)
+    ref = KNeighborsClassifier(n_neighbors=1, algorithm="brute").fit(C[train], y[train]).predict(C)
+    pred = np.load(out)
+    assert pred.dtype == np.int64 and np.mean(pred == ref) >= 0.998   # equal up to exactly tied distances
+    assert f"top-1 error {np.mean(pred != y):.4f}" in res.output
+    # the default k (10) and a kernel SLEM model, whose codes compare by Eq. 16's similarity
+    from metricpipe.tasks.slem import similarity
+    (kspec, kunit), (_, kcu, _) = _by(models, codes, "slem", kernel="gaussian")
+    res = CliRunner().invoke(main, ["predict", ctx.store.url, src, "--model", kunit.key, "--k", "1", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    K = _stored_codes(kcu)
+    ref = y[train][np.argmax(similarity(K, K[train], ctx.store.unit("models", kunit.key).meta()["score"]), axis=1)]
+    assert np.mean(np.load(out) == ref) >= 0.998
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--out", "{tmp}/c.txt"], "unknown output format (--out); name it with one of .npy, .npz, .zarr, .parquet"),
+    (["--out", "{tmp}/nowhere/c.npy"], "its folder does not exist (--out)"),
+    (["--out", "{tmp}/c.npy", "--labels", "nope"], "no array 'nope'"),
+    (["--out", "{tmp}/c.npy", "--model", "zzz"], "no committed model 'zzz'"),
+])
+def test_encode_bad_input_is_one_line(stored, tmp_path, args, message):
+    ctx, data, X, models, codes = stored
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    if "--model" not in args:
+        args += ["--model", models[0][1].key]
+    res = CliRunner().invoke(main, ["encode", ctx.store.url, ctx.config.data.path, *args])
+    assert res.exit_code == 2 and message in res.output, res.output
+    assert len(res.output.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
+
+
+def test_encode_refuses_bad_rows_and_the_wrong_width_without_leaving_a_file(stored, tmp_path):
+    ctx, data, X, models, codes = stored
+    bad = X.copy()
+    bad[3, 2] = np.nan
+    np.savez(tmp_path / "nan.npz", X=bad)
+    np.savez(tmp_path / "wide.npz", X=np.ones((5, 11), np.float32))
+    key = _by(models, codes, "pca")[0][1].key
+    for f, msg in (("nan.npz", "row 3"), ("wide.npz", "features have 11 dimensions but model")):
+        res = CliRunner().invoke(main, ["encode", ctx.store.url, str(tmp_path / f), "--model", key,
+                                        "--out", str(tmp_path / "c.npz")])
+        assert res.exit_code == 2 and msg in res.output and "Traceback" not in res.output, res.output
+        assert not (tmp_path / "c.npz").exists() and not list(tmp_path.glob("*partial*"))
+    res = CliRunner().invoke(main, ["export", ctx.store.url, "--model", key])
+    assert res.exit_code == 2 and "nothing to write; give --faiss PATH and/or --npz PATH" in res.output

@@ -227,7 +227,7 @@ def test_predict_needs_no_labels_and_refuses_bad_ones_and_ambiguous_models(train
     np.savez(tmp_path / "short2.npz", X=X, y=np.zeros(7, int))
     with pytest.raises(InputError, match=r"\(--labels y\): labels of shape \(7,\) for 30 rows; give a 1-D array"):
         predict(ctx.store.url, unit.key, str(tmp_path / "short2.npz"), labels="y")
-    with pytest.raises(InputError, match=r"--model .. matches \d+ models \(.*\); give more of the key"):
+    with pytest.raises(InputError, match=r"model .. matches \d+ models \(.*\); give more of the key"):
         predict(ctx.store.url, "", str(tmp_path / "unlabelled.npz"))
     [ncmc] = [u for s, u in models if s["method"] == "ncmc" and s["centroids"] == 2]
     (tmp_path / "h.yaml").write_text("'0': a\nnew: a\n")

@@ -1,0 +1,339 @@
+"""Results that leave a run: encode new data with a stored model (``metricpipe encode``), export a
+model's database codes as a faiss index or the model as plain arrays (``metricpipe export``), and
+classify new rows with any model (``metricpipe predict``).
+
+Encoding streams the input in row-blocks. Small inputs are encoded in this process; larger ones
+(or any input when a cluster is given) on the cluster, one task per block, a bounded number in
+flight, the client writing each block of codes as it arrives (codes are small next to features),
+so the output can be a single file on the client's disk whatever the cluster. Outputs are written
+to a temporary name and renamed when complete: an interrupted encode leaves no partial file.
+"""
+import json
+import os
+import shutil
+import zipfile
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from metricpipe.config import DataConfig
+from metricpipe.models import find_model
+from metricpipe.sources import open_source
+from metricpipe.storage import Store, hash_key, load_estimator, open_array, read_attrs, row_chunks
+from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.normalize import normalize_rows
+from metricpipe.tasks.validate import check_feature_block, label_values
+
+BUILTIN = ("digits", "fashion-mnist")
+FORMATS = (".npy", ".npz", ".zarr", ".parquet")
+# Inputs up to this many bytes of features are encoded in the calling process unless a cluster is named.
+LOCAL_BYTES = 256e6
+# Rows per block when the model's staged data gives none (the encode stage's blocks otherwise, so
+# that the codes are bit for bit the stored ones).
+BLOCK_ROWS = 16384
+
+
+def data_config(data: str, features: str = "X", labels: str = "", ids: str | None = None) -> DataConfig:
+    """A source: a builtin data set name or a path."""
+    if data in BUILTIN:
+        return DataConfig(source=data)
+    return DataConfig(path=data, features=features, labels=labels, ids=ids)
+
+
+def open_input(data: str, features: str = "X", labels: str | None = None, ids: str | None = None):
+    """The source of DATA with its labels when it has them: ``labels`` None tries ``y`` and goes on
+    without labels when there is no such array; a name the user gave must exist."""
+    if labels is None and data not in BUILTIN:
+        try:
+            return open_source(data_config(data, features, "y", ids))
+        except InputError as e:
+            if "no array 'y'" not in str(e) and "(data.labels)" not in str(e) and "give data.labels" not in str(e):
+                raise
+            return open_source(data_config(data, features, "", ids))
+    return open_source(data_config(data, features, labels or "", ids))
+
+
+@lru_cache(maxsize=4)
+def _model(model_url: str):
+    return load_estimator(model_url)
+
+
+@lru_cache(maxsize=4)
+def _reader(data: str, features: str):
+    return open_source(data_config(data, features)).reader
+
+
+def encode_rows(model_url: str, data: str, features: str, normalize: str, start: int, stop: int) -> np.ndarray:
+    """Codes of rows start:stop of DATA: read, checked and normalised as staging does (so the codes
+    equal the encode stage's bit for bit), then the model's transform."""
+    X = np.asarray(_reader(data, features).read(start, stop))
+    X = X.reshape(len(X), -1)
+    check_feature_block(X, start, f"{data} (features)")
+    return _model(model_url).transform(normalize_rows(X, normalize).astype(np.float32))
+
+
+class _Writer:
+    """Codes (n, d) written in row order to .npy, .npz, .zarr or .parquet under a temporary name;
+    ``close`` adds the labels and ids columns and renames it into place."""
+
+    def __init__(self, out: str, n: int, d: int, labels, ids):
+        self.out, self.n, self.d, self.labels, self.ids = out, n, d, labels, ids
+        self.suffix = Path(out).suffix.lower()
+        self.tmp = f"{out}.partial{self.suffix}"
+        self._drop()
+        if self.suffix == ".npy":
+            self.arr = np.lib.format.open_memmap(self.tmp, mode="w+", dtype=np.float32, shape=(n, d))
+        elif self.suffix == ".npz":  # members streamed into the zip: X, then y and ids at close
+            self.zip = zipfile.ZipFile(self.tmp, "w", allowZip64=True)
+            self.member = self.zip.open("X.npy", "w", force_zip64=True)
+            np.lib.format.write_array_header_1_0(self.member, {"descr": "<f4", "fortran_order": False, "shape": (n, d)})
+        elif self.suffix == ".zarr":
+            import zarr
+            g = zarr.open_group(self.tmp, mode="w")
+            self.arr = g.create_array("X", shape=(n, d), chunks=(min(max(n, 1), BLOCK_ROWS), max(d, 1)), dtype="float32")
+            self.group = g
+        else:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+            self.pa = pa
+            fields = ([pa.field("id", pa.from_numpy_dtype(np.asarray(ids).dtype))] if ids is not None else []) + \
+                     ([pa.field("label", pa.array(np.asarray(labels)[:1]).type)] if labels is not None else []) + \
+                     [pa.field("code", pa.list_(pa.float32(), d))]
+            self.schema = pa.schema(fields, metadata={"metricpipe": "codes"})
+            self.pq = pq.ParquetWriter(self.tmp, self.schema)
+
+    def write(self, start: int, codes: np.ndarray) -> None:
+        codes = np.ascontiguousarray(codes, np.float32)
+        stop = start + len(codes)
+        if self.suffix in (".npy", ".zarr"):
+            self.arr[start:stop] = codes
+        elif self.suffix == ".npz":
+            self.member.write(codes.tobytes())
+        else:
+            pa = self.pa
+            cols = ([pa.array(np.asarray(self.ids)[start:stop])] if self.ids is not None else []) + \
+                   ([pa.array(np.asarray(self.labels)[start:stop])] if self.labels is not None else []) + \
+                   [pa.FixedSizeListArray.from_arrays(pa.array(codes.reshape(-1)), self.d)]
+            self.pq.write_table(pa.Table.from_arrays(cols, schema=self.schema))
+
+    def close(self) -> None:
+        extra = {k: np.asarray(v) for k, v in (("y", self.labels), ("ids", self.ids)) if v is not None}
+        if self.suffix == ".npy":
+            self.arr.flush()
+            del self.arr
+        elif self.suffix == ".npz":
+            self.member.close()
+            for k, v in extra.items():
+                with self.zip.open(f"{k}.npy", "w", force_zip64=True) as m:
+                    np.lib.format.write_array(m, v, allow_pickle=False)
+            self.zip.close()
+        elif self.suffix == ".zarr":
+            for k, v in extra.items():
+                arr = self.group.create_array(k, shape=v.shape, chunks=(max(len(v), 1),),
+                                              dtype=str if v.dtype.kind == "U" else v.dtype)
+                arr[:] = v
+        else:
+            self.pq.close()
+        if os.path.isdir(self.out):
+            shutil.rmtree(self.out)
+        os.replace(self.tmp, self.out)
+
+    def _drop(self) -> None:
+        if os.path.isdir(self.tmp):
+            shutil.rmtree(self.tmp)
+        elif os.path.exists(self.tmp):
+            os.remove(self.tmp)
+
+    def abort(self) -> None:
+        for h in ("member", "zip"):
+            try:
+                getattr(self, h).close()
+            except Exception:   # noqa: BLE001 - best effort: the partial file is removed below
+                pass
+        if hasattr(self, "pq"):
+            try:
+                self.pq.close()
+            except Exception:   # noqa: BLE001
+                pass
+        self.__dict__.pop("arr", None)
+        self._drop()
+
+
+def check_out(out: str, option: str = "--out", formats=FORMATS) -> None:
+    suffix = Path(out).suffix.lower()
+    if suffix not in formats:
+        raise InputError(f"{out}: unknown output format ({option}); name it with one of {', '.join(formats)}")
+    if not Path(out).resolve().parent.is_dir():
+        raise InputError(f"{out}: its folder does not exist ({option}); create it or choose another path")
+    if suffix == ".parquet":
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise InputError(f"{out}: writing Parquet needs pyarrow ({option}); pip install 'metricpipe[parquet]' "
+                             f"or write .npz / .zarr") from None
+
+
+def _model_and_data(store_url: str, key: str):
+    store = Store(store_url)
+    store.check_exists()
+    unit, meta = find_model(store, key)
+    normalize = meta.get("normalize", read_attrs(unit.url).get("normalize")) or "none"
+    data_unit = store.unit("data", meta["data"]) if meta.get("data") else None
+    return store, unit, meta, normalize, data_unit
+
+
+def encode(store_url: str, key: str, data: str, out: str, features: str = "X", labels: str | None = None,
+           ids: str | None = None, client_factory=None, cluster_given: bool = False, log=print) -> dict:
+    """Encode every row of DATA with model KEY of STORE into OUT; returns what was written.
+
+    ``client_factory``: a context manager giving a Dask client, entered when the input is larger
+    than LOCAL_BYTES or ``cluster_given``; otherwise the blocks are encoded here, one at a time."""
+    check_out(out)
+    store, unit, meta, normalize, data_unit = _model_and_data(store_url, key)
+    src = open_input(data, features, labels, ids)
+    n, D = src.reader.shape[0], int(np.prod(src.reader.shape[1:]))
+    est = _model(unit.url)
+    if D != est.n_features_in_:
+        raise InputError(f"{src.name}: features have {D} dimensions but model {unit.key} takes {est.n_features_in_}; "
+                         f"encode data of the kind the model was trained on")
+    y = None if src.labels is None else label_values(np.asarray(src.labels), f"{src.name} (labels)")
+    if y is not None and len(y) != n:
+        raise InputError(f"{src.name} (labels): {len(y)} labels for {n} rows; give one label per row")
+    rows = _block_rows(data_unit) or BLOCK_ROWS
+    blocks = row_chunks(n, rows)
+    d = int(meta["dim"])
+    writer = _Writer(out, n, d, y, src.ids)
+    done = 0
+    try:
+        if n * D * 4 > LOCAL_BYTES or cluster_given:
+            with client_factory() as client:
+                log(f"Dashboard: {client.dashboard_link}")
+                for start, codes in _on_cluster(client, unit.url, data, features, normalize, blocks):
+                    writer.write(start, codes)
+                    done += len(codes)
+                    log(f"  encode: {done:,}/{n:,} rows")
+        else:
+            for a, b in blocks:
+                writer.write(a, encode_rows(unit.url, data, features, normalize, a, b))
+        writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    return {"rows": n, "dim": d, "model": unit.key, "method": meta["spec"]["method"], "out": out,
+            "labels": y is not None, "ids": src.ids is not None}
+
+
+def _block_rows(data_unit) -> int | None:
+    if data_unit is None or not data_unit.done():
+        return None
+    try:
+        return int(open_array(f"{data_unit.url}/features").chunks[0])
+    except (OSError, KeyError, FileNotFoundError):
+        return None
+
+
+def _on_cluster(client, model_url, data, features, normalize, blocks, in_flight: int | None = None):
+    """Yield (start, codes) in row order; at most ``in_flight`` blocks submitted but not yet written."""
+    from distributed import wait
+
+    from metricpipe.context import _raise_refused, _refusing
+    in_flight = in_flight or 2 * max(1, len(client.scheduler_info().get("workers", {}))) + 2
+    path = str(Path(data).resolve()) if data not in BUILTIN else data
+    futures = {}
+    nxt = 0
+    for i, (a, b) in enumerate(blocks):
+        futures[i] = client.submit(_refusing, encode_rows, model_url, path, features, normalize, a, b,
+                                   key=f"encode-rows-{os.getpid()}-{a}", pure=False)
+        while len(futures) >= in_flight or (i == len(blocks) - 1 and futures):
+            wait([futures[nxt]])
+            fut = futures.pop(nxt)
+            res = fut.result()
+            _raise_refused(res)
+            yield blocks[nxt][0], res
+            nxt += 1
+            if not futures:
+                break
+
+
+# -- export -------------------------------------------------------------------------------------------------
+
+# Past this many database rows, --faiss writes an IVF index (nlist ~ 4 sqrt(n), trained on a sample).
+IVF_ABOVE = 200_000
+SPLITS = ("test", "train", "val", "all")
+
+
+def codes_unit(store: Store, unit, meta: dict):
+    """The committed codes of model ``unit`` on its run's staged data."""
+    if not meta.get("data"):
+        raise InputError(f"{store.url}: model {unit.key} records no staged data (it was added by add-classes?); "
+                         f"export the model it extends")
+    cu = store.unit("codes", hash_key({"stage": "codes", "model": unit.key, "data": meta["data"]}))
+    if not cu.done():
+        raise InputError(f"{store.url}: model {unit.key} has no committed codes; rerun 'metricpipe run CONFIG "
+                         f"--resume' to encode them")
+    return cu
+
+
+def split_rows(store: Store, meta: dict, split: str) -> np.ndarray:
+    from metricpipe.config import SPLIT_NAMES
+    flags = open_array(f"{store.unit('data', meta['data']).url}/split")[:]
+    if split == "all":
+        return np.arange(len(flags))
+    return np.flatnonzero(flags == SPLIT_NAMES.index(split))
+
+
+def export_faiss(store_url: str, key: str, path: str, split: str = "test", log=print) -> dict:
+    """The ``split`` rows' codes of model KEY as a faiss index, ids = the rows' positions in the
+    staged data; inner product when the model's codes are compared by it (SL-NE, SL-DE, sparse),
+    L2 otherwise; flat up to IVF_ABOVE rows, IVF above (nprobe stored in the index)."""
+    import faiss
+    store, unit, meta, _, _ = _model_and_data(store_url, key)
+    score = meta.get("score") or "euclidean"
+    if score not in ("euclidean", "inner"):
+        raise InputError(f"{store.url}: model {unit.key} ({meta['spec']['method']}) compares codes by {score}, "
+                         f"which faiss has no index for; export --npz and use its similarity")
+    cu = codes_unit(store, unit, meta)
+    rows = split_rows(store, meta, split)
+    if not len(rows):
+        raise InputError(f"{store.url}: the {split} split is empty (--split); choose another split")
+    codes = open_array(f"{cu.url}/codes")
+    d = codes.shape[1]
+    metric = faiss.METRIC_INNER_PRODUCT if score == "inner" else faiss.METRIC_L2
+    if len(rows) > IVF_ABOVE:
+        nlist = int(4 * np.sqrt(len(rows)))
+        quant = faiss.IndexFlatIP(d) if score == "inner" else faiss.IndexFlatL2(d)
+        index = faiss.IndexIVFFlat(quant, d, nlist, metric)
+        sample = np.sort(np.random.default_rng(0).choice(rows, min(len(rows), 64 * nlist), replace=False))
+        index.train(_read(codes, sample))
+        index.nprobe = max(1, nlist // 16)
+    else:
+        index = faiss.IndexFlat(d, metric)
+    index = faiss.IndexIDMap2(index)
+    for s in range(0, len(rows), BLOCK_ROWS * 4):
+        r = rows[s:s + BLOCK_ROWS * 4]
+        index.add_with_ids(_read(codes, r), r.astype(np.int64))
+    tmp = f"{path}.partial"
+    faiss.write_index(index, tmp)
+    os.replace(tmp, path)
+    kind = "IVF" if len(rows) > IVF_ABOVE else "flat"
+    return {"rows": len(rows), "dim": d, "metric": "inner product" if score == "inner" else "L2", "index": kind,
+            "model": unit.key, "out": path}
+
+
+def _read(arr, rows: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(arr.get_orthogonal_selection((rows, slice(None))), np.float32)
+
+
+def export_npz(store_url: str, key: str, path: str) -> dict:
+    """Model KEY as plain arrays in an .npz plus ``model.json`` (kind, normalisation, scalars) inside
+    it: what the README's numpy formulas need, no metricpipe."""
+    from metricpipe.tasks.portable import portable
+    store, unit, meta, normalize, _ = _model_and_data(store_url, key)
+    kind, arrays, scalars = portable(_model(unit.url))
+    info = {"kind": kind, "normalize": normalize, "method": meta["spec"]["method"], "model": unit.key,
+            "dim": int(meta["dim"]), "score": meta.get("score") or "euclidean", **scalars}
+    tmp = f"{path}.partial.npz"
+    np.savez(tmp, model_json=np.array(json.dumps(info)), **{k: np.asarray(v) for k, v in arrays.items()})
+    os.replace(tmp, path)
+    return {**info, "arrays": sorted(arrays), "out": path}
