@@ -71,15 +71,16 @@ def _model_of(store: Store, codes_rel: str | None) -> str | None:
         return None
 
 
+def _committed(store: Store, rels: list) -> list:
+    """(unit, commit record) of each of ``rels`` ("kind/key") that is committed."""
+    units = [store.unit(*rel.split("/")) for rel in rels or []]
+    return [(u, u.meta()) for u in units if u.done()]
+
+
 def run_models(store: Store, manifest: dict) -> list[dict]:
     """The run's models: key, spec, code dimension and fit seconds."""
-    out = []
-    for rel in manifest["units"].get("models", []):
-        unit = store.unit(*rel.split("/"))
-        if unit.done():
-            m = unit.meta()
-            out.append({"key": unit.key, "spec": m.get("spec"), "dim": m.get("dim"), "fit_seconds": m.get("fit_seconds")})
-    return out
+    return [{"key": u.key, "spec": m.get("spec"), "dim": m.get("dim"), "fit_seconds": m.get("fit_seconds")}
+            for u, m in _committed(store, manifest["units"].get("models"))]
 
 
 def extended_models(store: Store, models: list[dict]) -> list[dict]:
@@ -100,14 +101,9 @@ def extended_models(store: Store, models: list[dict]) -> list[dict]:
 
 def selections(store: Store, manifest: dict) -> list[dict]:
     """Each parameter selection of the run: metric, every candidate's validation score, the choice."""
-    out = []
-    for rel in manifest["units"].get("selection", []):
-        unit = store.unit(*rel.split("/"))
-        if unit.done():
-            m = unit.meta()
-            out.append({k: m.get(k) for k in ("method", "metric", "higher_is_better", "validation_rows", "candidates",
-                                              "chosen", "spec", "grid")})
-    return out
+    return [{k: m.get(k) for k in ("method", "metric", "higher_is_better", "validation_rows", "candidates", "chosen",
+                                   "spec", "grid")}
+            for _, m in _committed(store, manifest["units"].get("selection"))]
 
 
 BOLD = ' style="font-weight:bold"'
@@ -136,14 +132,10 @@ def model_timings(store: Store, manifest: dict) -> list[dict]:
     """Measured costs a learner recorded (SLEM / ESVM: offline seconds, online seconds per image). Kept
     apart from the records, which hold only what is the same on every rerun."""
     out = []
-    for rel in manifest["units"].get("models", []):
-        kind, key = rel.split("/")
-        unit = store.unit(kind, key)
-        if unit.done():
-            meta = unit.meta()
-            timed = {k: meta[k] for k in ("offline_seconds", "online_seconds_per_image") if k in meta}
-            if timed:
-                out.append({"model": meta["spec"], "key": key, **timed})
+    for unit, meta in _committed(store, manifest["units"].get("models")):
+        timed = {k: meta[k] for k in ("offline_seconds", "online_seconds_per_image") if k in meta}
+        if timed:
+            out.append({"model": meta["spec"], "key": unit.key, **timed})
     return out
 
 
@@ -195,7 +187,8 @@ def _label(r: dict) -> str:
     from metricpipe.tasks import registry
     declared = registry.defaults(registry.estimator_class(r["method"], r["params"])) \
         if r["method"] in registry.METHODS else {}
-    extra = [f"{k}={v}" for k, v in r["params"].items() if k not in declared or v != declared[k]]
+    extra = [f"{k}={v}" for k, v in r["params"].items() if (k not in declared or v != declared[k])
+             and k != "score" and (k, v) != ("view", "codes")]   # the score follows from the method
     return " ".join([r["method"], *extra])
 
 
@@ -271,18 +264,16 @@ DEFINITIONS = {
     "nmi": ("NMI", True, "normalised mutual information between k-means clusters of the codes and the classes"),
     "ami": ("AMI", True, "adjusted (for chance) mutual information between k-means clusters and the classes"),
     "ukb4": ("UKB score", True, "relevant rows among the first 4 results (UKBench's score, 4 at best)"),
-    "mprec": ("precision@{k}", True, "share of relevant rows among the first {k} results, averaged per class"),
+    "mprec": ("mprec@{k}", True, "share of relevant rows among the first {k} results, averaged per class (not "
+                                 "precision@1, which averages over queries)"),
     "recall": ("recall@{k}", True, "share of the query's relevant rows found among the first {k} results"),
     "top1_error": ("top-1 error", False, "share of test rows whose predicted class is wrong"),
     "top5_error": ("top-5 error", False, "share of test rows whose class is not among the 5 best-scored"),
-    "top1_error_new_classes": ("top-1 error, new classes", False, "top-1 error on the test rows of classes left "
-                                                                  "out of training"),
-    "top5_error_new_classes": ("top-5 error, new classes", False, "top-5 error on the test rows of classes left "
-                                                                  "out of training"),
     "storage_bytes": ("model bytes", False, "bytes of the encoder's parameters"),
     "nnz": ("non-zeros", False, "non-zero parameters of the encoder"),
     "flops_per_image": ("FLOPs / image", False, "multiply-adds x 2 to encode one image"),
 }
+NEW_CLASSES = "_new_classes"
 # Sizes and costs of the encoder: same on every rerun, so they are records, but shown in the cost table.
 COST_METRICS = ("storage_bytes", "nnz", "flops_per_image")
 # recall@K is left out where it tells nothing: below RECALL_FLOOR for every model (a class holds many
@@ -298,6 +289,9 @@ def definition(metric: str) -> tuple[str, bool, str]:
     (higher is better) unless it names an error, a cost or seconds."""
     if metric in DEFINITIONS:
         return DEFINITIONS[metric]
+    if metric.endswith(NEW_CLASSES):   # top1_error_new_classes: a model trained on some classes only
+        label, higher, text = definition(metric[:-len(NEW_CLASSES)])
+        return f"{label}, new classes", higher, f"{text}, over the test rows of classes left out of training"
     at = _at_k(metric)
     if at and at[0] in DEFINITIONS:
         label, higher, text = DEFINITIONS[at[0]]
@@ -312,7 +306,9 @@ def _view(r: dict) -> str:
 
 
 def _ident(r: dict) -> tuple:
-    return r["method"], r["dim"], to_json(r["params"])
+    """A model's row: its cost records carry no view or score, its metric records for the codes view may."""
+    params = {k: v for k, v in r["params"].items() if k != "score" and (k, v) != ("view", "codes")}
+    return r["method"], r["dim"], to_json(params)
 
 
 def _rows(records: list, views: bool = False) -> dict:
@@ -338,11 +334,13 @@ def headline_metrics(records: list) -> list[tuple[str, str | None]]:
 
 
 def _best(rows: list, mc: tuple, higher: bool) -> dict | None:
-    """The row with the best value of ``mc``; ties go to the smaller code, then to the label."""
+    """The row with the best value of ``mc``; ties go to the smaller code, then to a baseline (a learned
+    model has to beat it), then to the label."""
     have = [r for r in rows if mc in r["values"] and r["values"][mc] == r["values"][mc]]   # NaN never wins
     if not have:
         return None
-    best = min(have, key=lambda r: ((-1 if higher else 1) * r["values"][mc], r["dim"] or 0, _row_label(r)))
+    best = min(have, key=lambda r: ((-1 if higher else 1) * r["values"][mc], r["dim"] or 0, not r["baseline"],
+                                    _row_label(r)))
     return {"label": _row_label(best), "method": best["method"], "dim": best["dim"], "params": best["params"],
             "model": best["model"], "value": best["values"][mc]}
 
@@ -372,7 +370,7 @@ def summarize(records: list) -> dict:
             entry.update(difference=d, verdict="better" if gain > 0 else "worse" if gain < 0 else "tie")
         overall = _best(rows, (metric, classifier), higher)
         if overall:
-            ident = (overall["method"], overall["dim"], to_json(overall["params"]))
+            ident = _ident(overall)
             wins.setdefault(ident, [overall, 0])[1] += 1
             firsts.append(ident)
         headline.append(entry)
@@ -518,7 +516,7 @@ def _summary_html(summary: dict) -> str:
             f'<th>model &minus; baseline</th></tr>{"".join(rows)}</table>'
             f'<p><small>Keys are what <code>metricpipe predict --model KEY</code>, <code>encode</code> and '
             f'<code>export</code> take (a prefix is enough; <code>metricpipe models STORE</code> lists them). Ties go '
-            f'to the smaller code. Only the codes view competes.</small></p>')
+            f'to the smaller code, then to the baseline. Only the codes view competes.</small></p>')
 
 
 def _costs_html(rows: dict, doc: dict, extended: dict) -> str:

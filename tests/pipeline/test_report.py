@@ -15,16 +15,16 @@ def test_many_k_show_a_few_columns_and_one_curve_over_k_per_dimension():
     ks = list(range(1, 51))
     assert _kept_ks(_doc(ks)["records"]) == {1, 5, 10, 20, 50}
     page = render_html(_doc(ks))
-    assert ">precision@10 &uarr;</th>" in page and ">precision@11 " not in page
+    assert ">mprec@10 &uarr;</th>" in page and ">mprec@11 " not in page
     main = page[page.index("<h2>Models</h2>"):page.index("<details>")]
-    assert [k for k in ks if f">precision@{k} " in main] == [1, 10, 50]      # the rest folded
+    assert [k for k in ks if f">mprec@{k} " in main] == [1, 10, 50]      # the rest folded
     # a plot per main-table column against the dimension, then one mprec-vs-K plot per dimension (8 and 16)
     assert page.count("<figure>") == 3 + 2
 
 
 def test_few_k_keep_every_column_and_no_curve_over_k():
     page = render_html(_doc([1, 10, 100]))
-    assert all(f">precision@{k} &uarr;</th>" in page for k in (1, 10, 100))
+    assert all(f">mprec@{k} &uarr;</th>" in page for k in (1, 10, 100))
     assert page.count("<figure>") == 3
 
 
@@ -169,3 +169,15 @@ def test_page_lists_models_extended_by_add_classes():
     # the run's model row points at its extension
     models = page[page.index("<h2>Models</h2>"):page.index("<h2>Models extended")]
     assert "+ classes: <code>ext0001</code>" in models
+
+
+def test_a_tie_goes_to_the_baseline_and_a_models_cost_records_share_its_row():
+    from metricpipe.report import summarize
+    recs = [_rec("pca", 16, "top1_error", 0.1, "knn1"), _rec("ncmml", 16, "top1_error", 0.1, "knn1"),
+            _rec("slne", 16, "top1_error", 0.2, "knn1", view="codes", score="inner"),
+            _rec("slne", 16, "storage_bytes", 777)]                 # the evaluate stage writes costs without view
+    s = summarize(recs)
+    assert s["winner"]["method"] == "pca" and s["headline"][0]["verdict"] == "tie"
+    page = render_html(_run_doc(recs))
+    models = page[page.index("<h2>Models</h2>"):page.index("<h2>Costs</h2>")]
+    assert models.count("<code>slne16</code>") == 1 and "score=inner" not in page
