@@ -250,7 +250,7 @@ def models(store):
 @handle_errors
 def report(store):
     """Rebuild STORE/report from the stored results of the last run."""
-    from metricpipe.report import build_report
+    from metricpipe.report import build_report, read_summary, winner_lines
     from metricpipe.storage import Store
 
     st = Store(store)
@@ -264,6 +264,8 @@ def report(store):
     except json.JSONDecodeError:
         raise InputError(f"{store}: runs/latest.json is corrupt; rerun 'metricpipe run CONFIG'") from None
     _echo(f"Report: {build_report(st, manifest)}")
+    for line in winner_lines(read_summary(st)):
+        _echo(line)
 
 
 @main.command("add-classes")

@@ -1,13 +1,17 @@
-"""The report: metrics.json (records + timings + run facts) and a self-contained index.html with
-tables and one metric-vs-dimension plot per metric."""
+"""The report: metrics.json (records + summary + timings + run facts) and a self-contained index.html.
+
+The page decides first: the best learned model per headline metric against the best baseline
+(``registry.BASELINES``), then one row per model with its key and the headline metrics; secondary
+metrics, other views, costs, definitions and plots follow."""
 import base64
 import html
 import io
 import platform
 from importlib import metadata
 
-from metricpipe.storage import Store, to_json
+from metricpipe.storage import Store, read_attrs, to_json
 from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.registry import BASELINES
 
 PACKAGES = ("metricpipe", "numpy", "scipy", "dask", "distributed", "zarr", "xarray", "scikit-learn")
 
@@ -25,16 +29,21 @@ def package_versions() -> dict:
 def build_report(store: Store, manifest: dict) -> str:
     """Collect the run's evaluation units, write report/metrics.json and report/index.html."""
     records = []
-    for rel in manifest["evaluation_units"]:
+    # the evaluate stage makes one evaluation unit per codes unit, in the manifest's order
+    for rel, codes in zip(manifest["evaluation_units"], _codes_units(manifest)):
         kind, key = rel.split("/")
         unit = store.unit(kind, key)
         if not unit.done():  # wiped or half-written by a later, interrupted run: never read it
             raise InputError(f"{store.url}: {rel} of the last run is not committed (a later run was interrupted?); "
                              f"rerun 'metricpipe run CONFIG --resume' to recompute it")
-        records += unit.read_json("records.json")
+        model = _model_of(store, codes)
+        records += [{**r, "model": model} for r in unit.read_json("records.json")]
     doc = {"run": {k: manifest[k] for k in ("config", "dataset", "store", "versions", "started", "seconds")},
+           "summary": summarize(records), "definitions": definitions_of(records),
            "records": records, "timings": manifest["timings"]}
     curves = training_curves(store, manifest)
+    doc["models"] = run_models(store, manifest)
+    doc["extended_models"] = extended_models(store, doc["models"])
     doc["model_timings"] = model_timings(store, manifest)
     doc["selection"] = selections(store, manifest)
     store.write_text("report/metrics.json", to_json({**doc, "training": curves}))
@@ -42,16 +51,59 @@ def build_report(store: Store, manifest: dict) -> str:
     return store.path("report", "index.html")
 
 
+def read_summary(store: Store) -> dict:
+    """The summary of the store's report (what :func:`winner_lines` prints)."""
+    return store.read_json("report/metrics.json")["summary"]
+
+
+def _codes_units(manifest: dict) -> list:
+    codes = manifest["units"].get("codes") or []
+    return codes if len(codes) == len(manifest["evaluation_units"]) else [None] * len(manifest["evaluation_units"])
+
+
+def _model_of(store: Store, codes_rel: str | None) -> str | None:
+    """The key of the model whose codes an evaluation unit scored (the codes unit names it)."""
+    if codes_rel is None:
+        return None
+    try:
+        return read_attrs(store.unit(*codes_rel.split("/")).url).get("model")
+    except (OSError, KeyError, ValueError):   # a codes unit a later run wiped: the report goes on without the key
+        return None
+
+
+def _committed(store: Store, rels: list) -> list:
+    """(unit, commit record) of each of ``rels`` ("kind/key") that is committed."""
+    units = [store.unit(*rel.split("/")) for rel in rels or []]
+    return [(u, u.meta()) for u in units if u.done()]
+
+
+def run_models(store: Store, manifest: dict) -> list[dict]:
+    """The run's models: key, spec, code dimension and fit seconds."""
+    return [{"key": u.key, "spec": m.get("spec"), "dim": m.get("dim"), "fit_seconds": m.get("fit_seconds")}
+            for u, m in _committed(store, manifest["units"].get("models"))]
+
+
+def extended_models(store: Store, models: list[dict]) -> list[dict]:
+    """Models that ``metricpipe add-classes`` made from the run's models (or from one of those copies)."""
+    from metricpipe.models import model_units
+    run = {m["key"]: m for m in models}
+    found = {u.key: m for u, m in model_units(store) if m.get("extends")}
+    out, todo = [], [k for k in found if found[k]["extends"] in run]
+    while todo:   # a copy extended again names the copy it extends
+        key = todo.pop(0)
+        m = found[key]
+        spec = dict(m.get("spec") or {})
+        out.append({"key": key, "extends": m["extends"], "added": list(m.get("added") or []), "images": m.get("images"),
+                    "label": f"{_label({'method': spec.pop('method', '?'), 'params': spec})} d={m.get('dim')}"})
+        todo += [k for k in found if found[k]["extends"] == key]
+    return out
+
+
 def selections(store: Store, manifest: dict) -> list[dict]:
     """Each parameter selection of the run: metric, every candidate's validation score, the choice."""
-    out = []
-    for rel in manifest["units"].get("selection", []):
-        unit = store.unit(*rel.split("/"))
-        if unit.done():
-            m = unit.meta()
-            out.append({k: m.get(k) for k in ("method", "metric", "higher_is_better", "validation_rows", "candidates",
-                                              "chosen", "spec", "grid")})
-    return out
+    return [{k: m.get(k) for k in ("method", "metric", "higher_is_better", "validation_rows", "candidates", "chosen",
+                                   "spec", "grid")}
+            for _, m in _committed(store, manifest["units"].get("selection"))]
 
 
 BOLD = ' style="font-weight:bold"'
@@ -80,14 +132,10 @@ def model_timings(store: Store, manifest: dict) -> list[dict]:
     """Measured costs a learner recorded (SLEM / ESVM: offline seconds, online seconds per image). Kept
     apart from the records, which hold only what is the same on every rerun."""
     out = []
-    for rel in manifest["units"].get("models", []):
-        kind, key = rel.split("/")
-        unit = store.unit(kind, key)
-        if unit.done():
-            meta = unit.meta()
-            timed = {k: meta[k] for k in ("offline_seconds", "online_seconds_per_image") if k in meta}
-            if timed:
-                out.append({"model": meta["spec"], **timed})
+    for unit, meta in _committed(store, manifest["units"].get("models")):
+        timed = {k: meta[k] for k in ("offline_seconds", "online_seconds_per_image") if k in meta}
+        if timed:
+            out.append({"model": meta["spec"], "key": unit.key, **timed})
     return out
 
 
@@ -139,25 +187,29 @@ def _label(r: dict) -> str:
     from metricpipe.tasks import registry
     declared = registry.defaults(registry.estimator_class(r["method"], r["params"])) \
         if r["method"] in registry.METHODS else {}
-    extra = [f"{k}={v}" for k, v in r["params"].items() if k not in declared or v != declared[k]]
+    extra = [f"{k}={v}" for k, v in r["params"].items() if (k not in declared or v != declared[k])
+             and k != "score" and (k, v) != ("view", "codes")]   # the score follows from the method
     return " ".join([r["method"], *extra])
 
 
-def _lines_png(series: dict, xlabel: str, ylabel: str, marker: str, log2_x: bool = False) -> str:
-    """One line per label from {label: [(x, y), ...]}, as a base64 PNG."""
+def _lines_png(series: dict, xlabel: str, ylabel: str, marker: str, log2_x: bool = False, title: str = "") -> str:
+    """One line per label from {label: [(x, y), ...]}, as a base64 PNG; baselines dashed."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5, 3.2))
-    for label, pts in sorted(series.items()):
+    for label, pts in sorted(series.items(), key=lambda kv: (kv[0].split()[0] in BASELINES, kv[0])):
         pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker, label=label)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=label,
+                linestyle="--" if label.split()[0] in BASELINES else "-")
     if log2_x:
         ax.set_xscale("log", base=2)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="dashed: baseline",
+              title_fontsize=7, ncol=1 if len(series) <= 14 else 2)
     ax.grid(alpha=0.3)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
@@ -170,8 +222,10 @@ def _plot(records: list, metric: str, classifier) -> str:
     for r in records:
         if r["metric"] == metric and r["classifier"] == classifier:
             series.setdefault(_label(r), []).append((r["dim"], r["value"]))
-    return _lines_png(series, "dimension", metric if classifier is None else f"{metric} ({classifier})", "o-",
-                      log2_x=True)
+    label, higher, _ = definition(metric)
+    label += "" if classifier is None else f" ({classifier})"
+    return _lines_png(series, "code dimension", label, "o", log2_x=True,
+                      title=f"{label} against code dimension ({'higher' if higher else 'lower'} is better)")
 
 
 def _at_k(metric: str):
@@ -195,27 +249,364 @@ def _plot_over_k(records: list, name: str, dim) -> str:
         at = _at_k(r["metric"])
         if at and at[0] == name and r["dim"] == dim and r["classifier"] is None:
             series.setdefault(_label(r), []).append((at[1], r["value"]))
-    return _lines_png(series, "K", f"{name}@K (d = {dim})", ".-")
+    return _lines_png(series, "K", f"{name}@K", ".", title=f"{DEFINITIONS[name][0].format(k='K')} against K, d = {dim}")
+
+
+# What each metric means and which way is better. Metrics of the form name@K take their K from the name.
+DEFINITIONS = {
+    "map": ("mAP", True, "mean average precision: each test query ranks the other test rows; relevant = same class"),
+    "map@r": ("MAP@R", True, "mean average precision over the first R results, R = the query's relevant rows "
+                             "(pytorch-metric-learning)"),
+    "r_precision": ("R-precision", True, "share of relevant rows among the first R results, R = the query's "
+                                         "relevant rows"),
+    "precision@1": ("precision@1", True, "share of queries whose nearest result is relevant"),
+    "mrr": ("MRR", True, "mean over queries of 1 / the rank of the first relevant result"),
+    "nmi": ("NMI", True, "normalised mutual information between k-means clusters of the codes and the classes"),
+    "ami": ("AMI", True, "adjusted (for chance) mutual information between k-means clusters and the classes"),
+    "ukb4": ("UKB score", True, "relevant rows among the first 4 results (UKBench's score, 4 at best)"),
+    "mprec": ("mprec@{k}", True, "share of relevant rows among the first {k} results, averaged per class (not "
+                                 "precision@1, which averages over queries)"),
+    "recall": ("recall@{k}", True, "share of the query's relevant rows found among the first {k} results"),
+    "top1_error": ("top-1 error", False, "share of test rows whose predicted class is wrong"),
+    "top5_error": ("top-5 error", False, "share of test rows whose class is not among the 5 best-scored"),
+    "storage_bytes": ("model bytes", False, "bytes of the encoder's parameters"),
+    "nnz": ("non-zeros", False, "non-zero parameters of the encoder"),
+    "flops_per_image": ("FLOPs / image", False, "multiply-adds x 2 to encode one image"),
+}
+NEW_CLASSES = "_new_classes"
+# Sizes and costs of the encoder: same on every rerun, so they are records, but shown in the cost table.
+COST_METRICS = ("storage_bytes", "nnz", "flops_per_image")
+# recall@K is left out where it tells nothing: below RECALL_FLOOR for every model (a class holds many
+# more rows than K), or within RECALL_SPREAD of one value for every model (nothing to tell them apart).
+RECALL_FLOOR = 0.01
+RECALL_SPREAD = 0.001
+RECALL_RULE = (f"recall@K is shown for a K when some model reaches {RECALL_FLOOR} and, with two models or more, "
+               f"the models' values differ by {RECALL_SPREAD} or more; metrics.json keeps every value")
+
+
+def definition(metric: str) -> tuple[str, bool, str]:
+    """(label, higher is better, what it measures) of ``metric``; an unknown name is taken as a score
+    (higher is better) unless it names an error, a cost or seconds."""
+    if metric in DEFINITIONS:
+        return DEFINITIONS[metric]
+    if metric.endswith(NEW_CLASSES):   # top1_error_new_classes: a model trained on some classes only
+        label, higher, text = definition(metric[:-len(NEW_CLASSES)])
+        return f"{label}, new classes", higher, f"{text}, over the test rows of classes left out of training"
+    at = _at_k(metric)
+    if at and at[0] in DEFINITIONS:
+        label, higher, text = DEFINITIONS[at[0]]
+        return label.format(k=at[1]), higher, text.format(k=at[1])
+    lower = any(w in metric for w in ("error", "seconds", "bytes", "flops", "loss"))
+    return metric, not lower, ""
+
+
+def _view(r: dict) -> str:
+    """The view a record scores: the codes, or an extra one (SL-NE/SL-DE's exact bilinear score)."""
+    return r["params"].get("view") or "codes"
+
+
+def _ident(r: dict) -> tuple:
+    """A model's row: its cost records carry no view or score, its metric records for the codes view may."""
+    params = {k: v for k, v in r["params"].items() if k != "score" and (k, v) != ("view", "codes")}
+    return r["method"], r["dim"], to_json(params)
+
+
+def _rows(records: list, views: bool = False) -> dict:
+    """{(method, dim, params): {"method", "dim", "params", "model", "baseline", "values": {(metric, classifier):
+    value}}} over the codes view (``views``: the other views instead)."""
+    rows = {}
+    for r in records:
+        if (_view(r) != "codes") != views:
+            continue
+        row = rows.setdefault(_ident(r), {"method": r["method"], "dim": r["dim"], "params": r["params"],
+                                          "model": r.get("model"), "baseline": r["method"] in BASELINES,
+                                          "values": {}})
+        row["values"][(r["metric"], r["classifier"])] = r["value"]
+    return rows
+
+
+def headline_metrics(records: list) -> list[tuple[str, str | None]]:
+    """mAP, MAP@R when present, and the top-1 error of each classifier: the metrics the summary decides on."""
+    have = {(r["metric"], r["classifier"]) for r in records}
+    classifiers = list(dict.fromkeys(r["classifier"] for r in records
+                                     if r["classifier"] is not None and r["metric"] == "top1_error"))
+    return [mc for mc in (("map", None), ("map@r", None)) if mc in have] + [("top1_error", c) for c in classifiers]
+
+
+def _best(rows: list, mc: tuple, higher: bool) -> dict | None:
+    """The row with the best value of ``mc``; ties go to the smaller code, then to a baseline (a learned
+    model has to beat it), then to the label."""
+    have = [r for r in rows if mc in r["values"] and r["values"][mc] == r["values"][mc]]   # NaN never wins
+    if not have:
+        return None
+    best = min(have, key=lambda r: ((-1 if higher else 1) * r["values"][mc], r["dim"] or 0, not r["baseline"],
+                                    _row_label(r)))
+    return {"label": _row_label(best), "method": best["method"], "dim": best["dim"], "params": best["params"],
+            "model": best["model"], "value": best["values"][mc]}
+
+
+def _row_label(row: dict) -> str:
+    return f"{_label(row)} d={row['dim']}"
+
+
+def summarize(records: list) -> dict:
+    """Per headline metric, the best learned model against the best baseline (``registry.BASELINES``),
+    with ``difference`` = model - baseline and ``verdict`` (better / worse / tie, in the metric's own
+    direction); and the run's ``winner``: over every model, the one best on the most headline metrics
+    (ties: the one best on the first of them). Only the codes view competes: it is what a model's key
+    encodes, exports and predicts with."""
+    rows = list(_rows(records).values())
+    learned, baselines = [r for r in rows if not r["baseline"]], [r for r in rows if r["baseline"]]
+    headline, wins, firsts = [], {}, []
+    for metric, classifier in headline_metrics(records):
+        label, higher, _ = definition(metric)
+        model, base = _best(learned, (metric, classifier), higher), _best(baselines, (metric, classifier), higher)
+        entry = {"metric": metric, "classifier": classifier, "label": label + (f" ({classifier})" if classifier
+                                                                              else ""),
+                 "higher_is_better": higher, "model": model, "baseline": base, "difference": None, "verdict": None}
+        if model and base:
+            d = model["value"] - base["value"]
+            gain = d if higher else -d
+            entry.update(difference=d, verdict="better" if gain > 0 else "worse" if gain < 0 else "tie")
+        overall = _best(rows, (metric, classifier), higher)
+        if overall:
+            ident = _ident(overall)
+            wins.setdefault(ident, [overall, 0])[1] += 1
+            firsts.append(ident)
+        headline.append(entry)
+    winner = None
+    if wins:
+        ident = max(wins, key=lambda i: (wins[i][1], -firsts.index(i)))
+        best, n = wins[ident]
+        winner = {**{k: best[k] for k in ("label", "method", "dim", "params", "model")},
+                  "baseline": best["method"] in BASELINES, "wins": n, "of": len(headline)}
+    return {"headline": headline, "winner": winner, "learned_models": len(learned), "baselines": len(baselines),
+            "recall_rule": RECALL_RULE, "recall_hidden": {str(k): v for k, v in recall_hidden(records).items()}}
+
+
+def recall_hidden(records: list) -> dict:
+    """{K: why} for the recall@K that :data:`RECALL_RULE` leaves out of the report's tables."""
+    out = {}
+    for k in sorted({_at_k(r["metric"])[1] for r in records if r["metric"].startswith("recall@")}):
+        vals = [r["value"] for r in records if r["metric"] == f"recall@{k}" and _view(r) == "codes"]
+        if not vals:
+            continue
+        if max(vals) < RECALL_FLOOR:
+            out[k] = f"at most {max(vals):.4f} for every model"
+        elif len(vals) > 1 and max(vals) - min(vals) < RECALL_SPREAD:
+            out[k] = f"{min(vals):.4f} to {max(vals):.4f}: the same for every model"
+    return out
+
+
+def _fmt(v: float) -> str:
+    return f"{v:+.4f}"
+
+
+def winner_lines(summary: dict) -> list[str]:
+    """The end of a run on the terminal: each headline metric's best model against the best baseline,
+    then the winner with its model key."""
+    lines = []
+    for e in summary["headline"]:
+        direction = "higher" if e["higher_is_better"] else "lower"
+        m, b = e["model"], e["baseline"]
+        head = f"  {e['label']} ({direction} is better): "
+        if m and b:
+            lines.append(f"{head}{m['value']:.4f} {m['label']} [{m['model'] or '?'}] vs baseline {b['value']:.4f} "
+                         f"{b['label']}: {_fmt(e['difference'])} ({e['verdict']})")
+        elif b or m:
+            only = b or m
+            lines.append(f"{head}{only['value']:.4f} {only['label']} [{only['model'] or '?'}]"
+                         + ("; no learned model in this run" if b else "; no baseline in this run"))
+    w = summary["winner"]
+    if w:
+        lines.insert(0, "Best per headline metric (learned model vs best baseline):")
+        what = "a baseline" if w["baseline"] else "learned"
+        lines.append(f"Winner: {w['label']} ({what}), model key {w['model'] or '?'}: best on {w['wins']} of "
+                     f"{w['of']} headline metrics")
+    return lines
+
+
+def _main_columns(records: list) -> list[tuple]:
+    """The main table's columns: the headline metrics, the UKB score, and precision@K for up to 4 K."""
+    have = {(r["metric"], r["classifier"]) for r in records}
+    ks = sorted(k for k in _kept_ks(records) if ("mprec@%d" % k, None) in have)
+    if len(ks) > 4:
+        ks = [k for k in ks if k in (1, 10, 50, 100)][:4] or ks[:4]
+    head = headline_metrics(records)
+    return head[:2] + [mc for mc in [("ukb4", None)] + [(f"mprec@{k}", None) for k in ks] if mc in have] + head[2:]
+
+
+def _other_columns(records: list, main: list) -> list[tuple]:
+    """Every other metric the tables keep: not a cost, a kept K, and recall@K only where informative."""
+    kept, hidden = _kept_ks(records), recall_hidden(records)
+    cols = set()
+    for r in records:
+        at = _at_k(r["metric"])
+        if r["metric"] in COST_METRICS or (r["metric"], r["classifier"]) in main:
+            continue
+        if at and (at[1] not in kept or (at[0] == "recall" and at[1] in hidden)):
+            continue
+        cols.add((r["metric"], r["classifier"]))
+    return sorted(cols, key=lambda mc: (mc[1] is not None, mc[1] or "", mc[0]))
+
+
+def _th(mc: tuple) -> str:
+    label, higher, text = definition(mc[0])
+    arrow = "&uarr;" if higher else "&darr;"
+    cls = "" if mc[1] is None else f"<br>{html.escape(mc[1])}"
+    return f'<th title="{html.escape(text)}">{html.escape(label)} {arrow}{cls}</th>'
+
+
+def _key_cell(key, extended: dict) -> str:
+    if not key:
+        return "<td></td>"
+    more = "".join(f"<br><small>+ classes: <code>{html.escape(e['key'])}</code></small>" for e in extended.get(key, []))
+    return f"<td class=l><code>{html.escape(key)}</code>{more}</td>"
+
+
+def _table(rows: dict, columns: list, extended: dict, bold: bool = True) -> str:
+    """Rows (learned models first) x columns; the best value of each column in bold."""
+    best = {}
+    for mc in columns if bold else []:
+        found = _best(list(rows.values()), mc, definition(mc[0])[1])
+        best[mc] = found["value"] if found else None
+    body = []
+    for row in sorted(rows.values(), key=lambda r: (r["baseline"], r["method"], r["dim"] or 0, to_json(r["params"]))):
+        cells = "".join(
+            "<td></td>" if mc not in row["values"] else
+            f"<td{BOLD if row['values'][mc] == best.get(mc) else ''}>{row['values'][mc]:.4f}</td>" for mc in columns)
+        tag = ' <span class="b">baseline</span>' if row["baseline"] else ""
+        body.append(f"<tr><td class=l>{html.escape(_label(row))}{tag}</td><td>{row['dim']}</td>"
+                    f"{_key_cell(row['model'], extended)}{cells}</tr>")
+    head = "".join(_th(mc) for mc in columns)
+    return (f"<table><tr><th class=l>model</th><th>d</th><th class=l>key</th>{head}</tr>"
+            f"{''.join(body)}</table>")
+
+
+def _side(x: dict | None) -> str:
+    if not x:
+        return "<td>&mdash;</td><td></td><td></td>"
+    key = f"<code>{html.escape(x['model'])}</code>" if x.get("model") else ""
+    return f"<td class=l>{html.escape(x['label'])}</td><td class=l>{key}</td><td>{x['value']:.4f}</td>"
+
+
+def _summary_html(summary: dict) -> str:
+    esc = html.escape
+    w = summary["winner"]
+    if not w:
+        return "<h2>Summary</h2><p>No headline metric (mAP, top-1 error) in this run's records.</p>"
+    note = ""
+    if not summary["learned_models"]:
+        note = " This run trains baselines only: no learned model to compare."
+    elif not summary["baselines"]:
+        note = " This run has no baseline (identity, pca, pcaw, lda, random): no comparison."
+    rows = []
+    for e in summary["headline"]:
+        arrow = "higher" if e["higher_is_better"] else "lower"
+        diff = "" if e["difference"] is None else f"{_fmt(e['difference'])} ({e['verdict']})"
+        cls = {"better": ' class="win"', "worse": ' class="lose"'}.get(e["verdict"], "")
+        rows.append(f"<tr><td class=l>{esc(e['label'])} <small>({arrow} is better)</small></td>{_side(e['model'])}"
+                    f"{_side(e['baseline'])}<td{cls}>{diff}</td></tr>")
+    who = "a baseline" if w["baseline"] else "a learned model"
+    return (f'<h2>Summary</h2><p class="winner">Winner: <b>{esc(w["label"])}</b> ({who}), model key '
+            f'<code>{esc(w["model"] or "?")}</code>: best of all models on {w["wins"]} of {w["of"]} headline '
+            f'metrics.{note}</p>'
+            f'<table class="summary"><tr><th class=l>headline metric</th><th class=l>best learned model</th>'
+            f'<th class=l>key</th><th>value</th><th class=l>best baseline</th><th class=l>key</th><th>value</th>'
+            f'<th>model &minus; baseline</th></tr>{"".join(rows)}</table>'
+            f'<p><small>Keys are what <code>metricpipe predict --model KEY</code>, <code>encode</code> and '
+            f'<code>export</code> take (a prefix is enough; <code>metricpipe models STORE</code> lists them). Ties go '
+            f'to the smaller code, then to the baseline. Only the codes view competes.</small></p>')
+
+
+def _costs_html(rows: dict, doc: dict, extended: dict) -> str:
+    """Bytes, FLOPs and seconds per model, apart from the quality metrics."""
+    info = {m["key"]: m for m in doc.get("models", [])}
+    timed = {t.get("key"): t for t in doc.get("model_timings", [])}
+    body = []
+    for row in sorted(rows.values(), key=lambda r: (r["baseline"], r["method"], r["dim"] or 0, to_json(r["params"]))):
+        v, key = row["values"], row["model"]
+        cost = [v.get((m, None)) for m in COST_METRICS]
+        fit = (info.get(key) or {}).get("fit_seconds")
+        t = timed.get(key) or {}
+        if all(c is None for c in cost) and fit is None and not t:
+            continue
+        cells = [f"{row['dim'] * 4:,}" if isinstance(row["dim"], int) else ""]
+        cells += ["" if c is None else f"{c:,.0f}" for c in cost]
+        cells += ["" if fit is None else f"{fit:.3f}", "" if "offline_seconds" not in t else f"{t['offline_seconds']:.3f}",
+                  "" if "online_seconds_per_image" not in t else f"{t['online_seconds_per_image'] * 1e3:.4f}"]
+        body.append(f"<tr><td class=l>{html.escape(_label(row))}</td><td>{row['dim']}</td>"
+                    f"{_key_cell(key, extended)}{''.join(f'<td>{c}</td>' for c in cells)}</tr>")
+    if not body:
+        return ""
+    return ("<h2>Costs</h2><p><small>Code bytes: one float32 code. Model bytes, non-zeros and FLOPs: the encoder "
+            "(0 for the identity). Train s: the learner's fit; offline / online: SLEM and ESVM's own timings. "
+            "Seconds vary between reruns; the rest does not.</small></p><table><tr><th class=l>model</th><th>d</th>"
+            "<th class=l>key</th><th>code bytes</th><th>model bytes</th><th>non-zeros</th><th>FLOPs / image</th>"
+            f"<th>train s</th><th>offline s</th><th>online ms / image</th></tr>{''.join(body)}</table>")
+
+
+def _extended_html(ext: list) -> str:
+    if not ext:
+        return ""
+    esc = html.escape
+    rows = "".join(
+        f"<tr><td class=l><code>{esc(e['key'])}</code></td><td class=l><code>{esc(str(e['extends']))}</code></td>"
+        f"<td class=l>{esc(e['label'])}</td><td class=l>{esc(', '.join(map(str, e['added'][:10])))}"
+        f"{' ...' if len(e['added']) > 10 else ''} ({len(e['added'])})</td><td>{e.get('images', '')}</td></tr>"
+        for e in ext)
+    return ("<h2>Models extended by add-classes</h2><p><small>Copies of a run's NCM model with more classes "
+            "(<code>metricpipe add-classes</code>); W is unchanged, so their codes are the extended model's. They are "
+            "not evaluated by the run: use their key with <code>metricpipe predict</code>.</small></p><table><tr>"
+            "<th class=l>key</th><th class=l>extends</th><th class=l>model</th><th class=l>classes added</th>"
+            f"<th>images</th></tr>{rows}</table>")
+
+
+def _definitions_html(records: list) -> str:
+    names = sorted({r["metric"] for r in records}, key=lambda m: (m in COST_METRICS, m))
+    rows = "".join(f"<tr><td class=l>{html.escape(m)}</td><td class=l>{html.escape(definition(m)[0])}</td>"
+                   f"<td class=l>{'higher' if definition(m)[1] else 'lower'}</td>"
+                   f"<td class=l>{html.escape(definition(m)[2])}</td></tr>" for m in names)
+    return ("<h2>Metric definitions</h2><table><tr><th class=l>record name</th><th class=l>shown as</th>"
+            f"<th class=l>better</th><th class=l>meaning</th></tr>{rows}</table>")
+
+
+def definitions_of(records: list) -> dict:
+    """{metric: {label, higher_is_better, meaning}} for the metrics of ``records`` (metrics.json)."""
+    return {m: dict(zip(("label", "higher_is_better", "meaning"), definition(m)))
+            for m in sorted({r["metric"] for r in records})}
+
+
+CSS = """body{font-family:sans-serif;font-size:14px;margin:1em 2em;max-width:1340px}h1{font-size:1.4em;margin:.2em 0}
+h2{font-size:1.15em;margin:1em 0 .3em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px;
+text-align:right}th{background:#f3f3f3;font-weight:normal}.l{text-align:left}td.l{max-width:320px}
+.b{color:#777;font-size:.8em}.win{color:#060}.lose{color:#a00}.winner{font-size:1.1em;margin:.3em 0}
+figure{display:inline-block;margin:4px}pre{background:#f6f6f6;padding:1em}details{margin:.6em 0}
+summary{cursor:pointer;font-weight:bold}"""
 
 
 def render_html(doc: dict, curves: list | None = None) -> str:
-    records = doc["records"]
-    kept = _kept_ks(records)
-    columns = sorted({(r["metric"], r["classifier"]) for r in records
-                      if not _at_k(r["metric"]) or _at_k(r["metric"])[1] in kept},
-                     key=lambda mc: (mc[1] is not None, mc[1] or "", mc[0]))
-    rows = {}
-    for r in records:
-        ident = (r["method"], r["dim"], to_json(r["params"]))
-        rows.setdefault(ident, {})[(r["metric"], r["classifier"])] = r["value"]
-    esc = html.escape
-    head = "".join(f"<th>{esc(m)}{'' if c is None else '<br>' + esc(c)}</th>" for m, c in columns)
-    body = ""
-    for (method, dim, params), vals in sorted(rows.items(), key=lambda x: (x[0][0], x[0][1], x[0][2])):
-        cells = "".join(f"<td>{vals[c]:.4f}</td>" if c in vals else "<td></td>" for c in columns)
-        p = "" if params == "{}" else esc(params.replace("\n", ""))
-        body += f"<tr><td>{esc(method)}</td><td>{dim}</td><td><small>{p}</small></td>{cells}</tr>\n"
-    plots = "".join(f'<figure><img src="data:image/png;base64,{_plot(records, m, c)}"></figure>' for m, c in columns)
+    records, esc = doc["records"], html.escape
+    summary = doc.get("summary") or summarize(records)
+    extended = {}
+    for e in doc.get("extended_models", []):
+        extended.setdefault(e["extends"], []).append(e)
+    main = _main_columns(records)
+    other = _other_columns(records, main)
+    rows, views = _rows(records), _rows(records, views=True)
+    hidden = summary.get("recall_hidden") or {}
+    recall_note = (f"<p><small>{esc(RECALL_RULE)}. Left out: "
+                   f"{'; '.join(f'recall@{k} ({esc(why)})' for k, why in hidden.items())}.</small></p>"
+                   if hidden else f"<p><small>{esc(RECALL_RULE)}.</small></p>")
+    more = ""
+    if other:
+        more += f"<h3>Other metrics</h3>{_table(rows, other, extended)}"
+    if views:
+        more += ("<h3>Other views</h3><p><small>SL-NE / SL-DE's exact bilinear score (the codes' loss from "
+                 f"factoring shows against the rows above).</small></p>{_table(views, main + other, extended)}")
+    more = f"<details><summary>More metrics ({len(other)} columns{', other views' if views else ''})</summary>" \
+           f"{recall_note}{more}</details>" if more else recall_note
+    plots = "".join(f'<figure><img src="data:image/png;base64,{_plot(records, m, c)}"></figure>' for m, c in main)
     all_ks = {_at_k(r["metric"])[1] for r in records if _at_k(r["metric"])}
     if len(all_ks) > 6:  # precision against K, one plot per dimension
         dims = sorted({r["dim"] for r in records if _at_k(r["metric"])}, key=lambda d: (d is None, d or 0))
@@ -223,29 +614,29 @@ def render_html(doc: dict, curves: list | None = None) -> str:
                          for d in dims)
     training = "".join(f'<figure><img src="data:image/png;base64,{_curve_plot(c)}"></figure>' for c in curves or [])
     training = f"<h2>Training curves</h2>{training}" if training else ""
+
     def stage_note(t):
         return " ".join(x for x in (t.get("note", ""), f"{t['tasks']} tasks" if t.get("tasks") else "") if x)
 
-    timings = "".join(f"<tr><td>{esc(t['stage'])}</td><td>{t['seconds']:.2f}</td><td>{esc(stage_note(t))}</td></tr>"
-                      for t in doc["timings"])
-    timings += "".join(f"<tr><td>{esc(_label({'method': t['model']['method'], 'params': t['model']}))}</td>"
-                       f"<td>{t.get('offline_seconds', 0):.3f}</td><td>offline; online "
-                       f"{t.get('online_seconds_per_image', 0) * 1e3:.3f} ms per image</td></tr>"
-                       for t in doc.get("model_timings", []))
-    run = doc["run"]
+    timings = "".join(f"<tr><td class=l>{esc(t['stage'])}</td><td>{t['seconds']:.2f}</td>"
+                      f"<td class=l>{esc(stage_note(t))}</td></tr>" for t in doc["timings"])
+    run, ds = doc["run"], doc["run"]["dataset"]
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>metricpipe report</title>
-<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;
-padding:3px 8px;text-align:right}}figure{{display:inline-block;margin:4px}}pre{{background:#f6f6f6;padding:1em}}</style>
-</head><body><h1>metricpipe report</h1>
-<p>Dataset: {esc(str(run['dataset'].get('source')))} &mdash; {run['dataset'].get('n_samples')} samples x
-{run['dataset'].get('n_features')} features, {run['dataset'].get('n_classes')} classes,
-splits {esc(to_json(run['dataset'].get('splits')))}, fingerprint <code>{esc(run['dataset'].get('key', ''))}</code>.
-Run took {run['seconds']:.1f} s.</p>
-<h2>Metrics</h2><table><tr><th>method</th><th>dim</th><th>params</th>{head}</tr>{body}</table>
+<style>{CSS}</style></head><body><h1>metricpipe report</h1>
+<p>{esc(str(ds.get('source')))}: {ds.get('n_samples')} samples x {ds.get('n_features')} features,
+{ds.get('n_classes')} classes, splits {esc(to_json(ds.get('splits')).replace(chr(10), ''))}; run {run['seconds']:.1f} s;
+data <code>{esc(ds.get('key', ''))}</code>.</p>
+{_summary_html(summary)}
+<h2>Models</h2><p><small>&uarr; higher is better, &darr; lower is better (definitions below); bold: the best of the
+column. Rows with a key are the run's models.</small></p>{_table(rows, main, extended)}
+{more}
+{_extended_html(doc.get("extended_models", []))}
+{_costs_html(rows, doc, extended)}
+{_definitions_html(records)}
 {_selection_html(doc.get("selection", []))}
 <h2>Plots</h2>{plots}
 {training}
-<h2>Stage timings</h2><table><tr><th>stage</th><th>seconds</th><th></th></tr>{timings}</table>
+<h2>Stage timings</h2><table><tr><th class=l>stage</th><th>seconds</th><th></th></tr>{timings}</table>
 <h2>Config</h2><pre>{esc(to_json(run['config']))}</pre>
 <h2>Versions</h2><pre>{esc(to_json(run['versions']))}</pre>
 </body></html>"""

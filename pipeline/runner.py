@@ -14,7 +14,7 @@ from metricpipe.cluster import connect
 from metricpipe.config import SPLIT_NAMES, NeighboursConfig, RunConfig
 from metricpipe.context import StageContext
 from metricpipe.errors import StageError
-from metricpipe.report import build_report, package_versions
+from metricpipe.report import build_report, package_versions, read_summary, winner_lines
 from metricpipe.storage import Store, to_json
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks import registry
@@ -186,6 +186,8 @@ def _run(ctx: StageContext, plan, log) -> str:
     if peaks:
         log("Peak RSS: " + ", ".join(f"{who} {mb:,.0f} MB" for who, mb in peaks))
     log(f"Report: {path}")
+    for line in winner_lines(read_summary(ctx.store)):   # the last lines name the winner
+        log(line)
     return path
 
 

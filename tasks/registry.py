@@ -54,6 +54,9 @@ METHODS = {
     "esvm": Entry(ESVM, "pool"),
 }
 
+#: The methods learned models are judged against (the report's "best baseline"): no metric learning.
+BASELINES = ("identity", "pca", "pcaw", "lda", "random")
+
 #: Every estimator class metricpipe exports.
 ESTIMATORS = (Identity, PCA, PCAWhitening, LDA, RandomProjection, SLNE, SLDE, SparseProjector, NCMML, NCMC,
               KNNML, NML, LinearML, SLEM, KernelSLEM, ESVM)

@@ -1,3 +1,5 @@
+import pytest
+
 from metricpipe.report import _kept_ks, render_html
 
 
@@ -13,12 +15,169 @@ def test_many_k_show_a_few_columns_and_one_curve_over_k_per_dimension():
     ks = list(range(1, 51))
     assert _kept_ks(_doc(ks)["records"]) == {1, 5, 10, 20, 50}
     page = render_html(_doc(ks))
-    assert "<th>mprec@10</th>" in page and "<th>mprec@11</th>" not in page
-    # 5 per-K plots against the dimension, then one mprec-vs-K plot per dimension (8 and 16)
-    assert page.count("<figure>") == 5 + 2
+    assert ">mprec@10 &uarr;</th>" in page and ">mprec@11 " not in page
+    main = page[page.index("<h2>Models</h2>"):page.index("<details>")]
+    assert [k for k in ks if f">mprec@{k} " in main] == [1, 10, 50]      # the rest folded
+    # a plot per main-table column against the dimension, then one mprec-vs-K plot per dimension (8 and 16)
+    assert page.count("<figure>") == 3 + 2
 
 
 def test_few_k_keep_every_column_and_no_curve_over_k():
     page = render_html(_doc([1, 10, 100]))
-    assert all(f"<th>mprec@{k}</th>" in page for k in (1, 10, 100))
+    assert all(f">mprec@{k} &uarr;</th>" in page for k in (1, 10, 100))
     assert page.count("<figure>") == 3
+
+
+# --- the summary: records where a known model wins each headline metric -----------------------------
+
+def _rec(method, dim, metric, value, classifier=None, model=None, **params):
+    return {"method": method, "dim": dim, "params": params, "classifier": classifier, "metric": metric,
+            "value": value, "model": model or f"{method}{dim}"}
+
+
+def _run_doc(records):
+    return {**_doc([]), "records": records}
+
+
+# (method, dim): mAP, knn1 top-1 error, ncm top-1 error, storage bytes
+TABLE = {("pca", 16): (0.50, 0.20, 0.30, 4096), ("lda", 9): (0.55, 0.25, 0.22, 2304),
+         ("ncmml", 16): (0.62, 0.18, 0.26, 4096), ("nml", 8): (0.58, 0.15, 0.40, 2048)}
+
+
+def _table_records():
+    recs = []
+    for (m, d), (ap, knn1, ncm, size) in TABLE.items():
+        recs += [_rec(m, d, "map", ap), _rec(m, d, "top1_error", knn1, "knn1"), _rec(m, d, "top1_error", ncm, "ncm"),
+                 _rec(m, d, "top5_error", knn1 / 2, "knn1"), _rec(m, d, "storage_bytes", size)]
+    return recs
+
+
+def test_summary_names_the_best_learned_model_and_baseline_per_metric_with_the_signed_difference():
+    from metricpipe.report import summarize
+    from metricpipe.tasks.registry import BASELINES
+    s = summarize(_table_records())
+    by = {(e["metric"], e["classifier"]): e for e in s["headline"]}
+    assert list(by) == [("map", None), ("top1_error", "knn1"), ("top1_error", "ncm")]
+    for j, (mc, higher) in enumerate([(("map", None), True), (("top1_error", "knn1"), False),
+                                      (("top1_error", "ncm"), False)]):
+        pick = max if higher else min
+        learned = pick((v[j], k) for k, v in TABLE.items() if k[0] not in BASELINES)
+        base = pick((v[j], k) for k, v in TABLE.items() if k[0] in BASELINES)
+        e = by[mc]
+        assert (e["model"]["method"], e["model"]["dim"]) == learned[1]
+        assert (e["baseline"]["method"], e["baseline"]["dim"]) == base[1]
+        assert e["model"]["model"] == "%s%d" % learned[1]           # the key predict / export take
+        assert e["difference"] == pytest.approx(learned[0] - base[0])
+        assert e["higher_is_better"] is higher
+    # mAP: ncmml 0.62 vs lda 0.55 -> +0.07 better; knn1: nml 0.15 vs pca 0.20 -> -0.05, lower error: better;
+    # ncm: ncmml 0.26 vs lda 0.22 -> +0.04 error: worse
+    assert [by[mc]["verdict"] for mc in by] == ["better", "better", "worse"]
+    # winner: best of all models on most headline metrics: ncmml (mAP), nml (knn1), lda (ncm): a tie of
+    # one each, broken by the first headline metric (mAP)
+    assert (s["winner"]["method"], s["winner"]["wins"], s["winner"]["of"]) == ("ncmml", 1, 3)
+
+
+def test_winner_is_the_model_best_on_most_headline_metrics_even_a_baseline():
+    from metricpipe.report import summarize
+    recs = _table_records() + [_rec("pcaw", 16, "top1_error", 0.10, "knn1"), _rec("pcaw", 16, "top1_error", 0.05, "ncm"),
+                               _rec("pcaw", 16, "map", 0.1)]
+    s = summarize(recs)
+    assert (s["winner"]["method"], s["winner"]["wins"], s["winner"]["baseline"]) == ("pcaw", 2, True)
+    knn1 = s["headline"][1]
+    assert knn1["baseline"]["method"] == "pcaw" and knn1["difference"] == pytest.approx(0.15 - 0.10)
+    assert knn1["verdict"] == "worse"
+
+
+def test_summary_ignores_other_views_and_ties_go_to_the_smaller_code():
+    from metricpipe.report import summarize
+    recs = [_rec("pca", 32, "map", 0.5), _rec("pca", 8, "map", 0.5), _rec("slne", 16, "map", 0.6, view="codes"),
+            _rec("slne", 16, "map", 0.9, view="exact", score="inner")]
+    e = summarize(recs)["headline"][0]
+    assert e["baseline"]["dim"] == 8 and e["model"]["value"] == 0.6 and e["difference"] == pytest.approx(0.1)
+
+
+def test_map_at_r_is_a_headline_metric_when_present_and_new_metrics_have_directions():
+    from metricpipe.report import definition, headline_metrics
+    recs = _table_records() + [_rec("pca", 16, "map@r", 0.3), _rec("ncmml", 16, "map@r", 0.4)]
+    assert headline_metrics(recs)[:2] == [("map", None), ("map@r", None)]
+    for m in ("map@r", "r_precision", "precision@1", "mrr", "nmi", "ami", "map", "mprec@10", "recall@5"):
+        assert definition(m)[1] is True and definition(m)[2], m
+    for m in ("top1_error", "top5_error", "top1_error_new_classes", "storage_bytes", "flops_per_image"):
+        assert definition(m)[1] is False, m
+
+
+def test_summary_without_learned_models_or_baselines():
+    from metricpipe.report import summarize, winner_lines
+    only_base = summarize([_rec("pca", 8, "map", 0.4), _rec("lda", 9, "map", 0.45)])
+    e = only_base["headline"][0]
+    assert e["model"] is None and e["baseline"]["method"] == "lda" and e["difference"] is None
+    assert "no learned model" in winner_lines(only_base)[1]
+    only_learned = summarize([_rec("nml", 8, "map", 0.4)])
+    assert only_learned["headline"][0]["baseline"] is None and only_learned["winner"]["method"] == "nml"
+
+
+def test_winner_lines_end_with_the_winner_and_its_key():
+    from metricpipe.report import summarize, winner_lines
+    lines = winner_lines(summarize(_table_records()))
+    assert lines[-1].startswith("Winner: ncmml d=16") and "ncmml16" in lines[-1]
+    assert "0.6200 ncmml d=16 [ncmml16] vs baseline 0.5500 lda d=9: +0.0700 (better)" in lines[1]
+
+
+# --- recall@K: shown only where informative ------------------------------------------------------------
+
+def test_recall_is_left_out_when_near_zero_or_the_same_for_every_model():
+    from metricpipe.report import RECALL_FLOOR, RECALL_SPREAD, recall_hidden
+    recs = []
+    for i, m in enumerate(("pca", "nml", "lda")):
+        recs += [_rec(m, 8, "recall@1", RECALL_FLOOR / 2 + i * 1e-4),      # ~0 everywhere
+                 _rec(m, 8, "recall@10", 0.4 + i * RECALL_SPREAD / 4),     # the same for every model
+                 _rec(m, 8, "recall@50", 0.4 + i * 0.05)]                 # informative
+    assert set(recall_hidden(recs)) == {1, 10}
+    page = render_html(_run_doc(recs + [_rec(m, 8, "map", 0.5) for m in ("pca", "nml", "lda")]))
+    assert ">recall@50 " in page and ">recall@1 " not in page and ">recall@10 " not in page
+    assert "recall@K is shown for a K when" in page                  # the rule is stated
+    # one model: only the floor applies
+    assert recall_hidden([_rec("pca", 8, "recall@10", 0.4)]) == {}
+
+
+# --- the page ---------------------------------------------------------------------------------------------
+
+def test_page_summary_before_the_models_table_keys_shown_and_costs_in_their_own_table():
+    import re
+    page = render_html(_run_doc(_table_records()))
+    summary, models, costs = page.index("<h2>Summary</h2>"), page.index("<h2>Models</h2>"), page.index("<h2>Costs</h2>")
+    assert summary < models < costs
+    assert "Winner: <b>ncmml d=16</b>" in page[summary:models]
+    for m, d in TABLE:
+        assert f"<code>{m}{d}</code>" in page[models:costs]          # every model's key in the main table
+    tables = re.findall(r"<table.*?</table>", page[models:], re.S)
+    main = tables[0]
+    assert "model bytes" not in main and "4,096" not in main and "4096" not in main
+    assert "top-5 error" not in main                                 # secondary: folded
+    assert "top-5 error" in page[page.index("<details>"):page.index("</details>")]
+    cost = page[costs:]
+    assert "4,096" in cost and "2,304" in cost and "mAP" not in cost[:cost.index("</table>")]
+
+
+def test_page_lists_models_extended_by_add_classes():
+    doc = _run_doc(_table_records())
+    doc["extended_models"] = [{"key": "ext0001", "extends": "ncmml16", "added": ["cat", "dog"], "images": 40,
+                               "label": "ncmml d=16"}]
+    page = render_html(doc)
+    sect = page[page.index("<h2>Models extended by add-classes</h2>"):]
+    assert "<code>ext0001</code>" in sect and "<code>ncmml16</code>" in sect and "cat, dog (2)" in sect
+    # the run's model row points at its extension
+    models = page[page.index("<h2>Models</h2>"):page.index("<h2>Models extended")]
+    assert "+ classes: <code>ext0001</code>" in models
+
+
+def test_a_tie_goes_to_the_baseline_and_a_models_cost_records_share_its_row():
+    from metricpipe.report import summarize
+    recs = [_rec("pca", 16, "top1_error", 0.1, "knn1"), _rec("ncmml", 16, "top1_error", 0.1, "knn1"),
+            _rec("slne", 16, "top1_error", 0.2, "knn1", view="codes", score="inner"),
+            _rec("slne", 16, "storage_bytes", 777)]                 # the evaluate stage writes costs without view
+    s = summarize(recs)
+    assert s["winner"]["method"] == "pca" and s["headline"][0]["verdict"] == "tie"
+    page = render_html(_run_doc(recs))
+    models = page[page.index("<h2>Models</h2>"):page.index("<h2>Costs</h2>")]
+    assert models.count("<code>slne16</code>") == 1 and "score=inner" not in page
