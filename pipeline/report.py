@@ -37,6 +37,7 @@ def build_report(store: Store, manifest: dict) -> str:
     curves = training_curves(store, manifest)
     doc["model_timings"] = model_timings(store, manifest)
     doc["selection"] = selections(store, manifest)
+    doc["skipped"] = manifest.get("skipped", [])   # default classifiers a model cannot serve
     store.write_text("report/metrics.json", to_json({**doc, "training": curves}))
     store.write_text("report/index.html", render_html(doc, curves))
     return store.path("report", "index.html")
@@ -242,6 +243,7 @@ padding:3px 8px;text-align:right}}figure{{display:inline-block;margin:4px}}pre{{
 splits {esc(to_json(run['dataset'].get('splits')))}, fingerprint <code>{esc(run['dataset'].get('key', ''))}</code>.
 Run took {run['seconds']:.1f} s.</p>
 <h2>Metrics</h2><table><tr><th>method</th><th>dim</th><th>params</th>{head}</tr>{body}</table>
+{"".join(f"<p>Skipped: {esc(s['classifier'])} for {esc(s['model'])} ({esc(s['reason'])}).</p>" for s in doc.get("skipped", []))}
 {_selection_html(doc.get("selection", []))}
 <h2>Plots</h2>{plots}
 {training}

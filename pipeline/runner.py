@@ -11,7 +11,8 @@ import numpy as np
 
 from metricpipe import stages
 from metricpipe.cluster import connect
-from metricpipe.config import SPLIT_NAMES, NeighboursConfig, RunConfig
+from metricpipe.config import (SPLIT_NAMES, EvaluateConfig, NeighboursConfig, RunConfig, classifiers_given,
+                               unserved)
 from metricpipe.context import StageContext
 from metricpipe.errors import StageError
 from metricpipe.report import build_report, package_versions
@@ -102,10 +103,30 @@ def check_methods(cfg: RunConfig, info, log=print) -> RunConfig:
                          f"database holds (each test query ranks the other {n_test - 1} test rows); use K <= "
                          f"{n_test - 1}")
     knn = [int(c[3:]) for c in ev.classifiers if c.startswith("knn")]
+    if knn and max(knn) > n_train and not classifiers_given(cfg.raw):   # the defaults, on a small train split
+        kept = tuple(c for c in ev.classifiers if not c.startswith("knn") or int(c[3:]) <= n_train)
+        log(f"  evaluate: {n_train} train rows: classifiers {list(kept)} (the default's larger knnK need more rows)")
+        cfg = replace(cfg, evaluate=replace(ev, classifiers=kept))
+        ev, knn = cfg.evaluate, [k for k in knn if k <= n_train]
+    for s in skipped_classifiers(cfg, cfg.methods):
+        if s["model"] != "every model":   # that one is logged above
+            log(f"  evaluate: {s['model']} skips {s['classifier']}: {s['reason']}")
     if knn and max(knn) > n_train:
         raise InputError(f"{cfg.source_file}: evaluate.classification.classifiers: knn{max(knn)} votes over more "
                          f"neighbours than the {n_train} train rows; use knnK with K <= {n_train}")
     return cfg
+
+
+def skipped_classifiers(cfg: RunConfig, specs) -> list[dict]:
+    """{model, classifier, reason} for each default classifier a model cannot serve (``unserved``): it is
+    skipped for that model, and the run manifest and report say so. A classifier the user lists is
+    refused at load instead."""
+    if classifiers_given(cfg.raw):
+        return []
+    small = [{"model": "every model", "classifier": c, "reason": "votes over more neighbours than the train split holds"}
+             for c in EvaluateConfig.classifiers if c not in cfg.evaluate.classifiers]   # check_methods dropped it
+    return small + [{"model": stages.model_id(spec), "classifier": c, "reason": why}
+                    for spec in specs for c in cfg.evaluate.classifiers if (why := unserved(spec, c))]
 
 
 # The memory rule: a task holds at most BLOCKS_PER_TASK row-blocks of the staged features (a kNN
@@ -174,6 +195,7 @@ def _run(ctx: StageContext, plan, log) -> str:
                   "models": [u.rel for _, u in models], "codes": [u.rel for _, u, _ in codes],
                   "selection": ctx.selections},
         "evaluation_units": [u.rel for _, u in evals], "timings": timings,
+        "skipped": skipped_classifiers(cfg, [spec for spec, _ in models]),
     }
     t0 = time.perf_counter()
     log(f"[{len(names)}/{len(names)}] report ...")
