@@ -203,7 +203,8 @@ def _int_list(d, key, where, prefix, default, minimum=1):
 
 
 def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = None) -> RunConfig:
-    """Validate a config mapping and return a RunConfig; raises ConfigError naming the key."""
+    """Validate a config mapping and return a RunConfig; raises ConfigError naming the key. Relative
+    paths in ``raw`` resolve against ``base_dir`` (the config file's folder; None: left as given)."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -458,9 +459,11 @@ def read_yaml(path: Path, what: str):
 
 
 def load_config(path: str | os.PathLike) -> RunConfig:
-    """Read and validate a YAML config; relative paths inside it resolve against the working directory."""
+    """Read and validate a YAML config; relative paths inside it (data.path, data.root, data.pairs,
+    data.labels as a .npy, store, a cluster spec, tls files) resolve against the config file's folder,
+    so a config means the same files from wherever it is run."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{p}: config file not found; pass the path to a YAML config (see examples/)")
     raw = read_yaml(p, "a config")
-    return parse_config(raw, where=str(p), base_dir=Path.cwd())
+    return parse_config(raw, where=str(p), base_dir=p.absolute().parent)
