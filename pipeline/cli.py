@@ -58,20 +58,49 @@ def _on_sigterm(signum, frame):
     raise Terminated()
 
 
-@click.group()
-@click.option("--verbose", "-v", is_flag=True, help="Show tracebacks and debug logging.")
-@click.version_option(package_name="metricpipe")
-def main(verbose):
-    """metricpipe: supervised compact codes for image descriptors, on Dask."""
-    # Our own one-line messages say what failed; Dask's per-task logs are for --verbose. Set through
-    # the environment so that worker processes started from here inherit it.
-    import signal
-    signal.signal(signal.SIGTERM, _on_sigterm)
+VERBOSE_HELP = "Show tracebacks and debug logging."
+LOG_ENV = "DASK_LOGGING__DISTRIBUTED"
+_log_env_set_here = False   # whether LOG_ENV is ours to change (a user's own setting is kept)
+
+
+def _set_verbosity(verbose: bool) -> None:
+    """Our own one-line messages say what failed; Dask's per-task logs are for --verbose. Set through
+    the environment so that worker processes started from here inherit it."""
+    global _log_env_set_here
     level = "info" if verbose else "error"
-    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", level)
+    if LOG_ENV not in os.environ or _log_env_set_here:
+        os.environ[LOG_ENV] = level
+        _log_env_set_here = True
     import dask
     dask.config.set({"logging.distributed": level})
     logging.getLogger("distributed").setLevel(level.upper())
+
+
+def _verbose_after_command(ctx, param, value):
+    """``metricpipe run X.yaml --verbose`` does what ``metricpipe --verbose run X.yaml`` does."""
+    if value:
+        ctx.find_root().params["verbose"] = True
+        _set_verbosity(True)
+
+
+class _Group(click.Group):
+    """Every subcommand also takes --verbose/-v (after its name, where people type it)."""
+
+    def add_command(self, cmd, name=None):
+        if not any(p.name == "verbose" for p in cmd.params):
+            cmd.params.append(click.Option(["--verbose", "-v"], is_flag=True, expose_value=False, is_eager=True,
+                                           callback=_verbose_after_command, help=VERBOSE_HELP))
+        super().add_command(cmd, name)
+
+
+@click.group(cls=_Group)
+@click.option("--verbose", "-v", is_flag=True, help=VERBOSE_HELP)
+@click.version_option(package_name="metricpipe")
+def main(verbose):
+    """metricpipe: supervised compact codes for image descriptors, on Dask."""
+    import signal
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    _set_verbosity(verbose)
 
 
 def _cluster_options(f):
