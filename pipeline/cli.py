@@ -141,7 +141,8 @@ def run(config, store, cluster, workers, memory_limit, resume, force, repair, pe
     cfg = _apply(load_config(config), store, cluster, workers, memory_limit)
     if verify_source:
         cfg = replace(cfg, data=replace(cfg.data, verify_source=True))
-    run_pipeline(cfg, resume=resume, log=_echo, performance_report=performance_report, force=force, repair=repair)
+    run_pipeline(cfg, resume=resume, log=_echo, performance_report=performance_report, force=force, repair=repair,
+                 terminal=sys.stderr.isatty())
 
 
 @main.command()
@@ -153,7 +154,7 @@ def demo(store, cluster, workers, memory_limit):
     from metricpipe.runner import run_pipeline
 
     cfg = _apply(load_config(demo_config_path()), store, cluster, workers, memory_limit)
-    run_pipeline(cfg, log=_echo)
+    run_pipeline(cfg, log=_echo, terminal=sys.stderr.isatty())
 
 
 def demo_config_path() -> Path:
@@ -192,7 +193,9 @@ def stage_cmd(source, store, features, labels, normalize, test_fraction, split_c
     with st.lock("metricpipe stage"), \
             connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard, cfg.tls) as client:
         _echo(f"Dashboard: {client.dashboard_link}")
-        info = run_stage(StageContext(client, st, cfg, log=_echo))
+        ctx = StageContext(client, st, cfg, log=_echo, terminal=sys.stderr.isatty())
+        with ctx.stage_progress("stage"):
+            info = run_stage(ctx)
     _echo(f"Staged {info.n_samples} x {info.n_features} into {info.unit.url}")
 
 

@@ -29,9 +29,10 @@ def stage_names(cfg: RunConfig) -> list[str]:
 
 
 def run_pipeline(cfg: RunConfig, resume: bool = True, log=print, performance_report: str | None = None,
-                 client=None, force: str | None = None, repair: bool = False) -> str:
+                 client=None, force: str | None = None, repair: bool = False, terminal: bool = False) -> str:
     """Run every stage of ``cfg``; return the path of the report's index.html. ``force`` recomputes
-    that stage and the ones after it; ``repair`` recomputes committed units that fail verification."""
+    that stage and the ones after it; ``repair`` recomputes committed units that fail verification;
+    ``terminal`` shows each stage's progress as one updating line on stderr (else plain log lines)."""
     store = Store(cfg.store)
     store.check_writable()
     with contextlib.ExitStack() as stack:
@@ -49,8 +50,9 @@ def run_pipeline(cfg: RunConfig, resume: bool = True, log=print, performance_rep
             from distributed import performance_report as perf
             stack.enter_context(perf(filename=performance_report))
         try:
-            return _run(StageContext(client, store, cfg, resume=resume, log=log, force=force, repair=repair), plan,
-                        log)
+            ctx = StageContext(client, store, cfg, resume=resume, log=log, force=force, repair=repair,
+                               terminal=terminal)
+            return _run(ctx, plan, log)
         except StageError as e:
             if worker_log is None:
                 raise
@@ -160,7 +162,8 @@ def _run(ctx: StageContext, plan, log) -> str:
     def stage(i, name, fn, *args):
         log(f"[{i}/{len(names)}] {name} ...")
         t0, tasks0 = time.perf_counter(), ctx.tasks
-        result = fn(*args)
+        with ctx.stage_progress(name):   # one counter over all the stage's tasks
+            result = fn(*args)
         seconds = time.perf_counter() - t0
         timings.append({"stage": name, "seconds": round(seconds, 3), "tasks": ctx.tasks - tasks0})
         log(f"Completed {i} of {len(names)} stages ({name}, {seconds:.1f} s)")
