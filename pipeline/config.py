@@ -126,7 +126,8 @@ def unserved(spec: dict, classifier: str) -> str | None:
     """Why the model of ``spec`` cannot serve ``classifier`` (None: it can). Kernel SLEM codes are
     compared by Eq. 16 only, which no vector-space classifier (ncm, ncmc, softvote) can use."""
     if spec["method"] == "slem" and spec.get("kernel", "linear") != "linear" and not classifier.startswith("knn"):
-        return f"kernel SLEM ({spec['kernel']}) compares images by Eq. 16 only; {classifier} needs codes in a vector space"
+        return (f"kernel SLEM ({spec['kernel']}) compares images by Eq. 16 only; {classifier} needs codes in a "
+                f"vector space")
     return None
 
 

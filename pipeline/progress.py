@@ -39,7 +39,7 @@ class StageProgress:
             self.total += 1
             if self._terminal and self._bar is None and not self._closed:
                 from tqdm import tqdm
-                self._bar = tqdm(total=0, desc=f"  {self.stage}", unit="task", file=self._file or sys.stderr,
+                self._bar = tqdm(total=self.total, desc=f"  {self.stage}", unit="task", file=self._file or sys.stderr,
                                  bar_format=BAR, leave=True, dynamic_ncols=True, mininterval=0.2)
         future.add_done_callback(self._finished)
 

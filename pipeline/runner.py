@@ -125,8 +125,9 @@ def skipped_classifiers(cfg: RunConfig, specs) -> list[dict]:
     refused at load instead."""
     if classifiers_given(cfg.raw):
         return []
-    small = [{"model": "every model", "classifier": c, "reason": "votes over more neighbours than the train split holds"}
-             for c in EvaluateConfig.classifiers if c not in cfg.evaluate.classifiers]   # check_methods dropped it
+    small = [{"model": "every model", "classifier": c,   # check_methods dropped it
+              "reason": "votes over more neighbours than the train split holds"}
+             for c in EvaluateConfig.classifiers if c not in cfg.evaluate.classifiers]
     return small + [{"model": stages.model_id(spec), "classifier": c, "reason": why}
                     for spec in specs for c in cfg.evaluate.classifiers if (why := unserved(spec, c))]
 

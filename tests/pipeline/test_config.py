@@ -142,3 +142,23 @@ def test_alias_expansion_is_counted_without_expanding():
     expanded = json.loads(json.dumps(yaml.safe_load(small)))       # aliases written out in full
     assert _expanded_size(yaml.compose(small, Loader=yaml.SafeLoader), {}) == nodes(expanded)
     assert _expanded_size(yaml.compose(BOMB, Loader=yaml.SafeLoader), {}) > 9 ** 9
+
+
+def test_default_knn_above_the_train_rows_is_dropped_with_a_note_but_a_listed_one_is_refused():
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from metricpipe.runner import check_methods, skipped_classifiers
+    from metricpipe.tasks.errors import InputError
+    info = SimpleNamespace(n_features=8, classes=[0, 1], split=np.array([0] * 6 + [1] * 20, np.int8))  # 6 train
+    logs = []
+    cfg = check_methods(parse_config({**BASE, "evaluate": {"retrieval": {"k": [5]}}}, where="cfg.yaml"), info,
+                        logs.append)
+    assert cfg.evaluate.classifiers == ("knn1", "ncm") and any("classifiers ['knn1', 'ncm']" in m for m in logs)
+    assert skipped_classifiers(cfg, cfg.methods) == [{"model": "every model", "classifier": "knn10",
+                                                      "reason": "votes over more neighbours than the train split holds"}]
+    listed = parse_config({**BASE, "evaluate": {"retrieval": {"k": [5]}, "classification": {"classifiers": ["knn10"]}}},
+                          where="cfg.yaml")
+    with pytest.raises(InputError, match=r"cfg.yaml: evaluate.classification.classifiers: knn10 votes over more"):
+        check_methods(listed, info)
