@@ -58,20 +58,49 @@ def _on_sigterm(signum, frame):
     raise Terminated()
 
 
-@click.group()
-@click.option("--verbose", "-v", is_flag=True, help="Show tracebacks and debug logging.")
-@click.version_option(package_name="metricpipe")
-def main(verbose):
-    """metricpipe: supervised compact codes for image descriptors, on Dask."""
-    # Our own one-line messages say what failed; Dask's per-task logs are for --verbose. Set through
-    # the environment so that worker processes started from here inherit it.
-    import signal
-    signal.signal(signal.SIGTERM, _on_sigterm)
+VERBOSE_HELP = "Show tracebacks and debug logging."
+LOG_ENV = "DASK_LOGGING__DISTRIBUTED"
+_log_env_set_here = False   # whether LOG_ENV is ours to change (a user's own setting is kept)
+
+
+def _set_verbosity(verbose: bool) -> None:
+    """Our own one-line messages say what failed; Dask's per-task logs are for --verbose. Set through
+    the environment so that worker processes started from here inherit it."""
+    global _log_env_set_here
     level = "info" if verbose else "error"
-    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", level)
+    if LOG_ENV not in os.environ or _log_env_set_here:
+        os.environ[LOG_ENV] = level
+        _log_env_set_here = True
     import dask
     dask.config.set({"logging.distributed": level})
     logging.getLogger("distributed").setLevel(level.upper())
+
+
+def _verbose_after_command(ctx, param, value):
+    """``metricpipe run X.yaml --verbose`` does what ``metricpipe --verbose run X.yaml`` does."""
+    if value:
+        ctx.find_root().params["verbose"] = True
+        _set_verbosity(True)
+
+
+class _Group(click.Group):
+    """Every subcommand also takes --verbose/-v (after its name, where people type it)."""
+
+    def add_command(self, cmd, name=None):
+        if not any(p.name == "verbose" for p in cmd.params):
+            cmd.params.append(click.Option(["--verbose", "-v"], is_flag=True, expose_value=False, is_eager=True,
+                                           callback=_verbose_after_command, help=VERBOSE_HELP))
+        super().add_command(cmd, name)
+
+
+@click.group(cls=_Group)
+@click.option("--verbose", "-v", is_flag=True, help=VERBOSE_HELP)
+@click.version_option(package_name="metricpipe")
+def main(verbose):
+    """metricpipe: supervised compact codes for image descriptors, on Dask."""
+    import signal
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    _set_verbosity(verbose)
 
 
 def _cluster_options(f):
@@ -112,7 +141,8 @@ def run(config, store, cluster, workers, memory_limit, resume, force, repair, pe
     cfg = _apply(load_config(config), store, cluster, workers, memory_limit)
     if verify_source:
         cfg = replace(cfg, data=replace(cfg.data, verify_source=True))
-    run_pipeline(cfg, resume=resume, log=_echo, performance_report=performance_report, force=force, repair=repair)
+    run_pipeline(cfg, resume=resume, log=_echo, performance_report=performance_report, force=force, repair=repair,
+                 terminal=sys.stderr.isatty())
 
 
 @main.command()
@@ -124,7 +154,7 @@ def demo(store, cluster, workers, memory_limit):
     from metricpipe.runner import run_pipeline
 
     cfg = _apply(load_config(demo_config_path()), store, cluster, workers, memory_limit)
-    run_pipeline(cfg, log=_echo)
+    run_pipeline(cfg, log=_echo, terminal=sys.stderr.isatty())
 
 
 def demo_config_path() -> Path:
@@ -163,7 +193,9 @@ def stage_cmd(source, store, features, labels, normalize, test_fraction, split_c
     with st.lock("metricpipe stage"), \
             connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard, cfg.tls) as client:
         _echo(f"Dashboard: {client.dashboard_link}")
-        info = run_stage(StageContext(client, st, cfg, log=_echo))
+        ctx = StageContext(client, st, cfg, log=_echo, terminal=sys.stderr.isatty())
+        with ctx.stage_progress("stage"):
+            info = run_stage(ctx)
     _echo(f"Staged {info.n_samples} x {info.n_features} into {info.unit.url}")
 
 

@@ -122,19 +122,35 @@ def _check_negatives(neg: dict | None, where: str, key: str) -> dict:
     return neg
 
 
-def _check_kernel_slem(methods: list, evaluate, where: str) -> None:
-    """Kernel SLEM combinations refused before any work: a Cholesky factor is always full rank, and its
-    codes are compared by Eq. 16 only, which no vector-space classifier (ncm, ncmc, softvote) can use."""
+def unserved(spec: dict, classifier: str) -> str | None:
+    """Why the model of ``spec`` cannot serve ``classifier`` (None: it can). Kernel SLEM codes are
+    compared by Eq. 16 only, which no vector-space classifier (ncm, ncmc, softvote) can use."""
+    if spec["method"] == "slem" and spec.get("kernel", "linear") != "linear" and not classifier.startswith("knn"):
+        return (f"kernel SLEM ({spec['kernel']}) compares images by Eq. 16 only; {classifier} needs codes in a "
+                f"vector space")
+    return None
+
+
+def classifiers_given(raw: dict) -> bool:
+    """Whether the config lists evaluate.classification.classifiers (else they are the defaults, which a
+    model that cannot serve one skips; a classifier the user lists is refused instead)."""
+    return "classifiers" in (((raw or {}).get("evaluate") or {}).get("classification") or {})
+
+
+def _check_kernel_slem(methods: list, evaluate, where: str, given: bool) -> None:
+    """Kernel SLEM combinations refused before any work: a Cholesky factor is always full rank, and a
+    classifier the user lists must be one its codes can serve (``unserved``)."""
     for spec in methods:
         if spec["method"] != "slem" or spec["kernel"] == "linear":
             continue
         if spec["decomposition"] == "cholesky" and spec["rank"] != "full":
             _fail(where, "methods", f"slem decomposition cholesky is full rank, but rank is {spec['rank']}; use "
                   f"decomposition kpca or icd for a low rank, or rank full")
-        odd = [c for c in evaluate.classifiers if not c.startswith("knn")]
+        odd = [c for c in evaluate.classifiers if unserved(spec, c)] if given else []
         if odd:
             _fail(where, "evaluate.classification.classifiers", f"{', '.join(odd)} need codes in a vector space; "
-                  f"kernel SLEM ({spec['kernel']}) compares images by Eq. 16 only: use knnK classifiers or retrieval")
+                  f"kernel SLEM ({spec['kernel']}) compares images by Eq. 16 only: use knnK classifiers or retrieval "
+                  f"(or leave classifiers unset: the defaults skip what a model cannot serve)")
 
 
 def _check_keys(d: dict, allowed, where: str, prefix: str):
@@ -188,7 +204,8 @@ def _int_list(d, key, where, prefix, default, minimum=1):
 
 
 def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = None) -> RunConfig:
-    """Validate a config mapping and return a RunConfig; raises ConfigError naming the key."""
+    """Validate a config mapping and return a RunConfig; raises ConfigError naming the key. Relative
+    paths in ``raw`` resolve against ``base_dir`` (the config file's folder; None: left as given)."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -318,7 +335,7 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
     evaluate = EvaluateConfig(retrieval_k=_int_list(ret, "k", where, "evaluate.retrieval.", (1, 10, 100)),
                               classifiers=tuple(classifiers), retrieval=do_retrieval,
                               queries=_typed(ret, "queries", int, where, "evaluate.retrieval.", None, 1))
-    _check_kernel_slem(methods, evaluate, where)
+    _check_kernel_slem(methods, evaluate, where, classifiers_given(raw))
     k_graph = (neighbours or NeighboursConfig()).k
     too_many = [c for c in evaluate.classifiers if c.startswith("softvote") and int(c[8:]) > k_graph]
     if too_many:
@@ -443,9 +460,11 @@ def read_yaml(path: Path, what: str):
 
 
 def load_config(path: str | os.PathLike) -> RunConfig:
-    """Read and validate a YAML config; relative paths inside it resolve against the working directory."""
+    """Read and validate a YAML config; relative paths inside it (data.path, data.root, data.pairs,
+    data.labels as a .npy, store, a cluster spec, tls files) resolve against the config file's folder,
+    so a config means the same files from wherever it is run."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{p}: config file not found; pass the path to a YAML config (see examples/)")
     raw = read_yaml(p, "a config")
-    return parse_config(raw, where=str(p), base_dir=Path.cwd())
+    return parse_config(raw, where=str(p), base_dir=p.absolute().parent)

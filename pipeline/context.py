@@ -1,5 +1,6 @@
 """What every stage receives: the client, the store, the config, and helpers to submit and gather
 tasks with progress and errors that name the stage and the block."""
+import contextlib
 import functools
 import os
 import signal
@@ -12,6 +13,7 @@ from distributed import Client, as_completed
 
 from metricpipe.config import RunConfig
 from metricpipe.errors import StageError
+from metricpipe.progress import StageProgress
 from metricpipe.storage import Store, size_crcs
 from metricpipe.tasks.errors import InputError
 
@@ -42,6 +44,22 @@ class StageContext:
     repair: bool = False         # recompute committed units whose files fail verification
     returning_errors: bool = False  # submit(): an InputError is the task's result, not its failure
     selections: list = field(default_factory=list)  # the train stage's selection units (store paths)
+    terminal: bool = False       # progress as one updating line per stage (stderr is a terminal)
+    progress: StageProgress | None = None   # the running stage's counter (stage_progress)
+
+    @contextlib.contextmanager
+    def stage_progress(self, stage: str):
+        """Count every task submitted inside the block as ``stage``'s, on one line; ``log`` goes through
+        it meanwhile, so messages do not tear the line."""
+        progress = self.progress = StageProgress(stage, self.log, self.terminal)
+        log, self.log = self.log, progress.write
+        finished = False
+        try:
+            yield progress
+            finished = True
+        finally:
+            progress.close(finished)
+            self.log, self.progress = log, None
 
     def reuse(self, unit, stage: str) -> bool:
         """Whether ``unit`` (of ``stage``) is committed, intact and may be reused; otherwise the caller
@@ -95,18 +113,26 @@ class StageContext:
         point = os.environ.get(FAILPOINT)
         if point and name.startswith(point.split(":", 1)[0]):
             fn = functools.partial(_die_once, point.split(":", 1)[1], fn)
-        return self.client.submit(fn, *args, key=f"{name}-{self.run_id}-{uuid.uuid4().hex[:6]}",
-                                  retries=RETRIES, pure=False, **kwargs)
+        future = self.client.submit(fn, *args, key=f"{name}-{self.run_id}-{uuid.uuid4().hex[:6]}",
+                                    retries=RETRIES, pure=False, **kwargs)
+        if self.progress is not None:
+            self.progress.add(future)
+        return future
 
     def gather(self, futures: list, stage: str, labels: list[str] | None = None) -> list:
-        """Wait for ``futures`` showing progress; return results in submission order.
+        """Wait for ``futures``; return results in submission order. Progress is the stage's counter
+        (``stage_progress``: every task of the stage, over all its gathers); outside one, this call's own.
 
         A failure is re-raised at once: bad input as the worker's one-line InputError, anything else
         as a StageError naming the stage and the block; the remaining tasks are cancelled.
         """
+        if self.progress is None:    # a stage run alone (tests, `metricpipe stage`): count this call's tasks
+            with self.stage_progress(stage) as progress:
+                for f in futures:
+                    progress.add(f)
+                return self.gather(futures, stage, labels)
         labels = labels or [f"task {i}" for i in range(len(futures))]
         where = {f.key: lab for f, lab in zip(futures, labels)}
-        total, done, last = len(futures), 0, time.monotonic()
         try:
             for fut in as_completed(futures):
                 if fut.status == "error":
@@ -116,10 +142,6 @@ class StageContext:
                     raise StageError(f"stage {stage} failed on {where[fut.key]}: "
                                      f"{type(exc).__name__}: {exc}".splitlines()[0]) from exc
                 _raise_refused(fut.result())   # bad input found by a task: its one line, at once
-                done += 1
-                if time.monotonic() - last > 5 or done == total and total > 4:
-                    self.log(f"  {stage}: {done}/{total} tasks done")
-                    last = time.monotonic()
         except BaseException:
             self.client.cancel(futures)
             raise

@@ -46,6 +46,7 @@ def build_report(store: Store, manifest: dict) -> str:
     doc["extended_models"] = extended_models(store, doc["models"])
     doc["model_timings"] = model_timings(store, manifest)
     doc["selection"] = selections(store, manifest)
+    doc["skipped"] = manifest.get("skipped", [])   # default classifiers a model cannot serve
     store.write_text("report/metrics.json", to_json({**doc, "training": curves}))
     store.write_text("report/index.html", render_html(doc, curves))
     return store.path("report", "index.html")
@@ -629,6 +630,7 @@ data <code>{esc(ds.get('key', ''))}</code>.</p>
 {_summary_html(summary)}
 <h2>Models</h2><p><small>&uarr; higher is better, &darr; lower is better (definitions below); bold: the best of the
 column. Rows with a key are the run's models.</small></p>{_table(rows, main, extended)}
+{"".join(f"<p>Skipped: {esc(s['classifier'])} for {esc(s['model'])} ({esc(s['reason'])}).</p>" for s in doc.get("skipped", []))}
 {more}
 {_extended_html(doc.get("extended_models", []))}
 {_costs_html(rows, doc, extended)}

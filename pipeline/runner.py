@@ -11,7 +11,8 @@ import numpy as np
 
 from metricpipe import stages
 from metricpipe.cluster import connect
-from metricpipe.config import SPLIT_NAMES, NeighboursConfig, RunConfig
+from metricpipe.config import (SPLIT_NAMES, EvaluateConfig, NeighboursConfig, RunConfig, classifiers_given,
+                               unserved)
 from metricpipe.context import StageContext
 from metricpipe.errors import StageError
 from metricpipe.report import build_report, package_versions, read_summary, winner_lines
@@ -28,9 +29,10 @@ def stage_names(cfg: RunConfig) -> list[str]:
 
 
 def run_pipeline(cfg: RunConfig, resume: bool = True, log=print, performance_report: str | None = None,
-                 client=None, force: str | None = None, repair: bool = False) -> str:
+                 client=None, force: str | None = None, repair: bool = False, terminal: bool = False) -> str:
     """Run every stage of ``cfg``; return the path of the report's index.html. ``force`` recomputes
-    that stage and the ones after it; ``repair`` recomputes committed units that fail verification."""
+    that stage and the ones after it; ``repair`` recomputes committed units that fail verification;
+    ``terminal`` shows each stage's progress as one updating line on stderr (else plain log lines)."""
     store = Store(cfg.store)
     store.check_writable()
     with contextlib.ExitStack() as stack:
@@ -48,8 +50,9 @@ def run_pipeline(cfg: RunConfig, resume: bool = True, log=print, performance_rep
             from distributed import performance_report as perf
             stack.enter_context(perf(filename=performance_report))
         try:
-            return _run(StageContext(client, store, cfg, resume=resume, log=log, force=force, repair=repair), plan,
-                        log)
+            ctx = StageContext(client, store, cfg, resume=resume, log=log, force=force, repair=repair,
+                               terminal=terminal)
+            return _run(ctx, plan, log)
         except StageError as e:
             if worker_log is None:
                 raise
@@ -102,10 +105,31 @@ def check_methods(cfg: RunConfig, info, log=print) -> RunConfig:
                          f"database holds (each test query ranks the other {n_test - 1} test rows); use K <= "
                          f"{n_test - 1}")
     knn = [int(c[3:]) for c in ev.classifiers if c.startswith("knn")]
+    if knn and max(knn) > n_train and not classifiers_given(cfg.raw):   # the defaults, on a small train split
+        kept = tuple(c for c in ev.classifiers if not c.startswith("knn") or int(c[3:]) <= n_train)
+        log(f"  evaluate: {n_train} train rows: classifiers {list(kept)} (the default's larger knnK need more rows)")
+        cfg = replace(cfg, evaluate=replace(ev, classifiers=kept))
+        ev, knn = cfg.evaluate, [k for k in knn if k <= n_train]
+    for s in skipped_classifiers(cfg, cfg.methods):
+        if s["model"] != "every model":   # that one is logged above
+            log(f"  evaluate: {s['model']} skips {s['classifier']}: {s['reason']}")
     if knn and max(knn) > n_train:
         raise InputError(f"{cfg.source_file}: evaluate.classification.classifiers: knn{max(knn)} votes over more "
                          f"neighbours than the {n_train} train rows; use knnK with K <= {n_train}")
     return cfg
+
+
+def skipped_classifiers(cfg: RunConfig, specs) -> list[dict]:
+    """{model, classifier, reason} for each default classifier a model cannot serve (``unserved``): it is
+    skipped for that model, and the run manifest and report say so. A classifier the user lists is
+    refused at load instead."""
+    if classifiers_given(cfg.raw):
+        return []
+    small = [{"model": "every model", "classifier": c,   # check_methods dropped it
+              "reason": "votes over more neighbours than the train split holds"}
+             for c in EvaluateConfig.classifiers if c not in cfg.evaluate.classifiers]
+    return small + [{"model": stages.model_id(spec), "classifier": c, "reason": why}
+                    for spec in specs for c in cfg.evaluate.classifiers if (why := unserved(spec, c))]
 
 
 # The memory rule: a task holds at most BLOCKS_PER_TASK row-blocks of the staged features (a kNN
@@ -139,7 +163,8 @@ def _run(ctx: StageContext, plan, log) -> str:
     def stage(i, name, fn, *args):
         log(f"[{i}/{len(names)}] {name} ...")
         t0, tasks0 = time.perf_counter(), ctx.tasks
-        result = fn(*args)
+        with ctx.stage_progress(name):   # one counter over all the stage's tasks
+            result = fn(*args)
         seconds = time.perf_counter() - t0
         timings.append({"stage": name, "seconds": round(seconds, 3), "tasks": ctx.tasks - tasks0})
         log(f"Completed {i} of {len(names)} stages ({name}, {seconds:.1f} s)")
@@ -174,6 +199,7 @@ def _run(ctx: StageContext, plan, log) -> str:
                   "models": [u.rel for _, u in models], "codes": [u.rel for _, u, _ in codes],
                   "selection": ctx.selections},
         "evaluation_units": [u.rel for _, u in evals], "timings": timings,
+        "skipped": skipped_classifiers(cfg, [spec for spec, _ in models]),
     }
     t0 = time.perf_counter()
     log(f"[{len(names)}/{len(names)}] report ...")

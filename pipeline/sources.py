@@ -310,7 +310,8 @@ def open_source(cfg: DataConfig) -> Source:
                       fingerprint={"builtin": "synthetic", **s.__dict__})
     path = Path(cfg.path)
     if not path.exists():
-        raise InputError(f"{path}: file not found (data.path); check the path or the working directory")
+        raise InputError(f"{path}: file not found (data.path); check the path (a config's relative paths are read from its "
+                         f"folder)")
     try:
         return _open_path(cfg, path)
     except InputError:

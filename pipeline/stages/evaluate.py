@@ -4,6 +4,7 @@ import time
 
 import numpy as np
 
+from metricpipe.config import unserved
 from metricpipe.context import StageContext
 from metricpipe.storage import Unit, hash_key, open_array, read_attrs, read_rows
 from metricpipe.tasks import evaluation, metrics, moments, registry
@@ -130,9 +131,10 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
         views = [("codes", f"{cunit.url}/codes", f"{cunit.url}/codes", (cmeta.get("score") or "euclidean"))]
         if cmeta.get("bilinear"):
             views.append(("exact", f"{cunit.url}/query", f"{cunit.url}/base", "inner"))
+        served = tuple(c for c in ev.classifiers if not unserved(spec, c))  # the others: runs/latest.json "skipped"
         for view, q_url, db_url, score in views:
             means = None
-            if "ncm" in ev.classifiers:
+            if "ncm" in served:
                 parts = [ctx.submit(_moments_block, data.url, a, b, len(data.classes), False, db_url,
                                     name="ncm-means") for a, b in data.chunks]
                 means = ctx.submit(_class_means, _tree_combine(ctx, parts, "ncm-combine"), name="ncm-means")
@@ -143,9 +145,9 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
             if view == "codes" and hasattr(registry.estimator_class(spec["method"], spec), "predict_proba"):
                 ncm_model = ctx.submit(_ncm_model, ctx.store.unit("models", read_attrs(cunit.url)["model"]).url,
                                       name="ncm-model")
-            cls = [ctx.submit(_classify_block, q_url, db_url, score, q, train_blocks, labels_f, ev.classifiers,
+            cls = [ctx.submit(_classify_block, q_url, db_url, score, q, train_blocks, labels_f, served,
                               means, graph_url, ncm_model, name=f"classify-{model_id(spec)}")
-                   for q in _fixed_blocks(test, CLASSIFY_QUERIES)] if ev.classifiers else []
+                   for q in _fixed_blocks(test, CLASSIFY_QUERIES)] if served else []
             jobs.append((spec, unit, dim, view, score, ret, cls))
     # When the models that leave classes out of training all keep the same ones, every model also
     # reports its errors on the other classes' test images: the control beside the new-class figure.

@@ -380,3 +380,20 @@ def test_the_top_level_seed_keys_statistics_and_evaluation(tmp_path):
     assert units[0][2] == units[1][2]                       # the same staged data (its split has its own seed)
     assert units[0][0] != units[1][0] and len(units[0][1]) == 1 and len(units[1][1]) == 2   # a new evaluation
     assert units[2] == (units[0][0], units[1][1], units[0][2])   # back to seed 0: the seed-0 units, reused
+
+
+@pytest.mark.parametrize("args", [["--verbose", "run", "{cfg}"], ["run", "{cfg}", "--verbose"], ["run", "-v", "{cfg}"]])
+def test_verbose_before_or_after_the_subcommand_shows_the_traceback_and_dask_logs(tmp_path, args):
+    import logging
+    import os
+
+    missing = tmp_path / "missing.yaml"
+    quiet = CliRunner().invoke(main, ["run", str(missing)])
+    assert quiet.exit_code == 2 and quiet.output.startswith("error: ") and quiet.exception.__class__ is SystemExit
+    assert logging.getLogger("distributed").level == logging.ERROR
+    loud = CliRunner().invoke(main, [a.format(cfg=missing) for a in args])
+    assert type(loud.exception).__name__ == "ConfigError"        # raised through: the traceback is shown
+    assert logging.getLogger("distributed").level == logging.INFO
+    assert os.environ["DASK_LOGGING__DISTRIBUTED"] == "info"      # what the workers started later inherit
+    CliRunner().invoke(main, ["run", str(missing)])              # the next command is quiet again
+    assert logging.getLogger("distributed").level == logging.ERROR

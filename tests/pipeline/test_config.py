@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from metricpipe.config import ConfigError, load_config, parse_config
@@ -50,10 +52,59 @@ def test_load_config_errors(tmp_path):
         load_config(bad)
 
 
-def test_example_configs_are_valid():
-    from pathlib import Path
-    for p in Path(__file__).parents[2].joinpath("examples").glob("*.yaml"):
-        assert load_config(p).methods
+def test_example_configs_are_valid_and_keep_their_stores_and_data_where_the_readme_says(tmp_path, monkeypatch):
+    repo = Path(__file__).parents[2]
+    monkeypatch.chdir(tmp_path)   # wherever they are run from
+    for p in repo.joinpath("examples").glob("*.yaml"):
+        cfg = load_config(p)
+        assert cfg.methods
+        assert Path(cfg.store).resolve().parent == repo / "runs", p   # the repository's runs/NAME
+        if cfg.data.path:
+            assert Path(cfg.data.path).resolve().parent == repo / "runs", p   # made by `metricpipe synth`
+        assert cfg.data.root is None      # built-in sources look in $METRICPIPE_DATA, not a path of ours
+
+
+def test_relative_paths_in_a_config_resolve_against_its_folder_not_the_working_directory(tmp_path, monkeypatch):
+    import yaml
+    conf = tmp_path / "project" / "conf"
+    conf.mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    p = conf / "run.yaml"
+    p.write_text(yaml.safe_dump({
+        "store": "../runs/x", "cluster": "slurm.yaml",
+        "tls": {"ca_file": "pem/ca.pem", "cert": "/etc/cert.pem", "key": "~/key.pem"},
+        "data": {"path": "feats/x.npz", "labels": "labels/y.npy", "pairs": "pairs.npz", "root": "idx",
+                 "groups": "g", "ids": "i", "split": {"column": "split"}}}))
+    cfg = load_config(p)
+    assert cfg.store == str(conf / "../runs/x") and cfg.cluster == str(conf / "slurm.yaml")
+    assert cfg.data.path == str(conf / "feats/x.npz") and cfg.data.labels == str(conf / "labels/y.npy")
+    assert cfg.data.pairs == str(conf / "pairs.npz") and cfg.data.root == str(conf / "idx")
+    assert cfg.tls == (str(conf / "pem/ca.pem"), "/etc/cert.pem", str(Path("~/key.pem").expanduser()))
+    # array names inside the data file are not paths; nor are URLs, schedulers or built-in sources
+    assert (cfg.data.groups, cfg.data.ids, cfg.data.split.column, cfg.data.features) == ("g", "i", "split", "X")
+    p.write_text(yaml.safe_dump({"store": "s3://bucket/run", "cluster": "tcp://127.0.0.1:8786",
+                                 "data": {"source": "fashion-mnist", "labels": "y"}}))
+    cfg = load_config(p)
+    assert (cfg.store, cfg.cluster, cfg.data.labels, cfg.data.root) == ("s3://bucket/run", "tcp://127.0.0.1:8786",
+                                                                         "y", None)
+    # a store the config does not name is the default, under the working directory as before
+    p.write_text(yaml.safe_dump({"data": {"source": "digits"}}))
+    assert load_config(p).store == "runs/metricpipe"
+
+
+def test_a_missing_relative_data_path_names_where_it_was_looked_for(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from metricpipe.cli import main
+    (tmp_path / "conf").mkdir()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "conf/run.yaml").write_text("store: store\ndata: {path: x.npz}\n")
+    res = CliRunner().invoke(main, ["run", "conf/run.yaml"])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert res.output == (f"error: {tmp_path / 'conf/x.npz'}: file not found (data.path); check the path (a "
+                          f"config's relative paths are read from its folder)\n")
 
 
 def test_readme_config_reference_is_valid():
@@ -91,3 +142,23 @@ def test_alias_expansion_is_counted_without_expanding():
     expanded = json.loads(json.dumps(yaml.safe_load(small)))       # aliases written out in full
     assert _expanded_size(yaml.compose(small, Loader=yaml.SafeLoader), {}) == nodes(expanded)
     assert _expanded_size(yaml.compose(BOMB, Loader=yaml.SafeLoader), {}) > 9 ** 9
+
+
+def test_default_knn_above_the_train_rows_is_dropped_with_a_note_but_a_listed_one_is_refused():
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from metricpipe.runner import check_methods, skipped_classifiers
+    from metricpipe.tasks.errors import InputError
+    info = SimpleNamespace(n_features=8, classes=[0, 1], split=np.array([0] * 6 + [1] * 20, np.int8))  # 6 train
+    logs = []
+    cfg = check_methods(parse_config({**BASE, "evaluate": {"retrieval": {"k": [5]}}}, where="cfg.yaml"), info,
+                        logs.append)
+    assert cfg.evaluate.classifiers == ("knn1", "ncm") and any("classifiers ['knn1', 'ncm']" in m for m in logs)
+    assert skipped_classifiers(cfg, cfg.methods) == [{"model": "every model", "classifier": "knn10",
+                                                      "reason": "votes over more neighbours than the train split holds"}]
+    listed = parse_config({**BASE, "evaluate": {"retrieval": {"k": [5]}, "classification": {"classifiers": ["knn10"]}}},
+                          where="cfg.yaml")
+    with pytest.raises(InputError, match=r"cfg.yaml: evaluate.classification.classifiers: knn10 votes over more"):
+        check_methods(listed, info)

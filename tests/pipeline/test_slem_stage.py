@@ -107,3 +107,41 @@ def test_linear_slem_without_a_dense_covariance_is_a_one_line_error(client, tmp_
     with pytest.raises(InputError, match=r"linear slem needs the D x D covariance, but D = 12 is above "
                                          r"statistics.max_dense_dim"):
         run_train(ctx, data, stats, None)
+
+
+def test_default_classifiers_skip_what_kernel_slem_cannot_serve_and_the_report_says_so(client, tmp_path):
+    """Default evaluation (knn1, knn10, ncm) with a kernel SLEM model: the model skips ncm with a note in
+    the run manifest and the report; the other models keep every classifier."""
+    import json
+    from pathlib import Path
+
+    from metricpipe.runner import run_pipeline
+    _data(tmp_path, n=300, D=8)
+    cfg = parse_config({"store": str(tmp_path / "s"), "data": {"path": str(tmp_path / "d.npz"),
+                                                               "split": {"test": 0.25, "seed": 0}},
+                        "methods": [{"method": "pca", "dim": 4},
+                                    {"method": "slem", "kernel": "gaussian", "gamma": 0.05, "lam": 0.1,
+                                     "negatives": {"count": 100}}]}, where="cfg.yaml")
+    logs = []
+    report = Path(run_pipeline(cfg, client=client, log=logs.append))
+    skipped = json.loads((tmp_path / "s/runs/latest.json").read_text())["skipped"]
+    assert [(s["model"].split("-")[0], s["classifier"]) for s in skipped] == [("slem", "ncm")]
+    assert "Eq. 16" in skipped[0]["reason"]
+    assert any("skips ncm" in m for m in logs)
+    records = json.loads(report.with_name("metrics.json").read_text())["records"]
+    served = {(r["method"], r["classifier"]) for r in records if r["metric"] == "top1_error"}
+    assert served == {("pca", "knn1"), ("pca", "knn10"), ("pca", "ncm"), ("slem", "knn1"), ("slem", "knn10")}
+    assert "Skipped: ncm for slem" in report.read_text()
+
+
+def test_a_classifier_listed_for_kernel_slem_is_still_refused_in_one_line(tmp_path):
+    from click.testing import CliRunner
+
+    from metricpipe.cli import main
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("data: {source: digits}\nmethods: [{method: slem, kernel: gaussian}]\n"
+                   "evaluate: {classification: {classifiers: [knn1, ncm]}}\n")
+    res = CliRunner().invoke(main, ["run", str(cfg)])
+    assert res.exit_code == 2
+    assert res.output.count("\n") == 1 and "Traceback" not in res.output
+    assert f"{cfg}: evaluate.classification.classifiers: ncm need codes in a vector space" in res.output

@@ -1,0 +1,83 @@
+"""Progress a person can follow: one counter per stage over all its tasks (not one per gather, which
+restarted for every model), an updating line on a terminal, plain lines elsewhere."""
+import fcntl
+import json
+import os
+import pty
+import re
+import struct
+import subprocess
+import sys
+import termios
+
+import numpy as np
+import yaml
+
+from metricpipe.config import parse_config
+from metricpipe.runner import run_pipeline
+from tests.conftest import make_blobs
+
+# Several models, so evaluate and encode gather once per model, and several row-blocks per stage.
+METHODS = [{"method": "identity"}, {"method": "pca", "dim": 4}, {"method": "pca", "dim": 6},
+           {"method": "random", "dim": 4}]
+
+
+def _raw(tmp_path, **extra) -> dict:
+    X, y = make_blobs(n=400, d=8)
+    np.savez(tmp_path / "d.npz", X=X, y=y)
+    return {"store": str(tmp_path / "store"), "data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.004},
+            "methods": METHODS, "evaluate": {"retrieval": {"k": [5]}, "classification": {"classifiers": ["knn1"]}},
+            **extra}
+
+
+def _stage_tasks(store) -> dict:
+    timings = json.loads((store / "runs/latest.json").read_text())["timings"]
+    return {t["stage"]: t["tasks"] for t in timings if t.get("tasks")}
+
+
+def test_without_a_terminal_each_stage_logs_plain_lines_of_one_count_over_all_its_tasks(client, tmp_path):
+    logs = []
+    run_pipeline(parse_config(_raw(tmp_path), where="cfg.yaml"), client=client, log=logs.append)
+    assert not any("\r" in m for m in logs)
+    tasks = _stage_tasks(tmp_path / "store")
+    assert tasks["evaluate"] >= 2 * len(METHODS) and tasks["encode"] >= len(METHODS)   # gathered per model
+    for stage, n in tasks.items():
+        counts = [m for m in logs if m.startswith(f"  {stage}: ") and m.endswith(" tasks done")]
+        if n <= 4:    # a stage of a few tasks says nothing until it completes (as before)
+            assert not counts
+            continue
+        assert counts and counts[-1] == f"  {stage}: {n}/{n} tasks done", (stage, counts)
+        assert len(counts) <= 3, counts   # at most every few seconds: not one line per model or per task
+
+
+def test_on_a_terminal_each_stage_is_one_line_rewritten_in_place_up_to_its_total(tmp_path):
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(_raw(tmp_path, workers=1, dashboard=":0")))
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "metricpipe.cli", "run", str(cfg)], stdin=subprocess.DEVNULL,
+                            stdout=follower, stderr=follower, env={**os.environ, "TERM": "xterm"})
+    os.close(follower)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:   # EIO: the process closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(leader)
+    assert proc.wait(timeout=60) == 0, out.decode(errors="replace")
+    text = out.decode()
+    tasks = _stage_tasks(tmp_path / "store")
+    lines = text.replace("\r\n", "\n").split("\n")
+    for stage, n in tasks.items():
+        mine = [ln for ln in lines if re.search(rf"(^|\r) *{stage}: ", ln)]
+        assert len(mine) == 1, (stage, mine)   # one line per stage, not one per model
+        frames = [f for f in mine[0].split("\r") if f.strip()]
+        counts = [tuple(map(int, m.groups())) for f in frames if (m := re.search(r"\| (\d+)/(\d+) tasks", f))]
+        assert counts[-1] == (n, n), (stage, frames[-1])              # the stage's total reached
+        assert [d for d, _ in counts] == sorted(d for d, _ in counts)  # never restarts
+        assert "task/s" in frames[-1] or "s/task" in frames[-1]       # with a rate (and an ETA while running)
+    assert "Completed" in text and "Report:" in text
