@@ -173,3 +173,71 @@ def brute_force_knn(Q: np.ndarray, X: np.ndarray, k: int, exclude_self: bool = F
     idx = np.broadcast_to(np.arange(len(X)), d.shape)
     order = np.lexsort((idx, d), axis=-1)[:, :k]
     return np.take_along_axis(d, order, 1), order
+
+
+def pooled_topk(Q: np.ndarray, blocks, k: int, q_ids: np.ndarray | None = None,
+                exclude_self: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """k nearest rows (squared Euclidean) of a stream of database ``blocks`` for every row of ``Q``,
+    for large k (thousands; MAP@R needs k = the largest class).
+
+    ``block_topk`` merges every tile into a sorted list, a sort of k entries per tile; here each
+    query keeps a pool of 2k + DB_TILE candidates and only entries at or below its current k-th
+    distance enter it; the pool is cut back to its k best (one sort) when it would overflow, as
+    faiss's reservoir does. A query sees about k (1 + ln(N / k)) entries enter in all, so the pool is
+    sorted a few times per query rather than once per tile.
+
+    Parameters
+    ----------
+    Q : (n, D) queries.
+    blocks : iterable of (ids, X): global ids (m,), sorted, and their rows (m, D).
+    k : neighbours to keep; fewer candidates than k leave (inf, -1) at the end.
+    q_ids : (n,) global ids of the queries; with ``exclude_self`` a query never lists its own id.
+
+    Returns
+    -------
+    dist : (n, k) float32 squared distances ascending, computed as ||q||^2 + ||x||^2 - 2 q.x and
+        clipped at 0 (as faiss's IndexFlatL2); idx : (n, k) int64 global ids. Ties are ordered by id.
+    """
+    Q = np.ascontiguousarray(Q, dtype=np.float32)
+    n = len(Q)
+    cap = 2 * k + DB_TILE
+    pool_d = np.full((n, cap), np.inf, np.float32)
+    pool_i = np.full((n, cap), -1, np.int64)
+    fill = np.zeros(n, np.int64)
+    thr = np.full(n, np.inf, np.float32)
+    q_sq = sq_norms(Q)
+
+    def cut(rows):  # keep the k best (distance, id) of these rows' pools
+        d, i = sort_topk(pool_d[rows], pool_i[rows], k)
+        pool_d[rows, :k], pool_i[rows, :k] = d, i
+        pool_d[rows, k:], pool_i[rows, k:] = np.inf, -1
+        fill[rows] = np.minimum(fill[rows], k)
+        thr[rows] = np.where(fill[rows] >= k, d[:, -1], np.inf)
+
+    qid = None if q_ids is None else np.asarray(q_ids, np.int64)
+    for ids, X in blocks:
+        X = np.ascontiguousarray(X, dtype=np.float32)
+        ids = np.asarray(ids, np.int64)
+        x_sq = sq_norms(X)
+        for x0 in range(0, len(X), DB_TILE):
+            tid = ids[x0:x0 + DB_TILE]
+            d = Q @ X[x0:x0 + DB_TILE].T
+            d *= -2.0
+            d += q_sq[:, None] + x_sq[x0:x0 + DB_TILE][None, :]
+            np.maximum(d, 0.0, out=d)
+            mask = d <= thr[:, None]   # ties with the k-th are kept: the cut orders them by id
+            if exclude_self and qid is not None:
+                pos = np.minimum(np.searchsorted(tid, qid), len(tid) - 1)
+                hit = np.flatnonzero(tid[pos] == qid)
+                mask[hit, pos[hit]] = False
+            cnt = np.count_nonzero(mask, axis=1)
+            over = np.flatnonzero(fill + cnt > cap)
+            if len(over):
+                cut(over)
+            flat = np.flatnonzero(mask)
+            r, c = np.divmod(flat, d.shape[1])
+            slot = fill[r] + np.arange(len(flat)) - (np.cumsum(cnt) - cnt)[r]
+            pool_d[r, slot], pool_i[r, slot] = d[r, c], tid[c]
+            fill += cnt
+    d, i = sort_topk(pool_d, pool_i, k)
+    return np.ascontiguousarray(d), np.ascontiguousarray(i)
