@@ -7,12 +7,14 @@ faiss's IndexFlatL2 returns on exactly tied distances (checked on integer-grid d
 import numpy as np
 
 
-def pml_accuracy(query, query_labels, reference=None, reference_labels=None, k=None) -> dict:
-    """``AccuracyCalculator(k=k).get_accuracy(query, query_labels, reference, reference_labels)`` for
-    precision_at_1, r_precision, mean_average_precision_at_r and mean_reciprocal_rank (PML's names
-    mapped to metricpipe's). ``k``: None (every reference), "max_bin_count" or an int."""
-    self_in = reference is None
-    if self_in:
+def pml_accuracy(query, query_labels, reference=None, reference_labels=None, k=None,
+                 ref_includes_query=False) -> dict:
+    """``AccuracyCalculator(k=k).get_accuracy(query, query_labels, reference, reference_labels,
+    ref_includes_query)`` for precision_at_1, r_precision, mean_average_precision_at_r and
+    mean_reciprocal_rank (PML's names mapped to metricpipe's). ``k``: None (every reference),
+    "max_bin_count" or an int. With ``ref_includes_query`` query i is reference row i."""
+    self_in = reference is None or ref_includes_query
+    if reference is None:
         reference, reference_labels = query, query_labels
     query, reference = np.asarray(query, np.float64), np.asarray(reference, np.float64)
     counts = {c: int(np.sum(reference_labels == c)) for c in np.unique(query_labels)}
