@@ -28,7 +28,7 @@ from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.sparse import stratified_subset
 from metricpipe.tasks.validate import check_feature_block
 
-# A query group's pool (2k + tile candidates of 12 bytes, and the sort that cuts it) within this;
+# A query group's pool (2k + tile candidates of 16 bytes, and the sort that cuts it) within this;
 # with k = 10,000 that is about 600 queries.
 POOL_BYTES = 4e8
 # Reference rows read at once: about this many bytes, whole chunks of a Zarr source.
@@ -160,7 +160,7 @@ def _group(q_reader, q_rows: np.ndarray, scans, r_reader, r_blocks: list, where:
 
 def group_size(k: int, n_queries: int, workers: int) -> int:
     """Queries per task: within POOL_BYTES, and at least two tasks per worker when queries are few."""
-    by_memory = max(1, int(POOL_BYTES // ((2 * k + knn.DB_TILE) * 12 * 2.5)))
+    by_memory = max(1, int(POOL_BYTES // ((2 * k + knn.DB_TILE) * 16 * 2.5)))
     return max(1, min(by_memory, -(-n_queries // (2 * workers))))
 
 
