@@ -146,14 +146,15 @@ def _centroids(scans: list, rows: np.ndarray, n_clusters: int, seed) -> np.ndarr
 
 def _group(q_reader, q_rows: np.ndarray, scans, r_reader, r_blocks: list, where: str, k: int, self_in: bool,
            q_labels: np.ndarray, r_labels: np.ndarray, n_relevant: np.ndarray, centroids) -> dict:
-    """One query group: its neighbours over the whole reference, then its per-query metrics."""
+    """One query group: its neighbours over the whole reference, then its per-query metrics (the
+    reference is read again only for queries with no relevant reference among their k)."""
     if scans is None:   # the group is a contiguous range of the query file
         Q = _read(q_reader, int(q_rows[0]), int(q_rows[-1]) + 1, where)
     else:
         Q = _pick(scans, q_rows)
-    stream = ((np.arange(a, b), _read(r_reader, a, b, where)) for a, b in r_blocks)
-    _, idx = knn.pooled_topk(Q, stream, k, q_ids=q_rows, exclude_self=self_in)
-    out = evaluation.topk_accuracy(idx, q_labels, r_labels, n_relevant)
+    def stream():
+        return ((np.arange(a, b), _read(r_reader, a, b, where)) for a, b in r_blocks)
+    out = evaluation.neighbour_accuracy(Q, stream, q_labels, r_labels, n_relevant, k, q_rows, self_in)
     out["cluster"] = evaluation.nearest_centroid(Q, centroids)
     return out
 

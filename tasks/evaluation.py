@@ -56,7 +56,7 @@ def retrieval(Q: np.ndarray, q_idx: np.ndarray, db_idx: np.ndarray, db_rows, rel
         if accuracy_k:
             top = knn.distance_topk(d, np.arange(n_db), accuracy_k)[1]
             same = np.take_along_axis(relevant, np.maximum(top, 0), 1) & (top >= 0)
-            out.update(metrics.knn_accuracy(same, out["n_relevant"]))
+            out.update(metrics.knn_accuracy(same, out["n_relevant"], first_relevant_rank(d, relevant)))
         if centroids is not None:
             out["cluster"] = nearest_centroid(Q[s:s + group], centroids)
         parts.append(out)
@@ -188,12 +188,50 @@ def accuracy_k(n_relevant: np.ndarray) -> int:
     return max(1, int(np.max(n_relevant)))
 
 
+def topk_same(idx: np.ndarray, query_labels: np.ndarray, ref_labels: np.ndarray) -> np.ndarray:
+    """(n, k) True where the neighbour ``idx`` (reference rows, -1: none) shares the query's label."""
+    nb = np.where(idx >= 0, np.asarray(ref_labels)[np.maximum(idx, 0)], -1)
+    return (nb == np.asarray(query_labels)[:, None]) & (idx >= 0)
+
+
 def topk_accuracy(idx: np.ndarray, query_labels: np.ndarray, ref_labels: np.ndarray,
-                  n_relevant: np.ndarray) -> dict:
+                  n_relevant: np.ndarray, first_rank: np.ndarray | None = None) -> dict:
     """Per-query map@r, r_precision, precision@1 and mrr from the queries' ordered neighbour lists
     ``idx`` (n, k) of reference rows (-1: none); see ``metrics.knn_accuracy``."""
-    nb = np.where(idx >= 0, np.asarray(ref_labels)[np.maximum(idx, 0)], -1)
-    return metrics.knn_accuracy((nb == np.asarray(query_labels)[:, None]) & (idx >= 0), n_relevant)
+    return metrics.knn_accuracy(topk_same(idx, query_labels, ref_labels), n_relevant, first_rank)
+
+
+def neighbour_accuracy(Q: np.ndarray, blocks, query_labels: np.ndarray, ref_labels: np.ndarray,
+                       n_relevant: np.ndarray, k: int, q_ids: np.ndarray | None = None,
+                       exclude_self: bool = False) -> dict:
+    """Per-query map@r, r_precision, precision@1 and mrr of the queries Q against a streamed reference.
+
+    blocks : a callable giving a fresh iterable of (ids, rows) over the reference (global ids, sorted);
+        it is streamed once into a pooled top-k (``knn.pooled_topk``), and twice more for the few
+        queries with no relevant reference among their k (their MRR needs the place of the first one:
+        the nearest of their class, then the references before it).
+    ref_labels : indexed by global id; n_relevant : R of every query; k : ``accuracy_k(R)``.
+    """
+    _, idx = knn.pooled_topk(Q, blocks(), k, q_ids=q_ids, exclude_self=exclude_self)
+    same = topk_same(idx, query_labels, ref_labels)
+    first = np.zeros(len(Q), np.int64)
+    miss = np.flatnonzero((np.asarray(n_relevant) > 0) & ~same.any(1))
+    if len(miss):
+        qi = None if q_ids is None else np.asarray(q_ids)[miss]
+        d, i = knn.nearest_of_class(Q[miss], blocks(), np.asarray(query_labels)[miss], ref_labels, qi, exclude_self)
+        first[miss] = knn.rank_before(Q[miss], blocks(), d, i, qi, exclude_self) + 1
+    return metrics.knn_accuracy(same, n_relevant, first)
+
+
+def first_relevant_rank(d: np.ndarray, relevant: np.ndarray) -> np.ndarray:
+    """Place (1-based) of each query's first relevant item in its (distance, column) order, from full
+    distance rows (n, m); 0 for a query with none."""
+    dm = np.where(relevant, d, np.inf)
+    best = dm.min(1)
+    col = np.argmax(relevant & (dm == best[:, None]), axis=1)
+    cols = np.arange(d.shape[1])[None, :]
+    before = (d < best[:, None]) | ((d == best[:, None]) & (cols < col[:, None]))
+    return np.where(relevant.any(1), np.count_nonzero(before, axis=1) + 1, 0)
 
 
 def kmeans_fit(X: np.ndarray, n_clusters: int, seed, iters: int = 20) -> np.ndarray:

@@ -222,16 +222,10 @@ def pooled_topk(Q: np.ndarray, blocks, k: int, q_ids: np.ndarray | None = None,
         ids = np.asarray(ids, np.int64)
         for x0 in range(0, len(X), DB_TILE):
             tid = ids[x0:x0 + DB_TILE]
-            Xt = X[x0:x0 + DB_TILE].astype(np.float64)
-            d = Q @ Xt.T
-            d *= -2.0
-            d += q_sq[:, None] + sq_norms(Xt)[None, :]
-            np.maximum(d, 0.0, out=d)
+            d = _sq_dist64(Q, q_sq, X[x0:x0 + DB_TILE])
             mask = d <= thr[:, None]   # ties with the k-th are kept: the cut orders them by id
             if exclude_self and qid is not None:
-                pos = np.minimum(np.searchsorted(tid, qid), len(tid) - 1)
-                hit = np.flatnonzero(tid[pos] == qid)
-                mask[hit, pos[hit]] = False
+                _unmask_self(mask, tid, qid)
             cnt = np.count_nonzero(mask, axis=1)
             over = np.flatnonzero(fill + cnt > cap)
             if len(over):
@@ -243,3 +237,59 @@ def pooled_topk(Q: np.ndarray, blocks, k: int, q_ids: np.ndarray | None = None,
             fill += cnt
     d, i = sort_topk(pool_d, pool_i, k)
     return np.ascontiguousarray(d), np.ascontiguousarray(i)
+
+
+def _sq_dist64(Q: np.ndarray, q_sq: np.ndarray, X: np.ndarray) -> np.ndarray:
+    """Squared distances of float64 queries to rows X as ||q||^2 + ||x||^2 - 2 q.x, clipped at 0: one
+    formula for every pass over the reference, so a distance is the same number in each."""
+    Xt = np.asarray(X, np.float64)
+    d = Q @ Xt.T
+    d *= -2.0
+    d += q_sq[:, None] + sq_norms(Xt)[None, :]
+    return np.maximum(d, 0.0, out=d)
+
+
+def _unmask_self(mask: np.ndarray, tid: np.ndarray, qid: np.ndarray) -> None:
+    pos = np.minimum(np.searchsorted(tid, qid), len(tid) - 1)
+    hit = np.flatnonzero(tid[pos] == qid)
+    mask[hit, pos[hit]] = False
+
+
+def nearest_of_class(Q: np.ndarray, blocks, q_labels: np.ndarray, ref_labels: np.ndarray,
+                     q_ids: np.ndarray | None = None, exclude_self: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(distance, id) of each query's nearest reference sharing its label, ties by id; (inf, -1) when
+    none. ``blocks`` as for ``pooled_topk``; ``ref_labels`` indexed by global id."""
+    Q = np.ascontiguousarray(Q, dtype=np.float64)
+    q_sq, q_labels = sq_norms(Q), np.asarray(q_labels)
+    best_d, best_i = np.full(len(Q), np.inf), np.full(len(Q), -1, np.int64)
+    qid = None if q_ids is None else np.asarray(q_ids, np.int64)
+    for ids, X in blocks:
+        ids = np.asarray(ids, np.int64)
+        d = _sq_dist64(Q, q_sq, X)
+        ok = np.asarray(ref_labels)[ids][None, :] == q_labels[:, None]
+        if exclude_self and qid is not None:
+            _unmask_self(ok, ids, qid)
+        d[~ok] = np.inf
+        j = np.argmin(d, axis=1)          # the first of equal minima: the lowest id in this block
+        dj = d[np.arange(len(Q)), j]
+        better = dj < best_d               # an equal distance in a later block has a higher id
+        best_d[better], best_i[better] = dj[better], ids[j[better]]
+    return best_d, best_i
+
+
+def rank_before(Q: np.ndarray, blocks, dist: np.ndarray, ids_at: np.ndarray, q_ids: np.ndarray | None = None,
+                exclude_self: bool = False) -> np.ndarray:
+    """How many references come before (``dist``, ``ids_at``) in each query's (distance, id) order,
+    the query itself not counted: the place of that reference is this + 1."""
+    Q = np.ascontiguousarray(Q, dtype=np.float64)
+    q_sq = sq_norms(Q)
+    count = np.zeros(len(Q), np.int64)
+    qid = None if q_ids is None else np.asarray(q_ids, np.int64)
+    for ids, X in blocks:
+        ids = np.asarray(ids, np.int64)
+        d = _sq_dist64(Q, q_sq, X)
+        before = (d < dist[:, None]) | ((d == dist[:, None]) & (ids[None, :] < ids_at[:, None]))
+        if exclude_self and qid is not None:
+            _unmask_self(before, ids, qid)
+        count += np.count_nonzero(before, axis=1)
+    return count

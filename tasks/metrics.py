@@ -10,7 +10,8 @@ defines them (R = the query's relevant references, k its neighbour lists' length
   precision@1 = 1 if the nearest reference is relevant.
   r_precision = |relevant in the first min(R, k)| / min(R, k).
   map@r       = (1/R) sum over relevant ranks r <= min(R, k) of precision@r (MAP@R, Musgrave et al.).
-  mrr         = 1 / rank of the first relevant reference within k (0 when none is).
+  mrr         = 1 / rank of the first relevant reference (among all references, as PML's default
+                k = every reference has it).
   nmi, ami    = scikit-learn's normalised / adjusted mutual information of the labels and a k-means
                 clustering with one cluster per class.
 Classification: classes are ranked per query and top-1/top-5 error is the fraction of queries whose
@@ -143,7 +144,7 @@ def topk_errors(ranking: np.ndarray, y: np.ndarray, ks=(1, 5)) -> dict:
     return {k: ~(ranking[:, :k] == y[:, None]).any(axis=1) for k in ks}
 
 
-def knn_accuracy(same: np.ndarray, n_relevant: np.ndarray) -> dict:
+def knn_accuracy(same: np.ndarray, n_relevant: np.ndarray, first_rank: np.ndarray | None = None) -> dict:
     """Per-query precision@1, r_precision, map@r and mrr (pytorch-metric-learning's definitions).
 
     Parameters
@@ -151,6 +152,8 @@ def knn_accuracy(same: np.ndarray, n_relevant: np.ndarray) -> dict:
     same : (n, k) bool, True where the query's j-th nearest reference shares its label (the query
         itself already left out when it is among the references).
     n_relevant : (n,) R, the number of references sharing the query's label (itself not counted).
+    first_rank : (n,) optional place (1-based) of each query's first relevant reference in the whole
+        reference, used for the MRR of queries with none among their k (0: unknown, counts 0).
 
     Returns
     -------
@@ -167,7 +170,7 @@ def knn_accuracy(same: np.ndarray, n_relevant: np.ndarray) -> dict:
     with np.errstate(invalid="ignore", divide="ignore"):
         r_prec = hit.sum(1) / np.minimum(R, k)
         map_r = (np.cumsum(hit, 1) * hit / ranks).sum(1) / R   # divided by R, not min(R, k), as PML does
-    first = np.where(same.any(1), same.argmax(1) + 1, 0)
+    first = np.where(same.any(1), same.argmax(1) + 1, 0 if first_rank is None else first_rank)
     mrr = np.divide(1.0, first, out=np.zeros(n), where=first > 0)
     out = {"precision@1": same[:, 0].astype(np.float64) if k else np.zeros(n), "r_precision": r_prec,
            "map@r": map_r, "mrr": mrr}

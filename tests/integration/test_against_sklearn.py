@@ -81,7 +81,7 @@ def test_digits_accuracy_metrics_match_the_pml_definitions(client, tmp_path):
     X, y = load_digits(return_X_y=True)
     _, te = train_test_split(np.arange(len(y)), test_size=0.2, stratify=y, random_state=0)
     te = np.sort(te)
-    ref = pml_accuracy(X[te].astype(np.float32), y[te], k="max_bin_count")
+    ref = pml_accuracy(X[te].astype(np.float32), y[te])
     for name in ("map@r", "r_precision", "precision@1", "mrr"):
         assert record(m["records"], "identity", 64, name) == pytest.approx(ref[name], abs=1e-9), name
     assert 0.5 < record(m["records"], "identity", 64, "nmi") <= 1

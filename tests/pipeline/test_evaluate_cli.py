@@ -46,7 +46,7 @@ def test_all_against_all_equals_the_pml_definitions(client, tmp_path, fmt):
     out = tmp_path / "m.json"
     res = _run(path, "--labels", labels, "--cluster", client.scheduler.address, "--out", out)
     assert res.exit_code == 0, res.output
-    got, ref = _values(out), pml_accuracy(X, y, k="max_bin_count")
+    got, ref = _values(out), pml_accuracy(X, y)
     for name in ACC:
         assert got[name] == pytest.approx(ref[name], abs=1e-9), name
     assert -1 <= got["ami"] <= got["nmi"] <= 1
@@ -62,7 +62,7 @@ def test_separate_reference_with_a_lone_label_and_a_query_sample(client, tmp_pat
     res = _run(tmp_path / "q.npz", "--reference", tmp_path / "r.npz", "--cluster", client.scheduler.address,
                "--out", out)
     assert res.exit_code == 0, res.output
-    got, ref = _values(out), pml_accuracy(Q, yq, X, y, k="max_bin_count")
+    got, ref = _values(out), pml_accuracy(Q, yq, X, y)
     for name in ACC:
         assert got[name] == pytest.approx(ref[name], abs=1e-9), name
     # --queries N: a stratified sample queries all of the file, itself left out (PML's ref_includes_query
@@ -74,7 +74,7 @@ def test_separate_reference_with_a_lone_label_and_a_query_sample(client, tmp_pat
     assert res.exit_code == 0, res.output
     rows = stratified_subset(y, 30, [3, 20])
     order = np.r_[rows, np.setdiff1d(np.arange(len(y)), rows)]
-    ref = pml_accuracy(X[rows], y[rows], X[order], y[order], k="max_bin_count", ref_includes_query=True)
+    ref = pml_accuracy(X[rows], y[rows], X[order], y[order], ref_includes_query=True)
     got = _values(out)
     assert json.loads(out.read_text())[0]["params"]["queries"] == len(rows)
     for name in ACC:

@@ -12,7 +12,7 @@ NAMES = ("precision@1", "r_precision", "map@r", "mrr")
 
 
 def _blocks(X, sizes):
-    edges = np.cumsum([0, *sizes])
+    edges = np.minimum(np.cumsum([0, *sizes, len(X)]), len(X))
     return [(np.arange(a, b), X[a:b]) for a, b in zip(edges[:-1], edges[1:]) if b > a]
 
 
@@ -33,29 +33,27 @@ def test_pooled_topk_equals_brute_force_with_ties_and_pool_cuts(monkeypatch, see
 
 def test_pooled_topk_merges_across_reference_ranges():
     X, _ = tied_case(7, n_ref=200, dim=3)
-    whole = knn.pooled_topk(X[:30], _blocks(X, [200]), 25)
-    halves = knn.merge_topk(knn.pooled_topk(X[:30], _blocks(X, [120]), 25),
+    whole = knn.pooled_topk(X[:30], _blocks(X, [50, 70]), 25)
+    halves = knn.merge_topk(knn.pooled_topk(X[:30], [(np.arange(120), X[:120])], 25),
                             knn.pooled_topk(X[:30], [(np.arange(120, 200), X[120:])], 25), 25)
     np.testing.assert_array_equal(whole[1], halves[1])
 
 
-def _ours(Q, yq, X, y, self_in, q_ids=None):
+def _ours(Q, yq, X, y, self_in, sizes=None):
     R = evaluation.relevant_counts(yq, y, self_in)
-    k = evaluation.accuracy_k(R)
-    _, idx = knn.pooled_topk(Q, _blocks(X, [len(X)]), k, q_ids=np.arange(len(Q)) if q_ids is None else q_ids,
-                             exclude_self=self_in)
-    return evaluation.mean_accuracy(evaluation.topk_accuracy(idx, yq, y, R))
+    blocks = _blocks(X, sizes or [len(X)])
+    per_query = evaluation.neighbour_accuracy(Q, lambda: iter(blocks), yq, y, R, evaluation.accuracy_k(R),
+                                              np.arange(len(Q)), self_in)
+    return evaluation.mean_accuracy(per_query)
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_accuracy_equals_pml_definitions_query_set_is_reference_set(seed):
     X, y = tied_case(seed, n_ref=int(np.random.default_rng(seed).integers(20, 80)))
-    ours = _ours(X, y, X, y, True)
-    for name in NAMES:   # k = max_bin_count: the same k as ours, so MRR matches too
-        assert ours[name] == pytest.approx(pml_accuracy(X, y, k="max_bin_count")[name], abs=1e-12), name
-    full_k = pml_accuracy(X, y)                     # PML's default k (every reference)
-    for name in ("precision@1", "r_precision", "map@r"):
-        assert ours[name] == pytest.approx(full_k[name], abs=1e-12), name
+    ours = _ours(X, y, X, y, True, sizes=[7, 5, 30, 100])
+    ref = pml_accuracy(X, y)                         # PML's default k (every reference)
+    for name in NAMES:
+        assert ours[name] == pytest.approx(ref[name], abs=1e-12), name
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -63,19 +61,19 @@ def test_accuracy_equals_pml_definitions_with_separate_queries_and_lone_labels(s
     X, y, Q, yq = tied_case(seed, n_ref=50, n_query=30)
     yq[0] = 4                                        # at least one lone query (label 4 has no reference)
     ours = _ours(Q, yq, X, y, False)
-    ref = pml_accuracy(Q, yq, X, y, k="max_bin_count")
+    ref = pml_accuracy(Q, yq, X, y)
     for name in NAMES:
         assert ours[name] == pytest.approx(ref[name], abs=1e-12), name
 
 
-def test_mrr_differs_from_pml_default_k_only_beyond_the_largest_class():
-    # a query whose nearest same-label reference is ranked after k = max bin count: PML's default
-    # k (every reference) gives it 1/rank, ours (k = max bin count) 0
+def test_mrr_counts_a_first_relevant_reference_beyond_k():
+    # the nearest same-label reference of rows 0 and 4 ranks after k = max bin count: PML's default k
+    # (every reference) gives it 1/rank, as the extra passes do; PML's k="max_bin_count" gives 0
     X = np.array([[0.0], [1.0], [2.0], [3.0], [10.0]], np.float32)
     y = np.array([0, 1, 1, 1, 0])
     ours = _ours(X, y, X, y, True)
-    assert ours["mrr"] == pytest.approx(pml_accuracy(X, y, k="max_bin_count")["mrr"])
-    assert ours["mrr"] < pml_accuracy(X, y)["mrr"]
+    assert ours["mrr"] == pytest.approx(pml_accuracy(X, y)["mrr"])
+    assert ours["mrr"] > pml_accuracy(X, y, k="max_bin_count")["mrr"]
 
 
 def test_stage_retrieval_kernel_gives_the_same_accuracy():
@@ -84,7 +82,7 @@ def test_stage_retrieval_kernel_gives_the_same_accuracy():
     idx = np.arange(len(X))
     out = evaluation.retrieval(X, idx, idx, X, y, (1,), False, "euclidean", 16, 9, accuracy_k=evaluation.accuracy_k(R))
     ours = evaluation.mean_accuracy({k: out[k] for k in NAMES})
-    ref = pml_accuracy(X, y, k="max_bin_count")
+    ref = pml_accuracy(X, y)
     for name in NAMES:
         assert ours[name] == pytest.approx(ref[name], abs=1e-12), name
 
