@@ -182,9 +182,9 @@ def pooled_topk(Q: np.ndarray, blocks, k: int, q_ids: np.ndarray | None = None,
 
     ``block_topk`` merges every tile into a sorted list, a sort of k entries per tile; here each
     query keeps a pool of 2k + DB_TILE candidates and only entries at or below its current k-th
-    distance enter it; the pool is cut back to its k best (one sort) when it would overflow, as
-    faiss's reservoir does. A query sees about k (1 + ln(N / k)) entries enter in all, so the pool is
-    sorted a few times per query rather than once per tile.
+    distance enter it; the pool is cut back to its k best (a selection, np.partition) when it would
+    overflow, as faiss's reservoir does, and sorted once at the end. A query sees about
+    k (1 + ln(N / k)) entries enter in all, so the pool is cut a few times per query.
 
     Parameters
     ----------
@@ -209,12 +209,22 @@ def pooled_topk(Q: np.ndarray, blocks, k: int, q_ids: np.ndarray | None = None,
     thr = np.full(n, np.inf, np.float64)
     q_sq = sq_norms(Q)
 
-    def cut(rows):  # keep the k best (distance, id) of these rows' pools
-        d, i = sort_topk(pool_d[rows], pool_i[rows], k)
-        pool_d[rows, :k], pool_i[rows, :k] = d, i
+    def cut(rows):  # keep the k best (distance, id) of these rows' pools (each holds more than k)
+        pd, pi = pool_d[rows], pool_i[rows]
+        kth = np.partition(pd, k - 1, axis=1)[:, k - 1]   # a selection, not a sort: O(pool) per row
+        keep = pd < kth[:, None]
+        tie = pd == kth[:, None]
+        need = k - np.count_nonzero(keep, axis=1)           # ties to keep: those of lowest id
+        id_cut = np.full(len(rows), np.iinfo(np.int64).max)
+        for j in np.flatnonzero(np.count_nonzero(tie, axis=1) > need):   # rare: exact ties at the k-th
+            id_cut[j] = np.sort(pi[j][tie[j]])[need[j] - 1]
+        keep |= tie & (pi <= id_cut[:, None])
+        flat = np.flatnonzero(keep)                          # exactly k per row, in pool order
+        r, c = np.divmod(flat, cap)
+        pool_d[rows, :k] = pd[r, c].reshape(len(rows), k)
+        pool_i[rows, :k] = pi[r, c].reshape(len(rows), k)
         pool_d[rows, k:], pool_i[rows, k:] = np.inf, -1
-        fill[rows] = np.minimum(fill[rows], k)
-        thr[rows] = np.where(fill[rows] >= k, d[:, -1], np.inf)
+        fill[rows], thr[rows] = k, kth
 
     qid = None if q_ids is None else np.asarray(q_ids, np.int64)
     for ids, X in blocks:
@@ -235,7 +245,10 @@ def pooled_topk(Q: np.ndarray, blocks, k: int, q_ids: np.ndarray | None = None,
             slot = fill[r] + np.arange(len(flat)) - (np.cumsum(cnt) - cnt)[r]
             pool_d[r, slot], pool_i[r, slot] = d[r, c], tid[c]
             fill += cnt
-    d, i = sort_topk(pool_d, pool_i, k)
+    full = np.flatnonzero(fill > k)
+    if len(full):
+        cut(full)
+    d, i = sort_topk(pool_d[:, :k], pool_i[:, :k], k)
     return np.ascontiguousarray(d), np.ascontiguousarray(i)
 
 
