@@ -71,9 +71,8 @@ def main():
     np.save(qpath, stratified_subset(y, 10000, [0, 20]))
     ours = {r["metric"]: r["value"] for r in json.loads(open(args.out).read())}
     print("metricpipe:", {k: round(v, 6) for k, v in ours.items()})
-    try:
-        import pytorch_metric_learning  # noqa: F401
-    except ImportError:
+    import importlib.util
+    if importlib.util.find_spec("pytorch_metric_learning") is None:
         print("PML: not run (pip install -e '.[pml]')")
         return
     cap = int(args.pml_cap_gb * 2 ** 30)

@@ -29,7 +29,7 @@ from metricpipe.tasks.sparse import stratified_subset
 from metricpipe.tasks.validate import check_feature_block
 
 # A query group's pool (2k + tile candidates of 16 bytes, and the sort that cuts it) within this;
-# with k = 10,000 that is about 600 queries.
+# with k = 10,000 that is about 400 queries.
 POOL_BYTES = 4e8
 # Reference rows read at once: about this many bytes, whole chunks of a Zarr source.
 BLOCK_BYTES = 6.4e7
