@@ -65,6 +65,12 @@ def test_separate_reference_with_a_lone_label_and_a_query_sample(client, tmp_pat
     got, ref = _values(out), pml_accuracy(Q, yq, X, y)
     for name in ACC:
         assert got[name] == pytest.approx(ref[name], abs=1e-9), name
+    assert json.loads(out.read_text())[0]["params"]["lone_queries"] == int((yq == 4).sum())
+    # the same roles given the other way: --queries FILE against EMBEDDINGS as the reference
+    res = _run(tmp_path / "r.npz", "--queries", tmp_path / "q.npz", "--cluster", client.scheduler.address,
+               "--out", out)
+    assert res.exit_code == 0, res.output
+    assert {m: v for m, v in _values(out).items() if m in ACC} == {m: v for m, v in got.items() if m in ACC}
     # --queries N: a stratified sample queries all of the file, itself left out (PML's ref_includes_query
     # with the queries first; continuous values, so no tie depends on the layout)
     from metricpipe.tasks.sparse import stratified_subset
