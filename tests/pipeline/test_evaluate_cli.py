@@ -31,6 +31,17 @@ def _write(fmt, path, X, y):
     if fmt == "npz":
         np.savez(path.with_suffix(".npz"), X=X, y=y)
         return path.with_suffix(".npz"), "y"
+    if fmt == "h5":
+        import h5py
+        with h5py.File(path.with_suffix(".h5"), "w") as f:
+            f["X"], f["y"] = X, y
+        return path.with_suffix(".h5"), "y"
+    if fmt == "zarr":
+        import zarr
+        g = zarr.open_group(store=str(path.with_suffix(".zarr")), mode="w")
+        g.create_array("X", shape=X.shape, chunks=(40, X.shape[1]), dtype=X.dtype)[:] = X   # 40-row chunks
+        g.create_array("y", shape=y.shape, dtype=y.dtype)[:] = y
+        return path.with_suffix(".zarr"), "y"
     import pyarrow as pa
     import pyarrow.parquet as pq
     table = pa.table({"X": pa.array(list(X), pa.list_(pa.float32())), "y": pa.array(y)})
@@ -39,7 +50,7 @@ def _write(fmt, path, X, y):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("fmt", ["npy", "npz", "parquet"])
+@pytest.mark.parametrize("fmt", ["npy", "npz", "h5", "zarr", "parquet"])
 def test_all_against_all_equals_the_pml_definitions(client, tmp_path, fmt):
     X, y = tied_case(11, n_ref=150, dim=3, classes=5)
     path, labels = _write(fmt, tmp_path / "emb", X, y)
