@@ -152,6 +152,7 @@ def _group(q_reader, q_rows: np.ndarray, scans, r_reader, r_blocks: list, where:
         Q = _read(q_reader, int(q_rows[0]), int(q_rows[-1]) + 1, where)
     else:
         Q = _pick(scans, q_rows)
+
     def stream():
         return ((np.arange(a, b), _read(r_reader, a, b, where)) for a, b in r_blocks)
     out = evaluation.neighbour_accuracy(Q, stream, q_labels, r_labels, n_relevant, k, q_rows, self_in)
@@ -166,8 +167,8 @@ def group_size(k: int, n_queries: int, workers: int) -> int:
 
 
 def evaluate_embeddings(client, q: Side, rows: np.ndarray, ref: Side, self_in: bool, seed: int = 0,
-                        log=print) -> tuple[list[dict], dict]:
-    """Records (metricpipe's ``metrics.json`` form) and facts about the run (k, queries, tasks)."""
+                        log=print) -> list[dict]:
+    """Metric records of the queries ``rows`` of ``q`` against ``ref``, in ``metrics.json``'s form."""
     yq = q.labels[rows]
     R = evaluation.relevant_counts(yq, ref.labels, self_in)
     if not (R > 0).any():
@@ -177,8 +178,6 @@ def evaluate_embeddings(client, q: Side, rows: np.ndarray, ref: Side, self_in: b
     n_clusters = len(np.unique(yq))
     rng = np.random.default_rng([seed, 21])
     km = np.sort(rng.choice(len(rows), min(len(rows), KMEANS_ROWS_PER_CLUSTER * n_clusters), replace=False))
-    if n_clusters > len(km):
-        raise InputError(f"{q.path}: {len(km)} queries for {n_clusters} classes ({q.option}); give more queries")
     sampled = len(rows) < q.reader.shape[0]
     wanted = rows if sampled else rows[km]
     q_where = f"{q.path} ({q.option})"
@@ -210,7 +209,7 @@ def evaluate_embeddings(client, q: Side, rows: np.ndarray, ref: Side, self_in: b
                        "queries": len(rows), "reference": ref.path, "references": int(ref.reader.shape[0]),
                        "k": k, "self_excluded": self_in, "lone_queries": int((R == 0).sum())},
             "classifier": None}
-    return [{**base, "metric": m, "value": values[m]} for m in (*METRICS, "nmi", "ami")], {"k": k}
+    return [{**base, "metric": m, "value": values[m]} for m in (*METRICS, "nmi", "ami")]
 
 
 def write_records(path: str, records: list[dict]) -> None:

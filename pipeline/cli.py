@@ -320,7 +320,7 @@ def evaluate(embeddings, labels, features, queries, reference, query_labels, ref
     with connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard, cfg.tls) as client:
         _echo(f"Dashboard: {client.dashboard_link}")
         t0 = time.perf_counter()
-        records, _ = evaluate_embeddings(client, q, rows, ref, self_in, seed, log=_echo)
+        records = evaluate_embeddings(client, q, rows, ref, self_in, seed, log=_echo)
         seconds = time.perf_counter() - t0
         peaks = _peak_rss(client)
     if out:
