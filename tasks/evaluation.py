@@ -194,13 +194,6 @@ def topk_same(idx: np.ndarray, query_labels: np.ndarray, ref_labels: np.ndarray)
     return (nb == np.asarray(query_labels)[:, None]) & (idx >= 0)
 
 
-def topk_accuracy(idx: np.ndarray, query_labels: np.ndarray, ref_labels: np.ndarray,
-                  n_relevant: np.ndarray, first_rank: np.ndarray | None = None) -> dict:
-    """Per-query map@r, r_precision, precision@1 and mrr from the queries' ordered neighbour lists
-    ``idx`` (n, k) of reference rows (-1: none); see ``metrics.knn_accuracy``."""
-    return metrics.knn_accuracy(topk_same(idx, query_labels, ref_labels), n_relevant, first_rank)
-
-
 def neighbour_accuracy(Q: np.ndarray, blocks, query_labels: np.ndarray, ref_labels: np.ndarray,
                        n_relevant: np.ndarray, k: int, q_ids: np.ndarray | None = None,
                        exclude_self: bool = False) -> dict:
