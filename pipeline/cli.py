@@ -324,6 +324,48 @@ def add_classes_cmd(store, new_data, features, labels, model, hierarchy, prior_w
 
 
 @main.command()
+@click.argument("embeddings", type=click.Path(exists=False))
+@click.option("--labels", default="y", show_default=True, help="Label array or column name inside the file, or a .npy path.")
+@click.option("--features", default="X", show_default=True, help="Embedding array (npz/h5/zarr) or list column (parquet).")
+@click.option("--queries", help="N: a seeded, class-stratified sample of N rows queries all; or a FILE of queries.")
+@click.option("--reference", type=click.Path(exists=False), help="A FILE of references the EMBEDDINGS query.")
+@click.option("--query-labels", help="Labels of --queries FILE (default: --labels when it is a name).")
+@click.option("--reference-labels", help="Labels of --reference FILE (default: --labels when it is a name).")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Query sample and k-means seed.")
+@click.option("--out", type=click.Path(dir_okay=False), help="Write the metric records (JSON) here.")
+@_cluster_options
+@handle_errors
+def evaluate(embeddings, labels, features, queries, reference, query_labels, reference_labels, seed, out, cluster,
+             workers, memory_limit):
+    """MAP@R, R-precision, precision@1, MRR, NMI and AMI of EMBEDDINGS (npy, npz, h5, zarr, parquet) as
+    pytorch-metric-learning's AccuracyCalculator defines them, out of core on the cluster."""
+    import time
+
+    from metricpipe.assess import evaluate_embeddings, plan_sides, write_records
+    from metricpipe.cluster import connect
+    from metricpipe.runner import _peak_rss
+
+    if out and not Path(out).resolve().parent.is_dir():
+        raise InputError(f"{out}: its folder does not exist (--out); create it or choose another path")
+    q, rows, ref, self_in = plan_sides(embeddings, features, labels, queries, reference, query_labels,
+                                       reference_labels, seed)
+    cfg = _apply(parse_config({"data": {"source": "digits"}}, where="metricpipe evaluate"), None, cluster, workers,
+                 memory_limit)
+    with connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard, cfg.tls) as client:
+        _echo(f"Dashboard: {client.dashboard_link}")
+        t0 = time.perf_counter()
+        records = evaluate_embeddings(client, q, rows, ref, self_in, seed, log=_echo)
+        seconds = time.perf_counter() - t0
+        peaks = _peak_rss(client)
+    if out:
+        write_records(out, records)
+    for r in records:
+        click.echo(f"{r['metric']:<12} {r['value']:.6f}")
+    _echo(f"evaluated in {seconds:.1f} s; peak RSS: " + ", ".join(f"{who} {mb:,.0f} MB" for who, mb in peaks)
+          + (f"; records in {out}" if out else ""))
+
+
+@main.command()
 @click.argument("store")
 @click.argument("data", type=click.Path(exists=False))
 @click.option("--model", required=True, help="Key (or key prefix) of a model in STORE (`metricpipe models STORE`).")

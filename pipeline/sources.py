@@ -158,10 +158,73 @@ class ZarrReader:
         a = zarr.open_array(store=f"{self.path}/{key}", mode="r")
         check_zarr_complete(a, path, key, "data.features")
         self.shape, self.dtype = a.shape, a.dtype
+        self.chunk_rows = a.chunks[0]   # readers of whole chunks decompress each once
 
     def read(self, start, stop):
         import zarr
         return zarr.open_array(store=f"{self.path}/{self.key}", mode="r")[start:stop]
+
+
+class ParquetReader:
+    """A list (or fixed-size list) column of a Parquet file, one embedding per row, read by row groups
+    (pyarrow)."""
+
+    def __init__(self, path, key):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        self.path, self.key = str(path), key
+        pf = pq.ParquetFile(self.path)
+        names = pf.schema_arrow.names
+        if key not in names:
+            raise InputError(f"{self.path}: no column {key!r} (data.features); it holds {names}")
+        t = pf.schema_arrow.field(key).type
+        if not (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)) \
+                or not (pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)):
+            raise InputError(f"{self.path}: column {key!r} (data.features) is {t}; expected a list of numbers "
+                             f"per row (one embedding per row)")
+        self.dtype = np.dtype(t.value_type.to_pandas_dtype())
+        sizes = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
+        self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        n = int(self.starts[-1])
+        dim = t.list_size if pa.types.is_fixed_size_list(t) else \
+            (len(self.read_groups(0, 1)[0]) if n else 0)
+        self.shape = (n, dim)
+
+    def read_groups(self, start, stop):
+        import pyarrow.parquet as pq
+        g0 = int(np.searchsorted(self.starts, start, side="right")) - 1
+        g1 = int(np.searchsorted(self.starts, stop, side="left"))
+        col = pq.ParquetFile(self.path).read_row_groups(list(range(g0, g1)), columns=[self.key]).column(0)
+        col = col.slice(start - int(self.starts[g0]), stop - start).combine_chunks()
+        return col.to_numpy(zero_copy_only=False)
+
+    def read(self, start, stop):
+        rows = self.read_groups(start, stop)
+        if not len(rows):
+            return np.empty((0, self.shape[1]), self.dtype)
+        lengths = {len(r) for r in rows}
+        if lengths != {self.shape[1]}:
+            raise InputError(f"{self.path}: column {self.key!r} has rows of lengths {sorted(lengths)[:4]} in rows "
+                             f"{start}..{stop - 1} against {self.shape[1]}; every embedding needs one length")
+        return np.stack(rows).astype(self.dtype, copy=False)
+
+
+class _ParquetColumns:
+    """The scalar columns of a Parquet file (labels, ids), each read whole when asked for."""
+
+    def __init__(self, path):
+        import pyarrow.parquet as pq
+        self.path, self.names = str(path), pq.ParquetFile(str(path)).schema_arrow.names
+
+    def __contains__(self, key):
+        return key in self.names
+
+    def keys(self):
+        return self.names
+
+    def __getitem__(self, key):
+        import pyarrow.parquet as pq
+        return pq.read_table(self.path, columns=[key]).column(0).to_numpy(zero_copy_only=False)
 
 
 class VecsReader:
@@ -384,6 +447,12 @@ def _open_path(cfg: DataConfig, path: Path) -> Source:
         y = None if not want else _labels_from_npy(cfg) if separate_labels else \
             _column(cols, cfg.labels, path, "data.labels")
         extra = _extra_columns(cfg, cols, path)
+    elif suffix in (".parquet", ".pq"):
+        reader = ParquetReader(path, cfg.features)
+        cols = _ParquetColumns(path)
+        y = None if not want else _labels_from_npy(cfg) if separate_labels else \
+            _column(cols, cfg.labels, path, "data.labels")
+        extra = _extra_columns(cfg, cols, path)
     elif suffix in (".fvecs", ".bvecs"):
         reader = VecsReader(path)
         if want and not separate_labels:
@@ -398,7 +467,7 @@ def _open_path(cfg: DataConfig, path: Path) -> Source:
                              f"train-/t10k- images and labels IDX files")
         y = _labels_from_npy(cfg) if want else None
     else:
-        raise InputError(f"{path}: unknown format (data.path); use .npy, .npz, .h5, .zarr, .fvecs, .bvecs "
+        raise InputError(f"{path}: unknown format (data.path); use .npy, .npz, .h5, .zarr, .parquet, .fvecs, .bvecs "
                          f"or an IDX file/folder")
     if len(reader.shape) != 2:
         raise InputError(f"{path}: features must be a 2-D (sample, feature) array; got shape "

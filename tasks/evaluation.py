@@ -17,12 +17,17 @@ def scores(Q: np.ndarray, X: np.ndarray, score: str, x_sq: np.ndarray | None = N
 
 
 def retrieval(Q: np.ndarray, q_idx: np.ndarray, db_idx: np.ndarray, db_rows, rel_key: np.ndarray, ks: tuple,
-              ukb: bool, score: str, chunk_rows: int, group: int) -> dict:
+              ukb: bool, score: str, chunk_rows: int, group: int, accuracy_k: int | None = None,
+              centroids: np.ndarray | None = None) -> dict:
     """Per-query retrieval scores (``ap``, ``prec`` and ``recall`` at each k, ``ukb4``) of the queries
     Q (rows ``q_idx``) against the database rows ``db_idx`` (sorted), ``group`` queries at a time;
     relevance is equal ``rel_key``; a query that is in the database is not its own hit.
 
     db_rows : callable giving the database rows db_idx[a:b] for (a, b), or the whole database array.
+    accuracy_k : when given, also the AccuracyCalculator's per-query ``map@r``, ``r_precision``,
+        ``precision@1`` and ``mrr`` from each query's first ``accuracy_k`` neighbours in ``score``'s
+        order, ties by database row.
+    centroids : when given, ``cluster``: the nearest centroid of each query (for NMI/AMI).
     """
     n_db = len(db_idx)
     X = db_rows if isinstance(db_rows, np.ndarray) else None
@@ -48,6 +53,12 @@ def retrieval(Q: np.ndarray, q_idx: np.ndarray, db_idx: np.ndarray, db_rows, rel
         out = metrics.retrieval_scores(d, relevant, ks, work=work)
         if ukb:
             out["ukb4"] = metrics.ukb_score(d, relevant)
+        if accuracy_k:
+            top = knn.distance_topk(d, np.arange(n_db), accuracy_k)[1]
+            same = np.take_along_axis(relevant, np.maximum(top, 0), 1) & (top >= 0)
+            out.update(metrics.knn_accuracy(same, out["n_relevant"], first_relevant_rank(d, relevant)))
+        if centroids is not None:
+            out["cluster"] = nearest_centroid(Q[s:s + group], centroids)
         parts.append(out)
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
@@ -172,3 +183,82 @@ def validation_score(est, metric: str, Xv: np.ndarray, yv: np.ndarray, Xr: np.nd
         errs = softvote_errors(Qv, yv, nbr, Cr, np.arange(len(Cr)), yr, [k], n_classes)[metric][0]
         return float(np.mean(errs))
     raise ValueError(f"unknown selection metric {metric!r}; use knnK, softvoteK, ncm, ncmc or map")
+
+
+# ---- pytorch-metric-learning's AccuracyCalculator metrics (map@r, r_precision, precision@1, mrr, nmi, ami)
+
+def relevant_counts(query_labels: np.ndarray, ref_labels: np.ndarray, self_in_ref: bool) -> np.ndarray:
+    """R of every query: the references sharing its label, less the query itself when the queries
+    are among the references (integer labels >= 0)."""
+    counts = np.bincount(np.asarray(ref_labels, np.int64), minlength=int(np.max(query_labels)) + 1)
+    return counts[np.asarray(query_labels, np.int64)] - int(self_in_ref)
+
+
+def accuracy_k(n_relevant: np.ndarray) -> int:
+    """The neighbours each query needs: the largest R over the queries' labels (the AccuracyCalculator's
+    ``k="max_bin_count"``, less the query itself), so R-precision and MAP@R see all R places."""
+    return max(1, int(np.max(n_relevant)))
+
+
+def topk_same(idx: np.ndarray, query_labels: np.ndarray, ref_labels: np.ndarray) -> np.ndarray:
+    """(n, k) True where the neighbour ``idx`` (reference rows, -1: none) shares the query's label."""
+    nb = np.where(idx >= 0, np.asarray(ref_labels)[np.maximum(idx, 0)], -1)
+    return (nb == np.asarray(query_labels)[:, None]) & (idx >= 0)
+
+
+def neighbour_accuracy(Q: np.ndarray, blocks, query_labels: np.ndarray, ref_labels: np.ndarray,
+                       n_relevant: np.ndarray, k: int, q_ids: np.ndarray | None = None,
+                       exclude_self: bool = False) -> dict:
+    """Per-query map@r, r_precision, precision@1 and mrr of the queries Q against a streamed reference.
+
+    blocks : a callable giving a fresh iterable of (ids, rows) over the reference (global ids, sorted);
+        it is streamed once into a pooled top-k (``knn.pooled_topk``), and twice more for the few
+        queries with no relevant reference among their k (their MRR needs the place of the first one:
+        the nearest of their class, then the references before it).
+    ref_labels : indexed by global id; n_relevant : R of every query; k : ``accuracy_k(R)``.
+    """
+    _, idx = knn.pooled_topk(Q, blocks(), k, q_ids=q_ids, exclude_self=exclude_self)
+    same = topk_same(idx, query_labels, ref_labels)
+    first = np.zeros(len(Q), np.int64)
+    miss = np.flatnonzero((np.asarray(n_relevant) > 0) & ~same.any(1))
+    if len(miss):
+        qi = None if q_ids is None else np.asarray(q_ids)[miss]
+        d, i = knn.nearest_of_class(Q[miss], blocks(), np.asarray(query_labels)[miss], ref_labels, qi, exclude_self)
+        first[miss] = knn.rank_before(Q[miss], blocks(), d, i, qi, exclude_self) + 1
+    return metrics.knn_accuracy(same, n_relevant, first)
+
+
+def first_relevant_rank(d: np.ndarray, relevant: np.ndarray) -> np.ndarray:
+    """Place (1-based) of each query's first relevant item in its (distance, column) order, from full
+    distance rows (n, m); 0 for a query with none."""
+    dm = np.where(relevant, d, np.inf)
+    best = dm.min(1)
+    col = np.argmax(relevant & (dm == best[:, None]), axis=1)
+    cols = np.arange(d.shape[1])[None, :]
+    before = (d < best[:, None]) | ((d == best[:, None]) & (cols < col[:, None]))
+    return np.where(relevant.any(1), np.count_nonzero(before, axis=1) + 1, 0)
+
+
+def kmeans_fit(X: np.ndarray, n_clusters: int, seed, iters: int = 20) -> np.ndarray:
+    """Centroids (n_clusters, D) of rows held in memory: k-means++ seeds and up to ``iters`` Lloyd
+    steps (the AccuracyCalculator runs faiss's k-means, 20 iterations, on at most 256 rows per
+    centroid; the caller passes such a sample)."""
+    X = np.asarray(X, np.float64)
+    C = ncmml.kmeans_plus_plus(X, n_clusters, np.random.default_rng(seed))
+    zeros, owner = np.zeros(len(X), np.int64), np.zeros(n_clusters, np.int64)
+    for _ in range(iters):
+        new = ncmml.lloyd_update(C, *ncmml.lloyd_partial(X, zeros, C, owner))
+        if np.array_equal(new, C):
+            break
+        C = new
+    return C
+
+
+def nearest_centroid(X: np.ndarray, C: np.ndarray) -> np.ndarray:
+    """The cluster of every row: its nearest centroid (ties to the lower index)."""
+    return ncmml.assign(np.asarray(X, np.float64), C)
+
+
+def mean_accuracy(per_query: dict) -> dict:
+    """Averages over the queries whose label has references (nan rows are the lone queries)."""
+    return {k: float(np.nanmean(v)) if np.isfinite(v).any() else float("nan") for k, v in per_query.items()}

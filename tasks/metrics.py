@@ -5,6 +5,15 @@ Retrieval: every query ranks the whole database by ascending distance (ties hand
   prec@K  = |relevant in top K| / K; mprec@K averages it per class, then over classes (NML paper).
   recall@K = |relevant in top K| / R.
   ukb4    = the UKB score: number of the query's group of four (itself included) in its top 4.
+Retrieval from each query's first k neighbours, as pytorch-metric-learning's AccuracyCalculator
+defines them (R = the query's relevant references, k its neighbour lists' length):
+  precision@1 = 1 if the nearest reference is relevant.
+  r_precision = |relevant in the first min(R, k)| / min(R, k).
+  map@r       = (1/R) sum over relevant ranks r <= min(R, k) of precision@r (MAP@R, Musgrave et al.).
+  mrr         = 1 / rank of the first relevant reference (among all references, as PML's default
+                k = every reference has it).
+  nmi, ami    = scikit-learn's normalised / adjusted mutual information of the labels and a k-means
+                clustering with one cluster per class.
 Classification: classes are ranked per query and top-1/top-5 error is the fraction of queries whose
 true class is not among the first 1/5.
 """
@@ -133,3 +142,45 @@ def nearest_mean_ranking(Q: np.ndarray, means: np.ndarray) -> np.ndarray:
 def topk_errors(ranking: np.ndarray, y: np.ndarray, ks=(1, 5)) -> dict:
     """Per-query 0/1 errors: true class not among the first k of ``ranking`` for each k."""
     return {k: ~(ranking[:, :k] == y[:, None]).any(axis=1) for k in ks}
+
+
+def knn_accuracy(same: np.ndarray, n_relevant: np.ndarray, first_rank: np.ndarray | None = None) -> dict:
+    """Per-query precision@1, r_precision, map@r and mrr (pytorch-metric-learning's definitions).
+
+    Parameters
+    ----------
+    same : (n, k) bool, True where the query's j-th nearest reference shares its label (the query
+        itself already left out when it is among the references).
+    n_relevant : (n,) R, the number of references sharing the query's label (itself not counted).
+    first_rank : (n,) optional place (1-based) of each query's first relevant reference in the whole
+        reference, used for the MRR of queries with none among their k (0: unknown, counts 0).
+
+    Returns
+    -------
+    dict of (n,) float64 arrays; a query with R = 0 (its label absent from the reference) gets nan,
+    and is left out of the averages as the AccuracyCalculator leaves such "lone" queries out.
+    """
+    same = np.asarray(same, bool)
+    n, k = same.shape
+    R = np.asarray(n_relevant, np.int64)
+    lone = R == 0
+    ranks = np.arange(1, k + 1)
+    within_r = ranks[None, :] <= np.minimum(R, k)[:, None]     # the first min(R, k) places
+    hit = same & within_r
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r_prec = hit.sum(1) / np.minimum(R, k)
+        map_r = (np.cumsum(hit, 1) * hit / ranks).sum(1) / R   # divided by R, not min(R, k), as PML does
+    first = np.where(same.any(1), same.argmax(1) + 1, 0 if first_rank is None else first_rank)
+    mrr = np.divide(1.0, first, out=np.zeros(n), where=first > 0)
+    out = {"precision@1": same[:, 0].astype(np.float64) if k else np.zeros(n), "r_precision": r_prec,
+           "map@r": map_r, "mrr": mrr}
+    return {name: np.where(lone, np.nan, v) for name, v in out.items()}
+
+
+def clustering_scores(labels: np.ndarray, clusters: np.ndarray) -> dict:
+    """NMI and AMI (arithmetic normalisation) of ``clusters`` against ``labels``: scikit-learn's
+    ``normalized_mutual_info_score`` and ``adjusted_mutual_info_score``, as the AccuracyCalculator
+    calls them."""
+    from sklearn.metrics import adjusted_mutual_info_score, normalized_mutual_info_score
+    return {"nmi": float(normalized_mutual_info_score(labels, clusters)),
+            "ami": float(adjusted_mutual_info_score(labels, clusters))}

@@ -18,14 +18,25 @@ from metricpipe.stages.common import DataInfo, TEST, TRAIN, _timed, _tree_combin
 
 
 def _retrieval_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, db_idx: np.ndarray,
-                     rel_key: np.ndarray, ks: tuple, ukb: bool, chunk_rows: int, group: int) -> dict:
+                     rel_key: np.ndarray, ks: tuple, ukb: bool, chunk_rows: int, group: int,
+                     accuracy_k: int | None = None, centroids: np.ndarray | None = None) -> dict:
     """Queries ``q_idx`` against database ``db_idx`` (global rows, sorted). The database is read once
     per task when it fits in RETRIEVAL_DB_BYTES (the test rows are spread over every row-block, so a
     read is a pass over the whole array), else streamed again for every group of queries."""
     Q = read_rows(q_url, q_idx)
     fits = len(db_idx) * open_array(db_url).shape[1] * 4 <= RETRIEVAL_DB_BYTES
     db = read_rows(db_url, db_idx) if fits else (lambda a, b: read_rows(db_url, db_idx[a:b]))
-    return evaluation.retrieval(Q, q_idx, db_idx, db, rel_key, ks, ukb, score, chunk_rows, group)
+    return evaluation.retrieval(Q, q_idx, db_idx, db, rel_key, ks, ukb, score, chunk_rows, group, accuracy_k,
+                                centroids)
+
+
+# k-means for NMI/AMI is fitted on at most this many query rows per class (faiss's default cap, which
+# pytorch-metric-learning's AccuracyCalculator uses), read in one task.
+KMEANS_ROWS_PER_CLASS = 256
+
+
+def _query_centroids(q_url: str, rows: np.ndarray, n_clusters: int, seed) -> np.ndarray:
+    return evaluation.kmeans_fit(read_rows(q_url, rows), n_clusters, seed)
 
 
 def _classify_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, train_blocks: list,
@@ -87,8 +98,10 @@ RETRIEVAL_TASKS = 8
 
 
 def _query_group(n_db: int, budget_bytes: float = EVAL_BUDGET - RETRIEVAL_DB_BYTES) -> int:
-    """Queries scored at once: 24 bytes per query x database entry within ``budget_bytes``."""
-    return int(max(1, budget_bytes // max(1, n_db * 24)))
+    """Queries scored at once: 36 bytes per query x database entry within ``budget_bytes`` (24 for the
+    distances, their sorted copy and masks; 12 for the map@r top-k selection and MRR's first-relevant
+    ranks, issue 20)."""
+    return int(max(1, budget_bytes // max(1, n_db * 36)))
 
 
 def _query_blocks(idx: np.ndarray, n_db: int) -> list[np.ndarray]:
@@ -117,6 +130,11 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
         raise InputError(f"{ctx.config.source_file}: evaluate: softvote classifiers need the neighbours stage; "
                          f"add neighbours: {{k: 50}}")
     graph_url = neighbours.url if neighbours is not None else None
+    # map@r & co. (test queries against the test set, itself left out): k = the largest class less one
+    acc_k = evaluation.accuracy_k(evaluation.relevant_counts(rel_key[queries], rel_key[test], True))
+    n_clusters = len(np.unique(data.labels[queries]))
+    km_rows = np.sort(np.random.default_rng([ctx.config.seed, 32]).choice(
+        queries, min(len(queries), KMEANS_ROWS_PER_CLASS * n_clusters), replace=False))
     out, jobs, costs = [], [], {}
     for spec, cunit, dim in codes:
         unit = ctx.store.unit("evaluation", hash_key({"stage": "evaluation", "seed": ctx.config.seed, "codes": cunit.key,
@@ -138,8 +156,11 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
                 parts = [ctx.submit(_moments_block, data.url, a, b, len(data.classes), False, db_url,
                                     name="ncm-means") for a, b in data.chunks]
                 means = ctx.submit(_class_means, _tree_combine(ctx, parts, "ncm-combine"), name="ncm-means")
+            cents = ctx.submit(_query_centroids, q_url, km_rows, n_clusters, [ctx.config.seed, 33],
+                               name=f"kmeans-{model_id(spec)}") if ev.retrieval else None
             ret = [ctx.submit(_retrieval_block, q_url, db_url, score, q, test, rel_f, ev.retrieval_k, ukb,
-                              data.chunk_rows, _query_group(len(test)), name=f"retrieval-{model_id(spec)}")
+                              data.chunk_rows, _query_group(len(test)), acc_k, cents,
+                              name=f"retrieval-{model_id(spec)}")
                    for q in _query_blocks(queries, len(test))] if ev.retrieval else []
             ncm_model = None
             if view == "codes" and hasattr(registry.estimator_class(spec["method"], spec), "predict_proba"):
@@ -174,6 +195,9 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
     return out
 
 
+ACCURACY_METRICS = ("map@r", "r_precision", "precision@1", "mrr")
+
+
 def _records(spec: dict, dim: int, ev, test_labels: np.ndarray, ret_res: list, cls_res: list,
              extra: dict | None = None, trained_on: list | None = None,
              query_labels: np.ndarray | None = None) -> list[dict]:
@@ -192,6 +216,12 @@ def _records(spec: dict, dim: int, ev, test_labels: np.ndarray, ret_res: list, c
                          "value": float(np.nanmean(cat["recall"][:, j]))})
         if "ukb4" in cat:
             recs.append({**base, "classifier": None, "metric": "ukb4", "value": float(cat["ukb4"].mean())})
+        if "map@r" in cat:   # pytorch-metric-learning's AccuracyCalculator metrics (tasks.metrics)
+            acc = evaluation.mean_accuracy({m: cat[m] for m in ACCURACY_METRICS})
+            recs.extend({**base, "classifier": None, "metric": m, "value": acc[m]} for m in ACCURACY_METRICS)
+        if "cluster" in cat:
+            acc = metrics.clustering_scores(query_labels, cat["cluster"])
+            recs.extend({**base, "classifier": None, "metric": m, "value": acc[m]} for m in ("nmi", "ami"))
     if cls_res:
         # a model trained on some classes only is also scored on the test images of the others
         new = None if not trained_on else ~np.isin(test_labels, trained_on)

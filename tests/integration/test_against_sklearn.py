@@ -68,3 +68,21 @@ def test_full_fashion_mnist_example_matches_sklearn(tmp_path):
     print(f"\nfashion-mnist run {seconds:.1f} s; PCA-32 mAP {ours_map:.4f} vs sklearn {ref_map:.4f}; "
           f"kNN-1 error {ours_err:.4f} vs sklearn {ref_err:.4f}")
     assert abs(ours_map - ref_map) < 0.005 and abs(ours_err - ref_err) < 0.005
+
+
+def test_digits_accuracy_metrics_match_the_pml_definitions(client, tmp_path):
+    """map@r, r_precision, precision@1 and mrr of the evaluate stage (test queries the rest of test)
+    equal the AccuracyCalculator's definitions on the same codes: identity codes are digits' integer
+    pixels, so distances tie exactly and the order of tied rows matters."""
+    from tests.pml_reference import pml_accuracy
+
+    m = run({"store": str(tmp_path), "data": {"source": "digits", "split": {"test": 0.2, "seed": 0, "val": 0}},
+             "methods": [{"method": "identity"}], "evaluate": EVAL}, client)
+    X, y = load_digits(return_X_y=True)
+    _, te = train_test_split(np.arange(len(y)), test_size=0.2, stratify=y, random_state=0)
+    te = np.sort(te)
+    ref = pml_accuracy(X[te].astype(np.float32), y[te])
+    for name in ("map@r", "r_precision", "precision@1", "mrr"):
+        assert record(m["records"], "identity", 64, name) == pytest.approx(ref[name], abs=1e-9), name
+    assert 0.5 < record(m["records"], "identity", 64, "nmi") <= 1
+    assert 0.5 < record(m["records"], "identity", 64, "ami") <= 1

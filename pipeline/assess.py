@@ -1,0 +1,223 @@
+"""``metricpipe evaluate EMBEDDINGS``: pytorch-metric-learning's AccuracyCalculator metrics (map@r,
+r_precision, precision@1, mrr, nmi, ami) of any embeddings, out of core on the cluster.
+
+Who queries whom (PML's ``get_accuracy``):
+- EMBEDDINGS alone: every row queries all the others (the query set is the reference set, so a query
+  never counts itself; R = its class count - 1).
+- ``--queries N``: a seeded, class-stratified sample of N rows queries all of EMBEDDINGS (itself left out).
+- ``--queries FILE``: FILE's rows query EMBEDDINGS; ``--reference FILE``: EMBEDDINGS query FILE's rows.
+
+The work: one scan over the inputs (finite values; the sampled query rows are picked up on the way),
+k-means centroids fitted on a seeded sample of at most 256 query rows per class (faiss's default
+cap, which the AccuracyCalculator's k-means uses), then one task per group of queries that streams
+the reference in row blocks into a pooled top-k (``tasks.knn.pooled_topk``, k = the largest class,
+PML's ``max_bin_count``) and returns each query's metrics and cluster. No task holds the reference:
+a group's memory is its queries and its pool, sized to POOL_BYTES.
+"""
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from metricpipe.config import DataConfig
+from metricpipe.sources import open_source
+from metricpipe.tasks import evaluation, knn, metrics
+from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.sparse import stratified_subset
+from metricpipe.tasks.validate import check_feature_block
+
+# A query group's pool (2k + tile candidates of 16 bytes, and the sort that cuts it) within this;
+# with k = 10,000 that is about 400 queries.
+POOL_BYTES = 4e8
+# Reference rows read at once: about this many bytes, whole chunks of a Zarr source.
+BLOCK_BYTES = 6.4e7
+KMEANS_ROWS_PER_CLUSTER = 256
+METRICS = ("map@r", "r_precision", "precision@1", "mrr")
+
+
+@dataclass(frozen=True)
+class Side:
+    """One input: its reader, labels (codes), and the option names that error messages cite."""
+    path: str
+    reader: object
+    labels: np.ndarray
+    option: str
+
+
+def _open(path: str, features: str, labels: str | None, option: str, labels_option: str):
+    if labels is None:
+        raise InputError(f"{path}: no labels for {option}; give {labels_option} (an array or column name inside "
+                         f"the file, or a .npy path)")
+    if not Path(path).exists():
+        raise InputError(f"{path}: file not found ({option}); check the path")
+    try:
+        src = open_source(DataConfig(path=path, features=features, labels=labels))
+    except InputError as e:  # the shared readers cite config keys: name this command's options instead
+        msg = str(e).splitlines()[0].replace("(data.path)", f"({option})").replace("(data.features)", "(--features)")
+        raise InputError(msg.replace("(data.labels)", f"({labels_option})")) from None
+    n = src.reader.shape[0]
+    if n == 0 or src.reader.shape[1] == 0:
+        raise InputError(f"{path}: no embeddings ({option} is {tuple(src.reader.shape)}); give a non-empty "
+                         f"(sample, feature) array")
+    y = np.asarray(src.labels)
+    if y.ndim != 1 or len(y) != n:
+        raise InputError(f"{path}: labels ({labels_option}) have shape {y.shape} for {n} embeddings; give one "
+                         f"label per row")
+    if y.dtype.kind == "f" and not np.isfinite(y).all():
+        raise InputError(f"{path}: labels ({labels_option}) hold NaN or inf; give every row a class")
+    return src.reader, y
+
+
+def plan_sides(embeddings: str, features: str, labels: str, queries: str | None, reference: str | None,
+               query_labels: str | None, reference_labels: str | None, seed: int):
+    """(query side, its query rows, reference side, self_in_ref) from the command's arguments."""
+    if reference and queries is not None and not str(queries).isdigit():
+        raise InputError(f"{queries}: --queries FILE and --reference FILE together leave EMBEDDINGS no role; "
+                         f"give one of them (or --queries N with --reference)")
+    other_default = None if labels.endswith(".npy") else labels
+    reader, y = _open(embeddings, features, labels, "EMBEDDINGS", "--labels")
+    sample = int(queries) if queries is not None and str(queries).isdigit() else None
+    if queries is not None and sample is None:
+        qr, qy = _open(queries, features, query_labels or other_default, "--queries", "--query-labels")
+        q_in, q_lab, r_in, r_lab = (queries, qr, "--queries"), qy, (embeddings, reader, "EMBEDDINGS"), y
+    elif reference:
+        rr, ry = _open(reference, features, reference_labels or other_default, "--reference", "--reference-labels")
+        q_in, q_lab, r_in, r_lab = (embeddings, reader, "EMBEDDINGS"), y, (reference, rr, "--reference"), ry
+    else:
+        q_in, q_lab, r_in, r_lab = (embeddings, reader, "EMBEDDINGS"), y, (embeddings, reader, "EMBEDDINGS"), y
+    if q_in[1].shape[1] != r_in[1].shape[1]:
+        raise InputError(f"{q_in[0]}: queries have {q_in[1].shape[1]} features, the reference {r_in[0]} "
+                         f"{r_in[1].shape[1]} ({q_in[2]}); give embeddings of one model")
+    try:
+        classes, codes = np.unique(np.concatenate([q_lab, r_lab]), return_inverse=True)
+    except TypeError:
+        raise InputError(f"{embeddings}: the labels of the queries and the reference are of different kinds "
+                         f"(e.g. numbers and strings); give both as one kind") from None
+    qc, rc = codes[:len(q_lab)].astype(np.int64), codes[len(q_lab):].astype(np.int64)
+    if len(np.unique(rc)) < 2:
+        raise InputError(f"{r_in[0]}: the reference holds one class ({r_in[2]}, labels {classes[rc[0]]!r}); "
+                         f"retrieval metrics need at least two classes")
+    rows = np.arange(len(qc))
+    if sample is not None:
+        if sample < 1:
+            raise InputError(f"{embeddings}: --queries 0; give a number >= 1 or a file of queries")
+        rows = stratified_subset(qc, sample, [seed, 20])
+    self_in = not reference and (queries is None or sample is not None)
+    return Side(q_in[0], q_in[1], qc, q_in[2]), rows, Side(r_in[0], r_in[1], rc, r_in[2]), self_in
+
+
+def _block_rows(reader) -> int:
+    per = int(getattr(reader, "chunk_rows", 0) or 0)
+    row_bytes = reader.shape[1] * 4
+    if per:
+        return per * max(1, int(BLOCK_BYTES // (per * row_bytes)))
+    return max(1, int(BLOCK_BYTES // row_bytes))
+
+
+def _blocks(reader):
+    n, step = reader.shape[0], _block_rows(reader)
+    return [(a, min(n, a + step)) for a in range(0, n, step)]
+
+
+def _read(reader, a: int, b: int, where: str) -> np.ndarray:
+    X = np.asarray(reader.read(a, b))
+    check_feature_block(X, a, where)
+    return np.asarray(X, np.float32)
+
+
+def _scan(reader, a: int, b: int, where: str, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Check a row block; return the ``wanted`` rows (sorted global rows) it holds."""
+    X = _read(reader, a, b, where)
+    lo, hi = np.searchsorted(wanted, [a, b])
+    return wanted[lo:hi], X[wanted[lo:hi] - a]
+
+
+def _pick(scans: list, rows: np.ndarray) -> np.ndarray:
+    have = np.concatenate([s[0] for s in scans])
+    X = np.concatenate([s[1] for s in scans])
+    return X[np.searchsorted(have, rows)]
+
+
+def _centroids(scans: list, rows: np.ndarray, n_clusters: int, seed) -> np.ndarray:
+    return evaluation.kmeans_fit(_pick(scans, rows), n_clusters, seed)
+
+
+def _group(q_reader, q_rows: np.ndarray, scans, r_reader, r_blocks: list, where: str, k: int, self_in: bool,
+           q_labels: np.ndarray, r_labels: np.ndarray, n_relevant: np.ndarray, centroids) -> dict:
+    """One query group: its neighbours over the whole reference, then its per-query metrics (the
+    reference is read again only for queries with no relevant reference among their k)."""
+    if scans is None:   # the group is a contiguous range of the query file
+        Q = _read(q_reader, int(q_rows[0]), int(q_rows[-1]) + 1, where)
+    else:
+        Q = _pick(scans, q_rows)
+
+    def stream():
+        return ((np.arange(a, b), _read(r_reader, a, b, where)) for a, b in r_blocks)
+    out = evaluation.neighbour_accuracy(Q, stream, q_labels, r_labels, n_relevant, k, q_rows, self_in)
+    out["cluster"] = evaluation.nearest_centroid(Q, centroids)
+    return out
+
+
+def group_size(k: int, n_queries: int, workers: int) -> int:
+    """Queries per task: within POOL_BYTES, and at least two tasks per worker when queries are few."""
+    by_memory = max(1, int(POOL_BYTES // ((2 * k + knn.DB_TILE) * 16 * 2.5)))
+    return max(1, min(by_memory, -(-n_queries // (2 * workers))))
+
+
+def evaluate_embeddings(client, q: Side, rows: np.ndarray, ref: Side, self_in: bool, seed: int = 0,
+                        log=print) -> list[dict]:
+    """Metric records of the queries ``rows`` of ``q`` against ``ref``, in ``metrics.json``'s form."""
+    yq = q.labels[rows]
+    R = evaluation.relevant_counts(yq, ref.labels, self_in)
+    if not (R > 0).any():
+        raise InputError(f"{q.path}: no query's label occurs in the reference {ref.path} ({q.option}); "
+                         f"give queries and a reference that share classes")
+    k = evaluation.accuracy_k(R)
+    n_clusters = len(np.unique(yq))
+    rng = np.random.default_rng([seed, 21])
+    km = np.sort(rng.choice(len(rows), min(len(rows), KMEANS_ROWS_PER_CLUSTER * n_clusters), replace=False))
+    sampled = len(rows) < q.reader.shape[0]
+    wanted = rows if sampled else rows[km]
+    q_where = f"{q.path} ({q.option})"
+    q_reader_f, r_reader_f = client.scatter([q.reader, ref.reader], broadcast=True)
+    scans = [client.submit(_scan, q_reader_f, a, b, q_where, wanted, pure=False)
+             for a, b in _blocks(q.reader)]
+    if ref.path != q.path:   # the reference is checked up front too, before the long part
+        scans_ref = [client.submit(_scan, r_reader_f, a, b, f"{ref.path} ({ref.option})", np.empty(0, np.int64),
+                                   pure=False) for a, b in _blocks(ref.reader)]
+        client.gather(scans_ref)
+    client.gather(scans)   # a bad block stops here, naming its file and rows
+    centroids = client.submit(_centroids, scans, wanted[km] if sampled else wanted, n_clusters, [seed, 22])
+    r_labels_f = client.scatter(ref.labels, broadcast=True)
+    g = group_size(k, len(rows), max(1, len(client.scheduler_info()["workers"])))
+    log(f"evaluate: {len(rows):,} queries against {ref.reader.shape[0]:,} references, k = {k:,}, "
+        f"{-(-len(rows) // g)} task(s) of up to {g} queries")
+    groups = []
+    for s in range(0, len(rows), g):
+        qr = rows[s:s + g]
+        groups.append(client.submit(_group, q_reader_f, qr, scans if sampled else None, r_reader_f,
+                                    _blocks(ref.reader), f"{ref.path} ({ref.option})", k, self_in, yq[s:s + g],
+                                    r_labels_f, R[s:s + g], centroids, pure=False))
+    parts = client.gather(groups)
+    per_query = {m: np.concatenate([p[m] for p in parts]) for m in METRICS}
+    clusters = np.concatenate([p["cluster"] for p in parts])
+    values = {**evaluation.mean_accuracy(per_query), **metrics.clustering_scores(yq, clusters)}
+    base = {"method": "embeddings", "dim": int(q.reader.shape[1]),
+            "params": {"embeddings": q.path if q.option == "EMBEDDINGS" else ref.path,
+                       "queries": len(rows), "reference": ref.path, "references": int(ref.reader.shape[0]),
+                       "k": k, "self_excluded": self_in, "lone_queries": int((R == 0).sum())},
+            "classifier": None}
+    return [{**base, "metric": m, "value": values[m]} for m in (*METRICS, "nmi", "ami")]
+
+
+def write_records(path: str, records: list[dict]) -> None:
+    """Write ``records`` as JSON, whole or not at all (a temporary file in the same folder, renamed)."""
+    tmp = f"{path}.partial"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(records, f, indent=1)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise InputError(f"{path}: cannot write the metrics (--out): {e.strerror or e}") from None

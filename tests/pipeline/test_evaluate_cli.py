@@ -1,0 +1,142 @@
+"""``metricpipe evaluate EMBEDDINGS``: records equal to pytorch-metric-learning's definitions computed
+in memory (tests/pml_reference.py) for npy, npz and parquet inputs; bad input exits 2 with one line."""
+import json
+import re
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from metricpipe.cli import main
+from tests.pml_reference import pml_accuracy, tied_case
+
+ACC = ("map@r", "r_precision", "precision@1", "mrr")
+
+
+def _run(*args):
+    return CliRunner().invoke(main, ["evaluate", *[str(a) for a in args]])
+
+
+def _values(path):
+    recs = json.loads(path.read_text())
+    assert {r["classifier"] for r in recs} == {None} and all({"method", "dim", "params"} <= set(r) for r in recs)
+    return {r["metric"]: r["value"] for r in recs}
+
+
+def _write(fmt, path, X, y):
+    if fmt == "npy":
+        np.save(path.with_suffix(".npy"), X)
+        np.save(path.with_name(path.stem + "_y.npy"), y)
+        return path.with_suffix(".npy"), path.with_name(path.stem + "_y.npy")
+    if fmt == "npz":
+        np.savez(path.with_suffix(".npz"), X=X, y=y)
+        return path.with_suffix(".npz"), "y"
+    if fmt == "h5":
+        import h5py
+        with h5py.File(path.with_suffix(".h5"), "w") as f:
+            f["X"], f["y"] = X, y
+        return path.with_suffix(".h5"), "y"
+    if fmt == "zarr":
+        import zarr
+        g = zarr.open_group(store=str(path.with_suffix(".zarr")), mode="w")
+        g.create_array("X", shape=X.shape, chunks=(40, X.shape[1]), dtype=X.dtype)[:] = X   # 40-row chunks
+        g.create_array("y", shape=y.shape, dtype=y.dtype)[:] = y
+        return path.with_suffix(".zarr"), "y"
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    table = pa.table({"X": pa.array(list(X), pa.list_(pa.float32())), "y": pa.array(y)})
+    pq.write_table(table, path.with_suffix(".parquet"), row_group_size=37)   # row groups cut the read blocks
+    return path.with_suffix(".parquet"), "y"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("fmt", ["npy", "npz", "h5", "zarr", "parquet"])
+def test_all_against_all_equals_the_pml_definitions(client, tmp_path, fmt):
+    X, y = tied_case(11, n_ref=150, dim=3, classes=5)
+    path, labels = _write(fmt, tmp_path / "emb", X, y)
+    out = tmp_path / "m.json"
+    res = _run(path, "--labels", labels, "--cluster", client.scheduler.address, "--out", out)
+    assert res.exit_code == 0, res.output
+    got, ref = _values(out), pml_accuracy(X, y)
+    for name in ACC:
+        assert got[name] == pytest.approx(ref[name], abs=1e-9), name
+    assert -1 <= got["ami"] <= got["nmi"] <= 1
+
+
+@pytest.mark.integration
+def test_separate_reference_with_a_lone_label_and_a_query_sample(client, tmp_path):
+    X, y, Q, yq = tied_case(5, n_ref=120, dim=2, classes=4, n_query=40)
+    yq[:3] = 4                                   # label 4 is absent from the reference: left out
+    np.savez(tmp_path / "q.npz", X=Q, y=yq)
+    np.savez(tmp_path / "r.npz", X=X, y=y)
+    out = tmp_path / "m.json"
+    res = _run(tmp_path / "q.npz", "--reference", tmp_path / "r.npz", "--cluster", client.scheduler.address,
+               "--out", out)
+    assert res.exit_code == 0, res.output
+    got, ref = _values(out), pml_accuracy(Q, yq, X, y)
+    for name in ACC:
+        assert got[name] == pytest.approx(ref[name], abs=1e-9), name
+    assert json.loads(out.read_text())[0]["params"]["lone_queries"] == int((yq == 4).sum())
+    # the same roles given the other way: --queries FILE against EMBEDDINGS as the reference
+    res = _run(tmp_path / "r.npz", "--queries", tmp_path / "q.npz", "--cluster", client.scheduler.address,
+               "--out", out)
+    assert res.exit_code == 0, res.output
+    assert {m: v for m, v in _values(out).items() if m in ACC} == {m: v for m, v in got.items() if m in ACC}
+    # --queries N: a stratified sample queries all of the file, itself left out (PML's ref_includes_query
+    # with the queries first; continuous values, so no tie depends on the layout)
+    from metricpipe.tasks.sparse import stratified_subset
+    X = np.random.default_rng(0).normal(size=X.shape).astype(np.float32) + y[:, None]
+    np.savez(tmp_path / "r.npz", X=X, y=y)
+    res = _run(tmp_path / "r.npz", "--queries", 30, "--seed", 3, "--cluster", client.scheduler.address, "--out", out)
+    assert res.exit_code == 0, res.output
+    rows = stratified_subset(y, 30, [3, 20])
+    order = np.r_[rows, np.setdiff1d(np.arange(len(y)), rows)]
+    ref = pml_accuracy(X[rows], y[rows], X[order], y[order], ref_includes_query=True)
+    got = _values(out)
+    assert json.loads(out.read_text())[0]["params"]["queries"] == len(rows)
+    for name in ACC:
+        assert got[name] == pytest.approx(ref[name], abs=1e-9), name
+
+
+def _fail(args, match):
+    res = _run(*args)
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.strip().splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in res.output, res.output
+    assert re.search(match, lines[0]), lines[0]
+
+
+def test_bad_inputs_exit_2_with_one_line(tmp_path):
+    X, y = tied_case(0, n_ref=40)
+    np.savez(tmp_path / "ok.npz", X=X, y=y)
+    np.savez(tmp_path / "short.npz", X=X, y=y[:-1])
+    np.savez(tmp_path / "one.npz", X=X, y=np.zeros(len(X), int))
+    np.savez(tmp_path / "empty.npz", X=np.zeros((0, 2), np.float32), y=np.zeros(0, int))
+    np.savez(tmp_path / "wide.npz", X=np.zeros((5, 7), np.float32), y=np.arange(5) % 2)
+    np.save(tmp_path / "x.npy", X)
+    cases = [
+        ([tmp_path / "missing.npz"], r"missing.npz: file not found \(EMBEDDINGS\)"),
+        ([tmp_path / "ok.npz", "--features", "Z"], r"ok.npz: no array 'Z' \(--features\); it holds"),
+        ([tmp_path / "ok.npz", "--labels", "lab"], r"ok.npz: no array 'lab' \(--labels\)"),
+        ([tmp_path / "short.npz"], r"short.npz: labels \(--labels\) have shape \(39,\) for 40 embeddings"),
+        ([tmp_path / "one.npz"], r"one.npz: the reference holds one class"),
+        ([tmp_path / "empty.npz"], r"empty.npz: no embeddings"),
+        ([tmp_path / "ok.npz", "--reference", tmp_path / "wide.npz"], r"queries have 2 features, .* 7"),
+        ([tmp_path / "x.npy"], r"x.npy: a .npy file holds one array; .* labels"),
+        ([tmp_path / "ok.npz", "--queries", tmp_path / "ok.npz", "--reference", tmp_path / "ok.npz"],
+         r"--queries FILE and --reference FILE together"),
+        ([tmp_path / "ok.npz", "--out", tmp_path / "no" / "m.json"], r"its folder does not exist \(--out\)"),
+    ]
+    for args, match in cases:
+        _fail(args, match)
+
+
+@pytest.mark.integration
+def test_non_finite_embeddings_exit_2_naming_file_and_rows(client, tmp_path):
+    X, y = tied_case(0, n_ref=40)
+    X[17, 1] = np.nan
+    np.savez(tmp_path / "nan.npz", X=X, y=y)
+    out = tmp_path / "m.json"
+    _fail([tmp_path / "nan.npz", "--cluster", client.scheduler.address, "--out", out],
+          r"nan.npz \(EMBEDDINGS\): features contain 1 non-finite .* row 17")
+    assert not out.exists() and not list(tmp_path.glob("m.json*"))
