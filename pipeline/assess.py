@@ -35,6 +35,8 @@ POOL_BYTES = 4e8
 BLOCK_BYTES = 6.4e7
 KMEANS_ROWS_PER_CLUSTER = 256
 METRICS = ("map@r", "r_precision", "precision@1", "mrr")
+# The pipeline's cut-off metrics, mprec@K and recall@K, read from the same neighbour lists (K up to k).
+RETRIEVAL_K = (1, 10, 100)
 
 
 @dataclass(frozen=True)
@@ -155,7 +157,8 @@ def _group(q_reader, q_rows: np.ndarray, scans, r_reader, r_blocks: list, where:
 
     def stream():
         return ((np.arange(a, b), _read(r_reader, a, b, where)) for a, b in r_blocks)
-    out = evaluation.neighbour_accuracy(Q, stream, q_labels, r_labels, n_relevant, k, q_rows, self_in)
+    out = evaluation.neighbour_accuracy(Q, stream, q_labels, r_labels, n_relevant, k, q_rows, self_in,
+                                        ks=tuple(K for K in RETRIEVAL_K if K <= k))
     out["cluster"] = evaluation.nearest_centroid(Q, centroids)
     return out
 
@@ -204,12 +207,19 @@ def evaluate_embeddings(client, q: Side, rows: np.ndarray, ref: Side, self_in: b
     per_query = {m: np.concatenate([p[m] for p in parts]) for m in METRICS}
     clusters = np.concatenate([p["cluster"] for p in parts])
     values = {**evaluation.mean_accuracy(per_query), **metrics.clustering_scores(yq, clusters)}
+    cutoffs = [K for K in RETRIEVAL_K if f"prec@{K}" in parts[0]]
+    served = R > 0
+    for K in cutoffs:   # as the pipeline reports them: precision per class, then over classes
+        prec = np.concatenate([p[f"prec@{K}"] for p in parts])
+        values[f"mprec@{K}"] = float(metrics.class_average(prec[served], yq[served]))
+        values[f"recall@{K}"] = float(np.nanmean(np.concatenate([p[f"recall@{K}"] for p in parts])))
     base = {"method": "embeddings", "dim": int(q.reader.shape[1]),
             "params": {"embeddings": q.path if q.option == "EMBEDDINGS" else ref.path,
                        "queries": len(rows), "reference": ref.path, "references": int(ref.reader.shape[0]),
                        "k": k, "self_excluded": self_in, "lone_queries": int((R == 0).sum())},
             "classifier": None}
-    return [{**base, "metric": m, "value": values[m]} for m in (*METRICS, "nmi", "ami")]
+    names = (*METRICS, "nmi", "ami", *(f"{m}@{K}" for K in cutoffs for m in ("mprec", "recall")))
+    return [{**base, "metric": m, "value": values[m]} for m in names]
 
 
 def write_records(path: str, records: list[dict]) -> None:

@@ -208,7 +208,7 @@ def topk_same(idx: np.ndarray, query_labels: np.ndarray, ref_labels: np.ndarray)
 
 def neighbour_accuracy(Q: np.ndarray, blocks, query_labels: np.ndarray, ref_labels: np.ndarray,
                        n_relevant: np.ndarray, k: int, q_ids: np.ndarray | None = None,
-                       exclude_self: bool = False) -> dict:
+                       exclude_self: bool = False, ks: tuple = ()) -> dict:
     """Per-query map@r, r_precision, precision@1 and mrr of the queries Q against a streamed reference.
 
     blocks : a callable giving a fresh iterable of (ids, rows) over the reference (global ids, sorted);
@@ -216,6 +216,7 @@ def neighbour_accuracy(Q: np.ndarray, blocks, query_labels: np.ndarray, ref_labe
         queries with no relevant reference among their k (their MRR needs the place of the first one:
         the nearest of their class, then the references before it).
     ref_labels : indexed by global id; n_relevant : R of every query; k : ``accuracy_k(R)``.
+    ks : cut-offs K (at most k) for ``prec@K`` and ``recall@K`` from the same lists.
     """
     _, idx = knn.pooled_topk(Q, blocks(), k, q_ids=q_ids, exclude_self=exclude_self)
     same = topk_same(idx, query_labels, ref_labels)
@@ -225,7 +226,7 @@ def neighbour_accuracy(Q: np.ndarray, blocks, query_labels: np.ndarray, ref_labe
         qi = None if q_ids is None else np.asarray(q_ids)[miss]
         d, i = knn.nearest_of_class(Q[miss], blocks(), np.asarray(query_labels)[miss], ref_labels, qi, exclude_self)
         first[miss] = knn.rank_before(Q[miss], blocks(), d, i, qi, exclude_self) + 1
-    return metrics.knn_accuracy(same, n_relevant, first)
+    return {**metrics.knn_accuracy(same, n_relevant, first), **metrics.topk_precision_recall(same, n_relevant, ks)}
 
 
 def first_relevant_rank(d: np.ndarray, relevant: np.ndarray) -> np.ndarray:

@@ -177,6 +177,23 @@ def knn_accuracy(same: np.ndarray, n_relevant: np.ndarray, first_rank: np.ndarra
     return {name: np.where(lone, np.nan, v) for name, v in out.items()}
 
 
+def topk_precision_recall(same: np.ndarray, n_relevant: np.ndarray, ks) -> dict:
+    """Per-query ``prec@K`` (relevant among the first K, over K) and ``recall@K`` (over R) for each K
+    no larger than the lists' length (beyond it the places are unknown); nan for lone queries (R = 0).
+    The pipeline's evaluate stage averages prec@K per class then over classes (``mprec@K``)."""
+    same = np.asarray(same, bool)
+    R = np.asarray(n_relevant, np.float64)
+    out = {}
+    for K in ks:
+        if K > same.shape[1]:
+            continue
+        hits = same[:, :K].sum(1).astype(np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[f"prec@{K}"] = np.where(R > 0, hits / K, np.nan)
+            out[f"recall@{K}"] = np.where(R > 0, hits / R, np.nan)
+    return out
+
+
 def clustering_scores(labels: np.ndarray, clusters: np.ndarray) -> dict:
     """NMI and AMI (arithmetic normalisation) of ``clusters`` against ``labels``: scikit-learn's
     ``normalized_mutual_info_score`` and ``adjusted_mutual_info_score``, as the AccuracyCalculator

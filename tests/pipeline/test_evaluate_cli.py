@@ -140,3 +140,24 @@ def test_non_finite_embeddings_exit_2_naming_file_and_rows(client, tmp_path):
     _fail([tmp_path / "nan.npz", "--cluster", client.scheduler.address, "--out", out],
           r"nan.npz \(EMBEDDINGS\): features contain 1 non-finite .* row 17")
     assert not out.exists() and not list(tmp_path.glob("m.json*"))
+
+
+@pytest.mark.integration
+def test_cutoff_metrics_equal_the_pipeline_s_own_retrieval_on_untied_data(client, tmp_path):
+    """mprec@K and recall@K come from the same neighbour lists, for every K up to k; on continuous
+    data (no ties) they equal the evaluate stage's own kernel (tasks.evaluation.retrieval)."""
+    from metricpipe.tasks import evaluation, metrics
+    rng = np.random.default_rng(3)
+    y = np.repeat([0, 1, 2], [120, 100, 80])
+    X = (rng.normal(size=(300, 4)) + 1.5 * y[:, None]).astype(np.float32)
+    np.savez(tmp_path / "e.npz", X=X, y=y)
+    out = tmp_path / "m.json"
+    res = _run(tmp_path / "e.npz", "--cluster", client.scheduler.address, "--out", out)
+    assert res.exit_code == 0, res.output
+    got = _values(out)
+    idx = np.arange(len(X))
+    ref = evaluation.retrieval(X, idx, idx, X, y, (1, 10, 100), False, "euclidean", 4096, 512)
+    for j, K in enumerate((1, 10, 100)):    # k = 119 (the largest class less the query): K = 100 fits
+        assert got[f"mprec@{K}"] == pytest.approx(float(metrics.class_average(ref["prec"][:, j], y)), abs=1e-12)
+        assert got[f"recall@{K}"] == pytest.approx(float(np.nanmean(ref["recall"][:, j])), abs=1e-12)
+    assert "mprec@1000" not in got and "map" not in got
