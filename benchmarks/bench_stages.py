@@ -29,7 +29,7 @@ from metricpipe import stages
 from metricpipe.config import parse_config
 from metricpipe.context import StageContext
 from metricpipe.stages.common import load_features
-from metricpipe.storage import Store, chunk_rows_for, create_array, load_arrays, open_array
+from metricpipe.storage import Store, chunk_rows_for, create_array, load_arrays, load_estimator, open_array
 from metricpipe.tasks.synthetic import SyntheticSpec
 
 
@@ -100,7 +100,8 @@ def main():
         t = time.perf_counter()
         codes = stages.run_encode(ctx, data, models)
         t_enc = time.perf_counter() - t
-        arrays, _ = load_arrays(models[0][1].url)
+        est = load_estimator(models[0][1].url)   # PCA: codes (x - mean) W = x W + b
+        arrays = {"W": est.components_, "b": est.offset_}
         Xa = np.load(f"{tmp}/X.npy")
         t = time.perf_counter()
         ref = Xa @ arrays["W"] + arrays["b"]      # the PCA model: (x - mean) W = x W + b
