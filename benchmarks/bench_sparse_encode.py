@@ -1,6 +1,7 @@
 """Encoding with a sparse projector against the dense matrix of the same R, on synthetic D = 16384
 features (issue #4). Prints time and storage ratios measured in one run, and the floor that any
-kernel reading every feature must pay (one pass over the block). Asserts nothing about time.
+kernel reading every feature must pay (one pass over the block: ``X.sum(axis=1)``), and metricpipe's
+encode time over it (issue 21 asks for at most 1.5 at R = 64 to 256). Asserts nothing about time.
 
 Two sparse projectors per R: one trained by `tasks.sparse.rank_projectors` (SparseProjector's solver) (tau = 0.99, from the
 PCA of a 1,000-image sample, a short run: its supports, not its accuracy, set the encode cost) and
@@ -45,8 +46,8 @@ def main():
     print(f"D={a.dim} tau={a.sparsity} (M={m} non-zeros per column), {a.n} images ({X.nbytes / 1e6:.0f} MB), "
           f"1 thread; one read pass over the block: {t_read * 1e3:.1f} ms")
     print("| R | supports | input dims used | dense X @ U | metricpipe encode | speed-up | scipy CSC | "
-          "dense/read floor | storage dense / sparse |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "dense / read pass | encode / read pass | storage dense / sparse |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for R in a.r:
         t0 = time.perf_counter()
         trained = rank_projectors(T, yT, Vt[:R].T, sparsity=a.sparsity, queries=100, max_iter=a.iters,
@@ -57,13 +58,14 @@ def main():
         for name, U in (("trained", trained), ("random", rand)):
             dense, sparse = LinearModel(U), LinearModel(scipy.sparse.csc_array(U))
             t_ours, out = timed(lambda: sparse.transform(X))
+            t_read_here, _ = timed(lambda: X.sum(axis=1))  # again beside it: the shared machine's load drifts
             t_scipy, out2 = timed(lambda: X @ sparse.W, repeat=1)
             assert np.allclose(out, X @ U, atol=1e-3) and np.allclose(out2, X @ U, atol=1e-3)
             used = int((U != 0).any(axis=1).sum())
             cd, cs = dense.cost(a.dim), sparse.cost(a.dim)
             print(f"| {R} | {name}{f' ({fit:.0f} s fit)' if name == 'trained' else ''} | {used} | "
                   f"{t_dense * 1e3:.1f} ms | {t_ours * 1e3:.1f} ms | **{t_dense / t_ours:.2f}x** | "
-                  f"{t_dense / t_scipy:.2f}x | {t_dense / t_read:.1f}x | "
+                  f"{t_dense / t_scipy:.2f}x | {t_dense / t_read:.1f}x | **{t_ours / t_read_here:.2f}x** ({t_read_here * 1e3:.1f} ms) | "
                   f"{cd['storage_bytes']} / {cs['storage_bytes']} = **{cd['storage_bytes'] / cs['storage_bytes']:.1f}x** |",
                   flush=True)
 

@@ -36,31 +36,29 @@ class LinearModel:
         Z = self.preprocess(X)
         if self.W is None:
             return Z
-        rows, W = self._W_compute
-        out = np.asarray((Z if rows is None else np.take(Z, rows, axis=1)) @ W, np.float32)
+        out = self._matmul(Z)
         if self.b is not None:
             out += self.b
         return out
 
-    # A sparse W is stored sparse (the storage win) but multiplied with BLAS: on row-major features
-    # scipy's sparse product is ~6x slower than the dense GEMM at tau = 0.99 (benchmarks/README.md).
-    # When the columns' supports leave input dimensions unused, only the used ones are gathered and
-    # multiplied by the dense rows of W that touch them (1.5x the dense speed at D = 16384, R = 64);
-    # the gather pays off while it skips at least GATHER_BELOW of the dimensions.
-    DENSE_COMPUTE_BYTES = 256e6
-    GATHER_BELOW = 0.6
+    # A sparse W is stored sparse (the storage win) and, up to SPARSE_BELOW non-zeros per entry,
+    # multiplied by a compiled kernel that reads each row once and does one multiply-add per
+    # non-zero (tasks/spmm.py; its speed at D = 16384, tau = 0.99 is in benchmarks/README.md). Denser, BLAS wins: at D = 784, R = 64 the two tie at 5% non-zeros
+    # and the kernel takes 1.4x BLAS's time at 10% (tau = 0.9).
+    SPARSE_BELOW = 0.05
+    DENSE_COMPUTE_BYTES = 256e6   # ... unless the dense W would take more memory than this
 
     @cached_property
-    def _W_compute(self):
-        """(input rows to gather or None, the matrix to multiply them by)."""
+    def _matmul(self):
+        """Z (n, p) float32 -> Z @ W (n, d) float32."""
         W = self.W
-        if not hasattr(W, "toarray") or W.shape[0] * W.shape[1] * 4 > self.DENSE_COMPUTE_BYTES:
-            return None, W
-        used = np.flatnonzero(np.diff(W.tocsr().indptr))  # input dimensions some column reads
-        dense = W.toarray().astype(np.float32)
-        if len(used) <= self.GATHER_BELOW * W.shape[0]:
-            return used, np.ascontiguousarray(dense[used])
-        return None, dense
+        if hasattr(W, "nnz"):
+            size = W.shape[0] * W.shape[1]
+            if W.nnz <= self.SPARSE_BELOW * size or size * 4 > self.DENSE_COMPUTE_BYTES:
+                from metricpipe.tasks.spmm import SparseRows
+                return SparseRows(W).matmul
+            W = W.toarray().astype(np.float32)
+        return lambda Z: np.asarray(Z @ W, np.float32)
 
     def exact_views(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(query view, base view) whose inner product is the exact bilinear similarity."""

@@ -44,14 +44,15 @@ def _timed(ctx: StageContext, unit: Unit, started: float, meta: dict) -> None:
 
 
 def _write_template(url: str, variables: dict, coords: dict, attrs: dict, chunk_rows: int,
-                    samples: dict | None = None) -> None:
+                    samples: dict | None = None, compress: bool = True) -> None:
     """Write the metadata and coordinates of an xarray Dataset; data chunks are filled by tasks.
-    ``samples`` (name -> a few rows as stored) lets a variable go uncompressed where LZ4 gains little."""
+    ``samples`` (name -> a few rows as stored) lets a variable go uncompressed where LZ4 gains little;
+    ``compress=False`` stores every variable bare."""
     data_vars, encoding = {}, {}
     for name, (dims, shape, dtype, fill) in variables.items():
         chunks = (min(chunk_rows, shape[0]),) + tuple(shape[1:])
         data_vars[name] = (dims, da.full(shape, fill, dtype=dtype, chunks=chunks))
-        encoding[name] = {"chunks": chunks, "compressors": row_codecs((samples or {}).get(name))}
+        encoding[name] = {"chunks": chunks, "compressors": row_codecs((samples or {}).get(name)) if compress else ()}
     ds = xr.Dataset(data_vars, coords={k: ("sample", v) for k, v in coords.items()}, attrs=attrs)
     ds.to_zarr(url, mode="w", compute=False, consolidated=False, encoding=encoding)
 

@@ -96,7 +96,7 @@ def test_annealed_support_shrinks_geometrically_to_m_and_anneal_zero_is_algorith
 
 
 @pytest.mark.parametrize("used", [20, 198])
-def test_sparse_encode_equals_dense_whether_it_gathers_used_dimensions_or_not(used):
+def test_sparse_encode_equals_dense_whether_few_or_most_input_dimensions_are_used(used):
     import scipy.sparse
     from metricpipe.tasks.models import LinearModel
     rng = np.random.default_rng(0)
@@ -106,9 +106,72 @@ def test_sparse_encode_equals_dense_whether_it_gathers_used_dimensions_or_not(us
         U[rows, c] = rng.normal(size=len(rows))
     X = rng.normal(size=(50, 200)).astype(np.float32)
     model = LinearModel(scipy.sparse.csc_array(U), b=np.ones(6, np.float32))
-    rows, _ = model._W_compute
-    assert (rows is not None) == (used <= LinearModel.GATHER_BELOW * 200)
     np.testing.assert_allclose(model.transform(X), X @ U + 1, rtol=1e-5, atol=1e-5)
+
+
+def _random_sparse(rng, D, R, density, empty=()):
+    U = rng.normal(size=(D, R)).astype(np.float32) * (rng.random((D, R)) < density)
+    U[:, list(empty)] = 0
+    return U
+
+
+@pytest.mark.parametrize("n, D, R, density, empty", [
+    (1, 300, 5, 0.05, ()),
+    (70, 300, 17, 0.05, (0, 3, 16)),      # empty columns, a partial last block of rows
+    (257, 1000, 64, 0.01, (5,)),          # more used dimensions than one gathered chunk
+    (33, 50, 8, 0.0, ()),                 # all zero
+    (0, 40, 4, 0.1, ()),                  # no rows
+])
+def test_sparse_kernel_equals_the_dense_product(n, D, R, density, empty):
+    import scipy.sparse
+    from metricpipe.tasks.spmm import SparseRows
+    rng = np.random.default_rng(n + D)
+    U = _random_sparse(rng, D, R, density, empty)
+    X = rng.normal(size=(n, D)).astype(np.float32)
+    out = SparseRows(scipy.sparse.csc_array(U)).matmul(X)
+    assert out.dtype == np.float32 and out.shape == (n, R)
+    ref = X.astype(np.float64) @ U.astype(np.float64)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * max(1.0, np.abs(ref).max(initial=0)))
+    assert not out[:, list(empty)].any()
+
+
+def test_sparse_kernel_gives_the_same_bits_whatever_the_row_blocks():
+    """A row's codes do not depend on its neighbours: the encode stage and `metricpipe encode`
+    slice rows differently and must store the same codes."""
+    import scipy.sparse
+    from metricpipe.tasks.spmm import SparseRows
+    rng = np.random.default_rng(3)
+    U = _random_sparse(rng, 700, 40, 0.03)
+    U[rng.random(U.shape) < 0.001] = np.float32(1e-30)  # tiny terms: any change of order would show
+    X = rng.normal(size=(131, 700)).astype(np.float32)
+    k = SparseRows(scipy.sparse.csc_array(U))
+    whole = k.matmul(X)
+    pieces = np.concatenate([k.matmul(X[a:b]) for a, b in [(0, 1), (1, 40), (40, 77), (77, 131)]])
+    np.testing.assert_array_equal(whole, pieces)
+    np.testing.assert_array_equal(whole[5:6], k.matmul(np.asfortranarray(X[5:6].astype(np.float64))))
+
+
+def test_sparse_kernel_sums_each_column_in_increasing_input_dimension():
+    import scipy.sparse
+    from metricpipe.tasks.spmm import SparseRows
+    # 1e8 + 1 - 1e8 in float32 is 0 in this order and 1 in others: the order is the documented one
+    W = np.zeros((3, 1), np.float32)
+    W[:, 0] = [1e8, 1, -1e8]
+    X = np.ones((2, 3), np.float32)
+    assert SparseRows(scipy.sparse.csc_array(W)).matmul(X)[0, 0] == np.float32(np.float32(1e8) + 1) - np.float32(1e8)
+
+
+def test_linear_model_uses_the_kernel_for_sparse_w_and_blas_for_denser():
+    import scipy.sparse
+    from metricpipe.tasks.models import LinearModel
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(20, 100)).astype(np.float32)
+    for density in (0.02, 0.9):
+        U = _random_sparse(rng, 100, 10, density)
+        model = LinearModel(scipy.sparse.csc_array(U))
+        kernel = getattr(model._matmul, "__self__", None)
+        assert (type(kernel).__name__ == "SparseRows") == (density < LinearModel.SPARSE_BELOW)
+        np.testing.assert_allclose(model.transform(X), X @ U, rtol=1e-4, atol=1e-4)
 
 
 # ---- the estimator and its training subset -----------------------------------------------------------
