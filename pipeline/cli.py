@@ -206,12 +206,16 @@ def stage_cmd(source, store, features, labels, normalize, test_fraction, split_c
 @click.option("--store", required=True, type=click.Path(), help="The Zarr store to create (e.g. synth.zarr).")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--nonnegative", is_flag=True, help="Clip at 0 (ReLU-like features, e.g. for NML).")
-@click.option("--separation", type=click.FloatRange(min=0), default=3.0, show_default=True,
-              help="Scale of the class means against unit noise (lower is harder).")
+@click.option("--separation", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="Scale of the class signal against unit noise (lower is harder).")
+@click.option("--nuisance", type=click.FloatRange(min=0), default=1.7, show_default=True,
+              help="Standard deviation along the D // 16 class-free directions (0 = none; higher is harder "
+                   "for raw features and PCA, not for a learned projection).")
 @click.option("--chunk-mb", type=click.FloatRange(min=0.001), default=64.0, show_default=True)
 @_cluster_options
 @handle_errors
-def synth(samples, dim, classes, store, seed, nonnegative, separation, chunk_mb, cluster, workers, memory_limit):
+def synth(samples, dim, classes, store, seed, nonnegative, separation, nuisance, chunk_mb, cluster, workers,
+          memory_limit):
     """Write N x D class-structured synthetic features (X, y) as a Zarr store, blockwise on the workers;
     use it with data: {path: STORE}."""
     from metricpipe.cluster import connect
@@ -223,7 +227,7 @@ def synth(samples, dim, classes, store, seed, nonnegative, separation, chunk_mb,
     with connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard, cfg.tls) as client:
         _echo(f"Dashboard: {client.dashboard_link}")
         write_synthetic(client, store, samples, dim, classes, seed, nonnegative, chunk_mb, log=_echo,
-                        separation=separation)
+                        separation=separation, nuisance=nuisance)
 
 
 @main.command()

@@ -32,8 +32,9 @@ class SyntheticConfig:
     dim: int = 128
     classes: int = 10
     seed: int = 0
-    separation: float = 3.0
+    separation: float = 1.0
     nonnegative: bool = False
+    nuisance: float = 1.7
 
 
 @dataclass(frozen=True)
@@ -250,15 +251,16 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
     if split.test is not None and split.val != "auto" and not 0.0 < split.test + split.val < 1.0:
         _fail(where, "data.split.test", f"test + val must be in (0, 1), got {split.test} + {split.val}")
     syn_raw = data.get("synthetic", {}) or {}
-    _check_keys(syn_raw, ["samples", "dim", "classes", "seed", "separation", "nonnegative"], where,
+    _check_keys(syn_raw, ["samples", "dim", "classes", "seed", "separation", "nonnegative", "nuisance"], where,
                 "data.synthetic.")
     synthetic = SyntheticConfig(
         samples=_typed(syn_raw, "samples", int, where, "data.synthetic.", 20000, 4),
         dim=_typed(syn_raw, "dim", int, where, "data.synthetic.", 128, 1),
         classes=_typed(syn_raw, "classes", int, where, "data.synthetic.", 10, 2),
         seed=_typed(syn_raw, "seed", int, where, "data.synthetic.", 0, 0),
-        separation=_typed(syn_raw, "separation", float, where, "data.synthetic.", 3.0, 0.0),
+        separation=_typed(syn_raw, "separation", float, where, "data.synthetic.", 1.0, 0.0),
         nonnegative=_typed(syn_raw, "nonnegative", bool, where, "data.synthetic.", False),
+        nuisance=_typed(syn_raw, "nuisance", float, where, "data.synthetic.", 1.7, 0.0),
     )
     labels = _typed(data, "labels", str, where, "data.", "y")
     if labels.endswith(".npy"):

@@ -368,7 +368,7 @@ def open_source(cfg: DataConfig) -> Source:
     if cfg.source == "synthetic":
         s = cfg.synthetic
         spec = SyntheticSpec(s.samples, s.dim, s.classes, s.seed, separation=s.separation,
-                             nonnegative=s.nonnegative)
+                             nonnegative=s.nonnegative, nuisance=s.nuisance)
         return Source("builtin:synthetic", SyntheticReader(spec), spec.labels(),
                       fingerprint={"builtin": "synthetic", **s.__dict__})
     path = Path(cfg.path)

@@ -34,19 +34,21 @@ def check_args(path: str, n: int, dim: int, classes: int) -> str:
 
 
 def write_synthetic(client, path: str, n: int, dim: int, classes: int, seed: int = 0, nonnegative: bool = False,
-                    chunk_mb: float = 64.0, log=print, separation: float = 3.0) -> str:
+                    chunk_mb: float = 64.0, log=print, separation: float = 1.0, nuisance: float = 1.7) -> str:
     from distributed import as_completed
 
     path = check_args(path, n, dim, classes)
     tmp = f"{path}.partial"
     shutil.rmtree(tmp, ignore_errors=True)   # leftovers of a killed synth
-    spec = SyntheticSpec(n, dim, classes, seed=seed, nonnegative=nonnegative, separation=separation)
+    spec = SyntheticSpec(n, dim, classes, seed=seed, nonnegative=nonnegative, separation=separation,
+                         nuisance=nuisance)
     labels = spec.labels()
     rows = chunk_rows_for(dim, chunk_mb)
     import zarr
     zarr.open_group(store=tmp, mode="w").attrs.update({"synthetic": {"samples": n, "dim": dim, "classes": classes,
                                                                      "seed": seed, "nonnegative": nonnegative,
-                                                                     "separation": separation}})
+                                                                     "separation": separation,
+                                                                     "nuisance": nuisance}})
     create_array(f"{tmp}/X", (n, dim), (rows, dim), np.float32, rows=True, sample=spec.rows(0, min(n, 4096), labels))
     create_array(f"{tmp}/y", (n,), (min(n, 1 << 20),), np.int32)[:] = labels
     t0 = time.perf_counter()

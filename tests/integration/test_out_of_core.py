@@ -21,7 +21,9 @@ def test_synthetic_array_larger_than_worker_memory(tmp_path):
     with LocalCluster(n_workers=2, threads_per_worker=1, memory_limit=LIMIT, host="127.0.0.1", dashboard_address="127.0.0.1:0") as lc, \
             Client(lc) as client:
         m = run({"store": str(tmp_path), "data": {"source": "synthetic", "chunk_mb": 32,
-                                                  "synthetic": {"samples": N, "dim": D, "classes": 10},
+                                                  "synthetic": {"samples": N, "dim": D, "classes": 10,
+                                                                # separable, no nuisance: PCA finds the signal
+                                                                "separation": 3.0, "nuisance": 0.0},
                                                   "split": {"test": 0.01, "seed": 0}},
                  "methods": [{"method": "pca", "dim": 16}, {"method": "random", "dim": 16}],
                  "evaluate": {"retrieval": {"k": [10]}, "classification": {"classifiers": ["knn10", "ncm"]}}},

@@ -3,6 +3,7 @@ can evaluate retrieval on a seeded sample of queries."""
 import json
 
 import numpy as np
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -11,9 +12,10 @@ from metricpipe.storage import open_array
 from metricpipe.tasks.synthetic import SyntheticSpec
 
 
-def _synth(path, chunk_mb, workers):
+def _synth(path, chunk_mb, workers, *extra):
     return CliRunner().invoke(main, ["synth", "--samples", "3000", "--dim", "16", "--classes", "5", "--seed", "4",
-                                     "--store", str(path), "--chunk-mb", str(chunk_mb), "--workers", str(workers)])
+                                     "--store", str(path), "--chunk-mb", str(chunk_mb), "--workers", str(workers),
+                                     *extra])
 
 
 def test_synth_store_holds_the_generators_rows_whatever_the_chunking(tmp_path):
@@ -30,6 +32,25 @@ def test_synth_store_holds_the_generators_rows_whatever_the_chunking(tmp_path):
     again = _synth(tmp_path / "a.zarr", 0.01, 1)
     assert again.exit_code == 2 and "already exists" in again.output
     assert not (tmp_path / "a.zarr.partial").exists()
+
+
+def test_synth_knobs_reach_the_generator_and_the_store_attributes(tmp_path):
+    import zarr
+    res = _synth(tmp_path / "k.zarr", 0.05, 1, "--separation", "2.0", "--nuisance", "0")
+    assert res.exit_code == 0, res.output
+    spec = SyntheticSpec(3000, 16, 5, seed=4, separation=2.0, nuisance=0.0)
+    np.testing.assert_array_equal(open_array(str(tmp_path / "k.zarr/X"))[:], spec.rows(0, 3000))
+    assert not np.array_equal(spec.rows(0, 3000), SyntheticSpec(3000, 16, 5, seed=4, separation=2.0).rows(0, 3000))
+    attrs = zarr.open_group(store=str(tmp_path / "k.zarr"), mode="r").attrs["synthetic"]
+    assert attrs["separation"] == 2.0 and attrs["nuisance"] == 0.0
+
+
+def test_config_synthetic_nuisance_is_read_and_checked():
+    from metricpipe.config import ConfigError, parse_config
+    cfg = parse_config({"data": {"source": "synthetic", "synthetic": {"nuisance": 0}}})
+    assert cfg.data.synthetic.nuisance == 0.0 and cfg.data.synthetic.separation == 1.0
+    with pytest.raises(ConfigError, match="data.synthetic.nuisance: must be >= 0.0"):
+        parse_config({"data": {"source": "synthetic", "synthetic": {"nuisance": -1.0}}})
 
 
 def test_run_on_a_synth_store_with_sampled_queries_matches_numpy(tmp_path):
