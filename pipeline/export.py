@@ -204,6 +204,10 @@ def encode(store_url: str, key: str, data: str, out: str, features: str = "X", l
     y = None if src.labels is None else label_values(np.asarray(src.labels), f"{src.name} (labels)")
     if y is not None and len(y) != n:
         raise InputError(f"{src.name} (labels): {len(y)} labels for {n} rows; give one label per row")
+    if src.ids is not None and len(src.ids) != n:
+        raise InputError(f"{src.name} (--ids {ids}): {len(src.ids)} ids for {n} rows; give one id per row")
+    if n == 0:
+        raise InputError(f"{src.name}: no rows to encode (DATA); give a file with at least one feature row")
     rows = _block_rows(data_unit, D)
     blocks = row_chunks(n, rows)
     d = int(meta["dim"])

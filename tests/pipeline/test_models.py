@@ -308,9 +308,15 @@ def test_encode_refuses_bad_rows_and_the_wrong_width_without_leaving_a_file(stor
     np.savez(tmp_path / "nan.npz", X=bad)
     np.savez(tmp_path / "wide.npz", X=np.ones((5, 11), np.float32))
     key = _by(models, codes, "pca")[0][1].key
-    for f, msg in (("nan.npz", "row 3"), ("wide.npz", "features have 11 dimensions but model")):
+    np.savez(tmp_path / "ids.npz", X=X, rid=np.arange(7))
+    np.savez(tmp_path / "empty.npz", X=np.zeros((0, 10), np.float32))
+    for f, msg in (("nan.npz", "row 3"), ("wide.npz", "features have 11 dimensions but model"),
+                   ("ids.npz", "(--ids rid): 7 ids for 500 rows; give one id per row"),
+                   ("empty.npz", "no rows to encode (DATA)")):
         res = CliRunner().invoke(main, ["encode", ctx.store.url, str(tmp_path / f), "--model", key,
-                                        "--out", str(tmp_path / "c.npz")])
+                                        "--out", str(tmp_path / "c.npz"), "--ids", "rid"] if f == "ids.npz" else
+                                 ["encode", ctx.store.url, str(tmp_path / f), "--model", key,
+                                  "--out", str(tmp_path / "c.npz")])
         assert res.exit_code == 2 and msg in res.output and "Traceback" not in res.output, res.output
         assert not (tmp_path / "c.npz").exists() and not list(tmp_path.glob("*partial*"))
     res = CliRunner().invoke(main, ["export", ctx.store.url, "--model", key])
