@@ -77,6 +77,7 @@ class EvaluateConfig:
     classifiers: tuple = ("knn1", "knn10", "ncm")
     retrieval: bool = True
     queries: int | None = None   # a seeded sample of this many test images query the whole test set
+    classify_queries: int | None = None   # a seeded, class-stratified sample of test images classified
 
 
 @dataclass(frozen=True)
@@ -324,7 +325,7 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
     ret = ret if isinstance(ret, dict) else {}
     _check_keys(ret, ["k", "queries"], where, "evaluate.retrieval.")
     cls = ev.get("classification", {}) or {}
-    _check_keys(cls, ["classifiers"], where, "evaluate.classification.")
+    _check_keys(cls, ["classifiers", "queries"], where, "evaluate.classification.")
     classifiers = cls.get("classifiers", ["knn1", "knn10", "ncm"])
     if not isinstance(classifiers, list):
         classifiers = [classifiers]
@@ -336,7 +337,8 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
                   f"unknown classifier {c!r}; use knnK (e.g. knn1, knn10), softvoteK (Eq. 9 of SL-NE), ncm or ncmc")
     evaluate = EvaluateConfig(retrieval_k=_int_list(ret, "k", where, "evaluate.retrieval.", (1, 10, 100)),
                               classifiers=tuple(classifiers), retrieval=do_retrieval,
-                              queries=_typed(ret, "queries", int, where, "evaluate.retrieval.", None, 1))
+                              queries=_typed(ret, "queries", int, where, "evaluate.retrieval.", None, 1),
+                              classify_queries=_typed(cls, "queries", int, where, "evaluate.classification.", None, 1))
     _check_kernel_slem(methods, evaluate, where, classifiers_given(raw))
     k_graph = (neighbours or NeighboursConfig()).k
     too_many = [c for c in evaluate.classifiers if c.startswith("softvote") and int(c[8:]) > k_graph]

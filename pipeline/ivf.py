@@ -1,7 +1,8 @@
 """Approximate neighbours for large N: a faiss IVF index, built on a sample and searched by the workers.
 
-The index is IVF-Flat when the train rows' vectors fit in IVF_FLAT_BYTES, else IVF-PQ (D/4 bytes per
-vector at most 64 sub-quantizers), so one worker holds it whatever N; from HNSW_MIN_NLIST lists the
+The index is IVF-Flat when the train rows' vectors fit in IVF_FLAT_BYTES and the worker's share
+(pipeline/budget.py), else IVF-PQ with the most bytes per vector that fit (at most D/4 and 64
+sub-quantizers), so one worker holds it whatever N; from HNSW_MIN_NLIST lists the
 coarse quantizer is an HNSW graph. Steps: one task trains the coarse quantizer (and PQ) on a seeded
 sample of train rows and stores it in the neighbours unit; one task per row-block encodes its train
 rows (``sa_encode``: the list number and the code) into the unit's ``ivf_codes``; then query pieces
@@ -38,12 +39,30 @@ def nlist_for(n_train: int) -> int:
     return int(max(1, min(nlist, n_train // 39, 65536)))
 
 
-def factory_string(n_train: int, dim: int, nlist: int) -> str:
+def factory_string(n_train: int, dim: int, nlist: int, budget: float | None = None, where: str = "") -> str:
+    """The index for ``n_train`` vectors of ``dim`` within ``budget`` bytes (the memory rule's share
+    of a worker, pipeline/budget.py; None: IVF_FLAT_BYTES): IVF-Flat when the vectors fit, else
+    IVF-PQ with the most bytes per vector that fit (at most D/4 and 64 sub-quantizers, dividing D).
+    An index that cannot fit even at one byte per vector is refused naming memory_limit."""
     coarse = f"IVF{nlist}_HNSW32" if nlist >= HNSW_MIN_NLIST else f"IVF{nlist}"
-    if n_train * dim * 4 <= IVF_FLAT_BYTES:
+    flat_max = IVF_FLAT_BYTES if budget is None else min(IVF_FLAT_BYTES, budget)
+    if index_bytes(n_train, dim, f"{coarse},Flat") <= flat_max:
         return f"{coarse},Flat"
-    m = max(d for d in range(1, min(64, dim) + 1) if dim % d == 0 and d <= max(1, dim // 4))
-    return f"{coarse},PQ{m}"
+    fits = [d for d in range(1, min(64, dim) + 1) if dim % d == 0 and d <= max(1, dim // 4)
+            and (budget is None or index_bytes(n_train, dim, f"{coarse},PQ{d}") <= budget)]
+    if not fits:
+        from metricpipe.tasks.errors import InputError
+        raise InputError(f"{where}: an IVF index of {n_train:,} train rows needs "
+                         f"~{index_bytes(n_train, dim, f'{coarse},PQ1') / 1e6:,.0f} MB at one byte per row, over the "
+                         f"{max(0.0, budget) / 1e6:,.0f} MB a worker can give it; raise memory_limit")
+    return f"{coarse},PQ{max(fits)}"
+
+
+def index_bytes(n: int, dim: int, factory: str) -> float:
+    """Bytes of a filled index: each vector's code and its 8-byte id, plus the centroids."""
+    nlist = int(factory.split(",")[0][3:].split("_")[0])
+    code = 4 * dim if factory.endswith(",Flat") else int(factory.rsplit("PQ", 1)[1])
+    return float(n) * (code + 8) + nlist * dim * 4.0
 
 
 def _faiss():
@@ -55,12 +74,14 @@ def _faiss():
     return faiss
 
 
-def train(data_url: str, unit_url: str, rows: np.ndarray, factory: str, seed: int) -> int:
-    """Train the empty index on the sample ``rows``, store it as the unit's ``ivf_trained``; returns
-    the size in bytes of one vector's code."""
+def train(feat_url: str, unit_url: str, rows: np.ndarray, factory: str, seed: int, metric: str = "l2") -> int:
+    """Train the empty index on the sample ``rows`` of the 2-D array ``feat_url``, store it as the
+    unit's ``ivf_trained``; returns the size in bytes of one vector's code. ``metric`` "ip" ranks by
+    largest inner product (codes compared by their dot product)."""
     faiss = _faiss()
-    X = np.ascontiguousarray(read_rows(f"{data_url}/features", rows), dtype=np.float32)
-    index = faiss.index_factory(X.shape[1], factory)
+    X = np.ascontiguousarray(read_rows(feat_url, rows), dtype=np.float32)
+    index = faiss.index_factory(X.shape[1], factory,
+                                faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2)
     ivf = faiss.downcast_index(faiss.extract_index_ivf(index))
     ivf.cp.seed = seed
     if hasattr(ivf, "do_polysemous_training"):
@@ -90,12 +111,12 @@ def _trained(unit_url: str, token: str):
     return index
 
 
-def encode(data_url: str, unit_url: str, token: str, a: int, b: int) -> int:
-    """Encode the train rows of block a:b into rows a:b of the unit's ``ivf_codes`` (one chunk per
-    block, so blocks never share a chunk); returns the rows encoded."""
-    split = open_array(f"{data_url}/split")[a:b]
+def encode(feat_url: str, split_url: str, unit_url: str, token: str, a: int, b: int) -> int:
+    """Encode the train rows (``split_url`` == 0) of block a:b of ``feat_url`` into rows a:b of the
+    unit's ``ivf_codes`` (one chunk per block, so blocks never share a chunk); returns the rows encoded."""
+    split = open_array(split_url)[a:b]
     local = np.flatnonzero(split == 0)
-    X = np.ascontiguousarray(open_array(f"{data_url}/features")[a:b][local], dtype=np.float32)
+    X = np.ascontiguousarray(open_array(feat_url)[a:b][local], dtype=np.float32)
     codes = open_array(f"{unit_url}/ivf_codes")
     block = np.zeros((b - a, codes.shape[1]), np.uint8)
     block[local] = _trained(unit_url, token).sa_encode(X)
@@ -103,15 +124,15 @@ def encode(data_url: str, unit_url: str, token: str, a: int, b: int) -> int:
     return len(local)
 
 
-@lru_cache(maxsize=2)
-def _load(unit_url: str, token: str, data_url: str, chunks: tuple):
+@lru_cache(maxsize=1)   # one filled index per worker at a time (the memory rule counts one)
+def _load(unit_url: str, token: str, split_url: str, chunks: tuple):
     """The filled index: the trained one plus every block's codes, appended in block order. A worker
     builds it once from the stored codes (no serialized copy of the full index is ever made)."""
     faiss = _faiss()
     index = faiss.clone_index(_trained(unit_url, token))
     codes = open_array(f"{unit_url}/ivf_codes")
     for a, b in chunks:
-        local = np.flatnonzero(open_array(f"{data_url}/split")[a:b] == 0)
+        local = np.flatnonzero(open_array(split_url)[a:b] == 0)
         if len(local):
             index.add_sa_codes(np.ascontiguousarray(codes[a:b][local]), (local + a).astype(np.int64))
     return index
@@ -123,18 +144,21 @@ def release() -> None:
     _trained.cache_clear()
 
 
-def search(data_url: str, unit_url: str, token: str, chunks: tuple, q_rows: np.ndarray, k: int, nprobe: int
-           ) -> tuple[np.ndarray, np.ndarray]:
-    """Top-k train rows (itself excluded) of the global rows ``q_rows``: (squared distances, ids)."""
+def search(feat_url: str, split_url: str, unit_url: str, token: str, chunks: tuple, q_rows: np.ndarray, k: int,
+           nprobe: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k train rows (itself excluded) of the global rows ``q_rows`` of ``feat_url``: (squared
+    distances, or minus inner products for an "ip" index, ids)."""
     faiss = _faiss()
-    index = _load(unit_url, token, data_url, tuple(chunks))
+    index = _load(unit_url, token, split_url, tuple(chunks))
     ivf = faiss.extract_index_ivf(index)
     ivf.nprobe = nprobe
     quantizer = faiss.downcast_index(ivf.quantizer)
     if hasattr(quantizer, "hnsw"):  # the graph walk keeps 4 x nprobe candidate lists to find nprobe
         quantizer.hnsw.efSearch = max(16, 4 * nprobe)
-    Q = np.ascontiguousarray(read_rows(f"{data_url}/features", q_rows), dtype=np.float32)
+    Q = np.ascontiguousarray(read_rows(feat_url, q_rows), dtype=np.float32)
     dist, idx = index.search(Q, k + 1)
+    if index.metric_type == faiss.METRIC_INNER_PRODUCT:
+        dist = -dist   # smaller is nearer, as knn.block_topk's "ip" lists
     own = idx == np.asarray(q_rows)[:, None]
     keep = np.where(own.any(1)[:, None], ~own, np.arange(k + 1)[None, :] < k)  # drop self, else the last
     dist = dist[keep].reshape(len(Q), k).astype(np.float32)

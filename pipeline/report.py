@@ -269,6 +269,9 @@ DEFINITIONS = {
                                  "precision@1, which averages over queries)"),
     "recall": ("recall@{k}", True, "share of the query's relevant rows found among the first {k} results"),
     "top1_error": ("top-1 error", False, "share of test rows whose predicted class is wrong"),
+    "knn_recall": ("kNN recall", True, "share of each test row's exact k nearest train codes that the kNN "
+                                       "classifier voted over (the stored graph or an IVF index, "
+                                       "metrics.json's 'search'; 1 when exact)"),
     "top5_error": ("top-5 error", False, "share of test rows whose class is not among the 5 best-scored"),
     "storage_bytes": ("model bytes", False, "bytes of the encoder's parameters"),
     "nnz": ("non-zeros", False, "non-zero parameters of the encoder"),

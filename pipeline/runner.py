@@ -10,6 +10,7 @@ import time
 import numpy as np
 
 from metricpipe import stages
+from metricpipe.budget import check_memory
 from metricpipe.cluster import connect
 from metricpipe.config import (SPLIT_NAMES, EvaluateConfig, NeighboursConfig, RunConfig, classifiers_given,
                                unserved)
@@ -130,28 +131,6 @@ def skipped_classifiers(cfg: RunConfig, specs) -> list[dict]:
              for c in EvaluateConfig.classifiers if c not in cfg.evaluate.classifiers]
     return small + [{"model": stages.model_id(spec), "classifier": c, "reason": why}
                     for spec in specs for c in cfg.evaluate.classifiers if (why := unserved(spec, c))]
-
-
-# The memory rule: a task holds at most BLOCKS_PER_TASK row-blocks of the staged features (a kNN
-# piece: its queries, one database block and the distance tile; NML: the two blocks of a pair group)
-# plus the evaluation's budget (stages.EVAL_BUDGET: a retrieval task's database and distances), and
-# that must stay under SPILL_FRACTION of a worker's memory limit (Dask's spill target), so spilling
-# never has to save a running task. Learners that hold more than row-blocks (kernel SLEM's n x n
-# kernel matrix, a D x D covariance) state their own limits.
-BLOCKS_PER_TASK = 4
-SPILL_FRACTION = 0.6
-
-
-def check_memory(client, info, cfg: RunConfig) -> None:
-    limits = [w.get("memory_limit") for w in client.scheduler_info()["workers"].values()]
-    limits = [m for m in limits if m]
-    if not limits:
-        return
-    need = BLOCKS_PER_TASK * info.chunk_rows * info.n_features * 4 + stages.EVAL_BUDGET
-    if need > SPILL_FRACTION * min(limits):
-        raise InputError(f"{cfg.source_file}: data.chunk_mb {cfg.data.chunk_mb:g} gives tasks of ~{need / 1e6:.0f} MB, "
-                         f"over {SPILL_FRACTION:.0%} of the smallest worker memory limit ({min(limits) / 1e6:.0f} MB); "
-                         f"lower data.chunk_mb or raise memory_limit")
 
 
 def _run(ctx: StageContext, plan, log) -> str:

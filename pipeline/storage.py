@@ -562,8 +562,23 @@ def load_arrays(url: str) -> tuple[dict, dict]:
 
 
 def read_rows(url: str, idx: np.ndarray) -> np.ndarray:
-    """Rows ``idx`` of a stored 2-D array; only the chunks holding them are read."""
-    return open_array(url).get_orthogonal_selection((np.asarray(idx), slice(None)))
+    """Rows ``idx`` of a stored 2-D array; only the chunks holding them are read, one at a
+    time. (A single orthogonal selection lets zarr decode its whole batch of chunks at once: 20,000
+    rows spread over a 2.5M x 128 array took 612 MB for a 10 MB result, which killed 1 GB workers.)"""
+    arr = open_array(url)
+    idx = np.asarray(idx, np.int64)
+    if len(idx) > 1 and (np.diff(idx) < 0).any():
+        order = np.argsort(idx, kind="stable")
+        out = np.empty((len(idx),) + arr.shape[1:], arr.dtype)
+        out[order] = read_rows(url, idx[order])
+        return out
+    step = arr.chunks[0]
+    out = np.empty((len(idx),) + arr.shape[1:], arr.dtype)
+    cuts = np.searchsorted(idx, np.arange(0, arr.shape[0] + step, step))
+    for c in np.flatnonzero(np.diff(cuts)):
+        lo, hi = cuts[c], cuts[c + 1]
+        out[lo:hi] = arr.get_orthogonal_selection((idx[lo:hi], slice(None)))
+    return out
 
 
 def array_names(url: str) -> set:

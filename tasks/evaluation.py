@@ -63,10 +63,10 @@ def retrieval(Q: np.ndarray, q_idx: np.ndarray, db_idx: np.ndarray, db_rows, rel
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
-def knn_neighbour_labels(Q: np.ndarray, blocks, labels: np.ndarray, k: int, score: str) -> np.ndarray:
-    """Labels (n, k) of the k nearest database rows of each query, nearest first (-1 where the
-    database has fewer rows), over the database ``blocks``: an iterable of (global rows, their codes);
-    ``labels`` are indexed by global row."""
+def knn_neighbours(Q: np.ndarray, blocks, k: int, score: str) -> tuple[np.ndarray, np.ndarray]:
+    """(distances, global rows) (n, k) of the k nearest database rows of each query, nearest first
+    by (distance, row) (-1 where the database has fewer rows), over the database ``blocks``: an
+    iterable of (global rows, their codes). Inner-product scores give distances -q.x."""
     metric = "l2" if score == "euclidean" else "ip"
     best = knn.empty_topk(len(Q), k)
     for rows, X in blocks:
@@ -74,14 +74,30 @@ def knn_neighbour_labels(Q: np.ndarray, blocks, labels: np.ndarray, k: int, scor
             best = knn.merge_topk(best, knn.distance_topk(scores(Q, X, score), rows, k), k)
         else:
             best = knn.block_topk(Q, X, k, x_ids=rows, metric=metric, init=best)
-    return np.where(best[1] >= 0, labels[np.maximum(best[1], 0)], -1)
+    return best
+
+
+def neighbour_labels(ids: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Labels of neighbour lists (global rows, -1 for none: label -1); ``labels`` by global row."""
+    return np.where(ids >= 0, labels[np.maximum(ids, 0)], -1)
+
+
+def knn_neighbour_labels(Q: np.ndarray, blocks, labels: np.ndarray, k: int, score: str) -> np.ndarray:
+    """Labels (n, k) of the k nearest database rows of each query (:func:`knn_neighbours`), nearest
+    first, -1 where the database has fewer rows; ``labels`` are indexed by global row."""
+    return neighbour_labels(knn_neighbours(Q, blocks, k, score)[1], labels)
 
 
 def knn_errors(Q: np.ndarray, y: np.ndarray, blocks, labels: np.ndarray, ks: list, score: str,
                n_classes: int) -> dict:
     """Top-1 and top-5 errors of kNN classifiers (each k in ``ks``) over the database ``blocks``, an
     iterable of (global rows, their codes); ``labels`` are indexed by global row."""
-    nb_labels = knn_neighbour_labels(Q, blocks, labels, max(ks), score)
+    return knn_errors_from(knn_neighbour_labels(Q, blocks, labels, max(ks), score), y, ks, n_classes)
+
+
+def knn_errors_from(nb_labels: np.ndarray, y: np.ndarray, ks: list, n_classes: int) -> dict:
+    """Top-1 and top-5 errors of the kNN classifiers ``ks`` from the labels (n, >= max(ks)) of each
+    query's neighbours, nearest first (a stored graph's, an index's or :func:`knn_neighbour_labels`)."""
     out = {}
     for k in ks:
         errs = metrics.topk_errors(metrics.knn_class_ranking(nb_labels, n_classes, k), y)

@@ -60,6 +60,19 @@ class LinearModel:
             W = W.toarray().astype(np.float32)
         return lambda Z: np.asarray(Z @ W, np.float32)
 
+    def keeps_distances(self, n_features: int, atol: float = 1e-4) -> bool:
+        """True when the codes' Euclidean distances are the input's: no preprocessing, compared by
+        distance, and W absent (the identity) or a dense orthonormal D x D (a rotation, e.g. PCA
+        keeping every dimension). A neighbour graph of the inputs is then a graph of the codes."""
+        if self.pre_P is not None or self.score != "euclidean" or self.M is not None:
+            return False
+        if self.W is None:
+            return True
+        if hasattr(self.W, "nnz") or self.W.shape != (n_features, n_features):
+            return False
+        W = np.asarray(self.W, np.float64)
+        return bool(np.allclose(W.T @ W, np.eye(n_features), atol=atol))
+
     def exact_views(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(query view, base view) whose inner product is the exact bilinear similarity."""
         Z = self.preprocess(X)

@@ -4,16 +4,19 @@ import time
 
 import numpy as np
 
-from metricpipe.config import unserved
+from metricpipe.budget import index_budget
+from metricpipe.config import NeighboursConfig, unserved
 from metricpipe.context import StageContext
-from metricpipe.storage import Unit, hash_key, open_array, read_attrs, read_rows
+from metricpipe.storage import Unit, create_array, hash_key, open_array, read_attrs, read_rows
 from metricpipe.tasks import evaluation, metrics, moments, registry
 from metricpipe.stages.encode import _load_model
 from metricpipe.stages.statistics import _moments_block
 from metricpipe.stages.train import model_id
 from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.sparse import stratified_subset
 
 from metricpipe.stages.common import DataInfo, TEST, TRAIN, _timed, _tree_combine
+from metricpipe.stages.neighbours import EXACT_MAX_TRAIN
 
 
 
@@ -39,20 +42,46 @@ def _query_centroids(q_url: str, rows: np.ndarray, n_clusters: int, seed) -> np.
     return evaluation.kmeans_fit(read_rows(q_url, rows), n_clusters, seed)
 
 
-def _classify_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, train_blocks: list,
+def _train_rows(data_url: str, chunks: list):
+    """(global train rows, block bounds) of each row-block with train rows, read from the split."""
+    split = open_array(f"{data_url}/split")
+    for a, b in chunks:
+        rows = np.flatnonzero(split[a:b] == TRAIN) + a
+        if len(rows):
+            yield rows, a, b
+
+
+def _exact_knn(q_url: str, db_url: str, data_url: str, chunks: list, q_idx: np.ndarray, k: int, score: str):
+    """(distances, global rows) of the k nearest train codes of the queries ``q_idx``, streaming the
+    database one row-block at a time (the task holds the queries and one block)."""
+    db = open_array(db_url)
+    blocks = ((rows, db[a:b][rows - a]) for rows, a, b in _train_rows(data_url, chunks))
+    return evaluation.knn_neighbours(read_rows(q_url, q_idx), blocks, k, score)
+
+
+def _classify_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, data_url: str, chunks: list,
                     labels: np.ndarray, classifiers: tuple, means, graph_url: str | None,
-                    ncm_model: dict | None = None) -> dict:
+                    ncm_model: dict | None = None, knn_ids=None) -> dict:
+    """Errors of ``classifiers`` on the queries ``q_idx``. kNN votes over ``knn_ids`` (the queries'
+    neighbour lists from the stored graph or an index) when given, else over an exact search."""
     Q = read_rows(q_url, q_idx)
     y = labels[q_idx]
     n_classes = int(labels.max()) + 1
     out = {}
     ks = [int(c[3:]) for c in classifiers if c.startswith("knn")]
     if ks:
-        blocks = ((rows, read_rows(db_url, rows)) for rows in train_blocks)
-        out.update(evaluation.knn_errors(Q, y, blocks, labels, ks, score, n_classes))
+        if knn_ids is None:
+            db = open_array(db_url)
+            blocks = ((rows, db[a:b][rows - a]) for rows, a, b in _train_rows(data_url, chunks))
+            knn_ids = evaluation.knn_neighbours(Q, blocks, max(ks), score)[1]
+        elif isinstance(knn_ids, tuple):   # an index's (distances, rows)
+            knn_ids = knn_ids[1]
+        elif isinstance(knn_ids, str):   # the stored graph's rows
+            knn_ids = read_rows(knn_ids, q_idx)[:, :max(ks)].astype(np.int64)
+        out.update(evaluation.knn_errors_from(evaluation.neighbour_labels(knn_ids, labels), y, ks, n_classes))
     soft = [int(c[8:]) for c in classifiers if c.startswith("softvote")]
     if soft:
-        nbr = open_array(f"{graph_url}/neighbours").get_orthogonal_selection((q_idx, slice(None))).astype(np.int64)
+        nbr = read_rows(f"{graph_url}/neighbours", q_idx).astype(np.int64)
         flat = np.unique(nbr[nbr >= 0])
         out.update(evaluation.softvote_errors(Q, y, nbr, read_rows(db_url, flat), flat, labels, soft, n_classes))
     if "ncm" in classifiers:
@@ -60,6 +89,55 @@ def _classify_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, trai
     if "ncmc" in classifiers and ncm_model and ncm_model.get("centroids") is not None:
         out["ncmc"] = evaluation.ncmc_errors(Q, y, ncm_model["centroids"], ncm_model["owner"], n_classes)
     return out
+
+
+def _keeps_distances(model_url: str) -> bool:
+    """Whether a model's codes keep the staged features' Euclidean distances (identity, a full-rank
+    rotation): the neighbours stage's graph is then their kNN graph."""
+    est = _load_model(model_url)
+    enc = getattr(est, "_encoder", None)
+    return enc is not None and enc().keeps_distances(est.n_features_in_)
+
+
+def _ivf_lists(ctx: StageContext, data: DataInfo, unit: Unit, view: str, q_url: str, db_url: str, score: str,
+               blocks: list, k: int) -> tuple[list, dict]:
+    """kNN lists of the query ``blocks`` from a faiss IVF index of the train codes (built as the
+    neighbours stage builds its own: pipeline/ivf.py), with its recall@k against exact search on a
+    seeded sample of the queries. Returns the lists' futures and {knn_search, knn_recall}."""
+    from metricpipe import ivf
+    import distributed
+    seed = ctx.config.seed
+    nprobe = (ctx.config.neighbours or NeighboursConfig()).nprobe
+    train = data.rows(TRAIN)
+    dim = open_array(db_url).shape[1]
+    nlist = ivf.nlist_for(len(train))
+    factory = ivf.factory_string(len(train), dim, nlist, index_budget(ctx.client, data.chunk_rows, data.n_features),
+                                 ctx.config.source_file)
+    rng = np.random.default_rng([seed, 38])
+    sample = np.sort(rng.choice(train, min(len(train), max(39 * nlist, 20_000)), replace=False))
+    asked = np.concatenate(blocks)
+    probe = np.sort(rng.choice(asked, min(len(asked), ivf.RECALL_QUERIES), replace=False))
+    exact = ctx.submit(_exact_knn, q_url, db_url, data.url, data.chunks, probe, k, score, name="knn-recall")
+    index_url, split_url = f"{unit.url}/knn-index-{view}", f"{data.url}/split"
+    token = f"{index_url}@{time.time_ns()}"
+    metric = "l2" if score == "euclidean" else "ip"
+    code_size = ctx.gather([ctx.submit(ivf.train, db_url, index_url, sample, factory, seed, metric,
+                                       name="knn-index-train")], "evaluate", ["training the codes' IVF index"])[0]
+    create_array(f"{index_url}/ivf_codes", (data.n_samples, code_size), (data.chunk_rows, code_size), np.uint8)
+    tb = tuple((a, b) for a, b in data.chunks if (data.split[a:b] == TRAIN).any())
+    ctx.gather([ctx.submit(ivf.encode, db_url, split_url, index_url, token, a, b, name="knn-index-encode")
+                for a, b in tb], "evaluate", [f"indexing rows {a}..{b - 1}" for a, b in tb])
+    found = [ctx.submit(ivf.search, q_url, split_url, index_url, token, tb, q, k, nprobe, name="knn-index-search")
+             for q in blocks]
+    approx = ctx.submit(ivf.search, q_url, split_url, index_url, token, tb, probe, k, nprobe, name="knn-index-search")
+    e, a = ctx.gather([exact, approx], "evaluate", ["recall: exact", "recall: index"])
+    distributed.wait(found)   # (a failed search is reported by the classify task that needs it)
+    ctx.client.run(ivf.release)   # one filled index per worker at a time: the next model's may follow
+    ctx.store.fs.rm(f"{unit._root}/knn-index-{view}", recursive=True)   # the lists are found: scratch
+    note = {"knn_search": f"{factory}, nprobe {nprobe}", "knn_recall": ivf.recall(e, a, k)}
+    ctx.log(f"  evaluate: kNN of {unit.rel} ({view}) through {note['knn_search']}: recall@{k} "
+            f"{note['knn_recall']:.3f} against exact search on {len(probe)} queries")
+    return found, note
 
 
 def _ncm_model(model_url: str) -> dict | None:
@@ -81,6 +159,9 @@ def _class_means(m) -> np.ndarray:
 
 # Fixed (not worker-count dependent) so that every query meets the same GEMM shapes on any cluster.
 CLASSIFY_QUERIES = 4096
+# Retrieval ranks the whole test split for each query (the full-ranking mAP): past this many test rows
+# a seeded sample of this many queries does it, unless evaluate.retrieval.queries says otherwise.
+RETRIEVAL_QUERIES = 10_000
 
 
 def _fixed_blocks(idx: np.ndarray, size: int) -> list[np.ndarray]:
@@ -119,17 +200,27 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
     ev = ctx.config.evaluate
     test = data.rows(TEST)
     queries = test  # retrieval queries: every test image, or a seeded sample of them (evaluate.retrieval.queries)
-    if ev.queries is not None and ev.queries < len(test):
-        queries = np.sort(np.random.default_rng([ctx.config.seed, 31]).choice(test, ev.queries, replace=False))
+    n_queries = ev.queries
+    if n_queries is None and len(test) > RETRIEVAL_QUERIES:
+        n_queries = RETRIEVAL_QUERIES
+        ctx.log(f"  evaluate: retrieval by a seeded sample of {n_queries:,} of the {len(test):,} test rows "
+                f"(set evaluate.retrieval.queries to change it)")
+    if n_queries is not None and n_queries < len(test):
+        queries = np.sort(np.random.default_rng([ctx.config.seed, 31]).choice(test, n_queries, replace=False))
+    # classification: every test image, or a seeded class-stratified sample (evaluate.classification.queries)
+    classified = test if ev.classify_queries is None else \
+        stratified_subset(data.labels, ev.classify_queries, [ctx.config.seed, 34], among=test)
     rel_key = data.groups if data.groups is not None else data.labels
     ukb = data.groups is not None and bool(np.all(np.bincount(data.groups[test])[np.unique(data.groups[test])] == 4))
-    train_blocks = [r for r in (np.flatnonzero(data.split[a:b] == TRAIN) + a for a, b in data.chunks) if len(r)]
+    n_train = int((data.split == TRAIN).sum())
     labels_f = ctx.client.scatter(data.labels, broadcast=True)
     rel_f = labels_f if data.groups is None else ctx.client.scatter(rel_key, broadcast=True)
     if any(c.startswith("softvote") for c in ev.classifiers) and neighbours is None:
         raise InputError(f"{ctx.config.source_file}: evaluate: softvote classifiers need the neighbours stage; "
                          f"add neighbours: {{k: 50}}")
     graph_url = neighbours.url if neighbours is not None else None
+    graph = neighbours.meta() if neighbours is not None else {}
+    graph_all = graph.get("queries") == data.n_samples   # every row's neighbours, test rows too
     # map@r & co. (test queries against the test set, itself left out): k = the largest class less one
     acc_k = evaluation.accuracy_k(evaluation.relevant_counts(rel_key[queries], rel_key[test], True))
     n_clusters = len(np.unique(data.labels[queries]))
@@ -150,6 +241,8 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
         if cmeta.get("bilinear"):
             views.append(("exact", f"{cunit.url}/query", f"{cunit.url}/base", "inner"))
         served = tuple(c for c in ev.classifiers if not unserved(spec, c))  # the others: runs/latest.json "skipped"
+        knn_k = max([int(c[3:]) for c in served if c.startswith("knn")], default=0)
+        model_url = ctx.store.unit("models", read_attrs(cunit.url)["model"]).url
         for view, q_url, db_url, score in views:
             means = None
             if "ncm" in served:
@@ -164,27 +257,33 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
                    for q in _query_blocks(queries, len(test))] if ev.retrieval else []
             ncm_model = None
             if view == "codes" and hasattr(registry.estimator_class(spec["method"], spec), "predict_proba"):
-                ncm_model = ctx.submit(_ncm_model, ctx.store.unit("models", read_attrs(cunit.url)["model"]).url,
-                                      name="ncm-model")
-            cls = [ctx.submit(_classify_block, q_url, db_url, score, q, train_blocks, labels_f, served,
-                              means, graph_url, ncm_model, name=f"classify-{model_id(spec)}")
-                   for q in _fixed_blocks(test, CLASSIFY_QUERIES)] if served else []
-            jobs.append((spec, unit, dim, view, score, ret, cls))
+                ncm_model = ctx.submit(_ncm_model, model_url, name="ncm-model")
+            blocks = _fixed_blocks(classified, CLASSIFY_QUERIES)
+            knn_lists, knn_note = [None] * len(blocks), {}
+            if knn_k and graph_all and knn_k <= graph["k"] and view == "codes" and _keeps_distances(model_url):
+                knn_lists = [f"{graph_url}/neighbours"] * len(blocks)   # the graph is the codes' graph
+                knn_note = {"knn_search": "graph", "knn_recall": graph.get("recall", 1.0)}
+            elif knn_k and n_train > EXACT_MAX_TRAIN and score in ("euclidean", "inner"):
+                knn_lists, knn_note = _ivf_lists(ctx, data, unit, view, q_url, db_url, score, blocks, knn_k)
+            cls = [ctx.submit(_classify_block, q_url, db_url, score, q, data.url, data.chunks, labels_f, served,
+                              means, graph_url, ncm_model, lists, name=f"classify-{model_id(spec)}")
+                   for q, lists in zip(blocks, knn_lists)] if served else []
+            jobs.append((spec, unit, dim, view, score, ret, cls, knn_note))
     # When the models that leave classes out of training all keep the same ones, every model also
     # reports its errors on the other classes' test images: the control beside the new-class figure.
     subsets = {tuple(spec["classes"]) for spec, *_ in codes if spec.get("classes")}
     common = list(subsets.pop()) if len(subsets) == 1 else None
     t0 = time.perf_counter()
     records = {}
-    for spec, unit, dim, view, score, ret, cls in jobs:
+    for spec, unit, dim, view, score, ret, cls, knn_note in jobs:
         trained_on = spec.get("classes") or common
         name = f"{model_id(spec)} ({view})"
         ret_res = ctx.gather(ret, "evaluate", [f"model {name} retrieval block {i}" for i in range(len(ret))])
         cls_res = ctx.gather(cls, "evaluate", [f"model {name} classification block {i}" for i in range(len(cls))])
         extra = {} if view == "codes" and score == "euclidean" else {"view": view, "score": score}
         recs = records.setdefault(unit.key, (unit, []))[1]
-        recs.extend(_records(spec, dim, ev, data.labels[test], ret_res, cls_res, extra, trained_on,
-                             data.labels[queries]))
+        recs.extend(_records(spec, dim, ev, data.labels[classified], ret_res, cls_res, extra, trained_on,
+                             data.labels[queries], knn_note))
         if view == "codes" and costs.get(unit.key):  # the projection's size and cost next to its metrics
             base = {"method": spec["method"], "dim": dim, "classifier": None,
                     "params": {k: v for k, v in spec.items() if k not in ("method", "dim")}}
@@ -200,8 +299,10 @@ ACCURACY_METRICS = ("map@r", "r_precision", "precision@1", "mrr")
 
 def _records(spec: dict, dim: int, ev, test_labels: np.ndarray, ret_res: list, cls_res: list,
              extra: dict | None = None, trained_on: list | None = None,
-             query_labels: np.ndarray | None = None) -> list[dict]:
-    """Metric records; ``query_labels`` are the retrieval queries' labels (default: the test labels)."""
+             query_labels: np.ndarray | None = None, knn_note: dict | None = None) -> list[dict]:
+    """Metric records; ``test_labels`` are the classified test rows' labels, ``query_labels`` the
+    retrieval queries' (default: ``test_labels``); ``knn_note`` says how kNN found its neighbours
+    (``knn_search``: graph or the index, ``knn_recall`` against exact search), recorded as metrics."""
     query_labels = test_labels if query_labels is None else query_labels
     params = {**{k: v for k, v in spec.items() if k not in ("method", "dim")}, **(extra or {})}
     base = {"method": spec["method"], "dim": dim, "params": params}
@@ -232,6 +333,9 @@ def _records(spec: dict, dim: int, ev, test_labels: np.ndarray, ret_res: list, c
             top5 = np.concatenate([r[c][1] for r in cls_res])
             recs.append({**base, "classifier": c, "metric": "top1_error", "value": float(top1.mean())})
             recs.append({**base, "classifier": c, "metric": "top5_error", "value": float(top5.mean())})
+            if c.startswith("knn") and knn_note:
+                recs.append({**base, "classifier": c, "metric": "knn_recall", "value": knn_note.get("knn_recall"),
+                             "search": knn_note["knn_search"]})
             if new is not None and new.any():
                 recs.append({**base, "classifier": c, "metric": "top1_error_new_classes", "value": float(top1[new].mean())})
                 recs.append({**base, "classifier": c, "metric": "top5_error_new_classes", "value": float(top5[new].mean())})

@@ -4,6 +4,7 @@ import time
 import distributed
 import numpy as np
 
+from metricpipe.budget import index_budget
 from metricpipe.context import StageContext
 from metricpipe.sparse_train import training_subset
 from metricpipe.storage import Unit, create_array, hash_key, open_array, read_rows
@@ -137,7 +138,8 @@ def _ivf_pieces(ctx: StageContext, data: DataInfo, unit: Unit, blocks: list, cut
     nb, seed = ctx.config.neighbours, ctx.config.seed
     train = data.rows(TRAIN)
     nlist = nb.nlist or ivf.nlist_for(len(train))
-    factory = ivf.factory_string(len(train), data.n_features, nlist)
+    factory = ivf.factory_string(len(train), data.n_features, nlist,
+                                 index_budget(ctx.client, data.chunk_rows, data.n_features), ctx.config.source_file)
     rng = np.random.default_rng([seed, 37])
     sample = np.sort(rng.choice(train, min(len(train), max(39 * nlist, 20_000)), replace=False))
     probe = np.sort(rng.choice(train, min(len(train), ivf.RECALL_QUERIES), replace=False))
@@ -145,10 +147,11 @@ def _ivf_pieces(ctx: StageContext, data: DataInfo, unit: Unit, blocks: list, cut
     # (one task on one worker, which left the other idle for 52 s at 5M rows)
     exact = ctx.submit(_knn_piece, data.url, probe, blocks, k, name="ivf-recall")
     token = f"{unit.url}@{time.time_ns()}"   # this build's index in the workers' caches
-    code_size = ctx.gather([ctx.submit(ivf.train, data.url, unit.url, sample, factory, seed, name="ivf-train")],
+    code_size = ctx.gather([ctx.submit(ivf.train, f"{data.url}/features", unit.url, sample, factory, seed, name="ivf-train")],
                            "neighbours", ["training the IVF index"])[0]
     create_array(f"{unit.url}/ivf_codes", (data.n_samples, code_size), (data.chunk_rows, code_size), np.uint8)
-    ctx.gather([ctx.submit(ivf.encode, data.url, unit.url, token, a, b, name="ivf-encode") for a, b in blocks],
+    ctx.gather([ctx.submit(ivf.encode, f"{data.url}/features", f"{data.url}/split", unit.url, token, a, b,
+                           name="ivf-encode") for a, b in blocks],
                "neighbours", [f"encoding rows {a}..{b - 1}" for a, b in blocks])
     rerank = nb.rerank if ",PQ" in factory else 1   # IVF-Flat distances are exact already
     pieces = _ivf_search(ctx, data, unit, token, blocks, cuts, k, rerank)
@@ -167,8 +170,8 @@ def _ivf_search(ctx: StageContext, data: DataInfo, unit: Unit, token: str, block
     fit ivf.RERANK_PAIRS) and cut to k."""
     from metricpipe import ivf
     kc = k * rerank
-    found = [ctx.submit(ivf.search, data.url, unit.url, token, tuple(blocks), piece, kc, ctx.config.neighbours.nprobe,
-                        name="ivf-search") for piece in cuts]
+    found = [ctx.submit(ivf.search, f"{data.url}/features", f"{data.url}/split", unit.url, token, tuple(blocks), piece,
+                        kc, ctx.config.neighbours.nprobe, name="ivf-search") for piece in cuts]
     if rerank <= 1:
         return found
     groups, size = [[]], 0

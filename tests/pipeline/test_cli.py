@@ -120,7 +120,9 @@ BAD = {
     "empty test split": (lambda t: {**_bad_npz(t, X=X, y=Y, s=np.array(["train"] * 120)), "split": {"column": "s"}},
                          {}, r"the test split is empty"),
     "worker memory below the task rule": (lambda t: {"source": "digits"}, {"memory_limit": "300MB"},
-                                          r"data.chunk_mb 64 gives tasks of ~\d+ MB, over 60% of the smallest worker"),
+                                          r"a row-block task \(4 row-blocks and the evaluation's buffers\) needs ~\d+ MB, over the 180 MB a "
+                                          r"task may use \(60% of the smallest worker memory limit, 300 MB\); lower "
+                                          r"data.chunk_mb or raise memory_limit"),
     "negatives from the test split": (lambda t: {"source": "digits"},
                                       {"methods": [{"method": "slem", "negatives": {"split": "test"}}]},
                                       r"methods\[0\].negatives: negatives.split must name .*never test"),

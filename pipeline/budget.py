@@ -1,0 +1,92 @@
+"""The memory rule: what one task may hold, checked before staging against the workers' limits.
+
+A task holds at most BLOCKS_PER_TASK row-blocks of the staged features (a kNN piece: its queries, one
+database block and the distance tile; NML: the two blocks of a pair group) plus the evaluation's
+budget (stages.EVAL_BUDGET: a retrieval task's database and distances). Tasks that hold more than
+row-blocks are counted too:
+
+- the statistics stage's D x D covariance (float64): a block's partial and the two being combined;
+- an IVF index (the neighbours stage's over the features, the evaluate stage's over each model's train
+  codes when the train split is large), cached in every worker beside the row-blocks that re-ranking
+  reads: IVF-Flat when the vectors fit the index budget, else IVF-PQ with as many bytes per vector as
+  fit (pipeline/ivf.py); its k-means sample is read by one task.
+
+Each must stay under SPILL_FRACTION of the smallest worker's memory limit (Dask's spill target, so
+spilling never has to save a running task); the rest up to Dask's terminate threshold (95%) holds
+the worker process itself (Python, numpy, faiss, zarr: ~250 MB resident before any task; 350 MB at a
+1 GB limit). A configuration that cannot fit is refused before staging with one line naming the
+setting to change.
+"""
+from metricpipe.config import NeighboursConfig
+from metricpipe.tasks.errors import InputError
+
+BLOCKS_PER_TASK = 4
+SPILL_FRACTION = 0.6
+# The index shares its worker with the row-blocks a re-ranking task reads (one block and the queries).
+INDEX_BLOCKS = 2
+
+
+def worker_limit(client) -> float | None:
+    """The smallest worker memory limit in bytes (None when the workers have none)."""
+    limits = [w.get("memory_limit") for w in client.scheduler_info()["workers"].values()]
+    limits = [m for m in limits if m]
+    return float(min(limits)) if limits else None
+
+
+def usable(limit: float) -> float:
+    return SPILL_FRACTION * limit
+
+
+def block_bytes(chunk_rows: int, n_features: int) -> float:
+    return chunk_rows * n_features * 4.0
+
+
+def index_budget(client, chunk_rows: int | None = None, n_features: int | None = None) -> float | None:
+    """Bytes a filled IVF index may take in one worker (None: no limit known); ``chunk_rows`` and
+    ``n_features`` size the row-blocks that share the worker with it (default: one 64 MB block)."""
+    limit = worker_limit(client)
+    if limit is None:
+        return None
+    blocks = INDEX_BLOCKS * (block_bytes(chunk_rows, n_features) if chunk_rows else 64e6)
+    return usable(limit) - blocks
+
+
+def needs(info, cfg, limit: float) -> list[tuple[str, float, str]]:
+    """(what, bytes, the setting to change) of every task kind this run will hold at its largest."""
+    from metricpipe import ivf, stages
+    from metricpipe.runner import stage_names
+    D, n_train = info.n_features, int((info.split == stages.TRAIN).sum())
+    block = block_bytes(info.chunk_rows, D)
+    out = [("a row-block task (4 row-blocks and the evaluation's buffers)", BLOCKS_PER_TASK * block + stages.EVAL_BUDGET,
+            "lower data.chunk_mb or raise memory_limit")]
+    if D <= cfg.statistics.max_dense_dim:
+        out.append((f"the statistics stage's {D} x {D} covariance (3 copies, float64)", 3 * 8.0 * D * D + block,
+                    f"set statistics.max_dense_dim below {D} (randomized PCA) or raise memory_limit"))
+    nb = cfg.neighbours or NeighboursConfig()
+    if "neighbours" in stage_names(cfg) and n_train:
+        if nb.method == "ivf" or (nb.method == "auto" and n_train > stages.EXACT_MAX_TRAIN):
+            nlist = nb.nlist or ivf.nlist_for(n_train)
+            budget = usable(limit) - INDEX_BLOCKS * block
+            sample = min(n_train, max(39 * nlist, 20_000)) * D * 4.0
+            out.append((f"the IVF index's k-means sample ({min(n_train, max(39 * nlist, 20_000)):,} rows)",
+                        2 * sample + nlist * D * 4.0, "lower neighbours.nlist or raise memory_limit"))
+            factory = ivf.factory_string(n_train, D, nlist, budget, where=cfg.source_file)
+            out.append((f"the neighbours stage's IVF index ({factory}) and {INDEX_BLOCKS} row-blocks",
+                        ivf.index_bytes(n_train, D, factory) + INDEX_BLOCKS * block,
+                        "raise memory_limit"))
+    return out
+
+
+def check_memory(client, info, cfg) -> None:
+    """Refuse, before staging, a run whose largest task would not fit a worker (module docstring)."""
+    limit = worker_limit(client)
+    if limit is None:
+        return
+    for what, need, fix in needs(info, cfg, limit):
+        if need > usable(limit):
+            raise InputError(f"{cfg.source_file}: {what} needs ~{need / 1e6:,.0f} MB, over the "
+                             f"{usable(limit) / 1e6:,.0f} MB a task may use ({SPILL_FRACTION:.0%} of the smallest "
+                             f"worker memory limit, {limit / 1e6:,.0f} MB); {fix}")
+
+
+__all__ = ["BLOCKS_PER_TASK", "SPILL_FRACTION", "check_memory", "index_budget", "needs", "worker_limit"]

@@ -1,0 +1,152 @@
+"""Evaluation at scale: kNN from the stored graph, from an IVF index of the codes, on sampled queries;
+the memory rule's plan; rows read chunk by chunk."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from metricpipe import ivf, stages
+from metricpipe.budget import check_memory, needs
+from metricpipe.config import parse_config
+from metricpipe.context import StageContext
+from metricpipe.storage import Store, read_rows
+from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.knn import brute_force_knn
+from metricpipe.tasks.models import LinearModel
+from metricpipe.tasks.sparse import stratified_subset
+from tests.conftest import make_blobs
+
+
+def _evaluate(client, path, store, raw):
+    cfg = parse_config({"data": {"path": str(path), "chunk_mb": 0.0083, "split": {"test": 0.3}}, **raw})
+    ctx = StageContext(client, Store(str(store)), cfg, log=lambda m: None)
+    data = stages.run_stage(ctx)
+    stats = stages.run_statistics(ctx, data)
+    graph = stages.run_neighbours(ctx, data) if cfg.neighbours else None
+    models = stages.run_train(ctx, data, stats, graph)
+    codes = stages.run_encode(ctx, data, models)
+    recs = [r for _, unit in stages.run_evaluate(ctx, data, codes, graph) for r in unit.read_json("records.json")]
+    return recs, data
+
+
+def _get(recs, method, dim, metric, classifier):
+    [v] = [r for r in recs if (r["method"], r["dim"], r["metric"], r["classifier"]) == (method, dim, metric, classifier)]
+    return v
+
+
+@pytest.fixture
+def integer_npz(tmp_path):
+    rng = np.random.default_rng(5)
+    X = rng.integers(0, 4, (1000, 7)).astype(np.float32)  # integer-valued: exact distances, real ties
+    y = (X[:, 0] + X[:, 1] > 3).astype(int) * 2 + (np.arange(1000) % 2)
+    np.savez(tmp_path / "d.npz", X=X, y=y)
+    return tmp_path / "d.npz", X, y
+
+
+def test_knn_from_the_stored_graph_equals_exact_search_ties_included(client, tmp_path, integer_npz):
+    path = integer_npz[0]
+    methods = [{"method": "identity"}, {"method": "pca", "dim": 3}]
+    ev = {"retrieval": False, "classification": {"classifiers": ["knn1", "knn5"]}}
+    with_graph, _ = _evaluate(client, path, tmp_path / "a", {"neighbours": {"k": 6}, "methods": methods, "evaluate": ev})
+    exact, _ = _evaluate(client, path, tmp_path / "b", {"methods": methods, "evaluate": ev})
+    for c in ("knn1", "knn5"):
+        assert _get(with_graph, "identity", 7, "knn_recall", c)["search"] == "graph"
+        for m in ("top1_error", "top5_error"):
+            assert _get(with_graph, "identity", 7, m, c)["value"] == _get(exact, "identity", 7, m, c)["value"]
+    # PCA to 3 of 7 dimensions changes the distances: it searches its own codes
+    assert not [r for r in with_graph if r["method"] == "pca" and r["metric"] == "knn_recall"]
+    assert not [r for r in exact if r["metric"] == "knn_recall"]
+
+
+def test_knn_through_an_ivf_index_of_the_codes_past_the_threshold(client, tmp_path, monkeypatch):
+    X, y = make_blobs(n=3000, d=16, classes=6, sep=0.4)
+    np.savez(tmp_path / "b.npz", X=X, y=y)
+    raw = {"methods": [{"method": "pca", "dim": 8}],
+           "evaluate": {"retrieval": False, "classification": {"classifiers": ["knn1", "knn10"]}}}
+    exact, _ = _evaluate(client, tmp_path / "b.npz", tmp_path / "e", raw)
+    monkeypatch.setattr(stages.evaluate, "EXACT_MAX_TRAIN", 100)
+    approx, _ = _evaluate(client, tmp_path / "b.npz", tmp_path / "i", raw)
+    for c in ("knn1", "knn10"):
+        rec = _get(approx, "pca", 8, "knn_recall", c)
+        assert rec["search"].startswith("IVF") and rec["search"].endswith("nprobe 16")
+        assert 0.9 <= rec["value"] <= 1.0
+        e, a = _get(exact, "pca", 8, "top1_error", c)["value"], _get(approx, "pca", 8, "top1_error", c)["value"]
+        assert abs(e - a) <= 0.02 and e > 0.05   # not a trivial task: both classify, nearly alike
+    assert list((tmp_path / "i").glob("evaluation/*/*")) and not list((tmp_path / "i").glob("evaluation/*/knn-index*"))
+
+
+def test_classification_queries_are_a_stratified_sample_scored_exactly(client, tmp_path, integer_npz):
+    path, X, y = integer_npz
+    raw = {"methods": [{"method": "identity"}], "seed": 3,
+           "evaluate": {"retrieval": False, "classification": {"classifiers": ["knn1"], "queries": 60}}}
+    recs, data = _evaluate(client, path, tmp_path / "s", raw)
+    test, train = data.rows(stages.TEST), data.rows(stages.TRAIN)
+    rows = stratified_subset(y, 60, [3, 34], among=test)
+    assert 55 <= len(rows) <= 65 and len(rows) < len(test)
+    # reference: brute force (distance, then row) over the train rows
+    _, idx = brute_force_knn(X[rows], X[train], 1)
+    want = np.mean(y[train][idx[:, 0]] != y[rows])
+    assert _get(recs, "identity", 7, "top1_error", "knn1")["value"] == pytest.approx(want)
+
+
+def test_keeps_distances_only_for_the_identity_and_rotations():
+    rng = np.random.default_rng(0)
+    Q, _ = np.linalg.qr(rng.normal(size=(6, 6)))
+    assert LinearModel(None).keeps_distances(6)
+    assert LinearModel(Q.astype(np.float32)).keeps_distances(6)
+    assert not LinearModel(Q[:, :4].astype(np.float32)).keeps_distances(6)       # dimensions dropped
+    assert not LinearModel((2 * Q).astype(np.float32)).keeps_distances(6)        # scaled
+    assert not LinearModel(Q.astype(np.float32), score="inner").keeps_distances(6)
+
+
+def test_read_rows_reads_any_order_chunk_by_chunk(tmp_path):
+    from metricpipe.storage import create_array
+    X = np.arange(3000, dtype=np.int64).reshape(1000, 3)
+    create_array(str(tmp_path / "a"), X.shape, (64, 3), np.int64)[:] = X
+    for idx in (np.array([5, 999, 3, 3, 64, 0]), np.array([], np.int64), np.arange(1000), np.array([999])):
+        np.testing.assert_array_equal(read_rows(str(tmp_path / "a"), idx), X[idx])
+
+
+# ---- the memory rule --------------------------------------------------------------------------------
+
+def _info(n, d, chunk_mb=64, test=0.1):
+    split = np.zeros(n, np.int8)
+    split[: int(n * test)] = stages.TEST
+    return SimpleNamespace(n_features=d, chunk_rows=int(chunk_mb * 1e6 // (4 * d)), split=split)
+
+
+def _client(limit):
+    return SimpleNamespace(scheduler_info=lambda: {"workers": {"a": {"memory_limit": limit},
+                                                               "b": {"memory_limit": limit}}})
+
+
+def test_6m_rows_on_1gb_workers_plan_an_ivf_pq_index_that_fits():
+    cfg = parse_config({"data": {"source": "synthetic"}, "memory_limit": "1GB",
+                        "neighbours": {"k": 10, "method": "ivf", "queries": 20000},
+                        "methods": [{"method": "pca", "dim": 32}]})
+    plan = needs(_info(6_000_000, 128), cfg, 1e9)
+    index = [need for what, need, _ in plan if "IVF index (" in what]
+    assert len(index) == 1 and index[0] <= 0.6e9
+    [what] = [w for w, _, _ in plan if "IVF index (" in w]
+    assert "IVF4096_HNSW32,PQ32" in what       # flat would need 2.8 GB; 32 bytes a row fit
+    check_memory(_client(1e9), _info(6_000_000, 128), cfg)   # passes
+
+
+def test_the_memory_rule_refuses_before_staging_naming_the_setting():
+    cfg = parse_config({"data": {"source": "synthetic"}, "neighbours": {"k": 10, "method": "ivf"},
+                        "methods": [{"method": "pca", "dim": 32}]})
+    with pytest.raises(InputError, match=r"IVF index of 99,000,000 train rows needs ~\d[\d,]* MB at one byte per "
+                                         r"row, over the \d+ MB a worker can give it; raise memory_limit"):
+        check_memory(_client(1e9), _info(110_000_000, 128), cfg)
+    wide = parse_config({"data": {"source": "synthetic"}, "methods": [{"method": "pca", "dim": 32}]})
+    with pytest.raises(InputError, match=r"8000 x 8000 covariance .* needs ~1,5\d\d MB, over the 1,200 MB a task may "
+                                         r"use .*; set statistics.max_dense_dim below 8000"):
+        check_memory(_client(2e9), _info(10_000, 8000, chunk_mb=16), wide)
+
+
+def test_factory_string_fits_the_budget():
+    assert ivf.factory_string(100_000, 32, 512, budget=1e9) == "IVF512,Flat"
+    assert ivf.factory_string(100_000, 32, 512, budget=5e6) == "IVF512,PQ8"        # 16 B a row: PQ8
+    assert ivf.factory_string(1_000_000, 128, 2048, budget=30e6) == "IVF2048_HNSW32,PQ16"
+    with pytest.raises(InputError, match="raise memory_limit"):
+        ivf.factory_string(1_000_000, 128, 2048, budget=5e6)
