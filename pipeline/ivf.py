@@ -2,7 +2,7 @@
 
 The index is IVF-Flat when the train rows' vectors fit in IVF_FLAT_BYTES and the worker's share
 (pipeline/budget.py), else IVF-PQ with the most bytes per vector that fit (at most D/4 and 64
-sub-quantizers), so one worker holds it whatever N; from HNSW_MIN_NLIST lists the
+sub-quantizers), so one worker holds it whatever N; from HNSW_MIN_WORK lists x dimensions the
 coarse quantizer is an HNSW graph. Steps: one task trains the coarse quantizer (and PQ) on a seeded
 sample of train rows and stores it in the neighbours unit; one task per row-block encodes its train
 rows (``sa_encode``: the list number and the code) into the unit's ``ivf_codes``; then query pieces
@@ -25,10 +25,12 @@ from metricpipe.storage import create_array, open_array, read_rows
 IVF_FLAT_BYTES = 512e6
 RECALL_QUERIES = 1000
 RERANK_PAIRS = 4_000_000  # candidate pairs re-scored per pass over the row-blocks (32 MB of ids)
-# From this many lists the coarse quantizer is an HNSW graph over the centroids: finding a vector's
-# list is then a graph walk instead of nlist x D flops. At 5M x 256 with 4,096 lists a 62,500-row
-# block encoded in 1.41 s instead of 2.38 s, for recall@20 0.835 instead of 0.838 (500k-row check).
-HNSW_MIN_NLIST = 2048
+# From this many lists x dimensions the coarse quantizer is an HNSW graph over the centroids: finding
+# a vector's list is then a graph walk instead of nlist x D flops. At 5M x 256 with 4,096 lists a
+# 62,500-row block encoded in 1.41 s instead of 2.38 s, for recall@20 0.835 instead of 0.838
+# (500k-row check); at 2,048 lists the flat quantizer's GEMM wins: 125k rows in 0.71 s against 2.63 s
+# at D = 32, 1.20 s against 3.83 s at D = 128 (one thread).
+HNSW_MIN_WORK = 4096 * 256
 
 
 def nlist_for(n_train: int) -> int:
@@ -44,7 +46,7 @@ def factory_string(n_train: int, dim: int, nlist: int, budget: float | None = No
     of a worker, pipeline/budget.py; None: IVF_FLAT_BYTES): IVF-Flat when the vectors fit, else
     IVF-PQ with the most bytes per vector that fit (at most D/4 and 64 sub-quantizers, dividing D).
     An index that cannot fit even at one byte per vector is refused naming memory_limit."""
-    coarse = f"IVF{nlist}_HNSW32" if nlist >= HNSW_MIN_NLIST else f"IVF{nlist}"
+    coarse = f"IVF{nlist}_HNSW32" if nlist * dim >= HNSW_MIN_WORK else f"IVF{nlist}"
     flat_max = IVF_FLAT_BYTES if budget is None else min(IVF_FLAT_BYTES, budget)
     if index_bytes(n_train, dim, f"{coarse},Flat") <= flat_max:
         return f"{coarse},Flat"
@@ -56,6 +58,11 @@ def factory_string(n_train: int, dim: int, nlist: int, budget: float | None = No
                          f"~{index_bytes(n_train, dim, f'{coarse},PQ1') / 1e6:,.0f} MB at one byte per row, over the "
                          f"{max(0.0, budget) / 1e6:,.0f} MB a worker can give it; raise memory_limit")
     return f"{coarse},PQ{max(fits)}"
+
+
+def code_bytes(factory: str, dim: int) -> int:
+    """Bytes of one vector's standalone code (``sa_encode``): its list number and its code."""
+    return int(_faiss().index_factory(dim, factory).sa_code_size())
 
 
 def index_bytes(n: int, dim: int, factory: str) -> float:

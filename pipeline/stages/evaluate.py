@@ -99,45 +99,69 @@ def _keeps_distances(model_url: str) -> bool:
     return enc is not None and enc().keeps_distances(est.n_features_in_)
 
 
-def _ivf_lists(ctx: StageContext, data: DataInfo, unit: Unit, view: str, q_url: str, db_url: str, score: str,
-               blocks: list, k: int) -> tuple[list, dict]:
-    """kNN lists of the query ``blocks`` from a faiss IVF index of the train codes (built as the
-    neighbours stage builds its own: pipeline/ivf.py), with its recall@k against exact search on a
-    seeded sample of the queries. Returns the lists' futures and {knn_search, knn_recall}."""
+def _ivf_lists(ctx: StageContext, data: DataInfo, jobs: list, graph_index: str | None) -> None:
+    """Fill the jobs' kNN lists (``job["lists"]``, one per query block) from faiss IVF indexes of their
+    train codes, built as the neighbours stage builds its own (pipeline/ivf.py); a job whose codes
+    keep the features' distances searches the neighbours stage's index (``job["index"]``) instead.
+    Every index trains at once (one task each, so both workers work); the searches go view by view
+    (priorities), as a worker holds one filled index at a time. Records recall@k against exact
+    search on a seeded sample of each view's queries in ``job["knn_note"]``; the built indexes are
+    deleted once searched."""
     from metricpipe import ivf
     import distributed
-    seed = ctx.config.seed
+    seed, split_url = ctx.config.seed, f"{data.url}/split"
     nprobe = (ctx.config.neighbours or NeighboursConfig()).nprobe
     train = data.rows(TRAIN)
-    dim = open_array(db_url).shape[1]
     nlist = ivf.nlist_for(len(train))
-    factory = ivf.factory_string(len(train), dim, nlist, index_budget(ctx.client, data.chunk_rows, data.n_features),
-                                 ctx.config.source_file)
-    rng = np.random.default_rng([seed, 38])
-    sample = np.sort(rng.choice(train, min(len(train), max(39 * nlist, 20_000)), replace=False))
-    asked = np.concatenate(blocks)
-    probe = np.sort(rng.choice(asked, min(len(asked), ivf.RECALL_QUERIES), replace=False))
-    exact = ctx.submit(_exact_knn, q_url, db_url, data.url, data.chunks, probe, k, score, name="knn-recall")
-    index_url, split_url = f"{unit.url}/knn-index-{view}", f"{data.url}/split"
-    token = f"{index_url}@{time.time_ns()}"
-    metric = "l2" if score == "euclidean" else "ip"
-    code_size = ctx.gather([ctx.submit(ivf.train, db_url, index_url, sample, factory, seed, metric,
-                                       name="knn-index-train")], "evaluate", ["training the codes' IVF index"])[0]
-    create_array(f"{index_url}/ivf_codes", (data.n_samples, code_size), (data.chunk_rows, code_size), np.uint8)
     tb = tuple((a, b) for a, b in data.chunks if (data.split[a:b] == TRAIN).any())
-    ctx.gather([ctx.submit(ivf.encode, db_url, split_url, index_url, token, a, b, name="knn-index-encode")
-                for a, b in tb], "evaluate", [f"indexing rows {a}..{b - 1}" for a, b in tb])
-    found = [ctx.submit(ivf.search, q_url, split_url, index_url, token, tb, q, k, nprobe, name="knn-index-search")
-             for q in blocks]
-    approx = ctx.submit(ivf.search, q_url, split_url, index_url, token, tb, probe, k, nprobe, name="knn-index-search")
-    e, a = ctx.gather([exact, approx], "evaluate", ["recall: exact", "recall: index"])
-    distributed.wait(found)   # (a failed search is reported by the classify task that needs it)
-    ctx.client.run(ivf.release)   # one filled index per worker at a time: the next model's may follow
-    ctx.store.fs.rm(f"{unit._root}/knn-index-{view}", recursive=True)   # the lists are found: scratch
-    note = {"knn_search": f"{factory}, nprobe {nprobe}", "knn_recall": ivf.recall(e, a, k)}
-    ctx.log(f"  evaluate: kNN of {unit.rel} ({view}) through {note['knn_search']}: recall@{k} "
-            f"{note['knn_recall']:.3f} against exact search on {len(probe)} queries")
-    return found, note
+    budget = index_budget(ctx.client, data.chunk_rows, data.n_features)
+    for i, job in enumerate(jobs):
+        q_url, db_url = job["urls"]
+        rng = np.random.default_rng([seed, 38, i])
+        asked = np.concatenate(job["blocks"])
+        job["probe"] = np.sort(rng.choice(asked, min(len(asked), ivf.RECALL_QUERIES), replace=False))
+        job["exact"] = ctx.submit(_exact_knn, q_url, db_url, data.url, data.chunks, job["probe"], job["k"],
+                                  job["score"], name="knn-recall")
+        job["token"] = f"{job['unit'].url}/{job['view']}@{time.time_ns()}"
+        job["reused"] = job["index"] is not None
+        if job["reused"]:    # the neighbours stage's index, stored with its graph
+            job["factory"], job["ready"] = graph_index, []
+            continue
+        job["index"] = f"{job['unit'].url}/knn-index-{job['view']}"
+        dim = open_array(db_url).shape[1]
+        job["factory"] = ivf.factory_string(len(train), dim, nlist, budget, ctx.config.source_file)
+        sample = np.sort(rng.choice(train, min(len(train), max(39 * nlist, 20_000)), replace=False))
+        metric = "l2" if job["score"] == "euclidean" else "ip"
+        trained = ctx.submit(ivf.train, db_url, job["index"], sample, job["factory"], seed, metric,
+                             name="knn-index-train")
+        create_array(f"{job['index']}/ivf_codes", (data.n_samples, ivf.code_bytes(job["factory"], dim)),
+                     (data.chunk_rows, ivf.code_bytes(job["factory"], dim)), np.uint8)
+        job["ready"] = [ctx.submit(_after, ivf.encode, (db_url, split_url, job["index"], job["token"], a, b), trained,
+                                   name="knn-index-encode") for a, b in tb]
+    for i, job in enumerate(jobs):
+        args = (job["urls"][0], split_url, job["index"], job["token"], tb)
+        job["lists"] = [ctx.submit(_after, ivf.search, args + (q, job["k"], nprobe), *job["ready"],
+                                   name="knn-index-search", priority=len(jobs) - i) for q in job["blocks"]]
+        job["approx"] = ctx.submit(_after, ivf.search, args + (job["probe"], job["k"], nprobe), *job["ready"],
+                                   name="knn-index-search", priority=len(jobs) - i)
+    for job in jobs:
+        e, a = ctx.gather([job["exact"], job["approx"]], "evaluate", ["recall: exact", "recall: index"])
+        job["knn_note"] = {"knn_search": f"{job['factory']}, nprobe {nprobe}"
+                                         + (" (the neighbours stage's index)" if job["reused"] else ""),
+                           "knn_recall": ivf.recall(e, a, job["k"])}
+        ctx.log(f"  evaluate: kNN of {job['unit'].rel} ({job['view']}) through {job['knn_note']['knn_search']}: "
+                f"recall@{job['k']} {job['knn_note']['knn_recall']:.3f} against exact search on "
+                f"{len(job['probe'])} queries")
+    distributed.wait([f for job in jobs for f in job["lists"]])  # (a failed search: reported by its classify task)
+    ctx.client.run(ivf.release)
+    for job in jobs:
+        if not job["reused"]:   # built here: scratch once searched
+            ctx.store.fs.rm(f"{job['unit']._root}/knn-index-{job['view']}", recursive=True)
+
+
+def _after(fn, args: tuple, *deps):
+    """``fn(*args)`` once the tasks ``deps`` are done (their results unused)."""
+    return fn(*args)
 
 
 def _ncm_model(model_url: str) -> dict | None:
@@ -226,7 +250,7 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
     n_clusters = len(np.unique(data.labels[queries]))
     km_rows = np.sort(np.random.default_rng([ctx.config.seed, 32]).choice(
         queries, min(len(queries), KMEANS_ROWS_PER_CLASS * n_clusters), replace=False))
-    out, jobs, costs = [], [], {}
+    out, jobs, costs, indexed = [], [], {}, []
     for spec, cunit, dim in codes:
         unit = ctx.store.unit("evaluation", hash_key({"stage": "evaluation", "seed": ctx.config.seed, "codes": cunit.key,
                                                      "graph": neighbours.key if neighbours else None,
@@ -259,23 +283,36 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
             if view == "codes" and hasattr(registry.estimator_class(spec["method"], spec), "predict_proba"):
                 ncm_model = ctx.submit(_ncm_model, model_url, name="ncm-model")
             blocks = _fixed_blocks(classified, CLASSIFY_QUERIES)
-            knn_lists, knn_note = [None] * len(blocks), {}
-            if knn_k and graph_all and knn_k <= graph["k"] and view == "codes" and _keeps_distances(model_url):
-                knn_lists = [f"{graph_url}/neighbours"] * len(blocks)   # the graph is the codes' graph
-                knn_note = {"knn_search": "graph", "knn_recall": graph.get("recall", 1.0)}
+            job = {"spec": spec, "unit": unit, "dim": dim, "view": view, "score": score, "ret": ret, "cls": [],
+                   "knn_note": {}, "blocks": blocks, "lists": [None] * len(blocks), "k": knn_k,
+                   "urls": (q_url, db_url), "classify": (means, ncm_model, served)}
+            keeps = bool(knn_k) and view == "codes" and _keeps_distances(model_url)
+            if keeps and graph_all and knn_k <= graph["k"]:
+                job["lists"] = [f"{graph_url}/neighbours"] * len(blocks)   # the graph is the codes' graph
+                job["knn_note"] = {"knn_search": "graph", "knn_recall": graph.get("recall", 1.0)}
             elif knn_k and n_train > EXACT_MAX_TRAIN and score in ("euclidean", "inner"):
-                knn_lists, knn_note = _ivf_lists(ctx, data, unit, view, q_url, db_url, score, blocks, knn_k)
-            cls = [ctx.submit(_classify_block, q_url, db_url, score, q, data.url, data.chunks, labels_f, served,
-                              means, graph_url, ncm_model, lists, name=f"classify-{model_id(spec)}")
-                   for q, lists in zip(blocks, knn_lists)] if served else []
-            jobs.append((spec, unit, dim, view, score, ret, cls, knn_note))
+                # the neighbours stage's index is an index of these codes too
+                job["index"] = graph_url if keeps and graph.get("method") == "ivf" else None
+                indexed.append(job)
+            jobs.append(job)
+    if indexed:
+        _ivf_lists(ctx, data, indexed, graph.get("index"))
+    for job in jobs:
+        (q_url, db_url), (means, ncm_model, served) = job["urls"], job["classify"]
+        if served:
+            job["cls"] = [ctx.submit(_classify_block, q_url, db_url, job["score"], q, data.url, data.chunks, labels_f,
+                                     served, means, graph_url, ncm_model, lists,
+                                     name=f"classify-{model_id(job['spec'])}")
+                          for q, lists in zip(job["blocks"], job["lists"])]
     # When the models that leave classes out of training all keep the same ones, every model also
     # reports its errors on the other classes' test images: the control beside the new-class figure.
     subsets = {tuple(spec["classes"]) for spec, *_ in codes if spec.get("classes")}
     common = list(subsets.pop()) if len(subsets) == 1 else None
     t0 = time.perf_counter()
     records = {}
-    for spec, unit, dim, view, score, ret, cls, knn_note in jobs:
+    for job in jobs:
+        spec, unit, dim, view, score, ret, cls, knn_note = (job[k] for k in ("spec", "unit", "dim", "view", "score",
+                                                                              "ret", "cls", "knn_note"))
         trained_on = spec.get("classes") or common
         name = f"{model_id(spec)} ({view})"
         ret_res = ctx.gather(ret, "evaluate", [f"model {name} retrieval block {i}" for i in range(len(ret))])

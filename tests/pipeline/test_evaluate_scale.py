@@ -61,17 +61,21 @@ def test_knn_from_the_stored_graph_equals_exact_search_ties_included(client, tmp
 def test_knn_through_an_ivf_index_of_the_codes_past_the_threshold(client, tmp_path, monkeypatch):
     X, y = make_blobs(n=3000, d=16, classes=6, sep=0.4)
     np.savez(tmp_path / "b.npz", X=X, y=y)
-    raw = {"methods": [{"method": "pca", "dim": 8}],
+    raw = {"methods": [{"method": "pca", "dim": 8}, {"method": "identity"}],
            "evaluate": {"retrieval": False, "classification": {"classifiers": ["knn1", "knn10"]}}}
     exact, _ = _evaluate(client, tmp_path / "b.npz", tmp_path / "e", raw)
     monkeypatch.setattr(stages.evaluate, "EXACT_MAX_TRAIN", 100)
-    approx, _ = _evaluate(client, tmp_path / "b.npz", tmp_path / "i", raw)
+    # a graph of 300 sampled train rows: the identity's kNN searches the graph's own IVF index
+    approx, _ = _evaluate(client, tmp_path / "b.npz", tmp_path / "i",
+                          {**raw, "neighbours": {"k": 10, "method": "ivf", "queries": 300}})
     for c in ("knn1", "knn10"):
         rec = _get(approx, "pca", 8, "knn_recall", c)
         assert rec["search"].startswith("IVF") and rec["search"].endswith("nprobe 16")
-        assert 0.9 <= rec["value"] <= 1.0
-        e, a = _get(exact, "pca", 8, "top1_error", c)["value"], _get(approx, "pca", 8, "top1_error", c)["value"]
-        assert abs(e - a) <= 0.02 and e > 0.05   # not a trivial task: both classify, nearly alike
+        assert _get(approx, "identity", 16, "knn_recall", c)["search"].endswith("(the neighbours stage's index)")
+        for m, d in (("pca", 8), ("identity", 16)):
+            assert 0.9 <= _get(approx, m, d, "knn_recall", c)["value"] <= 1.0
+            e, a = _get(exact, m, d, "top1_error", c)["value"], _get(approx, m, d, "top1_error", c)["value"]
+            assert abs(e - a) <= 0.02 and e > 0.05   # not a trivial task: both classify, nearly alike
     assert list((tmp_path / "i").glob("evaluation/*/*")) and not list((tmp_path / "i").glob("evaluation/*/knn-index*"))
 
 
@@ -128,7 +132,7 @@ def test_6m_rows_on_1gb_workers_plan_an_ivf_pq_index_that_fits():
     index = [need for what, need, _ in plan if "IVF index (" in what]
     assert len(index) == 1 and index[0] <= 0.6e9
     [what] = [w for w, _, _ in plan if "IVF index (" in w]
-    assert "IVF4096_HNSW32,PQ32" in what       # flat would need 2.8 GB; 32 bytes a row fit
+    assert "IVF4096,PQ32" in what       # flat would need 2.8 GB; 32 bytes a row fit
     check_memory(_client(1e9), _info(6_000_000, 128), cfg)   # passes
 
 
@@ -147,6 +151,7 @@ def test_the_memory_rule_refuses_before_staging_naming_the_setting():
 def test_factory_string_fits_the_budget():
     assert ivf.factory_string(100_000, 32, 512, budget=1e9) == "IVF512,Flat"
     assert ivf.factory_string(100_000, 32, 512, budget=5e6) == "IVF512,PQ8"        # 16 B a row: PQ8
-    assert ivf.factory_string(1_000_000, 128, 2048, budget=30e6) == "IVF2048_HNSW32,PQ16"
+    assert ivf.factory_string(1_000_000, 128, 2048, budget=30e6) == "IVF2048,PQ16"
+    assert ivf.factory_string(1_000_000, 256, 4096, budget=30e6) == "IVF4096_HNSW32,PQ16"
     with pytest.raises(InputError, match="raise memory_limit"):
         ivf.factory_string(1_000_000, 128, 2048, budget=5e6)

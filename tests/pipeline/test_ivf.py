@@ -100,7 +100,7 @@ def test_sampled_queries_keep_the_full_graphs_rows_and_slne_trains_on_them_and_t
 
 
 def test_hnsw_quantizer_from_many_lists_finds_every_probed_list(client, tmp_path, monkeypatch):
-    monkeypatch.setattr(ivf, "HNSW_MIN_NLIST", 16)
+    monkeypatch.setattr(ivf, "HNSW_MIN_WORK", 16 * 16)
     assert ivf.factory_string(2400, 16, 16) == "IVF16_HNSW32,Flat" and ivf.factory_string(2400, 16, 8) == "IVF8,Flat"
     _, exact, exact_d, data = _graph(client, tmp_path, "exact", {"k": 10, "method": "exact"})
     unit, graph, dist, _ = _graph(client, tmp_path, "hnsw", {"k": 10, "method": "ivf", "nlist": 16, "nprobe": 16})
