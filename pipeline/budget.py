@@ -6,6 +6,7 @@ budget (stages.EVAL_BUDGET: a retrieval task's database and distances). Tasks th
 row-blocks are counted too:
 
 - the statistics stage's D x D covariance (float64): a block's partial and the two being combined;
+- kernel SLEM's n x n kernel matrix and its factors (n x r with ICD), n its negatives' count;
 - an IVF index (the neighbours stage's over the features, the evaluate stage's over each model's train
   codes when the train split is large), cached in every worker beside the row-blocks that re-ranking
   reads: IVF-Flat when the vectors fit the index budget, else IVF-PQ with as many bytes per vector as
@@ -18,6 +19,7 @@ the worker process itself (Python, numpy, faiss, zarr: ~250 MB resident before a
 setting to change.
 """
 from metricpipe.config import NeighboursConfig
+from metricpipe.tasks import registry
 from metricpipe.tasks.errors import InputError
 
 BLOCKS_PER_TASK = 4
@@ -62,6 +64,10 @@ def needs(info, cfg, limit: float) -> list[tuple[str, float, str]]:
     if D <= cfg.statistics.max_dense_dim:
         out.append((f"the statistics stage's {D} x {D} covariance (3 copies, float64)", 3 * 8.0 * D * D + block,
                     f"set statistics.max_dense_dim below {D} (randomized PCA) or raise memory_limit"))
+    for spec in cfg.methods:
+        for cand in registry.candidates(spec):
+            if cand["method"] == "slem" and cand.get("kernel", "linear") != "linear":
+                out.append(_kernel_slem(cand, info))
     nb = cfg.neighbours or NeighboursConfig()
     if "neighbours" in stage_names(cfg) and n_train:
         if nb.method == "ivf" or (nb.method == "auto" and n_train > stages.EXACT_MAX_TRAIN):
@@ -75,6 +81,24 @@ def needs(info, cfg, limit: float) -> list[tuple[str, float, str]]:
                         ivf.index_bytes(n_train, D, factory) + INDEX_BLOCKS * block,
                         "raise memory_limit"))
     return out
+
+
+def _kernel_slem(spec: dict, info) -> tuple[str, float, str]:
+    """Kernel SLEM's pool: an n x n float64 kernel matrix and its factor (Cholesky, KPCA), or an
+    n x r pivoted factor (ICD). Measured at n = 5,000 (fit_pool's peak RSS over n^2 x 8 bytes):
+    Cholesky 5.0, KPCA 3.8; ICD at r = 200, 1.6 x n r x 8 bytes."""
+    from metricpipe.config import SPLIT_NAMES
+    neg = spec.get("negatives") or {}
+    code = SPLIT_NAMES.index(neg.get("split", "train")) if neg.get("split", "train") in SPLIT_NAMES else 0
+    n = int((info.split == code).sum())
+    n = n if neg.get("count") is None else min(n, int(neg["count"]))
+    if spec.get("decomposition") == "icd":
+        r = n if spec.get("rank", "full") == "full" else min(n, int(spec["rank"]))
+        need, shape, copies = 2 * 8.0 * n * r, f"{n:,} x {r}", 2
+    else:
+        need, shape, copies = 5 * 8.0 * n * n, f"{n:,} x {n:,}", 5
+    return (f"kernel SLEM's {shape} kernel matrices ({copies} copies, float64)", need,
+            "lower its negatives.count, use decomposition: icd with a rank, or raise memory_limit")
 
 
 def check_memory(client, info, cfg) -> None:

@@ -155,3 +155,16 @@ def test_factory_string_fits_the_budget():
     assert ivf.factory_string(1_000_000, 256, 4096, budget=30e6) == "IVF4096_HNSW32,PQ16"
     with pytest.raises(InputError, match="raise memory_limit"):
         ivf.factory_string(1_000_000, 128, 2048, budget=5e6)
+
+
+def test_kernel_slem_pool_is_counted_by_the_memory_rule():
+    def cfg(count, **kw):
+        return parse_config({"data": {"source": "synthetic"}, "methods": [
+            {"method": "slem", "kernel": "gaussian", "gamma": 1.0, "negatives": {"split": "train", "count": count}, **kw}]})
+    info = _info(200_000, 64, chunk_mb=16)
+    with pytest.raises(InputError, match=r"kernel SLEM's 15,000 x 15,000 kernel matrices \(5 copies, float64\) needs "
+                                         r"~9,000 MB, over the 1,200 MB .*; lower its negatives.count, use "
+                                         r"decomposition: icd with a rank, or raise memory_limit"):
+        check_memory(_client(2e9), info, cfg(15000))
+    check_memory(_client(2e9), info, cfg(5000))                                    # 1,000 MB
+    check_memory(_client(2e9), info, cfg(15000, decomposition="icd", rank=200))   # 48 MB
