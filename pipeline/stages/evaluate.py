@@ -7,7 +7,7 @@ import numpy as np
 from metricpipe.budget import index_budget
 from metricpipe.config import NeighboursConfig, unserved
 from metricpipe.context import StageContext
-from metricpipe.storage import Unit, create_array, hash_key, open_array, read_attrs, read_rows
+from metricpipe.storage import Unit, array_names, create_array, hash_key, open_array, read_attrs, read_rows
 from metricpipe.tasks import evaluation, metrics, moments, registry
 from metricpipe.stages.encode import _load_model
 from metricpipe.stages.statistics import _moments_block
@@ -97,6 +97,17 @@ def _keeps_distances(model_url: str) -> bool:
     est = _load_model(model_url)
     enc = getattr(est, "_encoder", None)
     return enc is not None and enc().keeps_distances(est.n_features_in_)
+
+
+def _index_plan(ctx: StageContext, data: DataInfo, cunit: Unit, n_train: int) -> list | None:
+    """The IVF indexes kNN would build for these codes' views past EXACT_MAX_TRAIN (their bytes per
+    row follow the workers' memory, so they key the evaluation)."""
+    from metricpipe import ivf
+    if n_train <= EXACT_MAX_TRAIN or not any(c.startswith("knn") for c in ctx.config.evaluate.classifiers):
+        return None
+    budget = index_budget(ctx.client, data.chunk_rows, data.n_features)
+    dims = [open_array(f"{cunit.url}/{v}").shape[1] for v in ("codes", "base") if v in array_names(cunit.url)]
+    return [ivf.factory_string(n_train, d, ivf.nlist_for(n_train), budget, ctx.config.source_file) for d in dims]
 
 
 def _ivf_lists(ctx: StageContext, data: DataInfo, jobs: list, graph_index: str | None) -> None:
@@ -254,7 +265,8 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
     for spec, cunit, dim in codes:
         unit = ctx.store.unit("evaluation", hash_key({"stage": "evaluation", "seed": ctx.config.seed, "codes": cunit.key,
                                                      "graph": neighbours.key if neighbours else None,
-                                                     "evaluate": ev.__dict__, "data": data.unit.key}))
+                                                     "evaluate": ev.__dict__, "data": data.unit.key,
+                                                     "indexes": _index_plan(ctx, data, cunit, n_train)}))
         out.append((spec, unit))
         if ctx.reuse(unit, "evaluate"):
             continue

@@ -81,7 +81,8 @@ def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
     if nb.queries is not None:
         inputs["queries_seed"] = ctx.config.seed
     if ivf:
-        inputs["ivf"] = {"nlist": nb.nlist, "nprobe": nb.nprobe, "seed": ctx.config.seed, "rerank": nb.rerank}
+        inputs["ivf"] = {"nlist": nb.nlist, "nprobe": nb.nprobe, "seed": ctx.config.seed, "rerank": nb.rerank,
+                         "index": _factory(ctx, data)}   # its bytes per row follow the workers' memory
     unit = ctx.store.unit("neighbours", hash_key(inputs))
     if ctx.reuse(unit, "neighbours"):
         ctx.log(f"  neighbours: reusing {unit.rel}")
@@ -132,14 +133,21 @@ def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
 EXACT_MAX_TRAIN = 200_000
 
 
+def _factory(ctx: StageContext, data: DataInfo) -> str:
+    """The index of the train rows within the worker's share of memory (pipeline/budget.py)."""
+    from metricpipe import ivf
+    n_train = int((data.split == TRAIN).sum())
+    return ivf.factory_string(n_train, data.n_features, ctx.config.neighbours.nlist or ivf.nlist_for(n_train),
+                              index_budget(ctx.client, data.chunk_rows, data.n_features), ctx.config.source_file)
+
+
 def _ivf_pieces(ctx: StageContext, data: DataInfo, unit: Unit, blocks: list, cuts: list, k: int):
     """Train, fill and search the IVF index; returns the query pieces' futures and facts for the unit."""
     from metricpipe import ivf
     nb, seed = ctx.config.neighbours, ctx.config.seed
     train = data.rows(TRAIN)
     nlist = nb.nlist or ivf.nlist_for(len(train))
-    factory = ivf.factory_string(len(train), data.n_features, nlist,
-                                 index_budget(ctx.client, data.chunk_rows, data.n_features), ctx.config.source_file)
+    factory = _factory(ctx, data)
     rng = np.random.default_rng([seed, 37])
     sample = np.sort(rng.choice(train, min(len(train), max(39 * nlist, 20_000)), replace=False))
     probe = np.sort(rng.choice(train, min(len(train), ivf.RECALL_QUERIES), replace=False))
