@@ -4,6 +4,15 @@ import os
 # scikit-learn's estimator checks include check_array_api_input, which runs only when scipy's array
 # API support is switched on before scipy is first imported (else it skips itself)
 os.environ.setdefault("SCIPY_ARRAY_API", "1")
+# One BLAS thread in the test process, as Dask gives its workers (distributed.nanny.pre-spawn-environ):
+# on 2 cores shared with the session's workers, OpenBLAS threads on the small matrices of the kernel
+# tests oversubscribe the cores and made them 3-4 times slower. The environment reaches the
+# subprocesses (a CLI client started by a test); numpy may already be loaded (pytest plugins), hence
+# the limit set through threadpoolctl as well. A BLAS thread count set by the caller is kept.
+if not any(v in os.environ for v in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS")):
+    os.environ["OPENBLAS_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+    from threadpoolctl import threadpool_limits
+    threadpool_limits(1, user_api="blas")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

@@ -41,10 +41,10 @@ def _one_error(res, match):
     assert len(lines) == 1 and match in lines[0], res.output
 
 
-def test_read_only_and_full_stores_are_refused_with_one_line(disk, tmp_path):
+def test_read_only_and_full_stores_are_refused_with_one_line(client, disk, tmp_path):
     store = disk / "store"
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump({"store": str(store), "workers": 1, "dashboard": ":0", "data": {"source": "digits"},
+    cfg = tmp_path / "c.yaml"   # on the session's cluster: the store's file system is what is tested
+    cfg.write_text(yaml.safe_dump({"store": str(store), "cluster": client.scheduler.address, "data": {"source": "digits"},
                                    "methods": [{"method": "pca", "dim": 8}, {"method": "ncmml", "dim": 8, "iters": 50,
                                                                              "select": False}],
                                    "evaluate": {"retrieval": {"k": [5]}, "classification": {"classifiers": ["ncm"]}}}))

@@ -51,12 +51,15 @@ def _run(*args, env=None):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def reference(client, tmp_path_factory):
+    """The undisturbed run, on the session's cluster: the runs that a fault hits start their own
+    local clusters (whose workers inherit the fault), so their results are also compared across
+    clusters. Runs that only resume or check a store use the session's cluster too (``--cluster``)."""
     tmp = tmp_path_factory.mktemp("ref")
     cfg = _config(tmp, "store")
-    res = _run("run", cfg)
+    res = _run("run", cfg, "--cluster", client.scheduler.address)
     assert res.exit_code == 0, res.output
-    return tmp, _results(tmp / "store"), cfg
+    return tmp, _results(tmp / "store"), cfg, ("--cluster", client.scheduler.address)
 
 
 def _copy(reference, tmp_path):
@@ -64,7 +67,7 @@ def _copy(reference, tmp_path):
     import shutil
     store = tmp_path / "store"
     shutil.copytree(reference[0] / "store", store)
-    return store, (reference[2], "--store", store)
+    return store, (reference[2], "--store", store, *reference[3])
 
 
 @pytest.mark.parametrize("task", ["train-nml", "encode-esvm"])
@@ -90,7 +93,7 @@ def test_client_killed_mid_stage_resumes_from_that_stage_with_identical_results(
     os.killpg(proc.pid, signal.SIGKILL)       # the client and its local cluster, at once
     proc.wait(timeout=30)
     assert any("train ..." in s for s in seen), "".join(seen)
-    res = _run("run", cfg, "--resume")
+    res = _run("run", cfg, "--resume", *reference[3])
     assert res.exit_code == 0, res.output
     out = res.output
     assert "stage: reusing" in out and "statistics: reusing" in out   # finished stages are not redone
@@ -113,7 +116,7 @@ def test_sigterm_is_handled_like_ctrl_c_with_a_resume_hint(reference, tmp_path):
     assert proc.wait(timeout=60) == 143, "".join(seen) + rest
     assert rest.strip().splitlines()[-1] == ("terminated (SIGTERM); finished stages are kept, rerun with --resume "
                                              "to continue"), rest
-    res = _run("run", cfg, "--resume")
+    res = _run("run", cfg, "--resume", *reference[3])
     assert res.exit_code == 0 and "statistics: reusing" in res.output, res.output
     _same(_results(tmp_path / "store"), reference[1])
 

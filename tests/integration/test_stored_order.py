@@ -10,7 +10,15 @@ import pytest
 
 from tests.integration.helpers import fashion_root, run
 
-pytestmark = pytest.mark.integration
+# slow (about 90 s: two runs of four SGD learners on 8,000 images): the default run covers the same
+# behaviour on small data: the shuffled copy's layout follows the rows' contents, not their stored order
+# (tests/tasks/test_estimators_ncmml.py::test_row_keys_follow_content_and_layouts_follow_seeds), pools
+# of class-sorted rows mix the classes (test_pools_of_class_sorted_rows_mix_the_classes, and
+# test_estimators_nml.py::test_batches_mix_classes_when_the_rows_are_sorted_by_class), NCMML and k-NN ML
+# learn the same model from either order (test_the_same_rows_stored_in_another_order_learn_the_same_model),
+# and the pipeline feeds the learners exactly those pools (tests/pipeline/test_ncmml_stage.py and
+# test_nml_stage.py: the pipeline learns what fit learns in memory).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 METHODS = [
     {"method": "ncmml", "dim": 32, "iters": 400, "batch": 500, "validate_every": 50},

@@ -32,12 +32,14 @@ def _digest(root: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def good_store(tmp_path_factory):
-    """A store holding one finished run, shared by the bad-input cases."""
+def good_store(client, tmp_path_factory):
+    """A store holding one finished run, shared by the bad-input cases. Its config names the session's
+    cluster, so these runs start no cluster of their own (cluster start-up is tested in
+    tests/integration/test_tls.py and test_scheduler.py)."""
     tmp = tmp_path_factory.mktemp("good")
     X, y = make_blobs(n=300, d=8)
     np.savez(tmp / "ok.npz", X=X, y=y)
-    cfg = _config(tmp, {"path": str(tmp / "ok.npz"), "chunk_mb": 0.002},
+    cfg = _config(tmp, {"path": str(tmp / "ok.npz"), "chunk_mb": 0.002}, cluster=client.scheduler.address,
                   methods=[{"method": "pca", "dim": 4}, {"method": "ncmml", "dim": 4, "iters": 20}])
     res = _invoke("run", cfg)
     assert res.exit_code == 0, res.output
@@ -160,9 +162,11 @@ def _garbage(t):
 
 
 @pytest.mark.parametrize("case", list(BAD))
-def test_bad_input_exits_2_with_one_line_and_store_unchanged(good_store, tmp_path, case):
+def test_bad_input_exits_2_with_one_line_and_store_unchanged(client, good_store, tmp_path, case):
     make_data, extra, match = BAD[case]
     before = _digest(good_store / "store")
+    if "memory_limit" not in extra:   # the session's cluster; a memory_limit applies to a local cluster only
+        extra = {**extra, "cluster": client.scheduler.address}
     cfg = _config(tmp_path, make_data(tmp_path), **extra, store=str(good_store / "store"))
     res = CliRunner().invoke(main, ["run", str(cfg)])
     assert res.exit_code == 2, res.output
@@ -222,6 +226,7 @@ def test_store_path_that_is_a_file(tmp_path):
     assert res.exit_code == 2 and "store path is a file" in res.output
 
 
+@pytest.mark.integration
 def test_rerun_reuses_every_stage_and_gives_the_same_report(good_store):
     cfg = good_store / "cfg.yaml"
     first = json.loads((good_store / "store/report/metrics.json").read_text())["records"]
@@ -254,12 +259,13 @@ def test_inspect_missing_store(tmp_path):
     assert res.exit_code == 2 and "no such store" in res.output
 
 
-def test_stage_command_alone(tmp_path):
+@pytest.mark.integration
+def test_stage_command_alone(client, tmp_path):
     X, y = make_blobs(n=50, d=3)
     np.save(tmp_path / "X.npy", X)
     np.save(tmp_path / "y.npy", y)
     res = _invoke("stage", tmp_path / "X.npy", "--labels", tmp_path / "y.npy", "--store", tmp_path / "s",
-                  "--workers", 1, "--normalize", "l2")
+                  "--cluster", client.scheduler.address, "--normalize", "l2")
     assert res.exit_code == 0, res.output
     import xarray as xr
     ds = xr.open_zarr(next((tmp_path / "s/data").glob("*/")), consolidated=False)
@@ -267,7 +273,8 @@ def test_stage_command_alone(tmp_path):
     assert list(ds.label.values) == list(y)
 
 
-def test_groups_give_instance_relevance_and_ukb_score(tmp_path):
+@pytest.mark.integration
+def test_groups_give_instance_relevance_and_ukb_score(client, tmp_path):
     rng = np.random.default_rng(3)
     n_groups = 40
     centres = rng.normal(0, 1, (n_groups, 5))
@@ -277,7 +284,7 @@ def test_groups_give_instance_relevance_and_ukb_score(tmp_path):
     split = np.where(g < 20, "train", "test")
     np.savez(tmp_path / "g.npz", X=X, y=y, g=g, split=split)
     cfg = _config(tmp_path, {"path": str(tmp_path / "g.npz"), "groups": "g", "split": {"column": "split"}},
-                  methods=[{"method": "identity"}])
+                  methods=[{"method": "identity"}], cluster=client.scheduler.address)
     res = _invoke("run", cfg, "--performance-report", tmp_path / "perf.html")
     assert res.exit_code == 0, res.output
     records = json.loads((tmp_path / "store/report/metrics.json").read_text())["records"]
@@ -291,14 +298,15 @@ def test_groups_give_instance_relevance_and_ukb_score(tmp_path):
     assert (tmp_path / "perf.html").stat().st_size > 10000  # Dask's performance report was written
 
 
-def test_sampled_ivf_graph_trains_slne_and_the_report_says_how_it_was_built(tmp_path, monkeypatch):
+@pytest.mark.integration
+def test_sampled_ivf_graph_trains_slne_and_the_report_says_how_it_was_built(client, tmp_path, monkeypatch):
     from metricpipe import ivf
     monkeypatch.setattr(ivf, "IVF_FLAT_BYTES", 0)   # the PQ index, re-ranked, as at millions of rows
     X, y = make_blobs(n=2000, d=16, classes=5, sep=2.0)
     np.savez(tmp_path / "d.npz", X=X, y=y)
     cfg = _config(tmp_path, {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.05},
                   methods=[{"method": "slne", "input_dim": 8, "epochs": 1}],
-                  neighbours={"k": 5, "method": "ivf", "nlist": 8, "queries": 200})
+                  neighbours={"k": 5, "method": "ivf", "nlist": 8, "queries": 200}, cluster=client.scheduler.address)
     res = _invoke("run", cfg)
     assert res.exit_code == 0, res.output
     html = (tmp_path / "store" / "report" / "index.html").read_text()
@@ -364,13 +372,14 @@ def test_bad_store_and_cluster_options_exit_2_with_one_line(tmp_path, flag, valu
     assert len(lines) == 1 and re.search(match, lines[0]), res.output
 
 
-def test_the_top_level_seed_keys_statistics_and_evaluation(tmp_path):
+@pytest.mark.integration
+def test_the_top_level_seed_keys_statistics_and_evaluation(client, tmp_path):
     """Issue 19 item 7: changing ``seed`` must not reuse the seed-0 sampled queries or randomized SVD."""
     store = tmp_path / "s"
     units = []
     for seed in (0, 1, 0):
         cfg = tmp_path / f"c{seed}.yaml"
-        cfg.write_text(yaml.safe_dump({"store": str(store), "seed": seed, "workers": 1, "dashboard": ":0",
+        cfg.write_text(yaml.safe_dump({"store": str(store), "seed": seed, "cluster": client.scheduler.address,
                                        "data": {"source": "digits"}, "methods": [{"method": "pca", "dim": 8}],
                                        "evaluate": {"retrieval": {"k": [5], "queries": 50},
                                                     "classification": {"classifiers": ["knn1"]}}}))

@@ -24,6 +24,7 @@ def _overlap(a, b):
     return np.mean([len(np.intersect1d(x, z)) / len(x) for x, z in zip(a, b)])
 
 
+@pytest.mark.integration
 def test_ivf_probing_every_list_is_exact_and_fewer_lists_report_their_recall(client, tmp_path):
     exact_unit, exact, exact_d, data = _graph(client, tmp_path, "exact", {"k": 10, "method": "exact"})
     assert exact_unit.meta()["method"] == "exact"
@@ -44,6 +45,7 @@ def test_ivf_probing_every_list_is_exact_and_fewer_lists_report_their_recall(cli
     assert np.all((one[train] != train[:, None]))           # a row is never its own neighbour
 
 
+@pytest.mark.integration
 def test_pq_index_when_flat_codes_would_not_fit_and_reranking_restores_exact_distances(client, tmp_path, monkeypatch):
     monkeypatch.setattr(ivf, "IVF_FLAT_BYTES", 0)
     assert ivf.factory_string(2400, 16, 16) == "IVF16,PQ4"
@@ -71,6 +73,7 @@ def test_auto_is_exact_below_the_stated_size_and_nlist_follows_sqrt_n():
     assert ivf.nlist_for(5_000_000) == 4096 and ivf.nlist_for(1000) == 25
 
 
+@pytest.mark.integration
 def test_sampled_queries_keep_the_full_graphs_rows_and_slne_trains_on_them_and_their_neighbours(client, tmp_path):
     from metricpipe.slne_train import _inputs
     _, full, _, data = _graph(client, tmp_path, "all", {"k": 10, "method": "exact"})
@@ -99,6 +102,7 @@ def test_sampled_queries_keep_the_full_graphs_rows_and_slne_trains_on_them_and_t
     assert np.all(graph[~anchor] == -1)
 
 
+@pytest.mark.integration
 def test_hnsw_quantizer_from_many_lists_finds_every_probed_list(client, tmp_path, monkeypatch):
     monkeypatch.setattr(ivf, "HNSW_MIN_WORK", 16 * 16)
     assert ivf.factory_string(2400, 16, 16) == "IVF16_HNSW32,Flat" and ivf.factory_string(2400, 16, 8) == "IVF8,Flat"

@@ -39,6 +39,7 @@ def stored(client, tmp_path_factory):
     return ctx, data, X, models, codes
 
 
+@pytest.mark.integration
 def test_load_model_reproduces_the_stored_codes_from_raw_features(stored):
     ctx, data, X, models, codes = stored
     assert len(data.chunks) > 5
@@ -51,6 +52,7 @@ def test_load_model_reproduces_the_stored_codes_from_raw_features(stored):
         assert mine.shape[1] == dim
 
 
+@pytest.mark.integration
 def test_load_model_by_key_prefix_and_its_errors(stored):
     ctx, _, X, models, _ = stored
     key = models[1][1].key
@@ -61,6 +63,7 @@ def test_load_model_by_key_prefix_and_its_errors(stored):
         metricpipe.load_model(ctx.store.url, "")
 
 
+@pytest.mark.integration
 def test_models_command_lists_every_model_with_its_method_and_parameters(stored):
     ctx, _, _, models, _ = stored
     res = CliRunner().invoke(main, ["models", ctx.store.url])
@@ -73,6 +76,7 @@ def test_models_command_lists_every_model_with_its_method_and_parameters(stored)
     assert any("input_dim=6" in ln and " slne " in ln for ln in lines)
 
 
+@pytest.mark.integration
 def test_a_loaded_classifier_predicts_the_data_s_own_labels(client, tmp_path):
     """Class names of any type (here strings) come back from predict, not the stored class codes."""
     X, y = make_blobs(n=300, d=6, classes=3, sep=3.0, seed=1)
@@ -108,6 +112,7 @@ def _by(models, codes, method, **params):
     return models[i], codes[i]
 
 
+@pytest.mark.integration
 def test_encode_reproduces_the_stored_codes_bit_for_bit_for_every_model_kind(stored, tmp_path):
     ctx, data, X, models, codes = stored
     src = ctx.config.data.path
@@ -123,6 +128,7 @@ def test_encode_reproduces_the_stored_codes_bit_for_bit_for_every_model_kind(sto
 
 
 @pytest.mark.parametrize("fmt", [".npy", ".zarr", ".parquet"])
+@pytest.mark.integration
 def test_encode_writes_every_format_with_labels_and_ids(stored, tmp_path, fmt):
     ctx, data, X, models, codes = stored
     d = np.load(ctx.config.data.path)
@@ -152,6 +158,7 @@ def test_encode_writes_every_format_with_labels_and_ids(stored, tmp_path, fmt):
     assert not list(tmp_path.glob("*.partial*"))
 
 
+@pytest.mark.integration
 def test_encode_on_the_cluster_gives_the_same_codes_in_row_order(stored, client, tmp_path):
     import contextlib
 
@@ -177,6 +184,7 @@ def _apply_model_from_readme():
     return ns["apply_model"]
 
 
+@pytest.mark.integration
 def test_npz_export_applied_with_numpy_alone_reproduces_the_codes(stored, tmp_path):
     ctx, data, X, models, codes = stored
     apply_model = _apply_model_from_readme()
@@ -211,6 +219,7 @@ def retrieval_run(client, tmp_path_factory):
     return ctx, data, models, run_encode(ctx, data, models)
 
 
+@pytest.mark.integration
 def test_faiss_export_returns_the_pipeline_s_retrieval_top10_for_1000_queries(retrieval_run, tmp_path):
     import faiss
 
@@ -242,6 +251,7 @@ def test_faiss_export_returns_the_pipeline_s_retrieval_top10_for_1000_queries(re
         assert same >= 995, (method, same)
 
 
+@pytest.mark.integration
 def test_faiss_export_is_ivf_past_the_threshold_and_refuses_kernel_slem(stored, tmp_path, monkeypatch):
     import faiss
 
@@ -257,6 +267,7 @@ def test_faiss_export_is_ivf_past_the_threshold_and_refuses_kernel_slem(stored, 
     assert res.exit_code == 2 and "which faiss has no index for" in res.output and "Traceback" not in res.output
 
 
+@pytest.mark.integration
 def test_predict_classifies_with_any_model_by_the_nearest_train_codes(stored, tmp_path):
     from sklearn.neighbors import KNeighborsClassifier
 
@@ -291,6 +302,7 @@ def test_predict_classifies_with_any_model_by_the_nearest_train_codes(stored, tm
     (["--out", "{tmp}/c.npy", "--labels", "nope"], "no array 'nope'"),
     (["--out", "{tmp}/c.npy", "--model", "zzz"], "no committed model 'zzz'"),
 ])
+@pytest.mark.integration
 def test_encode_bad_input_is_one_line(stored, tmp_path, args, message):
     ctx, data, X, models, codes = stored
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
@@ -301,6 +313,7 @@ def test_encode_bad_input_is_one_line(stored, tmp_path, args, message):
     assert len(res.output.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
 
 
+@pytest.mark.integration
 def test_encode_refuses_bad_rows_and_the_wrong_width_without_leaving_a_file(stored, tmp_path):
     ctx, data, X, models, codes = stored
     bad = X.copy()

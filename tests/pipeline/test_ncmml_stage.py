@@ -7,6 +7,8 @@ from metricpipe.storage import load_estimator, open_array
 from metricpipe.tasks.ncmml import PATIENCE
 from tests.conftest import make_blobs, staged
 
+pytestmark = pytest.mark.integration   # every test reads the stages run on the session's cluster
+
 
 @pytest.fixture(scope="module")
 def trained(client, tmp_path_factory):

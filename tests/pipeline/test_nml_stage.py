@@ -35,6 +35,7 @@ def test_bad_user_pairs_are_refused(i, j, y, match):
         check_pairs(np.array(i), np.array(j), np.array(y), split, "pairs.npz")
 
 
+@pytest.mark.integration
 def test_nml_and_linear_ml_train_encode_and_match_their_definitions(client, tmp_path):
     X, y = _data(tmp_path)
     ctx, data, stats = staged(client, tmp_path / "s", {
@@ -71,6 +72,7 @@ def test_nml_and_linear_ml_train_encode_and_match_their_definitions(client, tmp_
         assert meta["samples_per_second"] > 0 and dim == 3
 
 
+@pytest.mark.integration
 def test_negative_features_are_a_one_line_error_for_nml(client, tmp_path):
     X, y = make_blobs(n=200, d=6, classes=2, seed=1)
     np.savez(tmp_path / "neg.npz", X=X, y=y)
@@ -86,6 +88,7 @@ def _train_rows(data):
     return train, open_array(f"{data.url}/features")[:][train], open_array(f"{data.url}/label")[:][train]
 
 
+@pytest.mark.integration
 def test_the_pipeline_learns_the_in_memory_model_from_labels(client, tmp_path):
     """Pools of the shuffled copy = tasks.stream.pools on the training rows with block_rows = the
     row-block: NML's model is the same bit for bit; LinearML's starts from the statistics stage's
@@ -111,6 +114,7 @@ def test_the_pipeline_learns_the_in_memory_model_from_labels(client, tmp_path):
         np.testing.assert_allclose(got.transform(Xt), mem.transform(Xt), rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.integration
 def test_user_pairs_in_the_pipeline_are_fit_pairs_in_memory(client, tmp_path):
     """User pairs (global staged rows) visit the layout blocks of the shuffled copy as fit_pairs visits
     them on the training rows, given the same block_rows: the same model."""

@@ -11,6 +11,7 @@ import sys
 import termios
 
 import numpy as np
+import pytest
 import yaml
 
 from metricpipe.config import parse_config
@@ -28,6 +29,9 @@ def _raw(tmp_path, **extra) -> dict:
     return {"store": str(tmp_path / "store"), "data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.004},
             "methods": METHODS, "evaluate": {"retrieval": {"k": [5]}, "classification": {"classifiers": ["knn1"]}},
             **extra}
+
+
+pytestmark = pytest.mark.integration
 
 
 def _stage_tasks(store) -> dict:

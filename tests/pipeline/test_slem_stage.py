@@ -15,6 +15,7 @@ def _data(tmp_path, n=600, D=12):
     return X, y
 
 
+@pytest.mark.integration
 def test_slem_models_train_encode_and_match_their_definitions(client, tmp_path):
     X, y = _data(tmp_path)
     neg = {"split": "train", "count": 200, "seed": 1}
@@ -97,6 +98,7 @@ def test_kernel_slem_contradictions_are_refused_before_any_work(method, classifi
                   "evaluate": {"classification": {"classifiers": classifiers}}})
 
 
+@pytest.mark.integration
 def test_linear_slem_without_a_dense_covariance_is_a_one_line_error(client, tmp_path):
     from metricpipe.tasks.errors import InputError
     _data(tmp_path)
@@ -109,6 +111,7 @@ def test_linear_slem_without_a_dense_covariance_is_a_one_line_error(client, tmp_
         run_train(ctx, data, stats, None)
 
 
+@pytest.mark.integration
 def test_default_classifiers_skip_what_kernel_slem_cannot_serve_and_the_report_says_so(client, tmp_path):
     """Default evaluation (knn1, knn10, ncm) with a kernel SLEM model: the model skips ncm with a note in
     the run manifest and the report; the other models keep every classifier."""

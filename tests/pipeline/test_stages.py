@@ -23,6 +23,7 @@ def staged(client, tmp_path):
     return ctx, data, X, y
 
 
+@pytest.mark.integration
 def test_staged_features_and_coordinates(staged):
     _, data, X, y = staged
     np.testing.assert_array_equal(open_array(f"{data.url}/features")[:], X)
@@ -31,6 +32,7 @@ def test_staged_features_and_coordinates(staged):
     assert (data.split == stages.TEST).mean() == pytest.approx(0.3, abs=0.01)
 
 
+@pytest.mark.integration
 def test_statistics_stage_equals_numpy(staged):
     ctx, data, X, y = staged
     stats, _ = load_arrays(stages.run_statistics(ctx, data).url)
@@ -41,6 +43,7 @@ def test_statistics_stage_equals_numpy(staged):
     np.testing.assert_allclose(stats["class_means"][2], X[tr & (y == 2)].mean(0), rtol=1e-6)
 
 
+@pytest.mark.integration
 def test_neighbour_graph_equals_brute_force_exactly(staged):
     ctx, data, X, y = staged
     unit = stages.run_neighbours(ctx, data)
@@ -58,6 +61,7 @@ def test_neighbour_graph_equals_brute_force_exactly(staged):
     np.testing.assert_array_equal(d2[te], bd.astype(np.float32))
 
 
+@pytest.mark.integration
 def test_encode_equals_model_transform(staged):
     ctx, data, X, _ = staged
     stats = stages.run_statistics(ctx, data)
@@ -69,6 +73,7 @@ def test_encode_equals_model_transform(staged):
     assert dim == 3 and codes.done()
 
 
+@pytest.mark.integration
 def test_randomized_pca_when_d_exceeds_max_dense_dim(client, tmp_path):
     rng = np.random.default_rng(0)
     basis = np.linalg.qr(rng.normal(size=(20, 20)))[0]
@@ -88,6 +93,7 @@ def test_randomized_pca_when_d_exceeds_max_dense_dim(client, tmp_path):
     np.testing.assert_allclose(np.abs(np.sum(stats["pca_components"] * ref_vec[:, ::-1][:, :4].T, 1)), 1, atol=1e-3)
 
 
+@pytest.mark.integration
 def test_sparse_projector_stage_stores_a_sparse_model_and_encodes_with_it(client, tmp_path):
     from tests.conftest import make_blobs, staged
 
@@ -124,6 +130,7 @@ def _bad_input(i):
     raise InputError("feats.npy: features contain NaN; clean them")
 
 
+@pytest.mark.integration
 def test_worker_failures_name_the_stage_and_block(client, tmp_path):
     from metricpipe.errors import StageError
     from metricpipe.tasks.errors import InputError
@@ -137,6 +144,7 @@ def test_worker_failures_name_the_stage_and_block(client, tmp_path):
         ctx.gather([ctx.submit(_bad_input, 0, name="bad")], "stage")
 
 
+@pytest.mark.integration
 def test_workers_checksum_the_large_files_as_the_client_would(staged, monkeypatch):
     from metricpipe import context
     ctx, data, X, y = staged
@@ -158,6 +166,7 @@ def test_workers_checksum_the_large_files_as_the_client_would(staged, monkeypatc
 
 
 @pytest.mark.parametrize("db_bytes", [0, 1e9])  # database streamed per group / held once per task
+@pytest.mark.integration
 def test_retrieval_task_in_query_groups_equals_the_full_matrix(staged, monkeypatch, db_bytes):
     from sklearn.metrics import average_precision_score
     from metricpipe.tasks import metrics
@@ -181,6 +190,7 @@ def test_retrieval_task_in_query_groups_equals_the_full_matrix(staged, monkeypat
         assert got["ap"][i] == pytest.approx(average_precision_score(rel[i, keep], -d[i, keep]))
 
 
+@pytest.mark.integration
 def test_the_top_level_seed_keys_statistics_and_evaluation(client, tmp_path):
     """Randomized PCA and sampled retrieval queries use the run's seed: another seed must not reuse them."""
     from tests.conftest import staged

@@ -12,14 +12,20 @@ from metricpipe.storage import open_array
 from metricpipe.tasks.synthetic import SyntheticSpec
 
 
-def _synth(path, chunk_mb, workers, *extra):
+def _synth(path, chunk_mb, cluster, *extra):
+    """``metricpipe synth`` on the session's cluster (``cluster``: its scheduler's address)."""
     return CliRunner().invoke(main, ["synth", "--samples", "3000", "--dim", "16", "--classes", "5", "--seed", "4",
-                                     "--store", str(path), "--chunk-mb", str(chunk_mb), "--workers", str(workers),
-                                     *extra])
+                                     "--store", str(path), "--chunk-mb", str(chunk_mb), "--cluster", cluster, *extra])
 
 
-def test_synth_store_holds_the_generators_rows_whatever_the_chunking(tmp_path):
-    res = _synth(tmp_path / "a.zarr", 0.01, 2)
+@pytest.fixture
+def address(client):
+    return client.scheduler.address
+
+
+@pytest.mark.integration
+def test_synth_store_holds_the_generators_rows_whatever_the_chunking(tmp_path, address):
+    res = _synth(tmp_path / "a.zarr", 0.01, address)
     assert res.exit_code == 0, res.output
     spec = SyntheticSpec(3000, 16, 5, seed=4)
     X = open_array(str(tmp_path / "a.zarr/X"))
@@ -27,16 +33,17 @@ def test_synth_store_holds_the_generators_rows_whatever_the_chunking(tmp_path):
     assert X.compressors == ()                              # dense floats: stored bare (row_codecs)
     np.testing.assert_array_equal(X[:], spec.rows(0, 3000))
     np.testing.assert_array_equal(open_array(str(tmp_path / "a.zarr/y"))[:], spec.labels())
-    assert _synth(tmp_path / "b.zarr", 0.05, 1).exit_code == 0
+    assert _synth(tmp_path / "b.zarr", 0.05, address).exit_code == 0
     np.testing.assert_array_equal(open_array(str(tmp_path / "b.zarr/X"))[:], X[:])
-    again = _synth(tmp_path / "a.zarr", 0.01, 1)
+    again = _synth(tmp_path / "a.zarr", 0.01, address)
     assert again.exit_code == 2 and "already exists" in again.output
     assert not (tmp_path / "a.zarr.partial").exists()
 
 
-def test_synth_knobs_reach_the_generator_and_the_store_attributes(tmp_path):
+@pytest.mark.integration
+def test_synth_knobs_reach_the_generator_and_the_store_attributes(tmp_path, address):
     import zarr
-    res = _synth(tmp_path / "k.zarr", 0.05, 1, "--separation", "2.0", "--nuisance", "0")
+    res = _synth(tmp_path / "k.zarr", 0.05, address, "--separation", "2.0", "--nuisance", "0")
     assert res.exit_code == 0, res.output
     spec = SyntheticSpec(3000, 16, 5, seed=4, separation=2.0, nuisance=0.0)
     np.testing.assert_array_equal(open_array(str(tmp_path / "k.zarr/X"))[:], spec.rows(0, 3000))
@@ -53,10 +60,11 @@ def test_config_synthetic_nuisance_is_read_and_checked():
         parse_config({"data": {"source": "synthetic", "synthetic": {"nuisance": -1.0}}})
 
 
-def test_run_on_a_synth_store_with_sampled_queries_matches_numpy(tmp_path):
+@pytest.mark.integration
+def test_run_on_a_synth_store_with_sampled_queries_matches_numpy(tmp_path, address):
     from sklearn.metrics import average_precision_score
-    assert _synth(tmp_path / "s.zarr", 0.02, 2).exit_code == 0
-    cfg = {"store": str(tmp_path / "store"), "workers": 2, "dashboard": ":0", "seed": 7,
+    assert _synth(tmp_path / "s.zarr", 0.02, address).exit_code == 0
+    cfg = {"store": str(tmp_path / "store"), "cluster": address, "seed": 7,
            "data": {"path": str(tmp_path / "s.zarr"), "split": {"test": 0.2, "seed": 0}, "chunk_mb": 0.05},
            "methods": [{"method": "identity"}],
            "evaluate": {"retrieval": {"k": [10], "queries": 40}, "classification": {"classifiers": []}}}
