@@ -43,6 +43,7 @@ def integer_npz(tmp_path):
     return tmp_path / "d.npz", X, y
 
 
+@pytest.mark.integration   # stages on the session cluster
 def test_knn_from_the_stored_graph_equals_exact_search_ties_included(client, tmp_path, integer_npz):
     path = integer_npz[0]
     methods = [{"method": "identity"}, {"method": "pca", "dim": 3}]
@@ -58,6 +59,7 @@ def test_knn_from_the_stored_graph_equals_exact_search_ties_included(client, tmp
     assert not [r for r in exact if r["metric"] == "knn_recall"]
 
 
+@pytest.mark.integration   # stages on the session cluster
 def test_knn_through_an_ivf_index_of_the_codes_past_the_threshold(client, tmp_path, monkeypatch):
     X, y = make_blobs(n=3000, d=16, classes=6, sep=0.4)
     np.savez(tmp_path / "b.npz", X=X, y=y)
@@ -79,6 +81,7 @@ def test_knn_through_an_ivf_index_of_the_codes_past_the_threshold(client, tmp_pa
     assert list((tmp_path / "i").glob("evaluation/*/*")) and not list((tmp_path / "i").glob("evaluation/*/knn-index*"))
 
 
+@pytest.mark.integration   # stages on the session cluster
 def test_classification_queries_are_a_stratified_sample_scored_exactly(client, tmp_path, integer_npz):
     path, X, y = integer_npz
     raw = {"methods": [{"method": "identity"}], "seed": 3,
