@@ -46,6 +46,7 @@ class StageContext:
     selections: list = field(default_factory=list)  # the train stage's selection units (store paths)
     terminal: bool = False       # progress as one updating line per stage (stderr is a terminal)
     progress: StageProgress | None = None   # the running stage's counter (stage_progress)
+    made: set = field(default_factory=set)  # units committed by this run: reused even with resume off
 
     @contextlib.contextmanager
     def stage_progress(self, stage: str):
@@ -63,7 +64,11 @@ class StageContext:
 
     def reuse(self, unit, stage: str) -> bool:
         """Whether ``unit`` (of ``stage``) is committed, intact and may be reused; otherwise the caller
-        recomputes it. A damaged unit is an error naming its first bad file, unless ``repair``."""
+        recomputes it. A damaged unit is an error naming its first bad file, unless ``repair``.
+        A unit this run committed is always reused (e.g. the shuffled copy shared by several NCMML
+        candidates: recomputing it would rewrite it under the readers of the first)."""
+        if unit.rel in self.made and unit.done():
+            return True
         if not self.resume or (self.force is not None and STAGES.index(stage) >= STAGES.index(self.force)):
             return False
         if not unit.done():
@@ -82,6 +87,7 @@ class StageContext:
     def commit(self, unit, meta: dict) -> None:
         """Commit ``unit`` with its files' checksums, the large files read by the workers in parallel."""
         unit.commit(meta, self.checksums(unit))
+        self.made.add(unit.rel)
 
     def checksums(self, unit, names: list | None = None) -> dict:
         """{name: [size, CRC-32]} of the unit's files of CHECKSUM_TASK_BYTES / 16 (8 MiB) or more, among

@@ -352,3 +352,22 @@ def test_a_hierarchy_with_a_cycle_is_refused_naming_the_loop(trained, tmp_path):
     with pytest.raises(InputError, match=r"h.yaml: the hierarchy has a cycle \(a -> b -> a\); class 'a' is its own"):
         add_classes(ctx.store.url, str(tmp_path / "n.npz"), model=unit.key, hierarchy=str(tmp_path / "h.yaml"),
                     prior_weight=1.0, log=lambda m: None)
+
+
+@pytest.mark.integration
+def test_candidates_share_one_shuffled_copy_even_without_resume(client, tmp_path):
+    """Without resume every unit is recomputed once, but a unit this run made is not made again: the
+    NCMML candidates of a grid read one shuffled copy (rewriting it for each would pull it from under
+    the readers of the first)."""
+    from metricpipe.config import parse_config
+    from metricpipe.context import StageContext
+    from metricpipe.stages import run_stage, run_statistics
+    from metricpipe.storage import Store
+    raw = {"data": {"source": "digits", "chunk_mb": 0.05},
+           "methods": [{"method": "ncmml", "dim": 4, "iters": 20, "lr": [0.1, 1.0, 10.0]}]}
+    for attempt in range(2):   # the second run (resume off) recomputes everything, the copy once
+        lines = []
+        ctx = StageContext(client, Store(str(tmp_path)), parse_config(raw), resume=False, log=lines.append)
+        data = run_stage(ctx)
+        models = run_train(ctx, data, run_statistics(ctx, data), None)
+        assert len(models) == 3 and sum("shuffled" in ln for ln in lines) == 1, lines
