@@ -6,6 +6,8 @@ budget (stages.EVAL_BUDGET: a retrieval task's database and distances). Tasks th
 row-blocks are counted too:
 
 - the statistics stage's D x D covariance (float64): a block's partial and the two being combined;
+- a retrieval task's database: the test split's codes (n_test x d float32, d the widest code the
+  config names), held whole beside the query groups' buffers;
 - kernel SLEM's n x n kernel matrix and its factors (n x r with ICD), n its negatives' count;
 - an IVF index (the neighbours stage's over the features, the evaluate stage's over each model's train
   codes when the train split is large), cached in every worker beside the row-blocks that re-ranking
@@ -53,6 +55,21 @@ def index_budget(client, chunk_rows: int | None = None, n_features: int | None =
     return usable(limit) - blocks
 
 
+def retrieval_db_budget(client, buffers: float) -> float | None:
+    """Bytes of test codes a retrieval task may hold beside its ``buffers`` (None: no limit known)."""
+    limit = worker_limit(client)
+    return None if limit is None else usable(limit) - buffers
+
+
+def _code_dim(spec: dict, D: int) -> int:
+    """A model's code width as its config gives it (SL-DE: members x member_dim), else D."""
+    if isinstance(spec.get("dim"), int):
+        return spec["dim"]
+    if spec.get("members") and spec.get("member_dim"):
+        return int(spec["members"]) * int(spec["member_dim"])
+    return D
+
+
 def needs(info, cfg, limit: float) -> list[tuple[str, float, str]]:
     """(what, bytes, the setting to change) of every task kind this run will hold at its largest."""
     from metricpipe import ivf, stages
@@ -64,6 +81,12 @@ def needs(info, cfg, limit: float) -> list[tuple[str, float, str]]:
     if D <= cfg.statistics.max_dense_dim:
         out.append((f"the statistics stage's {D} x {D} covariance (3 copies, float64)", 3 * 8.0 * D * D + block,
                     f"set statistics.max_dense_dim below {D} (randomized PCA) or raise memory_limit"))
+    n_test = int((info.split == stages.TEST).sum())
+    if cfg.evaluate.retrieval and cfg.methods:
+        d = max(_code_dim(cand, D) for spec in cfg.methods for cand in registry.candidates(spec))
+        out.append((f"a retrieval task's database (the {n_test:,} test rows' codes, up to {d} dimensions)",
+                    n_test * d * 4.0 + stages.EVAL_BUDGET - stages.RETRIEVAL_DB_BYTES,
+                    "set evaluate.retrieval: false, lower data.split's test share, or raise memory_limit"))
     for spec in cfg.methods:
         for cand in registry.candidates(spec):
             if cand["method"] == "slem" and cand.get("kernel", "linear") != "linear":

@@ -4,7 +4,7 @@ import time
 
 import numpy as np
 
-from metricpipe.budget import index_budget
+from metricpipe.budget import index_budget, retrieval_db_budget
 from metricpipe.config import NeighboursConfig, unserved
 from metricpipe.context import StageContext
 from metricpipe.storage import Unit, array_names, create_array, hash_key, open_array, read_attrs, read_rows
@@ -22,12 +22,15 @@ from metricpipe.stages.neighbours import EXACT_MAX_TRAIN
 
 def _retrieval_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, db_idx: np.ndarray,
                      rel_key: np.ndarray, ks: tuple, ukb: bool, chunk_rows: int, group: int,
-                     accuracy_k: int | None = None, centroids: np.ndarray | None = None) -> dict:
+                     accuracy_k: int | None = None, centroids: np.ndarray | None = None,
+                     db_max: float | None = None) -> dict:
     """Queries ``q_idx`` against database ``db_idx`` (global rows, sorted). The database is read once
-    per task when it fits in RETRIEVAL_DB_BYTES (the test rows are spread over every row-block, so a
-    read is a pass over the whole array), else streamed again for every group of queries."""
+    per task when it fits in ``db_max`` bytes (the workers' share, pipeline/budget.py; default
+    RETRIEVAL_DB_BYTES) (the test rows are spread over every row-block, so a read is a pass over the
+    whole array), else streamed again for every group of queries (a pass over the array per group:
+    the memory rule refuses a run where that would happen)."""
     Q = read_rows(q_url, q_idx)
-    fits = len(db_idx) * open_array(db_url).shape[1] * 4 <= RETRIEVAL_DB_BYTES
+    fits = len(db_idx) * open_array(db_url).shape[1] * 4 <= (RETRIEVAL_DB_BYTES if db_max is None else db_max)
     db = read_rows(db_url, db_idx) if fits else (lambda a, b: read_rows(db_url, db_idx[a:b]))
     return evaluation.retrieval(Q, q_idx, db_idx, db, rel_key, ks, ukb, score, chunk_rows, group, accuracy_k,
                                 centroids)
@@ -248,6 +251,7 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
     rel_key = data.groups if data.groups is not None else data.labels
     ukb = data.groups is not None and bool(np.all(np.bincount(data.groups[test])[np.unique(data.groups[test])] == 4))
     n_train = int((data.split == TRAIN).sum())
+    db_max = retrieval_db_budget(ctx.client, EVAL_BUDGET - RETRIEVAL_DB_BYTES)
     labels_f = ctx.client.scatter(data.labels, broadcast=True)
     rel_f = labels_f if data.groups is None else ctx.client.scatter(rel_key, broadcast=True)
     if any(c.startswith("softvote") for c in ev.classifiers) and neighbours is None:
@@ -288,7 +292,7 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
             cents = ctx.submit(_query_centroids, q_url, km_rows, n_clusters, [ctx.config.seed, 33],
                                name=f"kmeans-{model_id(spec)}") if ev.retrieval else None
             ret = [ctx.submit(_retrieval_block, q_url, db_url, score, q, test, rel_f, ev.retrieval_k, ukb,
-                              data.chunk_rows, _query_group(len(test)), acc_k, cents,
+                              data.chunk_rows, _query_group(len(test)), acc_k, cents, db_max,
                               name=f"retrieval-{model_id(spec)}")
                    for q in _query_blocks(queries, len(test))] if ev.retrieval else []
             ncm_model = None

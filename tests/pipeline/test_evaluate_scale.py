@@ -171,3 +171,13 @@ def test_kernel_slem_pool_is_counted_by_the_memory_rule():
         check_memory(_client(2e9), info, cfg(15000))
     check_memory(_client(2e9), info, cfg(5000))                                    # 1,000 MB
     check_memory(_client(2e9), info, cfg(15000, decomposition="icd", rank=200))   # 48 MB
+
+
+def test_a_retrieval_database_that_cannot_be_held_is_refused_before_staging():
+    cfg = parse_config({"data": {"source": "synthetic"}, "methods": [{"method": "identity"}, {"method": "pca", "dim": 32}]})
+    with pytest.raises(InputError, match=r"a retrieval task's database \(the 2,000,000 test rows' codes, up to 128 "
+                                         r"dimensions\) needs ~1,124 MB, over the 600 MB .*; set evaluate.retrieval: "
+                                         r"false, lower data.split's test share, or raise memory_limit"):
+        check_memory(_client(1e9), _info(20_000_000, 128), cfg)
+    check_memory(_client(1e9), _info(20_000_000, 128), parse_config(
+        {"data": {"source": "synthetic"}, "methods": [{"method": "identity"}], "evaluate": {"retrieval": False}}))
