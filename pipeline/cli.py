@@ -11,7 +11,7 @@ import click
 
 from metricpipe.config import RunConfig, load_config, parse_config
 from metricpipe.context import STAGES
-from metricpipe.errors import StageError
+from metricpipe.errors import TERMINATING, StageError, Terminated
 from metricpipe.tasks.errors import InputError
 
 EXIT_INPUT = 2
@@ -49,12 +49,8 @@ def handle_errors(fn):
     return wrapper
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (a scheduler's or a service manager's stop) handled like Ctrl-C: units being written stay
-    uncommitted, the cluster is closed and the resume hint printed."""
-
-
 def _on_sigterm(signum, frame):
+    TERMINATING.set()   # checked again at every gathered task, should this exception be swallowed
     raise Terminated()
 
 

@@ -12,7 +12,7 @@ from typing import Callable
 from distributed import Client, as_completed
 
 from metricpipe.config import RunConfig
-from metricpipe.errors import StageError
+from metricpipe.errors import StageError, check_terminated
 from metricpipe.progress import StageProgress
 from metricpipe.storage import Store, size_crcs
 from metricpipe.tasks.errors import InputError
@@ -141,6 +141,7 @@ class StageContext:
         where = {f.key: lab for f, lab in zip(futures, labels)}
         try:
             for fut in as_completed(futures):
+                check_terminated()
                 if fut.status == "error":
                     exc = fut.exception()
                     if isinstance(exc, InputError):
@@ -151,6 +152,7 @@ class StageContext:
         except BaseException:
             self.client.cancel(futures)
             raise
+        check_terminated()
         return [f.result() for f in futures]
 
 

@@ -1,4 +1,6 @@
 """Errors raised by the orchestration layer (user-input errors are tasks.errors.InputError)."""
+import threading
+
 from metricpipe.tasks.errors import InputError
 
 
@@ -6,4 +8,20 @@ class StageError(RuntimeError):
     """A task failed on a worker for a reason other than bad input; names the stage and the block."""
 
 
-__all__ = ["InputError", "StageError"]
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's or a service manager's stop) handled like Ctrl-C: units being written stay
+    uncommitted, the cluster is closed and the resume hint printed."""
+
+
+# Set by the SIGTERM handler. The handler also raises Terminated at once, but Python runs it between
+# any two bytecodes, and an exception raised there can be swallowed (a library's broad except, a
+# finaliser): a CI run went on to exit 0. So the run checks the flag at every gathered task and stage.
+TERMINATING = threading.Event()
+
+
+def check_terminated() -> None:
+    if TERMINATING.is_set():
+        raise Terminated()
+
+
+__all__ = ["InputError", "StageError", "Terminated", "TERMINATING", "check_terminated"]

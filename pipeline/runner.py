@@ -15,7 +15,7 @@ from metricpipe.cluster import connect
 from metricpipe.config import (SPLIT_NAMES, EvaluateConfig, NeighboursConfig, RunConfig, classifiers_given,
                                unserved)
 from metricpipe.context import StageContext
-from metricpipe.errors import StageError
+from metricpipe.errors import StageError, check_terminated
 from metricpipe.report import build_report, package_versions, read_summary, winner_lines
 from metricpipe.storage import Store, to_json
 from metricpipe.tasks.errors import InputError
@@ -140,6 +140,7 @@ def _run(ctx: StageContext, plan, log) -> str:
     t_run = time.perf_counter()
 
     def stage(i, name, fn, *args):
+        check_terminated()
         log(f"[{i}/{len(names)}] {name} ...")
         t0, tasks0 = time.perf_counter(), ctx.tasks
         with ctx.stage_progress(name):   # one counter over all the stage's tasks

@@ -215,3 +215,18 @@ def test_encode_refuses_codes_that_are_not_finite_naming_the_model():
     with pytest.raises(InputError, match=r"^methods \(pcaw\S*\): 1 codes value\(s\) are not finite, first inf at row "
                                          r"103, column 2 \(parameters \{eps: 0.5\}\)"):
         check_codes(codes, 100, {"method": "pcaw", "eps": 0.5})
+
+
+@pytest.mark.integration
+def test_a_sigterm_whose_exception_was_swallowed_still_stops_the_run_at_its_next_task(client, tmp_path):
+    """The SIGTERM handler raises at once and sets a flag; the flag ends the run at the next task even
+    when the exception was lost (Python runs the handler between any two bytecodes)."""
+    from metricpipe.errors import TERMINATING, Terminated
+    ctx = StageContext(client, Store(str(tmp_path)), parse_config({"data": {"source": "digits"}}), log=lambda m: None)
+    assert ctx.gather([ctx.submit(int, "7", name="t")], "stage") == [7]
+    TERMINATING.set()
+    try:
+        with pytest.raises(Terminated):
+            ctx.gather([ctx.submit(int, "7", name="t")], "stage")
+    finally:
+        TERMINATING.clear()
