@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import time
 
 import numpy as np
@@ -61,6 +62,7 @@ def _faiss_reference(store: str, manifest: dict, nprobe: int, k: int) -> dict:
     train rows, search the same query rows; 2 threads."""
     import faiss
     import zarr
+    from metricpipe import ivf
     faiss.omp_set_num_threads(2)
     data = zarr.open_group(f"{store}/{manifest['units']['data']}", mode="r")
     graph = zarr.open_group(f"{store}/{manifest['units']['neighbours']}", mode="r")
@@ -74,7 +76,7 @@ def _faiss_reference(store: str, manifest: dict, nprobe: int, k: int) -> dict:
     nlist = int(factory.split(",")[0][3:].split("_")[0])
     t0 = time.perf_counter()
     index = faiss.index_factory(X.shape[1], factory)
-    sample = np.random.default_rng(0).choice(len(X), min(len(X), max(39 * nlist, 20_000)), replace=False)
+    sample = np.random.default_rng(0).choice(len(X), ivf.sample_rows(len(X), nlist), replace=False)
     index.train(X[np.sort(sample)])
     t_train = time.perf_counter() - t0
     index.add(X)
@@ -109,7 +111,7 @@ def main():
     data = f"{args.dir}/s{args.samples}x{args.dim}c{args.classes}.zarr"
     synth_s = _synth(data, args.samples, args.dim, args.classes, args.memory)
     store = f"{args.dir}/run-{'all' if args.all_rows else 'main'}-{args.samples}x{args.dim}-{args.memory}-{args.methods}"
-    os.system(f"rm -rf {store}")
+    shutil.rmtree(store, ignore_errors=True)
     lines = []
     t0 = time.perf_counter()
     run_pipeline(parse_config(_config(args, data, store), where="bench_scale"), resume=False, log=lines.append)

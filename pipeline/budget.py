@@ -96,9 +96,8 @@ def needs(info, cfg, limit: float) -> list[tuple[str, float, str]]:
         if nb.method == "ivf" or (nb.method == "auto" and n_train > stages.EXACT_MAX_TRAIN):
             nlist = nb.nlist or ivf.nlist_for(n_train)
             budget = usable(limit) - INDEX_BLOCKS * block
-            sample = min(n_train, max(39 * nlist, 20_000)) * D * 4.0
-            out.append((f"the IVF index's k-means sample ({min(n_train, max(39 * nlist, 20_000)):,} rows)",
-                        2 * sample + nlist * D * 4.0, "lower neighbours.nlist or raise memory_limit"))
+            rows = ivf.sample_rows(n_train, nlist)
+            out.append((f"the IVF index's k-means sample ({rows:,} rows)", 2 * rows * D * 4.0 + nlist * D * 4.0, "lower neighbours.nlist or raise memory_limit"))
             factory = ivf.factory_string(n_train, D, nlist, budget, where=cfg.source_file)
             out.append((f"the neighbours stage's IVF index ({factory}) and {INDEX_BLOCKS} row-blocks",
                         ivf.index_bytes(n_train, D, factory) + INDEX_BLOCKS * block,

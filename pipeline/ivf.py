@@ -33,6 +33,11 @@ RERANK_PAIRS = 4_000_000  # candidate pairs re-scored per pass over the row-bloc
 HNSW_MIN_WORK = 4096 * 256
 
 
+def sample_rows(n_train: int, nlist: int) -> int:
+    """Rows the index trains on: 39 per list (faiss's minimum for its k-means), at least 20,000."""
+    return min(n_train, max(39 * nlist, 20_000))
+
+
 def nlist_for(n_train: int) -> int:
     """About 2 sqrt(n) lists (a power of two), with at least 39 training points per list: training
     (k-means on 39 points per list) grows as nlist^2, a query scans nprobe n / nlist vectors."""

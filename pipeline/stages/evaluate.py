@@ -45,21 +45,19 @@ def _query_centroids(q_url: str, rows: np.ndarray, n_clusters: int, seed) -> np.
     return evaluation.kmeans_fit(read_rows(q_url, rows), n_clusters, seed)
 
 
-def _train_rows(data_url: str, chunks: list):
-    """(global train rows, block bounds) of each row-block with train rows, read from the split."""
-    split = open_array(f"{data_url}/split")
+def _train_blocks(db_url: str, data_url: str, chunks: list):
+    """(global train rows, their rows of ``db_url``) of each row-block with train rows, one at a time."""
+    split, db = open_array(f"{data_url}/split"), open_array(db_url)
     for a, b in chunks:
         rows = np.flatnonzero(split[a:b] == TRAIN) + a
         if len(rows):
-            yield rows, a, b
+            yield rows, db[a:b][rows - a]
 
 
 def _exact_knn(q_url: str, db_url: str, data_url: str, chunks: list, q_idx: np.ndarray, k: int, score: str):
     """(distances, global rows) of the k nearest train codes of the queries ``q_idx``, streaming the
     database one row-block at a time (the task holds the queries and one block)."""
-    db = open_array(db_url)
-    blocks = ((rows, db[a:b][rows - a]) for rows, a, b in _train_rows(data_url, chunks))
-    return evaluation.knn_neighbours(read_rows(q_url, q_idx), blocks, k, score)
+    return evaluation.knn_neighbours(read_rows(q_url, q_idx), _train_blocks(db_url, data_url, chunks), k, score)
 
 
 def _classify_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, data_url: str, chunks: list,
@@ -74,9 +72,7 @@ def _classify_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, data
     ks = [int(c[3:]) for c in classifiers if c.startswith("knn")]
     if ks:
         if knn_ids is None:
-            db = open_array(db_url)
-            blocks = ((rows, db[a:b][rows - a]) for rows, a, b in _train_rows(data_url, chunks))
-            knn_ids = evaluation.knn_neighbours(Q, blocks, max(ks), score)[1]
+            knn_ids = evaluation.knn_neighbours(Q, _train_blocks(db_url, data_url, chunks), max(ks), score)[1]
         elif isinstance(knn_ids, tuple):   # an index's (distances, rows)
             knn_ids = knn_ids[1]
         elif isinstance(knn_ids, str):   # the stored graph's rows
@@ -144,7 +140,7 @@ def _ivf_lists(ctx: StageContext, data: DataInfo, jobs: list, graph_index: str |
         job["index"] = f"{job['unit'].url}/knn-index-{job['view']}"
         dim = open_array(db_url).shape[1]
         job["factory"] = ivf.factory_string(len(train), dim, nlist, budget, ctx.config.source_file)
-        sample = np.sort(rng.choice(train, min(len(train), max(39 * nlist, 20_000)), replace=False))
+        sample = np.sort(rng.choice(train, ivf.sample_rows(len(train), nlist), replace=False))
         metric = "l2" if job["score"] == "euclidean" else "ip"
         trained = ctx.submit(ivf.train, db_url, job["index"], sample, job["factory"], seed, metric,
                              name="knn-index-train")

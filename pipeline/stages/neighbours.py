@@ -149,7 +149,7 @@ def _ivf_pieces(ctx: StageContext, data: DataInfo, unit: Unit, blocks: list, cut
     nlist = nb.nlist or ivf.nlist_for(len(train))
     factory = _factory(ctx, data)
     rng = np.random.default_rng([seed, 37])
-    sample = np.sort(rng.choice(train, min(len(train), max(39 * nlist, 20_000)), replace=False))
+    sample = np.sort(rng.choice(train, ivf.sample_rows(len(train), nlist), replace=False))
     probe = np.sort(rng.choice(train, min(len(train), ivf.RECALL_QUERIES), replace=False))
     # the exact side of the recall check needs no index: submitted first, it runs beside the training
     # (one task on one worker, which left the other idle for 52 s at 5M rows)
