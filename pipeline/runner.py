@@ -197,15 +197,29 @@ def _run(ctx: StageContext, plan, log) -> str:
     return path
 
 
-def _max_rss_mb() -> float:
+def max_rss_mb() -> float:
+    """This process's peak resident memory in MB.
+
+    Linux's VmHWM, not getrusage's ru_maxrss: ru_maxrss carries over fork and exec, so a worker that
+    a 2.4 GB process spawned reports 2.4 GB whatever it used itself; VmHWM belongs to the process's
+    own address space."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0       # kB
+    except OSError:
+        pass
     import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+    import sys
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 1024.0  # bytes on macOS, KiB elsewhere
 
 
 def _peak_rss(client) -> list[tuple[str, float]]:
     """(process, peak resident MB) for this client process and each worker process."""
     try:
-        workers = client.run(_max_rss_mb)
+        workers = client.run(max_rss_mb)
     except Exception:  # a remote cluster may refuse client.run; the figure is informative only
         workers = {}
-    return [("client", _max_rss_mb())] + [(f"worker {i}", mb) for i, (_, mb) in enumerate(sorted(workers.items()))]
+    return [("client", max_rss_mb())] + [(f"worker {i}", mb) for i, (_, mb) in enumerate(sorted(workers.items()))]

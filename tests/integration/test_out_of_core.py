@@ -12,8 +12,8 @@ N, D = 200_000, 1000  # 800 MB of float32 features, more than one worker may hol
 
 
 def _peak_rss():
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    from metricpipe.runner import max_rss_mb
+    return max_rss_mb() * 2**20
 
 
 def test_synthetic_array_larger_than_worker_memory(tmp_path):

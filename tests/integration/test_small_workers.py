@@ -12,8 +12,8 @@ LIMIT = 1e9
 
 
 def _peak_rss():
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    from metricpipe.runner import max_rss_mb
+    return max_rss_mb() * 2**20
 
 
 def test_ivf_graph_and_ivf_evaluation_on_1gb_workers(tmp_path, monkeypatch):

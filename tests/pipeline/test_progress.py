@@ -85,3 +85,18 @@ def test_on_a_terminal_each_stage_is_one_line_rewritten_in_place_up_to_its_total
         assert [d for d, _ in counts] == sorted(d for d, _ in counts)  # never restarts
         assert "task/s" in frames[-1] or "s/task" in frames[-1]       # with a rate (and an ETA while running)
     assert "Completed" in text and "Report:" in text
+
+
+def test_peak_rss_of_a_spawned_process_is_its_own_not_its_parents():
+    """A worker spawned by a large client reports its own peak: getrusage's ru_maxrss carries the
+    parent's over fork and exec (checked here too, so the test shows what it guards against)."""
+    import subprocess
+    import sys
+    child = ("import resource; from metricpipe.runner import max_rss_mb; "
+             "print(max_rss_mb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
+    parent = ("import numpy as np, subprocess, sys; a = np.ones(125_000_000); a += 1; "  # 1 GB resident
+              f"sys.stdout.write(subprocess.run([sys.executable, '-c', {child!r}], capture_output=True, "
+              "text=True, check=True).stdout)")
+    out = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, check=True).stdout
+    own, inherited = map(float, out.split())
+    assert inherited > 950 and own < 500, (own, inherited)  # importing metricpipe.runner: ~210 MB
