@@ -179,8 +179,9 @@ def search(feat_url: str, split_url: str, unit_url: str, token: str, chunks: tup
     return dist, idx
 
 
-def rescore(data_url: str, a: int, b: int, Q: np.ndarray, *pieces) -> tuple[np.ndarray, np.ndarray]:
-    """Exact squared distances of the candidates that fall in row-block a:b.
+def rescore(db_url: str, a: int, b: int, Q: np.ndarray, *pieces, metric: str = "l2") -> tuple[np.ndarray, np.ndarray]:
+    """Exact distances (squared L2, or minus the inner product for ``metric`` "ip") of the
+    candidates that fall in row-block a:b of the 2-D array ``db_url``.
 
     ``pieces`` are search results (distances, ids) whose rows, stacked, match the query vectors Q;
     returns (positions in the stacked, flattened ids, distances). The block is read once, whatever
@@ -191,13 +192,42 @@ def rescore(data_url: str, a: int, b: int, Q: np.ndarray, *pieces) -> tuple[np.n
     pos = np.flatnonzero((flat >= a) & (flat < b))
     if not len(pos):
         return pos, np.empty(0, np.float32)
-    X = open_array(f"{data_url}/features")[a:b]
+    X = open_array(db_url)[a:b]
     d = np.empty(len(pos), np.float32)
     for s in range(0, len(pos), 65536):  # bounded temporaries: 65,536 pairs x D floats
         p = pos[s:s + 65536]
-        diff = Q[p // kc].astype(np.float32) - X[flat[p] - a]
-        d[s:s + 65536] = np.einsum("ij,ij->i", diff, diff)
+        q, x = Q[p // kc].astype(np.float32), X[flat[p] - a].astype(np.float32)
+        if metric == "ip":
+            d[s:s + 65536] = -np.einsum("ij,ij->i", q, x)
+        else:
+            diff = q - x
+            d[s:s + 65536] = np.einsum("ij,ij->i", diff, diff)
     return pos, d
+
+
+def rescored(ctx, q_url: str, db_url: str, blocks, cuts: list, found: list, k: int, kc: int,
+             metric: str = "l2", name: str = "ivf") -> list:
+    """Futures of each query piece's k best candidates by exact distance: ``found`` are the index's
+    futures (distances, ids) of kc = rerank x k candidates for the global query rows ``cuts`` of
+    ``q_url``, re-scored against the database ``db_url`` in one pass over its row-``blocks`` per group
+    of pieces whose candidates fit RERANK_PAIRS."""
+    groups, size = [[]], 0
+    for piece, f in zip(cuts, found):
+        if groups[-1] and (size + len(piece)) * kc > RERANK_PAIRS:
+            groups.append([])
+            size = 0
+        groups[-1].append((piece, f))
+        size += len(piece)
+    out = []
+    for group in groups:
+        Q = ctx.submit(read_rows, q_url, np.concatenate([p for p, _ in group]), name=f"{name}-queries")
+        scored = [ctx.submit(rescore, db_url, a, b, Q, *[f for _, f in group], metric=metric, name=f"{name}-rescore")
+                  for a, b in blocks]
+        lo = 0
+        for piece, f in group:
+            out.append(ctx.submit(rerank, f, lo, k, *scored, name=f"{name}-rerank"))
+            lo += len(piece)
+    return out
 
 
 def rerank(piece: tuple, lo: int, k: int, *scored) -> tuple[np.ndarray, np.ndarray]:

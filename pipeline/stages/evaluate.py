@@ -106,7 +106,9 @@ def _index_plan(ctx: StageContext, data: DataInfo, cunit: Unit, n_train: int) ->
         return None
     budget = index_budget(ctx.client, data.chunk_rows, data.n_features)
     dims = [open_array(f"{cunit.url}/{v}").shape[1] for v in ("codes", "base") if v in array_names(cunit.url)]
-    return [ivf.factory_string(n_train, d, ivf.nlist_for(n_train), budget, ctx.config.source_file) for d in dims]
+    nb = ctx.config.neighbours or NeighboursConfig()
+    return [ivf.factory_string(n_train, d, ivf.nlist_for(n_train), budget, ctx.config.source_file) for d in dims] \
+        + [{"nprobe": nb.nprobe, "rerank": nb.rerank}]
 
 
 def _ivf_lists(ctx: StageContext, data: DataInfo, jobs: list, graph_index: str | None) -> None:
@@ -120,7 +122,8 @@ def _ivf_lists(ctx: StageContext, data: DataInfo, jobs: list, graph_index: str |
     from metricpipe import ivf
     import distributed
     seed, split_url = ctx.config.seed, f"{data.url}/split"
-    nprobe = (ctx.config.neighbours or NeighboursConfig()).nprobe
+    nb = ctx.config.neighbours or NeighboursConfig()
+    nprobe = nb.nprobe
     train = data.rows(TRAIN)
     nlist = ivf.nlist_for(len(train))
     tb = tuple((a, b) for a, b in data.chunks if (data.split[a:b] == TRAIN).any())
@@ -150,13 +153,23 @@ def _ivf_lists(ctx: StageContext, data: DataInfo, jobs: list, graph_index: str |
                                    name="knn-index-encode") for a, b in tb]
     for i, job in enumerate(jobs):
         args = (job["urls"][0], split_url, job["index"], job["token"], tb)
-        job["lists"] = [ctx.submit(_after, ivf.search, args + (q, job["k"], nprobe), *job["ready"],
+        # a PQ index's distances are approximate: rerank x k candidates, re-scored exactly on the codes
+        job["rerank"] = nb.rerank if ",PQ" in job["factory"] else 1
+        kc = job["k"] * job["rerank"]
+        job["lists"] = [ctx.submit(_after, ivf.search, args + (q, kc, nprobe), *job["ready"],
                                    name="knn-index-search", priority=len(jobs) - i) for q in job["blocks"]]
-        job["approx"] = ctx.submit(_after, ivf.search, args + (job["probe"], job["k"], nprobe), *job["ready"],
+        job["approx"] = ctx.submit(_after, ivf.search, args + (job["probe"], kc, nprobe), *job["ready"],
                                    name="knn-index-search", priority=len(jobs) - i)
+        if job["rerank"] > 1:
+            rescore = (job["urls"][0], job["urls"][1], tb)
+            metric = "l2" if job["score"] == "euclidean" else "ip"
+            job["lists"] = ivf.rescored(ctx, *rescore, job["blocks"], job["lists"], job["k"], kc, metric, "knn-index")
+            job["approx"] = ivf.rescored(ctx, *rescore, [job["probe"]], [job["approx"]], job["k"], kc, metric,
+                                         "knn-index")[0]
     for job in jobs:
         e, a = ctx.gather([job["exact"], job["approx"]], "evaluate", ["recall: exact", "recall: index"])
         job["knn_note"] = {"knn_search": f"{job['factory']}, nprobe {nprobe}"
+                                         + (f", rerank {job['rerank']}" if job["rerank"] > 1 else "")
                                          + (" (the neighbours stage's index)" if job["reused"] else ""),
                            "knn_recall": ivf.recall(e, a, job["k"])}
         ctx.log(f"  evaluate: kNN of {job['unit'].rel} ({job['view']}) through {job['knn_note']['knn_search']}: "

@@ -182,22 +182,6 @@ def _ivf_search(ctx: StageContext, data: DataInfo, unit: Unit, token: str, block
                         kc, ctx.config.neighbours.nprobe, name="ivf-search") for piece in cuts]
     if rerank <= 1:
         return found
-    groups, size = [[]], 0
-    for piece, f in zip(cuts, found):
-        if groups[-1] and (size + len(piece)) * kc > ivf.RERANK_PAIRS:
-            groups.append([])
-            size = 0
-        groups[-1].append((piece, f))
-        size += len(piece)
-    out = []
-    for group in groups:
-        Q = ctx.submit(read_rows, f"{data.url}/features", np.concatenate([p for p, _ in group]), name="ivf-queries")
-        scored = [ctx.submit(ivf.rescore, data.url, a, b, Q, *[f for _, f in group], name="ivf-rescore")
-                  for a, b in blocks]
-        lo = 0
-        for piece, f in group:
-            out.append(ctx.submit(ivf.rerank, f, lo, k, *scored, name="ivf-rerank"))
-            lo += len(piece)
-    return out
+    return ivf.rescored(ctx, f"{data.url}/features", f"{data.url}/features", blocks, cuts, found, k, kc)
 
 

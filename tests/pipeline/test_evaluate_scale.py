@@ -82,6 +82,26 @@ def test_knn_through_an_ivf_index_of_the_codes_past_the_threshold(client, tmp_pa
 
 
 @pytest.mark.integration   # stages on the session cluster
+def test_a_pq_index_of_the_codes_is_reranked_exactly_as_the_graph_s_is(client, tmp_path, monkeypatch):
+    from metricpipe import ivf
+    X, y = make_blobs(n=3000, d=16, classes=6, sep=0.4)
+    np.savez(tmp_path / "b.npz", X=X, y=y)
+    monkeypatch.setattr(stages.evaluate, "EXACT_MAX_TRAIN", 100)
+    monkeypatch.setattr(ivf, "IVF_FLAT_BYTES", 0)     # PQ codes, as when a worker cannot hold IVF-Flat
+    raw = {"methods": [{"method": "pca", "dim": 8}],
+           "evaluate": {"retrieval": False, "classification": {"classifiers": ["knn10"]}}}
+    recall = {}
+    for rerank in (1, 8):
+        recs, _ = _evaluate(client, tmp_path / "b.npz", tmp_path / f"r{rerank}",
+                            {**raw, "neighbours": {"k": 10, "method": "ivf", "queries": 300, "rerank": rerank}})
+        rec = _get(recs, "pca", 8, "knn_recall", "knn10")
+        assert ",PQ" in rec["search"] and rec["search"].endswith(", rerank 8" if rerank > 1 else "nprobe 16")
+        recall[rerank] = rec["value"]
+    # PQ's coarse distances miss neighbours; re-scoring 8 x 10 candidates exactly finds nearly all
+    assert recall[1] < 0.85 and recall[8] >= 0.95, recall
+
+
+@pytest.mark.integration   # stages on the session cluster
 def test_classification_queries_are_a_stratified_sample_scored_exactly(client, tmp_path, integer_npz):
     path, X, y = integer_npz
     raw = {"methods": [{"method": "identity"}], "seed": 3,
