@@ -13,6 +13,7 @@ from metricpipe.tasks.errors import InputError
 ALLOWED_FAILURES = 3
 # How long a run waits for its first worker from a SLURM or Kubernetes cluster (queued jobs, pulled images).
 WORKER_WAIT = 600
+CONNECT_TIMEOUT = "10s"   # a scheduler address that does not answer within it is an input error
 
 
 TLS_ENV = ("METRICPIPE_TLS_CA_FILE", "METRICPIPE_TLS_CERT", "METRICPIPE_TLS_KEY")
@@ -83,7 +84,7 @@ def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limi
     if cluster.startswith(("tcp://", "tls://")):
         security = tls_security(cluster, tls) if cluster.startswith("tls://") else None
         try:
-            client = Client(cluster, timeout="10s", security=security)
+            client = Client(cluster, timeout=CONNECT_TIMEOUT, security=security)
         except (OSError, TimeoutError) as e:
             raise InputError(f"cluster {cluster}: cannot reach the scheduler ({e}); start it with "
                              f"'dask scheduler' or check the address"

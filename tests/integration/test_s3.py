@@ -66,10 +66,14 @@ def s3():
 @pytest.fixture(scope="module")
 def cluster(s3):
     """One LocalCluster for the in-process runs, started after ``s3`` so its workers have the endpoint."""
+    import dask
     from distributed import LocalCluster
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
-                      memory_limit="2GB") as lc:
+    # spawned, not forked from the test process's forkserver (tests/conftest.py), which was started
+    # before ``s3`` set the environment
+    with dask.config.set({"distributed.worker.multiprocessing-method": "spawn"}), \
+            LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
+                         memory_limit="2GB") as lc:
         yield lc.scheduler_address
 
 
