@@ -1,6 +1,5 @@
 """Workers of 1 GB: a run whose graph and evaluation both go through IVF indexes (PQ, as at millions
 of rows) keeps every worker under its limit, and the memory rule sized the indexes from it."""
-import numpy as np
 import pytest
 from distributed import Client, LocalCluster
 
