@@ -162,3 +162,10 @@ def test_default_knn_above_the_train_rows_is_dropped_with_a_note_but_a_listed_on
                           where="cfg.yaml")
     with pytest.raises(InputError, match=r"cfg.yaml: evaluate.classification.classifiers: knn10 votes over more"):
         check_methods(listed, info)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (Path(__file__).parents[2] / "examples").glob("*.yaml")))
+def test_every_example_config_loads(name):
+    """The shipped examples (the quick start's demo among them) stay valid as the config grows."""
+    cfg = load_config(Path(__file__).parents[2] / "examples" / name)
+    assert cfg.methods
