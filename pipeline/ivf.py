@@ -206,7 +206,7 @@ def rescore(db_url: str, a: int, b: int, Q: np.ndarray, *pieces, metric: str = "
 
 
 def rescored(ctx, q_url: str, db_url: str, blocks, cuts: list, found: list, k: int, kc: int,
-             metric: str = "l2", name: str = "ivf") -> list:
+             metric: str = "l2", name: str = "ivf", priority: int = 0) -> list:
     """Futures of each query piece's k best candidates by exact distance: ``found`` are the index's
     futures (distances, ids) of kc = rerank x k candidates for the global query rows ``cuts`` of
     ``q_url``, re-scored against the database ``db_url`` in one pass over its row-``blocks`` per group
@@ -220,12 +220,13 @@ def rescored(ctx, q_url: str, db_url: str, blocks, cuts: list, found: list, k: i
         size += len(piece)
     out = []
     for group in groups:
-        Q = ctx.submit(read_rows, q_url, np.concatenate([p for p, _ in group]), name=f"{name}-queries")
-        scored = [ctx.submit(rescore, db_url, a, b, Q, *[f for _, f in group], metric=metric, name=f"{name}-rescore")
-                  for a, b in blocks]
+        Q = ctx.submit(read_rows, q_url, np.concatenate([p for p, _ in group]), name=f"{name}-queries",
+                       priority=priority)
+        scored = [ctx.submit(rescore, db_url, a, b, Q, *[f for _, f in group], metric=metric, name=f"{name}-rescore",
+                             priority=priority) for a, b in blocks]
         lo = 0
         for piece, f in group:
-            out.append(ctx.submit(rerank, f, lo, k, *scored, name=f"{name}-rerank"))
+            out.append(ctx.submit(rerank, f, lo, k, *scored, name=f"{name}-rerank", priority=priority))
             lo += len(piece)
     return out
 

@@ -107,8 +107,8 @@ def _index_plan(ctx: StageContext, data: DataInfo, cunit: Unit, n_train: int) ->
     budget = index_budget(ctx.client, data.chunk_rows, data.n_features)
     dims = [open_array(f"{cunit.url}/{v}").shape[1] for v in ("codes", "base") if v in array_names(cunit.url)]
     nb = ctx.config.neighbours or NeighboursConfig()
-    return [ivf.factory_string(n_train, d, ivf.nlist_for(n_train), budget, ctx.config.source_file) for d in dims] \
-        + [{"nprobe": nb.nprobe, "rerank": nb.rerank}]
+    factories = [ivf.factory_string(n_train, d, ivf.nlist_for(n_train), budget, ctx.config.source_file) for d in dims]
+    return factories + [{"nprobe": nb.nprobe, **({"rerank": nb.rerank} if any(",PQ" in f for f in factories) else {})}]
 
 
 def _ivf_lists(ctx: StageContext, data: DataInfo, jobs: list, graph_index: str | None) -> None:
@@ -152,7 +152,10 @@ def _ivf_lists(ctx: StageContext, data: DataInfo, jobs: list, graph_index: str |
         job["ready"] = [ctx.submit(_after, ivf.encode, (db_url, split_url, job["index"], job["token"], a, b), trained,
                                    name="knn-index-encode") for a, b in tb]
     for i, job in enumerate(jobs):
-        args = (job["urls"][0], split_url, job["index"], job["token"], tb)
+        # the neighbours stage's index holds the features: its queries are the features' rows (the
+        # codes are a rotation of them, so the same rows are nearest; re-scoring may use the codes)
+        q_url = f"{data.url}/features" if job["reused"] else job["urls"][0]
+        args = (q_url, split_url, job["index"], job["token"], tb)
         # a PQ index's distances are approximate: rerank x k candidates, re-scored exactly on the codes
         job["rerank"] = nb.rerank if ",PQ" in job["factory"] else 1
         kc = job["k"] * job["rerank"]
@@ -163,9 +166,10 @@ def _ivf_lists(ctx: StageContext, data: DataInfo, jobs: list, graph_index: str |
         if job["rerank"] > 1:
             rescore = (job["urls"][0], job["urls"][1], tb)
             metric = "l2" if job["score"] == "euclidean" else "ip"
-            job["lists"] = ivf.rescored(ctx, *rescore, job["blocks"], job["lists"], job["k"], kc, metric, "knn-index")
+            job["lists"] = ivf.rescored(ctx, *rescore, job["blocks"], job["lists"], job["k"], kc, metric, "knn-index",
+                                        priority=len(jobs) - i)
             job["approx"] = ivf.rescored(ctx, *rescore, [job["probe"]], [job["approx"]], job["k"], kc, metric,
-                                         "knn-index")[0]
+                                         "knn-index", priority=len(jobs) - i)[0]
     for job in jobs:
         e, a = ctx.gather([job["exact"], job["approx"]], "evaluate", ["recall: exact", "recall: index"])
         job["knn_note"] = {"knn_search": f"{job['factory']}, nprobe {nprobe}"

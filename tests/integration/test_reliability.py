@@ -73,7 +73,7 @@ def _copy(reference, tmp_path):
 @pytest.mark.parametrize("task", ["train-nml", "encode-esvm"])
 def test_a_worker_killed_mid_stage_costs_a_retry_not_the_run(reference, tmp_path, monkeypatch, task):
     flag = tmp_path / "killed"
-    monkeypatch.setenv("METRICPIPE_FAILPOINT", f"{task}:{flag}")   # inherited by the local workers
+    monkeypatch.setenv("METRICPIPE_FAILPOINT", f"{task}:{flag}")   # read by the client when it submits
     res = _run("run", _config(tmp_path, "store"))
     assert res.exit_code == 0, res.output
     assert flag.exists()                      # a worker really died inside that stage

@@ -63,7 +63,8 @@ def test_knn_from_the_stored_graph_equals_exact_search_ties_included(client, tmp
 def test_knn_through_an_ivf_index_of_the_codes_past_the_threshold(client, tmp_path, monkeypatch):
     X, y = make_blobs(n=3000, d=16, classes=6, sep=0.4)
     np.savez(tmp_path / "b.npz", X=X, y=y)
-    raw = {"methods": [{"method": "pca", "dim": 8}, {"method": "identity"}],
+    # PCA with every dimension kept is a rotation: it searches the graph's index of the features too
+    raw = {"methods": [{"method": "pca", "dim": [8, 16]}, {"method": "identity"}],
            "evaluate": {"retrieval": False, "classification": {"classifiers": ["knn1", "knn10"]}}}
     exact, _ = _evaluate(client, tmp_path / "b.npz", tmp_path / "e", raw)
     monkeypatch.setattr(stages.evaluate, "EXACT_MAX_TRAIN", 100)
@@ -73,8 +74,9 @@ def test_knn_through_an_ivf_index_of_the_codes_past_the_threshold(client, tmp_pa
     for c in ("knn1", "knn10"):
         rec = _get(approx, "pca", 8, "knn_recall", c)
         assert rec["search"].startswith("IVF") and rec["search"].endswith("nprobe 16")
-        assert _get(approx, "identity", 16, "knn_recall", c)["search"].endswith("(the neighbours stage's index)")
-        for m, d in (("pca", 8), ("identity", 16)):
+        for m, d in (("identity", 16), ("pca", 16)):
+            assert _get(approx, m, d, "knn_recall", c)["search"].endswith("(the neighbours stage's index)")
+        for m, d in (("pca", 8), ("pca", 16), ("identity", 16)):
             assert 0.9 <= _get(approx, m, d, "knn_recall", c)["value"] <= 1.0
             e, a = _get(exact, m, d, "top1_error", c)["value"], _get(approx, m, d, "top1_error", c)["value"]
             assert abs(e - a) <= 0.02 and e > 0.05   # not a trivial task: both classify, nearly alike
@@ -201,3 +203,22 @@ def test_a_retrieval_database_that_cannot_be_held_is_refused_before_staging():
         check_memory(_client(1e9), _info(20_000_000, 128), cfg)
     check_memory(_client(1e9), _info(20_000_000, 128), parse_config(
         {"data": {"source": "synthetic"}, "methods": [{"method": "identity"}], "evaluate": {"retrieval": False}}))
+
+
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+def test_rescore_gives_the_exact_distances_of_the_candidates_in_its_block(tmp_path, metric):
+    from metricpipe import ivf
+    from metricpipe.storage import create_array, open_array
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(50, 6)).astype(np.float32)
+    create_array(str(tmp_path / "db"), X.shape, (20, 6), np.float32)
+    open_array(str(tmp_path / "db"), mode="r+")[:] = X
+    Q = rng.normal(size=(4, 6)).astype(np.float32)
+    ids = rng.integers(-1, 50, size=(4, 5))            # two pieces of 2 queries, 5 candidates, -1: none
+    pieces = [(None, ids[:2]), (None, ids[2:])]
+    pos, d = ivf.rescore(str(tmp_path / "db"), 20, 40, Q, *pieces, metric=metric)
+    flat = ids.reshape(-1)
+    assert np.array_equal(pos, np.flatnonzero((flat >= 20) & (flat < 40)))
+    q, x = Q[pos // 5].astype(np.float64), X[flat[pos]].astype(np.float64)
+    want = -(q * x).sum(1) if metric == "ip" else ((q - x) ** 2).sum(1)
+    np.testing.assert_allclose(d, want, rtol=1e-5, atol=1e-5)
