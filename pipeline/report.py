@@ -174,7 +174,10 @@ def _curve_plot(curve: dict) -> str:
         ax.set_xlabel(xkey)
         ax.set_ylabel(k)
         if k in ("objective", "hinge") and min(h[k] for h in have) > 0:
-            ax.set_yscale("log")
+            from matplotlib.ticker import FuncFormatter, NullFormatter
+            ax.set_yscale("log")   # plain numbers, not mathtext (as _lines_png's axis)
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
         ax.grid(alpha=0.3)
     fig.suptitle(_label({"method": curve["model"]["method"], "params": {k: v for k, v in curve["model"].items()
                                                                       if k not in ("method",)}}), fontsize=8)
