@@ -61,12 +61,17 @@ def retrieval_db_budget(client, buffers: float) -> float | None:
     return None if limit is None else usable(limit) - buffers
 
 
-def _code_dim(spec: dict, D: int) -> int:
-    """A model's code width as its config gives it (SL-DE: members x member_dim), else D."""
+def _code_dim(spec: dict, D: int, n_classes: int | None = None) -> int:
+    """A model's code width as its config gives it: ``dim``; SL-DE's members x member_dim; SL-NE's
+    input_dim; LDA's classes - 1; else D (an upper bound: a wider guess could refuse a run that fits)."""
     if isinstance(spec.get("dim"), int):
-        return spec["dim"]
+        return min(spec["dim"], D)
     if spec.get("members") and spec.get("member_dim"):
         return int(spec["members"]) * int(spec["member_dim"])
+    if isinstance(spec.get("input_dim"), int):
+        return min(spec["input_dim"], D)
+    if spec.get("method") == "lda" and n_classes:
+        return min(n_classes - 1, D)
     return D
 
 
@@ -83,7 +88,8 @@ def needs(info, cfg, limit: float) -> list[tuple[str, float, str]]:
                     f"set statistics.max_dense_dim below {D} (randomized PCA) or raise memory_limit"))
     n_test = int((info.split == stages.TEST).sum())
     if cfg.evaluate.retrieval and cfg.methods:
-        d = max(_code_dim(cand, D) for spec in cfg.methods for cand in registry.candidates(spec))
+        n_classes = len(getattr(info, "classes", None) or []) or None
+        d = max(_code_dim(cand, D, n_classes) for spec in cfg.methods for cand in registry.candidates(spec))
         out.append((f"a retrieval task's database (the {n_test:,} test rows' codes, up to {d} dimensions)",
                     n_test * d * 4.0 + stages.EVAL_BUDGET - stages.RETRIEVAL_DB_BYTES,
                     "set evaluate.retrieval: false, lower data.split's test share, or raise memory_limit"))

@@ -138,10 +138,11 @@ def test_read_rows_reads_any_order_chunk_by_chunk(tmp_path):
 
 # ---- the memory rule --------------------------------------------------------------------------------
 
-def _info(n, d, chunk_mb=64, test=0.1):
+def _info(n, d, chunk_mb=64, test=0.1, classes=10):
     split = np.zeros(n, np.int8)
     split[: int(n * test)] = stages.TEST
-    return SimpleNamespace(n_features=d, chunk_rows=int(chunk_mb * 1e6 // (4 * d)), split=split)
+    return SimpleNamespace(n_features=d, chunk_rows=int(chunk_mb * 1e6 // (4 * d)), split=split,
+                           classes=list(range(classes)))
 
 
 def _client(limit):
@@ -203,6 +204,12 @@ def test_a_retrieval_database_that_cannot_be_held_is_refused_before_staging():
         check_memory(_client(1e9), _info(20_000_000, 128), cfg)
     check_memory(_client(1e9), _info(20_000_000, 128), parse_config(
         {"data": {"source": "synthetic"}, "methods": [{"method": "identity"}], "evaluate": {"retrieval": False}}))
+    # the codes' width as the config gives it, not D: LDA's classes - 1, SL-NE's input_dim
+    narrow = parse_config({"data": {"source": "synthetic"},
+                           "methods": [{"method": "lda"}, {"method": "slne", "input_dim": 16}]})
+    check_memory(_client(1e9), _info(20_000_000, 128), narrow)
+    with pytest.raises(InputError, match=r"up to 128 dimensions"):   # 200 classes: LDA's codes are D wide
+        check_memory(_client(1e9), _info(20_000_000, 128, classes=200), narrow)
 
 
 @pytest.mark.parametrize("metric", ["l2", "ip"])
