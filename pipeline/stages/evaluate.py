@@ -136,6 +136,7 @@ def _ivf_lists(ctx: StageContext, data: DataInfo, jobs: list, graph_index: str |
         job["exact"] = ctx.submit(_exact_knn, q_url, db_url, data.url, data.chunks, job["probe"], job["k"],
                                   job["score"], name="knn-recall")
         job["token"] = f"{job['unit'].url}/{job['view']}@{time.time_ns()}"
+        job["metric"] = "l2" if job["score"] == "euclidean" else "ip"   # the index's and the re-scoring's
         job["reused"] = job["index"] is not None
         if job["reused"]:    # the neighbours stage's index, stored with its graph
             job["factory"], job["ready"] = graph_index, []
@@ -144,8 +145,7 @@ def _ivf_lists(ctx: StageContext, data: DataInfo, jobs: list, graph_index: str |
         dim = open_array(db_url).shape[1]
         job["factory"] = ivf.factory_string(len(train), dim, nlist, budget, ctx.config.source_file)
         sample = np.sort(rng.choice(train, ivf.sample_rows(len(train), nlist), replace=False))
-        metric = "l2" if job["score"] == "euclidean" else "ip"
-        trained = ctx.submit(ivf.train, db_url, job["index"], sample, job["factory"], seed, metric,
+        trained = ctx.submit(ivf.train, db_url, job["index"], sample, job["factory"], seed, job["metric"],
                              name="knn-index-train")
         create_array(f"{job['index']}/ivf_codes", (data.n_samples, ivf.code_bytes(job["factory"], dim)),
                      (data.chunk_rows, ivf.code_bytes(job["factory"], dim)), np.uint8)
@@ -165,10 +165,9 @@ def _ivf_lists(ctx: StageContext, data: DataInfo, jobs: list, graph_index: str |
                                    name="knn-index-search", priority=len(jobs) - i)
         if job["rerank"] > 1:
             rescore = (job["urls"][0], job["urls"][1], tb)
-            metric = "l2" if job["score"] == "euclidean" else "ip"
-            job["lists"] = ivf.rescored(ctx, *rescore, job["blocks"], job["lists"], job["k"], kc, metric, "knn-index",
-                                        priority=len(jobs) - i)
-            job["approx"] = ivf.rescored(ctx, *rescore, [job["probe"]], [job["approx"]], job["k"], kc, metric,
+            job["lists"] = ivf.rescored(ctx, *rescore, job["blocks"], job["lists"], job["k"], kc, job["metric"],
+                                        "knn-index", priority=len(jobs) - i)
+            job["approx"] = ivf.rescored(ctx, *rescore, [job["probe"]], [job["approx"]], job["k"], kc, job["metric"],
                                          "knn-index", priority=len(jobs) - i)[0]
     for job in jobs:
         e, a = ctx.gather([job["exact"], job["approx"]], "evaluate", ["recall: exact", "recall: index"])
