@@ -159,32 +159,21 @@ def training_curves(store: Store, manifest: dict) -> list[dict]:
     return out
 
 
-def _curve_plot(curve: dict) -> str:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def _curve_panels(curve: dict) -> list[dict]:
+    """One panel per recorded quantity (objective, validation error...) of a model's training history."""
     hist = curve["history"]
     xkey = "iter" if "iter" in hist[0] else "epoch"
     keys = list(dict.fromkeys(k for h in hist for k in h if k != xkey and isinstance(h[k], (int, float))))
-    fig, axes = plt.subplots(1, len(keys), figsize=(3.2 * len(keys), 2.6), squeeze=False)
-    for ax, k in zip(axes[0], keys):
+    title = _label({"method": curve["model"]["method"],
+                    "params": {k: v for k, v in curve["model"].items() if k != "method"}})
+    panels = []
+    for k in keys:
         have = [h for h in hist if isinstance(h.get(k), (int, float))]   # e.g. val_error also at the start
-        ax.plot([h[xkey] for h in have], [h[k] for h in have], ".-")
-        ax.set_xlabel(xkey)
-        ax.set_ylabel(k)
-        if k in ("objective", "hinge") and min(h[k] for h in have) > 0:
-            from matplotlib.ticker import FuncFormatter, NullFormatter
-            ax.set_yscale("log")   # plain numbers, not mathtext (as _lines_png's axis)
-            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-            ax.yaxis.set_minor_formatter(NullFormatter())
-        ax.grid(alpha=0.3)
-    fig.suptitle(_label({"method": curve["model"]["method"], "params": {k: v for k, v in curve["model"].items()
-                                                                      if k not in ("method",)}}), fontsize=8)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode()
+        lo, hi = min(h[k] for h in have), max(h[k] for h in have)
+        log_y = k in ("objective", "hinge") and lo > 0 and hi > 10 * lo   # a log axis over a decade or more
+        panels.append({"series": {None: [(h[xkey], h[k]) for h in have]}, "xlabel": xkey, "ylabel": k,
+                       "title": title, "log_y": log_y, "marker": "."})
+    return panels
 
 
 def _label(r: dict) -> str:
@@ -197,48 +186,83 @@ def _label(r: dict) -> str:
     return " ".join([r["method"], *extra])
 
 
-def _lines_png(series: dict, xlabel: str, ylabel: str, marker: str, log2_x: bool = False, title: str = "") -> str:
-    """One line per label from {label: [(x, y), ...]}, as a base64 PNG; baselines dashed."""
+def _panels_png(panels: list[dict], ncols: int = 2) -> str:
+    """Small multiples: the panels ({series: {label: [(x, y), ...]}, xlabel, ylabel, title, log2_x,
+    log_y, marker}) in one figure, as a base64 PNG, with one legend for all of them (a model keeps
+    its colour in every panel; baselines dashed). One figure drawn once costs a quarter of a figure
+    per panel, each with its own legend, drawn twice for a tight bounding box."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    for label, pts in sorted(series.items(), key=lambda kv: (kv[0].split()[0] in BASELINES, kv[0])):
-        pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=label,
-                linestyle="--" if label.split()[0] in BASELINES else "-")
-    if log2_x:   # ticks at the plotted values (or powers of 2 when many), as plain numbers: readable,
-        # and no mathtext to parse and draw (a quarter of a plot's time with the default 2^k labels)
-        from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
-        ax.set_xscale("log", base=2)
-        xs = sorted({p[0] for pts in series.values() for p in pts if p[0] is not None and p[0] > 0})
-        if len(xs) > 8:
-            xs = [2.0 ** e for e in range(math.floor(math.log2(xs[0])), math.ceil(math.log2(xs[-1])) + 1)]
-        ax.xaxis.set_major_locator(FixedLocator(xs))
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="dashed: baseline",
-              title_fontsize=7, ncol=1 if len(series) <= 14 else 2)
-    ax.grid(alpha=0.3)
+    labels = sorted({lab for p in panels if p for lab in p["series"] if lab is not None},
+                    key=lambda lab: (lab.split()[0] in BASELINES, lab))
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colour = {lab: cycle[i % len(cycle)] for i, lab in enumerate(labels)}
+    style = {lab: "--" if lab.split()[0] in BASELINES else ("-" if i < len(cycle) else ":")
+             for i, lab in enumerate(labels)}
+    ncols = min(ncols, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    legend_cols = 2 if ncols > 1 else 1
+    legend_rows = math.ceil(len(labels) / legend_cols)
+    width, height = 4.6 * ncols, 2.7 * nrows
+    legend_h = 0.2 * legend_rows + (0.35 if labels else 0)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, height + legend_h), squeeze=False)
+    handles = {}
+    for ax, p in zip(axes.flat, panels):
+        if p is None:   # a gap (a row's end)
+            ax.set_visible(False)
+            continue
+        for lab, pts in p["series"].items():
+            pts = sorted(pts)
+            line, = ax.plot([q[0] for q in pts], [q[1] for q in pts], marker=p.get("marker", "o"), markersize=4,
+                            color=colour.get(lab, cycle[0]), linestyle=style.get(lab, "-"))
+            if lab is not None:
+                handles.setdefault(lab, line)
+        if p.get("log2_x"):   # ticks at the plotted values (or powers of 2 when many), as plain numbers:
+            # readable, and no mathtext to parse and draw
+            ax.set_xscale("log", base=2)
+            xs = sorted({q[0] for pts in p["series"].values() for q in pts if q[0] is not None and q[0] > 0})
+            if len(xs) > 8:
+                xs = [2.0 ** e for e in range(math.floor(math.log2(xs[0])), math.ceil(math.log2(xs[-1])) + 1)]
+            ax.xaxis.set_major_locator(FixedLocator(xs))
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        if p.get("log_y"):
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel(p["xlabel"], fontsize=8)
+        ax.set_ylabel(p["ylabel"], fontsize=8)
+        ax.set_title(p["title"], fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    bottom = legend_h / (height + legend_h)
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="lower left", bbox_to_anchor=(0.01, 0.0),
+                   ncol=legend_cols,
+                   fontsize=7, frameon=False, title="dashed: baseline", title_fontsize=7)
+    # fixed margins instead of bbox_inches="tight", which draws the figure twice
+    fig.subplots_adjust(left=0.8 / width, right=1 - 0.15 / width, top=1 - 0.3 / (height + legend_h),
+                        bottom=bottom + 0.5 / (height + legend_h), hspace=0.55, wspace=0.3)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=90)
     plt.close(fig)
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def _plot(records: list, metric: str, classifier) -> str:
+def _panel_over_dim(records: list, metric: str, classifier) -> dict:
     series = {}
     for r in records:
         if r["metric"] == metric and r["classifier"] == classifier:
             series.setdefault(_label(r), []).append((r["dim"], r["value"]))
     label, higher, _ = definition(metric)
     label += "" if classifier is None else f" ({classifier})"
-    return _lines_png(series, "code dimension", label, "o", log2_x=True,
-                      title=f"{label} against code dimension ({'higher' if higher else 'lower'} is better)")
+    return {"series": series, "xlabel": "code dimension", "ylabel": label, "log2_x": True,
+            "title": f"{label} ({'higher' if higher else 'lower'} is better)"}
 
 
 def _at_k(metric: str):
@@ -255,14 +279,15 @@ def _kept_ks(records: list) -> set:
     return {k for k in ks if k in (1, 5, 10, 20, 50, 100)} | {ks[0], ks[-1]}
 
 
-def _plot_over_k(records: list, name: str, dim) -> str:
+def _panel_over_k(records: list, name: str, dim) -> dict:
     """``name``@K against K for every model of dimension ``dim`` (the NML paper's Fig. 3)."""
     series = {}
     for r in records:
         at = _at_k(r["metric"])
         if at and at[0] == name and r["dim"] == dim and r["classifier"] is None:
             series.setdefault(_label(r), []).append((at[1], r["value"]))
-    return _lines_png(series, "K", f"{name}@K", ".", title=f"{DEFINITIONS[name][0].format(k='K')} against K, d = {dim}")
+    return {"series": series, "xlabel": "K", "ylabel": f"{name}@K", "marker": ".",
+            "title": f"{DEFINITIONS[name][0].format(k='K')} against K, d = {dim}"}
 
 
 # What each metric means and which way is better. Metrics of the form name@K take their K from the name.
@@ -601,6 +626,15 @@ figure{display:inline-block;margin:4px}pre{background:#f6f6f6;padding:1em}detail
 summary{cursor:pointer;font-weight:bold}"""
 
 
+def _figure(panels: list[dict], ncols: int = 2) -> str:
+    """The panels as one image; its alt text lists them."""
+    if not panels:
+        return ""
+    alt = html.escape("; ".join(f"{p['title']}: {p['ylabel']} against {p['xlabel']}" for p in panels if p),
+                      quote=True)
+    return f'<figure><img alt="{alt}" src="data:image/png;base64,{_panels_png(panels, ncols)}"></figure>'
+
+
 def render_html(doc: dict, curves: list | None = None) -> str:
     records, esc = doc["records"], html.escape
     summary = doc.get("summary") or summarize(records)
@@ -622,13 +656,15 @@ def render_html(doc: dict, curves: list | None = None) -> str:
                  f"factoring shows against the rows above).</small></p>{_table(views, main + other, extended)}")
     more = f"<details><summary>More metrics ({len(other)} columns{', other views' if views else ''})</summary>" \
            f"{recall_note}{more}</details>" if more else recall_note
-    plots = "".join(f'<figure><img src="data:image/png;base64,{_plot(records, m, c)}"></figure>' for m, c in main)
+    panels = [_panel_over_dim(records, m, c) for m, c in main]
     all_ks = {_at_k(r["metric"])[1] for r in records if _at_k(r["metric"])}
-    if len(all_ks) > 6:  # precision against K, one plot per dimension
+    if len(all_ks) > 6:  # precision against K, one panel per dimension
         dims = sorted({r["dim"] for r in records if _at_k(r["metric"])}, key=lambda d: (d is None, d or 0))
-        plots += "".join(f'<figure><img src="data:image/png;base64,{_plot_over_k(records, "mprec", d)}"></figure>'
-                         for d in dims)
-    training = "".join(f'<figure><img src="data:image/png;base64,{_curve_plot(c)}"></figure>' for c in curves or [])
+        panels += [_panel_over_k(records, "mprec", d) for d in dims]
+    plots = _figure(panels)
+    per_model = [_curve_panels(c) for c in curves or []]
+    width = max((len(ps) for ps in per_model), default=1)   # one row per model
+    training = _figure([p for ps in per_model for p in ps + [None] * (width - len(ps))], ncols=width)
     training = f"<h2>Training curves</h2>{training}" if training else ""
 
     def stage_note(t):

@@ -18,14 +18,27 @@ def test_many_k_show_a_few_columns_and_one_curve_over_k_per_dimension():
     assert ">mprec@10 &uarr;</th>" in page and ">mprec@11 " not in page
     main = page[page.index("<h2>Models</h2>"):page.index("<details>")]
     assert [k for k in ks if f">mprec@{k} " in main] == [1, 10, 50]      # the rest folded
-    # a plot per main-table column against the dimension, then one mprec-vs-K plot per dimension (8 and 16)
-    assert page.count("<figure>") == 3 + 2
+    # one figure: a panel per main-table column against the dimension, then one mprec-vs-K panel per
+    # dimension (8 and 16)
+    assert page.count("<figure>") == 1
+    assert _panels(page) == [f"mprec@{k} against code dimension" for k in (1, 10, 50)] + \
+        ["mprec@K against K", "mprec@K against K"]
+    assert "mprec@K against K, d = 8:" in page and "mprec@K against K, d = 16:" in page
 
 
 def test_few_k_keep_every_column_and_no_curve_over_k():
     page = render_html(_doc([1, 10, 100]))
     assert all(f">mprec@{k} &uarr;</th>" in page for k in (1, 10, 100))
-    assert page.count("<figure>") == 3
+    assert page.count("<figure>") == 1
+    assert _panels(page) == [f"mprec@{k} against code dimension" for k in (1, 10, 100)]
+
+
+def _panels(page):
+    """'ylabel against xlabel' of each panel, from the figure's alt text."""
+    import html
+    import re
+    alt = html.unescape(re.search(r'<img alt="([^"]*)"', page).group(1))
+    return [p.split(": ", 1)[1] for p in alt.split("; ")]
 
 
 # --- the summary: records where a known model wins each headline metric -----------------------------
@@ -181,3 +194,19 @@ def test_a_tie_goes_to_the_baseline_and_a_models_cost_records_share_its_row():
     page = render_html(_run_doc(recs))
     models = page[page.index("<h2>Models</h2>"):page.index("<h2>Costs</h2>")]
     assert models.count("<code>slne16</code>") == 1 and "score=inner" not in page
+
+
+def test_training_curves_are_one_figure_with_a_row_per_model():
+    import base64
+    import re
+    curves = [{"model": {"method": "nml", "dim": 8}, "history": [{"iter": i, "objective": 10.0 / (i + 1),
+                                                                   "val_error": 0.3 - 0.01 * i} for i in range(5)]},
+              {"model": {"method": "slne", "input_dim": 24}, "history": [{"epoch": e, "hinge": 1.0 - e / 10}
+                                                                          for e in range(3)]}]
+    page = render_html(_doc([1, 10]), curves)
+    training = page[page.index("<h2>Training curves</h2>"):]
+    assert training.count("<figure>") == 1
+    assert _panels(training) == ["objective against iter", "val_error against iter", "hinge against epoch"]
+    png = base64.b64decode(re.search(r'base64,([^"]+)"', training).group(1))
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert width > height * 1.2   # two models' rows of two panels (the second row's right one left blank)
