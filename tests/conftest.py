@@ -22,6 +22,12 @@ if not any(v in os.environ for v in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", 
 os.environ.setdefault("DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD", "forkserver")
 import dask  # noqa: E402  (a plugin may have imported dask before the variable was set)
 dask.config.set({"distributed.worker.multiprocessing-method": os.environ["DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD"]})
+if os.environ["DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD"] == "forkserver":
+    # the forkserver imports what a worker's first task would (scikit-learn, zarr, the stages: ~2 s
+    # each time); distributed's own list (itself and its optional packages) is kept
+    from distributed.utils import get_mp_context  # noqa: E402
+    _ctx = get_mp_context()
+    _ctx.set_forkserver_preload(["distributed", "numpy", "pandas", "scipy", "sklearn", "zarr", "metricpipe.cli"])
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

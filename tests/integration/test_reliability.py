@@ -21,9 +21,10 @@ from tests.integration.helpers import assert_same_results, run_results
 
 pytestmark = pytest.mark.integration
 
+# lr and lam fixed: one model each, not a selection among three (test_selection covers that)
 METHODS = [{"method": "pca", "dim": 4},
-           {"method": "nml", "dim": 4, "pairs": 4000, "iters": 400000},   # a train task of a few seconds
-           {"method": "esvm", "epochs": 40, "negatives": {"count": 200}}]   # encode tasks of a second or so
+           {"method": "nml", "dim": 4, "pairs": 4000, "iters": 400000, "lr": 0.001},   # a train task of seconds
+           {"method": "esvm", "epochs": 40, "negatives": {"count": 200}, "lam": 0.01}]   # encode tasks of ~1 s
 
 
 def _config(tmp_path, name, **extra):
