@@ -47,6 +47,9 @@ class StageContext:
     terminal: bool = False       # progress as one updating line per stage (stderr is a terminal)
     progress: StageProgress | None = None   # the running stage's counter (stage_progress)
     made: set = field(default_factory=set)  # units committed by this run: reused even with resume off
+    # seed -> rows of its shuffled copy that the train stage's SGD learners read at most (None or
+    # missing: every row); the train stage sets it before the learners ask for their copy
+    shuffle_rows: dict = field(default_factory=dict)
 
     @contextlib.contextmanager
     def stage_progress(self, stage: str):

@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from metricpipe.context import StageContext
-from metricpipe.storage import Unit, create_array, hash_key, open_array, save_arrays
+from metricpipe.storage import Unit, create_array, hash_key, open_array, read_attrs, save_arrays
 from metricpipe.tasks import stream
 
 TRAIN = 0
@@ -32,14 +32,16 @@ def _plan(data, seed: int):
     return train, pi, dest, data.chunk_rows
 
 
-def _scatter(data_url: str, url: str, src: int, a: int, b: int, dest: np.ndarray, block_rows: int):
+def _scatter(data_url: str, url: str, src: int, a: int, b: int, dest: np.ndarray, block_rows: int,
+             written: np.ndarray):
     """Pass 1: the train rows of staged block ``src`` (rows a:b; ``dest`` the layout positions of its
-    train rows, in order) go to the pieces (src, target block), each sorted by destination."""
+    train rows, in order) go to the pieces (src, target block), each sorted by destination; only
+    the target blocks in ``written`` (sorted) are made."""
     split = open_array(f"{data_url}/split")[a:b]
     X = open_array(f"{data_url}/features")[a:b][split == TRAIN]
     out = open_array(f"{url}/pieces", mode="r+")
     target = dest // block_rows
-    for j in np.unique(target):
+    for j in np.intersect1d(np.unique(target), written):
         mine = np.flatnonzero(target == j)
         mine = mine[np.argsort(dest[mine], kind="stable")]
         piece = np.full((out.shape[2], X.shape[1]), np.nan, np.float32)
@@ -61,16 +63,22 @@ def _gather_block(url: str, j: int, counts: np.ndarray, block_rows: int, n_train
 
 
 def shuffled(ctx: StageContext, data, seed: int) -> Unit:
-    """The committed shuffled copy of the training rows for ``seed`` (written when missing)."""
+    """The committed shuffled copy of the training rows for ``seed`` (written when missing): the
+    blocks that epoch 0 visits first until they hold ``ctx.shuffle_rows[seed]`` rows, or all of
+    them (its attribute ``blocks`` lists those written)."""
+    n = int((data.split == TRAIN).sum())
+    br = data.chunk_rows
+    written = stream.first_blocks(n, br, seed, ctx.shuffle_rows.get(seed))
+    n_out = -(-n // br)
+    part = None if len(written) == n_out else len(written)
     unit = ctx.store.unit("shuffled", hash_key({"stage": "shuffled", "version": 1, "data": data.unit.key,
-                                                 "seed": int(seed), "layout": "row-keys"}))
+                                                 "seed": int(seed), "layout": "row-keys", "blocks": part}))
     if ctx.reuse(unit, "train"):
         return unit
     t0 = time.perf_counter()
     unit.begin()
     train, pi, dest, br = _plan(data, seed)
-    n, D = len(train), data.n_features
-    n_out = -(-n // br)
+    D = data.n_features
     blocks = [(a, b) for a, b in data.chunks]
     # train positions of each staged block, and its rows' target blocks: piece sizes
     starts = np.searchsorted(train, [a for a, _ in blocks])
@@ -79,13 +87,14 @@ def shuffled(ctx: StageContext, data, seed: int) -> Unit:
     for i, (lo, hi) in enumerate(zip(starts, stops)):
         counts[i] = np.bincount(dest[lo:hi] // br, minlength=n_out)
     piece_rows = max(1, int(counts.max()))
-    save_arrays(unit.url, {}, {"seed": int(seed), "block_rows": int(br), "data": data.unit.key})  # the group
+    save_arrays(unit.url, {}, {"seed": int(seed), "block_rows": int(br), "data": data.unit.key,   # the group
+                               "blocks": written.tolist()})
     create_array(f"{unit.url}/pieces", (len(blocks), n_out, piece_rows, D), (1, 1, piece_rows, D), np.float32,
                  fill_value=np.nan)
     create_array(f"{unit.url}/features", (n, D), (br, D), np.float32, rows=True)
     create_array(f"{unit.url}/label", (n,), (max(1, n),), np.int32)[:] = data.labels[train][pi]
     create_array(f"{unit.url}/row", (n,), (max(1, n),), np.int64)[:] = train[pi]
-    futs = [ctx.submit(_scatter, data.url, unit.url, i, a, b, dest[lo:hi], br, name="shuffle-scatter")
+    futs = [ctx.submit(_scatter, data.url, unit.url, i, a, b, dest[lo:hi], br, written, name="shuffle-scatter")
             for i, ((a, b), lo, hi) in enumerate(zip(blocks, starts, stops)) if hi > lo]
     ctx.gather(futs, "train", [f"shuffling rows {a}..{b - 1}" for (a, b), lo, hi in zip(blocks, starts, stops)
                                if hi > lo])
@@ -93,14 +102,17 @@ def shuffled(ctx: StageContext, data, seed: int) -> Unit:
     ends = np.cumsum(counts, axis=1)
     sorted_dest = [np.sort(dest[lo:hi]) for lo, hi in zip(starts, stops)]
     gathers = []
-    for j in range(n_out):
+    for j in written:
         dests = [d[e[j] - c[j]:e[j]] for d, e, c in zip(sorted_dest, ends, counts)]
         gathers.append(ctx.submit(_gather_block, unit.url, j, counts[:, j], br, n, dests, name="shuffle-gather"))
-    ctx.gather(gathers, "train", [f"shuffled block {j}" for j in range(n_out)])
+    ctx.gather(gathers, "train", [f"shuffled block {j}" for j in written])
     unit.store.fs.rm(f"{unit._root}/pieces", recursive=True)   # scratch: only the layout-ordered copy stays
-    ctx.commit(unit, {"n_train": int(n), "block_rows": int(br), "seed": int(seed),
+    ctx.commit(unit, {"n_train": int(n), "block_rows": int(br), "seed": int(seed), "blocks": len(written),
                       "seconds": round(time.perf_counter() - t0, 3)})
-    ctx.log(f"  train: shuffled {n} training rows for seed {seed} ({time.perf_counter() - t0:.1f} s)")
+    rows = int(sum(min(br, n - j * br) for j in written))
+    ctx.log(f"  train: shuffled {rows} training rows" + (f" ({len(written)} of {n_out} blocks, what SGD reads)"
+                                                          if part else "") + f" for seed {seed} "
+            f"({time.perf_counter() - t0:.1f} s)")
     return unit
 
 
@@ -117,8 +129,12 @@ def stream_pools(url: str, block_rows: int, seed: int, keep: np.ndarray | None =
     one block at a time; ``keep`` (n_train,) bool over layout positions (False: validation rows).
     Yields (X_pool, y_pool), exactly what ``tasks.stream.pools`` yields in memory."""
     n = open_array(f"{url}/label").shape[0]
+    written = set(read_attrs(url).get("blocks", range(-(-n // block_rows))))
     epoch = 0
     while True:
         for b, pos in stream.epoch_order(n, block_rows, epoch, seed, keep):
+            if b not in written:   # the learner's pool_rows() was too low: a bug, never silent
+                raise RuntimeError(f"the shuffled copy {url} holds {len(written)} blocks and SGD asked for "
+                                   f"block {b} (epoch {epoch}); its pool_rows() undercounts what it reads")
             yield read_pool(url, b, block_rows, pos)
         epoch += 1

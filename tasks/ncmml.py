@@ -457,6 +457,15 @@ class _MetricLearner(Learner):
                              f"0..{n_classes - 1}. Got {list(self.classes)} instead.")
         return c
 
+    def pool_rows(self) -> int | None:
+        """Rows of the training set's pools that ``fit_stream`` reads at most, so that the pipeline
+        writes only the blocks of its shuffled copy visited first. SGD cuts each pool into batches of
+        at most ``batch`` rows, one step each, so pools holding ``iters`` x ``batch`` rows give every
+        step; the rows taken out of the pools (the validation share held out of the train split, at
+        most ``validation``) are added. None (every row) when ``classes`` leaves other classes' rows
+        out of the pools too."""
+        return None if self.classes is not None else int(self.iters) * int(self.batch) + int(self.validation)
+
     def fit(self, X, y, X_val=None, y_val=None, block_rows=None):
         """Learn W from rows X (n_samples, n_features) with labels y.
 
@@ -818,6 +827,11 @@ class KNNML(_MetricLearner):
     method = "knnml"
     _parameter_constraints = {**_SGD_CONSTRAINTS, "targets": [StrOptions({"dynamic", "all", "fixed"})], "k": COUNT,
                               "batch": [Interval(Integral, 3, None, closed="left")]}
+
+    def pool_rows(self) -> None:
+        """Every row: a pool gives batches only from classes with two rows in it, so no row count
+        bounds what ``iters`` steps read."""
+        return None
 
     def __init__(self, dim=32, targets="dynamic", k=5, batch=300, lr=0.1, iters=2000, validate_every=100,
                  validation=5000, classes=None, random_state=None):

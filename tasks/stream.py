@@ -71,16 +71,34 @@ def rank(keys: np.ndarray, seed, purpose: int) -> np.ndarray:
     return r
 
 
+def _epoch_rng(seed: int, epoch: int):
+    return np.random.default_rng([seed, 59, epoch])
+
+
+def block_order(n: int, block_rows: int, epoch: int, seed: int) -> np.ndarray:
+    """The blocks in the order :func:`epoch_order` visits them."""
+    return _epoch_rng(seed, epoch).permutation(-(-n // block_rows))
+
+
+def first_blocks(n: int, block_rows: int, seed: int, rows: int | None) -> np.ndarray:
+    """The blocks whose pools give at least ``rows`` rows, visited first in epoch 0 (sorted): all of
+    them when ``rows`` is None or an epoch is not enough."""
+    order = block_order(n, block_rows, 0, seed)
+    if rows is None or rows >= n:
+        return np.sort(order)
+    sizes = np.minimum(block_rows, n - order * block_rows)
+    return np.sort(order[:int(np.searchsorted(np.cumsum(sizes), rows)) + 1])
+
+
 def epoch_order(n: int, block_rows: int, epoch: int, seed: int, keep: np.ndarray | None = None):
     """The pools of one epoch: a list of (block, layout positions) in visiting order.
 
     keep : optional (n,) bool over layout positions; positions set False (validation rows) are
     never visited.
     """
-    n_blocks = -(-n // block_rows)
-    rng = np.random.default_rng([seed, 59, epoch])
+    rng = _epoch_rng(seed, epoch)
     out = []
-    for b in rng.permutation(n_blocks):
+    for b in rng.permutation(-(-n // block_rows)):
         pos = np.arange(b * block_rows, min(n, (b + 1) * block_rows))
         if keep is not None:
             pos = pos[keep[pos]]

@@ -13,6 +13,7 @@ from metricpipe.context import StageContext
 from metricpipe.stages.common import DataInfo
 from metricpipe.storage import Unit, hash_key, load_arrays, save_model
 from metricpipe.tasks import registry
+from metricpipe.tasks.base import seed_of
 from metricpipe.tasks.evaluation import higher_is_better
 from metricpipe.tasks.errors import InputError
 
@@ -55,6 +56,19 @@ def model_key(spec: dict, stats: Unit, neighbours: Unit | None, data: DataInfo) 
     return hash_key(inputs)
 
 
+def _copy_rows(specs: list) -> dict:
+    """Per seed, the rows of the shuffled copy (``metricpipe.shuffle``) that its SGD learners read
+    at most (``pool_rows()``; None: every row, also for a learner that does not say)."""
+    need = {}
+    for spec in specs:
+        if registry.feeds(spec["method"]) not in ("stream", "pairs"):
+            continue
+        est = registry.make(spec)
+        seed, rows = seed_of(est.random_state), getattr(est, "pool_rows", lambda: None)()
+        need[seed] = None if rows is None or need.get(seed, 0) is None else max(need.get(seed, 0), rows)
+    return need
+
+
 def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit | None) -> list[tuple[dict, Unit]]:
     """One model per spec of the config; a spec with parameters left to selection trains every
     candidate and keeps the best on the validation split (``metricpipe.select``). Returns
@@ -82,6 +96,7 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
     # a candidate may fail (diverge) without failing the run, unless a spec without selection needs it
     required = {us[0].key for _, _, us, su, _ in plans if su is None}
     optional = {u.key for _, _, us, su, done in pending for u in us} - required
+    ctx.shuffle_rows = _copy_rows([spec for spec, _ in units.values()])
     todo = {}
     for key, (spec, unit) in units.items():
         if ctx.reuse(unit, "train"):

@@ -371,3 +371,44 @@ def test_candidates_share_one_shuffled_copy_even_without_resume(client, tmp_path
         data = run_stage(ctx)
         models = run_train(ctx, data, run_statistics(ctx, data), None)
         assert len(models) == 3 and sum("shuffled" in ln for ln in lines) == 1, lines
+
+
+def test_sgd_that_reads_a_few_pools_gets_a_copy_of_those_blocks_only_and_learns_what_fit_stream_learns(
+        client, tmp_path):
+    """NCMML's iters x batch (+ validation) rows are a few of the copy's blocks: only the blocks that
+    epoch 0 visits first are written, and the model is the one ``fit_stream`` learns in memory from
+    every row's pools, bit for bit (so nothing it read was missing). A learner that reads past them
+    is stopped, not fed unwritten rows."""
+    from metricpipe import shuffle
+    from metricpipe.storage import load_arrays
+    from metricpipe.tasks import registry, stream
+    X, y = make_blobs(n=3000, d=12, classes=5, sep=0.9, seed=4)
+    np.savez(tmp_path / "d.npz", X=X, y=y)
+    spec = {"method": "ncmml", "dim": 4, "iters": 6, "batch": 50, "validate_every": 2, "validation": 100,
+            "select": False}
+    ctx, data, stats = staged(client, tmp_path / "s", {
+        "data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.005, "normalize": "l2", "split": {"val": 0}},
+        "methods": [spec]})
+    lines = []
+    ctx.log = lines.append
+    [(spec, unit)] = run_train(ctx, data, stats, None)
+    train = data.split == 0
+    n, br = int(train.sum()), data.chunk_rows
+    [copy] = ctx.store.units("shuffled")
+    written = copy.meta()["blocks"]
+    n_blocks = -(-n // br)
+    assert 6 * 50 + 100 <= written * br and written < n_blocks / 3, (written, n_blocks)
+    assert any(f"({written} of {n_blocks} blocks, what SGD reads)" in ln for ln in lines), lines
+    # the stored model is what fit_stream learns from the pools of every training row
+    Xt, yt = open_array(f"{data.url}/features")[:][train], data.labels[train]
+    est = registry.make(spec)
+    keys = stream.row_keys(Xt)
+    val = stream.validation_split(yt, est.validation, keys, 0)
+    keep = np.ones(len(yt), bool)
+    keep[val] = False
+    est.fit_stream(load_arrays(_stats_url((ctx,)))[0], stream.pools(Xt, yt, keep, br, 0), Xt[val], yt[val])
+    np.testing.assert_array_equal(est.components_, load_estimator(unit.url).components_)
+    # reading on past the written blocks is an error naming the copy
+    with pytest.raises(RuntimeError, match=f"holds {written} blocks and SGD asked for block"):
+        for _ in shuffle.stream_pools(copy.url, br, 0):
+            pass
