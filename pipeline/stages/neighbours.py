@@ -137,8 +137,15 @@ def _factory(ctx: StageContext, data: DataInfo) -> str:
     """The index of the train rows within the worker's share of memory (pipeline/budget.py)."""
     from metricpipe import ivf
     n_train = int((data.split == TRAIN).sum())
-    return ivf.factory_string(n_train, data.n_features, ctx.config.neighbours.nlist or ivf.nlist_for(n_train),
+    return ivf.factory_string(n_train, data.n_features, ctx.config.neighbours.nlist or _nlist(ctx, n_train),
                               index_budget(ctx.client, data.chunk_rows, data.n_features), ctx.config.source_file)
+
+
+def _nlist(ctx: StageContext, n_train: int) -> int:
+    """The default lists: fewer for a sampled graph (its queries and the recall check's)."""
+    from metricpipe import ivf
+    q = ctx.config.neighbours.queries
+    return ivf.nlist_for(n_train, None if q is None else min(n_train, q) + ivf.RECALL_QUERIES)
 
 
 def _ivf_pieces(ctx: StageContext, data: DataInfo, unit: Unit, blocks: list, cuts: list, k: int):
@@ -146,14 +153,15 @@ def _ivf_pieces(ctx: StageContext, data: DataInfo, unit: Unit, blocks: list, cut
     from metricpipe import ivf
     nb, seed = ctx.config.neighbours, ctx.config.seed
     train = data.rows(TRAIN)
-    nlist = nb.nlist or ivf.nlist_for(len(train))
+    nlist = nb.nlist or _nlist(ctx, len(train))
     factory = _factory(ctx, data)
     rng = np.random.default_rng([seed, 37])
     sample = np.sort(rng.choice(train, ivf.sample_rows(len(train), nlist), replace=False))
     probe = np.sort(rng.choice(train, min(len(train), ivf.RECALL_QUERIES), replace=False))
     # the exact side of the recall check needs no index: submitted first, it runs beside the training
-    # (one task on one worker, which left the other idle for 52 s at 5M rows)
-    exact = ctx.submit(_knn_piece, data.url, probe, blocks, k, name="ivf-recall")
+    # (in 2 pieces, so that neither worker is left with a 50 s task at 5M rows while the other idles)
+    exact = [ctx.submit(_knn_piece, data.url, p, blocks, k, name="ivf-recall")
+             for p in np.array_split(probe, min(2, len(probe)))]
     token = f"{unit.url}@{time.time_ns()}"   # this build's index in the workers' caches
     code_size = ctx.gather([ctx.submit(ivf.train, f"{data.url}/features", unit.url, sample, factory, seed, name="ivf-train")],
                            "neighbours", ["training the IVF index"])[0]
@@ -164,7 +172,8 @@ def _ivf_pieces(ctx: StageContext, data: DataInfo, unit: Unit, blocks: list, cut
     rerank = nb.rerank if ",PQ" in factory else 1   # IVF-Flat distances are exact already
     pieces = _ivf_search(ctx, data, unit, token, blocks, cuts, k, rerank)
     approx = _ivf_search(ctx, data, unit, token, blocks, [probe], k, rerank)[0]
-    e, a = ctx.gather([exact, approx], "neighbours", ["recall: exact", "recall: ivf"])
+    *e, a = ctx.gather([*exact, approx], "neighbours", [*["recall: exact"] * len(exact), "recall: ivf"])
+    e = tuple(np.concatenate([piece[i] for piece in e]) for i in range(2))
     distributed.wait(pieces)      # (a failed piece is reported by the graph writes that need it)
     ctx.client.run(ivf.release)  # the filled index (N x code bytes) leaves the workers' memory
     return pieces, {"index": factory, "nprobe": nb.nprobe, "rerank": rerank, "recall": ivf.recall(e, a, k),

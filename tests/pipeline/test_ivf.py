@@ -71,6 +71,30 @@ def test_auto_is_exact_below_the_stated_size_and_nlist_follows_sqrt_n():
     from metricpipe.stages import EXACT_MAX_TRAIN
     assert EXACT_MAX_TRAIN == 200_000
     assert ivf.nlist_for(5_000_000) == 4096 and ivf.nlist_for(1000) == 25
+    # a sampled graph's few queries: fewer lists (7 sqrt(Q)), never more than the all-rows rule's
+    assert ivf.nlist_for(4_500_000, 21_000) == 1024 and ivf.nlist_for(4_500_000, 4_500_000) == 4096
+    assert ivf.nlist_for(10_000, 5_000) == ivf.nlist_for(10_000)
+
+
+def test_the_memory_rule_and_the_stage_size_a_sampled_graph_s_index_alike(tmp_path):
+    """The start-up check counts the k-means sample of the index the stage will build: with
+    neighbours.queries, its lists follow the queries in both."""
+    from metricpipe import budget
+    from metricpipe.config import parse_config
+    from metricpipe.stages import neighbours as nbs
+    from types import SimpleNamespace
+    raw = {"data": {"source": "digits"}, "methods": [{"method": "pca", "dim": 8}],
+           "neighbours": {"k": 10, "method": "ivf", "queries": 20000}}
+    cfg = parse_config(raw)
+    n_train = 4_500_000
+    stage = nbs._nlist(SimpleNamespace(config=cfg), n_train)
+    assert stage == 1024
+    rows = ivf.sample_rows(n_train, stage)
+    info = SimpleNamespace(n_samples=5_000_000, n_features=256, classes=list(range(100)), chunk_rows=62_500,
+                           split=np.r_[np.zeros(n_train, np.int8), np.ones(500_000, np.int8)])
+    needs = [what for what, *_ in budget.needs(info, cfg, 2e9)]
+    assert f"the IVF index's k-means sample ({rows:,} rows)" in needs, needs
+    assert any(w.startswith("the neighbours stage's IVF index (IVF1024,PQ") for w in needs), needs
 
 
 @pytest.mark.integration
