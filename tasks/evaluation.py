@@ -56,7 +56,13 @@ def retrieval(Q: np.ndarray, q_idx: np.ndarray, db_idx: np.ndarray, db_rows, rel
         if accuracy_k:
             top = knn.distance_topk(d, np.arange(n_db), accuracy_k)[1]
             same = np.take_along_axis(relevant, np.maximum(top, 0), 1) & (top >= 0)
-            out.update(metrics.knn_accuracy(same, out["n_relevant"], first_relevant_rank(d, relevant)))
+            # MRR reads the first relevant place of the queries with none among their first accuracy_k
+            # only (usually none: a pass over the group's distances saved)
+            miss = np.flatnonzero(~same.any(1) & (out["n_relevant"] > 0))
+            first = np.zeros(len(q), np.int64)
+            if len(miss):
+                first[miss] = first_relevant_rank(d[miss], relevant[miss])
+            out.update(metrics.knn_accuracy(same, out["n_relevant"], first))
         if centroids is not None:
             out["cluster"] = nearest_centroid(Q[s:s + group], centroids)
         parts.append(out)

@@ -87,6 +87,18 @@ def test_stage_retrieval_kernel_gives_the_same_accuracy():
         assert ours[name] == pytest.approx(ref[name], abs=1e-12), name
 
 
+def test_stage_retrieval_kernel_finds_a_first_relevant_reference_beyond_k():
+    """The kernel looks for the first relevant place only for queries with none among their first
+    accuracy_k: rows 0 and 4 here, whose MRR then equals PML's over every reference."""
+    X = np.array([[0.0], [1.0], [2.0], [3.0], [10.0]], np.float32)
+    y = np.array([0, 1, 1, 1, 0])
+    idx = np.arange(len(X))
+    k = evaluation.accuracy_k(evaluation.relevant_counts(y, y, True))
+    out = evaluation.retrieval(X, idx, idx, X, y, (1,), False, "euclidean", 16, 2, accuracy_k=k)
+    assert k == 2 and out["mrr"][0] == pytest.approx(1 / 4) and out["mrr"][4] == pytest.approx(1 / 4)
+    assert evaluation.mean_accuracy({"mrr": out["mrr"]})["mrr"] == pytest.approx(pml_accuracy(X, y)["mrr"])
+
+
 def test_knn_accuracy_lone_queries_are_nan_and_all_lone_is_nan():
     out = metrics.knn_accuracy(np.array([[False, False], [True, False]]), np.array([0, 1]))
     assert np.isnan(out["map@r"][0]) and out["map@r"][1] == 1.0
