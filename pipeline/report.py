@@ -242,7 +242,8 @@ def _panels_png(panels: list[dict], ncols: int = 2) -> str:
         ax.set_visible(False)
     bottom = legend_h / (height + legend_h)
     if handles:
-        fig.legend(list(handles.values()), list(handles), loc="lower left", bbox_to_anchor=(0.01, 0.0),
+        order = [lab for lab in labels if lab in handles]   # learned models first, as the colours
+        fig.legend([handles[lab] for lab in order], order, loc="lower left", bbox_to_anchor=(0.01, 0.0),
                    ncol=legend_cols,
                    fontsize=7, frameon=False, title="dashed: baseline", title_fontsize=7)
     # fixed margins instead of bbox_inches="tight", which draws the figure twice
