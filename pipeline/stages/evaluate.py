@@ -98,6 +98,15 @@ def _keeps_distances(model_url: str) -> bool:
     return enc is not None and enc().keeps_distances(est.n_features_in_)
 
 
+def _knn_nlist(ctx: StageContext, data: DataInfo, n_train: int) -> int:
+    """Lists of kNN's IVF indexes: as the neighbours stage's (``ivf.nlist_for``), fewer when only
+    ``evaluate.classification.queries`` test rows are classified."""
+    from metricpipe import ivf
+    n_test = int((data.split == TEST).sum())
+    q = ctx.config.evaluate.classify_queries
+    return ivf.nlist_for(n_train, (n_test if q is None else min(q, n_test)) + ivf.RECALL_QUERIES)
+
+
 def _index_plan(ctx: StageContext, data: DataInfo, cunit: Unit, n_train: int) -> list | None:
     """The IVF indexes kNN would build for these codes' views past EXACT_MAX_TRAIN (their bytes per
     row follow the workers' memory, so they key the evaluation)."""
@@ -107,7 +116,8 @@ def _index_plan(ctx: StageContext, data: DataInfo, cunit: Unit, n_train: int) ->
     budget = index_budget(ctx.client, data.chunk_rows, data.n_features)
     dims = [open_array(f"{cunit.url}/{v}").shape[1] for v in ("codes", "base") if v in array_names(cunit.url)]
     nb = ctx.config.neighbours or NeighboursConfig()
-    factories = [ivf.factory_string(n_train, d, ivf.nlist_for(n_train), budget, ctx.config.source_file) for d in dims]
+    factories = [ivf.factory_string(n_train, d, _knn_nlist(ctx, data, n_train), budget, ctx.config.source_file)
+                 for d in dims]
     return factories + [{"nprobe": nb.nprobe, **({"rerank": nb.rerank} if any(",PQ" in f for f in factories) else {})}]
 
 
@@ -125,7 +135,7 @@ def _ivf_lists(ctx: StageContext, data: DataInfo, jobs: list, graph_index: str |
     nb = ctx.config.neighbours or NeighboursConfig()
     nprobe = nb.nprobe
     train = data.rows(TRAIN)
-    nlist = ivf.nlist_for(len(train))
+    nlist = _knn_nlist(ctx, data, len(train))
     tb = tuple((a, b) for a, b in data.chunks if (data.split[a:b] == TRAIN).any())
     budget = index_budget(ctx.client, data.chunk_rows, data.n_features)
     for i, job in enumerate(jobs):

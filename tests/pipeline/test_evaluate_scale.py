@@ -231,3 +231,17 @@ def test_rescore_gives_the_exact_distances_of_the_candidates_in_its_block(tmp_pa
     q, x = Q[pos // 5].astype(np.float64), X[flat[pos]].astype(np.float64)
     want = -(q * x).sum(1) if metric == "ip" else ((q - x) ** 2).sum(1)
     np.testing.assert_allclose(d, want, rtol=1e-5, atol=1e-5)
+
+
+def test_knn_indexes_have_fewer_lists_when_few_test_rows_are_classified():
+    """kNN's IVF indexes follow the classified rows as the graph follows its queries: 20,000 sampled
+    test rows at 800,000 train rows search 1,024 lists; every one of 200,000 test rows, 2 sqrt(n)."""
+    from types import SimpleNamespace
+    from metricpipe.stages import evaluate
+    data = SimpleNamespace(split=np.r_[np.zeros(800_000, np.int8), np.ones(200_000, np.int8)])
+    sampled = parse_config({"data": {"source": "synthetic"}, "methods": [{"method": "pca", "dim": 8}],
+                            "evaluate": {"classification": {"classifiers": ["knn1"], "queries": 20000}}})
+    every = parse_config({"data": {"source": "synthetic"}, "methods": [{"method": "pca", "dim": 8}],
+                          "evaluate": {"classification": {"classifiers": ["knn1"]}}})
+    assert evaluate._knn_nlist(SimpleNamespace(config=sampled), data, 800_000) == 1024
+    assert evaluate._knn_nlist(SimpleNamespace(config=every), data, 800_000) == ivf.nlist_for(800_000) == 2048
