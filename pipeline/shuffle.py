@@ -71,8 +71,10 @@ def shuffled(ctx: StageContext, data, seed: int) -> Unit:
     written = stream.first_blocks(n, br, seed, ctx.shuffle_rows.get(seed))
     n_out = -(-n // br)
     part = None if len(written) == n_out else len(written)
-    unit = ctx.store.unit("shuffled", hash_key({"stage": "shuffled", "version": 1, "data": data.unit.key,
-                                                 "seed": int(seed), "layout": "row-keys", "blocks": part}))
+    key = {"stage": "shuffled", "version": 1, "data": data.unit.key, "seed": int(seed), "layout": "row-keys"}
+    if part is not None:   # a full copy keeps the key it had before partial copies (stores keep theirs)
+        key["blocks"] = part
+    unit = ctx.store.unit("shuffled", hash_key(key))
     if ctx.reuse(unit, "train"):
         return unit
     t0 = time.perf_counter()

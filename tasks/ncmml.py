@@ -457,14 +457,17 @@ class _MetricLearner(Learner):
                              f"0..{n_classes - 1}. Got {list(self.classes)} instead.")
         return c
 
-    def pool_rows(self) -> int | None:
+    def pool_rows(self, n_classes: int) -> int | None:
         """Rows of the training set's pools that ``fit_stream`` reads at most, so that the pipeline
         writes only the blocks of its shuffled copy visited first. SGD cuts each pool into batches of
         at most ``batch`` rows, one step each, so pools holding ``iters`` x ``batch`` rows give every
-        step; the rows taken out of the pools (the validation share held out of the train split, at
-        most ``validation``) are added. None (every row) when ``classes`` leaves other classes' rows
-        out of the pools too."""
-        return None if self.classes is not None else int(self.iters) * int(self.batch) + int(self.validation)
+        step; the rows taken out of the pools are added: the validation share held out of the train
+        split, at most ``validation`` + ``n_classes`` (:func:`~metricpipe.tasks.stream.validation_split`
+        rounds each class's share and takes at least one row of each). None (every row) when
+        ``classes`` leaves other classes' rows out of the pools too."""
+        if self.classes is not None:
+            return None
+        return int(self.iters) * int(self.batch) + int(self.validation) + int(n_classes)
 
     def fit(self, X, y, X_val=None, y_val=None, block_rows=None):
         """Learn W from rows X (n_samples, n_features) with labels y.
@@ -828,7 +831,7 @@ class KNNML(_MetricLearner):
     _parameter_constraints = {**_SGD_CONSTRAINTS, "targets": [StrOptions({"dynamic", "all", "fixed"})], "k": COUNT,
                               "batch": [Interval(Integral, 3, None, closed="left")]}
 
-    def pool_rows(self) -> None:
+    def pool_rows(self, n_classes: int) -> None:
         """Every row: a pool gives batches only from classes with two rows in it, so no row count
         bounds what ``iters`` steps read."""
         return None

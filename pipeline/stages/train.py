@@ -56,7 +56,7 @@ def model_key(spec: dict, stats: Unit, neighbours: Unit | None, data: DataInfo) 
     return hash_key(inputs)
 
 
-def _copy_rows(specs: list) -> dict:
+def _copy_rows(specs: list, n_classes: int) -> dict:
     """Per seed, the rows of the shuffled copy (``metricpipe.shuffle``) that its SGD learners read
     at most (``pool_rows()``; None: every row, also for a learner that does not say)."""
     need = {}
@@ -64,7 +64,7 @@ def _copy_rows(specs: list) -> dict:
         if registry.feeds(spec["method"]) not in ("stream", "pairs"):
             continue
         est = registry.make(spec)
-        seed, rows = seed_of(est.random_state), getattr(est, "pool_rows", lambda: None)()
+        seed, rows = seed_of(est.random_state), getattr(est, "pool_rows", lambda c: None)(n_classes)
         need[seed] = None if rows is None or need.get(seed, 0) is None else max(need.get(seed, 0), rows)
     return need
 
@@ -96,7 +96,7 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
     # a candidate may fail (diverge) without failing the run, unless a spec without selection needs it
     required = {us[0].key for _, _, us, su, _ in plans if su is None}
     optional = {u.key for _, _, us, su, done in pending for u in us} - required
-    ctx.shuffle_rows = _copy_rows([spec for spec, _ in units.values()])
+    ctx.shuffle_rows = _copy_rows([spec for spec, _ in units.values()], len(data.classes))
     todo = {}
     for key, (spec, unit) in units.items():
         if ctx.reuse(unit, "train"):

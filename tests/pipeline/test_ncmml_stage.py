@@ -412,3 +412,20 @@ def test_sgd_that_reads_a_few_pools_gets_a_copy_of_those_blocks_only_and_learns_
     with pytest.raises(RuntimeError, match=f"holds {written} blocks and SGD asked for block"):
         for _ in shuffle.stream_pools(copy.url, br, 0):
             pass
+
+
+def test_a_validation_share_rounded_up_over_many_classes_still_fits_the_partial_copy(client, tmp_path):
+    """1,000 classes and validation: 10 hold out ~1,000 rows (at least one of every class), not 10:
+    the copy's blocks still hold every pool row SGD reads (found in review: the run stopped with
+    "holds 5 of 10 blocks and SGD asked for block 1")."""
+    X, y = make_blobs(n=12000, d=12, classes=1000, seed=5)
+    np.savez(tmp_path / "d.npz", X=X, y=y)
+    spec = {"method": "ncmml", "dim": 4, "iters": 87, "batch": 50, "validation": 10, "validate_every": 1000,
+            "select": False}
+    ctx, data, stats = staged(client, tmp_path / "s", {
+        "data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.05, "split": {"val": 0}}, "methods": [spec]})
+    [(spec, unit)] = run_train(ctx, data, stats, None)
+    [copy] = ctx.store.units("shuffled")
+    n = int((data.split == 0).sum())
+    assert copy.meta()["blocks"] < -(-n // data.chunk_rows)      # still a partial copy
+    assert load_estimator(unit.url).best_iter_ is not None
