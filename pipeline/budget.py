@@ -100,8 +100,7 @@ def needs(info, cfg, limit: float) -> list[tuple[str, float, str]]:
     nb = cfg.neighbours or NeighboursConfig()
     if "neighbours" in stage_names(cfg) and n_train:
         if nb.method == "ivf" or (nb.method == "auto" and n_train > stages.EXACT_MAX_TRAIN):
-            nlist = nb.nlist or ivf.nlist_for(n_train, None if nb.queries is None
-                                               else min(n_train, nb.queries) + ivf.RECALL_QUERIES)
+            nlist = nb.nlist or ivf.nlist_searched(n_train, nb.queries)
             budget = usable(limit) - INDEX_BLOCKS * block
             rows = ivf.sample_rows(n_train, nlist)
             out.append((f"the IVF index's k-means sample ({rows:,} rows)", 2 * rows * D * 4.0 + nlist * D * 4.0, "lower neighbours.nlist or raise memory_limit"))

@@ -58,6 +58,13 @@ def nlist_for(n_train: int, n_queries: int | None = None) -> int:
     return int(max(1, min(nlist, n_train // 39, 65536)))
 
 
+def nlist_searched(n_train: int, queries: int | None) -> int:
+    """:func:`nlist_for` an index searched by ``queries`` rows (None: every train row) and by the
+    recall check's RECALL_QUERIES: the one rule the memory check, the neighbours stage and
+    evaluate's kNN indexes share."""
+    return nlist_for(n_train, None if queries is None else min(n_train, queries) + RECALL_QUERIES)
+
+
 def factory_string(n_train: int, dim: int, nlist: int, budget: float | None = None, where: str = "") -> str:
     """The index for ``n_train`` vectors of ``dim`` within ``budget`` bytes (the memory rule's share
     of a worker, pipeline/budget.py; None: IVF_FLAT_BYTES): IVF-Flat when the vectors fit, else

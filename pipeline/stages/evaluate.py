@@ -104,7 +104,7 @@ def _knn_nlist(ctx: StageContext, data: DataInfo, n_train: int) -> int:
     from metricpipe import ivf
     n_test = int((data.split == TEST).sum())
     q = ctx.config.evaluate.classify_queries
-    return ivf.nlist_for(n_train, (n_test if q is None else min(q, n_test)) + ivf.RECALL_QUERIES)
+    return ivf.nlist_searched(n_train, n_test if q is None else min(q, n_test))
 
 
 def _index_plan(ctx: StageContext, data: DataInfo, cunit: Unit, n_train: int) -> list | None:

@@ -144,8 +144,7 @@ def _factory(ctx: StageContext, data: DataInfo) -> str:
 def _nlist(ctx: StageContext, n_train: int) -> int:
     """The default lists: fewer for a sampled graph (its queries and the recall check's)."""
     from metricpipe import ivf
-    q = ctx.config.neighbours.queries
-    return ivf.nlist_for(n_train, None if q is None else min(n_train, q) + ivf.RECALL_QUERIES)
+    return ivf.nlist_searched(n_train, ctx.config.neighbours.queries)
 
 
 def _ivf_pieces(ctx: StageContext, data: DataInfo, unit: Unit, blocks: list, cuts: list, k: int):
