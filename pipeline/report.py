@@ -215,7 +215,7 @@ def _panels_png(panels: list[dict], ncols: int = 2) -> str:
             ax.set_visible(False)
             continue
         for lab, pts in p["series"].items():
-            pts = sorted(pts)
+            pts = sorted(pts, key=lambda q: (q[0] is None, q[0] or 0))   # a dimension may be unknown (None)
             line, = ax.plot([q[0] for q in pts], [q[1] for q in pts], marker=p.get("marker", "o"), markersize=4,
                             color=colour.get(lab, cycle[0]), linestyle=style.get(lab, "-"))
             if lab is not None:

@@ -210,3 +210,11 @@ def test_training_curves_are_one_figure_with_a_row_per_model():
     png = base64.b64decode(re.search(r'base64,([^"]+)"', training).group(1))
     width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
     assert width > height * 1.2   # two models' rows of two panels (the second row's right one left blank)
+
+
+def test_a_model_whose_dimension_is_unknown_is_plotted_beside_the_others():
+    """A record without a dimension (None) next to numbered ones of the same label: sorting the
+    points compared None with int and the report failed with a TypeError."""
+    recs = [_rec("pca", d, "map", v, model="pca") for d, v in ((8, 0.5), (None, 0.6), (16, 0.7))]
+    page = render_html(_run_doc(recs))
+    assert page.count("<figure>") == 1 and _panels(page) == ["mAP against code dimension"]
