@@ -12,7 +12,8 @@ row-blocks are counted too:
 - an IVF index (the neighbours stage's over the features, the evaluate stage's over each model's train
   codes when the train split is large), cached in every worker beside the row-blocks that re-ranking
   reads: IVF-Flat when the vectors fit the index budget, else IVF-PQ with as many bytes per vector as
-  fit (pipeline/ivf.py); its k-means sample is read by one task.
+  fit (pipeline/ivf.py); its k-means sample is read by one task. A sampled graph whose queries fit
+  keeps no index: each scan task holds the queries, their lists and three copies of a row-block.
 
 Each must stay under SPILL_FRACTION of the smallest worker's memory limit (Dask's spill target, so
 spilling never has to save a running task); the rest up to Dask's terminate threshold (95%) holds
@@ -104,10 +105,15 @@ def needs(info, cfg, limit: float) -> list[tuple[str, float, str]]:
             budget = usable(limit) - INDEX_BLOCKS * block
             rows = ivf.sample_rows(n_train, nlist)
             out.append((f"the IVF index's k-means sample ({rows:,} rows)", 2 * rows * D * 4.0 + nlist * D * 4.0, "lower neighbours.nlist or raise memory_limit"))
-            factory = ivf.factory_string(n_train, D, nlist, budget, where=cfg.source_file)
-            out.append((f"the neighbours stage's IVF index ({factory}) and {INDEX_BLOCKS} row-blocks",
-                        ivf.index_bytes(n_train, D, factory) + INDEX_BLOCKS * block,
-                        "raise memory_limit"))
+            if ivf.streamed(nb.queries, D, nb.k, nlist, block, budget):
+                q = min(n_train, nb.queries) + ivf.RECALL_QUERIES
+                out.append((f"the neighbours stage's IVF search of {q:,} queries over the streamed rows",
+                            ivf.stream_bytes(q, D, nb.k, nlist, block), "lower neighbours.queries or raise memory_limit"))
+            else:
+                factory = ivf.factory_string(n_train, D, nlist, budget, where=cfg.source_file)
+                out.append((f"the neighbours stage's IVF index ({factory}) and {INDEX_BLOCKS} row-blocks",
+                            ivf.index_bytes(n_train, D, factory) + INDEX_BLOCKS * block,
+                            "raise memory_limit"))
     return out
 
 

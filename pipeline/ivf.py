@@ -267,6 +267,81 @@ def rerank(piece: tuple, lo: int, k: int, *scored) -> tuple[np.ndarray, np.ndarr
     return dist, idx
 
 
+# --- a sampled graph's search over the streamed rows (tasks/knn.py, ivf_block_topk) -------------------
+# Its queries (and their lists) are held by every scan task: at most this many bytes of them, else
+# the stage builds a faiss index as for an all-rows graph.
+STREAM_QUERY_BYTES = 256e6
+ASSIGN_TILE_BYTES = 2 * 8192 * 4.0   # per list: knn.ASSIGN_TILE rows' scores, and their copy
+
+
+def stream_bytes(n_queries: int, dim: int, k: int, nlist: int, block: float) -> float:
+    """What one scan task holds: the queries twice (as read and with -2 q, 1 for the GEMM), their
+    probed lists (16 B per query x list, nprobe <= 64), two running top-k lists (12 B per entry),
+    the block three times (as read, its train rows, grouped by list) and the list-assignment tile."""
+    return n_queries * (2 * (dim + 1) * 4.0 + 64 * 16 + 2 * k * 12) + 3 * block + ASSIGN_TILE_BYTES * nlist
+
+
+def streamed(n_queries: int | None, dim: int, k: int, nlist: int, block: float, budget: float | None) -> bool:
+    """Whether a graph of ``n_queries`` sampled rows is searched over the streamed rows (no index)."""
+    if n_queries is None:
+        return False
+    need = stream_bytes(n_queries + RECALL_QUERIES, dim, k, nlist, block)
+    return n_queries * (dim + 1) * 4.0 <= STREAM_QUERY_BYTES and (budget is None or need <= budget)
+
+
+def train_centroids(feat_url: str, rows: np.ndarray, nlist: int, seed: int) -> np.ndarray:
+    """(nlist, D) float32: the coarse quantizer's centroids, faiss's IVF k-means on the sample ``rows``."""
+    faiss = _faiss()
+    X = np.ascontiguousarray(read_rows(feat_url, rows), dtype=np.float32)
+    index = faiss.index_factory(X.shape[1], f"IVF{nlist},Flat")
+    ivf = faiss.downcast_index(faiss.extract_index_ivf(index))
+    ivf.cp.seed = seed
+    index.train(X)
+    return faiss.downcast_index(ivf.quantizer).reconstruct_n(0, nlist)
+
+
+def stream_plan(feat_url: str, q_rows: np.ndarray, centroids: np.ndarray, nprobe: int) -> tuple:
+    """(queries, their ids, the queries of each list) for the scan tasks."""
+    from metricpipe.tasks import knn
+    Q = np.ascontiguousarray(read_rows(feat_url, q_rows), dtype=np.float32)
+    nprobe = min(nprobe, len(centroids))
+    return Q, np.asarray(q_rows, np.int64), knn.queries_of_lists(knn.nearest_lists(Q, centroids, nprobe), len(centroids))
+
+
+def stream_block(feat_url: str, split_url: str, a: int, b: int, plan: tuple, centroids: np.ndarray, n_exact: int,
+                 k: int) -> tuple:
+    """One row-block's part of the search: (the IVF lists of every query in ranking space, the exact
+    lists of the last ``n_exact`` queries, the recall check's), from the block's train rows."""
+    from metricpipe.tasks import knn
+    Q, q_ids, lists = plan
+    local = np.flatnonzero(open_array(split_url)[a:b] == 0)
+    X = open_array(feat_url)[a:b]
+    if len(local) < b - a:
+        X = X[local]
+    x_ids = local + a
+    run = knn.ivf_block_topk(Q, q_ids, lists, X, x_ids, centroids, k)
+    exact = knn.block_topk(Q[len(Q) - n_exact:], X, k, q_ids=q_ids[len(Q) - n_exact:], x_ids=x_ids,
+                           exclude_self=True) if n_exact else None
+    return run, exact
+
+
+def merge_streamed(x: tuple, y: tuple, k: int) -> tuple:
+    """Two blocks' (or block groups') parts merged: the same lists whatever the order."""
+    from metricpipe.tasks import knn
+    return knn.merge_topk(x[0], y[0], k), (None if x[1] is None else knn.merge_topk(x[1], y[1], k))
+
+
+def streamed_lists(part: tuple, plan: tuple, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """Queries lo:hi's (squared distances, ids), from the merged parts (-1 and inf where empty)."""
+    from metricpipe.tasks import knn
+    run = part[0]
+    return knn.ivf_distances((run[0][lo:hi], run[1][lo:hi]), plan[0][lo:hi])
+
+
+def streamed_exact(part: tuple) -> tuple[np.ndarray, np.ndarray]:
+    return part[1]
+
+
 def recall(exact: tuple, approx: tuple, k: int) -> float:
     """Mean share of each query's exact k neighbours that the approximate list also holds."""
     e, a = exact[1], approx[1]

@@ -161,8 +161,8 @@ def _run(ctx: StageContext, plan, log) -> str:
         g = graph.meta()
         notes = []
         if g.get("method") == "ivf":  # the report shows how approximate the graph is
-            notes.append(f"{g['index']}, nprobe {g['nprobe']}, rerank {g.get('rerank', 1)}: "
-                         f"recall@{g['k']} {g['recall']:.3f} against exact")
+            how = "over the streamed rows" if g.get("streamed") else f"rerank {g.get('rerank', 1)}"
+            notes.append(f"{g['index']}, nprobe {g['nprobe']}, {how}: recall@{g['k']} {g['recall']:.3f} against exact")
         if g.get("queries") is not None and g["queries"] < data.n_samples:
             notes.append(f"{g['queries']:,} sampled train rows searched")
         if notes:

@@ -306,3 +306,125 @@ def rank_before(Q: np.ndarray, blocks, dist: np.ndarray, ids_at: np.ndarray, q_i
             _unmask_self(before, ids, qid)
         count += np.count_nonzero(before, axis=1)
     return count
+
+
+# --- IVF over a streamed database (a sampled graph's few queries held, the rows read once) ----------
+#
+# An IVF index scans, for each query, the rows of its nprobe nearest lists. When the queries are few
+# enough to hold (a sampled graph), the database need not be indexed: each row-block is read once,
+# its rows are assigned to their nearest list (one GEMM against the centroids), and each list's rows
+# are compared exactly with the queries that probe that list (one small GEMM per list). The result
+# is what an IVF-Flat index with these centroids returns, computed in GEMMs instead of one scan per
+# query, and no index is held in memory (pipeline/ivf.py, streamed).
+
+ASSIGN_TILE = 8192   # rows assigned to lists at a time: an 8192 x nlist float32 score tile
+
+
+def nearest_lists(X: np.ndarray, centroids: np.ndarray, n: int = 1) -> np.ndarray:
+    """(m, n) int32: the ``n`` nearest centroids of each row of ``X`` by squared Euclidean distance,
+    nearest first, ties towards the lower list (n = 1: a row's list; n = nprobe: a query's lists)."""
+    C = np.ascontiguousarray(centroids, np.float32)
+    Cm2 = np.concatenate([C * np.float32(-2.0), sq_norms(C)[:, None]], 1).T   # ||c||^2 - 2 x.c in one GEMM
+    X = np.ascontiguousarray(X, np.float32)
+    out = np.empty((len(X), n), np.int32)
+    for s in range(0, len(X), ASSIGN_TILE):
+        x = X[s:s + ASSIGN_TILE]
+        scores = np.concatenate([x, np.ones((len(x), 1), np.float32)], 1) @ Cm2
+        out[s:s + len(x)] = np.argmin(scores, 1)[:, None] if n == 1 else _select_sorted(scores, n)
+    return out
+
+
+def _select_sorted(d: np.ndarray, k: int) -> np.ndarray:
+    """Column positions of each row's k smallest entries in (value, column) order."""
+    part = _select(d, k)
+    order = np.lexsort((part, np.take_along_axis(d, part, 1)), axis=-1)
+    return np.take_along_axis(part, order, 1)
+
+
+def queries_of_lists(probes: np.ndarray, nlist: int) -> tuple[np.ndarray, np.ndarray]:
+    """The queries that probe each list, as (queries, start): list l's are queries[start[l]:start[l+1]],
+    ascending. ``probes`` (n_queries, nprobe) are the lists of each query."""
+    flat = probes.ravel()
+    order = np.argsort(flat, kind="stable")
+    start = np.searchsorted(flat[order], np.arange(nlist + 1)).astype(np.int64)
+    return (order // probes.shape[1]).astype(np.int64), start
+
+
+def ivf_block_topk(Q: np.ndarray, q_ids: np.ndarray, lists: tuple, X: np.ndarray, x_ids: np.ndarray,
+                   centroids: np.ndarray, k: int, init: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The running top-k of every query over the rows of one database block that fall in the lists
+    it probes (IVF-Flat search, the block's part of it); a query never lists its own id.
+
+    Q : (n, D) float32 queries; q_ids (n,) their global ids.
+    lists : :func:`queries_of_lists` of the queries' probed lists.
+    X : (m, D) the block's database rows; x_ids (m,) their global ids.
+    init : the running lists of the queries over earlier blocks, updated in place (None: empty).
+
+    Returns (dist, idx) (n, k) in ranking space: ||x||^2 - 2 q.x, which orders a query's rows as
+    the squared distance does (:func:`ivf_distances` adds ||q||^2). Ties by id; any split of the
+    database into blocks, in any order, gives the same lists (merge with :func:`merge_topk`).
+    """
+    run = empty_topk(len(Q), k) if init is None else init
+    if not len(X):
+        return run
+    X = np.ascontiguousarray(X, np.float32)
+    nlist = len(centroids)
+    own = nearest_lists(X, centroids)[:, 0]
+    order = np.argsort(own, kind="stable")
+    x_start = np.searchsorted(own[order], np.arange(nlist + 1))
+    Xa = np.concatenate([X[order], sq_norms(X)[order][:, None]], 1)      # the rows grouped by list
+    ids = np.asarray(x_ids, np.int64)[order]
+    Qm2 = np.concatenate([np.asarray(Q, np.float32) * np.float32(-2.0), np.ones((len(Q), 1), np.float32)], 1)
+    queries, q_start = lists
+    q_ids = np.asarray(q_ids, np.int64)
+    for lst in np.flatnonzero((np.diff(x_start) > 0) & (np.diff(q_start) > 0)):
+        qs = queries[q_start[lst]:q_start[lst + 1]]
+        a, b = x_start[lst], x_start[lst + 1]
+        _push_topk(run[0], run[1], qs, Qm2[qs] @ Xa[a:b].T, ids[a:b], q_ids)
+    return run
+
+
+def ivf_distances(run: tuple, Q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Squared distances from :func:`ivf_block_topk`'s ranking space (clamped at 0)."""
+    dist = np.maximum(run[0] + sq_norms(np.asarray(Q, np.float32))[:, None], 0.0)
+    dist[run[1] < 0] = np.inf
+    return dist.astype(np.float32), run[1]
+
+
+def _push_topk(run_d, run_i, qs, d, ids, q_ids):
+    return _push_topk_jit(run_d, run_i, qs, np.ascontiguousarray(d, np.float32), ids, q_ids)
+
+
+def _jit(fn):
+    from numba import njit
+    return njit(cache=True, nogil=True, boundscheck=False)(fn)
+
+
+@_jit
+def _push_topk_jit(run_d, run_i, qs, d, ids, q_ids):  # pragma: no cover - compiled
+    """Insert candidates d[a, c] (row ids[c]) into query qs[a]'s sorted list (distance, id); an empty
+    slot is (inf, -1) and sorts after every candidate; a query's own id is skipped."""
+    k = run_d.shape[1]
+    for a in range(qs.shape[0]):
+        q = qs[a]
+        me = q_ids[q]
+        for c in range(d.shape[1]):
+            v = d[a, c]
+            i = ids[c]
+            if i == me:
+                continue
+            wd = run_d[q, k - 1]
+            wi = run_i[q, k - 1]
+            if v > wd or (v == wd and wi >= 0 and i > wi):
+                continue
+            j = k - 1
+            while j > 0:
+                pd = run_d[q, j - 1]
+                pi = run_i[q, j - 1]
+                if pd < v or (pd == v and pi >= 0 and pi < i):
+                    break
+                run_d[q, j] = pd
+                run_i[q, j] = pi
+                j -= 1
+            run_d[q, j] = v
+            run_i[q, j] = i

@@ -329,8 +329,8 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
                 job["lists"] = [f"{graph_url}/neighbours"] * len(blocks)   # the graph is the codes' graph
                 job["knn_note"] = {"knn_search": "graph", "knn_recall": graph.get("recall", 1.0)}
             elif knn_k and n_train > EXACT_MAX_TRAIN and score in ("euclidean", "inner"):
-                # the neighbours stage's index is an index of these codes too
-                job["index"] = graph_url if keeps and graph.get("method") == "ivf" else None
+                # the neighbours stage's index is an index of these codes too (a streamed search keeps none)
+                job["index"] = graph_url if keeps and graph.get("method") == "ivf" and not graph.get("streamed") else None
                 indexed.append(job)
             jobs.append(job)
     if indexed:

@@ -80,7 +80,9 @@ def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
     inputs = {"stage": "neighbours", "data": data.unit.key, "k": k, "queries": nb.queries or "all"}
     if nb.queries is not None:
         inputs["queries_seed"] = ctx.config.seed
-    if ivf:
+    if ivf and _streamed(ctx, data):
+        inputs["ivf"] = {"nlist": nb.nlist, "nprobe": nb.nprobe, "seed": ctx.config.seed, "streamed": True}
+    elif ivf:
         inputs["ivf"] = {"nlist": nb.nlist, "nprobe": nb.nprobe, "seed": ctx.config.seed, "rerank": nb.rerank,
                          "index": _factory(ctx, data)}   # its bytes per row follow the workers' memory
     unit = ctx.store.unit("neighbours", hash_key(inputs))
@@ -105,7 +107,9 @@ def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
     # equal pieces of at most KNN_QUERY_ROWS: a short last piece would leave a worker idle at the end
     cuts = [c for c in np.array_split(query_rows, -(-len(query_rows) // KNN_QUERY_ROWS)) if len(c)]
     extra = {}
-    if ivf:
+    if ivf and _streamed(ctx, data):
+        pieces, extra = _streamed_pieces(ctx, data, blocks, cuts, k)
+    elif ivf:
         pieces, extra = _ivf_pieces(ctx, data, unit, blocks, cuts, k)
     else:
         pieces = [ctx.submit(_knn_piece, data.url, piece, blocks, k, name="knn-piece") for piece in cuts]
@@ -121,7 +125,10 @@ def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
     ctx.gather(writes, "neighbours", where)
     _timed(ctx, unit, t0, {"k": k, "n_train": n_train, "method": "ivf" if ivf else "exact",
                       "queries": int(len(query_rows)), **extra})
-    if ivf:
+    if ivf and extra.get("streamed"):
+        ctx.log(f"  neighbours: IVF ({extra['index']} over the streamed rows, nprobe {nb.nprobe}) "
+                f"recall@{k} {extra['recall']:.3f} against exact search on {extra['recall_queries']} train queries")
+    elif ivf:
         ctx.log(f"  neighbours: IVF ({extra['index']}, nprobe {nb.nprobe}, rerank {extra['rerank']}) "
                 f"recall@{k} {extra['recall']:.3f} "
                 f"against exact search on {extra['recall_queries']} train queries")
@@ -147,6 +154,49 @@ def _nlist(ctx: StageContext, n_train: int) -> int:
     return ivf.nlist_searched(n_train, ctx.config.neighbours.queries)
 
 
+def _streamed(ctx: StageContext, data: DataInfo) -> bool:
+    """A sampled graph whose queries every task can hold is searched over the streamed rows."""
+    from metricpipe import ivf
+    n_train = int((data.split == TRAIN).sum())
+    nb = ctx.config.neighbours
+    return ivf.streamed(nb.queries, data.n_features, nb.k, nb.nlist or _nlist(ctx, n_train),
+                        data.chunk_rows * data.n_features * 4.0, index_budget(ctx.client, data.chunk_rows, data.n_features))
+
+
+def _samples(ctx: StageContext, train: np.ndarray, nlist: int) -> tuple[np.ndarray, np.ndarray]:
+    """The seeded k-means sample and the recall check's train queries."""
+    from metricpipe import ivf
+    rng = np.random.default_rng([ctx.config.seed, 37])
+    sample = np.sort(rng.choice(train, ivf.sample_rows(len(train), nlist), replace=False))
+    return sample, np.sort(rng.choice(train, min(len(train), ivf.RECALL_QUERIES), replace=False))
+
+
+def _streamed_pieces(ctx: StageContext, data: DataInfo, blocks: list, cuts: list, k: int):
+    """IVF-Flat search of the sampled queries over the streamed row-blocks (pipeline/ivf.py): the
+    centroids trained on a sample, one scan task per block (its lists, and the recall check's exact
+    side in the same read), merged in a tree. Returns the query pieces' futures and facts for the unit."""
+    from metricpipe import ivf
+    nb = ctx.config.neighbours
+    train = data.rows(TRAIN)
+    nlist = nb.nlist or _nlist(ctx, len(train))
+    sample, probe = _samples(ctx, train, nlist)
+    feat = f"{data.url}/features"
+    cents = ctx.submit(ivf.train_centroids, feat, sample, nlist, ctx.config.seed, name="ivf-train")
+    plan = ctx.submit(ivf.stream_plan, feat, np.concatenate([*cuts, probe]), cents, nb.nprobe, name="ivf-queries")
+    parts = [ctx.submit(ivf.stream_block, feat, f"{data.url}/split", a, b, plan, cents, len(probe), k,
+                        name="ivf-scan") for a, b in blocks]
+    while len(parts) > 1:   # a fixed tree over the blocks' order: the same lists on any cluster
+        parts = [ctx.submit(ivf.merge_streamed, parts[i], parts[i + 1], k, name="ivf-merge")
+                 if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
+    bounds = np.cumsum([0] + [len(c) for c in cuts] + [len(probe)])
+    pieces = [ctx.submit(ivf.streamed_lists, parts[0], plan, lo, hi, name="ivf-lists")
+              for lo, hi in zip(bounds[:-1], bounds[1:])]
+    exact = ctx.submit(ivf.streamed_exact, parts[0], name="ivf-lists")
+    e, a = ctx.gather([exact, pieces[-1]], "neighbours", ["recall: exact", "recall: ivf"])
+    return pieces[:-1], {"index": f"IVF{nlist},Flat", "streamed": True, "nprobe": nb.nprobe,
+                         "recall": ivf.recall(e, a, k), "recall_queries": int(len(probe))}
+
+
 def _ivf_pieces(ctx: StageContext, data: DataInfo, unit: Unit, blocks: list, cuts: list, k: int):
     """Train, fill and search the IVF index; returns the query pieces' futures and facts for the unit."""
     from metricpipe import ivf
@@ -154,9 +204,7 @@ def _ivf_pieces(ctx: StageContext, data: DataInfo, unit: Unit, blocks: list, cut
     train = data.rows(TRAIN)
     nlist = nb.nlist or _nlist(ctx, len(train))
     factory = _factory(ctx, data)
-    rng = np.random.default_rng([seed, 37])
-    sample = np.sort(rng.choice(train, ivf.sample_rows(len(train), nlist), replace=False))
-    probe = np.sort(rng.choice(train, min(len(train), ivf.RECALL_QUERIES), replace=False))
+    sample, probe = _samples(ctx, train, nlist)
     # the exact side of the recall check needs no index: submitted first, it runs beside the training
     # (in 2 pieces, so that neither worker is left with a 50 s task at 5M rows while the other idles)
     exact = [ctx.submit(_knn_piece, data.url, p, blocks, k, name="ivf-recall")

@@ -68,9 +68,12 @@ def test_knn_through_an_ivf_index_of_the_codes_past_the_threshold(client, tmp_pa
            "evaluate": {"retrieval": False, "classification": {"classifiers": ["knn1", "knn10"]}}}
     exact, _ = _evaluate(client, tmp_path / "b.npz", tmp_path / "e", raw)
     monkeypatch.setattr(stages.evaluate, "EXACT_MAX_TRAIN", 100)
-    # a graph of 300 sampled train rows: the identity's kNN searches the graph's own IVF index
-    approx, _ = _evaluate(client, tmp_path / "b.npz", tmp_path / "i",
-                          {**raw, "neighbours": {"k": 10, "method": "ivf", "queries": 300}})
+    # a graph of 300 sampled train rows through a faiss index (as when its queries are too many to
+    # hold): the identity's kNN searches the graph's own IVF index
+    with monkeypatch.context() as m:
+        m.setattr(ivf, "STREAM_QUERY_BYTES", 0)
+        approx, _ = _evaluate(client, tmp_path / "b.npz", tmp_path / "i",
+                              {**raw, "neighbours": {"k": 10, "method": "ivf", "queries": 300}})
     for c in ("knn1", "knn10"):
         rec = _get(approx, "pca", 8, "knn_recall", c)
         assert rec["search"].startswith("IVF") and rec["search"].endswith("nprobe 16")
@@ -81,6 +84,12 @@ def test_knn_through_an_ivf_index_of_the_codes_past_the_threshold(client, tmp_pa
             e, a = _get(exact, m, d, "top1_error", c)["value"], _get(approx, m, d, "top1_error", c)["value"]
             assert abs(e - a) <= 0.02 and e > 0.05   # not a trivial task: both classify, nearly alike
     assert list((tmp_path / "i").glob("evaluation/*/*")) and not list((tmp_path / "i").glob("evaluation/*/knn-index*"))
+    # a sampled graph is searched over the streamed rows and keeps no index: each view builds its own
+    sampled, _ = _evaluate(client, tmp_path / "b.npz", tmp_path / "s",
+                           {**raw, "neighbours": {"k": 10, "method": "ivf", "queries": 300}})
+    for m, d in (("identity", 16), ("pca", 16)):
+        rec = _get(sampled, m, d, "knn_recall", "knn1")
+        assert rec["search"].endswith("nprobe 16") and 0.9 <= rec["value"] <= 1.0
 
 
 @pytest.mark.integration   # stages on the session cluster
@@ -150,10 +159,16 @@ def _client(limit):
                                                                "b": {"memory_limit": limit}}})
 
 
-def test_6m_rows_on_1gb_workers_plan_an_ivf_pq_index_that_fits():
+def test_6m_rows_on_1gb_workers_plan_a_streamed_search_or_an_ivf_pq_index_that_fits(monkeypatch):
     cfg = parse_config({"data": {"source": "synthetic"}, "memory_limit": "1GB",
                         "neighbours": {"k": 10, "method": "ivf", "queries": 20000},
                         "methods": [{"method": "pca", "dim": 32}]})
+    plan = needs(_info(6_000_000, 128), cfg, 1e9)
+    [scan] = [need for what, need, _ in plan if "20,500 queries over the streamed rows" in what]
+    assert scan <= 0.6e9 and not [w for w, _, _ in plan if "IVF index (" in w]
+    check_memory(_client(1e9), _info(6_000_000, 128), cfg)   # passes
+    # queries too many to hold: a faiss index, IVF-PQ at 1 GB
+    monkeypatch.setattr(ivf, "STREAM_QUERY_BYTES", 0)
     plan = needs(_info(6_000_000, 128), cfg, 1e9)
     index = [need for what, need, _ in plan if "IVF index (" in what]
     assert len(index) == 1 and index[0] <= 0.6e9

@@ -92,9 +92,16 @@ def test_the_memory_rule_and_the_stage_size_a_sampled_graph_s_index_alike(tmp_pa
     rows = ivf.sample_rows(n_train, stage)
     info = SimpleNamespace(n_samples=5_000_000, n_features=256, classes=list(range(100)), chunk_rows=62_500,
                            split=np.r_[np.zeros(n_train, np.int8), np.ones(500_000, np.int8)])
-    needs = [what for what, *_ in budget.needs(info, cfg, 2e9)]
+    needs = {what: b for what, b, _ in budget.needs(info, cfg, 2e9)}
     assert f"the IVF index's k-means sample ({rows:,} rows)" in needs, needs
-    assert any(w.startswith("the neighbours stage's IVF index (IVF1024,PQ") for w in needs), needs
+    # its 20,500 queries are held by each scan task over the streamed rows: no index
+    scan = "the neighbours stage's IVF search of 20,500 queries over the streamed rows"
+    assert scan in needs and not any("IVF index (" in w for w in needs), needs
+    assert needs[scan] == ivf.stream_bytes(20_500, 256, 10, 1024, 62_500 * 256 * 4.0) < 0.6 * 2e9
+    # an all-rows graph's index is IVF-PQ at this size
+    cfg = parse_config({**raw, "neighbours": {"k": 10, "method": "ivf"}})
+    needs = [what for what, *_ in budget.needs(info, cfg, 2e9)]
+    assert any(w.startswith("the neighbours stage's IVF index (IVF4096_HNSW32,PQ") for w in needs), needs
 
 
 @pytest.mark.integration
@@ -139,3 +146,23 @@ def test_hnsw_quantizer_from_many_lists_finds_every_probed_list(client, tmp_path
     np.testing.assert_allclose(dist[train], exact_d[train], rtol=1e-4, atol=1e-4)
     one, _, _, _ = _graph(client, tmp_path, "hnsw1", {"k": 10, "method": "ivf", "nlist": 16, "nprobe": 1})
     assert 0.2 < one.meta()["recall"] < 1.0
+
+
+@pytest.mark.integration
+def test_a_sampled_graph_is_searched_over_the_streamed_rows_as_ivf_flat_and_keeps_no_index(client, tmp_path):
+    _, full, full_d, data = _graph(client, tmp_path, "all", {"k": 10, "method": "exact"})
+    unit, part, part_d, _ = _graph(client, tmp_path, "every", {"k": 10, "method": "ivf", "queries": 300,
+                                                               "nlist": 16, "nprobe": 16})
+    meta = unit.meta()
+    assert meta["streamed"] and meta["index"] == "IVF16,Flat" and meta["recall"] == pytest.approx(1.0)
+    q = open_array(f"{unit.url}/query_rows")[:]
+    # every list probed: exact search (the same GEMM ranking as the exact stage, ties by row)
+    np.testing.assert_array_equal(part[q], full[q])
+    np.testing.assert_allclose(part_d[q], full_d[q], rtol=1e-5, atol=1e-5)
+    assert np.all(np.delete(part, q, axis=0) == -1)
+    assert not [p for p in (tmp_path / "every").rglob("ivf_*")]          # no index stored
+    one, graph, _, _ = _graph(client, tmp_path, "one", {"k": 10, "method": "ivf", "queries": 300,
+                                                        "nlist": 16, "nprobe": 1})
+    rec = one.meta()["recall"]
+    assert 0.2 < rec < 1.0 and abs(rec - _overlap(full[q], graph[q])) < 0.1   # the check tracks the graph's
+    assert np.all(graph[q] != q[:, None]) and np.all(graph[q] >= 0)
