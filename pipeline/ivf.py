@@ -300,39 +300,40 @@ def streamed(n_queries: int | None, dim: int, k: int, nlist: int, block: float, 
     return n_queries * (dim + 1) * 4.0 <= STREAM_QUERY_BYTES and (budget is None or need <= budget)
 
 
-def train_centroids(feat_url: str, rows: np.ndarray, nlist: int, seed: int) -> np.ndarray:
+def train_centroids(feat_url: str, rows: np.ndarray, nlist: int, seed: int, metric: str = "l2") -> np.ndarray:
     """(nlist, D) float32: the coarse quantizer's centroids, faiss's IVF k-means on the sample ``rows``."""
     faiss = _faiss()
     X = np.ascontiguousarray(read_rows(feat_url, rows), dtype=np.float32)
-    index = faiss.index_factory(X.shape[1], f"IVF{nlist},Flat")
+    index = faiss.index_factory(X.shape[1], f"IVF{nlist},Flat",
+                                faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2)
     ivf = faiss.downcast_index(faiss.extract_index_ivf(index))
     ivf.cp.seed = seed
     index.train(X)
     return faiss.downcast_index(ivf.quantizer).reconstruct_n(0, nlist)
 
 
-def stream_plan(feat_url: str, q_rows: np.ndarray, centroids: np.ndarray, nprobe: int) -> tuple:
+def stream_plan(q_url: str, q_rows: np.ndarray, centroids: np.ndarray, nprobe: int, metric: str = "l2") -> tuple:
     """(queries, their ids, the queries of each list) for the scan tasks."""
     from metricpipe.tasks import knn
-    Q = np.ascontiguousarray(read_rows(feat_url, q_rows), dtype=np.float32)
-    nprobe = min(nprobe, len(centroids))
-    return Q, np.asarray(q_rows, np.int64), knn.queries_of_lists(knn.nearest_lists(Q, centroids, nprobe), len(centroids))
+    Q = np.ascontiguousarray(read_rows(q_url, q_rows), dtype=np.float32)
+    probes = knn.nearest_lists(Q, centroids, min(nprobe, len(centroids)), metric)
+    return Q, np.asarray(q_rows, np.int64), knn.queries_of_lists(probes, len(centroids))
 
 
-def stream_block(feat_url: str, split_url: str, a: int, b: int, plan: tuple, centroids: np.ndarray, n_exact: int,
-                 k: int) -> tuple:
+def stream_block(db_url: str, split_url: str, a: int, b: int, plan: tuple, centroids: np.ndarray, n_exact: int,
+                 k: int, metric: str = "l2") -> tuple:
     """One row-block's part of the search: (the IVF lists of every query in ranking space, the exact
     lists of the last ``n_exact`` queries, the recall check's), from the block's train rows."""
     from metricpipe.tasks import knn
     Q, q_ids, lists = plan
     local = np.flatnonzero(open_array(split_url)[a:b] == 0)
-    X = open_array(feat_url)[a:b]
+    X = open_array(db_url)[a:b]
     if len(local) < b - a:
         X = X[local]
     x_ids = local + a
-    run = knn.ivf_block_topk(Q, q_ids, lists, X, x_ids, centroids, k)
+    run = knn.ivf_block_topk(Q, q_ids, lists, X, x_ids, centroids, k, metric=metric)
     exact = knn.block_topk(Q[len(Q) - n_exact:], X, k, q_ids=q_ids[len(Q) - n_exact:], x_ids=x_ids,
-                           exclude_self=True) if n_exact else None
+                           exclude_self=True, metric=metric) if n_exact else None
     return run, exact
 
 
@@ -342,15 +343,37 @@ def merge_streamed(x: tuple, y: tuple, k: int) -> tuple:
     return knn.merge_topk(x[0], y[0], k), (None if x[1] is None else knn.merge_topk(x[1], y[1], k))
 
 
-def streamed_lists(part: tuple, plan: tuple, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-    """Queries lo:hi's (squared distances, ids), from the merged parts (-1 and inf where empty)."""
+def streamed_lists(part: tuple, plan: tuple, lo: int, hi: int, metric: str = "l2") -> tuple[np.ndarray, np.ndarray]:
+    """Queries lo:hi's (distances, ids), from the merged parts (-1 and inf where empty)."""
     from metricpipe.tasks import knn
     run = part[0]
-    return knn.ivf_distances((run[0][lo:hi], run[1][lo:hi]), plan[0][lo:hi])
+    return knn.ivf_distances((run[0][lo:hi], run[1][lo:hi]), plan[0][lo:hi], metric)
 
 
 def streamed_exact(part: tuple) -> tuple[np.ndarray, np.ndarray]:
     return part[1]
+
+
+def search_streamed(ctx, q_url: str, db_url: str, split_url: str, blocks: list, cuts: list, probe: np.ndarray,
+                    sample: np.ndarray, nlist: int, nprobe: int, k: int, metric: str = "l2", name: str = "ivf",
+                    priority: int = 0) -> tuple[list, object, object]:
+    """Submit the search of the query rows ``cuts`` (pieces of global rows of ``q_url``) among the
+    train rows of the database ``db_url``'s row-``blocks``, over the streamed rows; ``probe`` are the
+    recall check's queries, searched both ways in the same pass. Returns (each piece's future of
+    (distances, ids), the probe's exact future, its IVF future)."""
+    cents = ctx.submit(train_centroids, db_url, sample, nlist, ctx.config.seed, metric, name=f"{name}-train",
+                       priority=priority)
+    plan = ctx.submit(stream_plan, q_url, np.concatenate([*cuts, probe]), cents, nprobe, metric,
+                      name=f"{name}-queries", priority=priority)
+    parts = [ctx.submit(stream_block, db_url, split_url, a, b, plan, cents, len(probe), k, metric,
+                        name=f"{name}-scan", priority=priority) for a, b in blocks]
+    while len(parts) > 1:   # a fixed tree over the blocks' order: the same lists on any cluster
+        parts = [ctx.submit(merge_streamed, parts[i], parts[i + 1], k, name=f"{name}-merge", priority=priority)
+                 if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
+    bounds = np.cumsum([0] + [len(c) for c in cuts] + [len(probe)])
+    pieces = [ctx.submit(streamed_lists, parts[0], plan, lo, hi, metric, name=f"{name}-lists", priority=priority)
+              for lo, hi in zip(bounds[:-1], bounds[1:])]
+    return pieces[:-1], ctx.submit(streamed_exact, parts[0], name=f"{name}-lists", priority=priority), pieces[-1]
 
 
 def recall(exact: tuple, approx: tuple, k: int) -> float:

@@ -320,17 +320,26 @@ def rank_before(Q: np.ndarray, blocks, dist: np.ndarray, ids_at: np.ndarray, q_i
 ASSIGN_TILE = 8192   # rows assigned to lists at a time: an 8192 x nlist float32 score tile
 
 
-def nearest_lists(X: np.ndarray, centroids: np.ndarray, n: int = 1) -> np.ndarray:
-    """(m, n) int32: the ``n`` nearest centroids of each row of ``X`` by squared Euclidean distance,
-    nearest first, ties towards the lower list (n = 1: a row's list; n = nprobe: a query's lists)."""
-    C = np.ascontiguousarray(centroids, np.float32)
-    Cm2 = np.concatenate([C * np.float32(-2.0), sq_norms(C)[:, None]], 1).T   # ||c||^2 - 2 x.c in one GEMM
+def _ranked(X: np.ndarray, metric: str, query: bool) -> np.ndarray:
+    """Rows extended by one column so that a GEMM of query rows by database rows gives the ranking
+    score: [-2 q, 1] . [x, ||x||^2] = ||x||^2 - 2 q.x (l2), [-q, 0] . [x, 0] = -q.x (ip)."""
+    X = np.asarray(X, np.float32)
+    if query:
+        return np.concatenate([X * np.float32(-2.0 if metric == "l2" else -1.0),
+                               np.full((len(X), 1), 1.0 if metric == "l2" else 0.0, np.float32)], 1)
+    return np.concatenate([X, (sq_norms(X) if metric == "l2" else np.zeros(len(X), np.float32))[:, None]], 1)
+
+
+def nearest_lists(X: np.ndarray, centroids: np.ndarray, n: int = 1, metric: str = "l2") -> np.ndarray:
+    """(m, n) int32: the ``n`` nearest centroids of each row of ``X`` by squared Euclidean distance
+    (``metric`` "ip": largest inner product), nearest first, ties towards the lower list (n = 1: a
+    row's list; n = nprobe: a query's lists)."""
+    Cm2 = _ranked(centroids, metric, False).T
     X = np.ascontiguousarray(X, np.float32)
     out = np.empty((len(X), n), np.int32)
     for s in range(0, len(X), ASSIGN_TILE):
-        x = X[s:s + ASSIGN_TILE]
-        scores = np.concatenate([x, np.ones((len(x), 1), np.float32)], 1) @ Cm2
-        out[s:s + len(x)] = np.argmin(scores, 1)[:, None] if n == 1 else _select_sorted(scores, n)
+        scores = _ranked(X[s:s + ASSIGN_TILE], metric, True) @ Cm2
+        out[s:s + len(scores)] = np.argmin(scores, 1)[:, None] if n == 1 else _select_sorted(scores, n)
     return out
 
 
@@ -351,7 +360,8 @@ def queries_of_lists(probes: np.ndarray, nlist: int) -> tuple[np.ndarray, np.nda
 
 
 def ivf_block_topk(Q: np.ndarray, q_ids: np.ndarray, lists: tuple, X: np.ndarray, x_ids: np.ndarray,
-                   centroids: np.ndarray, k: int, init: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
+                   centroids: np.ndarray, k: int, init: tuple | None = None, metric: str = "l2"
+                   ) -> tuple[np.ndarray, np.ndarray]:
     """The running top-k of every query over the rows of one database block that fall in the lists
     it probes (IVF-Flat search, the block's part of it); a query never lists its own id.
 
@@ -360,21 +370,24 @@ def ivf_block_topk(Q: np.ndarray, q_ids: np.ndarray, lists: tuple, X: np.ndarray
     X : (m, D) the block's database rows; x_ids (m,) their global ids.
     init : the running lists of the queries over earlier blocks, updated in place (None: empty).
 
+    metric : "l2" (squared Euclidean) or "ip" (largest inner product; lists by inner product too).
+
     Returns (dist, idx) (n, k) in ranking space: ||x||^2 - 2 q.x, which orders a query's rows as
-    the squared distance does (:func:`ivf_distances` adds ||q||^2). Ties by id; any split of the
-    database into blocks, in any order, gives the same lists (merge with :func:`merge_topk`).
+    the squared distance does (:func:`ivf_distances` adds ||q||^2), or -q.x for "ip". Ties by id;
+    any split of the database into blocks, in any order, gives the same lists (merge with
+    :func:`merge_topk`).
     """
     run = empty_topk(len(Q), k) if init is None else init
     if not len(X):
         return run
     X = np.ascontiguousarray(X, np.float32)
     nlist = len(centroids)
-    own = nearest_lists(X, centroids)[:, 0]
+    own = nearest_lists(X, centroids, 1, metric)[:, 0]
     order = np.argsort(own, kind="stable")
     x_start = np.searchsorted(own[order], np.arange(nlist + 1))
-    Xa = np.concatenate([X[order], sq_norms(X)[order][:, None]], 1)      # the rows grouped by list
+    Xa = _ranked(X[order], metric, False)      # the rows grouped by list
     ids = np.asarray(x_ids, np.int64)[order]
-    Qm2 = np.concatenate([np.asarray(Q, np.float32) * np.float32(-2.0), np.ones((len(Q), 1), np.float32)], 1)
+    Qm2 = _ranked(Q, metric, True)
     queries, q_start = lists
     q_ids = np.asarray(q_ids, np.int64)
     for lst in np.flatnonzero((np.diff(x_start) > 0) & (np.diff(q_start) > 0)):
@@ -384,8 +397,11 @@ def ivf_block_topk(Q: np.ndarray, q_ids: np.ndarray, lists: tuple, X: np.ndarray
     return run
 
 
-def ivf_distances(run: tuple, Q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Squared distances from :func:`ivf_block_topk`'s ranking space (clamped at 0)."""
+def ivf_distances(run: tuple, Q: np.ndarray, metric: str = "l2") -> tuple[np.ndarray, np.ndarray]:
+    """Squared distances (clamped at 0) from :func:`ivf_block_topk`'s ranking space; for "ip" the
+    ranking space is the distance (-q.x), as ``block_topk``'s "ip" lists."""
+    if metric != "l2":
+        return run[0].astype(np.float32), run[1]
     dist = np.maximum(run[0] + sq_norms(np.asarray(Q, np.float32))[:, None], 0.0)
     dist[run[1] < 0] = np.inf
     return dist.astype(np.float32), run[1]

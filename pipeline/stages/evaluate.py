@@ -107,17 +107,30 @@ def _knn_nlist(ctx: StageContext, data: DataInfo, n_train: int) -> int:
     return ivf.nlist_searched(n_train, n_test if q is None else min(q, n_test))
 
 
+def _knn_streamed(ctx: StageContext, data: DataInfo, n_train: int, dim: int) -> bool:
+    """Whether kNN's search of a view of ``dim`` dimensions runs over the streamed train codes (its
+    classified rows held by every task, no index) rather than through a faiss index."""
+    from metricpipe import ivf
+    n_test = int((data.split == TEST).sum())
+    q = ctx.config.evaluate.classify_queries
+    k = max([int(c[3:]) for c in ctx.config.evaluate.classifiers if c.startswith("knn")], default=1)
+    return ivf.streamed(n_test if q is None else min(q, n_test), dim, k, _knn_nlist(ctx, data, n_train),
+                        data.chunk_rows * dim * 4.0, index_budget(ctx.client, data.chunk_rows, data.n_features))
+
+
 def _index_plan(ctx: StageContext, data: DataInfo, cunit: Unit, n_train: int) -> list | None:
-    """The IVF indexes kNN would build for these codes' views past EXACT_MAX_TRAIN (their bytes per
-    row follow the workers' memory, so they key the evaluation)."""
+    """The IVF searches kNN would run for these codes' views past EXACT_MAX_TRAIN: over the streamed
+    codes, or through an index whose bytes per row follow the workers' memory (so they key the
+    evaluation)."""
     from metricpipe import ivf
     if n_train <= EXACT_MAX_TRAIN or not any(c.startswith("knn") for c in ctx.config.evaluate.classifiers):
         return None
     budget = index_budget(ctx.client, data.chunk_rows, data.n_features)
     dims = [open_array(f"{cunit.url}/{v}").shape[1] for v in ("codes", "base") if v in array_names(cunit.url)]
     nb = ctx.config.neighbours or NeighboursConfig()
-    factories = [ivf.factory_string(n_train, d, _knn_nlist(ctx, data, n_train), budget, ctx.config.source_file)
-                 for d in dims]
+    nlist = _knn_nlist(ctx, data, n_train)
+    factories = [f"IVF{nlist},Flat,streamed" if _knn_streamed(ctx, data, n_train, d) else
+                 ivf.factory_string(n_train, d, nlist, budget, ctx.config.source_file) for d in dims]
     return factories + [{"nprobe": nb.nprobe, **({"rerank": nb.rerank} if any(",PQ" in f for f in factories) else {})}]
 
 
@@ -143,16 +156,24 @@ def _ivf_lists(ctx: StageContext, data: DataInfo, jobs: list, graph_index: str |
         rng = np.random.default_rng([seed, 38, i])
         asked = np.concatenate(job["blocks"])
         job["probe"] = np.sort(rng.choice(asked, min(len(asked), ivf.RECALL_QUERIES), replace=False))
+        job["metric"] = "l2" if job["score"] == "euclidean" else "ip"   # the index's and the re-scoring's
+        dim = open_array(db_url).shape[1]
+        job["streamed"] = job["index"] is None and _knn_streamed(ctx, data, len(train), dim)
+        if job["streamed"]:   # no index: the train codes are read once, the recall check's exact side too
+            sample = np.sort(rng.choice(train, ivf.sample_rows(len(train), nlist), replace=False))
+            job["lists"], job["exact"], job["approx"] = ivf.search_streamed(
+                ctx, q_url, db_url, split_url, tb, job["blocks"], job["probe"], sample, nlist, nprobe, job["k"],
+                job["metric"], "knn-index", priority=len(jobs) - i)
+            job["factory"], job["rerank"], job["reused"] = f"IVF{nlist},Flat over the streamed codes", 1, False
+            continue
         job["exact"] = ctx.submit(_exact_knn, q_url, db_url, data.url, data.chunks, job["probe"], job["k"],
                                   job["score"], name="knn-recall")
         job["token"] = f"{job['unit'].url}/{job['view']}@{time.time_ns()}"
-        job["metric"] = "l2" if job["score"] == "euclidean" else "ip"   # the index's and the re-scoring's
         job["reused"] = job["index"] is not None
         if job["reused"]:    # the neighbours stage's index, stored with its graph
             job["factory"], job["ready"] = graph_index, []
             continue
         job["index"] = f"{job['unit'].url}/knn-index-{job['view']}"
-        dim = open_array(db_url).shape[1]
         job["factory"] = ivf.factory_string(len(train), dim, nlist, budget, ctx.config.source_file)
         sample = np.sort(rng.choice(train, ivf.sample_rows(len(train), nlist), replace=False))
         trained = ctx.submit(ivf.train, db_url, job["index"], sample, job["factory"], seed, job["metric"],
@@ -162,6 +183,8 @@ def _ivf_lists(ctx: StageContext, data: DataInfo, jobs: list, graph_index: str |
         job["ready"] = [ctx.submit(_after, ivf.encode, (db_url, split_url, job["index"], job["token"], a, b), trained,
                                    name="knn-index-encode") for a, b in tb]
     for i, job in enumerate(jobs):
+        if job["streamed"]:
+            continue
         # the neighbours stage's index holds the features: its queries are the features' rows (the
         # codes are a rotation of them, so the same rows are nearest; re-scoring may use the codes)
         q_url = f"{data.url}/features" if job["reused"] else job["urls"][0]
@@ -191,7 +214,7 @@ def _ivf_lists(ctx: StageContext, data: DataInfo, jobs: list, graph_index: str |
     distributed.wait([f for job in jobs for f in job["lists"]])  # (a failed search: reported by its classify task)
     ctx.client.run(ivf.release)
     for job in jobs:
-        if not job["reused"]:   # built here: scratch once searched
+        if not job["reused"] and not job["streamed"]:   # built here: scratch once searched
             ctx.store.fs.rm(f"{job['unit']._root}/knn-index-{job['view']}", recursive=True)
 
 

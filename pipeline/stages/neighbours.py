@@ -181,20 +181,11 @@ def _streamed_pieces(ctx: StageContext, data: DataInfo, blocks: list, cuts: list
     nlist = nb.nlist or _nlist(ctx, len(train))
     sample, probe = _samples(ctx, train, nlist)
     feat = f"{data.url}/features"
-    cents = ctx.submit(ivf.train_centroids, feat, sample, nlist, ctx.config.seed, name="ivf-train")
-    plan = ctx.submit(ivf.stream_plan, feat, np.concatenate([*cuts, probe]), cents, nb.nprobe, name="ivf-queries")
-    parts = [ctx.submit(ivf.stream_block, feat, f"{data.url}/split", a, b, plan, cents, len(probe), k,
-                        name="ivf-scan") for a, b in blocks]
-    while len(parts) > 1:   # a fixed tree over the blocks' order: the same lists on any cluster
-        parts = [ctx.submit(ivf.merge_streamed, parts[i], parts[i + 1], k, name="ivf-merge")
-                 if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
-    bounds = np.cumsum([0] + [len(c) for c in cuts] + [len(probe)])
-    pieces = [ctx.submit(ivf.streamed_lists, parts[0], plan, lo, hi, name="ivf-lists")
-              for lo, hi in zip(bounds[:-1], bounds[1:])]
-    exact = ctx.submit(ivf.streamed_exact, parts[0], name="ivf-lists")
-    e, a = ctx.gather([exact, pieces[-1]], "neighbours", ["recall: exact", "recall: ivf"])
-    return pieces[:-1], {"index": f"IVF{nlist},Flat", "streamed": True, "nprobe": nb.nprobe,
-                         "recall": ivf.recall(e, a, k), "recall_queries": int(len(probe))}
+    pieces, exact, approx = ivf.search_streamed(ctx, feat, feat, f"{data.url}/split", blocks, cuts, probe, sample,
+                                                nlist, nb.nprobe, k)
+    e, a = ctx.gather([exact, approx], "neighbours", ["recall: exact", "recall: ivf"])
+    return pieces, {"index": f"IVF{nlist},Flat", "streamed": True, "nprobe": nb.nprobe,
+                    "recall": ivf.recall(e, a, k), "recall_queries": int(len(probe))}
 
 
 def _ivf_pieces(ctx: StageContext, data: DataInfo, unit: Unit, blocks: list, cuts: list, k: int):

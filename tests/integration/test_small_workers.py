@@ -20,6 +20,9 @@ def test_ivf_graph_and_ivf_evaluation_on_1gb_workers(tmp_path, monkeypatch):
     from metricpipe import ivf, stages
     monkeypatch.setattr(ivf, "IVF_FLAT_BYTES", 0)                 # IVF-PQ, re-ranked: the large-N path
     monkeypatch.setattr(stages.evaluate, "EXACT_MAX_TRAIN", 1000)  # kNN classification through an index
+    # (kNN's classified rows would be searched over the streamed codes, as the graph's are: the index
+    # path is what holds more here, so it is the one run on small workers)
+    monkeypatch.setattr(stages.evaluate, "_knn_streamed", lambda *a: False)
     with LocalCluster(n_workers=2, threads_per_worker=1, memory_limit=LIMIT, host="127.0.0.1",
                       dashboard_address="127.0.0.1:0") as lc, Client(lc) as client:
         m = run({"store": str(tmp_path), "memory_limit": "1GB",

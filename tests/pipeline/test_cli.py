@@ -301,7 +301,6 @@ def test_groups_give_instance_relevance_and_ukb_score(client, tmp_path):
 @pytest.mark.integration
 def test_sampled_ivf_graph_trains_slne_and_the_report_says_how_it_was_built(client, tmp_path, monkeypatch):
     from metricpipe import ivf
-    monkeypatch.setattr(ivf, "IVF_FLAT_BYTES", 0)   # the PQ index, re-ranked, as at millions of rows
     X, y = make_blobs(n=2000, d=16, classes=5, sep=2.0)
     np.savez(tmp_path / "d.npz", X=X, y=y)
     cfg = _config(tmp_path, {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.05},
@@ -309,6 +308,12 @@ def test_sampled_ivf_graph_trains_slne_and_the_report_says_how_it_was_built(clie
                   neighbours={"k": 5, "method": "ivf", "nlist": 8, "queries": 200}, cluster=client.scheduler.address)
     res = _invoke("run", cfg)
     assert res.exit_code == 0, res.output
+    html = (tmp_path / "store" / "report" / "index.html").read_text()
+    assert "IVF8,Flat, nprobe 16, over the streamed rows: recall@5" in html and "sampled train rows searched" in html
+    # queries too many to hold: the PQ index, re-ranked, as at millions of rows
+    monkeypatch.setattr(ivf, "IVF_FLAT_BYTES", 0)
+    monkeypatch.setattr(ivf, "STREAM_QUERY_BYTES", 0)
+    assert _invoke("run", cfg).exit_code == 0
     html = (tmp_path / "store" / "report" / "index.html").read_text()
     assert "IVF8,PQ4, nprobe 16, rerank 4: recall@5" in html and "sampled train rows searched" in html
 

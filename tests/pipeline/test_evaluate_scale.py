@@ -1,5 +1,6 @@
 """Evaluation at scale: kNN from the stored graph, from an IVF index of the codes, on sampled queries;
 the memory rule's plan; rows read chunk by chunk."""
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -84,12 +85,18 @@ def test_knn_through_an_ivf_index_of_the_codes_past_the_threshold(client, tmp_pa
             e, a = _get(exact, m, d, "top1_error", c)["value"], _get(approx, m, d, "top1_error", c)["value"]
             assert abs(e - a) <= 0.02 and e > 0.05   # not a trivial task: both classify, nearly alike
     assert list((tmp_path / "i").glob("evaluation/*/*")) and not list((tmp_path / "i").glob("evaluation/*/knn-index*"))
-    # a sampled graph is searched over the streamed rows and keeps no index: each view builds its own
+    # a sampled graph is searched over the streamed rows and keeps no index; kNN, whose classified
+    # rows every task can hold, searches each view's train codes the same way
     sampled, _ = _evaluate(client, tmp_path / "b.npz", tmp_path / "s",
                            {**raw, "neighbours": {"k": 10, "method": "ivf", "queries": 300}})
-    for m, d in (("identity", 16), ("pca", 16)):
-        rec = _get(sampled, m, d, "knn_recall", "knn1")
-        assert rec["search"].endswith("nprobe 16") and 0.9 <= rec["value"] <= 1.0
+    for m, d in (("identity", 16), ("pca", 16), ("pca", 8)):
+        for c in ("knn1", "knn10"):
+            rec = _get(sampled, m, d, "knn_recall", c)
+            assert re.fullmatch(r"IVF\d+,Flat over the streamed codes, nprobe 16", rec["search"]), rec
+            assert 0.9 <= rec["value"] <= 1.0
+            e, a = _get(exact, m, d, "top1_error", c)["value"], _get(sampled, m, d, "top1_error", c)["value"]
+            assert abs(e - a) <= 0.02
+    assert not list((tmp_path / "s").glob("evaluation/*/knn-index*"))
 
 
 @pytest.mark.integration   # stages on the session cluster
@@ -99,6 +106,7 @@ def test_a_pq_index_of_the_codes_is_reranked_exactly_as_the_graph_s_is(client, t
     np.savez(tmp_path / "b.npz", X=X, y=y)
     monkeypatch.setattr(stages.evaluate, "EXACT_MAX_TRAIN", 100)
     monkeypatch.setattr(ivf, "IVF_FLAT_BYTES", 0)     # PQ codes, as when a worker cannot hold IVF-Flat
+    monkeypatch.setattr(ivf, "STREAM_QUERY_BYTES", 0)  # and the classified rows too many to hold
     raw = {"methods": [{"method": "pca", "dim": 8}],
            "evaluate": {"retrieval": False, "classification": {"classifiers": ["knn10"]}}}
     recall = {}
