@@ -105,10 +105,10 @@ def needs(info, cfg, limit: float) -> list[tuple[str, float, str]]:
             budget = usable(limit) - INDEX_BLOCKS * block
             rows = ivf.sample_rows(n_train, nlist)
             out.append((f"the IVF index's k-means sample ({rows:,} rows)", 2 * rows * D * 4.0 + nlist * D * 4.0, "lower neighbours.nlist or raise memory_limit"))
-            if ivf.streamed(nb.queries, D, nb.k, nlist, block, budget):
+            if ivf.streamed(nb.queries, D, nb.k, nlist, block, budget, nb.nprobe):
                 q = min(n_train, nb.queries) + ivf.RECALL_QUERIES
                 out.append((f"the neighbours stage's IVF search of {q:,} queries over the streamed rows",
-                            ivf.stream_bytes(q, D, nb.k, nlist, block), "lower neighbours.queries or raise memory_limit"))
+                            ivf.stream_bytes(q, D, nb.k, nlist, block, nb.nprobe), "lower neighbours.queries or raise memory_limit"))
             else:
                 factory = ivf.factory_string(n_train, D, nlist, budget, where=cfg.source_file)
                 out.append((f"the neighbours stage's IVF index ({factory}) and {INDEX_BLOCKS} row-blocks",

@@ -285,18 +285,20 @@ STREAM_QUERY_BYTES = 256e6
 ASSIGN_TILE_BYTES = 2 * 8192 * 4.0   # per list: knn.ASSIGN_TILE rows' scores, and their copy
 
 
-def stream_bytes(n_queries: int, dim: int, k: int, nlist: int, block: float) -> float:
+def stream_bytes(n_queries: int, dim: int, k: int, nlist: int, block: float, nprobe: int) -> float:
     """What one scan task holds: the queries twice (as read and with -2 q, 1 for the GEMM), their
-    probed lists (16 B per query x list, nprobe <= 64), two running top-k lists (12 B per entry),
-    the block three times (as read, its train rows, grouped by list) and the list-assignment tile."""
-    return n_queries * (2 * (dim + 1) * 4.0 + 64 * 16 + 2 * k * 12) + 3 * block + ASSIGN_TILE_BYTES * nlist
+    probed lists (16 B per query and probed list), three top-k lists (12 B per entry: a merge
+    task holds two blocks' and their merge), the block three times (as read, its train rows, grouped
+    by list) and the list-assignment tile."""
+    return n_queries * (2 * (dim + 1) * 4.0 + nprobe * 16 + 3 * k * 12) + 3 * block + ASSIGN_TILE_BYTES * nlist
 
 
-def streamed(n_queries: int | None, dim: int, k: int, nlist: int, block: float, budget: float | None) -> bool:
+def streamed(n_queries: int | None, dim: int, k: int, nlist: int, block: float, budget: float | None,
+             nprobe: int) -> bool:
     """Whether a graph of ``n_queries`` sampled rows is searched over the streamed rows (no index)."""
     if n_queries is None:
         return False
-    need = stream_bytes(n_queries + RECALL_QUERIES, dim, k, nlist, block)
+    need = stream_bytes(n_queries + RECALL_QUERIES, dim, k, nlist, block, nprobe)
     return n_queries * (dim + 1) * 4.0 <= STREAM_QUERY_BYTES and (budget is None or need <= budget)
 
 

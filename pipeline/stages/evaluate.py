@@ -114,8 +114,9 @@ def _knn_streamed(ctx: StageContext, data: DataInfo, n_train: int, dim: int) -> 
     n_test = int((data.split == TEST).sum())
     q = ctx.config.evaluate.classify_queries
     k = max([int(c[3:]) for c in ctx.config.evaluate.classifiers if c.startswith("knn")], default=1)
+    nprobe = (ctx.config.neighbours or NeighboursConfig()).nprobe
     return ivf.streamed(n_test if q is None else min(q, n_test), dim, k, _knn_nlist(ctx, data, n_train),
-                        data.chunk_rows * dim * 4.0, index_budget(ctx.client, data.chunk_rows, data.n_features))
+                        data.chunk_rows * dim * 4.0, index_budget(ctx.client, data.chunk_rows, data.n_features), nprobe)
 
 
 def _index_plan(ctx: StageContext, data: DataInfo, cunit: Unit, n_train: int) -> list | None:

@@ -160,7 +160,8 @@ def _streamed(ctx: StageContext, data: DataInfo) -> bool:
     n_train = int((data.split == TRAIN).sum())
     nb = ctx.config.neighbours
     return ivf.streamed(nb.queries, data.n_features, nb.k, nb.nlist or _nlist(ctx, n_train),
-                        data.chunk_rows * data.n_features * 4.0, index_budget(ctx.client, data.chunk_rows, data.n_features))
+                        data.chunk_rows * data.n_features * 4.0, index_budget(ctx.client, data.chunk_rows, data.n_features),
+                        nb.nprobe)
 
 
 def _samples(ctx: StageContext, train: np.ndarray, nlist: int) -> tuple[np.ndarray, np.ndarray]:

@@ -97,7 +97,7 @@ def test_the_memory_rule_and_the_stage_size_a_sampled_graph_s_index_alike(tmp_pa
     # its 20,500 queries are held by each scan task over the streamed rows: no index
     scan = "the neighbours stage's IVF search of 20,500 queries over the streamed rows"
     assert scan in needs and not any("IVF index (" in w for w in needs), needs
-    assert needs[scan] == ivf.stream_bytes(20_500, 256, 10, 1024, 62_500 * 256 * 4.0) < 0.6 * 2e9
+    assert needs[scan] == ivf.stream_bytes(20_500, 256, 10, 1024, 62_500 * 256 * 4.0, 16) < 0.6 * 2e9
     # an all-rows graph's index is IVF-PQ at this size
     cfg = parse_config({**raw, "neighbours": {"k": 10, "method": "ivf"}})
     needs = [what for what, *_ in budget.needs(info, cfg, 2e9)]
@@ -166,3 +166,14 @@ def test_a_sampled_graph_is_searched_over_the_streamed_rows_as_ivf_flat_and_keep
     rec = one.meta()["recall"]
     assert 0.2 < rec < 1.0 and abs(rec - _overlap(full[q], graph[q])) < 0.1   # the check tracks the graph's
     assert np.all(graph[q] != q[:, None]) and np.all(graph[q] >= 0)
+
+
+def test_queries_are_streamed_only_when_every_task_can_hold_them():
+    block = 62_500 * 256 * 4.0
+    need = ivf.stream_bytes(20_500, 256, 20, 1024, block, 16)
+    assert ivf.streamed(20_000, 256, 20, 1024, block, need, 16)            # exactly fits the share
+    assert not ivf.streamed(20_000, 256, 20, 1024, block, need - 1, 16)    # a byte short: a faiss index
+    assert not ivf.streamed(20_000, 256, 20, 1024, block, need, 64)        # more probed lists to hold
+    assert not ivf.streamed(None, 256, 20, 1024, block, None, 16)          # an all-rows graph
+    many = int(ivf.STREAM_QUERY_BYTES // (257 * 4)) + 1                    # past 256 MB of queries
+    assert ivf.streamed(many - 1, 256, 20, 1024, block, None, 16) and not ivf.streamed(many, 256, 20, 1024, block, None, 16)
