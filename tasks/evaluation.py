@@ -54,7 +54,8 @@ def retrieval(Q: np.ndarray, q_idx: np.ndarray, db_idx: np.ndarray, db_rows, rel
         if ukb:
             out["ukb4"] = metrics.ukb_score(d, relevant)
         if accuracy_k:
-            top = knn.distance_topk(d, np.arange(n_db), accuracy_k)[1]
+            # the k-th distance is read off the sorted rows retrieval_scores left in ``work``
+            top = knn.distance_topk(d, np.arange(n_db), accuracy_k, work[:len(q), min(accuracy_k, n_db) - 1])[1]
             same = np.take_along_axis(relevant, np.maximum(top, 0), 1) & (top >= 0)
             # MRR reads the first relevant place of the queries with none among their first accuracy_k
             # only (usually none: a pass over the group's distances saved)

@@ -133,15 +133,17 @@ def _tile_topk(d: np.ndarray, ids: np.ndarray, run: tuple, k: int, mask: np.ndar
     return merge_topk(run, (cand_d, cand_i), k)
 
 
-def distance_topk(d: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The top-k list of a precomputed (n, m) distance block whose columns are the rows ``ids``."""
-    part = _select(d, min(k, d.shape[1]))
+def distance_topk(d: np.ndarray, ids: np.ndarray, k: int, kth: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """The top-k list of a precomputed (n, m) distance block whose columns are the rows ``ids``;
+    ``kth``: each row's k-th smallest distance when already known (e.g. from a sorted copy)."""
+    part = _select(d, min(k, d.shape[1]), kth)
     cand_d = np.take_along_axis(d, part, 1).astype(np.float32)
     cand = (cand_d, np.where(np.isinf(cand_d), -1, np.asarray(ids, np.int64)[part]))
     return merge_topk(empty_topk(len(d), k), cand, k)
 
 
-def _select(d: np.ndarray, k: int) -> np.ndarray:
+def _select(d: np.ndarray, k: int, kth: np.ndarray | None = None) -> np.ndarray:
     """Column positions of the k smallest entries of each row, ties resolved towards lower columns.
 
     np.partition finds each row's k-th value (it is SIMD-accelerated, unlike argpartition); the
@@ -151,7 +153,8 @@ def _select(d: np.ndarray, k: int) -> np.ndarray:
     m = d.shape[1]
     if k >= m:
         return np.broadcast_to(np.arange(m), d.shape)
-    kth = np.partition(d, k - 1, axis=1)[:, k - 1]
+    if kth is None:
+        kth = np.partition(d, k - 1, axis=1)[:, k - 1]
     mask = d <= kth[:, None]
     exact = mask.sum(axis=1) == k
     if exact.all():  # flat indices: 1-D flatnonzero is several times faster than 2-D nonzero

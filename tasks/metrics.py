@@ -63,13 +63,20 @@ def retrieval_scores(dist: np.ndarray, relevant: np.ndarray, ks: tuple, work: np
         np.copyto(sorted_all, dist)
         sorted_all.sort(axis=1)
     ap = np.full(len(dist), np.nan)
+    hits_k = np.zeros((len(dist), len(ks)))
+    kk = np.minimum(np.asarray(ks, np.int64), dist.shape[1])
     for q in range(len(dist)):
+        r = np.sort(dist[q][relevant[q]])  # only the relevant distances: R << m values to sort
         if n_rel[q]:
-            r = np.sort(dist[q][relevant[q]])  # only the relevant distances: R << m values to sort
             ranks = np.searchsorted(sorted_all[q], r, side="right")
             hits = np.searchsorted(r, r, side="right")
             ap[q] = np.mean(hits / ranks)
-    hits_k = np.stack([hits_at(dist, relevant, sorted_all, k) for k in ks], 1)
+        # hits among the first k, a tie group at the k-th value counted in proportion (hits_at), from
+        # the sorted rows: no pass over the distances
+        t = sorted_all[q][kk - 1]
+        n_below, n_le = np.searchsorted(sorted_all[q], t, "left"), np.searchsorted(sorted_all[q], t, "right")
+        r_below, r_le = np.searchsorted(r, t, "left"), np.searchsorted(r, t, "right")
+        hits_k[q] = r_below + (r_le - r_below) * (kk - n_below) / np.maximum(n_le - n_below, 1)
     with np.errstate(invalid="ignore", divide="ignore"):
         recall = hits_k / n_rel[:, None]
     return {"ap": ap, "n_relevant": n_rel, "prec": hits_k / np.asarray(ks, float)[None, :], "recall": recall}

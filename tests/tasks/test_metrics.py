@@ -23,6 +23,28 @@ def test_average_precision_and_precision_at_k_match_references():
             assert np.isclose(out["recall"][q, j], rel[q, order[:k]].sum() / rel[q].sum())
 
 
+def test_precision_at_k_splits_a_tie_group_at_the_cut_in_proportion():
+    # integer distances: many items tie at the k-th value; the expected hits under a random order of
+    # the tied items, computed by brute force over every column (not from sorted rows)
+    rng = np.random.default_rng(2)
+    dist = rng.integers(0, 6, (30, 40)).astype(np.float32)
+    dist[:3, :5] = np.inf                      # left-out items (e.g. the query itself) sort last
+    rel = rng.random((30, 40)) < 0.3
+    ks = (1, 4, 10, 40, 55)                    # 55: past the database, cut at its 40 items
+    out = metrics.retrieval_scores(dist, rel, ks)
+    for q in range(30):
+        for j, k in enumerate(ks):
+            k = min(k, 40)
+            t = np.sort(dist[q])[k - 1]
+            below, tied = dist[q] < t, dist[q] == t
+            want = (rel[q] & below).sum() + (rel[q] & tied).sum() * (k - below.sum()) / tied.sum()
+            assert out["prec"][q, j] == np.float64(want) / ks[j]
+    # the tied case by hand: 2 items below the cut, a group of 4 (1 relevant) across it at k = 4
+    d = np.array([[0.0, 1.0, 2.0, 2.0, 2.0, 2.0]], np.float32)
+    r = np.array([[True, False, True, False, False, False]])
+    assert metrics.retrieval_scores(d, r, (4,))["prec"][0, 0] == (1 + 1 * 2 / 4) / 4
+
+
 def test_query_without_relevant_items_is_nan_not_zero():
     out = metrics.retrieval_scores(np.array([[0.1, 0.2]]), np.array([[False, False]]), (1,))
     assert np.isnan(out["ap"][0]) and np.isnan(out["recall"][0, 0])
