@@ -56,6 +56,12 @@ def index_budget(client, chunk_rows: int | None = None, n_features: int | None =
     return usable(limit) - blocks
 
 
+def task_budget(client) -> float | None:
+    """Bytes one task may hold (None: no limit known)."""
+    limit = worker_limit(client)
+    return None if limit is None else usable(limit)
+
+
 def retrieval_db_budget(client, buffers: float) -> float | None:
     """Bytes of test codes a retrieval task may hold beside its ``buffers`` (None: no limit known)."""
     limit = worker_limit(client)
@@ -105,7 +111,7 @@ def needs(info, cfg, limit: float) -> list[tuple[str, float, str]]:
             budget = usable(limit) - INDEX_BLOCKS * block
             rows = ivf.sample_rows(n_train, nlist)
             out.append((f"the IVF index's k-means sample ({rows:,} rows)", 2 * rows * D * 4.0 + nlist * D * 4.0, "lower neighbours.nlist or raise memory_limit"))
-            if ivf.streamed(nb.queries, D, nb.k, nlist, block, budget, nb.nprobe):
+            if ivf.streamed(nb.queries, D, nb.k, nlist, block, usable(limit), nb.nprobe):
                 q = min(n_train, nb.queries) + ivf.RECALL_QUERIES
                 out.append((f"the neighbours stage's IVF search of {q:,} queries over the streamed rows",
                             ivf.stream_bytes(q, D, nb.k, nlist, block, nb.nprobe), "lower neighbours.queries or raise memory_limit"))
@@ -147,4 +153,4 @@ def check_memory(client, info, cfg) -> None:
                              f"worker memory limit, {limit / 1e6:,.0f} MB); {fix}")
 
 
-__all__ = ["BLOCKS_PER_TASK", "SPILL_FRACTION", "check_memory", "index_budget", "needs", "worker_limit"]
+__all__ = ["BLOCKS_PER_TASK", "SPILL_FRACTION", "check_memory", "index_budget", "needs", "task_budget", "worker_limit"]

@@ -286,16 +286,21 @@ ASSIGN_TILE_BYTES = 2 * 8192 * 4.0   # per list: knn.ASSIGN_TILE rows' scores, a
 
 
 def stream_bytes(n_queries: int, dim: int, k: int, nlist: int, block: float, nprobe: int) -> float:
-    """What one scan task holds: the queries twice (as read and with -2 q, 1 for the GEMM), their
-    probed lists (16 B per query and probed list), three top-k lists (12 B per entry: a merge
-    task holds two blocks' and their merge), the block three times (as read, its train rows, grouped
-    by list) and the list-assignment tile."""
-    return n_queries * (2 * (dim + 1) * 4.0 + nprobe * 16 + 3 * k * 12) + 3 * block + ASSIGN_TILE_BYTES * nlist
+    """What one scan task holds at most: the queries twice (as read and with -2 q, 1 for the GEMM),
+    their probed lists (16 B per query and probed list), eight top-k lists' worth (12 B per entry: a
+    merge task holds two blocks' lists, their concatenation, its sort keys and order, and the merged
+    list), the block three times (as read, its train rows, grouped by list), the list-assignment
+    tile and one list tile's scores (knn.LIST_QUERY_TILE x knn.LIST_ROW_TILE)."""
+    from metricpipe.tasks import knn
+    return (n_queries * (2 * (dim + 1) * 4.0 + nprobe * 16 + 8 * k * 12) + 3 * block + ASSIGN_TILE_BYTES * nlist
+            + 2 * knn.LIST_QUERY_TILE * knn.LIST_ROW_TILE * 4.0)
 
 
 def streamed(n_queries: int | None, dim: int, k: int, nlist: int, block: float, budget: float | None,
              nprobe: int) -> bool:
-    """Whether a graph of ``n_queries`` sampled rows is searched over the streamed rows (no index)."""
+    """Whether ``n_queries`` sampled rows are searched over the streamed rows (no index): their
+    vectors within STREAM_QUERY_BYTES and the scan task within ``budget``, a task's share of a worker
+    (``budget.task_budget``; None: no limit known)."""
     if n_queries is None:
         return False
     need = stream_bytes(n_queries + RECALL_QUERIES, dim, k, nlist, block, nprobe)

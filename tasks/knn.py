@@ -321,16 +321,25 @@ def rank_before(Q: np.ndarray, blocks, dist: np.ndarray, ids_at: np.ndarray, q_i
 # query, and no index is held in memory (pipeline/ivf.py, streamed).
 
 ASSIGN_TILE = 8192   # rows assigned to lists at a time: an 8192 x nlist float32 score tile
+# A list's comparison in tiles of at most LIST_QUERY_TILE queries x LIST_ROW_TILE rows (8 MB): a
+# crowded list (a large cluster, duplicate rows) never makes a larger matrix. Fixed sizes, so the
+# same pairs meet the same GEMM shapes on any cluster.
+LIST_QUERY_TILE = 512
+LIST_ROW_TILE = 4096
 
 
 def _ranked(X: np.ndarray, metric: str, query: bool) -> np.ndarray:
     """Rows extended by one column so that a GEMM of query rows by database rows gives the ranking
     score: [-2 q, 1] . [x, ||x||^2] = ||x||^2 - 2 q.x (l2), [-q, 0] . [x, 0] = -q.x (ip)."""
     X = np.asarray(X, np.float32)
+    out = np.empty((len(X), X.shape[1] + 1), np.float32)   # one copy: filled in place
+    out[:, :-1] = X
     if query:
-        return np.concatenate([X * np.float32(-2.0 if metric == "l2" else -1.0),
-                               np.full((len(X), 1), 1.0 if metric == "l2" else 0.0, np.float32)], 1)
-    return np.concatenate([X, (sq_norms(X) if metric == "l2" else np.zeros(len(X), np.float32))[:, None]], 1)
+        out[:, :-1] *= np.float32(-2.0 if metric == "l2" else -1.0)
+        out[:, -1] = 1.0 if metric == "l2" else 0.0
+    else:
+        out[:, -1] = sq_norms(X) if metric == "l2" else 0.0
+    return out
 
 
 def nearest_lists(X: np.ndarray, centroids: np.ndarray, n: int = 1, metric: str = "l2") -> np.ndarray:
@@ -377,8 +386,9 @@ def ivf_block_topk(Q: np.ndarray, q_ids: np.ndarray, lists: tuple, X: np.ndarray
 
     Returns (dist, idx) (n, k) in ranking space: ||x||^2 - 2 q.x, which orders a query's rows as
     the squared distance does (:func:`ivf_distances` adds ||q||^2), or -q.x for "ip". Ties by id;
-    any split of the database into blocks, in any order, gives the same lists (merge with
-    :func:`merge_topk`).
+    blocks searched apart and merged (:func:`merge_topk`) in any order give the lists of their
+    union. (A pair's score is a GEMM's, whose last bits may depend on the shapes it meets: for a given
+    layout of the database the same bits on any cluster, near-ties aside across layouts.)
     """
     run = empty_topk(len(Q), k) if init is None else init
     if not len(X):
@@ -394,9 +404,12 @@ def ivf_block_topk(Q: np.ndarray, q_ids: np.ndarray, lists: tuple, X: np.ndarray
     queries, q_start = lists
     q_ids = np.asarray(q_ids, np.int64)
     for lst in np.flatnonzero((np.diff(x_start) > 0) & (np.diff(q_start) > 0)):
-        qs = queries[q_start[lst]:q_start[lst + 1]]
-        a, b = x_start[lst], x_start[lst + 1]
-        _push_topk(run[0], run[1], qs, Qm2[qs] @ Xa[a:b].T, ids[a:b], q_ids)
+        for q0 in range(q_start[lst], q_start[lst + 1], LIST_QUERY_TILE):
+            qs = queries[q0:min(q0 + LIST_QUERY_TILE, q_start[lst + 1])]
+            Qt = Qm2[qs]
+            for a in range(x_start[lst], x_start[lst + 1], LIST_ROW_TILE):
+                b = min(a + LIST_ROW_TILE, x_start[lst + 1])
+                _push_topk(run[0], run[1], qs, Qt @ Xa[a:b].T, ids[a:b], q_ids)
     return run
 
 

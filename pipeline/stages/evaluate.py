@@ -4,7 +4,7 @@ import time
 
 import numpy as np
 
-from metricpipe.budget import index_budget, retrieval_db_budget
+from metricpipe.budget import index_budget, retrieval_db_budget, task_budget
 from metricpipe.config import NeighboursConfig, unserved
 from metricpipe.context import StageContext
 from metricpipe.storage import Unit, array_names, create_array, hash_key, open_array, read_attrs, read_rows
@@ -116,7 +116,7 @@ def _knn_streamed(ctx: StageContext, data: DataInfo, n_train: int, dim: int) -> 
     k = max([int(c[3:]) for c in ctx.config.evaluate.classifiers if c.startswith("knn")], default=1)
     nprobe = (ctx.config.neighbours or NeighboursConfig()).nprobe
     return ivf.streamed(n_test if q is None else min(q, n_test), dim, k, _knn_nlist(ctx, data, n_train),
-                        data.chunk_rows * dim * 4.0, index_budget(ctx.client, data.chunk_rows, data.n_features), nprobe)
+                        data.chunk_rows * dim * 4.0, task_budget(ctx.client), nprobe)
 
 
 def _index_plan(ctx: StageContext, data: DataInfo, cunit: Unit, n_train: int) -> list | None:
@@ -136,9 +136,12 @@ def _index_plan(ctx: StageContext, data: DataInfo, cunit: Unit, n_train: int) ->
 
 
 def _ivf_lists(ctx: StageContext, data: DataInfo, jobs: list, graph_index: str | None) -> None:
-    """Fill the jobs' kNN lists (``job["lists"]``, one per query block) from faiss IVF indexes of their
-    train codes, built as the neighbours stage builds its own (pipeline/ivf.py); a job whose codes
-    keep the features' distances searches the neighbours stage's index (``job["index"]``) instead.
+    """Fill the jobs' kNN lists (``job["lists"]``, one per query block) from IVF lists of their train
+    codes: searched over the streamed codes when every task can hold the classified rows
+    (``_knn_streamed``: no index, ``ivf.search_streamed``, as the neighbours stage searches a sampled
+    graph), else from faiss IVF indexes built as the neighbours stage builds its own
+    (pipeline/ivf.py); a job whose codes keep the features' distances searches the neighbours
+    stage's index (``job["index"]``) instead, when that stage kept one.
     Every index trains at once (one task each, so both workers work); the searches go view by view
     (priorities), as a worker holds one filled index at a time. Records recall@k against exact
     search on a seeded sample of each view's queries in ``job["knn_note"]``; the built indexes are

@@ -4,7 +4,7 @@ import time
 import distributed
 import numpy as np
 
-from metricpipe.budget import index_budget
+from metricpipe.budget import index_budget, task_budget
 from metricpipe.context import StageContext
 from metricpipe.sparse_train import training_subset
 from metricpipe.storage import Unit, create_array, hash_key, open_array, read_rows
@@ -160,8 +160,7 @@ def _streamed(ctx: StageContext, data: DataInfo) -> bool:
     n_train = int((data.split == TRAIN).sum())
     nb = ctx.config.neighbours
     return ivf.streamed(nb.queries, data.n_features, nb.k, nb.nlist or _nlist(ctx, n_train),
-                        data.chunk_rows * data.n_features * 4.0, index_budget(ctx.client, data.chunk_rows, data.n_features),
-                        nb.nprobe)
+                        data.chunk_rows * data.n_features * 4.0, task_budget(ctx.client), nb.nprobe)
 
 
 def _samples(ctx: StageContext, train: np.ndarray, nlist: int) -> tuple[np.ndarray, np.ndarray]:

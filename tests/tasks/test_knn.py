@@ -56,24 +56,29 @@ def test_self_is_excluded_only_for_same_ids():
     assert list(i[:, 0]) == [1, 0, 1]
 
 
-def _ivf_reference(Q, q_ids, X, C, nprobe, k):
+def _ivf_reference(Q, q_ids, X, C, nprobe, k, metric="l2"):
     """Brute force over the rows whose nearest centroid (float64, ties to the lower list) is one of
-    the query's nprobe nearest, ordered by (distance, id), the query itself left out."""
+    the query's nprobe nearest, ordered by (distance, id), the query itself left out; "ip": nearest
+    by largest inner product and distance -q.x."""
     Q64, X64, C64 = (np.asarray(a, np.float64) for a in (Q, X, C))
-    own = np.argmin(((X64[:, None] - C64[None]) ** 2).sum(-1), 1)
-    dq = ((Q64[:, None] - C64[None]) ** 2).sum(-1)
+
+    def score(A, B):
+        return ((A[:, None] - B[None]) ** 2).sum(-1) if metric == "l2" else -(A @ B.T)
+    own = np.argmin(score(X64, C64), 1)
+    dq = score(Q64, C64)
     probes = np.lexsort((np.broadcast_to(np.arange(len(C)), dq.shape), dq), axis=-1)[:, :nprobe]
     dist, idx = np.full((len(Q), k), np.inf), np.full((len(Q), k), -1)
     for r in range(len(Q)):
         cand = np.flatnonzero(np.isin(own, probes[r]) & (np.arange(len(X)) != q_ids[r]))
-        d = ((X64[cand] - Q64[r]) ** 2).sum(1)
+        d = score(Q64[r:r + 1], X64[cand])[0]
         o = np.lexsort((cand, d))[:k]
         dist[r, :len(o)], idx[r, :len(o)] = d[o], cand[o]
     return dist, idx, probes
 
 
+@pytest.mark.parametrize("metric", ["l2", "ip"])
 @pytest.mark.parametrize("splits", [[(0, 900)], [(0, 300), (300, 301), (301, 900)], [(600, 900), (0, 10), (10, 600)]])
-def test_ivf_over_streamed_blocks_is_brute_force_over_the_probed_lists_ties_included(splits):
+def test_ivf_over_streamed_blocks_is_brute_force_over_the_probed_lists_ties_included(splits, metric, monkeypatch):
     # integer-valued rows and centroids: GEMM distances are exact, so rows and queries tie with
     # others (and with centroids) and the (distance, id) order and the lower-list rule are checked
     rng = np.random.default_rng(3)
@@ -81,21 +86,23 @@ def test_ivf_over_streamed_blocks_is_brute_force_over_the_probed_lists_ties_incl
     C = rng.integers(0, 4, (12, 5)).astype(np.float32)
     q_ids = np.sort(rng.choice(900, 120, replace=False))
     Q, k, nprobe = X[q_ids], 15, 3
-    want_d, want_i, probes = _ivf_reference(Q, q_ids, X, C, nprobe, k)
-    np.testing.assert_array_equal(knn.nearest_lists(Q, C, nprobe), probes)
-    lists = knn.queries_of_lists(knn.nearest_lists(Q, C, nprobe), len(C))
-    parts = [knn.ivf_block_topk(Q, q_ids, lists, X[a:b], np.arange(a, b), C, k) for a, b in splits]
+    monkeypatch.setattr(knn, "LIST_QUERY_TILE", 7)    # lists compared in tiles (a crowded list)
+    monkeypatch.setattr(knn, "LIST_ROW_TILE", 11)
+    want_d, want_i, probes = _ivf_reference(Q, q_ids, X, C, nprobe, k, metric)
+    np.testing.assert_array_equal(knn.nearest_lists(Q, C, nprobe, metric), probes)
+    lists = knn.queries_of_lists(knn.nearest_lists(Q, C, nprobe, metric), len(C))
+    parts = [knn.ivf_block_topk(Q, q_ids, lists, X[a:b], np.arange(a, b), C, k, metric=metric) for a, b in splits]
     run = parts[0]
     for p in parts[1:]:     # blocks searched apart and merged in any order: the same lists
         run = knn.merge_topk(run, p, k)
-    dist, idx = knn.ivf_distances(run, Q)
+    dist, idx = knn.ivf_distances(run, Q, metric)
     np.testing.assert_array_equal(idx, want_i)
     np.testing.assert_array_equal(dist, want_d.astype(np.float32))
     assert (idx >= 0).all() and not np.any(idx == q_ids[:, None])
     # carried from block to block (init) instead of merged: the same
     run = None
     for a, b in splits:
-        run = knn.ivf_block_topk(Q, q_ids, lists, X[a:b], np.arange(a, b), C, k, init=run)
+        run = knn.ivf_block_topk(Q, q_ids, lists, X[a:b], np.arange(a, b), C, k, init=run, metric=metric)
     np.testing.assert_array_equal(run[1], want_i)
 
 
