@@ -178,3 +178,17 @@ def test_queries_are_streamed_only_when_every_task_can_hold_them():
     assert not ivf.streamed(None, 256, 20, 1024, block, None, 16)          # an all-rows graph
     many = int(ivf.STREAM_QUERY_BYTES // (257 * 4)) + 1                    # past 256 MB of queries
     assert ivf.streamed(many - 1, 256, 20, 1024, block, None, 16) and not ivf.streamed(many, 256, 20, 1024, block, None, 16)
+
+
+@pytest.mark.integration
+def test_the_streamed_search_gives_the_same_graph_on_one_worker_as_on_two(client, tmp_path):
+    from distributed import Client, LocalCluster
+    nb = {"k": 10, "method": "ivf", "queries": 400, "nlist": 16, "nprobe": 3}
+    two, g2, d2, _ = _graph(client, tmp_path, "two", nb)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as lc, \
+            Client(lc) as one_client:
+        one, g1, d1, _ = _graph(one_client, tmp_path, "one", nb)
+    assert two.meta()["streamed"] and one.meta()["streamed"]
+    np.testing.assert_array_equal(g1, g2)       # bit for bit: fixed blocks, tiles and merge tree
+    np.testing.assert_array_equal(d1, d2)
+    assert two.meta()["recall"] == one.meta()["recall"] < 1.0
