@@ -282,7 +282,6 @@ def rerank(piece: tuple, lo: int, k: int, *scored) -> tuple[np.ndarray, np.ndarr
 # Its queries (and their lists) are held by every scan task: at most this many bytes of them, else
 # the stage builds a faiss index as for an all-rows graph.
 STREAM_QUERY_BYTES = 256e6
-ASSIGN_TILE_BYTES = 2 * 8192 * 4.0   # per list: knn.ASSIGN_TILE rows' scores, and their copy
 
 
 def stream_bytes(n_queries: int, dim: int, k: int, nlist: int, block: float, nprobe: int) -> float:
@@ -290,10 +289,10 @@ def stream_bytes(n_queries: int, dim: int, k: int, nlist: int, block: float, npr
     their probed lists (16 B per query and probed list), eight top-k lists' worth (12 B per entry: a
     merge task holds two blocks' lists, their concatenation, its sort keys and order, and the merged
     list), the block three times (as read, its train rows, grouped by list), the list-assignment
-    tile and one list tile's scores (knn.LIST_QUERY_TILE x knn.LIST_ROW_TILE)."""
+    tile's scores and their copy, and one list tile's scores (knn.LIST_QUERY_TILE x knn.LIST_ROW_TILE)."""
     from metricpipe.tasks import knn
-    return (n_queries * (2 * (dim + 1) * 4.0 + nprobe * 16 + 8 * k * 12) + 3 * block + ASSIGN_TILE_BYTES * nlist
-            + 2 * knn.LIST_QUERY_TILE * knn.LIST_ROW_TILE * 4.0)
+    return (n_queries * (2 * (dim + 1) * 4.0 + nprobe * 16 + 8 * k * 12) + 3 * block
+            + 2 * knn.ASSIGN_TILE * nlist * 4.0 + 2 * knn.LIST_QUERY_TILE * knn.LIST_ROW_TILE * 4.0)
 
 
 def streamed(n_queries: int | None, dim: int, k: int, nlist: int, block: float, budget: float | None,

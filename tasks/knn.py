@@ -4,6 +4,8 @@ Squared Euclidean distances come from one GEMM per tile (||q||^2 + ||x||^2 - 2 q
 k best are found with argpartition and merged with the running list. Lists are ordered by
 (distance, index), so results do not depend on how the database was split into blocks.
 """
+from functools import lru_cache
+
 import numpy as np
 
 # Distance tiles are (query_tile x db_tile) float32; 512 x 4096 x 4 B = 8 MiB stays in the last-level
@@ -351,15 +353,9 @@ def nearest_lists(X: np.ndarray, centroids: np.ndarray, n: int = 1, metric: str 
     out = np.empty((len(X), n), np.int32)
     for s in range(0, len(X), ASSIGN_TILE):
         scores = _ranked(X[s:s + ASSIGN_TILE], metric, True) @ Cm2
-        out[s:s + len(scores)] = np.argmin(scores, 1)[:, None] if n == 1 else _select_sorted(scores, n)
+        out[s:s + len(scores)] = np.argmin(scores, 1)[:, None] if n == 1 else \
+            distance_topk(scores, np.arange(len(centroids)), n)[1]
     return out
-
-
-def _select_sorted(d: np.ndarray, k: int) -> np.ndarray:
-    """Column positions of each row's k smallest entries in (value, column) order."""
-    part = _select(d, k)
-    order = np.lexsort((part, np.take_along_axis(d, part, 1)), axis=-1)
-    return np.take_along_axis(part, order, 1)
 
 
 def queries_of_lists(probes: np.ndarray, nlist: int) -> tuple[np.ndarray, np.ndarray]:
@@ -424,16 +420,18 @@ def ivf_distances(run: tuple, Q: np.ndarray, metric: str = "l2") -> tuple[np.nda
 
 
 def _push_topk(run_d, run_i, qs, d, ids, q_ids):
-    return _push_topk_jit(run_d, run_i, qs, np.ascontiguousarray(d, np.float32), ids, q_ids)
+    return _compiled_push()(run_d, run_i, qs, np.ascontiguousarray(d, np.float32), ids, q_ids)
 
 
-def _jit(fn):
+@lru_cache(maxsize=1)
+def _compiled_push():
+    """The compiled :func:`_push_topk_loop`, made on first use (importing numba costs ~0.3 s, which
+    every command that imports this module but never searches would pay)."""
     from numba import njit
-    return njit(cache=True, nogil=True, boundscheck=False)(fn)
+    return njit(cache=True, nogil=True, boundscheck=False)(_push_topk_loop)
 
 
-@_jit
-def _push_topk_jit(run_d, run_i, qs, d, ids, q_ids):  # pragma: no cover - compiled
+def _push_topk_loop(run_d, run_i, qs, d, ids, q_ids):  # pragma: no cover - compiled
     """Insert candidates d[a, c] (row ids[c]) into query qs[a]'s sorted list (distance, id); an empty
     slot is (inf, -1) and sorts after every candidate; a query's own id is skipped."""
     k = run_d.shape[1]

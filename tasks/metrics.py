@@ -71,12 +71,11 @@ def retrieval_scores(dist: np.ndarray, relevant: np.ndarray, ks: tuple, work: np
             ranks = np.searchsorted(sorted_all[q], r, side="right")
             hits = np.searchsorted(r, r, side="right")
             ap[q] = np.mean(hits / ranks)
-        # hits among the first k, a tie group at the k-th value counted in proportion (hits_at), from
-        # the sorted rows: no pass over the distances
+        # hits among the first k (as hits_at counts them), from the sorted rows: no pass over the distances
         t = sorted_all[q][kk - 1]
         n_below, n_le = np.searchsorted(sorted_all[q], t, "left"), np.searchsorted(sorted_all[q], t, "right")
         r_below, r_le = np.searchsorted(r, t, "left"), np.searchsorted(r, t, "right")
-        hits_k[q] = r_below + (r_le - r_below) * (kk - n_below) / np.maximum(n_le - n_below, 1)
+        hits_k[q] = _split_ties(r_below, r_le - r_below, kk, n_below, n_le - n_below)
     with np.errstate(invalid="ignore", divide="ignore"):
         recall = hits_k / n_rel[:, None]
     return {"ap": ap, "n_relevant": n_rel, "prec": hits_k / np.asarray(ks, float)[None, :], "recall": recall}
@@ -89,7 +88,12 @@ def hits_at(dist: np.ndarray, relevant: np.ndarray, sorted_all: np.ndarray, k: i
     below, tied = dist < t, dist == t
     n_below = below.sum(1)
     rel_below = (below & relevant).sum(1)
-    n_tied, rel_tied = tied.sum(1), (tied & relevant).sum(1)
+    return _split_ties(rel_below, (tied & relevant).sum(1), k, n_below, tied.sum(1))
+
+
+def _split_ties(rel_below, rel_tied, k, n_below, n_tied):
+    """Relevant items among the first k: those below the k-th value, plus the tie group at it in
+    proportion to the places left (the expected count under a random order of the ties)."""
     return rel_below + rel_tied * (k - n_below) / np.maximum(n_tied, 1)
 
 

@@ -98,24 +98,27 @@ def _keeps_distances(model_url: str) -> bool:
     return enc is not None and enc().keeps_distances(est.n_features_in_)
 
 
+def _knn_queries(ctx: StageContext, data: DataInfo) -> int:
+    """The test rows kNN classifies: every one, or about ``evaluate.classification.queries``."""
+    n_test = int((data.split == TEST).sum())
+    q = ctx.config.evaluate.classify_queries
+    return n_test if q is None else min(q, n_test)
+
+
 def _knn_nlist(ctx: StageContext, data: DataInfo, n_train: int) -> int:
     """Lists of kNN's IVF indexes: as the neighbours stage's (``ivf.nlist_for``), fewer when only
     ``evaluate.classification.queries`` test rows are classified."""
     from metricpipe import ivf
-    n_test = int((data.split == TEST).sum())
-    q = ctx.config.evaluate.classify_queries
-    return ivf.nlist_searched(n_train, n_test if q is None else min(q, n_test))
+    return ivf.nlist_searched(n_train, _knn_queries(ctx, data))
 
 
 def _knn_streamed(ctx: StageContext, data: DataInfo, n_train: int, dim: int) -> bool:
     """Whether kNN's search of a view of ``dim`` dimensions runs over the streamed train codes (its
     classified rows held by every task, no index) rather than through a faiss index."""
     from metricpipe import ivf
-    n_test = int((data.split == TEST).sum())
-    q = ctx.config.evaluate.classify_queries
     k = max([int(c[3:]) for c in ctx.config.evaluate.classifiers if c.startswith("knn")], default=1)
     nprobe = (ctx.config.neighbours or NeighboursConfig()).nprobe
-    return ivf.streamed(n_test if q is None else min(q, n_test), dim, k, _knn_nlist(ctx, data, n_train),
+    return ivf.streamed(_knn_queries(ctx, data), dim, k, _knn_nlist(ctx, data, n_train),
                         data.chunk_rows * dim * 4.0, task_budget(ctx.client), nprobe)
 
 

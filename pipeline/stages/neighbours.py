@@ -77,10 +77,11 @@ def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
                          f"use k < {n_train}")
     nb = ctx.config.neighbours
     ivf = nb.method == "ivf" or (nb.method == "auto" and n_train > EXACT_MAX_TRAIN)
+    streamed = ivf and _streamed(ctx, data)   # a sampled graph searched with no index
     inputs = {"stage": "neighbours", "data": data.unit.key, "k": k, "queries": nb.queries or "all"}
     if nb.queries is not None:
         inputs["queries_seed"] = ctx.config.seed
-    if ivf and _streamed(ctx, data):
+    if streamed:
         inputs["ivf"] = {"nlist": nb.nlist, "nprobe": nb.nprobe, "seed": ctx.config.seed, "streamed": True}
     elif ivf:
         inputs["ivf"] = {"nlist": nb.nlist, "nprobe": nb.nprobe, "seed": ctx.config.seed, "rerank": nb.rerank,
@@ -107,7 +108,7 @@ def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
     # equal pieces of at most KNN_QUERY_ROWS: a short last piece would leave a worker idle at the end
     cuts = [c for c in np.array_split(query_rows, -(-len(query_rows) // KNN_QUERY_ROWS)) if len(c)]
     extra = {}
-    if ivf and _streamed(ctx, data):
+    if streamed:
         pieces, extra = _streamed_pieces(ctx, data, blocks, cuts, k)
     elif ivf:
         pieces, extra = _ivf_pieces(ctx, data, unit, blocks, cuts, k)
@@ -125,7 +126,7 @@ def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
     ctx.gather(writes, "neighbours", where)
     _timed(ctx, unit, t0, {"k": k, "n_train": n_train, "method": "ivf" if ivf else "exact",
                       "queries": int(len(query_rows)), **extra})
-    if ivf and extra.get("streamed"):
+    if streamed:
         ctx.log(f"  neighbours: IVF ({extra['index']} over the streamed rows, nprobe {nb.nprobe}) "
                 f"recall@{k} {extra['recall']:.3f} against exact search on {extra['recall_queries']} train queries")
     elif ivf:
