@@ -161,6 +161,27 @@ def test_sparse_kernel_sums_each_column_in_increasing_input_dimension():
     assert SparseRows(scipy.sparse.csc_array(W)).matmul(X)[0, 0] == np.float32(np.float32(1e8) + 1) - np.float32(1e8)
 
 
+@pytest.mark.parametrize("n, D, R", [
+    (45, 2100, 12),     # three tiles of dimensions, a last group of 4, a partial block of rows
+    (64, 1024, 3),      # exactly one tile, whole blocks
+    (7, 33, 5),         # fewer dimensions than two groups
+])
+def test_sparse_kernel_matches_the_documented_float32_sum_bit_for_bit(n, D, R):
+    """Each code is float32 ((0 + w1 x1) + w2 x2) + ... over its column's non-zeros in increasing
+    input dimension, rounded at every step: computed here in numpy, one term at a time."""
+    import scipy.sparse
+    from metricpipe.tasks.spmm import SparseRows
+    rng = np.random.default_rng(D)
+    U = _random_sparse(rng, D, R, 0.02)
+    U[rng.integers(0, D, 3), rng.integers(0, R, 3)] = rng.normal(size=3) * 1e7   # large terms: order shows
+    X = rng.normal(size=(n, D)).astype(np.float32)
+    ref = np.zeros((n, R), np.float32)
+    for j in range(R):
+        for d in np.flatnonzero(U[:, j]):
+            ref[:, j] = ref[:, j] + U[d, j] * X[:, d]       # float32 * float32, then float32 +
+    np.testing.assert_array_equal(SparseRows(scipy.sparse.csc_array(U)).matmul(X), ref)
+
+
 def test_linear_model_uses_the_kernel_for_sparse_w_and_blas_for_denser():
     import scipy.sparse
     from metricpipe.tasks.models import LinearModel
