@@ -7,6 +7,9 @@ Two sparse projectors per R: one trained by `tasks.sparse.rank_projectors` (Spar
 PCA of a 1,000-image sample, a short run: its supports, not its accuracy, set the encode cost) and
 one with random supports (the worst case: the supports spread over every input dimension).
 
+Then, for LinearModel's choice between the kernel and BLAS (`LinearModel.SPARSE_BELOW`), the kernel's
+time over BLAS's dense product at 2% to 30% non-zeros (random supports), for a few shapes.
+
     python benchmarks/bench_sparse_encode.py [--dim 16384] [--r 64 128 256] [--sparsity 0.99] [--n 2048]
 """
 import argparse
@@ -21,6 +24,7 @@ from timing import timed  # noqa: E402
 import scipy.sparse  # noqa: E402
 
 from metricpipe.tasks.models import LinearModel  # noqa: E402
+from metricpipe.tasks.spmm import SparseRows  # noqa: E402
 from metricpipe.tasks.sparse import nonzeros_per_column, project_l0, rank_projectors  # noqa: E402
 from metricpipe.tasks.synthetic import SyntheticSpec  # noqa: E402
 
@@ -68,6 +72,22 @@ def main():
                   f"{t_dense / t_scipy:.2f}x | {t_dense / t_read:.1f}x | **{t_ours / t_read_here:.2f}x** ({t_read_here * 1e3:.1f} ms) | "
                   f"{cd['storage_bytes']} / {cs['storage_bytes']} = **{cd['storage_bytes'] / cs['storage_bytes']:.1f}x** |",
                   flush=True)
+    densities = (0.02, 0.05, 0.1, 0.2, 0.3)
+    print(f"\nkernel / BLAS (X @ U dense) by the fraction of non-zeros; LinearModel uses the kernel below "
+          f"{LinearModel.SPARSE_BELOW:g}")
+    print("| D | R | rows | " + " | ".join(f"{d:g}" for d in densities) + " |")
+    print("| --- | --- | --- | " + " | ".join("---" for _ in densities) + " |")
+    rng = np.random.default_rng(1)
+    for D, R, n in ((784, 16, 8192), (784, 64, 8192), (4096, 128, 8192), (a.dim, max(a.r), a.n)):
+        Xd = rng.standard_normal((n, D)).astype(np.float32)
+        cells = []
+        for density in densities:
+            U = (rng.standard_normal((D, R)) * (rng.random((D, R)) < density)).astype(np.float32)
+            kernel = SparseRows(scipy.sparse.csc_array(U))
+            t_kernel, _ = timed(lambda: kernel.matmul(Xd))
+            t_blas, _ = timed(lambda: Xd @ U)
+            cells.append(f"{t_kernel / t_blas:.2f}")
+        print(f"| {D} | {R} | {n} | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":
