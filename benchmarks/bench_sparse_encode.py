@@ -1,7 +1,8 @@
 """Encoding with a sparse projector against the dense matrix of the same R, on synthetic D = 16384
 features (issue #4). Prints time and storage ratios measured in one run, and the floor that any
 kernel reading every feature must pay (one pass over the block: ``X.sum(axis=1)``), and metricpipe's
-encode time over it (issue 21 asks for at most 1.5 at R = 64 to 256). Asserts nothing about time.
+encode time over it (issue 21 asks for at most 1.5 at R = 64 to 256; the least of 9 calls of each,
+taken in turn). Asserts nothing about time.
 
 Two sparse projectors per R: one trained by `tasks.sparse.rank_projectors` (SparseProjector's solver) (tau = 0.99, from the
 PCA of a 1,000-image sample, a short run: its supports, not its accuracy, set the encode cost) and
@@ -20,7 +21,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
-from timing import timed  # noqa: E402
+from timing import interleaved_min, timed  # noqa: E402
 import scipy.sparse  # noqa: E402
 
 from metricpipe.tasks.models import LinearModel  # noqa: E402
@@ -61,8 +62,10 @@ def main():
         t_dense, ref = timed(lambda: X @ trained)
         for name, U in (("trained", trained), ("random", rand)):
             dense, sparse = LinearModel(U), LinearModel(scipy.sparse.csc_array(U))
-            t_ours, out = timed(lambda: sparse.transform(X))
-            t_read_here, _ = timed(lambda: X.sum(axis=1))  # again beside it: the shared machine's load drifts
+            out = sparse.transform(X)
+            # the encode and a read pass in turn, least of 9 each: this VM's memory speed drifts
+            best = interleaved_min({"ours": lambda: sparse.transform(X), "read": lambda: X.sum(axis=1)})
+            t_ours, t_read_here = best["ours"], best["read"]
             t_scipy, out2 = timed(lambda: X @ sparse.W, repeat=1)
             assert np.allclose(out, X @ U, atol=1e-3) and np.allclose(out2, X @ U, atol=1e-3)
             used = int((U != 0).any(axis=1).sum())
@@ -84,8 +87,8 @@ def main():
         for density in densities:
             U = (rng.standard_normal((D, R)) * (rng.random((D, R)) < density)).astype(np.float32)
             kernel = SparseRows(scipy.sparse.csc_array(U))
-            t_kernel, _ = timed(lambda: kernel.matmul(Xd))
-            t_blas, _ = timed(lambda: Xd @ U)
+            best = interleaved_min({"kernel": lambda: kernel.matmul(Xd), "blas": lambda: Xd @ U}, repeat=5)
+            t_kernel, t_blas = best["kernel"], best["blas"]
             cells.append(f"{t_kernel / t_blas:.2f}")
         print(f"| {D} | {R} | {n} | " + " | ".join(cells) + " |", flush=True)
 

@@ -11,6 +11,22 @@ def timed(f, repeat=5):
     return (time.perf_counter() - t) / repeat, out
 
 
+def interleaved_min(fs: dict, repeat: int = 9) -> dict:
+    """{name: the least seconds of ``repeat`` calls} for each callable in ``fs``, called in turn
+    (a, b, a, b, ...) after one warm-up call each: on a VM whose memory speed drifts within a run,
+    a ratio of two such minima compares the two at the same moments."""
+    best = {}
+    for name, f in fs.items():
+        f()
+        best[name] = float("inf")
+    for _ in range(repeat):
+        for name, f in fs.items():
+            t = time.perf_counter()
+            f()
+            best[name] = min(best[name], time.perf_counter() - t)
+    return best
+
+
 def fashion_subset(n_train: int, n_test: int, seed: int = 0, dtype=None):
     """(X_train, y_train, X_test, y_test): seeded subsets of Fashion-MNIST's train and test splits,
     l2-normalised pixels (METRICPIPE_DATA, ../shared or the Debian path), labels as given."""
