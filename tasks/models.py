@@ -41,11 +41,11 @@ class LinearModel:
             out += self.b
         return out
 
-    # A sparse W is stored sparse (the storage win) and, up to SPARSE_BELOW non-zeros per entry,
-    # multiplied by a compiled kernel that reads each row once and does one multiply-add per
-    # non-zero and row (tasks/spmm.py; its speed at D = 16384, tau = 0.99 is in benchmarks/README.md).
-    # Denser, BLAS wins: the kernel took 0.53-0.67x BLAS's time at 20% non-zeros and 0.69-1.14x
-    # at 30% (D = 784 to 16,384, R = 16 to 256; benchmarks/README.md).
+    # A sparse W is stored sparse (the storage win) and, up to SPARSE_BELOW stored entries per D x R,
+    # multiplied by a compiled kernel that reads each row once and does one multiply and one add
+    # (unfused) per non-zero and row (tasks/spmm.py; its speed at D = 16384, tau = 0.99 is in
+    # benchmarks/README.md). Up to 20% the kernel takes 0.53-0.67x BLAS's time; at 30% 0.69-1.14x
+    # (slower only at D = 16,384, R = 256), so a denser W goes to BLAS.
     SPARSE_BELOW = 0.2
     DENSE_COMPUTE_BYTES = 256e6   # ... unless the dense W would take more memory than this
 

@@ -7,13 +7,13 @@ dimension by every column (benchmarks/README.md, sparse projectors). Every non-z
 applied to every row, so the multiply-adds must run over several rows at once (one vector lane
 per row), which needs the rows' values of one input dimension side by side: X transposed.
 
-So the kernel takes ``LANES`` rows at a time and, ``KC`` input dimensions at a time, transposes
-them into a small dimension-major tile (16 x 16 blocks, each loaded as 16 vectors and transposed
+So the kernel takes ``LANES`` rows at a time and, ``KC`` used input dimensions at a time (64
+groups of 16 that some column reads), transposes them into a small dimension-major tile (16 x 16 blocks, each loaded as 16 vectors and transposed
 in registers by a network of shuffles: scalar code would pay 1.5-4x a read pass for the
 transposition alone). Then each output column sums its non-zeros that fall in the tile: for a
 column, the ``LANES`` running sums stay in registers while each non-zero w adds
 ``w * tile[d, :]``. Both steps are written as LLVM vector operations (numba intrinsics), which
-compile to AVX-512 or AVX2 shuffles and multiply-adds, or to whatever the CPU has.
+compile to AVX-512 or AVX2 shuffles, multiplies and adds (unfused), or to whatever the CPU has.
 
 Deterministic: code (i, j) is the sum over W's column j in increasing input dimension, each term
 ``w * x`` rounded then added (a multiply and an add, never fused), whatever the row's position in
@@ -30,7 +30,7 @@ from numba.extending import intrinsic
 V = 16          # float32 per vector: one AVX-512 register, two AVX2 ones
 NV = 2          # vectors of running sums per column: LANES rows at a time
 LANES = V * NV
-KC = 1024       # input dimensions per tile: a 1,024 x 32 float32 tile is 128 KB (in L2)
+KC = 1024       # used input dimensions per tile: a 1,024 x 32 float32 tile is 128 KB (in L2)
 
 
 def _item_pointer(context, builder, aryty, ary, inds):
@@ -51,9 +51,17 @@ def _int64(context, builder, value, ty):
     return context.cast(builder, value, ty, types.int64)
 
 
+def _c_float32(*arrays) -> bool:
+    """The intrinsics address rows as contiguous float32: anything else does not compile."""
+    return all(isinstance(a, types.Array) and a.ndim == 2 and a.dtype == types.float32 and a.layout == "C"
+               for a in arrays)
+
+
 @intrinsic
 def _transpose16(typingctx, X, r, c, T, k, b):  # pragma: no cover - compiled
     """``T[k + j, b + i] = X[r + i, c + j]`` for i, j < 16 (no bounds checked: the caller's)."""
+    if not _c_float32(X, T):
+        return None
     sig = types.void(X, r, c, T, k, b)
 
     def codegen(context, builder, signature, args):
@@ -85,6 +93,8 @@ def _transpose16(typingctx, X, r, c, T, k, b):  # pragma: no cover - compiled
 def _column_sum(typingctx, T, dloc, vals, p0, p1, A, j):  # pragma: no cover - compiled
     """``A[j, :LANES] += vals[p] * T[dloc[p], :LANES]`` for p = p0, ..., p1 - 1 in that order, each
     term rounded before it is added; the LANES sums stay in registers over the loop."""
+    if not _c_float32(T, A) or vals.dtype != types.float32 or not isinstance(dloc.dtype, types.Integer):
+        return None
     sig = types.void(T, dloc, vals, p0, p1, A, j)
 
     def codegen(context, builder, signature, args):
@@ -115,12 +125,12 @@ def _column_sum(typingctx, T, dloc, vals, p0, p1, A, j):  # pragma: no cover - c
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _codes_of_block(X, r, groups, tptr, dloc, vals, T, A, kc):  # pragma: no cover - compiled
+def _codes_of_block(X, r, groups, tptr, dloc, vals, T, A):  # pragma: no cover - compiled
     """A (R, LANES) = the codes of rows r, ..., r + LANES - 1 of X, one lane per row."""
     D = X.shape[1]
     R = A.shape[0]
     ng = groups.shape[0]
-    per_tile = kc // V
+    per_tile = KC // V
     A[:] = 0
     for t in range(tptr.shape[0]):
         g0 = t * per_tile
@@ -142,15 +152,16 @@ def _codes_of_block(X, r, groups, tptr, dloc, vals, T, A, kc):  # pragma: no cov
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def sparse_rows_matmul(X, groups, tptr, dloc, vals, out, kc):  # pragma: no cover - compiled
-    """out (n, R) = X (n, D) @ W, W given tile by tile (see `SparseRows`); X C-contiguous float32."""
+def _sparse_rows_matmul(X, groups, tptr, dloc, vals, out):  # pragma: no cover - compiled
+    """out (n, R) = X (n, D) @ W, W given tile by tile as `SparseRows` builds it (its arrays are
+    trusted: called through `SparseRows.matmul` only)."""
     n, D = X.shape
     R = out.shape[1]
-    T = np.zeros((kc, LANES), np.float32)
+    T = np.zeros((KC, LANES), np.float32)
     A = np.empty((R, LANES), np.float32)
     full = n - n % LANES
     for s in range(0, full, LANES):
-        _codes_of_block(X, s, groups, tptr, dloc, vals, T, A, kc)
+        _codes_of_block(X, s, groups, tptr, dloc, vals, T, A)
         for b in range(LANES):
             for j in range(R):
                 out[s + b, j] = A[j, b]
@@ -159,7 +170,7 @@ def sparse_rows_matmul(X, groups, tptr, dloc, vals, out, kc):  # pragma: no cove
         for b in range(n - full):
             for d in range(D):
                 pad[b, d] = X[full + b, d]
-        _codes_of_block(pad, 0, groups, tptr, dloc, vals, T, A, kc)
+        _codes_of_block(pad, 0, groups, tptr, dloc, vals, T, A)
         for b in range(n - full):
             for j in range(R):
                 out[full + b, j] = A[j, b]
@@ -170,7 +181,7 @@ class SparseRows:
     then cached on disk by numba).
 
     W is kept as the kernel reads it: the input dimensions in groups of 16 (only groups some
-    column reads), ``KC`` dimensions (one tile) at a time; within a tile, each column's non-zeros
+    column reads), ``KC`` such dimensions (one tile) at a time; within a tile, each column's non-zeros
     in increasing dimension (``tptr[t, j]:tptr[t, j + 1]`` into ``dloc``, the row in the tile, and
     ``vals``).
 
@@ -180,8 +191,11 @@ class SparseRows:
     """
 
     def __init__(self, W):
-        W = scipy.sparse.coo_array(W, dtype=np.float32)
-        W.sum_duplicates()                      # canonical: each (d, j) once
+        # canonical: each (d, j) once; repeated entries are added one by one in CSC order, as
+        # toarray() and the stored model's arrays add them (coo's own merge rounds differently)
+        W = scipy.sparse.csc_array(W)
+        W.sum_duplicates()
+        W = W.astype(np.float32).tocoo()
         keep = W.data != 0
         d, j, w = W.coords[0][keep], W.coords[1][keep], W.data[keep]
         R = W.shape[1]
@@ -208,5 +222,5 @@ class SparseRows:
         if X.ndim != 2 or X.shape[1] != self.shape[0]:
             raise ValueError(f"X has shape {X.shape}; expected (n, {self.shape[0]}).")
         out = np.empty((X.shape[0], self.shape[1]), np.float32)
-        sparse_rows_matmul(X, self.groups, self.tptr, self.dloc, self.vals, out, KC)
+        _sparse_rows_matmul(X, self.groups, self.tptr, self.dloc, self.vals, out)
         return out

@@ -118,7 +118,7 @@ def _random_sparse(rng, D, R, density, empty=()):
 @pytest.mark.parametrize("n, D, R, density, empty", [
     (1, 300, 5, 0.05, ()),
     (70, 300, 17, 0.05, (0, 3, 16)),      # empty columns, a partial last block of rows
-    (257, 1000, 64, 0.01, (5,)),          # more used dimensions than one gathered chunk
+    (257, 1000, 64, 0.01, (5,)),          # one partial tile of groups, 8 blocks of rows and 1 row
     (33, 50, 8, 0.0, ()),                 # all zero
     (0, 40, 4, 0.1, ()),                  # no rows
 ])
@@ -142,7 +142,7 @@ def test_sparse_kernel_gives_the_same_bits_whatever_the_row_blocks():
     from metricpipe.tasks.spmm import SparseRows
     rng = np.random.default_rng(3)
     U = _random_sparse(rng, 700, 40, 0.03)
-    U[rng.random(U.shape) < 0.001] = np.float32(1e-30)  # tiny terms: any change of order would show
+    U[rng.random(U.shape) < 0.001] = np.float32(1e-30)  # tiny terms: any arithmetic that depended on the block would show
     X = rng.normal(size=(131, 700)).astype(np.float32)
     k = SparseRows(scipy.sparse.csc_array(U))
     whole = k.matmul(X)
@@ -154,17 +154,17 @@ def test_sparse_kernel_gives_the_same_bits_whatever_the_row_blocks():
 def test_sparse_kernel_sums_each_column_in_increasing_input_dimension():
     import scipy.sparse
     from metricpipe.tasks.spmm import SparseRows
-    # 1e8 + 1 - 1e8 in float32 is 0 in this order and 1 in others: the order is the documented one
+    # in float32, (1 + 1e8) - 1e8 is 0 while (-1e8 + 1e8) + 1 is 1: the order is the documented one
     W = np.zeros((3, 1), np.float32)
-    W[:, 0] = [1e8, 1, -1e8]
+    W[:, 0] = [1, 1e8, -1e8]
     X = np.ones((2, 3), np.float32)
     assert SparseRows(scipy.sparse.csc_array(W)).matmul(X)[0, 0] == np.float32(np.float32(1e8) + 1) - np.float32(1e8)
 
 
 @pytest.mark.parametrize("n, D, R", [
-    (45, 2100, 12),     # three tiles of dimensions, a last group of 4, a partial block of rows
-    (64, 1024, 3),      # exactly one tile, whole blocks
-    (7, 33, 5),         # fewer dimensions than two groups
+    (45, 3100, 12),     # three tiles of used groups, a last group of 12 dimensions, a partial block of rows
+    (64, 1024, 3),      # one tile (some groups unused), whole blocks of rows
+    (7, 33, 5),         # three groups, the last of one dimension; fewer rows than a block
 ])
 def test_sparse_kernel_matches_the_documented_float32_sum_bit_for_bit(n, D, R):
     """Each code is float32 ((0 + w1 x1) + w2 x2) + ... over its column's non-zeros in increasing
@@ -174,12 +174,39 @@ def test_sparse_kernel_matches_the_documented_float32_sum_bit_for_bit(n, D, R):
     rng = np.random.default_rng(D)
     U = _random_sparse(rng, D, R, 0.02)
     U[rng.integers(0, D, 3), rng.integers(0, R, 3)] = rng.normal(size=3) * 1e7   # large terms: order shows
+    U[D - 1, 0] = 0.5                                   # the last group, short when D % 16 != 0, is read
     X = rng.normal(size=(n, D)).astype(np.float32)
     ref = np.zeros((n, R), np.float32)
     for j in range(R):
         for d in np.flatnonzero(U[:, j]):
             ref[:, j] = ref[:, j] + U[d, j] * X[:, d]       # float32 * float32, then float32 +
     np.testing.assert_array_equal(SparseRows(scipy.sparse.csc_array(U)).matmul(X), ref)
+
+
+def test_sparse_kernel_adds_repeated_entries_of_w_as_the_stored_model_does():
+    """A W with an entry stored three times: merged one by one in float32, as toarray() and a
+    model saved and loaded again merge it (scipy's coo merge rounds 1 + 2**-24 + 2**-24 to 1 + 2**-23)."""
+    import scipy.sparse
+    from metricpipe.tasks.spmm import SparseRows
+    v = np.array([1, 2.0 ** -24, 2.0 ** -24], np.float32)
+    W = scipy.sparse.coo_array((v, ([0, 0, 0], [0, 0, 0])), shape=(1, 1))
+    X = np.ones((1, 1), np.float32)
+    expected = (v[0] + v[1]) + v[2]
+    assert expected == W.toarray()[0, 0] == np.float32(1)
+    assert SparseRows(W).matmul(X)[0, 0] == expected
+    assert SparseRows(W.tocsr()).matmul(X)[0, 0] == expected
+
+
+def test_the_kernel_refuses_arrays_it_would_misread():
+    """The intrinsics address rows as contiguous float32: a strided or float64 array does not
+    compile (SparseRows.matmul makes its input so; this guards a direct call)."""
+    import numba
+    from metricpipe.tasks import spmm
+    k = spmm.SparseRows(np.eye(40, 3, dtype=np.float32))
+    out = np.empty((32, 3), np.float32)
+    for X in (np.ones((32, 80), np.float32)[:, ::2], np.ones((32, 40), np.float64)):
+        with pytest.raises(numba.core.errors.TypingError):
+            spmm._sparse_rows_matmul(X, k.groups, k.tptr, k.dloc, k.vals, out)
 
 
 def test_linear_model_uses_the_kernel_for_sparse_w_and_blas_for_denser():
