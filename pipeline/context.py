@@ -128,20 +128,25 @@ class StageContext:
             self.progress.add(future)
         return future
 
-    def gather(self, futures: list, stage: str, labels: list[str] | None = None) -> list:
+    def gather(self, futures: list, stage: str, labels: list[str] | None = None, on_result=None) -> list:
         """Wait for ``futures``; return results in submission order. Progress is the stage's counter
         (``stage_progress``: every task of the stage, over all its gathers); outside one, this call's own.
 
         A failure is re-raised at once: bad input as the worker's one-line InputError, anything else
         as a StageError naming the stage and the block; the remaining tasks are cancelled.
+        ``on_result(i, result)``, if given, is called as each task finishes, before any later failure
+        or interrupt: a stage commits there what must survive one (the train stage, each model).
         """
         if self.progress is None:    # a stage run alone (tests, `metricpipe stage`): count this call's tasks
             with self.stage_progress(stage) as progress:
                 for f in futures:
                     progress.add(f)
-                return self.gather(futures, stage, labels)
+                return self.gather(futures, stage, labels, on_result)
         labels = labels or [f"task {i}" for i in range(len(futures))]
         where = {f.key: lab for f, lab in zip(futures, labels)}
+        positions = {}
+        for i, f in enumerate(futures):
+            positions.setdefault(f.key, []).append(i)
         try:
             for fut in as_completed(futures):
                 check_terminated()
@@ -152,6 +157,9 @@ class StageContext:
                     raise StageError(f"stage {stage} failed on {where[fut.key]}: "
                                      f"{type(exc).__name__}: {exc}".splitlines()[0]) from exc
                 _raise_refused(fut.result())   # bad input found by a task: its one line, at once
+                if on_result is not None:
+                    for i in positions.pop(fut.key, []):   # a future listed twice is reported once per place
+                        on_result(i, fut.result())
         except BaseException:
             self.client.cancel(futures)
             raise

@@ -120,19 +120,23 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
                                                                 model_id(c))
     t0 = time.perf_counter()
     items = list(todo.values())
-    results = ctx.gather([f for *_, f in items], "train", [f"model {model_id(s)}" for s, *_ in items])
-    for (spec, unit, _), res in zip(items, results):
+
+    def commit(i, res):
+        """Each model is committed as its task returns: an interrupt or a later failure keeps it."""
+        spec, unit, _ = items[i]
         if isinstance(res, Exception):
             if unit.key not in optional:
                 raise res
             unit.discard()   # the selection records the failure; no half-written model is left behind
-            continue
+            return
         unit.commit({**res, "spec": spec, "seconds": round(res["fit_seconds"], 3),
                      "wall": round(time.perf_counter() - t0, 3), "data": data.unit.key,
                      "normalize": ctx.config.data.normalize,
                      "class_names": [c.item() if hasattr(c, "item") else c for c in data.classes]})
         if "samples_per_second" in res:
             ctx.log(f"  train: {model_id(spec)} {res['samples_per_second']:.0f} samples/s")
+
+    ctx.gather([f for *_, f in items], "train", [f"model {model_id(s)}" for s, *_ in items], on_result=commit)
     keys = list(scores)
     values = ctx.gather([scores[k] for k in keys], "train", [f"selection score {k[1]}" for k in keys])
     values = dict(zip(keys, values))

@@ -144,6 +144,29 @@ def test_worker_failures_name_the_stage_and_block(client, tmp_path):
         ctx.gather([ctx.submit(_bad_input, 0, name="bad")], "stage")
 
 
+def _late_boom(i):
+    import time
+    time.sleep(1.0)
+    return 1 / 0
+
+
+@pytest.mark.integration
+def test_results_are_handed_over_as_they_finish_before_a_later_failure(client, tmp_path):
+    """The train stage commits each model in ``on_result``: a task that fails (or an interrupt)
+    after others finished must not lose theirs."""
+    from metricpipe.errors import StageError
+    ctx = StageContext(client, Store(str(tmp_path)), parse_config({"data": {"source": "digits"}}), log=lambda m: None)
+    seen = []
+    futures = [ctx.submit(int, "7", name="a"), ctx.submit(_late_boom, 0, name="b"), ctx.submit(int, "8", name="c")]
+    with pytest.raises(StageError, match="ZeroDivisionError"):
+        ctx.gather(futures, "train", on_result=lambda i, r: seen.append((i, r)))
+    assert sorted(seen) == [(0, 7), (2, 8)]
+    seen.clear()
+    same = ctx.submit(int, "9", name="d")
+    assert ctx.gather([same, same], "train", on_result=lambda i, r: seen.append((i, r))) == [9, 9]
+    assert sorted(seen) == [(0, 9), (1, 9)]
+
+
 @pytest.mark.integration
 def test_workers_checksum_the_large_files_as_the_client_would(staged, monkeypatch):
     from metricpipe import context
