@@ -99,9 +99,13 @@ def main(verbose):
     _set_verbosity(verbose)
 
 
-def _cluster_options(f):
-    f = click.option("--cluster", help="local | tcp://HOST:PORT | a cluster spec YAML (overrides config).")(f)
-    f = click.option("--workers", type=click.IntRange(min=1), help="Number of workers (overrides config).")(f)
+def _cluster_options(f=None, *, config: bool = True):
+    """--cluster, --workers and --memory-limit; ``config=False`` for a command without a config file."""
+    if f is None:
+        return lambda g: _cluster_options(g, config=config)
+    over = " (overrides config)" if config else ""
+    f = click.option("--cluster", help=f"local | tcp://HOST:PORT | a cluster spec YAML{over}.")(f)
+    f = click.option("--workers", type=click.IntRange(min=1), help=f"Number of workers{over}.")(f)
     f = click.option("--memory-limit", help="Per-worker memory limit of a local cluster, e.g. 2GB.")(f)
     return f
 
@@ -208,7 +212,7 @@ def stage_cmd(source, store, features, labels, normalize, test_fraction, split_c
               help="Standard deviation along the D // 16 class-free directions (0 = none; higher is harder "
                    "for raw features and PCA, not for a learned projection).")
 @click.option("--chunk-mb", type=click.FloatRange(min=0.001), default=64.0, show_default=True)
-@_cluster_options
+@_cluster_options(config=False)
 @handle_errors
 def synth(samples, dim, classes, store, seed, nonnegative, separation, nuisance, chunk_mb, cluster, workers,
           memory_limit):

@@ -4,8 +4,9 @@
 """
 import contextlib
 import os
-from dataclasses import replace
+import shutil
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -17,7 +18,7 @@ from metricpipe.config import (SPLIT_NAMES, EvaluateConfig, NeighboursConfig, Ru
 from metricpipe.context import StageContext
 from metricpipe.errors import StageError, check_terminated
 from metricpipe.report import build_report, package_versions, read_summary, winner_lines
-from metricpipe.storage import Store, to_json
+from metricpipe.storage import MARKER_SUFFIX, Store, to_json
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks import registry
 
@@ -35,7 +36,23 @@ def run_pipeline(cfg: RunConfig, resume: bool = True, log=print, performance_rep
     that stage and the ones after it; ``repair`` recomputes committed units that fail verification;
     ``terminal`` shows each stage's progress as one updating line on stderr (else plain log lines)."""
     store = Store(cfg.store)
+    new_dir = store.local and not os.path.exists(store.root)
     store.check_writable()
+    try:
+        return _run_locked(store, cfg, resume, log, performance_report, client, force, repair, terminal)
+    except InputError:
+        # a store this run created and that holds nothing committed when its input is refused (its
+        # lock file, a begun staging unit) is removed, not left behind as an empty store
+        if new_dir and os.path.isdir(store.root) and not _committed_anything(store.root):
+            shutil.rmtree(store.root, ignore_errors=True)
+        raise
+
+
+def _committed_anything(root: str) -> bool:
+    return any(name.endswith(MARKER_SUFFIX) for _, _, files in os.walk(root) for name in files)
+
+
+def _run_locked(store, cfg, resume, log, performance_report, client, force, repair, terminal) -> str:
     with contextlib.ExitStack() as stack:
         stack.enter_context(store.lock("metricpipe run", log=log))  # one writer at a time
         plan = stages.prepare_data(cfg, store)  # refuse bad input before starting anything

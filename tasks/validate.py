@@ -20,7 +20,7 @@ def check_feature_block(X: np.ndarray, start: int, where: str) -> None:
             r, c = np.argwhere(bad)[0]
             raise InputError(f"{where}: features contain {int(bad.sum())} non-finite value(s) (NaN or inf) "
                              f"in rows {start}..{start + len(X) - 1}, first at row {start + r}, column {c}; "
-                             f"clean or impute them before staging")
+                             f"clean or impute them in the input file")
         if X.dtype.itemsize > 4:   # stored as float32: a finite float64 beyond its range becomes inf
             big = np.abs(X) > np.finfo(np.float32).max
             if big.any():

@@ -178,6 +178,17 @@ def test_bad_input_exits_2_with_one_line_and_store_unchanged(client, good_store,
     assert {k: v for k, v in after.items() if k in before} == before  # nothing committed was touched
 
 
+@pytest.mark.parametrize("case", ["missing file", "nan"])
+def test_a_refused_run_leaves_no_new_store_behind(client, tmp_path, case):
+    """A store the run would have created is not left as an empty folder holding only its lock."""
+    make_data, extra, _ = BAD[case]
+    cfg = _config(tmp_path, make_data(tmp_path), **extra, cluster=client.scheduler.address,
+                  store=str(tmp_path / "new-store"))
+    res = CliRunner().invoke(main, ["run", str(cfg)])
+    assert res.exit_code == 2, res.output
+    assert not (tmp_path / "new-store").exists()
+
+
 def _ncm_key(store: Path) -> str:
     for marker in (store / "models").glob("*.committed.json"):
         if json.loads(marker.read_text())["spec"]["method"] == "ncmml":
