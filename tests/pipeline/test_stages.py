@@ -146,7 +146,7 @@ def test_worker_failures_name_the_stage_and_block(client, tmp_path):
 
 def _late_boom(i):
     import time
-    time.sleep(1.0)
+    time.sleep(0.5)
     return 1 / 0
 
 
@@ -156,8 +156,11 @@ def test_results_are_handed_over_as_they_finish_before_a_later_failure(client, t
     after others finished must not lose theirs."""
     from metricpipe.errors import StageError
     ctx = StageContext(client, Store(str(tmp_path)), parse_config({"data": {"source": "digits"}}), log=lambda m: None)
+    from distributed import wait
     seen = []
-    futures = [ctx.submit(int, "7", name="a"), ctx.submit(_late_boom, 0, name="b"), ctx.submit(int, "8", name="c")]
+    done = [ctx.submit(int, "7", name="a"), ctx.submit(int, "8", name="c")]
+    wait(done)      # finished before the failing task is even submitted: no race on two workers
+    futures = [done[0], ctx.submit(_late_boom, 0, name="b"), done[1]]
     with pytest.raises(StageError, match="ZeroDivisionError"):
         ctx.gather(futures, "train", on_result=lambda i, r: seen.append((i, r)))
     assert sorted(seen) == [(0, 7), (2, 8)]
