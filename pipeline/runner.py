@@ -104,12 +104,12 @@ def check_methods(cfg: RunConfig, info, log=print) -> RunConfig:
     """Every parameter the data's shape rules out (dim above the features, LDA's dim above
     classes - 1, class indices beyond the classes, ...) is refused here, after the source's header
     and labels are read and before any unit is written."""
-    for spec in cfg.methods:
+    for i, spec in enumerate(cfg.methods):
         for cand in registry.candidates(spec):
             try:
                 registry.make(cand).check_data_shape(info.n_features, len(info.classes))
             except InputError as e:
-                raise InputError(f"{cfg.source_file}: methods ({stages.model_id(cand)}): {e}") from None
+                raise InputError(f"{cfg.source_file}: methods[{i}] ({stages.model_id(cand)}): {e}") from None
     ev = cfg.evaluate
     n_test, n_train = int((info.split == stages.TEST).sum()), int((info.split == stages.TRAIN).sum())
     user_k = "k" in ((cfg.raw.get("evaluate") or {}).get("retrieval") or {})

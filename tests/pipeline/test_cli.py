@@ -99,7 +99,7 @@ BAD = {
     "missing file": (lambda t: {"path": str(t / "nope.npz")}, {}, r"nope.npz: file not found \(data.path\)"),
     "unknown key": (lambda t: {"source": "digits"}, {"methds": []}, r"methds: unknown key; did you mean 'methods'"),
     "bad dim": (lambda t: {"source": "digits"}, {"methods": [{"method": "pca", "dim": 1000}]},
-                r"methods \(pca-1000\): The 'dim' parameter of PCA must be <= 64, the data's features"),
+                r"methods\[0\] \(pca-1000\): The 'dim' parameter of PCA must be <= 64, the data's features"),
     "sparse dim": (lambda t: {"source": "digits"}, {"methods": [{"method": "sparse", "dim": 100, "max_iter": 1}]},
                    r"The 'dim' parameter of SparseProjector must be <= 64"),
     "slne dim": (lambda t: {"source": "digits"}, {"methods": [{"method": "slne", "input_dim": 65, "epochs": 1}]},
