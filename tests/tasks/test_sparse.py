@@ -158,15 +158,16 @@ def test_sparse_kernel_sums_each_column_in_increasing_input_dimension():
     W = np.zeros((3, 1), np.float32)
     W[:, 0] = [1, 1e8, -1e8]
     X = np.ones((2, 3), np.float32)
-    assert SparseRows(scipy.sparse.csc_array(W)).matmul(X)[0, 0] == np.float32(np.float32(1e8) + 1) - np.float32(1e8)
+    in_order = (np.float32(1) + np.float32(1e8)) - np.float32(1e8)
+    assert in_order == 0 and SparseRows(scipy.sparse.csc_array(W)).matmul(X)[0, 0] == in_order
 
 
-@pytest.mark.parametrize("n, D, R", [
-    (45, 3100, 12),     # three tiles of used groups, a last group of 12 dimensions, a partial block of rows
-    (64, 1024, 3),      # one tile (some groups unused), whole blocks of rows
-    (7, 33, 5),         # three groups, the last of one dimension; fewer rows than a block
+@pytest.mark.parametrize("n, D, R, tiles", [
+    (45, 3100, 12, 3),  # three tiles of used groups, a last group of 12 dimensions, a partial block of rows
+    (64, 1024, 3, 1),   # one tile (some groups unused), whole blocks of rows
+    (7, 33, 5, 1),      # three groups, the last of one dimension; fewer rows than a block
 ])
-def test_sparse_kernel_matches_the_documented_float32_sum_bit_for_bit(n, D, R):
+def test_sparse_kernel_matches_the_documented_float32_sum_bit_for_bit(n, D, R, tiles):
     """Each code is float32 ((0 + w1 x1) + w2 x2) + ... over its column's non-zeros in increasing
     input dimension, rounded at every step: computed here in numpy, one term at a time."""
     import scipy.sparse
@@ -180,7 +181,9 @@ def test_sparse_kernel_matches_the_documented_float32_sum_bit_for_bit(n, D, R):
     for j in range(R):
         for d in np.flatnonzero(U[:, j]):
             ref[:, j] = ref[:, j] + U[d, j] * X[:, d]       # float32 * float32, then float32 +
-    np.testing.assert_array_equal(SparseRows(scipy.sparse.csc_array(U)).matmul(X), ref)
+    k = SparseRows(scipy.sparse.csc_array(U))
+    assert len(k.tptr) == tiles and k.groups[-1] == (D - 1) // 16 * 16   # the cases are what they say
+    np.testing.assert_array_equal(k.matmul(X), ref)
 
 
 def test_sparse_kernel_adds_repeated_entries_of_w_as_the_stored_model_does():
