@@ -95,6 +95,15 @@ def nonzeros_per_column(D: int, sparsity: float) -> int:
     return max(1, int(round((1.0 - sparsity) * D)))
 
 
+def check_sparsity(D: int, sparsity: float) -> None:
+    """Refuse a tau that leaves less than half a non-zero per column of D-d signatures (M of Eq. 19
+    would round to 0): the largest usable tau keeps one, 1 - 1/D."""
+    if (1.0 - sparsity) * D < 0.5:
+        raise InputError(f"The 'sparsity' parameter of sparse leaves {(1.0 - sparsity) * D:.2g} non-zeros per "
+                         f"column of the data's {D} features; use sparsity <= {1.0 - 1.0 / D:.6g} (1 non-zero "
+                         f"per column). Got {sparsity} instead.")
+
+
 @dataclass(frozen=True)
 class GroundTruth:
     """Queries (indices into the training rows) with relevance keys: same key = positive."""
@@ -210,6 +219,7 @@ def rank_projectors(X: np.ndarray, key: np.ndarray, U0: np.ndarray, *, sparsity:
         raise InputError(f"The 'anneal' parameter of sparse must be in [0, 1]. Got {anneal} instead.")
     if not 0.0 <= sparsity < 1.0:
         raise InputError(f"The 'sparsity' parameter of sparse must be in [0, 1). Got {sparsity} instead.")
+    check_sparsity(D, sparsity)
     gt = GroundTruth(np.arange(N), np.asarray(key))
     m_final = nonzeros_per_column(D, sparsity)
     U = unit_columns(project_l0(np.asarray(U0, np.float64), support_size(0, D, m_final, anneal, max_iter)))
@@ -317,7 +327,8 @@ class SparseProjector(Learner):
     dim : int or None, default None
         R, the number of projectors (the code dimension); None = every PCA direction (D).
     sparsity : float in [0, 1), default 0.9
-        tau of Eq. 19 (0 = dense).
+        tau of Eq. 19 (0 = dense); M = round((1 - tau) D) non-zeros per column, so at most 1 - 1/D
+        (one non-zero; a tau that rounds M to 0 is refused).
     queries : int, default 100
         P, queries per iteration (half the highest f_q, half at random).
     train_size : int, default 2000
@@ -375,6 +386,10 @@ class SparseProjector(Learner):
         "validation": [Interval(Integral, 0, None, closed="left")],
         "random_state": RANDOM_STATE,
     }
+
+    def check_data_shape(self, n_features: int, n_classes: int) -> None:
+        super().check_data_shape(n_features, n_classes)
+        check_sparsity(n_features, self.sparsity)
 
     def __init__(self, dim=None, sparsity=0.9, queries=100, train_size=2000, max_iter=200, anneal=0.5,
                  epsilon=1e-6, pivot="original", validation=2000, random_state=None):
