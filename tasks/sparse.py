@@ -325,7 +325,8 @@ class SparseProjector(Learner):
     Parameters
     ----------
     dim : int or None, default None
-        R, the number of projectors (the code dimension); None = every PCA direction (D).
+        R, the number of projectors (the code dimension); None = ``DEFAULT_DIM`` (64, within the
+        paper's R = 32 to 256), or every PCA direction when there are fewer.
     sparsity : float in [0, 1), default 0.9
         tau of Eq. 19 (0 = dense); M = round((1 - tau) D) non-zeros per column, so at most 1 - 1/D
         (one non-zero; a tau that rounds M to 0 is refused).
@@ -372,6 +373,7 @@ class SparseProjector(Learner):
         return {} if params.get("sparsity", 0.9) == 0 else cls.search_space
 
     method = "sparse"
+    DEFAULT_DIM = 64       # compact codes, as the paper's R = 32 to 256: D projectors would not compress
     dim_within_features = True
     code_metric = "inner"
     _parameter_constraints = {
@@ -467,7 +469,7 @@ class SparseProjector(Learner):
             raise InputError(f"The 'dim' parameter of sparse must be <= {len(comps)}, the PCA projectors "
                              f"available to start from (X has {comps.shape[1]} feature(s)). Got {self.dim} "
                              f"instead.")
-        dim = len(comps) if self.dim is None else self.dim
+        dim = min(len(comps), self.DEFAULT_DIM) if self.dim is None else self.dim
         mean = np.asarray(mean, np.float64)
         if val is not None and (not self.validation or len(np.unique(val[1])) < 2
                                 or np.bincount(np.unique(val[1], return_inverse=True)[1]).max() < 2):

@@ -103,6 +103,14 @@ def test_sparse_fit_is_fit_subset_on_the_stratified_rows(validation):
     assert (a.val_map_ is None) == (validation == 0) and a.best_iter_ == b.best_iter_
 
 
+@pytest.mark.parametrize("d", [100, 20])
+def test_sparse_default_dim_is_64_projectors_or_every_direction_when_fewer(d):
+    """Without dim, R = 64 (compact codes, as the paper's 32 to 256), or D when D is smaller."""
+    X, y = _data(n=200, d=d)
+    est = SparseProjector(queries=10, train_size=100, max_iter=2, validation=0).fit(X, y)
+    assert est.projectors_.shape == (d, min(d, 64)) and est.transform(X).shape == (200, min(d, 64))
+
+
 @pytest.mark.parametrize("est", [SLNE(dim=5, epochs=2), SLDE(members=2, member_dim=3, epochs=1, refine=True),
                                  SparseProjector(dim=4, max_iter=4, queries=10), SparseProjector(dim=3, sparsity=0.0,
                                                                                                  max_iter=3)],
