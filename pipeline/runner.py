@@ -105,11 +105,16 @@ def check_methods(cfg: RunConfig, info, log=print) -> RunConfig:
     classes - 1, class indices beyond the classes, ...) is refused here, after the source's header
     and labels are read and before any unit is written."""
     for i, spec in enumerate(cfg.methods):
+        noted = set()    # once per entry, not per searched candidate
         for cand in registry.candidates(spec):
+            est = registry.make(cand)
             try:
-                registry.make(cand).check_data_shape(info.n_features, len(info.classes))
+                est.check_data_shape(info.n_features, len(info.classes))
             except InputError as e:
                 raise InputError(f"{cfg.source_file}: methods[{i}] ({stages.model_id(cand)}): {e}") from None
+            for note in set(est.shape_notes(info.n_features, len(info.classes))) - noted:
+                log(f"  methods[{i}] ({stages.model_id(cand)}): {note}")
+                noted.add(note)
     ev = cfg.evaluate
     n_test, n_train = int((info.split == stages.TEST).sum()), int((info.split == stages.TRAIN).sum())
     user_k = "k" in ((cfg.raw.get("evaluate") or {}).get("retrieval") or {})

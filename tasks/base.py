@@ -164,6 +164,11 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
             raise InputError(f"The 'classes' parameter of {type(self).__name__} must list class indices in "
                              f"0..{n_classes - 1}. Got {list(classes)} instead.")
 
+    def shape_notes(self, n_features: int, n_classes: int) -> list[str]:
+        """What the data's shape changes in the parameters without ruling them out (e.g. a value
+        rounded to the nearest feasible one): the pipeline prints each before any work."""
+        return []
+
     def cost(self) -> dict:
         """Non-zeros, storage bytes and multiply-adds per image of the encoder (0 when it has no
         projection); subclasses with a projection override it."""

@@ -34,6 +34,7 @@ rows (:func:`stratified_subset`), starts from the PCA of all of X and learns on 
 pipeline draws the same subset of the train split, reads only those rows and calls
 :meth:`SparseProjector.fit_subset` with the statistics stage's mean and PCA basis.
 """
+import warnings
 from dataclasses import dataclass
 from numbers import Integral, Real
 
@@ -95,13 +96,13 @@ def nonzeros_per_column(D: int, sparsity: float) -> int:
     return max(1, int(round((1.0 - sparsity) * D)))
 
 
-def check_sparsity(D: int, sparsity: float) -> None:
-    """Refuse a tau that leaves less than half a non-zero per column of D-d signatures (M of Eq. 19
-    would round to 0): the largest usable tau keeps one, 1 - 1/D."""
-    if (1.0 - sparsity) * D < 0.5:
-        raise InputError(f"The 'sparsity' parameter of sparse leaves {(1.0 - sparsity) * D:.2g} non-zeros per "
-                         f"column of the data's {D} features; use sparsity <= {1.0 - 1.0 / D:.6g} (1 non-zero "
-                         f"per column). Got {sparsity} instead.")
+def sparsity_note(D: int, sparsity: float) -> str | None:
+    """The note for a tau that leaves less than half a non-zero per column of D-d signatures (M of
+    Eq. 19 rounds to 0, and one non-zero is kept), else None."""
+    if (1.0 - sparsity) * D >= 0.5:
+        return None
+    return (f"sparsity {sparsity} leaves {(1.0 - sparsity) * D:.2g} non-zeros per column of the data's {D} "
+            f"features; 1 is kept (sparsity {1.0 - 1.0 / D:.6g})")
 
 
 @dataclass(frozen=True)
@@ -219,7 +220,6 @@ def rank_projectors(X: np.ndarray, key: np.ndarray, U0: np.ndarray, *, sparsity:
         raise InputError(f"The 'anneal' parameter of sparse must be in [0, 1]. Got {anneal} instead.")
     if not 0.0 <= sparsity < 1.0:
         raise InputError(f"The 'sparsity' parameter of sparse must be in [0, 1). Got {sparsity} instead.")
-    check_sparsity(D, sparsity)
     gt = GroundTruth(np.arange(N), np.asarray(key))
     m_final = nonzeros_per_column(D, sparsity)
     U = unit_columns(project_l0(np.asarray(U0, np.float64), support_size(0, D, m_final, anneal, max_iter)))
@@ -328,8 +328,8 @@ class SparseProjector(Learner):
         R, the number of projectors (the code dimension); None = ``DEFAULT_DIM`` (64, within the
         paper's R = 32 to 256), or every PCA direction when there are fewer.
     sparsity : float in [0, 1), default 0.9
-        tau of Eq. 19 (0 = dense); M = round((1 - tau) D) non-zeros per column, so at most 1 - 1/D
-        (one non-zero; a tau that rounds M to 0 is refused).
+        tau of Eq. 19 (0 = dense); M = round((1 - tau) D) non-zeros per column, at least 1 (a tau
+        that rounds M to 0 keeps 1, with a warning; the pipeline prints it before staging).
     queries : int, default 100
         P, queries per iteration (half the highest f_q, half at random).
     train_size : int, default 2000
@@ -389,9 +389,9 @@ class SparseProjector(Learner):
         "random_state": RANDOM_STATE,
     }
 
-    def check_data_shape(self, n_features: int, n_classes: int) -> None:
-        super().check_data_shape(n_features, n_classes)
-        check_sparsity(n_features, self.sparsity)
+    def shape_notes(self, n_features: int, n_classes: int) -> list[str]:
+        note = sparsity_note(n_features, self.sparsity)
+        return [note] if note else []
 
     def __init__(self, dim=None, sparsity=0.9, queries=100, train_size=2000, max_iter=200, anneal=0.5,
                  epsilon=1e-6, pivot="original", validation=2000, random_state=None):
@@ -478,6 +478,8 @@ class SparseProjector(Learner):
             n = min(self.validation, len(val[1]))
             pick = stratified_subset(val[1], n, seed_of(self.random_state))
             val = (np.asarray(val[0], np.float64)[pick] - mean, val[1][pick])
+        for note in self.shape_notes(X.shape[1], len(self.classes_)):
+            warnings.warn(note, UserWarning, stacklevel=3)
         U, history, n_iter, *best = rank_projectors(
             np.asarray(X, np.float64) - mean, key, comps[:dim].T, sparsity=self.sparsity, queries=self.queries,
             epsilon=self.epsilon, max_iter=self.max_iter, anneal=self.anneal, seed=seed_of(self.random_state),

@@ -102,9 +102,6 @@ BAD = {
                 r"methods\[0\] \(pca-1000\): The 'dim' parameter of PCA must be <= 64, the data's features"),
     "sparse dim": (lambda t: {"source": "digits"}, {"methods": [{"method": "sparse", "dim": 100, "max_iter": 1}]},
                    r"The 'dim' parameter of SparseProjector must be <= 64"),
-    "sparsity leaving no non-zero": (lambda t: {"source": "digits"}, {"methods": [{"method": "sparse", "sparsity": 0.995}]},
-                                     r"methods\[0\] \(sparse-sparsity0.995\): The 'sparsity' parameter of sparse leaves 0.32 "
-                                     r"non-zeros per column of the data's 64 features; use sparsity <= 0.984375"),
     "slne dim": (lambda t: {"source": "digits"}, {"methods": [{"method": "slne", "input_dim": 65, "epochs": 1}]},
                  r"The 'input_dim' parameter of SLNE must be <= 64"),
     "lda dim": (lambda t: {"source": "digits"}, {"methods": [{"method": "lda", "dim": 10}]},

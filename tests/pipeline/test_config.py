@@ -164,6 +164,22 @@ def test_default_knn_above_the_train_rows_is_dropped_with_a_note_but_a_listed_on
         check_methods(listed, info)
 
 
+def test_a_sparsity_rounded_to_one_non_zero_is_noted_before_staging():
+    """tau = 0.995 at D = 64 leaves 0.32 non-zeros per column: the run goes on with 1, and says so."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from metricpipe.runner import check_methods
+    info = SimpleNamespace(n_features=64, classes=[0, 1], split=np.array([0] * 20 + [1] * 20, np.int8))
+    logs = []
+    methods = [{"method": "sparse", "sparsity": 0.995}, {"method": "sparse", "sparsity": 0.98}]
+    check_methods(parse_config({**BASE, "methods": methods}, where="cfg.yaml"), info, logs.append)
+    notes = [m for m in logs if "non-zeros per column" in m]
+    assert notes == ["  methods[0] (sparse-sparsity0.995): sparsity 0.995 leaves 0.32 non-zeros per column of the "
+                     "data's 64 features; 1 is kept (sparsity 0.984375)"]
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in (Path(__file__).parents[2] / "examples").glob("*.yaml")))
 def test_every_example_config_loads(name):
     """The shipped examples (the quick start's demo among them) stay valid as the config grows."""

@@ -1,3 +1,5 @@
+import warnings
+
 import numpy as np
 import pytest
 
@@ -78,13 +80,16 @@ def test_sparse_training_keeps_the_constraint_and_is_seeded():
     with pytest.raises(ValueError, match="The 'sparsity' parameter of SparseProjector must be a float in the range "
                                          "\\[0.0, 1.0\\)"):
         sparse.SparseProjector(sparsity=1.0).fit(X, y)
-    # a tau that rounds M of Eq. 19 to 0 is refused, not silently raised to one non-zero
+    # a tau that rounds M of Eq. 19 to 0 keeps one non-zero, with a warning; one that rounds to 1, silently
     D = X.shape[1]
-    with pytest.raises(InputError, match=f"leaves 0.4 non-zeros per column of the data's {D} features; use "
-                                         f"sparsity <= {1 - 1 / D:.6g}"):
-        sparse.SparseProjector(sparsity=1 - 0.4 / D, max_iter=2).fit(X, y)
-    kept = sparse.SparseProjector(sparsity=1 - 0.6 / D, max_iter=2, validation=0).fit(X, y)
-    assert ((kept.projectors_.toarray() != 0).sum(0) == 1).all()
+    with pytest.warns(UserWarning, match=f"leaves 0.4 non-zeros per column of the data's {D} features; 1 is kept "
+                                         f"\\(sparsity {1 - 1 / D:.6g}\\)"):
+        raised = sparse.SparseProjector(sparsity=1 - 0.4 / D, max_iter=2, validation=0).fit(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kept = sparse.SparseProjector(sparsity=1 - 0.6 / D, max_iter=2, validation=0).fit(X, y)
+    for est in (raised, kept):
+        assert ((est.projectors_.toarray() != 0).sum(0) == 1).all()
 
 
 def test_annealed_support_shrinks_geometrically_to_m_and_anneal_zero_is_algorithm_1():
