@@ -176,14 +176,40 @@ def _curve_panels(curve: dict) -> list[dict]:
     return panels
 
 
-def _label(r: dict) -> str:
-    """Method plus the parameters that differ from their defaults (the legend of a plot)."""
+def _declared(r: dict) -> dict:
     from metricpipe.tasks import registry
-    declared = registry.defaults(registry.estimator_class(r["method"], r["params"])) \
+    return registry.defaults(registry.estimator_class(r["method"], r["params"])) \
         if r["method"] in registry.METHODS else {}
-    extra = [f"{k}={v}" for k, v in r["params"].items() if (k not in declared or v != declared[k])
+
+
+def _label(r: dict, swept: frozenset = frozenset()) -> str:
+    """Method plus the parameters that differ from their defaults (the legend of a plot), and those in
+    ``swept`` ((method, parameter) pairs that take several values in the run: see :func:`_swept`) even
+    at their default, so that a sweep's default member is told from the others."""
+    declared = _declared(r)
+    unset = {k: declared.get(k) for m, k in sorted(swept) if m == r["method"] and k not in r["params"]}
+    extra = [f"{k}={v}" for k, v in {**r["params"], **unset}.items() if (k not in declared or v != declared[k]
+                                                                       or (r["method"], k) in swept)
              and k != "score" and (k, v) != ("view", "codes")]   # the score follows from the method
     return " ".join([r["method"], *extra])
+
+
+def _swept(rows) -> frozenset:
+    """(method, parameter) pairs whose value differs between the given rows (or records) of a method,
+    a parameter a row does not set counting as its default."""
+    values, declared = {}, {}
+    for r in rows:
+        ident = (r["method"], to_json(r["params"]))
+        if ident not in declared:
+            declared[ident] = _declared(r)
+            values.setdefault(r["method"], []).append((r["params"], declared[ident]))
+    out = set()
+    for method, have in values.items():
+        keys = {k for params, _ in have for k in params}
+        for k in keys:
+            if len({to_json(params.get(k, declared.get(k))) for params, declared in have}) > 1:
+                out.add((method, k))
+    return frozenset(out)
 
 
 def _panels_png(panels: list[dict], ncols: int = 2) -> str:
@@ -256,10 +282,10 @@ def _panels_png(panels: list[dict], ncols: int = 2) -> str:
 
 
 def _panel_over_dim(records: list, metric: str, classifier) -> dict:
-    series = {}
+    series, swept = {}, _swept(records)
     for r in records:
         if r["metric"] == metric and r["classifier"] == classifier:
-            series.setdefault(_label(r), []).append((r["dim"], r["value"]))
+            series.setdefault(_label(r, swept), []).append((r["dim"], r["value"]))
     label, higher, _ = definition(metric)
     label += "" if classifier is None else f" ({classifier})"
     return {"series": series, "xlabel": "code dimension", "ylabel": label, "log2_x": True,
@@ -282,11 +308,11 @@ def _kept_ks(records: list) -> set:
 
 def _panel_over_k(records: list, name: str, dim) -> dict:
     """``name``@K against K for every model of dimension ``dim`` (the NML paper's Fig. 3)."""
-    series = {}
+    series, swept = {}, _swept(records)
     for r in records:
         at = _at_k(r["metric"])
         if at and at[0] == name and r["dim"] == dim and r["classifier"] is None:
-            series.setdefault(_label(r), []).append((at[1], r["value"]))
+            series.setdefault(_label(r, swept), []).append((at[1], r["value"]))
     return {"series": series, "xlabel": "K", "ylabel": f"{name}@K", "marker": ".",
             "title": f"{DEFINITIONS[name][0].format(k='K')} against K, d = {dim}"}
 
@@ -381,14 +407,15 @@ def _best(rows: list, mc: tuple, higher: bool) -> dict | None:
     have = [r for r in rows if mc in r["values"] and r["values"][mc] == r["values"][mc]]   # NaN never wins
     if not have:
         return None
+    swept = _swept(rows)
     best = min(have, key=lambda r: ((-1 if higher else 1) * r["values"][mc], r["dim"] or 0, not r["baseline"],
-                                    _row_label(r)))
-    return {"label": _row_label(best), "method": best["method"], "dim": best["dim"], "params": best["params"],
+                                    _row_label(r, swept)))
+    return {"label": _row_label(best, swept), "method": best["method"], "dim": best["dim"], "params": best["params"],
             "model": best["model"], "value": best["values"][mc]}
 
 
-def _row_label(row: dict) -> str:
-    return f"{_label(row)} d={row['dim']}"
+def _row_label(row: dict, swept: frozenset = frozenset()) -> str:
+    return f"{_label(row, swept)} d={row['dim']}"
 
 
 def summarize(records: list) -> dict:
@@ -512,13 +539,13 @@ def _table(rows: dict, columns: list, extended: dict, bold: bool = True) -> str:
     for mc in columns if bold else []:
         found = _best(list(rows.values()), mc, definition(mc[0])[1])
         best[mc] = found["value"] if found else None
-    body = []
+    body, swept = [], _swept(rows.values())
     for row in sorted(rows.values(), key=lambda r: (r["baseline"], r["method"], r["dim"] or 0, to_json(r["params"]))):
         cells = "".join(
             "<td></td>" if mc not in row["values"] else
             f"<td{BOLD if row['values'][mc] == best.get(mc) else ''}>{row['values'][mc]:.4f}</td>" for mc in columns)
         tag = ' <span class="b">baseline</span>' if row["baseline"] else ""
-        body.append(f"<tr><td class=l>{html.escape(_label(row))}{tag}</td><td>{row['dim']}</td>"
+        body.append(f"<tr><td class=l>{html.escape(_label(row, swept))}{tag}</td><td>{row['dim']}</td>"
                     f"{_key_cell(row['model'], extended)}{cells}</tr>")
     head = "".join(_th(mc) for mc in columns)
     return (f"<table><tr><th class=l>model</th><th>d</th><th class=l>key</th>{head}</tr>"
@@ -565,7 +592,7 @@ def _costs_html(rows: dict, doc: dict, extended: dict) -> str:
     """Bytes, FLOPs and seconds per model, apart from the quality metrics."""
     info = {m["key"]: m for m in doc.get("models", [])}
     timed = {t.get("key"): t for t in doc.get("model_timings", [])}
-    body = []
+    body, swept = [], _swept(rows.values())
     for row in sorted(rows.values(), key=lambda r: (r["baseline"], r["method"], r["dim"] or 0, to_json(r["params"]))):
         v, key = row["values"], row["model"]
         cost = [v.get((m, None)) for m in COST_METRICS]
@@ -577,7 +604,7 @@ def _costs_html(rows: dict, doc: dict, extended: dict) -> str:
         cells += ["" if c is None else f"{c:,.0f}" for c in cost]
         cells += ["" if fit is None else f"{fit:.3f}", "" if "offline_seconds" not in t else f"{t['offline_seconds']:.3f}",
                   "" if "online_seconds_per_image" not in t else f"{t['online_seconds_per_image'] * 1e3:.4f}"]
-        body.append(f"<tr><td class=l>{html.escape(_label(row))}</td><td>{row['dim']}</td>"
+        body.append(f"<tr><td class=l>{html.escape(_label(row, swept))}</td><td>{row['dim']}</td>"
                     f"{_key_cell(key, extended)}{''.join(f'<td>{c}</td>' for c in cells)}</tr>")
     if not body:
         return ""

@@ -101,6 +101,24 @@ def test_winner_is_the_model_best_on_most_headline_metrics_even_a_baseline():
     assert knn1["verdict"] == "worse"
 
 
+def test_a_swept_parameter_is_named_at_its_default_too():
+    """sparsity 0.9 is sparse's default: left out of a lone model's label, named when the run sweeps it."""
+    from metricpipe.report import _swept, _table, summarize
+    lone = summarize([_rec("sparse", 64, "map", 0.6, sparsity=0.9), _rec("pca", 64, "map", 0.5)])
+    assert lone["winner"]["label"] == "sparse d=64"
+    recs = [_rec("sparse", 64, "map", 0.6, model="a", sparsity=0.9), _rec("sparse", 64, "map", 0.55, model="b",
+                                                                            sparsity=0.99),
+            _rec("sparse", 64, "map", 0.58, model="c"), _rec("pca", 64, "map", 0.5), _rec("nml", 8, "map", 0.3, lr=0.1)]
+    assert _swept(recs) == {("sparse", "sparsity")}   # the unset one counts as its default, 0.9
+    s = summarize(recs)
+    assert s["winner"]["label"] == "sparse sparsity=0.9 d=64"
+    from metricpipe.report import _rows
+    page = _table(_rows(recs), [("map", None)], {})
+    import re
+    labels = re.findall(r"<tr><td class=l>([^<]*)</td>", page)
+    assert sorted(labels) == ["nml lr=0.1", "sparse sparsity=0.9", "sparse sparsity=0.9", "sparse sparsity=0.99"]
+
+
 def test_summary_ignores_other_views_and_ties_go_to_the_smaller_code():
     from metricpipe.report import summarize
     recs = [_rec("pca", 32, "map", 0.5), _rec("pca", 8, "map", 0.5), _rec("slne", 16, "map", 0.6, view="codes"),
