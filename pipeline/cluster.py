@@ -1,10 +1,12 @@
 """Clusters: an embedded LocalCluster, an existing scheduler address, or a spec file for SLURM
 (dask-jobqueue) or Kubernetes (dask-kubernetes)."""
 import contextlib
+import os
 import subprocess
 from pathlib import Path
 
 from distributed import Client, LocalCluster
+from distributed.diagnostics.plugin import WorkerPlugin
 
 from metricpipe.tasks.errors import InputError
 
@@ -65,6 +67,31 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
+class IgnoreInterrupt(WorkerPlugin):
+    """A local cluster's workers share the terminal's process group, so a Ctrl-C reaches them too and
+    kills them mid-task (a CancelledError traceback, leaked semaphores). They ignore it instead: the
+    client, which gets it as well, stops the run and closes the cluster, workers included."""
+    name = "metricpipe-ignore-sigint"
+
+    def setup(self, worker):
+        import signal
+        import threading
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+# multiprocessing's resource tracker (a process of its own, started from here) warns about the
+# semaphores of worker processes that were stopped mid-task, then removes them: noise after a Ctrl-C
+TRACKER_FILTER = "ignore:resource_tracker:UserWarning"
+
+
+def quiet_resource_tracker() -> None:
+    """Add the tracker's filter to PYTHONWARNINGS, which the tracker inherits when it starts."""
+    have = os.environ.get("PYTHONWARNINGS", "")
+    if TRACKER_FILTER not in have.split(","):
+        os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [have, TRACKER_FILTER]))
+
+
 @contextlib.contextmanager
 def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limit="auto",
             dashboard: str | None = ":8787", tls: tuple | None = None):
@@ -75,10 +102,12 @@ def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limi
     """
     if cluster == "local":
         import dask
+        quiet_resource_tracker()
         dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES})
         with LocalCluster(n_workers=workers, threads_per_worker=threads_per_worker, processes=True,
                           host="127.0.0.1", memory_limit=memory_limit,
                           dashboard_address=dashboard_address(dashboard)) as lc, Client(lc) as client:
+            client.register_plugin(IgnoreInterrupt())
             yield client
         return
     if cluster.startswith(("tcp://", "tls://")):

@@ -122,6 +122,26 @@ def test_sigterm_is_handled_like_ctrl_c_with_a_resume_hint(reference, tmp_path):
     _same(_results(tmp_path / "store"), reference[1])
 
 
+def test_ctrl_c_stops_the_local_cluster_quietly_with_a_resume_hint(tmp_path):
+    """A terminal's Ctrl-C reaches the whole process group: the client, its local workers and
+    multiprocessing's resource tracker. Only the one-line hint may reach the terminal (no worker's
+    traceback, no tracker warning about the semaphores of workers stopped mid-task)."""
+    cfg = _config(tmp_path, "store")
+    proc = subprocess.Popen([sys.executable, "-m", "metricpipe.cli", "run", str(cfg)], stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, cwd=Path(__file__).resolve().parents[2])
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if "train ..." in line:
+            time.sleep(1.0)                   # the workers are inside training tasks
+            os.killpg(proc.pid, signal.SIGINT)
+            break
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=60) == 130, "".join(seen) + rest
+    lines = [ln for ln in rest.splitlines() if ln.strip() and not ln.startswith("  train:")]
+    assert lines == ["interrupted; finished stages are kept, rerun with --resume to continue"], rest
+
+
 def test_a_truncated_commit_marker_fails_verify_and_is_recomputed(reference, tmp_path):
     store, cfg = _copy(reference, tmp_path)
     rel = json.loads((store / "runs/latest.json").read_text())["units"]["models"][0]
