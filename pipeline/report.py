@@ -197,17 +197,16 @@ def _label(r: dict, swept: frozenset = frozenset()) -> str:
 def _swept(rows) -> frozenset:
     """(method, parameter) pairs whose value differs between the given rows (or records) of a method,
     a parameter a row does not set counting as its default."""
-    values, declared = {}, {}
+    seen, by_method = set(), {}
     for r in rows:
         ident = (r["method"], to_json(r["params"]))
-        if ident not in declared:
-            declared[ident] = _declared(r)
-            values.setdefault(r["method"], []).append((r["params"], declared[ident]))
+        if ident not in seen:     # records repeat a model's params once per metric
+            seen.add(ident)
+            by_method.setdefault(r["method"], []).append((r["params"], _declared(r)))
     out = set()
-    for method, have in values.items():
-        keys = {k for params, _ in have for k in params}
-        for k in keys:
-            if len({to_json(params.get(k, declared.get(k))) for params, declared in have}) > 1:
+    for method, have in by_method.items():
+        for k in {k for params, _ in have for k in params}:
+            if len({to_json(params.get(k, defaults.get(k))) for params, defaults in have}) > 1:
                 out.add((method, k))
     return frozenset(out)
 

@@ -107,8 +107,8 @@ def check_methods(cfg: RunConfig, info, log=print) -> RunConfig:
     for i, spec in enumerate(cfg.methods):
         noted = set()    # once per entry, not per searched candidate
         for cand in registry.candidates(spec):
-            est = registry.make(cand)
             try:
+                est = registry.make(cand)
                 est.check_data_shape(info.n_features, len(info.classes))
             except InputError as e:
                 raise InputError(f"{cfg.source_file}: methods[{i}] ({stages.model_id(cand)}): {e}") from None
