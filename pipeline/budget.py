@@ -70,7 +70,8 @@ def retrieval_db_budget(client, buffers: float) -> float | None:
 
 def _code_dim(spec: dict, D: int, n_classes: int | None = None) -> int:
     """A model's code width as its config gives it: ``dim``; SL-DE's members x member_dim; SL-NE's
-    input_dim; LDA's classes - 1; else D (an upper bound: a wider guess could refuse a run that fits)."""
+    input_dim; LDA's classes - 1; the class's default dim (NCMML's 32, a sparse projector's 64...);
+    else D (an upper bound: a wider guess could refuse a run that fits)."""
     if isinstance(spec.get("dim"), int):
         return min(spec["dim"], D)
     if spec.get("members") and spec.get("member_dim"):
@@ -79,7 +80,17 @@ def _code_dim(spec: dict, D: int, n_classes: int | None = None) -> int:
         return min(spec["input_dim"], D)
     if spec.get("method") == "lda" and n_classes:
         return min(n_classes - 1, D)
-    return D
+    default = _default_dim(spec)
+    return D if default is None else min(default, D)
+
+
+def _default_dim(spec: dict) -> int | None:
+    from metricpipe.tasks import registry
+    if spec.get("method") not in registry.METHODS:
+        return None
+    cls = registry.estimator_class(spec["method"], spec)
+    dim = registry.defaults(cls).get("dim")
+    return dim if isinstance(dim, int) else getattr(cls, "DEFAULT_DIM", None)
 
 
 def needs(info, cfg, limit: float) -> list[tuple[str, float, str]]:

@@ -80,16 +80,25 @@ class IgnoreInterrupt(WorkerPlugin):
             signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-# multiprocessing's resource tracker (a process of its own, started from here) warns about the
-# semaphores of worker processes that were stopped mid-task, then removes them: noise after a Ctrl-C
+# multiprocessing's resource tracker (a process of its own, started with the first local worker)
+# warns about the semaphores of worker processes that were stopped mid-task, then removes them:
+# noise after a Ctrl-C
 TRACKER_FILTER = "ignore:resource_tracker:UserWarning"
 
 
-def quiet_resource_tracker() -> None:
-    """Add the tracker's filter to PYTHONWARNINGS, which the tracker inherits when it starts."""
-    have = os.environ.get("PYTHONWARNINGS", "")
-    if TRACKER_FILTER not in have.split(","):
-        os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [have, TRACKER_FILTER]))
+@contextlib.contextmanager
+def quiet_resource_tracker():
+    """PYTHONWARNINGS with the tracker's filter while a local cluster starts its workers (the tracker,
+    started then, keeps it); restored after, so this process's later children are not affected."""
+    have = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [have, TRACKER_FILTER]))
+    try:
+        yield
+    finally:
+        if have is None:
+            os.environ.pop("PYTHONWARNINGS", None)
+        else:
+            os.environ["PYTHONWARNINGS"] = have
 
 
 @contextlib.contextmanager
@@ -102,11 +111,11 @@ def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limi
     """
     if cluster == "local":
         import dask
-        quiet_resource_tracker()
         dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES})
-        with LocalCluster(n_workers=workers, threads_per_worker=threads_per_worker, processes=True,
-                          host="127.0.0.1", memory_limit=memory_limit,
-                          dashboard_address=dashboard_address(dashboard)) as lc, Client(lc) as client:
+        with quiet_resource_tracker():
+            lc = LocalCluster(n_workers=workers, threads_per_worker=threads_per_worker, processes=True,
+                              host="127.0.0.1", memory_limit=memory_limit, dashboard_address=dashboard_address(dashboard))
+        with lc, Client(lc) as client:
             client.register_plugin(IgnoreInterrupt())
             yield client
         return

@@ -10,6 +10,7 @@ import math
 import platform
 from importlib import metadata
 
+from metricpipe import __version__
 from metricpipe.storage import Store, read_attrs, to_json
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.registry import BASELINES
@@ -21,7 +22,7 @@ def package_versions() -> dict:
     out = {"python": platform.python_version()}
     for p in PACKAGES:
         try:
-            out[p] = metadata.version(p)
+            out[p] = __version__ if p == "metricpipe" else metadata.version(p)   # the version stage keys use
         except metadata.PackageNotFoundError:
             out[p] = None
     return out
@@ -187,9 +188,10 @@ def _label(r: dict, swept: frozenset = frozenset()) -> str:
     ``swept`` ((method, parameter) pairs that take several values in the run: see :func:`_swept`) even
     at their default, so that a sweep's default member is told from the others."""
     declared = _declared(r)
-    unset = {k: declared.get(k) for m, k in sorted(swept) if m == r["method"] and k not in r["params"]}
-    extra = [f"{k}={v}" for k, v in {**r["params"], **unset}.items() if (k not in declared or v != declared[k]
-                                                                       or (r["method"], k) in swept)
+    params = {**{k: declared[k] for m, k in swept if m == r["method"] and k in declared}, **r["params"]}
+    order = {k: i for i, k in enumerate(declared)}    # the class's order, whichever a row set
+    extra = [f"{k}={v}" for k, v in sorted(params.items(), key=lambda kv: order.get(kv[0], len(order)))
+             if (k not in declared or v != declared[k] or (r["method"], k) in swept)
              and k != "score" and (k, v) != ("view", "codes")]   # the score follows from the method
     return " ".join([r["method"], *extra])
 
@@ -205,7 +207,7 @@ def _swept(rows) -> frozenset:
             by_method.setdefault(r["method"], []).append((r["params"], _declared(r)))
     out = set()
     for method, have in by_method.items():
-        for k in {k for params, _ in have for k in params}:
+        for k in {k for params, _ in have for k in params} - {"view", "score"}:   # not parameters: see _ident
             if len({to_json(params.get(k, defaults.get(k))) for params, defaults in have}) > 1:
                 out.add((method, k))
     return frozenset(out)

@@ -3,7 +3,9 @@ by ``train_size``, so read in one task) goes to :meth:`SparseProjector.fit_subse
 statistics stage's mean and PCA basis, and the validation rows for early stopping (the val split's,
 or the share of train the in-memory ``fit`` holds out, then left out of the subset); no learning
 here."""
+import re
 import time
+import warnings
 
 import numpy as np
 from sklearn.base import clone
@@ -39,7 +41,10 @@ def _train_sparse(est, spec, data_url, stats_url, model_url) -> dict:
     rows = stratified_subset(labels, est.train_size, seed, among=among)
     X = read_rows(f"{data_url}/features", rows)
     t0 = time.perf_counter()
-    est.fit_subset(X, key[rows], stats["mean"], stats["pca_components"], **val)
+    with warnings.catch_warnings():     # check_methods printed the data's shape notes before staging
+        for note in est.shape_notes(X.shape[1], len(np.unique(key))):
+            warnings.filterwarnings("ignore", message=re.escape(note), category=UserWarning)
+        est.fit_subset(X, key[rows], stats["mean"], stats["pca_components"], **val)
     seconds = time.perf_counter() - t0
     return save_model(model_url, est, spec, seconds, final=est.history_[-1], best_iter=est.best_iter_,
                       val_map=est.val_map_)

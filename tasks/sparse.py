@@ -91,15 +91,18 @@ def unit_columns(U: np.ndarray) -> np.ndarray:
     return U / norms
 
 
+def _rounded_nonzeros(D: int, sparsity: float) -> int:
+    return int(round((1.0 - sparsity) * D))
+
+
 def nonzeros_per_column(D: int, sparsity: float) -> int:
-    """M of Eq. 19: tau = (D - M) / D."""
-    return max(1, int(round((1.0 - sparsity) * D)))
+    """M of Eq. 19: tau = (D - M) / D (at least 1: see :func:`sparsity_note`)."""
+    return max(1, _rounded_nonzeros(D, sparsity))
 
 
 def sparsity_note(D: int, sparsity: float) -> str | None:
-    """The note for a tau that leaves less than half a non-zero per column of D-d signatures (M of
-    Eq. 19 rounds to 0, and one non-zero is kept), else None."""
-    if (1.0 - sparsity) * D >= 0.5:
+    """The note for a tau whose M rounds to 0 on D-d signatures (one non-zero is kept), else None."""
+    if _rounded_nonzeros(D, sparsity) >= 1:
         return None
     return (f"sparsity {sparsity} leaves {(1.0 - sparsity) * D:.2g} non-zeros per column of the data's {D} "
             f"features; 1 is kept (sparsity {1.0 - 1.0 / D:.6g})")

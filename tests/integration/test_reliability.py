@@ -127,8 +127,11 @@ def test_ctrl_c_stops_the_local_cluster_quietly_with_a_resume_hint(tmp_path):
     multiprocessing's resource tracker. Only the one-line hint may reach the terminal (no worker's
     traceback, no tracker warning about the semaphores of workers stopped mid-task)."""
     cfg = _config(tmp_path, "store")
+    # as a user's shell starts it: no warnings filter of ours, workers spawned (not the tests' forkserver)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONWARNINGS", "DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD")}
     proc = subprocess.Popen([sys.executable, "-m", "metricpipe.cli", "run", str(cfg)], stderr=subprocess.PIPE,
-                            text=True, start_new_session=True, cwd=Path(__file__).resolve().parents[2])
+                            text=True, start_new_session=True, cwd=Path(__file__).resolve().parents[2], env=env)
     seen = []
     for line in proc.stderr:
         seen.append(line)
@@ -140,6 +143,19 @@ def test_ctrl_c_stops_the_local_cluster_quietly_with_a_resume_hint(tmp_path):
     assert proc.wait(timeout=60) == 130, "".join(seen) + rest
     lines = [ln for ln in rest.splitlines() if ln.strip() and not ln.startswith("  train:")]
     assert lines == ["interrupted; finished stages are kept, rerun with --resume to continue"], rest
+
+
+def test_local_workers_ignore_sigint_and_the_tracker_filter_does_not_outlive_the_start(monkeypatch):
+    """(The run's output after a Ctrl-C is the test above; the tracker's own environment is not
+    reachable from here, and the tests' workers come from a forkserver started earlier.)"""
+    import signal as sig
+
+    from metricpipe.cluster import connect
+    monkeypatch.setenv("PYTHONWARNINGS", "default")
+    with connect("local", 1, dashboard=None) as client:
+        assert os.environ["PYTHONWARNINGS"] == "default"     # restored once the workers are up
+        handlers = client.run(lambda: sig.getsignal(sig.SIGINT) == sig.SIG_IGN)
+    assert list(handlers.values()) == [True]
 
 
 def test_a_truncated_commit_marker_fails_verify_and_is_recomputed(reference, tmp_path):

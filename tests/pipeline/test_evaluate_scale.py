@@ -235,6 +235,12 @@ def test_a_retrieval_database_that_cannot_be_held_is_refused_before_staging():
     check_memory(_client(1e9), _info(20_000_000, 128), narrow)
     with pytest.raises(InputError, match=r"up to 128 dimensions"):   # 200 classes: LDA's codes are D wide
         check_memory(_client(1e9), _info(20_000_000, 128, classes=200), narrow)
+    # without dim, a class's default code width: a sparse projector's 64, NCMML's 32 (not D = 4,096)
+    wide = _info(2_000_000, 4096)
+    for method in ("sparse", "ncmml"):
+        check_memory(_client(1e9), wide, parse_config({"data": {"source": "synthetic"}, "methods": [{"method": method}]}))
+    with pytest.raises(InputError, match=r"up to 4096 dimensions"):
+        check_memory(_client(1e9), wide, parse_config({"data": {"source": "synthetic"}, "methods": [{"method": "pca"}]}))
 
 
 @pytest.mark.parametrize("metric", ["l2", "ip"])

@@ -110,6 +110,9 @@ def test_a_swept_parameter_is_named_at_its_default_too():
                                                                             sparsity=0.99),
             _rec("sparse", 64, "map", 0.58, model="c"), _rec("pca", 64, "map", 0.5), _rec("nml", 8, "map", 0.3, lr=0.1)]
     assert _swept(recs) == {("sparse", "sparsity")}   # the unset one counts as its default, 0.9
+    views = [_rec("slne", 8, "map", 0.5, view="codes"), _rec("slne", 8, "map", 0.6, view="exact", score="inner"),
+             _rec("slne", 8, "storage_bytes", 100)]
+    assert _swept(views) == set()                      # views and scores are not parameters
     s = summarize(recs)
     assert s["winner"]["label"] == "sparse sparsity=0.9 d=64"
     from metricpipe.report import _rows

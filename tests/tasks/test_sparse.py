@@ -90,6 +90,9 @@ def test_sparse_training_keeps_the_constraint_and_is_seeded():
         kept = sparse.SparseProjector(sparsity=1 - 0.6 / D, max_iter=2, validation=0).fit(X, y)
     for est in (raised, kept):
         assert ((est.projectors_.toarray() != 0).sum(0) == 1).all()
+    # the note follows the rounding of M: half a non-zero rounds to 0 (to even), one and a half to 2
+    assert sparse.sparsity_note(64, 1 - 0.5 / 64) and sparse.nonzeros_per_column(64, 1 - 0.5 / 64) == 1
+    assert sparse.sparsity_note(64, 1 - 1.5 / 64) is None and sparse.nonzeros_per_column(64, 1 - 1.5 / 64) == 2
 
 
 def test_annealed_support_shrinks_geometrically_to_m_and_anneal_zero_is_algorithm_1():
