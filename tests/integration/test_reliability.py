@@ -81,16 +81,22 @@ def test_a_worker_killed_mid_stage_costs_a_retry_not_the_run(reference, tmp_path
     _same(_results(tmp_path / "store"), reference[1])
 
 
-def test_client_killed_mid_stage_resumes_from_that_stage_with_identical_results(reference, tmp_path):
-    cfg = _config(tmp_path, "store")
+def _run_until_train(cfg, env=None):
+    """``metricpipe run cfg`` in a session of its own, read up to its train stage's start: (proc, lines seen)."""
     proc = subprocess.Popen([sys.executable, "-m", "metricpipe.cli", "run", str(cfg)], stderr=subprocess.PIPE,
-                            text=True, start_new_session=True, cwd=Path(__file__).resolve().parents[2])
+                            text=True, start_new_session=True, cwd=Path(__file__).resolve().parents[2], env=env)
     seen = []
-    for line in proc.stderr:                  # wait until the train stage is under way
+    for line in proc.stderr:
         seen.append(line)
         if "train ..." in line:
-            time.sleep(0.5)
             break
+    return proc, seen
+
+
+def test_client_killed_mid_stage_resumes_from_that_stage_with_identical_results(reference, tmp_path):
+    cfg = _config(tmp_path, "store")
+    proc, seen = _run_until_train(cfg)        # the train stage is under way
+    time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGKILL)       # the client and its local cluster, at once
     proc.wait(timeout=30)
     assert any("train ..." in s for s in seen), "".join(seen)
@@ -105,14 +111,8 @@ def test_client_killed_mid_stage_resumes_from_that_stage_with_identical_results(
 
 def test_sigterm_is_handled_like_ctrl_c_with_a_resume_hint(reference, tmp_path):
     cfg = _config(tmp_path, "store")
-    proc = subprocess.Popen([sys.executable, "-m", "metricpipe.cli", "run", str(cfg)], stderr=subprocess.PIPE,
-                            text=True, start_new_session=True, cwd=Path(__file__).resolve().parents[2])
-    seen = []
-    for line in proc.stderr:
-        seen.append(line)
-        if "train ..." in line:
-            proc.send_signal(signal.SIGTERM)  # the client only, as a batch system's stop would
-            break
+    proc, seen = _run_until_train(cfg)
+    proc.send_signal(signal.SIGTERM)          # the client only, as a batch system's stop would
     rest = proc.stderr.read()
     assert proc.wait(timeout=60) == 143, "".join(seen) + rest
     assert rest.strip().splitlines()[-1] == ("terminated (SIGTERM); finished stages are kept, rerun with --resume "
@@ -130,15 +130,9 @@ def test_ctrl_c_stops_the_local_cluster_quietly_with_a_resume_hint(tmp_path):
     # as a user's shell starts it: no warnings filter of ours, workers spawned (not the tests' forkserver)
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONWARNINGS", "DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD")}
-    proc = subprocess.Popen([sys.executable, "-m", "metricpipe.cli", "run", str(cfg)], stderr=subprocess.PIPE,
-                            text=True, start_new_session=True, cwd=Path(__file__).resolve().parents[2], env=env)
-    seen = []
-    for line in proc.stderr:
-        seen.append(line)
-        if "train ..." in line:
-            time.sleep(1.0)                   # the workers are inside training tasks
-            os.killpg(proc.pid, signal.SIGINT)
-            break
+    proc, seen = _run_until_train(cfg, env)
+    time.sleep(1.0)                           # the workers are inside training tasks
+    os.killpg(proc.pid, signal.SIGINT)
     rest = proc.stderr.read()
     assert proc.wait(timeout=60) == 130, "".join(seen) + rest
     lines = [ln for ln in rest.splitlines() if ln.strip() and not ln.startswith("  train:")]
