@@ -160,13 +160,14 @@ def training_curves(store: Store, manifest: dict) -> list[dict]:
     return out
 
 
-def _curve_panels(curve: dict) -> list[dict]:
-    """One panel per recorded quantity (objective, validation error...) of a model's training history."""
+def _curve_panels(curve: dict, swept: frozenset = frozenset()) -> list[dict]:
+    """One panel per recorded quantity (objective, validation error...) of a model's training history
+    (titled as the tables name the model: ``swept`` as in :func:`_label`)."""
     hist = curve["history"]
     xkey = "iter" if "iter" in hist[0] else "epoch"
     keys = list(dict.fromkeys(k for h in hist for k in h if k != xkey and isinstance(h[k], (int, float))))
     title = _label({"method": curve["model"]["method"],
-                    "params": {k: v for k, v in curve["model"].items() if k != "method"}})
+                    "params": {k: v for k, v in curve["model"].items() if k != "method"}}, swept)
     panels = []
     for k in keys:
         have = [h for h in hist if isinstance(h.get(k), (int, float))]   # e.g. val_error also at the start
@@ -691,7 +692,8 @@ def render_html(doc: dict, curves: list | None = None) -> str:
         dims = sorted({r["dim"] for r in records if _at_k(r["metric"])}, key=lambda d: (d is None, d or 0))
         panels += [_panel_over_k(records, "mprec", d) for d in dims]
     plots = _figure(panels)
-    per_model = [_curve_panels(c) for c in curves or []]
+    swept = _swept(records)
+    per_model = [_curve_panels(c, swept) for c in curves or []]
     width = max((len(ps) for ps in per_model), default=1)   # one row per model
     training = _figure([p for ps in per_model for p in ps + [None] * (width - len(ps))], ncols=width)
     training = f"<h2>Training curves</h2>{training}" if training else ""

@@ -122,6 +122,15 @@ def test_a_swept_parameter_is_named_at_its_default_too():
     assert sorted(labels) == ["nml lr=0.1", "sparse sparsity=0.9", "sparse sparsity=0.9", "sparse sparsity=0.99"]
 
 
+def test_training_curve_titles_name_a_swept_parameter_like_the_tables():
+    from metricpipe.report import _curve_panels, _swept
+    recs = [_rec("sparse", 64, "map", 0.6, sparsity=0.9), _rec("sparse", 64, "map", 0.55, sparsity=0.99)]
+    curve = {"model": {"method": "sparse", "sparsity": 0.9}, "history": [{"iter": i, "objective": 1.0 / (i + 1)}
+                                                                       for i in range(3)]}
+    assert _curve_panels(curve)[0]["title"] == "sparse"        # alone, the default is left out
+    assert _curve_panels(curve, _swept(recs))[0]["title"] == "sparse sparsity=0.9"
+
+
 def test_summary_ignores_other_views_and_ties_go_to_the_smaller_code():
     from metricpipe.report import summarize
     recs = [_rec("pca", 32, "map", 0.5), _rec("pca", 8, "map", 0.5), _rec("slne", 16, "map", 0.6, view="codes"),
