@@ -265,7 +265,8 @@ def unlock(store):
 @click.argument("store")
 @handle_errors
 def models(store):
-    """List STORE's trained models: key, method, code dimension and parameters.
+    """List STORE's trained models: key, method, code dimension, whether its run encoded it, and
+    parameters.
 
     In Python, ``metricpipe.load_model(STORE, KEY)`` returns one as a fitted estimator."""
     from metricpipe.models import describe
@@ -274,11 +275,16 @@ def models(store):
     if not rows:
         click.echo(f"{store}: no committed models")
         return
-    click.echo(f"{'key':<16}  {'method':<10} {'codes':>5}  parameters")
+    click.echo(f"{'key':<16}  {'method':<10} {'codes':>5}  {'encoded':<7}  parameters")
     for r in rows:
         params = " ".join(f"{k}={v}" for k, v in sorted(r["params"].items()))
         ext = f" (extends {r['extends']})" if r["extends"] else ""
-        click.echo(f"{r['key']:<16}  {r['method']:<10} {r['dim']:>5}  {params}{ext}")
+        click.echo(f"{r['key']:<16}  {r['method']:<10} {r['dim']:>5}  {'yes' if r['encoded'] else 'no':<7}  "
+                   f"{params}{ext}")
+    if not all(r["encoded"] for r in rows):
+        click.echo("encoded no: a candidate that parameter selection did not keep, or a model made by add-classes; "
+                   "load_model, encode and export --npz take any model, predict's kNN and export --faiss an "
+                   "encoded one")
 
 
 @main.command()

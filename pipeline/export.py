@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from metricpipe.config import DataConfig
-from metricpipe.models import find_model
+from metricpipe.models import codes_of, find_model
 from metricpipe.sources import open_source
-from metricpipe.storage import Store, chunk_rows_for, hash_key, load_estimator, open_array, read_attrs, row_chunks
+from metricpipe.storage import Store, chunk_rows_for, load_estimator, open_array, read_attrs, row_chunks
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.normalize import normalize_rows
 from metricpipe.tasks.validate import check_feature_block, label_values
@@ -281,10 +281,18 @@ def codes_unit(store: Store, unit, meta: dict):
     if not meta.get("data"):
         raise InputError(f"{store.url}: model {unit.key} records no staged data (it was added by add-classes?); "
                          f"export the model it extends")
-    cu = store.unit("codes", hash_key({"stage": "codes", "model": unit.key, "data": meta["data"]}))
+    cu = codes_of(store, unit.key, meta)
     if not cu.done():
-        raise InputError(f"{store.url}: model {unit.key} has no committed codes; rerun 'metricpipe run CONFIG "
-                         f"--resume' to encode them")
+        try:
+            latest = store.read_json("runs/latest.json")["units"]["models"]
+        except (FileNotFoundError, KeyError):
+            latest = []
+        if f"models/{unit.key}" in latest:
+            raise InputError(f"{store.url}: model {unit.key} has no committed codes; rerun 'metricpipe run CONFIG "
+                             f"--resume' to encode them")
+        raise InputError(f"{store.url}: model {unit.key} was not encoded by its run (a candidate that parameter "
+                         f"selection did not keep; `metricpipe models` marks them encoded: no); use an encoded "
+                         f"model, or 'metricpipe encode' to encode data with this one")
     return cu
 
 

@@ -1,13 +1,21 @@
 """Stored models as estimators: list a store's models, load one as a fitted scikit-learn estimator."""
 import numpy as np
 
-from metricpipe.storage import Store, Unit, load_estimator, read_attrs
+from metricpipe.storage import Store, Unit, hash_key, load_estimator, read_attrs
 from metricpipe.tasks.errors import InputError
 
 
 def model_units(store: Store) -> list[tuple[Unit, dict]]:
     """Committed model units of the store with their commit records (spec, dim, data, ...)."""
     return [(u, u.meta()) for u in store.units("models") if u.done()]
+
+
+def codes_of(store: Store, key: str, meta: dict) -> Unit | None:
+    """The unit of model ``key``'s codes on its run's staged data (None: the model records no staged
+    data, e.g. one made by add-classes); committed only when its run encoded it."""
+    if not meta.get("data"):
+        return None
+    return store.unit("codes", hash_key({"stage": "codes", "model": key, "data": meta["data"]}))
 
 
 def find_model(store: Store, key: str) -> tuple[Unit, dict]:
@@ -56,6 +64,7 @@ def describe(store_url: str) -> list[dict]:
     rows = []
     for unit, meta in model_units(store):
         spec = dict(meta.get("spec") or {})
+        codes = codes_of(store, unit.key, meta)
         rows.append({"key": unit.key, "method": spec.pop("method", "?"), "dim": meta.get("dim"),
-                     "params": spec, "extends": meta.get("extends")})
+                     "params": spec, "extends": meta.get("extends"), "encoded": bool(codes and codes.done())})
     return sorted(rows, key=lambda r: (r["method"], str(r["dim"]), r["key"]))

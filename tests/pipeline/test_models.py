@@ -77,6 +77,31 @@ def test_models_command_lists_every_model_with_its_method_and_parameters(stored)
 
 
 @pytest.mark.integration
+def test_a_model_its_run_did_not_encode_is_marked_and_named_as_such(stored, tmp_path):
+    """A selection candidate that was not kept has no codes: `models` says encoded no, and the
+    commands that need its codes say why rather than suggesting a rerun that would not encode it."""
+    import os
+    import shutil
+    ctx, _, _, models, codes = stored
+    store = tmp_path / "store"
+    shutil.copytree(ctx.store.url, store)
+    dropped = models[1][1].key                       # pca-4 stands in for a candidate
+    os.remove(store / f"codes/{codes[1][1].key}.committed.json")
+    res = CliRunner().invoke(main, ["models", str(store)])
+    assert res.exit_code == 0, res.output
+    flags = {ln.split()[0]: ln.split()[3] for ln in res.output.splitlines()[1:] if ln.split() and len(ln.split()[0]) == 16}
+    assert flags[dropped] == "no" and sum(v == "yes" for v in flags.values()) == len(models) - 1
+    assert "encoded no: a candidate that parameter selection did not keep" in res.output
+    res = CliRunner().invoke(main, ["export", str(store), "--model", dropped, "--faiss", str(tmp_path / "x.faiss")])
+    assert res.exit_code == 2 and f"model {dropped} was not encoded by its run (a candidate that parameter selection " \
+        "did not keep" in res.output, res.output
+    (store / "runs").mkdir(exist_ok=True)           # in its run's list: the codes were lost, a rerun makes them
+    (store / "runs/latest.json").write_text('{"units": {"models": ["models/%s"]}}' % dropped)
+    res = CliRunner().invoke(main, ["export", str(store), "--model", dropped, "--faiss", str(tmp_path / "x.faiss")])
+    assert res.exit_code == 2 and "has no committed codes; rerun 'metricpipe run CONFIG --resume'" in res.output, res.output
+
+
+@pytest.mark.integration
 def test_a_loaded_classifier_predicts_the_data_s_own_labels(client, tmp_path):
     """Class names of any type (here strings) come back from predict, not the stored class codes."""
     X, y = make_blobs(n=300, d=6, classes=3, sep=3.0, seed=1)
