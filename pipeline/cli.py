@@ -106,8 +106,20 @@ def _cluster_options(f=None, *, config: bool = True):
     over = " (overrides config)" if config else ""
     f = click.option("--cluster", help=f"local | tcp://HOST:PORT | a cluster spec YAML{over}.")(f)
     f = click.option("--workers", type=click.IntRange(min=1), help=f"Number of workers{over}.")(f)
-    f = click.option("--memory-limit", help="Per-worker memory limit of a local cluster, e.g. 2GB.")(f)
+    f = click.option("--memory-limit", callback=_check_memory_limit,
+                     help="Per-worker memory limit of a local cluster, e.g. 2GB.")(f)
     return f
+
+
+def _check_memory_limit(ctx, param, value):
+    """Refused by click before anything starts (as the config's memory_limit is when loaded)."""
+    from metricpipe.config import ConfigError, _memory_limit
+    if value is None:
+        return None
+    try:
+        return _memory_limit(value, "--memory-limit")
+    except ConfigError as e:
+        raise click.BadParameter(str(e).rsplit(": ", 1)[-1]) from None
 
 
 def _apply(cfg: RunConfig, store, cluster, workers, memory_limit) -> RunConfig:

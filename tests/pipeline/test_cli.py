@@ -388,6 +388,19 @@ def test_bad_store_and_cluster_options_exit_2_with_one_line(tmp_path, flag, valu
     assert len(lines) == 1 and re.search(match, lines[0]), res.output
 
 
+@pytest.mark.parametrize("value", ["lots", "-1GB", "0"])
+@pytest.mark.parametrize("command", ["run", "demo"])
+def test_a_bad_memory_limit_option_is_refused_before_anything_starts(tmp_path, command, value):
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump({"data": {"source": "digits"}, "dashboard": ":0"}))
+    args = [command, *([str(cfg)] if command == "run" else []), "--store", str(tmp_path / "s"), "--memory-limit", value]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert f"Invalid value for '--memory-limit': expected a positive size such as 2GB or 'auto', got '{value}'" \
+        in res.output
+    assert not (tmp_path / "s").exists()
+
+
 @pytest.mark.integration
 def test_the_top_level_seed_keys_statistics_and_evaluation(client, tmp_path):
     """Issue 19 item 7: changing ``seed`` must not reuse the seed-0 sampled queries or randomized SVD."""
