@@ -90,6 +90,7 @@ class RunConfig:
     dashboard: str | None = ":8787"
     data: DataConfig = DataConfig()
     methods: tuple = ()            # expanded model specs: dicts {"method", "dim", ...params}
+    method_entries: tuple = ()     # the index in the config's methods list of each expanded spec
     statistics: StatisticsConfig = StatisticsConfig()
     neighbours: NeighboursConfig | None = None
     evaluate: EvaluateConfig = EvaluateConfig()
@@ -280,7 +281,7 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
     if not isinstance(methods_raw, list) or not methods_raw:
         _fail(where, "methods", f"expected a non-empty list of {{method: ...}} entries, got {methods_raw!r}; "
               f"e.g. methods: [{{method: identity}}, {{method: pca, dim: 32}}]")
-    methods, seen = [], set()
+    methods, entries, seen = [], [], set()
     for i, entry in enumerate(methods_raw):
         if not isinstance(entry, dict) or "method" not in entry:
             _fail(where, f"methods[{i}]", f"expected a mapping with a 'method' key, got {entry!r}")
@@ -292,6 +293,7 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
                 if ident not in seen:
                     seen.add(ident)
                     methods.append(spec)
+                    entries.append(i)
         except ConfigError:
             raise
         except InputError as e:
@@ -380,7 +382,8 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
         workers=_typed(raw, "workers", int, where, "", 2, 1),
         threads_per_worker=_typed(raw, "threads_per_worker", int, where, "", 1, 1),
         memory_limit=memory_limit, dashboard=dashboard,
-        data=data_cfg, methods=tuple(methods), statistics=statistics, neighbours=neighbours,
+        data=data_cfg, methods=tuple(methods), method_entries=tuple(entries), statistics=statistics,
+        neighbours=neighbours,
         evaluate=evaluate, seed=_typed(raw, "seed", int, where, "", 0, 0), tls=tls, source_file=where, raw=raw)
 
 

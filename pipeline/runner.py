@@ -104,17 +104,19 @@ def check_methods(cfg: RunConfig, info, log=print) -> RunConfig:
     """Every parameter the data's shape rules out (dim above the features, LDA's dim above
     classes - 1, class indices beyond the classes, ...) is refused here, after the source's header
     and labels are read and before any unit is written."""
-    for i, spec in enumerate(cfg.methods):
-        noted = set()    # once per entry, not per searched candidate
+    noted = set()    # once per config entry and note, not per model or searched candidate
+    for n, spec in enumerate(cfg.methods):
+        i = cfg.method_entries[n] if n < len(cfg.method_entries) else n   # the entry in the user's list
         for cand in registry.candidates(spec):
             try:
                 est = registry.make(cand)
                 est.check_data_shape(info.n_features, len(info.classes))
             except InputError as e:
                 raise InputError(f"{cfg.source_file}: methods[{i}] ({stages.model_id(cand)}): {e}") from None
-            for note in set(est.shape_notes(info.n_features, len(info.classes))) - noted:
-                log(f"  methods[{i}] ({stages.model_id(cand)}): {note}")
-                noted.add(note)
+            for note in est.shape_notes(info.n_features, len(info.classes)):
+                if (i, note) not in noted:
+                    log(f"  methods[{i}] ({stages.model_id(cand)}): {note}")
+                    noted.add((i, note))
     ev = cfg.evaluate
     n_test, n_train = int((info.split == stages.TEST).sum()), int((info.split == stages.TRAIN).sum())
     user_k = "k" in ((cfg.raw.get("evaluate") or {}).get("retrieval") or {})

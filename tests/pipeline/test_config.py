@@ -180,6 +180,25 @@ def test_a_sparsity_rounded_to_one_non_zero_is_noted_before_staging():
                      "data's 64 features; 1 is kept (sparsity 0.984375)"]
 
 
+def test_errors_and_notes_name_the_entry_of_the_config_not_the_model_after_a_sweep():
+    """methods: [pca with 3 dims, ncmml dim 100, sparse]: the second entry is methods[1], though it
+    is the fourth model."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from metricpipe.runner import check_methods
+    from metricpipe.tasks.errors import InputError
+    info = SimpleNamespace(n_features=64, classes=[0, 1], split=np.array([0] * 20 + [1] * 20, np.int8))
+    methods = [{"method": "pca", "dim": [8, 16, 32]}, {"method": "ncmml", "dim": 100}]
+    with pytest.raises(InputError, match=r"cfg.yaml: methods\[1\] \(ncmml-100.*\): The 'dim' parameter of NCMML"):
+        check_methods(parse_config({**BASE, "methods": methods}, where="cfg.yaml"), info)
+    logs = []
+    methods = [{"method": "pca", "dim": [8, 16]}, {"method": "sparse", "dim": [4, 8], "sparsity": 0.995}]
+    check_methods(parse_config({**BASE, "methods": methods}, where="cfg.yaml"), info, logs.append)
+    assert [m.split(": ")[0] for m in logs if "non-zeros per column" in m] == ["  methods[1] (sparse-4-sparsity0.995)"]
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in (Path(__file__).parents[2] / "examples").glob("*.yaml")))
 def test_every_example_config_loads(name):
     """The shipped examples (the quick start's demo among them) stay valid as the config grows."""
