@@ -165,10 +165,12 @@ def _commit_selection(ctx, spec, cands, cunits, sel_unit, results, n_val) -> Non
              "score": s, "error": None if s is not None else str(r).splitlines()[0]}
             for c, u, s, r in zip(cands, cunits, scores, results)]
     sel_unit.begin()
-    ctx.commit(sel_unit, {"method": spec["method"], "metric": metric, "grid": grid, "validation_rows": n_val,
+    label = model_id({k: v for k, v in cands[0].items() if k not in grid})   # the entry, searched parameters aside
+    ctx.commit(sel_unit, {"method": spec["method"], "label": label, "metric": metric, "grid": grid,
+                          "validation_rows": n_val,
                           "higher_is_better": higher_is_better(metric),
                           "candidates": rows, "chosen": best, "model": cunits[best].key, "spec": cands[best]})
     shown = "; ".join(f"{select.describe(grid, r['params'])}: "
                       + (f"{r['score']:.4f}" if r["score"] is not None else "failed") for r in rows)
-    ctx.log(f"  train: {spec['method']} selected {select.describe(grid, rows[best]['params'])} by "
+    ctx.log(f"  train: {label} selected {select.describe(grid, rows[best]['params'])} by "
             f"{metric} on {n_val:,} validation rows ({shown})")

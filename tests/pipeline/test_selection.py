@@ -180,7 +180,11 @@ def test_selection_keeps_the_best_validation_score_and_ignores_the_test_labels(c
     est = load_estimator(str(store / "models" / ncm["candidates"][ncm["chosen"]]["model"]))
     assert evaluation.validation_score(est, "ncm", X[val], labels[val], X[ref], labels[ref]) == \
         pytest.approx(ncm["candidates"][ncm["chosen"]]["score"], abs=1e-12)
-    assert any("ncmml selected lr" in line for line in logs)
+    # the log line and the report name the config entry, its searched parameter aside
+    assert clean["selection"][0]["label"] == "ncmml-8-iters150-validate_every50"
+    assert clean["selection"][1]["label"].startswith("slem")
+    assert any(line.startswith("  train: ncmml-8-iters150-validate_every50 selected lr ") for line in logs)
+    assert "<p>ncmml-8-iters150-validate_every50: ncm on " in (store / "report/index.html").read_text()
 
 
 @pytest.mark.integration
