@@ -228,6 +228,9 @@ def predict(store_url: str, model: str, data_path: str, features: str = "X", lab
         k = k or 10
         codes = open_array(f"{codes_unit(store, unit, attrs).url}/codes")
         train = split_rows(store, attrs, "train")
+        if k > len(train):
+            raise InputError(f"--k {k} votes over more neighbours than the {len(train)} train rows of model "
+                             f"{unit.key}'s run; use --k <= {len(train)}")
         y_train = open_array(f"{store.unit('data', attrs['data']).url}/label")[:].astype(np.int64)
         step = codes.chunks[0]
         parts = [(train[s:s + step], codes.get_orthogonal_selection((train[s:s + step], slice(None))))

@@ -403,9 +403,10 @@ def predict(store, data, model, features, labels, k, out):
     import numpy as np
 
     from metricpipe.classes import predict as run_predict
+    from metricpipe.export import check_out
 
-    if out and not Path(out).resolve().parent.is_dir():
-        raise InputError(f"{out}: its folder does not exist (--out); create it or choose another path")
+    if out:
+        check_out(out, "--out", (".npy",))
     names, error = run_predict(store, model, data, features, labels, k)
     if out:  # written whole or not at all
         tmp = f"{out}.partial.npy"
@@ -460,13 +461,13 @@ def encode(store, data, model, out, features, labels, ids, cluster, workers, mem
 @handle_errors
 def export(store, model, faiss_path, split, npz_path):
     """Export a model of STORE: its codes as a faiss index, or the model as arrays usable without metricpipe."""
-    from metricpipe.export import export_faiss, export_npz
+    from metricpipe.export import check_out, export_faiss, export_npz
 
     if not faiss_path and not npz_path:
         raise InputError("metricpipe export: nothing to write; give --faiss PATH and/or --npz PATH")
-    for p, opt in ((faiss_path, "--faiss"), (npz_path, "--npz")):
-        if p and not Path(p).resolve().parent.is_dir():
-            raise InputError(f"{p}: its folder does not exist ({opt}); create it or choose another path")
+    for p, opt, formats in ((faiss_path, "--faiss", (".faiss", ".index")), (npz_path, "--npz", (".npz",))):
+        if p:
+            check_out(p, opt, formats)
     if faiss_path:
         r = export_faiss(store, model, faiss_path, split)
         _echo(f"faiss index ({r['index']}, {r['metric']}) of {r['rows']:,} {split} codes of model {r['model']} "

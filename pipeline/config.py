@@ -250,6 +250,8 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
     if column and split.val not in ("auto", 0.0):
         _fail(where, "data.split.val", "with data.split.column the val rows are the column's 'val' rows (or, when it "
               "has none, a stratified share of its train rows: val: auto); use auto or 0")
+    if split.test is not None and not 0.0 < split.test < 1.0:   # both splits need rows
+        _fail(where, "data.split.test", f"must be a share in (0, 1) of the rows (the test split), got {split.test}")
     if split.test is not None and split.val != "auto" and not 0.0 < split.test + split.val < 1.0:
         _fail(where, "data.split.test", f"test + val must be in (0, 1), got {split.test} + {split.val}")
     syn_raw = data.get("synthetic", {}) or {}

@@ -196,8 +196,14 @@ def _ncm_key(store: Path) -> str:
     raise AssertionError("no ncmml model")
 
 
+def _run_model_key(store: Path) -> str:
+    """A model of the last run (encoded: not a selection candidate it dropped)."""
+    return json.loads((store / "runs/latest.json").read_text())["units"]["models"][0].split("/")[-1]
+
+
 @pytest.mark.parametrize("case", ["model dimension mismatch", "new classes of another dimension", "concurrent run",
-                                  "predictions to a missing folder"])
+                                  "predictions to a missing folder", "predictions to a .txt", "faiss index to a .npz",
+                                  "k above the train rows"])
 def test_bad_command_input_exits_2_with_one_line_and_store_unchanged(good_store, tmp_path, case):
     store = good_store / "store"
     before = _digest(store)
@@ -211,6 +217,16 @@ def test_bad_command_input_exits_2_with_one_line_and_store_unchanged(good_store,
         np.savez(right, X=np.ones((5, 8), np.float32))
         args, match = ["predict", store, right, "--model", _ncm_key(store), "--out", tmp_path / "no/p.npy"], \
             r"no/p.npy: its folder does not exist \(--out\)"
+    elif case in ("predictions to a .txt", "k above the train rows"):
+        right = tmp_path / "right.npz"
+        np.savez(right, X=np.ones((5, 8), np.float32))
+        args, match = (["predict", store, right, "--model", _ncm_key(store), "--out", tmp_path / "p.txt"],
+                       r"p.txt: unknown output format \(--out\); name it with one of .npy") if "txt" in case else \
+            (["predict", store, right, "--model", _run_model_key(store), "--k", "100000"],
+             r"--k 100000 votes over more neighbours than the \d+ train rows of model \w+'s run; use --k <= \d+")
+    elif case == "faiss index to a .npz":
+        args, match = ["export", store, "--model", _ncm_key(store), "--faiss", tmp_path / "x.npz"], \
+            r"x.npz: unknown output format \(--faiss\); name it with one of .faiss, .index"
     elif case == "new classes of another dimension":
         args, match = ["add-classes", store, wrong], r"features have 3 dimensions but model \w+ takes 8"
     else:

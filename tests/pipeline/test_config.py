@@ -20,6 +20,8 @@ def test_defaults_and_method_expansion():
     ({"data": {"source": "mnist"}}, r"data.source: must be one of digits, fashion-mnist, synthetic"),
     ({"data": {}}, r"give exactly one of data.source"),
     ({"data": {"source": "digits", "split": {"test": 1.5}}}, r"data.split.test: must be <= 1.0"),
+    ({"data": {"source": "digits", "split": {"test": 1.0}}}, r"data.split.test: must be a share in \(0, 1\) of the rows"),
+    ({"data": {"source": "digits", "split": {"test": 0}}}, r"data.split.test: must be a share in \(0, 1\) of the rows"),
     ({**BASE, "workers": 0}, r"workers: must be >= 1"),
     ({**BASE, "workers": "two"}, r"workers: expected int"),
     ({**BASE, "methods": [{"method": "pca", "dim": -1}]}, r"methods\[0\]: The 'dim' parameter of PCA must be an int in the range \[1, inf\) or None. Got -1 instead"),
