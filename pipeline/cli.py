@@ -192,7 +192,8 @@ def stage_cmd(source, store, features, labels, normalize, test_fraction, split_c
     """Stage SOURCE (a path, or digits | fashion-mnist | synthetic) into the store, alone."""
     from metricpipe.cluster import connect
     from metricpipe.context import StageContext
-    from metricpipe.stages import run_stage
+    from metricpipe.runner import removed_if_refused
+    from metricpipe.stages import prepare_data, run_stage
     from metricpipe.storage import Store
 
     data = {"features": features, "labels": labels, "normalize": normalize,
@@ -201,13 +202,14 @@ def stage_cmd(source, store, features, labels, normalize, test_fraction, split_c
     cfg = _apply(parse_config({"data": data}, where="metricpipe stage", base_dir=Path.cwd()), store, cluster,
                  workers, memory_limit)
     st = Store(cfg.store)
-    st.check_writable()
-    with st.lock("metricpipe stage"), \
-            connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard, cfg.tls) as client:
-        _echo(f"Dashboard: {client.dashboard_link}")
-        ctx = StageContext(client, st, cfg, log=_echo, terminal=sys.stderr.isatty())
-        with ctx.stage_progress("stage"):
-            info = run_stage(ctx)
+    with removed_if_refused(st), st.lock("metricpipe stage"):
+        plan = prepare_data(cfg, st)     # bad input is refused before a cluster starts
+        with connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard,
+                     cfg.tls) as client:
+            _echo(f"Dashboard: {client.dashboard_link}")
+            ctx = StageContext(client, st, cfg, log=_echo, terminal=sys.stderr.isatty())
+            with ctx.stage_progress("stage"):
+                info = run_stage(ctx, plan)
     _echo(f"Staged {info.n_samples} x {info.n_features} into {info.unit.url}")
 
 

@@ -36,13 +36,19 @@ def run_pipeline(cfg: RunConfig, resume: bool = True, log=print, performance_rep
     that stage and the ones after it; ``repair`` recomputes committed units that fail verification;
     ``terminal`` shows each stage's progress as one updating line on stderr (else plain log lines)."""
     store = Store(cfg.store)
+    with removed_if_refused(store):
+        return _run_locked(store, cfg, resume, log, performance_report, client, force, repair, terminal)
+
+
+@contextlib.contextmanager
+def removed_if_refused(store: Store):
+    """A store this command creates and that holds nothing committed when its input is refused (its
+    lock file, a begun staging unit) is removed, not left behind as an empty store."""
     new_dir = store.local and not os.path.exists(store.root)
     store.check_writable()
     try:
-        return _run_locked(store, cfg, resume, log, performance_report, client, force, repair, terminal)
+        yield
     except InputError:
-        # a store this run created and that holds nothing committed when its input is refused (its
-        # lock file, a begun staging unit) is removed, not left behind as an empty store
         if new_dir and os.path.isdir(store.root) and not _committed_anything(store.root):
             shutil.rmtree(store.root, ignore_errors=True)
         raise

@@ -286,6 +286,15 @@ def test_inspect_missing_store(tmp_path):
     assert res.exit_code == 2 and "no such store" in res.output
 
 
+def test_stage_command_refuses_bad_input_before_a_cluster_starts_and_leaves_no_store(tmp_path):
+    (tmp_path / "X.csv").write_text("a,b\n")
+    res = _invoke("stage", tmp_path / "X.csv", "--store", tmp_path / "s", "--cluster", "tcp://127.0.0.1:9")
+    assert res.exit_code == 2, res.output      # the unreachable cluster is never contacted
+    assert res.output.strip().splitlines() == [f"error: {tmp_path / 'X.csv'}: unknown format (data.path); use .npy, "
+                                               ".npz, .h5, .zarr, .parquet, .fvecs, .bvecs or an IDX file/folder"]
+    assert not (tmp_path / "s").exists()
+
+
 @pytest.mark.integration
 def test_stage_command_alone(client, tmp_path):
     X, y = make_blobs(n=50, d=3)
