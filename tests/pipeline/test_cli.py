@@ -286,6 +286,13 @@ def test_inspect_missing_store(tmp_path):
     assert res.exit_code == 2 and "no such store" in res.output
 
 
+def test_models_of_a_folder_that_is_not_a_store(tmp_path):
+    (tmp_path / "notes.txt").write_text("x")
+    res = CliRunner().invoke(main, ["models", str(tmp_path)])
+    assert res.exit_code == 2 and res.output.strip() == (f"error: {tmp_path}: not a metricpipe store (no models/, "
+                                                         f"data/ or runs/ in it); give the --store of a run"), res.output
+
+
 def test_stage_command_refuses_bad_input_before_a_cluster_starts_and_leaves_no_store(tmp_path):
     (tmp_path / "X.csv").write_text("a,b\n")
     res = _invoke("stage", tmp_path / "X.csv", "--store", tmp_path / "s", "--cluster", "tcp://127.0.0.1:9")
