@@ -203,7 +203,7 @@ def _kmeans_new(src, n, D, codes, names, k, normalize, counts):
 def predict(store_url: str, model: str, data_path: str, features: str = "X", labels: str | None = None,
             k: int | None = None):
     """Labels predicted for every row of ``data_path`` (a path or a builtin name) by any model, and the
-    top-1 error when the data carries labels. An NCMML / NCMC model classifies by its class means (Eq. 5,
+    top-1 error when the data carries labels (``labels``, or by default its ``y`` when it has one). An NCMML / NCMC model classifies by its class means (Eq. 5,
     Eq. 22's mixture or Eq. 27) unless ``k`` is given; any other model by the majority of the ``k``
     (default 10) nearest train codes of its run, compared as the model compares codes. Labels come back
     in the model's own kind (int64 or str)."""
@@ -215,7 +215,7 @@ def predict(store_url: str, model: str, data_path: str, features: str = "X", lab
     unit, attrs = find_model(store, model)
     est = load_estimator(unit.url)
     names = list(attrs.get("class_names") or [])
-    src = open_input(data_path, features, labels or "")
+    src = open_input(data_path, features, labels)   # labels None: y when DATA has it
     n, D = src.reader.shape[0], int(np.prod(src.reader.shape[1:]))
     if D != est.n_features_in_:
         raise InputError(f"{src.name}: features have {D} dimensions but model {unit.key} takes {est.n_features_in_}")
@@ -240,8 +240,13 @@ def predict(store_url: str, model: str, data_path: str, features: str = "X", lab
             pred[a:a + len(Q)] = knn_predict(Q, parts, y_train, k, est.code_metric, len(names))
     out = np.asarray(names)[pred] if names else pred   # labels of the model's own kind (int64 or str)
     error = None
-    if labels is not None:
-        error = _top1_error(src, labels, names, pred, unit.key)
+    if src.labels is not None:
+        try:
+            error = _top1_error(src, labels or "y", names, pred, unit.key)
+        except InputError:
+            if labels is not None:
+                raise
+            error = None   # a y the user did not name that is not the model's classes: no error rate
     return out, error
 
 

@@ -394,7 +394,8 @@ def evaluate(embeddings, labels, features, queries, reference, query_labels, ref
 @click.argument("data", type=click.Path(exists=False))
 @click.option("--model", required=True, help="Key (or key prefix) of a model in STORE (`metricpipe models STORE`).")
 @click.option("--features", default="X", show_default=True, help="Array name inside npz/h5/zarr.")
-@click.option("--labels", default=None, help="Label array name (or .npy path): also print the top-1 error.")
+@click.option("--labels", default=None,
+              help="Label array name (default: y when DATA has it) or .npy path: also print the top-1 error.")
 @click.option("--k", "k", type=click.IntRange(min=1), default=None,
               help="Classify by the k nearest train codes (default for models without class means: 10).")
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the predicted labels (.npy).")

@@ -311,6 +311,8 @@ def test_predict_classifies_with_any_model_by_the_nearest_train_codes(stored, tm
     pred = np.load(out)
     assert pred.dtype == np.int64 and np.mean(pred == ref) >= 0.998   # equal up to exactly tied distances
     assert f"top-1 error {np.mean(pred != y):.4f}" in res.output
+    res = CliRunner().invoke(main, ["predict", ctx.store.url, src, "--model", unit.key, "--k", "1"])
+    assert res.exit_code == 0 and f"top-1 error {np.mean(pred != y):.4f}" in res.output, res.output   # its y, unnamed
     # the default k (10) and a kernel SLEM model, whose codes compare by Eq. 16's similarity
     from metricpipe.tasks.slem import similarity
     (kspec, kunit), (_, kcu, _) = _by(models, codes, "slem", kernel="gaussian")
