@@ -136,7 +136,7 @@ def stratified_subset(labels: np.ndarray, size: int, rank: np.ndarray, leave: in
         rows = np.flatnonzero(labels == c)
         take = max(0, min(len(rows) - leave, max(1, int(round(size * len(rows) / len(labels))))))
         picked.append(rows[np.argsort(rank[rows], kind="stable")[:take]])
-    return np.sort(np.concatenate(picked))
+    return np.sort(np.concatenate(picked)) if picked else np.zeros(0, np.int64)   # no rows: none picked
 
 
 VALIDATION, KMEANS, REFERENCE = 1, 2, 3   # purposes of :func:`rank`

@@ -121,6 +121,8 @@ BAD = {
     "unreadable file": (lambda t: _garbage(t), {}, r"bad.npz: cannot read"),
     "empty test split": (lambda t: {**_bad_npz(t, X=X, y=Y, s=np.array(["train"] * 120)), "split": {"column": "s"}},
                          {}, r"the test split is empty"),
+    "empty train split": (lambda t: {**_bad_npz(t, X=X, y=Y, s=np.array(["test"] * 120)), "split": {"column": "s"}},
+                          {}, r"bad.npz: the train split is empty; mark some samples 'train'"),   # val: auto carves none
     "worker memory below the task rule": (lambda t: {"source": "digits"}, {"memory_limit": "300MB"},
                                           r"a row-block task \(4 row-blocks and the evaluation's buffers\) needs ~\d+ MB, over the 180 MB a "
                                           r"task may use \(60% of the smallest worker memory limit, 300 MB\); lower "
