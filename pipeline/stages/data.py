@@ -182,17 +182,22 @@ def run_stage(ctx: StageContext, plan: DataPlan | None = None) -> DataInfo:
         return info
     t0 = time.perf_counter()
     unit.begin()
-    _write_template(unit.url, {"features": (("sample", "feature"), (info.n_samples, info.n_features), np.float32,
-                                            np.nan),
-                               "row_key": (("sample",), (info.n_samples,), np.uint64, 0)},
-                    plan.coords, plan.attrs, info.chunk_rows,
-                    samples={"features": _stored_sample(src.reader, info, ctx.config.data.normalize, src.name)})
-    for name, values in (plan.pairs or {}).items():  # user pairs (NML), beside the rows
-        create_array(f"{unit.url}/{name}", values.shape, (max(1, min(len(values), 1 << 20)),), values.dtype)[:] = values
-    normalize = ctx.config.data.normalize
-    futures = [ctx.submit(_stage_block, src.reader, a, b, normalize, unit.url, src.name, name="stage-block")
-               for a, b in info.chunks]
-    ctx.gather(futures, "stage", [f"rows {a}..{b - 1}" for a, b in info.chunks])
+    try:
+        _write_template(unit.url, {"features": (("sample", "feature"), (info.n_samples, info.n_features),
+                                                np.float32, np.nan),
+                                   "row_key": (("sample",), (info.n_samples,), np.uint64, 0)},
+                        plan.coords, plan.attrs, info.chunk_rows,
+                        samples={"features": _stored_sample(src.reader, info, ctx.config.data.normalize, src.name)})
+        for name, values in (plan.pairs or {}).items():  # user pairs (NML), beside the rows
+            create_array(f"{unit.url}/{name}", values.shape, (max(1, min(len(values), 1 << 20)),),
+                         values.dtype)[:] = values
+        normalize = ctx.config.data.normalize
+        futures = [ctx.submit(_stage_block, src.reader, a, b, normalize, unit.url, src.name, name="stage-block")
+                   for a, b in info.chunks]
+        ctx.gather(futures, "stage", [f"rows {a}..{b - 1}" for a, b in info.chunks])
+    except InputError:
+        unit.discard()   # values refused block by block (NaN, inf, ...): no half-staged unit is left behind
+        raise
     _timed(ctx, unit, t0, {"n_samples": info.n_samples, "n_features": info.n_features, "source": src.name})
     return info
 

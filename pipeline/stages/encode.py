@@ -83,7 +83,12 @@ def run_encode(ctx: StageContext, data: DataInfo, models: list) -> list[tuple[di
             labels.append(f"model {model_id(spec)} rows {a}..{b - 1}")
     if len(pending) < len(out):
         ctx.log(f"  encode: reusing {len(out) - len(pending)} of {len(out)} encodings")
-    ctx.gather(futures, "encode", labels)
+    try:
+        ctx.gather(futures, "encode", labels)
+    except InputError:
+        for unit, _ in pending:   # a model's codes refused (e.g. not finite): no half-written codes are left
+            unit.discard()
+        raise
     for unit, meta in pending:
         _timed(ctx, unit, t0, meta)
     return out

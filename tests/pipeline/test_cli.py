@@ -178,6 +178,10 @@ def test_bad_input_exits_2_with_one_line_and_store_unchanged(client, good_store,
     assert re.search(match, lines[0]), lines[0]
     after = _digest(good_store / "store")
     assert {k: v for k, v in after.items() if k in before} == before  # nothing committed was touched
+    # and nothing half-written is left: a new file belongs to a unit committed before the refusal
+    # (e.g. the statistics of a run whose encode refused a model), never to a begun one
+    units = {"/".join(k.split("/")[:2]).removesuffix(".committed.json") for k in set(after) - set(before)}
+    assert all(f"{u}.committed.json" in after for u in units), sorted(units)
 
 
 @pytest.mark.parametrize("case", ["missing file", "nan"])
