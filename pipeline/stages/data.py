@@ -123,7 +123,8 @@ def prepare_data(cfg: RunConfig, store) -> DataPlan:
     n, D = int(src.reader.shape[0]), int(np.prod(src.reader.shape[1:]))
     if n == 0 or D == 0:
         raise InputError(f"{src.name}: features are empty (shape {tuple(src.reader.shape)}); check data.features")
-    codes, classes = encode_labels(src.labels, n, f"{src.name} (data.labels)")
+    labels_file = cfg.data.labels if (cfg.data.labels or "").endswith(".npy") else src.name   # where they were read
+    codes, classes = encode_labels(src.labels, n, f"{labels_file} (data.labels)")
     split = _split_codes(cfg, src, codes, classes)
     check_split(codes, split, SPLIT_NAMES, classes, src.name)
     coords = {"label": codes, "split": split}

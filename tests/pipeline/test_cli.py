@@ -46,6 +46,13 @@ def good_store(client, tmp_path_factory):
     return tmp
 
 
+def _labels_file(tmp, y):
+    """Features in X.npy, labels in a file of their own: an error about the labels names that file."""
+    np.save(tmp / "X.npy", X)
+    np.save(tmp / "y.npy", y)
+    return {"path": str(tmp / "X.npy"), "labels": str(tmp / "y.npy")}
+
+
 def _bad_npz(tmp, **arrays):
     p = tmp / "bad.npz"
     np.savez(p, **arrays)
@@ -88,6 +95,10 @@ BAD = {
                                  {"evaluate": {"classification": {"classifiers": ["knn500"]}}},
                                  r"knn500 votes over more neighbours than the \d+ train rows"),
     "label length": (lambda t: _bad_npz(t, X=X, y=Y[:-1]), {}, r"labels have length 119 but features have 120"),
+    "label length in a labels file": (lambda t: _labels_file(t, Y[:-1]), {},
+                                      r"error: \S+/y.npy \(data.labels\): labels have length 119 but features have 120"),
+    "fractional labels in a labels file": (lambda t: _labels_file(t, Y + 0.5), {},
+                                           r"error: \S+/y.npy \(data.labels\): labels must be integers"),
     "one class": (lambda t: _bad_npz(t, X=X, y=np.zeros(120, int)), {}, r"only one class"),
     "one member": (lambda t: _bad_npz(t, X=X, y=Y_ONE_MEMBER), {}, r"class 9 has 1 sample\(s\); a stratified split needs at least two"),
     "1-D features": (lambda t: _bad_npz(t, X=X[:, 0], y=Y), {}, r"must be a 2-D \(sample, feature\) array"),
