@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from metricpipe.config import DataConfig
+from metricpipe.context import _raise_refused, _refusing
 from metricpipe.sources import open_source
 from metricpipe.tasks import evaluation, knn, metrics
 from metricpipe.tasks.errors import InputError
@@ -185,13 +186,16 @@ def evaluate_embeddings(client, q: Side, rows: np.ndarray, ref: Side, self_in: b
     wanted = rows if sampled else rows[km]
     q_where = f"{q.path} ({q.option})"
     q_reader_f, r_reader_f = client.scatter([q.reader, ref.reader], broadcast=True)
-    scans = [client.submit(_scan, q_reader_f, a, b, q_where, wanted, pure=False)
+    # bad input comes back as a Refused value: no worker logs a "Compute Failed" traceback for it
+    scans = [client.submit(_refusing, _scan, q_reader_f, a, b, q_where, wanted, pure=False)
              for a, b in _blocks(q.reader)]
     if ref.path != q.path:   # the reference is checked up front too, before the long part
-        scans_ref = [client.submit(_scan, r_reader_f, a, b, f"{ref.path} ({ref.option})", np.empty(0, np.int64),
-                                   pure=False) for a, b in _blocks(ref.reader)]
-        client.gather(scans_ref)
-    client.gather(scans)   # a bad block stops here, naming its file and rows
+        scans_ref = [client.submit(_refusing, _scan, r_reader_f, a, b, f"{ref.path} ({ref.option})",
+                                   np.empty(0, np.int64), pure=False) for a, b in _blocks(ref.reader)]
+        for r in client.gather(scans_ref):
+            _raise_refused(r)
+    for r in client.gather(scans):   # a bad block stops here, naming its file and rows
+        _raise_refused(r)
     centroids = client.submit(_centroids, scans, wanted[km] if sampled else wanted, n_clusters, [seed, 22])
     r_labels_f = client.scatter(ref.labels, broadcast=True)
     g = group_size(k, len(rows), max(1, len(client.scheduler_info()["workers"])))
