@@ -32,8 +32,16 @@ KMEANS_SAMPLE = 2000
 def ncm_models(store: Store, model: str | None = None) -> list:
     """Committed NCMML / NCMC models of the store (or the one whose key starts with ``model``), as
     (unit, commit record)."""
-    found = [(u, meta) for u, meta in model_units(store)
-             if (meta.get("spec") or {}).get("method") in ("ncmml", "ncmc") and (model is None or u.key.startswith(model))]
+    def ncm(meta):
+        return (meta.get("spec") or {}).get("method") in ("ncmml", "ncmc")
+    named = [(u, meta) for u, meta in model_units(store) if model is not None and u.key.startswith(model)]
+    if named and not any(ncm(meta) for _, meta in named):
+        u, meta = named[0]
+        raise InputError(f"{store.url}: model {u.key} is a {(meta.get('spec') or {}).get('method')} model, not NCMML "
+                         f"or NCMC; add-classes extends class means (`metricpipe models {store.url}` lists them)")
+    # without --model: the models runs trained (a model add-classes made already holds added classes)
+    found = [(u, meta) for u, meta in (named if model is not None else model_units(store))
+             if ncm(meta) and (model is not None or not meta.get("extends"))]
     if not found:
         what = f"model {model!r}" if model else "NCMML or NCMC model"
         raise InputError(f"{store.url}: no committed {what} in models/; train one with metricpipe run "
@@ -102,6 +110,32 @@ def zero_shot_prior(name: str, parents: dict, class_means: dict) -> np.ndarray:
     return np.mean([np.mean(below[a], axis=0) for a in nodes], axis=0)
 
 
+def _zero_names(old_names: list, zero_shot: tuple) -> list:
+    """--zero-shot names are text: as the model's classes are (integers when they are)."""
+    return [int(z) if old_names and isinstance(old_names[0], int) and str(z).lstrip("-").isdigit() else z
+            for z in zero_shot]
+
+
+def _check_target(unit, attrs, est, src, D: int, names: list, zero_shot: tuple, parents: dict) -> None:
+    """Refuse new data a target model cannot take: another dimension, classes it has, a hierarchy
+    for a model of several centroids per class."""
+    old_names = list(attrs.get("class_names") or [])
+    if est.n_features_in_ != D:
+        raise InputError(f"{src.name}: features have {D} dimensions but model {unit.key} takes "
+                         f"{est.n_features_in_}; give features of the staged data's dimension")
+    owner = np.asarray(est.centroid_classes_, np.int64)
+    have = {old_names[c] for c in np.unique(owner)} if old_names else set()  # classes with centroids
+    zero = _zero_names(old_names, zero_shot)
+    clash = sorted(set(names + zero) & have, key=str)
+    if clash:
+        raise InputError(f"{src.name}: class(es) {clash[:5]} are already in model {unit.key}; new data must "
+                         f"hold new classes only")
+    k = int(np.bincount(owner).max())
+    if parents and k > 1:
+        raise InputError(f"--hierarchy: model {unit.key} keeps {k} centroids per class; the zero-shot prior "
+                         f"(Eqs. 33-34) is for one mean per class (NCMML); pick that model with --model")
+
+
 def add_classes(store_url: str, data_path: str, features: str = "X", labels: str = "y", model: str | None = None,
                 hierarchy: str | None = None, prior_weight: float = 0.0, zero_shot: tuple = (), log=print) -> list:
     """Add the classes of ``data_path`` (and ``zero_shot`` classes, prior only) to the store's NCM
@@ -113,26 +147,25 @@ def add_classes(store_url: str, data_path: str, features: str = "X", labels: str
     parents = _parents(hierarchy)
     if (zero_shot or prior_weight > 0) and not parents:
         raise InputError("--zero-shot and --prior-weight need --hierarchy (a YAML map class: parent)")
+    for unit, attrs in targets:   # every target checked before any is written
+        _check_target(unit, attrs, load_estimator(unit.url), src, D, names, zero_shot, parents)
     out = []
     for unit, attrs in targets:
         t0 = time.perf_counter()
+        key = hash_key({"stage": "add-classes", "model": unit.key, "data": src.fingerprint, "features": features,
+                        "labels": labels, "hierarchy": parents, "prior_weight": prior_weight,
+                        "zero_shot": list(zero_shot)})
+        new_unit = store.unit("models", key)
+        if new_unit.done():   # the same command again: its model is there already
+            info = {k: new_unit.meta()[k] for k in ("model", "extends", "added", "images", "seconds")}
+            log(f"{new_unit.rel}: reusing ({unit.key} + {len(info['added'])} class(es), added before)")
+            out.append(info)
+            continue
         est = load_estimator(unit.url)
         old_names = list(attrs.get("class_names") or [])   # the run's labels and added names: compared by value
-        if est.n_features_in_ != D:
-            raise InputError(f"{src.name}: features have {D} dimensions but model {unit.key} takes "
-                             f"{est.n_features_in_}; give features of the staged data's dimension")
         owner = np.asarray(est.centroid_classes_, np.int64)
-        have = {old_names[c] for c in np.unique(owner)} if old_names else set()  # classes with centroids
-        zero = [int(z) if old_names and isinstance(old_names[0], int) and str(z).lstrip("-").isdigit() else z
-                for z in zero_shot]   # --zero-shot names are text: as the model's classes are
-        clash = sorted(set(names + zero) & have, key=str)
-        if clash:
-            raise InputError(f"{src.name}: class(es) {clash[:5]} are already in model {unit.key}; new data must "
-                             f"hold new classes only")
+        zero = _zero_names(old_names, zero_shot)
         k = int(np.bincount(owner).max())
-        if parents and k > 1:
-            raise InputError(f"--hierarchy: model {unit.key} keeps {k} centroids per class; the zero-shot prior "
-                             f"(Eqs. 33-34) is for one mean per class (NCMML); pick that model with --model")
         C0 = len(old_names)
         sums, counts = np.zeros((len(names), D)), np.zeros(len(names), np.int64)
         for a, X in _blocks(src, n, D, attrs.get("normalize", "none")):
@@ -156,10 +189,6 @@ def add_classes(store_url: str, data_path: str, features: str = "X", labels: str
                                    + ([np.array(extra, np.float32)] if extra else []))
         all_owner = np.concatenate([owner, new_owner, np.arange(C0 + len(names), C0 + len(names) + len(extra))])
         est.add_centroids(all_cents[len(owner):], all_owner[len(owner):])
-        key = hash_key({"stage": "add-classes", "model": unit.key, "data": src.fingerprint, "features": features,
-                        "labels": labels, "hierarchy": parents, "prior_weight": prior_weight,
-                        "zero_shot": list(zero_shot)})
-        new_unit = store.unit("models", key)
         new_unit.begin()
         save_estimator(new_unit.url, est, {"spec": attrs.get("spec"), "dim": attrs.get("dim"),
                                            "score": attrs.get("score"), "extends": unit.key})

@@ -169,6 +169,30 @@ def test_add_classes_refuses_bad_new_data(trained, tmp_path):
         add_classes(ctx.store.url, str(tmp_path / "old.npz"), model=unit.key, log=lambda m: None)
 
 
+def test_add_classes_again_reuses_its_models_and_leaves_the_store_as_it_was(trained, tmp_path):
+    """The same command twice: the default targets are the models runs trained (not the copies the
+    first call made, which hold the new classes already), and their copies are reused, not rewritten."""
+    import shutil
+
+    from metricpipe.classes import add_classes
+    from metricpipe.tasks.errors import InputError
+    ctx, _, models, _, _ = trained
+    store = tmp_path / "store"
+    shutil.copytree(ctx.store.url, store)
+    rng = np.random.default_rng(6)
+    np.savez(tmp_path / "new.npz", X=rng.normal(0, 1, (40, 12)).astype(np.float32), y=np.repeat(["c1", "c2"], 20))
+    logs = []
+    first = add_classes(str(store), str(tmp_path / "new.npz"), log=logs.append)
+    assert len(first) == sum(s["method"] in ("ncmml", "ncmc") for s, _ in models)
+    files = {p: p.stat().st_mtime_ns for p in store.rglob("*") if p.is_file()}
+    second = add_classes(str(store), str(tmp_path / "new.npz"), log=logs.append)
+    assert second == first and all("reusing" in m for m in logs[len(first):])
+    assert {p: p.stat().st_mtime_ns for p in store.rglob("*") if p.is_file()} == files   # nothing rewritten
+    pca = next(u for s, u in models if s["method"] not in ("ncmml", "ncmc"))
+    with pytest.raises(InputError, match=rf"model {pca.key} is a \w+ model, not NCMML or NCMC"):
+        add_classes(str(store), str(tmp_path / "new.npz"), model=pca.key[:6], log=logs.append)
+
+
 def test_zero_shot_prior_is_the_mean_of_ancestor_means_and_map_mixes_it(trained, tmp_path):
     from metricpipe.classes import add_classes, zero_shot_prior
     means = {"cat": np.array([1.0, 0]), "dog": np.array([3.0, 0]), "car": np.array([0, 10.0])}
