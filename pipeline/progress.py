@@ -7,6 +7,7 @@ one to the total, and its Dask done-callback one to the count. On a terminal the
 rewritten in place, with the count, rate and ETA (tqdm); elsewhere (a log file, a CI job) a plain line
 ``  stage: 12/40 tasks done`` at most every PLAIN_SECONDS, and one when the stage ends.
 """
+import os
 import sys
 import threading
 import time
@@ -19,6 +20,15 @@ BAR = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} tasks [{elapsed}<{r
 # When a stage ends, how long to wait for the done-callbacks of its finished tasks to arrive (they run
 # on Dask's callback thread, a moment after gather has the results).
 SETTLE_SECONDS = 2.0
+
+
+def _sized(file) -> bool:
+    """Whether the terminal of ``file`` reports its size (columns and rows above 0)."""
+    try:
+        size = os.get_terminal_size(file.fileno())
+    except (AttributeError, OSError, ValueError):
+        return False
+    return size.columns > 0 and size.lines > 0
 
 
 class StageProgress:
@@ -39,8 +49,13 @@ class StageProgress:
             self.total += 1
             if self._terminal and self._bar is None and not self._closed:
                 from tqdm import tqdm
-                self._bar = tqdm(total=self.total, desc=f"  {self.stage}", unit="task", file=self._file or sys.stderr,
-                                 bar_format=BAR, leave=True, dynamic_ncols=True, mininterval=0.2)
+                file = self._file or sys.stderr
+                # a terminal that reports no size (a pty nobody sized, e.g. under `script`) would make tqdm
+                # draw nothing at all (0 rows): it gets 100 x 24
+                sized = _sized(file)
+                self._bar = tqdm(total=self.total, desc=f"  {self.stage}", unit="task", file=file, bar_format=BAR,
+                                 leave=True, dynamic_ncols=sized, ncols=None if sized else 100,
+                                 nrows=None if sized else 24, mininterval=0.2)
         future.add_done_callback(self._finished)
 
     def _finished(self, future) -> None:

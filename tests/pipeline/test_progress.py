@@ -87,6 +87,28 @@ def test_on_a_terminal_each_stage_is_one_line_rewritten_in_place_up_to_its_total
     assert "Completed" in text and "Report:" in text
 
 
+@pytest.mark.parametrize("size", [(0, 0), (30, 90)])
+def test_a_terminal_that_reports_no_size_still_shows_the_line(size):
+    """A pty nobody sized (0 x 0, e.g. under `script` started from a job) made tqdm draw nothing."""
+    from concurrent.futures import Future
+
+    from metricpipe.progress import StageProgress
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", *size, 0, 0))
+    with os.fdopen(follower, "w") as term:
+        p = StageProgress("train", lambda m: None, terminal=True, file=term)
+        futures = [Future() for _ in range(3)]
+        for f in futures:
+            p.add(f)
+        for f in futures:
+            f.set_result(None)
+        p.close()
+        term.flush()
+        out = os.read(leader, 65536).decode()
+    os.close(leader)
+    assert re.search(r"train: 100%\|.*\| 3/3 tasks", out), out
+
+
 def test_peak_rss_of_a_spawned_process_is_its_own_not_its_parents():
     """A worker spawned by a large client reports its own peak: getrusage's ru_maxrss carries the
     parent's over fork and exec (checked here too, so the test shows what it guards against)."""
