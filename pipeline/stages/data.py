@@ -52,10 +52,14 @@ def _split_codes(cfg: RunConfig, src, codes: np.ndarray, classes: list) -> np.nd
 def _given_or_random_split(cfg: RunConfig, src, codes: np.ndarray, classes: list) -> np.ndarray:
     n = len(codes)
     if src.split is not None:
-        unknown = sorted(set(np.unique(src.split)) - set(SPLIT_NAMES))
+        unknown = sorted(str(v) for v in set(np.unique(src.split).tolist()) - set(SPLIT_NAMES))
         if unknown:
             raise InputError(f"{src.name}: split column holds {unknown[:3]} (data.split.column); "
                              f"allowed values are {', '.join(SPLIT_NAMES)}")
+        if "test" in ((cfg.raw.get("data") or {}).get("split") or {}):
+            raise InputError(f"{src.name}: this source comes with its own train/test split, which "
+                             f"data.split.test would not change; drop data.split.test (or give the rows "
+                             f"as an array file to split them by a fraction)")
         lookup = {name: i for i, name in enumerate(SPLIT_NAMES)}
         return np.array([lookup[s] for s in src.split], np.int8) if n < 1000 else \
             np.select([src.split == s for s in SPLIT_NAMES], range(len(SPLIT_NAMES)), TRAIN).astype(np.int8)

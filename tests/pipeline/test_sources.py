@@ -91,6 +91,12 @@ def test_idx_folder_gives_train_test_split(tmp_path):
     np.testing.assert_array_equal(_read_in_blocks(src.reader, 5),
                                   np.vstack([imgs["train"], imgs["t10k"]]).reshape(17, 16))
     assert list(src.split).count("test") == 5
+    # a test fraction would be silently ignored on such a source: refused, before anything is written
+    from metricpipe.stages import prepare_data
+    cfg = parse_config({"data": {"path": str(tmp_path), "split": {"test": 0.3}}}, where="cfg.yaml")
+    with pytest.raises(InputError, match=r"comes with its own train/test split, which data.split.test would not "
+                                         r"change; drop data.split.test"):
+        prepare_data(cfg, None)
 
 
 def test_fashion_mnist_not_found_says_how_to_get_it(tmp_path, monkeypatch):
