@@ -154,7 +154,7 @@ def run(config, store, cluster, workers, memory_limit, resume, force, repair, pe
     if verify_source:
         cfg = replace(cfg, data=replace(cfg.data, verify_source=True))
     run_pipeline(cfg, resume=resume, log=_echo, performance_report=performance_report, force=force, repair=repair,
-                 terminal=sys.stderr.isatty())
+                 terminal=sys.stderr.isatty(), result=click.echo)   # progress on stderr, the results on stdout
 
 
 @main.command()
@@ -166,7 +166,7 @@ def demo(store, cluster, workers, memory_limit):
     from metricpipe.runner import run_pipeline
 
     cfg = _apply(load_config(demo_config_path()), store, cluster, workers, memory_limit)
-    run_pipeline(cfg, log=_echo, terminal=sys.stderr.isatty())
+    run_pipeline(cfg, log=_echo, terminal=sys.stderr.isatty(), result=click.echo)
 
 
 def demo_config_path() -> Path:
@@ -319,9 +319,9 @@ def report(store):
                          f"run 'metricpipe run CONFIG' first") from None
     except json.JSONDecodeError:
         raise InputError(f"{store}: runs/latest.json is corrupt; rerun 'metricpipe run CONFIG'") from None
-    _echo(f"Report: {build_report(st, manifest)}")
+    click.echo(f"Report: {build_report(st, manifest)}")   # results on stdout, as run writes them
     for line in winner_lines(read_summary(st)):
-        _echo(line)
+        click.echo(line)
 
 
 @main.command("add-classes")

@@ -31,13 +31,17 @@ def stage_names(cfg: RunConfig) -> list[str]:
 
 
 def run_pipeline(cfg: RunConfig, resume: bool = True, log=print, performance_report: str | None = None,
-                 client=None, force: str | None = None, repair: bool = False, terminal: bool = False) -> str:
+                 client=None, force: str | None = None, repair: bool = False, terminal: bool = False,
+                 result=None) -> str:
     """Run every stage of ``cfg``; return the path of the report's index.html. ``force`` recomputes
     that stage and the ones after it; ``repair`` recomputes committed units that fail verification;
-    ``terminal`` shows each stage's progress as one updating line on stderr (else plain log lines)."""
+    ``terminal`` shows each stage's progress as one updating line on stderr (else plain log lines);
+    ``result`` takes the closing lines (the report's path, the best models, the winner; default ``log``),
+    which the CLI writes to stdout and the rest to stderr."""
     store = Store(cfg.store)
     with removed_if_refused(store):
-        return _run_locked(store, cfg, resume, log, performance_report, client, force, repair, terminal)
+        return _run_locked(store, cfg, resume, log, performance_report, client, force, repair, terminal,
+                           result or log)
 
 
 @contextlib.contextmanager
@@ -58,7 +62,7 @@ def _committed_anything(root: str) -> bool:
     return any(name.endswith(MARKER_SUFFIX) for _, _, files in os.walk(root) for name in files)
 
 
-def _run_locked(store, cfg, resume, log, performance_report, client, force, repair, terminal) -> str:
+def _run_locked(store, cfg, resume, log, performance_report, client, force, repair, terminal, result) -> str:
     with contextlib.ExitStack() as stack:
         stack.enter_context(store.lock("metricpipe run", log=log))  # one writer at a time
         plan = stages.prepare_data(cfg, store)  # refuse bad input before starting anything
@@ -76,7 +80,7 @@ def _run_locked(store, cfg, resume, log, performance_report, client, force, repa
         try:
             ctx = StageContext(client, store, cfg, resume=resume, log=log, force=force, repair=repair,
                                terminal=terminal)
-            return _run(ctx, plan, log)
+            return _run(ctx, plan, log, result)
         except StageError as e:
             if worker_log is None:
                 raise
@@ -163,7 +167,7 @@ def skipped_classifiers(cfg: RunConfig, specs) -> list[dict]:
                     for spec in specs for c in cfg.evaluate.classifiers if (why := unserved(spec, c))]
 
 
-def _run(ctx: StageContext, plan, log) -> str:
+def _run(ctx: StageContext, plan, log, result) -> str:
     cfg = ctx.config
     names = stage_names(cfg)
     timings, started = [], time.time()
@@ -221,9 +225,9 @@ def _run(ctx: StageContext, plan, log) -> str:
     peaks = _peak_rss(ctx.client)
     if peaks:
         log("Peak RSS: " + ", ".join(f"{who} {mb:,.0f} MB" for who, mb in peaks))
-    log(f"Report: {path}")
+    result(f"Report: {path}")
     for line in winner_lines(read_summary(ctx.store)):   # the last lines name the winner
-        log(line)
+        result(line)
     return path
 
 

@@ -278,6 +278,10 @@ def test_rerun_reuses_every_stage_and_gives_the_same_report(good_store):
     assert res.exit_code == 0
     assert "stage: reusing data/" in res.output and "train: reusing 2 of 2 models" in res.output
     assert json.loads((good_store / "store/report/metrics.json").read_text())["records"] == first
+    # the results on stdout (`metricpipe run cfg > results.txt` keeps them), the progress on stderr
+    out = res.stdout.strip().splitlines()
+    assert out[0].startswith("Report: ") and out[-1].startswith("Winner: ") and "Completed" not in res.stdout
+    assert "Completed 1 of" in res.stderr and "Winner" not in res.stderr
 
 
 def test_inspect_and_report_commands(good_store):
