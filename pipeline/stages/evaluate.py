@@ -317,7 +317,7 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
     n_clusters = len(np.unique(data.labels[queries]))
     km_rows = np.sort(np.random.default_rng([ctx.config.seed, 32]).choice(
         queries, min(len(queries), KMEANS_ROWS_PER_CLASS * n_clusters), replace=False))
-    out, jobs, costs, indexed = [], [], {}, []
+    out, jobs, costs, indexed, reused = [], [], {}, [], 0
     for spec, cunit, dim in codes:
         unit = ctx.store.unit("evaluation", hash_key({"stage": "evaluation", "seed": ctx.config.seed, "codes": cunit.key,
                                                      "graph": neighbours.key if neighbours else None,
@@ -325,6 +325,7 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
                                                      "indexes": _index_plan(ctx, data, cunit, n_train)}))
         out.append((spec, unit))
         if ctx.reuse(unit, "evaluate"):
+            reused += 1
             continue
         unit.begin()
         cmeta = cunit.meta()
@@ -372,6 +373,8 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
                                      served, means, graph_url, ncm_model, lists,
                                      name=f"classify-{model_id(job['spec'])}")
                           for q, lists in zip(job["blocks"], job["lists"])]
+    if reused:
+        ctx.log(f"  evaluate: reusing {reused} of {len(codes)} evaluations")
     # When the models that leave classes out of training all keep the same ones, every model also
     # reports its errors on the other classes' test images: the control beside the new-class figure.
     subsets = {tuple(spec["classes"]) for spec, *_ in codes if spec.get("classes")}

@@ -110,8 +110,10 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
         finally:
             ctx.returning_errors = False
     kept = sum(1 for _, _, us, su, done in plans if done or (su is None and us[0].key not in todo))
+    chosen = sum(1 for *_, done in plans if done)
     if kept:
-        ctx.log(f"  train: reusing {kept} of {len(plans)} models")
+        ctx.log(f"  train: reusing {kept} of {len(plans)} models"
+                + (f" ({chosen} with their parameter selection)" if chosen else ""))
     scores = {}
     for spec, cands, cunits, sel_unit, _ in pending:
         for c, u in zip(cands, cunits):

@@ -277,6 +277,7 @@ def test_rerun_reuses_every_stage_and_gives_the_same_report(good_store):
     res = _invoke("run", cfg)
     assert res.exit_code == 0
     assert "stage: reusing data/" in res.output and "train: reusing 2 of 2 models" in res.output
+    assert "encode: reusing 2 of 2 encodings" in res.output and "evaluate: reusing 2 of 2 evaluations" in res.output
     assert json.loads((good_store / "store/report/metrics.json").read_text())["records"] == first
     # the results on stdout (`metricpipe run cfg > results.txt` keeps them), the progress on stderr
     out = res.stdout.strip().splitlines()
