@@ -183,7 +183,8 @@ def demo_config_path() -> Path:
 @click.option("--features", default="X", show_default=True, help="Array name inside npz/h5/zarr.")
 @click.option("--labels", default="y", show_default=True, help="Label array name, or a .npy path.")
 @click.option("--normalize", default="none", show_default=True, type=click.Choice(["none", "l1", "l2", "power"]))
-@click.option("--test", "test_fraction", default=0.2, show_default=True, type=float, help="Stratified test fraction.")
+@click.option("--test", "test_fraction", default=None, type=float,
+              help="Stratified test fraction (default 0.2; a source with its own split keeps it).")
 @click.option("--split-column", help="Array of train/test/val/negatives strings instead of a random split.")
 @_cluster_options
 @handle_errors
@@ -197,7 +198,8 @@ def stage_cmd(source, store, features, labels, normalize, test_fraction, split_c
     from metricpipe.storage import Store
 
     data = {"features": features, "labels": labels, "normalize": normalize,
-            "split": {"column": split_column} if split_column else {"test": test_fraction}}
+            "split": {"column": split_column} if split_column else
+            {} if test_fraction is None else {"test": test_fraction}}
     data["source" if source in ("digits", "fashion-mnist", "synthetic") else "path"] = source
     cfg = _apply(parse_config({"data": data}, where="metricpipe stage", base_dir=Path.cwd()), store, cluster,
                  workers, memory_limit)

@@ -325,6 +325,19 @@ def test_stage_command_refuses_bad_input_before_a_cluster_starts_and_leaves_no_s
 
 
 @pytest.mark.integration
+def test_stage_command_keeps_an_idx_folder_s_own_split_without_test(client, tmp_path):
+    from tests.pipeline.test_sources import _write_idx
+    rng = np.random.default_rng(0)
+    for s, n in (("train", 12), ("t10k", 6)):
+        _write_idx(tmp_path / f"{s}-images-idx3-ubyte.gz", rng.integers(0, 255, (n, 4, 4)).astype(np.uint8))
+        _write_idx(tmp_path / f"{s}-labels-idx1-ubyte.gz", (np.arange(n) % 3).astype(np.uint8))
+    res = _invoke("stage", tmp_path, "--store", tmp_path / "s", "--cluster", client.scheduler.address)
+    assert res.exit_code == 0, res.output
+    res = _invoke("stage", tmp_path, "--store", tmp_path / "s2", "--test", "0.3", "--cluster", client.scheduler.address)
+    assert res.exit_code == 2 and "comes with its own train/test split" in res.output, res.output
+
+
+@pytest.mark.integration
 def test_stage_command_alone(client, tmp_path):
     X, y = make_blobs(n=50, d=3)
     np.save(tmp_path / "X.npy", X)
