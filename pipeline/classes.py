@@ -116,9 +116,11 @@ def _zero_names(old_names: list, zero_shot: tuple) -> list:
             for z in zero_shot]
 
 
-def _check_target(unit, attrs, est, src, D: int, names: list, zero_shot: tuple, parents: dict) -> None:
+def _check_target(unit, attrs, est, src, D: int, names: list, zero_shot: tuple, parents: dict,
+                  counts: np.ndarray) -> None:
     """Refuse new data a target model cannot take: another dimension, classes it has, a hierarchy
-    for a model of several centroids per class."""
+    for a model of several centroids per class or for classes with no trained ancestor, fewer
+    images of a class than its centroids (``counts``: images per new class)."""
     old_names = list(attrs.get("class_names") or [])
     if est.n_features_in_ != D:
         raise InputError(f"{src.name}: features have {D} dimensions but model {unit.key} takes "
@@ -134,6 +136,13 @@ def _check_target(unit, attrs, est, src, D: int, names: list, zero_shot: tuple, 
     if parents and k > 1:
         raise InputError(f"--hierarchy: model {unit.key} keeps {k} centroids per class; the zero-shot prior "
                          f"(Eqs. 33-34) is for one mean per class (NCMML); pick that model with --model")
+    if parents:   # every new class needs an ancestor shared with a trained class (zero_shot_prior refuses)
+        for name in names + zero:
+            zero_shot_prior(name, parents, {old_names[c]: np.zeros(1) for c in np.unique(owner)})
+    short = [names[j] for j in np.flatnonzero(counts < k)]
+    if short:
+        raise InputError(f"{src.name}: class(es) {short[:5]} have fewer images than the model's {k} centroids "
+                         f"per class; give at least {k} images of each")
 
 
 def add_classes(store_url: str, data_path: str, features: str = "X", labels: str = "y", model: str | None = None,
@@ -147,8 +156,9 @@ def add_classes(store_url: str, data_path: str, features: str = "X", labels: str
     parents = _parents(hierarchy)
     if (zero_shot or prior_weight > 0) and not parents:
         raise InputError("--zero-shot and --prior-weight need --hierarchy (a YAML map class: parent)")
+    counts = np.bincount(codes, minlength=len(names))
     for unit, attrs in targets:   # every target checked before any is written
-        _check_target(unit, attrs, load_estimator(unit.url), src, D, names, zero_shot, parents)
+        _check_target(unit, attrs, load_estimator(unit.url), src, D, names, zero_shot, parents, counts)
     out = []
     for unit, attrs in targets:
         t0 = time.perf_counter()
@@ -157,7 +167,8 @@ def add_classes(store_url: str, data_path: str, features: str = "X", labels: str
                         "zero_shot": list(zero_shot)})
         new_unit = store.unit("models", key)
         if new_unit.done():   # the same command again: its model is there already
-            info = {k: new_unit.meta()[k] for k in ("model", "extends", "added", "images", "seconds")}
+            meta = new_unit.meta()
+            info = {k: meta[k] for k in ("model", "extends", "added", "images", "seconds")}
             log(f"{new_unit.rel}: reusing ({unit.key} + {len(info['added'])} class(es), added before)")
             out.append(info)
             continue
@@ -205,11 +216,7 @@ def add_classes(store_url: str, data_path: str, features: str = "X", labels: str
 
 def _kmeans_new(src, n, D, codes, names, k, normalize, counts):
     """k centroids per new class: k-means++ on up to KMEANS_SAMPLE rows of each, Lloyd over the blocks."""
-    rng = np.random.default_rng(0)
-    short = [names[j] for j in np.flatnonzero(counts < k)]
-    if short:
-        raise InputError(f"{src.name}: class(es) {short[:5]} have fewer images than the model's {k} centroids "
-                         f"per class; give at least {k} images of each")
+    rng = np.random.default_rng(0)   # each class has at least k images (_check_target)
     keep = np.zeros(n, bool)
     for j in range(len(names)):
         rows = np.flatnonzero(codes == j)

@@ -420,7 +420,8 @@ def predict(store, data, model, features, labels, k, out):
             os.replace(tmp, out)
         except OSError as e:
             raise InputError(f"{out}: cannot write the predictions (--out): {e.strerror or e}") from None
-    _echo(f"{len(names)} rows classified" + (f"; top-1 error {error:.4f}" if error is not None else "")
+    against = "" if labels else " (against DATA's y)"
+    _echo(f"{len(names)} rows classified" + (f"; top-1 error {error:.4f}{against}" if error is not None else "")
           + (f"; predictions in {out}" if out else ""))
 
 

@@ -282,6 +282,9 @@ def codes_unit(store: Store, unit, meta: dict):
         raise InputError(f"{store.url}: model {unit.key} records no staged data (it was added by add-classes?); "
                          f"export the model it extends")
     cu = codes_of(store, unit.key, meta)
+    if not cu.done() and meta.get("extends"):
+        raise InputError(f"{store.url}: model {unit.key} was made by add-classes from model {meta['extends']}, which "
+                         f"has the codes (its W is the same); use that model, or 'metricpipe encode' with this one")
     if not cu.done():
         try:
             latest = store.read_json("runs/latest.json")["units"]["models"]

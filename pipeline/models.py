@@ -12,7 +12,8 @@ def model_units(store: Store) -> list[tuple[Unit, dict]]:
 
 def codes_of(store: Store, key: str, meta: dict) -> Unit | None:
     """The unit of model ``key``'s codes on its run's staged data (None: the model records no staged
-    data, e.g. one made by add-classes); committed only when its run encoded it."""
+    data); committed only when its run encoded it (not for an unkept selection candidate, nor for a
+    model add-classes made)."""
     if not meta.get("data"):
         return None
     return store.unit("codes", hash_key({"stage": "codes", "model": key, "data": meta["data"]}))

@@ -53,7 +53,10 @@ def removed_if_refused(store: Store):
     try:
         yield
     except InputError:
-        if new_dir and os.path.isdir(store.root) and not _committed_anything(store.root):
+        # only a store this process locked: a command refused because another holds the lock must not
+        # remove that one's (still uncommitted) work
+        if new_dir and getattr(store, "locked_here", False) and os.path.isdir(store.root) \
+                and not _committed_anything(store.root):
             shutil.rmtree(store.root, ignore_errors=True)
         raise
 

@@ -160,6 +160,7 @@ class Store:
                 owner = self._lock_owner(path)
                 who = f"pid {owner.get('pid')} on {owner.get('host')} ({owner.get('what')})" if owner else "another process"
                 raise InputError(f"{self.url}: the store is in use by {who} (STORE/.lock); wait for it to finish") from None
+            self.locked_here = True   # this process held the lock (see runner.removed_if_refused)
             os.ftruncate(fd, 0)
             os.write(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "what": what,
                                      "since": time.time()}).encode())
@@ -427,9 +428,12 @@ class Unit:
         fs.makedirs(self._root, exist_ok=True)
 
     def discard(self) -> None:
-        """Remove an uncommitted unit's files (a candidate whose fit failed: nothing to resume)."""
+        """Remove an uncommitted unit's files (a candidate whose fit failed: nothing to resume). Best
+        effort: a cancelled task still running may write a block after it (an unfinished unit, which
+        a resume recomputes), and a file it adds meanwhile must not replace the caller's error."""
         if not self.done() and self.store.fs.exists(self._root):
-            self.store.fs.rm(self._root, recursive=True)
+            with contextlib.suppress(OSError):
+                self.store.fs.rm(self._root, recursive=True)
 
     def commit(self, meta: dict, sums: dict | None = None) -> None:
         """Mark the unit complete (the marker is written last and atomically) with its files' checksums

@@ -99,6 +99,15 @@ def test_a_model_its_run_did_not_encode_is_marked_and_named_as_such(stored, tmp_
     (store / "runs/latest.json").write_text('{"units": {"models": ["models/%s"]}}' % dropped)
     res = CliRunner().invoke(main, ["export", str(store), "--model", dropped, "--faiss", str(tmp_path / "x.faiss")])
     assert res.exit_code == 2 and "has no committed codes; rerun 'metricpipe run CONFIG --resume'" in res.output, res.output
+    # a model add-classes made has no codes of its own: the message names the model it extends
+    from metricpipe.classes import add_classes
+    ncm = next(u.key for s, u in models if s["method"] == "ncmml")
+    np.savez(tmp_path / "new.npz", X=np.ones((4, 10), np.float32), y=np.array(["n1", "n1", "n2", "n2"]))
+    [info] = add_classes(str(store), str(tmp_path / "new.npz"), model=ncm, log=lambda m: None)
+    ext = info["model"].split("/")[-1]
+    res = CliRunner().invoke(main, ["export", str(store), "--model", ext, "--faiss", str(tmp_path / "x.faiss")])
+    assert res.exit_code == 2 and f"was made by add-classes from model {ncm}, which has the codes" in res.output, \
+        res.output
 
 
 @pytest.mark.integration

@@ -193,6 +193,23 @@ def test_add_classes_again_reuses_its_models_and_leaves_the_store_as_it_was(trai
         add_classes(str(store), str(tmp_path / "new.npz"), model=pca.key[:6], log=logs.append)
 
 
+def test_add_classes_refuses_for_any_target_before_writing_for_one(trained, tmp_path):
+    """One image of a new class: NCMML's copy could be made, NCMC's (several centroids per class)
+    cannot; the refusal comes before either is written."""
+    import shutil
+
+    from metricpipe.classes import add_classes
+    from metricpipe.tasks.errors import InputError
+    ctx, _, models, _, _ = trained
+    store = tmp_path / "store"
+    shutil.copytree(ctx.store.url, store)
+    before = sorted(p.name for p in (store / "models").iterdir())
+    np.savez(tmp_path / "few.npz", X=np.ones((1, 12), np.float32), y=np.array(["new"]))
+    with pytest.raises(InputError, match=r"class\(es\) \['new'\] have fewer images than the model's \d+ centroids"):
+        add_classes(str(store), str(tmp_path / "few.npz"), log=lambda m: None)
+    assert sorted(p.name for p in (store / "models").iterdir()) == before
+
+
 def test_zero_shot_prior_is_the_mean_of_ancestor_means_and_map_mixes_it(trained, tmp_path):
     from metricpipe.classes import add_classes, zero_shot_prior
     means = {"cat": np.array([1.0, 0]), "dog": np.array([3.0, 0]), "car": np.array([0, 10.0])}
