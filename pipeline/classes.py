@@ -17,7 +17,7 @@ import numpy as np
 
 from metricpipe.config import DataConfig
 from metricpipe.sources import open_source
-from metricpipe.models import model_units
+from metricpipe.models import codes_of, model_units
 from metricpipe.storage import Store, hash_key, load_estimator, open_array, save_estimator
 from metricpipe.tasks.ncmml import NCMC
 from metricpipe.tasks.errors import InputError
@@ -39,9 +39,13 @@ def ncm_models(store: Store, model: str | None = None) -> list:
         u, meta = named[0]
         raise InputError(f"{store.url}: model {u.key} is a {(meta.get('spec') or {}).get('method')} model, not NCMML "
                          f"or NCMC; add-classes extends class means (`metricpipe models {store.url}` lists them)")
-    # without --model: the models runs trained (a model add-classes made already holds added classes)
+    # without --model: the models runs kept (a model add-classes made already holds added classes; a
+    # selection candidate that was not kept has no codes)
+    def kept(u, meta):
+        codes = codes_of(store, u.key, meta)
+        return not meta.get("extends") and codes is not None and codes.done()
     found = [(u, meta) for u, meta in (named if model is not None else model_units(store))
-             if ncm(meta) and (model is not None or not meta.get("extends"))]
+             if ncm(meta) and (model is not None or kept(u, meta))]
     if not found:
         what = f"model {model!r}" if model else "NCMML or NCMC model"
         raise InputError(f"{store.url}: no committed {what} in models/; train one with metricpipe run "

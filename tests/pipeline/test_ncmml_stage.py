@@ -176,14 +176,17 @@ def test_add_classes_again_reuses_its_models_and_leaves_the_store_as_it_was(trai
 
     from metricpipe.classes import add_classes
     from metricpipe.tasks.errors import InputError
-    ctx, _, models, _, _ = trained
+    ctx, _, models, codes, _ = trained
     store = tmp_path / "store"
     shutil.copytree(ctx.store.url, store)
+    # one NCM model without codes stands in for a selection candidate that was not kept: not a target
+    [dropped] = [c.key for (s, _), (_, c, _) in zip(models, codes) if s["method"] == "ncmc"][:1]
+    (store / f"codes/{dropped}.committed.json").unlink()
     rng = np.random.default_rng(6)
     np.savez(tmp_path / "new.npz", X=rng.normal(0, 1, (40, 12)).astype(np.float32), y=np.repeat(["c1", "c2"], 20))
     logs = []
     first = add_classes(str(store), str(tmp_path / "new.npz"), log=logs.append)
-    assert len(first) == sum(s["method"] in ("ncmml", "ncmc") for s, _ in models)
+    assert len(first) == sum(s["method"] in ("ncmml", "ncmc") for s, _ in models) - 1
     files = {p: p.stat().st_mtime_ns for p in store.rglob("*") if p.is_file()}
     second = add_classes(str(store), str(tmp_path / "new.npz"), log=logs.append)
     assert second == first and all("reusing" in m for m in logs[len(first):])
