@@ -243,7 +243,8 @@ def _kmeans_new(src, n, D, codes, names, k, normalize, counts):
 def predict(store_url: str, model: str, data_path: str, features: str = "X", labels: str | None = None,
             k: int | None = None):
     """Labels predicted for every row of ``data_path`` (a path or a builtin name) by any model, and the
-    top-1 error when the data carries labels (``labels``, or by default its ``y`` when it has one). An NCMML / NCMC model classifies by its class means (Eq. 5,
+    top-1 error when the data carries labels (``labels``, or by default its ``y`` when it has one). An
+    NCMML / NCMC model classifies by its class means (Eq. 5,
     Eq. 22's mixture or Eq. 27) unless ``k`` is given; any other model by the majority of the ``k``
     (default 10) nearest train codes of its run, compared as the model compares codes. Labels come back
     in the model's own kind (int64 or str)."""

@@ -114,7 +114,8 @@ def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limi
         dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES})
         with quiet_resource_tracker():
             lc = LocalCluster(n_workers=workers, threads_per_worker=threads_per_worker, processes=True,
-                              host="127.0.0.1", memory_limit=memory_limit, dashboard_address=dashboard_address(dashboard))
+                              host="127.0.0.1", memory_limit=memory_limit,
+                              dashboard_address=dashboard_address(dashboard))
         with lc, Client(lc) as client:
             client.register_plugin(IgnoreInterrupt())
             yield client

@@ -124,7 +124,8 @@ def _selection_html(sel: list[dict]) -> str:
             f"<td>{'failed: ' + esc(c['error']) if c['score'] is None else format(c['score'], '.4f')}</td>"
             f"<td>{'chosen' if i == s['chosen'] else ''}</td><td><code>{esc(c['model'][:12])}</code></td></tr>"
             for i, c in enumerate(s["candidates"]))
-        parts.append(f"<p>{esc(s.get('label') or s['method'])}: {esc(s['metric'])} on {s['validation_rows']:,} validation rows "
+        parts.append(f"<p>{esc(s.get('label') or s['method'])}: {esc(s['metric'])} on "
+                     f"{s['validation_rows']:,} validation rows "
                      f"({best} wins)</p><table><tr><th>parameters</th><th>validation {esc(s['metric'])}</th>"
                      f"<th></th><th>model</th></tr>{rows}</table>")
     return ("<h2>Parameter selection</h2><p>Candidates trained on the train split and scored on the validation "
