@@ -246,8 +246,9 @@ def predict(store_url: str, model: str, data_path: str, features: str = "X", lab
     top-1 error when the data carries labels (``labels``, or by default its ``y`` when it has one). An
     NCMML / NCMC model classifies by its class means (Eq. 5,
     Eq. 22's mixture or Eq. 27) unless ``k`` is given; any other model by the majority of the ``k``
-    (default 10) nearest train codes of its run, compared as the model compares codes. Labels come back
-    in the model's own kind (int64 or str)."""
+    (default 10) nearest train codes of its run, compared as the model compares codes. Returns the labels
+    (in the model's own kind, int64 or str), the error (None without labels) and how many rows carry a
+    label that is not a class of the model (counted as errors: no prediction can be right for them)."""
     from metricpipe.export import BLOCK_ROWS, codes_unit, encode_rows, open_input, split_rows
     from metricpipe.models import find_model
     from metricpipe.tasks.evaluation import knn_predict
@@ -280,20 +281,20 @@ def predict(store_url: str, model: str, data_path: str, features: str = "X", lab
             Q = encode_rows(unit.url, data_path, features, normalize, a, min(n, a + BLOCK_ROWS))
             pred[a:a + len(Q)] = knn_predict(Q, parts, y_train, k, est.code_metric, len(names))
     out = np.asarray(names)[pred] if names else pred   # labels of the model's own kind (int64 or str)
-    error = None
+    error, unknown = None, 0
     if src.labels is not None:
         try:
-            error = _top1_error(src, labels or "y", names, pred, unit.key)
+            error, unknown = _top1_error(src, labels or "y", names, pred, unit.key)
         except InputError:
             if labels is not None:
                 raise
             error = None   # a y the user did not name that is not the model's classes: no error rate
-    return out, error
+    return out, error, unknown
 
 
-def _top1_error(src, labels: str, names: list, pred: np.ndarray, key: str) -> float:
+def _top1_error(src, labels: str, names: list, pred: np.ndarray, key: str) -> tuple[float, int]:
     """The fraction of rows whose label (compared by value: 3.0 is class 3, "3" is not) is not the
-    predicted class."""
+    predicted class, and the number of rows whose label is no class of the model."""
     n = len(pred)
     truth = np.asarray(src.labels)
     if truth.shape != (n,):
@@ -306,4 +307,4 @@ def _top1_error(src, labels: str, names: list, pred: np.ndarray, key: str) -> fl
         raise InputError(f"{src.name} (--labels {labels}): none of the labels is a class of model {key} "
                          f"(e.g. {truth[0].item()!r}; its classes: {names[:3]}...); give the labels the model "
                          f"was trained with")
-    return float(np.mean(pred != truth_idx))
+    return float(np.mean(pred != truth_idx)), int(np.sum(truth_idx < 0))

@@ -412,7 +412,7 @@ def predict(store, data, model, features, labels, k, out):
 
     if out:
         check_out(out, "--out", (".npy",))
-    names, error = run_predict(store, model, data, features, labels, k)
+    names, error, unknown = run_predict(store, model, data, features, labels, k)
     if out:  # written whole or not at all
         tmp = f"{out}.partial.npy"
         try:
@@ -420,7 +420,9 @@ def predict(store, data, model, features, labels, k, out):
             os.replace(tmp, out)
         except OSError as e:
             raise InputError(f"{out}: cannot write the predictions (--out): {e.strerror or e}") from None
-    against = "" if labels else " (against DATA's y)"
+    notes = ([] if labels else ["against DATA's y"]) + ([f"{unknown} rows whose label is not a class of the model "
+                                                          f"count as errors"] if unknown else [])
+    against = f" ({'; '.join(notes)})" if notes else ""
     _echo(f"{len(names)} rows classified" + (f"; top-1 error {error:.4f}{against}" if error is not None else "")
           + (f"; predictions in {out}" if out else ""))
 

@@ -143,6 +143,26 @@ def test_non_finite_embeddings_exit_2_naming_file_and_rows(client, tmp_path):
 
 
 @pytest.mark.integration
+def test_non_finite_embeddings_on_a_local_cluster_print_no_worker_traceback(tmp_path):
+    """On spawned local workers (whose stderr is the terminal's) a bad block comes back as a value, so
+    the worker logs no "Compute Failed" and its traceback; the user sees the one error line."""
+    import subprocess
+    import sys
+    X, y = tied_case(0, n_ref=40)
+    X[3, 0] = np.inf
+    np.savez(tmp_path / "inf.npz", X=X, y=y)
+    res = subprocess.run([sys.executable, "-m", "metricpipe.cli", "evaluate", str(tmp_path / "inf.npz"),
+                          "--workers", "1", "--out", str(tmp_path / "m.json")], capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr and "Compute Failed" not in res.stderr, res.stderr
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and re.search(r"inf.npz \(EMBEDDINGS\): features contain 1 non-finite .* row 3",
+                                          errors[0]), res.stderr
+    assert not list(tmp_path.glob("m.json*"))
+
+
+@pytest.mark.integration
 def test_cutoff_metrics_equal_the_pipeline_s_own_retrieval_on_untied_data(client, tmp_path):
     """mprec@K and recall@K come from the same neighbour lists, for every K up to k; on continuous
     data (no ties) they equal the evaluate stage's own kernel (tasks.evaluation.retrieval)."""

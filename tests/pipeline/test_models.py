@@ -322,6 +322,14 @@ def test_predict_classifies_with_any_model_by_the_nearest_train_codes(stored, tm
     assert f"top-1 error {np.mean(pred != y):.4f}" in res.output
     res = CliRunner().invoke(main, ["predict", ctx.store.url, src, "--model", unit.key, "--k", "1"])
     assert res.exit_code == 0 and f"top-1 error {np.mean(pred != y):.4f}" in res.output, res.output   # its y, unnamed
+    y_new = y.copy()
+    y_new[:7] = y.max() + 1                               # a class the model never saw: 7 certain errors, said so
+    np.save(tmp_path / "y_new.npy", y_new)
+    res = CliRunner().invoke(main, ["predict", ctx.store.url, src, "--model", unit.key, "--k", "1",
+                                    "--labels", str(tmp_path / "y_new.npy")])
+    assert res.exit_code == 0, res.output
+    assert (f"top-1 error {np.mean(pred != y_new):.4f} (7 rows whose label is not a class of the model count as "
+            f"errors)") in res.output
     # the default k (10) and a kernel SLEM model, whose codes compare by Eq. 16's similarity
     from metricpipe.tasks.slem import similarity
     (kspec, kunit), (_, kcu, _) = _by(models, codes, "slem", kernel="gaussian")

@@ -148,7 +148,7 @@ def test_add_classes_extends_a_copy_and_predicts_like_ncm_with_numpy_means(train
     # prediction = nearest projected mean among the trained classes' means and the two new ones
     probe = np.concatenate([Xn[:20], open_array(f"{data.url}/features")[:20]])
     np.savez(tmp_path / "probe.npz", X=probe, y=np.zeros(40, int))
-    names, _ = predict(ctx.store.url, ext.key, str(tmp_path / "probe.npz"))
+    names, _, _ = predict(ctx.store.url, ext.key, str(tmp_path / "probe.npz"))
     W = load_estimator(unit.url).components_
     P = normalize_rows(probe, "l2") @ W
     M = est.centroids_ @ W
@@ -265,7 +265,7 @@ def test_predict_needs_no_labels_and_refuses_bad_ones_and_ambiguous_models(train
     X = open_array(f"{data.url}/features")[:30]
     np.savez(tmp_path / "unlabelled.npz", X=X)
     [unit] = [u for s, u in models if s["method"] == "ncmml" and not s["classes"] and s["objective"] == "euclidean"]
-    names, error = predict(ctx.store.url, unit.key, str(tmp_path / "unlabelled.npz"))
+    names, error, _ = predict(ctx.store.url, unit.key, str(tmp_path / "unlabelled.npz"))
     assert len(names) == 30 and error is None
     np.savez(tmp_path / "short.npz", X=X, y=np.zeros((2, 15), int))
     with pytest.raises(InputError, match=r"labels of shape \(2, 15\) for 30 rows"):
@@ -369,8 +369,8 @@ def test_labels_are_compared_by_value_and_predict_returns_the_models_kind(traine
     names = np.array(unit.meta()["class_names"])
     np.savez(tmp_path / "int.npz", X=X, y=names[y])
     np.savez(tmp_path / "float.npz", X=X, y=names[y].astype(np.float64))
-    pred, err_int = predict(ctx.store.url, unit.key, str(tmp_path / "int.npz"), labels="y")
-    _, err_float = predict(ctx.store.url, unit.key, str(tmp_path / "float.npz"), labels="y")
+    pred, err_int, _ = predict(ctx.store.url, unit.key, str(tmp_path / "int.npz"), labels="y")
+    _, err_float, _ = predict(ctx.store.url, unit.key, str(tmp_path / "float.npz"), labels="y")
     assert pred.dtype == np.int64 and err_float == err_int == pytest.approx(np.mean(pred != names[y]))
     assert err_int < 0.5
     np.savez(tmp_path / "text.npz", X=X, y=names[y].astype(str))
