@@ -28,6 +28,26 @@ def test_marker_with_another_key_is_not_done(tmp_path):
     assert not u.done()
 
 
+def test_a_refused_command_removes_the_new_store_it_locked_but_never_one_another_run_holds(tmp_path):
+    from metricpipe.runner import removed_if_refused
+    mine = Store(str(tmp_path / "mine"))
+    with pytest.raises(InputError, match="bad input"):
+        with removed_if_refused(mine), mine.lock("stage"):
+            raise InputError("bad input")                # refused after this process created and locked it
+    assert not (tmp_path / "mine").exists()
+
+    path = tmp_path / "theirs"
+    me, them = Store(str(path)), Store(str(path))        # two lock holders: flock is per open file
+    with pytest.raises(InputError, match="the store is in use by"):
+        with removed_if_refused(me):                     # the folder does not exist yet when this command starts
+            them.check_writable()
+            with them.lock("run"):                       # ... another run creates and locks it meanwhile
+                (path / "uncommitted").write_text("work in progress")
+                with me.lock("stage"):
+                    pass
+    assert (path / "uncommitted").read_text() == "work in progress"
+
+
 def test_hash_key_is_stable_and_order_free():
     assert hash_key({"a": 1, "b": [1, 2]}) == hash_key({"b": [1, 2], "a": 1})
     assert hash_key({"a": 1}) != hash_key({"a": 2})
