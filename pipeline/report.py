@@ -91,13 +91,16 @@ def extended_models(store: Store, models: list[dict]) -> list[dict]:
     from metricpipe.models import model_units
     run = {m["key"]: m for m in models}
     found = {u.key: m for u, m in model_units(store) if m.get("extends")}
+    def row(spec):
+        spec = dict(spec or {})
+        return {"method": spec.pop("method", "?"), "params": spec}
+    swept = _swept([row(m["spec"]) for m in models])   # labelled as the run labels the models they extend
     out, todo = [], [k for k in found if found[k]["extends"] in run]
     while todo:   # a copy extended again names the copy it extends
         key = todo.pop(0)
         m = found[key]
-        spec = dict(m.get("spec") or {})
         out.append({"key": key, "extends": m["extends"], "added": list(m.get("added") or []), "images": m.get("images"),
-                    "label": f"{_label({'method': spec.pop('method', '?'), 'params': spec})} d={m.get('dim')}"})
+                    "label": f"{_label(row(m.get('spec')), swept)} d={m.get('dim')}"})
         todo += [k for k in found if found[k]["extends"] == key]
     return out
 

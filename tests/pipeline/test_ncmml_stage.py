@@ -154,6 +154,11 @@ def test_add_classes_extends_a_copy_and_predicts_like_ncm_with_numpy_means(train
     M = est.centroids_ @ W
     expect = np.array(names_all)[est.centroid_classes_[np.argmin(((P[:, None] - M[None]) ** 2).sum(-1), 1)]]
     assert (names == expect).all() and (names[:20] == "new-a").mean() > 0.5  # chance: 1 in 7
+    # the report labels the copy as the run labels its model: objective is swept, so named at its default
+    from metricpipe.report import extended_models
+    run = [{"key": u.key, "spec": u.meta()["spec"]} for _, u in models]
+    [e] = [e for e in extended_models(ctx.store, run) if e["key"] == ext.key]
+    assert e["extends"] == unit.key and "objective=euclidean" in e["label"]
 
 
 def test_add_classes_refuses_bad_new_data(trained, tmp_path):
