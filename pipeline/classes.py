@@ -122,7 +122,8 @@ def _zero_names(old_names: list, zero_shot: tuple) -> list:
 
 def _check_target(unit, attrs, est, src, D: int, names: list, zero_shot: tuple, parents: dict,
                   counts: np.ndarray) -> None:
-    """Refuse new data a target model cannot take: another dimension, classes it has, a hierarchy
+    """Refuse new data a target model cannot take: another dimension, labels of another kind (text
+    beside integers), classes it has, a hierarchy
     for a model of several centroids per class or for classes with no trained ancestor, fewer
     images of a class than its centroids (``counts``: images per new class)."""
     old_names = list(attrs.get("class_names") or [])
@@ -132,6 +133,12 @@ def _check_target(unit, attrs, est, src, D: int, names: list, zero_shot: tuple, 
     owner = np.asarray(est.centroid_classes_, np.int64)
     have = {old_names[c] for c in np.unique(owner)} if old_names else set()  # classes with centroids
     zero = _zero_names(old_names, zero_shot)
+    text = {isinstance(c, str) for c in old_names}
+    odd = [c for c in names + zero if len(text) == 1 and isinstance(c, str) not in text]
+    if odd:   # one kind per model, so predict keeps returning labels of the kind the model was trained with
+        raise InputError(f"{src.name}: class(es) {odd[:5]} are not {'text' if True in text else 'integers'} like "
+                         f"model {unit.key}'s classes (e.g. {old_names[0]!r}); give the new classes labels of "
+                         f"that kind")
     clash = sorted(set(names + zero) & have, key=str)
     if clash:
         raise InputError(f"{src.name}: class(es) {clash[:5]} are already in model {unit.key}; new data must "
@@ -282,19 +289,15 @@ def predict(store_url: str, model: str, data_path: str, features: str = "X", lab
             pred[a:a + len(Q)] = knn_predict(Q, parts, y_train, k, est.code_metric, len(names))
     out = np.asarray(names)[pred] if names else pred   # labels of the model's own kind (int64 or str)
     error, unknown = None, 0
-    if src.labels is not None:
-        try:
-            error, unknown = _top1_error(src, labels or "y", names, pred, unit.key)
-        except InputError:
-            if labels is not None:
-                raise
-            error = None   # a y the user did not name that is not the model's classes: no error rate
+    if src.labels is not None:   # a y the user did not name is checked as strictly as --labels y
+        error, unknown = _top1_error(src, labels or "y", names, pred, unit.key, strict=labels is not None)
     return out, error, unknown
 
 
-def _top1_error(src, labels: str, names: list, pred: np.ndarray, key: str) -> tuple[float, int]:
+def _top1_error(src, labels: str, names: list, pred: np.ndarray, key: str, strict: bool) -> tuple[float | None, int]:
     """The fraction of rows whose label (compared by value: 3.0 is class 3, "3" is not) is not the
-    predicted class, and the number of rows whose label is no class of the model."""
+    predicted class, and the number of rows whose label is no class of the model. When none is,
+    ``strict`` (labels the user named) refuses; else there is no error rate (None)."""
     n = len(pred)
     truth = np.asarray(src.labels)
     if truth.shape != (n,):
@@ -304,6 +307,8 @@ def _top1_error(src, labels: str, names: list, pred: np.ndarray, key: str) -> tu
     index = {c: i for i, c in enumerate(names)}
     truth_idx = np.array([index.get(t.item(), -1) for t in truth])
     if n and (truth_idx < 0).all():
+        if not strict:
+            return None, n
         raise InputError(f"{src.name} (--labels {labels}): none of the labels is a class of model {key} "
                          f"(e.g. {truth[0].item()!r}; its classes: {names[:3]}...); give the labels the model "
                          f"was trained with")

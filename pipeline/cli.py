@@ -423,8 +423,12 @@ def predict(store, data, model, features, labels, k, out):
     notes = ([] if labels else ["against DATA's y"]) + ([f"{unknown} rows whose label is not a class of the model "
                                                           f"count as errors"] if unknown else [])
     against = f" ({'; '.join(notes)})" if notes else ""
-    _echo(f"{len(names)} rows classified" + (f"; top-1 error {error:.4f}{against}" if error is not None else "")
-          + (f"; predictions in {out}" if out else ""))
+    if error is not None:
+        scored = f"; top-1 error {error:.4f}{against}"
+    else:
+        scored = "; no top-1 error: none of DATA's y is a class of the model (--labels names other labels)" \
+            if unknown else ""
+    _echo(f"{len(names)} rows classified{scored}" + (f"; predictions in {out}" if out else ""))
 
 
 @main.command()

@@ -135,14 +135,14 @@ def test_add_classes_extends_a_copy_and_predicts_like_ncm_with_numpy_means(train
     before = {p: p.read_bytes() for p in __import__("pathlib").Path(unit.url).rglob("*") if p.is_file()}
     rng = np.random.default_rng(5)
     Xn = rng.normal(0, 1, (300, 12)).astype(np.float32) + np.repeat(np.eye(12)[[0, 5]] * 4, 150, axis=0)
-    yn = np.repeat(np.array(["new-a", "new-b"]), 150)
+    yn = np.repeat(np.array([10, 11]), 150)            # classes 10 and 11, integers as the model's
     np.savez(tmp_path / "new.npz", X=Xn, y=yn)
     [info] = add_classes(ctx.store.url, str(tmp_path / "new.npz"), model=unit.key, log=lambda m: None)
-    assert info["added"] == ["new-a", "new-b"] and info["images"] == 300
+    assert info["added"] == [10, 11] and info["images"] == 300
     assert {p: p.read_bytes() for p in before} == before  # the trained model is untouched
     ext = ctx.store.unit("models", info["model"].split("/")[-1])
     est, names_all = load_estimator(ext.url), ext.meta()["class_names"]
-    assert names_all[-2:] == ["new-a", "new-b"] and ext.done()
+    assert names_all[-2:] == [10, 11] and ext.done()
     Z = normalize_rows(Xn, "l2").astype(np.float64)
     np.testing.assert_allclose(est.centroids_[-2:], [Z[:150].mean(0), Z[150:].mean(0)], rtol=1e-5)
     # prediction = nearest projected mean among the trained classes' means and the two new ones
@@ -153,7 +153,7 @@ def test_add_classes_extends_a_copy_and_predicts_like_ncm_with_numpy_means(train
     P = normalize_rows(probe, "l2") @ W
     M = est.centroids_ @ W
     expect = np.array(names_all)[est.centroid_classes_[np.argmin(((P[:, None] - M[None]) ** 2).sum(-1), 1)]]
-    assert (names == expect).all() and (names[:20] == "new-a").mean() > 0.5  # chance: 1 in 7
+    assert (names == expect).all() and (names[:20] == 10).mean() > 0.5  # chance: 1 in 7
     # the report labels the copy as the run labels its model: objective is swept, so named at its default
     from metricpipe.report import extended_models
     run = [{"key": u.key, "spec": u.meta()["spec"]} for _, u in models]
@@ -188,7 +188,7 @@ def test_add_classes_again_reuses_its_models_and_leaves_the_store_as_it_was(trai
     [dropped] = [c.key for (s, _), (_, c, _) in zip(models, codes) if s["method"] == "ncmc"][:1]
     (store / f"codes/{dropped}.committed.json").unlink()
     rng = np.random.default_rng(6)
-    np.savez(tmp_path / "new.npz", X=rng.normal(0, 1, (40, 12)).astype(np.float32), y=np.repeat(["c1", "c2"], 20))
+    np.savez(tmp_path / "new.npz", X=rng.normal(0, 1, (40, 12)).astype(np.float32), y=np.repeat([21, 22], 20))
     logs = []
     first = add_classes(str(store), str(tmp_path / "new.npz"), log=logs.append)
     assert len(first) == sum(s["method"] in ("ncmml", "ncmc") for s, _ in models) - 1
@@ -212,25 +212,26 @@ def test_add_classes_refuses_for_any_target_before_writing_for_one(trained, tmp_
     store = tmp_path / "store"
     shutil.copytree(ctx.store.url, store)
     before = sorted(p.name for p in (store / "models").iterdir())
-    np.savez(tmp_path / "few.npz", X=np.ones((1, 12), np.float32), y=np.array(["new"]))
-    with pytest.raises(InputError, match=r"class\(es\) \['new'\] have fewer images than the model's \d+ centroids"):
+    np.savez(tmp_path / "few.npz", X=np.ones((1, 12), np.float32), y=np.array([30]))
+    with pytest.raises(InputError, match=r"class\(es\) \[30\] have fewer images than the model's \d+ centroids"):
         add_classes(str(store), str(tmp_path / "few.npz"), log=lambda m: None)
     assert sorted(p.name for p in (store / "models").iterdir()) == before
 
 
 def test_zero_shot_prior_is_the_mean_of_ancestor_means_and_map_mixes_it(trained, tmp_path):
     from metricpipe.classes import add_classes, zero_shot_prior
+    from metricpipe.tasks.errors import InputError
     means = {"cat": np.array([1.0, 0]), "dog": np.array([3.0, 0]), "car": np.array([0, 10.0])}
     parents = {"cat": "mammal", "dog": "mammal", "lynx": "mammal", "mammal": "animal", "car": "thing"}
     # Eq. 33: ancestors of lynx are mammal (cat, dog) and animal (cat, dog): both average to (2, 0)
     np.testing.assert_allclose(zero_shot_prior("lynx", parents, means), [2.0, 0])
     ctx, data, models, _, _ = trained
     [unit] = [u for s, u in models if s["method"] == "ncmml" and s.get("classes") and s["objective"] == "euclidean"]
-    (tmp_path / "h.yaml").write_text("'0': a\n'1': a\n'2': b\nnew: a\nghost: b\n")
+    (tmp_path / "h.yaml").write_text("'0': a\n'1': a\n'2': b\n40: a\n41: b\n")
     Xn = np.abs(np.random.default_rng(1).normal(size=(4, 12))).astype(np.float32)
-    np.savez(tmp_path / "n.npz", X=Xn, y=np.array(["new"] * 4))
+    np.savez(tmp_path / "n.npz", X=Xn, y=np.array([40] * 4))
     [info] = add_classes(ctx.store.url, str(tmp_path / "n.npz"), model=unit.key, hierarchy=str(tmp_path / "h.yaml"),
-                         prior_weight=2.0, zero_shot=("ghost",), log=lambda m: None)
+                         prior_weight=2.0, zero_shot=("41",), log=lambda m: None)
     ext_unit = ctx.store.unit("models", info["model"].split("/")[-1])
     ext, base = load_estimator(ext_unit.url), load_estimator(unit.url)
     c = {int(k): v for k, v in zip(base.centroid_classes_, base.centroids_)}
@@ -238,8 +239,14 @@ def test_zero_shot_prior_is_the_mean_of_ancestor_means_and_map_mixes_it(trained,
     mu_s = normalize_rows(Xn, "l2").mean(0)
     mu_z = (c[0] + c[1]) / 2
     np.testing.assert_allclose(ext.centroids_[-2], (4 * mu_s + 2 * mu_z) / 6, rtol=1e-5)  # Eq. 34
-    np.testing.assert_allclose(ext.centroids_[-1], c[2], rtol=1e-6)  # ghost: the prior alone
-    assert ext_unit.meta()["class_names"][-2:] == ["new", "ghost"]
+    np.testing.assert_allclose(ext.centroids_[-1], c[2], rtol=1e-6)  # 41: the prior alone
+    assert ext_unit.meta()["class_names"][-2:] == [40, 41]
+    np.savez(tmp_path / "t.npz", X=Xn, y=np.array(["forty"] * 4))        # text beside integer classes: refused
+    with pytest.raises(InputError, match=r"t.npz: class\(es\) \['forty'\] are not integers like model \w+'s classes"):
+        add_classes(ctx.store.url, str(tmp_path / "t.npz"), model=unit.key, log=lambda m: None)
+    with pytest.raises(InputError, match=r"class\(es\) \['ghost'\] are not integers"):   # a zero-shot name too
+        add_classes(ctx.store.url, str(tmp_path / "n.npz"), model=unit.key, hierarchy=str(tmp_path / "h.yaml"),
+                    zero_shot=("ghost",), log=lambda m: None)
 
 
 def test_ncmc_with_one_centroid_per_class_trains_the_ncmml_metric(trained):
@@ -278,11 +285,22 @@ def test_predict_needs_no_labels_and_refuses_bad_ones_and_ambiguous_models(train
     np.savez(tmp_path / "short2.npz", X=X, y=np.zeros(7, int))
     with pytest.raises(InputError, match=r"\(--labels y\): labels of shape \(7,\) for 30 rows; give a 1-D array"):
         predict(ctx.store.url, unit.key, str(tmp_path / "short2.npz"), labels="y")
+    with pytest.raises(InputError, match=r"\(--labels y\): labels of shape \(7,\) for 30 rows"):
+        predict(ctx.store.url, unit.key, str(tmp_path / "short2.npz"))   # its y, unnamed: checked all the same
+    np.savez(tmp_path / "text.npz", X=X, y=np.array(["cat"] * 30))
+    names, error, unknown = predict(ctx.store.url, unit.key, str(tmp_path / "text.npz"))
+    assert len(names) == 30 and error is None and unknown == 30   # no error rate against other labels ...
+    from click.testing import CliRunner
+    from metricpipe.cli import main
+    res = CliRunner().invoke(main, ["predict", ctx.store.url, str(tmp_path / "text.npz"), "--model", unit.key])
+    assert res.exit_code == 0 and "30 rows classified; no top-1 error: none of DATA's y is a class" in res.output
+    with pytest.raises(InputError, match=r"none of the labels is a class of model"):   # ... refused when named
+        predict(ctx.store.url, unit.key, str(tmp_path / "text.npz"), labels="y")
     with pytest.raises(InputError, match=r"model .. matches \d+ models \(.*\); give more of the key"):
         predict(ctx.store.url, "", str(tmp_path / "unlabelled.npz"))
     [ncmc] = [u for s, u in models if s["method"] == "ncmc" and s["centroids"] == 2]
-    (tmp_path / "h.yaml").write_text("'0': a\nnew: a\n")
-    np.savez(tmp_path / "n.npz", X=np.abs(X[:4]), y=np.array(["new"] * 4))
+    (tmp_path / "h.yaml").write_text("'0': a\n50: a\n")
+    np.savez(tmp_path / "n.npz", X=np.abs(X[:4]), y=np.array([50] * 4))
     with pytest.raises(InputError, match="keeps 2 centroids per class; the zero-shot prior"):
         add_classes(ctx.store.url, str(tmp_path / "n.npz"), model=ncmc.key, hierarchy=str(tmp_path / "h.yaml"),
                     prior_weight=1.0, log=lambda m: None)
