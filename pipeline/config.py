@@ -99,6 +99,11 @@ class RunConfig:
     source_file: str = "<config>"
     raw: dict = field(default_factory=dict, compare=False)
 
+    def entry(self, n: int) -> str:
+        """``methods[i]``: the user's config entry that expanded spec ``n`` came from (a sweep expands one
+        entry into several specs)."""
+        return f"methods[{self.method_entries[n] if n < len(self.method_entries) else n}]"
+
     def with_overrides(self, **kw) -> "RunConfig":
         return replace(self, **{k: v for k, v in kw.items() if v is not None})
 

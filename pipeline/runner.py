@@ -119,17 +119,16 @@ def check_methods(cfg: RunConfig, info, log=print) -> RunConfig:
     and labels are read and before any unit is written."""
     noted = set()    # once per config entry and note, not per model or searched candidate
     for n, spec in enumerate(cfg.methods):
-        i = cfg.method_entries[n] if n < len(cfg.method_entries) else n   # the entry in the user's list
         for cand in registry.candidates(spec):
             try:
                 est = registry.make(cand)
                 est.check_data_shape(info.n_features, len(info.classes))
             except InputError as e:
-                raise InputError(f"{cfg.source_file}: methods[{i}] ({stages.model_id(cand)}): {e}") from None
+                raise InputError(f"{cfg.source_file}: {cfg.entry(n)} ({stages.model_id(cand)}): {e}") from None
             for note in est.shape_notes(info.n_features, len(info.classes)):
-                if (i, note) not in noted:
-                    log(f"  methods[{i}] ({stages.model_id(cand)}): {note}")
-                    noted.add((i, note))
+                if (cfg.entry(n), note) not in noted:
+                    log(f"  {cfg.entry(n)} ({stages.model_id(cand)}): {note}")
+                    noted.add((cfg.entry(n), note))
     ev = cfg.evaluate
     n_test, n_train = int((info.split == stages.TEST).sum()), int((info.split == stages.TRAIN).sum())
     user_k = "k" in ((cfg.raw.get("evaluate") or {}).get("retrieval") or {})

@@ -94,8 +94,7 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
     if pending:
         sel_future, n_val = select.submit_data(ctx, data, [p[0]["select"]["metric"] for p in pending])
     # a candidate may fail (diverge) without failing the run, unless a spec without selection needs it
-    required = {us[0].key for _, _, us, su, _ in plans if su is None}
-    optional = {u.key for _, _, us, su, done in pending for u in us} - required
+    required = {us[0].key: n for n, (_, _, us, su, _) in enumerate(plans) if su is None}   # key: its spec
     ctx.shuffle_rows = _copy_rows([spec for spec, _ in units.values()], len(data.classes))
     todo = {}
     for key, (spec, unit) in units.items():
@@ -103,7 +102,7 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
             continue
         unit.begin()
         driver = DRIVERS[registry.feeds(spec["method"])]
-        ctx.returning_errors = key in optional  # a candidate may diverge: that is a score, not a failure
+        ctx.returning_errors = True  # a candidate may diverge (a score, not a failure); else named below
         try:
             todo[key] = (spec, unit, driver(ctx, spec, registry.make(spec), data, stats, neighbours, unit,
                                             model_id(spec)))
@@ -127,8 +126,9 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
         """Each model is committed as its task returns: an interrupt or a later failure keeps it."""
         spec, unit, _ = items[i]
         if isinstance(res, Exception):
-            if unit.key not in optional:
-                raise res
+            if unit.key in required:   # a model the run needs: its config entry's one line
+                raise InputError(f"{ctx.config.source_file}: {ctx.config.entry(required[unit.key])} "
+                                 f"({model_id(spec)}): {res}") from None
             unit.discard()   # the selection records the failure; no half-written model is left behind
             return
         unit.commit({**res, "spec": spec, "seconds": round(res["fit_seconds"], 3),
@@ -143,26 +143,28 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
     values = ctx.gather([scores[k] for k in keys], "train", [f"selection score {k[1]}" for k in keys])
     values = dict(zip(keys, values))
     out = []
-    for spec, cands, cunits, sel_unit, done in plans:
+    for n, (spec, cands, cunits, sel_unit, done) in enumerate(plans):
         if sel_unit is None:
             out.append((cands[0], cunits[0]))
             continue
         if not done:
-            _commit_selection(ctx, spec, cands, cunits, sel_unit, [values[(sel_unit.key, u.key)] for u in cunits], n_val)
+            _commit_selection(ctx, n, cands, cunits, sel_unit, [values[(sel_unit.key, u.key)] for u in cunits], n_val)
         best = sel_unit.meta()["chosen"]
         out.append((cands[best], cunits[best]))
         ctx.selections.append(sel_unit.rel)
     return out
 
 
-def _commit_selection(ctx, spec, cands, cunits, sel_unit, results, n_val) -> None:
+def _commit_selection(ctx, n, cands, cunits, sel_unit, results, n_val) -> None:
+    spec = ctx.config.methods[n]
     metric, grid = spec["select"]["metric"], spec["select"]["grid"]
     scores = [None if isinstance(r, Exception) else float(r) for r in results]
     best = select.choose(metric, scores)
     name = model_id(cands[0])
     if best < 0:
         first = next(r for r in results if isinstance(r, Exception))
-        raise InputError(f"{ctx.config.source_file}: methods ({name}): every candidate failed; the first: {first}")
+        raise InputError(f"{ctx.config.source_file}: {ctx.config.entry(n)} ({name}): every candidate failed; the "
+                         f"first: {first}")
     rows = [{"params": {k: c[k] for k in grid}, "model": u.key,
              "score": s, "error": None if s is not None else str(r).splitlines()[0]}
             for c, u, s, r in zip(cands, cunits, scores, results)]
@@ -176,3 +178,7 @@ def _commit_selection(ctx, spec, cands, cunits, sel_unit, results, n_val) -> Non
                       + (f"{r['score']:.4f}" if r["score"] is not None else "failed") for r in rows)
     ctx.log(f"  train: {label} selected {select.describe(grid, rows[best]['params'])} by "
             f"{metric} on {n_val:,} validation rows ({shown})")
+    failed = [r for r in rows if r["score"] is None]
+    if failed:   # why, once: candidates usually fail alike (a rate that diverges)
+        ctx.log(f"  train: {label}: {len(failed)} of {len(rows)} candidates failed; "
+                f"{select.describe(grid, failed[0]['params'])}: {failed[0]['error']}")

@@ -1,6 +1,7 @@
 """Parameter selection on the validation split: the split, the scores, the choice, and that the test
 split never enters it."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -168,6 +169,8 @@ def test_selection_keeps_the_best_validation_score_and_ignores_the_test_labels(c
     assert all("diverged" in c["error"] for c in ncm["candidates"] if c["score"] is None)
     failed = [c["model"] for c in ncm["candidates"] if c["score"] is None]
     assert failed and not any((tmp_path / "clean" / "models" / key).exists() for key in failed)  # nothing half-written
+    assert any(re.match(rf"  train: ncmml\S*: {len(failed)} of {len(scores)} candidates failed; lr \S+: metric "
+                        r"learning diverged after", line) for line in logs)   # and the log says why
     assert slem["candidates"][slem["chosen"]]["score"] == max(c["score"] for c in slem["candidates"])
     # the test metrics are the chosen model's, and its stored score is reproduced from the stored model
     lr = ncm["candidates"][ncm["chosen"]]["params"]["lr"]
@@ -189,7 +192,13 @@ def test_selection_keeps_the_best_validation_score_and_ignores_the_test_labels(c
 
 @pytest.mark.integration
 def test_every_candidate_failing_is_a_one_line_error(client, tmp_path):
-    with pytest.raises(InputError, match="every candidate failed") as e:
+    with pytest.raises(InputError, match=r"methods\[0\] \(ncmml-8\S*\): every candidate failed") as e:
         _run(tmp_path, "bad", client, methods=[{"method": "ncmml", "dim": 8, "iters": 150,
                                                 "select": {"lr": [1e4, 1e5]}}])
+    assert "\n" not in str(e.value)
+    # a model without selection that diverges is named by its config entry too
+    with pytest.raises(InputError, match=r"methods\[1\] \(ncmml-8\S*\): metric learning diverged after") as e:
+        _run(tmp_path, "bad2", client, methods=[{"method": "pca", "dim": 4},
+                                                 {"method": "ncmml", "dim": 8, "iters": 150, "lr": 1e5,
+                                                  "select": False}])
     assert "\n" not in str(e.value)
