@@ -329,13 +329,20 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
 
     ev = raw.get("evaluate", {}) or {}
     _check_keys(ev, ["retrieval", "classification"], where, "evaluate.")
-    ret = ev.get("retrieval", {})
-    do_retrieval = ret is not False
-    ret = ret if isinstance(ret, dict) else {}
+    parts = {}
+    for part in ("retrieval", "classification"):   # a map, or false to leave that part out
+        value = ev.get(part, {})
+        if value is not False and value is not None and not isinstance(value, dict):
+            _fail(where, f"evaluate.{part}", f"got {value!r}; give a map of its settings, or false to leave it out")
+        parts[part] = value
+    if parts["retrieval"] is False and parts["classification"] is False:
+        _fail(where, "evaluate", "retrieval and classification are both false: nothing would be evaluated; keep one")
+    ret = parts["retrieval"] or {}
+    do_retrieval = parts["retrieval"] is not False
     _check_keys(ret, ["k", "queries"], where, "evaluate.retrieval.")
-    cls = ev.get("classification", {}) or {}
+    cls = parts["classification"] or {}
     _check_keys(cls, ["classifiers", "queries"], where, "evaluate.classification.")
-    classifiers = cls.get("classifiers", ["knn1", "knn10", "ncm"])
+    classifiers = [] if parts["classification"] is False else cls.get("classifiers", ["knn1", "knn10", "ncm"])
     if not isinstance(classifiers, list):
         classifiers = [classifiers]
     for c in classifiers:

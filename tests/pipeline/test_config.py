@@ -7,6 +7,12 @@ from metricpipe.config import ConfigError, load_config, parse_config
 BASE = {"data": {"source": "digits"}}
 
 
+def test_an_evaluate_part_set_to_false_is_left_out():
+    assert parse_config({**BASE, "evaluate": {"classification": False}}).evaluate.classifiers == ()
+    cfg = parse_config({**BASE, "evaluate": {"retrieval": False}})
+    assert not cfg.evaluate.retrieval and cfg.evaluate.classifiers == ("knn1", "knn10", "ncm")
+
+
 def test_defaults_and_method_expansion():
     cfg = parse_config({**BASE, "methods": [{"method": "pca", "dim": [8, 16]}, {"method": "lda"}]})
     assert [(m["method"], m.get("dim")) for m in cfg.methods] == [("pca", 8), ("pca", 16), ("lda", None)]
@@ -27,6 +33,9 @@ def test_defaults_and_method_expansion():
     ({**BASE, "methods": [{"method": "pca", "dim": -1}]}, r"methods\[0\]: The 'dim' parameter of PCA must be an int in the range \[1, inf\) or None. Got -1 instead"),
     ({**BASE, "methods": [{"dim": 3}]}, r"methods\[0\]: expected a mapping with a 'method' key"),
     ({**BASE, "evaluate": {"classification": {"classifiers": ["svm"]}}}, r"unknown classifier 'svm'"),
+    ({**BASE, "evaluate": {"classification": "knn1"}}, r"evaluate.classification: got 'knn1'; give a map"),
+    ({**BASE, "evaluate": {"retrieval": False, "classification": False}}, r"evaluate: retrieval and classification "
+                                                                           r"are both false"),
     ({**BASE, "neighbours": {"k": 0}}, r"neighbours.k: must be >= 1"),
     ({**BASE, "neighbours": {"queries": 0}}, r"neighbours.queries: must be >= 1"),
     ({**BASE, "neighbours": {"queries": 100}, "evaluate": {"classification": {"classifiers": ["softvote5"]}}},
