@@ -106,6 +106,18 @@ def test_fashion_mnist_not_found_says_how_to_get_it(tmp_path, monkeypatch):
         open_source(parse_config({"data": {"source": "fashion-mnist"}}).data)
 
 
+
+def test_a_data_root_without_the_files_is_refused_not_passed_over(tmp_path, monkeypatch):
+    from metricpipe.sources import FASHION_FILES, fashion_mnist_root
+    (tmp_path / "copy").mkdir()
+    for name in FASHION_FILES:
+        (tmp_path / "copy" / f"{name}.gz").write_bytes(b"")
+    monkeypatch.setenv("METRICPIPE_DATA", str(tmp_path / "copy"))    # a copy that would be found next
+    assert fashion_mnist_root(parse_config({"data": {"source": "fashion-mnist"}}).data) == tmp_path / "copy"
+    with pytest.raises(InputError, match=r"data.root: no Fashion-MNIST IDX files in .*/typo \(nor in its"):
+        open_source(parse_config({"data": {"source": "fashion-mnist", "root": str(tmp_path / "typo")}}).data)
+
+
 @pytest.mark.parametrize("setup, match", [
     (lambda p: None, "file not found"),
     (lambda p: p.write_bytes(b""), "file is empty"),
