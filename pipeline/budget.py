@@ -98,9 +98,13 @@ def needs(info, cfg, limit: float) -> list[tuple[str, float, str]]:
     from metricpipe import ivf, stages
     from metricpipe.runner import stage_names
     D, n_train = info.n_features, int((info.split == stages.TRAIN).sum())
-    block = block_bytes(info.chunk_rows, D)
-    out = [("a row-block task (4 row-blocks and the evaluation's buffers)", BLOCKS_PER_TASK * block + stages.EVAL_BUDGET,
-            "lower data.chunk_mb or raise memory_limit")]
+    block = block_bytes(min(info.chunk_rows, len(info.split)), D)   # a small set is one block
+    need = BLOCKS_PER_TASK * block + stages.EVAL_BUDGET
+    fix = "lower data.chunk_mb or raise memory_limit"
+    if stages.EVAL_BUDGET >= 0.9 * usable(limit):   # smaller blocks cannot help: the buffers alone do not fit
+        fix = (f"raise memory_limit to at least {-(-need // SPILL_FRACTION // 1e6):,.0f} MB (the evaluation's "
+               f"buffers alone take {stages.EVAL_BUDGET / 1e6:,.0f} MB)")
+    out = [("a row-block task (4 row-blocks and the evaluation's buffers)", need, fix)]
     if D <= cfg.statistics.max_dense_dim:
         out.append((f"the statistics stage's {D} x {D} covariance (3 copies, float64)", 3 * 8.0 * D * D + block,
                     f"set statistics.max_dense_dim below {D} (randomized PCA) or raise memory_limit"))

@@ -136,8 +136,9 @@ BAD = {
                           {}, r"bad.npz: the train split is empty; mark some samples 'train'"),   # val: auto carves none
     "worker memory below the task rule": (lambda t: {"source": "digits"}, {"memory_limit": "300MB"},
                                           r"a row-block task \(4 row-blocks and the evaluation's buffers\) needs ~\d+ MB, over the 180 MB a "
-                                          r"task may use \(60% of the smallest worker memory limit, 300 MB\); lower "
-                                          r"data.chunk_mb or raise memory_limit"),
+                                          r"task may use \(60% of the smallest worker memory limit, 300 MB\); raise "
+                                          r"memory_limit to at least 4[12]\d MB \(the evaluation's buffers alone take "
+                                          r"250 MB\)"),
     "negatives from the test split": (lambda t: {"source": "digits"},
                                       {"methods": [{"method": "slem", "negatives": {"split": "test"}}]},
                                       r"methods\[0\].negatives: negatives.split must name .*never test"),
