@@ -102,6 +102,18 @@ def quiet_resource_tracker():
 
 
 @contextlib.contextmanager
+def taken_port_quiet():
+    """Dask's multi-line "Port 8787 is already in use ... Hosting the HTTP server on port N instead"
+    warning, silenced while a scheduler starts here: the port is taken between dashboard_address's
+    check and the bind when another run starts at the same moment, and the link printed is the real
+    one either way."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Port \d+ is already in use", category=UserWarning)
+        yield
+
+
+@contextlib.contextmanager
 def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limit="auto",
             dashboard: str | None = ":8787", tls: tuple | None = None):
     """Yield a connected Client; close what this function started on exit.
@@ -112,7 +124,7 @@ def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limi
     if cluster == "local":
         import dask
         dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES})
-        with quiet_resource_tracker():
+        with quiet_resource_tracker(), taken_port_quiet():
             lc = LocalCluster(n_workers=workers, threads_per_worker=threads_per_worker, processes=True,
                               host="127.0.0.1", memory_limit=memory_limit,
                               dashboard_address=dashboard_address(dashboard))
@@ -146,7 +158,8 @@ def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limi
             from dask_jobqueue import SLURMCluster
         except ImportError:
             raise InputError(f"{cluster}: kind slurm needs dask-jobqueue; pip install 'metricpipe[slurm]'") from None
-        cm = SLURMCluster(**spec)
+        with taken_port_quiet():   # its scheduler's dashboard runs here, on 8787 unless the spec says
+            cm = SLURMCluster(**spec)
     elif kind == "kubernetes":
         try:
             from dask_kubernetes.operator import KubeCluster

@@ -54,6 +54,24 @@ def test_a_local_cluster_listens_on_loopback_only_and_a_taken_port_is_swapped_qu
     assert any(a.port == int(link.split(":")[2].split("/")[0]) for a in addrs)   # the printed link is real
 
 
+def test_a_port_taken_between_the_check_and_the_bind_is_swapped_without_dask_s_warning(monkeypatch):
+    """Another run taking the port at the same moment: the check says free, Dask's bind fails."""
+    from metricpipe.cluster import connect
+    monkeypatch.setattr("metricpipe.cluster._port_free", lambda host, port: True)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with connect("local", 1, dashboard=f":{port}") as client:
+                link = client.dashboard_link
+    finally:
+        taken.close()
+    assert link.startswith("http://127.0.0.1:") and f":{port}/" not in link
+
+
 def test_a_dashboard_opened_deliberately_listens_where_asked():
     from metricpipe.cluster import dashboard_address
     assert dashboard_address(":8787").startswith("127.0.0.1:") and dashboard_address("0.0.0.0:0") == "0.0.0.0:0"
