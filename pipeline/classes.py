@@ -77,6 +77,8 @@ def _parents(path: str | None) -> dict:
     import yaml
     try:
         raw = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path}: file not found (--hierarchy); check the path") from None
     except (OSError, yaml.YAMLError) as e:
         raise InputError(f"{path}: cannot read the hierarchy (--hierarchy): {type(e).__name__}") from None
     if not isinstance(raw, dict):

@@ -49,6 +49,27 @@ def handle_errors(fn):
     return wrapper
 
 
+def in_options(data: str):
+    """For a command without a config: the shared readers' errors cite config keys (data.path,
+    data.labels, ...); name this command's argument and options instead."""
+    words = [(" (a config's relative paths are read from its folder)", ""), ("data.split.column", "--split-column"),
+             ("data.split.test", "--test"), ("data.path", data), ("data.features", "--features"),
+             ("data.labels", "--labels"), ("data.ids", "--ids")]
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except InputError as e:
+                msg = str(e)
+                for old, new in words:
+                    msg = msg.replace(old, new)
+                raise InputError(msg) from None
+        return wrapper
+    return decorate
+
+
 def _on_sigterm(signum, frame):
     TERMINATING.set()   # checked again at every gathered task, should this exception be swallowed
     raise Terminated()
@@ -188,6 +209,7 @@ def demo_config_path() -> Path:
 @click.option("--split-column", help="Array of train/test/val/negatives strings instead of a random split.")
 @_cluster_options
 @handle_errors
+@in_options("SOURCE")
 def stage_cmd(source, store, features, labels, normalize, test_fraction, split_column, cluster, workers,
               memory_limit):
     """Stage SOURCE (a path, or digits | fashion-mnist | synthetic) into the store, alone."""
@@ -337,6 +359,7 @@ def report(store):
               help="m of Eq. 34: weight of the zero-shot prior against the sample mean.")
 @click.option("--zero-shot", multiple=True, help="A class with no images, placed by the hierarchy alone.")
 @handle_errors
+@in_options("NEW_DATA")
 def add_classes_cmd(store, new_data, features, labels, model, hierarchy, prior_weight, zero_shot):
     """Add the classes of NEW_DATA to STORE's NCMML/NCMC models without retraining W."""
     from metricpipe.classes import add_classes
@@ -402,6 +425,7 @@ def evaluate(embeddings, labels, features, queries, reference, query_labels, ref
               help="Classify by the k nearest train codes (default for models without class means: 10).")
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the predicted labels (.npy).")
 @handle_errors
+@in_options("DATA")
 def predict(store, data, model, features, labels, k, out):
     """Classify the rows of DATA (a path, or digits | fashion-mnist) with a model of STORE: nearest class
     mean for NCMML/NCMC models, else the majority of the k nearest train codes of the model's run."""
@@ -442,6 +466,7 @@ def predict(store, data, model, features, labels, k, out):
 @click.option("--ids", default=None, help="Array of row ids to carry into the output.")
 @_cluster_options
 @handle_errors
+@in_options("DATA")
 def encode(store, data, model, out, features, labels, ids, cluster, workers, memory_limit):
     """Encode every row of DATA (a path, or digits | fashion-mnist) with a model of STORE, normalised as
     in training; on the cluster when DATA is large or --cluster is given."""

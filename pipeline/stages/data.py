@@ -172,6 +172,9 @@ def _read_pairs(path: str, split: np.ndarray) -> dict:
             i, j, y = z["i"], z["j"], z["y"]
     except InputError:
         raise
+    except FileNotFoundError:
+        raise InputError(f"{path}: file not found (data.pairs); check the path (a config's relative paths are read "
+                         f"from its folder)") from None
     except (OSError, ValueError) as e:
         raise InputError(f"{path}: cannot read data.pairs: {type(e).__name__}: {e}".splitlines()[0]) from None
     check_pairs(i, j, y, split, f"{path} (data.pairs)")

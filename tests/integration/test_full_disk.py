@@ -52,7 +52,7 @@ def test_read_only_and_full_stores_are_refused_with_one_line(client, disk, tmp_p
     assert res.exit_code == 0, res.output
     before = _digest(store)
     new = tmp_path / "new.npz"
-    np.savez(new, X=np.ones((4, 64), np.float32), y=np.array(["new"] * 4))
+    np.savez(new, X=np.ones((4, 64), np.float32), y=np.array([20] * 4))
 
     subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
     for args in (["run", str(cfg)], ["report", str(store)], ["add-classes", str(store), str(new)]):

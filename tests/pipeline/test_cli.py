@@ -1,6 +1,7 @@
 """The command line: bad input exits 2 with one line and leaves committed results untouched."""
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -320,9 +321,25 @@ def test_stage_command_refuses_bad_input_before_a_cluster_starts_and_leaves_no_s
     (tmp_path / "X.csv").write_text("a,b\n")
     res = _invoke("stage", tmp_path / "X.csv", "--store", tmp_path / "s", "--cluster", "tcp://127.0.0.1:9")
     assert res.exit_code == 2, res.output      # the unreachable cluster is never contacted
-    assert res.output.strip().splitlines() == [f"error: {tmp_path / 'X.csv'}: unknown format (data.path); use .npy, "
+    assert res.output.strip().splitlines() == [f"error: {tmp_path / 'X.csv'}: unknown format (SOURCE); use .npy, "
                                                ".npz, .h5, .zarr, .parquet, .fvecs, .bvecs or an IDX file/folder"]
     assert not (tmp_path / "s").exists()
+
+
+def test_commands_without_a_config_name_their_own_arguments_not_config_keys(tmp_path):
+    import numpy as np
+    np.save(tmp_path / "x.npy", np.ones((6, 3), np.float32))
+    np.savez(tmp_path / "x.npz", X=np.ones((6, 3), np.float32), y=np.arange(6) % 2)
+    cases = [(("stage", tmp_path / "x.npy"), r"x.npy: a .npy file holds one array; give --labels as the path"),
+             (("stage", tmp_path / "none.npz"), r"none.npz: file not found \(SOURCE\); check the path$"),
+             (("stage", tmp_path / "x.npz", "--split-column", "s"), r"x.npz: no array 's' \(--split-column\)"),
+             (("stage", tmp_path / "x.npz", "--labels", tmp_path / "lab.npy"), r"lab.npy: labels file not found "
+                                                                                r"\(--labels\)")]
+    for args, match in cases:
+        res = _invoke(*args, "--store", tmp_path / "s", "--cluster", "tcp://127.0.0.1:9")
+        said = res.output.replace(str(tmp_path), "")
+        assert res.exit_code == 2 and "data." not in said and "config" not in said, res.output
+        assert re.search(match, res.output.strip()), res.output
 
 
 @pytest.mark.integration

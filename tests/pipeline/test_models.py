@@ -102,7 +102,7 @@ def test_a_model_its_run_did_not_encode_is_marked_and_named_as_such(stored, tmp_
     # a model add-classes made has no codes of its own: the message names the model it extends
     from metricpipe.classes import add_classes
     ncm = next(u.key for s, u in models if s["method"] == "ncmml")
-    np.savez(tmp_path / "new.npz", X=np.ones((4, 10), np.float32), y=np.array(["n1", "n1", "n2", "n2"]))
+    np.savez(tmp_path / "new.npz", X=np.ones((4, 10), np.float32), y=np.array([11, 11, 12, 12]))
     [info] = add_classes(str(store), str(tmp_path / "new.npz"), model=ncm, log=lambda m: None)
     ext = info["model"].split("/")[-1]
     res = CliRunner().invoke(main, ["export", str(store), "--model", ext, "--faiss", str(tmp_path / "x.faiss")])
