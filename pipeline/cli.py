@@ -306,7 +306,8 @@ def models(store):
     """List STORE's trained models: key, method, code dimension, whether its run encoded it, and
     parameters.
 
-    In Python, ``metricpipe.load_model(STORE, KEY)`` returns one as a fitted estimator."""
+    In Python, ``metricpipe.load_model(STORE, KEY)`` returns one as a fitted estimator (in a Pipeline
+    after the run's normalizer when it had one)."""
     from metricpipe.models import describe
 
     rows = describe(store)
@@ -460,7 +461,8 @@ def predict(store, data, model, features, labels, k, out):
 @click.argument("data", type=click.Path(exists=False))
 @click.option("--model", required=True, help="Key (or key prefix) of a model in STORE (`metricpipe models STORE`).")
 @click.option("--out", required=True, type=click.Path(), help="Codes file: .npy, .npz (X, y, ids), .zarr (X, y, "
-                                                              "ids) or .parquet (id, label, code columns).")
+                                                              "ids) or .parquet (id, label, code columns); y / label "
+                                                              "when DATA has labels, ids / id with --ids.")
 @click.option("--features", default="X", show_default=True, help="Array name inside npz/h5/zarr.")
 @click.option("--labels", default=None, help="Label array name (default: y when DATA has it) or .npy path.")
 @click.option("--ids", default=None, help="Array of row ids to carry into the output.")

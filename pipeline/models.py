@@ -46,7 +46,8 @@ def with_normalization(est, normalize: str | None):
 
 def load_model(store_url: str, key: str):
     """The fitted estimator of model ``key`` (a key or its prefix) in ``store_url``; its transform
-    takes raw features (the run's ``data.normalize`` is its first step when there was one)."""
+    takes raw features: with the run's ``data.normalize`` (other than none) it is a scikit-learn
+    ``Pipeline`` of that normalizer and the estimator (``model[-1]``), else the estimator itself."""
     store = Store(store_url)
     store.check_exists()
     unit, meta = find_model(store, key)
