@@ -120,12 +120,12 @@ def main(verbose):
     _set_verbosity(verbose)
 
 
-def _cluster_options(f=None, *, config: bool = True):
-    """--cluster, --workers and --memory-limit; ``config=False`` for a command without a config file."""
+def _cluster_options(f=None, *, config: bool = False):
+    """--cluster, --workers and --memory-limit; ``config=True`` for a command that reads a config file."""
     if f is None:
         return lambda g: _cluster_options(g, config=config)
     over = " (overrides config)" if config else ""
-    f = click.option("--cluster", help=f"local | tcp://HOST:PORT | a cluster spec YAML{over}.")(f)
+    f = click.option("--cluster", help=f"local | tcp://HOST:PORT | tls://HOST:PORT | a cluster spec YAML{over}.")(f)
     f = click.option("--workers", type=click.IntRange(min=1), help=f"Number of workers{over}.")(f)
     f = click.option("--memory-limit", callback=_check_memory_limit,
                      help="Per-worker memory limit of a local cluster, e.g. 2GB.")(f)
@@ -155,7 +155,7 @@ def _apply(cfg: RunConfig, store, cluster, workers, memory_limit) -> RunConfig:
 @main.command()
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.option("--store", help="Store directory or fsspec URL (overrides config).")
-@_cluster_options
+@_cluster_options(config=True)
 @click.option("--resume/--no-resume", default=True, show_default=True,
               help="Reuse committed, intact stages whose inputs match, or recompute everything.")
 @click.option("--force", type=click.Choice(list(STAGES)), help="Recompute this stage and every stage after it.")
@@ -180,7 +180,7 @@ def run(config, store, cluster, workers, memory_limit, resume, force, repair, pe
 
 @main.command()
 @click.option("--store", default="runs/digits", show_default=True, help="Where to write the demo's store.")
-@_cluster_options
+@_cluster_options(config=True)
 @handle_errors
 def demo(store, cluster, workers, memory_limit):
     """Run examples/digits.yaml: scikit-learn's digits on a LocalCluster and a local store."""
@@ -250,7 +250,7 @@ def stage_cmd(source, store, features, labels, normalize, test_fraction, split_c
               help="Standard deviation along the D // 16 class-free directions (0 = none; higher is harder "
                    "for raw features and PCA, not for a learned projection).")
 @click.option("--chunk-mb", type=click.FloatRange(min=0.001), default=64.0, show_default=True)
-@_cluster_options(config=False)
+@_cluster_options
 @handle_errors
 def synth(samples, dim, classes, store, seed, nonnegative, separation, nuisance, chunk_mb, cluster, workers,
           memory_limit):
