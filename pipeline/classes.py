@@ -292,26 +292,27 @@ def predict(store_url: str, model: str, data_path: str, features: str = "X", lab
     out = np.asarray(names)[pred] if names else pred   # labels of the model's own kind (int64 or str)
     error, unknown = None, 0
     if src.labels is not None:   # a y the user did not name is checked as strictly as --labels y
-        error, unknown = _top1_error(src, labels or "y", names, pred, unit.key, strict=labels is not None)
+        error, unknown = _top1_error(src, f"--labels {labels}" if labels else "DATA's y", names, pred, unit.key,
+                                     strict=labels is not None)
     return out, error, unknown
 
 
-def _top1_error(src, labels: str, names: list, pred: np.ndarray, key: str, strict: bool) -> tuple[float | None, int]:
+def _top1_error(src, where: str, names: list, pred: np.ndarray, key: str, strict: bool) -> tuple[float | None, int]:
     """The fraction of rows whose label (compared by value: 3.0 is class 3, "3" is not) is not the
     predicted class, and the number of rows whose label is no class of the model. When none is,
     ``strict`` (labels the user named) refuses; else there is no error rate (None)."""
     n = len(pred)
     truth = np.asarray(src.labels)
     if truth.shape != (n,):
-        raise InputError(f"{src.name} (--labels {labels}): labels of shape {truth.shape} for {n} rows; give a "
+        raise InputError(f"{src.name} ({where}): labels of shape {truth.shape} for {n} rows; give a "
                          f"1-D array with one label per row")
-    truth = label_values(truth, f"{src.name} (--labels {labels})")
+    truth = label_values(truth, f"{src.name} ({where})")
     index = {c: i for i, c in enumerate(names)}
     truth_idx = np.array([index.get(t.item(), -1) for t in truth])
     if n and (truth_idx < 0).all():
         if not strict:
             return None, n
-        raise InputError(f"{src.name} (--labels {labels}): none of the labels is a class of model {key} "
+        raise InputError(f"{src.name} ({where}): none of the labels is a class of model {key} "
                          f"(e.g. {truth[0].item()!r}; its classes: {names[:3]}...); give the labels the model "
                          f"was trained with")
     return float(np.mean(pred != truth_idx)), int(np.sum(truth_idx < 0))

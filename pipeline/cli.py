@@ -52,9 +52,11 @@ def handle_errors(fn):
 def in_options(data: str):
     """For a command without a config: the shared readers' errors cite config keys (data.path,
     data.labels, ...); name this command's argument and options instead."""
-    words = [(" (a config's relative paths are read from its folder)", ""), ("data.split.column", "--split-column"),
-             ("data.split.test", "--test"), ("data.path", data), ("data.features", "--features"),
-             ("data.labels", "--labels"), ("data.ids", "--ids")]
+    import re
+    keys = {"data.split.column": "--split-column", "data.split.test": "--test", "data.path": data, "data.source": data,
+            "data.features": "--features", "data.labels": "--labels", "data.ids": "--ids"}
+    # whole keys only: not inside a path, a file name or a quoted array name ('data.labels.npy')
+    pattern = re.compile(r"(?<![\w./'\"-])(" + "|".join(map(re.escape, keys)) + r")(?![\w'\"-]|\.\w)")
 
     def decorate(fn):
         @functools.wraps(fn)
@@ -62,10 +64,10 @@ def in_options(data: str):
             try:
                 return fn(*args, **kwargs)
             except InputError as e:
-                msg = str(e)
-                for old, new in words:
-                    msg = msg.replace(old, new)
-                raise InputError(msg) from None
+                msg = str(e).replace(" (a config's relative paths are read from its folder)", "") \
+                    .replace("set data.root or METRICPIPE_DATA", "set METRICPIPE_DATA")   # no data.root here
+                e.args = (pattern.sub(lambda m: keys[m.group(1)], msg),)
+                raise   # the same error (and traceback, with --verbose), in this command's words
         return wrapper
     return decorate
 

@@ -140,9 +140,11 @@ def unserved(spec: dict, classifier: str) -> str | None:
 
 
 def classifiers_given(raw: dict) -> bool:
-    """Whether the config lists evaluate.classification.classifiers (else they are the defaults, which a
-    model that cannot serve one skips; a classifier the user lists is refused instead)."""
-    return "classifiers" in (((raw or {}).get("evaluate") or {}).get("classification") or {})
+    """Whether the config lists evaluate.classification.classifiers, or turns classification off (else
+    they are the defaults, which a model that cannot serve one skips; a classifier the user lists is
+    refused instead)."""
+    cls = ((raw or {}).get("evaluate") or {}).get("classification")
+    return cls is False or "classifiers" in (cls if isinstance(cls, dict) else {})
 
 
 def _check_kernel_slem(methods: list, evaluate, where: str, given: bool) -> None:
@@ -330,13 +332,11 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
     ev = raw.get("evaluate", {}) or {}
     _check_keys(ev, ["retrieval", "classification"], where, "evaluate.")
     parts = {}
-    for part in ("retrieval", "classification"):   # a map, or false to leave that part out
+    for part in ("retrieval", "classification"):   # a map (true: its defaults), or false to leave it out
         value = ev.get(part, {})
-        if value is not False and value is not None and not isinstance(value, dict):
+        if not isinstance(value, (bool, dict)) and value is not None:
             _fail(where, f"evaluate.{part}", f"got {value!r}; give a map of its settings, or false to leave it out")
-        parts[part] = value
-    if parts["retrieval"] is False and parts["classification"] is False:
-        _fail(where, "evaluate", "retrieval and classification are both false: nothing would be evaluated; keep one")
+        parts[part] = {} if value is True else value
     ret = parts["retrieval"] or {}
     do_retrieval = parts["retrieval"] is not False
     _check_keys(ret, ["k", "queries"], where, "evaluate.retrieval.")
@@ -345,6 +345,8 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
     classifiers = [] if parts["classification"] is False else cls.get("classifiers", ["knn1", "knn10", "ncm"])
     if not isinstance(classifiers, list):
         classifiers = [classifiers]
+    if not do_retrieval and not classifiers:
+        _fail(where, "evaluate", "retrieval is false and no classifier is left: nothing would be evaluated; keep one")
     for c in classifiers:
         ok = isinstance(c, str) and (c in ("ncm", "ncmc") or any(c.startswith(p) and c[len(p):].isdigit() and int(c[len(p):]) > 0
                                                        for p in ("knn", "softvote")))

@@ -181,11 +181,22 @@ def _raise_refused(result) -> None:
         raise result.error
 
 
-def _refusing(fn, *args, **kwargs):
+def _refused_input(args, kwargs) -> InputError | None:
+    """The error an earlier task handed on as its result (a Refused, or an InputError returned by
+    ``_returning_errors``), among a task's inputs and the items of list or tuple inputs."""
     for a in list(args) + list(kwargs.values()):
         for x in (a if isinstance(a, (list, tuple)) else (a,)):
             if isinstance(x, Refused):
+                return x.error
+            if isinstance(x, InputError):
                 return x
+    return None
+
+
+def _refusing(fn, *args, **kwargs):
+    error = _refused_input(args, kwargs)
+    if error is not None:
+        return Refused(error)
     try:
         return fn(*args, **kwargs)
     except InputError as e:
@@ -194,7 +205,11 @@ def _refusing(fn, *args, **kwargs):
 
 def _returning_errors(fn, *args, **kwargs):
     """A candidate's task: bad input or a diverged fit (InputError) is returned as its result, so the
-    selection records it beside the other candidates' scores and no worker logs a failure."""
+    selection records it beside the other candidates' scores and no worker logs a failure; a task
+    given such a result (an SL-DE member's, to the task assembling the members) passes it on."""
+    error = _refused_input(args, kwargs)
+    if error is not None:
+        return error
     try:
         return fn(*args, **kwargs)
     except InputError as e:

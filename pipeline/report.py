@@ -91,9 +91,10 @@ def extended_models(store: Store, models: list[dict]) -> list[dict]:
     from metricpipe.models import model_units
     run = {m["key"]: m for m in models}
     found = {u.key: m for u, m in model_units(store) if m.get("extends")}
-    def row(spec):
-        spec = dict(spec or {})
-        return {"method": spec.pop("method", "?"), "params": spec}
+    from metricpipe.stages.common import spec_params
+
+    def row(spec):   # as the run's records carry the model
+        return {"method": (spec or {}).get("method", "?"), "params": spec_params(spec)}
     swept = _swept([row(m["spec"]) for m in models])   # labelled as the run labels the models they extend
     out, todo = [], [k for k in found if found[k]["extends"] in run]
     while todo:   # a copy extended again names the copy it extends

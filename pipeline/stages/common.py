@@ -39,6 +39,11 @@ class DataInfo:
         return np.flatnonzero(self.split == code)
 
 
+def spec_params(spec: dict) -> dict:
+    """A model's parameters as its records (and the report's labels) carry them: method and dim aside."""
+    return {k: v for k, v in (spec or {}).items() if k not in ("method", "dim")}
+
+
 def _timed(ctx: StageContext, unit: Unit, started: float, meta: dict) -> None:
     ctx.commit(unit, {**meta, "seconds": round(time.perf_counter() - started, 3)})
 

@@ -15,7 +15,7 @@ from metricpipe.stages.train import model_id
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.sparse import stratified_subset
 
-from metricpipe.stages.common import DataInfo, TEST, TRAIN, _timed, _tree_combine
+from metricpipe.stages.common import DataInfo, TEST, TRAIN, _timed, _tree_combine, spec_params
 from metricpipe.stages.neighbours import EXACT_MAX_TRAIN
 
 
@@ -394,7 +394,7 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
                              data.labels[queries], knn_note))
         if view == "codes" and costs.get(unit.key):  # the projection's size and cost next to its metrics
             base = {"method": spec["method"], "dim": dim, "classifier": None,
-                    "params": {k: v for k, v in spec.items() if k not in ("method", "dim")}}
+                    "params": spec_params(spec)}
             recs.extend({**base, "metric": k, "value": v} for k, v in costs[unit.key].items())
     for unit, recs in records.values():
         unit.write_json("records.json", recs)
@@ -412,7 +412,7 @@ def _records(spec: dict, dim: int, ev, test_labels: np.ndarray, ret_res: list, c
     retrieval queries' (default: ``test_labels``); ``knn_note`` says how kNN found its neighbours
     (``knn_search``: graph or the index, ``knn_recall`` against exact search), recorded as metrics."""
     query_labels = test_labels if query_labels is None else query_labels
-    params = {**{k: v for k, v in spec.items() if k not in ("method", "dim")}, **(extra or {})}
+    params = {**spec_params(spec), **(extra or {})}
     base = {"method": spec["method"], "dim": dim, "params": params}
     recs = []
     if ret_res:

@@ -326,18 +326,26 @@ def test_stage_command_refuses_bad_input_before_a_cluster_starts_and_leaves_no_s
     assert not (tmp_path / "s").exists()
 
 
-def test_commands_without_a_config_name_their_own_arguments_not_config_keys(tmp_path):
+def test_commands_without_a_config_name_their_own_arguments_not_config_keys(tmp_path, monkeypatch):
     import numpy as np
+    monkeypatch.setenv("METRICPIPE_DATA", str(tmp_path))
+    monkeypatch.setattr("metricpipe.sources.FASHION_DEBIAN", str(tmp_path / "none"))
     np.save(tmp_path / "x.npy", np.ones((6, 3), np.float32))
     np.savez(tmp_path / "x.npz", X=np.ones((6, 3), np.float32), y=np.arange(6) % 2)
     cases = [(("stage", tmp_path / "x.npy"), r"x.npy: a .npy file holds one array; give --labels as the path"),
              (("stage", tmp_path / "none.npz"), r"none.npz: file not found \(SOURCE\); check the path$"),
              (("stage", tmp_path / "x.npz", "--split-column", "s"), r"x.npz: no array 's' \(--split-column\)"),
              (("stage", tmp_path / "x.npz", "--labels", tmp_path / "lab.npy"), r"lab.npy: labels file not found "
-                                                                                r"\(--labels\)")]
+                                                                                r"\(--labels\)"),
+             # a file or array named like a key keeps its name
+             (("stage", tmp_path / "x.npz", "--labels", tmp_path / "data.labels.npy"),
+              r"/data.labels.npy: labels file not found \(--labels\)"),
+             (("stage", tmp_path / "x.npz", "--features", "data.features"), r"no array 'data.features' \(--features\)"),
+             (("stage", "fashion-mnist"), r"^error: SOURCE fashion-mnist: IDX files not found in .* set METRICPIPE_DATA "
+                                          r"to a folder")]
     for args, match in cases:
         res = _invoke(*args, "--store", tmp_path / "s", "--cluster", "tcp://127.0.0.1:9")
-        said = res.output.replace(str(tmp_path), "")
+        said = res.output.replace(str(tmp_path), "").replace("data.labels.npy", "").replace("'data.features'", "")
         assert res.exit_code == 2 and "data." not in said and "config" not in said, res.output
         assert re.search(match, res.output.strip()), res.output
 

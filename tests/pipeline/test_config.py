@@ -11,6 +11,9 @@ def test_an_evaluate_part_set_to_false_is_left_out():
     assert parse_config({**BASE, "evaluate": {"classification": False}}).evaluate.classifiers == ()
     cfg = parse_config({**BASE, "evaluate": {"retrieval": False}})
     assert not cfg.evaluate.retrieval and cfg.evaluate.classifiers == ("knn1", "knn10", "ncm")
+    assert parse_config({**BASE, "evaluate": {"classification": True}}).evaluate.classifiers == ("knn1", "knn10", "ncm")
+    from metricpipe.runner import skipped_classifiers      # turned off is not "skipped for every model"
+    assert skipped_classifiers(parse_config({**BASE, "evaluate": {"classification": False}}), []) == []
 
 
 def test_defaults_and_method_expansion():
@@ -34,8 +37,9 @@ def test_defaults_and_method_expansion():
     ({**BASE, "methods": [{"dim": 3}]}, r"methods\[0\]: expected a mapping with a 'method' key"),
     ({**BASE, "evaluate": {"classification": {"classifiers": ["svm"]}}}, r"unknown classifier 'svm'"),
     ({**BASE, "evaluate": {"classification": "knn1"}}, r"evaluate.classification: got 'knn1'; give a map"),
-    ({**BASE, "evaluate": {"retrieval": False, "classification": False}}, r"evaluate: retrieval and classification "
-                                                                           r"are both false"),
+    ({**BASE, "evaluate": {"retrieval": False, "classification": False}}, r"evaluate: retrieval is false and no "
+                                                                           r"classifier is left"),
+    ({**BASE, "evaluate": {"retrieval": False, "classification": {"classifiers": []}}}, r"nothing would be evaluated"),
     ({**BASE, "neighbours": {"k": 0}}, r"neighbours.k: must be >= 1"),
     ({**BASE, "neighbours": {"queries": 0}}, r"neighbours.queries: must be >= 1"),
     ({**BASE, "neighbours": {"queries": 100}, "evaluate": {"classification": {"classifiers": ["softvote5"]}}},

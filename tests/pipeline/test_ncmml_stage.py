@@ -158,7 +158,7 @@ def test_add_classes_extends_a_copy_and_predicts_like_ncm_with_numpy_means(train
     from metricpipe.report import extended_models
     run = [{"key": u.key, "spec": u.meta()["spec"]} for _, u in models]
     [e] = [e for e in extended_models(ctx.store, run) if e["key"] == ext.key]
-    assert e["extends"] == unit.key and "objective=euclidean" in e["label"]
+    assert e["extends"] == unit.key and "objective=euclidean" in e["label"] and "dim=" not in e["label"]
 
 
 def test_add_classes_refuses_bad_new_data(trained, tmp_path):
@@ -285,7 +285,7 @@ def test_predict_needs_no_labels_and_refuses_bad_ones_and_ambiguous_models(train
     np.savez(tmp_path / "short2.npz", X=X, y=np.zeros(7, int))
     with pytest.raises(InputError, match=r"\(--labels y\): labels of shape \(7,\) for 30 rows; give a 1-D array"):
         predict(ctx.store.url, unit.key, str(tmp_path / "short2.npz"), labels="y")
-    with pytest.raises(InputError, match=r"\(--labels y\): labels of shape \(7,\) for 30 rows"):
+    with pytest.raises(InputError, match=r"\(DATA's y\): labels of shape \(7,\) for 30 rows"):
         predict(ctx.store.url, unit.key, str(tmp_path / "short2.npz"))   # its y, unnamed: checked all the same
     np.savez(tmp_path / "text.npz", X=X, y=np.array(["cat"] * 30))
     names, error, unknown = predict(ctx.store.url, unit.key, str(tmp_path / "text.npz"))
