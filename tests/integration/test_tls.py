@@ -1,6 +1,7 @@
 """Secure by default: a local run listens on 127.0.0.1 only, and a tls:// scheduler (a real
 ``dask scheduler --tls-*`` with ``dask worker`` on 127.0.0.1, certificates made here) runs the
 pipeline with the same metrics as a LocalCluster; a plain client is refused by it."""
+import contextlib
 import json
 import socket
 import subprocess
@@ -33,21 +34,26 @@ def _listening(procs):
     return out
 
 
-def test_a_local_cluster_listens_on_loopback_only_and_a_taken_port_is_swapped_quietly():
-    from metricpipe.cluster import connect
+@contextlib.contextmanager
+def _taken_port_and_no_warnings():
+    """A port something else listens on, while any warning (Dask's "Port ... is already in use") fails."""
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()
-    port = taken.getsockname()[1]
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("error")           # no "Port ... is already in use" UserWarning
-            with connect("local", 2, dashboard=f":{port}") as client:
-                me = psutil.Process()
-                addrs = _listening([me] + me.children(recursive=True))
-                link = client.dashboard_link
+            warnings.simplefilter("error")
+            yield taken.getsockname()[1]
     finally:
         taken.close()
+
+
+def test_a_local_cluster_listens_on_loopback_only_and_a_taken_port_is_swapped_quietly():
+    from metricpipe.cluster import connect
+    with _taken_port_and_no_warnings() as port, connect("local", 2, dashboard=f":{port}") as client:
+        me = psutil.Process()
+        addrs = _listening([me] + me.children(recursive=True))
+        link = client.dashboard_link
     assert len(addrs) >= 5                                    # scheduler, dashboard, 2 workers + nannies
     assert {a.ip for a in addrs} == {"127.0.0.1"}, addrs      # nothing on 0.0.0.0 or ::
     assert link.startswith("http://127.0.0.1:") and f":{port}/" not in link
@@ -58,17 +64,8 @@ def test_a_port_taken_between_the_check_and_the_bind_is_swapped_without_dask_s_w
     """Another run taking the port at the same moment: the check says free, Dask's bind fails."""
     from metricpipe.cluster import connect
     monkeypatch.setattr("metricpipe.cluster._port_free", lambda host, port: True)
-    taken = socket.socket()
-    taken.bind(("127.0.0.1", 0))
-    taken.listen()
-    port = taken.getsockname()[1]
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            with connect("local", 1, dashboard=f":{port}") as client:
-                link = client.dashboard_link
-    finally:
-        taken.close()
+    with _taken_port_and_no_warnings() as port, connect("local", 1, dashboard=f":{port}") as client:
+        link = client.dashboard_link
     assert link.startswith("http://127.0.0.1:") and f":{port}/" not in link
 
 
