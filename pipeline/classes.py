@@ -125,9 +125,9 @@ def _zero_names(old_names: list, zero_shot: tuple) -> list:
 def _check_target(unit, attrs, est, src, D: int, names: list, zero_shot: tuple, parents: dict,
                   counts: np.ndarray) -> None:
     """Refuse new data a target model cannot take: another dimension, labels of another kind (text
-    beside integers), classes it has, a hierarchy
-    for a model of several centroids per class or for classes with no trained ancestor, fewer
-    images of a class than its centroids (``counts``: images per new class)."""
+    beside integers), classes it has, a hierarchy for a model of several centroids per class or for
+    classes with no trained ancestor, fewer images of a class than its centroids (``counts``: images
+    per new class)."""
     old_names = list(attrs.get("class_names") or [])
     if est.n_features_in_ != D:
         raise InputError(f"{src.name}: features have {D} dimensions but model {unit.key} takes "
@@ -170,10 +170,11 @@ def add_classes(store_url: str, data_path: str, features: str = "X", labels: str
     if (zero_shot or prior_weight > 0) and not parents:
         raise InputError("--zero-shot and --prior-weight need --hierarchy (a YAML map class: parent)")
     counts = np.bincount(codes, minlength=len(names))
-    for unit, attrs in targets:   # every target checked before any is written
-        _check_target(unit, attrs, load_estimator(unit.url), src, D, names, zero_shot, parents, counts)
+    ests = [load_estimator(unit.url) for unit, _ in targets]   # each read once: checked, then extended
+    for (unit, attrs), est in zip(targets, ests):   # every target checked before any is written
+        _check_target(unit, attrs, est, src, D, names, zero_shot, parents, counts)
     out = []
-    for unit, attrs in targets:
+    for (unit, attrs), est in zip(targets, ests):
         t0 = time.perf_counter()
         key = hash_key({"stage": "add-classes", "model": unit.key, "data": src.fingerprint, "features": features,
                         "labels": labels, "hierarchy": parents, "prior_weight": prior_weight,
@@ -185,7 +186,6 @@ def add_classes(store_url: str, data_path: str, features: str = "X", labels: str
             log(f"{new_unit.rel}: reusing ({unit.key} + {len(info['added'])} class(es), added before)")
             out.append(info)
             continue
-        est = load_estimator(unit.url)
         old_names = list(attrs.get("class_names") or [])   # the run's labels and added names: compared by value
         owner = np.asarray(est.centroid_classes_, np.int64)
         zero = _zero_names(old_names, zero_shot)

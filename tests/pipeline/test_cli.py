@@ -47,6 +47,14 @@ def good_store(client, tmp_path_factory):
     return tmp
 
 
+def _fits_digits() -> int:
+    """The memory_limit (MB) whose task share holds digits (one block of 1,797 x 64 float32, four times)
+    and the evaluation's buffers: what the refusal should name."""
+    from metricpipe.budget import BLOCKS_PER_TASK, SPILL_FRACTION
+    from metricpipe.stages import EVAL_BUDGET
+    return int(np.ceil((BLOCKS_PER_TASK * 1797 * 64 * 4 + EVAL_BUDGET) / SPILL_FRACTION / 1e6))
+
+
 def _labels_file(tmp, y):
     """Features in X.npy, labels in a file of their own: an error about the labels names that file."""
     np.save(tmp / "X.npy", X)
@@ -138,8 +146,8 @@ BAD = {
     "worker memory below the task rule": (lambda t: {"source": "digits"}, {"memory_limit": "300MB"},
                                           r"a row-block task \(4 row-blocks and the evaluation's buffers\) needs ~\d+ MB, over the 180 MB a "
                                           r"task may use \(60% of the smallest worker memory limit, 300 MB\); raise "
-                                          r"memory_limit to at least 4[12]\d MB \(the evaluation's buffers alone take "
-                                          r"250 MB\)"),
+                                          rf"memory_limit to at least {_fits_digits()} MB \(the evaluation's buffers "
+                                          r"alone take 250 MB\)"),
     "negatives from the test split": (lambda t: {"source": "digits"},
                                       {"methods": [{"method": "slem", "negatives": {"split": "test"}}]},
                                       r"methods\[0\].negatives: negatives.split must name .*never test"),
