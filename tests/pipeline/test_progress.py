@@ -104,9 +104,19 @@ def test_a_terminal_that_reports_no_size_still_shows_the_line(size):
             f.set_result(None)
         p.close()
         term.flush()
-        out = os.read(leader, 65536).decode()
+        out = _drain(leader)
     os.close(leader)
     assert re.search(r"train: 100%\|.*\| 3/3 tasks", out), out
+
+
+def _drain(fd: int) -> str:
+    """Everything written to a pty so far: one read returns only what has reached the leader side yet
+    (a single read saw just the first draw, '0/1 tasks', on a loaded machine)."""
+    import select
+    out = b""
+    while select.select([fd], [], [], 0.5)[0]:
+        out += os.read(fd, 65536)
+    return out.decode()
 
 
 def test_peak_rss_of_a_spawned_process_is_its_own_not_its_parents():
