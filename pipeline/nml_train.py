@@ -17,8 +17,9 @@ import time
 import numpy as np
 
 from metricpipe import shuffle
-from metricpipe.storage import array_names, open_array, read_rows, save_model
+from metricpipe.storage import array_names, load_scalar, open_array, read_rows, save_model
 from metricpipe.stream_train import validation_rows
+from metricpipe.tasks import moments
 from metricpipe.tasks.base import seed_of
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.nml import check_pair_indices
@@ -37,17 +38,19 @@ def check_pairs(i, j, y, split, where: str):
 
 
 def _init(est, stats_url: str):
-    """LinearML's start, the statistics stage's leading PCA components (``dim`` rows; fewer when the
-    stage kept fewer, which the estimator refuses); None for NML."""
+    """LinearML's start and the rows' RMS norm it reads ``lr`` by: the statistics stage's leading PCA
+    components (``dim`` rows; fewer when the stage kept fewer, which the estimator refuses) and
+    :func:`~metricpipe.tasks.moments.row_scale`; (None, 1.0) for NML."""
     if est.method != "linear-ml":
-        return None
-    return open_array(f"{stats_url}/pca_components")[:est.dim]
+        return None, 1.0
+    scale = moments.row_scale({"mean_sq_norm": load_scalar(stats_url, "mean_sq_norm")})
+    return open_array(f"{stats_url}/pca_components")[:est.dim], scale
 
 
 def _train(est, spec: dict, data_url: str, stats_url: str, copy_url: str, block_rows: int, user_pairs: bool,
            model_url: str) -> dict:
     """On a worker: fit ``est`` from the shuffled copy at ``copy_url`` and save it at ``model_url``."""
-    init = _init(est, stats_url)
+    init, scale = _init(est, stats_url)
     features = open_array(f"{copy_url}/features")
     n, D = features.shape
     t0 = time.perf_counter()
@@ -58,13 +61,14 @@ def _train(est, spec: dict, data_url: str, stats_url: str, copy_url: str, block_
                           for k in ("pair_i", "pair_j")], axis=1)
         y = open_array(f"{data_url}/pair_y")[:]
         est.fit_pair_blocks(pairs, y, lambda b: features[b * block_rows:(b + 1) * block_rows], n, block_rows, D,
-                            init)
+                            init, scale)
     else:
         keep_pos, n, val = None, n, {}
         if est.validation:
             keep_pos, n, val = _validation(est, data_url, copy_url)
         t0 = time.perf_counter()
-        est.fit_stream(shuffle.stream_pools(copy_url, block_rows, est.random_state, keep_pos), n, D, init, **val)
+        est.fit_stream(shuffle.stream_pools(copy_url, block_rows, est.random_state, keep_pos), n, D, init, **val,
+                       row_scale=scale)
     seconds = time.perf_counter() - t0
     return save_model(model_url, est, spec, seconds, samples_per_second=est.pairs_seen_ / max(seconds, 1e-9),
                       pairs=int(est.n_pairs_), pair_source=est.pair_source_, best_iter=est.best_iter_,

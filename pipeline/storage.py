@@ -558,6 +558,12 @@ def save_arrays(url: str, arrays: dict, attrs: dict | None = None) -> None:
     g.attrs.update(json.loads(to_json({**(attrs or {}), "scalars": scalars})))
 
 
+def load_scalar(url: str, name: str):
+    """One scalar that :func:`save_arrays` kept in the group's attributes (no array is read)."""
+    import zarr
+    return zarr.open_group(store=url, mode="r").attrs["scalars"][name]
+
+
 def load_arrays(url: str) -> tuple[dict, dict]:
     import zarr
     g = zarr.open_group(store=url, mode="r")

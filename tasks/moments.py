@@ -15,13 +15,15 @@ class Moments:
     """Sufficient statistics of a set of rows.
 
     n : int, rows seen; mean : (D,) float64; m2 : (D, D) float64 centred scatter sum or None when
-    only first moments are kept; class_counts : (C,) int64; class_sums : (C, D) float64.
+    only first moments are kept; class_counts : (C,) int64; class_sums : (C, D) float64; sumsq :
+    float, the sum of the rows' squared norms (positive terms: a plain sum loses nothing).
     """
     n: int
     mean: np.ndarray
     m2: np.ndarray | None
     class_counts: np.ndarray
     class_sums: np.ndarray
+    sumsq: float = 0.0
 
 
 # Rows per float32 product in ``within_scatter``: each S x D slab's Z^T Z is a float32 GEMM (twice the
@@ -43,14 +45,18 @@ def partial_moments(X: np.ndarray, y: np.ndarray, n_classes: int, second: bool =
     counts = np.bincount(y, minlength=n_classes).astype(np.int64)
     sums = class_sums(X, y, n_classes)
     if n == 0:
-        return Moments(0, np.zeros(D), np.zeros((D, D)) if second else None, counts, sums)
+        return Moments(0, np.zeros(D), np.zeros((D, D)) if second else None, counts, sums, 0.0)
     mean = sums.sum(axis=0) / n
     m2 = None
     if second:
         means = class_means(counts, sums)
         diff = (means - mean) * np.sqrt(counts)[:, None]
         m2 = within_scatter(X, y, means, counts) + diff.T @ diff
-    return Moments(n, mean, m2, counts, sums)
+        sumsq = float(np.trace(m2) + n * (mean @ mean))
+    else:
+        sumsq = float(sum(np.einsum("ij,ij->", X[s:s + SCATTER_ROWS], X[s:s + SCATTER_ROWS], dtype=np.float64)
+                          for s in range(0, n, SCATTER_ROWS)))
+    return Moments(n, mean, m2, counts, sums, sumsq)
 
 
 def class_means(counts: np.ndarray, sums: np.ndarray) -> np.ndarray:
@@ -102,13 +108,14 @@ def combine_moments(a: Moments, b: Moments) -> Moments:
     n = a.n + b.n
     if a.n == 0 or b.n == 0:
         src = b if a.n == 0 else a
-        return Moments(src.n, src.mean, src.m2, a.class_counts + b.class_counts, a.class_sums + b.class_sums)
+        return Moments(src.n, src.mean, src.m2, a.class_counts + b.class_counts, a.class_sums + b.class_sums,
+                       a.sumsq + b.sumsq)
     delta = b.mean - a.mean
     mean = a.mean + delta * (b.n / n)
     m2 = None
     if a.m2 is not None and b.m2 is not None:
         m2 = a.m2 + b.m2 + np.outer(delta, delta) * (a.n * b.n / n)
-    return Moments(n, mean, m2, a.class_counts + b.class_counts, a.class_sums + b.class_sums)
+    return Moments(n, mean, m2, a.class_counts + b.class_counts, a.class_sums + b.class_sums, a.sumsq + b.sumsq)
 
 
 def combine_all(parts: list) -> Moments:
@@ -123,7 +130,8 @@ def combine_all(parts: list) -> Moments:
 def finalize_statistics(m: Moments, n_components: int | None = None) -> dict:
     """Turn combined moments into the arrays every learner reads.
 
-    Returns a dict of ``mean`` (D,), ``class_counts`` (C,), ``class_means`` (C, D) and, when second
+    Returns a dict of ``mean`` (D,), ``class_counts`` (C,), ``class_means`` (C, D), ``mean_sq_norm``
+    (the rows' mean squared norm, the scale SGD learners set their step by) and, when second
     moments were kept, ``covariance`` (D, D) (unbiased), ``within_scatter`` Sw and
     ``between_scatter`` Sb (D, D) with Sw + Sb equal to the total scatter, and the PCA basis
     ``pca_components`` (k, D) with ``pca_variances`` (k,) in decreasing order.
@@ -133,7 +141,8 @@ def finalize_statistics(m: Moments, n_components: int | None = None) -> dict:
     counts = m.class_counts
     present = counts > 0
     means = class_means(counts, m.class_sums)
-    out = {"n_samples": np.int64(m.n), "mean": m.mean, "class_counts": counts, "class_means": means}
+    out = {"n_samples": np.int64(m.n), "mean": m.mean, "class_counts": counts, "class_means": means,
+           "mean_sq_norm": np.float64(m.sumsq / m.n)}
     if m.m2 is None:
         return out
     out["covariance"] = m.m2 / (m.n - 1)
@@ -145,6 +154,15 @@ def finalize_statistics(m: Moments, n_components: int | None = None) -> dict:
     out["pca_components"] = vectors
     out["pca_variances"] = values
     return out
+
+
+def row_scale(stats: dict) -> float:
+    """The rows' RMS norm, sqrt(mean ||x||^2) from :func:`finalize_statistics` (1 on l2-normalised
+    rows; 1 for rows that are all zero). SGD learners read their ``lr`` as the step for rows of unit
+    RMS norm: training on x with the start W0 / s and the step lr / s^2 is training on x / s with W0
+    and lr (the same distances and losses all along), so one default rate suits raw and l2 data."""
+    ms = float(stats["mean_sq_norm"])
+    return float(np.sqrt(ms)) if ms > 0 and np.isfinite(ms) else 1.0
 
 
 def pca_basis(cov: np.ndarray, n_components: int | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -334,15 +334,20 @@ class MetricSGD:
     the caller reports a validation error; the W with the lowest error is kept.
 
     objective: 'ncm' (Eqs. 9-10, with ``centroids``/``owner``: NCMC, Eqs. 21-25), 'dot' (Eq. 27,
-    learned biases) or 'knn' (Eq. 35 with Algorithm 1's gradient)."""
+    learned biases) or 'knn' (Eq. 35 with Algorithm 1's gradient).
+
+    ``scale`` s (the rows' RMS norm, :func:`~metricpipe.tasks.moments.row_scale`): W starts at W0 / s
+    and steps by lr / s^2 (biases by lr), which is SGD from W0 at rate lr on the rows x / s, with W
+    kept in the rows' own units: ``lr`` means the same on raw and on l2-normalised rows."""
 
     def __init__(self, W0: np.ndarray, objective: str, lr: float, centroids: np.ndarray | None = None,
                  owner: np.ndarray | None = None, n_classes: int | None = None, targets: str = "dynamic",
-                 k: int = 5):
+                 k: int = 5, scale: float = 1.0):
         if objective not in ("ncm", "dot", "knn"):
             raise InputError(f"metric learning objective must be ncm, dot or knn. Got {objective!r} instead.")
-        self.W = np.array(W0, np.float64)
+        self.W = np.array(W0, np.float64) / scale
         self.objective, self.lr, self.targets, self.k = objective, float(lr), targets, int(k)
+        self.step_W = self.lr / scale ** 2
         self.centroids = None if centroids is None else np.asarray(centroids, np.float64)
         self.owner = None if owner is None else np.asarray(owner, np.int64)
         self.n_classes = n_classes
@@ -362,14 +367,14 @@ class MetricSGD:
         X = np.asarray(X, np.float64)
         if self.objective == "ncm":
             value, G = log_likelihood_and_gradient(self.W, X, y, self.centroids, self.owner, self.n_classes)
-            self.W += self.lr * G
+            self.W += self.step_W * G
         elif self.objective == "dot":
             value, G, gb = dot_log_likelihood_and_gradient(self.W, self.bias, X, self._position[y], self.centroids)
-            self.W += self.lr * G
+            self.W += self.step_W * G
             self.bias += self.lr * gb
         else:
             G, value = knnml_step(self.W, X, is_pos, self.k, self.targets, fixed)
-            self.W -= self.lr * G
+            self.W -= self.step_W * G
         if not np.all(np.isfinite(self.W)):
             raise InputError(f"metric learning diverged after {self.steps + 1} steps (W is not finite); "
                              f"lower 'lr' (now {self.lr})")
@@ -639,7 +644,9 @@ class NCMML(_NCMClassifier, _MetricLearner):
     batch : int, default=1000
         Images per SGD step.
     lr : float, default=30.0
-        Fixed SGD step (tuned on l2-normalised features; lower it on raw features).
+        Fixed SGD step for rows of unit RMS norm: the learner divides it by the training rows' mean
+        squared norm and starts W at the PCA directions over their RMS norm (the same run as on the
+        rows scaled to unit RMS norm; nothing changes on l2-normalised rows).
     iters : int, default=2000
         SGD steps.
     validate_every : int, default=100
@@ -698,7 +705,8 @@ class NCMML(_NCMClassifier, _MetricLearner):
         C = len(self.classes_)
         trained = self._train_classes = self.trained_classes(C)
         means = statistics["class_means"]
-        sgd = MetricSGD(W0, "dot" if self.objective == "dot" else "ncm", self.lr, means[trained], trained, C)
+        sgd = MetricSGD(W0, "dot" if self.objective == "dot" else "ncm", self.lr, means[trained], trained, C,
+                        scale=moments.row_scale(statistics))
         self._monitor = None
         if X_new is not None and len(X_new) and self.objective != "dot":
             Xn, yn, M = np.asarray(X_new, np.float64), np.asarray(y_new, np.int64), np.asarray(means, np.float64)
@@ -797,10 +805,11 @@ class NCMC(_NCMClassifier, _MetricLearner):
         trained = self._train_classes = self.trained_classes(C)
         cents, owner = centroids
         if self.train_centroids == 1:  # NCMC-test: the metric learns with one mean per class
-            sgd = MetricSGD(W0, "ncm", self.lr, statistics["class_means"][trained], trained, C)
+            sgd = MetricSGD(W0, "ncm", self.lr, statistics["class_means"][trained], trained, C,
+                            scale=moments.row_scale(statistics))
         else:
             mine = np.isin(owner, trained)
-            sgd = MetricSGD(W0, "ncm", self.lr, cents[mine], owner[mine], C)
+            sgd = MetricSGD(W0, "ncm", self.lr, cents[mine], owner[mine], C, scale=moments.row_scale(statistics))
         self._run(sgd, pools, X_val, y_val, _class_error, self._slices)
         self.centroids_ = np.asarray(cents, np.float32)
         self.centroid_classes_ = np.asarray(owner, np.int32)
@@ -822,6 +831,8 @@ class KNNML(_MetricLearner):
     k : int, default=5
     batch : int, default=300
     lr : float, default=0.1
+        As :class:`NCMML`'s: the step for rows of unit RMS norm (the hinge's margin 1 is then a
+        distance between such rows).
     dim, iters, validate_every, validation, classes, random_state : as :class:`NCMML`.
     """
     search_space = {"lr": [0.1, 0.0001, 0.001, 0.01, 1.0]}
@@ -875,7 +886,8 @@ class KNNML(_MetricLearner):
         W0 = self._start(statistics)
         C = len(self.classes_)
         self._train_classes = self.trained_classes(C)
-        sgd = MetricSGD(W0, "knn", self.lr, n_classes=C, targets=self.targets, k=self.k)
+        sgd = MetricSGD(W0, "knn", self.lr, n_classes=C, targets=self.targets, k=self.k,
+                        scale=moments.row_scale(statistics))
         Xr, yr = np.asarray(reference[0], np.float64), np.asarray(reference[1], np.int64)
         self._run(sgd, pools, X_val, y_val, lambda s, Xv, yv: _knn_error(s, Xv, yv, Xr, yr, self.k), self._batches)
         del self._best_bias, self._train_classes

@@ -160,11 +160,16 @@ class PairSGD:
     2 x^2 / (|x| + |l|)^2 is ~1e-4 for l drawn from (-0.5, 0.5), so plain SGD barely moves L."""
 
     def __init__(self, L0: np.ndarray, kind: str, lr: float, bias: float, margin: float, learn_bias: bool = False,
-                 optimizer: str = "sgd", threads: int = 1):
+                 optimizer: str = "sgd", threads: int = 1, scale: float = 1.0):
         if optimizer not in ("sgd", "adam"):
             raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
-        self.L = np.array(L0, np.float64)
+        # the linear kind with the rows' RMS norm s: L starts at L0 / s and steps by lr / s^2 (Adam's
+        # step, blind to the gradient's size: lr / s), i.e. SGD from L0 on the rows x / s; NML's kernel
+        # reads l1-normalised rows and keeps s = 1
+        scale = float(scale) if kind == "linear" else 1.0
+        self.L = np.array(L0, np.float64) / scale
         self.kind, self.lr, self.bias, self.margin, self.learn_bias = kind, float(lr), float(bias), float(margin), learn_bias
+        self.step_L = self.lr / (scale if optimizer == "adam" else scale ** 2)
         self.optimizer = optimizer
         self.pairs_seen = self.steps = 0
         self.work = None  # NML's reused (d, 2 x batch, D) temporary
@@ -204,7 +209,7 @@ class PairSGD:
         self.steps += 1
         dL, db = self._direction(G, gb)
         with np.errstate(over="ignore", invalid="ignore"):
-            self.L -= self.lr * dL
+            self.L -= self.step_L * dL
         if not np.all(np.isfinite(self.L)):
             raise InputError(f"{'NML' if self.kind == 'nml' else 'LinearML'} diverged after {self.steps} steps "
                              f"(L is not finite); lower 'lr' (now {self.lr})")
@@ -413,7 +418,7 @@ class _PairLearner(Learner):
             keep[held] = False
             val = (X[held], codes[held])
         n = len(X) if keep is None else int(keep.sum())
-        return self._fit_labels(stream.pools(X, codes, keep, br, seed, keys), n, X.shape[1], self._memory_init(X),
+        return self._fit_labels(stream.pools(X, codes, keep, br, seed, keys), n, X.shape[1], *self._memory_init(X),
                                 seed, val)
 
     def fit_pairs(self, pairs, y, X=None, block_rows=None):
@@ -459,10 +464,10 @@ class _PairLearner(Learner):
         pos = np.empty(n, np.int64)
         pos[pi] = np.arange(n)
         return self._fit_pairs(pos[idx], y, lambda b: X[pi[b * br:(b + 1) * br]], n, br, X.shape[1],
-                               self._memory_init(X), seed)
+                               *self._memory_init(X), seed)
 
     # -- the pipeline's entry points ---------------------------------------------------------------------
-    def fit_stream(self, pools, n_samples: int, n_features: int, init=None, X_val=None, y_val=None):
+    def fit_stream(self, pools, n_samples: int, n_features: int, init=None, X_val=None, y_val=None, row_scale=1.0):
         """Learn from pools of labelled rows: pairs drawn inside each pool (see the class docstring).
 
         Parameters
@@ -478,6 +483,9 @@ class _PairLearner(Learner):
             for Algorithm 1's seeded uniform(-0.5, 0.5)).
         X_val, y_val : optional validation rows and labels (early stopping; ignored when
             ``validation`` is 0).
+        row_scale : float, default=1.0
+            The training rows' RMS norm (:func:`metricpipe.tasks.moments.row_scale` of the
+            statistics): LinearML reads ``lr`` and starts L for rows of unit RMS norm. NML ignores it.
 
         Returns
         -------
@@ -485,9 +493,10 @@ class _PairLearner(Learner):
         """
         self._validate_params()
         val = None if X_val is None else (np.asarray(X_val), np.asarray(y_val))
-        return self._fit_labels(pools, n_samples, n_features, init, seed_of(self.random_state), val)
+        return self._fit_labels(pools, n_samples, n_features, init, row_scale, seed_of(self.random_state), val)
 
-    def fit_pair_blocks(self, pairs, y, read_block, n_rows: int, block_rows: int, n_features: int, init=None):
+    def fit_pair_blocks(self, pairs, y, read_block, n_rows: int, block_rows: int, n_features: int, init=None,
+                        row_scale=1.0):
         """Learn from user pairs over rows in a block layout, holding at most two blocks at a time.
 
         Parameters
@@ -499,17 +508,18 @@ class _PairLearner(Learner):
             ``read_block(b)`` -> rows ``b * block_rows`` up to ``(b + 1) * block_rows`` of the layout,
             an array (<= block_rows, n_features).
         n_rows, block_rows, n_features : int
-        init : as in :meth:`fit_stream`
+        init, row_scale : as in :meth:`fit_stream`
 
         Returns
         -------
         self
         """
         self._validate_params()
-        return self._fit_pairs(pairs, y, read_block, n_rows, block_rows, n_features, init, seed_of(self.random_state))
+        return self._fit_pairs(pairs, y, read_block, n_rows, block_rows, n_features, init, row_scale,
+                               seed_of(self.random_state))
 
     # -- internals ---------------------------------------------------------------------------------------
-    def _fit_labels(self, pools, n_samples, n_features, init, seed: int, val=None):
+    def _fit_labels(self, pools, n_samples, n_features, init, scale: float, seed: int, val=None):
         L0 = self._start(n_features, init, seed)
         rng = np.random.default_rng([seed, 17])
         if val is not None and (not self.validation or np.bincount(np.unique(val[1], return_inverse=True)[1]).max() < 2):
@@ -517,17 +527,17 @@ class _PairLearner(Learner):
         if val is not None:
             val = (self._prepare(val[0], f"{type(self).__name__}: validation rows"), val[1])
         with one_blas_thread():
-            self._run(self._label_pair_pools(pools, int(n_samples), rng), L0, val)
+            self._run(self._label_pair_pools(pools, int(n_samples), rng), L0, scale, val)
         self.pair_source_ = "labels"
         return self
 
-    def _fit_pairs(self, pairs, y, read_block, n_rows, block_rows, n_features, init, seed: int):
+    def _fit_pairs(self, pairs, y, read_block, n_rows, block_rows, n_features, init, scale: float, seed: int):
         pairs = np.asarray(pairs, np.int64)
         y = np.asarray(y, np.float32).ravel()
         L0 = self._start(n_features, init, seed)
         groups = pair_groups(pairs[:, 0], pairs[:, 1], int(n_rows), int(block_rows), seed)
         with one_blas_thread():
-            self._run(self._block_pair_pools(groups, pairs, y, read_block, int(block_rows)), L0)
+            self._run(self._block_pair_pools(groups, pairs, y, read_block, int(block_rows)), L0, scale)
         self.pair_source_ = "user"
         self.n_pairs_ = int(len(y))
         self.__dict__.pop("classes_", None)  # from an earlier fit(X, y)
@@ -585,11 +595,11 @@ class _PairLearner(Learner):
                 local.append(p - b * block_rows + np.where(b == blocks[0], 0, len(held[blocks[0]])))
             yield X, local[0], local[1], y[sel]
 
-    def _run(self, pair_pools, L0, val=None) -> None:
+    def _run(self, pair_pools, L0, scale: float, val=None) -> None:
         """The SGD loop: ``batch`` pairs per step from each pair pool until ``iters`` pairs are seen
         (or, with validation rows ``val`` = (X_val prepared, y_val), until early stopping)."""
         sgd = PairSGD(L0, self._kind, self.lr, self.bias, self.margin, self.learn_bias, self.optimizer,
-                      getattr(self, "threads", 1))
+                      getattr(self, "threads", 1), scale)
         history, losses, every = [], [], max(1, self.iters // 50)
         check = max(self.batch, self.iters // VALIDATIONS)
         best, stale = None, 0
@@ -713,7 +723,7 @@ class NML(_PairLearner):
         self.random_state = random_state
 
     def _memory_init(self, X):
-        return None
+        return None, 1.0
 
     def _default_init(self, n_features: int, seed: int) -> np.ndarray:
         return np.random.default_rng([seed, 19]).uniform(-0.5, 0.5, (self.dim, n_features))  # Algorithm 1
@@ -754,6 +764,9 @@ class LinearML(_PairLearner):
     margin : float >= 0, default=0.2
     optimizer : {"sgd", "adam"}, default="sgd"
     lr : float >= 0, default=0.1
+        The step for rows of unit RMS norm, as ``bias`` and ``margin`` are distances between such
+        rows: L starts at the PCA components over the training rows' RMS norm s and steps by lr / s^2
+        (Adam: lr / s), the same run as on the rows x / s (nothing changes on l2-normalised rows).
 
     Attributes
     ----------
@@ -790,7 +803,8 @@ class LinearML(_PairLearner):
         self.random_state = random_state
 
     def _memory_init(self, X):
-        return moments.statistics(X)["pca_components"]
+        stats = moments.statistics(X)
+        return stats["pca_components"], moments.row_scale(stats)
 
     def _default_init(self, n_features: int, seed: int) -> np.ndarray:
         raise InputError("LinearML starts from the PCA basis: pass init = the PCA components (k, n_features), "

@@ -48,6 +48,45 @@ def test_fit_equals_the_stream_entry_point_fed_by_the_same_pools(data, est):
     assert a.history_ == b.history_ and a.best_iter_ == b.best_iter_
 
 
+@pytest.mark.parametrize("est", [NCMML(**SGD), NCMML(**SGD, objective="dot", lr=1.0),
+                                 NCMC(**SGD, centroids=2), KNNML(**{**SGD, "batch": 30, "lr": 0.1})],
+                         ids=["ncmml", "dot", "ncmc", "knnml"])
+def test_lr_means_the_same_whatever_the_rows_scale(data, est):
+    """Rows 16 times larger (raw pixels against l2 rows) train the same model in their own units:
+    W / 16, the same validation errors, the same kept step. Unscaled, lr = 30 on rows of norm 16 is a
+    step 256 times larger."""
+    X, y = data
+    seed, c = 3, 16.0
+    keys = stream.row_keys(X)
+    val = stream.validation_split(y, est.validation, keys, seed)
+    keep = np.ones(len(y), bool)
+    keep[val] = False
+    fits = []
+    for f in (1.0, c):
+        Xf, extra = X * f, {}
+        if isinstance(est, NCMC):
+            sample = est.kmeans_sample(y, keys, seed)
+            cents, owner = est.kmeans(X[sample], y[sample], lambda: iter([(X, y)]), 5)
+            extra["centroids"] = (cents * f, owner)
+        if isinstance(est, KNNML):
+            ref = est.reference_rows(y, keep, keys, est.validation, seed)
+            extra["reference"] = (Xf[ref], y[ref])
+        fits.append(clone(est).fit_stream(moments.statistics(Xf, y), stream.pools(Xf, y, keep, 97, seed, keys),
+                                          Xf[val], y[val], **extra))
+    one, big = fits
+    # the same path: every validation's error and every logged batch value (log-likelihood or
+    # violating triplets), along a path where W moved (the errors change)
+    assert len({h["val_error"] for h in one.history_}) > 2
+    assert [h["val_error"] for h in big.history_] == [h["val_error"] for h in one.history_]
+    assert [h["batch"] for h in big.history_[1:]] == pytest.approx([h["batch"] for h in one.history_[1:]], rel=1e-6)
+    np.testing.assert_allclose(big.components_ * c, one.components_, rtol=1e-4, atol=1e-5 * np.abs(one.components_).max())
+    assert big.best_iter_ == one.best_iter_
+    if getattr(one, "class_bias_", None) is not None:
+        np.testing.assert_allclose(big.class_bias_, one.class_bias_, rtol=1e-4, atol=1e-5)
+    if not isinstance(est, KNNML):
+        np.testing.assert_array_equal(big.predict(X[val] * c), one.predict(X[val]))
+
+
 def test_early_stopping_keeps_the_best_validated_w(data):
     X, y = data
     est = NCMML(**{**SGD, "lr": 300.0}).fit(X, y)        # a step that overshoots: later W are worse
@@ -116,9 +155,9 @@ def test_grid_search_over_a_pipeline_with_ncmml():
     X, y = load_digits(return_X_y=True)
     X, y = X[:900], y[:900]
     search = GridSearchCV(make_pipeline(StandardScaler(), NCMML(dim=16, iters=100, batch=200, random_state=0)),
-                          {"ncmml__lr": [0.001, 0.1]}, cv=3).fit(X, y)
+                          {"ncmml__lr": [0.1, 30.0]}, cv=3).fit(X, y)
     scores = search.cv_results_["mean_test_score"]
-    assert search.best_params_["ncmml__lr"] == [0.001, 0.1][int(np.argmax(scores))]
+    assert search.best_params_["ncmml__lr"] == [0.1, 30.0][int(np.argmax(scores))]
     assert search.best_score_ > 0.8
 
 

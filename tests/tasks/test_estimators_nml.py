@@ -39,8 +39,9 @@ def test_fit_is_fit_stream_fed_by_the_in_memory_pools(cls):
     X, y = _data()
     est = cls(dim=3, pairs=300, iters=700, batch=16, validation=0, random_state=3)
     a = clone(est).fit(X, y, block_rows=90)
-    init = None if cls is NML else moments.statistics(X)["pca_components"]
-    b = clone(est).fit_stream(stream.pools(X, y, None, 90, 3), len(X), X.shape[1], init)
+    stats = moments.statistics(X)
+    init, scale = (None, 1.0) if cls is NML else (stats["pca_components"], moments.row_scale(stats))
+    b = clone(est).fit_stream(stream.pools(X, y, None, 90, 3), len(X), X.shape[1], init, row_scale=scale)
     assert np.array_equal(a.L_, b.L_) and a.history_ == b.history_ and a.bias_ == b.bias_
     assert a.pairs_seen_ == 700 and a.n_pairs_ == 700 and a.pair_source_ == "labels"
     its = [h["iter"] for h in a.history_]
@@ -120,8 +121,12 @@ def test_user_pairs_follow_the_layout_groups_of_the_pipeline():
                 break
         if seen == 1000:
             break
-    ref = _reference_sgd(est, moments.statistics(X)["pca_components"][:3], X.astype(np.float32), batches)
-    np.testing.assert_array_equal(est.L_, ref.L.astype(np.float32))
+    # LinearML reads lr for rows of unit RMS norm: the reference runs on the rows over that norm
+    stats = moments.statistics(X)
+    s = moments.row_scale(stats)
+    assert abs(s - 1) > 0.5                                       # the scaling is tried, not a no-op
+    ref = _reference_sgd(est, stats["pca_components"][:3], (X / s).astype(np.float32), batches)
+    np.testing.assert_allclose(est.L_, ref.L / s, rtol=1e-4, atol=1e-6)
     assert est.pair_source_ == "user" and est.n_pairs_ == 800 and est.pairs_seen_ == 1000
     assert not hasattr(est, "classes_")
 
@@ -209,9 +214,36 @@ def test_grid_search_on_digits_with_a_1nn_score():
         return float((y[d.argmin(1)] == y).mean())
 
     pipe = make_pipeline(StandardScaler(), LinearML(dim=8, pairs=20000, iters=20000, validation=0))
-    gs = GridSearchCV(pipe, {"linearml__lr": [0.1, 0.01]}, cv=3, scoring=knn1).fit(X, y)
-    assert gs.best_params_ == {"linearml__lr": 0.01}     # lr 0.1 diverges on standardised pixels
+    gs = GridSearchCV(pipe, {"linearml__lr": [100.0, 1.0]}, cv=3, scoring=knn1).fit(X, y)
+    assert gs.best_params_ == {"linearml__lr": 1.0}      # lr 100 diverges (a fold's score is NaN)
+    assert np.isnan(gs.cv_results_["mean_test_score"][0])
     assert gs.best_score_ > 0.9 and gs.best_estimator_.transform(X).shape == (600, 8)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_linear_ml_lr_means_the_same_whatever_the_rows_scale(optimizer):
+    """Rows 16 times larger train the same L in their own units (L / 16) along the same path: the
+    same hinge at every logged step and the same validation mAPs."""
+    X, y = _data(n=400)
+    keys = stream.row_keys(X)
+    est = LinearML(dim=3, pairs=600, iters=1500, batch=16, optimizer=optimizer, validation=100, random_state=2)
+    held = stream.validation_split(y, 100, keys, 2)
+    keep = np.ones(len(X), bool)
+    keep[held] = False
+    fits = []
+    for f in (1.0, 16.0):
+        stats = moments.statistics(X * f)
+        fits.append(clone(est).fit_stream(stream.pools(X * f, y, keep, 90, 2, keys), int(keep.sum()), X.shape[1],
+                                          stats["pca_components"], X[held] * f, y[held],
+                                          row_scale=moments.row_scale(stats)))
+    one, big = fits
+    hinge = [h["hinge"] for h in one.history_ if "hinge" in h]
+    assert len(set(np.round(hinge, 6))) > 3                       # L moved
+    for key in ("hinge", "val_map"):
+        assert [h[key] for h in big.history_ if key in h] == pytest.approx([h[key] for h in one.history_ if key in h],
+                                                                          rel=1e-5)
+    assert [h["iter"] for h in big.history_] == [h["iter"] for h in one.history_]
+    np.testing.assert_allclose(big.L_ * 16, one.L_, rtol=1e-4, atol=1e-5 * np.abs(one.L_).max())
 
 
 def test_a_diverging_step_is_an_error_not_a_nan_model():

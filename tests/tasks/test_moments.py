@@ -45,6 +45,25 @@ def test_float32_slabs_keep_precision_on_large_blocks(monkeypatch):
     assert np.abs((Z.T @ Z).astype(np.float64) - s["between_scatter"] - sw).max() > 1e-4 * np.abs(sw).max()
 
 
+@pytest.mark.parametrize("second", [True, False])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_mean_squared_norm_streams_to_numpys(dtype, second):
+    X, y = make_blobs(n=601, d=9)
+    X = (3.0 * X + 7.0).astype(dtype)
+    parts = [partial_moments(X[a:b], y[a:b], 4, second=second) for a, b in [(0, 100), (100, 350), (350, 350),
+                                                                           (350, 601)]]
+    got = finalize_statistics(combine_all(parts))["mean_sq_norm"]
+    np.testing.assert_allclose(got, (X.astype(np.float64) ** 2).sum(1).mean(), rtol=TOL[dtype])
+
+
+def test_row_scale_is_the_rms_norm_and_one_for_l2_or_zero_rows():
+    X, y = make_blobs(n=200, d=5)
+    assert moments.row_scale(moments.statistics(X, y)) == pytest.approx(np.sqrt((X ** 2).sum(1).mean()), rel=1e-6)
+    L2 = X / np.linalg.norm(X, axis=1, keepdims=True)
+    assert moments.row_scale(moments.statistics(L2, y)) == pytest.approx(1.0, abs=1e-6)
+    assert moments.row_scale(moments.statistics(np.zeros((4, 3)), np.array([0, 0, 1, 1]))) == 1.0
+
+
 def test_combine_is_associative():
     X, y = make_blobs(n=300, d=5)
     a, b, c = _blocks(X, y, [90, 110, 100])
