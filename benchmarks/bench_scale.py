@@ -47,7 +47,7 @@ def _config(args, data: str, store: str) -> dict:
             "data": {"path": data, "normalize": "l2", "split": {"test": 0.2, "seed": 0}},
             "neighbours": {"k": 10, "method": "ivf", "queries": 20000},
             # lr and step as the validation split of the default run's selection chose them (the
-            # grids of issue 18 train 7 NCMML and 4 SL-DE candidates: --select to run them). SL-DE's
+            # grids of issue 18 train 5 NCMML and 4 SL-DE candidates: --select to run them). SL-DE's
             # step by validation mAP, the benchmark's headline: its default metric, the soft-vote
             # error, is ~1.3% for every step on this data and picked 0.05, which overshoots
             # (benchmarks/README.md)

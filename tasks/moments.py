@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from metricpipe.tasks.errors import InputError
+
 
 @dataclass
 class Moments:
@@ -161,6 +163,9 @@ def row_scale(stats: dict) -> float:
     rows; 1 for rows that are all zero). SGD learners read their ``lr`` as the step for rows of unit
     RMS norm: training on x with the start W0 / s and the step lr / s^2 is training on x / s with W0
     and lr (the same distances and losses all along), so one default rate suits raw and l2 data."""
+    if "mean_sq_norm" not in stats:
+        raise InputError("statistics without 'mean_sq_norm' (the rows' mean squared norm): make them with "
+                         "metricpipe.tasks.moments.statistics or finalize_statistics")
     ms = float(stats["mean_sq_norm"])
     return float(np.sqrt(ms)) if ms > 0 and np.isfinite(ms) else 1.0
 

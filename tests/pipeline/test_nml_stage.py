@@ -8,7 +8,7 @@ from metricpipe.config import parse_config
 from metricpipe.nml_train import check_pairs
 from metricpipe.stages import prepare_data, run_encode, run_train
 from metricpipe.storage import Store, load_arrays, load_estimator, open_array
-from metricpipe.tasks import nml
+from metricpipe.tasks import moments, nml
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.nml import NML, LinearML
 from tests.conftest import make_blobs, staged
@@ -62,7 +62,9 @@ def test_nml_and_linear_ml_train_encode_and_match_their_definitions(client, tmp_
             L0 = np.random.default_rng([0, 19]).uniform(-0.5, 0.5, L.shape)
             f = lambda M: nml.nml_loss_and_gradient(M, X1[i], X1[j], yy, 0.1, 0.02)[0]  # noqa: E731
         else:
-            L0 = load_arrays(stats.url)[0]["pca_components"][:3]
+            st = load_arrays(stats.url)[0]    # L starts at the PCA directions over the rows' RMS norm
+            assert st["mean_sq_norm"] == pytest.approx((Xs[train] ** 2).sum(1).mean(), rel=1e-6)
+            L0 = st["pca_components"][:3] / moments.row_scale(st)
             f = lambda M: nml.linear_loss_and_gradient(M, Xs[i], Xs[j], yy, 1.0, 0.2)[0]  # noqa: E731
         assert f(L) < 0.9 * f(L0)
         if spec["method"] == "nml":  # Eq. 7 on l1-normalised rows

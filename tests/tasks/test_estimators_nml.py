@@ -220,13 +220,14 @@ def test_grid_search_on_digits_with_a_1nn_score():
     assert gs.best_score_ > 0.9 and gs.best_estimator_.transform(X).shape == (600, 8)
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_linear_ml_lr_means_the_same_whatever_the_rows_scale(optimizer):
+@pytest.mark.parametrize("optimizer,learn_bias", [("sgd", False), ("adam", False), ("sgd", True)])
+def test_linear_ml_lr_means_the_same_whatever_the_rows_scale(optimizer, learn_bias):
     """Rows 16 times larger train the same L in their own units (L / 16) along the same path: the
     same hinge at every logged step and the same validation mAPs."""
     X, y = _data(n=400)
     keys = stream.row_keys(X)
-    est = LinearML(dim=3, pairs=600, iters=1500, batch=16, optimizer=optimizer, validation=100, random_state=2)
+    est = LinearML(dim=3, pairs=600, iters=1500, batch=16, optimizer=optimizer, learn_bias=learn_bias, validation=100,
+                   random_state=2)
     held = stream.validation_split(y, 100, keys, 2)
     keep = np.ones(len(X), bool)
     keep[held] = False
@@ -244,6 +245,7 @@ def test_linear_ml_lr_means_the_same_whatever_the_rows_scale(optimizer):
                                                                           rel=1e-5)
     assert [h["iter"] for h in big.history_] == [h["iter"] for h in one.history_]
     np.testing.assert_allclose(big.L_ * 16, one.L_, rtol=1e-4, atol=1e-5 * np.abs(one.L_).max())
+    assert big.bias_ == pytest.approx(one.bias_, rel=1e-5) and (one.bias_ != 1.0) == learn_bias
 
 
 def test_a_diverging_step_is_an_error_not_a_nan_model():
