@@ -186,7 +186,7 @@ def _ivf_lists(ctx: StageContext, data: DataInfo, jobs: list, graph_index: str |
         trained = ctx.submit(ivf.train, db_url, job["index"], sample, job["factory"], seed, job["metric"],
                              name="knn-index-train")
         create_array(f"{job['index']}/ivf_codes", (data.n_samples, ivf.code_bytes(job["factory"], dim)),
-                     (data.chunk_rows, ivf.code_bytes(job["factory"], dim)), np.uint8)
+                     (min(data.chunk_rows, max(1, data.n_samples)), ivf.code_bytes(job["factory"], dim)), np.uint8)
         job["ready"] = [ctx.submit(_after, ivf.encode, (db_url, split_url, job["index"], job["token"], a, b), trained,
                                    name="knn-index-encode") for a, b in tb]
     for i, job in enumerate(jobs):

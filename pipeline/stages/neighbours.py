@@ -204,7 +204,8 @@ def _ivf_pieces(ctx: StageContext, data: DataInfo, unit: Unit, blocks: list, cut
     token = f"{unit.url}@{time.time_ns()}"   # this build's index in the workers' caches
     code_size = ctx.gather([ctx.submit(ivf.train, f"{data.url}/features", unit.url, sample, factory, seed, name="ivf-train")],
                            "neighbours", ["training the IVF index"])[0]
-    create_array(f"{unit.url}/ivf_codes", (data.n_samples, code_size), (data.chunk_rows, code_size), np.uint8)
+    create_array(f"{unit.url}/ivf_codes", (data.n_samples, code_size),
+                 (min(data.chunk_rows, max(1, data.n_samples)), code_size), np.uint8)
     ctx.gather([ctx.submit(ivf.encode, f"{data.url}/features", f"{data.url}/split", unit.url, token, a, b,
                            name="ivf-encode") for a, b in blocks],
                "neighbours", [f"encoding rows {a}..{b - 1}" for a, b in blocks])

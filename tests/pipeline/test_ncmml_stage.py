@@ -481,6 +481,34 @@ def test_sgd_that_reads_a_few_pools_gets_a_copy_of_those_blocks_only_and_learns_
             pass
 
 
+def test_a_copy_smaller_than_a_block_is_one_chunk_of_its_rows_and_trains_what_fit_stream_learns(client, tmp_path):
+    """Zarr stores an edge chunk whole: the copy of 480 rows in a 64 MB block was one 64 MB chunk,
+    decoded at every pool read (38 ms, 2,000 reads a model on digits). Its chunk is its rows now,
+    and the model is still the one the in-memory pools of one block give."""
+    from metricpipe.storage import load_arrays
+    from metricpipe.tasks import registry, stream
+    X, y = make_blobs(n=600, d=12, classes=5, sep=0.9, seed=4)
+    np.savez(tmp_path / "d.npz", X=X, y=y)
+    spec = {"method": "ncmml", "dim": 4, "iters": 30, "batch": 50, "validate_every": 10, "validation": 100,
+            "select": False}
+    ctx, data, stats = staged(client, tmp_path / "s", {
+        "data": {"path": str(tmp_path / "d.npz"), "split": {"val": 0}}, "methods": [spec]})
+    [(spec, unit)] = run_train(ctx, data, stats, None)
+    train = data.split == 0
+    n, br = int(train.sum()), data.chunk_rows
+    assert br > 100 * n
+    [copy] = ctx.store.units("shuffled")
+    assert open_array(f"{copy.url}/features").chunks == (n, 12)
+    Xt, yt = open_array(f"{data.url}/features")[:][train], data.labels[train]
+    est = registry.make(spec)
+    keys = stream.row_keys(Xt)
+    val = stream.validation_split(yt, est.validation, keys, 0)
+    keep = np.ones(len(yt), bool)
+    keep[val] = False
+    est.fit_stream(load_arrays(_stats_url((ctx,)))[0], stream.pools(Xt, yt, keep, br, 0), Xt[val], yt[val])
+    np.testing.assert_array_equal(est.components_, load_estimator(unit.url).components_)
+
+
 def test_a_validation_share_rounded_up_over_many_classes_still_fits_the_partial_copy(client, tmp_path):
     """1,000 classes and validation: 10 hold out ~1,000 rows (at least one of every class), not 10:
     the copy's blocks still hold every pool row SGD reads (found in review: the run stopped with
