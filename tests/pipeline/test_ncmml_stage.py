@@ -481,7 +481,8 @@ def test_sgd_that_reads_a_few_pools_gets_a_copy_of_those_blocks_only_and_learns_
             pass
 
 
-def test_a_copy_smaller_than_a_block_is_one_chunk_of_its_rows_and_trains_what_fit_stream_learns(client, tmp_path):
+def test_a_copy_smaller_than_a_block_is_one_chunk_read_once_and_trains_what_fit_stream_learns(client, tmp_path,
+                                                                                              monkeypatch):
     """Zarr stores an edge chunk whole: the copy of 480 rows in a 64 MB block was one 64 MB chunk,
     decoded at every pool read (38 ms, 2,000 reads a model on digits). Its chunk is its rows now,
     and the model is still the one the in-memory pools of one block give."""
@@ -507,6 +508,15 @@ def test_a_copy_smaller_than_a_block_is_one_chunk_of_its_rows_and_trains_what_fi
     keep[val] = False
     est.fit_stream(load_arrays(_stats_url((ctx,)))[0], stream.pools(Xt, yt, keep, br, 0), Xt[val], yt[val])
     np.testing.assert_array_equal(est.components_, load_estimator(unit.url).components_)
+    # and the one block is read once, not once a pool: the pools are the in-memory ones all the same
+    from metricpipe import shuffle
+    reads = []
+    monkeypatch.setattr(shuffle, "read_pool", lambda *a, _f=shuffle.read_pool: reads.append(a) or _f(*a))
+    got = shuffle.stream_pools(copy.url, br, 0)
+    for (Xa, ya), (Xb, yb), _ in zip(got, stream.pools(Xt, yt, None, br, 0), range(5)):
+        np.testing.assert_array_equal(Xa, Xb)
+        np.testing.assert_array_equal(ya, yb)
+    assert len(reads) == 1
 
 
 def test_a_validation_share_rounded_up_over_many_classes_still_fits_the_partial_copy(client, tmp_path):
