@@ -440,6 +440,23 @@ def test_candidates_share_one_shuffled_copy_even_without_resume(client, tmp_path
         assert len(models) == 3 and sum("shuffled" in ln for ln in lines) == 1, lines
 
 
+def _assert_fit_stream_learns_the_stored_model(ctx, data, spec, unit):
+    """The stored model is what ``fit_stream`` learns in memory from the pools of every training row
+    (block_rows = the run's); returns those rows and labels."""
+    from metricpipe.storage import load_arrays
+    from metricpipe.tasks import registry, stream
+    train = data.split == 0
+    Xt, yt = open_array(f"{data.url}/features")[:][train], data.labels[train]
+    est = registry.make(spec)
+    val = stream.validation_split(yt, est.validation, stream.row_keys(Xt), 0)
+    keep = np.ones(len(yt), bool)
+    keep[val] = False
+    est.fit_stream(load_arrays(_stats_url((ctx,)))[0], stream.pools(Xt, yt, keep, data.chunk_rows, 0), Xt[val],
+                   yt[val])
+    np.testing.assert_array_equal(est.components_, load_estimator(unit.url).components_)
+    return Xt, yt
+
+
 def test_sgd_that_reads_a_few_pools_gets_a_copy_of_those_blocks_only_and_learns_what_fit_stream_learns(
         client, tmp_path):
     """NCMML's iters x batch (+ validation) rows are a few of the copy's blocks: only the blocks that
@@ -447,8 +464,6 @@ def test_sgd_that_reads_a_few_pools_gets_a_copy_of_those_blocks_only_and_learns_
     every row's pools, bit for bit (so nothing it read was missing). A learner that reads past them
     is stopped, not fed unwritten rows."""
     from metricpipe import shuffle
-    from metricpipe.storage import load_arrays
-    from metricpipe.tasks import registry, stream
     X, y = make_blobs(n=3000, d=12, classes=5, sep=0.9, seed=4)
     np.savez(tmp_path / "d.npz", X=X, y=y)
     spec = {"method": "ncmml", "dim": 4, "iters": 6, "batch": 50, "validate_every": 2, "validation": 100,
@@ -467,14 +482,7 @@ def test_sgd_that_reads_a_few_pools_gets_a_copy_of_those_blocks_only_and_learns_
     assert 6 * 50 + 100 <= written * br and written < n_blocks / 3, (written, n_blocks)
     assert any(f"({written} of {n_blocks} blocks, what SGD reads)" in ln for ln in lines), lines
     # the stored model is what fit_stream learns from the pools of every training row
-    Xt, yt = open_array(f"{data.url}/features")[:][train], data.labels[train]
-    est = registry.make(spec)
-    keys = stream.row_keys(Xt)
-    val = stream.validation_split(yt, est.validation, keys, 0)
-    keep = np.ones(len(yt), bool)
-    keep[val] = False
-    est.fit_stream(load_arrays(_stats_url((ctx,)))[0], stream.pools(Xt, yt, keep, br, 0), Xt[val], yt[val])
-    np.testing.assert_array_equal(est.components_, load_estimator(unit.url).components_)
+    _assert_fit_stream_learns_the_stored_model(ctx, data, spec, unit)
     # reading on past the written blocks is an error naming the copy
     with pytest.raises(RuntimeError, match=f"holds {written} blocks and SGD asked for block"):
         for _ in shuffle.stream_pools(copy.url, br, 0):
@@ -486,8 +494,7 @@ def test_a_copy_smaller_than_a_block_is_one_chunk_read_once_and_trains_what_fit_
     """Zarr stores an edge chunk whole: the copy of 480 rows in a 64 MB block was one 64 MB chunk,
     decoded at every pool read (38 ms, 2,000 reads a model on digits). Its chunk is its rows now,
     and the model is still the one the in-memory pools of one block give."""
-    from metricpipe.storage import load_arrays
-    from metricpipe.tasks import registry, stream
+    from metricpipe.tasks import stream
     X, y = make_blobs(n=600, d=12, classes=5, sep=0.9, seed=4)
     np.savez(tmp_path / "d.npz", X=X, y=y)
     spec = {"method": "ncmml", "dim": 4, "iters": 30, "batch": 50, "validate_every": 10, "validation": 100,
@@ -500,14 +507,7 @@ def test_a_copy_smaller_than_a_block_is_one_chunk_read_once_and_trains_what_fit_
     assert br > 100 * n
     [copy] = ctx.store.units("shuffled")
     assert open_array(f"{copy.url}/features").chunks == (n, 12)
-    Xt, yt = open_array(f"{data.url}/features")[:][train], data.labels[train]
-    est = registry.make(spec)
-    keys = stream.row_keys(Xt)
-    val = stream.validation_split(yt, est.validation, keys, 0)
-    keep = np.ones(len(yt), bool)
-    keep[val] = False
-    est.fit_stream(load_arrays(_stats_url((ctx,)))[0], stream.pools(Xt, yt, keep, br, 0), Xt[val], yt[val])
-    np.testing.assert_array_equal(est.components_, load_estimator(unit.url).components_)
+    Xt, yt = _assert_fit_stream_learns_the_stored_model(ctx, data, spec, unit)
     # and the one block is read once, not once a pool: the pools are the in-memory ones all the same
     from metricpipe import shuffle
     reads = []
