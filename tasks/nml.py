@@ -781,8 +781,8 @@ class LinearML(_PairLearner):
     Entry points: ``fit(X, y)`` (pairs from labels), ``fit_pairs(pairs, y, X=None)`` (user pairs,
     metric-learn's convention) and, for the pipeline, ``fit_stream`` and ``fit_pair_blocks``.
     """
-    # lr for rows of unit RMS norm: the validation mAP was highest at 1 on digits, Fashion 14 x 14 and
-    # HOG and lowest at 0.0001 and 0.001 (benchmarks/README.md, issue 18)
+    # lr for rows of unit RMS norm: the validation mAP was highest at 1 on digits, Fashion 14 x 14,
+    # HOG and Fashion-MNIST, and lowest at 0.0001 and 0.001 on the first three (benchmarks/README.md)
     search_space = {"lr": [0.1, 0.01, 1.0, 10.0]}
     selection_metric = "map"
 
