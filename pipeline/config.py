@@ -442,6 +442,16 @@ def check_store_url(store: str, where: str) -> None:
                           f"directory or a shared URL such as s3://bucket/run")
 
 
+class YamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's floats: ``1e-6`` and ``3E2`` are numbers (YAML 1.1, which
+    PyYAML follows, needs a dot, ``1.0e-6``, and reads ``1e-6`` as text)."""
+
+
+YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
+
+
 # Alias expansion a config may imply (a 471-byte YAML alias bomb expands to billions of nodes).
 MAX_CONFIG_NODES = 100_000
 
@@ -471,11 +481,11 @@ def read_yaml(path: Path, what: str):
     except OSError as e:
         raise ConfigError(f"{path}: cannot read {what}: {e.strerror or e}") from None
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml.compose(text, Loader=YamlLoader)
         if node is not None and _expanded_size(node, {}) > MAX_CONFIG_NODES:
             raise ConfigError(f"{path}: YAML aliases expand to more than {MAX_CONFIG_NODES:,} values; {what} "
                               f"cannot be that large (an alias bomb?): write it out without nested aliases")
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=YamlLoader)  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark else ""

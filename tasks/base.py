@@ -15,7 +15,7 @@ from numbers import Integral, Real
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
-from sklearn.utils._param_validation import Interval, Options, StrOptions  # noqa: F401  (re-exported)
+from sklearn.utils._param_validation import Interval, InvalidParameterError, Options, StrOptions  # noqa: F401
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
@@ -83,6 +83,16 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         return cls.search_space
 
     # -- scikit-learn plumbing -------------------------------------------------------------------------
+    def _validate_params(self):
+        """scikit-learn's checks, and no booleans for numbers: ``True`` is an int to Python (and to
+        scikit-learn's Interval), so ``dim: true`` in a config would train a 1-d model."""
+        super()._validate_params()
+        for key, value in self.get_params(deep=False).items():
+            allowed = self._parameter_constraints.get(key, ["boolean"])
+            if isinstance(value, (bool, np.bool_)) and "boolean" not in allowed and bool not in allowed:
+                raise InvalidParameterError(f"The {key!r} parameter of {type(self).__name__} must be a number, not "
+                                            f"a boolean. Got {value!r} instead.")
+
     def _check_X(self, X, reset: bool, y=None, **kw):
         """``validate_data`` with float32/float64 input (other dtypes are cast to float64)."""
         kw.setdefault("dtype", [np.float64, np.float32])

@@ -67,6 +67,26 @@ def test_load_config_errors(tmp_path):
         load_config(bad)
 
 
+def test_exponent_floats_without_a_dot_are_numbers_and_booleans_are_not(tmp_path):
+    """YAML 1.1 (PyYAML) reads 1e-3 as text and true as 1; a config means what it looks like."""
+    p = tmp_path / "cfg.yaml"
+    p.write_text("data: {source: digits, split: {test: 2e-1}}\n"
+                 "methods: [{method: pcaw, dim: 8, eps: 1e-6}, {method: ncmml, dim: 8, lr: [3E1, +1.5e+0]},\n"
+                 "          {method: linear-ml, dim: 8, learn_bias: true}]\n")
+    cfg = load_config(p)
+    assert cfg.data.split.test == 0.2
+    assert cfg.methods[0]["eps"] == 1e-6
+    assert [m["lr"] for m in cfg.methods[1:3]] == [30.0, 1.5]
+    assert cfg.methods[3]["learn_bias"] is True          # a boolean parameter still takes true
+    p.write_text("data: {source: digits}\nmethods: [{method: pca, dim: 1e3x}]\n")   # not a number: text
+    with pytest.raises(ConfigError, match="'dim' parameter of PCA must be an int"):
+        load_config(p)
+    p.write_text("data: {source: digits}\nmethods: [{method: pca, dim: true}]\n")
+    with pytest.raises(ConfigError, match=r"cfg.yaml: methods\[0\]: The 'dim' parameter of PCA must be a number, "
+                                          r"not a boolean. Got True instead."):
+        load_config(p)
+
+
 def test_example_configs_are_valid_and_keep_their_stores_and_data_where_the_readme_says(tmp_path, monkeypatch):
     repo = Path(__file__).parents[2]
     monkeypatch.chdir(tmp_path)   # wherever they are run from

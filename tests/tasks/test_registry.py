@@ -36,3 +36,15 @@ def test_config_names_are_the_python_names():
 def test_kernel_slem_entries_build_kernel_slem():
     specs = expand_method({"method": "slem", "kernel": ["linear", "gaussian"]})
     assert [type(registry.make(s)).__name__ for s in specs] == ["SLEM", "KernelSLEM"]
+
+
+def test_fit_refuses_a_boolean_for_a_number_but_takes_one_for_a_boolean():
+    from sklearn.datasets import load_digits
+    from sklearn.utils._param_validation import InvalidParameterError
+
+    from metricpipe import PCA, LinearML
+    X, y = load_digits(return_X_y=True)
+    with pytest.raises(InvalidParameterError, match="'dim' parameter of PCA must be a number, not a boolean"):
+        PCA(dim=True).fit(X, y)
+    assert PCA(dim=1).fit(X, y).transform(X).shape == (len(X), 1)
+    assert LinearML(dim=4, learn_bias=True, iters=5, random_state=0).fit(X[:300], y[:300]).transform(X).shape[1] == 4
