@@ -297,7 +297,8 @@ def inspect(store, verify):
     for p in problems:
         click.echo(f"DAMAGED {p}")
     click.echo(f"{checked} committed units checked; {len(problems)} problem(s)"
-               + ("; 'metricpipe run CONFIG --repair' recomputes the damaged units" if problems else ""))
+               + ("; 'metricpipe run CONFIG --repair' recomputes those of CONFIG's run (its models, selection "
+                  "candidates included)" if problems else ""))
     if problems:
         sys.exit(1)
 

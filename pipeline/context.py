@@ -47,6 +47,7 @@ class StageContext:
     terminal: bool = False       # progress as one updating line per stage (stderr is a terminal)
     progress: StageProgress | None = None   # the running stage's counter (stage_progress)
     made: set = field(default_factory=set)  # units committed by this run: reused even with resume off
+    repairing: set = field(default_factory=set)  # damaged units this run recomputes (each logged once)
     # seed -> rows of its shuffled copy that the train stage's SGD learners read at most (None or
     # missing: every row); the train stage sets it before the learners ask for their copy
     shuffle_rows: dict = field(default_factory=dict)
@@ -82,7 +83,9 @@ class StageContext:
         if not bad:
             return True
         if self.repair:
-            self.log(f"  {stage}: repairing {unit.rel} ({bad[0]}); recomputing it")
+            if unit.rel not in self.repairing:
+                self.repairing.add(unit.rel)
+                self.log(f"  {stage}: repairing {unit.rel} ({bad[0]}); recomputing it")
             return False
         raise InputError(f"{unit.store.url}: {bad[0]}{f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''}; "
                          f"rerun with --repair to recompute it, or check the disk")

@@ -20,7 +20,8 @@ def codes_of(store: Store, key: str, meta: dict) -> Unit | None:
 
 
 def find_model(store: Store, key: str) -> tuple[Unit, dict]:
-    """The one committed model whose key starts with ``key``."""
+    """The one committed model whose key starts with ``key``, its files checked against the checksums of
+    its commit (a damaged chunk would otherwise fail deep in a decoder, or decode to wrong weights)."""
     found = [(u, m) for u, m in model_units(store) if u.key.startswith(key)]
     if not found:
         raise InputError(f"{store.url}: no committed model {key!r} in models/; `metricpipe models {store.url}` "
@@ -29,7 +30,13 @@ def find_model(store: Store, key: str) -> tuple[Unit, dict]:
         more = ", ..." if len(found) > 4 else ""
         raise InputError(f"{store.url}: model {key!r} matches {len(found)} models "
                          f"({', '.join(u.key for u, _ in found[:4])}{more}); give more of the key")
-    return found[0]
+    unit, meta = found[0]
+    bad = unit.verify()
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise InputError(f"{store.url}: model {unit.key} is damaged: {bad[0]}{more}; rerun the run that made it "
+                         f"with --repair (metricpipe run CONFIG --repair) to recompute it")
+    return unit, meta
 
 
 def with_normalization(est, normalize: str | None):

@@ -85,6 +85,8 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
             sel_unit = ctx.store.unit("selection", select.selection_key(cunits, spec["select"]["metric"],
                                                                         ctx.config.seed))
             done = ctx.reuse(sel_unit, "train") and ctx.reuse(cunits[sel_unit.meta()["chosen"]], "train")
+            if done and ctx.repair:   # the candidates not kept are checked too: a damaged one is retrained
+                done = all([ctx.reuse(u, "train") for u in cunits if u.done() or u.marker_damaged()])
         plans.append((spec, cands, cunits, sel_unit, done))
         if not done:
             for c, u in zip(cands, cunits):

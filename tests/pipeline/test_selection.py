@@ -204,3 +204,34 @@ def test_every_candidate_failing_is_a_one_line_error(client, tmp_path):
                                                  {"method": "ncmml", "dim": 8, "iters": 150, "lr": 1e5,
                                                   "select": False}])
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.integration
+def test_a_damaged_candidate_is_refused_on_load_and_retrained_by_repair(client, tmp_path):
+    """A candidate the selection did not keep is still a model of the store (encode, export, predict,
+    load_model take it): a damaged one is named on load, and --repair recomputes it."""
+    from metricpipe import load_model
+    from metricpipe.inspect import verify_store
+    methods = [{"method": "ncmml", "dim": 8, "iters": 150, "validate_every": 50, "select": {"lr": [30.0, 10.0]}}]
+    report, _ = _run(tmp_path, "s", client, methods=methods)
+    sel = report["selection"][0]
+    unkept = sel["candidates"][1 - sel["chosen"]]["model"]
+    unit = tmp_path / "s" / "models" / unkept
+    chunk = sorted(p for p in unit.rglob("*") if p.is_file() and p.name != "zarr.json")[0]
+    intact = chunk.read_bytes()
+    chunk.write_bytes(intact[:-2] + bytes(b ^ 0xFF for b in intact[-2:]))
+    with pytest.raises(InputError, match=rf"model {unkept} is damaged: models/{unkept}/\S+: checksum differs"
+                                         r".*--repair") as e:
+        load_model(str(tmp_path / "s"), unkept[:8])
+    assert "\n" not in str(e.value)
+    assert load_model(str(tmp_path / "s"), sel["candidates"][sel["chosen"]]["model"]) is not None   # intact: loads
+    assert len(verify_store(str(tmp_path / "s"))[1]) == 1
+    raw = {"store": str(tmp_path / "s"),
+           "data": {"path": str(tmp_path / "s.npz"), "split": {"column": "split"}, "chunk_mb": 0.05},
+           "methods": methods,
+           "evaluate": {"retrieval": {"k": [10]}, "classification": {"classifiers": ["knn1", "ncm"]}}}
+    logs = []
+    run_pipeline(parse_config(raw), client=client, log=logs.append, repair=True)
+    assert sum(f"repairing models/{unkept}" in line for line in logs) == 1, logs
+    assert chunk.read_bytes() == intact and verify_store(str(tmp_path / "s"))[1] == []   # retrained, same bits
+    assert load_model(str(tmp_path / "s"), unkept).transform(np.zeros((1, 64))).shape == (1, 8)
