@@ -13,6 +13,15 @@ This package is the orchestration layer (config, CLI, stages, storage, cluster, 
 """
 __version__ = "0.3.3"
 
+import os as _os
+
+if _os.environ.get("METRICPIPE_STARTING_WORKER") == "1":
+    # A local cluster's worker process, spawned while the client held Ctrl-C (cluster.interrupts_deferred):
+    # it shares the terminal's process group, so a Ctrl-C during its imports would kill it with a
+    # traceback. It ignores SIGINT from here on; the client, which gets the Ctrl-C too, stops it.
+    import signal as _signal
+    _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
+
 from metricpipe.tasks.baselines import LDA, PCA, Identity, PCAWhitening, RandomProjection  # noqa: E402
 from metricpipe.tasks.ncmml import KNNML, NCMC, NCMML  # noqa: E402
 from metricpipe.tasks.nml import NML, LinearML  # noqa: E402

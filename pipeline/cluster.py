@@ -102,6 +102,44 @@ def quiet_resource_tracker():
 
 
 @contextlib.contextmanager
+def interrupts_deferred(pending: list):
+    """Ctrl-C and SIGTERM held while a local cluster starts, then re-raised by the caller (``pending``
+    gets the signal numbers). Cut short, the start left half-started workers that printed their own
+    tracebacks (a Ctrl-C reaches the whole process group) and a closing cluster that failed on a
+    worker still starting (``AssertionError: Status.init``), burying the resume hint. The workers
+    spawned meanwhile see METRICPIPE_STARTING_WORKER and ignore SIGINT from their first import of
+    metricpipe (the client stops them). Signal handlers are the main thread's: elsewhere, nothing held."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in old:
+        signal.signal(s, lambda signum, frame: pending.append(signum))
+    os.environ["METRICPIPE_STARTING_WORKER"] = "1"
+    try:
+        yield
+    except Exception:
+        if pending:   # a start that failed because of the interrupt (a worker killed by it): the interrupt
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        os.environ.pop("METRICPIPE_STARTING_WORKER", None)
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def raise_pending(pending: list) -> None:
+    """Raise what the signal recorded by :func:`interrupts_deferred` would have raised."""
+    import signal
+    if signal.SIGTERM in pending:
+        signal.raise_signal(signal.SIGTERM)   # the handler installed for it (Terminated in the CLI)
+    if pending:
+        raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
 def taken_port_quiet():
     """Dask's multi-line "Port 8787 is already in use ... Hosting the HTTP server on port N instead"
     warning, silenced while a scheduler starts here: the port is taken between dashboard_address's
@@ -124,13 +162,16 @@ def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limi
     if cluster == "local":
         import dask
         dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES})
-        with quiet_resource_tracker(), taken_port_quiet():
+        pending = []
+        with interrupts_deferred(pending), quiet_resource_tracker(), taken_port_quiet():
             lc = LocalCluster(n_workers=workers, threads_per_worker=threads_per_worker, processes=True,
                               host="127.0.0.1", memory_limit=memory_limit,
                               dashboard_address=dashboard_address(dashboard))
-        with lc, Client(lc) as client:
-            client.register_plugin(IgnoreInterrupt())
-            yield client
+        with lc:
+            raise_pending(pending)   # a Ctrl-C during the start stops the run now, the cluster whole
+            with Client(lc) as client:
+                client.register_plugin(IgnoreInterrupt())
+                yield client
         return
     if cluster.startswith(("tcp://", "tls://")):
         security = tls_security(cluster, tls) if cluster.startswith("tls://") else None

@@ -15,7 +15,7 @@ from numbers import Integral, Real
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
-from sklearn.utils._param_validation import Interval, InvalidParameterError, Options, StrOptions  # noqa: F401
+from sklearn.utils._param_validation import Interval, InvalidParameterError, Options, StrOptions  # noqa: F401 (re-exported)
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 

@@ -577,3 +577,42 @@ def test_an_interrupt_leaves_the_resume_hint_last_not_a_finalisers_error(tmp_pat
     lines = proc.stderr.strip().splitlines()
     assert lines[0] == "interrupted; finished stages are kept, rerun with --resume to continue"
     assert (len(lines) == 1) != late and ("ValueError: a finaliser's own bug" in proc.stderr) == late
+
+
+def test_a_ctrl_c_while_the_local_cluster_starts_waits_for_it_then_stops_the_run(monkeypatch):
+    """A Ctrl-C during a local cluster's start (the whole process group gets it) used to kill the
+    half-started workers with their own tracebacks and fail the cluster's close on a worker still
+    starting (AssertionError: Status.init). It is held until the cluster is up, then raised; workers
+    spawned meanwhile ignore SIGINT from their first import of metricpipe."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from metricpipe import cluster
+    probe = [sys.executable, "-c", "import signal, metricpipe; print(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)"]
+    pending = []
+    with cluster.interrupts_deferred(pending):
+        os.kill(os.getpid(), signal.SIGINT)            # recorded, not raised
+        child = subprocess.run(probe, capture_output=True, text=True, timeout=120).stdout.strip()
+    assert pending == [signal.SIGINT] and child == "True"
+    assert "METRICPIPE_STARTING_WORKER" not in os.environ and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert subprocess.run(probe, capture_output=True, text=True, timeout=120).stdout.strip() == "False"  # later: kept
+    with pytest.raises(KeyboardInterrupt):
+        cluster.raise_pending(pending)
+    with pytest.raises(KeyboardInterrupt):                  # a start that fails with an interrupt held
+        with cluster.interrupts_deferred(pending):
+            raise RuntimeError("Nanny failed to start.")
+    built = []
+
+    class Interrupted(cluster.LocalCluster):
+        def __init__(self, **kw):
+            os.kill(os.getpid(), signal.SIGINT)        # the Ctrl-C lands as the start begins
+            super().__init__(**kw)
+            built.append(self)
+
+    monkeypatch.setattr(cluster, "LocalCluster", Interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with cluster.connect("local", 1, dashboard=None):
+            pytest.fail("the run went on after the Ctrl-C")
+    assert len(built) == 1 and built[0].status.name == "closed"   # started whole, then closed
