@@ -131,7 +131,8 @@ def needs(info, cfg, limit: float) -> list[tuple[str, float, str]]:
                 out.append((f"the neighbours stage's IVF search of {q:,} queries over the streamed rows",
                             ivf.stream_bytes(q, D, nb.k, nlist, block, nb.nprobe), "lower neighbours.queries or raise memory_limit"))
             else:
-                factory = ivf.factory_string(n_train, D, nlist, budget, where=cfg.source_file)
+                factory = ivf.factory_string(n_train, D, nlist, budget, where=cfg.source_file,
+                                             limit_setting=cfg.setting("memory_limit"))
                 out.append((f"the neighbours stage's IVF index ({factory}) and {INDEX_BLOCKS} row-blocks",
                             ivf.index_bytes(n_train, D, factory) + INDEX_BLOCKS * block,
                             "raise memory_limit"))
@@ -165,7 +166,8 @@ def check_memory(client, info, cfg) -> None:
         if need > usable(limit):
             raise InputError(f"{cfg.source_file}: {what} needs ~{need / 1e6:,.0f} MB, over the "
                              f"{usable(limit) / 1e6:,.0f} MB a task may use ({SPILL_FRACTION:.0%} of the smallest "
-                             f"worker memory limit, {limit / 1e6:,.0f} MB); {fix}")
+                             f"worker memory limit, {limit / 1e6:,.0f} MB); "
+                             f"{fix.replace('memory_limit', cfg.setting('memory_limit'))}")
 
 
 __all__ = ["BLOCKS_PER_TASK", "SPILL_FRACTION", "check_memory", "index_budget", "needs", "task_budget", "worker_limit"]

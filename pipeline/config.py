@@ -98,6 +98,7 @@ class RunConfig:
     tls: tuple | None = None       # (ca_file, cert, key) for a tls:// scheduler
     source_file: str = "<config>"
     raw: dict = field(default_factory=dict, compare=False)
+    overridden: frozenset = frozenset()   # settings given on the command line (--memory-limit, ...), not the file
 
     def entry(self, n: int) -> str:
         """``methods[i]``: the user's config entry that expanded spec ``n`` came from (a sweep expands one
@@ -105,7 +106,12 @@ class RunConfig:
         return f"methods[{self.method_entries[n] if n < len(self.method_entries) else n}]"
 
     def with_overrides(self, **kw) -> "RunConfig":
-        return replace(self, **{k: v for k, v in kw.items() if v is not None})
+        given = {k: v for k, v in kw.items() if v is not None}
+        return replace(self, **given, overridden=self.overridden | frozenset(given))
+
+    def setting(self, name: str) -> str:
+        """How the user gave setting ``name``: ``--memory-limit`` from the command line, else ``memory_limit``."""
+        return f"--{name.replace('_', '-')}" if name in self.overridden else name
 
 
 class ConfigError(InputError):
@@ -403,6 +409,9 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
         evaluate=evaluate, seed=_typed(raw, "seed", int, where, "", 0, 0), tls=tls, source_file=where, raw=raw)
 
 
+MIN_MEMORY_LIMIT = 256e6   # bytes: below it no worker gets through its imports
+
+
 def _memory_limit(v, where: str):
     """'auto', a size string (2GB) or a positive byte count; anything else is refused here, not by Dask."""
     from dask.utils import parse_bytes
@@ -416,6 +425,9 @@ def _memory_limit(v, where: str):
         n = None
     if n is None or n <= 0:
         _fail(where, "memory_limit", f"expected a positive size such as 2GB or 'auto', got {v!r}")
+    if n < MIN_MEMORY_LIMIT:
+        _fail(where, "memory_limit", f"expected at least {MIN_MEMORY_LIMIT / 1e6:.0f}MB per worker (a worker process "
+              f"holds ~250 MB before any task), got {v!r} ({n:,} bytes); e.g. 2GB")
     return v
 
 

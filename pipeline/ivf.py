@@ -76,11 +76,12 @@ def nlist_searched(n_train: int, queries: int | None) -> int:
     return nlist_for(n_train, None if queries is None else min(n_train, queries) + RECALL_QUERIES)
 
 
-def factory_string(n_train: int, dim: int, nlist: int, budget: float | None = None, where: str = "") -> str:
+def factory_string(n_train: int, dim: int, nlist: int, budget: float | None = None, where: str = "",
+                   limit_setting: str = "memory_limit") -> str:
     """The index for ``n_train`` vectors of ``dim`` within ``budget`` bytes (the memory rule's share
     of a worker, pipeline/budget.py; None: IVF_FLAT_BYTES): IVF-Flat when the vectors fit, else
     IVF-PQ with the most bytes per vector that fit (at most D/4 and 64 sub-quantizers, dividing D).
-    An index that cannot fit even at one byte per vector is refused naming memory_limit."""
+    An index that cannot fit even at one byte per vector is refused naming ``limit_setting``."""
     coarse = f"IVF{nlist}_HNSW32" if nlist * dim >= HNSW_MIN_WORK else f"IVF{nlist}"
     flat_max = IVF_FLAT_BYTES if budget is None else min(IVF_FLAT_BYTES, budget)
     if index_bytes(n_train, dim, f"{coarse},Flat") <= flat_max:
@@ -91,7 +92,7 @@ def factory_string(n_train: int, dim: int, nlist: int, budget: float | None = No
         from metricpipe.tasks.errors import InputError
         raise InputError(f"{where}: an IVF index of {n_train:,} train rows needs "
                          f"~{index_bytes(n_train, dim, f'{coarse},PQ1') / 1e6:,.0f} MB at one byte per row, over the "
-                         f"{max(0.0, budget) / 1e6:,.0f} MB a worker can give it; raise memory_limit")
+                         f"{max(0.0, budget) / 1e6:,.0f} MB a worker can give it; raise {limit_setting}")
     return f"{coarse},PQ{max(fits)}"
 
 

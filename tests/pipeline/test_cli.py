@@ -443,6 +443,8 @@ RAW = {
                      r"data.chunk_mb: expected a finite number, got nan"),
     "memory_limit lots": ({"memory_limit": "lots"}, r"memory_limit: expected a positive size such as 2GB .*'lots'"),
     "memory_limit -5": ({"memory_limit": -5}, r"memory_limit: expected a positive size such as 2GB or 'auto', got -5"),
+    "memory_limit 3": ({"memory_limit": 3}, r"memory_limit: expected at least 256MB per worker \(a worker process "
+                                            r"holds ~250 MB before any task\), got 3 \(3 bytes\); e.g. 2GB"),
     "dashboard list": ({"dashboard": [1, 2]}, r"dashboard: expected \[HOST\]:PORT .* got \[1, 2\]"),
     "empty store": ({"store": ""}, r"cfg.yaml: store: empty; give a directory"),
     "methods mapping": ({"methods": {}}, r"methods: expected a non-empty list of \{method: ...\} entries, got \{\}"),
@@ -489,7 +491,7 @@ def test_bad_store_and_cluster_options_exit_2_with_one_line(tmp_path, flag, valu
     assert len(lines) == 1 and re.search(match, lines[0]), res.output
 
 
-@pytest.mark.parametrize("value", ["lots", "-1GB", "0"])
+@pytest.mark.parametrize("value", ["lots", "-1GB", "0", "3"])
 @pytest.mark.parametrize("command", ["run", "demo"])
 def test_a_bad_memory_limit_option_is_refused_before_anything_starts(tmp_path, command, value):
     cfg = tmp_path / "cfg.yaml"
@@ -498,7 +500,7 @@ def test_a_bad_memory_limit_option_is_refused_before_anything_starts(tmp_path, c
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 2 and "Traceback" not in res.output, res.output
     assert f"Invalid value for '--memory-limit': expected a positive size such as 2GB or 'auto', got '{value}'" \
-        in res.output
+        in res.output or value == "3" and "Invalid value for '--memory-limit': expected at least 256MB" in res.output
     assert not (tmp_path / "s").exists()
 
 

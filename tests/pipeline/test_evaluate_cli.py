@@ -122,7 +122,8 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path):
         ([tmp_path / "one.npz"], r"one.npz: the reference holds one class"),
         ([tmp_path / "empty.npz"], r"empty.npz: no embeddings"),
         ([tmp_path / "ok.npz", "--reference", tmp_path / "wide.npz"], r"queries have 2 features, .* 7"),
-        ([tmp_path / "x.npy"], r"x.npy: a .npy file holds one array; .* labels"),
+        ([tmp_path / "x.npy"], r"x.npy: a .npy file holds one array; give --labels as the path of a .npy file of "
+                               r"labels$"),
         ([tmp_path / "ok.npz", "--queries", tmp_path / "ok.npz", "--reference", tmp_path / "ok.npz"],
          r"--queries FILE and --reference FILE together"),
         ([tmp_path / "ok.npz", "--out", tmp_path / "no" / "m.json"], r"its folder does not exist \(--out\)"),
