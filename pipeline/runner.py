@@ -188,6 +188,7 @@ def _run(ctx: StageContext, plan, log, result) -> str:
 
     i = iter(range(1, len(names) + 1))
     data = stage(next(i), "stage", stages.run_stage, ctx, plan)
+    stages.check_nonnegative_for(cfg, data)
     stats = stage(next(i), "statistics", stages.run_statistics, ctx, data)
     graph = None
     if "neighbours" in names:

@@ -74,6 +74,7 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     """
     method: str = ""
     code_metric: str = "euclidean"
+    requires_nonnegative: bool = False   # NML: the pipeline refuses staged features with a negative value
     search_space: dict = {}
     selection_metric: str = "knn1"
 

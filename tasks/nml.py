@@ -700,6 +700,7 @@ class NML(_PairLearner):
     Entry points: ``fit(X, y)`` (pairs from labels), ``fit_pairs(pairs, y, X=None)`` (user pairs,
     metric-learn's convention) and, for the pipeline, ``fit_stream`` and ``fit_pair_blocks``.
     """
+    requires_nonnegative = True   # the chi2 kernel; the pipeline checks the staged features for it
     search_space = {"lr": [0.001, 0.0001, 0.01]}
     selection_metric = "map"
 

@@ -100,7 +100,8 @@ def _stored_sample(reader, info, normalize: str, where: str, rows: int = 4096) -
     return X
 
 
-def _stage_block(reader, start: int, stop: int, normalize: str, url: str, name: str) -> int:
+def _stage_block(reader, start: int, stop: int, normalize: str, url: str, name: str) -> tuple:
+    """Stage rows start:stop; returns (their least stored value, its row and column in the source)."""
     X = np.asarray(reader.read(start, stop))
     check_feature_block(X, start, name)
     X = normalize_rows(X, normalize)
@@ -108,7 +109,8 @@ def _stage_block(reader, start: int, stop: int, normalize: str, url: str, name: 
     open_array(f"{url}/features", mode="r+")[start:stop] = X
     # each row's content key: the SGD learners' layout follows the rows, not where they are stored
     open_array(f"{url}/row_key", mode="r+")[start:stop] = stream.row_keys(X)
-    return stop - start
+    r, c = np.unravel_index(int(np.argmin(X)), X.shape)
+    return float(X[r, c]), start + int(r), int(c)
 
 
 @dataclass(frozen=True)
@@ -202,11 +204,29 @@ def run_stage(ctx: StageContext, plan: DataPlan | None = None) -> DataInfo:
         normalize = ctx.config.data.normalize
         futures = [ctx.submit(_stage_block, src.reader, a, b, normalize, unit.url, src.name, name="stage-block")
                    for a, b in info.chunks]
-        ctx.gather(futures, "stage", [f"rows {a}..{b - 1}" for a, b in info.chunks])
+        least = min(ctx.gather(futures, "stage", [f"rows {a}..{b - 1}" for a, b in info.chunks]))
     except InputError:
         unit.discard()   # values refused block by block (NaN, inf, ...): no half-staged unit is left behind
         raise
-    _timed(ctx, unit, t0, {"n_samples": info.n_samples, "n_features": info.n_features, "source": src.name})
+    _timed(ctx, unit, t0, {"n_samples": info.n_samples, "n_features": info.n_features, "source": src.name,
+                           "min": list(least)})   # [value, row, column]: learners that need x >= 0 check it
     return info
+
+
+def check_nonnegative_for(cfg, info: DataInfo) -> None:
+    """Refuse, right after staging, a learner that needs non-negative features (NML's chi2 kernel) on
+    staged features with a negative value: found by its fit after the statistics and neighbours
+    otherwise (or by its encode, for a negative test row), naming neither the file nor the row."""
+    from metricpipe.tasks import registry
+    least = info.unit.meta().get("min")
+    if least is None or least[0] >= 0:
+        return
+    for n, spec in enumerate(cfg.methods):
+        if getattr(registry.estimator_class(spec["method"], spec), "requires_nonnegative", False):
+            value, row, col = least
+            source = info.unit.meta().get("source", "the data")
+            raise InputError(f"{source}: {cfg.entry(n)} ({spec['method']}) needs non-negative features (its chi2 "
+                             f"kernel), but row {row}, column {col} is {value:g} (data.path); use non-negative "
+                             f"descriptors (histograms, ReLU activations) or drop {spec['method']}")
 
 

@@ -132,8 +132,15 @@ BAD = {
                                   "evaluate": {"classification": {"classifiers": ["softvote10"]}}},
                                   r"softvote10 votes over more neighbours than the graph keeps \(neighbours.k = 5\)"),
     "negative values for nml": (lambda t: _bad_npz(t, X=X - 10.0, y=Y),
-                                {"methods": [{"method": "nml", "dim": 2, "pairs": 10, "iters": 10}]},
-                                r"NML's chi2 kernel needs non-negative features"),
+                                {"methods": [{"method": "pca", "dim": 2}, {"method": "nml", "dim": 2, "pairs": 10,
+                                                                           "iters": 10}]},
+                                r"^error: \S+bad.npz: methods\[1\] \(nml\) needs non-negative features \(its chi2 "
+                                r"kernel\), but row \d+, column \d+ is -\d[\d.]* \(data.path\); use non-negative"),
+    "one negative value for nml": (lambda t: _bad_npz(t, X=np.where(np.arange(720).reshape(120, 6) == 77 * 6 + 3,
+                                                                    -0.5, np.abs(X)), y=Y),
+                                   {"methods": [{"method": "nml", "dim": 2, "pairs": 10, "iters": 10}]},
+                                   r"bad.npz: methods\[0\] \(nml\) needs non-negative features \(its chi2 kernel\), "
+                                   r"but row 77, column 3 is -0.5 \(data.path\)"),
     "pairs file without y": (lambda t: {**_bad_npz(t, X=X, y=Y), "pairs": str(_pairs_missing_y(t))}, {},
                              r"^error: \S+pairs.npz: data.pairs needs arrays i, j, y; missing \['y'\]"),
     "pair index out of range": (lambda t: {**_bad_npz(t, X=X, y=Y), "pairs": str(_pairs(t, 500))}, {},
