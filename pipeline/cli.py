@@ -214,7 +214,7 @@ def demo_config_path() -> Path:
 @main.command("stage")
 @click.argument("source")
 @click.option("--store", required=True, help="Store directory or fsspec URL.")
-@click.option("--features", default="X", show_default=True, help="Array name inside npz/h5/zarr.")
+@click.option("--features", default="X", show_default=True, help="Array name inside npz/h5/zarr, or column of a Parquet file.")
 @click.option("--labels", default="y", show_default=True, help="Label array name, or a .npy path.")
 @click.option("--normalize", default="none", show_default=True, type=click.Choice(["none", "l1", "l2", "power"]))
 @click.option("--test", "test_fraction", default=None, type=float,
@@ -366,7 +366,7 @@ def report(store):
 @main.command("add-classes")
 @click.argument("store")
 @click.argument("new_data", type=click.Path(exists=False))
-@click.option("--features", default="X", show_default=True, help="Array name inside npz/h5/zarr.")
+@click.option("--features", default="X", show_default=True, help="Array name inside npz/h5/zarr, or column of a Parquet file.")
 @click.option("--labels", default="y", show_default=True, help="Label array name, or a .npy path.")
 @click.option("--model", help="Extend only the model whose key starts with this (default: every NCM model).")
 @click.option("--hierarchy", type=click.Path(dir_okay=False), help="YAML map class: parent (zero-shot prior, Eq. 33).")
@@ -433,7 +433,7 @@ def evaluate(embeddings, labels, features, queries, reference, query_labels, ref
 @click.argument("store")
 @click.argument("data", type=click.Path(exists=False))
 @click.option("--model", required=True, help="Key (or key prefix) of a model in STORE (`metricpipe models STORE`).")
-@click.option("--features", default="X", show_default=True, help="Array name inside npz/h5/zarr.")
+@click.option("--features", default="X", show_default=True, help="Array name inside npz/h5/zarr, or column of a Parquet file.")
 @click.option("--labels", default=None,
               help="Label array name (default: y when DATA has it) or .npy path: also print the top-1 error.")
 @click.option("--k", "k", type=click.IntRange(min=1), default=None,
@@ -477,7 +477,7 @@ def predict(store, data, model, features, labels, k, out):
 @click.option("--out", required=True, type=click.Path(), help="Codes file: .npy, .npz (X, y, ids), .zarr (X, y, "
                                                               "ids) or .parquet (id, label, code columns); y / label "
                                                               "when DATA has labels, ids / id with --ids.")
-@click.option("--features", default="X", show_default=True, help="Array name inside npz/h5/zarr.")
+@click.option("--features", default="X", show_default=True, help="Array name inside npz/h5/zarr, or column of a Parquet file.")
 @click.option("--labels", default=None, help="Label array name (default: y when DATA has it) or .npy path.")
 @click.option("--ids", default=None, help="Array of row ids to carry into the output.")
 @_cluster_options

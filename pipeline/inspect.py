@@ -8,7 +8,7 @@ KINDS = ("data", "statistics", "neighbours", "shuffled", "models", "selection", 
 
 def describe(url: str) -> str:
     store = Store(url)
-    store.check_exists()
+    store.check_is_store()
     lines = [f"store {store.url}"]
     try:
         latest = store.read_json("runs/latest.json")
@@ -36,7 +36,7 @@ def describe(url: str) -> str:
 def verify_store(url: str) -> tuple[int, list[str]]:
     """(committed units checked, problems): every file each marker lists, present and unchanged."""
     store = Store(url)
-    store.check_exists()
+    store.check_is_store()
     checked, problems = 0, []
     for kind in KINDS:
         for u in store.units(kind):

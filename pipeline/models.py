@@ -69,10 +69,7 @@ def load_model(store_url: str, key: str):
 def describe(store_url: str) -> list[dict]:
     """One row per committed model: key, method, dimension, parameters, what it extends."""
     store = Store(store_url)
-    store.check_exists()
-    if not any(store.fs.isdir(f"{store.root}/{d}") for d in ("models", "data", "runs")):
-        raise InputError(f"{store.url}: not a metricpipe store (no models/, data/ or runs/ in it); give the --store "
-                         f"of a run")
+    store.check_is_store()
     rows = []
     for unit, meta in model_units(store):
         spec = dict(meta.get("spec") or {})

@@ -120,6 +120,13 @@ class Store:
         if not self.fs.isdir(self.root):
             raise InputError(f"{self.url}: no such store; run 'metricpipe run CONFIG' first or check the path")
 
+    def check_is_store(self) -> None:
+        """Refuse a path that exists but holds no metricpipe results (a folder given by mistake)."""
+        self.check_exists()
+        if not any(self.fs.isdir(f"{self.root}/{d}") for d in ("models", "data", "runs")):
+            raise InputError(f"{self.url}: not a metricpipe store (no models/, data/ or runs/ in it); give the --store "
+                             f"of a run")
+
     def path(self, *parts) -> str:
         return "/".join([self.url, *parts])
 

@@ -189,6 +189,12 @@ class RandomProjection(_StatisticsLearner):
         self.dim = dim
         self.random_state = random_state
 
+    def shape_notes(self, n_features: int, n_classes: int) -> list[str]:
+        if self.dim is not None and self.dim > n_features:
+            return [f"dim {self.dim} > the {n_features} features: a random projection to more dimensions adds no "
+                    f"information (its codes are the features, mixed)"]
+        return []
+
     def _projection(self, stats):
         D = len(stats["mean"])
         d = D if self.dim is None else self.dim

@@ -85,19 +85,23 @@ def encode_labels(y: np.ndarray, n_samples: int, where: str) -> tuple[np.ndarray
         y = y.astype(str)
     classes, codes = np.unique(y, return_inverse=True)
     if len(classes) < 2:
-        raise InputError(f"{where}: labels hold only one class ({classes[0]!r}); "
+        raise InputError(f"{where}: labels hold only one class ({getattr(classes[0], 'item', lambda: classes[0])()!r}); "
                          f"supervised learning needs at least two classes")
     return codes.astype(np.int32), [c.item() if hasattr(c, "item") else c for c in classes]
 
 
-def check_split(codes: np.ndarray, split: np.ndarray, split_names: tuple, classes: list, where: str) -> None:
-    """Check the train and test splits are non-empty and every class has >= 2 train members."""
+def check_split(codes: np.ndarray, split: np.ndarray, split_names: tuple, classes: list, where: str,
+                given: bool = False) -> None:
+    """Check the train and test splits are non-empty and every class has >= 2 train members (``given``:
+    the split came with the data, a column, rather than from data.split.test)."""
     train = split == split_names.index("train")
     test = split == split_names.index("test")
     if not train.any():
-        raise InputError(f"{where}: the train split is empty; mark some samples 'train' or lower split.test")
+        raise InputError(f"{where}: the train split is empty; " + ("mark some samples 'train' in its split column"
+                                                                   if given else "lower data.split.test"))
     if not test.any():
-        raise InputError(f"{where}: the test split is empty; mark some samples 'test' or raise split.test")
+        raise InputError(f"{where}: the test split is empty; " + ("mark some samples 'test' in its split column"
+                                                                  if given else "raise data.split.test"))
     counts = np.bincount(codes[train], minlength=len(classes))
     small = np.flatnonzero(counts < 2)
     if len(small):

@@ -132,7 +132,7 @@ def prepare_data(cfg: RunConfig, store) -> DataPlan:
     labels_file = cfg.data.labels if (cfg.data.labels or "").endswith(".npy") else src.name   # where they were read
     codes, classes = encode_labels(src.labels, n, f"{labels_file} (data.labels)")
     split = _split_codes(cfg, src, codes, classes)
-    check_split(codes, split, SPLIT_NAMES, classes, src.name)
+    check_split(codes, split, SPLIT_NAMES, classes, src.name, given=src.split is not None)
     coords = {"label": codes, "split": split}
     groups = None
     if src.groups is not None:

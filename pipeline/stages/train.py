@@ -26,9 +26,12 @@ def model_id(spec: dict) -> str:
 
 
 def _fit_statistics(est, spec: dict, stats_url: str, model_url: str) -> dict:
+    import warnings
     stats, _ = load_arrays(stats_url)
     t0 = time.perf_counter()
-    est.fit_statistics(stats)
+    with warnings.catch_warnings():   # the run printed it as a note (shape_notes) before any work
+        warnings.filterwarnings("ignore", message="random projection to dim", category=UserWarning)
+        est.fit_statistics(stats)
     return save_model(model_url, est, spec, time.perf_counter() - t0)
 
 

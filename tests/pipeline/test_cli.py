@@ -108,7 +108,7 @@ BAD = {
                                       r"error: \S+/y.npy \(data.labels\): labels have length 119 but features have 120"),
     "fractional labels in a labels file": (lambda t: _labels_file(t, Y + 0.5), {},
                                            r"error: \S+/y.npy \(data.labels\): labels must be integers"),
-    "one class": (lambda t: _bad_npz(t, X=X, y=np.zeros(120, int)), {}, r"only one class"),
+    "one class": (lambda t: _bad_npz(t, X=X, y=np.zeros(120, int)), {}, r"labels hold only one class \(0\); "),
     "one member": (lambda t: _bad_npz(t, X=X, y=Y_ONE_MEMBER), {}, r"class 9 has 1 sample\(s\); a stratified split needs at least two"),
     "1-D features": (lambda t: _bad_npz(t, X=X[:, 0], y=Y), {}, r"must be a 2-D \(sample, feature\) array"),
     "string features": (lambda t: _bad_npz(t, X=X.astype(str), y=Y), {}, r"features must be numeric"),
@@ -147,9 +147,9 @@ BAD = {
                                 r"pair index i=500 is out of range 0..119"),
     "unreadable file": (lambda t: _garbage(t), {}, r"bad.npz: cannot read"),
     "empty test split": (lambda t: {**_bad_npz(t, X=X, y=Y, s=np.array(["train"] * 120)), "split": {"column": "s"}},
-                         {}, r"the test split is empty"),
+                         {}, r"the test split is empty; mark some samples 'test' in its split column$"),
     "empty train split": (lambda t: {**_bad_npz(t, X=X, y=Y, s=np.array(["test"] * 120)), "split": {"column": "s"}},
-                          {}, r"bad.npz: the train split is empty; mark some samples 'train'"),   # val: auto carves none
+                          {}, r"bad.npz: the train split is empty; mark some samples 'train' in its split column$"),   # val: auto carves none
     "worker memory below the task rule": (lambda t: {"source": "digits"}, {"memory_limit": "300MB"},
                                           r"a row-block task \(4 row-blocks and the evaluation's buffers\) needs ~\d+ MB, over the 180 MB a "
                                           r"task may use \(60% of the smallest worker memory limit, 300 MB\); raise "
@@ -325,9 +325,10 @@ def test_inspect_missing_store(tmp_path):
     assert res.exit_code == 2 and "no such store" in res.output
 
 
-def test_models_of_a_folder_that_is_not_a_store(tmp_path):
+@pytest.mark.parametrize("command", [["models"], ["inspect"], ["inspect", "--verify"]])
+def test_a_folder_that_is_not_a_store_is_refused(tmp_path, command):
     (tmp_path / "notes.txt").write_text("x")
-    res = CliRunner().invoke(main, ["models", str(tmp_path)])
+    res = CliRunner().invoke(main, [command[0], str(tmp_path), *command[1:]])
     assert res.exit_code == 2 and res.output.strip() == (f"error: {tmp_path}: not a metricpipe store (no models/, "
                                                          f"data/ or runs/ in it); give the --store of a run"), res.output
 

@@ -51,8 +51,10 @@ def test_split_checks():
     codes = np.array([0, 0, 1, 1, 1])
     with pytest.raises(InputError, match="class\\(es\\) 'a' have fewer than two training samples"):
         check_split(codes, np.array([0, 1, 0, 0, 1]), names, ["a", "b"], "f")
-    with pytest.raises(InputError, match="test split is empty"):
+    with pytest.raises(InputError, match="test split is empty; raise data.split.test$"):
         check_split(codes, np.zeros(5, int), names, ["a", "b"], "f")
+    with pytest.raises(InputError, match="train split is empty; lower data.split.test$"):
+        check_split(codes, np.ones(5, int), names, ["a", "b"], "f")
 
 
 def test_synthetic_rows_do_not_depend_on_chunking():
