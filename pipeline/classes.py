@@ -17,7 +17,7 @@ import numpy as np
 
 from metricpipe.config import DataConfig
 from metricpipe.sources import open_source
-from metricpipe.models import codes_of, model_units
+from metricpipe.models import check_intact, codes_of, model_units
 from metricpipe.storage import Store, hash_key, load_estimator, open_array, save_estimator
 from metricpipe.tasks.ncmml import NCMC
 from metricpipe.tasks.errors import InputError
@@ -75,8 +75,10 @@ def _parents(path: str | None) -> dict:
     if path is None:
         return {}
     import yaml
+
+    from metricpipe.config import YamlLoader
     try:
-        raw = yaml.safe_load(Path(path).read_text())
+        raw = yaml.load(Path(path).read_text(), Loader=YamlLoader)   # noqa: S506 - a SafeLoader, as configs read
     except FileNotFoundError:
         raise InputError(f"{path}: file not found (--hierarchy); check the path") from None
     except (OSError, yaml.YAMLError) as e:
@@ -165,6 +167,8 @@ def add_classes(store_url: str, data_path: str, features: str = "X", labels: str
     store = Store(store_url)
     store.check_exists()
     targets = ncm_models(store, model)
+    for unit, meta in targets:   # a damaged model would be extended with its damage, then committed whole
+        check_intact(store, unit, meta)
     src, n, D, codes, names = _open(data_path, features, labels, "new data")
     parents = _parents(hierarchy)
     if (zero_shot or prior_weight > 0) and not parents:
@@ -180,7 +184,7 @@ def add_classes(store_url: str, data_path: str, features: str = "X", labels: str
                         "labels": labels, "hierarchy": parents, "prior_weight": prior_weight,
                         "zero_shot": list(zero_shot)})
         new_unit = store.unit("models", key)
-        if new_unit.done():   # the same command again: its model is there already
+        if new_unit.done() and not new_unit.verify():   # the same command again: its model is there already
             meta = new_unit.meta()
             info = {k: meta[k] for k in ("model", "extends", "added", "images", "seconds")}
             log(f"{new_unit.rel}: reusing ({unit.key} + {len(info['added'])} class(es), added before)")

@@ -187,6 +187,7 @@ def _typed(d: dict, key: str, kind, where: str, prefix: str, default=None, minim
     name = f"{prefix}{key}"
     if kind is float and isinstance(v, int) and not isinstance(v, bool):
         v = float(v)
+    v = _whole(v) if kind is int else v
     if kind is int and isinstance(v, bool) or not isinstance(v, kind):
         _fail(where, name, f"expected {getattr(kind, '__name__', kind)}, got {v!r}")
     if kind is float and not math.isfinite(v):
@@ -209,11 +210,16 @@ def _val_fraction(split_raw: dict, where: str):
     return float(v)
 
 
+def _whole(v):
+    """A float that is a whole number (YAML's 1e6) as the int it means; anything else as it is."""
+    return int(v) if isinstance(v, float) and v.is_integer() and abs(v) < 2 ** 53 else v
+
+
 def _int_list(d, key, where, prefix, default, minimum=1):
     if key not in d:
         return default
     v = d[key]
-    v = v if isinstance(v, list) else [v]
+    v = [_whole(x) for x in v] if isinstance(v, list) else [_whole(v)]
     if not v or not all(isinstance(x, int) and not isinstance(x, bool) and x >= minimum for x in v):
         _fail(where, prefix + key, f"expected integers >= {minimum} (one or a list), got {d[key]!r}")
     return tuple(v)
@@ -409,12 +415,13 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
         evaluate=evaluate, seed=_typed(raw, "seed", int, where, "", 0, 0), tls=tls, source_file=where, raw=raw)
 
 
-MIN_MEMORY_LIMIT = 256e6   # bytes: below it no worker gets through its imports
+MIN_MEMORY_LIMIT = 400e6   # bytes: a worker holds ~250 MB after its imports, and Dask pauses it at 80%
 
 
 def _memory_limit(v, where: str):
     """'auto', a size string (2GB) or a positive byte count; anything else is refused here, not by Dask."""
     from dask.utils import parse_bytes
+    v = _whole(v)      # memory_limit: 2e9
     if isinstance(v, bool) or not isinstance(v, (str, int)):
         _fail(where, "memory_limit", f"expected a size such as 2GB or 'auto', got {v!r}")
     if v == "auto":
@@ -427,7 +434,8 @@ def _memory_limit(v, where: str):
         _fail(where, "memory_limit", f"expected a positive size such as 2GB or 'auto', got {v!r}")
     if n < MIN_MEMORY_LIMIT:
         _fail(where, "memory_limit", f"expected at least {MIN_MEMORY_LIMIT / 1e6:.0f}MB per worker (a worker process "
-              f"holds ~250 MB before any task), got {v!r} ({n:,} bytes); e.g. 2GB")
+              f"holds ~250 MB before any task, and Dask pauses it at 80% of its limit), got {v!r} ({n:,} bytes); "
+              f"e.g. 2GB")
     return v
 
 
@@ -460,8 +468,8 @@ class YamlLoader(yaml.SafeLoader):
 
 
 YamlLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"))
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\.[0-9]+|[0-9][0-9_]*(?:\.[0-9_]*)?)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
 
 
 # Alias expansion a config may imply (a 471-byte YAML alias bomb expands to billions of nodes).

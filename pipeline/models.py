@@ -30,13 +30,18 @@ def find_model(store: Store, key: str) -> tuple[Unit, dict]:
         more = ", ..." if len(found) > 4 else ""
         raise InputError(f"{store.url}: model {key!r} matches {len(found)} models "
                          f"({', '.join(u.key for u, _ in found[:4])}{more}); give more of the key")
-    unit, meta = found[0]
+    check_intact(store, *found[0])
+    return found[0]
+
+
+def check_intact(store: Store, unit: Unit, meta: dict) -> None:
+    """Refuse model ``unit`` if a file differs from its commit's checksums, naming what recomputes it."""
     bad = unit.verify()
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise InputError(f"{store.url}: model {unit.key} is damaged: {bad[0]}{more}; rerun the run that made it "
-                         f"with --repair (metricpipe run CONFIG --repair) to recompute it")
-    return unit, meta
+        fix = (f"delete {unit.rel} and rerun the metricpipe add-classes that made it" if meta.get("extends") else
+               "rerun the run that made it with --repair (metricpipe run CONFIG --repair) to recompute it")
+        raise InputError(f"{store.url}: model {unit.key} is damaged: {bad[0]}{more}; {fix}")
 
 
 def with_normalization(est, normalize: str | None):

@@ -156,6 +156,22 @@ def _sweeps(cls: type, key: str, value) -> bool:
     return "array-like" not in cls._parameter_constraints.get(key, [])
 
 
+def _counts_only(cls: type, key: str) -> bool:
+    """Whether parameter ``key`` takes integers but no other numbers (an Interval of Integral only)."""
+    from numbers import Integral
+    kinds = [getattr(c, "type", None) for c in cls._parameter_constraints.get(key, [])]
+    return Integral in kinds and not any(k is not None and k is not Integral for k in kinds)
+
+
+def _whole_to_int(cls: type, key: str, value):
+    """YAML's ``pairs: 1e6`` is the float 1000000.0: the count it means for a count parameter."""
+    if not _counts_only(cls, key):
+        return value
+    if isinstance(value, list):
+        return [_whole_to_int(cls, key, v) for v in value]
+    return int(value) if isinstance(value, float) and value.is_integer() and abs(value) < 2 ** 53 else value
+
+
 # Models one config may train: a sweep beyond it is refused before anything is expanded.
 MAX_MODELS = 1000
 
@@ -175,6 +191,7 @@ def expand_method(entry: dict) -> list[dict]:
     for kernel in (kernels if isinstance(kernels, list) else [kernels]):
         params = dict(raw, **({"kernel": kernel} if kernel is not None and "kernel" in raw else {}))
         cls = estimator_class(name, params)
+        params = {k: _whole_to_int(cls, k, v) for k, v in params.items()}
         allowed = defaults(cls)
         for key in params:
             if key not in allowed:

@@ -88,12 +88,14 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
             sel_unit = ctx.store.unit("selection", select.selection_key(cunits, spec["select"]["metric"],
                                                                         ctx.config.seed))
             done = ctx.reuse(sel_unit, "train") and ctx.reuse(cunits[sel_unit.meta()["chosen"]], "train")
-            if done and ctx.repair:   # the candidates not kept are checked too: a damaged one is retrained
-                done = all([ctx.reuse(u, "train") for u in cunits if u.done() or u.marker_damaged()])
         plans.append((spec, cands, cunits, sel_unit, done))
         if not done:
             for c, u in zip(cands, cunits):
                 units.setdefault(u.key, (c, u))
+        elif ctx.repair:   # a damaged candidate the selection did not keep is retrained alone; the selection stands
+            for i, (c, u) in enumerate(zip(cands, cunits)):
+                if i != sel_unit.meta()["chosen"] and (u.done() or u.marker_damaged()) and not ctx.reuse(u, "train"):
+                    units.setdefault(u.key, (c, u))
     pending = [p for p in plans if p[3] is not None and not p[4]]
     sel_future, n_val = None, 0
     if pending:

@@ -150,9 +150,9 @@ BAD = {
                          {}, r"the test split is empty; mark some samples 'test' in its split column$"),
     "empty train split": (lambda t: {**_bad_npz(t, X=X, y=Y, s=np.array(["test"] * 120)), "split": {"column": "s"}},
                           {}, r"bad.npz: the train split is empty; mark some samples 'train' in its split column$"),   # val: auto carves none
-    "worker memory below the task rule": (lambda t: {"source": "digits"}, {"memory_limit": "300MB"},
-                                          r"a row-block task \(4 row-blocks and the evaluation's buffers\) needs ~\d+ MB, over the 180 MB a "
-                                          r"task may use \(60% of the smallest worker memory limit, 300 MB\); raise "
+    "worker memory below the task rule": (lambda t: {"source": "digits"}, {"memory_limit": "400MB"},
+                                          r"a row-block task \(4 row-blocks and the evaluation's buffers\) needs ~\d+ MB, over the 240 MB a "
+                                          r"task may use \(60% of the smallest worker memory limit, 400 MB\); raise "
                                           rf"memory_limit to at least {_fits_digits()} MB \(the evaluation's buffers "
                                           r"alone take 250 MB\)"),
     "negatives from the test split": (lambda t: {"source": "digits"},
@@ -451,8 +451,10 @@ RAW = {
                      r"data.chunk_mb: expected a finite number, got nan"),
     "memory_limit lots": ({"memory_limit": "lots"}, r"memory_limit: expected a positive size such as 2GB .*'lots'"),
     "memory_limit -5": ({"memory_limit": -5}, r"memory_limit: expected a positive size such as 2GB or 'auto', got -5"),
-    "memory_limit 3": ({"memory_limit": 3}, r"memory_limit: expected at least 256MB per worker \(a worker process "
-                                            r"holds ~250 MB before any task\), got 3 \(3 bytes\); e.g. 2GB"),
+    "memory_limit 3": ({"memory_limit": 3}, r"memory_limit: expected at least 400MB per worker \(a worker process "
+                                            r"holds ~250 MB before any task, and Dask pauses it at 80% of its "
+                                            r"limit\), got 3 \(3 bytes\); e.g. 2GB"),
+    "memory_limit 3e8": ({"memory_limit": 3e8}, r"memory_limit: expected at least 400MB per worker .* got 300000000 "),
     "dashboard list": ({"dashboard": [1, 2]}, r"dashboard: expected \[HOST\]:PORT .* got \[1, 2\]"),
     "empty store": ({"store": ""}, r"cfg.yaml: store: empty; give a directory"),
     "methods mapping": ({"methods": {}}, r"methods: expected a non-empty list of \{method: ...\} entries, got \{\}"),
@@ -508,7 +510,7 @@ def test_a_bad_memory_limit_option_is_refused_before_anything_starts(tmp_path, c
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 2 and "Traceback" not in res.output, res.output
     assert f"Invalid value for '--memory-limit': expected a positive size such as 2GB or 'auto', got '{value}'" \
-        in res.output or value == "3" and "Invalid value for '--memory-limit': expected at least 256MB" in res.output
+        in res.output or value == "3" and "Invalid value for '--memory-limit': expected at least 400MB" in res.output
     assert not (tmp_path / "s").exists()
 
 

@@ -70,14 +70,17 @@ def test_load_config_errors(tmp_path):
 def test_exponent_floats_without_a_dot_are_numbers_and_booleans_are_not(tmp_path):
     """YAML 1.1 (PyYAML) reads 1e-3 as text and true as 1; a config means what it looks like."""
     p = tmp_path / "cfg.yaml"
-    p.write_text("data: {source: digits, split: {test: 2e-1}}\n"
-                 "methods: [{method: pcaw, dim: 8, eps: 1e-6}, {method: ncmml, dim: 8, lr: [3E1, +1.5e+0]},\n"
-                 "          {method: linear-ml, dim: 8, learn_bias: true}]\n")
+    p.write_text("data: {source: digits, split: {test: 2e-1}}\nmemory_limit: 2e9\nneighbours: {k: 1e1}\n"
+                 "methods: [{method: pcaw, dim: 8, eps: 1e-6}, {method: ncmml, dim: 8, lr: [3E1, +1.5e+0, .5e1]},\n"
+                 "          {method: linear-ml, dim: 8, learn_bias: true, pairs: 1e3, iters: [1e4, 2e4]}]\n")
     cfg = load_config(p)
     assert cfg.data.split.test == 0.2
+    assert cfg.memory_limit == 2_000_000_000 and cfg.neighbours.k == 10       # whole numbers where counts go
     assert cfg.methods[0]["eps"] == 1e-6
-    assert [m["lr"] for m in cfg.methods[1:3]] == [30.0, 1.5]
-    assert cfg.methods[3]["learn_bias"] is True          # a boolean parameter still takes true
+    assert [m["lr"] for m in cfg.methods[1:4]] == [30.0, 1.5, 5.0]
+    assert [(m["learn_bias"], m["pairs"], m["iters"]) for m in cfg.methods[4:]] == [(True, 1000, 10000),
+                                                                                 (True, 1000, 20000)]
+    assert all(type(m["pairs"]) is int for m in cfg.methods[4:])   # a boolean parameter still takes true
     p.write_text("data: {source: digits}\nmethods: [{method: pca, dim: 1e3x}]\n")   # not a number: text
     with pytest.raises(ConfigError, match="'dim' parameter of PCA must be an int"):
         load_config(p)

@@ -534,3 +534,44 @@ def test_a_validation_share_rounded_up_over_many_classes_still_fits_the_partial_
     n = int((data.split == 0).sum())
     assert copy.meta()["blocks"] < -(-n // data.chunk_rows)      # still a partial copy
     assert load_estimator(unit.url).best_iter_ is not None
+
+
+def _flip_last_bytes(unit_dir):
+    from pathlib import Path
+    chunk = sorted(p for p in Path(unit_dir).rglob("*") if p.is_file() and p.name != "zarr.json")[0]
+    data = chunk.read_bytes()
+    chunk.write_bytes(data[:-2] + bytes(b ^ 0xFF for b in data[-2:]))
+    return chunk, data
+
+
+def test_add_classes_refuses_a_damaged_model_and_recomputes_a_damaged_copy(trained, tmp_path):
+    """A damaged model would be extended with its damage and committed whole (checksums of the copy);
+    a damaged copy add-classes made is recomputed by the same command, which is what its message says."""
+    import shutil
+
+    from metricpipe.classes import add_classes, predict
+    from metricpipe.tasks.errors import InputError
+    ctx, _, models, _, _ = trained
+    store = tmp_path / "store"
+    shutil.copytree(ctx.store.url, store)
+    [unit] = [u for s, u in models if s["method"] == "ncmml" and s.get("classes") and s["objective"] == "euclidean"]
+    rng = np.random.default_rng(7)
+    np.savez(tmp_path / "new.npz", X=rng.normal(0, 1, (40, 12)).astype(np.float32), y=np.repeat([31, 32], 20))
+    chunk, intact = _flip_last_bytes(store / "models" / unit.key)
+    before = sorted(p.name for p in (store / "models").iterdir())
+    with pytest.raises(InputError, match=rf"model {unit.key} is damaged: models/{unit.key}/\S+: checksum differs .*; "
+                                         r"rerun the run that made it with --repair"):
+        add_classes(str(store), str(tmp_path / "new.npz"), model=unit.key, log=lambda m: None)
+    assert sorted(p.name for p in (store / "models").iterdir()) == before    # no copy was made
+    chunk.write_bytes(intact)
+    [info] = add_classes(str(store), str(tmp_path / "new.npz"), model=unit.key, log=lambda m: None)
+    copy = info["model"].split("/")[-1]
+    chunk, intact = _flip_last_bytes(store / "models" / copy)
+    np.savez(tmp_path / "probe.npz", X=np.ones((3, 12), np.float32), y=np.array([31, 32, 31]))
+    with pytest.raises(InputError, match=rf"model {copy} is damaged: .*; delete models/{copy} and rerun the "
+                                         r"metricpipe add-classes that made it"):
+        predict(str(store), copy, str(tmp_path / "probe.npz"))
+    logs = []
+    [again] = add_classes(str(store), str(tmp_path / "new.npz"), model=unit.key, log=logs.append)
+    assert {**again, "seconds": 0} == {**info, "seconds": 0}
+    assert not any("reusing" in m for m in logs) and chunk.read_bytes() == intact   # made again, same bits

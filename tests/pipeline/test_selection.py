@@ -231,7 +231,10 @@ def test_a_damaged_candidate_is_refused_on_load_and_retrained_by_repair(client, 
            "methods": methods,
            "evaluate": {"retrieval": {"k": [10]}, "classification": {"classifiers": ["knn1", "ncm"]}}}
     logs = []
+    marker = next((tmp_path / "s" / "selection").glob("*.committed.json"))
+    before = marker.read_text()
     run_pipeline(parse_config(raw), client=client, log=logs.append, repair=True)
     assert sum(f"repairing models/{unkept}" in line for line in logs) == 1, logs
     assert chunk.read_bytes() == intact and verify_store(str(tmp_path / "s"))[1] == []   # retrained, same bits
+    assert marker.read_text() == before and not any("selected lr" in line for line in logs)   # the selection stands
     assert load_model(str(tmp_path / "s"), unkept).transform(np.zeros((1, 64))).shape == (1, 8)
