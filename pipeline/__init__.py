@@ -15,12 +15,15 @@ __version__ = "0.3.4"
 
 import os as _os
 
-if _os.environ.get("METRICPIPE_STARTING_WORKER") == "1":
+if _os.environ.pop("METRICPIPE_STARTING_WORKER", None) == "1":
     # A local cluster's worker process, spawned while the client held Ctrl-C (cluster.interrupts_deferred):
     # it shares the terminal's process group, so a Ctrl-C during its imports would kill it with a
-    # traceback. It ignores SIGINT from here on; the client, which gets the Ctrl-C too, stops it.
+    # traceback. It ignores SIGINT from here on; the client, which gets the Ctrl-C too, stops it. (Popped:
+    # not passed on to what the worker starts.)
     import signal as _signal
-    _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
+    import threading as _threading
+    if _threading.current_thread() is _threading.main_thread():
+        _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
 
 from metricpipe.tasks.baselines import LDA, PCA, Identity, PCAWhitening, RandomProjection  # noqa: E402
 from metricpipe.tasks.ncmml import KNNML, NCMC, NCMML  # noqa: E402

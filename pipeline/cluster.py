@@ -108,15 +108,24 @@ def interrupts_deferred(pending: list):
     tracebacks (a Ctrl-C reaches the whole process group) and a closing cluster that failed on a
     worker still starting (``AssertionError: Status.init``), burying the resume hint. The workers
     spawned meanwhile see METRICPIPE_STARTING_WORKER and ignore SIGINT from their first import of
-    metricpipe (the client stops them). Signal handlers are the main thread's: elsewhere, nothing held."""
+    metricpipe (the client stops them). A second Ctrl-C is not held (a start that hangs can still be
+    stopped); a signal this process ignored stays ignored. Main thread only (signal handlers are its)."""
     import signal
     import threading
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: h for s, h in old.items() if h is not None and h != signal.SIG_IGN}   # None: not set from Python
+
+    def hold(signum, frame):
+        if signum in pending and signum == signal.SIGINT:   # pressed again: stop now
+            signal.signal(signum, old[signum])
+            raise KeyboardInterrupt
+        pending.append(signum)
+
     for s in old:
-        signal.signal(s, lambda signum, frame: pending.append(signum))
+        signal.signal(s, hold)
     os.environ["METRICPIPE_STARTING_WORKER"] = "1"
     try:
         yield

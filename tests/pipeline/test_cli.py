@@ -602,19 +602,49 @@ def test_a_ctrl_c_while_the_local_cluster_starts_waits_for_it_then_stops_the_run
     import sys
 
     from metricpipe import cluster
-    probe = [sys.executable, "-c", "import signal, metricpipe; print(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)"]
+    probe = [sys.executable, "-c", "import os, signal, metricpipe; "
+             "print(signal.getsignal(signal.SIGINT) == signal.SIG_IGN, 'METRICPIPE_STARTING_WORKER' in os.environ)"]
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     pending = []
     with cluster.interrupts_deferred(pending):
         os.kill(os.getpid(), signal.SIGINT)            # recorded, not raised
         child = subprocess.run(probe, capture_output=True, text=True, timeout=120).stdout.strip()
-    assert pending == [signal.SIGINT] and child == "True"
-    assert "METRICPIPE_STARTING_WORKER" not in os.environ and signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    assert subprocess.run(probe, capture_output=True, text=True, timeout=120).stdout.strip() == "False"  # later: kept
+    assert pending == [signal.SIGINT] and child == "True False"   # ignores Ctrl-C; passes the variable on to no one
+    assert "METRICPIPE_STARTING_WORKER" not in os.environ
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+    assert subprocess.run(probe, capture_output=True, text=True, timeout=120).stdout.strip() == "False False"
     with pytest.raises(KeyboardInterrupt):
         cluster.raise_pending(pending)
     with pytest.raises(KeyboardInterrupt):                  # a start that fails with an interrupt held
         with cluster.interrupts_deferred(pending):
             raise RuntimeError("Nanny failed to start.")
+    with pytest.raises(KeyboardInterrupt):                  # a second Ctrl-C is not held: a hung start stops
+        with cluster.interrupts_deferred([]):
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+            pytest.fail("a second Ctrl-C was held")
+    assert signal.getsignal(signal.SIGINT) == handlers[0]
+
+    class Terminated(BaseException):
+        pass
+
+    def on_term(signum, frame):
+        raise Terminated
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        held = []
+        with cluster.interrupts_deferred(held):
+            os.kill(os.getpid(), signal.SIGTERM)
+        with pytest.raises(Terminated):                     # raised through the handler the caller had
+            cluster.raise_pending(held)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)        # a process started with Ctrl-C ignored
+        ignored = []
+        with cluster.interrupts_deferred(ignored):
+            os.kill(os.getpid(), signal.SIGINT)
+        assert ignored == [] and signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, handlers[1])
+        signal.signal(signal.SIGINT, handlers[0])
     built = []
 
     class Interrupted(cluster.LocalCluster):
