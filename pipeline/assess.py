@@ -58,8 +58,10 @@ def _open(path: str, features: str, labels: str | None, option: str, labels_opti
     try:
         src = open_source(DataConfig(path=path, features=features, labels=labels))
     except InputError as e:  # the shared readers cite config keys: name this command's options instead
-        msg = str(e).splitlines()[0].replace("data.path", option).replace("data.features", "--features")
-        raise InputError(msg.replace("data.labels", labels_option)) from None
+        msg = str(e).splitlines()[0]
+        for key, name in (("data.path", option), ("data.features", "--features"), ("data.labels", labels_option)):
+            msg = msg.replace(f"({key})", f"({name})").replace(f"give {key} ", f"give {name} ")   # not in paths
+        raise InputError(msg) from None
     n = src.reader.shape[0]
     if n == 0 or src.reader.shape[1] == 0:
         raise InputError(f"{path}: no embeddings ({option} is {tuple(src.reader.shape)}); give a non-empty "

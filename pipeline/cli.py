@@ -162,7 +162,7 @@ def _apply(cfg: RunConfig, store, cluster, workers, memory_limit) -> RunConfig:
         check_store_url(store, "--store")
     if cluster is not None:
         check_cluster(cluster, "--cluster")
-    return cfg.with_overrides(store=store, cluster=cluster, workers=workers, memory_limit=memory_limit)
+    return cfg.from_command_line(store=store, cluster=cluster, workers=workers, memory_limit=memory_limit)
 
 
 @main.command()

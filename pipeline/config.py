@@ -106,6 +106,10 @@ class RunConfig:
         return f"methods[{self.method_entries[n] if n < len(self.method_entries) else n}]"
 
     def with_overrides(self, **kw) -> "RunConfig":
+        return replace(self, **{k: v for k, v in kw.items() if v is not None})
+
+    def from_command_line(self, **kw) -> "RunConfig":
+        """:meth:`with_overrides` for settings the user gave as options, so messages name the option."""
         given = {k: v for k, v in kw.items() if v is not None}
         return replace(self, **given, overridden=self.overridden | frozenset(given))
 

@@ -225,8 +225,12 @@ def check_nonnegative_for(cfg, info: DataInfo) -> None:
         if getattr(registry.estimator_class(spec["method"], spec), "requires_nonnegative", False):
             value, row, col = least
             source = info.unit.meta().get("source", "the data")
+            staged = f" after data.normalize: {cfg.data.normalize}" if cfg.data.normalize != "none" else ""
+            field, fix = (("data.synthetic", "set data.synthetic.nonnegative: true")
+                          if cfg.data.source == "synthetic" and not cfg.data.path else
+                          ("data.path", "use non-negative descriptors (histograms, ReLU activations)"))
             raise InputError(f"{source}: {cfg.entry(n)} ({spec['method']}) needs non-negative features (its chi2 "
-                             f"kernel), but row {row}, column {col} is {value:g} (data.path); use non-negative "
-                             f"descriptors (histograms, ReLU activations) or drop {spec['method']}")
+                             f"kernel), but row {row}, column {col} is {value:g}{staged} ({field}); {fix} or drop "
+                             f"{spec['method']}")
 
 

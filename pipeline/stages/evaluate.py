@@ -134,7 +134,8 @@ def _index_plan(ctx: StageContext, data: DataInfo, cunit: Unit, n_train: int) ->
     nb = ctx.config.neighbours or NeighboursConfig()
     nlist = _knn_nlist(ctx, data, n_train)
     factories = [f"IVF{nlist},Flat,streamed" if _knn_streamed(ctx, data, n_train, d) else
-                 ivf.factory_string(n_train, d, nlist, budget, ctx.config.source_file) for d in dims]
+                 ivf.factory_string(n_train, d, nlist, budget, ctx.config.source_file,
+                                    ctx.config.setting("memory_limit")) for d in dims]
     return factories + [{"nprobe": nb.nprobe, **({"rerank": nb.rerank} if any(",PQ" in f for f in factories) else {})}]
 
 
@@ -181,7 +182,8 @@ def _ivf_lists(ctx: StageContext, data: DataInfo, jobs: list, graph_index: str |
             job["factory"], job["ready"] = graph_index, []
             continue
         job["index"] = f"{job['unit'].url}/knn-index-{job['view']}"
-        job["factory"] = ivf.factory_string(len(train), dim, nlist, budget, ctx.config.source_file)
+        job["factory"] = ivf.factory_string(len(train), dim, nlist, budget, ctx.config.source_file,
+                                            ctx.config.setting("memory_limit"))
         sample = np.sort(rng.choice(train, ivf.sample_rows(len(train), nlist), replace=False))
         trained = ctx.submit(ivf.train, db_url, job["index"], sample, job["factory"], seed, job["metric"],
                              name="knn-index-train")

@@ -146,7 +146,8 @@ def _factory(ctx: StageContext, data: DataInfo) -> str:
     from metricpipe import ivf
     n_train = int((data.split == TRAIN).sum())
     return ivf.factory_string(n_train, data.n_features, ctx.config.neighbours.nlist or _nlist(ctx, n_train),
-                              index_budget(ctx.client, data.chunk_rows, data.n_features), ctx.config.source_file)
+                              index_budget(ctx.client, data.chunk_rows, data.n_features), ctx.config.source_file,
+                              ctx.config.setting("memory_limit"))
 
 
 def _nlist(ctx: StageContext, n_train: int) -> int:

@@ -7,6 +7,7 @@ the learner needs, calls the estimator's documented entry point on a worker, and
 estimator (``storage.save_model``).
 """
 import time
+import warnings
 
 from metricpipe import nml_train, select, slem_train, slne_train, sparse_train, stream_train
 from metricpipe.context import StageContext
@@ -25,13 +26,16 @@ def model_id(spec: dict) -> str:
     return "-".join(str(x) for x in (spec["method"], spec.get("dim") or "", extra) if x != "")
 
 
+# A run prints this as a note before any work (RandomProjection.shape_notes); the worker's copy of the
+# warning would reach the terminal as a raw line. Set once for the process: catch_warnings is not
+# thread-safe, and a worker may run several fits at once.
+warnings.filterwarnings("ignore", message="random projection to dim", category=UserWarning)
+
+
 def _fit_statistics(est, spec: dict, stats_url: str, model_url: str) -> dict:
-    import warnings
     stats, _ = load_arrays(stats_url)
     t0 = time.perf_counter()
-    with warnings.catch_warnings():   # the run printed it as a note (shape_notes) before any work
-        warnings.filterwarnings("ignore", message="random projection to dim", category=UserWarning)
-        est.fit_statistics(stats)
+    est.fit_statistics(stats)
     return save_model(model_url, est, spec, time.perf_counter() - t0)
 
 

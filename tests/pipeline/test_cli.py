@@ -136,6 +136,12 @@ BAD = {
                                                                            "iters": 10}]},
                                 r"^error: \S+bad.npz: methods\[1\] \(nml\) needs non-negative features \(its chi2 "
                                 r"kernel\), but row \d+, column \d+ is -\d[\d.]* \(data.path\); use non-negative"),
+    "negative synthetic values for nml": (lambda t: {"source": "synthetic", "synthetic": {"samples": 300, "dim": 6,
+                                                                                       "classes": 3}},
+                                          {"methods": [{"method": "nml", "dim": 2, "pairs": 10, "iters": 10}]},
+                                          r"methods\[0\] \(nml\) needs non-negative features \(its chi2 kernel\), but "
+                                          r"row \d+, column \d+ is -[\d.]+ \(data.synthetic\); set "
+                                          r"data.synthetic.nonnegative: true or drop nml$"),
     "one negative value for nml": (lambda t: _bad_npz(t, X=np.where(np.arange(720).reshape(120, 6) == 77 * 6 + 3,
                                                                     -0.5, np.abs(X)), y=Y),
                                    {"methods": [{"method": "nml", "dim": 2, "pairs": 10, "iters": 10}]},

@@ -194,7 +194,7 @@ def test_the_memory_rule_refuses_before_staging_naming_the_setting():
                                          r"row, over the \d+ MB a worker can give it; raise memory_limit"):
         check_memory(_client(1e9), _info(110_000_000, 128), cfg)
     with pytest.raises(InputError, match=r"over the \d+ MB a worker can give it; raise --memory-limit"):   # given so
-        check_memory(_client(1e9), _info(110_000_000, 128), cfg.with_overrides(memory_limit="1GB"))
+        check_memory(_client(1e9), _info(110_000_000, 128), cfg.from_command_line(memory_limit="1GB"))
     wide = parse_config({"data": {"source": "synthetic"}, "methods": [{"method": "pca", "dim": 32}]})
     with pytest.raises(InputError, match=r"8000 x 8000 covariance .* needs ~1,5\d\d MB, over the 1,200 MB a task may "
                                          r"use .*; set statistics.max_dense_dim below 8000"):
