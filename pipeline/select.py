@@ -17,6 +17,7 @@ test split is even, and the validation rows stay clear of every fit.
 """
 import numpy as np
 
+from metricpipe.config import NeighboursConfig
 from metricpipe.storage import hash_key, load_estimator, read_rows
 from metricpipe.tasks import evaluation, knn, stream
 
@@ -59,9 +60,15 @@ def _score(trained, model_url: str, metric: str, sel: dict):
     return evaluation.validation_score(est, metric, sel["Xv"], sel["yv"], sel["Xr"], sel["yr"], sel["nbr"])
 
 
-def selection_key(cand_units: list, metric: str, seed: int) -> str:
+def selection_key(cand_units: list, metric: str, seed: int, config) -> str:
     return hash_key({"stage": "selection", "models": [u.key for u in cand_units], "metric": metric, "seed": seed,
-                     "rows": [VAL_QUERIES, REFERENCE_ROWS, SELECTION_BUDGET]})
+                     "rows": [VAL_QUERIES, REFERENCE_ROWS, SELECTION_BUDGET],
+                     **({"voters_from": voter_pool(config)} if metric.startswith("softvote") else {})})
+
+
+def voter_pool(config) -> int:
+    """Neighbours per validation row a soft vote chooses its voters from: the graph's size."""
+    return (config.neighbours or NeighboursConfig()).k
 
 
 def softvote_k(metrics: list[str]) -> int:
@@ -69,12 +76,16 @@ def softvote_k(metrics: list[str]) -> int:
 
 
 def submit_data(ctx, data, metrics: list[str]):
-    """The scoring rows as one future (None when the data has no validation rows)."""
+    """The scoring rows as one future (None when the data has no validation rows). A soft vote picks
+    its K voters among each row's neighbourhood of the graph's size (neighbours.k), as the evaluate
+    stage's softvoteK does: with only K neighbours fetched, every model would vote with the same K."""
     val, ref = selection_rows(data.split, data.labels, data.n_features, ctx.config.seed)
     if not len(val):
         return None, 0
     labels = data.labels.astype(np.int64)
-    return ctx.submit(_selection_data, data.url, val, ref, labels, softvote_k(metrics), name="selection-rows"), len(val)
+    k = softvote_k(metrics)
+    k = max(k, voter_pool(ctx.config)) if k else 0
+    return ctx.submit(_selection_data, data.url, val, ref, labels, k, name="selection-rows"), len(val)
 
 
 def submit_score(ctx, trained, unit, metric: str, sel_future, name: str):

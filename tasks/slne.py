@@ -190,13 +190,16 @@ def learn_similarity(Z: np.ndarray, y: np.ndarray, graph: np.ndarray, *, margin:
 
 
 def softvote_validator(Zv: np.ndarray, yv: np.ndarray, nbr: np.ndarray, Z: np.ndarray, y: np.ndarray, k: int = 10):
-    """M -> top-1 error of Eq. 9's soft vote for validation rows Zv (labels yv) over their
-    neighbourhoods ``nbr`` (V, >= k) among the training rows Z (labels y; local indices, -1 none),
-    weighted by s_M(z_v, z_j) = z_v^T M z_j: the early-stopping criterion of SL-NE and SL-DE."""
+    """M -> top-1 error of Eq. 9's soft vote for validation rows Zv (labels yv): the k members of
+    their neighbourhoods ``nbr`` (V, >= k) among the training rows Z (labels y; local indices, -1
+    none) most similar under s_M(z_v, z_j) = z_v^T M z_j vote with those similarities, as the evaluate
+    stage's softvoteK does over the stored graph. The early-stopping criterion of SL-NE and SL-DE.
+    (Cutting ``nbr`` to its first k would leave M only the weights of the same k Euclidean voters:
+    on digits every epoch and step then scored the start's error.)"""
     from metricpipe.tasks.evaluation import softvote_errors
     _, codes = np.unique(np.r_[np.asarray(y), np.asarray(yv)], return_inverse=True)
     ytr, yval = codes[:len(y)], codes[len(y):]
-    nbr = np.asarray(nbr, np.int64)[:, :k]
+    nbr = np.asarray(nbr, np.int64)
     flat = np.arange(len(Z))
     Zv32 = np.ascontiguousarray(Zv, np.float32)
     n_classes = int(codes.max()) + 1

@@ -90,7 +90,7 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
         sel_unit, done = None, False
         if len(cands) > 1:
             sel_unit = ctx.store.unit("selection", select.selection_key(cunits, spec["select"]["metric"],
-                                                                        ctx.config.seed))
+                                                                        ctx.config.seed, ctx.config))
             done = ctx.reuse(sel_unit, "train") and ctx.reuse(cunits[sel_unit.meta()["chosen"]], "train")
         plans.append((spec, cands, cunits, sel_unit, done))
         if not done:

@@ -282,3 +282,18 @@ def test_slne_fit_with_validation_rows_never_ends_worse_than_its_start():
     est = slne.SLNE(step=5.0, random_state=0).fit(X[:800], y[:800], X_val=X[800:1100], y_val=y[800:1100])
     errs = [h["val_error"] for h in est.history_]
     assert est.best_epoch() == int(np.argmin(errs)) and errs[est.best_epoch()] <= errs[0]
+
+
+def test_the_soft_vote_validator_lets_m_choose_the_voters_among_the_whole_neighbourhood():
+    """Eq. 9 as the evaluate stage's softvoteK applies it: the k voters are the k members of the
+    (Euclidean) neighbourhood most similar under M. Cut to its first k, the neighbourhood left M only
+    the voters' weights: on digits every epoch and step scored the start's error."""
+    from metricpipe.tasks.slne import softvote_validator
+    Z = np.array([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]], np.float32)   # train rows: class 0, then two of class 1
+    y = np.array([0, 1, 1])
+    Zv, yv = np.array([[1.0, 0.1]], np.float32), np.array([1])
+    nbr = np.array([[0, 1, 2]])                                     # Euclidean order: the class-0 row first
+    score = softvote_validator(Zv, yv, nbr, Z, y, k=1)
+    assert score(np.eye(2)) == 1.0                                  # z_v . z_0 = 1 > 0.1: class 0 votes, wrong
+    assert score(np.diag([0.01, 1.0])) == 0.0                       # under M the class-1 rows are the most similar
+    assert softvote_validator(Zv, yv, nbr, Z, y, k=3)(np.eye(2)) == 1.0   # all three vote: 1 against 0.2, wrong
