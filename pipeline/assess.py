@@ -49,12 +49,28 @@ class Side:
     option: str
 
 
+def _encoded_parquet_names(path: str, features: str, labels: str) -> tuple:
+    """A Parquet file `metricpipe encode` wrote holds columns code and label: with the defaults X and y
+    (which it has no column of), those are the embeddings and labels meant."""
+    if not str(path).endswith((".parquet", ".pq")) or (features, labels) != ("X", "y"):
+        return features, labels
+    try:
+        import pyarrow.parquet as pq
+        names = set(pq.read_schema(path).names)
+    except Exception:   # noqa: BLE001 - unreadable: open_source names the problem
+        return features, labels
+    if {"X", "y"} & names or not {"code", "label"} <= names:
+        return features, labels
+    return "code", "label"
+
+
 def _open(path: str, features: str, labels: str | None, option: str, labels_option: str):
     if labels is None:
         raise InputError(f"{path}: no labels for {option}; give {labels_option} (an array or column name inside "
                          f"the file, or a .npy path)")
     if not Path(path).exists():
         raise InputError(f"{path}: file not found ({option}); check the path")
+    features, labels = _encoded_parquet_names(path, features, labels)
     try:
         src = open_source(DataConfig(path=path, features=features, labels=labels))
     except InputError as e:  # the shared readers cite config keys: name this command's options instead

@@ -366,7 +366,9 @@ def definition(metric: str) -> tuple[str, bool, str]:
         return DEFINITIONS[metric]
     if metric.endswith(NEW_CLASSES):   # top1_error_new_classes: a model trained on some classes only
         label, higher, text = definition(metric[:-len(NEW_CLASSES)])
-        return f"{label}, new classes", higher, f"{text}, over the test rows of classes left out of training"
+        return f"{label}, new classes", higher, (f"{text}, over the test rows of the classes a model with "
+                                                 f"classes: [...] left out of training (every other model is "
+                                                 f"scored on the same rows, as a control)")
     at = _at_k(metric)
     if at and at[0] in DEFINITIONS:
         label, higher, text = DEFINITIONS[at[0]]
@@ -443,6 +445,7 @@ def summarize(records: list) -> dict:
         if model and base:
             d = model["value"] - base["value"]
             gain = d if higher else -d
+            gain = 0.0 if abs(gain) < SHOWN / 2 else gain   # below the 4 decimals shown: -0.0000 (worse) was said
             entry.update(difference=d, verdict="better" if gain > 0 else "worse" if gain < 0 else "tie")
         overall = _best(rows, (metric, classifier), higher)
         if overall:
@@ -474,8 +477,11 @@ def recall_hidden(records: list) -> dict:
     return out
 
 
+SHOWN = 1e-4   # differences are shown to 4 decimals
+
+
 def _fmt(v: float) -> str:
-    return f"{v:+.4f}"
+    return f"{v:+.4f}" if abs(v) >= SHOWN / 2 else "+0.0000"
 
 
 def winner_lines(summary: dict) -> list[str]:

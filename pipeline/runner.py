@@ -75,6 +75,11 @@ def _run_locked(store, cfg, resume, log, performance_report, client, force, repa
                                                  cfg.dashboard, cfg.tls))
         if cfg.dashboard is not None or cfg.cluster != "local":
             log(f"Dashboard: {client.dashboard_link}")
+        if cfg.cluster.startswith(("tcp://", "tls://")):   # a running scheduler: its workers are what they are
+            unused = [cfg.setting(k) for k in ("workers", "memory_limit") if k in cfg.overridden or k in cfg.raw]
+            if unused:
+                log(f"  note: {' and '.join(unused)} apply to a local cluster only; the scheduler at {cfg.cluster} "
+                    f"runs on its own workers")
         check_memory(client, plan.info, cfg)
         worker_log = _log_workers_to_store(client, store) if cfg.cluster == "local" else None
         if performance_report:

@@ -406,11 +406,15 @@ class _PairLearner(Learner):
         """
         self._validate_params()
         X, codes = self._check_Xy(X, y)
+        if self.requires_nonnegative:   # named as given, before rows are held out for validation
+            check_nonnegative(X, f"{type(self).__name__}.fit: X")
         br = block_rows or stream.block_rows_for(X.shape[1])
         seed = seed_of(self.random_state)  # once: a RandomState random_state gives one draw per call
         keep, keys, val = None, None, None
         if X_val is not None:
             val = (self._check_X(X_val, reset=False), np.asarray(y_val))
+            if self.requires_nonnegative:
+                check_nonnegative(val[0], f"{type(self).__name__}.fit: X_val")
         elif self.validation:
             keys = stream.row_keys(X)
             held = stream.validation_split(codes, self.validation, keys, seed)

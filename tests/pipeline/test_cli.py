@@ -664,3 +664,18 @@ def test_a_ctrl_c_while_the_local_cluster_starts_waits_for_it_then_stops_the_run
         with cluster.connect("local", 1, dashboard=None):
             pytest.fail("the run went on after the Ctrl-C")
     assert len(built) == 1 and built[0].status.name == "closed"   # started whole, then closed
+
+
+def test_local_cluster_options_with_a_running_scheduler_are_named_as_unused(client, tmp_path):
+    X, y = make_blobs(n=200, d=6)
+    np.savez(tmp_path / "d.npz", X=X, y=y)
+    cfg = {"store": str(tmp_path / "s"), "dashboard": ":0", "cluster": client.scheduler.address,
+           "data": {"path": str(tmp_path / "d.npz")}, "methods": [{"method": "pca", "dim": 2}],
+           "evaluate": {"retrieval": {"k": [5]}, "classification": {"classifiers": ["knn1"]}}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    res = _invoke("run", tmp_path / "c.yaml", "--workers", "2", "--memory-limit", "1GB")
+    assert res.exit_code == 0, res.output
+    assert f"  note: --workers and --memory-limit apply to a local cluster only; the scheduler at " \
+           f"{client.scheduler.address} runs on its own workers" in res.output
+    res = _invoke("run", tmp_path / "c.yaml")
+    assert res.exit_code == 0 and "apply to a local cluster only" not in res.output, res.output

@@ -182,3 +182,18 @@ def test_cutoff_metrics_equal_the_pipeline_s_own_retrieval_on_untied_data(client
         assert got[f"mprec@{K}"] == pytest.approx(float(metrics.class_average(ref["prec"][:, j], y)), abs=1e-12)
         assert got[f"recall@{K}"] == pytest.approx(float(np.nanmean(ref["recall"][:, j])), abs=1e-12)
     assert "mprec@1000" not in got and "map" not in got
+
+
+@pytest.mark.integration
+def test_a_parquet_file_from_metricpipe_encode_is_read_without_naming_its_columns(client, tmp_path):
+    """encode --out codes.parquet writes columns id, label, code; evaluate's defaults are X and y."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    X, y = tied_case(12, n_ref=120, dim=3, classes=4)
+    pq.write_table(pa.table({"id": pa.array(np.arange(len(y))), "label": pa.array(y),
+                             "code": pa.array(list(X), pa.list_(pa.float32()))}), tmp_path / "codes.parquet")
+    out = tmp_path / "m.json"
+    res = _run(tmp_path / "codes.parquet", "--cluster", client.scheduler.address, "--out", out)
+    assert res.exit_code == 0, res.output
+    got, ref = _values(out), pml_accuracy(X, y)
+    assert all(got[name] == pytest.approx(ref[name], abs=1e-9) for name in ACC)

@@ -248,3 +248,13 @@ def test_a_model_whose_dimension_is_unknown_is_plotted_beside_the_others():
     recs = [_rec("pca", d, "map", v, model="pca") for d, v in ((8, 0.5), (None, 0.6), (16, 0.7))]
     page = render_html(_run_doc(recs))
     assert page.count("<figure>") == 1 and _panels(page) == ["mAP against code dimension"]
+
+
+def test_a_difference_below_the_shown_precision_is_a_tie_not_minus_zero_worse():
+    from metricpipe.report import summarize, winner_lines
+    s = summarize([_rec("ncmml", 8, "map", 0.345700), _rec("pca", 8, "map", 0.345704)])
+    [entry] = [e for e in s["headline"] if e["metric"] == "map"]
+    assert entry["verdict"] == "tie" and entry["difference"] == pytest.approx(-4e-6)
+    assert [line for line in winner_lines(s) if "mAP" in line][0].endswith(": +0.0000 (tie)")
+    s = summarize([_rec("ncmml", 8, "map", 0.3458), _rec("pca", 8, "map", 0.3457)])
+    assert [e["verdict"] for e in s["headline"] if e["metric"] == "map"] == ["better"]

@@ -190,7 +190,7 @@ def test_learn_bias_moves_b_and_threads_do_not_change_a_bit():
 
 def test_input_errors():
     X, y = _data(n=100)
-    with pytest.raises(InputError, match="Negative values in data: NML's chi2 kernel needs non-negative"):
+    with pytest.raises(InputError, match="^NML.fit: X: Negative values in data: NML.s chi2 kernel needs non-negative"):
         NML(**SMALL).fit(X - 1.0, y)
     with pytest.raises(InputError, match="Negative values in data"):
         NML(**SMALL).fit(X, y).transform(-X)
