@@ -143,6 +143,7 @@ def _selection(name: str, cls: type, entry: dict, select, allowed: dict) -> dict
             raise InputError(f"select: {key!r} is both set ({entry[key]!r}) and searched; drop one of them")
         if not isinstance(values, list) or not values:
             raise InputError(f"select.{key} must be a non-empty list of candidate values, got {values!r}")
+    user_grid = {k: _canonical(k, allowed.get(k), _whole_to_int(cls, k, v)) for k, v in user_grid.items()}
     grid = user_grid or {k: list(v) for k, v in cls.search_grid(entry).items() if k not in entry}
     if not grid or all(len(v) == 1 for v in grid.values()):
         return None
@@ -172,6 +173,18 @@ def _whole_to_int(cls: type, key: str, value):
     return int(value) if isinstance(value, float) and value.is_integer() and abs(value) < 2 ** 53 else value
 
 
+def _canonical(key: str, default, value):
+    """One spelling per model, so that its key does not depend on how the user wrote the value: 30 for a
+    float parameter is 30.0, and random_state: 0 is the default None (both seed 0, :func:`seed_of`)."""
+    if isinstance(value, list):
+        return [_canonical(key, default, v) for v in value]
+    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if key == "random_state" and default is None and type(value) is int and value == 0:
+        return None
+    return value
+
+
 # Models one config may train: a sweep beyond it is refused before anything is expanded.
 MAX_MODELS = 1000
 
@@ -191,8 +204,8 @@ def expand_method(entry: dict) -> list[dict]:
     for kernel in (kernels if isinstance(kernels, list) else [kernels]):
         params = dict(raw, **({"kernel": kernel} if kernel is not None and "kernel" in raw else {}))
         cls = estimator_class(name, params)
-        params = {k: _whole_to_int(cls, k, v) for k, v in params.items()}
         allowed = defaults(cls)
+        params = {k: _canonical(k, allowed.get(k), _whole_to_int(cls, k, v)) for k, v in params.items()}
         for key in params:
             if key not in allowed:
                 if key == "lambda" and "lam" in allowed:

@@ -48,3 +48,16 @@ def test_fit_refuses_a_boolean_for_a_number_but_takes_one_for_a_boolean():
         PCA(dim=True).fit(X, y)
     assert PCA(dim=1).fit(X, y).transform(X).shape == (len(X), 1)
     assert LinearML(dim=4, learn_bias=True, iters=5, random_state=0).fit(X[:300], y[:300]).transform(X).shape[1] == 4
+
+
+def test_a_model_s_spec_does_not_depend_on_how_a_value_is_spelled():
+    """lr: 30 and lr: 30.0, random_state: 0 and the default None (seed 0) are one model: one key, trained
+    once, one row of the report."""
+    one = expand_method({"method": "ncmml", "dim": 8, "lr": 30})
+    assert one == expand_method({"method": "ncmml", "dim": 8, "lr": 30.0}) == \
+        expand_method({"method": "ncmml", "dim": 8, "lr": 30, "random_state": 0})
+    assert type(one[0]["lr"]) is float and one[0]["random_state"] is None
+    assert expand_method({"method": "random", "dim": 8, "random_state": 3})[0]["random_state"] == 3
+    [grid] = expand_method({"method": "ncmml", "dim": 8, "select": {"lr": [30, 3]}})
+    assert grid["select"]["grid"] == {"lr": [30.0, 3.0]} and grid["lr"] == 30.0
+    assert expand_method({"method": "nml", "iters": 1e4})[0]["iters"] == 10000   # a count stays an int
