@@ -119,15 +119,23 @@ def knn_predict(Q: np.ndarray, blocks, labels: np.ndarray, k: int, score: str, n
 
 
 def softvote_errors(Q: np.ndarray, y: np.ndarray, nbr: np.ndarray, B: np.ndarray, flat: np.ndarray,
-                    labels: np.ndarray, soft: list, n_classes: int) -> dict:
-    """Eq. 9 of SL-NE: the stored Euclidean neighbourhood ``nbr`` (q, k) of each query votes with the
-    model's similarity (inner product of the query view Q and the base view B of rows ``flat``)."""
+                    labels: np.ndarray, soft: list, n_classes: int, score: str = "inner") -> dict:
+    """Eq. 9 of SL-NE: the k members of each query's stored neighbourhood ``nbr`` (q, K) most similar
+    under the model vote with the model's similarity (inner product of the query view Q and the base
+    view B of rows ``flat``). Codes compared by distance (``score`` euclidean) have no similarity to
+    weigh votes with: their k nearest members vote one each (before, the inner product of such
+    codes chose and weighed the voters: large-norm rows won, not near ones)."""
     pos = np.searchsorted(flat, np.maximum(nbr, 0))
-    sims = np.einsum("qd,qkd->qk", Q, B[pos])
+    Bq = B[pos]
+    if score == "euclidean":
+        sims = -np.einsum("qkd,qkd->qk", Bq - Q[:, None], Bq - Q[:, None])
+    else:
+        sims = np.einsum("qd,qkd->qk", Q, Bq)
     nb_labels = np.where(nbr >= 0, labels[np.maximum(nbr, 0)], -1)
     out = {}
     for k in soft:
-        errs = metrics.topk_errors(metrics.softvote_ranking(nb_labels, sims, n_classes, k), y)
+        ranking = metrics.softvote_ranking(nb_labels, sims, n_classes, k, weighted=score != "euclidean")
+        errs = metrics.topk_errors(ranking, y)
         out[f"softvote{k}"] = (errs[1], errs[5])
     return out
 
@@ -203,7 +211,7 @@ def validation_score(est, metric: str, Xv: np.ndarray, yv: np.ndarray, Xr: np.nd
         if nbr is None:
             raise ValueError("softvote selection needs the validation rows' neighbourhoods (nbr)")
         k = int(metric[8:])
-        errs = softvote_errors(Qv, yv, nbr, Cr, np.arange(len(Cr)), yr, [k], n_classes)[metric][0]
+        errs = softvote_errors(Qv, yv, nbr, Cr, np.arange(len(Cr)), yr, [k], n_classes, score)[metric][0]
         return float(np.mean(errs))
     raise ValueError(f"unknown selection metric {metric!r}; use knnK, softvoteK, ncm, ncmc or map")
 

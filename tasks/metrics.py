@@ -128,13 +128,15 @@ def knn_class_ranking(neighbour_labels: np.ndarray, n_classes: int, k: int) -> n
     return np.argsort(-key, axis=1, kind="stable")
 
 
-def softvote_ranking(neighbour_labels: np.ndarray, scores: np.ndarray, n_classes: int, k: int) -> np.ndarray:
+def softvote_ranking(neighbour_labels: np.ndarray, scores: np.ndarray, n_classes: int, k: int,
+                     weighted: bool = True) -> np.ndarray:
     """Eq. 9 of SL-NE: classes ranked by the summed similarity of the k most similar members of each
-    query's neighbourhood. neighbour_labels, scores : (n, K) with -1 labels for missing neighbours."""
+    query's neighbourhood (``weighted=False``: one vote each). neighbour_labels, scores : (n, K) with
+    -1 labels for missing neighbours."""
     scores = np.where(neighbour_labels >= 0, scores, -np.inf)
     top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
     lab = np.take_along_axis(neighbour_labels, top, 1)
-    sc = np.take_along_axis(scores, top, 1)
+    sc = np.take_along_axis(scores, top, 1) if weighted else np.ones(top.shape)
     votes = np.zeros((len(lab), n_classes))
     ok = lab >= 0
     rows = np.repeat(np.arange(len(lab)), lab.shape[1]).reshape(lab.shape)

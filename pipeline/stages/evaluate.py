@@ -82,7 +82,8 @@ def _classify_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, data
     if soft:
         nbr = read_rows(f"{graph_url}/neighbours", q_idx).astype(np.int64)
         flat = np.unique(nbr[nbr >= 0])
-        out.update(evaluation.softvote_errors(Q, y, nbr, read_rows(db_url, flat), flat, labels, soft, n_classes))
+        out.update(evaluation.softvote_errors(Q, y, nbr, read_rows(db_url, flat), flat, labels, soft, n_classes,
+                                              score))
     if "ncm" in classifiers:
         out["ncm"] = evaluation.ncm_errors(Q, y, means, ncm_model.get("bias") if ncm_model else None)
     if "ncmc" in classifiers and ncm_model and ncm_model.get("centroids") is not None:

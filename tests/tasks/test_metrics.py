@@ -85,3 +85,33 @@ def test_topk_errors():
     ranking = np.array([[2, 1, 0], [0, 1, 2]])
     e = metrics.topk_errors(ranking, np.array([1, 0]), ks=(1, 2))
     assert list(e[1]) == [True, False] and list(e[2]) == [False, False]
+
+
+def test_softvote_of_codes_compared_by_distance_is_a_vote_of_the_nearest_members():
+    """Distance-compared codes (identity, PCA, NCMML, ...) have no similarity to weigh Eq. 9's votes
+    with: the k members of the neighbourhood nearest in code space vote one each. Similarity-compared
+    codes (SL-NE) keep Eq. 9: the k most similar by inner product, weighted by it."""
+    from collections import Counter
+
+    from metricpipe.tasks.evaluation import softvote_errors
+    rng = np.random.default_rng(3)
+    Q = rng.normal(size=(30, 4)).astype(np.float32)
+    B = (rng.normal(size=(60, 4)) * rng.uniform(0.2, 5, (60, 1))).astype(np.float32)   # norms far apart
+    labels, y = rng.integers(0, 3, 60), rng.integers(0, 3, 30)
+    nbr = np.stack([rng.choice(60, 20, replace=False) for _ in range(30)])
+    flat = np.arange(60)
+    want_e, want_i = [], []
+    for q in range(30):
+        near = nbr[q][np.argsort(((B[nbr[q]] - Q[q]) ** 2).sum(1), kind="stable")[:5]]
+        counts = Counter(labels[near])
+        top = max(counts.values())
+        want_e.append(min(c for c, v in counts.items() if v == top) != y[q])   # ties: the lower class first
+        sims = B[nbr[q]] @ Q[q]
+        best = nbr[q][np.argsort(-sims, kind="stable")[:5]]
+        votes = np.full(3, -np.inf)
+        for j in best:
+            votes[labels[j]] = (0 if votes[labels[j]] == -np.inf else votes[labels[j]]) + B[j] @ Q[q]
+        want_i.append(np.argmax(votes) != y[q])
+    got_e = softvote_errors(Q, y, nbr, B, flat, labels, [5], 3, "euclidean")["softvote5"][0]
+    got_i = softvote_errors(Q, y, nbr, B, flat, labels, [5], 3, "inner")["softvote5"][0]
+    assert got_e.tolist() == want_e and got_i.tolist() == want_i and got_e.tolist() != got_i.tolist()
