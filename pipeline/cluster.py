@@ -233,6 +233,11 @@ def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limi
         yield client
 
 
+# sbatch's words when it reaches no controller (no slurm.conf, slurmctld down): not the spec's fault
+UNREACHABLE_SLURM = ("Could not establish a configuration source", "Unable to contact slurm controller",
+                     "Socket timed out on send/recv operation", "Unable to establish control machine")
+
+
 def check_slurm_job(cluster: str, script: str) -> None:
     """Refuse a worker job SLURM would reject (partition, account, memory, walltime), with SLURM's
     own words, before any job is submitted: a rejected submission would otherwise surface only as a
@@ -246,5 +251,8 @@ def check_slurm_job(cluster: str, script: str) -> None:
     if res.returncode != 0:
         why = "; ".join(line.strip().removeprefix("sbatch: error: ") for line in res.stderr.splitlines()
                         if line.strip()) or f"exit code {res.returncode}"
+        if any(s in res.stderr for s in UNREACHABLE_SLURM):   # nothing in the spec can fix this
+            raise InputError(f"{cluster}: SLURM's controller cannot be reached from this machine ({why}); run on "
+                             f"a login node of a working SLURM cluster, or check slurmctld and slurm.conf") from None
         raise InputError(f"{cluster}: SLURM refuses the worker job: {why}; check the spec's queue, account, "
                          f"cores, memory and walltime") from None

@@ -679,3 +679,21 @@ def test_local_cluster_options_with_a_running_scheduler_are_named_as_unused(clie
            f"{client.scheduler.address} runs on its own workers" in res.output
     res = _invoke("run", tmp_path / "c.yaml")
     assert res.exit_code == 0 and "apply to a local cluster only" not in res.output, res.output
+
+
+@pytest.mark.parametrize("stderr, words", [
+    ("sbatch: fatal: Could not establish a configuration source\n", "SLURM's controller cannot be reached from this "
+     "machine (sbatch: fatal: Could not establish a configuration source); run on a login node"),
+    ("sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified\n",
+     "SLURM refuses the worker job: Batch job submission failed: Invalid account or account/partition combination "
+     "specified; check the spec's queue, account"),
+])
+def test_sbatch_s_refusal_names_the_spec_only_when_the_spec_can_fix_it(monkeypatch, stderr, words):
+    import subprocess
+
+    from metricpipe import cluster
+    from metricpipe.tasks.errors import InputError
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 1, "", stderr))
+    with pytest.raises(InputError, match=re.escape(words)) as e:
+        cluster.check_slurm_job("cluster/slurm.yaml", "#!/bin/bash\n")
+    assert "\n" not in str(e.value)
