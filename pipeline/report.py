@@ -667,6 +667,21 @@ figure{display:inline-block;margin:4px}pre{background:#f6f6f6;padding:1em}detail
 summary{cursor:pointer;font-weight:bold}"""
 
 
+# What each training-history quantity is (the training curves' caption)
+CURVES = {
+    "val_error": "top-1 error on the validation rows (the learner's own classifier: NCM, NCMC, kNN or SL-NE's "
+                 "soft vote), the early-stopping criterion",
+    "val_error_new_classes": "the validation NCM error of the classes left out of training (not used to choose)",
+    "val_map": "mAP of the validation rows querying each other, the early-stopping criterion",
+    "batch": "the last minibatch before the validation: its mean log-likelihood for NCMML/NCMC (higher is "
+             "better), its number of violating triplets for k-NN ML; one batch, so it is noisy",
+    "hinge": "the mean hinge loss over the pairs or triplets of the period (SL-NE: per epoch)",
+    "violations": "SL-NE's triplets violating the margin in the epoch",
+    "objective": "the sparse projectors' training objective (Eq. 3)",
+    "train_map": "mAP of the sparse projectors' training sample under the current projector",
+}
+
+
 def _figure(panels: list[dict], ncols: int = 2) -> str:
     """The panels as one image; its alt text lists them."""
     if not panels:
@@ -703,11 +718,21 @@ def render_html(doc: dict, curves: list | None = None) -> str:
         dims = sorted({r["dim"] for r in records if _at_k(r["metric"])}, key=lambda d: (d is None, d or 0))
         panels += [_panel_over_k(records, "mprec", d) for d in dims]
     plots = _figure(panels)
+    if plots:
+        plots = ("<p><small>Each headline metric against the code dimension d, one line per model, baselines "
+                 "dashed; models with equal values draw over each other (the tables above have every value)."
+                 "</small></p>" + plots)
     swept = _swept(records)
     per_model = [_curve_panels(c, swept) for c in curves or []]
     width = max((len(ps) for ps in per_model), default=1)   # one row per model
     training = _figure([p for ps in per_model for p in ps + [None] * (width - len(ps))], ncols=width)
-    training = f"<h2>Training curves</h2>{training}" if training else ""
+    if training:
+        shown = sorted({p["ylabel"] for ps in per_model for p in ps})
+        caption = "; ".join(f"<b>{esc(k)}</b>: {esc(CURVES.get(k, 'as recorded by the learner'))}" for k in shown)
+        training = (f"<h2>Training curves</h2><p><small>One row per iterative model, one panel per quantity it "
+                    f"records, against SGD steps (iter; pairs seen for NML and linear ML) or epochs. {caption}. "
+                    f"The model kept is the state with the best validation value (its best_iter_ in the model's "
+                    f"record).</small></p>{training}")
 
     def stage_note(t):
         return " ".join(x for x in (t.get("note", ""), f"{t['tasks']} tasks" if t.get("tasks") else "") if x)

@@ -258,3 +258,18 @@ def test_a_difference_below_the_shown_precision_is_a_tie_not_minus_zero_worse():
     assert [line for line in winner_lines(s) if "mAP" in line][0].endswith(": +0.0000 (tie)")
     s = summarize([_rec("ncmml", 8, "map", 0.3458), _rec("pca", 8, "map", 0.3457)])
     assert [e["verdict"] for e in s["headline"] if e["metric"] == "map"] == ["better"]
+
+
+def test_the_training_curves_and_plots_say_what_they_show():
+    from html import escape
+
+    from metricpipe.report import CURVES, render_html
+    curves = [{"model": {"method": "ncmml"}, "history": [{"iter": i, "val_error": 0.3 - 0.01 * i, "batch": -0.2 + i / 100}
+                                                         for i in range(3)]},
+              {"model": {"method": "slne"}, "history": [{"epoch": 0, "val_error": 0.2},
+                                                        {"epoch": 1, "val_error": 0.19, "violations": 9, "hinge": 0.1}]}]
+    page = render_html(_doc([1, 10]), curves)
+    for key in ("val_error", "batch", "violations", "hinge"):
+        assert f"<b>{key}</b>: {escape(CURVES[key])}" in page
+    assert "<b>objective</b>" not in page                   # only the quantities drawn
+    assert "baselines dashed; models with equal values draw over each other" in page
