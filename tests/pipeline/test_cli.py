@@ -88,7 +88,7 @@ BAD = {
     "float labels beyond 2^53": (lambda t: _bad_npz(t, X=X, y=np.where(Y == 0, 1e19, 2e19)), {},
                                  r"float64 labels beyond 2\^53 are not exact integers .*classes would merge"),
     "pcaw eps 0": (lambda t: {"source": "digits"}, {"methods": [{"method": "pcaw", "eps": 0}]},
-                   r"PCAWhitening: component \d+ has variance 0 and eps=0; raise 'eps'"),
+                   r"PCAWhitening: component \d+ has variance 0 and eps=0.0; raise 'eps'"),   # eps: 0 is the float 0.0
     "pcaw codes not finite": (lambda t: {"source": "digits", "normalize": "none"},
                               {"methods": [{"method": "pcaw", "eps": 1e-300}]},
                               r"methods \(pcaw\S*\): \d+ codes value\(s\) are not finite, first nan at row \d+, "
