@@ -11,6 +11,7 @@ import yaml
 
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.normalize import NORMALIZATIONS
+from metricpipe.tasks.validate import whole_number
 from metricpipe.tasks.registry import MAX_MODELS, expand_method
 from metricpipe.tasks.slem import check_negatives
 
@@ -191,7 +192,7 @@ def _typed(d: dict, key: str, kind, where: str, prefix: str, default=None, minim
     name = f"{prefix}{key}"
     if kind is float and isinstance(v, int) and not isinstance(v, bool):
         v = float(v)
-    v = _whole(v) if kind is int else v
+    v = whole_number(v) if kind is int else v
     if kind is int and isinstance(v, bool) or not isinstance(v, kind):
         _fail(where, name, f"expected {getattr(kind, '__name__', kind)}, got {v!r}")
     if kind is float and not math.isfinite(v):
@@ -214,16 +215,11 @@ def _val_fraction(split_raw: dict, where: str):
     return float(v)
 
 
-def _whole(v):
-    """A float that is a whole number (YAML's 1e6) as the int it means; anything else as it is."""
-    return int(v) if isinstance(v, float) and v.is_integer() and abs(v) < 2 ** 53 else v
-
-
 def _int_list(d, key, where, prefix, default, minimum=1):
     if key not in d:
         return default
     v = d[key]
-    v = [_whole(x) for x in v] if isinstance(v, list) else [_whole(v)]
+    v = [whole_number(x) for x in v] if isinstance(v, list) else [whole_number(v)]
     if not v or not all(isinstance(x, int) and not isinstance(x, bool) and x >= minimum for x in v):
         _fail(where, prefix + key, f"expected integers >= {minimum} (one or a list), got {d[key]!r}")
     return tuple(v)
@@ -425,7 +421,7 @@ MIN_MEMORY_LIMIT = 400e6   # bytes: a worker holds ~250 MB after its imports, an
 def _memory_limit(v, where: str):
     """'auto', a size string (2GB) or a positive byte count; anything else is refused here, not by Dask."""
     from dask.utils import parse_bytes
-    v = _whole(v)      # memory_limit: 2e9
+    v = whole_number(v)      # memory_limit: 2e9
     if isinstance(v, bool) or not isinstance(v, (str, int)):
         _fail(where, "memory_limit", f"expected a size such as 2GB or 'auto', got {v!r}")
     if v == "auto":

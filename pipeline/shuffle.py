@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from metricpipe.context import StageContext
-from metricpipe.storage import Unit, create_array, hash_key, open_array, read_attrs, save_arrays
+from metricpipe.storage import Unit, create_array, hash_key, open_array, read_attrs, row_chunk, save_arrays
 from metricpipe.tasks import stream
 
 TRAIN = 0
@@ -93,9 +93,8 @@ def shuffled(ctx: StageContext, data, seed: int) -> Unit:
                                "blocks": written.tolist()})
     create_array(f"{unit.url}/pieces", (len(blocks), n_out, piece_rows, D), (1, 1, piece_rows, D), np.float32,
                  fill_value=np.nan)
-    # one chunk per block, no larger than the rows: Zarr stores (and decodes) an edge chunk whole, so a
-    # 64 MB chunk over 1,150 rows made every pool read decode 64 MB (38 ms a read, 2,000 reads a model)
-    create_array(f"{unit.url}/features", (n, D), (min(br, max(1, n)), D), np.float32, rows=True)
+    # one chunk per block, no larger than the rows (a pool read decoded 64 MB: 38 ms, 2,000 reads a model)
+    create_array(f"{unit.url}/features", (n, D), (row_chunk(br, n), D), np.float32, rows=True)
     create_array(f"{unit.url}/label", (n,), (max(1, n),), np.int32)[:] = data.labels[train][pi]
     create_array(f"{unit.url}/row", (n,), (max(1, n),), np.int64)[:] = train[pi]
     futs = [ctx.submit(_scatter, data.url, unit.url, i, a, b, dest[lo:hi], br, written, name="shuffle-scatter")

@@ -28,6 +28,7 @@ from metricpipe.tasks.nml import NML, LinearML
 from metricpipe.tasks.slem import ESVM, SLEM, KernelSLEM
 from metricpipe.tasks.slne import SLDE, SLNE
 from metricpipe.tasks.sparse import SparseProjector
+from metricpipe.tasks.validate import whole_number
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ def _selection(name: str, cls: type, entry: dict, select, allowed: dict) -> dict
             raise InputError(f"select: {key!r} is both set ({entry[key]!r}) and searched; drop one of them")
         if not isinstance(values, list) or not values:
             raise InputError(f"select.{key} must be a non-empty list of candidate values, got {values!r}")
-    user_grid = {k: _canonical(k, allowed.get(k), _whole_to_int(cls, k, v)) for k, v in user_grid.items()}
+    user_grid = {k: _one_spelling(cls, allowed, k, v) for k, v in user_grid.items()}
     grid = user_grid or {k: list(v) for k, v in cls.search_grid(entry).items() if k not in entry}
     if not grid or all(len(v) == 1 for v in grid.values()):
         return None
@@ -170,7 +171,7 @@ def _whole_to_int(cls: type, key: str, value):
         return value
     if isinstance(value, list):
         return [_whole_to_int(cls, key, v) for v in value]
-    return int(value) if isinstance(value, float) and value.is_integer() and abs(value) < 2 ** 53 else value
+    return whole_number(value)
 
 
 def _canonical(key: str, default, value):
@@ -183,6 +184,12 @@ def _canonical(key: str, default, value):
     if key == "random_state" and default is None and type(value) is int and value == 0:
         return None
     return value
+
+
+def _one_spelling(cls: type, allowed: dict, key: str, value):
+    """Parameter ``key``'s value as one spelling: a whole float for a count is the int, and see
+    :func:`_canonical` (``allowed``: the class's parameters and their defaults)."""
+    return _canonical(key, allowed.get(key), _whole_to_int(cls, key, value))
 
 
 # Models one config may train: a sweep beyond it is refused before anything is expanded.
@@ -205,7 +212,7 @@ def expand_method(entry: dict) -> list[dict]:
         params = dict(raw, **({"kernel": kernel} if kernel is not None and "kernel" in raw else {}))
         cls = estimator_class(name, params)
         allowed = defaults(cls)
-        params = {k: _canonical(k, allowed.get(k), _whole_to_int(cls, k, v)) for k, v in params.items()}
+        params = {k: _one_spelling(cls, allowed, k, v) for k, v in params.items()}
         for key in params:
             if key not in allowed:
                 if key == "lambda" and "lam" in allowed:

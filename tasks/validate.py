@@ -4,6 +4,11 @@ import numpy as np
 from metricpipe.tasks.errors import InputError
 
 
+def whole_number(v):
+    """A float that is a whole number (YAML's 1e6) as the int it means; anything else as it is."""
+    return int(v) if isinstance(v, float) and v.is_integer() and abs(v) < 2 ** 53 else v
+
+
 def check_feature_block(X: np.ndarray, start: int, where: str) -> None:
     """Check a block of rows ``start:start+len(X)`` is 2-D, numeric and finite."""
     if X.ndim != 2:
@@ -84,10 +89,11 @@ def encode_labels(y: np.ndarray, n_samples: int, where: str) -> tuple[np.ndarray
     if y.dtype.kind == "O":
         y = y.astype(str)
     classes, codes = np.unique(y, return_inverse=True)
-    if len(classes) < 2:
-        raise InputError(f"{where}: labels hold only one class ({getattr(classes[0], 'item', lambda: classes[0])()!r}); "
+    names = [c.item() if hasattr(c, "item") else c for c in classes]
+    if len(names) < 2:
+        raise InputError(f"{where}: labels hold only one class ({names[0]!r}); "
                          f"supervised learning needs at least two classes")
-    return codes.astype(np.int32), [c.item() if hasattr(c, "item") else c for c in classes]
+    return codes.astype(np.int32), names
 
 
 def check_split(codes: np.ndarray, split: np.ndarray, split_names: tuple, classes: list, where: str,

@@ -7,7 +7,7 @@ import numpy as np
 from metricpipe.budget import index_budget, retrieval_db_budget, task_budget
 from metricpipe.config import NeighboursConfig, unserved
 from metricpipe.context import StageContext
-from metricpipe.storage import Unit, array_names, create_array, hash_key, open_array, read_attrs, read_rows
+from metricpipe.storage import Unit, array_names, create_array, hash_key, open_array, read_attrs, read_rows, row_chunk
 from metricpipe.tasks import evaluation, metrics, moments, registry
 from metricpipe.stages.encode import _load_model
 from metricpipe.stages.statistics import _moments_block
@@ -189,7 +189,7 @@ def _ivf_lists(ctx: StageContext, data: DataInfo, jobs: list, graph_index: str |
         trained = ctx.submit(ivf.train, db_url, job["index"], sample, job["factory"], seed, job["metric"],
                              name="knn-index-train")
         create_array(f"{job['index']}/ivf_codes", (data.n_samples, ivf.code_bytes(job["factory"], dim)),
-                     (min(data.chunk_rows, max(1, data.n_samples)), ivf.code_bytes(job["factory"], dim)), np.uint8)
+                     (row_chunk(data.chunk_rows, data.n_samples), ivf.code_bytes(job["factory"], dim)), np.uint8)
         job["ready"] = [ctx.submit(_after, ivf.encode, (db_url, split_url, job["index"], job["token"], a, b), trained,
                                    name="knn-index-encode") for a, b in tb]
     for i, job in enumerate(jobs):

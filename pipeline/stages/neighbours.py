@@ -7,7 +7,7 @@ import numpy as np
 from metricpipe.budget import index_budget, task_budget
 from metricpipe.context import StageContext
 from metricpipe.sparse_train import training_subset
-from metricpipe.storage import Unit, create_array, hash_key, open_array, read_rows
+from metricpipe.storage import Unit, create_array, hash_key, open_array, read_rows, row_chunk
 from metricpipe.tasks import knn
 from metricpipe.tasks.errors import InputError
 
@@ -206,7 +206,7 @@ def _ivf_pieces(ctx: StageContext, data: DataInfo, unit: Unit, blocks: list, cut
     code_size = ctx.gather([ctx.submit(ivf.train, f"{data.url}/features", unit.url, sample, factory, seed, name="ivf-train")],
                            "neighbours", ["training the IVF index"])[0]
     create_array(f"{unit.url}/ivf_codes", (data.n_samples, code_size),
-                 (min(data.chunk_rows, max(1, data.n_samples)), code_size), np.uint8)
+                 (row_chunk(data.chunk_rows, data.n_samples), code_size), np.uint8)
     ctx.gather([ctx.submit(ivf.encode, f"{data.url}/features", f"{data.url}/split", unit.url, token, a, b,
                            name="ivf-encode") for a, b in blocks],
                "neighbours", [f"encoding rows {a}..{b - 1}" for a, b in blocks])
