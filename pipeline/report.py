@@ -677,7 +677,7 @@ CURVES = {
              "better), its number of violating triplets for k-NN ML; one batch, so it is noisy",
     "hinge": "the mean hinge loss over the pairs or triplets of the period (SL-NE: per epoch)",
     "violations": "SL-NE's triplets violating the margin in the epoch",
-    "objective": "the sparse projectors' training objective (Eq. 3)",
+    "objective": "the sparse projectors' training objective, Eq. 7's f_q summed over the queries",
     "train_map": "mAP of the sparse projectors' training sample under the current projector",
 }
 
