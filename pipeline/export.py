@@ -296,6 +296,11 @@ def codes_unit(store: Store, unit, meta: dict):
         raise InputError(f"{store.url}: model {unit.key} was not encoded by its run (a candidate that parameter "
                          f"selection did not keep; `metricpipe models` marks them encoded: no); use an encoded "
                          f"model, or 'metricpipe encode' to encode data with this one")
+    bad = cu.verify()   # the index or the neighbours built from these codes would be wrong without a word
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise InputError(f"{store.url}: the codes of model {unit.key} are damaged: {bad[0]}{more}; rerun the run "
+                         f"that made them with --repair (metricpipe run CONFIG --repair) to recompute them")
     return cu
 
 

@@ -302,6 +302,28 @@ def test_faiss_export_is_ivf_past_the_threshold_and_refuses_kernel_slem(stored, 
 
 
 @pytest.mark.integration
+def test_export_faiss_and_predict_refuse_damaged_codes_in_one_line(stored, tmp_path):
+    """Both read the stored codes (not the model): a flipped byte there would give a wrong index or
+    wrong neighbours without a word."""
+    from pathlib import Path
+    ctx, data, X, models, codes = stored
+    (_, unit), (_, cunit, _) = _by(models, codes, "pca")
+    chunk = sorted(p for p in Path(cunit.url, "codes").rglob("*") if p.is_file() and p.name != "zarr.json")[0]
+    good = chunk.read_bytes()
+    chunk.write_bytes(good[:-1] + bytes([good[-1] ^ 0xFF]))
+    try:
+        for args in (["export", ctx.store.url, "--model", unit.key, "--faiss", str(tmp_path / "x.faiss")],
+                     ["predict", ctx.store.url, ctx.config.data.path, "--model", unit.key, "--k", "1"]):
+            res = CliRunner().invoke(main, args)
+            assert res.exit_code == 2 and res.output.count("\n") == 1, res.output
+            assert (f"the codes of model {unit.key} are damaged: codes/{cunit.key}/codes/" in res.output
+                    and "checksum differs" in res.output and "--repair" in res.output), res.output
+        assert not (tmp_path / "x.faiss").exists()
+    finally:
+        chunk.write_bytes(good)
+
+
+@pytest.mark.integration
 def test_predict_classifies_with_any_model_by_the_nearest_train_codes(stored, tmp_path):
     from sklearn.neighbors import KNeighborsClassifier
 
