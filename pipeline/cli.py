@@ -1,4 +1,10 @@
-"""The ``metricpipe`` command. It parses arguments and hands off; errors become one line and exit 2."""
+"""The ``metricpipe`` command. It parses arguments and hands off; errors become one line and exit 2.
+
+Only click and the error types load with it: each command imports what it uses (the config, scikit-learn,
+distributed) inside handle_errors, so ``--help`` is quick and a Ctrl-C during those imports gets the
+one-line answer, not a traceback."""
+from __future__ import annotations
+
 import errno
 import functools
 import json
@@ -6,13 +12,15 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from metricpipe.config import RunConfig, load_config, parse_config
-from metricpipe.context import STAGES
-from metricpipe.errors import TERMINATING, StageError, Terminated
+from metricpipe.errors import STAGES, TERMINATING, StageError, Terminated
 from metricpipe.tasks.errors import InputError
+
+if TYPE_CHECKING:
+    from metricpipe.config import RunConfig
 
 EXIT_INPUT = 2
 
@@ -101,8 +109,9 @@ def _set_verbosity(verbose: bool) -> None:
     if LOG_ENV not in os.environ or _log_env_set_here:
         os.environ[LOG_ENV] = level
         _log_env_set_here = True
-    import dask
-    dask.config.set({"logging.distributed": level})
+    if "dask" in sys.modules:   # else dask reads the environment when a command imports it
+        import dask
+        dask.config.set({"logging.distributed": level})
     logging.getLogger("distributed").setLevel(level.upper())
 
 
@@ -147,9 +156,9 @@ def _cluster_options(f=None, *, config: bool = False):
 
 def _check_memory_limit(ctx, param, value):
     """Refused by click before anything starts (as the config's memory_limit is when loaded)."""
-    from metricpipe.config import ConfigError, _memory_limit
     if value is None:
         return None
+    from metricpipe.config import ConfigError, _memory_limit
     try:
         return _memory_limit(value, "--memory-limit")
     except ConfigError as e:
@@ -182,6 +191,7 @@ def run(config, store, cluster, workers, memory_limit, resume, force, repair, pe
     """Run the whole pipeline described by CONFIG (YAML)."""
     from dataclasses import replace
 
+    from metricpipe.config import load_config
     from metricpipe.runner import run_pipeline
 
     cfg = _apply(load_config(config), store, cluster, workers, memory_limit)
@@ -197,6 +207,7 @@ def run(config, store, cluster, workers, memory_limit, resume, force, repair, pe
 @handle_errors
 def demo(store, cluster, workers, memory_limit):
     """Run examples/digits.yaml: scikit-learn's digits on a LocalCluster and a local store."""
+    from metricpipe.config import load_config
     from metricpipe.runner import run_pipeline
 
     cfg = _apply(load_config(demo_config_path()), store, cluster, workers, memory_limit)
@@ -227,6 +238,7 @@ def stage_cmd(source, store, features, labels, normalize, test_fraction, split_c
               memory_limit):
     """Stage SOURCE (a path, or digits | fashion-mnist | synthetic) into the store, alone."""
     from metricpipe.cluster import connect
+    from metricpipe.config import parse_config
     from metricpipe.context import StageContext
     from metricpipe.runner import removed_if_refused
     from metricpipe.stages import prepare_data, run_stage
@@ -270,6 +282,7 @@ def synth(samples, dim, classes, store, seed, nonnegative, separation, nuisance,
     """Write N x D class-structured synthetic features (X, y) as a Zarr store, blockwise on the workers;
     use it with data: {path: STORE}."""
     from metricpipe.cluster import connect
+    from metricpipe.config import parse_config
     from metricpipe.synth import check_args, write_synthetic
 
     check_args(store, samples, dim, classes)
@@ -407,6 +420,7 @@ def evaluate(embeddings, labels, features, queries, reference, query_labels, ref
 
     from metricpipe.assess import evaluate_embeddings, plan_sides, write_records
     from metricpipe.cluster import connect
+    from metricpipe.config import parse_config
     from metricpipe.runner import _peak_rss
 
     if out and not Path(out).resolve().parent.is_dir():
@@ -487,6 +501,7 @@ def encode(store, data, model, out, features, labels, ids, cluster, workers, mem
     """Encode every row of DATA (a path, or digits | fashion-mnist) with a model of STORE, normalised as
     in training; on the cluster when DATA is large or --cluster is given."""
     from metricpipe.cluster import connect
+    from metricpipe.config import parse_config
     from metricpipe.export import encode as run_encode
 
     cfg = _apply(parse_config({"data": {"source": "digits"}}, where="metricpipe encode"), None, cluster, workers,

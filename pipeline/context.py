@@ -12,7 +12,7 @@ from typing import Callable
 from distributed import Client, as_completed
 
 from metricpipe.config import RunConfig
-from metricpipe.errors import StageError, check_terminated
+from metricpipe.errors import STAGES, StageError, check_terminated
 from metricpipe.progress import StageProgress
 from metricpipe.storage import Store, size_crcs
 from metricpipe.tasks.errors import InputError
@@ -28,7 +28,6 @@ RETRIES = 2
 FAILPOINT = "METRICPIPE_FAILPOINT"
 # Bytes of files per checksum task (files under 1/16 of this are summed on the client).
 CHECKSUM_TASK_BYTES = 128 << 20
-STAGES = ("stage", "statistics", "neighbours", "train", "encode", "evaluate")
 
 
 @dataclass

@@ -3,6 +3,10 @@ import threading
 
 from metricpipe.tasks.errors import InputError
 
+# The stages a run commits units for, in order (the report follows them); here, not in context.py,
+# so the command line can offer them without importing distributed.
+STAGES = ("stage", "statistics", "neighbours", "train", "encode", "evaluate")
+
 
 class StageError(RuntimeError):
     """A task failed on a worker for a reason other than bad input; names the stage and the block."""
