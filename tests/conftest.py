@@ -27,7 +27,7 @@ if os.environ["DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD"] == "forkserver
     # each time); distributed's own list (itself and its optional packages) is kept
     from distributed.utils import get_mp_context  # noqa: E402
     _ctx = get_mp_context()
-    _ctx.set_forkserver_preload(["distributed", "numpy", "pandas", "scipy", "sklearn", "zarr", "metricpipe.cli"])
+    _ctx.set_forkserver_preload(["distributed", "numpy", "pandas", "scipy", "sklearn", "zarr", "metricpipe.runner"])
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
