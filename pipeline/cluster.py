@@ -205,7 +205,7 @@ def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limi
     kind = spec.pop("kind", None)
     if kind == "slurm":
         try:
-            from dask_jobqueue import SLURMCluster
+            SLURMCluster = slurm_cluster_class()
         except ImportError:
             raise InputError(f"{cluster}: kind slurm needs dask-jobqueue; pip install 'metricpipe[slurm]'") from None
         with taken_port_quiet():   # its scheduler's dashboard runs here, on 8787 unless the spec says
@@ -231,6 +231,23 @@ def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limi
                              f"ended (squeue, kubectl get pods) and the workers' logs (a worker that cannot "
                              f"reach that address needs the spec's interface)") from None
         yield client
+
+
+def slurm_cluster_class():
+    """dask-jobqueue's SLURMCluster, imported without the SIGINT handler its runner module sets when
+    imported (``signal.signal(SIGINT, lambda *_: sys.exit())``, dask-jobqueue 0.9): with that handler
+    a Ctrl-C during a SLURM run raised SystemExit, not KeyboardInterrupt, so the run exited with
+    status 0 and no resume hint, and stayed so for the rest of the process."""
+    import signal
+    import threading
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGINT) if main else None
+    try:
+        from dask_jobqueue import SLURMCluster
+    finally:
+        if before is not None and signal.getsignal(signal.SIGINT) is not before:
+            signal.signal(signal.SIGINT, before)
+    return SLURMCluster
 
 
 # sbatch's words when it reaches no controller (no slurm.conf, slurmctld down): not the spec's fault

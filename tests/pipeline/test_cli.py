@@ -628,6 +628,21 @@ def test_a_ctrl_c_while_a_command_imports_its_libraries_gives_the_hint_not_a_tra
     assert not (tmp_path / "s").exists()
 
 
+def test_a_slurm_run_keeps_ctrl_c_a_keyboard_interrupt():
+    """Importing dask-jobqueue replaces the process's SIGINT handler with one that calls sys.exit():
+    a Ctrl-C then ended a SLURM run with exit status 0 and no resume hint (and, in the tests, left
+    the handler behind for every later test of the process)."""
+    import subprocess
+    import sys
+    probe = ("import signal, sys\nfrom metricpipe import cluster\nbefore = signal.getsignal(signal.SIGINT)\n"
+             "cluster.slurm_cluster_class()\n"
+             "print('dask_jobqueue.runner' in sys.modules, signal.getsignal(signal.SIGINT) is before)\n"
+             "signal.raise_signal(signal.SIGINT)\n")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.split() == ["True", "True"], proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "KeyboardInterrupt" in proc.stderr   # not SystemExit with status 0
+
+
 def test_a_ctrl_c_while_the_local_cluster_starts_waits_for_it_then_stops_the_run(monkeypatch):
     """A Ctrl-C during a local cluster's start (the whole process group gets it) used to kill the
     half-started workers with their own tracebacks and fail the cluster's close on a worker still
