@@ -33,6 +33,23 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 
+def _sigint_state():
+    import signal
+    return signal.getsignal(signal.SIGINT), signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+@pytest.fixture(autouse=True)
+def _sigint_left_as_found(request):
+    """A test, or the library code it runs in this process, that leaves Ctrl-C's handler changed,
+    ignored or blocked breaks the Ctrl-C tests that run after it in the same test process (and a
+    library user's session): it fails here, named, not there. (dask-jobqueue's import set SIGINT to
+    sys.exit() in the process that ran the SLURM tests.)"""
+    before = _sigint_state()
+    yield
+    after = _sigint_state()
+    assert after == before, f"{request.node.nodeid} left SIGINT (handler, blocked) {after}, found {before}"
+
+
 @pytest.fixture(scope="session")
 def client():
     from distributed import Client, LocalCluster
