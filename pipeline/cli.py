@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from metricpipe import __version__
 from metricpipe.errors import STAGES, TERMINATING, StageError, Terminated
 from metricpipe.tasks.errors import InputError
 
@@ -134,7 +135,7 @@ class _Group(click.Group):
 
 @click.group(cls=_Group)
 @click.option("--verbose", "-v", is_flag=True, help=VERBOSE_HELP)
-@click.version_option(package_name="metricpipe")
+@click.version_option(version=__version__, prog_name="metricpipe")   # the code's, not an editable install's stale metadata
 def main(verbose):
     """metricpipe: supervised compact codes for image descriptors, on Dask."""
     import signal

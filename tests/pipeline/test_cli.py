@@ -597,6 +597,13 @@ def test_an_interrupt_leaves_the_resume_hint_last_not_a_finalisers_error(tmp_pat
     assert (len(lines) == 1) != late and ("ValueError: a finaliser's own bug" in proc.stderr) == late
 
 
+def test_version_is_the_code_s():
+    """From the package, not the installed metadata (an editable install kept its first version's)."""
+    import metricpipe
+    res = CliRunner().invoke(main, ["--version"])
+    assert res.exit_code == 0 and res.output.strip() == f"metricpipe, version {metricpipe.__version__}"
+
+
 CTRL_C_IN_IMPORT = """
 import sys
 class CtrlC:   # the Ctrl-C lands while scikit-learn is being imported
