@@ -36,6 +36,7 @@ def handle_errors(fn):
     def wrapper(*args, **kwargs):
         verbose = click.get_current_context().find_root().params.get("verbose", False)
         try:
+            _dask_verbosity(verbose)
             return fn(*args, **kwargs)
         except (InputError, StageError) as e:
             if verbose:
@@ -52,11 +53,15 @@ def handle_errors(fn):
             _echo(f"error: {e.filename or 'a write'}: {e.strerror}; {_fix(e)}")
             sys.exit(EXIT_INPUT)
         except KeyboardInterrupt as e:
-            how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
-            _echo(f"{how}; finished stages are kept, rerun with --resume to continue")
-            sys.unraisablehook = _quiet_after_interrupt
-            sys.exit(143 if isinstance(e, Terminated) else 130)
+            _stop_interrupted(e)
     return wrapper
+
+
+def _stop_interrupted(e: KeyboardInterrupt) -> None:
+    how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
+    _echo(f"{how}; finished stages are kept, rerun with --resume to continue")
+    sys.unraisablehook = _quiet_after_interrupt
+    sys.exit(143 if isinstance(e, Terminated) else 130)
 
 
 def _quiet_after_interrupt(unraisable, _default=sys.unraisablehook) -> None:
@@ -110,9 +115,16 @@ def _set_verbosity(verbose: bool) -> None:
     if LOG_ENV not in os.environ or _log_env_set_here:
         os.environ[LOG_ENV] = level
         _log_env_set_here = True
-    if "dask" in sys.modules:   # else dask reads the environment when a command imports it
-        import dask
-        dask.config.set({"logging.distributed": level})
+    if "dask" in sys.modules:   # else the command sets it (_dask_verbosity), once dask is imported
+        _dask_verbosity(verbose)
+
+
+def _dask_verbosity(verbose: bool) -> None:
+    """The level in this process, over a user's DASK_LOGGING__DISTRIBUTED (which the workers keep);
+    imported here, inside the command's handler, so a Ctrl-C during the import gets the hint."""
+    import dask
+    level = "info" if verbose else "error"
+    dask.config.set({"logging.distributed": level})
     logging.getLogger("distributed").setLevel(level.upper())
 
 
@@ -159,7 +171,10 @@ def _check_memory_limit(ctx, param, value):
     """Refused by click before anything starts (as the config's memory_limit is when loaded)."""
     if value is None:
         return None
-    from metricpipe.config import ConfigError, _memory_limit
+    try:   # read by click before the command's handler, and the config module imports scikit-learn
+        from metricpipe.config import ConfigError, _memory_limit
+    except KeyboardInterrupt as e:
+        _stop_interrupted(e)
     try:
         return _memory_limit(value, "--memory-limit")
     except ConfigError as e:

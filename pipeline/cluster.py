@@ -208,6 +208,9 @@ def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limi
             SLURMCluster = slurm_cluster_class()
         except ImportError:
             raise InputError(f"{cluster}: kind slurm needs dask-jobqueue; pip install 'metricpipe[slurm]'") from None
+        except ValueError as e:   # dask-jobqueue sets a signal handler when imported: main thread only
+            raise InputError(f"{cluster}: dask-jobqueue cannot be imported outside the main thread ({e}); start "
+                             f"the SLURM run from the main thread, or import dask_jobqueue there first") from None
         with taken_port_quiet():   # its scheduler's dashboard runs here, on 8787 unless the spec says
             cm = SLURMCluster(**spec)
     elif kind == "kubernetes":
@@ -240,8 +243,10 @@ def slurm_cluster_class():
     status 0 and no resume hint, and stayed so for the rest of the process."""
     import signal
     import threading
-    main = threading.current_thread() is threading.main_thread()
-    before = signal.getsignal(signal.SIGINT) if main else None
+    if threading.current_thread() is not threading.main_thread():   # nothing to restore from here
+        from dask_jobqueue import SLURMCluster
+        return SLURMCluster
+    before = signal.getsignal(signal.SIGINT)   # None: a handler not set from Python, left as it is
     try:
         from dask_jobqueue import SLURMCluster
     finally:

@@ -558,6 +558,32 @@ def test_verbose_before_or_after_the_subcommand_shows_the_traceback_and_dask_log
     assert logging.getLogger("distributed").level == logging.ERROR
 
 
+VERBOSITY_IN_A_FRESH_PROCESS = """
+import logging, sys
+from metricpipe.cli import main
+try:
+    main(sys.argv[2:] + ["models", sys.argv[1]], standalone_mode=False)
+except (Exception, SystemExit):   # no such store: raised with -v, exit 2 without
+    pass
+import distributed   # its import sets the logger's level from dask's config
+print(logging.getLevelName(logging.getLogger("distributed").getEffectiveLevel()))
+"""
+
+
+@pytest.mark.parametrize("user, flags, level", [("warning", ["-v"], "INFO"), ("debug", [], "ERROR")])
+def test_the_command_s_level_holds_over_a_user_s_dask_logging_variable_in_a_fresh_process(tmp_path, user, flags,
+                                                                                          level):
+    """The command line no longer imports dask before the command runs, so the level is set when it does
+    (the variable still reaches the workers)."""
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "DASK_LOGGING__DISTRIBUTED": user}
+    proc = subprocess.run([sys.executable, "-c", VERBOSITY_IN_A_FRESH_PROCESS, str(tmp_path / "none"), *flags],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.stdout.strip() == level, proc.stdout + proc.stderr
+
+
 HALF_BUILT = '''
 import click
 from metricpipe.cli import handle_errors
@@ -604,6 +630,15 @@ def test_version_is_the_code_s():
     assert res.exit_code == 0 and res.output.strip() == f"metricpipe, version {metricpipe.__version__}"
 
 
+def test_the_package_s_estimators_and_modules_load_on_first_use():
+    import subprocess
+    import sys
+    probe = ("import sys, metricpipe\nprint('sklearn' in sys.modules, metricpipe.NCMML.__module__, "
+             "metricpipe.tasks.nml.NML.__name__, 'SLEM' in dir(metricpipe), hasattr(metricpipe, 'nosuch'))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["False", "metricpipe.tasks.ncmml", "NML", "True", "False"], out.stdout + out.stderr
+
+
 CTRL_C_IN_IMPORT = """
 import sys
 class CtrlC:   # the Ctrl-C lands while scikit-learn is being imported
@@ -614,11 +649,12 @@ import metricpipe.cli
 heavy = sorted(m for m in ("numpy", "scipy", "sklearn", "dask", "distributed", "zarr") if m in sys.modules)
 print("loaded:", heavy, flush=True)
 sys.meta_path.insert(0, CtrlC())
-metricpipe.cli.main(["run", sys.argv[1]])
+metricpipe.cli.main(["run", *sys.argv[1:]])
 """
 
 
-def test_a_ctrl_c_while_a_command_imports_its_libraries_gives_the_hint_not_a_traceback(tmp_path):
+@pytest.mark.parametrize("extra", [[], ["--memory-limit", "2GB"]])   # the latter is read before the command
+def test_a_ctrl_c_while_a_command_imports_its_libraries_gives_the_hint_not_a_traceback(tmp_path, extra):
     """The command line loads click and its error types only; each command imports the rest inside
     its error handler. Before, importing metricpipe.cli took 2 s of scikit-learn and distributed, and a
     Ctrl-C then printed a 30-line traceback."""
@@ -627,8 +663,8 @@ def test_a_ctrl_c_while_a_command_imports_its_libraries_gives_the_hint_not_a_tra
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({"data": {"source": "digits"}, "methods": [{"method": "pca", "dim": 4}],
                                    "store": str(tmp_path / "s")}))
-    proc = subprocess.run([sys.executable, "-c", CTRL_C_IN_IMPORT, str(cfg)], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run([sys.executable, "-c", CTRL_C_IN_IMPORT, str(cfg), *extra], capture_output=True,
+                          text=True, timeout=120)
     assert proc.stdout.strip() == "loaded: []", proc.stdout
     assert proc.returncode == 130 and proc.stderr.strip().splitlines() == [
         "interrupted; finished stages are kept, rerun with --resume to continue"], proc.stderr
@@ -643,11 +679,20 @@ def test_a_slurm_run_keeps_ctrl_c_a_keyboard_interrupt():
     import sys
     probe = ("import signal, sys\nfrom metricpipe import cluster\nbefore = signal.getsignal(signal.SIGINT)\n"
              "cluster.slurm_cluster_class()\n"
-             "print('dask_jobqueue.runner' in sys.modules, signal.getsignal(signal.SIGINT) is before)\n"
+             "print('dask_jobqueue' in sys.modules, signal.getsignal(signal.SIGINT) is before)\n"
              "signal.raise_signal(signal.SIGINT)\n")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert proc.stdout.split() == ["True", "True"], proc.stdout + proc.stderr
     assert proc.returncode != 0 and "KeyboardInterrupt" in proc.stderr   # not SystemExit with status 0
+    # outside the main thread dask-jobqueue cannot be imported at all (its signal.signal fails): one line
+    thread = ("import threading, sys\nfrom metricpipe import cluster\nout = []\n"
+              "def go():\n    try:\n        cluster.connect(sys.argv[1], 1).__enter__()\n"
+              "    except Exception as e:\n        out.append(f'{type(e).__name__}: {e}')\n"
+              "t = threading.Thread(target=go); t.start(); t.join(); print(out[0])\n")
+    spec = Path(__file__).resolve().parents[2] / "cluster/slurm.yaml"
+    proc = subprocess.run([sys.executable, "-c", thread, str(spec)], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.startswith(f"InputError: {spec}: dask-jobqueue cannot be imported outside the main thread"), \
+        proc.stdout + proc.stderr
 
 
 def test_a_ctrl_c_while_the_local_cluster_starts_waits_for_it_then_stops_the_run(monkeypatch):
