@@ -34,18 +34,13 @@ _MODULE_OF = {name: module for module, names in _ESTIMATORS.items() for name in 
 
 
 def __getattr__(name: str):
-    import importlib
     if name in _MODULE_OF:
+        import importlib
         value = getattr(importlib.import_module(f"metricpipe.tasks.{_MODULE_OF[name]}"), name)
         globals()[name] = value   # later lookups skip this function
         return value
-    if not name.startswith("_"):   # a subpackage or module, as ``metricpipe.tasks.nml`` after ``import metricpipe``
-        try:
-            return importlib.import_module(f"metricpipe.{name}")
-        except ModuleNotFoundError as e:
-            if e.name != f"metricpipe.{name}":   # a module that exists but fails to import: its own error
-                raise
-    raise AttributeError(f"module 'metricpipe' has no attribute {name!r}")
+    from metricpipe.tasks import submodule_on_first_use
+    return submodule_on_first_use(__name__, name)
 
 
 def __dir__():

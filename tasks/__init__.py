@@ -9,13 +9,18 @@ from metricpipe.tasks.errors import InputError
 __all__ = ["InputError"]
 
 
-def __getattr__(name: str):
-    """A module of this package, imported on first use (``metricpipe.tasks.nml`` after ``import metricpipe``)."""
+def submodule_on_first_use(package: str, name: str):
+    """Module ``package.name``, imported on first use (``metricpipe.tasks.nml`` after ``import
+    metricpipe``); AttributeError, as for any missing attribute, when there is no such module."""
     import importlib
     if not name.startswith("_"):
         try:
-            return importlib.import_module(f"{__name__}.{name}")
+            return importlib.import_module(f"{package}.{name}")
         except ModuleNotFoundError as e:
-            if e.name != f"{__name__}.{name}":   # a module that exists but fails to import: its own error
+            if e.name != f"{package}.{name}":   # a module that exists but fails to import: its own error
                 raise
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+
+def __getattr__(name: str):
+    return submodule_on_first_use(__name__, name)
