@@ -74,15 +74,10 @@ def _blocks(src, n, D, normalize):
 def _parents(path: str | None) -> dict:
     if path is None:
         return {}
-    import yaml
-
-    from metricpipe.config import YamlLoader
-    try:
-        raw = yaml.load(Path(path).read_text(), Loader=YamlLoader)   # noqa: S506 - a SafeLoader, as configs read
-    except FileNotFoundError:
-        raise InputError(f"{path}: file not found (--hierarchy); check the path") from None
-    except (OSError, yaml.YAMLError) as e:
-        raise InputError(f"{path}: cannot read the hierarchy (--hierarchy): {type(e).__name__}") from None
+    from metricpipe.config import read_yaml
+    if not Path(path).is_file():
+        raise InputError(f"{path}: file not found (--hierarchy); check the path")
+    raw = read_yaml(Path(path), "the hierarchy (--hierarchy)")   # as configs are read: YAML 1.2 numbers, no alias bombs
     if not isinstance(raw, dict):
         raise InputError(f"{path}: the hierarchy must map each class to its parent (class: parent)")
     parents = {str(k): str(v) for k, v in raw.items()}

@@ -182,6 +182,27 @@ def test_alias_expansion_is_counted_without_expanding():
     assert _expanded_size(yaml.compose(BOMB, Loader=yaml.SafeLoader), {}) > 9 ** 9
 
 
+def test_a_hierarchy_file_is_read_as_configs_are(tmp_path):
+    """add-classes --hierarchy: its own YAML reading had no alias-bomb guard and named only the
+    exception's type; it is read by the config reader now."""
+    from metricpipe.classes import _parents
+    from metricpipe.tasks.errors import InputError
+    from tests.pipeline.test_cli import BOMB
+    cases = {"bomb.yaml": (BOMB, r"YAML aliases expand to more than 100,000 values; the hierarchy \(--hierarchy\)"),
+             "bad.yaml": ("a: [1,\n", r"not valid YAML at line \d+"),
+             "bin.yaml": (b"\xff\xfe\x00", r"not a text file; the hierarchy \(--hierarchy\) must be YAML text")}
+    for name, (content, words) in cases.items():
+        p = tmp_path / name
+        p.write_bytes(content if isinstance(content, bytes) else content.encode())
+        with pytest.raises(InputError, match=words) as e:
+            _parents(str(p))
+        assert "\n" not in str(e.value) and str(e.value).startswith(str(p))
+    with pytest.raises(InputError, match=r"file not found \(--hierarchy\)"):
+        _parents(str(tmp_path / "none.yaml"))
+    (tmp_path / "h.yaml").write_text("40: 1\n41: 1\n1: 0\n")
+    assert _parents(str(tmp_path / "h.yaml")) == {"40": "1", "41": "1", "1": "0"}
+
+
 def test_default_knn_above_the_train_rows_is_dropped_with_a_note_but_a_listed_one_is_refused():
     from types import SimpleNamespace
 
