@@ -128,7 +128,8 @@ def softvote_errors(Q: np.ndarray, y: np.ndarray, nbr: np.ndarray, B: np.ndarray
     pos = np.searchsorted(flat, np.maximum(nbr, 0))
     Bq = B[pos]
     if score == "euclidean":
-        sims = -np.einsum("qkd,qkd->qk", Bq - Q[:, None], Bq - Q[:, None])
+        diff = Bq - Q[:, None]
+        sims = -np.einsum("qkd,qkd->qk", diff, diff)
     else:
         sims = np.einsum("qd,qkd->qk", Q, Bq)
     nb_labels = np.where(nbr >= 0, labels[np.maximum(nbr, 0)], -1)
