@@ -14,6 +14,14 @@ if not any(v in os.environ for v in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", 
     from threadpoolctl import threadpool_limits
     threadpool_limits(1, user_api="blas")
 
+# The Ctrl-C tests check what a terminal's Ctrl-C does. A shell that starts the suite in the background
+# (`pytest &`, `nohup ... &` from a script) starts it with SIGINT ignored, which every process it starts
+# inherits: those runs and their CLI subprocesses would then ignore the test's Ctrl-C (the product's
+# rule: a signal the process ignored stays ignored). The suite takes Python's default back.
+import signal  # noqa: E402
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 # Workers forked from a warm forkserver (which has imported distributed, numpy and the rest) instead
 # of spawned interpreters that import everything again: dask's own test suite does the same. The
 # suite starts ~60 clusters, and a spawned worker costs ~2.5 s of CPU on its imports before it
