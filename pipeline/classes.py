@@ -257,7 +257,7 @@ def predict(store_url: str, model: str, data_path: str, features: str = "X", lab
     (default 10) nearest train codes of its run, compared as the model compares codes. Returns the labels
     (in the model's own kind, int64 or str), the error (None without labels) and how many rows carry a
     label that is not a class of the model (counted as errors: no prediction can be right for them)."""
-    from metricpipe.export import BLOCK_ROWS, codes_unit, encode_rows, open_input, split_rows
+    from metricpipe.export import BLOCK_ROWS, codes_unit, encode_rows, open_input
     from metricpipe.models import find_model
     from metricpipe.tasks.evaluation import knn_predict
     store = Store(store_url)
@@ -276,8 +276,8 @@ def predict(store_url: str, model: str, data_path: str, features: str = "X", lab
             pred[a:a + len(X)] = est.predict(X)   # nearest class mean (Eq. 5), Eq. 22's mixture or Eq. 27
     else:
         k = k or 10
-        codes = open_array(f"{codes_unit(store, unit, attrs).url}/codes")
-        train = split_rows(store, attrs, "train")
+        cu, train = codes_unit(store, unit, attrs, "train")
+        codes = open_array(f"{cu.url}/codes")
         if k > len(train):
             raise InputError(f"--k {k} votes over more neighbours than the {len(train)} train rows of model "
                              f"{unit.key}'s run; use --k <= {len(train)}")

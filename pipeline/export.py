@@ -276,8 +276,9 @@ IVF_ABOVE = 200_000
 SPLITS = ("test", "train", "val", "all")
 
 
-def codes_unit(store: Store, unit, meta: dict):
-    """The committed codes of model ``unit`` on its run's staged data."""
+def codes_unit(store: Store, unit, meta: dict, split: str) -> tuple:
+    """(the committed codes of model ``unit`` on its run's staged data, the ``split`` split's rows),
+    checked against the commit's checksums: the metadata and the chunks that hold those rows."""
     if not meta.get("data"):
         raise InputError(f"{store.url}: model {unit.key} records no staged data (it was added by add-classes?); "
                          f"export the model it extends")
@@ -296,12 +297,17 @@ def codes_unit(store: Store, unit, meta: dict):
         raise InputError(f"{store.url}: model {unit.key} was not encoded by its run (a candidate that parameter "
                          f"selection did not keep; `metricpipe models` marks them encoded: no); use an encoded "
                          f"model, or 'metricpipe encode' to encode data with this one")
-    bad = cu.verify()   # the index or the neighbours built from these codes would be wrong without a word
+    # the index or the neighbours built from these codes would be wrong without a word
+    bad = cu.verify(keep=lambda rel: not rel.startswith("codes/c/"))
+    rows = split_rows(store, meta, split)
+    if not bad:     # only the chunks that will be read: on object storage each check is a download
+        used = set((rows // open_array(f"{cu.url}/codes").chunks[0]).tolist())
+        bad = cu.verify(keep=lambda rel: rel.startswith("codes/c/") and int(rel.split("/")[2]) in used)
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         raise InputError(f"{store.url}: the codes of model {unit.key} are damaged: {bad[0]}{more}; rerun the run "
                          f"that made them with --repair (metricpipe run CONFIG --repair) to recompute them")
-    return cu
+    return cu, rows
 
 
 def split_rows(store: Store, meta: dict, split: str) -> np.ndarray:
@@ -322,8 +328,7 @@ def export_faiss(store_url: str, key: str, path: str, split: str = "test", log=p
     if score not in ("euclidean", "inner"):
         raise InputError(f"{store.url}: model {unit.key} ({meta['spec']['method']}) compares codes by {score}, "
                          f"which faiss has no index for; export --npz and use its similarity")
-    cu = codes_unit(store, unit, meta)
-    rows = split_rows(store, meta, split)
+    cu, rows = codes_unit(store, unit, meta, split)
     if not len(rows):
         raise InputError(f"{store.url}: the {split} split is empty (--split); choose another split")
     codes = open_array(f"{cu.url}/codes")

@@ -459,14 +459,17 @@ class Unit:
         names = self.file_sizes() if names is None else names
         return {rel: sums[rel] if rel in sums else size_crc(self.store.fs, f"{self._root}/{rel}") for rel in names}
 
-    def verify(self, sums: dict | None = None) -> list[str]:
+    def verify(self, sums: dict | None = None, keep=None) -> list[str]:
         """Problems with a committed unit's files: missing, resized or changed since the commit
-        (``sums``: checksums already taken of some of them, e.g. by workers)."""
+        (``sums``: checksums already taken of some of them, e.g. by workers; ``keep``: a test on
+        the file's name within the unit, to check only those files)."""
         listed = self.meta().get("files")
         if listed is None:  # committed before checksums were recorded: nothing to compare
             return []
         bad = []
         for rel, (size, crc) in listed.items():
+            if keep is not None and not keep(rel):
+                continue
             try:
                 now_size, now_crc = (sums or {}).get(rel) or size_crc(self.store.fs, f"{self._root}/{rel}")
             except FileNotFoundError:

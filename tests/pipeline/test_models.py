@@ -324,6 +324,39 @@ def test_export_faiss_and_predict_refuse_damaged_codes_in_one_line(stored, tmp_p
 
 
 @pytest.mark.integration
+def test_codes_check_reads_only_the_chunks_of_the_rows_it_serves(stored, monkeypatch):
+    """On object storage each checked chunk is a download: a split's rows check the chunks that hold
+    them (and the metadata), not the whole array, and a damaged one among them is still caught."""
+    from pathlib import Path
+
+    import metricpipe.export as ex
+    from metricpipe.storage import Store
+    ctx, data, X, models, codes = stored
+    (_, unit), (_, cunit, _) = _by(models, codes, "pca")
+    meta = unit.meta()
+    step = open_array(f"{cunit.url}/codes").chunks[0]
+    monkeypatch.setattr(ex, "split_rows", lambda store, meta, split: np.arange(step + 1))   # chunks 0 and 1
+    chunks = {int(p.parent.name): p for p in Path(cunit.url, "codes", "c").rglob("*") if p.is_file()}
+    assert len(chunks) > 2
+    import metricpipe.storage as st
+    read, size_crc = [], st.size_crc
+    monkeypatch.setattr(st, "size_crc", lambda fs, path: read.append(path) or size_crc(fs, path))
+    for i, expect_bad in ((len(chunks) - 1, False), (1, True)):
+        good = chunks[i].read_bytes()
+        chunks[i].write_bytes(good[:-1] + bytes([good[-1] ^ 0xFF]))
+        try:
+            if expect_bad:
+                with pytest.raises(InputError, match=f"codes/{cunit.key}/codes/c/1/0: checksum differs"):
+                    ex.codes_unit(Store(ctx.store.url), unit, meta, "test")
+            else:
+                cu, rows = ex.codes_unit(Store(ctx.store.url), unit, meta, "test")
+                assert cu.key == cunit.key and list(rows) == list(range(step + 1))
+                assert sorted(p.split("/codes/c/")[1] for p in read if "/codes/c/" in p) == ["0/0", "1/0"]
+        finally:
+            chunks[i].write_bytes(good)
+
+
+@pytest.mark.integration
 def test_predict_classifies_with_any_model_by_the_nearest_train_codes(stored, tmp_path):
     from sklearn.neighbors import KNeighborsClassifier
 
