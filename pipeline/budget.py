@@ -170,4 +170,14 @@ def check_memory(client, info, cfg) -> None:
                              f"{fix.replace('memory_limit', cfg.setting('memory_limit'))}")
 
 
-__all__ = ["BLOCKS_PER_TASK", "SPILL_FRACTION", "check_memory", "index_budget", "needs", "task_budget", "worker_limit"]
+def refuse_without_dense_covariance(est, n_features: int, max_dense_dim: int, where: str) -> None:
+    """LDA and linear SLEM are fitted from the D x D covariance, which the statistics stage keeps only
+    up to statistics.max_dense_dim features (randomized PCA above)."""
+    if getattr(est, "needs_dense_covariance", False) and n_features > max_dense_dim:
+        raise InputError(f"{where} needs the D x D covariance, but D = {n_features} is above statistics."
+                         f"max_dense_dim ({max_dense_dim}); raise statistics.max_dense_dim (memory: D^2 x 8 "
+                         f"bytes) or drop it{' (a kernel SLEM does without)' if est.method == 'slem' else ''}")
+
+
+__all__ = ["BLOCKS_PER_TASK", "SPILL_FRACTION", "check_memory", "index_budget", "needs", "refuse_without_dense_covariance",
+           "task_budget", "worker_limit"]

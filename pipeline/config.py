@@ -57,7 +57,7 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class StatisticsConfig:
-    max_dense_dim: int = 8192  # above this, PCA is randomized and LDA/whitening are refused
+    max_dense_dim: int = 8192  # above this, PCA is randomized and LDA / linear SLEM are refused
     components: int = 256      # components kept by the randomized method
 
 
@@ -65,7 +65,7 @@ class StatisticsConfig:
 class NeighboursConfig:
     k: int = 50
     method: str = "auto"        # exact | ivf | auto (exact up to EXACT_MAX_TRAIN train rows, else ivf)
-    nlist: int | None = None    # IVF lists (None: about 4 sqrt(n_train))
+    nlist: int | None = None    # IVF lists (None: about 2 sqrt(n_train), see pipeline/ivf.py)
     nprobe: int = 16            # lists searched per query
     rerank: int = 4             # a PQ index returns rerank x k candidates, re-scored exactly (1: off)
     queries: int | None = None  # a seeded, class-stratified sample of train rows gets a neighbourhood

@@ -11,7 +11,7 @@ from dataclasses import replace
 import numpy as np
 
 from metricpipe import stages
-from metricpipe.budget import check_memory
+from metricpipe.budget import check_memory, refuse_without_dense_covariance
 from metricpipe.cluster import connect
 from metricpipe.config import (SPLIT_NAMES, EvaluateConfig, NeighboursConfig, RunConfig, classifiers_given,
                                unserved)
@@ -130,6 +130,8 @@ def check_methods(cfg: RunConfig, info, log=print) -> RunConfig:
                 est.check_data_shape(info.n_features, len(info.classes))
             except InputError as e:
                 raise InputError(f"{cfg.source_file}: {cfg.entry(n)} ({stages.model_id(cand)}): {e}") from None
+            refuse_without_dense_covariance(est, info.n_features, cfg.statistics.max_dense_dim,
+                                            f"{cfg.source_file}: {cfg.entry(n)} ({stages.model_id(cand)})")
             for note in est.shape_notes(info.n_features, len(info.classes)):
                 if (cfg.entry(n), note) not in noted:
                     log(f"  {cfg.entry(n)} ({stages.model_id(cand)}): {note}")

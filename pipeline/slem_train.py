@@ -20,6 +20,7 @@ import numpy as np
 from sklearn.base import clone
 
 from metricpipe.config import SPLIT_NAMES
+from metricpipe.budget import refuse_without_dense_covariance
 from metricpipe.storage import load_arrays, open_array, read_rows, save_model
 from metricpipe.tasks import slem
 from metricpipe.tasks.errors import InputError
@@ -106,8 +107,7 @@ def _train(est, spec: dict, data_url: str, stats_url: str, chunks, model_url: st
 def submit(ctx, spec: dict, est, data, stats, neighbours, unit, name: str):
     """One task that fits ``est`` (SLEM, KernelSLEM or ESVM) on its negative pool and saves it."""
     where = f"{ctx.config.source_file}: {name}"
-    if isinstance(est, slem.SLEM) and not stats.meta().get("dense", True):
-        raise InputError(f"{ctx.config.source_file}: methods: linear slem needs the D x D covariance, but D = "
-                         f"{data.n_features} is above statistics.max_dense_dim; raise statistics.max_dense_dim "
-                         f"(memory: D^2 x 8 bytes) or use a kernel SLEM")
+    if not stats.meta().get("dense", True):
+        refuse_without_dense_covariance(est, data.n_features, ctx.config.statistics.max_dense_dim,
+                                        f"{ctx.config.source_file}: methods: linear slem")
     return ctx.submit(_train, est, spec, data.url, stats.url, data.chunks, unit.url, where, name=f"train-{name}")

@@ -160,6 +160,9 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
 
     #: whether ``dim`` starts from the PCA directions (so it cannot exceed the number of features)
     dim_within_features = False
+    #: whether the pipeline fits it from the D x D covariance (LDA, linear SLEM), which the statistics
+    #: stage keeps only up to ``statistics.max_dense_dim`` features
+    needs_dense_covariance = False
 
     def check_data_shape(self, n_features: int, n_classes: int) -> None:
         """Refuse parameters the data's shape rules out, before any work (the pipeline calls it

@@ -146,6 +146,7 @@ class LDA(_StatisticsLearner):
     """
     method = "lda"
     needs_labels = True
+    needs_dense_covariance = True
     _parameter_constraints = {"dim": DIM_OR_NONE, "reg": NON_NEGATIVE}
 
     def __init__(self, dim=None, reg=1e-4):

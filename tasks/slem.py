@@ -209,6 +209,7 @@ class SLEM(_PoolLearner):
 
     method = "slem"
     code_metric = "euclidean"
+    needs_dense_covariance = True
     _parameter_constraints = {"lam": NON_NEGATIVE, "kernel": [StrOptions({"linear"})], "negatives": [dict, None]}
 
     def __init__(self, lam=0.1, kernel="linear", negatives=None):

@@ -11,6 +11,7 @@ import warnings
 
 from metricpipe import nml_train, select, slem_train, slne_train, sparse_train, stream_train
 from metricpipe.context import StageContext
+from metricpipe.budget import refuse_without_dense_covariance
 from metricpipe.stages.common import DataInfo
 from metricpipe.storage import Unit, hash_key, load_arrays, save_model
 from metricpipe.tasks import registry
@@ -40,9 +41,9 @@ def _fit_statistics(est, spec: dict, stats_url: str, model_url: str) -> dict:
 
 
 def _statistics_driver(ctx, spec, est, data, stats, neighbours, unit, name):
-    if spec["method"] == "lda" and not stats.meta().get("dense", True):
-        raise InputError(f"{ctx.config.source_file}: methods: lda needs a dense covariance but D="
-                         f"{data.n_features} > statistics.max_dense_dim; raise max_dense_dim or drop lda")
+    if not stats.meta().get("dense", True):
+        refuse_without_dense_covariance(est, data.n_features, ctx.config.statistics.max_dense_dim,
+                                        f"{ctx.config.source_file}: methods: {spec['method']}")
     return ctx.submit(_fit_statistics, est, spec, stats.url, unit.url, name=f"train-{name}")
 
 

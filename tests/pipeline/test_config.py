@@ -239,6 +239,31 @@ def test_a_sparsity_rounded_to_one_non_zero_is_noted_before_staging():
                      "data's 64 features; 1 is kept (sparsity 0.984375)"]
 
 
+def test_methods_that_need_the_dense_covariance_are_refused_before_staging_above_max_dense_dim():
+    """LDA and linear SLEM are fitted from the D x D covariance, which statistics keeps only up to
+    max_dense_dim features: refused with the data's shape, not in the train stage after staging and
+    statistics had run and been committed."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from metricpipe.runner import check_methods
+    from metricpipe.tasks.errors import InputError
+    info = SimpleNamespace(n_features=64, classes=[0, 1, 2], split=np.array([0] * 20 + [1] * 20, np.int8))
+    for method in ({"method": "lda"}, {"method": "slem", "lam": 1.0}):
+        methods = [{"method": "pca"}, {"method": "slem", "kernel": "poly"}, method]
+        for dense in (64, 1000):    # D = 64 keeps its covariance at max_dense_dim 64
+            check_methods(parse_config({**BASE, "methods": methods, "statistics": {"max_dense_dim": dense}},
+                                       where="cfg.yaml"), info)
+        with pytest.raises(InputError) as e:
+            check_methods(parse_config({**BASE, "methods": methods, "statistics": {"max_dense_dim": 32}},
+                                       where="cfg.yaml"), info)
+        msg = str(e.value)
+        assert msg.startswith(f"cfg.yaml: methods[2] ({method['method']}") and "needs the D x D covariance, but " \
+            "D = 64 is above statistics.max_dense_dim (32); raise statistics.max_dense_dim" in msg, msg
+        assert ("a kernel SLEM does without" in msg) == (method["method"] == "slem") and "\n" not in msg
+
+
 def test_a_random_projection_above_the_features_is_a_note_not_a_worker_warning():
     """The run says it once before any work; a process that runs the train stage's tasks does not print
     the warning again (it reached the terminal as a raw 'stages/train.py:31: UserWarning' line); the
