@@ -165,8 +165,9 @@ def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limi
             dashboard: str | None = ":8787", tls: tuple | None = None):
     """Yield a connected Client; close what this function started on exit.
 
-    ``cluster`` is ``local``, ``tcp://HOST:PORT`` or the path of a YAML spec with ``kind: slurm`` or
-    ``kind: kubernetes`` and the keyword arguments of that cluster class.
+    ``cluster`` is ``local``, ``tcp://HOST:PORT``, ``tls://HOST:PORT`` (its Security from ``tls``, the
+    environment or Dask's settings: `tls_security`) or the path of a YAML spec with ``kind: slurm`` or ``kind: kubernetes``
+    and the keyword arguments of that cluster class.
     """
     if cluster == "local":
         import dask

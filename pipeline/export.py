@@ -360,8 +360,8 @@ def _read(arr, rows: np.ndarray) -> np.ndarray:
 
 
 def export_npz(store_url: str, key: str, path: str) -> dict:
-    """Model KEY as plain arrays in an .npz plus ``model.json`` (kind, normalisation, scalars) inside
-    it: what the README's numpy formulas need, no metricpipe."""
+    """Model KEY as plain arrays in an .npz plus the entry ``model_json`` (a JSON string: kind,
+    normalisation, scalars): what the README's numpy formulas need, no metricpipe."""
     from metricpipe.tasks.portable import portable
     store, unit, meta, normalize, _ = _model_and_data(store_url, key)
     kind, arrays, scalars = portable(_model(unit.url))

@@ -6,11 +6,15 @@ Layout (every result is a *unit* ``KIND/KEY/`` where KEY hashes everything the r
                              coordinates label, split, [group, id]
     STORE/statistics/KEY/    mean, covariance, class means, scatter matrices, PCA basis
     STORE/neighbours/KEY/    kNN graph of the train split: neighbours, distances, same_label
-    STORE/models/KEY/        one trained model (arrays W, b; attributes method, dim, params)
+    STORE/shuffled/KEY/      the SGD learners' shuffled copy of the training rows
+    STORE/models/KEY/        one trained estimator: its fitted arrays (dense or sparse) and state JSON
+                             (`save_estimator`), attributes method, dim, params
+    STORE/selection/KEY/     a spec's candidates' validation scores and the choice
     STORE/codes/KEY/         one model's codes for every sample (sample, code)
     STORE/evaluation/KEY/    one model's metrics (records.json)
     STORE/runs/latest.json   the last run's config and the units it used
     STORE/report/            metrics.json, index.html, plots
+    STORE/logs/              the workers' log files (local stores)
 
 A unit is complete only when its marker ``KIND/KEY.committed.json`` exists and holds its key; the
 marker sits beside the unit (so the unit stays a clean Zarr hierarchy) and is written last (write to

@@ -461,7 +461,8 @@ class KernelSLEM(_PoolLearner):
 
     Notes
     -----
-    The pipeline gathers the pool (bounded: count <= its MAX_POOL) and calls :meth:`fit_pool`;
+    The pipeline gathers the pool (bounded: count <= its MAX_POOL, or for ICD pool and factor
+    within its ICD_POOL_BYTES) and calls :meth:`fit_pool`;
     ``fit(X)`` is ``fit_pool(X[pool])``.
     """
     search_space = {"lam": [0.1, 0.01, 1.0]}
