@@ -113,7 +113,9 @@ def knn_class_ranking(neighbour_labels: np.ndarray, n_classes: int, k: int) -> n
     """Rank classes for each query from its nearest neighbours' labels (nearest first).
 
     Majority vote among the first ``k`` labels; ties between classes go to the class whose nearest
-    member is closer, then to the lower class code. Returns (n, n_classes) class codes, best first.
+    member is closer, then to the lower class code. Returns (n, n_classes) class codes, best first;
+    the classes without a vote are not ranked (-1 after the voted ones): ordering them by class code
+    would hand the low codes a top-5 place (the top-5 of knn1 would be its class and classes 0-3).
     """
     lab = neighbour_labels[:, :k]
     n = len(lab)
@@ -125,14 +127,20 @@ def knn_class_ranking(neighbour_labels: np.ndarray, n_classes: int, k: int) -> n
     pos = np.tile(np.arange(lab.shape[1]), n)
     np.minimum.at(first, (rows[valid], lab.reshape(-1)[valid]), pos[valid])
     key = counts * (k + 1) + (k - first)  # more votes first, then nearer first member
-    return np.argsort(-key, axis=1, kind="stable")
+    return _voted_only(np.argsort(-key, axis=1, kind="stable"), counts)
+
+
+def _voted_only(order: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """``order`` with the classes that got no vote replaced by -1 (a code no label has)."""
+    return np.where(np.take_along_axis(counts, order, 1) > 0, order, -1)
 
 
 def softvote_ranking(neighbour_labels: np.ndarray, scores: np.ndarray, n_classes: int, k: int,
                      weighted: bool = True) -> np.ndarray:
     """Eq. 9 of SL-NE: classes ranked by the summed similarity of the k most similar members of each
     query's neighbourhood (``weighted=False``: one vote each). neighbour_labels, scores : (n, K) with
-    -1 labels for missing neighbours."""
+    -1 labels for missing neighbours. Classes without a voter are not ranked (-1, as in
+    :func:`knn_class_ranking`)."""
     scores = np.where(neighbour_labels >= 0, scores, -np.inf)
     top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
     lab = np.take_along_axis(neighbour_labels, top, 1)
@@ -144,7 +152,7 @@ def softvote_ranking(neighbour_labels: np.ndarray, scores: np.ndarray, n_classes
     np.add.at(votes, (rows[ok], lab[ok]), sc[ok])
     np.add.at(counts, (rows[ok], lab[ok]), 1)
     votes[counts == 0] = -np.inf  # classes with no voter rank last, after any (even negative) sum
-    return np.argsort(-votes, axis=1, kind="stable")
+    return _voted_only(np.argsort(-votes, axis=1, kind="stable"), counts)
 
 
 def nearest_mean_ranking(Q: np.ndarray, means: np.ndarray) -> np.ndarray:
