@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,16 +40,18 @@ def handle_errors(fn):
             _dask_verbosity(verbose)
             return fn(*args, **kwargs)
         except (InputError, StageError) as e:
-            if verbose:
-                raise
+            if verbose:   # the traceback, and still the exit code a script tests for
+                traceback.print_exc()
             _echo(f"error: {str(e).splitlines()[0]}")
             if isinstance(e, StageError) and "config" in kwargs:
                 store = f" --store {kwargs['store']}" if kwargs.get("store") else ""
                 _echo(f"to resume: metricpipe run {kwargs['config']}{store} --resume (finished stages are kept)")
             sys.exit(EXIT_INPUT)
         except OSError as e:
-            if verbose or e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
                 raise
+            if verbose:
+                traceback.print_exc()
             from metricpipe.storage import _fix   # a write that failed outside the store's own checks
             _echo(f"error: {e.filename or 'a write'}: {e.strerror}; {_fix(e)}")
             sys.exit(EXIT_INPUT)
