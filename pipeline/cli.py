@@ -81,7 +81,8 @@ def in_options(data: str):
     """For a command without a config: the shared readers' errors cite config keys (data.path,
     data.labels, ...); name this command's argument and options instead."""
     import re
-    keys = {"data.split.column": "--split-column", "data.split.test": "--test", "data.path": data, "data.source": data,
+    keys = {"data.split.column": "--split-column", "data.split.test": "--test", "data.split": "--split-column/--test",
+            "data.path": data, "data.source": data,
             "data.features": "--features", "data.labels": "--labels", "data.ids": "--ids"}
     # whole keys only: not inside a path, a file name or a quoted array name ('data.labels.npy')
     pattern = re.compile(r"(?<![\w./'\"-])(" + "|".join(map(re.escape, keys)) + r")(?![\w'\"-]|\.\w)")
@@ -263,9 +264,9 @@ def stage_cmd(source, store, features, labels, normalize, test_fraction, split_c
     from metricpipe.stages import prepare_data, run_stage
     from metricpipe.storage import Store
 
+    split = {"column": split_column} if split_column else {}    # both given: the config refuses the pair
     data = {"features": features, "labels": labels, "normalize": normalize,
-            "split": {"column": split_column} if split_column else
-            {} if test_fraction is None else {"test": test_fraction}}
+            "split": split if test_fraction is None else {**split, "test": test_fraction}}
     data["source" if source in ("digits", "fashion-mnist", "synthetic") else "path"] = source
     cfg = _apply(parse_config({"data": data}, where="metricpipe stage", base_dir=Path.cwd()), store, cluster,
                  workers, memory_limit)

@@ -357,6 +357,8 @@ def test_commands_without_a_config_name_their_own_arguments_not_config_keys(tmp_
     cases = [(("stage", tmp_path / "x.npy"), r"x.npy: a .npy file holds one array; give --labels as the path"),
              (("stage", tmp_path / "none.npz"), r"none.npz: file not found \(SOURCE\); check the path$"),
              (("stage", tmp_path / "x.npz", "--split-column", "s"), r"x.npz: no array 's' \(--split-column\)"),
+             (("stage", tmp_path / "x.npz", "--split-column", "s", "--test", "0.3"),   # --test was ignored
+              r"^error: metricpipe stage: --split-column/--test: give either column or a test fraction, not both$"),
              (("stage", tmp_path / "x.npz", "--labels", tmp_path / "lab.npy"), r"lab.npy: labels file not found "
                                                                                 r"\(--labels\)"),
              # a file or array named like a key keeps its name
