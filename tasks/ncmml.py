@@ -529,9 +529,11 @@ class _MetricLearner(Learner):
     def _run(self, sgd: "MetricSGD", pools, Xv, yv, error, batches) -> None:
         """The SGD loop: batches from each pool until ``iters`` steps; early stopping on validation."""
         yv = np.asarray(yv, np.int64)
-        if len(np.unique(yv)) < len(self._train_classes):
-            raise InputError(f"{type(self).__name__}: the validation rows miss some classes; raise 'validation' "
-                             f"(now {self.validation})")
+        have = len(np.intersect1d(yv, self._train_classes))
+        if have < len(self._train_classes):   # rows carved from X take every class: these were given
+            raise InputError(f"{type(self).__name__}: the validation rows hold {have} of the "
+                             f"{len(self._train_classes)} classes it trains on (early stopping scores each); "
+                             f"give validation rows of every class (the data's val rows; X_val in fit)")
         sgd.patience = max(5, int(PATIENCE * self.iters / self.validate_every))
         with one_blas_thread():
             self._steps(sgd, pools, Xv, yv, error, batches)

@@ -165,3 +165,16 @@ def test_ncmc_kmeans_seeding_sample_is_bounded_in_bytes():
     assert 10 <= per < KMEANS_SAMPLE and per * 1000 * 4096 * 4 <= KMEANS_BYTES   # 1,000 classes x 4,096 dims
     assert est.kmeans_per_class(10, 784) == KMEANS_SAMPLE                        # small data: unchanged
     assert NCMC(centroids=30).kmeans_per_class(10_000, 100_000) == 30            # never below k
+
+
+def test_validation_rows_that_miss_a_class_name_the_rows_not_the_validation_size():
+    """Rows carved from X take every class, so only given rows (the data's val split, X_val) can miss
+    one, and raising 'validation' (what the message said) cannot help."""
+    X, y = make_blobs(n=300, d=6, classes=3, sep=2.0, seed=1)
+    est = ncmml.NCMML(dim=2, iters=20, validate_every=10)
+    with pytest.raises(InputError, match=r"^NCMML: the validation rows hold 2 of the 3 classes it trains on .*"
+                                         r"give validation rows of every class \(the data's val rows; X_val in fit\)$"):
+        est.fit(X[:240], y[:240], X_val=X[240:][y[240:] != 2], y_val=y[240:][y[240:] != 2])
+    ncmml.NCMML(dim=2, iters=20, validate_every=10, classes=[0, 1]).fit(   # the classes it trains on are there
+        X[:240], y[:240], X_val=X[240:][y[240:] != 2], y_val=y[240:][y[240:] != 2])
+    est.fit(X[:240], y[:240])                                             # carved: every class
