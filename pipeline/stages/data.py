@@ -43,13 +43,13 @@ def _carve_val(split: np.ndarray, codes: np.ndarray, seed: int) -> np.ndarray:
     return split
 
 
-def _split_codes(cfg: RunConfig, src, codes: np.ndarray, classes: list) -> np.ndarray:
+def _split_codes(cfg: RunConfig, src, codes: np.ndarray, classes: list, labels_file: str) -> np.ndarray:
     s = cfg.data.split
-    split = _given_or_random_split(cfg, src, codes, classes)
+    split = _given_or_random_split(cfg, src, codes, classes, labels_file)
     return _carve_val(split, codes, s.seed) if s.val == "auto" else split
 
 
-def _given_or_random_split(cfg: RunConfig, src, codes: np.ndarray, classes: list) -> np.ndarray:
+def _given_or_random_split(cfg: RunConfig, src, codes: np.ndarray, classes: list, labels_file: str) -> np.ndarray:
     n = len(codes)
     if src.split is not None:
         unknown = sorted(str(v) for v in set(np.unique(src.split).tolist()) - set(SPLIT_NAMES))
@@ -73,7 +73,7 @@ def _given_or_random_split(cfg: RunConfig, src, codes: np.ndarray, classes: list
     split = np.full(n, TRAIN, np.int8)
     counts = np.bincount(codes)
     if counts.min() < 2:
-        raise InputError(f"{src.name}: class {classes[int(np.argmin(counts))]!r} has {counts.min()} sample(s); a stratified "
+        raise InputError(f"{labels_file}: class {classes[int(np.argmin(counts))]!r} has {counts.min()} sample(s); a stratified "
                          f"split needs at least two per class (data.labels); drop or merge that class")
     held = s.test + val_share
     try:
@@ -131,7 +131,7 @@ def prepare_data(cfg: RunConfig, store) -> DataPlan:
         raise InputError(f"{src.name}: features are empty (shape {tuple(src.reader.shape)}); check data.features")
     labels_file = cfg.data.labels if (cfg.data.labels or "").endswith(".npy") else src.name   # where they were read
     codes, classes = encode_labels(src.labels, n, f"{labels_file} (data.labels)")
-    split = _split_codes(cfg, src, codes, classes)
+    split = _split_codes(cfg, src, codes, classes, labels_file)
     check_split(codes, split, SPLIT_NAMES, classes, src.name, given=src.split is not None)
     coords = {"label": codes, "split": split}
     groups = None

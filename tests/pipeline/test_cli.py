@@ -110,6 +110,8 @@ BAD = {
                                            r"error: \S+/y.npy \(data.labels\): labels must be integers"),
     "one class": (lambda t: _bad_npz(t, X=X, y=np.zeros(120, int)), {}, r"labels hold only one class \(0\); "),
     "one member": (lambda t: _bad_npz(t, X=X, y=Y_ONE_MEMBER), {}, r"class 9 has 1 sample\(s\); a stratified split needs at least two"),
+    "one member in a labels file": (lambda t: _labels_file(t, Y_ONE_MEMBER), {},   # named the features' file
+                                    r"error: \S+/y.npy: class 9 has 1 sample\(s\); a stratified split needs"),
     "1-D features": (lambda t: _bad_npz(t, X=X[:, 0], y=Y), {}, r"must be a 2-D \(sample, feature\) array"),
     "string features": (lambda t: _bad_npz(t, X=X.astype(str), y=Y), {}, r"features must be numeric"),
     "text features": (lambda t: _bad_npz(t, X=np.full(X.shape, "a"), y=Y), {},
