@@ -47,6 +47,7 @@ class StageContext:
     progress: StageProgress | None = None   # the running stage's counter (stage_progress)
     made: set = field(default_factory=set)  # units committed by this run: reused even with resume off
     repairing: set = field(default_factory=set)  # damaged units this run recomputes (each logged once)
+    unfinished: set = field(default_factory=set)  # units an interrupted run left, this run recomputes (logged once)
     # seed -> rows of its shuffled copy that the train stage's SGD learners read at most (None or
     # missing: every row); the train stage sets it before the learners ask for their copy
     shuffle_rows: dict = field(default_factory=dict)
@@ -75,7 +76,8 @@ class StageContext:
         if not self.resume or (self.force is not None and STAGES.index(stage) >= STAGES.index(self.force)):
             return False
         if not unit.done():
-            if unit.exists():
+            if unit.exists() and unit.rel not in self.unfinished:
+                self.unfinished.add(unit.rel)
                 self.log(f"  {stage}: {unit.rel} was left unfinished by an interrupted run; recomputing it")
             return False
         bad = unit.verify(self.checksums(unit, list(unit.meta().get("files") or {})))

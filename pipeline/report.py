@@ -336,14 +336,15 @@ DEFINITIONS = {
     "nmi": ("NMI", True, "normalised mutual information between k-means clusters of the codes and the classes"),
     "ami": ("AMI", True, "adjusted (for chance) mutual information between k-means clusters and the classes"),
     "ukb4": ("UKB score", True, "relevant rows among the first 4 results (UKBench's score, 4 at best)"),
-    "mprec": ("mprec@{k}", True, "share of relevant rows among the first {k} results, averaged per class (not "
-                                 "precision@1, which averages over queries)"),
+    "mprec": ("mprec@{k}", True, "share of relevant rows among the first {k} results, averaged per class, then "
+                                 "over classes (the precision@1 metric averages over queries instead)"),
     "recall": ("recall@{k}", True, "share of the query's relevant rows found among the first {k} results"),
     "top1_error": ("top-1 error", False, "share of test rows whose predicted class is wrong"),
     "knn_recall": ("kNN recall", True, "share of each test row's exact k nearest train codes that the kNN "
                                        "classifier voted over (the stored graph or an IVF index, "
                                        "metrics.json's 'search'; 1 when exact)"),
-    "top5_error": ("top-5 error", False, "share of test rows whose class is not among the 5 best-scored"),
+    "top5_error": ("top-5 error", False, "share of test rows whose class is not among the 5 best-scored (a kNN or "
+                                         "soft vote scores only the classes its voters name)"),
     "storage_bytes": ("model bytes", False, "bytes of the encoder's parameters"),
     "nnz": ("non-zeros", False, "non-zero parameters of the encoder"),
     "flops_per_image": ("FLOPs / image", False, "multiply-adds x 2 to encode one image"),
@@ -735,7 +736,7 @@ def render_html(doc: dict, curves: list | None = None) -> str:
                     f"record).</small></p>{training}")
 
     def stage_note(t):
-        return " ".join(x for x in (t.get("note", ""), f"{t['tasks']} tasks" if t.get("tasks") else "") if x)
+        return " ".join(x for x in (t.get("note", ""), f"{t['tasks']} task{'s' if t['tasks'] != 1 else ''}" if t.get("tasks") else "") if x)
 
     timings = "".join(f"<tr><td class=l>{esc(t['stage'])}</td><td>{t['seconds']:.2f}</td>"
                       f"<td class=l>{esc(stage_note(t))}</td></tr>" for t in doc["timings"])

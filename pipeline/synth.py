@@ -63,6 +63,7 @@ def write_synthetic(client, path: str, n: int, dim: int, classes: int, seed: int
             last = time.monotonic()
     os.rename(tmp, path)
     seconds = time.perf_counter() - t0
-    log(f"Wrote {n:,} x {dim} float32 ({n * dim * 4 / 1e9:.2f} GB) in {seconds:.1f} s "
+    size = f"{n * dim * 4 / 1e9:.2f} GB" if n * dim * 4 >= 1e8 else f"{n * dim * 4 / 1e6:.1f} MB"
+    log(f"Wrote {n:,} x {dim} float32 ({size}) in {seconds:.1f} s "
         f"({n * dim * 4 / 1e6 / max(seconds, 1e-9):.0f} MB/s) to {path}")
     return path

@@ -271,3 +271,15 @@ def test_a_task_given_an_earlier_task_s_refusal_passes_it_on_without_running():
     assert _returning_errors(boom, [Refused(err)]) is err
     assert _refusing(boom, "spec", err).error is err
     assert _returning_errors(lambda *m: len(m), "spec", ({"a": 1}, {})) == 2   # ordinary inputs: it runs
+
+
+def test_a_unit_left_unfinished_is_announced_once_however_often_it_is_asked_for(tmp_path):
+    """The train stage asks about a unit more than once (candidates, selection): an interrupted
+    --force train's unit was reported twice."""
+    import os
+    lines = []
+    ctx = StageContext(None, Store(str(tmp_path)), parse_config({"data": {"source": "digits"}}), log=lines.append)
+    unit = ctx.store.unit("models", "0123456789abcdef")
+    os.makedirs(unit.url)
+    assert not ctx.reuse(unit, "train") and not ctx.reuse(unit, "train")
+    assert lines == ["  train: models/0123456789abcdef was left unfinished by an interrupted run; recomputing it"]
