@@ -122,6 +122,8 @@ class Store:
 
     def check_exists(self) -> None:
         if not self.fs.isdir(self.root):
+            if self.fs.exists(self.root):
+                raise InputError(f"{self.url}: a file, not a store (a store is a folder); give the --store of a run")
             raise InputError(f"{self.url}: no such store; run 'metricpipe run CONFIG' first or check the path")
 
     def check_is_store(self) -> None:

@@ -331,6 +331,11 @@ def test_report_refuses_a_result_a_later_run_left_uncommitted(good_store, tmp_pa
 def test_inspect_missing_store(tmp_path):
     res = CliRunner().invoke(main, ["inspect", str(tmp_path / "nope")])
     assert res.exit_code == 2 and "no such store" in res.output
+    (tmp_path / "afile.txt").write_text("x")     # it said "no such store" for a file too
+    for cmd in ("inspect", "models", "report"):
+        res = CliRunner().invoke(main, [cmd, str(tmp_path / "afile.txt")])
+        assert res.exit_code == 2 and res.output.strip() == (f"error: {tmp_path / 'afile.txt'}: a file, not a store "
+                                                             f"(a store is a folder); give the --store of a run")
 
 
 @pytest.mark.parametrize("command", [["models"], ["inspect"], ["inspect", "--verify"]])
