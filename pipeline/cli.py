@@ -356,6 +356,7 @@ def models(store):
     In Python, ``metricpipe.load_model(STORE, KEY)`` returns one as a fitted estimator (in a Pipeline
     after the run's normalizer when it had one)."""
     from metricpipe.models import describe
+    from metricpipe.tasks.registry import param_text
 
     rows = describe(store)
     if not rows:
@@ -363,7 +364,7 @@ def models(store):
         return
     click.echo(f"{'key':<16}  {'method':<10} {'codes':>5}  {'encoded':<7}  parameters")
     for r in rows:
-        params = " ".join(f"{k}={v}" for k, v in sorted(r["params"].items()))
+        params = " ".join(f"{k}={param_text(v)}" for k, v in sorted(r["params"].items()))
         ext = f" (extends {r['extends']})" if r["extends"] else ""
         click.echo(f"{r['key']:<16}  {r['method']:<10} {r['dim']:>5}  {'yes' if r['encoded'] else 'no':<7}  "
                    f"{params}{ext}")

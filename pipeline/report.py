@@ -13,7 +13,7 @@ from importlib import metadata
 from metricpipe import __version__
 from metricpipe.storage import Store, read_attrs, to_json
 from metricpipe.tasks.errors import InputError
-from metricpipe.tasks.registry import BASELINES
+from metricpipe.tasks.registry import BASELINES, param_text
 
 PACKAGES = ("metricpipe", "numpy", "scipy", "dask", "distributed", "zarr", "xarray", "scikit-learn")
 
@@ -196,7 +196,7 @@ def _label(r: dict, swept: frozenset = frozenset()) -> str:
     declared = _declared(r)
     params = {**{k: declared[k] for m, k in swept if m == r["method"] and k in declared}, **r["params"]}
     order = {k: i for i, k in enumerate(declared)}    # the class's order, whichever a row set
-    extra = [f"{k}={v}" for k, v in sorted(params.items(), key=lambda kv: order.get(kv[0], len(order)))
+    extra = [f"{k}={param_text(v)}" for k, v in sorted(params.items(), key=lambda kv: order.get(kv[0], len(order)))
              if (k not in declared or v != declared[k] or (r["method"], k) in swept)
              and k != "score" and (k, v) != ("view", "codes")]   # the score follows from the method
     return " ".join([r["method"], *extra])

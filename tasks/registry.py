@@ -89,6 +89,14 @@ def params_of(spec: dict) -> dict:
     return {k: v for k, v in spec.items() if k not in ("method", "select")}
 
 
+def param_text(value) -> str:
+    """A parameter's value as names and logs show it: a dict (SLEM's negatives) as (key=value,...), not
+    Python's repr with its quotes."""
+    if isinstance(value, dict):
+        return "(" + ",".join(f"{k}={param_text(v)}" for k, v in value.items()) + ")"
+    return str(value)
+
+
 def make(spec: dict):
     """The unfitted estimator of a config spec ``{"method": name, **params}``."""
     params = params_of(spec)

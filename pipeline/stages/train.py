@@ -22,7 +22,7 @@ from metricpipe.tasks.errors import InputError
 def model_id(spec: dict) -> str:
     """A short readable name: method, dim, then the parameters that differ from their defaults."""
     defaults = registry.defaults(registry.estimator_class(spec["method"], spec))
-    extra = "-".join(f"{k}{v}" for k, v in sorted(registry.params_of(spec).items())
+    extra = "-".join(f"{k}{registry.param_text(v)}" for k, v in sorted(registry.params_of(spec).items())
                      if k != "dim" and v is not None and (k not in defaults or v != defaults[k]))
     return "-".join(str(x) for x in (spec["method"], spec.get("dim") or "", extra) if x != "")
 

@@ -61,3 +61,13 @@ def test_a_model_s_spec_does_not_depend_on_how_a_value_is_spelled():
     [grid] = expand_method({"method": "ncmml", "dim": 8, "select": {"lr": [30, 3]}})
     assert grid["select"]["grid"] == {"lr": [30.0, 3.0]} and grid["lr"] == 30.0
     assert expand_method({"method": "nml", "iters": 1e4})[0]["iters"] == 10000   # a count stays an int
+
+
+def test_dict_parameters_read_as_key_value_pairs_in_names_and_labels():
+    """SLEM's negatives showed as a Python repr in model names, logs and the report's legends
+    ("slem-negatives{'split': 'train', 'count': 2000}")."""
+    from metricpipe.stages.train import model_id
+    assert registry.param_text({"split": "train", "count": 2000}) == "(split=train,count=2000)"
+    assert registry.param_text(0.5) == "0.5" and registry.param_text([1, 2]) == "[1, 2]"
+    name = model_id({"method": "slem", "lam": 1.0, "negatives": {"split": "train", "count": 2000}})
+    assert name == "slem-lam1.0-negatives(split=train,count=2000)", name
