@@ -1,5 +1,6 @@
 """What every stage receives: the client, the store, the config, and helpers to submit and gather
 tasks with progress and errors that name the stage and the block."""
+import asyncio
 import contextlib
 import functools
 import os
@@ -132,25 +133,34 @@ class StageContext:
             self.progress.add(future)
         return future
 
-    def gather(self, futures: list, stage: str, labels: list[str] | None = None, on_result=None) -> list:
+    def gather(self, futures: list, stage: str, labels: list[str] | None = None, on_result=None,
+               fetch: bool = True) -> list | None:
         """Wait for ``futures``; return results in submission order. Progress is the stage's counter
         (``stage_progress``: every task of the stage, over all its gathers); outside one, this call's own.
 
         A failure is re-raised at once: bad input as the worker's one-line InputError, anything else
-        as a StageError naming the stage and the block; the remaining tasks are cancelled.
+        as a StageError naming the stage and the block (a worker lost after its task finished too:
+        its result cannot be read); the remaining tasks are cancelled.
         ``on_result(i, result)``, if given, is called as each task finishes, before any later failure
         or interrupt: a stage commits there what must survive one (the train stage, each model).
+        Each result is read from its worker once. ``fetch=False`` waits without reading them (None):
+        for tasks whose results other tasks combine on the workers (the statistics stage's D x D
+        moments per block), where a Refused result reaches the last task's gather instead.
         """
         if self.progress is None:    # a stage run alone (tests, `metricpipe stage`): count this call's tasks
             with self.stage_progress(stage) as progress:
                 for f in futures:
                     progress.add(f)
-                return self.gather(futures, stage, labels, on_result)
+                return self.gather(futures, stage, labels, on_result, fetch)
         labels = labels or [f"task {i}" for i in range(len(futures))]
         where = {f.key: lab for f, lab in zip(futures, labels)}
         positions = {}
         for i, f in enumerate(futures):
             positions.setdefault(f.key, []).append(i)
+        results = {}
+
+        def failed(fut, exc):
+            return StageError(f"stage {stage} failed on {where[fut.key]}: {type(exc).__name__}: {exc}".splitlines()[0])
         try:
             for fut in as_completed(futures):
                 check_terminated()
@@ -158,17 +168,23 @@ class StageContext:
                     exc = fut.exception()
                     if isinstance(exc, InputError):
                         raise exc
-                    raise StageError(f"stage {stage} failed on {where[fut.key]}: "
-                                     f"{type(exc).__name__}: {exc}".splitlines()[0]) from exc
-                _raise_refused(fut.result())   # bad input found by a task: its one line, at once
+                    raise failed(fut, exc) from exc
+                if not fetch:
+                    continue
+                try:
+                    result = fut.result()
+                except (Exception, asyncio.CancelledError) as exc:   # KilledWorker, cancelled, comm lost
+                    raise failed(fut, exc) from exc
+                _raise_refused(result)   # bad input found by a task: its one line, at once
+                results[fut.key] = result
                 if on_result is not None:
                     for i in positions.pop(fut.key, []):   # a future listed twice is reported once per place
-                        on_result(i, fut.result())
+                        on_result(i, result)
         except BaseException:
             self.client.cancel(futures)
             raise
         check_terminated()
-        return [f.result() for f in futures]
+        return [results[f.key] for f in futures] if fetch else None
 
 
 class Refused:

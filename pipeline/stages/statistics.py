@@ -43,7 +43,8 @@ def run_statistics(ctx: StageContext, data: DataInfo) -> Unit:
     unit.begin()
     parts = [ctx.submit(_moments_block, data.url, a, b, len(data.classes), dense, name="moments-block")
              for a, b in data.chunks]
-    ctx.gather(parts, "statistics", [f"rows {a}..{b - 1}" for a, b in data.chunks])
+    # wait, but leave each block's moments (a D x D matrix) on its worker: the tree combines them there
+    ctx.gather(parts, "statistics", [f"rows {a}..{b - 1}" for a, b in data.chunks], fetch=False)
     total = _tree_combine(ctx, parts, "moments-combine")
     if dense:
         meta = ctx.gather([ctx.submit(_finalize_statistics, total, unit.url, None, name="statistics-finalize")],

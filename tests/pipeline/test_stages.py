@@ -171,6 +171,30 @@ def test_results_are_handed_over_as_they_finish_before_a_later_failure(client, t
 
 
 @pytest.mark.integration
+def test_each_result_is_read_once_and_one_that_cannot_be_read_is_a_stage_error(client, tmp_path, monkeypatch):
+    """A finished task whose worker is lost before its result is read (KilledWorker on the re-run, a
+    cancelled future) gave a raw traceback and exit 1: gather read each result twice or three times.
+    ``fetch=False`` waits without reading (the statistics stage's per-block D x D moments)."""
+    import distributed
+    from distributed import wait
+
+    from metricpipe.errors import StageError
+    ctx = StageContext(client, Store(str(tmp_path)), parse_config({"data": {"source": "digits"}}), log=lambda m: None)
+    reads, real = [], distributed.Future.result
+    monkeypatch.setattr(distributed.Future, "result", lambda self, *a, **k: reads.append(self.key) or real(self, *a, **k))
+    futures = [ctx.submit(int, str(i), name="r") for i in range(3)]
+    assert ctx.gather(futures, "train", on_result=lambda i, r: None) == [0, 1, 2]
+    assert sorted(reads) == sorted(f.key for f in futures)          # once each
+    reads.clear()
+    assert ctx.gather([ctx.submit(int, "5", name="w")], "statistics", fetch=False) is None and reads == []
+    lost = ctx.submit(int, "4", name="lost")
+    wait([lost])
+    client.cancel([lost])
+    with pytest.raises(StageError, match=r"^stage train failed on model m: \w*Cancelled"):
+        ctx.gather([lost], "train", ["model m"])
+
+
+@pytest.mark.integration
 def test_workers_checksum_the_large_files_as_the_client_would(staged, monkeypatch):
     from metricpipe import context
     ctx, data, X, y = staged
