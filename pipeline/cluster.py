@@ -1,6 +1,7 @@
 """Clusters: an embedded LocalCluster, an existing scheduler address, or a spec file for SLURM
 (dask-jobqueue) or Kubernetes (dask-kubernetes)."""
 import contextlib
+import errno
 import os
 import subprocess
 from pathlib import Path
@@ -62,7 +63,13 @@ def _port_free(host: str, port: int) -> bool:
     with socket.socket(family, socket.SOCK_STREAM) as s:
         try:
             s.bind((host, port))
-        except OSError:
+        except socket.gaierror:
+            raise InputError(f"dashboard: {host} is not an address of this machine (or does not resolve); give "
+                             f"127.0.0.1:PORT, 0.0.0.0:PORT to open it to the network, or false") from None
+        except OSError as e:
+            if e.errno == errno.EADDRNOTAVAIL:
+                raise InputError(f"dashboard: {host} is not an address of this machine; give 127.0.0.1:PORT, "
+                                 f"0.0.0.0:PORT to open it to the network, or false") from None
             return False
     return True
 
@@ -176,7 +183,10 @@ def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limi
         with interrupts_deferred(pending), quiet_resource_tracker(), taken_port_quiet():
             lc = LocalCluster(n_workers=workers, threads_per_worker=threads_per_worker, processes=True,
                               host="127.0.0.1", memory_limit=memory_limit,
-                              dashboard_address=dashboard_address(dashboard))
+                              dashboard_address=dashboard_address(dashboard),
+                              # no dashboard: the scheduler still serves its health routes over HTTP,
+                              # on Dask's 8787 unless told otherwise; a free loopback port instead
+                              scheduler_kwargs=None if dashboard else {"dashboard_address": "127.0.0.1:0"})
         with lc:
             raise_pending(pending)   # a Ctrl-C during the start stops the run now, the cluster whole
             with Client(lc) as client:

@@ -399,7 +399,8 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
         dashboard = None     # no dashboard
     elif isinstance(dashboard, int) and not isinstance(dashboard, bool) and 0 <= dashboard < 65536:
         dashboard = f":{dashboard}"
-    elif not isinstance(dashboard, str) or not re.fullmatch(r"[\w.\-\[\]:]*:\d{1,5}", dashboard):
+    elif not isinstance(dashboard, str) or not re.fullmatch(r"[\w.\-\[\]:]*:\d{1,5}", dashboard) \
+            or int(dashboard.rpartition(":")[2]) > 65535:
         _fail(where, "dashboard", f"expected [HOST]:PORT (e.g. :8787 or 127.0.0.1:0), a port number or false, "
               f"got {dashboard!r}")
     store = _typed(raw, "store", str, where, "", "runs/metricpipe")

@@ -71,8 +71,13 @@ def _run_locked(store, cfg, resume, log, performance_report, client, force, repa
         plan = stages.prepare_data(cfg, store)  # refuse bad input before starting anything
         cfg = check_methods(cfg, plan.info, log)
         if client is None:
-            client = stack.enter_context(connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit,
-                                                 cfg.dashboard, cfg.tls))
+            try:
+                client = stack.enter_context(connect(cfg.cluster, cfg.workers, cfg.threads_per_worker,
+                                                     cfg.memory_limit, cfg.dashboard, cfg.tls))
+            except InputError as e:
+                if str(e).startswith("dashboard:"):    # its host, found unusable as the cluster starts
+                    raise InputError(f"{cfg.source_file}: {e}") from None
+                raise
         if cfg.dashboard is not None or cfg.cluster != "local":
             log(f"Dashboard: {client.dashboard_link}")
         if cfg.cluster.startswith(("tcp://", "tls://")):   # a running scheduler: its workers are what they are

@@ -806,3 +806,35 @@ def test_sbatch_s_refusal_names_the_spec_only_when_the_spec_can_fix_it(monkeypat
     with pytest.raises(InputError, match=re.escape(words)) as e:
         cluster.check_slurm_job("cluster/slurm.yaml", "#!/bin/bash\n")
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.integration
+def test_no_dashboard_means_no_dashboard_and_port_8787_left_alone(monkeypatch):
+    """dashboard: false passed no address, and Dask's scheduler then served its HTTP routes on
+    127.0.0.1:8787 anyway (a user's trial: 'ss -ltnp' showed it): now a free loopback port, no
+    dashboard routes; with a dashboard, the given port."""
+    import urllib.request
+
+    from metricpipe import cluster
+    with cluster.connect("local", 1, dashboard=None) as client:
+        http = client.cluster.scheduler.http_server
+        host, port = http.address, http.port
+        assert host == "127.0.0.1" and port != 8787
+        assert urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10).read() == b"ok"
+        with pytest.raises(urllib.error.HTTPError):      # no dashboard behind it
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10)
+    with cluster.connect("local", 1, dashboard="127.0.0.1:0") as client:
+        link = client.dashboard_link
+        assert link.startswith("http://127.0.0.1:") and \
+            urllib.request.urlopen(link, timeout=30).status == 200
+
+
+def test_a_dashboard_host_that_is_not_this_machine_is_one_line_naming_the_config(tmp_path):
+    """'myhost.invalid:8792' passed the config's pattern, then socket.gaierror reached the terminal."""
+    cfg = {"store": str(tmp_path / "s"), "dashboard": "myhost.invalid:8792", "data": {"source": "digits"},
+           "methods": [{"method": "pca", "dim": 2}]}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    res = _invoke("run", tmp_path / "c.yaml")
+    assert res.exit_code == 2 and res.output.strip().splitlines()[-1] == (
+        f"error: {tmp_path / 'c.yaml'}: dashboard: myhost.invalid is not an address of this machine (or does not "
+        f"resolve); give 127.0.0.1:PORT, 0.0.0.0:PORT to open it to the network, or false"), res.output

@@ -32,6 +32,7 @@ def test_defaults_and_method_expansion():
     ({"data": {"source": "digits", "split": {"test": 1.0}}}, r"data.split.test: must be a share in \(0, 1\) of the rows"),
     ({"data": {"source": "digits", "split": {"test": 0}}}, r"data.split.test: must be a share in \(0, 1\) of the rows"),
     ({**BASE, "workers": 0}, r"workers: must be >= 1"),
+    ({**BASE, "dashboard": ":99999"}, r"cfg.yaml: dashboard: expected \[HOST\]:PORT .*got ':99999'"),   # was an OverflowError
     ({**BASE, "workers": "two"}, r"workers: expected int"),
     ({**BASE, "methods": [{"method": "pca", "dim": -1}]}, r"methods\[0\]: The 'dim' parameter of PCA must be an int in the range \[1, inf\) or None. Got -1 instead"),
     ({**BASE, "methods": [{"dim": 3}]}, r"methods\[0\]: expected a mapping with a 'method' key"),
