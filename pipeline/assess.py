@@ -14,6 +14,7 @@ the reference in row blocks into a pooled top-k (``tasks.knn.pooled_topk``, k = 
 PML's ``max_bin_count``) and returns each query's metrics and cluster. No task holds the reference:
 a group's memory is its queries and its pool, sized to POOL_BYTES.
 """
+import asyncio
 import json
 import os
 from dataclasses import dataclass
@@ -21,8 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
+from metricpipe.budget import PAUSE_FRACTION, SPILL_FRACTION, WORKER_RESIDENT, usable, worker_limit
 from metricpipe.config import DataConfig
 from metricpipe.context import _raise_refused, _refusing
+from metricpipe.errors import StageError
 from metricpipe.sources import open_source
 from metricpipe.tasks import evaluation, knn, metrics
 from metricpipe.tasks.errors import InputError
@@ -30,11 +33,12 @@ from metricpipe.tasks.sparse import stratified_subset
 from metricpipe.tasks.validate import check_feature_block
 
 # A query group's pool (2k + tile candidates of 16 bytes, and the sort that cuts it) within this;
-# with k = 10,000 that is about 400 queries.
+# with k = 10,000 that is about 290 queries.
 POOL_BYTES = 4e8
 # Reference rows read at once: about this many bytes, whole chunks of a Zarr source.
 BLOCK_BYTES = 6.4e7
 KMEANS_ROWS_PER_CLUSTER = 256
+MIN_GROUP = 16      # queries per task at least (a smaller worker limit is refused)
 METRICS = ("map@r", "r_precision", "precision@1", "mrr")
 # The pipeline's cut-off metrics, mprec@K and recall@K, read from the same neighbour lists (K up to k).
 RETRIEVAL_K = (1, 10, 100)
@@ -182,10 +186,26 @@ def _group(q_reader, q_rows: np.ndarray, scans, r_reader, r_blocks: list, where:
     return out
 
 
-def group_size(k: int, n_queries: int, workers: int) -> int:
-    """Queries per task: within POOL_BYTES, and at least two tasks per worker when queries are few."""
-    by_memory = max(1, int(POOL_BYTES // ((2 * k + knn.DB_TILE) * 16 * 2.5)))
-    return max(1, min(by_memory, -(-n_queries // (2 * workers))))
+def group_size(k: int, n_queries: int, workers: int, limit: float | None = None) -> int:
+    """Queries per task: their pools within POOL_BYTES and, beside two reference blocks (the block and
+    its distances), within the memory rule's share of the smallest worker's ``limit`` (None: no
+    limit known); at least two tasks per worker when queries are few. A limit too small for one
+    query's pool is refused, naming the limit to give."""
+    # 2k + tile candidates of 16 bytes, 3.5 times: the sort that cuts them and the task's copies (measured:
+    # k = 10,147 groups of 104 and 410 queries raised a worker by 1.8 and 1.5 MB per query)
+    per_query = (2 * k + knn.DB_TILE) * 16 * 3.5
+    # the memory rule's share, and below Dask's pause beside the worker process itself (a 1 GB worker
+    # at 410-query groups of k = 10,147 peaked at 833-873 MB, paused; 500 MB ones were killed)
+    fits = None if limit is None else min(usable(limit), PAUSE_FRACTION * limit - WORKER_RESIDENT)
+    pool = POOL_BYTES if limit is None else min(POOL_BYTES, fits - 2 * BLOCK_BYTES)
+    least = min(MIN_GROUP, n_queries) * per_query   # fewer per task: each task streams the whole reference
+    if pool < least:
+        need = max((least + 2 * BLOCK_BYTES) / SPILL_FRACTION,
+                   (least + 2 * BLOCK_BYTES + WORKER_RESIDENT) / PAUSE_FRACTION)
+        raise InputError(f"--memory-limit: a worker limit of {limit / 1e6:,.0f} MB cannot hold the top-{k:,} pools of "
+                         f"{min(MIN_GROUP, n_queries)} queries ({least / 1e6:,.0f} MB) beside two {BLOCK_BYTES / 1e6:.0f} "
+                         f"MB reference blocks and the worker itself; give workers at least {need / 1e6:,.0f} MB")
+    return max(1, min(int(pool // per_query), -(-n_queries // (2 * workers))))
 
 
 def evaluate_embeddings(client, q: Side, rows: np.ndarray, ref: Side, self_in: bool, seed: int = 0,
@@ -216,7 +236,7 @@ def evaluate_embeddings(client, q: Side, rows: np.ndarray, ref: Side, self_in: b
         _raise_refused(r)
     centroids = client.submit(_centroids, scans, wanted[km] if sampled else wanted, n_clusters, [seed, 22])
     r_labels_f = client.scatter(ref.labels, broadcast=True)
-    g = group_size(k, len(rows), max(1, len(client.scheduler_info()["workers"])))
+    g = group_size(k, len(rows), max(1, len(client.scheduler_info()["workers"])), worker_limit(client))
     log(f"evaluate: {len(rows):,} queries against {ref.reader.shape[0]:,} references, k = {k:,}, "
         f"{-(-len(rows) // g)} task(s) of up to {g} queries")
     groups = []
@@ -225,7 +245,10 @@ def evaluate_embeddings(client, q: Side, rows: np.ndarray, ref: Side, self_in: b
         groups.append(client.submit(_group, q_reader_f, qr, scans if sampled else None, r_reader_f,
                                     _blocks(ref.reader), f"{ref.path} ({ref.option})", k, self_in, yq[s:s + g],
                                     r_labels_f, R[s:s + g], centroids, pure=False))
-    parts = client.gather(groups)
+    try:
+        parts = client.gather(groups)
+    except (Exception, asyncio.CancelledError) as exc:   # a worker lost (killed, out of memory): one line
+        raise StageError(f"evaluate failed on a query group: {type(exc).__name__}: {exc}".splitlines()[0]) from exc
     per_query = {m: np.concatenate([p[m] for p in parts]) for m in METRICS}
     clusters = np.concatenate([p["cluster"] for p in parts])
     values = {**evaluation.mean_accuracy(per_query), **metrics.clustering_scores(yq, clusters)}

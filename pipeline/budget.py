@@ -27,6 +27,8 @@ from metricpipe.tasks.errors import InputError
 
 BLOCKS_PER_TASK = 4
 SPILL_FRACTION = 0.6
+PAUSE_FRACTION = 0.8      # Dask pauses a worker above this share of its limit (distributed's default)
+WORKER_RESIDENT = 2.5e8   # a worker process before any task (Python, numpy, faiss, zarr; measured)
 # The index shares its worker with the row-blocks a re-ranking task reads (one block and the queries).
 INDEX_BLOCKS = 2
 

@@ -197,3 +197,25 @@ def test_a_parquet_file_from_metricpipe_encode_is_read_without_naming_its_column
     assert res.exit_code == 0, res.output
     got, ref = _values(out), pml_accuracy(X, y)
     assert all(got[name] == pytest.approx(ref[name], abs=1e-9) for name in ACC)
+
+
+def test_query_groups_are_sized_to_the_workers_memory_limit_or_refused():
+    """Groups were sized by a fixed 400 MB whatever the workers had: a user's 500 MB workers were
+    killed (a FutureCancelledError traceback, exit 1) and 1 GB ones paused at 87%."""
+    from metricpipe import assess, budget
+    from metricpipe.tasks.errors import InputError
+    k = 10147
+    per_query = (2 * k + 4096) * 16 * 3.5
+    sizes = {lim: assess.group_size(k, 100000, 2, lim) for lim in (None, 4e9, 1e9, 6e8, 5e8)}
+    assert sizes[None] == sizes[4e9] == int(assess.POOL_BYTES // per_query)
+    assert sizes[4e9] >= sizes[1e9] > sizes[6e8] > sizes[5e8] >= assess.MIN_GROUP
+    for lim, g in sizes.items():        # each group, two reference blocks and the worker below Dask's pause
+        if lim:
+            assert g * per_query + 2 * assess.BLOCK_BYTES <= budget.usable(lim)
+            assert g * per_query + 2 * assess.BLOCK_BYTES + budget.WORKER_RESIDENT <= budget.PAUSE_FRACTION * lim
+    assert assess.group_size(k, 10, 2, 6e8) == 3     # few queries: still two tasks per worker
+    with pytest.raises(InputError, match=r"^--memory-limit: a worker limit of 400 MB cannot hold the top-10,147 pools "
+                                         r"of 16 queries \(22 MB\) beside two 64 MB reference blocks and the worker "
+                                         r"itself; give workers at least 500 MB$"):
+        assess.group_size(k, 100000, 2, 4e8)
+    assert assess.group_size(k, 100000, 2, 5.0e8) >= assess.MIN_GROUP   # the figure it names is enough
