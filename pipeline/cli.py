@@ -44,8 +44,9 @@ def handle_errors(fn):
                 traceback.print_exc()
             _echo(f"error: {str(e).splitlines()[0]}")
             if isinstance(e, StageError) and "config" in kwargs:
-                store = f" --store {kwargs['store']}" if kwargs.get("store") else ""
-                _echo(f"to resume: metricpipe run {kwargs['config']}{store} --resume (finished stages are kept)")
+                again = "".join(f" --{name.replace('_', '-')} {kwargs[name]}"    # where it ran: the same options
+                                for name in ("store", "cluster", "workers", "memory_limit") if kwargs.get(name))
+                _echo(f"to resume: metricpipe run {kwargs['config']}{again} --resume (finished stages are kept)")
             sys.exit(EXIT_INPUT)
         except OSError as e:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
@@ -215,6 +216,8 @@ def run(config, store, cluster, workers, memory_limit, resume, force, repair, pe
     from metricpipe.runner import run_pipeline
 
     cfg = _apply(load_config(config), store, cluster, workers, memory_limit)
+    if performance_report:
+        _check_report_path(performance_report)
     if verify_source:
         cfg = replace(cfg, data=replace(cfg.data, verify_source=True))
     run_pipeline(cfg, resume=resume, log=_echo, performance_report=performance_report, force=force, repair=repair,
@@ -240,6 +243,19 @@ def demo_config_path() -> Path:
     if p.is_file():
         return Path(str(p))
     raise InputError("examples/digits.yaml is missing from this installation; reinstall metricpipe")
+
+
+def _check_report_path(path: str) -> None:
+    """--performance-report is written when the run ends: a path it cannot take is refused now, not
+    after the run (Dask's report makes missing folders, so the nearest existing one must be a
+    writable folder)."""
+    parent = Path(path).resolve().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise InputError(f"{path}: {parent} is a file, not a folder (--performance-report); choose another path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"{path}: {parent} is not writable (--performance-report); choose another path")
 
 
 @main.command("stage")

@@ -218,12 +218,14 @@ def test_a_second_run_on_a_busy_store_is_refused_until_the_holder_dies(reference
 
 def test_a_task_that_kills_its_worker_every_time_ends_the_run_naming_stage_and_block(tmp_path, monkeypatch):
     monkeypatch.setenv("METRICPIPE_FAILPOINT", "train-nml:always")
-    res = _run("run", _config(tmp_path, "store"))
+    cfg = _config(tmp_path, "store")
+    res = _run("run", cfg, "--workers", "2")
     assert res.exit_code == 2, res.output
     errors = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and "stage train failed on model nml-4" in errors[0] and "KilledWorker" in errors[0], \
         res.output
-    assert "to resume: metricpipe run" in res.output
+    # the hint reruns where it ran (it dropped --cluster, --workers and --memory-limit)
+    assert f"to resume: metricpipe run {cfg} --workers 2 --resume (finished stages are kept)" in res.output
     # the workers' logs went to the store, not the terminal; the one line says where
     log = errors[0].rsplit("(worker tracebacks: ", 1)[1].rstrip(")")
     assert log.startswith(str(tmp_path / "store" / "logs" / "workers-")) and Path(log).is_file()

@@ -838,3 +838,15 @@ def test_a_dashboard_host_that_is_not_this_machine_is_one_line_naming_the_config
     assert res.exit_code == 2 and res.output.strip().splitlines()[-1] == (
         f"error: {tmp_path / 'c.yaml'}: dashboard: myhost.invalid is not an address of this machine (or does not "
         f"resolve); give 127.0.0.1:PORT, 0.0.0.0:PORT to open it to the network, or false"), res.output
+
+
+def test_a_performance_report_path_that_cannot_be_written_is_refused_before_the_run(tmp_path):
+    """It was found after every stage had run: a traceback and exit 1 at the end."""
+    (tmp_path / "afile").write_text("x")
+    cfg = {"store": str(tmp_path / "s"), "data": {"source": "digits"}, "methods": [{"method": "pca", "dim": 2}]}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    res = _invoke("run", tmp_path / "c.yaml", "--performance-report", tmp_path / "afile" / "sub" / "r.html")
+    assert res.exit_code == 2 and res.output.strip() == (
+        f"error: {tmp_path / 'afile' / 'sub' / 'r.html'}: {tmp_path / 'afile'} is a file, not a folder "
+        f"(--performance-report); choose another path"), res.output
+    assert not (tmp_path / "s").exists()
