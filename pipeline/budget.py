@@ -134,7 +134,7 @@ def needs(info, cfg, limit: float) -> list[tuple[str, float, str]]:
                             ivf.stream_bytes(q, D, nb.k, nlist, block, nb.nprobe), "lower neighbours.queries or raise memory_limit"))
             else:
                 factory = ivf.factory_string(n_train, D, nlist, budget, where=cfg.source_file,
-                                             limit_setting=cfg.setting("memory_limit"))
+                                             limit_setting=limit_name(cfg))
                 out.append((f"the neighbours stage's IVF index ({factory}) and {INDEX_BLOCKS} row-blocks",
                             ivf.index_bytes(n_train, D, factory) + INDEX_BLOCKS * block,
                             "raise memory_limit"))
@@ -159,6 +159,13 @@ def _kernel_slem(spec: dict, info) -> tuple[str, float, str]:
             "lower its negatives.count, use decomposition: icd with a rank, or raise memory_limit")
 
 
+def limit_name(cfg) -> str:
+    """The setting that sizes the workers: memory_limit (or --memory-limit) for a local cluster; a
+    running scheduler's or a spec's workers were started with their own."""
+    return cfg.setting("memory_limit") if cfg.cluster == "local" else \
+        "the workers' memory limit (dask worker --memory-limit, or the cluster spec's)"
+
+
 def check_memory(client, info, cfg) -> None:
     """Refuse, before staging, a run whose largest task would not fit a worker (module docstring)."""
     limit = worker_limit(client)
@@ -168,8 +175,7 @@ def check_memory(client, info, cfg) -> None:
         if need > usable(limit):
             raise InputError(f"{cfg.source_file}: {what} needs ~{need / 1e6:,.0f} MB, over the "
                              f"{usable(limit) / 1e6:,.0f} MB a task may use ({SPILL_FRACTION:.0%} of the smallest "
-                             f"worker memory limit, {limit / 1e6:,.0f} MB); "
-                             f"{fix.replace('memory_limit', cfg.setting('memory_limit'))}")
+                             f"worker memory limit, {limit / 1e6:,.0f} MB); {fix.replace('memory_limit', limit_name(cfg))}")
 
 
 def refuse_without_dense_covariance(est, n_features: int, max_dense_dim: int, where: str) -> None:
@@ -181,5 +187,5 @@ def refuse_without_dense_covariance(est, n_features: int, max_dense_dim: int, wh
                          f"bytes) or drop it{' (a kernel SLEM does without)' if est.method == 'slem' else ''}")
 
 
-__all__ = ["BLOCKS_PER_TASK", "SPILL_FRACTION", "check_memory", "index_budget", "needs", "refuse_without_dense_covariance",
-           "task_budget", "worker_limit"]
+__all__ = ["BLOCKS_PER_TASK", "PAUSE_FRACTION", "SPILL_FRACTION", "WORKER_RESIDENT", "check_memory", "index_budget",
+           "needs", "refuse_without_dense_covariance", "task_budget", "worker_limit"]

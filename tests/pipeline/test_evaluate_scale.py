@@ -195,6 +195,11 @@ def test_the_memory_rule_refuses_before_staging_naming_the_setting():
         check_memory(_client(1e9), _info(110_000_000, 128), cfg)
     with pytest.raises(InputError, match=r"over the \d+ MB a worker can give it; raise --memory-limit"):   # given so
         check_memory(_client(1e9), _info(110_000_000, 128), cfg.from_command_line(memory_limit="1GB"))
+    # a running scheduler's workers: memory_limit does not size them (the note says so), so it is not named
+    with pytest.raises(InputError, match=r"over the \d+ MB a worker can give it; raise the workers' memory limit "
+                                         r"\(dask worker --memory-limit, or the cluster spec's\)$"):
+        check_memory(_client(1e9), _info(110_000_000, 128),
+                     cfg.from_command_line(memory_limit="2GB", cluster="tcp://127.0.0.1:8786"))
     wide = parse_config({"data": {"source": "synthetic"}, "methods": [{"method": "pca", "dim": 32}]})
     with pytest.raises(InputError, match=r"8000 x 8000 covariance .* needs ~1,5\d\d MB, over the 1,200 MB a task may "
                                          r"use .*; set statistics.max_dense_dim below 8000"):
