@@ -43,6 +43,7 @@ class StageProgress:
         self._closed = False
         self._terminal, self._file = terminal, file
         self._bar = None     # drawn from the first task on: a stage that reuses everything shows no line
+        self._said = None    # the last (done, total) written as a plain line
 
     def add(self, future) -> None:
         with self._lock:
@@ -73,9 +74,9 @@ class StageProgress:
                 self._bar.refresh()
             return
         now = time.monotonic()
-        if now - self._last > PLAIN_SECONDS or final and self.total > 4:
+        if (now - self._last > PLAIN_SECONDS or final and self.total > 4) and self._said != (self.done, self.total):
             self.log(f"  {self.stage}: {self.done}/{self.total} tasks done")
-            self._last = now
+            self._last, self._said = now, (self.done, self.total)   # the final count, once
 
     def write(self, msg: str) -> None:
         """A log line that does not tear the progress line: the line is cleared, the message written,

@@ -54,6 +54,26 @@ def test_without_a_terminal_each_stage_logs_plain_lines_of_one_count_over_all_it
         assert len(counts) <= 3, counts   # at most every few seconds: not one line per model or per task
 
 
+def test_a_plain_count_is_not_written_twice(monkeypatch):
+    """The last task's own line (the 5 s timer) and the stage's final line both said 'train: 95/95'."""
+    from metricpipe import progress
+    lines, clock = [], [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    p = progress.StageProgress("train", lines.append)
+
+    class Done:
+        def add_done_callback(self, fn):
+            self.fn = fn
+    tasks = [Done() for _ in range(6)]
+    for t in tasks:
+        p.add(t)
+    for i, t in enumerate(tasks):
+        clock[0] = 6.0 * (i + 1)        # each finishes past the plain line's interval
+        t.fn(t)
+    p.close()
+    assert lines == [f"  train: {i}/6 tasks done" for i in range(1, 7)]
+
+
 def test_on_a_terminal_each_stage_is_one_line_rewritten_in_place_up_to_its_total(tmp_path):
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(yaml.safe_dump(_raw(tmp_path, workers=1, dashboard=":0")))
