@@ -131,6 +131,9 @@ def _dask_verbosity(verbose: bool) -> None:
     level = "info" if verbose else "error"
     dask.config.set({"logging.distributed": level})
     logging.getLogger("distributed").setLevel(level.upper())
+    # distributed's own config gives its client logger a level of its own (warning), which the line
+    # above does not reach: without -v its "Couldn't gather 1 keys, rescheduling" reached the terminal
+    logging.getLogger("distributed.client").setLevel("ERROR" if not verbose else logging.NOTSET)
 
 
 def _verbose_after_command(ctx, param, value):

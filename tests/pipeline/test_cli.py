@@ -559,11 +559,14 @@ def test_verbose_before_or_after_the_subcommand_shows_the_traceback_and_dask_log
     quiet = CliRunner().invoke(main, ["run", str(missing)])
     assert quiet.exit_code == 2 and quiet.output.startswith("error: ") and quiet.exception.__class__ is SystemExit
     assert logging.getLogger("distributed").level == logging.ERROR
+    # the client's logger has a level of its own in distributed's config: its warnings reached the terminal
+    assert logging.getLogger("distributed.client").getEffectiveLevel() == logging.ERROR
     loud = CliRunner().invoke(main, [a.format(cfg=missing) for a in args])
     assert loud.exit_code == 2 and loud.exception.__class__ is SystemExit   # a script's test of the code holds
     assert "Traceback (most recent call last)" in loud.output and "ConfigError" in loud.output
     assert loud.output.rstrip().splitlines()[-1] == quiet.output.strip()    # then the same one line
     assert logging.getLogger("distributed").level == logging.INFO
+    assert logging.getLogger("distributed.client").getEffectiveLevel() == logging.INFO
     assert os.environ["DASK_LOGGING__DISTRIBUTED"] == "info"      # what the workers started later inherit
     CliRunner().invoke(main, ["run", str(missing)])              # the next command is quiet again
     assert logging.getLogger("distributed").level == logging.ERROR
