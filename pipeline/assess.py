@@ -186,37 +186,44 @@ def _group(q_reader, q_rows: np.ndarray, scans, r_reader, r_blocks: list, where:
     return out
 
 
-def group_size(k: int, n_queries: int, workers: int, limit: float | None = None) -> int:
-    """Queries per task: their pools within POOL_BYTES and, beside two reference blocks (the block and
-    its distances), within the memory rule's share of the smallest worker's ``limit`` (None: no
-    limit known); at least two tasks per worker when queries are few. A limit too small for one
-    query's pool is refused, naming the limit to give."""
-    # 2k + tile candidates of 16 bytes, 3.5 times: the sort that cuts them and the task's copies (measured:
-    # k = 10,147 groups of 104 and 410 queries raised a worker by 1.8 and 1.5 MB per query)
+def group_size(k: int, n_queries: int, workers: int, limit: float | None = None,
+               limit_setting: str = "--memory-limit") -> int:
+    """Queries per task: their pools within POOL_BYTES (or MIN_GROUP queries' when those need more)
+    and, beside two reference blocks (the block and its distances) and the worker process, within
+    the memory rule's share of the smallest worker's ``limit`` and below Dask's pause (None: no
+    limit known); at least two tasks per worker when queries are few. A limit too small for
+    MIN_GROUP queries is refused, naming ``limit_setting``."""
+    # 2k + tile candidates of 16 bytes, 3.5 times: the sort that cuts them and the task's copies (with
+    # it, k = 10,147 groups of 292 queries on 1 GB workers peaked at 661-693 MB; at 2.5 times groups of
+    # 410 peaked at 833-873 MB, over Dask's pause, and 500 MB workers were killed)
     per_query = (2 * k + knn.DB_TILE) * 16 * 3.5
-    # the memory rule's share, and below Dask's pause beside the worker process itself (a 1 GB worker
-    # at 410-query groups of k = 10,147 peaked at 833-873 MB, paused; 500 MB ones were killed)
-    fits = None if limit is None else min(usable(limit), PAUSE_FRACTION * limit - WORKER_RESIDENT)
-    pool = POOL_BYTES if limit is None else min(POOL_BYTES, fits - 2 * BLOCK_BYTES)
-    least = min(MIN_GROUP, n_queries) * per_query   # fewer per task: each task streams the whole reference
-    if pool < least:
-        need = max((least + 2 * BLOCK_BYTES) / SPILL_FRACTION,
-                   (least + 2 * BLOCK_BYTES + WORKER_RESIDENT) / PAUSE_FRACTION)
-        raise InputError(f"--memory-limit: a worker limit of {limit / 1e6:,.0f} MB cannot hold the top-{k:,} pools of "
-                         f"{min(MIN_GROUP, n_queries)} queries ({least / 1e6:,.0f} MB) beside two {BLOCK_BYTES / 1e6:.0f} "
-                         f"MB reference blocks and the worker itself; give workers at least {need / 1e6:,.0f} MB")
+    group = min(MIN_GROUP, n_queries)     # fewer per task: each task streams the whole reference
+    pool = max(POOL_BYTES, group * per_query)
+    if limit is not None:
+        room = min(usable(limit), PAUSE_FRACTION * limit - WORKER_RESIDENT) - 2 * BLOCK_BYTES
+        if room < group * per_query:
+            need = max((group * per_query + 2 * BLOCK_BYTES) / SPILL_FRACTION,
+                       (group * per_query + 2 * BLOCK_BYTES + WORKER_RESIDENT) / PAUSE_FRACTION)
+            raise InputError(f"{limit_setting}: a worker limit of {limit / 1e6:,.0f} MB cannot hold the top-{k:,} "
+                             f"pools of {group} queries ({group * per_query / 1e6:,.0f} MB) beside two "
+                             f"{BLOCK_BYTES / 1e6:.0f} MB reference blocks and the worker itself; give workers at least "
+                             f"{need / 1e6:,.0f} MB")
+        pool = min(pool, room)
     return max(1, min(int(pool // per_query), -(-n_queries // (2 * workers))))
 
 
 def evaluate_embeddings(client, q: Side, rows: np.ndarray, ref: Side, self_in: bool, seed: int = 0,
-                        log=print) -> list[dict]:
-    """Metric records of the queries ``rows`` of ``q`` against ``ref``, in ``metrics.json``'s form."""
+                        log=print, limit_setting: str = "--memory-limit") -> list[dict]:
+    """Metric records of the queries ``rows`` of ``q`` against ``ref``, in ``metrics.json``'s form
+    (``limit_setting``: what sizes the workers, named when their limit is too small)."""
     yq = q.labels[rows]
     R = evaluation.relevant_counts(yq, ref.labels, self_in)
     if not (R > 0).any():
         raise InputError(f"{q.path}: no query's label occurs in the reference {ref.path} ({q.option}); "
                          f"give queries and a reference that share classes")
     k = evaluation.accuracy_k(R)
+    # before any scan: the groups' size depends only on k and the workers' limit
+    g = group_size(k, len(rows), max(1, len(client.scheduler_info()["workers"])), worker_limit(client), limit_setting)
     n_clusters = len(np.unique(yq))
     rng = np.random.default_rng([seed, 21])
     km = np.sort(rng.choice(len(rows), min(len(rows), KMEANS_ROWS_PER_CLUSTER * n_clusters), replace=False))
@@ -236,7 +243,6 @@ def evaluate_embeddings(client, q: Side, rows: np.ndarray, ref: Side, self_in: b
         _raise_refused(r)
     centroids = client.submit(_centroids, scans, wanted[km] if sampled else wanted, n_clusters, [seed, 22])
     r_labels_f = client.scatter(ref.labels, broadcast=True)
-    g = group_size(k, len(rows), max(1, len(client.scheduler_info()["workers"])), worker_limit(client))
     log(f"evaluate: {len(rows):,} queries against {ref.reader.shape[0]:,} references, k = {k:,}, "
         f"{-(-len(rows) // g)} task(s) of up to {g} queries")
     groups = []
@@ -247,6 +253,8 @@ def evaluate_embeddings(client, q: Side, rows: np.ndarray, ref: Side, self_in: b
                                     r_labels_f, R[s:s + g], centroids, pure=False))
     try:
         parts = client.gather(groups)
+    except InputError:
+        raise
     except (Exception, asyncio.CancelledError) as exc:   # a worker lost (killed, out of memory): one line
         raise StageError(f"evaluate failed on a query group: {type(exc).__name__}: {exc}".splitlines()[0]) from exc
     per_query = {m: np.concatenate([p[m] for p in parts]) for m in METRICS}

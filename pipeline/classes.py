@@ -288,6 +288,10 @@ def predict(store_url: str, model: str, data_path: str, features: str = "X", lab
         for a in range(0, n, BLOCK_ROWS):
             Q = encode_rows(unit.url, data_path, features, normalize, a, min(n, a + BLOCK_ROWS))
             pred[a:a + len(Q)] = knn_predict(Q, parts, y_train, k, est.code_metric, len(names))
+            if (pred[a:a + len(Q)] < 0).any():   # no labelled neighbour: a code that is not finite
+                bad = a + int(np.argmax(pred[a:a + len(Q)] < 0))
+                raise InputError(f"{src.name}: row {bad} has no neighbour among the train codes (its code under "
+                                 f"model {unit.key} is not finite); check that row's features")
     out = np.asarray(names)[pred] if names else pred   # labels of the model's own kind (int64 or str)
     error, unknown = None, 0
     if src.labels is not None:   # a y the user did not name is checked as strictly as --labels y

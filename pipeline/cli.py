@@ -44,9 +44,12 @@ def handle_errors(fn):
                 traceback.print_exc()
             _echo(f"error: {str(e).splitlines()[0]}")
             if isinstance(e, StageError) and "config" in kwargs:
-                again = "".join(f" --{name.replace('_', '-')} {kwargs[name]}"    # where it ran: the same options
+                import shlex        # where and how it ran: the same options (--verify-source keys the data)
+                again = "".join(f" --{name.replace('_', '-')} {shlex.quote(str(kwargs[name]))}"
                                 for name in ("store", "cluster", "workers", "memory_limit") if kwargs.get(name))
-                _echo(f"to resume: metricpipe run {kwargs['config']}{again} --resume (finished stages are kept)")
+                again += " --verify-source" if kwargs.get("verify_source") else ""
+                _echo(f"to resume: metricpipe run {shlex.quote(str(kwargs['config']))}{again} --resume "
+                      f"(finished stages are kept)")
             sys.exit(EXIT_INPUT)
         except OSError as e:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
@@ -129,11 +132,12 @@ def _dask_verbosity(verbose: bool) -> None:
     imported here, inside the command's handler, so a Ctrl-C during the import gets the hint."""
     import dask
     level = "info" if verbose else "error"
-    dask.config.set({"logging.distributed": level})
-    logging.getLogger("distributed").setLevel(level.upper())
-    # distributed's own config gives its client logger a level of its own (warning), which the line
-    # above does not reach: without -v its "Couldn't gather 1 keys, rescheduling" reached the terminal
-    logging.getLogger("distributed.client").setLevel("ERROR" if not verbose else logging.NOTSET)
+    # distributed's own config gives its client logger a level of its own (warning), applied when
+    # distributed is imported: without -v its "Couldn't gather 1 keys, rescheduling" reached the terminal
+    levels = {**dask.config.get("logging", {}), "distributed": level, "distributed.client": level}
+    dask.config.set({"logging": levels})
+    for name in ("distributed", "distributed.client"):   # and now, when distributed is already imported
+        logging.getLogger(name).setLevel(level.upper())
 
 
 def _verbose_after_command(ctx, param, value):
@@ -251,7 +255,9 @@ def demo_config_path() -> Path:
 def _check_report_path(path: str) -> None:
     """--performance-report is written when the run ends: a path it cannot take is refused now, not
     after the run (Dask's report makes missing folders, so the nearest existing one must be a
-    writable folder)."""
+    writable folder). A URL (s3://...) is written through fsspec: not checked here."""
+    if "://" in path:
+        return
     parent = Path(path).resolve().parent
     while not parent.exists():
         parent = parent.parent
@@ -459,6 +465,7 @@ def evaluate(embeddings, labels, features, queries, reference, query_labels, ref
     import time
 
     from metricpipe.assess import evaluate_embeddings, plan_sides, write_records
+    from metricpipe.budget import limit_name
     from metricpipe.cluster import connect
     from metricpipe.config import parse_config
     from metricpipe.runner import _peak_rss
@@ -472,7 +479,8 @@ def evaluate(embeddings, labels, features, queries, reference, query_labels, ref
     with connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard, cfg.tls) as client:
         _echo(f"Dashboard: {client.dashboard_link}")
         t0 = time.perf_counter()
-        records = evaluate_embeddings(client, q, rows, ref, self_in, seed, log=_echo)
+        records = evaluate_embeddings(client, q, rows, ref, self_in, seed, log=_echo,
+                                      limit_setting="--memory-limit" if cfg.cluster == "local" else limit_name(cfg))
         seconds = time.perf_counter() - t0
         peaks = _peak_rss(client)
     if out:

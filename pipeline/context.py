@@ -147,6 +147,8 @@ class StageContext:
         for tasks whose results other tasks combine on the workers (the statistics stage's D x D
         moments per block), where a Refused result reaches the last task's gather instead.
         """
+        if on_result is not None and not fetch:
+            raise ValueError("on_result needs the results: fetch=True")
         if self.progress is None:    # a stage run alone (tests, `metricpipe stage`): count this call's tasks
             with self.stage_progress(stage) as progress:
                 for f in futures:
@@ -169,7 +171,10 @@ class StageContext:
                     if isinstance(exc, InputError):
                         raise exc
                     raise failed(fut, exc) from exc
-                if not fetch:
+                if fut.status == "cancelled":
+                    exc = asyncio.CancelledError(f"{fut.key} was cancelled")
+                    raise failed(fut, exc) from exc
+                if not fetch or fut.key in results:   # a future listed twice: read once
                     continue
                 try:
                     result = fut.result()

@@ -219,3 +219,8 @@ def test_query_groups_are_sized_to_the_workers_memory_limit_or_refused():
                                          r"itself; give workers at least 500 MB$"):
         assess.group_size(k, 100000, 2, 4e8)
     assert assess.group_size(k, 100000, 2, 5.0e8) >= assess.MIN_GROUP   # the figure it names is enough
+    # a huge class (k = 300,000): MIN_GROUP queries need more than POOL_BYTES, which is no reason to
+    # refuse a large worker, nor to fail without a limit (it raised TypeError there)
+    assert assess.group_size(300_000, 100000, 2, 64e9) == assess.MIN_GROUP == assess.group_size(300_000, 100000, 2)
+    with pytest.raises(InputError, match=r"^the workers' limit: a worker limit of 1,000 MB cannot hold"):
+        assess.group_size(300_000, 100000, 2, 1e9, "the workers' limit")

@@ -186,12 +186,16 @@ def test_each_result_is_read_once_and_one_that_cannot_be_read_is_a_stage_error(c
     assert ctx.gather(futures, "train", on_result=lambda i, r: None) == [0, 1, 2]
     assert sorted(reads) == sorted(f.key for f in futures)          # once each
     reads.clear()
+    twice = ctx.submit(int, "6", name="t")
+    assert ctx.gather([twice, twice], "train") == [6, 6] and reads == [twice.key]   # listed twice, read once
+    reads.clear()
     assert ctx.gather([ctx.submit(int, "5", name="w")], "statistics", fetch=False) is None and reads == []
     lost = ctx.submit(int, "4", name="lost")
     wait([lost])
     client.cancel([lost])
-    with pytest.raises(StageError, match=r"^stage train failed on model m: \w*Cancelled"):
-        ctx.gather([lost], "train", ["model m"])
+    for fetch in (True, False):
+        with pytest.raises(StageError, match=r"^stage train failed on model m: \w*Cancelled"):
+            ctx.gather([lost], "train", ["model m"], fetch=fetch)
 
 
 @pytest.mark.integration
