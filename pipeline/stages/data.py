@@ -59,7 +59,7 @@ def _given_or_random_split(cfg: RunConfig, src, codes: np.ndarray, classes: list
         if cfg.data.split.val not in ("auto", 0, 0.0):
             raise InputError(f"{src.name}: this source comes with its own split, whose val rows data.split.val: "
                              f"{cfg.data.split.val} would not change (it was ignored); use val: auto (a tenth of "
-                             f"its train split) or 0, or mark val rows in its split")
+                             f"its train split) or 0")
         if "test" in ((cfg.raw.get("data") or {}).get("split") or {}):
             raise InputError(f"{src.name}: this source comes with its own train/test split, which "
                              f"data.split.test would not change; drop data.split.test (or give the rows "

@@ -156,9 +156,6 @@ BAD = {
     "unreadable file": (lambda t: _garbage(t), {}, r"bad.npz: cannot read"),
     "empty test split": (lambda t: {**_bad_npz(t, X=X, y=Y, s=np.array(["train"] * 120)), "split": {"column": "s"}},
                          {}, r"the test split is empty; mark some samples 'test' in its split column$"),
-    "a val share beside a split column": (   # it was ignored without a word
-        lambda t: {**_bad_npz(t, X=X, y=Y, s=np.array(["train", "test"] * 60)), "split": {"column": "s", "val": 0.15}},
-        {}, r"bad.npz: this source comes with its own split, whose val rows data.split.val: 0.15 would not change"),
     "empty train split": (lambda t: {**_bad_npz(t, X=X, y=Y, s=np.array(["test"] * 120)), "split": {"column": "s"}},
                           {}, r"bad.npz: the train split is empty; mark some samples 'train' in its split column$"),   # val: auto carves none
     "worker memory below the task rule": (lambda t: {"source": "digits"}, {"memory_limit": "400MB"},
@@ -395,6 +392,14 @@ def test_stage_command_keeps_an_idx_folder_s_own_split_without_test(client, tmp_
     assert res.exit_code == 0, res.output
     res = _invoke("stage", tmp_path, "--store", tmp_path / "s2", "--test", "0.3", "--cluster", client.scheduler.address)
     assert res.exit_code == 2 and "comes with its own train/test split" in res.output, res.output
+    # a val share is no more use there: it was ignored without a word
+    (tmp_path / "v.yaml").write_text(yaml.safe_dump({"store": str(tmp_path / "s3"), "cluster": client.scheduler.address,
+                                                     "data": {"path": str(tmp_path), "split": {"val": 0.15}}}))
+    res = _invoke("run", tmp_path / "v.yaml")
+    assert res.exit_code == 2 and res.output.strip() == (
+        f"error: {tmp_path}: this source comes with its own split, whose val rows data.split.val: 0.15 would not "
+        f"change (it was ignored); use val: auto (a tenth of its train split) or 0"), \
+        res.output
 
 
 @pytest.mark.integration
