@@ -57,20 +57,23 @@ def dashboard_address(dashboard: str | None) -> str | None:
     return f"{host}:{port}"
 
 
+class DashboardHostError(InputError):
+    """The dashboard's host is not an address of this machine: found when the cluster starts, so the
+    run adds its config file's name."""
+
+
 def _port_free(host: str, port: int) -> bool:
     import socket
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         try:
             s.bind((host, port))
-        except socket.gaierror:
-            raise InputError(f"dashboard: {host} is not an address of this machine (or does not resolve); give "
-                             f"127.0.0.1:PORT, 0.0.0.0:PORT to open it to the network, or false") from None
-        except OSError as e:
-            if e.errno == errno.EADDRNOTAVAIL:
-                raise InputError(f"dashboard: {host} is not an address of this machine; give 127.0.0.1:PORT, "
-                                 f"0.0.0.0:PORT to open it to the network, or false") from None
-            return False
+        except OSError as e:   # an unknown name (gaierror) or another machine's address: the host's fault
+            if isinstance(e, socket.gaierror) or e.errno == errno.EADDRNOTAVAIL:
+                raise DashboardHostError(f"dashboard: {host} is not an address of this machine (or does not "
+                                         f"resolve); give 127.0.0.1:PORT, 0.0.0.0:PORT to open it to the "
+                                         f"network, or false") from None
+            return False   # taken
     return True
 
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from metricpipe import stages
 from metricpipe.budget import check_memory, refuse_without_dense_covariance
-from metricpipe.cluster import connect
+from metricpipe.cluster import DashboardHostError, connect
 from metricpipe.config import (SPLIT_NAMES, EvaluateConfig, NeighboursConfig, RunConfig, classifiers_given,
                                unserved)
 from metricpipe.context import StageContext
@@ -74,10 +74,8 @@ def _run_locked(store, cfg, resume, log, performance_report, client, force, repa
             try:
                 client = stack.enter_context(connect(cfg.cluster, cfg.workers, cfg.threads_per_worker,
                                                      cfg.memory_limit, cfg.dashboard, cfg.tls))
-            except InputError as e:
-                if str(e).startswith("dashboard:"):    # its host, found unusable as the cluster starts
-                    raise InputError(f"{cfg.source_file}: {e}") from None
-                raise
+            except DashboardHostError as e:    # found as the cluster starts: name the config too
+                raise InputError(f"{cfg.source_file}: {e}") from None
         if cfg.dashboard is not None or cfg.cluster != "local":
             log(f"Dashboard: {client.dashboard_link}")
         if cfg.cluster.startswith(("tcp://", "tls://")):   # a running scheduler: its workers are what they are

@@ -862,3 +862,18 @@ def test_a_performance_report_path_that_cannot_be_written_is_refused_before_the_
         f"error: {tmp_path / 'afile' / 'sub' / 'r.html'}: {tmp_path / 'afile'} is a file, not a folder "
         f"(--performance-report); choose another path"), res.output
     assert not (tmp_path / "s").exists()
+
+
+def test_a_dashboard_address_of_another_machine_is_the_same_one_line():
+    """An IP this machine does not have (EADDRNOTAVAIL), like an unknown name (gaierror), is the host's
+    fault; a taken port is not (swapped for a free one)."""
+    import socket
+
+    from metricpipe import cluster
+    with pytest.raises(cluster.DashboardHostError, match=r"^dashboard: 192\.0\.2\.7 is not an address of this machine"):
+        cluster.dashboard_address("192.0.2.7:8792")        # TEST-NET-1: never local
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        assert cluster.dashboard_address(f"127.0.0.1:{taken}") == "127.0.0.1:0"
