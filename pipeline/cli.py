@@ -10,6 +10,7 @@ import functools
 import json
 import logging
 import os
+import shlex
 import sys
 import traceback
 from pathlib import Path
@@ -44,7 +45,6 @@ def handle_errors(fn):
                 traceback.print_exc()
             _echo(f"error: {str(e).splitlines()[0]}")
             if isinstance(e, StageError) and "config" in kwargs:
-                import shlex        # where and how it ran: the same options (--verify-source keys the data)
                 again = "".join(f" --{name.replace('_', '-')} {shlex.quote(str(kwargs[name]))}"
                                 for name in ("store", "cluster", "workers", "memory_limit") if kwargs.get(name))
                 again += " --verify-source" if kwargs.get("verify_source") else ""
@@ -369,6 +369,46 @@ def unlock(store):
     from metricpipe.storage import Store
 
     _echo(Store(store).unlock())
+
+
+@main.command()
+@click.argument("store")
+@click.option("--delete", is_flag=True, help="Remove the units listed (without it, gc only lists them).")
+@handle_errors
+def gc(store, delete):
+    """List the units of STORE that its last run did not use (earlier configs' results, what killed
+    runs left), with their sizes; --delete removes them.
+
+    Kept: every unit runs/latest.json names, the candidates of its parameter selections, the models
+    add-classes made from its models, and its shuffled copies."""
+    from metricpipe.prune import remove, unused_units
+    from metricpipe.storage import Store
+
+    st = Store(store)
+    _, found = unused_units(st)   # refuses a store without a finished run before taking its lock
+    if not found:
+        click.echo(f"{st.url}: every unit is used by the last run; nothing to remove")
+        return
+    if not delete:
+        for unit, why, size in found:
+            click.echo(f"{unit.rel:<30} {_size(size):>9}  {why}")
+        click.echo(f"{len(found)} unit{'s' if len(found) != 1 else ''}, {_size(sum(s for _, _, s in found))}, not used by "
+                   f"the last run; 'metricpipe gc {shlex.quote(store)} --delete' removes them")
+        return
+    st.check_writable()
+    with st.lock("metricpipe gc"):
+        _, found = unused_units(st)   # again under the lock: a run may have finished meanwhile
+        for unit, why, size in found:
+            remove(unit)
+            click.echo(f"removed {unit.rel:<30} {_size(size):>9}  {why}")
+    click.echo(f"removed {len(found)} unit{'s' if len(found) != 1 else ''}, {_size(sum(s for _, _, s in found))}")
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
 
 
 @main.command()

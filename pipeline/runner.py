@@ -224,7 +224,7 @@ def _run(ctx: StageContext, plan, log, result) -> str:
                     "splits": {SPLIT_NAMES[c]: int(n) for c, n in enumerate(np.bincount(data.split)) if n}},
         "units": {"data": data.unit.rel, "statistics": stats.rel, "neighbours": graph.rel if graph else None,
                   "models": [u.rel for _, u in models], "codes": [u.rel for _, u, _ in codes],
-                  "selection": ctx.selections},
+                  "selection": ctx.selections, "shuffled": sorted(ctx.shuffled)},
         "evaluation_units": [u.rel for _, u in evals], "timings": timings,
         "skipped": skipped_classifiers(cfg, [spec for spec, _ in models]),
     }

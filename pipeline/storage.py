@@ -12,7 +12,7 @@ Layout (every result is a *unit* ``KIND/KEY/`` where KEY hashes everything the r
     STORE/selection/KEY/     a spec's candidates' validation scores and the choice
     STORE/codes/KEY/         one model's codes for every sample (sample, code)
     STORE/evaluation/KEY/    one model's metrics (records.json)
-    STORE/runs/latest.json   the last run's config and the units it used
+    STORE/runs/latest.json   the last run's config and the units it used (`metricpipe gc` keeps those)
     STORE/report/            metrics.json, index.html, plots
     STORE/logs/              the workers' log files (local stores)
 

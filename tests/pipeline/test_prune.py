@@ -1,0 +1,154 @@
+"""``metricpipe gc``: what the last run used is kept, the rest is listed and only --delete removes it."""
+import json
+
+import numpy as np
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from metricpipe.cli import main
+from metricpipe.inspect import verify_store
+from metricpipe.storage import MARKER_SUFFIX, Store, to_json
+from tests.conftest import hold_lock, make_blobs
+
+
+def _invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+def _unit(store, kind, key, commit=True, **meta):
+    u = store.unit(kind, key)
+    u.begin()
+    store.fs.pipe_file(f"{store.root}/{kind}/{key}/payload", bytes(100))
+    if commit:
+        u.commit(meta)
+    return u
+
+
+def _all(store):
+    return {u.rel for kind in ("data", "statistics", "neighbours", "shuffled", "models", "selection", "codes",
+                               "evaluation") for u in store.units(kind)}
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A store whose last run used one unit of each kind, a selection with two candidates and a shuffled
+    copy; beside them an earlier config's units, a model add-classes made from the run's model, one
+    made from the earlier config's, a killed writer's unit and a marker whose unit is gone."""
+    st = Store(str(tmp_path / "s"))
+    run = {"data": "data/d1", "statistics": "statistics/s1", "neighbours": None,
+           "models": ["models/m1"], "codes": ["codes/c1"], "selection": ["selection/x1"],
+           "shuffled": ["shuffled/h1"]}
+    for kind, key in [("data", "d1"), ("statistics", "s1"), ("codes", "c1"), ("evaluation", "e1"),
+                      ("shuffled", "h1"), ("models", "cand")]:
+        _unit(st, kind, key)
+    _unit(st, "models", "m1", spec={"method": "ncmml"}, dim=4)
+    _unit(st, "selection", "x1", candidates=[{"model": "m1"}, {"model": "cand"}, {"model": None, "error": "diverged"}])
+    _unit(st, "models", "ext1", spec={"method": "ncmml"}, dim=4, extends="m1")      # add-classes of the run's model
+    _unit(st, "models", "ext2", spec={"method": "ncmml"}, dim=4, extends="ext1")    # ... and of that copy
+    for kind, key in [("data", "d0"), ("codes", "c0"), ("evaluation", "e0"), ("shuffled", "h0")]:
+        _unit(st, kind, key)
+    _unit(st, "models", "m0", spec={"method": "pca"}, dim=4)
+    _unit(st, "models", "ext0", spec={"method": "ncmml"}, dim=4, extends="m0")     # of an earlier config's model
+    _unit(st, "models", "killed", commit=False)
+    st.fs.pipe_file(f"{st.root}/codes/gone{MARKER_SUFFIX}", b"{}")
+    st.write_text("runs/latest.json", to_json({"units": run, "evaluation_units": ["evaluation/e1"]}))
+    return st
+
+
+KEPT = {"data/d1", "statistics/s1", "codes/c1", "evaluation/e1", "shuffled/h1", "models/m1", "models/cand",
+        "selection/x1", "models/ext1", "models/ext2"}
+LISTED = {"data/d0", "codes/c0", "evaluation/e0", "shuffled/h0", "models/m0", "models/ext0", "models/killed",
+          "codes/gone"}
+
+
+def test_gc_lists_what_the_last_run_did_not_use_and_removes_nothing(store):
+    before = sorted(store.fs.find(store.root))
+    res = _invoke("gc", store.url)
+    assert res.exit_code == 0, res.output
+    listed = {line.split()[0] for line in res.output.splitlines()[:-1]}
+    assert listed == LISTED
+    assert "models/killed" in res.output and "unfinished" in res.output.split("models/killed")[1].splitlines()[0]
+    assert res.output.splitlines()[-1].startswith(f"{len(LISTED)} units, ")
+    assert sorted(store.fs.find(store.root)) == before
+
+
+def test_gc_delete_removes_exactly_the_listed_units_and_the_kept_ones_stay_intact(store):
+    res = _invoke("gc", store.url, "--delete")
+    assert res.exit_code == 0, res.output
+    assert _all(store) == KEPT
+    assert not store.fs.exists(f"{store.root}/codes/gone{MARKER_SUFFIX}")
+    checked, problems = verify_store(store.url)
+    assert (checked, problems) == (len(KEPT), [])
+    again = _invoke("gc", store.url)
+    assert again.exit_code == 0 and "nothing to remove" in again.output
+
+
+def test_a_manifest_from_before_shuffled_copies_were_named_keeps_every_shuffled_copy(store):
+    manifest = store.read_json("runs/latest.json")
+    del manifest["units"]["shuffled"]
+    store.write_text("runs/latest.json", to_json(manifest))
+    assert _invoke("gc", store.url, "--delete").exit_code == 0
+    assert {"shuffled/h0", "shuffled/h1"} <= _all(store)
+
+
+def test_gc_delete_is_refused_while_another_process_holds_the_store(store):
+    proc = hold_lock(store.root)
+    try:
+        before = sorted(store.fs.find(store.root))
+        res = _invoke("gc", store.url, "--delete")
+        assert res.exit_code == 2
+        assert res.output.strip().startswith("error:") and "in use" in res.output and len(res.output.splitlines()) == 1
+        assert sorted(store.fs.find(store.root)) == before
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("latest, match", [(None, "no finished run"), (b"{not json", "corrupt")])
+def test_gc_without_a_readable_last_run_removes_nothing(store, latest, match):
+    if latest is None:
+        store.fs.rm(f"{store.root}/runs/latest.json")
+    else:
+        store.fs.pipe_file(f"{store.root}/runs/latest.json", latest)
+    before = sorted(store.fs.find(store.root))
+    res = _invoke("gc", store.url, "--delete")
+    assert res.exit_code == 2 and match in res.output and len(res.output.splitlines()) == 1
+    assert sorted(store.fs.find(store.root)) == before
+
+
+def test_gc_of_a_folder_that_is_not_a_store(tmp_path):
+    res = _invoke("gc", tmp_path)
+    assert res.exit_code == 2 and res.output.startswith("error:")
+
+
+@pytest.mark.integration
+def test_after_gc_the_last_config_reruns_from_the_store_and_an_earlier_one_is_recomputed(client, tmp_path):
+    X, y = make_blobs(n=300, d=8)
+    np.savez(tmp_path / "ok.npz", X=X, y=y)
+
+    def config(name, seed):
+        cfg = {"store": str(tmp_path / "store"), "cluster": client.scheduler.address, "dashboard": ":0",
+               "seed": seed, "data": {"path": str(tmp_path / "ok.npz")},
+               "methods": [{"method": "pca", "dim": 4}, {"method": "ncmml", "dim": 4, "iters": 20}],
+               "evaluate": {"retrieval": {"k": [5]}, "classification": {"classifiers": ["ncm"]}}}
+        p = tmp_path / name
+        p.write_text(yaml.safe_dump(cfg))
+        return p
+
+    a, b = config("a.yaml", 0), config("b.yaml", 1)
+    assert _invoke("run", a).exit_code == 0
+    assert _invoke("run", b).exit_code == 0
+    store = Store(str(tmp_path / "store"))
+    manifest = store.read_json("runs/latest.json")
+    assert manifest["units"]["shuffled"]    # NCMML read a shuffled copy, which gc must keep
+    records = json.loads((tmp_path / "store/report/metrics.json").read_text())["records"]
+    res = _invoke("gc", store.url, "--delete")
+    assert res.exit_code == 0 and "removed" in res.output
+    rerun = _invoke("run", b)
+    assert rerun.exit_code == 0, rerun.output
+    assert "reusing 2 of 2 models" in rerun.output and "reusing 2 of 2 evaluations" in rerun.output
+    assert "shuffled" not in rerun.output   # the copy was kept, so no stage wrote one
+    assert json.loads((tmp_path / "store/report/metrics.json").read_text())["records"] == records
+    first = _invoke("run", a)
+    assert first.exit_code == 0 and "reusing 2 of 2 models" not in first.output
