@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import errno
 import functools
-import json
 import logging
 import os
 import shlex
@@ -450,13 +449,7 @@ def report(store):
     st = Store(store)
     st.check_exists()
     st.check_writable()
-    try:
-        manifest = st.read_json("runs/latest.json")
-    except FileNotFoundError:
-        raise InputError(f"{store}: no finished run in this store (runs/latest.json missing); "
-                         f"run 'metricpipe run CONFIG' first") from None
-    except json.JSONDecodeError:
-        raise InputError(f"{store}: runs/latest.json is corrupt; rerun 'metricpipe run CONFIG'") from None
+    manifest = st.last_run()
     click.echo(f"Report: {build_report(st, manifest)}")   # results on stdout, as run writes them
     for line in winner_lines(read_summary(st)):
         click.echo(line)

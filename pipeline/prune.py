@@ -7,7 +7,6 @@ rerun of the same config reuses them), the models ``add-classes`` made from its 
 shuffled copies it read, and lists (or removes) the rest: units of earlier configs, and what killed
 runs left without a commit marker.
 """
-from metricpipe.errors import InputError
 from metricpipe.inspect import KINDS
 from metricpipe.storage import MARKER_SUFFIX, Store, Unit
 
@@ -33,15 +32,8 @@ def kept_units(store: Store, manifest: dict) -> set[str]:
 
 def unused_units(store: Store) -> tuple[dict, list[tuple[Unit, str, int]]]:
     """(the last run's manifest, [(unit, why, bytes)] of every unit it neither used nor depends on)."""
-    import json
     store.check_is_store()
-    try:
-        manifest = store.read_json("runs/latest.json")
-    except FileNotFoundError:
-        raise InputError(f"{store.url}: no finished run in this store (runs/latest.json missing); gc keeps what the "
-                         f"last run used, so it has nothing to go by: run 'metricpipe run CONFIG' first") from None
-    except json.JSONDecodeError:
-        raise InputError(f"{store.url}: runs/latest.json is corrupt; rerun 'metricpipe run CONFIG' before gc") from None
+    manifest = store.last_run(": gc keeps what the last run used, so it has nothing to go by")
     keep = kept_units(store, manifest)
     out = []
     for kind in KINDS:

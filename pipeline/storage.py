@@ -230,6 +230,17 @@ class Store:
         with self.fs.open(f"{self.root}/{rel}", "r") as f:
             return json.load(f)
 
+    def last_run(self, why: str = "") -> dict:
+        """The last finished run's manifest (``runs/latest.json``); a one-line InputError when there is
+        none or it is corrupt (``why``: what the caller needs it for, said in the message)."""
+        try:
+            return self.read_json("runs/latest.json")
+        except FileNotFoundError:
+            raise InputError(f"{self.url}: no finished run in this store (runs/latest.json missing){why}; "
+                             f"run 'metricpipe run CONFIG' first") from None
+        except json.JSONDecodeError:
+            raise InputError(f"{self.url}: runs/latest.json is corrupt; rerun 'metricpipe run CONFIG'") from None
+
 
 # ---- the one-writer lock on object storage ---------------------------------------------------------
 
