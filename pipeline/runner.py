@@ -68,6 +68,8 @@ def _committed_anything(root: str) -> bool:
 def _run_locked(store, cfg, resume, log, performance_report, client, force, repair, terminal, result) -> str:
     with contextlib.ExitStack() as stack:
         stack.enter_context(store.lock("metricpipe run", log=log))  # one writer at a time
+        quiet_log = []   # a finished run's worker log that stayed empty; removed once the cluster has closed
+        stack.callback(lambda: [os.remove(p) for p in quiet_log if os.path.exists(p) and not os.path.getsize(p)])
         plan = stages.prepare_data(cfg, store)  # refuse bad input before starting anything
         cfg = check_methods(cfg, plan.info, log)
         if client is None:
@@ -91,7 +93,9 @@ def _run_locked(store, cfg, resume, log, performance_report, client, force, repa
         try:
             ctx = StageContext(client, store, cfg, resume=resume, log=log, force=force, repair=repair,
                                terminal=terminal)
-            return _run(ctx, plan, log, result)
+            out = _run(ctx, plan, log, result)
+            quiet_log += [worker_log] if worker_log else []
+            return out
         except StageError as e:
             if worker_log is None:
                 raise

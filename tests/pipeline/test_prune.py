@@ -127,8 +127,8 @@ def test_after_gc_the_last_config_reruns_from_the_store_and_an_earlier_one_is_re
     X, y = make_blobs(n=300, d=8)
     np.savez(tmp_path / "ok.npz", X=X, y=y)
 
-    def config(name, seed):
-        cfg = {"store": str(tmp_path / "store"), "cluster": client.scheduler.address, "dashboard": ":0",
+    def config(name, seed, cluster=client.scheduler.address):
+        cfg = {"store": str(tmp_path / "store"), "cluster": cluster, "workers": 1, "dashboard": ":0",
                "seed": seed, "data": {"path": str(tmp_path / "ok.npz")},
                "methods": [{"method": "pca", "dim": 4}, {"method": "ncmml", "dim": 4, "iters": 20}],
                "evaluate": {"retrieval": {"k": [5]}, "classification": {"classifiers": ["ncm"]}}}
@@ -138,7 +138,10 @@ def test_after_gc_the_last_config_reruns_from_the_store_and_an_earlier_one_is_re
 
     a, b = config("a.yaml", 0), config("b.yaml", 1)
     assert _invoke("run", a).exit_code == 0
-    assert _invoke("run", b).exit_code == 0
+    assert _invoke("run", config("b.yaml", 1, "local")).exit_code == 0
+    # a local run's workers log to STORE/logs; a finished run whose workers logged nothing leaves no file
+    assert (tmp_path / "store/logs").is_dir() and not list((tmp_path / "store/logs").iterdir())
+    b = config("b.yaml", 1)
     store = Store(str(tmp_path / "store"))
     manifest = store.read_json("runs/latest.json")
     assert manifest["units"]["shuffled"]    # NCMML read a shuffled copy, which gc must keep
