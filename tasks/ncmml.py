@@ -601,22 +601,46 @@ class _NCMClassifier(ClassifierMixin):
     def add_centroids(self, centroids, classes):
         """Extend the fitted classifier with new classes without touching W (Sections 3.4-3.5).
 
-        centroids : (m, n_features) their means (NCMC: k-means centroids) in the input space;
-        classes : (m,) their class codes, beyond the current ``classes_``. In the dot form (Eq. 27)
-        a new class takes the bias the Euclidean form implies, -||W mu_c||^2 / 2. Returns self.
+        centroids : (m, n_features) their means (NCMC: k-means centroids, several per class) in the
+        input space; classes : (m,) each centroid's class label, of the kind ``classes_`` holds and
+        not one of them (codes len(classes_), ... follow in order of first appearance; ``predict``
+        returns these labels). In the dot form (Eq. 27) every class then takes the bias the
+        Euclidean form implies, -||W mu_c||^2 / 2: a learned bias and an implied one are not on one
+        scale, and Section 3.4 finds the implied one as good for the trained classes. Returns self.
         """
+        from sklearn.utils.validation import check_is_fitted
+        check_is_fitted(self)
         centroids = np.asarray(centroids, np.float32)
-        classes = np.asarray(classes, np.int32)
-        if self.class_bias_ is not None:   # one bias per class code (Eq. 27 has one mean per class)
-            W = self.components_.T.astype(np.float64)
-            bias = np.full(max(len(self.class_bias_), int(classes.max()) + 1), np.nan, np.float32)
-            bias[:len(self.class_bias_)] = self.class_bias_
-            bias[classes] = implied_bias(W, centroids.astype(np.float64))
-            self.class_bias_ = bias
+        labels = np.asarray(classes)
+        if centroids.ndim != 2 or centroids.shape[1] != self.n_features_in_:
+            raise InputError(f"centroids must be (m, {self.n_features_in_}); got shape {centroids.shape}")
+        if labels.shape != (len(centroids),):
+            raise InputError(f"classes must hold one label per centroid ({len(centroids)}); got shape {labels.shape}")
+        if not np.isfinite(centroids).all():
+            raise InputError("centroids hold NaN or inf; give finite class means")
+        text_old, text_new = self.classes_.dtype.kind in "USO", labels.dtype.kind in "USO"
+        if len(labels) and text_old != text_new:
+            raise InputError(f"the new classes' labels must be of the kind of the model's classes ("
+                             f"{'text' if text_old else 'numbers'}); got {labels[:3].tolist()}")
+        new = list(dict.fromkeys(labels.tolist()))
+        taken = [c for c in new if np.isin(c, self.classes_)]
+        if taken:
+            raise InputError(f"class {taken[0]!r} is already one of the model's classes; add_centroids adds new "
+                             f"classes only")
+        position = {c: len(self.classes_) + i for i, c in enumerate(new)}
+        codes = np.array([position[c] for c in labels.tolist()], np.int32)
         self.centroids_ = np.concatenate([self.centroids_, centroids])
-        self.centroid_classes_ = np.concatenate([self.centroid_classes_, classes]).astype(np.int32)
-        self.classes_ = np.arange(int(self.centroid_classes_.max()) + 1)
+        self.centroid_classes_ = np.concatenate([self.centroid_classes_, codes]).astype(np.int32)
+        self.classes_ = np.concatenate([self.classes_, np.asarray(new, dtype=labels.dtype)])
+        if self.class_bias_ is not None:   # one mean per class (Eq. 27): every class by its norm
+            self.class_bias_ = self._implied_biases()
         return self
+
+    def _implied_biases(self) -> np.ndarray:
+        bias = np.full(len(self.classes_), np.nan, np.float32)
+        bias[self.centroid_classes_] = implied_bias(self.components_.T.astype(np.float64),
+                                                    self.centroids_.astype(np.float64))
+        return bias
 
     def predict_proba(self, X):
         """p(c|x) for every class, shape (n_samples, n_classes)."""
@@ -713,7 +737,7 @@ class NCMML(_NCMClassifier, _MetricLearner):
         sgd = MetricSGD(W0, "dot" if self.objective == "dot" else "ncm", self.lr, means[trained], trained, C,
                         scale=moments.row_scale(statistics))
         self._monitor = None
-        if X_new is not None and len(X_new) and self.objective != "dot":
+        if X_new is not None and len(X_new):   # (the dot form with implied biases is this same rule)
             Xn, yn, M = np.asarray(X_new, np.float64), np.asarray(y_new, np.int64), np.asarray(means, np.float64)
             self._monitor = lambda s: float((metrics_nearest(Xn @ s.W.T, M @ s.W.T) != yn).mean())
         self._run(sgd, pools, X_val, y_val, _class_error, self._slices)
@@ -725,10 +749,15 @@ class NCMML(_NCMClassifier, _MetricLearner):
         self.centroids_ = np.asarray(means, np.float32)
         self.centroid_classes_ = np.arange(C, dtype=np.int32)
         self.class_bias_ = None
-        if self.objective == "dot":  # learned biases for the trained classes, Eq. 27's implied one for the rest
-            bias = implied_bias(self.components_.T.astype(np.float64), np.asarray(means, np.float64))
-            bias[trained] = self._best_bias
-            self.class_bias_ = bias.astype(np.float32)
+        if self.objective == "dot":
+            # the learned biases (Eq. 27) when every class was trained; with classes left out, every class
+            # takes the implied one: the learned ones (from 0) and the implied ones (-||W mu||^2 / 2) are
+            # on different scales, so the left-out classes would never win (Section 3.4: as good)
+            if len(trained) < C:
+                self.class_bias_ = self._implied_biases()
+            else:
+                self.class_bias_ = np.zeros(C, np.float32)
+                self.class_bias_[trained] = self._best_bias
         del self._best_bias, self._train_classes
         return self
 

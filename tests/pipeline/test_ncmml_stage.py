@@ -258,16 +258,28 @@ def test_ncmc_with_one_centroid_per_class_trains_the_ncmml_metric(trained):
     np.testing.assert_allclose(a.components_, b.components_, rtol=1e-4, atol=1e-6)
 
 
-def test_dot_form_on_a_class_subset_learns_biases_of_its_classes_and_implies_the_others(trained):
-    _, _, models, _, evals = trained
+def test_dot_form_on_a_class_subset_gives_every_class_its_implied_bias_so_new_classes_can_win(trained):
+    """Learned biases start at 0 and implied ones are -||W mu||^2 / 2: mixed, the classes left out of
+    training lost every comparison (top-1 error 1.0 on them). With classes left out, every class takes
+    the implied bias (Section 3.4), which is the Euclidean NCM rule on the projected means."""
+    _, data, models, codes, evals = trained
     [unit] = [u for s, u in models if s.get("objective") == "dot" and s["classes"]]
     est = load_estimator(unit.url)
     P = est.centroids_.astype(np.float64) @ est.components_.astype(np.float64)
-    implied = -0.5 * (P ** 2).sum(1)  # Eq. 27's bias for a class that did not train W
-    np.testing.assert_allclose(est.class_bias_[3:], implied[3:], rtol=1e-5)
-    assert not np.allclose(est.class_bias_[:3], implied[:3], rtol=1e-3)
-    recs = _records(evals, "ncmml", objective="dot", classes=[0, 1, 2])
-    assert {r["metric"] for r in recs if r["classifier"] == "ncm"} >= {"top1_error", "top1_error_new_classes"}
+    np.testing.assert_allclose(est.class_bias_, -0.5 * (P ** 2).sum(1), rtol=1e-5)
+    assert est.val_error_new_classes_ is not None    # the new classes are watched in the dot form too
+    [(_, cunit, _)] = [c for c in codes if c[0].get("objective") == "dot" and c[0]["classes"]]
+    Z = open_array(f"{cunit.url}/codes")[:].astype(np.float64)
+    split, y = open_array(f"{data.url}/split")[:], open_array(f"{data.url}/label")[:]
+    means = np.stack([Z[split == 0][y[split == 0] == c].mean(0) for c in range(5)])
+    test = split == 1
+    wrong = np.argmin(((Z[test][:, None] - means[None]) ** 2).sum(-1), axis=1) != y[test]
+    new = ~np.isin(y[test], [0, 1, 2])
+    recs = {r["metric"]: r["value"] for r in _records(evals, "ncmml", objective="dot", classes=[0, 1, 2])
+            if r["classifier"] == "ncm"}
+    assert recs["top1_error_new_classes"] == pytest.approx(wrong[new].mean(), abs=1.5 / new.sum())
+    assert recs["top1_error"] == pytest.approx(wrong.mean(), abs=1.5 / test.sum())
+    assert recs["top1_error_new_classes"] < 0.5
 
 
 def test_predict_needs_no_labels_and_refuses_bad_ones_and_ambiguous_models(trained, tmp_path):

@@ -9,6 +9,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from metricpipe.tasks import moments, stream
+from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.ncmml import KNNML, NCMC, NCMML, ncm_scores
 from tests.conftest import make_blobs
 
@@ -178,11 +179,44 @@ def test_validation_leaves_every_class_a_training_row():
     assert set(y[rest]) == set(range(30))
 
 
-def test_added_classes_take_their_implied_bias_by_class_code_in_the_dot_form(data):
+def test_added_classes_and_the_trained_ones_all_take_their_implied_bias_in_the_dot_form(data):
     X, y = data
-    est = NCMML(**SGD, objective="dot", lr=1.0, classes=[0, 1, 2]).fit(X[y < 4], y[y < 4])
+    est = NCMML(**SGD, objective="dot", lr=1.0).fit(X[y < 4], y[y < 4])
+    learned = est.class_bias_.copy()
     new = X[y == 4].mean(0, keepdims=True)
-    est.add_centroids(new, [5])                       # code 4 is skipped: code 5 gets its bias
-    W = est.components_.astype(np.float64)
-    assert est.class_bias_[5] == pytest.approx(-0.5 * float(((new @ W) ** 2).sum()), rel=1e-5)
-    assert np.isnan(est.class_bias_[4]) and est.predict(X[:5]).shape == (5,)
+    est.add_centroids(new, [7])                       # a label, not a code: it gets code 4
+    assert est.classes_.tolist() == [0, 1, 2, 3, 7]
+    P = est.centroids_.astype(np.float64) @ est.components_.astype(np.float64)
+    np.testing.assert_allclose(est.class_bias_, -0.5 * (P ** 2).sum(1), rtol=1e-5)
+    assert not np.allclose(learned, est.class_bias_[:4], rtol=1e-3)    # the learned ones are replaced
+    # the dot form with implied biases is the Euclidean NCM rule on the projected means
+    Z = X @ est.components_.astype(np.float64)
+    np.testing.assert_array_equal(est.predict(X), est.classes_[np.argmin(((Z[:, None] - P[None]) ** 2).sum(-1), 1)])
+    assert (est.predict(X[y == 4]) == 7).mean() > 0.5
+
+
+def test_dot_form_trained_on_some_classes_predicts_the_others_by_the_implied_bias(data):
+    X, y = data
+    est = NCMML(**SGD, objective="dot", lr=1.0, classes=[0, 1, 2]).fit(X, y)
+    P = est.centroids_.astype(np.float64) @ est.components_.astype(np.float64)
+    np.testing.assert_allclose(est.class_bias_, -0.5 * (P ** 2).sum(1), rtol=1e-5)
+    assert (est.predict(X[y >= 3]) == y[y >= 3]).mean() > 0.5     # was 0: the left-out classes never won
+    assert est.val_error_new_classes_ is not None
+
+
+def test_add_centroids_keeps_the_fitted_labels_and_refuses_bad_classes(data):
+    X, y = data
+    names = np.array(["cat", "dog", "eel", "fox", "gnu"])[y]
+    est = NCMML(**SGD).fit(X[y < 4], names[y < 4])
+    est.add_centroids(X[y == 4].mean(0, keepdims=True), ["gnu"])
+    assert est.classes_.tolist() == ["cat", "dog", "eel", "fox", "gnu"]
+    assert est.predict(X[:5]).dtype.kind == "U" and est.score(X, names) > 0.5   # was codes: 'mix of label types'
+    with pytest.raises(InputError, match="'gnu' is already one of the model's classes"):
+        est.add_centroids(X[:1], ["gnu"])
+    with pytest.raises(InputError, match="kind of the model's classes"):
+        est.add_centroids(X[:1], [5])
+    with pytest.raises(InputError, match="one label per centroid"):
+        est.add_centroids(X[:2], ["hen"])
+    with pytest.raises(InputError, match=r"centroids must be \(m, 12\)"):
+        est.add_centroids(X[:1, :5], ["hen"])
+    assert est.classes_.tolist() == ["cat", "dog", "eel", "fox", "gnu"]     # refused calls change nothing
