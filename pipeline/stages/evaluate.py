@@ -162,7 +162,9 @@ def _ivf_lists(ctx: StageContext, data: DataInfo, jobs: list, graph_index: str |
     budget = index_budget(ctx.client, data.chunk_rows, data.n_features)
     for i, job in enumerate(jobs):
         q_url, db_url = job["urls"]
-        rng = np.random.default_rng([seed, 38, i])
+        # seeded by the job's own unit and view, never its place in this run's list (which depends on the
+        # other models and on which evaluations were reused): the same key gives the same sample
+        rng = np.random.default_rng([seed, 38, int(job["unit"].key, 16), ("codes", "exact").index(job["view"])])
         asked = np.concatenate(job["blocks"])
         job["probe"] = np.sort(rng.choice(asked, min(len(asked), ivf.RECALL_QUERIES), replace=False))
         job["metric"] = "l2" if job["score"] == "euclidean" else "ip"   # the index's and the re-scoring's
@@ -320,12 +322,18 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
     n_clusters = len(np.unique(data.labels[queries]))
     km_rows = np.sort(np.random.default_rng([ctx.config.seed, 32]).choice(
         queries, min(len(queries), KMEANS_ROWS_PER_CLASS * n_clusters), replace=False))
+    # When the models that leave classes out of training all keep the same ones, every model also
+    # reports its errors on the other classes' test images: the control beside the new-class figure.
+    # Which classes count as new is a result of the unit, so it is in its key.
+    subsets = {tuple(spec["classes"]) for spec, *_ in codes if spec.get("classes")}
+    common = list(subsets.pop()) if len(subsets) == 1 else None
     out, jobs, costs, indexed, reused = [], [], {}, [], 0
     for spec, cunit, dim in codes:
         unit = ctx.store.unit("evaluation", hash_key({"stage": "evaluation", "seed": ctx.config.seed, "codes": cunit.key,
                                                      "graph": neighbours.key if neighbours else None,
                                                      "evaluate": ev.__dict__, "data": data.unit.key,
-                                                     "indexes": _index_plan(ctx, data, cunit, n_train)}))
+                                                     "indexes": _index_plan(ctx, data, cunit, n_train),
+                                                     "trained_on": spec.get("classes") or common}))
         out.append((spec, unit))
         if ctx.reuse(unit, "evaluate"):
             reused += 1
@@ -378,10 +386,6 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
                           for q, lists in zip(job["blocks"], job["lists"])]
     if reused:
         ctx.log(f"  evaluate: reusing {reused} of {len(codes)} evaluations")
-    # When the models that leave classes out of training all keep the same ones, every model also
-    # reports its errors on the other classes' test images: the control beside the new-class figure.
-    subsets = {tuple(spec["classes"]) for spec, *_ in codes if spec.get("classes")}
-    common = list(subsets.pop()) if len(subsets) == 1 else None
     t0 = time.perf_counter()
     records = {}
     for job in jobs:

@@ -281,3 +281,36 @@ def test_knn_indexes_have_fewer_lists_when_few_test_rows_are_classified():
                           "evaluate": {"classification": {"classifiers": ["knn1"]}}})
     assert evaluate._knn_nlist(SimpleNamespace(config=sampled), data, 800_000) == 1024
     assert evaluate._knn_nlist(SimpleNamespace(config=every), data, 800_000) == ivf.nlist_for(800_000) == 2048
+
+
+@pytest.mark.integration   # stages on the session cluster
+def test_an_evaluation_with_an_ivf_index_does_not_depend_on_the_other_models_of_the_run(client, tmp_path, monkeypatch):
+    """Its k-means sample and recall probe were seeded by its place in the run's list of indexed
+    evaluations: the same key gave other metrics beside other models (and a resume reused either)."""
+    X, y = make_blobs(n=3000, d=16, classes=6, sep=0.4)
+    np.savez(tmp_path / "b.npz", X=X, y=y)
+    monkeypatch.setattr(stages.evaluate, "EXACT_MAX_TRAIN", 100)
+    ev = {"retrieval": False, "classification": {"classifiers": ["knn1", "knn10"]}}
+    alone, _ = _evaluate(client, tmp_path / "b.npz", tmp_path / "a", {"methods": [{"method": "identity"}], "evaluate": ev})
+    beside, _ = _evaluate(client, tmp_path / "b.npz", tmp_path / "b",
+                          {"methods": [{"method": "pca", "dim": [4, 8]}, {"method": "identity"}], "evaluate": ev})
+    assert _get(alone, "identity", 16, "knn_recall", "knn1")["search"].startswith("IVF")
+    assert [r for r in alone if r["method"] == "identity"] == [r for r in beside if r["method"] == "identity"]
+    keys = [sorted(p.name for p in (tmp_path / s / "evaluation").iterdir() if p.is_dir()) for s in ("a", "b")]
+    assert set(keys[0]) <= set(keys[1])     # the same unit: a store holding one reuses it for the other
+
+
+@pytest.mark.integration   # stages on the session cluster
+def test_the_new_class_control_rows_are_in_the_evaluation_key(client, tmp_path):
+    """Every model reports its error on the classes a class-subset model left out (the control); a
+    store that had evaluated the identity without such a model reused that evaluation, without them."""
+    X, y = make_blobs(n=600, d=8, classes=4)
+    np.savez(tmp_path / "b.npz", X=X, y=y)
+    ev = {"retrieval": False, "classification": {"classifiers": ["ncm"]}}
+    first, _ = _evaluate(client, tmp_path / "b.npz", tmp_path / "s", {"methods": [{"method": "identity"}], "evaluate": ev})
+    methods = [{"method": "identity"}, {"method": "ncmml", "dim": 4, "iters": 20, "classes": [0, 1]}]
+    again, _ = _evaluate(client, tmp_path / "b.npz", tmp_path / "s", {"methods": methods, "evaluate": ev})
+    fresh, _ = _evaluate(client, tmp_path / "b.npz", tmp_path / "f", {"methods": methods, "evaluate": ev})
+    assert not [r for r in first if r["metric"] == "top1_error_new_classes"]
+    control = [r for r in again if r["method"] == "identity" and r["metric"] == "top1_error_new_classes"]
+    assert control and control == [r for r in fresh if r["method"] == "identity" and r["metric"] == "top1_error_new_classes"]
