@@ -157,7 +157,8 @@ def prepare_data(cfg: RunConfig, store) -> DataPlan:
     chunk_rows = chunk_rows_for(D, d.chunk_mb)
     key = hash_key({"stage": "data", "source": src.fingerprint, "name": src.name, "features": d.features,
                     "labels": d.labels, "groups": d.groups, "normalize": d.normalize, "split": d.split.__dict__,
-                    "chunk_rows": chunk_rows, **({"pairs": pairs_fp} if pairs_fp else {})})
+                    "chunk_rows": chunk_rows, **({"pairs": pairs_fp} if pairs_fp else {}),
+                    **({"ids": d.ids} if d.ids else {})})
     info = DataInfo(store.unit("data", key), n, D, chunk_rows, classes, codes, split, groups)
     attrs = {"source": src.name, "normalize": d.normalize, "classes": [str(c) for c in classes],
              "split_flag_meanings": " ".join(SPLIT_NAMES)}

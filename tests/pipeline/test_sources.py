@@ -172,3 +172,17 @@ def test_a_zarr_source_with_a_missing_chunk_is_refused(tmp_path):
     (tmp_path / "d.zarr/X/c/3/0").unlink()
     with pytest.raises(InputError, match=r"array 'X' \(data.features\) is missing 1 of its 10 chunk"):
         open_source(DataConfig(path=str(tmp_path / "d.zarr")))
+
+
+def test_the_ids_array_is_part_of_the_staged_data_s_key(tmp_path, arrays):
+    """The staged unit stores the ids as its ``id`` coordinate: other ids are another unit."""
+    from metricpipe.stages import prepare_data
+    from metricpipe.storage import Store
+    X, y = arrays
+    np.savez(tmp_path / "d.npz", X=X, y=y, i=np.arange(30), j=np.arange(30) + 100)
+
+    def key(**data):
+        cfg = parse_config({"store": str(tmp_path / "s"), "data": {"path": str(tmp_path / "d.npz"), **data}})
+        return prepare_data(cfg, Store(cfg.store)).info.unit.key
+    assert len({key(), key(ids="i"), key(ids="j")}) == 3
+    assert key(ids="i") == key(ids="i")
