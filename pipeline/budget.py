@@ -122,6 +122,14 @@ def needs(info, cfg, limit: float) -> list[tuple[str, float, str]]:
             if cand["method"] == "slem" and cand.get("kernel", "linear") != "linear":
                 out.append(_kernel_slem(cand, info))
     nb = cfg.neighbours or NeighboursConfig()
+    seen = set()
+    for spec in cfg.methods:
+        for cand in registry.candidates(spec):
+            if cand["method"] in ("slne", "slde") and n_train:
+                task = _slne_task(cand, D, n_train, nb)
+                if task[0] not in seen:
+                    seen.add(task[0])
+                    out.append(task)
     if "neighbours" in stage_names(cfg) and n_train:
         if nb.method == "ivf" or (nb.method == "auto" and n_train > stages.EXACT_MAX_TRAIN):
             nlist = nb.nlist or ivf.nlist_searched(n_train, nb.queries)
@@ -139,6 +147,30 @@ def needs(info, cfg, limit: float) -> list[tuple[str, float, str]]:
                             ivf.index_bytes(n_train, D, factory) + INDEX_BLOCKS * block,
                             "raise memory_limit"))
     return out
+
+
+# Bytes an SL-NE task holds per neighbour-graph entry (n x k): the graph, its symmetrised CSR form
+# and the solver's per-edge arrays; fit_space's peak (tracemalloc) at n = 20,000, k = 10 and 50 was
+# 66-68 bytes per entry, plus the graph itself (8) and the reading of its rows.
+SLNE_BYTES_PER_EDGE = 80
+
+
+def _slne_task(spec: dict, D: int, n_train: int, nb) -> tuple[str, float, str]:
+    """An SL-NE task (or an SL-DE member's) holds its training rows in its input space (twice while
+    they are gathered block by block) and the neighbour graph among them: the train split, or with
+    neighbours.queries the sampled rows and their neighbours."""
+    from metricpipe.tasks import registry
+    est = registry.make(spec)
+    p = min(getattr(est, "input_dim", None) or D, D)
+    what = "an SL-NE task"
+    if spec["method"] == "slde":
+        d = est.member_size(p)
+        p, what = (p, "an SL-DE task (refine)") if est.refine else (d, f"an SL-DE member ({d} dimensions)")
+    rows = n_train if nb.queries is None else min(n_train, nb.queries * (nb.k + 1))
+    need = rows * (2 * 4.0 * p + SLNE_BYTES_PER_EDGE * nb.k) + 4 * 8.0 * p * p
+    return (f"{what}: its {rows:,} training rows in {p} dimensions and their {nb.k}-neighbour graph", need,
+            "set neighbours.queries (the sampled rows and their neighbours train it), lower input_dim"
+            f"{' or member_dim' if spec['method'] == 'slde' else ''}, or raise memory_limit")
 
 
 def _kernel_slem(spec: dict, info) -> tuple[str, float, str]:

@@ -51,10 +51,24 @@ def neighbourhoods(graph: np.ndarray, y: np.ndarray) -> Neighbourhoods:
     rows = np.repeat(np.arange(n, dtype=np.int64), k)
     cols = graph.reshape(-1).astype(np.int64)
     ok = (cols >= 0) & (cols != rows)
-    r = np.concatenate([rows[ok], cols[ok]])
-    c = np.concatenate([cols[ok], rows[ok]])
-    code = np.unique(r * n + c)  # sorted by row then column, duplicates (mutual neighbours) removed
-    r, c = code // n, code % n
+    rows, cols = rows[ok], cols[ok]
+    m = len(rows)
+    code = np.empty(2 * m, np.int64)   # row * n + column of both directions, built in place (the
+    np.multiply(rows, n, out=code[:m])  # graph's copies were most of an SL-NE task's memory)
+    code[:m] += cols
+    np.multiply(cols, n, out=code[m:])
+    code[m:] += rows
+    del rows, cols, ok
+    code.sort()                         # by row then column; duplicates (mutual neighbours) removed
+    if len(code):
+        keep = np.empty(len(code), bool)
+        keep[0] = True
+        np.not_equal(code[1:], code[:-1], out=keep[1:])
+        code = code[keep]
+        del keep
+    r = code // n
+    c = code - r * n
+    del code
     indptr = np.searchsorted(r, np.arange(n + 1)).astype(np.int64)
     return Neighbourhoods(indptr, c, y[r] == y[c])
 

@@ -237,7 +237,7 @@ def test_a_retrieval_database_that_cannot_be_held_is_refused_before_staging():
     check_memory(_client(1e9), _info(20_000_000, 128), parse_config(
         {"data": {"source": "synthetic"}, "methods": [{"method": "identity"}], "evaluate": {"retrieval": False}}))
     # the codes' width as the config gives it, not D: LDA's classes - 1, SL-NE's input_dim
-    narrow = parse_config({"data": {"source": "synthetic"},
+    narrow = parse_config({"data": {"source": "synthetic"}, "neighbours": {"queries": 1000},
                            "methods": [{"method": "lda"}, {"method": "slne", "input_dim": 16}]})
     check_memory(_client(1e9), _info(20_000_000, 128), narrow)
     with pytest.raises(InputError, match=r"up to 128 dimensions"):   # 200 classes: LDA's codes are D wide
@@ -248,6 +248,27 @@ def test_a_retrieval_database_that_cannot_be_held_is_refused_before_staging():
         check_memory(_client(1e9), wide, parse_config({"data": {"source": "synthetic"}, "methods": [{"method": method}]}))
     with pytest.raises(InputError, match=r"up to 4096 dimensions"):
         check_memory(_client(1e9), wide, parse_config({"data": {"source": "synthetic"}, "methods": [{"method": "pca"}]}))
+
+
+def test_sl_ne_and_sl_de_training_rows_are_counted_by_the_memory_rule():
+    """An SL-NE task holds its training rows in its input space and their neighbour graph; it passed
+    the rule and then lost its worker. neighbours.queries bounds it (sampled rows and neighbours)."""
+    def cfg(method, **kw):
+        return parse_config({"data": {"source": "synthetic"}, "neighbours": {"k": 50, **kw},
+                             "evaluate": {"retrieval": False}, "methods": [method]})
+    info = _info(5_000_000, 256)
+    with pytest.raises(InputError, match=r"an SL-NE task: its 4,500,000 training rows in 256 dimensions and their "
+                                         r"50-neighbour graph needs ~27,\d\d\d MB, over the 1,200 MB .*; set "
+                                         r"neighbours.queries .*, lower input_dim, or raise memory_limit"):
+        check_memory(_client(2e9), info, cfg({"method": "slne"}))
+    with pytest.raises(InputError, match=r"an SL-DE member \(32 dimensions\): its 4,500,000 training rows .*lower "
+                                         r"input_dim or member_dim"):
+        check_memory(_client(2e9), info, cfg({"method": "slde", "member_dim": 32}))
+    check_memory(_client(2e9), info, cfg({"method": "slne"}, queries=2000))   # 102,000 rows: 620 MB
+    [(what, need, _)] = [t for t in needs(info, cfg({"method": "slne", "input_dim": 64}, queries=2000), 2e9)
+                         if "SL-NE" in t[0]]
+    rows = 2000 * 51
+    assert "102,000 training rows in 64 dimensions" in what and need == rows * (8 * 64 + 80 * 50) + 32 * 64 * 64
 
 
 @pytest.mark.parametrize("metric", ["l2", "ip"])
