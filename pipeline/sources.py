@@ -115,6 +115,9 @@ class H5Reader:
         with h5py.File(self.path, "r") as f:
             if key not in f:
                 raise InputError(f"{self.path}: no dataset {key!r} (data.features); it holds {sorted(f.keys())}")
+            if not isinstance(f[key], h5py.Dataset):
+                raise InputError(f"{self.path}: {key!r} is a group, not a dataset (data.features); name one of its "
+                                 f"datasets, e.g. {key}/{sorted(f[key].keys())[0] if len(f[key]) else 'NAME'}")
             self.shape, self.dtype = f[key].shape, f[key].dtype
 
     def read(self, start, stop):
@@ -187,7 +190,7 @@ class ParquetReader:
         self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         n = int(self.starts[-1])
         dim = t.list_size if pa.types.is_fixed_size_list(t) else \
-            (len(self.read_groups(0, 1)[0]) if n else 0)
+            (len(_no_nulls(self.read_groups(0, 1), self.path, self.key, 0)[0]) if n else 0)
         self.shape = (n, dim)
 
     def read_groups(self, start, stop):
@@ -202,11 +205,21 @@ class ParquetReader:
         rows = self.read_groups(start, stop)
         if not len(rows):
             return np.empty((0, self.shape[1]), self.dtype)
+        _no_nulls(rows, self.path, self.key, start)
         lengths = {len(r) for r in rows}
         if lengths != {self.shape[1]}:
             raise InputError(f"{self.path}: column {self.key!r} has rows of lengths {sorted(lengths)[:4]} in rows "
                              f"{start}..{stop - 1} against {self.shape[1]}; every embedding needs one length")
         return np.stack(rows).astype(self.dtype, copy=False)
+
+
+def _no_nulls(rows, path, key, start: int):
+    """The rows of a list column, refused when one is null (an embedding that was never computed)."""
+    null = next((i for i, r in enumerate(rows) if r is None), None)
+    if null is not None:
+        raise InputError(f"{path}: column {key!r} (data.features) is null in row {start + null:,}; drop or fill "
+                         f"that row")
+    return rows
 
 
 class _ParquetColumns:
@@ -260,6 +273,20 @@ def _open_idx(path):
     return gzip.open(path, "rb") if str(path).endswith(".gz") else open(path, "rb")
 
 
+def _idx_size(path: str) -> int | None:
+    """The bytes an IDX file holds: its size, or a .gz's uncompressed size from its trailer (modulo
+    2^32, so only below 4 GiB; None above, where reading finds a truncation instead)."""
+    size = os.path.getsize(path)
+    if not path.endswith(".gz"):
+        return size
+    with open(path, "rb") as f:
+        f.seek(max(0, size - 4))
+        tail = f.read(4)
+    if size >= 2 ** 32 or len(tail) < 4:
+        return None
+    return struct.unpack("<I", tail)[0]
+
+
 class IdxReader:
     """IDX files (MNIST format), optionally gzipped; images are flattened to rows."""
 
@@ -276,11 +303,19 @@ class IdxReader:
         self.dims = dims
         self.shape = (dims[0], int(np.prod(dims[1:], dtype=np.int64)))
         self.dtype = self.item.newbyteorder("=") if self.item.byteorder == ">" else self.item
+        want = self.offset + self.shape[0] * self.shape[1] * self.item.itemsize
+        size = _idx_size(self.path)
+        if size is not None and size != want:
+            raise InputError(f"{self.path}: {size:,} bytes, but its header ({' x '.join(map(str, dims))} values of "
+                             f"{self.item.itemsize} byte(s)) needs {want:,}; the file is truncated or not an IDX file")
 
     def read(self, start, stop):
         with _open_idx(self.path) as f:
             f.seek(self.offset + start * self.shape[1] * self.item.itemsize)
             buf = f.read((stop - start) * self.shape[1] * self.item.itemsize)
+        if len(buf) != (stop - start) * self.shape[1] * self.item.itemsize:   # (a .gz whose size was not known)
+            raise InputError(f"{self.path}: ends before row {start + len(buf) // max(1, self.shape[1] * self.item.itemsize):,} "
+                             f"of the {self.shape[0]:,} its header names; the file is truncated")
         return np.frombuffer(buf, self.item).reshape(stop - start, self.shape[1]).astype(self.dtype)
 
     def read_all_1d(self):
@@ -352,6 +387,9 @@ def _idx_source(folder: Path, name: str, contents: bool = False) -> Source:
 def _column(container, key, path, field_name, n=None):
     if key not in container:
         raise InputError(f"{path}: no array {key!r} ({field_name}); it holds {sorted(container.keys())}")
+    if hasattr(container[key], "keys"):   # an HDF5 group
+        raise InputError(f"{path}: {key!r} is a group, not an array ({field_name}); name one of its arrays "
+                         f"({key}/NAME)")
     try:
         return np.asarray(container[key][...])
     except ValueError as e:

@@ -169,6 +169,47 @@ BAD = {
 }
 
 
+def _truncated_idx(t, gz):
+    """An IDX file of X's rows (as uint8) cut 100 bytes short, labels beside it."""
+    import gzip
+    import struct
+    body = struct.pack(">BBBBI", 0, 0, 8, 2, 120) + struct.pack(">I", 6) + np.abs(X).astype(np.uint8).tobytes()
+    p = t / ("x-idx2-ubyte.gz" if gz else "x-idx2-ubyte")
+    (gzip.open if gz else open)(p, "wb").write(body[:-100])
+    np.save(t / "y.npy", Y)
+    return {"path": str(p), "labels": str(t / "y.npy")}
+
+
+def _h5_group(t, where):
+    import h5py
+    with h5py.File(t / "g.h5", "w") as f:
+        (f.create_group("X").create_dataset("emb", data=X) if where == "features" else f.create_dataset("X", data=X))
+        (f.create_group("y").create_dataset("label", data=Y) if where == "labels" else f.create_dataset("y", data=Y))
+    return {"path": str(t / "g.h5")}
+
+
+def _parquet_null(t):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    rows = [None if i == 3 else list(map(float, r)) for i, r in enumerate(X)]
+    pq.write_table(pa.table({"emb": rows, "label": Y}), t / "f.parquet")
+    return {"path": str(t / "f.parquet"), "features": "emb", "labels": "label"}
+
+
+BAD.update({
+    "truncated idx": (lambda t: _truncated_idx(t, False), {},
+                      r"x-idx2-ubyte: 632 bytes, but its header \(120 x 6 values of 1 byte\(s\)\) needs 732; the file is "
+                      r"truncated"),
+    "truncated idx.gz": (lambda t: _truncated_idx(t, True), {}, r"x-idx2-ubyte.gz: 632 bytes, but its header .* truncated"),
+    "hdf5 group as features": (lambda t: _h5_group(t, "features"), {},
+                               r"g.h5: 'X' is a group, not a dataset \(data.features\); name one of its datasets, e.g. X/emb"),
+    "hdf5 group as labels": (lambda t: _h5_group(t, "labels"), {},
+                             r"g.h5: 'y' is a group, not an array \(data.labels\)"),
+    "parquet null row": (lambda t: _parquet_null(t), {},
+                         r"f.parquet: column 'emb' \(data.features\) is null in row 3; drop or fill that row"),
+})
+
+
 def _bad_npz_pickled(t, **arrays):
     p = t / "bad.npz"
     np.savez(p, **arrays)        # object arrays are pickled inside the npz
