@@ -44,11 +44,7 @@ def handle_errors(fn):
                 traceback.print_exc()
             _echo(f"error: {str(e).splitlines()[0]}")
             if isinstance(e, StageError) and "config" in kwargs:
-                again = "".join(f" --{name.replace('_', '-')} {shlex.quote(str(kwargs[name]))}"
-                                for name in ("store", "cluster", "workers", "memory_limit") if kwargs.get(name))
-                again += " --verify-source" if kwargs.get("verify_source") else ""
-                _echo(f"to resume: metricpipe run {shlex.quote(str(kwargs['config']))}{again} --resume "
-                      f"(finished stages are kept)")
+                _echo(f"to resume: {_resume_command(kwargs)} (finished stages are kept)")
             sys.exit(EXIT_INPUT)
         except OSError as e:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
@@ -59,13 +55,25 @@ def handle_errors(fn):
             _echo(f"error: {e.filename or 'a write'}: {e.strerror}; {_fix(e)}")
             sys.exit(EXIT_INPUT)
         except KeyboardInterrupt as e:
-            _stop_interrupted(e)
+            _stop_interrupted(e, kwargs)
     return wrapper
 
 
-def _stop_interrupted(e: KeyboardInterrupt) -> None:
+def _resume_command(kwargs: dict) -> str:
+    """``metricpipe run CONFIG ... --resume`` with the options the run was given: where and how it ran
+    (--store above all: without it the config's own store would be resumed)."""
+    again = "".join(f" --{name.replace('_', '-')} {shlex.quote(str(kwargs[name]))}"
+                    for name in ("store", "cluster", "workers", "memory_limit") if kwargs.get(name))
+    again += " --verify-source" if kwargs.get("verify_source") else ""
+    return f"metricpipe run {shlex.quote(str(kwargs['config']))}{again} --resume"
+
+
+def _stop_interrupted(e: KeyboardInterrupt, kwargs: dict | None = None) -> None:
     how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
-    _echo(f"{how}; finished stages are kept, rerun with --resume to continue")
+    if kwargs and "config" in kwargs:   # metricpipe run
+        _echo(f"{how}; finished stages are kept; to resume: {_resume_command(kwargs)}")
+    else:
+        _echo(f"{how}; finished stages are kept, rerun with --resume to continue")
     sys.unraisablehook = _quiet_after_interrupt
     sys.exit(143 if isinstance(e, Terminated) else 130)
 

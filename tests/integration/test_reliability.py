@@ -115,8 +115,8 @@ def test_sigterm_is_handled_like_ctrl_c_with_a_resume_hint(reference, tmp_path):
     proc.send_signal(signal.SIGTERM)          # the client only, as a batch system's stop would
     rest = proc.stderr.read()
     assert proc.wait(timeout=60) == 143, "".join(seen) + rest
-    assert rest.strip().splitlines()[-1] == ("terminated (SIGTERM); finished stages are kept, rerun with --resume "
-                                             "to continue"), rest
+    assert rest.strip().splitlines()[-1] == ("terminated (SIGTERM); finished stages are kept; to resume: "
+                                             f"metricpipe run {cfg} --resume"), rest
     res = _run("run", cfg, "--resume", *reference[3])
     assert res.exit_code == 0 and "statistics: reusing" in res.output, res.output
     _same(_results(tmp_path / "store"), reference[1])
@@ -136,7 +136,7 @@ def test_ctrl_c_stops_the_local_cluster_quietly_with_a_resume_hint(tmp_path):
     rest = proc.stderr.read()
     assert proc.wait(timeout=60) == 130, "".join(seen) + rest
     lines = [ln for ln in rest.splitlines() if ln.strip() and not ln.startswith("  train:")]
-    assert lines == ["interrupted; finished stages are kept, rerun with --resume to continue"], rest
+    assert lines == [f"interrupted; finished stages are kept; to resume: metricpipe run {cfg} --resume"], rest
 
 
 def test_local_workers_ignore_sigint_and_the_tracker_filter_does_not_outlive_the_start(monkeypatch):

@@ -717,7 +717,8 @@ metricpipe.cli.main(["run", *sys.argv[1:]])
 """
 
 
-@pytest.mark.parametrize("extra", [[], ["--memory-limit", "2GB"]])   # the latter is read before the command
+@pytest.mark.parametrize("extra", [[], ["--store", "other store", "--workers", "1"],
+                                   ["--memory-limit", "2GB"]])   # the latter is read before the command
 def test_a_ctrl_c_while_a_command_imports_its_libraries_gives_the_hint_not_a_traceback(tmp_path, extra):
     """The command line loads click and its error types only; each command imports the rest inside
     its error handler. Before, importing metricpipe.cli took 2 s of scikit-learn and distributed, and a
@@ -730,8 +731,12 @@ def test_a_ctrl_c_while_a_command_imports_its_libraries_gives_the_hint_not_a_tra
     proc = subprocess.run([sys.executable, "-c", CTRL_C_IN_IMPORT, str(cfg), *extra], capture_output=True,
                           text=True, timeout=120)
     assert proc.stdout.strip() == "loaded: []", proc.stdout
+    # the hint repeats the options (without --store it would resume the config's own store)
+    hint = {0: f"to resume: metricpipe run {cfg} --resume",
+            4: f"to resume: metricpipe run {cfg} --store 'other store' --workers 1 --resume"}.get(
+        len(extra), "rerun with --resume to continue")    # --memory-limit: read before the command had its options
     assert proc.returncode == 130 and proc.stderr.strip().splitlines() == [
-        "interrupted; finished stages are kept, rerun with --resume to continue"], proc.stderr
+        f"interrupted; finished stages are kept{'; ' if 'metricpipe' in hint else ', '}{hint}"], proc.stderr
     assert not (tmp_path / "s").exists()
 
 
