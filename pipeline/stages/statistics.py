@@ -33,8 +33,10 @@ def run_statistics(ctx: StageContext, data: DataInfo) -> Unit:
     """Mean, covariance (blockwise tree reduction), class counts/means, scatters, PCA basis."""
     cfg = ctx.config.statistics
     dense = data.n_features <= cfg.max_dense_dim
-    key = hash_key({"stage": "statistics", "data": data.unit.key, "dense": dense, "seed": ctx.config.seed,
-                    "components": None if dense else cfg.components})
+    # the seed reaches randomized PCA only: dense statistics (and every model made from them) are the
+    # same for any seed, so a new seed does not recompute them
+    key = hash_key({"stage": "statistics", "data": data.unit.key, "dense": dense,
+                    "seed": None if dense else ctx.config.seed, "components": None if dense else cfg.components})
     unit = ctx.store.unit("statistics", key)
     if ctx.reuse(unit, "statistics"):
         ctx.log(f"  statistics: reusing {unit.rel}")

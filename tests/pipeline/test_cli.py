@@ -579,13 +579,16 @@ def test_a_bad_memory_limit_option_is_refused_before_anything_starts(tmp_path, c
 
 
 @pytest.mark.integration
-def test_the_top_level_seed_keys_statistics_and_evaluation(client, tmp_path):
-    """Issue 19 item 7: changing ``seed`` must not reuse the seed-0 sampled queries or randomized SVD."""
+@pytest.mark.parametrize("dense", [True, False])
+def test_the_top_level_seed_keys_statistics_and_evaluation(client, tmp_path, dense):
+    """Issue 19 item 7: changing ``seed`` must not reuse the seed-0 sampled queries or randomized SVD;
+    dense statistics do not depend on it, and are reused (with every model made from them)."""
     store = tmp_path / "s"
     units = []
     for seed in (0, 1, 0):
         cfg = tmp_path / f"c{seed}.yaml"
         cfg.write_text(yaml.safe_dump({"store": str(store), "seed": seed, "cluster": client.scheduler.address,
+                                       "statistics": {"max_dense_dim": 64 if dense else 32},
                                        "data": {"source": "digits"}, "methods": [{"method": "pca", "dim": 8}],
                                        "evaluate": {"retrieval": {"k": [5], "queries": 50},
                                                     "classification": {"classifiers": ["knn1"]}}}))
@@ -595,7 +598,7 @@ def test_the_top_level_seed_keys_statistics_and_evaluation(client, tmp_path):
         evaluations = sorted(p.name for p in (store / "evaluation").glob("*.committed.json"))
         units.append((manifest["statistics"], evaluations, manifest["data"]))
     assert units[0][2] == units[1][2]                       # the same staged data (its split has its own seed)
-    assert units[0][0] != units[1][0] and len(units[0][1]) == 1 and len(units[1][1]) == 2   # a new evaluation
+    assert (units[0][0] == units[1][0]) == dense and len(units[0][1]) == 1 and len(units[1][1]) == 2   # a new evaluation
     assert units[2] == (units[0][0], units[1][1], units[0][2])   # back to seed 0: the seed-0 units, reused
 
 
