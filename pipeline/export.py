@@ -74,7 +74,9 @@ def encode_rows(model_url: str, data: str, features: str, normalize: str, start:
     X = np.asarray(_reader(data, features).read(start, stop))
     X = X.reshape(len(X), -1)
     check_feature_block(X, start, f"{data} (features)")
-    return _model(model_url).transform(normalize_rows(X, normalize).astype(np.float32))
+    from metricpipe.tasks.base import one_blas_thread
+    with one_blas_thread():   # as the workers run it: a product's bits depend on BLAS's thread count
+        return _model(model_url).transform(normalize_rows(X, normalize).astype(np.float32))
 
 
 class _Writer:

@@ -447,3 +447,22 @@ def test_predict_refuses_a_row_that_found_no_labelled_neighbour(stored, monkeypa
     res = CliRunner().invoke(main, ["predict", ctx.store.url, ctx.config.data.path, "--model", unit.key, "--k", "1"])
     assert res.exit_code == 2 and res.output.count("\n") == 1 and "row 3 has no neighbour among the train codes" \
         in res.output, res.output
+
+
+def test_encode_in_this_process_runs_blas_on_one_thread_as_the_workers_do(tmp_path, monkeypatch):
+    """A product's bits depend on BLAS's thread count: kernel SLEM's codes from `metricpipe encode`
+    differed from the stored ones by up to 6e-8 on a 2-thread BLAS (workers run one thread)."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+    from metricpipe import export
+    seen = []
+
+    class Probe:
+        def transform(self, X):
+            seen.append({p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"})
+            return X[:, :2]
+    np.save(tmp_path / "X.npy", np.ones((4, 3), np.float32))
+    monkeypatch.setattr(export, "_model", lambda url: Probe())
+    with threadpool_limits(2, user_api="blas"):
+        codes = export.encode_rows("m", str(tmp_path / "X.npy"), "X", "none", 0, 4)
+        assert {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"} == {2}   # restored
+    assert seen == [{1}] and codes.shape == (4, 2)
