@@ -54,6 +54,23 @@ def one_blas_thread():
     return threadpool_limits(1, user_api="blas")
 
 
+def _assume_finite() -> bool:
+    import sklearn
+    return bool(sklearn.get_config()["assume_finite"])
+
+
+def _within_float32(X) -> None:
+    """Codes are float32 and several learners compute in it: a finite float64 value beyond its range
+    would come out as inf or NaN codes (the command line refuses such files when it stages them)."""
+    X = np.asarray(X)
+    if X.dtype == np.float64 and X.size and not _assume_finite():
+        big = np.abs(X) > np.finfo(np.float32).max
+        if big.any():
+            r, c = np.argwhere(big)[0] if X.ndim == 2 else (np.flatnonzero(big)[0], 0)
+            raise InputError(f"X holds {int(big.sum())} value(s) beyond float32's range, first {X[big][0]:.3g} at row "
+                             f"{r}, column {c}; metricpipe computes in float32: scale the features")
+
+
 class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     """Base of every learner. Subclasses declare ``_parameter_constraints`` and implement
     ``fit`` and ``_transform``.
@@ -99,9 +116,9 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         kw.setdefault("dtype", [np.float64, np.float32])
         if reset:  # fitting: moments need two rows
             kw.setdefault("ensure_min_samples", 2)
-        if y is None:
-            return validate_data(self, X, reset=reset, **kw)
-        return validate_data(self, X, y, reset=reset, **kw)
+        out = validate_data(self, X, reset=reset, **kw) if y is None else validate_data(self, X, y, reset=reset, **kw)
+        _within_float32(out if y is None else out[0])
+        return out
 
     def _check_Xy(self, X, y, min_classes: int = 2, min_per_class: int = 1):
         """Validate labelled training data: returns (X, y codes 0..C-1); sets ``classes_``."""
@@ -133,7 +150,16 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         """
         check_is_fitted(self)
         X = self._check_X(X, reset=False)
-        return np.asarray(self._transform(X), np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            codes = np.asarray(self._transform(X), np.float32)
+        # (the pipeline sets assume_finite: staging refused such values and it checks codes itself)
+        if not _assume_finite() and not np.isfinite(codes).all():
+            r, c = np.argwhere(~np.isfinite(codes))[0]
+            raise InputError(f"{type(self).__name__}: the codes are not finite ({codes[r, c]} at row {r}, column {c}): "
+                             f"the input's values (max |x| = {float(np.abs(X).max()):.3g}) overflow float32 in the "
+                             f"model, or its parameters divide by zero; scale the features or change the parameters "
+                             f"(e.g. a larger eps)")
+        return codes
 
     def _transform(self, X):  # pragma: no cover - every subclass implements it
         raise NotImplementedError

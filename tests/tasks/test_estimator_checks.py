@@ -44,3 +44,27 @@ def test_parameters_are_only_stored_and_named_for_configs(cls):
     assert set(vars(est)) == set(est.get_params())          # __init__ stores its parameters, nothing else
     assert not any(k == "seed" or k == "lambda" for k in est.get_params())
     assert set(cls._parameter_constraints) == set(est.get_params())
+
+
+@pytest.mark.parametrize("est", CHECKED, ids=lambda e: type(e).__name__)
+def test_values_beyond_float32_are_refused_and_codes_never_come_out_non_finite(est):
+    """Codes are float32: a finite float64 input beyond its range gave NaN or inf codes (PCA, SL-NE,
+    NCMML...) or a library's unrelated error (NCMC: 'Probabilities contain NaN')."""
+    import numpy as np
+    from sklearn.base import clone
+    from sklearn.datasets import load_digits
+    from metricpipe.tasks.errors import InputError
+    X, y = load_digits(return_X_y=True)
+    X, y = X[:300] / 16.0 + 0.01, y[:300]
+    with pytest.raises(InputError, match=r"beyond float32's range, first 1e\+198 at row 0, column 0"):
+        clone(est).fit(X * 1e200, y)
+    fitted = clone(est).fit(X, y)
+    with pytest.raises(InputError, match=r"beyond float32's range"):
+        fitted.transform(X * 1e200)
+    for scale in (1e30, 1e36, 1e38):   # within range: finite codes, or the one-line refusal
+        try:
+            codes = fitted.transform(X * scale)
+        except InputError as e:
+            assert "the codes are not finite" in str(e)
+        else:
+            assert np.isfinite(codes).all()
