@@ -120,6 +120,18 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         _within_float32(out if y is None else out[0])
         return out
 
+    def _check_val(self, X_val, y_val):
+        """fit's validation rows: (X_val checked as X is, y_val as an array of one label per row)."""
+        name = type(self).__name__
+        if y_val is None:
+            raise InputError(f"{name}.fit: X_val needs y_val, the validation labels")
+        X_val = self._check_X(X_val, reset=False)
+        y_val = np.asarray(y_val)
+        if y_val.ndim != 1 or len(y_val) != len(X_val):
+            raise InputError(f"{name}.fit: y_val must hold one label per row of X_val ({len(X_val)}); got shape "
+                             f"{y_val.shape}")
+        return X_val, y_val
+
     def _check_Xy(self, X, y, min_classes: int = 2, min_per_class: int = 1):
         """Validate labelled training data: returns (X, y codes 0..C-1); sets ``classes_``."""
         if y is None:

@@ -495,13 +495,18 @@ class _MetricLearner(Learner):
         keys = stream.row_keys(X)
         if X_val is None:
             pos = np.flatnonzero(allowed)
+            counts = np.bincount(codes[pos], minlength=C)[self.trained_classes(C)]
+            if counts.min() < 2:   # early stopping holds out a validation row of every class it trains on
+                raise InputError(f"{type(self).__name__}: class {self.classes_[self.trained_classes(C)][np.argmin(counts)].item()!r} "
+                                 f"has {int(counts.min())} sample(s); early stopping holds out validation rows of "
+                                 f"every class, so each needs at least 2 (or pass X_val, y_val to fit)")
             val = pos[stream.validation_split(codes[pos], self.validation, keys[pos], seed)]
             keep[val] = False
             Xv, yv = X[val], codes[val]
         else:
-            Xv = self._check_X(X_val, reset=False)
-            yv = np.searchsorted(self.classes_, np.asarray(y_val))
-            if np.any(yv >= C) or np.any(self.classes_[np.minimum(yv, C - 1)] != np.asarray(y_val)):
+            Xv, y_val = self._check_val(X_val, y_val)
+            yv = np.searchsorted(self.classes_, y_val)
+            if np.any(yv >= C) or np.any(self.classes_[np.minimum(yv, C - 1)] != y_val):
                 raise InputError(f"{type(self).__name__}: y_val holds labels that are not in y")
         if not keep.any():
             raise InputError(f"{type(self).__name__}: no training rows left for SGD after the validation rows")

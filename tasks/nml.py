@@ -412,7 +412,7 @@ class _PairLearner(Learner):
         seed = seed_of(self.random_state)  # once: a RandomState random_state gives one draw per call
         keep, keys, val = None, None, None
         if X_val is not None:
-            val = (self._check_X(X_val, reset=False), np.asarray(y_val))
+            val = self._check_val(X_val, y_val)
             if self.requires_nonnegative:
                 check_nonnegative(val[0], f"{type(self).__name__}.fit: X_val")
         elif self.validation:
@@ -526,7 +526,8 @@ class _PairLearner(Learner):
     def _fit_labels(self, pools, n_samples, n_features, init, scale: float, seed: int, val=None):
         L0 = self._start(n_features, init, seed)
         rng = np.random.default_rng([seed, 17])
-        if val is not None and (not self.validation or np.bincount(np.unique(val[1], return_inverse=True)[1]).max() < 2):
+        if val is not None and (not self.validation or not len(val[1])
+                                or np.bincount(np.unique(val[1], return_inverse=True)[1]).max() < 2):
             val = None   # off, or no validation row has another of its class to find
         if val is not None:
             val = (self._prepare(val[0], f"{type(self).__name__}: validation rows"), val[1])

@@ -500,12 +500,7 @@ class _Bilinear(Learner):
         """(Z_val, y_val, neighbourhoods among X) for ``fit``'s X_val, y_val, or None."""
         if X_val is None:
             return None
-        if y_val is None:
-            raise InputError(f"{type(self).__name__}.fit: X_val needs y_val, the validation labels")
-        X_val = self._check_X(X_val, reset=False)
-        y_val = np.asarray(y_val)
-        if len(y_val) != len(X_val):
-            raise InputError(f"{type(self).__name__}.fit: y_val has {len(y_val)} labels for {len(X_val)} rows of X_val")
+        X_val, y_val = self._check_val(X_val, y_val)
         from metricpipe.tasks.knn import block_topk
         nbr = block_topk(np.asarray(X_val, np.float32), np.asarray(X, np.float32), min(self.n_neighbors, len(X)))[1]
         return to_space(X_val), y_val, nbr

@@ -433,7 +433,7 @@ class SparseProjector(Learner):
         seed = seed_of(self.random_state)
         among, val = None, None
         if X_val is not None:
-            val = (self._check_X(X_val, reset=False), np.asarray(y_val))
+            val = self._check_val(X_val, y_val)
         elif self.validation:
             held = stream.validation_split(y, self.validation, stream.row_keys(X), seed)
             among = np.setdiff1d(np.arange(len(X)), held)

@@ -220,3 +220,16 @@ def test_add_centroids_keeps_the_fitted_labels_and_refuses_bad_classes(data):
     with pytest.raises(InputError, match=r"centroids must be \(m, 12\)"):
         est.add_centroids(X[:1, :5], ["hen"])
     assert est.classes_.tolist() == ["cat", "dog", "eel", "fox", "gnu"]     # refused calls change nothing
+
+
+@pytest.mark.parametrize("cls", [NCMML, NCMC, KNNML])
+def test_fit_errors_name_the_problem_not_a_symptom(data, cls):
+    X, y = data
+    y1 = y.copy()
+    y1[0] = 9                      # a class of one sample: it cannot give a validation row and a training row
+    with pytest.raises(InputError, match=r"class 9 has 1 sample\(s\); early stopping holds out validation rows"):
+        cls(**SGD).fit(X, y1)
+    with pytest.raises(InputError, match="X_val needs y_val"):
+        cls(**SGD).fit(X, y, X_val=X[:10])
+    with pytest.raises(InputError, match=r"y_val must hold one label per row of X_val \(10\); got shape \(3,\)"):
+        cls(**SGD).fit(X, y, X_val=X[:10], y_val=y[:3])
