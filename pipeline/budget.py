@@ -117,6 +117,16 @@ def needs(info, cfg, limit: float) -> list[tuple[str, float, str]]:
         out.append((f"a retrieval task's database (the {n_test:,} test rows' codes, up to {d} dimensions)",
                     n_test * d * 4.0 + stages.EVAL_BUDGET - stages.RETRIEVAL_DB_BYTES,
                     "set evaluate.retrieval: false, lower data.split's test share, or raise memory_limit"))
+    if any(c.startswith("softvote") for c in cfg.evaluate.classifiers) and cfg.methods and n_train:
+        from metricpipe.stages.evaluate import CLASSIFY_QUERIES
+        from metricpipe.tasks.evaluation import SOFTVOTE_GROUP_BYTES
+        n_classes = len(getattr(info, "classes", None) or []) or None
+        d = max(_code_dim(cand, D, n_classes) for spec in cfg.methods for cand in registry.candidates(spec))
+        k = (cfg.neighbours or NeighboursConfig()).k
+        rows = min(n_train, CLASSIFY_QUERIES * k)
+        out.append((f"a soft-vote task ({CLASSIFY_QUERIES:,} queries' {k} stored neighbours: {rows:,} rows of codes up "
+                    f"to {d} dimensions)", (rows + CLASSIFY_QUERIES) * d * 4.0 + SOFTVOTE_GROUP_BYTES,
+                    "lower neighbours.k, drop the softvote classifiers, or raise memory_limit"))
     for spec in cfg.methods:
         for cand in registry.candidates(spec):
             if cand["method"] == "slem" and cand.get("kernel", "linear") != "linear":

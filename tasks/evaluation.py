@@ -118,6 +118,9 @@ def knn_predict(Q: np.ndarray, blocks, labels: np.ndarray, k: int, score: str, n
     return metrics.knn_class_ranking(knn_neighbour_labels(Q, blocks, labels, k, score), n_classes, k)[:, 0]
 
 
+SOFTVOTE_GROUP_BYTES = 64 << 20
+
+
 def softvote_errors(Q: np.ndarray, y: np.ndarray, nbr: np.ndarray, B: np.ndarray, flat: np.ndarray,
                     labels: np.ndarray, soft: list, n_classes: int, score: str = "inner") -> dict:
     """Eq. 9 of SL-NE: the k members of each query's stored neighbourhood ``nbr`` (q, K) most similar
@@ -126,12 +129,17 @@ def softvote_errors(Q: np.ndarray, y: np.ndarray, nbr: np.ndarray, B: np.ndarray
     weigh votes with: their k nearest members vote one each (before, the inner product of such
     codes chose and weighed the voters: large-norm rows won, not near ones)."""
     pos = np.searchsorted(flat, np.maximum(nbr, 0))
-    Bq = B[pos]
-    if score == "euclidean":
-        diff = Bq - Q[:, None]
-        sims = -np.einsum("qkd,qkd->qk", diff, diff)
-    else:
-        sims = np.einsum("qd,qkd->qk", Q, Bq)
+    sims = np.empty(nbr.shape, np.result_type(Q, B))
+    # the gathered neighbours (q, K, d) in groups of at most SOFTVOTE_GROUP_BYTES: whole, they were
+    # 2 x 0.64 GB at 4,096 queries, K = 50, d = 784
+    g = max(1, int(SOFTVOTE_GROUP_BYTES // max(1, 2 * nbr.shape[1] * Q.shape[1] * Q.itemsize)))
+    for a in range(0, len(Q), g):
+        Bq = B[pos[a:a + g]]
+        if score == "euclidean":
+            diff = Bq - Q[a:a + g, None]
+            sims[a:a + g] = -np.einsum("qkd,qkd->qk", diff, diff)
+        else:
+            sims[a:a + g] = np.einsum("qd,qkd->qk", Q[a:a + g], Bq)
     nb_labels = np.where(nbr >= 0, labels[np.maximum(nbr, 0)], -1)
     out = {}
     for k in soft:

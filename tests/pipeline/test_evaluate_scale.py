@@ -335,3 +335,17 @@ def test_the_new_class_control_rows_are_in_the_evaluation_key(client, tmp_path):
     assert not [r for r in first if r["metric"] == "top1_error_new_classes"]
     control = [r for r in again if r["method"] == "identity" and r["metric"] == "top1_error_new_classes"]
     assert control and control == [r for r in fresh if r["method"] == "identity" and r["metric"] == "top1_error_new_classes"]
+
+
+def test_the_soft_vote_task_s_neighbour_rows_are_counted_by_the_memory_rule():
+    cfg = parse_config({"data": {"source": "synthetic"}, "neighbours": {"k": 50},
+                        "evaluate": {"retrieval": False, "classification": {"classifiers": ["softvote10"]}},
+                        "methods": [{"method": "identity"}]})
+    [(what, need, fix)] = [t for t in needs(_info(1_000_000, 784), cfg, 2e9) if "soft-vote" in t[0]]
+    rows = 4096 * 50          # every query's neighbours distinct: fewer than the 900,000 train rows
+    assert f"{rows:,} rows of codes up to 784 dimensions" in what and need == (rows + 4096) * 784 * 4 + (64 << 20)
+    with pytest.raises(InputError, match=r"a soft-vote task .* needs ~7\d\d MB, over the 600 MB .*; lower "
+                                         r"neighbours.k, drop the softvote classifiers"):
+        check_memory(_client(1e9), _info(1_000_000, 784, chunk_mb=16), cfg)
+    small = [t for t in needs(_info(10_000, 784), cfg, 2e9) if "soft-vote" in t[0]]
+    assert "9,000 rows of codes" in small[0][0]    # no more rows than the train split has
