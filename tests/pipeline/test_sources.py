@@ -186,3 +186,39 @@ def test_the_ids_array_is_part_of_the_staged_data_s_key(tmp_path, arrays):
         return prepare_data(cfg, Store(cfg.store)).info.unit.key
     assert len({key(), key(ids="i"), key(ids="j")}) == 3
     assert key(ids="i") == key(ids="i")
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_parquet_rows_read_across_row_groups_and_batches_equal_the_file(tmp_path, monkeypatch, fixed):
+    """Rows are decoded a batch at a time up to the last one asked for (a whole row group was decoded
+    per block before): any range, across groups and batches, is the file's rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from metricpipe import sources
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(50, 4)).astype(np.float32)
+    col = pa.array(list(X), type=pa.list_(pa.float32(), 4) if fixed else pa.list_(pa.float32()))
+    pq.write_table(pa.table({"emb": col, "label": np.arange(50) % 3}), tmp_path / "f.parquet", row_group_size=16)
+    monkeypatch.setattr(sources, "PARQUET_BATCH_ROWS", 5)
+    src = open_source(_cfg(tmp_path / "f.parquet", features="emb", labels="label"))
+    assert src.reader.shape == (50, 4)
+    for a, b in [(0, 50), (3, 4), (14, 35), (16, 32), (47, 50), (20, 20)]:
+        np.testing.assert_array_equal(src.reader.read(a, b), X[a:b])
+    np.testing.assert_array_equal(_read_in_blocks(src.reader, 7), X)
+
+
+def test_parquet_null_and_ragged_rows_are_named_in_any_row_group(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    X = np.ones((40, 3), np.float32)
+    rows = [list(map(float, r)) for r in X]
+    rows[33] = None
+    pq.write_table(pa.table({"emb": rows, "y": np.arange(40) % 2}), tmp_path / "n.parquet", row_group_size=10)
+    rows[33], rows[25] = [1.0, 2.0, 3.0], [1.0]
+    pq.write_table(pa.table({"emb": rows, "y": np.arange(40) % 2}), tmp_path / "r.parquet", row_group_size=10)
+    n = open_source(_cfg(tmp_path / "n.parquet", features="emb")).reader
+    with pytest.raises(InputError, match=r"column 'emb' \(data.features\) is null in row 33; drop or fill that row"):
+        n.read(30, 40)
+    r = open_source(_cfg(tmp_path / "r.parquet", features="emb")).reader
+    with pytest.raises(InputError, match=r"rows of lengths \[1, 3\] in rows 20..29 against 3"):
+        r.read(20, 30)
