@@ -468,6 +468,26 @@ class YamlLoader(yaml.SafeLoader):
     PyYAML follows, needs a dot, ``1.0e-6``, and reads ``1e-6`` as text)."""
 
 
+def _mapping_without_duplicates(loader, node, deep=False):
+    """A mapping whose keys are unique: YAML says so, and PyYAML keeps the last of two silently (a
+    second ``seed:`` or ``methods:`` further down a config replaced the first)."""
+    seen = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":   # `<<: *alias`: its keys may be overridden
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (also at line {seen[key] + 1}); keep one",
+                    key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        except TypeError:    # an unhashable key: PyYAML's own error follows
+            pass
+    return loader.construct_mapping(node, deep=deep)
+
+
+YamlLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
 YamlLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\.[0-9]+|[0-9][0-9_]*(?:\.[0-9_]*)?)[eE][-+]?[0-9]+$"),
     list("-+0123456789."))

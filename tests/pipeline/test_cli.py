@@ -527,6 +527,11 @@ RAW = {
     "data a list": ({"data": ["digits"]}, r"data: expected a mapping \(key: value\), got \['digits'\]"),
     "verify_source text": ({"data": {"source": "digits", "verify_source": "yes"}},
                            r"data.verify_source: expected bool, got 'yes'"),
+    # PyYAML kept the last of two keys: a second seed or methods further down replaced the first
+    "duplicate key": ("seed: 0\ndata: {source: digits}\nseed: 1\n",
+                      r"cfg.yaml: not valid YAML at line 3: duplicate key 'seed' \(also at line 1\); keep one"),
+    "duplicate parameter": ("data: {source: digits}\nmethods:\n  - {method: pca, dim: 4, dim: 8}\n",
+                            r"line 3: duplicate key 'dim'"),
 }
 
 

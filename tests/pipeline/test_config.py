@@ -317,3 +317,13 @@ def test_every_example_config_loads(name):
     """The shipped examples (the quick start's demo among them) stay valid as the config grows."""
     cfg = load_config(Path(__file__).parents[2] / "examples" / name)
     assert cfg.methods
+
+
+def test_yaml_merge_keys_may_be_overridden_but_plain_keys_not_repeated(tmp_path):
+    from metricpipe.config import ConfigError, read_yaml
+    p = tmp_path / "m.yaml"
+    p.write_text("base: &b {dim: 4, lr: 1}\nm:\n  <<: *b\n  dim: 8\n")
+    assert read_yaml(p, "a config")["m"] == {"dim": 8, "lr": 1}
+    p.write_text("m: {a: 1}\nm: {a: 2}\n")
+    with pytest.raises(ConfigError, match="duplicate key 'm'"):
+        read_yaml(p, "a config")
