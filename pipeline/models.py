@@ -22,6 +22,10 @@ def codes_of(store: Store, key: str, meta: dict) -> Unit | None:
 def find_model(store: Store, key: str) -> tuple[Unit, dict]:
     """The one committed model whose key starts with ``key``, its files checked against the checksums of
     its commit (a damaged chunk would otherwise fail deep in a decoder, or decode to wrong weights)."""
+    if not isinstance(key, str):
+        raise InputError(f"{store.url}: a model key is text, e.g. the first characters of one `metricpipe models "
+                         f"{store.url}` lists; got {key!r}")
+    key = key.strip().lower()    # keys are lower-case hexadecimal
     found = [(u, m) for u, m in model_units(store) if u.key.startswith(key)]
     if not found:
         raise InputError(f"{store.url}: no committed model {key!r} in models/; `metricpipe models {store.url}` "
@@ -61,7 +65,7 @@ def load_model(store_url: str, key: str):
     takes raw features: with the run's ``data.normalize`` (other than none) it is a scikit-learn
     ``Pipeline`` of that normalizer and the estimator (``model[-1]``), else the estimator itself."""
     store = Store(store_url)
-    store.check_exists()
+    store.check_is_store()    # (STORE/models given for STORE said "no committed model")
     unit, meta = find_model(store, key)
     est = load_estimator(unit.url)
     names = meta.get("class_names")

@@ -61,6 +61,11 @@ def test_load_model_by_key_prefix_and_its_errors(stored):
         metricpipe.load_model(ctx.store.url, "zzz")
     with pytest.raises(InputError, match=f"matches {len(METHODS)} models"):
         metricpipe.load_model(ctx.store.url, "")
+    assert metricpipe.load_model(ctx.store.url, key[:6].upper())[-1].get_params()["dim"] == 4   # hex, any case
+    with pytest.raises(InputError, match=r"a model key is text, .* got 123"):
+        metricpipe.load_model(ctx.store.url, 123)
+    with pytest.raises(InputError, match=r"/models: not a metricpipe store"):   # STORE/models for STORE
+        metricpipe.load_model(f"{ctx.store.url}/models", key)
 
 
 @pytest.mark.integration
