@@ -279,6 +279,8 @@ def knnml_step(W: np.ndarray, X: np.ndarray, is_pos: np.ndarray, k: int, mode: s
     dq = _sqdist(Y[queries], Y)
     cp, cn = triplet_counts(dq, targets, negatives)
     G = triplet_gradient(W, X, queries, cp, cn)
+    if mode == "all" and n_pos - 1 > k:   # per k targets, as the other modes: lr means the same in each
+        G = G * (k / (n_pos - 1))           # (every positive as a target diverged at the default lr)
     return G / len(queries), int(cp.sum())
 
 

@@ -178,3 +178,18 @@ def test_validation_rows_that_miss_a_class_name_the_rows_not_the_validation_size
     ncmml.NCMML(dim=2, iters=20, validate_every=10, classes=[0, 1]).fit(   # the classes it trains on are there
         X[:240], y[:240], X_val=X[240:][y[240:] != 2], y_val=y[240:][y[240:] != 2])
     est.fit(X[:240], y[:240])                                             # carved: every class
+
+
+def test_all_targets_step_is_scaled_to_k_targets_per_query():
+    """Every positive as a target summed n_pos - 1 terms per query, not k: at the default lr SGD
+    diverged on digits. The step is the triplet gradient times k / (n_pos - 1), per query."""
+    X, W, is_pos = _random_triplet_case()
+    n_pos, k = int(is_pos.sum()), 3
+    targets = ncmml.choose_targets(X @ W.T, n_pos, None, "all")
+    _, G_loop = ncmml.triplet_loss_loop(W, X, np.arange(n_pos), targets, np.broadcast_to(~is_pos, targets.shape))
+    G, _ = ncmml.knnml_step(W, X, is_pos, k, "all")
+    np.testing.assert_allclose(G, G_loop * k / (n_pos - 1) / n_pos, rtol=1e-9, atol=1e-12)
+    from sklearn.datasets import load_digits
+    Xd, y = load_digits(return_X_y=True)
+    est = ncmml.KNNML(dim=16, iters=300, targets="all", random_state=0).fit(Xd[:1300], y[:1300])   # diverged before
+    assert np.isfinite(est.components_).all()
