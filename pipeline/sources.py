@@ -467,7 +467,14 @@ def _labels_from_npy(cfg, n_hint=None):
     if not p.is_file():
         raise InputError(f"{p}: labels file not found (data.labels)")
     try:
-        _refuse_objects(_npy_dtype(p), p, "", "data.labels")
+        dtype = _npy_dtype(p)
+    except (OSError, ValueError) as e:
+        raise InputError(f"{p}: cannot read the labels (data.labels): {type(e).__name__}: {e}".splitlines()[0]) \
+            from None
+    if dtype.hasobject:   # (the file is the array: no array name to give)
+        raise InputError(f"{p}: the labels (data.labels) are pickled Python objects (dtype object), which metricpipe "
+                         f"does not unpickle; save them as a numeric or string array")
+    try:
         return np.load(p, allow_pickle=False)
     except (OSError, ValueError) as e:
         raise InputError(f"{p}: cannot read the labels (data.labels): {type(e).__name__}: {e}".splitlines()[0]) \

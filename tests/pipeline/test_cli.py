@@ -96,7 +96,7 @@ BAD = {
     "object features": (lambda t: _bad_npz_pickled(t, X=X.astype(object), y=Y), {},
                         r"bad.npz: array .X. \(data.features\) holds pickled Python objects"),
     "pickled labels npy": (lambda t: {**_bad_npz(t, X=X), "labels": _pickled_labels(t)}, {},
-                           r"labels.npy: array .. \(data.labels\) holds pickled Python objects"),
+                           r"^error: \S+labels.npy: the labels \(data.labels\) are pickled Python objects"),
     "retrieval k above the database": (lambda t: _bad_npz(t, X=X, y=Y), {"evaluate": {"retrieval": {"k": [500]}}},
                                        r"evaluate.retrieval.k: 500 is more than the retrieval database holds "
                                        r"\(each test query ranks the other \d+ test rows\)"),
