@@ -122,7 +122,7 @@ def plan_sides(embeddings: str, features: str, labels: str, queries: str | None,
                          f"(e.g. numbers and strings); give both as one kind") from None
     qc, rc = codes[:len(q_lab)].astype(np.int64), codes[len(q_lab):].astype(np.int64)
     if len(np.unique(rc)) < 2:
-        raise InputError(f"{r_in[0]}: the reference holds one class ({r_in[2]}, labels {classes[rc[0]]!r}); "
+        raise InputError(f"{r_in[0]}: the reference holds one class ({r_in[2]}, labels {classes[rc[0]].item()!r}); "
                          f"retrieval metrics need at least two classes")
     rows = np.arange(len(qc))
     if sample is not None:

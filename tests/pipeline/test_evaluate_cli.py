@@ -119,7 +119,7 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path):
         ([tmp_path / "ok.npz", "--features", "Z"], r"ok.npz: no array 'Z' \(--features\); it holds"),
         ([tmp_path / "ok.npz", "--labels", "lab"], r"ok.npz: no array 'lab' \(--labels\)"),
         ([tmp_path / "short.npz"], r"short.npz: labels \(--labels\) have shape \(39,\) for 40 embeddings"),
-        ([tmp_path / "one.npz"], r"one.npz: the reference holds one class"),
+        ([tmp_path / "one.npz"], r"one.npz: the reference holds one class \(EMBEDDINGS, labels \d\);"),
         ([tmp_path / "empty.npz"], r"empty.npz: no embeddings"),
         ([tmp_path / "ok.npz", "--reference", tmp_path / "wide.npz"], r"queries have 2 features, .* 7"),
         ([tmp_path / "x.npy"], r"x.npy: a .npy file holds one array; give --labels as the path of a .npy file of "
