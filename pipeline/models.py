@@ -16,7 +16,9 @@ def codes_of(store: Store, key: str, meta: dict) -> Unit | None:
     model add-classes made)."""
     if not meta.get("data"):
         return None
-    return store.unit("codes", hash_key({"stage": "codes", "model": key, "data": meta["data"]}))
+    # keyed by the release that made the model (its run encoded it with that release; markers name it
+    # from 0.3.6): after an upgrade the store's models keep their codes for export and predict
+    return store.unit("codes", hash_key({"stage": "codes", "model": key, "data": meta["data"]}, meta.get("version")))
 
 
 def find_model(store: Store, key: str) -> tuple[Unit, dict]:

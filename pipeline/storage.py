@@ -60,12 +60,13 @@ def _fix(e: OSError) -> str:
     return "check the store's file system, then rerun: finished stages are kept"
 
 
-def hash_key(inputs: dict) -> str:
+def hash_key(inputs: dict, version: str | None = None) -> str:
     """A short, stable key of a JSON-able description of a result's inputs and of the code that made
     it: the package version is part of every key, so results of another release are never reused
-    (bump ``version`` in pyproject.toml and ``metricpipe.__version__`` when a stage's output changes)."""
+    (bump ``version`` in pyproject.toml and ``metricpipe.__version__`` when a stage's output changes).
+    ``version``: another release's key for the same inputs (the units it made, e.g. a model's codes)."""
     from metricpipe import __version__
-    blob = json.dumps({"v": __version__, **inputs}, sort_keys=True, default=_json_default)
+    blob = json.dumps({"v": version or __version__, **inputs}, sort_keys=True, default=_json_default)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -463,7 +464,8 @@ class Unit:
         """Mark the unit complete (the marker is written last and atomically) with its files' checksums
         (``sums``: those already taken elsewhere, e.g. by workers; the rest are taken here)."""
         self.store.write_text(f"{self.rel}{MARKER_SUFFIX}", to_json({**meta, "key": self.key, "kind": self.kind,
-                                                               "committed": time.time(), "files": self.checksums(sums)}))
+                                                               "committed": time.time(), "version": _version(),
+                                                               "files": self.checksums(sums)}))
 
     def file_sizes(self) -> dict:
         """{path inside the unit: size in bytes} for every file of the unit."""
@@ -503,6 +505,11 @@ class Unit:
 
     def read_json(self, name: str):
         return self.store.read_json(f"{self.rel}/{name}")
+
+
+def _version() -> str:
+    from metricpipe import __version__
+    return __version__
 
 
 def size_crc(fs, path: str) -> list[int]:

@@ -471,3 +471,18 @@ def test_encode_in_this_process_runs_blas_on_one_thread_as_the_workers_do(tmp_pa
         codes = export.encode_rows("m", str(tmp_path / "X.npy"), "X", "none", 0, 4)
         assert {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"} == {2}   # restored
     assert seen == [{1}] and codes.shape == (4, 2)
+
+
+@pytest.mark.integration
+def test_after_an_upgrade_the_store_s_models_keep_their_codes(stored, monkeypatch, tmp_path):
+    """The codes key holds the release: after a version bump `models` said 'encoded no' for every model
+    of an older run and export --faiss / predict refused them. Markers now name their release."""
+    from metricpipe.models import describe
+    ctx, _, _, models, codes = stored
+    before = {r["key"]: r["encoded"] for r in describe(ctx.store.url)}
+    assert all(before[u.key] for _, u in models)
+    monkeypatch.setattr(metricpipe, "__version__", "99.0.0")
+    assert {r["key"]: r["encoded"] for r in describe(ctx.store.url)} == before
+    key = models[0][1].key
+    res = CliRunner().invoke(main, ["export", ctx.store.url, "--model", key, "--faiss", str(tmp_path / "i.faiss")])
+    assert res.exit_code == 0, res.output
