@@ -246,9 +246,11 @@ def test_retrieval_task_in_query_groups_equals_the_full_matrix(staged, monkeypat
 
 @pytest.mark.integration
 def test_the_top_level_seed_keys_statistics_and_evaluation(client, tmp_path):
-    """Randomized PCA and sampled retrieval queries use the run's seed: another seed must not reuse them."""
+    """Randomized PCA and sampled retrieval queries use the run's seed: another seed must not reuse them
+    (dense statistics do not depend on it: tests/pipeline/test_cli.py)."""
     from tests.conftest import staged
     raw = {"data": {"source": "digits", "chunk_mb": 0.05}, "methods": [{"method": "pca", "dim": 4}],
+           "statistics": {"max_dense_dim": 32},
            "evaluate": {"retrieval": {"k": [1], "queries": 50}, "classification": {"classifiers": ["knn1"]}}}
     units = {}
     for seed in (0, 1):
