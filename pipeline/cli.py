@@ -387,28 +387,31 @@ def gc(store, delete):
     runs left), with their sizes; --delete removes them.
 
     Kept: every unit runs/latest.json names, the candidates of its parameter selections, the models
-    add-classes made from its models, and its shuffled copies."""
-    from metricpipe.prune import remove, unused_units
+    add-classes made from its models, the shuffled copies of its data, and every unit committed after
+    it started (a run that did not finish: its --resume reuses them)."""
+    from metricpipe.prune import unused_units
     from metricpipe.storage import Store
 
     st = Store(store)
-    _, found = unused_units(st)   # refuses a store without a finished run before taking its lock
+    _, found, later = unused_units(st)   # refuses a store without a finished run before taking its lock
+    kept = (f"; kept {later} unit{'s' if later != 1 else ''} committed after the last finished run started (a run "
+            f"that did not finish, or add-classes: --resume reuses them)") if later else ""
     if not found:
-        click.echo(f"{st.url}: every unit is used by the last run; nothing to remove")
+        click.echo(f"{st.url}: nothing to remove: every other unit is used by the last run{kept}")
         return
     if not delete:
         for unit, why, size in found:
             click.echo(f"{unit.rel:<30} {_size(size):>9}  {why}")
         click.echo(f"{len(found)} unit{'s' if len(found) != 1 else ''}, {_size(sum(s for _, _, s in found))}, not used by "
-                   f"the last run; 'metricpipe gc {shlex.quote(store)} --delete' removes them")
+                   f"the last run; 'metricpipe gc {shlex.quote(store)} --delete' removes them{kept}")
         return
     st.check_writable()
     with st.lock("metricpipe gc"):
-        _, found = unused_units(st)   # again under the lock: a run may have finished meanwhile
+        _, found, later = unused_units(st)   # again under the lock: a run may have finished meanwhile
         for unit, why, size in found:
-            remove(unit)
+            unit.remove()
             click.echo(f"removed {unit.rel:<30} {_size(size):>9}  {why}")
-    click.echo(f"removed {len(found)} unit{'s' if len(found) != 1 else ''}, {_size(sum(s for _, _, s in found))}")
+    click.echo(f"removed {len(found)} unit{'s' if len(found) != 1 else ''}, {_size(sum(s for _, _, s in found))}{kept}")
 
 
 def _size(n: int) -> str:

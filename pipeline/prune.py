@@ -1,47 +1,60 @@
 """``metricpipe gc``: find (and remove) the units of a store that its last run did not use.
 
 Every parameter, seed or input change makes new units under new keys and leaves the old ones, so a
-store that is iterated on grows with every run. The last run's manifest (``runs/latest.json``)
-names every unit it used; gc keeps those, the selection candidates of its kept selections (so a
-rerun of the same config reuses them), the models ``add-classes`` made from its models, and the
-shuffled copies it read, and lists (or removes) the rest: units of earlier configs, and what killed
-runs left without a commit marker.
+store that is iterated on grows with every run. The last finished run's manifest
+(``runs/latest.json``) names every unit it used; gc keeps those, the selection candidates of its
+kept selections (so a rerun of the same config reuses them), the models ``add-classes`` made from
+its models, the shuffled copies of its staged data, and every unit committed after it started (by a
+run that did not finish, whose ``--resume`` reuses them, or by ``add-classes`` / ``stage``). It
+lists (or removes) the rest: units of earlier configs, and what killed runs left unfinished.
 """
 from metricpipe.inspect import KINDS
-from metricpipe.storage import MARKER_SUFFIX, Store, Unit
+from metricpipe.storage import MARKER_SUFFIX, Store, Unit, read_attrs
 
 
 def kept_units(store: Store, manifest: dict) -> set[str]:
     """Store paths (``KIND/KEY``) of the units the last run used or depends on."""
     from metricpipe.report import extended_models, run_models
+    units = manifest.get("units") or {}
     keep = set(manifest.get("evaluation_units") or [])
-    for rel in (manifest.get("units") or {}).values():
+    for rel in units.values():
         if isinstance(rel, str):
             keep.add(rel)
         elif rel:
             keep.update(rel)
-    for rel in (manifest.get("units") or {}).get("selection") or []:
+    for rel in units.get("selection") or []:
         unit = store.unit(*rel.split("/"))
         if unit.done():
             keep.update(f"models/{c['model']}" for c in unit.meta().get("candidates", []) if c.get("model"))
     keep.update(f"models/{m['key']}" for m in extended_models(store, run_models(store, manifest)))
-    if "shuffled" not in (manifest.get("units") or {}):   # a manifest written before 0.3.6 names none: keep all
-        keep.update(u.rel for u in store.units("shuffled"))
+    # the copies of its data (a run that reused every model read none, and a later one may need them)
+    data = (units.get("data") or "").split("/")[-1]
+    for unit in store.units("shuffled"):
+        if unit.done() and read_attrs(unit.url).get("data") == data:
+            keep.add(unit.rel)
     return keep
 
 
-def unused_units(store: Store) -> tuple[dict, list[tuple[Unit, str, int]]]:
-    """(the last run's manifest, [(unit, why, bytes)] of every unit it neither used nor depends on)."""
+def unused_units(store: Store) -> tuple[dict, list[tuple[Unit, str, int]], int]:
+    """(the last run's manifest, [(unit, why, bytes)] of every unit it neither used nor depends on,
+    the number of units kept because they were committed after it started)."""
     store.check_is_store()
     manifest = store.last_run(": gc keeps what the last run used, so it has nothing to go by")
     keep = kept_units(store, manifest)
-    out = []
+    started = float(manifest.get("started") or 0)
+    out, later = [], 0
     for kind in KINDS:
         for unit in store.units(kind):
             if unit.rel in keep:
                 continue
-            why = "not used by the last run" if unit.done() else "unfinished (left by a killed run)"
-            out.append((unit, why, unit_bytes(unit)))
+            if unit.done():
+                if float(unit.meta().get("committed") or 0) > started:
+                    later += 1
+                    continue
+                why = "not used by the last run"
+            else:
+                why = "unfinished (left by a killed run; a rerun recomputes it)"
+            out.append((unit, why, unit.nbytes()))
     # markers whose unit directory is gone (a gc killed between its two deletions) are leftovers too
     for kind in KINDS:
         base = f"{store.root}/{kind}"
@@ -53,24 +66,4 @@ def unused_units(store: Store) -> tuple[dict, list[tuple[Unit, str, int]]]:
             if name.endswith(MARKER_SUFFIX) and name[:-len(MARKER_SUFFIX)] not in dirs \
                     and f"{kind}/{name[:-len(MARKER_SUFFIX)]}" not in keep:
                 out.append((store.unit(kind, name[:-len(MARKER_SUFFIX)]), "commit marker without its unit", 0))
-    return manifest, out
-
-
-def unit_bytes(unit: Unit) -> int:
-    fs = unit.store.fs
-    root = f"{unit.store.root}/{unit.rel}"
-    total = sum(int(i["size"]) for i in fs.find(root, detail=True).values()) if fs.exists(root) else 0
-    marker = root + MARKER_SUFFIX
-    return total + (int(fs.info(marker)["size"]) if fs.exists(marker) else 0)
-
-
-def remove(unit: Unit) -> None:
-    """Remove one unit: its commit marker first, so that a gc killed midway leaves an unfinished unit
-    (which the next run or gc wipes), never a committed one with files missing."""
-    fs = unit.store.fs
-    root = f"{unit.store.root}/{unit.rel}"
-    unit.store.check_held(f"removing {unit.rel}")
-    if fs.exists(root + MARKER_SUFFIX):
-        fs.rm(root + MARKER_SUFFIX)
-    if fs.exists(root):
-        fs.rm(root, recursive=True)
+    return manifest, out, later

@@ -444,13 +444,25 @@ class Unit:
 
     def begin(self) -> None:
         """Wipe anything a killed writer left and create the unit's directory."""
-        self.store.check_held(f"writing {self.rel}")
+        self.remove(f"writing {self.rel}")
+        self.store.fs.makedirs(self._root, exist_ok=True)
+
+    def remove(self, doing: str | None = None) -> None:
+        """Remove the unit: its commit marker first, so that a writer killed midway leaves an
+        unfinished unit (wiped by the next writer), never a committed one with files missing."""
+        self.store.check_held(doing or f"removing {self.rel}")
         fs = self.store.fs
         if fs.exists(self._root + MARKER_SUFFIX):
             fs.rm(self._root + MARKER_SUFFIX)
         if fs.exists(self._root):
             fs.rm(self._root, recursive=True)
-        fs.makedirs(self._root, exist_ok=True)
+
+    def nbytes(self) -> int:
+        """Bytes of the unit's files and its commit marker."""
+        fs = self.store.fs
+        marker = self._root + MARKER_SUFFIX
+        return (sum(self.file_sizes().values()) if fs.exists(self._root) else 0) + \
+            (int(fs.info(marker)["size"]) if fs.exists(marker) else 0)
 
     def discard(self) -> None:
         """Remove an uncommitted unit's files (a candidate whose fit failed: nothing to resume). Best

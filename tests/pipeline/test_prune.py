@@ -16,9 +16,12 @@ def _invoke(*args):
     return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
 
 
-def _unit(store, kind, key, commit=True, **meta):
+def _unit(store, kind, key, commit=True, attrs=None, **meta):
     u = store.unit(kind, key)
     u.begin()
+    if attrs is not None:
+        from metricpipe.storage import save_arrays
+        save_arrays(u.url, {}, attrs)
     store.fs.pipe_file(f"{store.root}/{kind}/{key}/payload", bytes(100))
     if commit:
         u.commit(meta)
@@ -39,25 +42,31 @@ def store(tmp_path):
     run = {"data": "data/d1", "statistics": "statistics/s1", "neighbours": None,
            "models": ["models/m1"], "codes": ["codes/c1"], "selection": ["selection/x1"],
            "shuffled": ["shuffled/h1"]}
-    for kind, key in [("data", "d1"), ("statistics", "s1"), ("codes", "c1"), ("evaluation", "e1"),
-                      ("shuffled", "h1"), ("models", "cand")]:
+    for kind, key in [("data", "d1"), ("statistics", "s1"), ("codes", "c1"), ("evaluation", "e1"), ("models", "cand")]:
         _unit(st, kind, key)
+    _unit(st, "shuffled", "h1", attrs={"data": "d1"})
+    _unit(st, "shuffled", "h2", attrs={"data": "d1"})   # another seed's copy of its data: kept, not named
+    _unit(st, "shuffled", "h0", attrs={"data": "d0"})
     _unit(st, "models", "m1", spec={"method": "ncmml"}, dim=4)
     _unit(st, "selection", "x1", candidates=[{"model": "m1"}, {"model": "cand"}, {"model": None, "error": "diverged"}])
     _unit(st, "models", "ext1", spec={"method": "ncmml"}, dim=4, extends="m1")      # add-classes of the run's model
     _unit(st, "models", "ext2", spec={"method": "ncmml"}, dim=4, extends="ext1")    # ... and of that copy
-    for kind, key in [("data", "d0"), ("codes", "c0"), ("evaluation", "e0"), ("shuffled", "h0")]:
+    for kind, key in [("data", "d0"), ("codes", "c0"), ("evaluation", "e0")]:
         _unit(st, kind, key)
     _unit(st, "models", "m0", spec={"method": "pca"}, dim=4)
     _unit(st, "models", "ext0", spec={"method": "ncmml"}, dim=4, extends="m0")     # of an earlier config's model
     _unit(st, "models", "killed", commit=False)
     st.fs.pipe_file(f"{st.root}/codes/gone{MARKER_SUFFIX}", b"{}")
-    st.write_text("runs/latest.json", to_json({"units": run, "evaluation_units": ["evaluation/e1"]}))
+    import time
+    st.write_text("runs/latest.json", to_json({"units": run, "evaluation_units": ["evaluation/e1"],
+                                               "started": time.time()}))
+    time.sleep(0.01)
+    _unit(st, "models", "later")     # committed by a run that started after it and did not finish
     return st
 
 
-KEPT = {"data/d1", "statistics/s1", "codes/c1", "evaluation/e1", "shuffled/h1", "models/m1", "models/cand",
-        "selection/x1", "models/ext1", "models/ext2"}
+KEPT = {"data/d1", "statistics/s1", "codes/c1", "evaluation/e1", "shuffled/h1", "shuffled/h2", "models/m1",
+        "models/cand", "selection/x1", "models/ext1", "models/ext2", "models/later"}
 LISTED = {"data/d0", "codes/c0", "evaluation/e0", "shuffled/h0", "models/m0", "models/ext0", "models/killed",
           "codes/gone"}
 
@@ -66,6 +75,8 @@ def test_gc_lists_what_the_last_run_did_not_use_and_removes_nothing(store):
     before = sorted(store.fs.find(store.root))
     res = _invoke("gc", store.url)
     assert res.exit_code == 0, res.output
+    assert res.output.splitlines()[-1].endswith("kept 1 unit committed after the last finished run started (a run "
+                                                "that did not finish, or add-classes: --resume reuses them)")
     listed = {line.split()[0] for line in res.output.splitlines()[:-1]}
     assert listed == LISTED
     assert "models/killed" in res.output and "unfinished" in res.output.split("models/killed")[1].splitlines()[0]
@@ -84,12 +95,13 @@ def test_gc_delete_removes_exactly_the_listed_units_and_the_kept_ones_stay_intac
     assert again.exit_code == 0 and "nothing to remove" in again.output
 
 
-def test_a_manifest_from_before_shuffled_copies_were_named_keeps_every_shuffled_copy(store):
+def test_the_shuffled_copies_of_the_last_run_s_data_are_kept_when_its_manifest_names_none(store):
+    """A run that reused every model read no shuffled copy; a later config's SGD learners need it."""
     manifest = store.read_json("runs/latest.json")
-    del manifest["units"]["shuffled"]
+    manifest["units"]["shuffled"] = []
     store.write_text("runs/latest.json", to_json(manifest))
     assert _invoke("gc", store.url, "--delete").exit_code == 0
-    assert {"shuffled/h0", "shuffled/h1"} <= _all(store)
+    assert {u.rel for u in store.units("shuffled")} == {"shuffled/h1", "shuffled/h2"}
 
 
 def test_gc_delete_is_refused_while_another_process_holds_the_store(store):
