@@ -238,7 +238,13 @@ class ParquetReader:
         if not len(col):
             return np.empty((0, self.shape[1]), self.dtype)
         self._checked(col, start, self.shape[1])
-        values = col.flatten().to_numpy(zero_copy_only=False)    # nulls inside a row: NaN, refused at staging
+        values = col.flatten()
+        if values.null_count:    # (as NaN a float column's would be refused at staging; an int's became -2^63)
+            lengths = np.cumsum(self._checked(col, start, self.shape[1]))
+            at = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
+            raise InputError(f"{self.path}: column {self.key!r} (data.features) holds a null value in row "
+                             f"{start + int(np.searchsorted(lengths, at, side='right')):,}; fill it")
+        values = values.to_numpy(zero_copy_only=False)
         return values.reshape(len(col), self.shape[1]).astype(self.dtype, copy=False)
 
 
@@ -298,17 +304,15 @@ def _open_idx(path):
 
 
 def _idx_size(path: str) -> int | None:
-    """The bytes an IDX file holds: its size, or a .gz's uncompressed size from its trailer (modulo
-    2^32, so only below 4 GiB; None above, where reading finds a truncation instead)."""
+    """The bytes an IDX file holds: its size, or a .gz's uncompressed size modulo 2^32 from its
+    trailer (None when it has none; a truncated read is refused then)."""
     size = os.path.getsize(path)
     if not path.endswith(".gz"):
         return size
     with open(path, "rb") as f:
         f.seek(max(0, size - 4))
         tail = f.read(4)
-    if size >= 2 ** 32 or len(tail) < 4:
-        return None
-    return struct.unpack("<I", tail)[0]
+    return struct.unpack("<I", tail)[0] if len(tail) == 4 else None
 
 
 class IdxReader:
@@ -329,14 +333,18 @@ class IdxReader:
         self.dtype = self.item.newbyteorder("=") if self.item.byteorder == ">" else self.item
         want = self.offset + self.shape[0] * self.shape[1] * self.item.itemsize
         size = _idx_size(self.path)
-        if size is not None and size != want:
+        gz = self.path.endswith(".gz")
+        if size is not None and (size != want % 2 ** 32 if gz else size != want):   # a .gz's size is modulo 2^32
             raise InputError(f"{self.path}: {size:,} bytes, but its header ({' x '.join(map(str, dims))} values of "
                              f"{self.item.itemsize} byte(s)) needs {want:,}; the file is truncated or not an IDX file")
 
     def read(self, start, stop):
-        with _open_idx(self.path) as f:
-            f.seek(self.offset + start * self.shape[1] * self.item.itemsize)
-            buf = f.read((stop - start) * self.shape[1] * self.item.itemsize)
+        try:
+            with _open_idx(self.path) as f:
+                f.seek(self.offset + start * self.shape[1] * self.item.itemsize)
+                buf = f.read((stop - start) * self.shape[1] * self.item.itemsize)
+        except (EOFError, gzip.BadGzipFile) as e:   # a .gz cut short, its trailer gone with it
+            raise InputError(f"{self.path}: the compressed data ends early ({e}); the file is truncated") from None
         if len(buf) != (stop - start) * self.shape[1] * self.item.itemsize:   # (a .gz whose size was not known)
             raise InputError(f"{self.path}: ends before row {start + len(buf) // max(1, self.shape[1] * self.item.itemsize):,} "
                              f"of the {self.shape[0]:,} its header names; the file is truncated")
@@ -411,11 +419,12 @@ def _idx_source(folder: Path, name: str, contents: bool = False) -> Source:
 def _column(container, key, path, field_name, n=None):
     if key not in container:
         raise InputError(f"{path}: no array {key!r} ({field_name}); it holds {sorted(container.keys())}")
-    if hasattr(container[key], "keys"):   # an HDF5 group
-        raise InputError(f"{path}: {key!r} is a group, not an array ({field_name}); name one of its arrays "
-                         f"({key}/NAME)")
     try:
-        return np.asarray(container[key][...])
+        obj = container[key]    # read once (an npz member or a Parquet column is decoded here)
+        if hasattr(obj, "keys"):   # an HDF5 group
+            raise InputError(f"{path}: {key!r} is a group, not an array ({field_name}); name one of its arrays "
+                             f"({key}/NAME)")
+        return np.asarray(obj[...])
     except ValueError as e:
         if "allow_pickle" in str(e):
             _refuse_objects(np.dtype(object), path, key, field_name)

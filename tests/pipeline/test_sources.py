@@ -222,3 +222,41 @@ def test_parquet_null_and_ragged_rows_are_named_in_any_row_group(tmp_path):
     r = open_source(_cfg(tmp_path / "r.parquet", features="emb")).reader
     with pytest.raises(InputError, match=r"rows of lengths \[1, 3\] in rows 20..29 against 3"):
         r.read(20, 30)
+
+
+def test_idx_gz_sizes_are_read_modulo_2_32_and_a_cut_gz_is_one_line(tmp_path):
+    """A .gz's trailer holds its size modulo 2^32: a valid file of 4 GiB or more was refused as
+    truncated; a .gz cut before its trailer raised EOFError from gzip."""
+    import gzip
+    import struct
+    from metricpipe.sources import IdxReader
+    head = struct.pack(">BBBBIII", 0, 0, 0x0E, 3, 70000, 78, 100)   # 70,000 x 7,800 float64: 4.4 GB
+    p = tmp_path / "big-idx3.gz"
+    p.write_bytes(gzip.compress(head)[:-4] + struct.pack("<I", (len(head) + 70000 * 7800 * 8) % 2 ** 32))
+    assert IdxReader(str(p)).shape == (70000, 7800)
+    rows = np.arange(60, dtype=np.uint8).reshape(10, 6)
+    body = struct.pack(">BBBBII", 0, 0, 8, 2, 10, 6) + rows.tobytes()
+    good = tmp_path / "x-idx2.gz"
+    good.write_bytes(gzip.compress(body))
+    np.testing.assert_array_equal(IdxReader(str(good)).read(0, 10), rows)
+    cut = tmp_path / "cut-idx2.gz"
+    cut.write_bytes(gzip.compress(body)[:-6])
+    with pytest.raises(InputError, match=r"cut-idx2.gz: .*truncated"):
+        IdxReader(str(cut)).read(0, 10)
+
+
+def test_a_null_inside_a_parquet_row_is_named(tmp_path):
+    """An integer list with a null element read back as -2^63 (a float one as NaN)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"emb": [[1, 2], [3, 4], [5, None]], "y": [0, 1, 0]}), tmp_path / "i.parquet")
+    r = open_source(_cfg(tmp_path / "i.parquet", features="emb")).reader
+    with pytest.raises(InputError, match=r"column 'emb' \(data.features\) holds a null value in row 2; fill it"):
+        r.read(0, 3)
+    np.testing.assert_array_equal(r.read(0, 2), [[1, 2], [3, 4]])
+
+
+def test_an_object_labels_array_in_an_npz_is_refused_as_pickled(tmp_path):
+    np.savez(tmp_path / "o.npz", X=np.ones((4, 2)), y=np.array([1, "a", 2, 3], dtype=object))
+    with pytest.raises(InputError, match=r"array 'y' \(data.labels\) holds pickled Python objects"):
+        open_source(_cfg(tmp_path / "o.npz"))
