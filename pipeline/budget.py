@@ -121,7 +121,10 @@ def needs(info, cfg, limit: float) -> list[tuple[str, float, str]]:
         from metricpipe.stages.evaluate import CLASSIFY_QUERIES
         from metricpipe.tasks.evaluation import SOFTVOTE_GROUP_BYTES
         n_classes = len(getattr(info, "classes", None) or []) or None
-        d = max(_code_dim(cand, D, n_classes) for spec in cfg.methods for cand in registry.candidates(spec))
+        # SL-NE / SL-DE codes are classified in their exact view too: input_dim (default D) wide
+        d = max(max(_code_dim(cand, D, n_classes),
+                    min(cand.get("input_dim") or D, D) if cand["method"] in ("slne", "slde") else 0)
+                for spec in cfg.methods for cand in registry.candidates(spec))
         k = (cfg.neighbours or NeighboursConfig()).k
         rows = min(n_train, CLASSIFY_QUERIES * k)
         out.append((f"a soft-vote task ({CLASSIFY_QUERIES:,} queries' {k} stored neighbours: {rows:,} rows of codes up "
@@ -176,8 +179,12 @@ def _slne_task(spec: dict, D: int, n_train: int, nb) -> tuple[str, float, str]:
     if spec["method"] == "slde":
         d = est.member_size(p)
         p, what = (p, "an SL-DE task (refine)") if est.refine else (d, f"an SL-DE member ({d} dimensions)")
+    # with a sampled graph only the sampled rows list neighbours (the others' lists are empty)
+    anchors = n_train if nb.queries is None else min(n_train, nb.queries)
     rows = n_train if nb.queries is None else min(n_train, nb.queries * (nb.k + 1))
-    need = rows * (2 * 4.0 * p + SLNE_BYTES_PER_EDGE * nb.k) + 4 * 8.0 * p * p
+    # (an empty list still costs the graph's and the symmetrisation's per-entry arrays, ~32 B an entry:
+    # 99,403 rows, k = 50, 2,000 sampled, p = 16 peaked at ~143 MB against 177 MB here)
+    need = rows * (2 * 4.0 * p + 32.0 * nb.k) + anchors * (SLNE_BYTES_PER_EDGE - 32.0) * nb.k + 4 * 8.0 * p * p
     return (f"{what}: its {rows:,} training rows in {p} dimensions and their {nb.k}-neighbour graph", need,
             "set neighbours.queries (the sampled rows and their neighbours train it), lower input_dim"
             f"{' or member_dim' if spec['method'] == 'slde' else ''}, or raise memory_limit")

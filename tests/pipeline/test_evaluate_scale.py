@@ -264,11 +264,12 @@ def test_sl_ne_and_sl_de_training_rows_are_counted_by_the_memory_rule():
     with pytest.raises(InputError, match=r"an SL-DE member \(32 dimensions\): its 4,500,000 training rows .*lower "
                                          r"input_dim or member_dim"):
         check_memory(_client(2e9), info, cfg({"method": "slde", "member_dim": 32}))
-    check_memory(_client(2e9), info, cfg({"method": "slne"}, queries=2000))   # 102,000 rows: 620 MB
+    check_memory(_client(2e9), info, cfg({"method": "slne"}, queries=2000))   # 102,000 rows
     [(what, need, _)] = [t for t in needs(info, cfg({"method": "slne", "input_dim": 64}, queries=2000), 2e9)
                          if "SL-NE" in t[0]]
-    rows = 2000 * 51
-    assert "102,000 training rows in 64 dimensions" in what and need == rows * (8 * 64 + 80 * 50) + 32 * 64 * 64
+    rows = 2000 * 51          # the sampled rows and their neighbours; only the 2,000 sampled list theirs
+    assert "102,000 training rows in 64 dimensions" in what
+    assert need == rows * (8 * 64 + 32 * 50) + 2000 * 48 * 50 + 32 * 64 * 64
 
 
 @pytest.mark.parametrize("metric", ["l2", "ip"])
@@ -349,3 +350,8 @@ def test_the_soft_vote_task_s_neighbour_rows_are_counted_by_the_memory_rule():
         check_memory(_client(1e9), _info(1_000_000, 784, chunk_mb=16), cfg)
     small = [t for t in needs(_info(10_000, 784), cfg, 2e9) if "soft-vote" in t[0]]
     assert "9,000 rows of codes" in small[0][0]    # no more rows than the train split has
+    slne = parse_config({"data": {"source": "synthetic"}, "neighbours": {"k": 50},
+                         "evaluate": {"retrieval": False, "classification": {"classifiers": ["softvote10"]}},
+                         "methods": [{"method": "slne", "dim": 32}]})
+    [what] = [t[0] for t in needs(_info(10_000, 784), slne, 2e9) if "soft-vote" in t[0]]
+    assert "up to 784 dimensions" in what      # its exact view is the input space, not the 32-d codes
