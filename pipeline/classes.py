@@ -34,6 +34,7 @@ def ncm_models(store: Store, model: str | None = None) -> list:
     (unit, commit record)."""
     def ncm(meta):
         return (meta.get("spec") or {}).get("method") in ("ncmml", "ncmc")
+    model = model.strip().lower() if isinstance(model, str) else model    # hex keys, as find_model reads them
     named = [(u, meta) for u, meta in model_units(store) if model is not None and u.key.startswith(model)]
     if named and not any(ncm(meta) for _, meta in named):
         u, meta = named[0]

@@ -65,6 +65,9 @@ def _resume_command(kwargs: dict) -> str:
     again = "".join(f" --{name.replace('_', '-')} {shlex.quote(str(kwargs[name]))}"
                     for name in ("store", "cluster", "workers", "memory_limit") if kwargs.get(name))
     again += " --verify-source" if kwargs.get("verify_source") else ""
+    # a --force or --repair run stopped midway: what it recomputed is committed, the rest is not yet
+    again += f" --force {kwargs['force']}" if kwargs.get("force") else ""
+    again += " --repair" if kwargs.get("repair") else ""
     return f"metricpipe run {shlex.quote(str(kwargs['config']))}{again} --resume"
 
 

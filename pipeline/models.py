@@ -16,9 +16,20 @@ def codes_of(store: Store, key: str, meta: dict) -> Unit | None:
     model add-classes made)."""
     if not meta.get("data"):
         return None
-    # keyed by the release that made the model (its run encoded it with that release; markers name it
-    # from 0.3.6): after an upgrade the store's models keep their codes for export and predict
-    return store.unit("codes", hash_key({"stage": "codes", "model": key, "data": meta["data"]}, meta.get("version")))
+    # keyed by the release that made the model (its run encoded it with that release): after an upgrade
+    # the store's models keep their codes for export and predict. Markers name it from 0.3.6; before,
+    # the release of the store's last finished run is the best guess, then this one.
+    inputs = {"stage": "codes", "model": key, "data": meta["data"]}
+    if meta.get("version"):
+        return store.unit("codes", hash_key(inputs, meta["version"]))
+    guesses = [store.unit("codes", hash_key(inputs))]
+    try:
+        ran = store.read_json("runs/latest.json").get("versions", {}).get("metricpipe")
+    except (FileNotFoundError, ValueError, AttributeError):
+        ran = None
+    if ran:
+        guesses.insert(0, store.unit("codes", hash_key(inputs, ran)))
+    return next((u for u in guesses if u.done()), guesses[-1])
 
 
 def find_model(store: Store, key: str) -> tuple[Unit, dict]:

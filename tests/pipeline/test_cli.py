@@ -725,7 +725,7 @@ metricpipe.cli.main(["run", *sys.argv[1:]])
 """
 
 
-@pytest.mark.parametrize("extra", [[], ["--store", "other store", "--workers", "1"],
+@pytest.mark.parametrize("extra", [[], ["--store", "other store", "--workers", "1"], ["--force", "train", "--repair"],
                                    ["--memory-limit", "2GB"]])   # the latter is read before the command
 def test_a_ctrl_c_while_a_command_imports_its_libraries_gives_the_hint_not_a_traceback(tmp_path, extra):
     """The command line loads click and its error types only; each command imports the rest inside
@@ -741,7 +741,8 @@ def test_a_ctrl_c_while_a_command_imports_its_libraries_gives_the_hint_not_a_tra
     assert proc.stdout.strip() == "loaded: []", proc.stdout
     # the hint repeats the options (without --store it would resume the config's own store)
     hint = {0: f"to resume: metricpipe run {cfg} --resume",
-            4: f"to resume: metricpipe run {cfg} --store 'other store' --workers 1 --resume"}.get(
+            4: f"to resume: metricpipe run {cfg} --store 'other store' --workers 1 --resume",
+            3: f"to resume: metricpipe run {cfg} --force train --repair --resume"}.get(
         len(extra), "rerun with --resume to continue")    # --memory-limit: read before the command had its options
     assert proc.returncode == 130 and proc.stderr.strip().splitlines() == [
         f"interrupted; finished stages are kept{'; ' if 'metricpipe' in hint else ', '}{hint}"], proc.stderr
@@ -931,3 +932,16 @@ def test_a_dashboard_address_of_another_machine_is_the_same_one_line():
         s.listen()
         taken = s.getsockname()[1]
         assert cluster.dashboard_address(f"127.0.0.1:{taken}") == "127.0.0.1:0"
+
+
+def test_add_classes_takes_a_model_key_in_any_case(tmp_path):
+    """Model keys are hex: find_model (load_model, encode, export, predict) reads them in any case;
+    add-classes --model matched case-sensitively."""
+    from metricpipe.classes import ncm_models
+    from metricpipe.storage import Store
+    st = Store(str(tmp_path / "s"))
+    for key, method in (("ab12cd34ef567890", "ncmml"), ("ab99000000000000", "pca")):
+        u = st.unit("models", key)
+        u.begin()
+        u.commit({"spec": {"method": method}})
+    assert [u.key for u, _ in ncm_models(st, "AB12")] == ["ab12cd34ef567890"]

@@ -486,3 +486,21 @@ def test_after_an_upgrade_the_store_s_models_keep_their_codes(stored, monkeypatc
     key = models[0][1].key
     res = CliRunner().invoke(main, ["export", ctx.store.url, "--model", key, "--faiss", str(tmp_path / "i.faiss")])
     assert res.exit_code == 0, res.output
+    # a store made before markers named their release: its last run's release is the guess
+    import json
+    import shutil
+    old = tmp_path / "old"
+    shutil.copytree(ctx.store.url, old)
+    for marker in (old / "models").glob("*.committed.json"):
+        meta = json.loads(marker.read_text())
+        del meta["version"]
+        marker.write_text(json.dumps(meta))
+    (old / "runs").mkdir(exist_ok=True)
+    (old / "runs/latest.json").write_text(json.dumps({"versions": {"metricpipe": meta_version(ctx)}}))
+    assert {r["key"]: r["encoded"] for r in describe(str(old))} == before
+
+
+def meta_version(ctx):
+    import json
+    from pathlib import Path
+    return json.loads(next(Path(ctx.store.url, "models").glob("*.committed.json")).read_text())["version"]
