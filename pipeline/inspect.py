@@ -16,6 +16,8 @@ def describe(url: str) -> str:
                      f"evaluated, {latest['seconds']:.1f} s")
     except FileNotFoundError:
         lines.append("last run: none finished")
+    except (ValueError, KeyError, TypeError):   # truncated or hand-edited: the units are still listed
+        lines.append("last run: runs/latest.json is corrupt (rerun the config to rewrite it)")
     for kind in KINDS:
         units = store.units(kind)
         if not units:

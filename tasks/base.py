@@ -63,12 +63,9 @@ def _within_float32(X) -> None:
     """Codes are float32 and several learners compute in it: a finite float64 value beyond its range
     would come out as inf or NaN codes (the command line refuses such files when it stages them)."""
     X = np.asarray(X)
-    if X.dtype == np.float64 and X.size and not _assume_finite():
-        big = np.abs(X) > np.finfo(np.float32).max
-        if big.any():
-            r, c = np.argwhere(big)[0] if X.ndim == 2 else (np.flatnonzero(big)[0], 0)
-            raise InputError(f"X holds {int(big.sum())} value(s) beyond float32's range, first {X[big][0]:.3g} at row "
-                             f"{r}, column {c}; metricpipe computes in float32: scale the features")
+    if np.issubdtype(X.dtype, np.floating) and not _assume_finite():
+        from metricpipe.tasks.validate import check_float32_range
+        check_float32_range(X, 0, "X", "metricpipe computes in float32: scale the features")
 
 
 class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):

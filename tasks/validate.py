@@ -26,13 +26,19 @@ def check_feature_block(X: np.ndarray, start: int, where: str) -> None:
             raise InputError(f"{where}: features contain {int(bad.sum())} non-finite value(s) (NaN or inf) "
                              f"in rows {start}..{start + len(X) - 1}, first at row {start + r}, column {c}; "
                              f"clean or impute them in the input file")
-        if X.dtype.itemsize > 4:   # stored as float32: a finite float64 beyond its range becomes inf
-            big = np.abs(X) > np.finfo(np.float32).max
-            if big.any():
-                r, c = np.argwhere(big)[0]
-                raise InputError(f"{where}: features hold {int(big.sum())} value(s) beyond float32's range "
-                                 f"(+-3.4e38), first {X[r, c]:.3g} at row {start + r}, column {c}; features are "
-                                 f"stored as float32: rescale them (e.g. divide by a constant or take logs)")
+        check_float32_range(X, start, where, "features are stored as float32: rescale them (e.g. divide by a "
+                                             "constant or take logs)")
+
+
+def check_float32_range(X: np.ndarray, start: int, where: str, fix: str) -> None:
+    """A finite float64 beyond float32's range would become inf where it is stored or computed as float32."""
+    if X.dtype.itemsize <= 4 or not X.size:
+        return
+    big = np.abs(X) > np.finfo(np.float32).max
+    if big.any():
+        r, c = np.argwhere(big)[0] if X.ndim == 2 else (np.flatnonzero(big)[0], 0)
+        raise InputError(f"{where}: features hold {int(big.sum())} value(s) beyond float32's range (+-3.4e38), "
+                         f"first {X[big][0]:.3g} at row {start + r}, column {c}; {fix}")
 
 
 def check_normalized_block(X: np.ndarray, start: int, normalize: str, where: str) -> None:

@@ -167,3 +167,9 @@ def test_after_gc_the_last_config_reruns_from_the_store_and_an_earlier_one_is_re
     assert json.loads((tmp_path / "store/report/metrics.json").read_text())["records"] == records
     first = _invoke("run", a)
     assert first.exit_code == 0 and "reusing 1 of 2 models" in first.output   # PCA is the same; NCMML was removed
+
+
+def test_inspect_lists_a_store_whose_manifest_is_corrupt(store):
+    store.fs.pipe_file(f"{store.root}/runs/latest.json", b"{trunc")
+    res = _invoke("inspect", store.url)
+    assert res.exit_code == 0 and "runs/latest.json is corrupt" in res.output and "models/m1" in res.output

@@ -56,7 +56,7 @@ def test_values_beyond_float32_are_refused_and_codes_never_come_out_non_finite(e
     from metricpipe.tasks.errors import InputError
     X, y = load_digits(return_X_y=True)
     X, y = X[:300] / 16.0 + 0.01, y[:300]
-    with pytest.raises(InputError, match=r"beyond float32's range, first 1e\+198 at row 0, column 0"):
+    with pytest.raises(InputError, match=r"X: features hold \d+ value\(s\) beyond float32's range \(\+-3.4e38\), first 1e\+198 at row 0, column 0"):
         clone(est).fit(X * 1e200, y)
     fitted = clone(est).fit(X, y)
     with pytest.raises(InputError, match=r"beyond float32's range"):
