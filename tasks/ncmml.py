@@ -387,8 +387,9 @@ class MetricSGD:
         """Class (as given in ``owner``) of each row under the current W: nearest class mean (Eq. 5),
         the mixture of Eq. 22, or the dot form of Eq. 27."""
         Y, Mp = np.asarray(X, np.float64) @ self.W.T, self.centroids @ self.W.T
-        if self.bias is not None:
-            return self.owner[np.argmax(ncm_scores(Y, Mp, self.bias), axis=1)]
+        if self.bias is not None:   # scored as the model will classify: learned biases, or the implied ones
+            bias = -0.5 * (Mp * Mp).sum(1) if getattr(self, "implied_bias", False) else self.bias
+            return self.owner[np.argmax(ncm_scores(Y, Mp, bias), axis=1)]
         return np.argmax(mixture_class_scores(Y, Mp, self.owner, self.n_classes), axis=1)
 
     def record(self, val_error: float, train_value: float | None) -> bool:
@@ -743,6 +744,8 @@ class NCMML(_NCMClassifier, _MetricLearner):
         means = statistics["class_means"]
         sgd = MetricSGD(W0, "dot" if self.objective == "dot" else "ncm", self.lr, means[trained], trained, C,
                         scale=moments.row_scale(statistics))
+        # with classes left out, the dot model classifies by implied biases (below): early stopping too
+        sgd.implied_bias = self.objective == "dot" and len(trained) < C
         self._monitor = None
         if X_new is not None and len(X_new):   # (the dot form with implied biases is this same rule)
             Xn, yn, M = np.asarray(X_new, np.float64), np.asarray(y_new, np.int64), np.asarray(means, np.float64)

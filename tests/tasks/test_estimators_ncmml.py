@@ -233,3 +233,15 @@ def test_fit_errors_name_the_problem_not_a_symptom(data, cls):
         cls(**SGD).fit(X, y, X_val=X[:10])
     with pytest.raises(InputError, match=r"y_val must hold one label per row of X_val \(10\); got shape \(3,\)"):
         cls(**SGD).fit(X, y, X_val=X[:10], y_val=y[:3])
+
+
+def test_dot_form_on_a_class_subset_stops_early_on_the_rule_it_returns():
+    """Its validation error is the returned model's rule (implied biases, among the trained classes),
+    not the learned biases' (which it does not return)."""
+    X, y = make_blobs(n=900, d=12, classes=5, sep=0.35, seed=7)
+    Xv, yv = X[y < 3][::3], y[y < 3][::3]
+    est = NCMML(**{**SGD, "iters": 60}, objective="dot", lr=3.0, classes=[0, 1, 2]).fit(X, y, X_val=Xv, y_val=yv)
+    W = est.components_.astype(np.float64)
+    P = est.centroids_[:3].astype(np.float64) @ W
+    pred = np.argmax(Xv @ W @ P.T - 0.5 * (P ** 2).sum(1), axis=1)
+    assert est.val_error_ == pytest.approx(float((pred != yv).mean()), abs=1e-12)
