@@ -140,6 +140,23 @@ def test_inspect_verify_on_s3_names_a_corrupted_object(s3, runs):
         s3.pipe_file(chunk, good)             # the next tests use the store (and verify it again)
 
 
+def test_gc_on_s3_removes_a_stale_unit_under_the_lock_object_and_keeps_the_run_s(s3, runs):
+    url = runs["url"]
+    st = Store(url)
+    stale = st.unit("models", "0123456789abcdef")   # an earlier config's model, committed before the run
+    stale.begin()
+    st.fs.pipe_file(f"{st.root}/models/0123456789abcdef/w", b"x" * 10)
+    st.write_text("models/0123456789abcdef.committed.json", '{"key": "0123456789abcdef", "committed": 0}')
+    before = sorted(k for k in s3.find(f"{BUCKET}/run") if "0123456789abcdef" not in k)
+    res = _run("gc", url)
+    assert res.exit_code == 0 and res.output.startswith("models/0123456789abcdef") and "1 unit," in res.output, \
+        res.output
+    res = _run("gc", url, "--delete")
+    assert res.exit_code == 0 and "removed 1 unit" in res.output, res.output
+    assert sorted(s3.find(f"{BUCKET}/run")) == before and not s3.exists(f"{BUCKET}/run/.lock")
+    assert _run("inspect", url, "--verify").exit_code == 0
+
+
 def test_a_client_killed_mid_run_resumes_on_s3_with_identical_metrics(s3, runs, cluster):
     url = f"s3://{BUCKET}/killed"
     proc = subprocess.Popen([sys.executable, "-m", "metricpipe.cli", "run", str(runs["cfg"]), "--store", url,
