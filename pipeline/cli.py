@@ -392,6 +392,7 @@ def gc(store, delete):
     Kept: every unit runs/latest.json names, the candidates of its parameter selections, the models
     add-classes made from its models, the shuffled copies of its data, and every unit committed after
     it started (a run that did not finish: its --resume reuses them)."""
+    from metricpipe.progress import human_bytes
     from metricpipe.prune import unused_units
     from metricpipe.storage import Store
 
@@ -404,8 +405,8 @@ def gc(store, delete):
         return
     if not delete:
         for unit, why, size in found:
-            click.echo(f"{unit.rel:<30} {_size(size):>9}  {why}")
-        click.echo(f"{len(found)} unit{'s' if len(found) != 1 else ''}, {_size(sum(s for _, _, s in found))}, not used by "
+            click.echo(f"{unit.rel:<30} {human_bytes(size):>9}  {why}")
+        click.echo(f"{len(found)} unit{'s' if len(found) != 1 else ''}, {human_bytes(sum(s for _, _, s in found))}, not used by "
                    f"the last run; 'metricpipe gc {shlex.quote(store)} --delete' removes them{kept}")
         return
     st.check_writable()
@@ -413,15 +414,8 @@ def gc(store, delete):
         _, found, later = unused_units(st)   # again under the lock: a run may have finished meanwhile
         for unit, why, size in found:
             unit.remove()
-            click.echo(f"removed {unit.rel:<30} {_size(size):>9}  {why}")
-    click.echo(f"removed {len(found)} unit{'s' if len(found) != 1 else ''}, {_size(sum(s for _, _, s in found))}{kept}")
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
+            click.echo(f"removed {unit.rel:<30} {human_bytes(size):>9}  {why}")
+    click.echo(f"removed {len(found)} unit{'s' if len(found) != 1 else ''}, {human_bytes(sum(s for _, _, s in found))}{kept}")
 
 
 @main.command()

@@ -44,7 +44,6 @@ class StageContext:
     repair: bool = False         # recompute committed units whose files fail verification
     returning_errors: bool = False  # submit(): an InputError is the task's result, not its failure
     selections: list = field(default_factory=list)  # the train stage's selection units (store paths)
-    shuffled: set = field(default_factory=set)   # the shuffled copies the train stage read (store paths; gc keeps them)
     terminal: bool = False       # progress as one updating line per stage (stderr is a terminal)
     progress: StageProgress | None = None   # the running stage's counter (stage_progress)
     made: set = field(default_factory=set)  # units committed by this run: reused even with resume off

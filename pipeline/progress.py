@@ -31,6 +31,14 @@ def _sized(file) -> bool:
     return size.columns > 0 and size.lines > 0
 
 
+def human_bytes(n: float) -> str:
+    """A size as people read it: 1.2 GB, 34.5 MB, 6.7 kB or 89 B."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
+
+
 class StageProgress:
     """The counter of stage ``stage``: ``add`` each submitted future, ``write`` log lines through it
     while it is shown, ``close`` it when the stage returns. ``terminal`` picks the updating line."""

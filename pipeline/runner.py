@@ -69,7 +69,7 @@ def _run_locked(store, cfg, resume, log, performance_report, client, force, repa
     with contextlib.ExitStack() as stack:
         stack.enter_context(store.lock("metricpipe run", log=log))  # one writer at a time
         quiet_log = []   # a finished run's worker log that stayed empty; removed once the cluster has closed
-        stack.callback(lambda: [os.remove(p) for p in quiet_log if os.path.exists(p) and not os.path.getsize(p)])
+        stack.callback(_remove_empty, quiet_log)
         plan = stages.prepare_data(cfg, store)  # refuse bad input before starting anything
         cfg = check_methods(cfg, plan.info, log)
         if client is None:
@@ -114,6 +114,12 @@ def _to_file(path: str) -> None:
     log.addHandler(handler)
     log.setLevel(logging.WARNING)
     log.propagate = False
+
+
+def _remove_empty(paths: list) -> None:
+    for p in paths:
+        if os.path.exists(p) and not os.path.getsize(p):
+            os.remove(p)
 
 
 def _log_workers_to_store(client, store) -> str | None:
@@ -228,7 +234,7 @@ def _run(ctx: StageContext, plan, log, result) -> str:
                     "splits": {SPLIT_NAMES[c]: int(n) for c, n in enumerate(np.bincount(data.split)) if n}},
         "units": {"data": data.unit.rel, "statistics": stats.rel, "neighbours": graph.rel if graph else None,
                   "models": [u.rel for _, u in models], "codes": [u.rel for _, u, _ in codes],
-                  "selection": ctx.selections, "shuffled": sorted(ctx.shuffled)},
+                  "selection": ctx.selections},
         "evaluation_units": [u.rel for _, u in evals], "timings": timings,
         "skipped": skipped_classifiers(cfg, [spec for spec, _ in models]),
     }

@@ -75,7 +75,6 @@ def shuffled(ctx: StageContext, data, seed: int) -> Unit:
     if part is not None:   # a full copy keeps the key it had before partial copies (stores keep theirs)
         key["blocks"] = part
     unit = ctx.store.unit("shuffled", hash_key(key))
-    ctx.shuffled.add(unit.rel)
     if ctx.reuse(unit, "train"):
         return unit
     t0 = time.perf_counter()

@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 
+from metricpipe.progress import human_bytes
 from metricpipe.storage import chunk_rows_for, create_array, open_array
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.synthetic import SyntheticSpec
@@ -63,7 +64,6 @@ def write_synthetic(client, path: str, n: int, dim: int, classes: int, seed: int
             last = time.monotonic()
     os.rename(tmp, path)
     seconds = time.perf_counter() - t0
-    size = f"{n * dim * 4 / 1e9:.2f} GB" if n * dim * 4 >= 1e8 else f"{n * dim * 4 / 1e6:.1f} MB"
-    log(f"Wrote {n:,} x {dim} float32 ({size}) in {seconds:.1f} s "
+    log(f"Wrote {n:,} x {dim} float32 ({human_bytes(n * dim * 4)}) in {seconds:.1f} s "
         f"({n * dim * 4 / 1e6 / max(seconds, 1e-9):.0f} MB/s) to {path}")
     return path

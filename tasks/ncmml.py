@@ -354,6 +354,9 @@ class MetricSGD:
         self.owner = None if owner is None else np.asarray(owner, np.int64)
         self.n_classes = n_classes
         self.bias = None
+        # dot form: validate with the implied biases -||W mu||^2 / 2 (what a model trained on a class
+        # subset classifies with) instead of the learned ones
+        self.implied_bias = False
         self.patience, self.stale = 5, 0   # validations without a lower error before record() says stop
         if objective == "dot":  # one mean and one bias per trained class, in the order of ``owner``
             self.bias = np.zeros(len(self.owner))
@@ -388,7 +391,7 @@ class MetricSGD:
         the mixture of Eq. 22, or the dot form of Eq. 27."""
         Y, Mp = np.asarray(X, np.float64) @ self.W.T, self.centroids @ self.W.T
         if self.bias is not None:   # scored as the model will classify: learned biases, or the implied ones
-            bias = -0.5 * (Mp * Mp).sum(1) if getattr(self, "implied_bias", False) else self.bias
+            bias = -0.5 * (Mp * Mp).sum(1) if self.implied_bias else self.bias
             return self.owner[np.argmax(ncm_scores(Y, Mp, bias), axis=1)]
         return np.argmax(mixture_class_scores(Y, Mp, self.owner, self.n_classes), axis=1)
 

@@ -40,12 +40,11 @@ def store(tmp_path):
     made from the earlier config's, a killed writer's unit and a marker whose unit is gone."""
     st = Store(str(tmp_path / "s"))
     run = {"data": "data/d1", "statistics": "statistics/s1", "neighbours": None,
-           "models": ["models/m1"], "codes": ["codes/c1"], "selection": ["selection/x1"],
-           "shuffled": ["shuffled/h1"]}
+           "models": ["models/m1"], "codes": ["codes/c1"], "selection": ["selection/x1"]}
     for kind, key in [("data", "d1"), ("statistics", "s1"), ("codes", "c1"), ("evaluation", "e1"), ("models", "cand")]:
         _unit(st, kind, key)
     _unit(st, "shuffled", "h1", attrs={"data": "d1"})
-    _unit(st, "shuffled", "h2", attrs={"data": "d1"})   # another seed's copy of its data: kept, not named
+    _unit(st, "shuffled", "h2", attrs={"data": "d1"})   # another seed's copy of its data: kept too
     _unit(st, "shuffled", "h0", attrs={"data": "d0"})
     _unit(st, "models", "m1", spec={"method": "ncmml"}, dim=4)
     _unit(st, "selection", "x1", candidates=[{"model": "m1"}, {"model": "cand"}, {"model": None, "error": "diverged"}])
@@ -93,15 +92,6 @@ def test_gc_delete_removes_exactly_the_listed_units_and_the_kept_ones_stay_intac
     assert (checked, problems) == (len(KEPT), [])
     again = _invoke("gc", store.url)
     assert again.exit_code == 0 and "nothing to remove" in again.output
-
-
-def test_the_shuffled_copies_of_the_last_run_s_data_are_kept_when_its_manifest_names_none(store):
-    """A run that reused every model read no shuffled copy; a later config's SGD learners need it."""
-    manifest = store.read_json("runs/latest.json")
-    manifest["units"]["shuffled"] = []
-    store.write_text("runs/latest.json", to_json(manifest))
-    assert _invoke("gc", store.url, "--delete").exit_code == 0
-    assert {u.rel for u in store.units("shuffled")} == {"shuffled/h1", "shuffled/h2"}
 
 
 def test_gc_delete_is_refused_while_another_process_holds_the_store(store):
@@ -155,18 +145,19 @@ def test_after_gc_the_last_config_reruns_from_the_store_and_an_earlier_one_is_re
     assert (tmp_path / "store/logs").is_dir() and not list((tmp_path / "store/logs").iterdir())
     b = config("b.yaml", 30)
     store = Store(str(tmp_path / "store"))
-    manifest = store.read_json("runs/latest.json")
-    assert manifest["units"]["shuffled"]    # NCMML read a shuffled copy, which gc must keep
+    copies = {u.rel for u in store.units("shuffled")}
+    assert copies     # NCMML read a shuffled copy of the staged data, which gc must keep
     records = json.loads((tmp_path / "store/report/metrics.json").read_text())["records"]
     res = _invoke("gc", store.url, "--delete")
     assert res.exit_code == 0 and "removed" in res.output
     rerun = _invoke("run", b)
     assert rerun.exit_code == 0, rerun.output
     assert "reusing 2 of 2 models" in rerun.output and "reusing 2 of 2 evaluations" in rerun.output
-    assert "shuffled" not in rerun.output   # the copy was kept, so no stage wrote one
+    assert {u.rel for u in store.units("shuffled")} == copies and "shuffled" not in rerun.output   # kept, not rewritten
     assert json.loads((tmp_path / "store/report/metrics.json").read_text())["records"] == records
     first = _invoke("run", a)
     assert first.exit_code == 0 and "reusing 1 of 2 models" in first.output   # PCA is the same; NCMML was removed
+    assert "shuffled" not in first.output     # its retraining read the copy gc kept
 
 
 def test_inspect_lists_a_store_whose_manifest_is_corrupt(store):
