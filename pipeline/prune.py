@@ -30,9 +30,16 @@ def kept_units(store: Store, manifest: dict) -> set[str]:
     # the copies of its data (a run that reused every model read none, and a later one may need them)
     data = (units.get("data") or "").split("/")[-1]
     for unit in store.units("shuffled"):
-        if unit.done() and read_attrs(unit.url).get("data") == data:
+        if unit.done() and _data_of(unit) in (data, None):   # unreadable: kept, gc decides nothing on it
             keep.add(unit.rel)
     return keep
+
+
+def _data_of(unit: Unit) -> str | None:
+    try:
+        return read_attrs(unit.url).get("data")
+    except Exception:   # a damaged copy (its zarr.json gone): `inspect --verify` names it, a run repairs it
+        return None
 
 
 def unused_units(store: Store) -> tuple[dict, list[tuple[Unit, str, int]], int]:

@@ -164,3 +164,9 @@ def test_inspect_lists_a_store_whose_manifest_is_corrupt(store):
     store.fs.pipe_file(f"{store.root}/runs/latest.json", b"{trunc")
     res = _invoke("inspect", store.url)
     assert res.exit_code == 0 and "runs/latest.json is corrupt" in res.output and "\n  m1  done" in res.output
+
+
+def test_a_shuffled_copy_whose_group_metadata_is_gone_is_kept_not_a_traceback(store):
+    store.fs.rm(f"{store.root}/shuffled/h0/zarr.json")
+    res = _invoke("gc", store.url, "--delete")
+    assert res.exit_code == 0 and "shuffled/h0" in {u.rel for u in store.units("shuffled")}, res.output
