@@ -180,7 +180,9 @@ class SLEM(_PoolLearner):
     ----------
     lam : float >= 0, default 0.1
         lambda of Eqs. 1 and 6, the ridge added to the negatives' covariance (Python reserves the
-        word lambda). 0 needs a positive definite covariance.
+        word lambda), read for rows of unit RMS norm: the ridge is lam s^2 with s^2 the pool's mean
+        squared norm (1 on l2-normalised rows; the codes do not change when the features are
+        scaled). 0 needs a positive definite covariance.
     kernel : {"linear"}, default "linear"
         Only "linear" for this class (kept so that config entries read the same;
         :class:`KernelSLEM` is SLEM with the gaussian or poly kernel).
@@ -193,7 +195,9 @@ class SLEM(_PoolLearner):
     mean_ : ndarray of shape (n_features,)
         mu, the pool's mean.
     cholesky_ : ndarray of shape (n_features, n_features)
-        Lower Cholesky factor of A = cov + lam Id (cov the pool's biased covariance).
+        Lower Cholesky factor of A = cov + ridge_ Id (cov the pool's biased covariance).
+    ridge_ : float
+        The ridge added, lam s^2 (s^2 the pool's mean squared norm).
     n_negatives_ : int
         Images in the pool.
 
@@ -287,7 +291,9 @@ class SLEM(_PoolLearner):
         if n < 2 or not 0 <= ddof < n:
             raise InputError(f"SLEM needs a pool of at least 2 negative images and 0 <= ddof < n; got n = {n}, "
                              f"ddof = {ddof}")
-        A = regularised_covariance(cov * ((n - ddof) / n), self.lam)   # Eq. 6: A = (1/n) X X^T - mu mu^T + lam Id
+        cov = cov * ((n - ddof) / n)
+        self.ridge_ = float(self.lam) * pool_sq_norm(mu, cov)
+        A = regularised_covariance(cov, self.ridge_)   # Eq. 6: A = (1/n) X X^T - mu mu^T + lam s^2 Id
         self.cholesky_ = factor(A, type(self).__name__)
         self.mean_ = mu
         self.n_negatives_ = n
@@ -307,6 +313,19 @@ class SLEM(_PoolLearner):
         D = len(self.mean_)
         return {"nnz": D * (D + 1) // 2 + D, "storage_bytes": int(self.cholesky_.nbytes + self.mean_.nbytes),
                 "flops_per_image": 2 * D * D}
+
+
+def pool_sq_norm(mean: np.ndarray, covariance: np.ndarray) -> float:
+    """s^2, the pool's mean squared row norm, from its mean and biased covariance (tr Cov + ||mu||^2;
+    1 on l2-normalised rows, and for a pool of zero rows). Linear SLEM and ESVM read ``lam`` for rows
+    of unit RMS norm, as the SGD learners read their ``lr`` (:func:`metricpipe.tasks.moments.row_scale`):
+    the ridge added is lam s^2, which on x gives the codes that lam gives on x / s, so one default and
+    one search grid suit raw and l2-normalised features alike."""
+    return _unit_if_degenerate(float(np.trace(covariance)) + float(np.dot(mean, mean)))
+
+
+def _unit_if_degenerate(ms: float) -> float:
+    return float(ms) if ms > 0 and np.isfinite(ms) else 1.0
 
 
 # ---- kernels and factorisations -------------------------------------------------------------------------
@@ -608,7 +627,9 @@ class ESVM(_PoolLearner):
     Parameters
     ----------
     lam : float >= 0, default 0.1
-        lambda of Eq. 1 (Python reserves the word lambda).
+        lambda of Eq. 1 (Python reserves the word lambda), read for rows of unit RMS norm as linear
+        SLEM's: the SVMs are trained on the rows divided by the pool's RMS norm ``scale_`` (1 on
+        l2-normalised rows), so the codes do not change when the features are scaled.
     theta : float >= 0, default 1.0
         The positive exemplar's weight in Eq. 1.
     epochs : int >= 1, default 2
@@ -627,6 +648,8 @@ class ESVM(_PoolLearner):
         The negatives.
     seed_ : int
         The seed of the SGD draws, resolved from ``random_state`` at fit.
+    scale_ : float
+        s, the pool's RMS norm sqrt(mean ||x||^2).
 
     Notes
     -----
@@ -654,11 +677,18 @@ class ESVM(_PoolLearner):
             raise InputError(f"ESVM needs a pool of at least 2 negative images; got {len(Xneg)} sample(s)")
         self.pool_ = np.array(Xneg, np.float64)
         self.seed_ = seed_of(self.random_state)
+        self.scale_ = float(np.sqrt(_unit_if_degenerate(np.einsum("ij,ij->", self.pool_, self.pool_) / len(self.pool_))))
         return self
+
+    @classmethod
+    def from_state(cls, params: dict, state: dict) -> "ESVM":
+        # models stored before 0.3.7 have no scale_: their SVMs were trained on the rows as they are
+        return super().from_state(params, {"scale_": 1.0, **state})
 
     def _transform(self, X):
         rng = np.random.default_rng([self.seed_, 23])
-        return esvm(X, self.pool_, float(self.lam), float(self.theta), int(self.epochs), int(self.batch), rng)
+        s = self.scale_
+        return esvm(X / s, self.pool_ / s, float(self.lam), float(self.theta), int(self.epochs), int(self.batch), rng)
 
     @property
     def _n_features_out(self):

@@ -38,13 +38,15 @@ def test_slem_models_train_encode_and_match_their_definitions(client, tmp_path):
     test = np.flatnonzero(split == 1)
     got = {i: open_array(f"{cunit.url}/codes")[:][test] for i, (_, cunit, _) in enumerate(codes)}
     train = Xs[split == 0]
-    # linear SLEM on the whole train split: A^-1 (x - mu) normalised, mu and A from numpy
-    A = np.cov(train.T, bias=True) + 0.1 * np.eye(X.shape[1])
+    # linear SLEM on the whole train split: A^-1 (x - mu) normalised, mu and A from numpy (lam for rows
+    # of unit RMS norm: the ridge is lam times the pool's mean squared norm)
+    A = np.cov(train.T, bias=True) + 0.1 * (train * train).sum(1).mean() * np.eye(X.shape[1])
     ref = slem.unit_rows(np.linalg.solve(A, (Xs[test] - train.mean(0)).T).T)
     np.testing.assert_allclose(got[0], ref, atol=2e-5)
     # the same on a sampled pool, whose moments were streamed block by block
     P = Xs[pool]
-    ref = slem.unit_rows(np.linalg.solve(np.cov(P.T, bias=True) + 0.1 * np.eye(X.shape[1]), (Xs[test] - P.mean(0)).T).T)
+    A = np.cov(P.T, bias=True) + 0.1 * (P * P).sum(1).mean() * np.eye(X.shape[1])
+    ref = slem.unit_rows(np.linalg.solve(A, (Xs[test] - P.mean(0)).T).T)
     np.testing.assert_allclose(got[1], ref, atol=2e-5)
     # kernel SLEM: the stored code is [beta_hat, v, u, x0] of a model fitted on the pool in memory
     m = slem.KernelSLEM(lam=0.1, kernel="gaussian", gamma=0.05, negatives=neg).fit_pool(P)

@@ -24,7 +24,7 @@ def test_linear_fit_samples_count_rows_and_equals_the_moments_entry_points():
     P = X[rows]
     assert est.n_negatives_ == 50
     # the paper's A^-1 (x - mu) normalised on the sampled pool (numpy reference)
-    A = np.cov(P.T, bias=True) + 0.2 * np.eye(X.shape[1])
+    A = np.cov(P.T, bias=True) + 0.2 * (P * P).sum(1).mean() * np.eye(X.shape[1])   # lam for rows of unit RMS norm
     ref = slem.unit_rows(np.linalg.solve(A, (Y - P.mean(0)).T).T)
     np.testing.assert_allclose(est.transform(Y), ref, atol=1e-6)
     # the pipeline's two entry points: streamed blocks, and the statistics stage's unbiased moments

@@ -38,9 +38,30 @@ def test_theta_changes_the_norm_not_the_direction_and_the_encoder_is_that_direct
     np.testing.assert_allclose(dirs[0], dirs[1], atol=1e-12)
     np.testing.assert_allclose(dirs[0], dirs[2], atol=1e-12)
     assert len({round(v, 6) for v in norms}) == 3
+    # the estimator reads lam for rows of unit RMS norm: its ridge is lam times the pool's mean squared norm
+    s2 = (X * X).sum(1).mean()
+    A = slem.regularised_covariance(np.cov(X.T, bias=True), lam * s2)
+    direction = slem.unit_rows(slem.exemplar(Y[0], X.mean(0), A, 1.0)[0][None])[0]
     enc = slem.SLEM(lam=lam, negatives={"count": None}).fit(X)
+    assert enc.ridge_ == pytest.approx(lam * s2, rel=1e-12)
     np.testing.assert_allclose(enc.cholesky_ @ enc.cholesky_.T, A, atol=1e-12)
-    np.testing.assert_allclose(enc.transform(Y[:1])[0], dirs[0], atol=1e-6)
+    np.testing.assert_allclose(enc.transform(Y[:1])[0], direction, atol=1e-6)
+
+
+@pytest.mark.parametrize("make", [lambda: slem.SLEM(lam=0.1, negatives={"count": None}),
+                                  lambda: slem.ESVM(lam=0.1, epochs=3, batch=8, negatives={"count": None})])
+def test_lam_is_read_for_rows_of_unit_rms_norm_so_codes_do_not_change_with_the_features_scale(make):
+    X, Y = _data(n=60, D=6)
+    X, Y = X + 2.0, Y + 2.0                      # off-centre, as raw pixels are
+    s = np.sqrt((X * X).sum(1).mean())
+    ref = make().fit(X / s).transform(Y / s)      # rows of unit RMS norm: lam as given
+    for c in (1.0, 50.0):                         # the same rows at other scales (raw pixels: ~60)
+        np.testing.assert_allclose(make().fit(c * X / s).transform(c * Y / s), ref, atol=2e-6)
+    if isinstance(make(), slem.SLEM):   # a fixed ridge of 0.1 at scale 50 is almost no ridge: other codes
+        Xc, Yc = 50 * X / s, 50 * Y / s
+        A = slem.regularised_covariance(np.cov(Xc.T, bias=True), 0.1)
+        plain = slem.unit_rows(np.linalg.solve(A, (Yc - Xc.mean(0)).T).T)
+        assert np.abs(plain - ref).max() > 1e-2
 
 
 def test_singular_covariance_without_lambda_is_a_one_line_error():
@@ -129,6 +150,7 @@ def test_esvm_separates_each_exemplar_from_the_negatives():
     # the same seed gives the same codes; the estimator wraps the same solver with the draw [seed, 23]
     enc = slem.ESVM(1e-3, 1.0, 20, 16, {"count": None}, random_state=0).fit(Xneg)
     np.testing.assert_array_equal(enc.transform(X0), enc.transform(X0))
-    ref = slem.esvm(X0, Xneg, 1e-3, 1.0, 20, 16, np.random.default_rng([0, 23]))
+    s = np.sqrt((Xneg * Xneg).sum(1).mean())               # lam for rows of unit RMS norm: the rows over s
+    ref = slem.esvm(X0 / s, Xneg / s, 1e-3, 1.0, 20, 16, np.random.default_rng([0, 23]))
     np.testing.assert_allclose(enc.transform(X0), ref, atol=1e-7)
     assert not np.allclose(slem.ESVM(1e-3, 1.0, 20, 16, {"count": None}, random_state=1).fit(Xneg).transform(X0), ref)
