@@ -2,9 +2,10 @@
 issue 18 (defaults vs parameters selected on the validation split).
 
     METRICPIPE_DATA=/path/to/fashion-mnist python benchmarks/bench_defaults.py \
-        [--sets digits fashion fashion14 hog] [--max-train 10000] [--max-test 5000] [--out DIR]
+        [--sets digits digits-l2 fashion fashion14 hog] [--max-train 10000] [--max-test 5000] [--out DIR]
 
-Data sets: scikit-learn's digits (raw pixels 0..16, no normalisation); Fashion-MNIST pixels,
+Data sets: scikit-learn's digits (raw pixels 0..16, no normalisation; ``digits-l2``: the same rows
+l2-normalised, as the other sets are); Fashion-MNIST pixels,
 Fashion-MNIST mean-pooled to 14 x 14 and HOG descriptors of Fashion-MNIST (scikit-image, 9
 orientations, 7 x 7 cells, 2 x 2 blocks: 324 non-negative dimensions), each l2-normalised.
 ``--max-train`` / ``--max-test`` take stratified, seeded subsets of the Fashion sets' train and test
@@ -54,8 +55,8 @@ def fashion_arrays():
 
 def make_set(name: str, out: Path, max_train: int, max_test: int) -> dict:
     """The data section of a config for set ``name`` (derived sets cached as npz in ``out``)."""
-    if name == "digits":
-        return {"source": "digits", "normalize": "none", "split": {"test": 0.2, "seed": 0}}
+    if name in ("digits", "digits-l2"):
+        return {"source": "digits", "normalize": "none" if name == "digits" else "l2", "split": {"test": 0.2, "seed": 0}}
     path = out / f"{name}-{max_train}-{max_test}.npz"
     if not path.exists():
         X, y, split = fashion_arrays()
@@ -76,7 +77,7 @@ def make_set(name: str, out: Path, max_train: int, max_test: int) -> dict:
 
 def sparse_r(name: str) -> int:
     """The sparse projectors' R: 64, or a quarter of the dimensions of a small descriptor."""
-    return min(64, {"digits": 64, "fashion": 784, "fashion14": 196, "hog": 324}[name] // 4)
+    return min(64, {"digits": 64, "digits-l2": 64, "fashion": 784, "fashion14": 196, "hog": 324}[name] // 4)
 
 
 def learners(name: str) -> list[dict]:
