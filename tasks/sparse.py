@@ -23,11 +23,13 @@ projector's test mAP). Shrinking M geometrically from D to its target over the f
 iterations lets the gradient choose the support, and reaches the dense projector's mAP (101%).
 With anneal = 0 the learner is Algorithm 1 as printed.
 
-Early stopping (``validation``): the paper runs a fixed number of iterations on a training set large
-enough that ranking it perfectly generalises. On small ones it does not: on scikit-learn's digits
-(1,400 training rows) 200 dense iterations bring train mAP towards 1 while test mAP falls below the
-PCA start. The validation mAP is checked along the way and the best state kept; the PCA start is a
-candidate for dense projectors, and sparse states only once their support has its final size.
+Early stopping (``validation``): the paper runs a fixed number of iterations. The objective averages
+each query's violated constraints (Eqs. 8-9), so it can keep falling while the ranking gets worse
+(it lowers the pivot's score): on scikit-learn's raw digits (1,150 training rows, R = 16, dense)
+train mAP rises from 0.674 to 0.759 and validation mAP from 0.694 to 0.755 over the first 16 steps,
+then both drift down (0.732 and 0.692 at step 112) while the objective keeps falling. The
+validation mAP is checked along the way and the best state kept; the PCA start is a candidate for
+dense projectors, and sparse states only once their support has its final size.
 
 :class:`SparseProjector` is the estimator. ``fit(X, y)`` draws a stratified subset of ``train_size``
 rows (:func:`stratified_subset`), starts from the PCA of all of X and learns on the subset; the
@@ -54,11 +56,13 @@ GOLDEN = (np.sqrt(5.0) - 1.0) / 2.0
 
 
 def golden_section(f, a: float, b: float, tol: float = 1e-6, max_iter: int = 60) -> float:
-    """Minimiser of a unimodal f on [a, b] by golden-section search."""
+    """Minimiser of a unimodal f on [a, b] by golden-section search; stops when the bracket is
+    ``tol`` times its initial width (relative: the step bracket can be far below 1)."""
+    width = tol * abs(b - a)
     c, d = b - GOLDEN * (b - a), a + GOLDEN * (b - a)
     fc, fd = f(c), f(d)
     for _ in range(max_iter):
-        if abs(b - a) <= tol * max(1.0, abs(a) + abs(b)):
+        if abs(b - a) <= width:
             break
         if fc <= fd:
             b, d, fd = d, c, fc
