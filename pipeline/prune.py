@@ -9,7 +9,7 @@ run that did not finish, whose ``--resume`` reuses them, or by ``add-classes`` /
 lists (or removes) the rest: units of earlier configs, and what killed runs left unfinished.
 """
 from metricpipe.inspect import KINDS
-from metricpipe.storage import MARKER_SUFFIX, Store, Unit, read_attrs
+from metricpipe.storage import MARKER_SUFFIX, Store, Unit, is_key, read_attrs
 
 
 def kept_units(store: Store, manifest: dict) -> set[str]:
@@ -70,7 +70,7 @@ def unused_units(store: Store) -> tuple[dict, list[tuple[Unit, str, int]], int]:
         dirs = {u.key for u in store.units(kind)}
         for path in store.fs.ls(base, detail=False):
             name = path.rstrip("/").split("/")[-1]
-            if name.endswith(MARKER_SUFFIX) and name[:-len(MARKER_SUFFIX)] not in dirs \
-                    and f"{kind}/{name[:-len(MARKER_SUFFIX)]}" not in keep:
-                out.append((store.unit(kind, name[:-len(MARKER_SUFFIX)]), "commit marker without its unit", 0))
+            key = name[:-len(MARKER_SUFFIX)]
+            if name.endswith(MARKER_SUFFIX) and is_key(key) and key not in dirs and f"{kind}/{key}" not in keep:
+                out.append((store.unit(kind, key), "commit marker without its unit", 0))
     return manifest, out, later

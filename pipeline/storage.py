@@ -60,6 +60,11 @@ def _fix(e: OSError) -> str:
     return "check the store's file system, then rerun: finished stages are kept"
 
 
+def is_key(name: str) -> bool:
+    """Whether ``name`` is a unit key as :func:`hash_key` makes them (16 lower-case hex digits)."""
+    return len(name) == 16 and all(c in "0123456789abcdef" for c in name)
+
+
 def hash_key(inputs: dict, version: str | None = None) -> str:
     """A short, stable key of a JSON-able description of a result's inputs and of the code that made
     it: the package version is part of every key, so results of another release are never reused
@@ -141,11 +146,13 @@ class Store:
         return Unit(self, kind, key)
 
     def units(self, kind: str) -> list["Unit"]:
+        """The units of one kind: folders named by a :func:`hash_key` (anything else in the folder,
+        e.g. a user's own ``data/raw`` in a store made in a project folder, is not the store's)."""
         base = f"{self.root}/{kind}"
         if not self.fs.isdir(base):
             return []
-        return [Unit(self, kind, e["name"].rstrip("/").split("/")[-1]) for e in
-                sorted(self.fs.ls(base, detail=True), key=lambda e: e["name"]) if e["type"] == "directory"]
+        named = [(e["name"].rstrip("/").split("/")[-1], e["type"]) for e in self.fs.ls(base, detail=True)]
+        return [Unit(self, kind, name) for name, kind_ in sorted(named) if kind_ == "directory" and is_key(name)]
 
     @contextlib.contextmanager
     def lock(self, what: str = "run", log=None):

@@ -16,7 +16,18 @@ def _invoke(*args):
     return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
 
 
+def K(name):
+    """A unit key (16 hex digits, as hash_key makes them) spelled from a short name."""
+    return name.encode().hex().ljust(16, "0")
+
+
+def R(rel):
+    kind, name = rel.split("/")
+    return f"{kind}/{K(name)}"
+
+
 def _unit(store, kind, key, commit=True, attrs=None, **meta):
+    key = K(key)
     u = store.unit(kind, key)
     u.begin()
     if attrs is not None:
@@ -39,35 +50,42 @@ def store(tmp_path):
     copy; beside them an earlier config's units, a model add-classes made from the run's model, one
     made from the earlier config's, a killed writer's unit and a marker whose unit is gone."""
     st = Store(str(tmp_path / "s"))
-    run = {"data": "data/d1", "statistics": "statistics/s1", "neighbours": None,
-           "models": ["models/m1"], "codes": ["codes/c1"], "selection": ["selection/x1"]}
+    run = {"data": R("data/d1"), "statistics": R("statistics/s1"), "neighbours": None,
+           "models": [R("models/m1")], "codes": [R("codes/c1")], "selection": [R("selection/x1")]}
     for kind, key in [("data", "d1"), ("statistics", "s1"), ("codes", "c1"), ("evaluation", "e1"), ("models", "cand")]:
         _unit(st, kind, key)
-    _unit(st, "shuffled", "h1", attrs={"data": "d1"})
-    _unit(st, "shuffled", "h2", attrs={"data": "d1"})   # another seed's copy of its data: kept too
-    _unit(st, "shuffled", "h0", attrs={"data": "d0"})
+    _unit(st, "shuffled", "h1", attrs={"data": K("d1")})
+    _unit(st, "shuffled", "h2", attrs={"data": K("d1")})   # another seed's copy of its data: kept too
+    _unit(st, "shuffled", "h0", attrs={"data": K("d0")})
     _unit(st, "models", "m1", spec={"method": "ncmml"}, dim=4)
-    _unit(st, "selection", "x1", candidates=[{"model": "m1"}, {"model": "cand"}, {"model": None, "error": "diverged"}])
-    _unit(st, "models", "ext1", spec={"method": "ncmml"}, dim=4, extends="m1")      # add-classes of the run's model
-    _unit(st, "models", "ext2", spec={"method": "ncmml"}, dim=4, extends="ext1")    # ... and of that copy
+    _unit(st, "selection", "x1", candidates=[{"model": K("m1")}, {"model": K("cand")},
+                                                {"model": None, "error": "diverged"}])
+    _unit(st, "models", "ext1", spec={"method": "ncmml"}, dim=4, extends=K("m1"))      # add-classes of the run's model
+    _unit(st, "models", "ext2", spec={"method": "ncmml"}, dim=4, extends=K("ext1"))    # ... and of that copy
     for kind, key in [("data", "d0"), ("codes", "c0"), ("evaluation", "e0")]:
         _unit(st, kind, key)
     _unit(st, "models", "m0", spec={"method": "pca"}, dim=4)
-    _unit(st, "models", "ext0", spec={"method": "ncmml"}, dim=4, extends="m0")     # of an earlier config's model
+    _unit(st, "models", "ext0", spec={"method": "ncmml"}, dim=4, extends=K("m0"))     # of an earlier config's model
     _unit(st, "models", "killed", commit=False)
-    st.fs.pipe_file(f"{st.root}/codes/gone{MARKER_SUFFIX}", b"{}")
+    st.fs.pipe_file(f"{st.root}/codes/{K('gone')}{MARKER_SUFFIX}", b"{}")
+    # a user's own folders and files inside the store's folders (a store made in a project folder):
+    # not units, never listed nor removed
+    for kind, name in [("data", "raw"), ("models", "notes"), ("codes", "0123456789ABCDEF")]:
+        st.fs.makedirs(f"{st.root}/{kind}/{name}", exist_ok=True)
+        st.fs.pipe_file(f"{st.root}/{kind}/{name}/keep.txt", b"mine")
+    st.fs.pipe_file(f"{st.root}/data/raw{MARKER_SUFFIX}", b"{}")
     import time
-    st.write_text("runs/latest.json", to_json({"units": run, "evaluation_units": ["evaluation/e1"],
+    st.write_text("runs/latest.json", to_json({"units": run, "evaluation_units": [R("evaluation/e1")],
                                                "started": time.time()}))
     time.sleep(0.01)
     _unit(st, "models", "later")     # committed by a run that started after it and did not finish
     return st
 
 
-KEPT = {"data/d1", "statistics/s1", "codes/c1", "evaluation/e1", "shuffled/h1", "shuffled/h2", "models/m1",
-        "models/cand", "selection/x1", "models/ext1", "models/ext2", "models/later"}
-LISTED = {"data/d0", "codes/c0", "evaluation/e0", "shuffled/h0", "models/m0", "models/ext0", "models/killed",
-          "codes/gone"}
+KEPT = {R(x) for x in {"data/d1", "statistics/s1", "codes/c1", "evaluation/e1", "shuffled/h1", "shuffled/h2", "models/m1",
+        "models/cand", "selection/x1", "models/ext1", "models/ext2", "models/later"}}
+LISTED = {R(x) for x in {"data/d0", "codes/c0", "evaluation/e0", "shuffled/h0", "models/m0", "models/ext0", "models/killed",
+          "codes/gone"}}
 
 
 def test_gc_lists_what_the_last_run_did_not_use_and_removes_nothing(store):
@@ -78,7 +96,8 @@ def test_gc_lists_what_the_last_run_did_not_use_and_removes_nothing(store):
                                                 "that did not finish, or add-classes: --resume reuses them)")
     listed = {line.split()[0] for line in res.output.splitlines()[:-1]}
     assert listed == LISTED
-    assert "models/killed" in res.output and "unfinished" in res.output.split("models/killed")[1].splitlines()[0]
+    killed = R("models/killed")
+    assert killed in res.output and "unfinished" in res.output.split(killed)[1].splitlines()[0]
     assert res.output.splitlines()[-1].startswith(f"{len(LISTED)} units, ")
     assert sorted(store.fs.find(store.root)) == before
 
@@ -87,7 +106,10 @@ def test_gc_delete_removes_exactly_the_listed_units_and_the_kept_ones_stay_intac
     res = _invoke("gc", store.url, "--delete")
     assert res.exit_code == 0, res.output
     assert _all(store) == KEPT
-    assert not store.fs.exists(f"{store.root}/codes/gone{MARKER_SUFFIX}")
+    assert not store.fs.exists(f"{store.root}/codes/{K('gone')}{MARKER_SUFFIX}")
+    for kind, name in [("data", "raw"), ("models", "notes"), ("codes", "0123456789ABCDEF")]:   # the user's
+        assert store.fs.cat_file(f"{store.root}/{kind}/{name}/keep.txt") == b"mine"
+    assert store.fs.exists(f"{store.root}/data/raw{MARKER_SUFFIX}")
     checked, problems = verify_store(store.url)
     assert (checked, problems) == (len(KEPT), [])
     again = _invoke("gc", store.url)
@@ -163,10 +185,10 @@ def test_after_gc_the_last_config_reruns_from_the_store_and_an_earlier_one_is_re
 def test_inspect_lists_a_store_whose_manifest_is_corrupt(store):
     store.fs.pipe_file(f"{store.root}/runs/latest.json", b"{trunc")
     res = _invoke("inspect", store.url)
-    assert res.exit_code == 0 and "runs/latest.json is corrupt" in res.output and "\n  m1  done" in res.output
+    assert res.exit_code == 0 and "runs/latest.json is corrupt" in res.output and f"\n  {K('m1')}  done" in res.output
 
 
 def test_a_shuffled_copy_whose_group_metadata_is_gone_is_kept_not_a_traceback(store):
-    store.fs.rm(f"{store.root}/shuffled/h0/zarr.json")
+    store.fs.rm(f"{store.root}/shuffled/{K('h0')}/zarr.json")
     res = _invoke("gc", store.url, "--delete")
-    assert res.exit_code == 0 and "shuffled/h0" in {u.rel for u in store.units("shuffled")}, res.output
+    assert res.exit_code == 0 and R("shuffled/h0") in {u.rel for u in store.units("shuffled")}, res.output
