@@ -331,9 +331,11 @@ def subspaces(p: int, members: int, dim: int, kind: str, seed, n_features: int |
 
 def factor(M: np.ndarray, rank: int | None = None) -> np.ndarray:
     """L (p, r) with L L^T the best PSD approximation of sym(M) (negative eigenvalues clipped),
-    keeping the ``rank`` largest eigenvalues, so s(x, y) ~ <x L, y L>."""
+    keeping the ``rank`` largest eigenvalues, so s(x, y) ~ <x L, y L>. Equal eigenvalues keep the
+    input's order: M = I (the start, kept when no epoch validates better) in PCA coordinates keeps
+    the leading PCA directions, not the last ones."""
     values, vectors = np.linalg.eigh(0.5 * (M + M.T).astype(np.float64))
-    order = np.argsort(values)[::-1]
+    order = np.argsort(-values, kind="stable")
     values, vectors = values[order], vectors[:, order]
     keep = values > 0
     if rank is not None:

@@ -105,6 +105,19 @@ def test_factor_reproduces_psd_part():
     np.testing.assert_allclose(L @ L.T, v[:, -2:] @ np.diag([4, 5.0]) @ v[:, -2:].T, atol=1e-4)
 
 
+@pytest.mark.parametrize("c", [1.0, 0.5])
+def test_factor_of_the_start_keeps_the_leading_pca_directions(c):
+    # M = c I (the start, kept when no epoch validates better) in PCA coordinates: with dim set, the codes
+    # must be the first PCA coordinates (they were the last: ties reversed by a descending sort)
+    L = slne.factor(c * np.eye(8, dtype=np.float32), rank=3)
+    np.testing.assert_allclose(np.abs(L), np.sqrt(c) * np.eye(8)[:, :3], atol=1e-7)
+    Z = np.random.default_rng(0).normal(size=(50, 20))
+    est = slne.SLNE(dim=4, epochs=1, step=0.0).fit(Z, np.arange(50) % 3)   # step 0: M stays I
+    C = est.transform(Z)
+    ref = slne.preprocess(Z, est.mean_, est.basis_)[:, :4]
+    np.testing.assert_allclose(np.abs(C), np.abs(ref), atol=1e-5)
+
+
 def test_softvote_is_eq9_over_the_most_similar_neighbours():
     labels = np.array([[0, 1, 1, 2]])
     sims = np.array([[0.9, 0.5, 0.47, 0.95]])
