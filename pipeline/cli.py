@@ -511,8 +511,9 @@ def evaluate(embeddings, labels, features, queries, reference, query_labels, ref
     from metricpipe.config import parse_config
     from metricpipe.runner import _peak_rss
 
-    if out and not Path(out).resolve().parent.is_dir():
-        raise InputError(f"{out}: its folder does not exist (--out); create it or choose another path")
+    if out:
+        from metricpipe.export import check_out
+        check_out(out, "--out", None, inputs=(embeddings, queries, reference))
     q, rows, ref, self_in = plan_sides(embeddings, features, labels, queries, reference, query_labels,
                                        reference_labels, seed)
     cfg = _apply(parse_config({"data": {"source": "digits"}}, where="metricpipe evaluate"), None, cluster, workers,
@@ -553,7 +554,7 @@ def predict(store, data, model, features, labels, k, out):
     from metricpipe.export import check_out
 
     if out:
-        check_out(out, "--out", (".npy",))
+        check_out(out, "--out", (".npy",), inputs=(data,))
     names, error, unknown = run_predict(store, model, data, features, labels, k)
     if out:  # written whole or not at all
         tmp = f"{out}.partial.npy"

@@ -141,9 +141,7 @@ class _Writer:
                 arr[:] = v
         else:
             self.pq.close()
-        if os.path.isdir(self.out):
-            shutil.rmtree(self.out)
-        os.replace(self.tmp, self.out)
+        os.replace(self.tmp, self.out)   # a file is replaced; a folder never (check_out refused one)
 
     def _drop(self) -> None:
         if os.path.isdir(self.tmp):
@@ -166,12 +164,26 @@ class _Writer:
         self._drop()
 
 
-def check_out(out: str, option: str = "--out", formats=FORMATS) -> None:
+def check_out(out: str, option: str = "--out", formats=FORMATS, inputs=()) -> None:
+    """Refuse an output path that cannot be written, or whose writing would destroy something: the
+    command's input (``inputs``: DATA paths) or an existing folder (a .zarr is replaced whole). An
+    existing file is replaced, atomically, once the new one is complete. ``formats``: the suffixes
+    allowed (None: any)."""
     suffix = Path(out).suffix.lower()
-    if suffix not in formats:
+    if formats is not None and suffix not in formats:
         raise InputError(f"{out}: unknown output format ({option}); name it with one of {', '.join(formats)}")
-    if not Path(out).resolve().parent.is_dir():
+    target = Path(out).resolve()
+    if not target.parent.is_dir():
         raise InputError(f"{out}: its folder does not exist ({option}); create it or choose another path")
+    for given in inputs:
+        if given and given not in BUILTIN:
+            src = Path(given).resolve()
+            if src == target or target in src.parents:
+                raise InputError(f"{out}: is the input DATA ({option}); writing it would destroy the input: choose "
+                                 f"another path")
+    if target.is_dir():
+        raise InputError(f"{out}: a folder that already exists ({option}); remove it or choose another path "
+                         f"(metricpipe does not replace folders)")
     if suffix == ".parquet":
         try:
             import pyarrow  # noqa: F401
@@ -195,7 +207,7 @@ def encode(store_url: str, key: str, data: str, out: str, features: str = "X", l
 
     ``client_factory``: a context manager giving a Dask client, entered when ``cluster_given`` or the
     work is large (LOCAL_BYTES, LOCAL_FLOPS); otherwise the blocks are encoded here, one at a time."""
-    check_out(out)
+    check_out(out, inputs=(data,))
     store, unit, meta, normalize, data_unit = _model_and_data(store_url, key)
     src = open_input(data, features, labels, ids)
     n, D = src.reader.shape[0], int(np.prod(src.reader.shape[1:]))

@@ -441,6 +441,33 @@ def test_encode_refuses_bad_rows_and_the_wrong_width_without_leaving_a_file(stor
 
 
 @pytest.mark.integration
+def test_outputs_never_destroy_the_input_or_an_existing_folder(stored, tmp_path):
+    ctx, data, X, models, codes = stored
+    key = _by(models, codes, "pca")[0][1].key
+    import zarr
+    g = zarr.open_group(str(tmp_path / "in.zarr"), mode="w")
+    g.create_array("X", shape=X.shape, dtype="float32")[:] = X
+    (tmp_path / "other.zarr").mkdir()
+    (tmp_path / "other.zarr" / "notes.txt").write_text("mine")
+    np.save(tmp_path / "in.npy", X)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    for cmd, msg in ((["encode", ctx.store.url, str(tmp_path / "in.zarr"), "--model", key, "--out",
+                       str(tmp_path / "in.zarr")], "is the input DATA (--out)"),
+                     (["encode", ctx.store.url, str(tmp_path / "in.npy"), "--model", key, "--out",
+                       str(tmp_path / "other.zarr")], "a folder that already exists (--out)"),
+                     (["predict", ctx.store.url, str(tmp_path / "in.npy"), "--model", key, "--out",
+                       str(tmp_path / "in.npy")], "is the input DATA (--out)")):
+        res = CliRunner().invoke(main, cmd)
+        assert res.exit_code == 2 and msg in res.output and len(res.output.strip().splitlines()) == 1, res.output
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    # an existing file is replaced (atomically), as before
+    out = tmp_path / "c.npy"
+    np.save(out, np.zeros(3))
+    res = CliRunner().invoke(main, ["encode", ctx.store.url, str(tmp_path / "in.npy"), "--model", key, "--out", str(out)])
+    assert res.exit_code == 0 and np.load(out).shape[0] == len(X), res.output
+
+
+@pytest.mark.integration
 def test_predict_refuses_a_row_that_found_no_labelled_neighbour(stored, monkeypatch):
     """kNN rankings leave classes without a vote unranked (-1); a row whose code is not finite finds no
     neighbour at all, and names[-1] would have labelled it with the last class."""
