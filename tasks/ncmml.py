@@ -30,6 +30,7 @@ from metricpipe.tasks.base import (COUNT, DIM, POSITIVE, RANDOM_STATE, Interval,
                                    one_blas_thread, seed_of)
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.moments import class_sums
+from metricpipe.tasks.validate import beyond_float32
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
@@ -380,8 +381,8 @@ class MetricSGD:
         else:
             G, value = knnml_step(self.W, X, is_pos, self.k, self.targets, fixed)
             self.W -= self.step_W * G
-        if not np.all(np.isfinite(self.W)):
-            raise InputError(f"metric learning diverged after {self.steps + 1} steps (W is not finite); "
+        if beyond_float32(self.W):
+            raise InputError(f"metric learning diverged after {self.steps + 1} steps (W is not finite in float32); "
                              f"lower 'lr' (now {self.lr})")
         self.steps += 1
         return float(value)

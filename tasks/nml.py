@@ -34,6 +34,7 @@ from metricpipe.tasks.base import (COUNT, DIM, NON_NEGATIVE, RANDOM_STATE, Inter
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.evaluation import validation_map
 from metricpipe.tasks.normalize import normalize_rows
+from metricpipe.tasks.validate import beyond_float32
 
 
 # |l| + |x| is floored at TINY so that 0/0 (l_c = x_c = 0) gives 0 without a masked division:
@@ -210,9 +211,9 @@ class PairSGD:
         dL, db = self._direction(G, gb)
         with np.errstate(over="ignore", invalid="ignore"):
             self.L -= self.step_L * dL
-        if not np.all(np.isfinite(self.L)):
+        if beyond_float32(self.L):
             raise InputError(f"{'NML' if self.kind == 'nml' else 'LinearML'} diverged after {self.steps} steps "
-                             f"(L is not finite); lower 'lr' (now {self.lr})")
+                             f"(L is not finite in float32); lower 'lr' (now {self.lr})")
         if self.learn_bias:
             self.bias -= self.lr * db
         self.pairs_seen += len(y)

@@ -41,6 +41,12 @@ def check_float32_range(X: np.ndarray, start: int, where: str, fix: str) -> None
                          f"first {X[big][0]:.3g} at row {start + r}, column {c}; {fix}")
 
 
+def beyond_float32(A: np.ndarray) -> bool:
+    """Whether A holds a value that is not finite or that float32 cannot hold (a diverging SGD
+    iterate: the model is stored, and its codes computed, in float32)."""
+    return not np.all(np.isfinite(A)) or float(np.abs(A).max(initial=0.0)) > float(np.finfo(np.float32).max)
+
+
 def check_normalized_block(X: np.ndarray, start: int, normalize: str, where: str) -> None:
     """Check a block after normalisation is still finite (an l1 norm of huge values can overflow)."""
     bad = ~np.isfinite(X)

@@ -27,9 +27,15 @@ def check_codes(codes: np.ndarray, start: int, spec: dict, what: str = "codes") 
     bad = ~np.isfinite(codes)
     r, c = np.argwhere(bad)[0]
     params = ", ".join(f"{k}: {v}" for k, v in spec.items() if k not in ("method", "select"))
+    from metricpipe.tasks.registry import estimator_class
+    try:
+        sgd = "lr" in estimator_class(spec.get("method"), spec)._parameter_constraints
+    except InputError:
+        sgd = False
+    hint = "a lower lr: its training diverged" if sgd else "e.g. a larger eps for pcaw"
     raise InputError(f"methods ({model_id(spec)}): {int(bad.sum())} {what} value(s) are not finite, first "
                      f"{codes[r, c]} at row {start + r}, column {c} (parameters {{{params}}}); the model "
-                     f"divides by zero or overflows: change these parameters (e.g. a larger eps for pcaw)")
+                     f"divides by zero or overflows: change these parameters ({hint})")
 
 
 def _encode_block(data_url: str, model_url: str, code_url: str, start: int, stop: int, spec: dict) -> int:

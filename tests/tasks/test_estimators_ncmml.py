@@ -245,3 +245,14 @@ def test_dot_form_on_a_class_subset_stops_early_on_the_rule_it_returns():
     P = est.centroids_[:3].astype(np.float64) @ W
     pred = np.argmax(Xv @ W @ P.T - 0.5 * (P ** 2).sum(1), axis=1)
     assert est.val_error_ == pytest.approx(float((pred != yv).mean()), abs=1e-12)
+
+
+def test_a_model_that_float32_cannot_hold_is_a_divergence_not_a_committed_model():
+    # a step too large for these rows: W grows past float32's range while still finite in float64; the
+    # model is stored and its codes computed in float32, so it used to be kept with inf weights
+    rng = np.random.default_rng(0)
+    X = (rng.normal(size=(36, 5)) + np.repeat(np.eye(3, 5), 12, 0) * 2).astype(np.float32)
+    y = np.repeat(np.arange(3), 12)
+    with pytest.raises(InputError, match=r"diverged after \d+ steps \(W is not finite in float32\); lower 'lr'"):
+        NCMML(dim=2, iters=50, lr=300).fit(X, y)
+    assert np.isfinite(NCMML(dim=2, iters=50, lr=3).fit(X, y).components_).all()

@@ -250,7 +250,7 @@ def test_linear_ml_lr_means_the_same_whatever_the_rows_scale(optimizer, learn_bi
 
 def test_a_diverging_step_is_an_error_not_a_nan_model():
     X, y = _data(n=200)
-    with pytest.raises(InputError, match=r"LinearML diverged after \d+ steps \(L is not finite\); lower 'lr'"):
+    with pytest.raises(InputError, match=r"LinearML diverged after \d+ steps \(L is not finite in float32\); lower 'lr'"):
         LinearML(dim=3, pairs=2000, iters=20000, lr=1e6, random_state=0).fit(X, y)
 
 
