@@ -154,7 +154,8 @@ def classifiers_given(raw: dict) -> bool:
     """Whether the config lists evaluate.classification.classifiers, or turns classification off (else
     they are the defaults, which a model that cannot serve one skips; a classifier the user lists is
     refused instead)."""
-    cls = ((raw or {}).get("evaluate") or {}).get("classification")
+    ev = (raw or {}).get("evaluate")
+    cls = ev.get("classification") if isinstance(ev, dict) else None
     return cls is False or "classifiers" in (cls if isinstance(cls, dict) else {})
 
 
@@ -341,7 +342,11 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
                                       rerank=_typed(nb, "rerank", int, where, "neighbours.", 4, 1),
                                       queries=_typed(nb, "queries", int, where, "neighbours.", None, 1))
 
-    ev = raw.get("evaluate", {}) or {}
+    ev = raw.get("evaluate", {})
+    if ev is False:   # the sections' check lets a false through as empty
+        _fail(where, "evaluate", "got False; give a map (retrieval:, classification:), or leave a part out with "
+                                 "retrieval: false or classification: false (a run always evaluates)")
+    ev = ev or {}
     _check_keys(ev, ["retrieval", "classification"], where, "evaluate.")
     parts = {}
     for part in ("retrieval", "classification"):   # a map (true: its defaults), or false to leave it out

@@ -151,7 +151,8 @@ def check_methods(cfg: RunConfig, info, log=print) -> RunConfig:
                     noted.add((cfg.entry(n), note))
     ev = cfg.evaluate
     n_test, n_train = int((info.split == stages.TEST).sum()), int((info.split == stages.TRAIN).sum())
-    user_k = "k" in ((cfg.raw.get("evaluate") or {}).get("retrieval") or {})
+    given = cfg.raw.get("evaluate") if isinstance(cfg.raw.get("evaluate"), dict) else {}
+    user_k = isinstance(given.get("retrieval"), dict) and "k" in given["retrieval"]
     if ev.retrieval and not user_k and max(ev.retrieval_k) > n_test - 1:   # the default list, on a small test split
         ks = tuple(k for k in ev.retrieval_k if k <= n_test - 1) or (1,)
         log(f"  evaluate: {n_test} test rows: retrieval k {list(ks)} (the default's larger K need more rows)")

@@ -12,6 +12,7 @@ def test_an_evaluate_part_set_to_false_is_left_out():
     cfg = parse_config({**BASE, "evaluate": {"retrieval": False}})
     assert not cfg.evaluate.retrieval and cfg.evaluate.classifiers == ("knn1", "knn10", "ncm")
     assert parse_config({**BASE, "evaluate": {"classification": True}}).evaluate.classifiers == ("knn1", "knn10", "ncm")
+    assert parse_config({**BASE, "evaluate": {"retrieval": True}}).evaluate.retrieval_k == (1, 10, 100)
     from metricpipe.runner import skipped_classifiers      # turned off is not "skipped for every model"
     assert skipped_classifiers(parse_config({**BASE, "evaluate": {"classification": False}}), []) == []
 
@@ -38,6 +39,8 @@ def test_defaults_and_method_expansion():
     ({**BASE, "methods": [{"dim": 3}]}, r"methods\[0\]: expected a mapping with a 'method' key"),
     ({**BASE, "evaluate": {"classification": {"classifiers": ["svm"]}}}, r"unknown classifier 'svm'"),
     ({**BASE, "evaluate": {"classification": "knn1"}}, r"evaluate.classification: got 'knn1'; give a map"),
+    ({**BASE, "evaluate": False}, r"evaluate: got False; give a map .*a run always evaluates"),
+    ({**BASE, "evaluate": "all"}, r"evaluate: expected a mapping \(key: value\), got 'all'"),
     ({**BASE, "evaluate": {"retrieval": False, "classification": False}}, r"evaluate: retrieval is false and no "
                                                                            r"classifier is left"),
     ({**BASE, "evaluate": {"retrieval": False, "classification": {"classifiers": []}}}, r"nothing would be evaluated"),
