@@ -17,7 +17,7 @@ import numpy as np
 
 from metricpipe.config import DataConfig
 from metricpipe.sources import open_source
-from metricpipe.models import check_intact, codes_of, model_units
+from metricpipe.models import check_intact, codes_of, find_model, model_units
 from metricpipe.storage import Store, hash_key, load_estimator, open_array, save_estimator
 from metricpipe.tasks.ncmml import NCMC
 from metricpipe.tasks.errors import InputError
@@ -34,9 +34,9 @@ def ncm_models(store: Store, model: str | None = None) -> list:
     (unit, commit record)."""
     def ncm(meta):
         return (meta.get("spec") or {}).get("method") in ("ncmml", "ncmc")
-    model = model.strip().lower() if isinstance(model, str) else model    # hex keys, as find_model reads them
-    named = [(u, meta) for u, meta in model_units(store) if model is not None and u.key.startswith(model)]
-    if named and not any(ncm(meta) for _, meta in named):
+    # --model names one model, as for predict, encode and export (an ambiguous prefix is refused)
+    named = [find_model(store, model)] if model is not None else []
+    if named and not ncm(named[0][1]):
         u, meta = named[0]
         raise InputError(f"{store.url}: model {u.key} is a {(meta.get('spec') or {}).get('method')} model, not NCMML "
                          f"or NCMC; add-classes extends class means (`metricpipe models {store.url}` lists them)")
@@ -259,7 +259,6 @@ def predict(store_url: str, model: str, data_path: str, features: str = "X", lab
     (in the model's own kind, int64 or str), the error (None without labels) and how many rows carry a
     label that is not a class of the model (counted as errors: no prediction can be right for them)."""
     from metricpipe.export import BLOCK_ROWS, codes_unit, encode_rows, open_input
-    from metricpipe.models import find_model
     from metricpipe.tasks.evaluation import knn_predict
     store = Store(store_url)
     store.check_exists()

@@ -939,9 +939,17 @@ def test_add_classes_takes_a_model_key_in_any_case(tmp_path):
     add-classes --model matched case-sensitively."""
     from metricpipe.classes import ncm_models
     from metricpipe.storage import Store
+    from metricpipe.tasks.errors import InputError
     st = Store(str(tmp_path / "s"))
     for key, method in (("ab12cd34ef567890", "ncmml"), ("ab99000000000000", "pca")):
         u = st.unit("models", key)
         u.begin()
         u.commit({"spec": {"method": method}})
     assert [u.key for u, _ in ncm_models(st, "AB12")] == ["ab12cd34ef567890"]
+    # --model names one model, as for predict, encode and export: a prefix of two is refused (it
+    # extended both, a selection candidate that was not kept among them)
+    u = st.unit("models", "ab12ffff00000000")
+    u.begin()
+    u.commit({"spec": {"method": "ncmml"}})
+    with pytest.raises(InputError, match=r"model 'ab12' matches 2 models .*give more of the key"):
+        ncm_models(st, "ab12")
