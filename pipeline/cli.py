@@ -243,15 +243,17 @@ def run(config, store, cluster, workers, memory_limit, resume, force, repair, pe
 
 @main.command()
 @click.option("--store", default="runs/digits", show_default=True, help="Where to write the demo's store.")
+@click.option("--resume", is_flag=True, help="Continue an interrupted demo run, as run --resume.")
+@click.option("--repair", is_flag=True, help="Recompute units whose files differ from their commit, as run --repair.")
 @_cluster_options(config=True)
 @handle_errors
-def demo(store, cluster, workers, memory_limit):
+def demo(store, resume, repair, cluster, workers, memory_limit):
     """Run examples/digits.yaml: scikit-learn's digits on a LocalCluster and a local store."""
     from metricpipe.config import load_config
     from metricpipe.runner import run_pipeline
 
     cfg = _apply(load_config(demo_config_path()), store, cluster, workers, memory_limit)
-    run_pipeline(cfg, log=_echo, terminal=sys.stderr.isatty(), result=click.echo)
+    run_pipeline(cfg, resume=resume, repair=repair, log=_echo, terminal=sys.stderr.isatty(), result=click.echo)
 
 
 def demo_config_path() -> Path:
@@ -264,13 +266,13 @@ def demo_config_path() -> Path:
 
 def _check_report_path(path: str) -> None:
     """--performance-report is written when the run ends: a path it cannot take is refused now, not
-    after the run (Dask's report makes missing folders, so the nearest existing one must be a
-    writable folder). A URL (s3://...) is written through fsspec: not checked here."""
+    after the run (its folder must exist, as for every other output option). A URL (s3://...) is
+    written through fsspec: not checked here."""
     if "://" in path:
         return
     parent = Path(path).resolve().parent
-    while not parent.exists():
-        parent = parent.parent
+    if not parent.exists():
+        raise InputError(f"{path}: its folder does not exist (--performance-report); create it or choose another path")
     if not parent.is_dir():
         raise InputError(f"{path}: {parent} is a file, not a folder (--performance-report); choose another path")
     if not os.access(parent, os.W_OK | os.X_OK):

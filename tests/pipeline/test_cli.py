@@ -912,11 +912,16 @@ def test_a_performance_report_path_that_cannot_be_written_is_refused_before_the_
     (tmp_path / "afile").write_text("x")
     cfg = {"store": str(tmp_path / "s"), "data": {"source": "digits"}, "methods": [{"method": "pca", "dim": 2}]}
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
-    res = _invoke("run", tmp_path / "c.yaml", "--performance-report", tmp_path / "afile" / "sub" / "r.html")
+    res = _invoke("run", tmp_path / "c.yaml", "--performance-report", tmp_path / "afile" / "r.html")
     assert res.exit_code == 2 and res.output.strip() == (
-        f"error: {tmp_path / 'afile' / 'sub' / 'r.html'}: {tmp_path / 'afile'} is a file, not a folder "
+        f"error: {tmp_path / 'afile' / 'r.html'}: {tmp_path / 'afile'} is a file, not a folder "
         f"(--performance-report); choose another path"), res.output
-    assert not (tmp_path / "s").exists()
+    # a missing folder is refused as for every other output option (Dask's report would make it)
+    res = _invoke("run", tmp_path / "c.yaml", "--performance-report", tmp_path / "no" / "sub" / "r.html")
+    assert res.exit_code == 2 and res.output.strip() == (
+        f"error: {tmp_path / 'no' / 'sub' / 'r.html'}: its folder does not exist (--performance-report); create "
+        f"it or choose another path"), res.output
+    assert not (tmp_path / "s").exists() and not (tmp_path / "no").exists()
 
 
 def test_a_dashboard_address_of_another_machine_is_the_same_one_line():
@@ -953,3 +958,15 @@ def test_add_classes_takes_a_model_key_in_any_case(tmp_path):
     u.commit({"spec": {"method": "ncmml"}})
     with pytest.raises(InputError, match=r"model 'ab12' matches 2 models .*give more of the key"):
         ncm_models(st, "ab12")
+
+
+def test_demo_takes_resume_and_repair_as_run_does(monkeypatch, tmp_path):
+    """A damaged demo store's error says 'rerun with --repair'; demo had no such option."""
+    import metricpipe.runner
+    seen = {}
+    monkeypatch.setattr(metricpipe.runner, "run_pipeline", lambda cfg, **kw: seen.update(kw, store=cfg.store))
+    res = _invoke("demo", "--store", tmp_path / "d", "--repair", "--resume")
+    assert res.exit_code == 0, res.output
+    assert seen["repair"] is True and seen["resume"] is True and seen["store"] == str(tmp_path / "d")
+    res = _invoke("demo", "--store", tmp_path / "d")
+    assert seen["repair"] is False and seen["resume"] is False
