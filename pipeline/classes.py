@@ -258,8 +258,9 @@ def predict(store_url: str, model: str, data_path: str, features: str = "X", lab
     (default 10) nearest train codes of its run, compared as the model compares codes. Returns the labels
     (in the model's own kind, int64 or str), the error (None without labels) and how many rows carry a
     label that is not a class of the model (counted as errors: no prediction can be right for them)."""
-    from metricpipe.export import BLOCK_ROWS, codes_unit, encode_rows, open_input
+    from metricpipe.export import BLOCK_ROWS, codes_unit, data_config, encode_rows, open_input
     from metricpipe.tasks.evaluation import knn_predict
+    data_config(data_path, features, labels)   # a built-in's refusals, before the store is read
     store = Store(store_url)
     store.check_exists()
     unit, attrs = find_model(store, model)

@@ -249,6 +249,16 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
     path = _typed(data, "path", str, where, "data.")
     if (source is None) == (path is None):
         _fail(where, "data", "give exactly one of data.source (digits | fashion-mnist | synthetic) and data.path")
+    # what only a file has: a built-in source would ignore it (a groups: the user believes is scored)
+    for key, default in (("features", "X"), ("labels", "y"), ("groups", None), ("ids", None), ("pairs", None)):
+        if source and data.get(key) not in (None, default):
+            _fail(where, f"data.{key}", f"names an array or column of a data.path file; data.source: {source} has "
+                                        f"its own (remove it, or stage your file with data.path)")
+    if data.get("synthetic") is not None and source != "synthetic":
+        _fail(where, "data.synthetic", "is read only with data.source: synthetic; remove it or set that source")
+    if data.get("root") is not None and source != "fashion-mnist":
+        _fail(where, "data.root", "is read only with data.source: fashion-mnist (the folder of its IDX files); "
+                                  "remove it")
 
     def resolve(p):
         if p is None or "://" in p or base_dir is None:

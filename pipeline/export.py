@@ -39,8 +39,14 @@ BLOCK_ROWS = 16384
 
 
 def data_config(data: str, features: str = "X", labels: str = "", ids: str | None = None) -> DataConfig:
-    """A source: a builtin data set name or a path."""
+    """A source: a builtin data set name or a path (a built-in has its own arrays: naming others is refused,
+    as a config's data.source refuses them)."""
     if data in BUILTIN:
+        for option, value, allowed in (("--features", features, ("X",)), ("--labels", labels, ("", "y")),
+                                       ("--ids", ids, ())):
+            if value is not None and value not in allowed:
+                raise InputError(f"{option} {value}: names an array or column of a DATA file; DATA {data} has its "
+                                 f"own (remove {option})")
         return DataConfig(source=data)
     return DataConfig(path=data, features=features, labels=labels, ids=ids)
 
@@ -208,6 +214,7 @@ def encode(store_url: str, key: str, data: str, out: str, features: str = "X", l
     ``client_factory``: a context manager giving a Dask client, entered when ``cluster_given`` or the
     work is large (LOCAL_BYTES, LOCAL_FLOPS); otherwise the blocks are encoded here, one at a time."""
     check_out(out, inputs=(data,))
+    data_config(data, features, labels, ids)   # a built-in's refusals, before the store is read
     store, unit, meta, normalize, data_unit = _model_and_data(store_url, key)
     src = open_input(data, features, labels, ids)
     n, D = src.reader.shape[0], int(np.prod(src.reader.shape[1:]))

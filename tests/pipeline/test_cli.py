@@ -970,3 +970,16 @@ def test_demo_takes_resume_and_repair_as_run_does(monkeypatch, tmp_path):
     assert seen["repair"] is True and seen["resume"] is True and seen["store"] == str(tmp_path / "d")
     res = _invoke("demo", "--store", tmp_path / "d")
     assert seen["repair"] is False and seen["resume"] is False
+
+
+@pytest.mark.parametrize("args, option", [(["stage", "digits", "--store", "{tmp}/s", "--features", "pixels"], "--features"),
+                                          (["predict", "{tmp}/s", "digits", "--model", "ab", "--labels", "klass"], "--labels"),
+                                          (["encode", "{tmp}/s", "digits", "--model", "ab", "--out", "{tmp}/c.npy",
+                                            "--ids", "rid"], "--ids")])
+def test_a_built_in_data_set_refuses_array_names_it_would_ignore(tmp_path, args, option):
+    """digits and fashion-mnist have their own arrays: a name given for them was ignored (a second staged
+    copy under another key, or no ids in the output, with exit 0)."""
+    res = _invoke(*[a.replace("{tmp}", str(tmp_path)) for a in args])
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
+    assert option in res.output and "has its own" in res.output, res.output
+    assert not (tmp_path / "s").exists() and not (tmp_path / "c.npy").exists()

@@ -40,6 +40,13 @@ def test_defaults_and_method_expansion():
     ({**BASE, "evaluate": {"classification": {"classifiers": ["svm"]}}}, r"unknown classifier 'svm'"),
     ({**BASE, "evaluate": {"classification": "knn1"}}, r"evaluate.classification: got 'knn1'; give a map"),
     ({**BASE, "evaluate": False}, r"evaluate: got False; give a map .*a run always evaluates"),
+    ({**BASE, "data": {"source": "digits", "groups": "g"}}, r"data.groups: names an array or column of a "
+                                                             r"data.path file; data.source: digits has its own"),
+    ({**BASE, "data": {"source": "digits", "features": "pixels"}}, r"data.features: names an array"),
+    ({**BASE, "data": {"path": "x.npz", "synthetic": {"samples": 50}}}, r"data.synthetic: is read only with "
+                                                                        r"data.source: synthetic"),
+    ({**BASE, "data": {"source": "digits", "root": "/data"}}, r"data.root: is read only with data.source: "
+                                                              r"fashion-mnist"),
     ({**BASE, "evaluate": "all"}, r"evaluate: expected a mapping \(key: value\), got 'all'"),
     ({**BASE, "evaluate": {"retrieval": False, "classification": False}}, r"evaluate: retrieval is false and no "
                                                                            r"classifier is left"),
@@ -117,12 +124,12 @@ def test_relative_paths_in_a_config_resolve_against_its_folder_not_the_working_d
     p.write_text(yaml.safe_dump({
         "store": "../runs/x", "cluster": "slurm.yaml",
         "tls": {"ca_file": "pem/ca.pem", "cert": "/etc/cert.pem", "key": "~/key.pem"},
-        "data": {"path": "feats/x.npz", "labels": "labels/y.npy", "pairs": "pairs.npz", "root": "idx",
+        "data": {"path": "feats/x.npz", "labels": "labels/y.npy", "pairs": "pairs.npz",
                  "groups": "g", "ids": "i", "split": {"column": "split"}}}))
     cfg = load_config(p)
     assert cfg.store == str(conf / "../runs/x") and cfg.cluster == str(conf / "slurm.yaml")
     assert cfg.data.path == str(conf / "feats/x.npz") and cfg.data.labels == str(conf / "labels/y.npy")
-    assert cfg.data.pairs == str(conf / "pairs.npz") and cfg.data.root == str(conf / "idx")
+    assert cfg.data.pairs == str(conf / "pairs.npz")
     assert cfg.tls == (str(conf / "pem/ca.pem"), "/etc/cert.pem", str(Path("~/key.pem").expanduser()))
     # array names inside the data file are not paths; nor are URLs, schedulers or built-in sources
     assert (cfg.data.groups, cfg.data.ids, cfg.data.split.column, cfg.data.features) == ("g", "i", "split", "X")
@@ -131,6 +138,8 @@ def test_relative_paths_in_a_config_resolve_against_its_folder_not_the_working_d
     cfg = load_config(p)
     assert (cfg.store, cfg.cluster, cfg.data.labels, cfg.data.root) == ("s3://bucket/run", "tcp://127.0.0.1:8786",
                                                                          "y", None)
+    p.write_text(yaml.safe_dump({"data": {"source": "fashion-mnist", "root": "idx"}}))
+    assert load_config(p).data.root == str(conf / "idx")
     # a store the config does not name is the default, under the working directory as before
     p.write_text(yaml.safe_dump({"data": {"source": "digits"}}))
     assert load_config(p).store == "runs/metricpipe"
@@ -150,7 +159,7 @@ def test_a_missing_relative_data_path_names_where_it_was_looked_for(tmp_path, mo
 
 
 def test_readme_config_reference_is_valid():
-    """The README's config block lists every key; it must parse (source and path are alternatives)."""
+    """The README's config block lists every key; it must parse, read as a file and as a built-in source."""
     import re
     from pathlib import Path
 
@@ -159,7 +168,13 @@ def test_readme_config_reference_is_valid():
     text = Path(__file__).parents[2].joinpath("README.md").read_text()
     block = re.search(r"## Config reference\s+```yaml\n(.*?)```", text, re.S).group(1)
     raw = yaml.safe_load(block)
-    raw["data"].pop("path")
+    # source and path are alternatives: the keys of a file only go with path, root and synthetic with a source
+    file_keys = ("path", "features", "labels", "groups", "ids", "pairs")
+    as_file = {**raw, "data": {k: v for k, v in raw["data"].items() if k not in ("source", "root", "synthetic")}}
+    assert parse_config(as_file, where="README.md").data.path == raw["data"]["path"]
+    raw["data"] = {k: v for k, v in raw["data"].items() if k not in file_keys}
+    assert parse_config({**raw, "data": {**raw["data"], "source": "synthetic", "root": None}}).data.synthetic.samples
+    raw["data"].pop("synthetic")   # fashion-mnist's
     cfg = parse_config(raw, where="README.md")
     assert {m["method"] for m in cfg.methods} >= {"identity", "pca", "pcaw", "lda", "random", "slne", "slde"}
     assert "softvote3" in cfg.evaluate.classifiers
