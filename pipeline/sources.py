@@ -391,17 +391,20 @@ def _find_idx(folder: Path, stem: str) -> Path | None:
 
 
 def fashion_mnist_root(cfg: DataConfig) -> Path:
-    """data.root, else $METRICPIPE_DATA, else Debian's dataset-fashion-mnist location. A data.root
-    without the files is refused (a mistyped root must not silently read another copy)."""
-    candidates = [cfg.root] if cfg.root else [c for c in (os.environ.get("METRICPIPE_DATA"), FASHION_DEBIAN) if c]
+    """data.root, else $METRICPIPE_DATA, else Debian's dataset-fashion-mnist location. A data.root or
+    $METRICPIPE_DATA without the files is refused (a mistyped folder must not silently read another copy)."""
+    env = os.environ.get("METRICPIPE_DATA")
+    given = ("data.root", cfg.root) if cfg.root else ("METRICPIPE_DATA", env) if env else None
+    candidates = [given[1]] if given else [FASHION_DEBIAN]
     for c in candidates:
         p = Path(c)
         for q in (p, p / "fashion-mnist"):
             if all(_find_idx(q, s) for s in FASHION_FILES):
                 return q
-    if cfg.root:
-        raise InputError(f"data.root: no Fashion-MNIST IDX files in {cfg.root} (nor in its fashion-mnist folder); "
-                         f"give the folder holding {FASHION_FILES[0]}.gz and the other three files, or drop data.root")
+    if given:
+        raise InputError(f"{given[0]}: no Fashion-MNIST IDX files in {given[1]} (nor in its fashion-mnist folder); "
+                         f"give the folder holding {FASHION_FILES[0]}.gz and the other three files, or "
+                         f"{'drop data.root' if cfg.root else 'unset METRICPIPE_DATA'}")
     raise InputError(
         f"data.source fashion-mnist: IDX files not found in {', '.join(candidates)}; install them with "
         f"'apt-get install dataset-fashion-mnist', or set data.root or METRICPIPE_DATA to a folder holding "

@@ -398,7 +398,7 @@ def test_stage_command_refuses_bad_input_before_a_cluster_starts_and_leaves_no_s
 
 def test_commands_without_a_config_name_their_own_arguments_not_config_keys(tmp_path, monkeypatch):
     import numpy as np
-    monkeypatch.setenv("METRICPIPE_DATA", str(tmp_path))
+    monkeypatch.delenv("METRICPIPE_DATA", raising=False)
     monkeypatch.setattr("metricpipe.sources.FASHION_DEBIAN", str(tmp_path / "none"))
     np.save(tmp_path / "x.npy", np.ones((6, 3), np.float32))
     np.savez(tmp_path / "x.npz", X=np.ones((6, 3), np.float32), y=np.arange(6) % 2)

@@ -100,9 +100,22 @@ def test_idx_folder_gives_train_test_split(tmp_path):
 
 
 def test_fashion_mnist_not_found_says_how_to_get_it(tmp_path, monkeypatch):
-    monkeypatch.setenv("METRICPIPE_DATA", str(tmp_path))
+    monkeypatch.delenv("METRICPIPE_DATA", raising=False)
     monkeypatch.setattr("metricpipe.sources.FASHION_DEBIAN", str(tmp_path / "none"))
     with pytest.raises(InputError, match="apt-get install dataset-fashion-mnist"):
+        open_source(parse_config({"data": {"source": "fashion-mnist"}}).data)
+
+
+def test_a_metricpipe_data_folder_without_the_files_is_refused_not_passed_over(tmp_path, monkeypatch):
+    """It fell back to Debian's copy without a word: the run used other files than the user meant."""
+    from metricpipe.sources import FASHION_FILES
+    (tmp_path / "debian").mkdir()
+    for name in FASHION_FILES:
+        (tmp_path / "debian" / f"{name}.gz").write_bytes(b"")
+    monkeypatch.setattr("metricpipe.sources.FASHION_DEBIAN", str(tmp_path / "debian"))
+    monkeypatch.setenv("METRICPIPE_DATA", str(tmp_path / "typo"))
+    with pytest.raises(InputError, match=r"METRICPIPE_DATA: no Fashion-MNIST IDX files in .*/typo \(nor in its "
+                                         r"fashion-mnist folder\).* or unset METRICPIPE_DATA"):
         open_source(parse_config({"data": {"source": "fashion-mnist"}}).data)
 
 
