@@ -54,18 +54,20 @@ class Side:
 
 
 def _encoded_parquet_names(path: str, features: str, labels: str) -> tuple:
-    """A Parquet file `metricpipe encode` wrote holds columns code and label: with the defaults X and y
-    (which it has no column of), those are the embeddings and labels meant."""
-    if not str(path).endswith((".parquet", ".pq")) or (features, labels) != ("X", "y"):
+    """A Parquet file `metricpipe encode` wrote holds columns code and label: where an option is left at
+    its default (X, y) and the file has no such column, code / label is the one meant (each option on
+    its own: --labels label alone still finds the codes)."""
+    if not str(path).endswith((".parquet", ".pq")) or (features != "X" and labels != "y"):
         return features, labels
     try:
         import pyarrow.parquet as pq
         names = set(pq.read_schema(path).names)
     except Exception:   # noqa: BLE001 - unreadable: open_source names the problem
         return features, labels
-    if {"X", "y"} & names or not {"code", "label"} <= names:
+    if not {"code", "label"} <= names:
         return features, labels
-    return "code", "label"
+    return ("code" if features == "X" and "X" not in names else features,
+            "label" if labels == "y" and "y" not in names else labels)
 
 
 def _open(path: str, features: str, labels: str | None, option: str, labels_option: str):

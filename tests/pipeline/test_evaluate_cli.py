@@ -197,6 +197,10 @@ def test_a_parquet_file_from_metricpipe_encode_is_read_without_naming_its_column
     assert res.exit_code == 0, res.output
     got, ref = _values(out), pml_accuracy(X, y)
     assert all(got[name] == pytest.approx(ref[name], abs=1e-9) for name in ACC)
+    # either option given alone (the right name) leaves the other found: --labels label said "no column 'X'"
+    for opt in (["--labels", "label"], ["--features", "code"]):
+        res = _run(tmp_path / "codes.parquet", *opt, "--cluster", client.scheduler.address, "--out", out)
+        assert res.exit_code == 0 and _values(out) == got, res.output
 
 
 def test_query_groups_are_sized_to_the_workers_memory_limit_or_refused():
