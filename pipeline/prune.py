@@ -22,11 +22,16 @@ def kept_units(store: Store, manifest: dict) -> set[str]:
             keep.add(rel)
         elif rel:
             keep.update(rel)
+    candidates = []
     for rel in units.get("selection") or []:
         unit = store.unit(*rel.split("/"))
         if unit.done():
-            keep.update(f"models/{c['model']}" for c in unit.meta().get("candidates", []) if c.get("model"))
-    keep.update(f"models/{m['key']}" for m in extended_models(store, run_models(store, manifest)))
+            candidates += [c["model"] for c in unit.meta().get("candidates", []) if c.get("model")]
+    keep.update(f"models/{key}" for key in candidates)
+    # models add-classes made from the run's models, or from a candidate (kept above)
+    cand_models = [{"key": key, "spec": store.unit("models", key).meta().get("spec"), "dim": None}
+                   for key in candidates if store.unit("models", key).done()]
+    keep.update(f"models/{m['key']}" for m in extended_models(store, run_models(store, manifest) + cand_models))
     # the copies of its data (a run that reused every model read none, and a later one may need them)
     data = (units.get("data") or "").split("/")[-1]
     for unit in store.units("shuffled"):

@@ -66,6 +66,7 @@ def store(tmp_path):
         _unit(st, kind, key)
     _unit(st, "models", "m0", spec={"method": "pca"}, dim=4)
     _unit(st, "models", "ext0", spec={"method": "ncmml"}, dim=4, extends=K("m0"))     # of an earlier config's model
+    _unit(st, "models", "extc", spec={"method": "ncmml"}, dim=4, extends=K("cand"))   # of a kept candidate
     _unit(st, "models", "killed", commit=False)
     st.fs.pipe_file(f"{st.root}/codes/{K('gone')}{MARKER_SUFFIX}", b"{}")
     # a user's own folders and files inside the store's folders (a store made in a project folder):
@@ -83,7 +84,7 @@ def store(tmp_path):
 
 
 KEPT = {R(x) for x in {"data/d1", "statistics/s1", "codes/c1", "evaluation/e1", "shuffled/h1", "shuffled/h2", "models/m1",
-        "models/cand", "selection/x1", "models/ext1", "models/ext2", "models/later"}}
+        "models/cand", "selection/x1", "models/ext1", "models/ext2", "models/extc", "models/later"}}
 LISTED = {R(x) for x in {"data/d0", "codes/c0", "evaluation/e0", "shuffled/h0", "models/m0", "models/ext0", "models/killed",
           "codes/gone"}}
 
