@@ -380,7 +380,9 @@ def unlock(store):
     """Remove the lock a killed run left on STORE on object storage (a local store's needs no clearing)."""
     from metricpipe.storage import Store
 
-    _echo(Store(store).unlock())
+    st = Store(store)
+    st.check_exists()   # a mistyped path: "no such store", as every other command says
+    _echo(st.unlock())
 
 
 @main.command()

@@ -270,7 +270,7 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
     _check_keys(split_raw, ["test", "val", "seed", "column"], where, "data.split.")
     column = _typed(split_raw, "column", str, where, "data.split.")
     split = SplitConfig(
-        test=None if column else _typed(split_raw, "test", float, where, "data.split.", 0.2, 0.0, 1.0),
+        test=None if column else _typed(split_raw, "test", float, where, "data.split.", 0.2),   # (0, 1): below
         val=_val_fraction(split_raw, where),
         seed=_typed(split_raw, "seed", int, where, "data.split.", 0, 0),
         column=column,

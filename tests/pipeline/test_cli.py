@@ -983,3 +983,8 @@ def test_a_built_in_data_set_refuses_array_names_it_would_ignore(tmp_path, args,
     assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
     assert option in res.output and "has its own" in res.output, res.output
     assert not (tmp_path / "s").exists() and not (tmp_path / "c.npy").exists()
+
+
+def test_unlock_of_a_missing_store_says_so(tmp_path):
+    res = _invoke("unlock", tmp_path / "nope")
+    assert res.exit_code == 2 and "no such store" in res.output and len(res.output.strip().splitlines()) == 1

@@ -29,7 +29,7 @@ def test_defaults_and_method_expansion():
     ({"data": {"source": "digits", "normalize": "l3"}}, r"data.normalize: must be one of none, l1, l2, power"),
     ({"data": {"source": "mnist"}}, r"data.source: must be one of digits, fashion-mnist, synthetic"),
     ({"data": {}}, r"give exactly one of data.source"),
-    ({"data": {"source": "digits", "split": {"test": 1.5}}}, r"data.split.test: must be <= 1.0"),
+    ({"data": {"source": "digits", "split": {"test": 1.5}}}, r"data.split.test: must be a share in \(0, 1\) of the rows .*got 1.5"),
     ({"data": {"source": "digits", "split": {"test": 1.0}}}, r"data.split.test: must be a share in \(0, 1\) of the rows"),
     ({"data": {"source": "digits", "split": {"test": 0}}}, r"data.split.test: must be a share in \(0, 1\) of the rows"),
     ({**BASE, "workers": 0}, r"workers: must be >= 1"),
