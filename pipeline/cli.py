@@ -573,8 +573,8 @@ def predict(store, data, model, features, labels, k, out):
     if error is not None:
         scored = f"; top-1 error {error:.4f}{against}"
     else:
-        scored = "; no top-1 error: none of DATA's y is a class of the model (--labels names other labels)" \
-            if unknown else ""
+        scored = ("; no top-1 error: none of DATA's y is a class of the model (give --labels to score against "
+                  "another array)") if unknown else ""
     _echo(f"{len(names)} rows classified{scored}" + (f"; predictions in {out}" if out else ""))
 
 
