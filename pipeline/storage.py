@@ -48,6 +48,32 @@ import numpy as np
 
 from metricpipe.tasks.errors import InputError
 
+
+def stop_zarr_loop() -> None:
+    """zarr's exit handler stops its I/O loop, waits 0.2 s for the loop's thread and then closes the
+    loop: when the thread is still busy (a loaded machine, a read in flight) the close raises "Cannot
+    close a running event loop", a traceback after a run that succeeded. This stops the loop first and
+    waits up to 10 s; registered after zarr's own handler, it runs before it (atexit runs the last
+    registered first), which then finds the loop stopped."""
+    try:
+        from zarr.core import sync
+        lp, th = sync.loop[0], sync.iothread[0]
+        if lp is not None and th is not None and th.is_alive():
+            lp.call_soon_threadsafe(lp.stop)
+            th.join(timeout=10)
+    except Exception:  # noqa: BLE001 - best effort at exit: zarr's own handler follows
+        pass
+
+
+def _register_zarr_exit() -> None:
+    import atexit
+
+    import zarr.core.sync  # noqa: F401 - zarr registers its exit handler when this is first imported
+    atexit.register(stop_zarr_loop)
+
+
+_register_zarr_exit()
+
 MARKER_SUFFIX = ".committed.json"
 
 
