@@ -426,8 +426,8 @@ def gc(store, delete):
 @click.argument("store")
 @handle_errors
 def models(store):
-    """List STORE's trained models: key, method, code dimension, whether its run encoded it, and
-    parameters.
+    """List STORE's trained models: key, method, code dimension, whether its run encoded it, the
+    staged data it was trained on (key prefix) and its normalisation, and parameters.
 
     In Python, ``metricpipe.load_model(STORE, KEY)`` returns one as a fitted estimator (in a Pipeline
     after the run's normalizer when it had one)."""
@@ -438,12 +438,12 @@ def models(store):
     if not rows:
         click.echo(f"{store}: no committed models")
         return
-    click.echo(f"{'key':<16}  {'method':<10} {'codes':>5}  {'encoded':<7}  parameters")
+    click.echo(f"{'key':<16}  {'method':<10} {'codes':>5}  {'encoded':<7}  {'data':<8}  {'normalize':<9}  parameters")
     for r in rows:
         params = " ".join(f"{k}={param_text(v)}" for k, v in sorted(r["params"].items()))
         ext = f" (extends {r['extends']})" if r["extends"] else ""
         click.echo(f"{r['key']:<16}  {r['method']:<10} {r['dim']:>5}  {'yes' if r['encoded'] else 'no':<7}  "
-                   f"{params}{ext}")
+                   f"{(r['data'] or '-')[:8]:<8}  {r['normalize'] or '-':<9}  {params}{ext}")
     if not all(r["encoded"] for r in rows):
         click.echo("encoded no: a candidate that parameter selection did not keep, or a model made by add-classes; "
                    "load_model, encode and export --npz take any model, predict's kNN and export --faiss an "

@@ -89,7 +89,8 @@ def load_model(store_url: str, key: str):
 
 
 def describe(store_url: str) -> list[dict]:
-    """One row per committed model: key, method, dimension, parameters, what it extends."""
+    """One row per committed model: key, method, dimension, parameters, what it extends, the staged
+    data it was trained on (its key) and that data's normalisation (None for an add-classes model)."""
     store = Store(store_url)
     store.check_is_store()
     rows = []
@@ -97,5 +98,6 @@ def describe(store_url: str) -> list[dict]:
         spec = dict(meta.get("spec") or {})
         codes = codes_of(store, unit.key, meta)
         rows.append({"key": unit.key, "method": spec.pop("method", "?"), "dim": meta.get("dim"),
-                     "params": spec, "extends": meta.get("extends"), "encoded": bool(codes and codes.done())})
+                     "params": spec, "extends": meta.get("extends"), "encoded": bool(codes and codes.done()),
+                     "data": meta.get("data"), "normalize": meta.get("normalize")})
     return sorted(rows, key=lambda r: (r["method"], str(r["dim"]), r["key"]))

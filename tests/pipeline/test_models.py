@@ -78,6 +78,9 @@ def test_models_command_lists_every_model_with_its_method_and_parameters(stored)
     for spec, unit in models:
         [line] = [ln for ln in lines if ln.startswith(unit.key)]
         assert f" {spec['method']} " in line
+        # which data and normalisation: two models of the same method and size from different runs differ here
+        meta = unit.meta()
+        assert line.split()[4:6] == [meta["data"][:8], meta["normalize"]], line
     assert any("input_dim=6" in ln and " slne " in ln for ln in lines)
 
 
