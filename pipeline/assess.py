@@ -54,9 +54,10 @@ class Side:
 
 
 def _encoded_parquet_names(path: str, features: str, labels: str) -> tuple:
-    """A Parquet file `metricpipe encode` wrote holds columns code and label: where an option is left at
-    its default (X, y) and the file has no such column, code / label is the one meant (each option on
-    its own: --labels label alone still finds the codes)."""
+    """A Parquet file `metricpipe encode` wrote holds columns code and (when its DATA had labels) label:
+    where an option is left at its default (X, y) and the file has no such column but code / label,
+    that is the one meant (each option on its own: --labels label alone still finds the codes, and a
+    file without labels takes --labels labs.npy)."""
     if not str(path).endswith((".parquet", ".pq")) or (features != "X" and labels != "y"):
         return features, labels
     try:
@@ -64,10 +65,8 @@ def _encoded_parquet_names(path: str, features: str, labels: str) -> tuple:
         names = set(pq.read_schema(path).names)
     except Exception:   # noqa: BLE001 - unreadable: open_source names the problem
         return features, labels
-    if not {"code", "label"} <= names:
-        return features, labels
-    return ("code" if features == "X" and "X" not in names else features,
-            "label" if labels == "y" and "y" not in names else labels)
+    return ("code" if features == "X" and "X" not in names and "code" in names else features,
+            "label" if labels == "y" and "y" not in names and "label" in names else labels)
 
 
 def _open(path: str, features: str, labels: str | None, option: str, labels_option: str):

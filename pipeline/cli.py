@@ -517,7 +517,9 @@ def evaluate(embeddings, labels, features, queries, reference, query_labels, ref
 
     if out:
         from metricpipe.export import check_out
-        check_out(out, "--out", None, inputs=(embeddings, queries, reference))
+        check_out(out, "--out", None, inputs=((embeddings, "EMBEDDINGS"), (queries, "--queries"),
+                                              (reference, "--reference"), (labels, "--labels"),
+                                              (query_labels, "--query-labels"), (reference_labels, "--reference-labels")))
     q, rows, ref, self_in = plan_sides(embeddings, features, labels, queries, reference, query_labels,
                                        reference_labels, seed)
     cfg = _apply(parse_config({"data": {"source": "digits"}}, where="metricpipe evaluate"), None, cluster, workers,
@@ -558,7 +560,7 @@ def predict(store, data, model, features, labels, k, out):
     from metricpipe.export import check_out
 
     if out:
-        check_out(out, "--out", (".npy",), inputs=(data,))
+        check_out(out, "--out", (".npy",), inputs=((data, "DATA"), (labels, "--labels")))
     names, error, unknown = run_predict(store, model, data, features, labels, k)
     if out:  # written whole or not at all
         tmp = f"{out}.partial.npy"

@@ -353,9 +353,9 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
                                       queries=_typed(nb, "queries", int, where, "neighbours.", None, 1))
 
     ev = raw.get("evaluate", {})
-    if ev is False:   # the sections' check lets a false through as empty
-        _fail(where, "evaluate", "got False; give a map (retrieval:, classification:), or leave a part out with "
-                                 "retrieval: false or classification: false (a run always evaluates)")
+    if ev is not None and not isinstance(ev, dict):   # the sections' check lets false (and 0) through as empty
+        _fail(where, "evaluate", f"got {ev!r}; give a map (retrieval:, classification:), or leave a part out with "
+                                 f"retrieval: false or classification: false (a run always evaluates)")
     ev = ev or {}
     _check_keys(ev, ["retrieval", "classification"], where, "evaluate.")
     parts = {}

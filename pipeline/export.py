@@ -172,21 +172,23 @@ class _Writer:
 
 def check_out(out: str, option: str = "--out", formats=FORMATS, inputs=()) -> None:
     """Refuse an output path that cannot be written, or whose writing would destroy something: the
-    command's input (``inputs``: DATA paths) or an existing folder (a .zarr is replaced whole). An
-    existing file is replaced, atomically, once the new one is complete. ``formats``: the suffixes
-    allowed (None: any)."""
+    command's input (``inputs``: (path or name, the argument or option that gave it) pairs: data,
+    labels files) or an existing folder (a .zarr is replaced whole). An existing file is replaced,
+    atomically, once the new one is complete. ``formats``: the suffixes allowed (None: any)."""
     suffix = Path(out).suffix.lower()
     if formats is not None and suffix not in formats:
         raise InputError(f"{out}: unknown output format ({option}); name it with one of {', '.join(formats)}")
     target = Path(out).resolve()
     if not target.parent.is_dir():
         raise InputError(f"{out}: its folder does not exist ({option}); create it or choose another path")
-    for given in inputs:
-        if given and given not in BUILTIN:
+    for given, name in inputs:
+        if name.endswith("labels") and not str(given).endswith(".npy"):
+            continue        # an array or column name inside the data file, not a file of its own
+        if isinstance(given, str) and given and given not in BUILTIN:
             src = Path(given).resolve()
             if src == target or target in src.parents:
-                raise InputError(f"{out}: is the input DATA ({option}); writing it would destroy the input: choose "
-                                 f"another path")
+                raise InputError(f"{out}: is the input {name} ({option}); writing it would destroy the input: "
+                                 f"choose another path")
     if target.is_dir():
         raise InputError(f"{out}: a folder that already exists ({option}); remove it or choose another path "
                          f"(metricpipe does not replace folders)")
@@ -213,7 +215,7 @@ def encode(store_url: str, key: str, data: str, out: str, features: str = "X", l
 
     ``client_factory``: a context manager giving a Dask client, entered when ``cluster_given`` or the
     work is large (LOCAL_BYTES, LOCAL_FLOPS); otherwise the blocks are encoded here, one at a time."""
-    check_out(out, inputs=(data,))
+    check_out(out, inputs=((data, "DATA"), (labels, "--labels")))
     data_config(data, features, labels, ids)   # a built-in's refusals, before the store is read
     store, unit, meta, normalize, data_unit = _model_and_data(store_url, key)
     src = open_input(data, features, labels, ids)

@@ -90,7 +90,7 @@ def load_model(store_url: str, key: str):
 
 def describe(store_url: str) -> list[dict]:
     """One row per committed model: key, method, dimension, parameters, what it extends, the staged
-    data it was trained on (its key) and that data's normalisation (None for an add-classes model)."""
+    data it was trained on (its key) and that data's normalisation (None where the commit does not say)."""
     store = Store(store_url)
     store.check_is_store()
     rows = []

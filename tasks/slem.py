@@ -7,7 +7,8 @@ simplifies by Woodbury (Eq. 6) to
     omega* = 2 theta / (theta delta^T A^-1 delta + theta + 1) * A^-1 delta,   delta = x_0 - mu,
 
 with mu the negatives' mean and A = (1/n) X X^T - mu mu^T + lambda Id their regularised (biased)
-covariance. theta scales omega* but never turns it, so the code A^-1 (x_0 - mu) / ||.|| used for cosine
+covariance; the estimators read lambda for rows of unit RMS norm (:func:`pool_sq_norm`: the ridge is
+lambda times the pool's mean squared norm). theta scales omega* but never turns it, so the code A^-1 (x_0 - mu) / ||.|| used for cosine
 search does not depend on theta. A is factored once (Cholesky); a block of images is one triangular
 solve pair with many right-hand sides.
 
@@ -102,7 +103,8 @@ def factor(A: np.ndarray, where: str = "SLEM") -> np.ndarray:
     try:
         return np.linalg.cholesky(A)
     except np.linalg.LinAlgError:
-        raise InputError(f"{where}: the negatives' covariance plus lam * Id is not positive definite; "
+        raise InputError(f"{where}: the negatives' covariance plus the ridge (lam times their mean squared norm) "
+                         f"is not positive definite; "
                          f"raise lam (lambda; features with no variance need lam > 0)") from None
 
 
@@ -321,11 +323,7 @@ def pool_sq_norm(mean: np.ndarray, covariance: np.ndarray) -> float:
     of unit RMS norm, as the SGD learners read their ``lr`` (:func:`metricpipe.tasks.moments.row_scale`):
     the ridge added is lam s^2, which on x gives the codes that lam gives on x / s, so one default and
     one search grid suit raw and l2-normalised features alike."""
-    return _unit_if_degenerate(float(np.trace(covariance)) + float(np.dot(mean, mean)))
-
-
-def _unit_if_degenerate(ms: float) -> float:
-    return float(ms) if ms > 0 and np.isfinite(ms) else 1.0
+    return moments.row_scale({"mean_sq_norm": float(np.trace(covariance)) + float(np.dot(mean, mean))}) ** 2
 
 
 # ---- kernels and factorisations -------------------------------------------------------------------------
@@ -594,21 +592,22 @@ def similarity(Q: np.ndarray, X: np.ndarray, score: str) -> np.ndarray:
 # ---- the ESVM baseline ---------------------------------------------------------------------------------
 
 def esvm(X0: np.ndarray, Xneg: np.ndarray, lam: float, theta: float, epochs: int, batch: int,
-         rng: np.random.Generator, lr0: float = 1.0) -> np.ndarray:
-    """Exemplar SVMs (Eq. 1, hinge loss) for every row of X0 against the negatives, by SGD.
+         rng: np.random.Generator, lr0: float = 1.0, scale: float = 1.0) -> np.ndarray:
+    """Exemplar SVMs (Eq. 1, hinge loss) for every row of X0 against the negatives, by SGD, on the
+    rows divided by ``scale`` (each batch of negatives divided as it is drawn: the pool is not copied).
 
     Each step takes the positive and ``batch`` negatives (the same draw for every image of the block,
     so a step is two GEMMs); the step size is lr0 / (1 + lambda lr0 t) (Bottou's schedule for the
     l2-regularised hinge). Returns omega (m, D) with unit rows (the code) ."""
-    X0 = np.asarray(X0, np.float64)
-    Xneg = np.asarray(Xneg, np.float64)
+    X0 = np.asarray(X0, np.float64) / scale
+    Xneg = np.asarray(Xneg)
     m, D = X0.shape
     W = np.zeros((m, D))
     nu = np.zeros(m)
     steps = max(1, epochs * len(Xneg) // batch)
     for t in range(steps):
         lr = lr0 / (1.0 + lam * lr0 * t)
-        N = Xneg[rng.integers(0, len(Xneg), batch)]
+        N = Xneg[rng.integers(0, len(Xneg), batch)].astype(np.float64) / scale
         pos = (W * X0).sum(1) + nu                              # omega^T x_0 + nu
         neg = W @ N.T + nu[:, None]                              # (m, batch)
         gp = np.where(pos < 1.0, -theta, 0.0)                   # d/d(score) of theta * max(0, 1 - score)
@@ -677,7 +676,7 @@ class ESVM(_PoolLearner):
             raise InputError(f"ESVM needs a pool of at least 2 negative images; got {len(Xneg)} sample(s)")
         self.pool_ = np.array(Xneg, np.float64)
         self.seed_ = seed_of(self.random_state)
-        self.scale_ = float(np.sqrt(_unit_if_degenerate(np.einsum("ij,ij->", self.pool_, self.pool_) / len(self.pool_))))
+        self.scale_ = moments.row_scale({"mean_sq_norm": np.einsum("ij,ij->", self.pool_, self.pool_) / len(self.pool_)})
         return self
 
     @classmethod
@@ -687,8 +686,8 @@ class ESVM(_PoolLearner):
 
     def _transform(self, X):
         rng = np.random.default_rng([self.seed_, 23])
-        s = self.scale_
-        return esvm(X / s, self.pool_ / s, float(self.lam), float(self.theta), int(self.epochs), int(self.batch), rng)
+        return esvm(X, self.pool_, float(self.lam), float(self.theta), int(self.epochs), int(self.batch), rng,
+                    scale=self.scale_)
 
     @property
     def _n_features_out(self):

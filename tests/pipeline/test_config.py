@@ -40,6 +40,7 @@ def test_defaults_and_method_expansion():
     ({**BASE, "evaluate": {"classification": {"classifiers": ["svm"]}}}, r"unknown classifier 'svm'"),
     ({**BASE, "evaluate": {"classification": "knn1"}}, r"evaluate.classification: got 'knn1'; give a map"),
     ({**BASE, "evaluate": False}, r"evaluate: got False; give a map .*a run always evaluates"),
+    ({**BASE, "evaluate": 0}, r"evaluate: got 0; give a map"),
     ({**BASE, "data": {"source": "digits", "groups": "g"}}, r"data.groups: names an array or column of a "
                                                              r"data.path file; data.source: digits has its own"),
     ({**BASE, "data": {"source": "digits", "features": "pixels"}}, r"data.features: names an array"),

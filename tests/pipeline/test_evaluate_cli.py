@@ -201,6 +201,12 @@ def test_a_parquet_file_from_metricpipe_encode_is_read_without_naming_its_column
     for opt in (["--labels", "label"], ["--features", "code"]):
         res = _run(tmp_path / "codes.parquet", *opt, "--cluster", client.scheduler.address, "--out", out)
         assert res.exit_code == 0 and _values(out) == got, res.output
+    # encode of DATA without labels writes code alone: its labels come from a .npy
+    pq.write_table(pa.table({"code": pa.array(list(X), pa.list_(pa.float32()))}), tmp_path / "nolab.parquet")
+    np.save(tmp_path / "labs.npy", y)
+    res = _run(tmp_path / "nolab.parquet", "--labels", tmp_path / "labs.npy", "--cluster", client.scheduler.address,
+               "--out", out)
+    assert res.exit_code == 0 and _values(out) == got, res.output
 
 
 def test_query_groups_are_sized_to_the_workers_memory_limit_or_refused():

@@ -453,13 +453,18 @@ def test_outputs_never_destroy_the_input_or_an_existing_folder(stored, tmp_path)
     (tmp_path / "other.zarr").mkdir()
     (tmp_path / "other.zarr" / "notes.txt").write_text("mine")
     np.save(tmp_path / "in.npy", X)
+    np.save(tmp_path / "labs.npy", np.arange(len(X)) % 3)
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     for cmd, msg in ((["encode", ctx.store.url, str(tmp_path / "in.zarr"), "--model", key, "--out",
                        str(tmp_path / "in.zarr")], "is the input DATA (--out)"),
                      (["encode", ctx.store.url, str(tmp_path / "in.npy"), "--model", key, "--out",
                        str(tmp_path / "other.zarr")], "a folder that already exists (--out)"),
                      (["predict", ctx.store.url, str(tmp_path / "in.npy"), "--model", key, "--out",
-                       str(tmp_path / "in.npy")], "is the input DATA (--out)")):
+                       str(tmp_path / "in.npy")], "is the input DATA (--out)"),
+                     (["encode", ctx.store.url, str(tmp_path / "in.npy"), "--model", key, "--labels",
+                       str(tmp_path / "labs.npy"), "--out", str(tmp_path / "labs.npy")], "is the input --labels (--out)"),
+                     (["evaluate", str(tmp_path / "in.npy"), "--labels", str(tmp_path / "labs.npy"), "--out",
+                       str(tmp_path / "labs.npy")], "is the input --labels (--out)")):
         res = CliRunner().invoke(main, cmd)
         assert res.exit_code == 2 and msg in res.output and len(res.output.strip().splitlines()) == 1, res.output
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
