@@ -381,7 +381,8 @@ def unlock(store):
     from metricpipe.storage import Store
 
     st = Store(store)
-    st.check_exists()   # a mistyped path: "no such store", as every other command says
+    if st.local:   # a mistyped path: "no such store", as every other command says (on object storage a
+        st.check_exists()   # store whose only object was its lock has no prefix left once it is cleared)
     _echo(st.unlock())
 
 
