@@ -163,8 +163,8 @@ def add_classes(store_url: str, data_path: str, features: str = "X", labels: str
     store = Store(store_url)
     store.check_exists()
     targets = ncm_models(store, model)
-    for unit, meta in targets:   # a damaged model would be extended with its damage, then committed whole
-        check_intact(store, unit, meta)
+    for unit, meta in targets if model is None else ():   # (find_model checked the one --model names)
+        check_intact(store, unit, meta)   # a damaged model would be extended with its damage, then committed
     src, n, D, codes, names = _open(data_path, features, labels, "new data")
     parents = _parents(hierarchy)
     if (zero_shot or prior_weight > 0) and not parents:
