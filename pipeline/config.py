@@ -16,6 +16,17 @@ from metricpipe.tasks.registry import MAX_MODELS, expand_method
 from metricpipe.tasks.slem import check_negatives
 
 BUILTINS = ("digits", "fashion-mnist", "synthetic")
+# What only a file has, with the values that say nothing: a built-in source would silently ignore any
+# other (a groups: the user believes is scored), so configs and command lines refuse them alike.
+FILE_ONLY = {"features": ("X",), "labels": ("y",), "groups": (), "ids": (), "pairs": ()}
+
+
+def file_only_given(values: dict) -> str | None:
+    """The first of ``values``'s FILE_ONLY keys set to something a built-in source would ignore."""
+    for key, quiet in FILE_ONLY.items():
+        if values.get(key) is not None and values[key] not in quiet:
+            return key
+    return None
 SPLIT_NAMES = ("train", "test", "val", "negatives")  # code = position; stored as int8 with flag_meanings
 
 
@@ -249,11 +260,10 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
     path = _typed(data, "path", str, where, "data.")
     if (source is None) == (path is None):
         _fail(where, "data", "give exactly one of data.source (digits | fashion-mnist | synthetic) and data.path")
-    # what only a file has: a built-in source would ignore it (a groups: the user believes is scored)
-    for key, default in (("features", "X"), ("labels", "y"), ("groups", None), ("ids", None), ("pairs", None)):
-        if source and data.get(key) not in (None, default):
-            _fail(where, f"data.{key}", f"names an array or column of a data.path file; data.source: {source} has "
-                                        f"its own (remove it, or stage your file with data.path)")
+    key = source and file_only_given(data)
+    if key:
+        _fail(where, f"data.{key}", f"names an array or column of a data.path file; data.source: {source} has "
+                                    f"its own (remove it, or stage your file with data.path)")
     if data.get("synthetic") is not None and source != "synthetic":
         _fail(where, "data.synthetic", "is read only with data.source: synthetic; remove it or set that source")
     if data.get("root") is not None and source != "fashion-mnist":

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from metricpipe.config import DataConfig
+from metricpipe.config import DataConfig, file_only_given
 from metricpipe.models import codes_of, find_model
 from metricpipe.sources import open_source
 from metricpipe.storage import Store, chunk_rows_for, load_estimator, open_array, read_attrs, row_chunks
@@ -42,11 +42,11 @@ def data_config(data: str, features: str = "X", labels: str = "", ids: str | Non
     """A source: a builtin data set name or a path (a built-in has its own arrays: naming others is refused,
     as a config's data.source refuses them)."""
     if data in BUILTIN:
-        for option, value, allowed in (("--features", features, ("X",)), ("--labels", labels, ("", "y")),
-                                       ("--ids", ids, ())):
-            if value is not None and value not in allowed:
-                raise InputError(f"{option} {value}: names an array or column of a DATA file; DATA {data} has its "
-                                 f"own (remove {option})")
+        key = file_only_given({"features": features, "labels": labels or None, "ids": ids})
+        if key:
+            value = {"features": features, "labels": labels, "ids": ids}[key]
+            raise InputError(f"--{key} {value}: names an array or column of a DATA file; DATA {data} has its "
+                             f"own (remove --{key})")
         return DataConfig(source=data)
     return DataConfig(path=data, features=features, labels=labels, ids=ids)
 
