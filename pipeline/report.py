@@ -15,7 +15,7 @@ from metricpipe.storage import Store, read_attrs, to_json
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.registry import BASELINES, param_text
 
-PACKAGES = ("metricpipe", "numpy", "scipy", "dask", "distributed", "zarr", "xarray", "scikit-learn")
+PACKAGES = ("metricpipe", "numpy", "scipy", "dask", "distributed", "zarr", "xarray", "scikit-learn", "numba", "faiss-cpu")
 
 
 def package_versions() -> dict:

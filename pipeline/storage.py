@@ -33,6 +33,7 @@ and refreshed by its holder, see :class:`ObjectLock`.
 """
 import contextlib
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -91,13 +92,34 @@ def is_key(name: str) -> bool:
     return len(name) == 16 and all(c in "0123456789abcdef" for c in name)
 
 
+# The libraries whose arithmetic is in a unit's numbers (BLAS and LAPACK come with numpy's and scipy's
+# wheels; numba compiles the sparse kernel; faiss searches IVF graphs): their release (major.minor)
+# is part of the code that made a result, as metricpipe's own is.
+NUMERIC_LIBRARIES = ("numpy", "scipy", "scikit-learn", "numba", "faiss-cpu")
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+    """What made a result: metricpipe's release and its numerical libraries' major.minor releases,
+    e.g. ``0.3.8 numpy-2.2 scipy-1.15 scikit-learn-1.7 numba-0.62 faiss-cpu-1.12``."""
+    from importlib import metadata
+    from metricpipe import __version__
+    parts = [__version__]
+    for name in NUMERIC_LIBRARIES:
+        try:
+            parts.append(f"{name}-{'.'.join(metadata.version(name).split('.')[:2])}")
+        except metadata.PackageNotFoundError:
+            parts.append(f"{name}-none")
+    return " ".join(parts)
+
+
 def hash_key(inputs: dict, version: str | None = None) -> str:
     """A short, stable key of a JSON-able description of a result's inputs and of the code that made
-    it: the package version is part of every key, so results of another release are never reused
-    (bump ``version`` in pyproject.toml and ``metricpipe.__version__`` when a stage's output changes).
-    ``version``: another release's key for the same inputs (the units it made, e.g. a model's codes)."""
-    from metricpipe import __version__
-    blob = json.dumps({"v": version or __version__, **inputs}, sort_keys=True, default=_json_default)
+    it (:func:`code_version`: a result of another release, or made with another numpy, scipy, ... is
+    never reused; bump ``version`` in pyproject.toml and ``metricpipe.__version__`` when a stage's
+    output changes). ``version``: another :func:`code_version`'s key for the same inputs (the units it
+    made, e.g. a model's codes)."""
+    blob = json.dumps({"v": version or code_version(), **inputs}, sort_keys=True, default=_json_default)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -509,7 +531,7 @@ class Unit:
         """Mark the unit complete (the marker is written last and atomically) with its files' checksums
         (``sums``: those already taken elsewhere, e.g. by workers; the rest are taken here)."""
         self.store.write_text(f"{self.rel}{MARKER_SUFFIX}", to_json({**meta, "key": self.key, "kind": self.kind,
-                                                               "committed": time.time(), "version": _version(),
+                                                               "committed": time.time(), "version": code_version(),
                                                                "files": self.checksums(sums)}))
 
     def file_sizes(self) -> dict:
@@ -550,11 +572,6 @@ class Unit:
 
     def read_json(self, name: str):
         return self.store.read_json(f"{self.rel}/{name}")
-
-
-def _version() -> str:
-    from metricpipe import __version__
-    return __version__
 
 
 def size_crc(fs, path: str) -> list[int]:

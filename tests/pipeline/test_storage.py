@@ -53,6 +53,30 @@ def test_hash_key_is_stable_and_order_free():
     assert hash_key({"a": 1}) != hash_key({"a": 2})
 
 
+def test_keys_change_with_the_numerical_libraries_release(tmp_path, monkeypatch):
+    """Another numpy (its BLAS), scipy, ... can change a result's bits: its results are not reused,
+    and a unit's marker names what made it (so a model's codes are found again after an upgrade)."""
+    from importlib import metadata
+    from metricpipe import storage
+    storage.code_version.cache_clear()
+    now = hash_key({"a": 1})
+    real = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: "1.0.0" if name == "numpy" else real(name))
+    storage.code_version.cache_clear()
+    try:
+        assert "numpy-1.0" in storage.code_version()
+        assert hash_key({"a": 1}) != now
+        u = Store(str(tmp_path)).unit("models", "k")
+        u.begin()
+        u.commit({})
+        assert u.meta()["version"] == storage.code_version()
+        assert hash_key({"a": 1}, u.meta()["version"]) == hash_key({"a": 1})
+    finally:
+        monkeypatch.undo()
+        storage.code_version.cache_clear()
+    assert hash_key({"a": 1}) == now
+
+
 def test_store_path_that_is_a_file(tmp_path):
     f = tmp_path / "file"
     f.write_text("x")
