@@ -135,7 +135,9 @@ class PCAWhitening(_StatisticsLearner):
 
 
 class LDA(_StatisticsLearner):
-    """Fisher LDA: generalised eigenvectors of (Sb, Sw + reg * trace(Sw)/D * I), W^T Sw W = I.
+    """Fisher LDA: generalised eigenvectors of (Sb, Sw + reg * trace(Sw)/D * I) for the within- and
+    between-class covariances Sw and Sb (scatters over the number of rows), W^T Sw W = I: the codes
+    have unit within-class variance along each direction, whatever the number of rows.
 
     Parameters
     ----------
@@ -163,13 +165,14 @@ class LDA(_StatisticsLearner):
         n_classes = int((stats["class_counts"] > 0).sum())
         if n_classes < 2:
             raise InputError(f"LDA needs at least 2 classes; got {n_classes}")
-        sw = stats["within_scatter"]
+        n = float(stats["class_counts"].sum())
+        sw, sb = stats["within_scatter"] / n, stats["between_scatter"] / n
         D = sw.shape[0]
         d = self._check_dim(min(n_classes - 1, D), "LDA has at most min(n_classes - 1, n_features) directions")
         ridge = self.reg * np.trace(sw) / D
         if ridge <= 0:
-            ridge = 1e-12 * max(1.0, float(np.abs(stats["between_scatter"]).max()))
-        values, vectors = scipy.linalg.eigh(stats["between_scatter"], sw + ridge * np.eye(D),
+            ridge = 1e-12 * max(1.0, float(np.abs(sb).max()))
+        values, vectors = scipy.linalg.eigh(sb, sw + ridge * np.eye(D),
                                             subset_by_index=[D - d, D - 1])
         order = np.argsort(values)[::-1]
         return vectors[:, order], {"reg": self.reg, "eigenvalues": values[order].tolist()}

@@ -59,6 +59,17 @@ def test_lda_spans_the_same_subspace_as_sklearn(data):
     assert np.linalg.norm(resid) / np.linalg.norm(ref) < 1e-4
 
 
+def test_lda_codes_have_unit_within_class_variance_whatever_the_number_of_rows(data):
+    """The codes' scale was 1/sqrt(n) (W^T Sw W = I on the scatter): two copies of the data halved
+    every distance. Now W^T Sw W = I for the within-class covariance."""
+    X, y, _ = data
+    Z = LDA(reg=0.0).fit(X, y).transform(X).astype(np.float64)
+    within = sum((Z[y == c] - Z[y == c].mean(0)).T @ (Z[y == c] - Z[y == c].mean(0)) for c in np.unique(y)) / len(Z)
+    np.testing.assert_allclose(within, np.eye(Z.shape[1]), atol=1e-3)
+    Z2 = LDA(reg=0.0).fit(np.vstack([X, X]), np.concatenate([y, y])).transform(X).astype(np.float64)
+    np.testing.assert_allclose(np.abs(Z2), np.abs(Z), rtol=1e-3, atol=1e-3 * np.abs(Z).max())
+
+
 def test_lda_dim_above_classes_minus_one_is_refused(data):
     X, y, _ = data
     with pytest.raises(InputError, match="'dim' parameter of LDA must be <= 3"):
