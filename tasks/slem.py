@@ -326,6 +326,13 @@ def pool_sq_norm(mean: np.ndarray, covariance: np.ndarray) -> float:
     return moments.row_scale({"mean_sq_norm": float(np.trace(covariance)) + float(np.dot(mean, mean))}) ** 2
 
 
+def pool_kernel_sq_norm(Xneg: np.ndarray, kind: str, gamma: float) -> float:
+    """Mean k(x, x) over the pool (tr K / n): linear SLEM's s^2 for the kernel's feature map (1 for
+    the Gaussian kernel; ||x||^2 + gamma ||x||^4 averaged for the polynomial one)."""
+    m = float(np.mean(kernel_diag(Xneg, kind, gamma)))
+    return m if m > 0 else 1.0
+
+
 # ---- kernels and factorisations -------------------------------------------------------------------------
 
 def kernel(A: np.ndarray, B: np.ndarray, kind: str, gamma: float) -> np.ndarray:
@@ -443,7 +450,11 @@ class KernelSLEM(_PoolLearner):
     Parameters
     ----------
     lam : float > 0, default 0.1
-        lambda of Eqs. 6 and 16 (Python reserves the word lambda); Eq. 16 divides by it.
+        lambda of Eqs. 6 and 16 (Python reserves the word lambda), read as linear SLEM's: the ridge
+        (fitted ``ridge_``, what Eq. 16 divides by) is lam times the pool's mean k(x, x), its mean
+        squared norm in the kernel's feature space (1 for the Gaussian kernel), so the polynomial
+        kernel with gamma 0 is linear SLEM at the same lam, and its codes do not change with the
+        features' units.
     kernel : {"gaussian", "poly"}, default "gaussian"
         exp(-gamma ||a - b||^2) (Eq. 17) or a^T b + gamma (a^T b)^2 (Eq. 18).
     gamma : float >= 0 or "scale", default "scale"
@@ -482,7 +493,8 @@ class KernelSLEM(_PoolLearner):
     within its ICD_POOL_BYTES) and calls :meth:`fit_pool`;
     ``fit(X)`` is ``fit_pool(X[pool])``.
     """
-    search_space = {"lam": [0.1, 0.01, 1.0]}
+    # the ridge read as linear SLEM's (relative to the mean kernel diagonal), a decade apart, as wide
+    search_space = {"lam": [0.1, 0.01, 1.0, 10.0, 100.0, 1000.0]}
     selection_metric = "map"
 
     method = "slem"
@@ -512,6 +524,7 @@ class KernelSLEM(_PoolLearner):
         rank = None if self.rank == "full" else int(self.rank)
         lam, gamma = float(self.lam), scaled_gamma(self.gamma, self.kernel, Xneg)
         self.gamma_ = gamma
+        Xfull = Xneg
         B, info = decompose(Xneg, self.kernel, gamma, self.decomposition, rank)
         if self.decomposition == "cholesky":                       # v = B^+ k_0 = B^-1 k_0 (Lemma 1)
             P = sla.solve_triangular(B, np.eye(len(B)), lower=True)
@@ -528,7 +541,9 @@ class KernelSLEM(_PoolLearner):
             Xneg = Xneg[piv]
             info["pivots"] = int(len(piv))
         mu_B = B.mean(0)
-        A_B = regularised_covariance(B.T @ B / n - np.outer(mu_B, mu_B), lam)   # A of Eq. 6 in B's coordinates
+        # lam read as linear SLEM's: times the pool's mean k(x, x) (its mean squared norm in feature space)
+        self.ridge_ = lam * pool_kernel_sq_norm(Xfull, self.kernel, gamma)
+        A_B = regularised_covariance(B.T @ B / n - np.outer(mu_B, mu_B), self.ridge_)   # A of Eq. 6 in B's coordinates
         self.cholesky_ = factor(A_B, type(self).__name__)
         self.pool_ = Xneg
         self.projector_ = P
@@ -540,7 +555,12 @@ class KernelSLEM(_PoolLearner):
     @property
     def code_metric(self) -> str:
         """The score string of :func:`similarity`: ``slem:kernel:gamma:lam:rank``."""
-        return f"slem:{self.kernel}:{float(self.gamma_)!r}:{float(self.lam)!r}:{self.rank_}"
+        return f"slem:{self.kernel}:{float(self.gamma_)!r}:{float(self.ridge_)!r}:{self.rank_}"
+
+    @classmethod
+    def from_state(cls, params: dict, state: dict) -> "KernelSLEM":
+        # models stored before the relative ridge: the ridge was lam itself
+        return super().from_state(params, {"ridge_": float(params.get("lam", 0.1)), **state})
 
     def lemma1(self, X) -> tuple[np.ndarray, np.ndarray]:
         """(v (m, r), u (m,)) of Lemma 1 for the rows of X (m, n_features)."""

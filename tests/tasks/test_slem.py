@@ -154,3 +154,16 @@ def test_esvm_separates_each_exemplar_from_the_negatives():
     ref = slem.esvm(X0 / s, Xneg / s, 1e-3, 1.0, 20, 16, np.random.default_rng([0, 23]))
     np.testing.assert_allclose(enc.transform(X0), ref, atol=1e-7)
     assert not np.allclose(slem.ESVM(1e-3, 1.0, 20, 16, {"count": None}, random_state=1).fit(Xneg).transform(X0), ref)
+
+
+@pytest.mark.parametrize("decomposition, rank", [("cholesky", "full"), ("kpca", 8), ("icd", 8)])
+@pytest.mark.parametrize("scale", [1.0, 40.0])
+def test_kernel_slem_with_the_linear_kernel_is_linear_slem_at_the_same_lam(decomposition, rank, scale):
+    # poly with gamma 0 is the linear kernel: Eq. 16's cosine must be linear SLEM's cosine for the same lam
+    X = scale * np.random.default_rng(0).normal(size=(60, 8)) + scale
+    Q = scale * np.random.default_rng(1).normal(size=(5, 8))
+    lin = slem.SLEM(lam=0.3).fit(X)
+    ker = slem.KernelSLEM(lam=0.3, kernel="poly", gamma=0.0, decomposition=decomposition, rank=rank).fit(X)
+    expect = lin.transform(Q) @ lin.transform(X).T
+    got = slem.similarity(ker.transform(Q), ker.transform(X), ker.code_metric)
+    np.testing.assert_allclose(got, expect, atol=1e-5)   # u = sqrt(k00 - ||v||^2) cancels
