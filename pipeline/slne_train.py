@@ -111,6 +111,7 @@ def submit(ctx, spec: dict, est, data, stats, neighbours, unit, name: str):
     args = (data.url, stats.url, neighbours.url, data.chunks)
     if est.method == "slne":
         return ctx.submit(_train_slne, est, spec, *args, unit.url, name=f"train-{name}")
+    k = open_array(f"{stats.url}/pca_components").shape[0]          # the input space's p (metadata only)
     members = [ctx.submit(_train_member, est, n, *args, name=f"train-{name}-member{n}")
-               for n in range(est.members)]
+               for n in range(est.n_members(min(est.input_dim or k, k)))]
     return ctx.submit(_assemble, est, spec, *args, unit.url, *members, name=f"train-{name}-ensemble")

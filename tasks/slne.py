@@ -406,6 +406,8 @@ def refine(Ps: list, Ms: list, Z: np.ndarray, y: np.ndarray, graph: np.ndarray, 
 # ---- the estimators ------------------------------------------------------------------------------------
 
 SOLVER_PARAMS = ("margin", "step", "epochs", "batch", "sampling", "normalize")
+# The fewest PCA directions an SL-DE member gets from the rule for members (SLDE.n_members).
+MIN_BLOCK = 16
 
 _SOLVER_CONSTRAINTS = {
     "margin": NON_NEGATIVE,
@@ -682,11 +684,14 @@ class SLDE(_Bilinear):
 
     Parameters
     ----------
-    members : int, default 8
-        N_E, the number of subspaces.
+    members : int or None, default None
+        N_E, the number of subspaces; None: 8, or for pca-blocks as many blocks of at least 16 PCA
+        directions as the p of the input space holds when that is fewer (p // 16: 4 on 64 features).
+        Members of 8 dimensions did not learn (measured on digits, p = 64: each M_n shrank towards 0
+        and early stopping kept M_n = I); the paper's members have 100 to 1,000.
     member_dim : int or None, default None
-        d, the dimension of each member's subspace; None: min(64, p // members) for pca-blocks (the
-        paper's 64 where the input has members x 64 PCA directions, else an even share of them),
+        d, the dimension of each member's subspace; None: min(64, p // N_E) for pca-blocks (the
+        paper's 64 where the input has N_E x 64 PCA directions, else an even share of them),
         min(64, p) for random subspaces.
     input_dim : int or None, default None
         PCA directions of the input space (p); None = all.
@@ -721,12 +726,12 @@ class SLDE(_Bilinear):
     def check_data_shape(self, n_features: int, n_classes: int) -> None:
         super().check_data_shape(n_features, n_classes)
         p = min(self.input_dim or n_features, n_features)
-        check_subspaces(p, self.members, self.member_size(p), self.subspace)
-    _parameter_constraints = {"members": COUNT, "member_dim": [*COUNT, None], "input_dim": DIM_OR_NONE,
+        check_subspaces(p, self.n_members(p), self.member_size(p), self.subspace)
+    _parameter_constraints = {"members": [*COUNT, None], "member_dim": [*COUNT, None], "input_dim": DIM_OR_NONE,
                               "subspace": [StrOptions({"pca-blocks", "random"})], "refine": ["boolean"],
                               "dim": DIM_OR_NONE, **_SOLVER_CONSTRAINTS}
 
-    def __init__(self, members=8, member_dim=None, input_dim=None, subspace="pca-blocks", refine=False, margin=0.02,
+    def __init__(self, members=None, member_dim=None, input_dim=None, subspace="pca-blocks", refine=False, margin=0.02,
                  step=0.2, epochs=3, batch=64, sampling="violating", normalize=None, dim=None, n_neighbors=50,
                  random_state=None):
         self.members = members
@@ -753,16 +758,23 @@ class SLDE(_Bilinear):
         """Member n's SGD seed: depends on random_state and n only."""
         return member_seed(seed_of(self.random_state), n)
 
+    def n_members(self, p: int) -> int:
+        """N_E for a p-dimensional input space: ``members``, or its rule when None."""
+        if self.members is not None:
+            return self.members
+        return 8 if self.subspace == "random" else max(1, min(8, p // MIN_BLOCK))
+
     def member_size(self, p: int) -> int:
         """d for a p-dimensional input space: ``member_dim``, or its rule when None."""
         if self.member_dim is not None:
             return self.member_dim
-        return max(1, min(64, p // self.members if self.subspace == "pca-blocks" else p))
+        return max(1, min(64, p // self.n_members(p) if self.subspace == "pca-blocks" else p))
 
     def projections(self, p: int, n_features: int | None = None) -> list[np.ndarray]:
         """Every member's subspace P_n (member_dim, p) in the p-dimensional input space (``n_features``:
         D, named in the error when pca-blocks needs more than p directions)."""
-        return subspaces(p, self.members, self.member_size(p), self.subspace, seed_of(self.random_state), n_features)
+        return subspaces(p, self.n_members(p), self.member_size(p), self.subspace, seed_of(self.random_state),
+                         n_features)
 
     def member_rows(self, X, mean, components, n: int) -> np.ndarray:
         """Rows X (n_rows, D) in member n's subspace: :meth:`input_rows` times P_n^T, (n_rows, member_dim)."""
@@ -772,18 +784,20 @@ class SLDE(_Bilinear):
         """:meth:`member_rows` as a function of X alone, the spaces built once (for many row-blocks)."""
         mean32, P = self.input_space(mean, components)
         d = self.member_size(P.shape[1])
-        check_subspaces(P.shape[1], self.members, d, self.subspace, P.shape[0])
+        check_subspaces(P.shape[1], self.n_members(P.shape[1]), d, self.subspace, P.shape[0])
         Pn = subspace(P.shape[1], n, d, self.subspace, seed_of(self.random_state))
         return lambda X: project(preprocess(X, mean32, P), Pn)
 
-    def member_ranks(self) -> list:
-        """The code dimension each member keeps (None: all its positive eigen-directions)."""
+    def member_ranks(self, p: int) -> list:
+        """The code dimension each member keeps (None: all its positive eigen-directions) for a
+        p-dimensional input space."""
+        members = self.n_members(p)
         if self.dim is None:
-            return [None] * self.members
-        if self.dim < self.members:
-            raise InputError(f"The 'dim' parameter of slde must be >= members ({self.members}): every member "
+            return [None] * members
+        if self.dim < members:
+            raise InputError(f"The 'dim' parameter of slde must be >= members ({members}): every member "
                              f"keeps at least one code direction. Got {self.dim} instead; raise dim or use None.")
-        return [self.dim // self.members + (n < self.dim % self.members) for n in range(self.members)]
+        return [self.dim // members + (n < self.dim % members) for n in range(members)]
 
     # -- in memory ----------------------------------------------------------------------------------------
     def fit(self, X, y, neighbors=None, X_val=None, y_val=None):
@@ -800,8 +814,8 @@ class SLDE(_Bilinear):
         """
         self._validate_params()
         X, y = self._fit_data(X, y)
-        self.member_ranks()
         mean, components = pca_statistics(X)
+        self.member_ranks(self.input_space(mean, components)[1].shape[1])
         Z = self.input_rows(X, mean, components)
         graph = _check_graph(self._graph(X, neighbors), len(X))
         params = self.member_params()
@@ -824,11 +838,12 @@ class SLDE(_Bilinear):
             local kNN graph; only ``refine`` needs them.
         """
         self._validate_params()
-        if len(members) != self.members:
-            raise InputError(f"SLDE.assemble: expected {self.members} members (the 'members' parameter). "
-                             f"Got {len(members)} instead.")
+        p = self.input_space(mean, components)[1].shape[1]
+        if len(members) != self.n_members(p):
+            raise InputError(f"SLDE.assemble: expected {self.n_members(p)} members (the 'members' parameter "
+                             f"or its rule). Got {len(members)} instead.")
         shapes = {np.shape(m) for m, _ in members}
-        d = self.member_size(self.input_space(mean, components)[1].shape[1])
+        d = self.member_size(p)
         if shapes != {(d, d)}:
             raise InputError(f"SLDE.assemble: every member's M_n must be ({d}, {d}) "
                              f"(member_dim). Got shapes {sorted(shapes)}; train members with member_rows.")
@@ -845,8 +860,8 @@ class SLDE(_Bilinear):
         return self._assemble(members, mean, components, Z, y, neighbors)
 
     def _assemble(self, members, mean, components, Z, y, graph):
-        ranks = self.member_ranks()
         mean32, P = self.input_space(mean, components)
+        ranks = self.member_ranks(P.shape[1])
         Ps = self.projections(*P.shape[::-1])
         Ms = [np.asarray(m, np.float32) for m, _ in members]
         if self.refine:

@@ -206,7 +206,7 @@ def test_slde_codes_concatenate_member_factors_split_over_members():
     X, y = _blobs(d=12)
     est = slne.SLDE(members=3, member_dim=4, dim=7, step=0.1, epochs=2, random_state=1).fit(X, y)
     Ps = est.projections(12)
-    assert est.member_ranks() == [3, 2, 2]
+    assert est.member_ranks(12) == [3, 2, 2]
     Z = slne.preprocess(X[:30], est.mean_, est.basis_)
     # codes: each member's factor of rank <= its share (fewer where M_n has fewer positive
     # eigenvalues), mapped back by P_n^T
@@ -223,6 +223,18 @@ def test_slde_codes_concatenate_member_factors_split_over_members():
         slne.SLDE(members=3, member_dim=4, dim=2).fit(X, y)
     with pytest.raises(InputError, match=r"only 12 exist \(X has 12 feature\(s\)\)"):
         slne.SLDE(members=4, member_dim=4).fit(X, y)
+
+
+def test_slde_default_members_have_at_least_16_pca_directions_where_the_input_allows():
+    """8 members of 8 PCA directions on digits (p = 64) did not learn: each M_n shrank towards 0 and
+    early stopping kept M_n = I. members None: 8, or as many blocks of 16 as p holds."""
+    est = slne.SLDE()
+    assert [(est.n_members(p), est.member_size(p)) for p in (784, 196, 64, 40, 10)] == \
+        [(8, 64), (8, 24), (4, 16), (2, 20), (1, 10)]
+    assert slne.SLDE(subspace="random").n_members(64) == 8 and slne.SLDE(members=8).member_size(64) == 8
+    X, y = _blobs(d=40)
+    fitted = slne.SLDE(epochs=1, random_state=0).fit(X, y)
+    assert fitted.member_matrices_.shape == (2, 20, 20)
 
 
 def test_slde_member_seeds_and_members_do_not_depend_on_the_worker_layout():
