@@ -178,15 +178,16 @@ def class_kmeans(Xs: np.ndarray, ys: np.ndarray, classes, k: int, blocks, iters:
 
 # ---- k-NN metric learning (Section 4) ------------------------------------------------------------------------
 
-def triplet_counts(dq: np.ndarray, targets: np.ndarray, negatives: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def triplet_counts(dq: np.ndarray, targets: np.ndarray, negatives: np.ndarray,
+                   margin: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """Algorithm 1 for a batch of queries. dq (Q, m): d_W from each query to the m images;
     targets / negatives (Q, m) boolean. Returns (cp, cn) (Q, m): for a target p the number of
-    negatives n with [1 + d(q,p) - d(q,n)]_+ > 0, for a negative n the number of such targets p.
+    negatives n with [margin + d(q,p) - d(q,n)]_+ > 0, for a negative n the number of such targets p.
 
     One sort per query of the distances with the targets shifted by the margin (step 1-2); the
     counts are running sums over the sorted order (steps 3-5). Ties (1 + d(q,p) = d(q,n), zero loss)
     sort the target first so they are not counted."""
-    shifted = np.where(targets, dq + 1.0, dq)
+    shifted = np.where(targets, dq + margin, dq)
     keyed = np.where(targets | negatives, shifted, np.inf)
     order = np.lexsort((~targets, keyed), axis=1)  # by value, targets before negatives on ties
     t_sorted = np.take_along_axis(targets, order, 1)
@@ -211,7 +212,7 @@ def triplet_gradient(W: np.ndarray, X: np.ndarray, queries: np.ndarray, cp: np.n
     return 2.0 * (W @ X.T) @ (A @ X)
 
 
-def triplet_loss_loop(W: np.ndarray, X: np.ndarray, queries, targets, negatives):
+def triplet_loss_loop(W: np.ndarray, X: np.ndarray, queries, targets, negatives, margin: float = 1.0):
     """Reference: the hinge loss and its gradient by an explicit loop over triplets (tests, benchmark)."""
     Y = X @ W.T
     loss, G = 0.0, np.zeros_like(W)
@@ -220,7 +221,7 @@ def triplet_loss_loop(W: np.ndarray, X: np.ndarray, queries, targets, negatives)
             dp = Y[q] - Y[p]
             for n in np.flatnonzero(negatives[qi]):
                 dn = Y[q] - Y[n]
-                v = 1.0 + dp @ dp - dn @ dn
+                v = margin + dp @ dp - dn @ dn
                 if v > 0:
                     loss += v
                     xp, xn = X[q] - X[p], X[q] - X[n]
@@ -266,7 +267,8 @@ def choose_targets(Y: np.ndarray, n_pos: int, k: int | None, mode: str) -> np.nd
     return t
 
 
-def knnml_step(W: np.ndarray, X: np.ndarray, is_pos: np.ndarray, k: int, mode: str, fixed=None):
+def knnml_step(W: np.ndarray, X: np.ndarray, is_pos: np.ndarray, k: int, mode: str, fixed=None,
+               margin: float = 1.0):
     """One SGD direction for the triplet objective on the batch X (positives first); returns
     (gradient / number of queries, number of violating triplets). For mode 'fixed' ``fixed`` is
     (queries, targets) from `sample_fixed_batch`; otherwise every positive is a query."""
@@ -278,7 +280,7 @@ def knnml_step(W: np.ndarray, X: np.ndarray, is_pos: np.ndarray, k: int, mode: s
         queries, targets = np.arange(n_pos), choose_targets(Y, n_pos, k, mode)
     negatives = np.broadcast_to(~is_pos, targets.shape)
     dq = _sqdist(Y[queries], Y)
-    cp, cn = triplet_counts(dq, targets, negatives)
+    cp, cn = triplet_counts(dq, targets, negatives, margin)
     G = triplet_gradient(W, X, queries, cp, cn)
     if mode == "all" and n_pos - 1 > k:   # per k targets, as the other modes: lr means the same in each
         G = G * (k / (n_pos - 1))           # (every positive as a target diverged at the default lr)
@@ -345,7 +347,8 @@ class MetricSGD:
 
     def __init__(self, W0: np.ndarray, objective: str, lr: float, centroids: np.ndarray | None = None,
                  owner: np.ndarray | None = None, n_classes: int | None = None, targets: str = "dynamic",
-                 k: int = 5, scale: float = 1.0):
+                 k: int = 5, scale: float = 1.0, margin: float = 1.0):
+        self.margin = float(margin)
         if objective not in ("ncm", "dot", "knn"):
             raise InputError(f"metric learning objective must be ncm, dot or knn. Got {objective!r} instead.")
         self.W = np.array(W0, np.float64) / scale
@@ -379,7 +382,7 @@ class MetricSGD:
             self.W += self.step_W * G
             self.bias += self.lr * gb
         else:
-            G, value = knnml_step(self.W, X, is_pos, self.k, self.targets, fixed)
+            G, value = knnml_step(self.W, X, is_pos, self.k, self.targets, fixed, self.margin)
             self.W -= self.step_W * G
         if beyond_float32(self.W):
             raise InputError(f"metric learning diverged after {self.steps + 1} steps (W is not finite in float32); "
@@ -879,29 +882,35 @@ class KNNML(_MetricLearner):
     k : int, default=5
     batch : int, default=300
     lr : float, default=0.1
-        As :class:`NCMML`'s: the step for rows of unit RMS norm (the hinge's margin 1 is then a
-        distance between such rows).
+        As :class:`NCMML`'s: the step for rows of unit RMS norm.
+    margin : float > 0, default=1.0
+        The hinge's margin (Eq. 35's 1), a squared distance between rows of unit RMS norm under W.
+        Searched (1, 0.1, 0.01) with lr: at the PCA start such rows are about 0.5-0.7 apart (digits,
+        Fashion-MNIST 14 x 14), so with margin 1 nearly every triplet violates, the first step
+        grows W about 13-fold and early stopping mostly keeps the start; a margin of m is the same
+        run as the start W0 / sqrt(m) with margin 1.
     dim, iters, validate_every, validation, classes, random_state : as :class:`NCMML`.
     """
-    search_space = {"lr": [0.1, 0.0001, 0.001, 0.01, 1.0]}
+    search_space = {"lr": [0.1, 0.0001, 0.001, 0.01, 1.0], "margin": [1.0, 0.1, 0.01]}
     selection_metric = "knn5"
 
     method = "knnml"
     _parameter_constraints = {**_SGD_CONSTRAINTS, "targets": [StrOptions({"dynamic", "all", "fixed"})], "k": COUNT,
-                              "batch": [Interval(Integral, 3, None, closed="left")]}
+                              "batch": [Interval(Integral, 3, None, closed="left")], "margin": POSITIVE}
 
     def pool_rows(self, n_classes: int) -> None:
         """Every row: a pool gives batches only from classes with two rows in it, so no row count
         bounds what ``iters`` steps read."""
         return None
 
-    def __init__(self, dim=32, targets="dynamic", k=5, batch=300, lr=0.1, iters=2000, validate_every=100,
-                 validation=5000, classes=None, random_state=None):
+    def __init__(self, dim=32, targets="dynamic", k=5, batch=300, lr=0.1, margin=1.0, iters=2000,
+                 validate_every=100, validation=5000, classes=None, random_state=None):
         self.dim = dim
         self.targets = targets
         self.k = k
         self.batch = batch
         self.lr = lr
+        self.margin = margin
         self.iters = iters
         self.validate_every = validate_every
         self.validation = validation
@@ -935,7 +944,7 @@ class KNNML(_MetricLearner):
         C = len(self.classes_)
         self._train_classes = self.trained_classes(C)
         sgd = MetricSGD(W0, "knn", self.lr, n_classes=C, targets=self.targets, k=self.k,
-                        scale=moments.row_scale(statistics))
+                        scale=moments.row_scale(statistics), margin=self.margin)
         Xr, yr = np.asarray(reference[0], np.float64), np.asarray(reference[1], np.int64)
         self._run(sgd, pools, X_val, y_val, lambda s, Xv, yv: _knn_error(s, Xv, yv, Xr, yr, self.k), self._batches)
         del self._best_bias, self._train_classes

@@ -66,16 +66,17 @@ def _random_triplet_case(m=30, D=5, d=3, seed=0):
     return X, W, is_pos
 
 
+@pytest.mark.parametrize("margin", [1.0, 0.05])
 @pytest.mark.parametrize("mode,k", [("all", None), ("dynamic", 3)])
-def test_sorting_gradient_equals_the_explicit_triplet_loop(mode, k):
+def test_sorting_gradient_equals_the_explicit_triplet_loop(mode, k, margin):
     X, W, is_pos = _random_triplet_case()
     n_pos = int(is_pos.sum())
     Y = X @ W.T
     targets = ncmml.choose_targets(Y, n_pos, k, mode)
     negatives = np.broadcast_to(~is_pos, targets.shape)
-    cp, cn = ncmml.triplet_counts(ncmml._sqdist(Y[:n_pos], Y), targets, negatives)
+    cp, cn = ncmml.triplet_counts(ncmml._sqdist(Y[:n_pos], Y), targets, negatives, margin)
     G = ncmml.triplet_gradient(W, X, np.arange(n_pos), cp, cn)
-    loss, G_loop = ncmml.triplet_loss_loop(W, X, np.arange(n_pos), targets, negatives)
+    loss, G_loop = ncmml.triplet_loss_loop(W, X, np.arange(n_pos), targets, negatives, margin)
     assert loss > 0 and cp.sum() > 0 and cp.sum() == cn.sum()
     np.testing.assert_allclose(G, G_loop, rtol=1e-9, atol=1e-9)
 
@@ -197,3 +198,18 @@ def test_all_targets_step_is_scaled_to_k_targets_per_query():
         ncmml.KNNML(dim=16, iters=300, targets="all", random_state=0).fit(Xd[:1300], y[:1300])
     est = ncmml.KNNML(dim=16, iters=300, targets="all", lr=0.001, random_state=0).fit(Xd[:1300], y[:1300])
     assert np.isfinite(est.components_).all() and est.best_iter_ > 0
+
+
+def test_knnml_margin_m_is_the_run_from_w0_over_sqrt_m_with_margin_1():
+    """The hinge is scale-covariant: W -> c W multiplies distances by c^2, so a margin m from W0 is
+    margin 1 from W0 / sqrt(m), step for step (a margin that ignored its value would fail this)."""
+    X, W0, is_pos = _random_triplet_case(m=40, D=6, d=4, seed=3)
+    y = is_pos.astype(np.int64)
+    runs = {}
+    for name, W, margin in (("m", W0, 0.04), ("scaled", W0 / 0.2, 1.0), ("one", W0, 1.0)):
+        sgd = ncmml.MetricSGD(W, "knn", 0.05, n_classes=2, targets="dynamic", k=3, margin=margin)
+        for _ in range(5):
+            sgd.step(X, y, is_pos)
+        runs[name] = sgd.W
+    np.testing.assert_allclose(runs["m"], runs["scaled"] * 0.2, rtol=1e-9, atol=1e-12)
+    assert not np.allclose(runs["m"], runs["one"])
