@@ -331,9 +331,10 @@ def subspaces(p: int, members: int, dim: int, kind: str, seed, n_features: int |
 
 def factor(M: np.ndarray, rank: int | None = None) -> np.ndarray:
     """L (p, r) with L L^T the best PSD approximation of sym(M) (negative eigenvalues clipped),
-    keeping the ``rank`` largest eigenvalues, so s(x, y) ~ <x L, y L>. Equal eigenvalues keep the
-    input's order: M = I (the start, kept when no epoch validates better) in PCA coordinates keeps
-    the leading PCA directions, not the last ones."""
+    keeping the ``rank`` largest eigenvalues, so s(x, y) ~ <x L, y L>; with a ``rank`` and fewer
+    positive eigenvalues, zero columns pad L to ``rank`` (the code dimension asked for; they change
+    no score). Equal eigenvalues keep the input's order: M = I (the start, kept when no epoch
+    validates better) in PCA coordinates keeps the leading PCA directions, not the last ones."""
     values, vectors = np.linalg.eigh(0.5 * (M + M.T).astype(np.float64))
     order = np.argsort(-values, kind="stable")
     values, vectors = values[order], vectors[:, order]
@@ -341,8 +342,9 @@ def factor(M: np.ndarray, rank: int | None = None) -> np.ndarray:
     if rank is not None:
         keep &= np.arange(len(values)) < rank
     L = vectors[:, keep] * np.sqrt(values[keep])[None, :]
-    if L.shape[1] == 0:
-        L = np.zeros((len(M), 1))
+    width = max(1, L.shape[1]) if rank is None else rank
+    if L.shape[1] < width:
+        L = np.concatenate([L, np.zeros((len(M), width - L.shape[1]))], axis=1)
     return L.astype(np.float32)
 
 
@@ -560,6 +562,10 @@ def _check_graph(neighbors, n: int) -> np.ndarray:
     if g.size and (g.min() < -1 or g.max() >= n):
         raise InputError(f"neighbors must hold row indices in [0, {n}) or -1 for none. Got values in "
                          f"[{g.min()}, {g.max()}] instead.")
+    if n > 1 and not (g >= 0).any():
+        raise InputError(f"neighbors lists no neighbour at all (every entry is -1): SL-NE learns from each "
+                         f"sample's neighbours; pass the graph's row indices, or neighbors=None for the exact kNN "
+                         f"graph of X.")
     return g.astype(np.int64, copy=False)
 
 
@@ -574,7 +580,8 @@ class SLNE(_Bilinear):
     ----------
     dim : int or None, default None
         Output code dimension: eigen-directions of M kept when factoring it into codes (the largest
-        positive ones; None = all positive; fewer when M has fewer positive eigenvalues).
+        positive ones; None = all positive, so the width depends on the data; an int is always the
+        codes' width, zero columns standing for missing positive eigenvalues).
     input_dim : int or None, default None
         PCA directions of the input space (p); None = all.
     margin : float, default 0.02
@@ -704,8 +711,9 @@ class SLDE(_Bilinear):
     dim : int or None, default None
         Output code dimension: the codes concatenate each member's factor (the eigen-directions of
         M_n, mapped back by P_n^T). None = every member's positive eigen-directions; an int is split
-        evenly over members (the first dim % members members keep one more), at most that many per
-        member (fewer when M_n has fewer positive eigenvalues); dim must be >= members.
+        evenly over members (the first dim % members members keep one more), that many per member
+        (zero columns where M_n has fewer positive eigenvalues), so dim is the codes' width; dim
+        must be >= members.
     n_neighbors : int, default 50
         k of the exact kNN graph ``fit`` computes when none is given (clipped to n - 1).
     random_state : int, RandomState or None, default None
@@ -797,6 +805,10 @@ class SLDE(_Bilinear):
         if self.dim < members:
             raise InputError(f"The 'dim' parameter of slde must be >= members ({members}): every member "
                              f"keeps at least one code direction. Got {self.dim} instead; raise dim or use None.")
+        if self.dim > members * self.member_size(p):
+            raise InputError(f"The 'dim' parameter of slde must be <= members x member_dim = {members} x "
+                             f"{self.member_size(p)} = {members * self.member_size(p)}, the ensemble's dimensions. "
+                             f"Got {self.dim} instead; lower dim or raise member_dim.")
         return [self.dim // members + (n < self.dim % members) for n in range(members)]
 
     # -- in memory ----------------------------------------------------------------------------------------

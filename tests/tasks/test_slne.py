@@ -182,6 +182,8 @@ def test_slne_refuses_bad_input_dim_graph_and_single_class():
         slne.SLNE().fit(X, y, neighbors=np.zeros((10, 3), np.int64))
     with pytest.raises(InputError, match=r"row indices in \[0, 240\)"):
         slne.SLNE().fit(X, y, neighbors=np.full((240, 3), 240))
+    with pytest.raises(InputError, match=r"neighbors lists no neighbour at all"):   # trained nothing, silently
+        slne.SLNE().fit(X, y, neighbors=np.full((240, 3), -1))
     with pytest.raises(InputError, match="at least 2 classes .* got 1 class"):
         slne.SLNE().fit(X, np.zeros(len(X)))
     with pytest.raises(ValueError, match="The 'sampling' parameter of SLNE must be a str among"):
@@ -208,17 +210,21 @@ def test_slde_codes_concatenate_member_factors_split_over_members():
     Ps = est.projections(12)
     assert est.member_ranks(12) == [3, 2, 2]
     Z = slne.preprocess(X[:30], est.mean_, est.basis_)
-    # codes: each member's factor of rank <= its share (fewer where M_n has fewer positive
-    # eigenvalues), mapped back by P_n^T
+    # codes: each member's factor of its share's rank, mapped back by P_n^T
     L = np.concatenate([Pn.T @ slne.factor(Mn, r) for Pn, Mn, r in zip(Ps, est.member_matrices_, [3, 2, 2])], 1)
     np.testing.assert_array_equal(est.factor_, L)
     positive = [int((np.linalg.eigvalsh(0.5 * (M + M.T)) > 0).sum()) for M in est.member_matrices_]
-    assert est.transform(X).shape == (len(X), sum(min(r, max(k, 1)) for r, k in zip([3, 2, 2], positive)))
+    # dim is the codes' width: zero columns where a member has fewer positive eigenvalues than its share
+    assert est.transform(X).shape == (len(X), 7)
+    padded = sum(max(r - k, 0) for r, k in zip([3, 2, 2], positive))
+    assert padded > 0 and (np.abs(est.factor_).sum(0) == 0).sum() == padded
     # the exact views: the sum of the members' similarities (Eq. 8)
     q, b = est.exact_views(X[:30])
     direct = sum((Z @ Pn.T) @ Mn @ (Z @ Pn.T).T for Pn, Mn in zip(Ps, est.member_matrices_))
     np.testing.assert_allclose(q @ b.T, direct, rtol=1e-4, atol=1e-5)
     assert slne.SLDE(members=3, member_dim=4).fit(X, y).factor_.shape[1] <= 12   # None: all positive
+    with pytest.raises(InputError, match=r"must be <= members x member_dim = 3 x 4 = 12"):
+        slne.SLDE(members=3, member_dim=4, dim=13).fit(X, y)
     with pytest.raises(InputError, match="'dim' parameter of slde must be >= members"):
         slne.SLDE(members=3, member_dim=4, dim=2).fit(X, y)
     with pytest.raises(InputError, match=r"only 12 exist \(X has 12 feature\(s\)\)"):
@@ -322,3 +328,11 @@ def test_the_soft_vote_validator_lets_m_choose_the_voters_among_the_whole_neighb
     assert score(np.eye(2)) == 1.0                                  # z_v . z_0 = 1 > 0.1: class 0 votes, wrong
     assert score(np.diag([0.01, 1.0])) == 0.0                       # under M the class-1 rows are the most similar
     assert softvote_validator(Zv, yv, nbr, Z, y, k=3)(np.eye(2)) == 1.0   # all three vote: 1 against 0.2, wrong
+
+
+def test_factor_pads_to_the_rank_asked_for_with_zero_columns():
+    """dim is the codes' width: SLNE(dim=60) gave 54 columns when M had 54 positive eigenvalues."""
+    M = np.diag([2.0, 1.0, -1.0, 0.5])
+    L = slne.factor(M, 4)
+    assert L.shape == (4, 4) and not L[:, 3].any() and np.allclose(L[:, :3] @ L[:, :3].T, np.diag([2, 1, 0, 0.5]))
+    assert slne.factor(M).shape == (4, 3) and slne.factor(M, 2).shape == (4, 2)
