@@ -47,7 +47,7 @@ def verify_store(url: str) -> tuple[int, list[str]]:
                 problems += u.verify()
             elif u.marker_damaged():
                 checked += 1
-                problems.append(f"{u.rel}.committed.json: commit marker damaged (truncated or not this unit's "
+                problems.append(f"{u.rel}.committed.json: commit marker damaged (truncated, edited or not this unit's "
                                 f"record); the unit counts as unfinished and the next run recomputes it")
     return checked, problems
 

@@ -41,6 +41,11 @@ def find_model(store: Store, key: str) -> tuple[Unit, dict]:
     key = key.strip().lower()    # keys are lower-case hexadecimal
     found = [(u, m) for u, m in model_units(store) if u.key.startswith(key)]
     if not found:
+        damaged = [u for u in store.units("models") if u.key.startswith(key) and u.marker_damaged()]
+        if len(damaged) == 1:
+            raise InputError(f"{store.url}: model {damaged[0].key} is damaged: its commit record "
+                             f"models/{damaged[0].key}.committed.json is not whole; rerun the run that made it "
+                             f"with --repair (metricpipe run CONFIG --repair) to recompute it")
         raise InputError(f"{store.url}: no committed model {key!r} in models/; `metricpipe models {store.url}` "
                          f"lists them")
     if len(found) > 1:
@@ -69,7 +74,14 @@ def with_normalization(est, normalize: str | None):
     from sklearn.preprocessing import FunctionTransformer
 
     from metricpipe.tasks.normalize import normalize_rows
-    step = FunctionTransformer(normalize_rows, kw_args={"kind": normalize}, validate=True)
+    step = FunctionTransformer(normalize_rows, kw_args={"kind": normalize}, validate=True, feature_names_out="one-to-one")
+    n_features = getattr(est, "n_features_in_", None)
+    if n_features:   # fitted on no rows (it learns nothing): the pipeline then names its output features
+        rows, names = np.zeros((1, n_features)), getattr(est, "feature_names_in_", None)
+        if names is not None:
+            import pandas as pd
+            rows = pd.DataFrame(rows, columns=names)
+        step.fit(rows)
     return Pipeline([("normalize", step), (est.method, est)])
 
 

@@ -139,6 +139,14 @@ def to_json(obj) -> str:
     return json.dumps(obj, indent=1, sort_keys=True, default=_json_default)
 
 
+def record_digest(meta: dict) -> str:
+    """The digest a commit marker holds of its own fields (all but ``record``): the marker's metadata
+    (a model's class names, its parameters) is checked as its files are, so an edited or bit-flipped
+    record is a damaged unit, not a model that predicts other labels."""
+    body = json.dumps({k: v for k, v in meta.items() if k != "record"}, sort_keys=True)
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
 class Store:
     """A local directory or fsspec URL holding units."""
 
@@ -483,9 +491,11 @@ class Unit:
 
     def done(self) -> bool:
         try:
-            return self.meta().get("key") == self.key
+            meta = self.meta()
         except (FileNotFoundError, json.JSONDecodeError, OSError):
             return False
+        # a marker that names its record's digest must match it (markers before 0.3.8 name none)
+        return meta.get("key") == self.key and meta.get("record", record_digest(meta)) == record_digest(meta)
 
     def marker_damaged(self) -> bool:
         """Whether the commit marker exists but is not a whole record of this unit (truncated by a full
@@ -530,9 +540,9 @@ class Unit:
     def commit(self, meta: dict, sums: dict | None = None) -> None:
         """Mark the unit complete (the marker is written last and atomically) with its files' checksums
         (``sums``: those already taken elsewhere, e.g. by workers; the rest are taken here)."""
-        self.store.write_text(f"{self.rel}{MARKER_SUFFIX}", to_json({**meta, "key": self.key, "kind": self.kind,
-                                                               "committed": time.time(), "version": code_version(),
-                                                               "files": self.checksums(sums)}))
+        record = json.loads(to_json({**meta, "key": self.key, "kind": self.kind, "committed": time.time(),
+                                     "version": code_version(), "files": self.checksums(sums)}))
+        self.store.write_text(f"{self.rel}{MARKER_SUFFIX}", to_json({**record, "record": record_digest(record)}))
 
     def file_sizes(self) -> dict:
         """{path inside the unit: size in bytes} for every file of the unit."""
