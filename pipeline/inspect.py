@@ -24,7 +24,8 @@ def describe(url: str) -> str:
             continue
         lines.append(f"{kind}/")
         for u in units:
-            state = "done" if u.done() else "INCOMPLETE (no commit marker; ignored and rewritten on the next run)"
+            state = ("done" if u.done() else "INCOMPLETE (commit marker damaged; recomputed on the next run)"
+                     if u.marker_damaged() else "INCOMPLETE (no commit marker; ignored and rewritten on the next run)")
             meta = u.meta() if u.done() else {}
             facts = ", ".join(f"{k}={v}" for k, v in meta.items()
                               if k not in ("key", "kind", "committed", "spec") and not isinstance(v, (dict, list)))

@@ -22,7 +22,7 @@ def package_versions() -> dict:
     out = {"python": platform.python_version()}
     for p in PACKAGES:
         try:
-            out[p] = __version__ if p == "metricpipe" else metadata.version(p)   # the version stage keys use
+            out[p] = __version__ if p == "metricpipe" else metadata.version(p)
         except metadata.PackageNotFoundError:
             out[p] = None
     return out

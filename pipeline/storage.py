@@ -16,7 +16,8 @@ Layout (every result is a *unit* ``KIND/KEY/`` where KEY hashes everything the r
     STORE/report/            metrics.json, index.html, plots
     STORE/logs/              the workers' log files (local stores)
 
-A unit is complete only when its marker ``KIND/KEY.committed.json`` exists and holds its key; the
+A unit is complete only when its marker ``KIND/KEY.committed.json`` exists, holds its key and
+matches the digest of its own record it carries (:func:`record_digest`); the
 marker sits beside the unit (so the unit stays a clean Zarr hierarchy) and is written last (write to
 a temporary name, then rename), so a killed writer leaves a unit without a marker, which is never
 read and is wiped before the unit is written again.
@@ -494,7 +495,10 @@ class Unit:
             meta = self.meta()
         except (FileNotFoundError, json.JSONDecodeError, OSError):
             return False
-        # a marker that names its record's digest must match it (markers before 0.3.8 name none)
+        # the marker's digest of its own record must match; markers before 0.3.8 have none (and a
+        # version without the libraries' releases), a later one without it is damaged
+        if "record" not in meta and "numpy-" in str(meta.get("version", "")):
+            return False
         return meta.get("key") == self.key and meta.get("record", record_digest(meta)) == record_digest(meta)
 
     def marker_damaged(self) -> bool:

@@ -185,7 +185,7 @@ def triplet_counts(dq: np.ndarray, targets: np.ndarray, negatives: np.ndarray,
     negatives n with [margin + d(q,p) - d(q,n)]_+ > 0, for a negative n the number of such targets p.
 
     One sort per query of the distances with the targets shifted by the margin (step 1-2); the
-    counts are running sums over the sorted order (steps 3-5). Ties (1 + d(q,p) = d(q,n), zero loss)
+    counts are running sums over the sorted order (steps 3-5). Ties (margin + d(q,p) = d(q,n), zero loss)
     sort the target first so they are not counted."""
     shifted = np.where(targets, dq + margin, dq)
     keyed = np.where(targets | negatives, shifted, np.inf)

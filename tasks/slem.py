@@ -481,7 +481,10 @@ class KernelSLEM(_PoolLearner):
     factor_mean_ : ndarray of shape (r,)
         mu_B, the mean row of B.
     cholesky_ : ndarray of shape (r, r)
-        Lower Cholesky factor of A_B = (1/n) B^T B - mu_B mu_B^T + lam Id.
+        Lower Cholesky factor of A_B = (1/n) B^T B - mu_B mu_B^T + ridge_ Id.
+    ridge_ : float
+        The ridge lam times the pool's mean k(x, x) (what Eq. 16 divides by; models stored before
+        0.3.8 load with ridge_ = lam, as they were fitted).
     rank_ : int
         r, the factor's rank after clipping (KPCA and ICD drop null directions).
     factor_info_ : dict
@@ -554,7 +557,7 @@ class KernelSLEM(_PoolLearner):
 
     @property
     def code_metric(self) -> str:
-        """The score string of :func:`similarity`: ``slem:kernel:gamma:lam:rank``."""
+        """The score string of :func:`similarity`: ``slem:kernel:gamma:ridge:rank``."""
         return f"slem:{self.kernel}:{float(self.gamma_)!r}:{float(self.ridge_)!r}:{self.rank_}"
 
     @classmethod

@@ -678,6 +678,9 @@ class SLNE(_Bilinear):
 
     def _fit_space(self, Z, y, graph, mean, components, val=None):
         mean32, P = self.input_space(mean, components)
+        if self.dim is not None and self.dim > P.shape[1]:   # (fewer PCA directions than features: randomized PCA)
+            raise InputError(f"The 'dim' parameter of SLNE must be <= {P.shape[1]}, the input space's dimension "
+                             f"(the PCA directions the statistics kept). Got {self.dim} instead.")
         validate = None if val is None else softvote_validator(*val, Z, y)
         M, history = learn_similarity(Z, y, graph, **self.solver_params(), seed=seed_of(self.random_state),
                                       validate=validate)
@@ -713,7 +716,7 @@ class SLDE(_Bilinear):
         M_n, mapped back by P_n^T). None = every member's positive eigen-directions; an int is split
         evenly over members (the first dim % members members keep one more), that many per member
         (zero columns where M_n has fewer positive eigenvalues), so dim is the codes' width; dim
-        must be >= members.
+        must be >= members and <= members x member_dim.
     n_neighbors : int, default 50
         k of the exact kNN graph ``fit`` computes when none is given (clipped to n - 1).
     random_state : int, RandomState or None, default None
@@ -735,6 +738,7 @@ class SLDE(_Bilinear):
         super().check_data_shape(n_features, n_classes)
         p = min(self.input_dim or n_features, n_features)
         check_subspaces(p, self.n_members(p), self.member_size(p), self.subspace)
+        self.member_ranks(p)   # dim within [members, members x member_dim], before any unit is written
     _parameter_constraints = {"members": [*COUNT, None], "member_dim": [*COUNT, None], "input_dim": DIM_OR_NONE,
                               "subspace": [StrOptions({"pca-blocks", "random"})], "refine": ["boolean"],
                               "dim": DIM_OR_NONE, **_SOLVER_CONSTRAINTS}

@@ -259,6 +259,20 @@ def test_a_sparsity_rounded_to_one_non_zero_is_noted_before_staging():
                      "data's 64 features; 1 is kept (sparsity 0.984375)"]
 
 
+def test_an_slde_dim_beyond_its_members_dimensions_is_refused_before_staging():
+    """It failed in the train stage, after staging, statistics, neighbours and every member had run."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from metricpipe.runner import check_methods
+    from metricpipe.tasks.errors import InputError
+    info = SimpleNamespace(n_features=50, classes=[0, 1], split=np.array([0] * 20 + [1] * 20, np.int8))
+    check_methods(parse_config({**BASE, "methods": [{"method": "slde", "dim": 48}]}, where="cfg.yaml"), info)
+    with pytest.raises(InputError, match=r"cfg.yaml: methods\[0\].*must be <= members x member_dim = 3 x 16 = 48"):
+        check_methods(parse_config({**BASE, "methods": [{"method": "slde", "dim": 50}]}, where="cfg.yaml"), info)
+
+
 def test_methods_that_need_the_dense_covariance_are_refused_before_staging_above_max_dense_dim():
     """LDA and linear SLEM are fitted from the D x D covariance, which statistics keeps only up to
     max_dense_dim features: refused with the data's shape, not in the train stage after staging and

@@ -71,6 +71,14 @@ def test_keys_change_with_the_numerical_libraries_release(tmp_path, monkeypatch)
         u.commit({})
         assert u.meta()["version"] == storage.code_version()
         assert hash_key({"a": 1}, u.meta()["version"]) == hash_key({"a": 1})
+        # a marker of this release without its record digest is damaged (a flipped byte in "record")
+        import json
+        marker = tmp_path / "models" / "k.committed.json"
+        meta = json.loads(marker.read_text())
+        marker.write_text(json.dumps({k: v for k, v in meta.items() if k != "record"}))
+        assert not u.done() and u.marker_damaged()
+        marker.write_text(json.dumps({"key": "k", "version": "0.3.7"}))   # an earlier release's: none
+        assert u.done()
     finally:
         monkeypatch.undo()
         storage.code_version.cache_clear()

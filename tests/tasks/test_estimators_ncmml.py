@@ -256,3 +256,14 @@ def test_a_model_that_float32_cannot_hold_is_a_divergence_not_a_committed_model(
     with pytest.raises(InputError, match=r"diverged after \d+ steps \(W is not finite in float32\); lower 'lr'"):
         NCMML(dim=2, iters=50, lr=300).fit(X, y)
     assert np.isfinite(NCMML(dim=2, iters=50, lr=3).fit(X, y).components_).all()
+
+
+def test_knnml_margin_reaches_the_training_and_the_stored_parameters(data):
+    """margin is searched by selection: a margin the fit ignored would select among equal models."""
+    X, y = data
+    a = KNNML(**{**SGD, "batch": 30, "lr": 0.1}, margin=1.0).fit(X, y)
+    b = KNNML(**{**SGD, "batch": 30, "lr": 0.1}, margin=0.01).fit(X, y)
+    assert not np.allclose(a.components_, b.components_)
+    again = KNNML.from_state(b.get_params(), b.fitted_state())
+    assert again.get_params()["margin"] == 0.01
+    np.testing.assert_array_equal(again.transform(X[:20]), b.transform(X[:20]))

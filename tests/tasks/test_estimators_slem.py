@@ -72,6 +72,17 @@ def test_from_state_round_trip_transforms_identically(make):
     assert again.get_feature_names_out().tolist() == est.get_feature_names_out().tolist()
 
 
+def test_a_kernel_slem_stored_before_the_relative_ridge_loads_with_its_lam_as_the_ridge():
+    """Before 0.3.8 the ridge was lam itself (no ridge_ in the stored state): such a model must score
+    as it was fitted, and a new poly model's ridge is lam times the pool's mean k(x, x)."""
+    X, _ = _pool()
+    est = KernelSLEM(kernel="poly", gamma=0.5, lam=0.3, rank=6, decomposition="kpca").fit(X)
+    assert est.ridge_ == pytest.approx(0.3 * np.mean(slem.kernel_diag(X, "poly", est.gamma_)))
+    state = {k: v for k, v in est.fitted_state().items() if k != "ridge_"}
+    old = KernelSLEM.from_state(est.get_params(), state)
+    assert old.ridge_ == 0.3 and old.code_metric.split(":")[3] == "0.3" != est.code_metric.split(":")[3]
+
+
 def test_kernel_slem_score_string_parses_and_drives_similarity():
     X, Y = _pool()
     est = KernelSLEM(lam=np.float64(0.3), gamma=np.float32(0.25), rank=5, decomposition="kpca").fit(X)

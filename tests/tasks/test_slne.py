@@ -336,3 +336,14 @@ def test_factor_pads_to_the_rank_asked_for_with_zero_columns():
     L = slne.factor(M, 4)
     assert L.shape == (4, 4) and not L[:, 3].any() and np.allclose(L[:, :3] @ L[:, :3].T, np.diag([2, 1, 0, 0.5]))
     assert slne.factor(M).shape == (4, 3) and slne.factor(M, 2).shape == (4, 2)
+
+
+def test_slne_dim_beyond_the_pca_directions_kept_is_refused():
+    """With randomized PCA (D above max_dense_dim) the input space has k < D directions: dim > k gave
+    codes of k real columns and dim - k zero ones."""
+    X, y = _blobs(d=12)
+    mean, comps = slne.pca_statistics(X)
+    est = slne.SLNE(dim=8, epochs=1)
+    Z = est.input_rows(X, mean, comps[:5])
+    with pytest.raises(InputError, match=r"'dim' parameter of SLNE must be <= 5, the input space's dimension"):
+        est.fit_space(Z, y, slne.knn_graph(Z, 5), mean, comps[:5])
