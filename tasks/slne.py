@@ -563,9 +563,9 @@ def _check_graph(neighbors, n: int) -> np.ndarray:
         raise InputError(f"neighbors must hold row indices in [0, {n}) or -1 for none. Got values in "
                          f"[{g.min()}, {g.max()}] instead.")
     if n > 1 and not (g >= 0).any():
-        raise InputError(f"neighbors lists no neighbour at all (every entry is -1): SL-NE learns from each "
-                         f"sample's neighbours; pass the graph's row indices, or neighbors=None for the exact kNN "
-                         f"graph of X.")
+        raise InputError("neighbors lists no neighbour at all (every entry is -1): SL-NE learns from each "
+                         "sample's neighbours; pass the graph's row indices, or neighbors=None for the exact kNN "
+                         "graph of X.")
     return g.astype(np.int64, copy=False)
 
 
