@@ -203,6 +203,11 @@ def main():
                              f"{'yes' if ok else 'no'} |")
         print("\n".join(table))
         return
+    if "hog" in args.sets:   # before an hour of other sets, not after them
+        try:
+            import skimage  # noqa: F401
+        except ImportError:
+            raise SystemExit("--sets hog computes HOG descriptors with scikit-image: pip install '.[bench]'") from None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table = ["| data set | learner | criterion | baseline | default | selected | holds |", "|---|---|---|---|---|---|---|"]
