@@ -432,10 +432,15 @@ def models(store):
 
     In Python, ``metricpipe.load_model(STORE, KEY)`` returns one as a fitted estimator (in a Pipeline
     after the run's normalizer when it had one)."""
-    from metricpipe.models import describe
+    from metricpipe.models import damaged_models, describe
     from metricpipe.tasks.registry import param_text
 
     rows = describe(store)
+    damaged = damaged_models(store)
+    if damaged:   # said first: a listing without them reads as if they never existed
+        click.echo(f"{store}: {len(damaged)} model(s) with a damaged commit marker, not listed: "
+                   f"{', '.join(damaged)}; `metricpipe inspect --verify {store}` lists every problem and "
+                   f"`metricpipe run CONFIG --repair` recomputes them", err=True)
     if not rows:
         click.echo(f"{store}: no committed models")
         return

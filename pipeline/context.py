@@ -79,7 +79,9 @@ class StageContext:
         if not unit.done():
             if unit.exists() and unit.rel not in self.unfinished:
                 self.unfinished.add(unit.rel)
-                self.log(f"  {stage}: {unit.rel} was left unfinished by an interrupted run; recomputing it")
+                why = "has a damaged commit marker" if unit.marker_damaged() else \
+                    "was left unfinished by an interrupted run"
+                self.log(f"  {stage}: {unit.rel} {why}; recomputing it")
             return False
         bad = unit.verify(self.checksums(unit, list(unit.meta().get("files") or {})))
         if not bad:

@@ -1,5 +1,6 @@
 """``metricpipe inspect``: a plain-text description of a store."""
 from metricpipe.storage import Store
+from metricpipe.tasks.errors import InputError
 
 # every kind of unit a run writes (shuffled: the SGD learners' copy of the training rows; selection: the
 # validation scores of a spec's candidates and its choice)
@@ -24,7 +25,7 @@ def describe(url: str) -> str:
             continue
         lines.append(f"{kind}/")
         for u in units:
-            state = ("done" if u.done() else "INCOMPLETE (commit marker damaged; recomputed on the next run)"
+            state = ("done" if u.done() else "INCOMPLETE (commit marker damaged; recomputed by a run that needs it)"
                      if u.marker_damaged() else "INCOMPLETE (no commit marker; ignored and rewritten on the next run)")
             meta = u.meta() if u.done() else {}
             facts = ", ".join(f"{k}={v}" for k, v in meta.items()
@@ -49,7 +50,13 @@ def verify_store(url: str) -> tuple[int, list[str]]:
             elif u.marker_damaged():
                 checked += 1
                 problems.append(f"{u.rel}.committed.json: commit marker damaged (truncated, edited or not this unit's "
-                                f"record); the unit counts as unfinished and the next run recomputes it")
+                                f"record); the unit counts as unfinished: a run that needs it recomputes it, and "
+                                f"run --repair recomputes every damaged selection candidate too")
+    if store.fs.exists(f"{store.root}/runs/latest.json"):   # gc and report read it
+        try:
+            store.last_run()
+        except InputError as e:
+            problems.append(str(e).removeprefix(f"{store.url}: "))
     return checked, problems
 
 

@@ -44,7 +44,7 @@ def find_model(store: Store, key: str) -> tuple[Unit, dict]:
         damaged = [u for u in store.units("models") if u.key.startswith(key) and u.marker_damaged()]
         if len(damaged) == 1:
             raise InputError(f"{store.url}: model {damaged[0].key} is damaged: its commit record "
-                             f"models/{damaged[0].key}.committed.json is not whole; rerun the run that made it "
+                             f"models/{damaged[0].key}.committed.json is truncated or was edited; rerun the run that made it "
                              f"with --repair (metricpipe run CONFIG --repair) to recompute it")
         raise InputError(f"{store.url}: no committed model {key!r} in models/; `metricpipe models {store.url}` "
                          f"lists them")
@@ -113,3 +113,9 @@ def describe(store_url: str) -> list[dict]:
                      "params": spec, "extends": meta.get("extends"), "encoded": bool(codes and codes.done()),
                      "data": meta.get("data"), "normalize": meta.get("normalize")})
     return sorted(rows, key=lambda r: (r["method"], str(r["dim"]), r["key"]))
+
+
+def damaged_models(store_url: str) -> list[str]:
+    """Keys of the models whose commit marker exists but is not a whole record of the model (truncated,
+    edited, bit-flipped): not listed by :func:`describe`, which shows committed models only."""
+    return [u.key for u in Store(store_url).units("models") if u.marker_damaged()]

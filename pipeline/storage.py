@@ -303,7 +303,7 @@ class Store:
         except FileNotFoundError:
             raise InputError(f"{self.url}: no finished run in this store (runs/latest.json missing){why}; "
                              f"run 'metricpipe run CONFIG' first") from None
-        except json.JSONDecodeError:
+        except ValueError:   # JSONDecodeError, UnicodeDecodeError
             raise InputError(f"{self.url}: runs/latest.json is corrupt; rerun 'metricpipe run CONFIG'") from None
 
 
@@ -493,7 +493,9 @@ class Unit:
     def done(self) -> bool:
         try:
             meta = self.meta()
-        except (FileNotFoundError, json.JSONDecodeError, OSError):
+        except (FileNotFoundError, ValueError, OSError):   # JSONDecodeError, UnicodeDecodeError (a flipped bit)
+            return False
+        if not isinstance(meta, dict):
             return False
         # the marker's digest of its own record must match; markers before 0.3.8 have none (and a
         # version without the libraries' releases), a later one without it is damaged

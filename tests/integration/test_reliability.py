@@ -161,8 +161,13 @@ def test_a_truncated_commit_marker_fails_verify_and_is_recomputed(reference, tmp
     assert res.exit_code == 1 and f"models/{marker.name}: commit marker damaged" in res.output, res.output
     res = _run("run", *cfg)
     assert res.exit_code == 0 and "train: reusing 2 of 3" in res.output, res.output
+    assert f"train: {rel} has a damaged commit marker; recomputing it" in res.output, res.output
     assert _run("inspect", store, "--verify").exit_code == 0
     _same(_results(store), reference[1])
+    latest = store / "runs/latest.json"                      # gc and report read it: verify checks it too
+    latest.write_bytes(latest.read_bytes()[:50])
+    res = _run("inspect", store, "--verify")
+    assert res.exit_code == 1 and "runs/latest.json is corrupt" in res.output, res.output
 
 
 def test_flipped_bytes_are_named_by_verify_refused_by_run_and_repaired(reference, tmp_path, monkeypatch):

@@ -90,6 +90,15 @@ def test_an_edited_or_truncated_commit_record_is_a_damaged_model(stored, tmp_pat
     marker.write_text(json.dumps(meta)[:40])
     with pytest.raises(InputError, match=f"model {key} is damaged: its commit record .* --repair"):
         metricpipe.load_model(str(copy), key[:8])
+    res = CliRunner().invoke(main, ["models", str(copy)])     # (click >= 8.2: output holds stderr too)
+    assert res.exit_code == 0 and f"1 model(s) with a damaged commit marker, not listed: {key}" in res.output
+    assert not any(line.startswith(key) for line in res.output.splitlines())
+    marker.write_bytes(b'{"key": "\xb1"}')                         # not UTF-8 (a flipped high bit); then not a mapping
+    for body in (None, b"null", b"[]"):
+        if body:
+            marker.write_bytes(body)
+        with pytest.raises(InputError, match=f"model {key} is damaged"):
+            metricpipe.load_model(str(copy), key)
 
 
 @pytest.mark.integration
