@@ -22,6 +22,8 @@ from metricpipe.tasks.errors import InputError
 def model_id(spec: dict) -> str:
     """A short readable name: method, dim, then the parameters that differ from their defaults."""
     defaults = registry.defaults(registry.estimator_class(spec["method"], spec))
+    if spec["method"] == "slem":   # the kernel picks the class: named unless it is the method's default
+        defaults["kernel"] = "linear"
     extra = "-".join(f"{k}{registry.param_text(v)}" for k, v in sorted(registry.params_of(spec).items())
                      if k != "dim" and v is not None and (k not in defaults or v != defaults[k]))
     return "-".join(str(x) for x in (spec["method"], spec.get("dim") or "", extra) if x != "")
@@ -164,7 +166,16 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
         best = sel_unit.meta()["chosen"]
         out.append((cands[best], cunits[best]))
         ctx.selections.append(sel_unit.rel)
-    return out
+    # a selection may choose the model another entry sets (identical entries are merged at load):
+    # it is encoded and evaluated once (twice, the second encode wiped the unit the first was writing)
+    unique = []
+    for spec, unit in out:
+        if all(unit.key != u.key for _, u in unique):
+            unique.append((spec, unit))
+    if len(unique) < len(out):
+        ctx.log(f"  train: {len(out) - len(unique)} entr{'y' if len(out) - len(unique) == 1 else 'ies'} ended with "
+                f"the model another entry has; it is encoded and evaluated once")
+    return unique
 
 
 def _commit_selection(ctx, n, cands, cunits, sel_unit, results, n_val) -> None:

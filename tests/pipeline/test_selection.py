@@ -193,6 +193,20 @@ def test_selection_keeps_the_best_validation_score_and_ignores_the_test_labels(c
 
 
 @pytest.mark.integration
+def test_a_selection_that_chooses_another_entry_s_model_encodes_and_evaluates_it_once(client, tmp_path):
+    """The second entry's only candidate is the first entry's model: it was encoded twice (the second
+    encode wiped the unit the first was writing) and listed twice in the report."""
+    fixed = {"method": "ncmml", "dim": 8, "iters": 150, "validate_every": 50, "lr": 10.0}
+    searched = {"method": "ncmml", "dim": 8, "iters": 150, "validate_every": 50, "select": {"lr": [10.0, 1e4]}}
+    report, logs = _run(tmp_path, "dup", client, methods=[fixed, searched])
+    [sel] = report["selection"]
+    assert sel["candidates"][sel["chosen"]]["params"] == {"lr": 10.0}
+    assert [m["key"] for m in report["models"]] == [sel["candidates"][sel["chosen"]]["model"]] and len(report["records"]) == 16
+    assert any("1 entry ended with the model another entry has" in line for line in logs), logs
+    assert not any("left unfinished" in line for line in logs), logs
+
+
+@pytest.mark.integration
 def test_every_candidate_failing_is_a_one_line_error(client, tmp_path):
     with pytest.raises(InputError, match=r"methods\[0\] \(ncmml-8\S*\): every candidate failed") as e:
         _run(tmp_path, "bad", client, methods=[{"method": "ncmml", "dim": 8, "iters": 150,
