@@ -406,6 +406,10 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
               "softvote votes over the test rows' neighbourhoods, which neighbours.queries leaves out; "
               "drop neighbours.queries or use knnK classifiers")
 
+    if isinstance(raw.get("cluster"), dict):   # e.g. {n_workers: 2}: the local cluster's size is top-level
+        _fail(where, "cluster", f"expected local, tcp://HOST:PORT, tls://HOST:PORT or a cluster spec .yaml, got "
+                                f"{raw['cluster']!r}; the local cluster's size is set by workers, threads_per_worker "
+                                f"and memory_limit at the config's top level")
     cluster = _typed(raw, "cluster", str, where, "", "local")
     check_cluster(cluster, f"{where}: cluster")
     tls_raw = raw.get("tls")

@@ -63,13 +63,20 @@ ESTIMATORS = (Identity, PCA, PCAWhitening, LDA, RandomProjection, SLNE, SLDE, Sp
               KNNML, NML, LinearML, SLEM, KernelSLEM, ESVM)
 
 
+SLEM_KERNELS = ("linear", "gaussian", "poly")   # linear: SLEM; the others: KernelSLEM
+
+
 def estimator_class(method: str, params: dict | None = None) -> type:
     """The class of ``method`` (``{method: slem, kernel: gaussian}`` is :class:`KernelSLEM`)."""
     if method not in METHODS:
         near = difflib.get_close_matches(str(method), METHODS, n=1)
         hint = f"; did you mean {near[0]!r}?" if near else f"; known methods: {', '.join(METHODS)}"
         raise InputError(f"unknown method {method!r}{hint}")
-    if method == "slem" and (params or {}).get("kernel", "linear") != "linear":
+    kernel = (params or {}).get("kernel", "linear")
+    if method == "slem" and isinstance(kernel, str) and kernel not in SLEM_KERNELS:
+        raise InputError(f"The 'kernel' parameter of slem must be a str among {{{', '.join(map(repr, SLEM_KERNELS))}}}"
+                         f" (linear is SLEM, the others kernel SLEM). Got {kernel!r} instead.")
+    if method == "slem" and kernel != "linear":
         return KernelSLEM
     return METHODS[method].cls
 

@@ -812,7 +812,8 @@ class SLDE(_Bilinear):
         if self.dim > members * self.member_size(p):
             raise InputError(f"The 'dim' parameter of slde must be <= members x member_dim = {members} x "
                              f"{self.member_size(p)} = {members * self.member_size(p)}, the ensemble's dimensions. "
-                             f"Got {self.dim} instead; lower dim or raise member_dim.")
+                             f"Got {self.dim} instead; lower dim, raise member_dim where the PCA directions allow "
+                             f"(members x member_dim <= {p}), or use subspace: random.")
         return [self.dim // members + (n < self.dim % members) for n in range(members)]
 
     # -- in memory ----------------------------------------------------------------------------------------

@@ -63,6 +63,9 @@ def test_defaults_and_method_expansion():
      r"The 'targets' parameter of KNNML must be a str among .*'dynamic'.*Got 'closest' instead"),
     ({**BASE, "methods": [{"method": "ncmc", "train_centroids": 2}]}, r"'train_centroids' parameter of NCMC must be a int among \{1\} or None"),
     ({**BASE, "cluster": "slurm"}, r"cluster: expected local, tcp://HOST:PORT, tls://HOST:PORT or a cluster spec .yaml"),
+    ({**BASE, "cluster": {"n_workers": 1}}, r"cluster: expected local, .*the local cluster's size is set by workers"),
+    ({**BASE, "methods": [{"method": "slem", "kernel": "rbf"}]},   # (KernelSLEM's own list left out linear)
+     r"The 'kernel' parameter of slem must be a str among \{'linear', 'gaussian', 'poly'\}.*Got 'rbf' instead"),
 ])
 def test_bad_config_is_one_line_naming_the_key(raw, match):
     with pytest.raises(ConfigError, match=match) as e:
