@@ -27,6 +27,8 @@ def file_only_given(values: dict) -> str | None:
         if values.get(key) is not None and values[key] not in quiet:
             return key
     return None
+
+
 SPLIT_NAMES = ("train", "test", "val", "negatives")  # code = position; stored as int8 with flag_meanings
 
 
