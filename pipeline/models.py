@@ -108,6 +108,8 @@ def describe(store_url: str) -> list[dict]:
     rows = []
     for unit, meta in model_units(store):
         spec = dict(meta.get("spec") or {})
+        if spec.get("members") is None and meta.get("members"):   # SL-DE's member rule, as it resolved
+            spec["members"] = f"{meta['members']} (rule)"
         codes = codes_of(store, unit.key, meta)
         rows.append({"key": unit.key, "method": spec.pop("method", "?"), "dim": meta.get("dim"),
                      "params": spec, "extends": meta.get("extends"), "encoded": bool(codes and codes.done()),

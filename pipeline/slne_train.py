@@ -101,7 +101,7 @@ def _assemble(est, spec, data_url, stats_url, graph_url, chunks, model_url, *mem
     est.assemble(list(members), mean, components, Z, y, graph)
     metas = [meta for _, meta in members]
     seconds = sum(m["seconds"] for m in metas) + time.perf_counter() - t0
-    return save_model(model_url, est, spec, seconds, member_seconds=[m["seconds"] for m in metas],
+    return save_model(model_url, est, spec, seconds, members=len(metas), member_seconds=[m["seconds"] for m in metas],
                       samples_per_second=float(np.mean([m["samples_per_second"] for m in metas])))
 
 

@@ -13,6 +13,7 @@ from tests.conftest import make_blobs, staged
 METHODS = [{"method": "identity"}, {"method": "pca", "dim": 4}, {"method": "lda"},  # fixed: no selection
            {"method": "ncmml", "dim": 4, "iters": 30, "batch": 50, "validate_every": 10, "validation": 50, "select": False},
            {"method": "slne", "dim": 3, "input_dim": 6, "epochs": 1, "select": False},
+           {"method": "slde", "dim": 3, "input_dim": 6, "epochs": 1, "select": False},   # members: the rule's
            {"method": "sparse", "dim": 3, "sparsity": 0.5, "train_size": 100, "max_iter": 3, "queries": 10,
             "select": False},
            {"method": "nml", "dim": 3, "pairs": 500, "iters": 1000, "select": False},
@@ -115,6 +116,8 @@ def test_models_command_lists_every_model_with_its_method_and_parameters(stored)
         meta = unit.meta()
         assert line.split()[4:6] == [meta["data"][:8], meta["normalize"]], line
     assert any("input_dim=6" in ln and " slne " in ln for ln in lines)
+    # SL-DE's member count, unset in the config, as the rule resolved it (1 block of 6 PCA directions)
+    assert any(" slde " in ln and "members=1 (rule)" in ln for ln in lines), lines
 
 
 @pytest.mark.integration
