@@ -13,7 +13,7 @@ import numpy as np
 
 from metricpipe import shuffle
 from metricpipe.storage import load_arrays, open_array, read_rows, save_model
-from metricpipe.tasks import stream
+from metricpipe.tasks import moments, stream
 from metricpipe.tasks.base import seed_of
 from metricpipe.tasks.errors import InputError
 
@@ -53,27 +53,41 @@ def _train(est, spec: dict, data_url: str, stats_url: str, shuffled_url: str, ch
     layout_rows = open_array(f"{shuffled_url}/row")[:]
     keep_pos = keep[np.searchsorted(train, layout_rows)]
     extra = {}
+    # rows carved from the train split to score (validation; the new classes' monitor) leave the
+    # statistics, as in-memory fit leaves them out: a class mean holding its own validation rows makes
+    # their error optimistic
+    scoring = split.copy()
+    if held_out:
+        scoring[val] = VAL
     if hasattr(est, "kmeans"):  # NCMC: centroids by k-means over the train rows
         D = open_array(f"{data_url}/features").shape[1]
-        sample = train[est.kmeans_sample(labels[train], keys, seed, est.kmeans_per_class(C, D))]
+        fit_rows = np.flatnonzero(scoring == TRAIN)
+        sample = fit_rows[est.kmeans_sample(labels[fit_rows], open_array(f"{data_url}/row_key")[:][fit_rows], seed,
+                                            est.kmeans_per_class(C, D))]
 
         def blocks():
             for a, b in chunks:
-                rows = np.flatnonzero(split[a:b] == TRAIN)
+                rows = np.flatnonzero(scoring[a:b] == TRAIN)
                 if len(rows):
                     yield open_array(f"{data_url}/features")[a:b][rows].astype(np.float64), labels[a:b][rows]
         extra["centroids"] = est.kmeans(read_rows(f"{data_url}/features", sample), labels[sample], blocks, C)
     elif getattr(est, "classes", None) is not None and est.method == "ncmml":   # monitor the other classes
         others = ~np.isin(labels, est.trained_classes(C))
         new = np.flatnonzero((split == VAL) & others)
-        if not len(new):
+        carved = not len(new)
+        if carved:
             pos = np.flatnonzero(others[train])
             new = train[pos[stream.validation_split(labels[train][pos], est.validation, keys[pos], seed)]]
         new = new[np.sort(np.random.default_rng([seed, 7]).permutation(len(new))[:est.validation])]
         extra.update(X_new=read_rows(f"{data_url}/features", new), y_new=labels[new])
+        if carved:
+            scoring[new] = VAL
     elif hasattr(est, "reference_rows"):  # k-NN ML: the rows validation queries search
         ref = train[est.reference_rows(labels[train], keep, keys, est.validation, seed)]
         extra["reference"] = (read_rows(f"{data_url}/features", ref), labels[ref])
+    taken = np.flatnonzero((scoring == VAL) & (split == TRAIN))
+    if len(taken):
+        stats = moments.without_rows(stats, read_rows(f"{data_url}/features", taken), labels[taken])
     t0 = time.perf_counter()
     est.fit_stream(stats, shuffle.stream_pools(shuffled_url, block_rows, seed, keep_pos), Xv, yv, **extra)
     extra_facts = {k: getattr(est, f"{k}_") for k in ("val_error_new_classes", "best_iter_new_classes")

@@ -370,8 +370,9 @@ class SparseProjector(Learner):
     without validation).
     n_features_in_, classes_.
     """
-    # how long the support shrinks from D to its final size (0: Algorithm 1 as printed)
-    search_space = {"anneal": [0.5, 0.25, 0.9]}
+    # how long the support shrinks from D to its final size; 0 is Algorithm 1 as printed (cut to M
+    # non-zeros at once), the best on validation for digits and Fashion 14 x 14 in an audit
+    search_space = {"anneal": [0.5, 0.25, 0.9, 0.0]}
     selection_metric = "map"
 
     @classmethod

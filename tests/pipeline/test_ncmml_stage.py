@@ -62,6 +62,9 @@ def test_ncmc_centroids_are_a_lloyd_fixed_point_per_class(trained):
     X = open_array(f"{data.url}/features")[:].astype(np.float64)
     y = open_array(f"{data.url}/label")[:]
     train = open_array(f"{data.url}/split")[:] == 0
+    from metricpipe.tasks import stream        # the rows validation scores are in no centroid
+    pos = np.flatnonzero(train)
+    train[pos[stream.validation_split(y[pos], est.validation, stream.row_keys(X[pos].astype(np.float32)), 0)]] = False
     cents, owner = est.centroids_, est.centroid_classes_
     assert np.bincount(owner).tolist() == [2] * 5
     for c in range(5):  # streamed over the blocks, yet each centroid is the mean of the rows it owns
@@ -327,7 +330,7 @@ def test_the_pipeline_learns_what_fit_learns_in_memory(trained, method, params):
     ~1e-7; NCM/NCMC's W stays within 1e-3, while k-NN ML's sorted triplets can pick other targets
     after a few steps, so its fit is compared by validation error (the documented tolerance)."""
     from metricpipe.storage import load_arrays
-    from metricpipe.tasks import registry, stream
+    from metricpipe.tasks import moments, registry, stream
     _, data, models, _, _ = trained
     [(spec, unit)] = [(s, u) for s, u in models if s["method"] == method
                       and all(s.get(k) == v for k, v in params.items())]
@@ -342,14 +345,16 @@ def test_the_pipeline_learns_what_fit_learns_in_memory(trained, method, params):
     keep = np.ones(len(yt), bool)
     keep[val] = False
     extra = {}
+    fit = np.flatnonzero(train)[keep]          # the validation rows are in no mean, centroid or PCA start
     if method == "ncmc":
-        sample = est.kmeans_sample(yt, keys, seed)
-        blocks = [(X[a:b][train[a:b]].astype(np.float64), data.labels[a:b][train[a:b]]) for a, b in data.chunks]
-        extra["centroids"] = est.kmeans(Xt[sample], yt[sample], lambda: iter(blocks), 5)  # as the driver does
+        sample = est.kmeans_sample(yt[keep], keys[keep], seed)
+        blocks = [(X[a:b][mask].astype(np.float64), data.labels[a:b][mask]) for a, b in data.chunks
+                  for mask in [np.isin(np.arange(a, b), fit)]]
+        extra["centroids"] = est.kmeans(Xt[keep][sample], yt[keep][sample], lambda: iter(blocks), 5)  # as the driver
     if method == "knnml":
         ref = est.reference_rows(yt, keep, keys, est.validation, seed)
         extra["reference"] = (Xt[ref], yt[ref])
-    stats, _ = load_arrays(_stats_url(trained))
+    stats = moments.without_rows(load_arrays(_stats_url(trained))[0], Xt[val], yt[val])
     est.fit_stream(stats, stream.pools(Xt, yt, keep, data.chunk_rows, seed), Xt[val], yt[val], **extra)
     np.testing.assert_array_equal(est.components_, stored.components_)
     assert est.history_ == stored.history_
@@ -456,14 +461,15 @@ def _assert_fit_stream_learns_the_stored_model(ctx, data, spec, unit):
     """The stored model is what ``fit_stream`` learns in memory from the pools of every training row
     (block_rows = the run's); returns those rows and labels."""
     from metricpipe.storage import load_arrays
-    from metricpipe.tasks import registry, stream
+    from metricpipe.tasks import moments, registry, stream
     train = data.split == 0
     Xt, yt = open_array(f"{data.url}/features")[:][train], data.labels[train]
     est = registry.make(spec)
     val = stream.validation_split(yt, est.validation, stream.row_keys(Xt), 0)
     keep = np.ones(len(yt), bool)
     keep[val] = False
-    est.fit_stream(load_arrays(_stats_url((ctx,)))[0], stream.pools(Xt, yt, keep, data.chunk_rows, 0), Xt[val],
+    stats = moments.without_rows(load_arrays(_stats_url((ctx,)))[0], Xt[val], yt[val])  # validation in no mean
+    est.fit_stream(stats, stream.pools(Xt, yt, keep, data.chunk_rows, 0), Xt[val],
                    yt[val])
     np.testing.assert_array_equal(est.components_, load_estimator(unit.url).components_)
     return Xt, yt

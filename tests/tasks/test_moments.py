@@ -101,3 +101,15 @@ def test_pca_basis_matches_sklearn(dtype):
 def test_finalize_needs_two_rows():
     with pytest.raises(ValueError, match="at least two rows"):
         finalize_statistics(partial_moments(np.ones((1, 3)), np.array([0]), 2))
+
+
+def test_statistics_of_masked_rows_equal_those_of_the_rows_alone_and_keep_every_class():
+    X, y = make_blobs(n=700, d=6, classes=4, seed=5)
+    rows = np.random.default_rng(0).random(700) > 0.3
+    rows[y == 3] = False                       # a class with no row left: counted, its mean zero
+    a = moments.statistics(X, y, rows=rows, block_rows=97)
+    b = moments.statistics(X[rows], y[rows])
+    assert len(a["class_means"]) == 4 and len(b["class_means"]) == 3
+    for k in ("mean", "covariance", "mean_sq_norm"):
+        close(np.asarray(a[k]), np.asarray(b[k]), TOL[X.dtype.type])
+    close(a["class_means"][:3], b["class_means"], TOL[X.dtype.type])
