@@ -139,6 +139,13 @@ def _check_target(unit, attrs, est, src, D: int, names: list, zero_shot: tuple, 
         raise InputError(f"{src.name}: class(es) {odd[:5]} are not {'text' if True in text else 'integers'} like "
                          f"model {unit.key}'s classes (e.g. {old_names[0]!r}); give the new classes labels of "
                          f"that kind")
+    both = sorted(set(names) & set(zero), key=str)
+    if both:   # a zero-shot class has no images: one with images would be added twice
+        raise InputError(f"--zero-shot: class(es) {both[:5]} have images in {src.name}; a zero-shot class is one "
+                         f"with no images (its mean is the prior alone): drop it from --zero-shot")
+    dup = sorted({z for z in zero if zero.count(z) > 1}, key=str)
+    if dup:
+        raise InputError(f"--zero-shot: class(es) {dup[:5]} given more than once; name each once")
     clash = sorted(set(names + zero) & have, key=str)
     if clash:
         raise InputError(f"{src.name}: class(es) {clash[:5]} are already in model {unit.key}; new data must "

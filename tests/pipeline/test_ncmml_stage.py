@@ -250,6 +250,12 @@ def test_zero_shot_prior_is_the_mean_of_ancestor_means_and_map_mixes_it(trained,
     with pytest.raises(InputError, match=r"class\(es\) \['ghost'\] are not integers"):   # a zero-shot name too
         add_classes(ctx.store.url, str(tmp_path / "n.npz"), model=unit.key, hierarchy=str(tmp_path / "h.yaml"),
                     zero_shot=("ghost",), log=lambda m: None)
+    # a zero-shot class with images would be added twice (classes_ [... 40, 40]): refused, as is a repeat
+    for zero, words in ((("40",), r"--zero-shot: class\(es\) \[40\] have images in \S*n.npz"),
+                        (("41", "41"), r"--zero-shot: class\(es\) \[41\] given more than once")):
+        with pytest.raises(InputError, match=words):
+            add_classes(ctx.store.url, str(tmp_path / "n.npz"), model=unit.key, hierarchy=str(tmp_path / "h.yaml"),
+                        zero_shot=zero, log=lambda m: None)
 
 
 def test_ncmc_with_one_centroid_per_class_trains_the_ncmml_metric(trained):
