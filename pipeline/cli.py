@@ -56,7 +56,34 @@ def handle_errors(fn):
             sys.exit(EXIT_INPUT)
         except KeyboardInterrupt as e:
             _stop_interrupted(e, kwargs)
+        except Exception as e:
+            hint = _object_store_error(e)
+            if hint is None:
+                raise
+            if verbose:
+                traceback.print_exc()
+            _echo(f"error: {kwargs.get('store') or 'object storage'}: {hint}")
+            sys.exit(EXIT_INPUT)
     return wrapper
+
+
+def _object_store_error(e: BaseException) -> str | None:
+    """One line for an object store that cannot be used (no credentials, an endpoint that does not
+    answer, a request refused), None for any other error: botocore's exceptions, as s3fs raises them."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if type(e).__module__.split(".")[0] in ("botocore", "aiobotocore"):
+            name, text = type(e).__name__, str(e).splitlines()[0] if str(e) else type(e).__name__
+            if "Credentials" in name:
+                return (f"{text} (S3); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, in the "
+                        f"environment of metricpipe and of the workers")
+            if "Connect" in name or "Endpoint" in name or "Timeout" in name:
+                return (f"{text} (S3); check the endpoint (AWS_ENDPOINT_URL_S3 for a server other than AWS) "
+                        f"and that it is reachable")
+            return f"the object store refused the request: {text}; check the credentials and the bucket's name"
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def _resume_command(kwargs: dict) -> str:

@@ -242,3 +242,26 @@ def test_a_holder_whose_lock_was_taken_over_commits_nothing_more(s3, monkeypatch
             store.write_text("runs/b.json", "{}")
     assert not s3.exists(f"{prefix}/runs/b.json")
     assert json.loads(s3.cat_file(f"{prefix}/.lock"))["host"] == "elsewhere"   # the new holder's lock stays
+
+
+def test_missing_credentials_or_an_endpoint_that_does_not_answer_is_one_line(s3, tmp_path, monkeypatch):
+    """botocore's errors (no credentials, nothing listening) were a traceback and exit 1."""
+    import s3fs
+    url = f"s3://{BUCKET}/nothing-here"
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    s3fs.S3FileSystem.clear_instance_cache()
+    res = _run("models", url)
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert res.output.startswith(f"error: {url}: Unable to locate credentials (S3); set AWS_ACCESS_KEY_ID"), res.output
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with socket.socket() as sock:                        # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{sock.getsockname()[1]}")
+        s3fs.S3FileSystem.clear_instance_cache()
+        res = _run("run", _config(tmp_path / "c.yaml"), "--store", url)
+    s3fs.S3FileSystem.clear_instance_cache()
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert f"error: {url}: Could not connect to the endpoint URL" in res.output and "AWS_ENDPOINT_URL_S3" in res.output
