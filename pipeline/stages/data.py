@@ -1,5 +1,7 @@
 """Stage 1, staging: read the source in row-blocks, validate, normalise, write `features` (sample, feature)."""
+import os
 import time
+from pathlib import Path
 from dataclasses import dataclass
 
 import numpy as np
@@ -155,14 +157,22 @@ def prepare_data(cfg: RunConfig, store) -> DataPlan:
         from metricpipe.sources import fingerprint
         pairs_fp = fingerprint(d.pairs)
     chunk_rows = chunk_rows_for(D, d.chunk_mb)
-    key = hash_key({"stage": "data", "source": src.fingerprint, "name": src.name, "features": d.features,
-                    "labels": d.labels, "groups": d.groups, "normalize": d.normalize, "split": d.split.__dict__,
+    key = hash_key({"stage": "data", "source": src.fingerprint, "name": _key_path(src.name), "features": d.features,
+                    "labels": _key_path(d.labels), "groups": _key_path(d.groups), "normalize": d.normalize, "split": d.split.__dict__,
                     "chunk_rows": chunk_rows, **({"pairs": pairs_fp} if pairs_fp else {}),
                     **({"ids": d.ids} if d.ids else {})})
     info = DataInfo(store.unit("data", key), n, D, chunk_rows, classes, codes, split, groups)
     attrs = {"source": src.name, "normalize": d.normalize, "classes": [str(c) for c in classes],
              "split_flag_meanings": " ".join(SPLIT_NAMES)}
     return DataPlan(src, info, coords, attrs, coords_pairs if d.pairs else None)
+
+
+def _key_path(value):
+    """A file's path as the staged data's key holds it: resolved, so ``cfg/../X.npy``, ``X.npy`` from
+    another folder and a symlink name one file (one staged copy); an array name as given."""
+    if isinstance(value, str) and "/" in value and os.path.exists(value):
+        return str(Path(value).resolve())
+    return value
 
 
 def _read_pairs(path: str, split: np.ndarray) -> dict:

@@ -201,6 +201,27 @@ def test_the_ids_array_is_part_of_the_staged_data_s_key(tmp_path, arrays):
     assert key(ids="i") == key(ids="i")
 
 
+def test_one_file_spelled_another_way_is_the_same_staged_data(tmp_path, arrays, monkeypatch):
+    """cfg/../d.npy, the absolute path, one relative to another folder, a symlink: one file, one key
+    (the second spelling restaged everything and recomputed every stage after it)."""
+    from metricpipe.stages import prepare_data
+    from metricpipe.storage import Store
+    X, y = arrays
+    (tmp_path / "cfg").mkdir()
+    np.save(tmp_path / "X.npy", X)
+    np.save(tmp_path / "y.npy", y)
+    (tmp_path / "link").symlink_to(tmp_path)
+
+    def key(path, labels, base):
+        cfg = parse_config({"store": str(tmp_path / "s"), "data": {"path": path, "labels": labels}}, base_dir=base)
+        return prepare_data(cfg, Store(cfg.store)).info.unit.key
+    keys = {key("../X.npy", "../y.npy", tmp_path / "cfg"), key(str(tmp_path / "X.npy"), str(tmp_path / "y.npy"), None),
+            key("X.npy", "y.npy", tmp_path), key(str(tmp_path / "link/X.npy"), "link/y.npy", tmp_path)}
+    assert len(keys) == 1
+    np.save(tmp_path / "y2.npy", y[::-1])                  # other labels: another unit
+    assert key("X.npy", "y2.npy", tmp_path) not in keys
+
+
 @pytest.mark.parametrize("fixed", [False, True])
 def test_parquet_rows_read_across_row_groups_and_batches_equal_the_file(tmp_path, monkeypatch, fixed):
     """Rows are decoded a batch at a time up to the last one asked for (a whole row group was decoded
