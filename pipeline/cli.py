@@ -270,7 +270,8 @@ def run(config, store, cluster, workers, memory_limit, resume, force, repair, pe
 
 @main.command()
 @click.option("--store", default="runs/digits", show_default=True, help="Where to write the demo's store.")
-@click.option("--resume", is_flag=True, help="Continue an interrupted demo run, as run --resume.")
+@click.option("--resume/--no-resume", default=True, show_default=True,
+              help="Reuse finished units (a second demo, or one interrupted), as run does; --no-resume recomputes.")
 @click.option("--repair", is_flag=True, help="Recompute units whose files differ from their commit, as run --repair.")
 @_cluster_options(config=True)
 @handle_errors

@@ -968,8 +968,10 @@ def test_demo_takes_resume_and_repair_as_run_does(monkeypatch, tmp_path):
     res = _invoke("demo", "--store", tmp_path / "d", "--repair", "--resume")
     assert res.exit_code == 0, res.output
     assert seen["repair"] is True and seen["resume"] is True and seen["store"] == str(tmp_path / "d")
-    res = _invoke("demo", "--store", tmp_path / "d")
-    assert seen["repair"] is False and seen["resume"] is False
+    res = _invoke("demo", "--store", tmp_path / "d")          # resumes by default, as run does
+    assert seen["repair"] is False and seen["resume"] is True
+    res = _invoke("demo", "--store", tmp_path / "d", "--no-resume")
+    assert seen["resume"] is False
 
 
 @pytest.mark.parametrize("args, option", [(["stage", "digits", "--store", "{tmp}/s", "--features", "pixels"], "--features"),
