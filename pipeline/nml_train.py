@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 from metricpipe import shuffle
+from metricpipe.config import SPLIT_NAMES
 from metricpipe.storage import array_names, load_arrays, load_scalar, open_array, read_rows, save_model
 from metricpipe.stream_train import validation_rows
 from metricpipe.tasks import moments
@@ -33,8 +34,11 @@ def check_pairs(i, j, y, split, where: str):
     for name, a in (("i", np.asarray(i)), ("j", np.asarray(j))):
         if (split[a] != TRAIN).any():
             k = int(np.flatnonzero(split[a] != TRAIN)[0])
-            raise InputError(f"{where}: pair {k} uses row {int(a[k])}, which is not in the train split; pairs "
-                             f"must only join training images")
+            part = SPLIT_NAMES[int(split[a[k]])] if 0 <= int(split[a[k]]) < len(SPLIT_NAMES) else "another"
+            how = (" (data.split.test draws the test rows at random: give the data a split column to choose "
+                   "the training rows)" if part == "test" else "")
+            raise InputError(f"{where}: pair {k} uses row {int(a[k])}, which is in the {part} split, not train; "
+                             f"pairs must only join training images{how}")
 
 
 def _init(est, stats_url: str):

@@ -32,12 +32,16 @@ def auto_val_size(n_train: int) -> int:
     return int(min(10_000, max(0.1 * n_train, min(500, 0.2 * n_train))))
 
 
-def _carve_val(split: np.ndarray, codes: np.ndarray, seed: int) -> np.ndarray:
+def _carve_val(split: np.ndarray, codes: np.ndarray, seed: int, busy: np.ndarray | None = None) -> np.ndarray:
     """``data.split.val: auto``: when no row is ``val``, a stratified, seeded share of the train rows
-    (auto_val_size) becomes the validation split; every class keeps at least two train rows."""
+    (auto_val_size) becomes the validation split; every class keeps at least two train rows. ``busy``
+    (row indices): train rows that must stay train (those the user's pairs join)."""
     if (split == VAL).any():
         return split
-    train = np.flatnonzero(split == TRAIN)
+    free = split == TRAIN
+    if busy is not None and len(busy):
+        free[busy] = False
+    train = np.flatnonzero(free)
     rank = np.random.default_rng([seed, 53]).permutation(len(train))
     pos = stream.stratified_subset(codes[train], auto_val_size(len(train)), rank, leave=2)
     split = split.copy()
@@ -45,10 +49,15 @@ def _carve_val(split: np.ndarray, codes: np.ndarray, seed: int) -> np.ndarray:
     return split
 
 
-def _split_codes(cfg: RunConfig, src, codes: np.ndarray, classes: list, labels_file: str) -> np.ndarray:
+def _split_codes(cfg: RunConfig, src, codes: np.ndarray, classes: list, labels_file: str,
+                 busy: np.ndarray | None = None) -> np.ndarray:
     s = cfg.data.split
     split = _given_or_random_split(cfg, src, codes, classes, labels_file)
-    return _carve_val(split, codes, s.seed) if s.val == "auto" else split
+    if s.val != "auto":
+        return split
+    if busy is not None:   # pair rows out of range are named by check_pairs below, not here
+        busy = busy[(busy >= 0) & (busy < len(split))]
+    return _carve_val(split, codes, s.seed, busy)
 
 
 def _given_or_random_split(cfg: RunConfig, src, codes: np.ndarray, classes: list, labels_file: str) -> np.ndarray:
@@ -137,7 +146,12 @@ def prepare_data(cfg: RunConfig, store) -> DataPlan:
         raise InputError(f"{src.name}: features are empty (shape {tuple(src.reader.shape)}); check data.features")
     labels_file = cfg.data.labels if (cfg.data.labels or "").endswith(".npy") else src.name   # where they were read
     codes, classes = encode_labels(src.labels, n, f"{labels_file} (data.labels)")
-    split = _split_codes(cfg, src, codes, classes, labels_file)
+    d = cfg.data
+    pairs = _load_pairs(d.pairs) if d.pairs else None     # val: auto keeps the rows they join in train
+    busy = None
+    if pairs is not None and all(np.issubdtype(a.dtype, np.integer) and a.ndim == 1 for a in pairs[:2]):
+        busy = np.unique(np.concatenate([pairs[0], pairs[1]])).astype(np.int64)   # (others: refused below)
+    split = _split_codes(cfg, src, codes, classes, labels_file, busy)
     check_split(codes, split, SPLIT_NAMES, classes, src.name, given=src.split is not None)
     coords = {"label": codes, "split": split}
     groups = None
@@ -150,10 +164,9 @@ def prepare_data(cfg: RunConfig, store) -> DataPlan:
         if not np.issubdtype(ids.dtype, np.integer) or len(ids) != n:
             raise InputError(f"{src.name}: data.ids must be {n} integers; got dtype {ids.dtype}, length {len(ids)}")
         coords["id"] = ids
-    d = cfg.data
     pairs_fp = None
     if d.pairs:
-        coords_pairs = _read_pairs(d.pairs, split)
+        coords_pairs = _check_pairs(d.pairs, *pairs, split)
         from metricpipe.sources import fingerprint
         pairs_fp = fingerprint(d.pairs)
     chunk_rows = chunk_rows_for(D, d.chunk_mb)
@@ -175,9 +188,8 @@ def _key_path(value):
     return value
 
 
-def _read_pairs(path: str, split: np.ndarray) -> dict:
-    """User pairs (data.pairs: an npz with arrays i, j, y), checked against the staged rows."""
-    from metricpipe.nml_train import check_pairs
+def _load_pairs(path: str) -> tuple:
+    """User pairs (data.pairs: an npz with arrays i, j, y) as read: (i, j, y)."""
     if not str(path).endswith(".npz"):
         raise InputError(f"{path}: data.pairs must be an .npz file with arrays i, j, y (np.savez(path, i=..., "
                          f"j=..., y=...))")
@@ -194,6 +206,12 @@ def _read_pairs(path: str, split: np.ndarray) -> dict:
                          f"from its folder)") from None
     except (OSError, ValueError) as e:
         raise InputError(f"{path}: cannot read data.pairs: {type(e).__name__}: {e}".splitlines()[0]) from None
+    return i, j, y
+
+
+def _check_pairs(path: str, i, j, y, split: np.ndarray) -> dict:
+    """The pairs checked against the staged rows, as the staged unit stores them."""
+    from metricpipe.nml_train import check_pairs
     check_pairs(i, j, y, split, f"{path} (data.pairs)")
     return {"pair_i": i.astype(np.int64), "pair_j": j.astype(np.int64), "pair_y": y.astype(np.int8)}
 

@@ -24,7 +24,7 @@ def _data(tmp_path):
 @pytest.mark.parametrize("i,j,y,match", [
     ([0, 1], [2, 3], [1], "equal, non-zero length"),
     ([0, 99], [2, 3], [1, -1], "index i=99 is out of range"),
-    ([0, 1], [2, 5], [1, -1], "uses row 5, which is not in the train split"),
+    ([0, 1], [2, 5], [1, -1], "uses row 5, which is in the test split, not train; .* give the data a split column"),
     ([0, 1], [2, 3], [1, 0], "must be \\+1 \\(similar\\) or -1"),
     ([0.0, 1.0], [2, 3], [1, -1], "'i' must hold integer row indices"),
 ])
@@ -33,6 +33,28 @@ def test_bad_user_pairs_are_refused(i, j, y, match):
     split[5] = 1
     with pytest.raises(InputError, match=match):
         check_pairs(np.array(i), np.array(j), np.array(y), split, "pairs.npz")
+
+
+def test_val_auto_leaves_the_rows_user_pairs_join_in_train(tmp_path):
+    """The validation split val: auto carves from the train rows took rows the user's pairs join, and the
+    pairs were then refused as joining rows 'not in the train split' of the user's own split column."""
+    from metricpipe.config import parse_config
+    from metricpipe.stages import prepare_data
+    from metricpipe.storage import Store
+    X, y = make_blobs(n=3000, d=6, classes=4, sep=1.0, seed=2)
+    split = np.where(np.arange(3000) % 5 == 0, "test", "train")
+    train = np.flatnonzero(split == "train")
+    i, j = train[:1000], train[1000:2000]                     # 2,000 of the 2,400 train rows join a pair
+    np.savez(tmp_path / "d.npz", X=X, y=y, split=split)
+    np.savez(tmp_path / "p.npz", i=i, j=j, y=np.where(y[i] == y[j], 1, -1))
+    cfg = parse_config({"store": str(tmp_path / "s"), "data": {"path": str(tmp_path / "d.npz"),
+                                                                "split": {"column": "split"}, "pairs": str(tmp_path / "p.npz")}})
+    info = prepare_data(cfg, Store(cfg.store)).info
+    assert (info.split[np.concatenate([i, j])] == 0).all()
+    assert (info.split[split == "test"] == 1).all()
+    # the other train rows make the val split
+    val = np.flatnonzero(info.split == 2)
+    assert len(val) > 0 and not np.isin(val, np.concatenate([i, j])).any()
 
 
 @pytest.mark.integration
