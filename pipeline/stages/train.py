@@ -203,5 +203,8 @@ def _commit_selection(ctx, n, cands, cunits, sel_unit, results, n_val) -> None:
             f"{metric} on {n_val:,} validation rows ({shown})")
     failed = [r for r in rows if r["score"] is None]
     if failed:   # why, once: candidates usually fail alike (a rate that diverges)
-        ctx.log(f"  train: {label}: {len(failed)} of {len(rows)} candidates failed; "
-                f"{select.describe(grid, failed[0]['params'])}: {failed[0]['error']}")
+        why = str(failed[0]["error"])
+        for k in grid:   # "lower 'lr' (now 300.0)" is advice for a value the user set, not a searched one
+            why = why.split(f"; lower '{k}'")[0]
+        ctx.log(f"  train: {label}: {len(failed)} of {len(rows)} candidates failed, the selection compares the "
+                f"others; {select.describe(grid, failed[0]['params'])}: {why}")

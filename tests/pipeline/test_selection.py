@@ -184,8 +184,10 @@ def test_selection_keeps_the_best_validation_score_and_ignores_the_test_labels(c
     assert all("diverged" in c["error"] for c in ncm["candidates"] if c["score"] is None)
     failed = [c["model"] for c in ncm["candidates"] if c["score"] is None]
     assert failed and not any((tmp_path / "clean" / "models" / key).exists() for key in failed)  # nothing half-written
-    assert any(re.match(rf"  train: ncmml\S*: {len(failed)} of {len(scores)} candidates failed; lr \S+: metric "
-                        r"learning diverged after", line) for line in logs)   # and the log says why
+    why = [line for line in logs if re.match(rf"  train: ncmml\S*: {len(failed)} of {len(scores)} candidates failed, "
+                                             r"the selection compares the others; lr \S+: metric learning diverged after",
+                                             line)]
+    assert why and "lower 'lr'" not in why[0], logs       # and the log says why, with no advice for a searched lr
     assert slem["candidates"][slem["chosen"]]["score"] == max(c["score"] for c in slem["candidates"])
     # the test metrics are the chosen model's, and its stored score is reproduced from the stored model
     lr = ncm["candidates"][ncm["chosen"]]["params"]["lr"]
