@@ -47,6 +47,12 @@ def handle_errors(fn):
                 _echo(f"to resume: {_resume_command(kwargs)} (finished stages are kept)")
             sys.exit(EXIT_INPUT)
         except OSError as e:
+            hint = _object_store_error(e)   # s3fs raises botocore's refusals as OSError (PermissionError, ...)
+            if hint is not None:
+                if verbose:
+                    traceback.print_exc()
+                _echo(f"error: {kwargs.get('store') or 'object storage'}: {hint}")
+                sys.exit(EXIT_INPUT)
             if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
                 raise
             if verbose:
@@ -71,7 +77,7 @@ def _object_store_error(e: BaseException) -> str | None:
     """One line for an object store that cannot be used (no credentials, an endpoint that does not
     answer, a request refused), None for any other error: botocore's exceptions, as s3fs raises them."""
     seen = set()
-    while e is not None and id(e) not in seen:
+    while e is not None and id(e) not in seen:   # e, or what an OSError was raised from (s3fs's translation)
         seen.add(id(e))
         if type(e).__module__.split(".")[0] in ("botocore", "aiobotocore"):
             name, text = type(e).__name__, str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -82,7 +88,7 @@ def _object_store_error(e: BaseException) -> str | None:
                 return (f"{text} (S3); check the endpoint (AWS_ENDPOINT_URL_S3 for a server other than AWS) "
                         f"and that it is reachable")
             return f"the object store refused the request: {text}; check the credentials and the bucket's name"
-        e = e.__cause__ or e.__context__
+        e = (e.__cause__ or e.__context__) if isinstance(e, OSError) else None
     return None
 
 

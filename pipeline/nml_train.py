@@ -18,7 +18,7 @@ import numpy as np
 
 from metricpipe import shuffle
 from metricpipe.config import SPLIT_NAMES
-from metricpipe.storage import array_names, load_arrays, load_scalar, open_array, read_rows, save_model
+from metricpipe.storage import array_names, load_scalar, open_array, read_rows, save_model
 from metricpipe.stream_train import validation_rows
 from metricpipe.tasks import moments
 from metricpipe.tasks.base import seed_of
@@ -70,9 +70,6 @@ def _train(est, spec: dict, data_url: str, stats_url: str, copy_url: str, block_
         keep_pos, n, val = None, n, {}
         if est.validation:
             keep_pos, n, val = _validation(est, data_url, copy_url)
-            if keep_pos is not None and init is not None:   # carved from the train split: out of the PCA start too
-                stats = moments.without_rows(load_arrays(stats_url)[0], val["X_val"], val["y_val"])
-                init, scale = stats["pca_components"][:est.dim], moments.row_scale(stats)
         t0 = time.perf_counter()
         est.fit_stream(shuffle.stream_pools(copy_url, block_rows, est.random_state, keep_pos), n, D, init, **val,
                        row_scale=scale)

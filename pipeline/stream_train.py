@@ -29,7 +29,7 @@ def validation_rows(est, split, labels, train, allowed_train, keys, seed):
     classes = est.trained_classes(int(labels.max()) + 1) if hasattr(est, "trained_classes") else np.unique(labels)
     val = np.flatnonzero((split == VAL) & np.isin(labels, classes))
     if len(val):  # the user's val split, a seeded sample of at most ``validation`` rows
-        return val[np.sort(np.random.default_rng([seed, 7]).permutation(len(val))[:est.validation])], keep, False
+        return stream.seeded_sample(val, est.validation, seed), keep, False
     pos = np.flatnonzero(allowed_train)
     vpos = pos[stream.validation_split(labels[train][pos], est.validation, keys[pos], seed)]
     keep[vpos] = False
@@ -78,7 +78,7 @@ def _train(est, spec: dict, data_url: str, stats_url: str, shuffled_url: str, ch
         if carved:
             pos = np.flatnonzero(others[train])
             new = train[pos[stream.validation_split(labels[train][pos], est.validation, keys[pos], seed)]]
-        new = new[np.sort(np.random.default_rng([seed, 7]).permutation(len(new))[:est.validation])]
+        new = stream.seeded_sample(new, est.validation, seed)
         extra.update(X_new=read_rows(f"{data_url}/features", new), y_new=labels[new])
         if carved:
             scoring[new] = VAL

@@ -90,12 +90,15 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     code_metric: str = "euclidean"
     requires_nonnegative: bool = False   # NML: the pipeline refuses staged features with a negative value
     search_space: dict = {}
+    # another space where a set parameter changes what the searched one means: {(name, value): space}
+    search_space_when: dict = {}
     selection_metric: str = "knn1"
 
     @classmethod
     def search_grid(cls, params: dict) -> dict:
         """The search space for an entry with these parameters (a subclass drops what they make moot)."""
-        return cls.search_space
+        return next((space for (k, v), space in cls.search_space_when.items() if params.get(k) == v),
+                    cls.search_space)
 
     # -- scikit-learn plumbing -------------------------------------------------------------------------
     def _validate_params(self):

@@ -159,29 +159,18 @@ def finalize_statistics(m: Moments, n_components: int | None = None) -> dict:
 
 
 def without_rows(stats: dict, X: np.ndarray, y: np.ndarray) -> dict:
-    """:func:`finalize_statistics` of the rows ``stats`` describes less rows X (n, D) with class codes
-    y (n,) that they include: Chan's combination solved for one part. How a learner's validation rows,
-    carved from a train split whose statistics hold them, leave its class means, PCA start and scale
-    (as in-memory ``fit`` leaves them out)."""
-    C = len(stats["class_means"])
+    """``stats`` with the class counts and class means of the rows it describes less rows X (n, D) with
+    class codes y (n,), which it includes: how rows held out to score a learner (validation) leave the
+    means it classifies with. What reads no label (the mean, covariance, PCA basis and scale) stays that
+    of every row, so nothing of size D x D is touched."""
     counts = np.asarray(stats["class_counts"], np.int64)
-    n_t = int(stats["n_samples"])
-    mean_t = np.asarray(stats["mean"], np.float64)
-    cov = stats.get("covariance")
-    m2_t = None if cov is None else np.asarray(cov, np.float64) * (n_t - 1)
-    b = partial_moments(np.asarray(X), np.asarray(y, np.int64), C, second=m2_t is not None)
-    n = n_t - b.n
-    if n < 2 or np.any(b.class_counts > counts):
-        raise ValueError(f"without_rows: {b.n} rows are not a part of the {n_t} rows the statistics describe")
-    mean = (n_t * mean_t - b.n * b.mean) / n
-    m2 = None
-    if m2_t is not None:
-        d = mean - b.mean
-        m2 = m2_t - b.m2 - (n * b.n / n_t) * np.outer(d, d)
+    b = partial_moments(np.asarray(X), np.asarray(y, np.int64), len(counts), second=False)
+    left = counts - b.class_counts
+    if np.any(left < 0):
+        raise ValueError(f"without_rows: {b.n} rows are not a part of the {int(counts.sum())} rows the statistics "
+                         f"describe")
     sums = np.asarray(stats["class_means"], np.float64) * counts[:, None] - b.class_sums
-    k = len(stats["pca_components"]) if "pca_components" in stats else None
-    sumsq = float(stats["mean_sq_norm"]) * n_t - b.sumsq
-    return finalize_statistics(Moments(n, mean, m2, counts - b.class_counts, sums, sumsq), k)
+    return {**stats, "class_counts": left, "class_means": class_means(left, sums)}
 
 
 def row_scale(stats: dict) -> float:
@@ -221,17 +210,8 @@ def fix_signs(comps: np.ndarray) -> np.ndarray:
     return comps * signs[:, None]
 
 
-def statistics(X: np.ndarray, y: np.ndarray | None = None, n_components: int | None = None,
-               rows: np.ndarray | None = None, block_rows: int = 65536) -> dict:
+def statistics(X: np.ndarray, y: np.ndarray | None = None, n_components: int | None = None) -> dict:
     """In memory, what the statistics stage computes out of core: :func:`finalize_statistics` of
-    the moments of X (n, D) with class codes y (n,) in 0..C-1 (None: one class). ``rows`` (a boolean
-    mask): the moments of those rows only (a learner's validation rows left out), taken
-    ``block_rows`` at a time so X is not copied; C still counts every class of y."""
+    the moments of X (n, D) with class codes y (n,) in 0..C-1 (None: one class)."""
     y = np.zeros(len(X), np.int64) if y is None else np.asarray(y, np.int64)
-    C = int(y.max()) + 1 if len(y) else 1
-    if rows is None:
-        return finalize_statistics(partial_moments(X, y, C), n_components)
-    rows = np.asarray(rows, bool)
-    parts = [partial_moments(np.asarray(X[a:a + block_rows])[rows[a:a + block_rows]], y[a:a + block_rows][rows[a:a + block_rows]], C)
-             for a in range(0, max(len(X), 1), block_rows)]
-    return finalize_statistics(combine_all(parts), n_components)
+    return finalize_statistics(partial_moments(X, y, int(y.max()) + 1 if len(y) else 1), n_components)

@@ -503,9 +503,9 @@ class _MetricLearner(Learner):
         allowed = np.isin(codes, self.trained_classes(C))
         keep = allowed.copy()
         keys = stream.row_keys(X)
-        # rows that score (validation, the new classes' monitor) stay out of the class means, the
-        # centroids, the PCA start and the scale too, as the pipeline's val split does: a mean that
-        # holds its own validation rows makes their error optimistic (NCMC: 0 on digits)
+        # rows that score (validation, the new classes' monitor) stay out of the class means and the
+        # centroids, as the pipeline's val split does: a mean that holds its own validation rows makes
+        # their error optimistic (NCMC's was 0 on digits). The PCA start and scale read no label.
         rows = np.ones(len(X), bool)
         if X_val is None:
             pos = np.flatnonzero(allowed)
@@ -525,10 +525,13 @@ class _MetricLearner(Learner):
                 raise InputError(f"{type(self).__name__}: y_val holds labels that are not in y")
         if not keep.any():
             raise InputError(f"{type(self).__name__}: no training rows left for SGD after the validation rows")
-        rows[self._monitor_rows(codes, keys, seed)] = False
-        stats = moments.statistics(X, codes, rows=rows)
+        monitor = self._monitor_rows(codes, keys, seed)
+        rows[monitor] = False
+        stats = moments.statistics(X, codes)
+        if not rows.all():
+            stats = moments.without_rows(stats, X[~rows], codes[~rows])
         br = block_rows or stream.block_rows_for(X.shape[1])
-        extra = self._memory_inputs(X, codes, keep, rows, keys, seed)
+        extra = self._memory_inputs(X, codes, keep, rows, monitor, keys, seed)
         classes = self.classes_
         self.fit_stream(stats, stream.pools(X, codes, keep, br, seed, keys), Xv, yv, **extra)
         self.classes_ = classes
@@ -538,9 +541,9 @@ class _MetricLearner(Learner):
         """Positions of rows held out to score something other than early stopping (none here)."""
         return np.zeros(0, np.int64)
 
-    def _memory_inputs(self, X, codes, keep, rows, keys, seed) -> dict:
+    def _memory_inputs(self, X, codes, keep, rows, monitor, keys, seed) -> dict:
         """What ``fit_stream`` takes beyond the statistics and pools; ``keep``: SGD's rows, ``rows``:
-        every row but those held out to score."""
+        every row but those held out to score, ``monitor``: :meth:`_monitor_rows`'s."""
         return {}
 
     def _start(self, stats: dict):
@@ -729,11 +732,7 @@ class NCMML(_NCMClassifier, _MetricLearner):
     selection_metric = "ncm"
     # the dot form (Eq. 27) steps on scores, not squared distances: lr 10 and more diverged on digits
     # and Fashion 14 x 14, whose validation error was lowest at 1 and 3 (0.1 never left the start)
-    DOT_SPACE = {"lr": [1.0, 0.3, 3.0, 10.0, 0.1]}
-
-    @classmethod
-    def search_grid(cls, params: dict) -> dict:
-        return cls.DOT_SPACE if params.get("objective") == "dot" else cls.search_space
+    search_space_when = {("objective", "dot"): {"lr": [1.0, 0.3, 3.0, 10.0, 0.1]}}
 
     method = "ncmml"
     _parameter_constraints = {**_SGD_CONSTRAINTS, "objective": [StrOptions({"euclidean", "dot"})]}
@@ -751,15 +750,16 @@ class NCMML(_NCMClassifier, _MetricLearner):
         self.random_state = random_state
 
     def _monitor_rows(self, codes, keys, seed) -> np.ndarray:
-        """The other classes' rows to monitor (``classes`` set): a stratified share, as validation."""
+        """The other classes' rows to monitor (``classes`` set): a stratified share, as validation,
+        then ``validation`` rows at most (as the pipeline takes them)."""
         new = np.flatnonzero(~np.isin(codes, self.trained_classes(len(self.classes_))))
         if self.classes is None or not len(new):
             return np.zeros(0, np.int64)
-        return new[stream.validation_split(codes[new], self.validation, keys[new], seed)]
+        return stream.seeded_sample(new[stream.validation_split(codes[new], self.validation, keys[new], seed)],
+                                    self.validation, seed)
 
-    def _memory_inputs(self, X, codes, keep, rows, keys, seed) -> dict:
-        pick = self._monitor_rows(codes, keys, seed)
-        return {"X_new": X[pick], "y_new": codes[pick]} if len(pick) else {}
+    def _memory_inputs(self, X, codes, keep, rows, monitor, keys, seed) -> dict:
+        return {"X_new": X[monitor], "y_new": codes[monitor]} if len(monitor) else {}
 
     def fit_stream(self, statistics: dict, pools, X_val, y_val, X_new=None, y_new=None):
         """The pipeline's entry point (``fit`` calls it too): W from the statistics' PCA directions
@@ -862,7 +862,7 @@ class NCMC(_NCMClassifier, _MetricLearner):
                             self.centroids, blocks, self.kmeans_iters,
                             np.random.default_rng([seed_of(self.random_state), 11]))
 
-    def _memory_inputs(self, X, codes, keep, rows, keys, seed) -> dict:
+    def _memory_inputs(self, X, codes, keep, rows, monitor, keys, seed) -> dict:
         pos = np.flatnonzero(rows)          # k-means sees no validation row (nor does any mean)
         sample = pos[self.kmeans_sample(codes[pos], keys[pos], seed,
                                         self.kmeans_per_class(len(self.classes_), X.shape[1]))]
@@ -948,7 +948,7 @@ class KNNML(_MetricLearner):
         pos = np.flatnonzero(keep)
         return pos[stream.stratified_subset(labels[pos], size, stream.rank(keys[pos], seed, stream.REFERENCE))]
 
-    def _memory_inputs(self, X, codes, keep, rows, keys, seed) -> dict:
+    def _memory_inputs(self, X, codes, keep, rows, monitor, keys, seed) -> dict:
         ref = self.reference_rows(codes, keep, keys, self.validation, seed)
         return {"reference": (X[ref], codes[ref])}
 

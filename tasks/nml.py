@@ -423,8 +423,8 @@ class _PairLearner(Learner):
             keep[held] = False
             val = (X[held], codes[held])
         n = len(X) if keep is None else int(keep.sum())
-        return self._fit_labels(stream.pools(X, codes, keep, br, seed, keys), n, X.shape[1],
-                                *self._memory_init(X, keep), seed, val)
+        return self._fit_labels(stream.pools(X, codes, keep, br, seed, keys), n, X.shape[1], *self._memory_init(X),
+                                seed, val)
 
     def fit_pairs(self, pairs, y, X=None, block_rows=None):
         """Learn from pairs given by the user (metric-learn's ``_PairsClassifierMixin`` convention).
@@ -711,11 +711,7 @@ class NML(_PairLearner):
     selection_metric = "map"
     # Algorithm 1's plain SGD: its step grows with D (the chi2 gradient at l1-normalised rows is small);
     # validation mAP was highest at 1 on digits (64-d), 10 on Fashion 14 x 14 (196-d), ~300 on 784-d
-    SGD_SPACE = {"lr": [10.0, 1.0, 100.0, 1000.0]}
-
-    @classmethod
-    def search_grid(cls, params: dict) -> dict:
-        return cls.SGD_SPACE if params.get("optimizer") == "sgd" else cls.search_space
+    search_space_when = {("optimizer", "sgd"): {"lr": [10.0, 1.0, 100.0, 1000.0]}}
 
     method = "nml"
     _kind = "nml"
@@ -736,7 +732,7 @@ class NML(_PairLearner):
         self.validation = validation
         self.random_state = random_state
 
-    def _memory_init(self, X, rows=None):
+    def _memory_init(self, X):
         return None, 1.0
 
     def _default_init(self, n_features: int, seed: int) -> np.ndarray:
@@ -800,11 +796,7 @@ class LinearML(_PairLearner):
     search_space = {"lr": [0.1, 0.01, 1.0, 10.0]}
     selection_metric = "map"
     # Adam's step is per entry (lr / s): validation mAP was highest at 0.01 on digits and Fashion 14 x 14
-    ADAM_SPACE = {"lr": [0.01, 0.001, 0.1]}
-
-    @classmethod
-    def search_grid(cls, params: dict) -> dict:
-        return cls.ADAM_SPACE if params.get("optimizer") == "adam" else cls.search_space
+    search_space_when = {("optimizer", "adam"): {"lr": [0.01, 0.001, 0.1]}}
 
     method = "linear-ml"
     _kind = "linear"
@@ -824,8 +816,8 @@ class LinearML(_PairLearner):
         self.validation = validation
         self.random_state = random_state
 
-    def _memory_init(self, X, rows=None):
-        stats = moments.statistics(X, rows=rows)   # the validation rows left out, as the pipeline's
+    def _memory_init(self, X):
+        stats = moments.statistics(X)
         return stats["pca_components"], moments.row_scale(stats)
 
     def _default_init(self, n_features: int, seed: int) -> np.ndarray:

@@ -142,6 +142,13 @@ def stratified_subset(labels: np.ndarray, size: int, rank: np.ndarray, leave: in
 VALIDATION, KMEANS, REFERENCE = 1, 2, 3   # purposes of :func:`rank`
 
 
+def seeded_sample(rows: np.ndarray, size: int, seed) -> np.ndarray:
+    """At most ``size`` of ``rows``, a seeded sample kept in order (the val split's rows a learner
+    validates on; the other classes' rows an NCMML with ``classes`` monitors, in memory and in the
+    pipeline alike)."""
+    return rows[np.sort(np.random.default_rng([seed, 7]).permutation(len(rows))[:size])]
+
+
 def validation_split(labels: np.ndarray, size: int, keys: np.ndarray, seed) -> np.ndarray:
     """Positions held out of SGD for early stopping: a stratified sample of at most a fifth of the
     rows (SGD keeps most of them, and at least one of every class), ``size`` at most; ``keys``: the

@@ -990,3 +990,27 @@ def test_a_built_in_data_set_refuses_array_names_it_would_ignore(tmp_path, args,
 def test_unlock_of_a_missing_store_says_so(tmp_path):
     res = _invoke("unlock", tmp_path / "nope")
     assert res.exit_code == 2 and "no such store" in res.output and len(res.output.strip().splitlines()) == 1
+
+
+def test_an_object_store_refusal_that_s3fs_raises_as_oserror_is_one_line(monkeypatch, tmp_path):
+    """s3fs turns botocore's refusals (a wrong key, access denied) into PermissionError and the like:
+    those were re-raised as tracebacks; an OSError from elsewhere still is."""
+    import metricpipe.models
+    from botocore.exceptions import ClientError
+    from s3fs.errors import translate_boto_error
+
+    def refused(store):
+        try:
+            raise ClientError({"Error": {"Code": "InvalidAccessKeyId", "Message": "The key does not exist"}},
+                              "ListObjectsV2")
+        except ClientError as e:
+            raise translate_boto_error(e)
+    monkeypatch.setattr(metricpipe.models, "describe", refused)
+    monkeypatch.setattr(metricpipe.models, "damaged_models", lambda store: [])
+    res = _invoke("models", "s3://bucket/run")
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
+    assert res.output.startswith("error: s3://bucket/run: the object store refused the request: An error occurred "
+                                 "(InvalidAccessKeyId)"), res.output
+    monkeypatch.setattr(metricpipe.models, "describe", lambda store: (_ for _ in ()).throw(PermissionError(13, "x")))
+    with pytest.raises(PermissionError):                 # not an object store's: raised as it was
+        _invoke("models", str(tmp_path))

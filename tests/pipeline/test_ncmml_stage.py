@@ -378,7 +378,7 @@ def _stats_url(trained):
 
 
 def test_a_model_trained_on_some_classes_records_the_others_validation_error(trained):
-    """Section 5.3's protocol: W is chosen on the trained classes; the other classes' NCM error over
+    """Section 5.4's protocol: W is chosen on the trained classes; the other classes' NCM error over
     all class means is recorded at every validation and at the kept W (never used to choose it)."""
     _, data, models, _, _ = trained
     [(spec, unit)] = [(s, u) for s, u in models if s["method"] == "ncmml" and s.get("classes") == [0, 1, 2]

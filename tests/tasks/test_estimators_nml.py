@@ -268,17 +268,3 @@ def test_early_stopping_keeps_the_l_with_the_best_validation_map(cls):
         assert len(checks) - 1 - checks.index(best) == nml.PATIENCE
     off = clone(est).set_params(validation=0).fit(X, y)
     assert off.best_iter_ is None and off.pairs_seen_ == 20000
-
-
-def test_linearml_validation_rows_carved_from_x_are_not_in_its_pca_start():
-    """The PCA start leaves out the rows that score early stopping: fitting on X equals fitting on
-    the other rows with those as X_val."""
-    X, y = load_digits(return_X_y=True)
-    X = X.astype(np.float32)
-    kw = {"dim": 8, "pairs": 2000, "iters": 2000, "validation": 300, "random_state": 0}
-    val = stream.validation_split(y, 300, stream.row_keys(X), 0)
-    rest = np.ones(len(y), bool)
-    rest[val] = False
-    a = LinearML(**kw).fit(X, y)
-    b = LinearML(**kw).fit(X[rest], y[rest], X_val=X[val], y_val=y[val])
-    np.testing.assert_array_equal(a.transform(X), b.transform(X))

@@ -103,13 +103,15 @@ def test_finalize_needs_two_rows():
         finalize_statistics(partial_moments(np.ones((1, 3)), np.array([0]), 2))
 
 
-def test_statistics_of_masked_rows_equal_those_of_the_rows_alone_and_keep_every_class():
+def test_without_rows_gives_the_class_means_of_the_other_rows_and_keeps_the_rest():
     X, y = make_blobs(n=700, d=6, classes=4, seed=5)
-    rows = np.random.default_rng(0).random(700) > 0.3
-    rows[y == 3] = False                       # a class with no row left: counted, its mean zero
-    a = moments.statistics(X, y, rows=rows, block_rows=97)
-    b = moments.statistics(X[rows], y[rows])
-    assert len(a["class_means"]) == 4 and len(b["class_means"]) == 3
-    for k in ("mean", "covariance", "mean_sq_norm"):
-        close(np.asarray(a[k]), np.asarray(b[k]), TOL[X.dtype.type])
-    close(a["class_means"][:3], b["class_means"], TOL[X.dtype.type])
+    stats = moments.statistics(X, y)
+    out = np.zeros(700, bool)
+    out[np.random.default_rng(0).choice(700, 120, replace=False)] = True
+    got = moments.without_rows(stats, X[out], y[out])
+    close(got["class_means"], np.stack([X[~out & (y == c)].mean(0) for c in range(4)]), TOL[X.dtype.type])
+    assert got["class_counts"].tolist() == np.bincount(y[~out], minlength=4).tolist()
+    for k in ("mean", "covariance", "pca_components", "mean_sq_norm"):   # what reads no label: every row's
+        assert got[k] is stats[k]
+    with pytest.raises(ValueError, match="not a part of"):
+        moments.without_rows(got, X[y == 0], y[y == 0])   # more rows of class 0 than it has left
