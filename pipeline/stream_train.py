@@ -53,12 +53,14 @@ def _train(est, spec: dict, data_url: str, stats_url: str, shuffled_url: str, ch
     layout_rows = open_array(f"{shuffled_url}/row")[:]
     keep_pos = keep[np.searchsorted(train, layout_rows)]
     extra = {}
-    # rows carved from the train split to score (validation; the new classes' monitor) leave the
-    # statistics, as in-memory fit leaves them out: a class mean holding its own validation rows makes
-    # their error optimistic
+    # rows carved from the train split to score (validation; the new classes' monitor) leave the class
+    # means and NCMC's centroids, as in-memory fit leaves them out: a class mean holding its own
+    # validation rows makes their error optimistic
     scoring = split.copy()
+    taken = []                 # (rows, labels) of those, already read for scoring
     if held_out:
         scoring[val] = VAL
+        taken.append((Xv, yv))
     if hasattr(est, "kmeans"):  # NCMC: centroids by k-means over the train rows
         D = open_array(f"{data_url}/features").shape[1]
         fit_rows = np.flatnonzero(scoring == TRAIN)
@@ -82,12 +84,12 @@ def _train(est, spec: dict, data_url: str, stats_url: str, shuffled_url: str, ch
         extra.update(X_new=read_rows(f"{data_url}/features", new), y_new=labels[new])
         if carved:
             scoring[new] = VAL
+            taken.append((extra["X_new"], extra["y_new"]))
     elif hasattr(est, "reference_rows"):  # k-NN ML: the rows validation queries search
         ref = train[est.reference_rows(labels[train], keep, keys, est.validation, seed)]
         extra["reference"] = (read_rows(f"{data_url}/features", ref), labels[ref])
-    taken = np.flatnonzero((scoring == VAL) & (split == TRAIN))
-    if len(taken):
-        stats = moments.without_rows(stats, read_rows(f"{data_url}/features", taken), labels[taken])
+    for X_taken, y_taken in taken:
+        stats = moments.without_rows(stats, X_taken, y_taken)
     t0 = time.perf_counter()
     est.fit_stream(stats, shuffle.stream_pools(shuffled_url, block_rows, seed, keep_pos), Xv, yv, **extra)
     extra_facts = {k: getattr(est, f"{k}_") for k in ("val_error_new_classes", "best_iter_new_classes")

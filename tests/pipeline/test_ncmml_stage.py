@@ -402,6 +402,13 @@ def test_a_model_trained_on_some_classes_records_the_others_validation_error(tra
     means = est.centroids_.astype(np.float64) @ W
     pred = (((X[rows] @ W)[:, None, :] - means[None]) ** 2).sum(-1).argmin(1)
     assert np.mean(pred != data.labels[rows]) == pytest.approx(est.val_error_new_classes_, abs=1e-12)
+    # neither those rows nor the validation rows carved from the trained classes are in any class mean
+    mine = np.flatnonzero(np.isin(data.labels[train], [0, 1, 2]))
+    val = train[mine[stream.validation_split(data.labels[train][mine], est.validation, keys[mine], 0)]]
+    rest = data.split == 0
+    rest[np.concatenate([rows, val])] = False
+    for c in range(5):
+        np.testing.assert_allclose(est.centroids_[c], X[rest & (data.labels == c)].mean(0), rtol=1e-5, atol=1e-7)
 
 
 def test_labels_are_compared_by_value_and_predict_returns_the_models_kind(trained, tmp_path):
