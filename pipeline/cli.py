@@ -47,12 +47,8 @@ def handle_errors(fn):
                 _echo(f"to resume: {_resume_command(kwargs)} (finished stages are kept)")
             sys.exit(EXIT_INPUT)
         except OSError as e:
-            hint = _object_store_error(e)   # s3fs raises botocore's refusals as OSError (PermissionError, ...)
-            if hint is not None:
-                if verbose:
-                    traceback.print_exc()
-                _echo(f"error: {kwargs.get('store') or 'object storage'}: {hint}")
-                sys.exit(EXIT_INPUT)
+            if _object_store_error(e) is not None:   # s3fs raises botocore's refusals as OSError (PermissionError, ...)
+                _exit_object_store(e, verbose, kwargs)
             if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
                 raise
             if verbose:
@@ -63,14 +59,17 @@ def handle_errors(fn):
         except KeyboardInterrupt as e:
             _stop_interrupted(e, kwargs)
         except Exception as e:
-            hint = _object_store_error(e)
-            if hint is None:
+            if _object_store_error(e) is None:
                 raise
-            if verbose:
-                traceback.print_exc()
-            _echo(f"error: {kwargs.get('store') or 'object storage'}: {hint}")
-            sys.exit(EXIT_INPUT)
+            _exit_object_store(e, verbose, kwargs)
     return wrapper
+
+
+def _exit_object_store(e: BaseException, verbose: bool, kwargs: dict) -> None:
+    if verbose:
+        traceback.print_exc()
+    _echo(f"error: {kwargs.get('store') or 'object storage'}: {_object_store_error(e)}")
+    sys.exit(EXIT_INPUT)
 
 
 def _object_store_error(e: BaseException) -> str | None:

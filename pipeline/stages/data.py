@@ -1,8 +1,8 @@
 """Stage 1, staging: read the source in row-blocks, validate, normalise, write `features` (sample, feature)."""
 import os
 import time
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 

@@ -113,17 +113,20 @@ def test_unset_parameters_are_searched_set_ones_never():
     assert "select" in registry.expand_method({"method": "sparse", "sparsity": 0.9})[0]
 
 
-@pytest.mark.parametrize("entry, grid", [
-    ({"method": "nml"}, [0.001, 0.0001, 0.01]), ({"method": "nml", "optimizer": "sgd"}, [10.0, 1.0, 100.0, 1000.0]),
-    ({"method": "linear-ml"}, [0.1, 0.01, 1.0, 10.0]), ({"method": "linear-ml", "optimizer": "adam"}, [0.01, 0.001, 0.1]),
-    ({"method": "ncmml"}, [30.0, 3.0, 10.0, 100.0, 300.0]),
-    ({"method": "ncmml", "objective": "dot"}, [1.0, 0.3, 3.0, 10.0, 0.1])])
-def test_the_lr_grid_follows_the_optimizer_and_the_objective(entry, grid):
+@pytest.mark.parametrize("method, key, value", [("nml", "optimizer", "sgd"), ("linear-ml", "optimizer", "adam"),
+                                               ("ncmml", "objective", "dot")])
+def test_the_lr_grid_follows_the_optimizer_and_the_objective(method, key, value):
     """A step size means another thing under Adam, plain SGD or the dot form: the grid of the one the
     entry sets (Adam's lr 0.001 left Algorithm 1's NML at its start; lr 30 diverged for the dot form)."""
-    [spec] = registry.expand_method(entry)
-    assert spec["select"]["grid"] == {"lr": grid}
-    assert [c["lr"] for c in registry.candidates(spec)] == grid
+    cls = registry.estimator_class(method, {})
+    other, default = cls.search_space_when[(key, value)]["lr"], cls.search_space["lr"]
+    assert other != default and cls().get_params()[key] != value   # the set value is not the default one
+    for entry, grid in (({"method": method}, default), ({"method": method, key: value}, other)):
+        [spec] = registry.expand_method(entry)
+        assert spec["select"]["grid"] == {"lr": grid}
+        assert [c["lr"] for c in registry.candidates(spec)] == grid
+    [spec] = registry.expand_method({"method": method, key: value, "lr": 0.5})   # set: never searched
+    assert "select" not in spec
 
 
 @pytest.mark.parametrize("entry, words", [
