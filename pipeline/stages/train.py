@@ -9,6 +9,8 @@ estimator (``storage.save_model``).
 import time
 import warnings
 
+import numpy as np
+
 from metricpipe import nml_train, select, slem_train, slne_train, sparse_train, stream_train
 from metricpipe.context import StageContext
 from metricpipe.budget import refuse_without_dense_covariance
@@ -79,6 +81,26 @@ def _copy_rows(specs: list, n_classes: int) -> dict:
     return need
 
 
+def _check_val_classes(ctx: StageContext, data: DataInfo, n: int, spec: dict) -> None:
+    """A learner whose early stopping scores every class it trains on (NCMML, NCMC, k-NN ML) needs val
+    rows of each: refused before any training, naming the classes and why the split lacks them."""
+    est = registry.make(spec)
+    if not hasattr(est, "trained_classes"):
+        return
+    wanted = est.trained_classes(len(data.classes))
+    missing = np.setdiff1d(wanted, data.labels[data.split == select.VAL])
+    if not len(missing):
+        return
+    names = ", ".join(repr(str(data.classes[c])) for c in missing[:5]) + (", ..." if len(missing) > 5 else "")
+    d = ctx.config.data
+    why = (" (data.split.val: auto carves val rows only from train rows that no pair of data.pairs joins, and "
+           "these classes have at most 2 such rows)" if d.pairs and d.split.val == "auto" else "")
+    raise InputError(f"{ctx.config.source_file}: {ctx.config.entry(n)} ({model_id(spec)}): the val split holds no "
+                     f"row of {len(missing)} of the {len(wanted)} classes it trains on ({names}){why}, and its early "
+                     f"stopping scores every class; give val rows of them (data.split.column) or set "
+                     f"data.split.val: 0 (each learner then holds out its own share of train)")
+
+
 def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit | None) -> list[tuple[dict, Unit]]:
     """One model per spec of the config; a spec with parameters left to selection trains every
     candidate and keeps the best on the validation split (``metricpipe.select``). Returns
@@ -87,7 +109,9 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
     has_val = bool((data.split == select.VAL).any())
     if not has_val and any(spec.get("select") for spec in ctx.config.methods):
         ctx.log("  train: the data has no validation rows (data.split.val: 0), so parameters keep their defaults")
-    for spec in ctx.config.methods:
+    for n, spec in enumerate(ctx.config.methods):
+        if has_val:
+            _check_val_classes(ctx, data, n, spec)
         cands = registry.candidates(spec) if has_val else registry.candidates(spec)[:1]
         cunits = [ctx.store.unit("models", model_key(c, stats, neighbours, data)) for c in cands]
         sel_unit, done = None, False

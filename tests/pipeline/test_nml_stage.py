@@ -58,6 +58,29 @@ def test_val_auto_leaves_the_rows_user_pairs_join_in_train(tmp_path):
 
 
 @pytest.mark.integration
+def test_val_auto_without_a_class_next_to_user_pairs_names_why_before_training(client, tmp_path):
+    """Pairs joining all but 2 train rows of class 3 leave val: auto no row of it to carve; NCMML's
+    early stopping scores every class, so the run stops before training with the reason (the worker's
+    message told the user to give 'the data's val rows', which they never set)."""
+    X, y = make_blobs(n=800, d=6, classes=4, sep=1.0, seed=2)
+    np.savez(tmp_path / "d.npz", X=np.abs(X), y=y)
+    cfg = parse_config({"data": {"path": str(tmp_path / "d.npz")}})
+    split = prepare_data(cfg, Store(str(tmp_path / "probe"))).info.split
+    three = np.flatnonzero((y == 3) & (split != 1))[2:]          # class 3's train + val rows, all but 2
+    others = np.flatnonzero((y != 3) & (split != 1))[:len(three)]
+    np.savez(tmp_path / "p.npz", i=three, j=others, y=-np.ones(len(three), np.int64))
+    ctx, data, stats = staged(client, tmp_path / "s", {
+        "data": {"path": str(tmp_path / "d.npz"), "pairs": str(tmp_path / "p.npz")},
+        "methods": [{"method": "nml", "dim": 2}, {"method": "ncmml", "dim": 2}]})
+    assert not ((data.labels == 3) & (data.split == 2)).any() and ((data.labels == 0) & (data.split == 2)).any()
+    with pytest.raises(InputError, match=r"methods\[1\] \(ncmml-2\): the val split holds no row of 1 of the 4 classes "
+                                         r"it trains on \('3'\) \(data.split.val: auto carves val rows only from "
+                                         r"train rows that no pair of data.pairs joins.*set data.split.val: 0"):
+        run_train(ctx, data, stats, None)
+    assert not [p for p in (tmp_path / "s").rglob("*") if "models" in p.parts]   # before any model trained
+
+
+@pytest.mark.integration
 def test_nml_and_linear_ml_train_encode_and_match_their_definitions(client, tmp_path):
     X, y = _data(tmp_path)
     ctx, data, stats = staged(client, tmp_path / "s", {
