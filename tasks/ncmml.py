@@ -26,7 +26,7 @@ import numpy as np
 from sklearn.base import ClassifierMixin
 
 from metricpipe.tasks import moments, stream
-from metricpipe.tasks.base import (COUNT, DIM, POSITIVE, RANDOM_STATE, Interval, Learner, Options, StrOptions,
+from metricpipe.tasks.base import (COUNT, DIM_OR_NONE, POSITIVE, RANDOM_STATE, Interval, Learner, Options, StrOptions,
                                    one_blas_thread, seed_of)
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.moments import class_sums
@@ -422,7 +422,7 @@ PATIENCE = 0.5        # SGD stops after this share of its validations (iters / v
                       # for a few hundred steps before it falls below the start, so half, not a fixed 5.
 
 _SGD_CONSTRAINTS = {
-    "dim": DIM,
+    "dim": DIM_OR_NONE,
     "batch": [Interval(Integral, 2, None, closed="left")],
     "lr": POSITIVE,
     "iters": COUNT,
@@ -441,6 +441,7 @@ class _MetricLearner(Learner):
     Codes are ``x @ components_`` with ``components_ = W.T`` (D, dim).
     """
     dim_within_features = True
+    DEFAULT_DIM = 32   # dim None: this many PCA directions, or all of them when the data has fewer
 
     def _validate_params(self):
         super()._validate_params()
@@ -548,13 +549,13 @@ class _MetricLearner(Learner):
 
     def _start(self, stats: dict):
         comps = stats["pca_components"]
-        if self.dim > len(comps):
+        if self.dim is not None and self.dim > len(comps):
             raise InputError(f"The 'dim' parameter of {type(self).__name__} must be <= {len(comps)}, the PCA "
                              f"directions W starts from (n_features = {len(stats['mean'])}). Got {self.dim} instead.")
         self._validate_params()
         self.n_features_in_ = int(len(stats["mean"]))
         self.classes_ = np.arange(len(stats["class_means"]))
-        return comps[:self.dim]
+        return comps[:min(len(comps), self.DEFAULT_DIM) if self.dim is None else self.dim]
 
     def _run(self, sgd: "MetricSGD", pools, Xv, yv, error, batches) -> None:
         """The SGD loop: batches from each pool until ``iters`` steps; early stopping on validation."""
@@ -694,8 +695,9 @@ class NCMML(_NCMClassifier, _MetricLearner):
 
     Parameters
     ----------
-    dim : int, default=32
-        Rows of W: the code dimension.
+    dim : int or None, default=None
+        Rows of W: the code dimension. None: 32, or every PCA direction when the data has fewer
+        features (so the defaults run on 13-d data as on 4,096-d; a dim set above them is refused).
     objective : {'euclidean', 'dot'}, default='euclidean'
     batch : int, default=1000
         Images per SGD step.
@@ -737,7 +739,7 @@ class NCMML(_NCMClassifier, _MetricLearner):
     method = "ncmml"
     _parameter_constraints = {**_SGD_CONSTRAINTS, "objective": [StrOptions({"euclidean", "dot"})]}
 
-    def __init__(self, dim=32, objective="euclidean", batch=1000, lr=30.0, iters=2000, validate_every=100,
+    def __init__(self, dim=None, objective="euclidean", batch=1000, lr=30.0, iters=2000, validate_every=100,
                  validation=5000, classes=None, random_state=None):
         self.dim = dim
         self.objective = objective
@@ -822,7 +824,7 @@ class NCMC(_NCMClassifier, _MetricLearner):
     _parameter_constraints = {**_SGD_CONSTRAINTS, "centroids": COUNT, "train_centroids": [Options(Integral, {1}), None],
                               "kmeans_iters": COUNT}
 
-    def __init__(self, dim=32, centroids=10, train_centroids=None, kmeans_iters=10, batch=1000, lr=30.0,
+    def __init__(self, dim=None, centroids=10, train_centroids=None, kmeans_iters=10, batch=1000, lr=30.0,
                  iters=2000, validate_every=100, validation=5000, classes=None, random_state=None):
         self.dim = dim
         self.centroids = centroids
@@ -928,7 +930,7 @@ class KNNML(_MetricLearner):
         bounds what ``iters`` steps read."""
         return None
 
-    def __init__(self, dim=32, targets="dynamic", k=5, batch=300, lr=0.1, margin=1.0, iters=2000,
+    def __init__(self, dim=None, targets="dynamic", k=5, batch=300, lr=0.1, margin=1.0, iters=2000,
                  validate_every=100, validation=5000, classes=None, random_state=None):
         self.dim = dim
         self.targets = targets

@@ -29,7 +29,7 @@ from numbers import Integral, Real
 import numpy as np
 
 from metricpipe.tasks import moments, stream
-from metricpipe.tasks.base import (COUNT, DIM, NON_NEGATIVE, RANDOM_STATE, Interval, Learner, StrOptions, one_blas_thread,
+from metricpipe.tasks.base import (COUNT, DIM, DIM_OR_NONE, NON_NEGATIVE, RANDOM_STATE, Interval, Learner, StrOptions, one_blas_thread,
                                    seed_of)
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.evaluation import validation_map
@@ -557,10 +557,15 @@ class _PairLearner(Learner):
         if init.ndim != 2 or init.shape[1] != n_features:
             raise InputError(f"{type(self).__name__}: init must be an array (k, n_features={n_features}); "
                              f"got shape {init.shape}")
-        if self.dim > len(init):
+        if self.dim is not None and self.dim > len(init):
             raise InputError(f"The 'dim' parameter of {type(self).__name__} must be <= {len(init)}, the rows of init "
                              f"(the PCA components L starts from; n_features = {n_features}). Got {self.dim} instead.")
-        return init[:self.dim]
+        return init[:self.init_rows(len(init))]
+
+    def init_rows(self, available: int) -> int:
+        """Rows of the PCA start L takes: ``dim``, or for dim None ``DEFAULT_DIM`` capped at what is
+        ``available`` (the components: at most n_features)."""
+        return min(available, self.DEFAULT_DIM) if self.dim is None else self.dim
 
     def _prepare(self, X, where: str) -> np.ndarray:
         """The rows SGD compares: float32 (NML: checked non-negative and l1-normalised)."""
@@ -767,8 +772,9 @@ class LinearML(_PairLearner):
 
     Parameters
     ----------
-    dim : int, default=64
+    dim : int or None, default=None
         Output dimension (rows of L); at most the number of PCA components (n_features in memory).
+        None: 64, or every component when the data has fewer features.
     pairs, iters, batch, learn_bias, validation, random_state : as in :class:`NML`
     bias : float, default=1.0
     margin : float >= 0, default=0.2
@@ -800,9 +806,11 @@ class LinearML(_PairLearner):
 
     method = "linear-ml"
     _kind = "linear"
-    _parameter_constraints = dict(_PAIR_CONSTRAINTS)
+    _parameter_constraints = {**_PAIR_CONSTRAINTS, "dim": DIM_OR_NONE}
+    dim_within_features = True
+    DEFAULT_DIM = 64
 
-    def __init__(self, dim=64, pairs=500000, iters=1000000, batch=64, learn_bias=False, bias=1.0, margin=0.2,
+    def __init__(self, dim=None, pairs=500000, iters=1000000, batch=64, learn_bias=False, bias=1.0, margin=0.2,
                  optimizer="sgd", lr=0.1, validation=2000, random_state=None):
         self.dim = dim
         self.pairs = pairs

@@ -126,6 +126,8 @@ BAD = {
                    r"The 'dim' parameter of SparseProjector must be <= 64"),
     "slne dim": (lambda t: {"source": "digits"}, {"methods": [{"method": "slne", "input_dim": 65, "epochs": 1}]},
                  r"The 'input_dim' parameter of SLNE must be <= 64"),
+    "linear-ml dim": (lambda t: {"source": "digits"}, {"methods": [{"method": "linear-ml", "dim": 65}]},
+                      r"methods\[0\] \(linear-ml-65\): The 'dim' parameter of LinearML must be <= 64, the data's"),
     "lda dim": (lambda t: {"source": "digits"}, {"methods": [{"method": "lda", "dim": 10}]},
                 r"The 'dim' parameter of LDA must be <= 9"),
     "classes beyond the data": (lambda t: {"source": "digits"}, {"methods": [{"method": "ncmml", "classes": [0, 12]}]},

@@ -2,6 +2,8 @@ import numpy as np
 import pytest
 
 from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.ncmml import KNNML, NCMC, NCMML
+from metricpipe.tasks.nml import LinearML
 from metricpipe.tasks.normalize import normalize_rows
 from metricpipe.tasks.synthetic import SyntheticSpec
 from metricpipe.tasks.validate import check_feature_block, check_split, encode_labels
@@ -65,3 +67,19 @@ def test_synthetic_rows_do_not_depend_on_chunking():
     y = s.labels()
     means = np.stack([whole[y == c].mean(0) for c in range(5)])
     assert np.linalg.norm(means[0] - means[1]) > 1.0
+
+
+@pytest.mark.parametrize("cls,default", [(NCMML, 32), (NCMC, 32), (KNNML, 32), (LinearML, 64)])
+def test_dim_left_unset_is_capped_at_the_features_a_set_dim_is_not(cls, default):
+    """The default code width was a fixed 32 / 64, which refused any data of fewer features
+    (scikit-learn's wine: 13, breast cancer: 30) run with the defaults; unset, it is now
+    min(default, n_features), and a dim set above n_features is still refused."""
+    rng = np.random.default_rng(0)
+    small = {"iters": 30} if cls is not LinearML else {"iters": 30, "pairs": 200}
+    for d in (7, default + 3):
+        X = np.abs(rng.normal(size=(120, d))).astype(np.float32)
+        y = np.arange(120) % 3
+        est = cls(validation=30, **small).fit(X, y)
+        assert est.transform(X).shape == (120, min(d, default))
+    with pytest.raises(InputError, match=rf"The 'dim' parameter of {cls.__name__} must be <= 7"):
+        cls(dim=8, validation=30, **small).fit(X[:, :7], y)
