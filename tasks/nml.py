@@ -331,6 +331,13 @@ def pair_groups(pos_i: np.ndarray, pos_j: np.ndarray, n_rows: int, block_rows: i
 
 # ---- the estimators --------------------------------------------------------------------------------------
 
+def _can_validate(y_val) -> bool:
+    """Whether validation rows with labels ``y_val`` can score retrieval: some row has another of
+    its class to find."""
+    y_val = np.asarray(y_val)
+    return bool(len(y_val)) and np.unique(y_val, return_counts=True)[1].max() >= 2
+
+
 _PAIR_CONSTRAINTS = {
     "dim": DIM,
     "pairs": [Interval(Integral, 2, None, closed="left")],
@@ -376,7 +383,8 @@ class _PairLearner(Learner):
     one another is measured at the start and every ``iters`` / 20 pairs; L is the best seen, and
     training stops after 10 checks (half of them) in a row without a better one. The validation rows are
     (X_val, y_val) when given, else a stratified, seeded share of the training rows (at most a fifth,
-    ``validation`` at most) that SGD never sees; the pipeline gives its ``val`` split.
+    ``validation`` at most) that SGD never sees; the pipeline gives its ``val`` split. When no
+    validation row has another of its class (few-shot data), early stopping is off and every row trains.
 
     Fitted attributes: ``L_`` (dim, n_features) float32, ``bias_`` (the threshold b, learned when
     ``learn_bias``), ``history_`` (list of {"iter": pairs seen, "hinge": mean hinge since the
@@ -419,9 +427,10 @@ class _PairLearner(Learner):
         elif self.validation:
             keys = stream.row_keys(X)
             held = stream.validation_split(codes, self.validation, keys, seed)
-            keep = np.ones(len(X), bool)
-            keep[held] = False
-            val = (X[held], codes[held])
+            if _can_validate(codes[held]):   # else (few-shot data) no early stopping, and every row trains
+                keep = np.ones(len(X), bool)
+                keep[held] = False
+                val = (X[held], codes[held])
         n = len(X) if keep is None else int(keep.sum())
         return self._fit_labels(stream.pools(X, codes, keep, br, seed, keys), n, X.shape[1], *self._memory_init(X),
                                 seed, val)
@@ -527,8 +536,7 @@ class _PairLearner(Learner):
     def _fit_labels(self, pools, n_samples, n_features, init, scale: float, seed: int, val=None):
         L0 = self._start(n_features, init, seed)
         rng = np.random.default_rng([seed, 17])
-        if val is not None and (not self.validation or not len(val[1])
-                                or np.bincount(np.unique(val[1], return_inverse=True)[1]).max() < 2):
+        if val is not None and (not self.validation or not _can_validate(val[1])):
             val = None   # off, or no validation row has another of its class to find
         if val is not None:
             val = (self._prepare(val[0], f"{type(self).__name__}: validation rows"), val[1])

@@ -299,6 +299,13 @@ def rank_projectors(X: np.ndarray, key: np.ndarray, U0: np.ndarray, *, sparsity:
     return best[2].astype(np.float32), history, n_iter, (int(best[1]), float(best[0]))
 
 
+def _can_rank(key_val) -> bool:
+    """Whether validation rows with relevance keys ``key_val`` can score mAP: some row has a positive
+    (another of its key) and a negative to rank."""
+    counts = np.unique(np.asarray(key_val), return_counts=True)[1]
+    return len(counts) >= 2 and counts.max() >= 2
+
+
 def stratified_subset(labels: np.ndarray, size: int, seed, among: np.ndarray | None = None) -> np.ndarray:
     """Sorted indices of about ``size`` rows, the same share of every class (seeded).
 
@@ -357,7 +364,8 @@ class SparseProjector(Learner):
         half the checks without a better one, and the best U is kept (for dense projectors the PCA
         start is a candidate). The rows are (X_val, y_val) when given, else a stratified, seeded share
         of the rows (at most a fifth) kept out of the training subset; the pipeline gives its ``val``
-        split.
+        split. Off when no validation row has both a positive and a negative (few-shot data: then
+        every row trains).
     random_state : int, RandomState or None, default None
         Seed of the training subset and of the random half of the queries (None: 0).
 
@@ -442,8 +450,9 @@ class SparseProjector(Learner):
             val = self._check_val(X_val, y_val)
         elif self.validation:
             held = stream.validation_split(y, self.validation, stream.row_keys(X), seed)
-            among = np.setdiff1d(np.arange(len(X)), held)
-            val = (X[held], y[held])
+            if _can_rank(y[held]):   # else (few-shot data) no early stopping, and every row trains
+                among = np.setdiff1d(np.arange(len(X)), held)
+                val = (X[held], y[held])
         rows = stratified_subset(y, self.train_size, seed, among=among)
         return self._fit_subset(X[rows], y[rows], mean, components, val)
 
@@ -480,8 +489,7 @@ class SparseProjector(Learner):
                              f"instead.")
         dim = min(len(comps), self.DEFAULT_DIM) if self.dim is None else self.dim
         mean = np.asarray(mean, np.float64)
-        if val is not None and (not self.validation or len(np.unique(val[1])) < 2
-                                or np.bincount(np.unique(val[1], return_inverse=True)[1]).max() < 2):
+        if val is not None and (not self.validation or not _can_rank(val[1])):
             val = None   # off, or no validation row has a positive and a negative to rank
         if val is not None:
             n = min(self.validation, len(val[1]))

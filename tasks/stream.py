@@ -139,6 +139,31 @@ def stratified_subset(labels: np.ndarray, size: int, rank: np.ndarray, leave: in
     return np.sort(np.concatenate(picked)) if picked else np.zeros(0, np.int64)   # no rows: none picked
 
 
+def held_out(labels: np.ndarray, size: int, rank: np.ndarray, leave: int) -> np.ndarray:
+    """Sorted positions of at most ``size`` rows to hold out of training, stratified: each class its
+    share of ``size`` rounded (its rows first in ``rank``), ``leave`` of its rows always left. A class
+    whose share rounds to none (fewer rows than len(labels) / size / 2: few-shot data) gives one row
+    while the total is under ``size``, the classes in the order of their first row in ``rank``; the
+    others give none. (Taking one row of every class regardless held out half of a data set of two
+    images per class.) Where every class's share is at least one row, this is :func:`stratified_subset`."""
+    labels = np.asarray(labels)
+    if not len(labels) or size <= 0:
+        return np.zeros(0, np.int64)
+    classes, inv, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    take = np.clip(np.rint(size * counts / len(labels)).astype(np.int64), 0, np.maximum(counts - leave, 0))
+    first = np.full(len(classes), np.iinfo(np.int64).max)
+    np.minimum.at(first, inv, rank)
+    short = int(size) - int(take.sum())
+    for c in np.argsort(first, kind="stable"):      # few-shot classes, one row each, in seeded order
+        if short <= 0:
+            break
+        if take[c] == 0 and counts[c] > leave:
+            take[c], short = 1, short - 1
+    picked = [rows[np.argsort(rank[rows], kind="stable")[:t]]
+              for rows, t in zip(np.split(np.argsort(inv, kind="stable"), np.cumsum(counts)[:-1]), take) if t]
+    return np.sort(np.concatenate(picked)) if picked else np.zeros(0, np.int64)
+
+
 VALIDATION, KMEANS, REFERENCE = 1, 2, 3   # purposes of :func:`rank`
 
 
@@ -150,7 +175,7 @@ def seeded_sample(rows: np.ndarray, size: int, seed) -> np.ndarray:
 
 
 def validation_split(labels: np.ndarray, size: int, keys: np.ndarray, seed) -> np.ndarray:
-    """Positions held out of SGD for early stopping: a stratified sample of at most a fifth of the
-    rows (SGD keeps most of them, and at least one of every class), ``size`` at most; ``keys``: the
-    rows' :func:`row_keys`."""
-    return stratified_subset(labels, min(size, len(labels) // 5), rank(keys, seed, VALIDATION), leave=1)
+    """Positions held out of SGD for early stopping: a stratified sample (:func:`held_out`) of at
+    most a fifth of the rows and at most ``size`` (SGD keeps at least one row of every class; a
+    class too small for its share may have none held out); ``keys``: the rows' :func:`row_keys`."""
+    return held_out(labels, min(size, max(1, len(labels) // 5)), rank(keys, seed, VALIDATION), leave=1)

@@ -34,8 +34,9 @@ def auto_val_size(n_train: int) -> int:
 
 def _carve_val(split: np.ndarray, codes: np.ndarray, seed: int, busy: np.ndarray | None = None) -> np.ndarray:
     """``data.split.val: auto``: when no row is ``val``, a stratified, seeded share of the train rows
-    (auto_val_size) becomes the validation split; every class keeps at least two train rows. ``busy``
-    (row indices): train rows that must stay train (those the user's pairs join)."""
+    (auto_val_size, :func:`~metricpipe.tasks.stream.held_out`: a few-shot class may give none) becomes
+    the validation split; every class keeps at least two train rows. ``busy`` (row indices): train
+    rows that must stay train (those the user's pairs join)."""
     if (split == VAL).any():
         return split
     free = split == TRAIN
@@ -43,7 +44,7 @@ def _carve_val(split: np.ndarray, codes: np.ndarray, seed: int, busy: np.ndarray
         free[busy] = False
     train = np.flatnonzero(free)
     rank = np.random.default_rng([seed, 53]).permutation(len(train))
-    pos = stream.stratified_subset(codes[train], auto_val_size(len(train)), rank, leave=2)
+    pos = stream.held_out(codes[train], auto_val_size(len(train)), rank, leave=2)
     split = split.copy()
     split[train[pos]] = VAL
     return split

@@ -81,9 +81,9 @@ def _copy_rows(specs: list, n_classes: int) -> dict:
     return need
 
 
-def _check_val_classes(ctx: StageContext, data: DataInfo, n: int, spec: dict) -> None:
-    """A learner whose early stopping scores every class it trains on (NCMML, NCMC, k-NN ML) needs val
-    rows of each: refused before any training, naming the classes and why the split lacks them."""
+def _note_val_classes(ctx: StageContext, data: DataInfo, n: int, spec: dict) -> None:
+    """Say which classes a learner that early-stops on class error (NCMML, NCMC, k-NN ML) has no val
+    row of, and why (few-shot classes; with data.pairs, rows the pairs join stay in train)."""
     est = registry.make(spec)
     if not hasattr(est, "trained_classes"):
         return
@@ -93,12 +93,12 @@ def _check_val_classes(ctx: StageContext, data: DataInfo, n: int, spec: dict) ->
         return
     names = ", ".join(repr(str(data.classes[c])) for c in missing[:5]) + (", ..." if len(missing) > 5 else "")
     d = ctx.config.data
-    why = (" (data.split.val: auto carves val rows only from train rows that no pair of data.pairs joins, and "
-           "these classes have at most 2 such rows)" if d.pairs and d.split.val == "auto" else "")
-    raise InputError(f"{ctx.config.source_file}: {ctx.config.entry(n)} ({model_id(spec)}): the val split holds no "
-                     f"row of {len(missing)} of the {len(wanted)} classes it trains on ({names}){why}, and its early "
-                     f"stopping scores every class; give val rows of them (data.split.column) or set "
-                     f"data.split.val: 0 (each learner then holds out its own share of train)")
+    why = ("data.split.val: auto carves val rows only from train rows that no pair of data.pairs joins"
+           if d.pairs and d.split.val == "auto" else
+           "a class's share of data.split.val: auto rounds to none when it has few rows" if d.split.val == "auto"
+           else "the data's val rows")
+    ctx.log(f"  train: {ctx.config.entry(n)} ({model_id(spec)}): the val split holds no row of {len(missing)} of the "
+            f"{len(wanted)} classes it trains on ({names}; {why}); its early stopping scores the others")
 
 
 def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit | None) -> list[tuple[dict, Unit]]:
@@ -111,7 +111,7 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
         ctx.log("  train: the data has no validation rows (data.split.val: 0), so parameters keep their defaults")
     for n, spec in enumerate(ctx.config.methods):
         if has_val:
-            _check_val_classes(ctx, data, n, spec)
+            _note_val_classes(ctx, data, n, spec)
         cands = registry.candidates(spec) if has_val else registry.candidates(spec)[:1]
         cunits = [ctx.store.unit("models", model_key(c, stats, neighbours, data)) for c in cands]
         sel_unit, done = None, False

@@ -202,9 +202,9 @@ def test_grid_search_over_a_pipeline_with_ncmml():
 
 def test_knnml_without_a_class_of_two_rows_in_any_pool_is_an_error_not_a_hang():
     rng = np.random.default_rng(0)
-    X, y = rng.normal(size=(100, 8)), np.repeat(np.arange(50), 2)   # each class: one SGD row, one held out
+    X, y = rng.normal(size=(100, 8)), np.repeat(np.arange(25), 4)   # pools of one row: never two of a class
     with pytest.raises(Exception, match="pools in a row held no class with two training rows"):
-        KNNML(dim=4, iters=20, validate_every=10, validation=10, batch=10).fit(X, y)
+        KNNML(dim=4, iters=20, validate_every=10, validation=10, batch=10).fit(X, y, block_rows=1)
 
 
 def test_validation_leaves_every_class_a_training_row():

@@ -83,3 +83,18 @@ def test_dim_left_unset_is_capped_at_the_features_a_set_dim_is_not(cls, default)
         assert est.transform(X).shape == (120, min(d, default))
     with pytest.raises(InputError, match=rf"The 'dim' parameter of {cls.__name__} must be <= 7"):
         cls(dim=8, validation=30, **small).fit(X[:, :7], y)
+
+
+def test_few_shot_data_that_validation_cannot_score_trains_on_every_row():
+    """Three images per class: the held-out fifth has one row per class, so no validation row has
+    another of its class and early stopping is off; those rows used to stay out of training anyway
+    (NML, linear ML, sparse projectors). Now the model is the one trained with validation off."""
+    from metricpipe.tasks.sparse import SparseProjector
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(60), 3)
+    X = np.abs(rng.normal(size=(60, 10))[y] + rng.normal(size=(180, 10))).astype(np.float32)
+    for cls, small in ((LinearML, {"iters": 100, "pairs": 200}), (SparseProjector, {"max_iter": 5})):
+        off = cls(validation=0, **small).fit(X, y)
+        default = cls(**small).fit(X, y)
+        assert default.best_iter_ is None
+        assert np.array_equal(default.transform(X), off.transform(X)), cls
