@@ -185,7 +185,7 @@ def _curve_panels(curve: dict, swept: frozenset = frozenset()) -> list[dict]:
 
 def _declared(r: dict) -> dict:
     from metricpipe.tasks import registry
-    return registry.defaults(registry.estimator_class(r["method"], r["params"])) \
+    return registry.defaults(registry.estimator_class(r["method"], r["params"]), r["params"]) \
         if r["method"] in registry.METHODS else {}
 
 

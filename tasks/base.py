@@ -100,6 +100,13 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         return next((space for (k, v), space in cls.search_space_when.items() if params.get(k) == v),
                     cls.search_space)
 
+    def _searched(self, name: str):
+        """A searched parameter's value; left None, the first value of the grid the other parameters
+        select (where that grid depends on them, e.g. NCMML's lr: 30 for the Euclidean form, 1 for the
+        dot form), which is the default a selection lists first."""
+        value = getattr(self, name)
+        return type(self).search_grid(self.get_params(deep=False))[name][0] if value is None else value
+
     # -- scikit-learn plumbing -------------------------------------------------------------------------
     def _validate_params(self):
         """scikit-learn's checks, and no booleans for numbers: ``True`` is an int to Python (and to

@@ -701,10 +701,12 @@ class NCMML(_NCMClassifier, _MetricLearner):
     objective : {'euclidean', 'dot'}, default='euclidean'
     batch : int, default=1000
         Images per SGD step.
-    lr : float, default=30.0
+    lr : float or None, default=None
         Fixed SGD step for rows of unit RMS norm: the learner divides it by the training rows' mean
         squared norm and starts W at the PCA directions over their RMS norm (the same run as on the
-        rows scaled to unit RMS norm; nothing changes on l2-normalised rows).
+        rows scaled to unit RMS norm; nothing changes on l2-normalised rows). None: 30 for the
+        Euclidean objective, 1 for the dot form (where 10 and more diverged), the first value each
+        objective's selection grid tries.
     iters : int, default=2000
         SGD steps.
     validate_every : int, default=100
@@ -737,9 +739,10 @@ class NCMML(_NCMClassifier, _MetricLearner):
     search_space_when = {("objective", "dot"): {"lr": [1.0, 0.3, 3.0, 10.0, 0.1]}}
 
     method = "ncmml"
-    _parameter_constraints = {**_SGD_CONSTRAINTS, "objective": [StrOptions({"euclidean", "dot"})]}
+    _parameter_constraints = {**_SGD_CONSTRAINTS, "objective": [StrOptions({"euclidean", "dot"})],
+                              "lr": [*POSITIVE, None]}
 
-    def __init__(self, dim=None, objective="euclidean", batch=1000, lr=30.0, iters=2000, validate_every=100,
+    def __init__(self, dim=None, objective="euclidean", batch=1000, lr=None, iters=2000, validate_every=100,
                  validation=5000, classes=None, random_state=None):
         self.dim = dim
         self.objective = objective
@@ -773,7 +776,7 @@ class NCMML(_NCMClassifier, _MetricLearner):
         C = len(self.classes_)
         trained = self._train_classes = self.trained_classes(C)
         means = statistics["class_means"]
-        sgd = MetricSGD(W0, "dot" if self.objective == "dot" else "ncm", self.lr, means[trained], trained, C,
+        sgd = MetricSGD(W0, "dot" if self.objective == "dot" else "ncm", self._searched("lr"), means[trained], trained, C,
                         scale=moments.row_scale(statistics))
         # with classes left out, the dot model classifies by implied biases (below): early stopping too
         sgd.implied_bias = self.objective == "dot" and len(trained) < C

@@ -347,7 +347,7 @@ _PAIR_CONSTRAINTS = {
     "bias": [Interval(Real, None, None, closed="neither")],
     "margin": NON_NEGATIVE,
     "optimizer": [StrOptions({"sgd", "adam"})],
-    "lr": NON_NEGATIVE,
+    "lr": [*NON_NEGATIVE, None],
     "validation": [Interval(Integral, 0, None, closed="left")],
     "random_state": RANDOM_STATE,
 }
@@ -617,7 +617,7 @@ class _PairLearner(Learner):
     def _run(self, pair_pools, L0, scale: float, val=None) -> None:
         """The SGD loop: ``batch`` pairs per step from each pair pool until ``iters`` pairs are seen
         (or, with validation rows ``val`` = (X_val prepared, y_val), until early stopping)."""
-        sgd = PairSGD(L0, self._kind, self.lr, self.bias, self.margin, self.learn_bias, self.optimizer,
+        sgd = PairSGD(L0, self._kind, self._searched("lr"), self.bias, self.margin, self.learn_bias, self.optimizer,
                       getattr(self, "threads", 1), scale)
         history, losses, every = [], [], max(1, self.iters // 50)
         check = max(self.batch, self.iters // VALIDATIONS)
@@ -703,7 +703,9 @@ class NML(_PairLearner):
         entry's step by its running gradient size.
     threads : int, default=1
         Threads splitting the kernel's passes over L's rows (the model is the same bit for bit).
-    lr : float >= 0, default=0.001
+    lr : float >= 0 or None, default=None
+        None: 0.001 with Adam, 10 with Algorithm 1's SGD (the first value of each optimizer's
+        selection grid).
     validation : int >= 0, default=2000
         Validation rows for early stopping (0: off; see below).
     random_state : int, RandomState or None, default=None (seed 0)
@@ -731,7 +733,7 @@ class NML(_PairLearner):
     _parameter_constraints = {**_PAIR_CONSTRAINTS, "threads": COUNT}
 
     def __init__(self, dim=64, pairs=500000, iters=1000000, batch=64, learn_bias=False, bias=0.1, margin=0.02,
-                 optimizer="adam", threads=1, lr=0.001, validation=2000, random_state=None):
+                 optimizer="adam", threads=1, lr=None, validation=2000, random_state=None):
         self.dim = dim
         self.pairs = pairs
         self.iters = iters
@@ -787,10 +789,11 @@ class LinearML(_PairLearner):
     bias : float, default=1.0
     margin : float >= 0, default=0.2
     optimizer : {"sgd", "adam"}, default="sgd"
-    lr : float >= 0, default=0.1
+    lr : float >= 0 or None, default=None
         The step for rows of unit RMS norm, as ``bias`` and ``margin`` are distances between such
         rows: L starts at the PCA components over the training rows' RMS norm s and steps by lr / s^2
         (Adam: lr / s), the same run as on the rows x / s (nothing changes on l2-normalised rows).
+        None: 0.1 with SGD, 0.01 with Adam (the first value of each optimizer's selection grid).
 
     Attributes
     ----------
@@ -819,7 +822,7 @@ class LinearML(_PairLearner):
     DEFAULT_DIM = 64
 
     def __init__(self, dim=None, pairs=500000, iters=1000000, batch=64, learn_bias=False, bias=1.0, margin=0.2,
-                 optimizer="sgd", lr=0.1, validation=2000, random_state=None):
+                 optimizer="sgd", lr=None, validation=2000, random_state=None):
         self.dim = dim
         self.pairs = pairs
         self.iters = iters

@@ -18,6 +18,7 @@ import difflib
 import itertools
 import math
 from dataclasses import dataclass
+from numbers import Real
 
 from sklearn.utils._param_validation import InvalidParameterError
 
@@ -86,9 +87,14 @@ def feeds(method: str) -> str:
     return METHODS[method].feeds
 
 
-def defaults(cls: type) -> dict:
-    """The class's parameters with their default values."""
-    return cls().get_params(deep=False)
+def defaults(cls: type, params: dict | None = None) -> dict:
+    """The class's parameters with their default values; with ``params`` (an entry's), a searched
+    parameter whose default is None (NCMML's lr) as the value it stands for there."""
+    d = cls().get_params(deep=False)
+    if params is not None:
+        grid = cls.search_grid({**d, **params})
+        d.update({k: v[0] for k, v in grid.items() if k in d and d[k] is None})
+    return d
 
 
 def params_of(spec: dict) -> dict:
@@ -204,7 +210,10 @@ def _canonical(key: str, default, value):
 def _one_spelling(cls: type, allowed: dict, key: str, value):
     """Parameter ``key``'s value as one spelling: a whole float for a count is the int, and see
     :func:`_canonical` (``allowed``: the class's parameters and their defaults)."""
-    return _canonical(key, allowed.get(key), _whole_to_int(cls, key, value))
+    default = allowed.get(key)
+    if default is None and any(getattr(c, "type", None) is Real for c in cls._parameter_constraints.get(key, [])):
+        default = 0.0   # a real parameter left None by default (NCMML's lr): 30 is 30.0 all the same
+    return _canonical(key, default, _whole_to_int(cls, key, value))
 
 
 # Models one config may train: a sweep beyond it is refused before anything is expanded.

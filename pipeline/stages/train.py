@@ -23,7 +23,7 @@ from metricpipe.tasks.errors import InputError
 
 def model_id(spec: dict) -> str:
     """A short readable name: method, dim, then the parameters that differ from their defaults."""
-    defaults = registry.defaults(registry.estimator_class(spec["method"], spec))
+    defaults = registry.defaults(registry.estimator_class(spec["method"], spec), spec)
     if spec["method"] == "slem":   # the kernel picks the class: named unless it is the method's default
         defaults["kernel"] = "linear"
     extra = "-".join(f"{k}{registry.param_text(v)}" for k, v in sorted(registry.params_of(spec).items())

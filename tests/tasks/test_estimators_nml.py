@@ -28,7 +28,7 @@ def _data(n=400, d=12, classes=5, seed=0):
 
 def _reference_sgd(est, L0, X, batches):
     """Algorithm 1 in mini-batches, by hand: one PairSGD step per batch of (rows i, rows j, y)."""
-    sgd = nml.PairSGD(L0, est._kind, est.lr, est.bias, est.margin, est.learn_bias, est.optimizer)
+    sgd = nml.PairSGD(L0, est._kind, est._searched("lr"), est.bias, est.margin, est.learn_bias, est.optimizer)
     for i, j, s in batches:
         sgd.step(X[i], X[j], s)
     return sgd

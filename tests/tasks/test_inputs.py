@@ -98,3 +98,22 @@ def test_few_shot_data_that_validation_cannot_score_trains_on_every_row():
         default = cls(**small).fit(X, y)
         assert default.best_iter_ is None
         assert np.array_equal(default.transform(X), off.transform(X)), cls
+
+
+def test_lr_left_unset_is_the_first_value_of_the_grid_the_objective_or_optimizer_selects():
+    """NCMML(objective='dot') diverged at the class's lr 30 (the Euclidean form's), though its own
+    selection grid starts at 1 and the README called 1 its default; NML's SGD and linear ML's Adam
+    had the same mismatch. lr None now stands for the first value of the applicable grid, and a
+    model's name and the report omit it there as at any default."""
+    from sklearn.datasets import load_digits
+
+    from metricpipe.stages.train import model_id
+    from metricpipe.tasks.nml import NML
+    X, y = load_digits(return_X_y=True)
+    dot = NCMML(dim=16, objective="dot", iters=300, validate_every=50).fit(X[:1200], y[:1200])   # lr 30: diverged
+    assert dot.score(X[1200:], y[1200:]) > 0.8
+    for est, want in ((NCMML(), 30.0), (NCMML(objective="dot"), 1.0), (NML(), 0.001), (NML(optimizer="sgd"), 10.0),
+                      (LinearML(), 0.1), (LinearML(optimizer="adam"), 0.01), (NCMML(objective="dot", lr=3.0), 3.0)):
+        assert est._searched("lr") == want
+    assert model_id({"method": "ncmml", "dim": 8, "objective": "dot", "lr": 1.0}) == "ncmml-8-objectivedot"
+    assert model_id({"method": "ncmml", "dim": 8, "objective": "dot", "lr": 30.0}) == "ncmml-8-lr30.0-objectivedot"
