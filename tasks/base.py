@@ -59,13 +59,20 @@ def _assume_finite() -> bool:
     return bool(sklearn.get_config()["assume_finite"])
 
 
-def _within_float32(X) -> None:
-    """Codes are float32 and several learners compute in it: a finite float64 value beyond its range
-    would come out as inf or NaN codes (the command line refuses such files when it stages them)."""
+def _within_float32(X, where: str = "X") -> None:
+    """Finite, and within float32's range: codes are float32 and several learners compute in it, so a
+    finite float64 value beyond its range would come out as inf or NaN codes (the command line
+    refuses such files when it stages them). One line naming the first bad row and column."""
     X = np.asarray(X)
     if np.issubdtype(X.dtype, np.floating) and not _assume_finite():
         from metricpipe.tasks.validate import check_float32_range
-        check_float32_range(X, 0, "X", "metricpipe computes in float32: scale the features")
+        bad = ~np.isfinite(X)
+        if bad.any():
+            r, c = np.argwhere(bad)[0] if X.ndim == 2 else (np.flatnonzero(bad)[0], 0)
+            raise InputError(f"{where}: Input contains {int(bad.sum())} non-finite value(s) (NaN or inf), first "
+                             f"{X[r, c] if X.ndim == 2 else X.flat[r]} at row {r}, column {c}; drop or impute those "
+                             f"rows (e.g. sklearn.impute.SimpleImputer in a Pipeline before this step)")
+        check_float32_range(X, 0, where, "metricpipe computes in float32: scale the features")
 
 
 class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
@@ -121,10 +128,11 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     def _check_X(self, X, reset: bool, y=None, **kw):
         """``validate_data`` with float32/float64 input (other dtypes are cast to float64)."""
         kw.setdefault("dtype", [np.float64, np.float32])
+        kw.setdefault("ensure_all_finite", False)   # checked below, naming the first bad row and column
         if reset:  # fitting: moments need two rows
             kw.setdefault("ensure_min_samples", 2)
         out = validate_data(self, X, reset=reset, **kw) if y is None else validate_data(self, X, y, reset=reset, **kw)
-        _within_float32(out if y is None else out[0])
+        _within_float32(out if y is None else out[0], f"{type(self).__name__}: X")
         return out
 
     def _check_val(self, X_val, y_val):

@@ -117,3 +117,18 @@ def test_lr_left_unset_is_the_first_value_of_the_grid_the_objective_or_optimizer
         assert est._searched("lr") == want
     assert model_id({"method": "ncmml", "dim": 8, "objective": "dot", "lr": 1.0}) == "ncmml-8-objectivedot"
     assert model_id({"method": "ncmml", "dim": 8, "objective": "dot", "lr": 30.0}) == "ncmml-8-lr30.0-objectivedot"
+
+
+@pytest.mark.parametrize("method", ["pca", "lda", "slne", "sparse", "slem", "ncmml", "nml", "linear-ml"])
+def test_non_finite_input_is_one_line_naming_the_first_bad_row_and_column(method):
+    """scikit-learn's own message is several lines, names no row and suggests other estimators."""
+    from metricpipe.tasks import registry
+    rng = np.random.default_rng(0)
+    X, y = np.abs(rng.normal(size=(60, 6))), np.arange(60) % 3
+    bad = X.copy()
+    bad[41, 4] = np.inf
+    est = registry.make({"method": method})
+    name = type(est).__name__
+    with pytest.raises(InputError, match=rf"^{name}: X: Input contains 1 non-finite value\(s\) \(NaN or inf\), first "
+                                         r"inf at row 41, column 4; drop or impute those rows[^\n]*$"):
+        est.fit(bad, y)
