@@ -129,8 +129,11 @@ class PCAWhitening(_StatisticsLearner):
         d = self._check_dim(len(comps), "the number of principal components available")
         floor = var[:d] + self.eps * var[0]
         if not np.all(floor > 0):
+            if not var[0] > 0:   # eps is relative to the top variance: no eps helps constant rows
+                raise InputError("PCAWhitening: the training rows are all the same (every variance is 0), so there is "
+                                 "nothing to whiten; check X (every row identical?)")
             raise InputError(f"PCAWhitening: component {int(np.argmin(floor))} has variance 0 and eps={self.eps}; "
-                             f"raise 'eps' (e.g. 1e-6) or lower 'dim'")
+                             f"raise 'eps' above 0 (e.g. 1e-6, a share of the top variance) or lower 'dim'")
         return comps[:d].T / np.sqrt(floor)[None, :], {"eps": self.eps}
 
 

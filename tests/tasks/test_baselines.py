@@ -48,6 +48,9 @@ def test_pca_whitening_refuses_a_zero_variance_component_without_eps():
     X[:, 0] = np.arange(10)
     with pytest.raises(InputError, match="variance 0 and eps=0"):
         PCAWhitening(3, eps=0).fit(X)
+    # constant rows: eps is a share of the top variance (0), so the advice to raise it could not help
+    with pytest.raises(InputError, match=r"^PCAWhitening: the training rows are all the same \(every variance is 0\)"):
+        PCAWhitening(3).fit(np.ones((10, 3)))
 
 
 def test_lda_spans_the_same_subspace_as_sklearn(data):
