@@ -223,6 +223,12 @@ class SLEM(_PoolLearner):
         self.kernel = kernel
         self.negatives = negatives
 
+    def _validate_params(self):
+        if self.kernel in ("gaussian", "poly"):   # a config's {method: slem, kernel: gaussian} is KernelSLEM
+            raise InputError(f"SLEM is the linear form; for kernel {self.kernel!r} use KernelSLEM(kernel="
+                             f"{self.kernel!r}) (in a config, {{method: slem, kernel: {self.kernel}}} picks it)")
+        super()._validate_params()
+
     def _fit_pool(self, Xneg):   # the pool in memory is one block of the streamed moments
         return self._fit_blocks([Xneg])
 

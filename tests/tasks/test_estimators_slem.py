@@ -110,7 +110,7 @@ def test_bad_negatives_and_small_pools_are_one_line_errors():
         KernelSLEM(rank=4).fit(X)
     from sklearn.utils._param_validation import InvalidParameterError
     with pytest.raises(InvalidParameterError, match="The 'kernel' parameter of SLEM must be a str among"):
-        SLEM(kernel="gaussian").fit(X)
+        SLEM(kernel="sigmoid").fit(X)
     with pytest.raises(InvalidParameterError, match="The 'lam' parameter of KernelSLEM must be a float in the range"):
         KernelSLEM(lam=0.0).fit(X)
 

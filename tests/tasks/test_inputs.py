@@ -133,3 +133,11 @@ def test_non_finite_input_is_one_line_naming_the_first_bad_row_and_column(method
                                          r"inf at row 41, column 4; drop or impute those rows[^\n]*$"):
         est.fit(bad, y)
 
+
+
+def test_slem_with_a_kernel_names_kernel_slem():
+    """The README says the estimators' parameters mirror the config, where {method: slem, kernel:
+    gaussian} is kernel SLEM; SLEM(kernel='gaussian') said only "must be among {'linear'}"."""
+    from metricpipe.tasks.slem import SLEM
+    with pytest.raises(InputError, match=r"^SLEM is the linear form; for kernel 'gaussian' use KernelSLEM\(kernel='gaussian'\)"):
+        SLEM(kernel="gaussian").fit(np.random.default_rng(0).normal(size=(20, 3)), np.arange(20) % 2)
