@@ -97,7 +97,9 @@ def _resume_command(kwargs: dict) -> str:
     again = "".join(f" --{name.replace('_', '-')} {shlex.quote(str(kwargs[name]))}"
                     for name in ("store", "cluster", "workers", "memory_limit") if kwargs.get(name))
     again += " --verify-source" if kwargs.get("verify_source") else ""
-    # a --force or --repair run stopped midway: what it recomputed is committed, the rest is not yet
+    # a --force run stopped midway: the units it had not recomputed are back as they were (the store
+    # sets a committed unit aside until its new copy commits), so finishing it forces again; a
+    # --repair run recomputes only what is still damaged
     again += f" --force {kwargs['force']}" if kwargs.get("force") else ""
     again += " --repair" if kwargs.get("repair") else ""
     return f"metricpipe run {shlex.quote(str(kwargs['config']))}{again} --resume"

@@ -68,6 +68,11 @@ def _committed_anything(root: str) -> bool:
 def _run_locked(store, cfg, resume, log, performance_report, client, force, repair, terminal, result) -> str:
     with contextlib.ExitStack() as stack:
         stack.enter_context(store.lock("metricpipe run", log=log))  # one writer at a time
+        back = store.restore_replaced()   # a killed --force/--no-resume run's set-aside units
+        if back:
+            log(f"Restored {len(back)} committed unit(s) that a stopped run had set aside to recompute "
+                f"({', '.join(back[:3])}{', ...' if len(back) > 3 else ''})")
+        stack.callback(store.restore_replaced)   # this run's, if it stops before committing them
         quiet_log = []   # a finished run's worker log that stayed empty; removed once the cluster has closed
         stack.callback(_remove_empty, quiet_log)
         plan = stages.prepare_data(cfg, store)  # refuse bad input before starting anything

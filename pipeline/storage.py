@@ -38,6 +38,7 @@ import functools
 import hashlib
 import json
 import os
+import shutil
 import socket
 import threading
 import time
@@ -77,6 +78,7 @@ def _register_zarr_exit() -> None:
 _register_zarr_exit()
 
 MARKER_SUFFIX = ".committed.json"
+REPLACED = ".replaced"   # STORE/.replaced/KIND/KEY: committed units a run is recomputing (Unit.begin)
 
 
 def _fix(e: OSError) -> str:
@@ -210,6 +212,32 @@ class Store:
             return []
         named = [(e["name"].rstrip("/").split("/")[-1], e["type"]) for e in self.fs.ls(base, detail=True)]
         return [Unit(self, kind, name) for name, kind_ in sorted(named) if kind_ == "directory" and is_key(name)]
+
+    def restore_replaced(self) -> list[str]:
+        """Put back the committed units a run set aside to recompute (:meth:`Unit.begin`) and did not
+        finish: a --force or --no-resume run stopped midway leaves the store as it found it. A unit
+        the run did commit keeps the new copy. Call with the lock held; returns the units restored."""
+        base = f"{self.root}/{REPLACED}"
+        if not self.local or not os.path.isdir(base):
+            return []
+        restored = []
+        for kind in sorted(os.listdir(base)):
+            for name in sorted(os.listdir(f"{base}/{kind}")):
+                if not name.endswith(MARKER_SUFFIX):
+                    continue
+                unit = Unit(self, kind, name[:-len(MARKER_SUFFIX)])
+                aside = unit._aside()
+                if unit.done():              # the new copy was committed: the old one goes
+                    unit._drop_aside()
+                    continue
+                if os.path.isdir(aside):     # both moved: the unit's place holds the new writer's files
+                    if os.path.exists(unit._root):
+                        shutil.rmtree(unit._root)
+                    os.replace(aside, unit._root)
+                os.replace(aside + MARKER_SUFFIX, unit._root + MARKER_SUFFIX)   # the marker last
+                restored.append(unit.rel)
+        shutil.rmtree(base, ignore_errors=True)   # what is left had its marker dropped: the new copy committed
+        return restored
 
     @contextlib.contextmanager
     def lock(self, what: str = "run", log=None):
@@ -514,9 +542,37 @@ class Unit:
         return self.store.read_json(f"{self.rel}{MARKER_SUFFIX}")
 
     def begin(self) -> None:
-        """Wipe anything a killed writer left and create the unit's directory."""
+        """Wipe anything a killed writer left and create the unit's directory. A committed unit (which
+        a --force, --no-resume or --repair run recomputes) is set aside on a local store, not deleted:
+        it comes back if the run stops before the new one commits (:meth:`Store.restore_replaced`)."""
+        if self.store.local and self.done():
+            self._set_aside()
         self.remove(f"writing {self.rel}")
         self.store.fs.makedirs(self._root, exist_ok=True)
+
+    def _aside(self) -> str:
+        return f"{self.store.root}/{REPLACED}/{self.kind}/{self.key}"
+
+    def _set_aside(self) -> None:
+        """Move the committed unit under STORE/.replaced/: its marker first, so that a process killed
+        between the two moves leaves an unfinished unit here and a marker there, which
+        :meth:`Store.restore_replaced` puts back together."""
+        self.store.check_held(f"writing {self.rel}")
+        aside = self._aside()
+        os.makedirs(os.path.dirname(aside), exist_ok=True)
+        for path in (aside + MARKER_SUFFIX, aside):   # an older set-aside copy of this unit
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            elif os.path.exists(path):
+                os.remove(path)
+        os.replace(self._root + MARKER_SUFFIX, aside + MARKER_SUFFIX)
+        os.replace(self._root, aside)
+
+    def _drop_aside(self) -> None:
+        aside = self._aside()
+        if self.store.local and os.path.exists(aside + MARKER_SUFFIX):
+            os.remove(aside + MARKER_SUFFIX)     # marker first: a half-removed copy is never restored
+            shutil.rmtree(aside, ignore_errors=True)
 
     def remove(self, doing: str | None = None) -> None:
         """Remove the unit: its commit marker first, so that a writer killed midway leaves an
@@ -549,6 +605,7 @@ class Unit:
         record = json.loads(to_json({**meta, "key": self.key, "kind": self.kind, "committed": time.time(),
                                      "version": code_version(), "files": self.checksums(sums)}))
         self.store.write_text(f"{self.rel}{MARKER_SUFFIX}", to_json({**record, "record": record_digest(record)}))
+        self._drop_aside()   # the unit it replaces, set aside by begin()
 
     def file_sizes(self) -> dict:
         """{path inside the unit: size in bytes} for every file of the unit."""

@@ -81,9 +81,10 @@ def test_a_worker_killed_mid_stage_costs_a_retry_not_the_run(reference, tmp_path
     _same(_results(tmp_path / "store"), reference[1])
 
 
-def _run_until_train(cfg, env=None):
+def _run_until_train(cfg, env=None, args=()):
     """``metricpipe run cfg`` in a session of its own, read up to its train stage's start: (proc, lines seen)."""
-    proc = subprocess.Popen([sys.executable, "-m", "metricpipe.cli", "run", str(cfg)], stderr=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "metricpipe.cli", "run", str(cfg), *map(str, args)],
+                            stderr=subprocess.PIPE,
                             text=True, start_new_session=True, cwd=Path(__file__).resolve().parents[2], env=env)
     seen = []
     for line in proc.stderr:
@@ -203,6 +204,48 @@ def test_force_recomputes_one_stage_and_those_after_it(reference, tmp_path):
     assert res.exit_code == 0, res.output
     assert "train: reusing 3 of 3 models" in res.output and "encode: reusing" not in res.output
     assert marker.read_text() == before       # the model was not touched
+    _same(_results(store), reference[1])
+
+
+def _committed_units(store) -> dict:
+    units = json.loads((store / "runs/latest.json").read_text())["units"]
+    names = [u for v in units.values() for u in ([v] if isinstance(v, str) else v or [])]
+    return {u: (store / f"{u}.committed.json").read_text() for u in names}
+
+
+def test_a_force_run_that_fails_leaves_the_last_run_s_models_in_place(reference, tmp_path, monkeypatch):
+    """--force train wiped each committed model before recomputing it, so a run that stopped midway
+    left the last run's report naming models that were gone (and inspect --verify saw nothing)."""
+    store, cfg = _copy(reference, tmp_path)
+    before = _committed_units(store)
+    monkeypatch.setenv("METRICPIPE_FAILPOINT", "train-nml:always")   # the NML task kills its worker
+    res = _run("run", *cfg[:3], "--force", "train", "--workers", "2")   # a local cluster of its own
+    assert res.exit_code == 2 and "stage train failed on model nml-4" in res.output, res.output
+    after = _committed_units(store)                     # (raises if a unit of the last run is gone)
+    assert after.keys() == before.keys()
+    nml = [u for u in before if u.startswith("models/") and '"method": "nml"' in before[u]]
+    assert len(nml) == 1 and after[nml[0]] == before[nml[0]]   # the one it could not recompute: restored
+    assert not any((store / ".replaced").rglob("*.committed.json"))
+    _same(_results(store), reference[1])
+    assert _run("inspect", "--verify", store).exit_code == 0
+
+
+def test_a_killed_force_run_s_set_aside_models_come_back_at_the_next_run(reference, tmp_path):
+    store, cfg = _copy(reference, tmp_path)
+    before = _committed_units(store)
+    proc, seen = _run_until_train(cfg[0], args=("--store", store, "--force", "train"))
+    for _ in range(100):                       # until a model is set aside (the NML task takes seconds)
+        if any((store / ".replaced").rglob("*.committed.json")):
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert any((store / ".replaced").rglob("*.committed.json")), "".join(seen)
+    res = _run("run", *cfg)
+    assert res.exit_code == 0, res.output
+    assert "Restored " in res.output and "train: reusing 3 of 3 models" in res.output, res.output
+    assert {u: m for u, m in _committed_units(store).items() if u.startswith("models/")} == \
+        {u: m for u, m in before.items() if u.startswith("models/")}     # the very same commits
     _same(_results(store), reference[1])
 
 

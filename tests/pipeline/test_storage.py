@@ -134,3 +134,38 @@ time.sleep(0.05)
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr and "running event loop" not in proc.stderr, \
         proc.stderr
+
+
+def test_a_committed_unit_being_recomputed_comes_back_unless_its_replacement_commits(tmp_path):
+    """Unit.begin on a committed unit (--force, --no-resume, --repair) sets it aside; restore_replaced
+    puts it back after a stopped run, from either state a kill can leave, and drops it once the new
+    copy commits."""
+    import os
+
+    from metricpipe.storage import MARKER_SUFFIX
+    store = Store(str(tmp_path / "s"))
+
+    def committed(key, value):
+        unit = store.unit("models", key)
+        unit.begin()
+        save_arrays(unit.url, {"w": np.full(3, value)})
+        unit.commit({"value": value})
+        return unit
+
+    a, b = committed("a" * 16, 1.0), committed("b" * 16, 2.0)
+    a.begin()                                            # a run starts recomputing a, then stops
+    save_arrays(a.url, {"w": np.zeros(3)})               # half-written
+    b_aside = b._aside()
+    b.begin()                                            # and b, killed between the two moves:
+    os.replace(b_aside, b._root)                         # its files back in place, the marker aside
+    assert not a.done() and not b.done()
+    assert sorted(store.restore_replaced()) == [a.rel, b.rel]
+    assert a.done() and b.done() and a.verify() == [] and b.verify() == []
+    assert load_arrays(a.url)[0]["w"].tolist() == [1.0] * 3 and a.meta()["value"] == 1.0
+    assert load_arrays(b.url)[0]["w"].tolist() == [2.0] * 3
+    a.begin()                                            # recomputed and committed this time
+    save_arrays(a.url, {"w": np.full(3, 5.0)})
+    a.commit({"value": 5.0})
+    assert not os.path.exists(a._aside() + MARKER_SUFFIX) and store.restore_replaced() == []
+    assert load_arrays(a.url)[0]["w"].tolist() == [5.0] * 3
+    assert not any((tmp_path / "s" / ".replaced").rglob("*"))   # nothing left behind
