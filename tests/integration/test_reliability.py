@@ -205,6 +205,9 @@ def test_force_recomputes_one_stage_and_those_after_it(reference, tmp_path):
     assert "train: reusing 3 of 3 models" in res.output and "encode: reusing" not in res.output
     assert marker.read_text() == before       # the model was not touched
     _same(_results(store), reference[1])
+    # the report's config is what ran: the file's, with what the command line replaced
+    run = json.loads((store / "report/metrics.json").read_text())["run"]
+    assert run["config"]["store"] == str(store) and run["config"]["cluster"] == reference[3][1], run["config"]
 
 
 def _committed_units(store) -> dict:
