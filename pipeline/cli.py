@@ -421,6 +421,19 @@ def unlock(store):
     _echo(st.unlock())
 
 
+def _in_use(st) -> str | None:
+    """Who holds a local store's lock (None: nobody), found by taking it for an instant."""
+    if not st.local or not os.path.exists(f"{st.root}/.lock"):   # no lock file: no run has held it
+        return None
+    try:
+        with st.lock("metricpipe gc (listing)"):
+            return None
+    except InputError as e:
+        return str(e).split("in use by ", 1)[-1].split(" (STORE/.lock)")[0]
+    except OSError:   # a store we may only read: no telling, and listing must not fail
+        return None
+
+
 @main.command()
 @click.argument("store")
 @click.option("--delete", is_flag=True, help="Remove the units listed (without it, gc only lists them).")
@@ -444,7 +457,10 @@ def gc(store, delete):
         click.echo(f"{st.url}: nothing to remove: every other unit is used by the last run{kept}")
         return
     if not delete:
+        busy = _in_use(st)   # a run under way: its unfinished units are being written, not left
         for unit, why, size in found:
+            if busy and why.startswith("unfinished"):
+                why = f"unfinished (the store is in use: {busy}; it may be writing it)"
             click.echo(f"{unit.rel:<30} {human_bytes(size):>9}  {why}")
         click.echo(f"{len(found)} unit{'s' if len(found) != 1 else ''}, {human_bytes(sum(s for _, _, s in found))}, not used by "
                    f"the last run; 'metricpipe gc {shlex.quote(store)} --delete' removes them{kept}")

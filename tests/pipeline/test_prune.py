@@ -117,6 +117,19 @@ def test_gc_delete_removes_exactly_the_listed_units_and_the_kept_ones_stay_intac
     assert again.exit_code == 0 and "nothing to remove" in again.output
 
 
+def test_gc_says_unfinished_units_may_be_a_running_run_s_while_the_store_is_in_use(store):
+    """Listed as 'left by a killed run' while a run under way was writing them."""
+    proc = hold_lock(store.root)
+    try:
+        res = _invoke("gc", store.url)
+        assert res.exit_code == 0, res.output
+        line = next(ln for ln in res.output.splitlines() if ln.startswith(R("models/killed")))
+        assert f"unfinished (the store is in use: pid {proc.pid}" in line and "it may be writing it)" in line, line
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_gc_delete_is_refused_while_another_process_holds_the_store(store):
     proc = hold_lock(store.root)
     try:
