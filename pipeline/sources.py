@@ -281,7 +281,11 @@ class VecsReader:
             raise InputError(f"{self.path}: file is empty; expected {self.path[-5:]} vectors")
         d = int(np.fromfile(self.path, np.int32, 1)[0])
         self.row_bytes = 4 + d * self.dtype.itemsize
-        if d <= 0 or size % self.row_bytes:
+        if d <= 0 or (d >= 1 << 24 and self.row_bytes > size):   # the first row's header is no dimension
+            raise InputError(f"{self.path}: its first 4 bytes read as dimension {d}, which a {size}-byte file "
+                             f"cannot hold; it is not a {self.path[-5:]} file (each row: an int32 dimension, "
+                             f"then the values)")
+        if size % self.row_bytes:
             raise InputError(f"{self.path}: size {size} is not a multiple of a {d}-d row "
                              f"({self.row_bytes} bytes); the file is truncated or not {self.path[-5:]}")
         self.shape = (size // self.row_bytes, d)

@@ -72,6 +72,11 @@ def test_truncated_fvecs_is_refused(tmp_path):
     np.save(tmp_path / "y.npy", np.zeros(1))
     with pytest.raises(InputError, match="truncated or not fvecs"):
         open_source(_cfg(tmp_path / "f.fvecs", labels=str(tmp_path / "y.npy")))
+    # text renamed .fvecs: 'not a multiple of a 1819043176-d row (7276172708 bytes)' told nothing
+    (tmp_path / "t.fvecs").write_bytes(b"hello world, not vectors\n" * 40)
+    with pytest.raises(InputError, match=r"t.fvecs: its first 4 bytes read as dimension 1819043176, which a 1000-byte "
+                                         r"file cannot hold; it is not a fvecs file"):
+        open_source(_cfg(tmp_path / "t.fvecs", labels=str(tmp_path / "y.npy")))
 
 
 def _write_idx(path, arr):
