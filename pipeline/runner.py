@@ -61,6 +61,14 @@ def removed_if_refused(store: Store):
         raise
 
 
+def _restore_quietly(store, log) -> None:
+    """Put back this run's set-aside units on the way out; a failure here must not hide the run's own."""
+    try:
+        store.restore_replaced()
+    except OSError as e:
+        log(f"  could not put back the units set aside to recompute ({e}); the next command on the store will")
+
+
 def _committed_anything(root: str) -> bool:
     return any(name.endswith(MARKER_SUFFIX) for _, _, files in os.walk(root) for name in files)
 
@@ -68,11 +76,14 @@ def _committed_anything(root: str) -> bool:
 def _run_locked(store, cfg, resume, log, performance_report, client, force, repair, terminal, result) -> str:
     with contextlib.ExitStack() as stack:
         stack.enter_context(store.lock("metricpipe run", log=log))  # one writer at a time
-        back = store.restore_replaced()   # a killed --force/--no-resume run's set-aside units
+        back = store.restored + store.restore_replaced()   # a killed --force/--no-resume run's set-aside units
         if back:
             log(f"Restored {len(back)} committed unit(s) that a stopped run had set aside to recompute "
                 f"({', '.join(back[:3])}{', ...' if len(back) > 3 else ''})")
-        stack.callback(store.restore_replaced)   # this run's, if it stops before committing them
+        if client is None and cfg.cluster == "local":   # this run's, if it stops before committing them,
+            stack.callback(_restore_quietly, store, log)   # once its own workers are gone (registered
+            # before the cluster, so called after it closes); on another cluster a cancelled task may
+            # still write, so the next command on the store restores them
         quiet_log = []   # a finished run's worker log that stayed empty; removed once the cluster has closed
         stack.callback(_remove_empty, quiet_log)
         plan = stages.prepare_data(cfg, store)  # refuse bad input before starting anything

@@ -166,6 +166,16 @@ class Store:
         else:  # workers write the units: a listing cached in this process would not show their files
             self.fs, self.root = fsspec.core.url_to_fs(self.url, use_listings_cache=False)
         self._held = None  # the ObjectLock this process holds on a remote store, while it holds it
+        self.restored = self._recover() if self.local and os.path.isdir(f"{self.root}/{REPLACED}") else []
+
+    def _recover(self) -> list[str]:
+        """Put back what a killed run set aside (:meth:`restore_replaced`) when a command opens the
+        store, if nobody holds its lock (a run under way restores its own when it stops)."""
+        try:
+            with self.lock("metricpipe (restoring set-aside units)"):
+                return self.restore_replaced()
+        except (InputError, OSError):   # in use, or a store we may only read
+            return []
 
     def check_writable(self) -> None:
         if self.fs.exists(self.root) and not self.fs.isdir(self.root):
@@ -234,6 +244,9 @@ class Store:
                     if os.path.exists(unit._root):
                         shutil.rmtree(unit._root)
                     os.replace(aside, unit._root)
+                elif not os.path.isdir(unit._root):   # no files to go with the marker (deleted by hand)
+                    os.remove(aside + MARKER_SUFFIX)
+                    continue
                 os.replace(aside + MARKER_SUFFIX, unit._root + MARKER_SUFFIX)   # the marker last
                 restored.append(unit.rel)
         shutil.rmtree(base, ignore_errors=True)   # what is left had its marker dropped: the new copy committed
@@ -545,8 +558,8 @@ class Unit:
         """Wipe anything a killed writer left and create the unit's directory. A committed unit (which
         a --force, --no-resume or --repair run recomputes) is set aside on a local store, not deleted:
         it comes back if the run stops before the new one commits (:meth:`Store.restore_replaced`)."""
-        if self.store.local and self.done():
-            self._set_aside()
+        if self.store.local and self.done() and os.path.isdir(self._root):   # (a unit whose folder is
+            self._set_aside()                                                 # gone has nothing to keep)
         self.remove(f"writing {self.rel}")
         self.store.fs.makedirs(self._root, exist_ok=True)
 

@@ -125,14 +125,15 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
                 raise InvalidParameterError(f"The {key!r} parameter of {type(self).__name__} must be a number, not "
                                             f"a boolean. Got {value!r} instead.")
 
-    def _check_X(self, X, reset: bool, y=None, **kw):
-        """``validate_data`` with float32/float64 input (other dtypes are cast to float64)."""
+    def _check_X(self, X, reset: bool, y=None, where: str = "X", **kw):
+        """``validate_data`` with float32/float64 input (other dtypes are cast to float64); ``where``
+        names the argument in errors."""
         kw.setdefault("dtype", [np.float64, np.float32])
         kw.setdefault("ensure_all_finite", False)   # checked below, naming the first bad row and column
         if reset:  # fitting: moments need two rows
             kw.setdefault("ensure_min_samples", 2)
         out = validate_data(self, X, reset=reset, **kw) if y is None else validate_data(self, X, y, reset=reset, **kw)
-        _within_float32(out if y is None else out[0], f"{type(self).__name__}: X")
+        _within_float32(out if y is None else out[0], f"{type(self).__name__}: {where}")
         return out
 
     def _check_val(self, X_val, y_val):
@@ -140,7 +141,7 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         name = type(self).__name__
         if y_val is None:
             raise InputError(f"{name}.fit: X_val needs y_val, the validation labels")
-        X_val = self._check_X(X_val, reset=False)
+        X_val = self._check_X(X_val, reset=False, where="X_val")
         y_val = np.asarray(y_val)
         if y_val.ndim != 1 or len(y_val) != len(X_val):
             raise InputError(f"{name}.fit: y_val must hold one label per row of X_val ({len(X_val)}); got shape "

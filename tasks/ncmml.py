@@ -479,7 +479,7 @@ class _MetricLearner(Learner):
         at most ``batch`` rows, one step each, so pools holding ``iters`` x ``batch`` rows give every
         step; the rows taken out of the pools are added: the validation share held out of the train
         split, at most ``validation`` + ``n_classes`` (:func:`~metricpipe.tasks.stream.validation_split`
-        rounds each class's share and takes at least one row of each). None (every row) when
+        rounds each class's share, which may pass ``validation`` by a row a class). None (every row) when
         ``classes`` leaves other classes' rows out of the pools too."""
         if self.classes is not None:
             return None
@@ -513,8 +513,8 @@ class _MetricLearner(Learner):
             counts = np.bincount(codes[pos], minlength=C)[self.trained_classes(C)]
             if counts.min() < 2:   # early stopping holds out a validation row of every class it trains on
                 raise InputError(f"{type(self).__name__}: class {self.classes_[self.trained_classes(C)][np.argmin(counts)].item()!r} "
-                                 f"has {int(counts.min())} sample(s); early stopping holds out validation rows of "
-                                 f"every class, so each needs at least 2 (or pass X_val, y_val to fit)")
+                                 f"has {int(counts.min())} sample(s); give every class at least 2, as the "
+                                 f"pipeline's stratified split requires (or pass X_val, y_val to fit)")
             val = pos[stream.validation_split(codes[pos], self.validation, keys[pos], seed)]
             keep[val] = False
             rows[val] = False

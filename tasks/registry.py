@@ -266,6 +266,9 @@ def expand_method(entry: dict) -> list[dict]:
                              f"per config; sweep fewer values, or split the sweep over several configs")
         for combo in itertools.product(*grids.values()):
             spec = {"method": name, **dict(zip(grids, combo))}
+            # a searched parameter left None (NCMML's lr) is the value it stands for: select: false and
+            # the selection's first candidate are then one model (one key, trained once)
+            spec.update({k: v[0] for k, v in cls.search_grid(spec).items() if spec.get(k, 0) is None})
             if select:
                 spec.update({k: v[0] for k, v in select["grid"].items()}, select=select)
             for cand in candidates(spec):

@@ -140,8 +140,9 @@ def stratified_subset(labels: np.ndarray, size: int, rank: np.ndarray, leave: in
 
 
 def held_out(labels: np.ndarray, size: int, rank: np.ndarray, leave: int) -> np.ndarray:
-    """Sorted positions of at most ``size`` rows to hold out of training, stratified: each class its
-    share of ``size`` rounded (its rows first in ``rank``), ``leave`` of its rows always left. A class
+    """Sorted positions of about ``size`` rows to hold out of training, stratified: each class its
+    share of ``size`` rounded (its rows first in ``rank``; the roundings may pass ``size`` by a row a
+    class), ``leave`` of its rows always left. A class
     whose share rounds to none (fewer rows than len(labels) / size / 2: few-shot data) gives one row
     while the total is under ``size``, the classes in the order of their first row in ``rank``; the
     others give none. (Taking one row of every class regardless held out half of a data set of two
@@ -175,7 +176,8 @@ def seeded_sample(rows: np.ndarray, size: int, seed) -> np.ndarray:
 
 
 def validation_split(labels: np.ndarray, size: int, keys: np.ndarray, seed) -> np.ndarray:
-    """Positions held out of SGD for early stopping: a stratified sample (:func:`held_out`) of at
-    most a fifth of the rows and at most ``size`` (SGD keeps at least one row of every class; a
-    class too small for its share may have none held out); ``keys``: the rows' :func:`row_keys`."""
+    """Positions held out of SGD for early stopping: a stratified sample (:func:`held_out`) of about
+    a fifth of the rows at most and ``size`` at most (to within each class's rounding; SGD keeps at
+    least one row of every class; a class too small for a row of its share may have none held out);
+    ``keys``: the rows' :func:`row_keys`."""
     return held_out(labels, min(size, max(1, len(labels) // 5)), rank(keys, seed, VALIDATION), leave=1)

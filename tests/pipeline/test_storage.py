@@ -169,3 +169,26 @@ def test_a_committed_unit_being_recomputed_comes_back_unless_its_replacement_com
     assert not os.path.exists(a._aside() + MARKER_SUFFIX) and store.restore_replaced() == []
     assert load_arrays(a.url)[0]["w"].tolist() == [5.0] * 3
     assert not any((tmp_path / "s" / ".replaced").rglob("*"))   # nothing left behind
+
+
+def test_a_committed_unit_whose_folder_is_gone_is_recomputed_and_set_aside_units_return_on_open(tmp_path):
+    """--repair of a unit whose folder was deleted (its marker kept) crashed moving the missing folder
+    aside; and after a kill only `run` put set-aside units back, so `models` and `inspect` saw none."""
+    import shutil
+
+    from metricpipe.storage import MARKER_SUFFIX
+    store = Store(str(tmp_path / "s"))
+    unit = store.unit("models", "c" * 16)
+    unit.begin()
+    save_arrays(unit.url, {"w": np.ones(2)})
+    unit.commit({})
+    shutil.rmtree(unit._root)                 # the folder gone, the marker left
+    unit.begin()                              # recomputing it: nothing to set aside
+    assert not (tmp_path / "s" / ".replaced" / "models" / ("c" * 16 + MARKER_SUFFIX)).exists()
+    save_arrays(unit.url, {"w": np.ones(2)})
+    unit.commit({})
+    unit.begin()                              # a run sets it aside and is killed
+    assert not unit.done()
+    again = Store(str(tmp_path / "s"))        # any command that opens the store
+    assert again.restored == [unit.rel] and unit.done() and unit.verify() == []
+    assert Store(str(tmp_path / "s")).restored == []

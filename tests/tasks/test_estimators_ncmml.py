@@ -264,7 +264,7 @@ def test_fit_errors_name_the_problem_not_a_symptom(data, cls):
     X, y = data
     y1 = y.copy()
     y1[0] = 9                      # a class of one sample: it cannot give a validation row and a training row
-    with pytest.raises(InputError, match=r"class 9 has 1 sample\(s\); early stopping holds out validation rows"):
+    with pytest.raises(InputError, match=r"class 9 has 1 sample\(s\); give every class at least 2, as the pipeline's stratified split requires"):
         cls(**SGD).fit(X, y1)
     with pytest.raises(InputError, match="X_val needs y_val"):
         cls(**SGD).fit(X, y, X_val=X[:10])

@@ -132,6 +132,9 @@ def test_non_finite_input_is_one_line_naming_the_first_bad_row_and_column(method
     with pytest.raises(InputError, match=rf"^{name}: X: Input contains 1 non-finite value\(s\) \(NaN or inf\), first "
                                          r"inf at row 41, column 4; drop or impute those rows[^\n]*$"):
         est.fit(bad, y)
+    if method in ("ncmml", "nml", "linear-ml", "sparse"):    # the learners that take validation rows
+        with pytest.raises(InputError, match=rf"^{name}: X_val: Input contains 1 non-finite value"):
+            est.fit(X, y, X_val=bad, y_val=y)
 
 
 

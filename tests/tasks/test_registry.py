@@ -63,6 +63,17 @@ def test_a_model_s_spec_does_not_depend_on_how_a_value_is_spelled():
     assert expand_method({"method": "nml", "iters": 1e4})[0]["iters"] == 10000   # a count stays an int
 
 
+def test_select_false_is_the_selection_s_first_candidate_when_lr_is_left_unset():
+    """lr: None (NCMML, NML, linear ML) stands for the first value of the applicable grid; left None in
+    the spec it made select: false another model than that candidate (two keys, trained twice, two
+    report rows named alike)."""
+    for entry in ({"method": "ncmml"}, {"method": "ncmml", "objective": "dot"}, {"method": "nml", "optimizer": "sgd"},
+                  {"method": "linear-ml", "optimizer": "adam"}):
+        [plain] = expand_method({**entry, "select": False})
+        [chosen] = expand_method(entry)
+        assert plain == registry.candidates(chosen)[0] and plain["lr"] is not None, entry
+
+
 def test_dict_parameters_read_as_key_value_pairs_in_names_and_labels():
     """SLEM's negatives showed as a Python repr in model names, logs and the report's legends
     ("slem-negatives{'split': 'train', 'count': 2000}")."""
