@@ -426,7 +426,7 @@ def _in_use(st) -> str | None:
     if not st.local or not os.path.exists(f"{st.root}/.lock"):   # no lock file: no run has held it
         return None
     try:
-        with st.lock("metricpipe gc (listing)"):
+        with st.lock("metricpipe gc (listing)", tries=1):
             return None
     except InputError as e:
         return str(e).split("in use by ", 1)[-1].split(" (STORE/.lock)")[0]

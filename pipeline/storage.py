@@ -78,6 +78,7 @@ def _register_zarr_exit() -> None:
 _register_zarr_exit()
 
 MARKER_SUFFIX = ".committed.json"
+LOCK_TRIES = 20   # a local store's lock is tried for about a second before a second writer is refused
 REPLACED = ".replaced"   # STORE/.replaced/KIND/KEY: committed units a run is recomputing (Unit.begin)
 
 
@@ -172,7 +173,7 @@ class Store:
         """Put back what a killed run set aside (:meth:`restore_replaced`) when a command opens the
         store, if nobody holds its lock (a run under way restores its own when it stops)."""
         try:
-            with self.lock("metricpipe (restoring set-aside units)"):
+            with self.lock("metricpipe (restoring set-aside units)", tries=1):
                 return self.restore_replaced()
         except (InputError, OSError):   # in use, or a store we may only read
             return []
@@ -253,7 +254,7 @@ class Store:
         return restored
 
     @contextlib.contextmanager
-    def lock(self, what: str = "run", log=None):
+    def lock(self, what: str = "run", log=None, tries: int = LOCK_TRIES):
         """Hold an exclusive lock on ``STORE/.lock`` while the block runs; a second writer gets a one-line
         error naming the holder. The operating system releases the lock when its process ends, however
         it ends, so a killed run never leaves a stale lock (and a reused pid cannot fake one). On an
@@ -273,9 +274,14 @@ class Store:
         path = f"{self.root}/.lock"
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            for attempt in range(tries):   # a probe (gc's listing, a store's opening) holds it for an instant
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if attempt < tries - 1:
+                        time.sleep(0.05)
+            else:
                 owner = self._lock_owner(path)
                 who = f"pid {owner.get('pid')} on {owner.get('host')} ({owner.get('what')})" if owner else "another process"
                 raise InputError(f"{self.url}: the store is in use by {who} (STORE/.lock); wait for it to finish") from None

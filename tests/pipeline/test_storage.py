@@ -192,3 +192,21 @@ def test_a_committed_unit_whose_folder_is_gone_is_recomputed_and_set_aside_units
     again = Store(str(tmp_path / "s"))        # any command that opens the store
     assert again.restored == [unit.rel] and unit.done() and unit.verify() == []
     assert Store(str(tmp_path / "s")).restored == []
+
+
+def test_a_lock_held_for_an_instant_delays_a_writer_instead_of_refusing_it(tmp_path):
+    """gc's listing and a store's opening take the lock for an instant to probe it; a run starting then
+    was refused as if another run held the store. A writer now tries for about a second; a probe once."""
+    import threading
+
+    from tests.conftest import hold_lock
+    store = Store(str(tmp_path / "s"))
+    store.check_writable()
+    holder = hold_lock(store.root)
+    threading.Timer(0.3, holder.kill).start()      # an instant's probe, as seen from here
+    with pytest.raises(InputError, match="in use by"):
+        with store.lock("probe", tries=1):
+            pass
+    with store.lock("metricpipe run"):             # waits the 0.3 s out
+        pass
+    holder.wait()
