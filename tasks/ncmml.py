@@ -563,7 +563,7 @@ class _MetricLearner(Learner):
         if not len(yv):
             raise InputError(f"{type(self).__name__}: no validation rows to stop early on (X_val in fit; the "
                              f"data's val rows)")
-        # a class with no validation row (few-shot data: its share rounds to none) still competes as
+        # a class with no validation row (few-shot data: its share is under one row) still competes as
         # every query's possible answer; the error is over the classes that have rows
         sgd.patience = max(5, int(PATIENCE * self.iters / self.validate_every))
         with one_blas_thread():

@@ -142,16 +142,19 @@ def stratified_subset(labels: np.ndarray, size: int, rank: np.ndarray, leave: in
 def held_out(labels: np.ndarray, size: int, rank: np.ndarray, leave: int) -> np.ndarray:
     """Sorted positions of about ``size`` rows to hold out of training, stratified: each class its
     share of ``size`` rounded (its rows first in ``rank``; the roundings may pass ``size`` by a row a
-    class), ``leave`` of its rows always left. A class
-    whose share rounds to none (fewer rows than len(labels) / size / 2: few-shot data) gives one row
-    while the total is under ``size``, the classes in the order of their first row in ``rank``; the
-    others give none. (Taking one row of every class regardless held out half of a data set of two
-    images per class.) Where every class's share is at least one row, this is :func:`stratified_subset`."""
+    class), ``leave`` of its rows always left. A class whose share is under one row (fewer rows than
+    len(labels) / size: few-shot data) gives one row while the total is under ``size``, the classes
+    in the order of their first row in ``rank``; the others give none. (Taking one row of every class
+    regardless held out half of a data set of two images per class, a third of one of three.) Where
+    every class's share is at least one row, this is :func:`stratified_subset`."""
     labels = np.asarray(labels)
     if not len(labels) or size <= 0:
         return np.zeros(0, np.int64)
     classes, inv, counts = np.unique(labels, return_inverse=True, return_counts=True)
-    take = np.clip(np.rint(size * counts / len(labels)).astype(np.int64), 0, np.maximum(counts - leave, 0))
+    share = size * counts / len(labels)
+    # a share under one row gives none here (rounding 0.6 up took one row of every class of 3), then
+    # the top-up below; a share of a row or more is rounded, as stratified_subset does
+    take = np.clip(np.where(share >= 1, np.rint(share), 0).astype(np.int64), 0, np.maximum(counts - leave, 0))
     first = np.full(len(classes), np.iinfo(np.int64).max)
     np.minimum.at(first, inv, rank)
     short = int(size) - int(take.sum())

@@ -180,7 +180,7 @@ def test_held_out_is_the_stratified_subset_wherever_every_class_has_a_share_and_
         size = int(rng.integers(1, n // 5 + 1))
         got = stream.held_out(y, size, r, leave=1)
         counts = np.bincount(y, minlength=C)
-        if (np.rint(size * counts[counts > 0] / n) >= 1).all():
+        if (size * counts[counts > 0] / n >= 1).all():
             assert np.array_equal(got, stream.stratified_subset(y, size, r, leave=1))
         assert len(got) <= max(size, int(np.rint(size * counts / n).clip(0, None).sum()))
         assert (np.bincount(y[got], minlength=C) <= np.maximum(counts - 1, 0)).all()   # one row each stays
@@ -188,6 +188,10 @@ def test_held_out_is_the_stratified_subset_wherever_every_class_has_a_share_and_
     r = stream.rank(stream.row_keys(rng.normal(size=(200, 3)).astype(np.float32)), 0, stream.VALIDATION)
     got = stream.held_out(y, 20, r, leave=2)
     assert len(got) == 20 and np.bincount(y[got]).max() == 1      # was 50: one of every class
+    for k in (2, 3, 4):                                          # a fifth held out, not one row a class
+        y = np.repeat(np.arange(200), k)
+        keys = stream.row_keys(rng.normal(size=(200 * k, 3)).astype(np.float32))
+        assert len(stream.validation_split(y, 5000, keys, 0)) == 40 * k
 
 
 def test_few_shot_classes_hold_out_at_most_a_fifth_and_every_class_still_competes():
