@@ -178,6 +178,14 @@ def check_methods(cfg: RunConfig, info, log=print) -> RunConfig:
         raise InputError(f"{cfg.source_file}: evaluate.retrieval.k: {max(ev.retrieval_k)} is more than the retrieval "
                          f"database holds (each test query ranks the other {n_test - 1} test rows); use K <= "
                          f"{n_test - 1}")
+    if ev.retrieval:   # a query with nothing relevant to find has no AP: every retrieval figure would be NaN
+        test = info.split == stages.TEST
+        keys = (info.groups if info.groups is not None else info.labels)[test]
+        if len(keys) and np.unique(keys, return_counts=True)[1].max() < 2:
+            log(f"  evaluate: no class{' (group)' if info.groups is not None else ''} has two of the {n_test} test "
+                f"rows, so no retrieval query has a relevant image to find: mAP, recall and MAP@R are undefined "
+                f"(NaN in the report); give the test split two or more rows of a class, or set "
+                f"evaluate.retrieval: false")
     knn = [int(c[3:]) for c in ev.classifiers if c.startswith("knn")]
     if knn and max(knn) > n_train and not classifiers_given(cfg.raw):   # the defaults, on a small train split
         kept = tuple(c for c in ev.classifiers if not c.startswith("knn") or int(c[3:]) <= n_train)

@@ -1,6 +1,7 @@
 """Stage 6, evaluate: retrieval (test queries against the rest of the test set) and classification
 (train as the database) of every model's codes; the kernels are in `metricpipe.tasks.evaluation`."""
 import time
+import warnings
 
 import numpy as np
 
@@ -422,6 +423,12 @@ def _records(spec: dict, dim: int, ev, test_labels: np.ndarray, ret_res: list, c
     params = {**spec_params(spec), **(extra or {})}
     base = {"method": spec["method"], "dim": dim, "params": params}
     recs = []
+    with warnings.catch_warnings():   # no query with a relevant image: NaN, which the run's start noted
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return _record_list(recs, base, ev, test_labels, ret_res, cls_res, trained_on, query_labels, knn_note)
+
+
+def _record_list(recs, base, ev, test_labels, ret_res, cls_res, trained_on, query_labels, knn_note) -> list[dict]:
     if ret_res:
         cat = {k: np.concatenate([r[k] for r in ret_res]) for k in ret_res[0]}
         recs.append({**base, "classifier": None, "metric": "map", "value": float(np.nanmean(cat["ap"]))})

@@ -95,7 +95,7 @@ def _note_val_classes(ctx: StageContext, data: DataInfo, n: int, spec: dict) -> 
     d = ctx.config.data
     why = ("data.split.val: auto carves val rows only from train rows that no pair of data.pairs joins"
            if d.pairs and d.split.val == "auto" else
-           "a class's share of data.split.val: auto rounds to none when it has few rows" if d.split.val == "auto"
+           "a class's share of data.split.val: auto is under one row when it has few rows" if d.split.val == "auto"
            else "the data's val rows")
     ctx.log(f"  train: {ctx.config.entry(n)} ({model_id(spec)}): the val split holds no row of {len(missing)} of the "
             f"{len(wanted)} classes it trains on ({names}; {why}); its early stopping scores the others")
@@ -108,7 +108,11 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
     plans, units = [], {}   # per spec: (spec, candidates, their units, selection unit or None, reused)
     has_val = bool((data.split == select.VAL).any())
     if not has_val and any(spec.get("select") for spec in ctx.config.methods):
-        ctx.log("  train: the data has no validation rows (data.split.val: 0), so parameters keep their defaults")
+        d = ctx.config.data
+        why = ("data.split.val: 0" if d.split.val != "auto" else
+               "data.split.val: auto found none to carve: every class keeps two train rows"
+               + (", and rows data.pairs joins stay in train" if d.pairs else ""))
+        ctx.log(f"  train: the data has no validation rows ({why}), so parameters keep their defaults")
     for n, spec in enumerate(ctx.config.methods):
         if has_val:
             _note_val_classes(ctx, data, n, spec)

@@ -2,6 +2,7 @@
 import hashlib
 import json
 import re
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -1016,3 +1017,23 @@ def test_an_object_store_refusal_that_s3fs_raises_as_oserror_is_one_line(monkeyp
     monkeypatch.setattr(metricpipe.models, "describe", lambda store: (_ for _ in ()).throw(PermissionError(13, "x")))
     with pytest.raises(PermissionError):                 # not an object store's: raised as it was
         _invoke("models", str(tmp_path))
+
+
+@pytest.mark.integration
+def test_a_test_split_of_one_row_per_class_is_noted_not_warned_about(client, tmp_path):
+    """No retrieval query has a relevant image: every retrieval figure is NaN. The run said nothing,
+    and numpy's 'Mean of empty slice' warnings reached the terminal."""
+    X, y = make_blobs(n=80, d=6, classes=20)
+    order = np.argsort(y, kind="stable")
+    X, y = X[order], y[order]
+    split = np.tile(["train", "train", "train", "test"], 20)
+    np.savez(tmp_path / "d.npz", X=X, y=y, split=split)
+    cfg = _config(tmp_path, {"path": str(tmp_path / "d.npz"), "split": {"column": "split"}},
+                  cluster=client.scheduler.address, methods=[{"method": "pca", "dim": 4}],
+                  evaluate={"retrieval": {"k": [1]}, "classification": {"classifiers": ["knn1"]}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)     # none may escape to the terminal
+        res = _invoke("run", cfg)
+    assert res.exit_code == 0, res.output
+    assert "evaluate: no class has two of the 20 test rows, so no retrieval query has a relevant image" in res.output
+    assert "RuntimeWarning" not in res.output and "Mean of empty slice" not in res.output
