@@ -179,10 +179,10 @@ def check_methods(cfg: RunConfig, info, log=print) -> RunConfig:
                          f"database holds (each test query ranks the other {n_test - 1} test rows); use K <= "
                          f"{n_test - 1}")
     if ev.retrieval:   # a query with nothing relevant to find has no AP: every retrieval figure would be NaN
-        test = info.split == stages.TEST
-        keys = (info.groups if info.groups is not None else info.labels)[test]
+        test, groups = info.split == stages.TEST, info.groups
+        keys = (groups if groups is not None else info.labels)[test]
         if len(keys) and np.unique(keys, return_counts=True)[1].max() < 2:
-            log(f"  evaluate: no class{' (group)' if info.groups is not None else ''} has two of the {n_test} test "
+            log(f"  evaluate: no class{' (group)' if groups is not None else ''} has two of the {n_test} test "
                 f"rows, so no retrieval query has a relevant image to find: mAP, recall and MAP@R are undefined "
                 f"(NaN in the report); give the test split two or more rows of a class, or set "
                 f"evaluate.retrieval: false")

@@ -1,5 +1,6 @@
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from metricpipe.config import ConfigError, load_config, parse_config
@@ -226,14 +227,19 @@ def test_a_hierarchy_file_is_read_as_configs_are(tmp_path):
     assert _parents(str(tmp_path / "h.yaml")) == {"40": "1", "41": "1", "1": "0"}
 
 
-def test_default_knn_above_the_train_rows_is_dropped_with_a_note_but_a_listed_one_is_refused():
+def _info(n_features, classes, split):
+    """A stand-in for the staged data's DataInfo: what the checks before staging read."""
     from types import SimpleNamespace
+    return SimpleNamespace(n_features=n_features, classes=classes, split=split, groups=None,
+                           labels=np.arange(len(split)) % len(classes))
 
-    import numpy as np
+
+def test_default_knn_above_the_train_rows_is_dropped_with_a_note_but_a_listed_one_is_refused():
+
 
     from metricpipe.runner import check_methods, skipped_classifiers
     from metricpipe.tasks.errors import InputError
-    info = SimpleNamespace(n_features=8, classes=[0, 1], split=np.array([0] * 6 + [1] * 20, np.int8))  # 6 train
+    info = _info(n_features=8, classes=[0, 1], split=np.array([0] * 6 + [1] * 20, np.int8))  # 6 train
     logs = []
     cfg = check_methods(parse_config({**BASE, "evaluate": {"retrieval": {"k": [5]}}}, where="cfg.yaml"), info,
                         logs.append)
@@ -248,12 +254,10 @@ def test_default_knn_above_the_train_rows_is_dropped_with_a_note_but_a_listed_on
 
 def test_a_sparsity_rounded_to_one_non_zero_is_noted_before_staging():
     """tau = 0.995 at D = 64 leaves 0.32 non-zeros per column: the run goes on with 1, and says so."""
-    from types import SimpleNamespace
 
-    import numpy as np
 
     from metricpipe.runner import check_methods
-    info = SimpleNamespace(n_features=64, classes=[0, 1], split=np.array([0] * 20 + [1] * 20, np.int8))
+    info = _info(n_features=64, classes=[0, 1], split=np.array([0] * 20 + [1] * 20, np.int8))
     logs = []
     methods = [{"method": "sparse", "sparsity": 0.995}, {"method": "sparse", "sparsity": 0.98}]
     check_methods(parse_config({**BASE, "methods": methods}, where="cfg.yaml"), info, logs.append)
@@ -264,13 +268,11 @@ def test_a_sparsity_rounded_to_one_non_zero_is_noted_before_staging():
 
 def test_an_slde_dim_beyond_its_members_dimensions_is_refused_before_staging():
     """It failed in the train stage, after staging, statistics, neighbours and every member had run."""
-    from types import SimpleNamespace
 
-    import numpy as np
 
     from metricpipe.runner import check_methods
     from metricpipe.tasks.errors import InputError
-    info = SimpleNamespace(n_features=50, classes=[0, 1], split=np.array([0] * 20 + [1] * 20, np.int8))
+    info = _info(n_features=50, classes=[0, 1], split=np.array([0] * 20 + [1] * 20, np.int8))
     check_methods(parse_config({**BASE, "methods": [{"method": "slde", "dim": 48}]}, where="cfg.yaml"), info)
     with pytest.raises(InputError, match=r"cfg.yaml: methods\[0\].*must be <= members x member_dim = 3 x 16 = 48"):
         check_methods(parse_config({**BASE, "methods": [{"method": "slde", "dim": 50}]}, where="cfg.yaml"), info)
@@ -280,13 +282,11 @@ def test_methods_that_need_the_dense_covariance_are_refused_before_staging_above
     """LDA and linear SLEM are fitted from the D x D covariance, which statistics keeps only up to
     max_dense_dim features: refused with the data's shape, not in the train stage after staging and
     statistics had run and been committed."""
-    from types import SimpleNamespace
 
-    import numpy as np
 
     from metricpipe.runner import check_methods
     from metricpipe.tasks.errors import InputError
-    info = SimpleNamespace(n_features=64, classes=[0, 1, 2], split=np.array([0] * 20 + [1] * 20, np.int8))
+    info = _info(n_features=64, classes=[0, 1, 2], split=np.array([0] * 20 + [1] * 20, np.int8))
     for method in ({"method": "lda"}, {"method": "slem", "lam": 1.0}):
         methods = [{"method": "pca"}, {"method": "slem", "kernel": "poly"}, method]
         for dense in (64, 1000):    # D = 64 keeps its covariance at max_dense_dim 64
@@ -307,12 +307,10 @@ def test_a_random_projection_above_the_features_is_a_note_not_a_worker_warning()
     library alone still warns."""
     import subprocess
     import sys
-    from types import SimpleNamespace
 
-    import numpy as np
 
     from metricpipe.runner import check_methods
-    info = SimpleNamespace(n_features=40, classes=[0, 1], split=np.array([0] * 20 + [1] * 20, np.int8))
+    info = _info(n_features=40, classes=[0, 1], split=np.array([0] * 20 + [1] * 20, np.int8))
     logs = []
     check_methods(parse_config({**BASE, "methods": [{"method": "random", "dim": 100}, {"method": "random", "dim": 8}]},
                                 where="cfg.yaml"), info, logs.append)
@@ -332,13 +330,11 @@ def test_a_random_projection_above_the_features_is_a_note_not_a_worker_warning()
 def test_errors_and_notes_name_the_entry_of_the_config_not_the_model_after_a_sweep():
     """methods: [pca with 3 dims, ncmml dim 100, sparse]: the second entry is methods[1], though it
     is the fourth model."""
-    from types import SimpleNamespace
 
-    import numpy as np
 
     from metricpipe.runner import check_methods
     from metricpipe.tasks.errors import InputError
-    info = SimpleNamespace(n_features=64, classes=[0, 1], split=np.array([0] * 20 + [1] * 20, np.int8))
+    info = _info(n_features=64, classes=[0, 1], split=np.array([0] * 20 + [1] * 20, np.int8))
     methods = [{"method": "pca", "dim": [8, 16, 32]}, {"method": "ncmml", "dim": 100}]
     with pytest.raises(InputError, match=r"cfg.yaml: methods\[1\] \(ncmml-100.*\): The 'dim' parameter of NCMML"):
         check_methods(parse_config({**BASE, "methods": methods}, where="cfg.yaml"), info)
