@@ -49,7 +49,7 @@ def _init(est, stats_url: str):
         return None, 1.0
     scale = moments.row_scale({"mean_sq_norm": load_scalar(stats_url, "mean_sq_norm")})
     comps = open_array(f"{stats_url}/pca_components")
-    return comps[:est.init_rows(comps.shape[0])], scale
+    return comps[:est.resolved_dim(comps.shape[0])], scale
 
 
 def _train(est, spec: dict, data_url: str, stats_url: str, copy_url: str, block_rows: int, user_pairs: bool,

@@ -107,6 +107,16 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         return next((space for (k, v), space in cls.search_space_when.items() if params.get(k) == v),
                     cls.search_space)
 
+    #: the code dimension ``dim: None`` stands for, capped at what the data offers (None: every one)
+    DEFAULT_DIM: int | None = None
+
+    def resolved_dim(self, available: int) -> int:
+        """``dim``, or for ``dim`` None ``DEFAULT_DIM`` capped at the ``available`` directions (the PCA
+        components a learner starts from: at most n_features)."""
+        if self.dim is not None:
+            return self.dim
+        return available if self.DEFAULT_DIM is None else min(available, self.DEFAULT_DIM)
+
     def _searched(self, name: str):
         """A searched parameter's value; left None, the first value of the grid the other parameters
         select (where that grid depends on them, e.g. NCMML's lr: 30 for the Euclidean form, 1 for the

@@ -72,7 +72,7 @@ class _StatisticsLearner(LinearCodes, Learner):
         if self.dim is not None and self.dim > limit:
             raise InputError(f"The 'dim' parameter of {type(self).__name__} must be <= {limit} ({why}). "
                              f"Got {self.dim} instead.")
-        return limit if self.dim is None else self.dim
+        return self.resolved_dim(limit)
 
 
 class Identity(_StatisticsLearner):
@@ -204,7 +204,7 @@ class RandomProjection(_StatisticsLearner):
 
     def _projection(self, stats):
         D = len(stats["mean"])
-        d = D if self.dim is None else self.dim
+        d = self.resolved_dim(D)
         if d > D:
             warnings.warn(f"random projection to dim={d} > n_features={D} adds no information", stacklevel=3)
         W = np.random.default_rng(seed_of(self.random_state)).standard_normal((D, d)) / np.sqrt(d)

@@ -555,7 +555,7 @@ class _MetricLearner(Learner):
         self._validate_params()
         self.n_features_in_ = int(len(stats["mean"]))
         self.classes_ = np.arange(len(stats["class_means"]))
-        return comps[:min(len(comps), self.DEFAULT_DIM) if self.dim is None else self.dim]
+        return comps[:self.resolved_dim(len(comps))]
 
     def _run(self, sgd: "MetricSGD", pools, Xv, yv, error, batches) -> None:
         """The SGD loop: batches from each pool until ``iters`` steps; early stopping on validation."""

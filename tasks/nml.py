@@ -568,12 +568,7 @@ class _PairLearner(Learner):
         if self.dim is not None and self.dim > len(init):
             raise InputError(f"The 'dim' parameter of {type(self).__name__} must be <= {len(init)}, the rows of init "
                              f"(the PCA components L starts from; n_features = {n_features}). Got {self.dim} instead.")
-        return init[:self.init_rows(len(init))]
-
-    def init_rows(self, available: int) -> int:
-        """Rows of the PCA start L takes: ``dim``, or for dim None ``DEFAULT_DIM`` capped at what is
-        ``available`` (the components: at most n_features)."""
-        return min(available, self.DEFAULT_DIM) if self.dim is None else self.dim
+        return init[:self.resolved_dim(len(init))]
 
     def _prepare(self, X, where: str) -> np.ndarray:
         """The rows SGD compares: float32 (NML: checked non-negative and l1-normalised)."""

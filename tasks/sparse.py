@@ -487,7 +487,7 @@ class SparseProjector(Learner):
             raise InputError(f"The 'dim' parameter of sparse must be <= {len(comps)}, the PCA projectors "
                              f"available to start from (X has {comps.shape[1]} feature(s)). Got {self.dim} "
                              f"instead.")
-        dim = min(len(comps), self.DEFAULT_DIM) if self.dim is None else self.dim
+        dim = self.resolved_dim(len(comps))
         mean = np.asarray(mean, np.float64)
         if val is not None and (not self.validation or not _can_rank(val[1])):
             val = None   # off, or no validation row has a positive and a negative to rank
