@@ -20,7 +20,7 @@ from metricpipe.errors import StageError, check_terminated
 from metricpipe.report import build_report, package_versions, read_summary, winner_lines
 from metricpipe.storage import MARKER_SUFFIX, Store, to_json
 from metricpipe.tasks.errors import InputError
-from metricpipe.tasks import registry
+from metricpipe.tasks import evaluation, registry
 
 
 def stage_names(cfg: RunConfig) -> list[str]:
@@ -181,7 +181,7 @@ def check_methods(cfg: RunConfig, info, log=print) -> RunConfig:
     if ev.retrieval:   # a query with nothing relevant to find has no AP: every retrieval figure would be NaN
         test, groups = info.split == stages.TEST, info.groups
         keys = (groups if groups is not None else info.labels)[test]
-        if len(keys) and np.unique(keys, return_counts=True)[1].max() < 2:
+        if len(keys) and not evaluation.can_rank(keys):
             log(f"  evaluate: no class{' (group)' if groups is not None else ''} has two of the {n_test} test "
                 f"rows, so no retrieval query has a relevant image to find: mAP, recall and MAP@R are undefined "
                 f"(NaN in the report); give the test split two or more rows of a class, or set "

@@ -169,6 +169,13 @@ def ncmc_errors(Q: np.ndarray, y: np.ndarray, centroids: np.ndarray, owner: np.n
     return errs[1], errs[5]
 
 
+def can_rank(keys, negatives: bool = False) -> bool:
+    """Whether rows with relevance ``keys`` querying each other give any AP: some row has another of
+    its key to find (and, with ``negatives``, some row of another key to rank below it)."""
+    counts = np.unique(np.asarray(keys), return_counts=True)[1]
+    return len(counts) > 0 and counts.max() >= 2 and (not negatives or len(counts) >= 2)
+
+
 def validation_map(codes: np.ndarray, y: np.ndarray, score: str = "euclidean") -> float:
     """mAP of every validation row querying the others by their codes (the early-stopping criterion
     of the pair learners)."""

@@ -32,7 +32,7 @@ from metricpipe.tasks import moments, stream
 from metricpipe.tasks.base import (COUNT, DIM, DIM_OR_NONE, NON_NEGATIVE, RANDOM_STATE, Interval, Learner, StrOptions, one_blas_thread,
                                    seed_of)
 from metricpipe.tasks.errors import InputError
-from metricpipe.tasks.evaluation import validation_map
+from metricpipe.tasks.evaluation import can_rank, validation_map
 from metricpipe.tasks.normalize import normalize_rows
 from metricpipe.tasks.validate import beyond_float32
 
@@ -331,13 +331,6 @@ def pair_groups(pos_i: np.ndarray, pos_j: np.ndarray, n_rows: int, block_rows: i
 
 # ---- the estimators --------------------------------------------------------------------------------------
 
-def _can_validate(y_val) -> bool:
-    """Whether validation rows with labels ``y_val`` can score retrieval: some row has another of
-    its class to find."""
-    y_val = np.asarray(y_val)
-    return bool(len(y_val)) and np.unique(y_val, return_counts=True)[1].max() >= 2
-
-
 _PAIR_CONSTRAINTS = {
     "dim": DIM,
     "pairs": [Interval(Integral, 2, None, closed="left")],
@@ -427,7 +420,7 @@ class _PairLearner(Learner):
         elif self.validation:
             keys = stream.row_keys(X)
             held = stream.validation_split(codes, self.validation, keys, seed)
-            if _can_validate(codes[held]):   # else (few-shot data) no early stopping, and every row trains
+            if can_rank(codes[held]):   # else (few-shot data) no early stopping, and every row trains
                 keep = np.ones(len(X), bool)
                 keep[held] = False
                 val = (X[held], codes[held])
@@ -536,7 +529,7 @@ class _PairLearner(Learner):
     def _fit_labels(self, pools, n_samples, n_features, init, scale: float, seed: int, val=None):
         L0 = self._start(n_features, init, seed)
         rng = np.random.default_rng([seed, 17])
-        if val is not None and (not self.validation or not _can_validate(val[1])):
+        if val is not None and (not self.validation or not can_rank(val[1])):
             val = None   # off, or no validation row has another of its class to find
         if val is not None:
             val = (self._prepare(val[0], f"{type(self).__name__}: validation rows"), val[1])

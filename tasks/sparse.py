@@ -299,13 +299,6 @@ def rank_projectors(X: np.ndarray, key: np.ndarray, U0: np.ndarray, *, sparsity:
     return best[2].astype(np.float32), history, n_iter, (int(best[1]), float(best[0]))
 
 
-def _can_rank(key_val) -> bool:
-    """Whether validation rows with relevance keys ``key_val`` can score mAP: some row has a positive
-    (another of its key) and a negative to rank."""
-    counts = np.unique(np.asarray(key_val), return_counts=True)[1]
-    return len(counts) >= 2 and counts.max() >= 2
-
-
 def stratified_subset(labels: np.ndarray, size: int, seed, among: np.ndarray | None = None) -> np.ndarray:
     """Sorted indices of about ``size`` rows, the same share of every class (seeded).
 
@@ -450,7 +443,7 @@ class SparseProjector(Learner):
             val = self._check_val(X_val, y_val)
         elif self.validation:
             held = stream.validation_split(y, self.validation, stream.row_keys(X), seed)
-            if _can_rank(y[held]):   # else (few-shot data) no early stopping, and every row trains
+            if evaluation.can_rank(y[held], negatives=True):   # else (few-shot data) no early stopping; all rows train
                 among = np.setdiff1d(np.arange(len(X)), held)
                 val = (X[held], y[held])
         rows = stratified_subset(y, self.train_size, seed, among=among)
@@ -489,7 +482,7 @@ class SparseProjector(Learner):
                              f"instead.")
         dim = self.resolved_dim(len(comps))
         mean = np.asarray(mean, np.float64)
-        if val is not None and (not self.validation or not _can_rank(val[1])):
+        if val is not None and (not self.validation or not evaluation.can_rank(val[1], negatives=True)):
             val = None   # off, or no validation row has a positive and a negative to rank
         if val is not None:
             n = min(self.validation, len(val[1]))

@@ -144,3 +144,9 @@ def test_slem_with_a_kernel_names_kernel_slem():
     from metricpipe.tasks.slem import SLEM
     with pytest.raises(InputError, match=r"^SLEM is the linear form; for kernel 'gaussian' use KernelSLEM\(kernel='gaussian'\)"):
         SLEM(kernel="gaussian").fit(np.random.default_rng(0).normal(size=(20, 3)), np.arange(20) % 2)
+
+
+def test_can_rank_needs_a_row_with_another_of_its_key_and_with_negatives_another_key():
+    from metricpipe.tasks.evaluation import can_rank
+    assert not can_rank([]) and not can_rank([1, 2, 3]) and can_rank([1, 2, 2])
+    assert can_rank([4, 4]) and not can_rank([4, 4], negatives=True) and can_rank([4, 4, 5], negatives=True)
