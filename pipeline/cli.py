@@ -428,8 +428,8 @@ def _in_use(st) -> str | None:
     try:
         with st.lock("metricpipe gc (listing)", tries=1):
             return None
-    except InputError as e:
-        return str(e).split("in use by ", 1)[-1].split(" (STORE/.lock)")[0]
+    except InputError:
+        return st.holder()
     except OSError:   # a store we may only read: no telling, and listing must not fail
         return None
 

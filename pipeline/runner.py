@@ -254,7 +254,8 @@ def _run(ctx: StageContext, plan, log, result) -> str:
     evals = stage(next(i), "evaluate", stages.run_evaluate, ctx, data, codes, graph)
     manifest = {
         # the file's settings with those the command line replaced (--store, --workers, ...)
-        "config": {**cfg.raw, **{k: getattr(cfg, k) for k in sorted(cfg.overridden)}}, "store": ctx.store.url, "started": started, "versions": package_versions(),
+        "config": {**cfg.raw, **{k: getattr(cfg, k) for k in sorted(cfg.overridden)}},
+        "store": ctx.store.url, "started": started, "versions": package_versions(),
         "dataset": {"source": data.unit.meta().get("source"), "key": data.unit.key, "n_samples": data.n_samples,
                     "n_features": data.n_features, "n_classes": len(data.classes),
                     "splits": {SPLIT_NAMES[c]: int(n) for c, n in enumerate(np.bincount(data.split)) if n}},

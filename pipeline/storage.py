@@ -232,7 +232,7 @@ class Store:
         if not self.local or not os.path.isdir(base):
             return []
         restored = []
-        for kind in sorted(os.listdir(base)):
+        for kind in sorted(k for k in os.listdir(base) if os.path.isdir(f"{base}/{k}")):
             for name in sorted(os.listdir(f"{base}/{kind}")):
                 if not name.endswith(MARKER_SUFFIX):
                     continue
@@ -282,9 +282,8 @@ class Store:
                     if attempt < tries - 1:
                         time.sleep(0.05)
             else:
-                owner = self._lock_owner(path)
-                who = f"pid {owner.get('pid')} on {owner.get('host')} ({owner.get('what')})" if owner else "another process"
-                raise InputError(f"{self.url}: the store is in use by {who} (STORE/.lock); wait for it to finish") from None
+                raise InputError(f"{self.url}: the store is in use by {self.holder()} (STORE/.lock); wait for it to "
+                                 f"finish") from None
             self.locked_here = True   # this process held the lock (see runner.removed_if_refused)
             os.ftruncate(fd, 0)
             os.write(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "what": what,
@@ -292,6 +291,11 @@ class Store:
             yield
         finally:
             os.close(fd)  # releases the lock; the file stays (deleting it would let two writers lock two files)
+
+    def holder(self) -> str:
+        """Who the lock file of a local store names as its holder ("pid N on HOST (what)")."""
+        owner = self._lock_owner(f"{self.root}/.lock")
+        return f"pid {owner.get('pid')} on {owner.get('host')} ({owner.get('what')})" if owner else "another process"
 
     @staticmethod
     def _lock_owner(path: str) -> dict | None:

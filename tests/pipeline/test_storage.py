@@ -189,6 +189,7 @@ def test_a_committed_unit_whose_folder_is_gone_is_recomputed_and_set_aside_units
     unit.commit({})
     unit.begin()                              # a run sets it aside and is killed
     assert not unit.done()
+    (tmp_path / "s" / ".replaced" / "notes.txt").write_text("a stray file")   # not a kind's folder: skipped
     again = Store(str(tmp_path / "s"))        # any command that opens the store
     assert again.restored == [unit.rel] and unit.done() and unit.verify() == []
     assert Store(str(tmp_path / "s")).restored == []
