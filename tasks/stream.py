@@ -131,11 +131,17 @@ def stratified_subset(labels: np.ndarray, size: int, rank: np.ndarray, leave: in
     labels = np.asarray(labels)
     if size >= len(labels) and not leave:
         return np.arange(len(labels))
-    picked = []
-    for c in np.unique(labels):
-        rows = np.flatnonzero(labels == c)
-        take = max(0, min(len(rows) - leave, max(1, int(round(size * len(rows) / len(labels))))))
-        picked.append(rows[np.argsort(rank[rows], kind="stable")[:take]])
+    _, inv, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    take = np.clip(np.maximum(1, np.rint(size * counts / max(1, len(labels)))).astype(np.int64), 0,
+                   np.maximum(counts - leave, 0))
+    return _first_in_rank(inv, counts, take, rank)
+
+
+def _first_in_rank(inv: np.ndarray, counts: np.ndarray, take: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """Sorted positions of the ``take[c]`` rows of each class c (``inv``: each row's class index,
+    ``counts``: rows per class) that come first in ``rank``."""
+    picked = [rows[np.argsort(rank[rows], kind="stable")[:t]]
+              for rows, t in zip(np.split(np.argsort(inv, kind="stable"), np.cumsum(counts)[:-1]), take) if t]
     return np.sort(np.concatenate(picked)) if picked else np.zeros(0, np.int64)   # no rows: none picked
 
 
@@ -163,9 +169,7 @@ def held_out(labels: np.ndarray, size: int, rank: np.ndarray, leave: int) -> np.
             break
         if take[c] == 0 and counts[c] > leave:
             take[c], short = 1, short - 1
-    picked = [rows[np.argsort(rank[rows], kind="stable")[:t]]
-              for rows, t in zip(np.split(np.argsort(inv, kind="stable"), np.cumsum(counts)[:-1]), take) if t]
-    return np.sort(np.concatenate(picked)) if picked else np.zeros(0, np.int64)
+    return _first_in_rank(inv, counts, take, rank)
 
 
 VALIDATION, KMEANS, REFERENCE = 1, 2, 3   # purposes of :func:`rank`
