@@ -98,9 +98,11 @@ def _resume_command(kwargs: dict) -> str:
                     for name in ("store", "cluster", "workers", "memory_limit") if kwargs.get(name))
     again += " --verify-source" if kwargs.get("verify_source") else ""
     # a --force run stopped midway: the units it had not recomputed are back as they were (the store
-    # sets a committed unit aside until its new copy commits), so finishing it forces again; a
+    # sets a committed unit aside until its new copy commits), so finishing it forces again, which
+    # reuses what it did recompute (runner.forcing); --no-resume is a --force of the first stage; a
     # --repair run recomputes only what is still damaged
-    again += f" --force {kwargs['force']}" if kwargs.get("force") else ""
+    forced = kwargs.get("force") or (STAGES[0] if kwargs.get("resume") is False else None)
+    again += f" --force {forced}" if forced else ""
     again += " --repair" if kwargs.get("repair") else ""
     return f"metricpipe run {shlex.quote(str(kwargs['config']))}{again} --resume"
 

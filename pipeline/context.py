@@ -42,6 +42,9 @@ class StageContext:
     tasks: int = 0               # tasks submitted so far (the runner reports them per stage)
     force: str | None = None     # recompute this stage and every stage after it
     repair: bool = False         # recompute committed units whose files fail verification
+    # runs of the same --force that stopped before finishing: the units they committed are already
+    # recomputed, so a --force run that continues theirs reuses them (runner.forcing)
+    forced_by: tuple = ()
     returning_errors: bool = False  # submit(): an InputError is the task's result, not its failure
     selections: list = field(default_factory=list)  # the train stage's selection units (store paths)
     terminal: bool = False       # progress as one updating line per stage (stderr is a terminal)
@@ -74,7 +77,8 @@ class StageContext:
         candidates: recomputing it would rewrite it under the readers of the first)."""
         if unit.rel in self.made and unit.done():
             return True
-        if not self.resume or (self.force is not None and STAGES.index(stage) >= STAGES.index(self.force)):
+        if not self.resume or (self.force is not None and STAGES.index(stage) >= STAGES.index(self.force)
+                               and not self.forced_before(unit)):
             return False
         if not unit.done():
             if unit.exists() and unit.rel not in self.unfinished:
@@ -93,6 +97,12 @@ class StageContext:
             return False
         raise InputError(f"{unit.store.url}: {bad[0]}{f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''}; "
                          f"rerun with --repair to recompute it, or check the disk")
+
+    def forced_before(self, unit) -> bool:
+        """Whether ``unit`` was committed by an earlier, stopped run of this same --force."""
+        if not self.forced_by or not unit.done():
+            return False
+        return unit.meta().get("run") in self.forced_by
 
     def commit(self, unit, meta: dict) -> None:
         """Commit ``unit`` with its files' checksums, the large files read by the workers in parallel."""

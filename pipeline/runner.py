@@ -6,6 +6,7 @@ import contextlib
 import os
 import shutil
 import time
+import uuid
 from dataclasses import replace
 
 import numpy as np
@@ -16,7 +17,7 @@ from metricpipe.cluster import DashboardHostError, connect
 from metricpipe.config import (SPLIT_NAMES, EvaluateConfig, NeighboursConfig, RunConfig, classifiers_given,
                                unserved)
 from metricpipe.context import StageContext
-from metricpipe.errors import StageError, check_terminated
+from metricpipe.errors import STAGES, StageError, check_terminated
 from metricpipe.report import build_report, package_versions, read_summary, winner_lines
 from metricpipe.storage import MARKER_SUFFIX, Store, to_json
 from metricpipe.tasks.errors import InputError
@@ -107,15 +108,47 @@ def _run_locked(store, cfg, resume, log, performance_report, client, force, repa
             from distributed import performance_report as perf
             stack.enter_context(perf(filename=performance_report))
         try:
+            store.run_id = uuid.uuid4().hex   # the commit markers of this run carry it
+            forced_by = forcing(store, force if resume else STAGES[0], resume, log)
             ctx = StageContext(client, store, cfg, resume=resume, log=log, force=force, repair=repair,
-                               terminal=terminal)
+                               terminal=terminal, forced_by=forced_by)
             out = _run(ctx, plan, log, result)
+            forcing(store, None, resume, log)   # finished: nothing left to continue
             quiet_log += [worker_log] if worker_log else []
             return out
         except StageError as e:
             if worker_log is None:
                 raise
             raise StageError(f"{str(e).splitlines()[0]} (worker tracebacks: {worker_log})") from e
+
+
+# A --force (or --no-resume) run that has not finished: {"stage": its stage, "runs": the run ids of
+# the attempts so far}. An attempt that continues it with the same --force reuses what they committed.
+FORCING = "runs/forcing.json"
+
+
+def forcing(store: Store, stage: str | None, resume: bool, log) -> tuple:
+    """Record that this run forces ``stage`` (None: no stage; ``resume`` off: every stage, given as the
+    first) and return the ids of the stopped runs of the same --force it continues: the units they
+    committed are already recomputed. A run that forces nothing, or something else, or recomputes
+    everything (--no-resume), starts afresh, so a stale record never spares a unit; a run that
+    finishes ends the record (``stage`` None)."""
+    path = f"{store.root}/{FORCING}"
+    if stage is None:
+        if store.fs.exists(path):
+            store.fs.rm(path)
+        return ()
+    try:
+        record = store.read_json(FORCING)
+    except (FileNotFoundError, ValueError, OSError):   # none, or torn: nothing to continue
+        record = None
+    earlier = tuple(record.get("runs", ())) if resume and isinstance(record, dict) and \
+        record.get("stage") == stage else ()
+    if earlier:
+        log(f"Continuing the --force {stage} run that stopped: the units it recomputed are kept "
+            f"(--no-resume recomputes everything)")
+    store.write_text(FORCING, to_json({"stage": stage, "runs": [*earlier, store.run_id]}))
+    return earlier
 
 
 # Worker logs of a local run: into STORE/logs/ (the terminal shows our one-line messages).

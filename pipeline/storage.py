@@ -13,6 +13,7 @@ Layout (every result is a *unit* ``KIND/KEY/`` where KEY hashes everything the r
     STORE/codes/KEY/         one model's codes for every sample (sample, code)
     STORE/evaluation/KEY/    one model's metrics (records.json)
     STORE/runs/latest.json   the last run's config and the units it used (`metricpipe gc` keeps those)
+    STORE/runs/forcing.json  a --force run that has not finished yet: its stage and attempts (runner.forcing)
     STORE/report/            metrics.json, index.html, plots
     STORE/logs/              the workers' log files (local stores)
 
@@ -167,6 +168,7 @@ class Store:
         else:  # workers write the units: a listing cached in this process would not show their files
             self.fs, self.root = fsspec.core.url_to_fs(self.url, use_listings_cache=False)
         self._held = None  # the ObjectLock this process holds on a remote store, while it holds it
+        self.run_id = None  # the run writing through this object: its commit markers carry it (Unit.commit)
         self.restored = self._recover() if self.local and os.path.isdir(f"{self.root}/{REPLACED}") else []
 
     def _recover(self) -> list[str]:
@@ -625,7 +627,8 @@ class Unit:
     def commit(self, meta: dict, sums: dict | None = None) -> None:
         """Mark the unit complete (the marker is written last and atomically) with its files' checksums
         (``sums``: those already taken elsewhere, e.g. by workers; the rest are taken here)."""
-        record = json.loads(to_json({**meta, "key": self.key, "kind": self.kind, "committed": time.time(),
+        run = {"run": self.store.run_id} if self.store.run_id else {}
+        record = json.loads(to_json({**meta, "key": self.key, "kind": self.kind, "committed": time.time(), **run,
                                      "version": code_version(), "files": self.checksums(sums)}))
         self.store.write_text(f"{self.rel}{MARKER_SUFFIX}", to_json({**record, "record": record_digest(record)}))
         self._drop_aside()   # the unit it replaces, set aside by begin()

@@ -231,6 +231,17 @@ def test_a_force_run_that_fails_leaves_the_last_run_s_models_in_place(reference,
     assert not any((store / ".replaced").rglob("*.committed.json"))
     _same(_results(store), reference[1])
     assert _run("inspect", "--verify", store).exit_code == 0
+    # the resume hint's command (--force train again) continues that run: the two models it did
+    # recompute are kept, not trained a third time; only NML, put back as it was, is recomputed
+    monkeypatch.delenv("METRICPIPE_FAILPOINT")
+    res = _run("run", *cfg, "--force", "train")
+    assert res.exit_code == 0, res.output
+    assert "Continuing the --force train run" in res.output and "train: reusing 2 of 3 models" in res.output, \
+        res.output
+    done = _committed_units(store)
+    assert done[nml[0]] != before[nml[0]] and json.loads(done[nml[0]])["run"] != json.loads(after[nml[0]]).get("run")
+    assert not (store / "runs/forcing.json").exists()   # finished: a later --force starts afresh
+    _same(_results(store), reference[1])
 
 
 def test_a_killed_force_run_s_set_aside_models_come_back_at_the_next_run(reference, tmp_path):

@@ -211,3 +211,48 @@ def test_a_lock_held_for_an_instant_delays_a_writer_instead_of_refusing_it(tmp_p
     with store.lock("metricpipe run"):             # waits the 0.3 s out
         pass
     holder.wait()
+
+
+
+def test_a_force_continued_reuses_only_what_its_own_stopped_attempts_committed(tmp_path):
+    """--force train stopped midway, then rerun as its hint says (--force train again), retrained the
+    models the first attempt had already recomputed. The continuation reuses exactly those: not units
+    of another --force, of a run that forced nothing, or of any run once --no-resume starts afresh."""
+    from metricpipe.context import StageContext
+    from metricpipe.runner import FORCING, forcing
+    store = Store(str(tmp_path / "s"))
+    logged, ids = [], []
+
+    def attempt(force, resume=True):
+        """A run's start: its id, its forcing record, its context (``force`` None: forces nothing)."""
+        store.run_id = f"run{len(ids)}"
+        ids.append(store.run_id)
+        earlier = forcing(store, force if resume else "stage", resume, logged.append)
+        return StageContext(None, store, None, resume=resume, force=force, log=logged.append, forced_by=earlier)
+
+    def committed(key):
+        unit = store.unit("models", key)
+        unit.begin()
+        save_arrays(unit.url, {"w": np.ones(2)})
+        unit.commit({})
+        return unit
+
+    store.run_id = "plain"
+    old = committed("a" * 16)                    # an earlier, finished run's model
+    first = attempt("train")                     # --force train: recomputes it, keeps the stages before
+    assert not first.reuse(old, "train") and first.reuse(old, "statistics")
+    new = committed("b" * 16)                    # ... commits one model, then stops
+    assert new.meta()["run"] == "run0"
+    again = attempt("train")                     # the hint's command
+    assert again.forced_by == ("run0",) and again.reuse(new, "train") and not again.reuse(old, "train")
+    assert any(str(m).startswith("Continuing the --force train run") for m in logged)
+    third = attempt("train")                     # a third attempt continues both
+    assert third.forced_by == ("run0", "run1") and third.reuse(new, "train")
+    other = attempt("evaluate")                  # another --force: a new record, nothing spared
+    assert other.forced_by == () and store.read_json(FORCING) == {"stage": "evaluate", "runs": ["run3"]}
+    assert attempt("train").forced_by == ()
+    assert not attempt("train", resume=False).forced_by   # --no-resume: every stage, from scratch ...
+    assert attempt("stage").forced_by == ("run5",)        # ... and its hint (--force stage) continues it
+    plain = attempt(None)                        # a run that forces nothing ends the record
+    assert plain.forced_by == () and not (tmp_path / "s" / FORCING).exists()
+    assert attempt("train").forced_by == ()
