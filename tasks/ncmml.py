@@ -334,6 +334,15 @@ def sample_fixed_batch(y: np.ndarray, targets: np.ndarray, m: int, rho: float, r
 
 # ---- SGD drivers: the pipeline feeds them batches; they hold W and the best W seen on validation --------------
 
+class Diverged(InputError):
+    """SGD's W left float32's range: the rate is too large for these rows."""
+
+
+# lr left unset: each divergence goes on from the best W validated so far at a tenth of the rate, at most
+# BACK_OFFS times (a rate the user or a selection sets is theirs: its divergence is an error)
+BACK_OFF, BACK_OFFS = 10, 3
+
+
 class MetricSGD:
     """Minibatch SGD on W (d, D) with early stopping (Section 5.1): every ``validate_every`` steps
     the caller reports a validation error; the W with the lowest error is kept.
@@ -385,10 +394,20 @@ class MetricSGD:
             G, value = knnml_step(self.W, X, is_pos, self.k, self.targets, fixed, self.margin)
             self.W -= self.step_W * G
         if beyond_float32(self.W):
-            raise InputError(f"metric learning diverged after {self.steps + 1} steps (W is not finite in float32); "
-                             f"lower 'lr' (now {self.lr})")
+            raise Diverged(f"metric learning diverged after {self.steps + 1} steps (W is not finite in float32); "
+                           f"lower 'lr' (now {self.lr})")
         self.steps += 1
         return float(value)
+
+    def back_off(self) -> None:
+        """After a divergence: go on from the best W validated so far at a BACK_OFF-th of the rate."""
+        _, W, bias, _ = self.best
+        self.W = W.copy()
+        self.bias = None if bias is None else bias.copy()
+        self.lr /= BACK_OFF
+        self.step_W /= BACK_OFF
+        self.stale = 0
+        self.history.append({"iter": self.steps, "lr": self.lr})
 
     def classify(self, X: np.ndarray) -> np.ndarray:
         """Class (as given in ``owner``) of each row under the current W: nearest class mean (Eq. 5),
@@ -424,7 +443,7 @@ PATIENCE = 0.5        # SGD stops after this share of its validations (iters / v
 _SGD_CONSTRAINTS = {
     "dim": DIM_OR_NONE,
     "batch": [Interval(Integral, 2, None, closed="left")],
-    "lr": POSITIVE,
+    "lr": [*POSITIVE, None],
     "iters": COUNT,
     "validate_every": COUNT,
     "validation": [Interval(Integral, 10, None, closed="left")],
@@ -571,6 +590,7 @@ class _MetricLearner(Learner):
         err, W, bias, at = sgd.best
         self.components_ = np.ascontiguousarray(W.T, np.float32)
         self.history_ = sgd.history
+        self.lr_ = sgd.lr
         self.best_iter_ = int(at)
         self.val_error_ = float(err)
         self._best_bias = bias
@@ -589,8 +609,14 @@ class _MetricLearner(Learner):
                                  f"training rows, so no batch could be drawn; give more images per class or "
                                  f"lower 'validation' (now {self.validation})")
             for sel, is_pos, fixed in drawn:
-                with np.errstate(over="ignore", invalid="ignore"):
-                    value = sgd.step(X[sel], y[sel], is_pos, fixed)
+                try:
+                    with np.errstate(over="ignore", invalid="ignore"):
+                        value = sgd.step(X[sel], y[sel], is_pos, fixed)
+                except Diverged:
+                    if self.lr is not None or sum("lr" in h for h in sgd.history) >= BACK_OFFS:
+                        raise
+                    sgd.back_off()
+                    continue
                 stop = False
                 if sgd.steps % self.validate_every == 0 or sgd.steps == self.iters:
                     stop = sgd.record(error(sgd, Xv, yv), value)
@@ -706,7 +732,9 @@ class NCMML(_NCMClassifier, _MetricLearner):
         squared norm and starts W at the PCA directions over their RMS norm (the same run as on the
         rows scaled to unit RMS norm; nothing changes on l2-normalised rows). None: 30 for the
         Euclidean objective, 1 for the dot form (where 10 and more diverged), the first value each
-        objective's selection grid tries.
+        objective's selection grid tries; if W then diverges, SGD goes on from the best W validated
+        so far at a tenth of the rate, at most 3 times (``lr_``: the rate it ended with). A rate you
+        set is kept: its divergence is an error.
     iters : int, default=2000
         SGD steps.
     validate_every : int, default=100
@@ -723,7 +751,7 @@ class NCMML(_NCMClassifier, _MetricLearner):
     centroids_ : ndarray (n_classes, n_features), the class means
     centroid_classes_ : ndarray (n_classes,)
     class_bias_ : ndarray (n_classes,) or None (dot objective only)
-    classes_, history_, best_iter_, val_error_
+    classes_, history_, best_iter_, val_error_, lr_
     val_error_new_classes_, best_iter_new_classes_ : with ``classes`` and rows of the other
         classes to validate on: their NCM error at the kept W, and the step where it was lowest
         (a diagnostic of Section 5.4's protocol: W is still chosen on the trained classes)
@@ -739,8 +767,7 @@ class NCMML(_NCMClassifier, _MetricLearner):
     search_space_when = {("objective", "dot"): {"lr": [1.0, 0.3, 3.0, 10.0, 0.1]}}
 
     method = "ncmml"
-    _parameter_constraints = {**_SGD_CONSTRAINTS, "objective": [StrOptions({"euclidean", "dot"})],
-                              "lr": [*POSITIVE, None]}
+    _parameter_constraints = {**_SGD_CONSTRAINTS, "objective": [StrOptions({"euclidean", "dot"})]}
 
     def __init__(self, dim=None, objective="euclidean", batch=1000, lr=None, iters=2000, validate_every=100,
                  validation=5000, classes=None, random_state=None):
@@ -827,7 +854,7 @@ class NCMC(_NCMClassifier, _MetricLearner):
     _parameter_constraints = {**_SGD_CONSTRAINTS, "centroids": COUNT, "train_centroids": [Options(Integral, {1}), None],
                               "kmeans_iters": COUNT}
 
-    def __init__(self, dim=None, centroids=10, train_centroids=None, kmeans_iters=10, batch=1000, lr=30.0,
+    def __init__(self, dim=None, centroids=10, train_centroids=None, kmeans_iters=10, batch=1000, lr=None,
                  iters=2000, validate_every=100, validation=5000, classes=None, random_state=None):
         self.dim = dim
         self.centroids = centroids
@@ -886,11 +913,11 @@ class NCMC(_NCMClassifier, _MetricLearner):
         trained = self._train_classes = self.trained_classes(C)
         cents, owner = centroids
         if self.train_centroids == 1:  # NCMC-test: the metric learns with one mean per class
-            sgd = MetricSGD(W0, "ncm", self.lr, statistics["class_means"][trained], trained, C,
+            sgd = MetricSGD(W0, "ncm", self._searched("lr"), statistics["class_means"][trained], trained, C,
                             scale=moments.row_scale(statistics))
         else:
             mine = np.isin(owner, trained)
-            sgd = MetricSGD(W0, "ncm", self.lr, cents[mine], owner[mine], C, scale=moments.row_scale(statistics))
+            sgd = MetricSGD(W0, "ncm", self._searched("lr"), cents[mine], owner[mine], C, scale=moments.row_scale(statistics))
         self._run(sgd, pools, X_val, y_val, _class_error, self._slices)
         self.centroids_ = np.asarray(cents, np.float32)
         self.centroid_classes_ = np.asarray(owner, np.int32)
@@ -911,8 +938,9 @@ class KNNML(_MetricLearner):
     targets : {'dynamic', 'all', 'fixed'}, default='dynamic'
     k : int, default=5
     batch : int, default=300
-    lr : float, default=0.1
-        As :class:`NCMML`'s: the step for rows of unit RMS norm.
+    lr : float or None, default=None
+        As :class:`NCMML`'s: the step for rows of unit RMS norm; None: 0.1 (the grid's first value),
+        a tenth of it after each divergence, at most 3 times.
     margin : float > 0, default=0.1
         The hinge's margin (Eq. 35's 1), a squared distance between rows of unit RMS norm under W.
         Searched (0.1, 1, 0.01) with lr: at the PCA start such rows are about 0.5-0.7 apart (digits,
@@ -934,7 +962,7 @@ class KNNML(_MetricLearner):
         bounds what ``iters`` steps read."""
         return None
 
-    def __init__(self, dim=None, targets="dynamic", k=5, batch=300, lr=0.1, margin=0.1, iters=2000,
+    def __init__(self, dim=None, targets="dynamic", k=5, batch=300, lr=None, margin=0.1, iters=2000,
                  validate_every=100, validation=5000, classes=None, random_state=None):
         self.dim = dim
         self.targets = targets
@@ -974,7 +1002,7 @@ class KNNML(_MetricLearner):
         W0 = self._start(statistics)
         C = len(self.classes_)
         self._train_classes = self.trained_classes(C)
-        sgd = MetricSGD(W0, "knn", self.lr, n_classes=C, targets=self.targets, k=self.k,
+        sgd = MetricSGD(W0, "knn", self._searched("lr"), n_classes=C, targets=self.targets, k=self.k,
                         scale=moments.row_scale(statistics), margin=self.margin)
         Xr, yr = np.asarray(reference[0], np.float64), np.asarray(reference[1], np.int64)
         self._run(sgd, pools, X_val, y_val, lambda s, Xv, yv: _knn_error(s, Xv, yv, Xr, yr, self.k), self._batches)

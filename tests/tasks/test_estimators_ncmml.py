@@ -8,7 +8,7 @@ from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from metricpipe.tasks import moments, stream
+from metricpipe.tasks import moments, ncmml, stream
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.ncmml import KNNML, NCMC, NCMML, ncm_scores
 from tests.conftest import make_blobs
@@ -315,3 +315,32 @@ def test_knnml_defaults_move_off_the_pca_start_on_real_data():
     est = KNNML(iters=200, random_state=0).fit(X, y)
     assert est.margin == KNNML.search_space["margin"][0]       # select: false is the default model
     assert est.best_iter_ > 0 and est.val_error_ < est.history_[0]["val_error"], est.history_
+
+
+def test_an_unset_lr_backs_off_from_the_best_w_and_a_set_one_diverges():
+    """KNNML() diverged on 120 classes of 10 rows at its default lr 0.1 (and at 0.01), NCMML() on HOG
+    at 30 after 812 steps: a fit that raised where a smaller rate trains. Left unset, the rate now
+    drops tenfold on each divergence (at most 3 times) and SGD goes on from the best W validated so
+    far; a rate the user sets is still theirs, its divergence an error."""
+    from sklearn.datasets import make_classification
+    X, y = make_classification(1200, 100, n_informative=40, n_classes=120, n_clusters_per_class=1, random_state=0)
+    with pytest.raises(InputError, match=r"diverged after \d+ steps .*lower 'lr' \(now 0.1\)"):
+        KNNML(lr=0.1, random_state=0).fit(X, y)
+    est = KNNML(random_state=0).fit(X, y)
+    drops = [h for h in est.history_ if "lr" in h]
+    assert [h["lr"] for h in drops] == [0.01, 0.001][:len(drops)] and drops and est.lr_ == drops[-1]["lr"]
+    assert np.isfinite(est.components_).all() and est.best_iter_ > drops[-1]["iter"]   # it learned after
+    assert est.val_error_ < est.history_[0]["val_error"]
+
+
+def test_back_off_resumes_from_the_best_validated_w_at_a_tenth_of_the_rate():
+    rng = np.random.default_rng(0)
+    sgd = ncmml.MetricSGD(rng.normal(size=(2, 4)), "ncm", 30.0, rng.normal(size=(3, 4)), np.arange(3), 3, scale=2.0)
+    best = sgd.W.copy()
+    sgd.record(0.5, None)
+    sgd.W += 7.0
+    sgd.record(0.6, None)                        # worse: the best stays the first
+    step = sgd.step_W
+    sgd.back_off()
+    np.testing.assert_array_equal(sgd.W, best)
+    assert sgd.lr == 3.0 and sgd.step_W == pytest.approx(step / 10) and sgd.history[-1] == {"iter": 0, "lr": 3.0}

@@ -228,10 +228,10 @@ def test_all_targets_step_is_scaled_to_k_targets_per_query():
     np.testing.assert_allclose(G, G_loop * k / (n_pos - 1) / n_pos, rtol=1e-9, atol=1e-12)
     from sklearn.datasets import load_digits
     Xd, y = load_digits(return_X_y=True)
-    # the scaled step still diverges on digits at the default lr (W grows ~3x a step; it used to keep the
-    # start, best_iter_ 0, with later iterates beyond float32): a one-line divergence, and a smaller lr trains
+    # the scaled step still diverges on digits at lr 0.1 (W grows ~3x a step; it used to keep the start,
+    # best_iter_ 0, with later iterates beyond float32): a one-line divergence, and a smaller lr trains
     with pytest.raises(InputError, match=r"diverged after \d+ steps \(W is not finite in float32\); lower 'lr'"):
-        ncmml.KNNML(dim=16, iters=300, targets="all", random_state=0).fit(Xd[:1300], y[:1300])
+        ncmml.KNNML(dim=16, iters=300, targets="all", lr=0.1, random_state=0).fit(Xd[:1300], y[:1300])
     est = ncmml.KNNML(dim=16, iters=300, targets="all", lr=0.001, random_state=0).fit(Xd[:1300], y[:1300])
     assert np.isfinite(est.components_).all() and est.best_iter_ > 0
 
