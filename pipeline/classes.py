@@ -120,12 +120,10 @@ def _zero_names(old_names: list, zero_shot: tuple) -> list:
             for z in zero_shot]
 
 
-def _check_target(unit, attrs, est, src, D: int, names: list, zero_shot: tuple, parents: dict,
-                  counts: np.ndarray) -> None:
+def _check_target(unit, attrs, est, src, D: int, names: list, zero_shot: tuple, parents: dict) -> None:
     """Refuse new data a target model cannot take: another dimension, labels of another kind (text
     beside integers), classes it has, a hierarchy for a model of several centroids per class or for
-    classes with no trained ancestor, fewer images of a class than its centroids (``counts``: images
-    per new class)."""
+    classes with no trained ancestor."""
     old_names = list(attrs.get("class_names") or [])
     if est.n_features_in_ != D:
         raise InputError(f"{src.name}: features have {D} dimensions but model {unit.key} takes "
@@ -157,10 +155,6 @@ def _check_target(unit, attrs, est, src, D: int, names: list, zero_shot: tuple, 
     if parents:   # every new class needs an ancestor shared with a trained class (zero_shot_prior refuses)
         for name in names + zero:
             zero_shot_prior(name, parents, {old_names[c]: np.zeros(1) for c in np.unique(owner)})
-    short = [names[j] for j in np.flatnonzero(counts < k)]
-    if short:
-        raise InputError(f"{src.name}: class(es) {short[:5]} have fewer images than the model's {k} centroids "
-                         f"per class; give at least {k} images of each")
 
 
 def add_classes(store_url: str, data_path: str, features: str = "X", labels: str = "y", model: str | None = None,
@@ -176,10 +170,9 @@ def add_classes(store_url: str, data_path: str, features: str = "X", labels: str
     parents = _parents(hierarchy)
     if (zero_shot or prior_weight > 0) and not parents:
         raise InputError("--zero-shot and --prior-weight need --hierarchy (a YAML map class: parent)")
-    counts = np.bincount(codes, minlength=len(names))
     ests = [load_estimator(unit.url) for unit, _ in targets]   # each read once: checked, then extended
     for (unit, attrs), est in zip(targets, ests):   # every target checked before any is written
-        _check_target(unit, attrs, est, src, D, names, zero_shot, parents, counts)
+        _check_target(unit, attrs, est, src, D, names, zero_shot, parents)
     out = []
     for (unit, attrs), est in zip(targets, ests):
         t0 = time.perf_counter()
@@ -209,13 +202,13 @@ def add_classes(store_url: str, data_path: str, features: str = "X", labels: str
             for j, name in enumerate(names):  # Eq. 34
                 mu_z = zero_shot_prior(name, parents, trained)
                 new_means[j] = (counts[j] * new_means[j] + prior_weight * mu_z) / (counts[j] + prior_weight)
-        if k > 1:
-            cents = _kmeans_new(src, n, D, codes, names, k, attrs.get("normalize", "none"), counts)
+        if k > 1:   # (a class with fewer images than k: one centroid on each, as NCMC's fit)
+            cents, new_owner = _kmeans_new(src, n, D, codes, names, k, attrs.get("normalize", "none"))
+            new_owner = C0 + new_owner
         else:
-            cents = new_means
+            cents, new_owner = new_means, np.arange(C0, C0 + len(names))
         extra_names = list(zero)
         extra = [zero_shot_prior(z, parents, trained) for z in extra_names]
-        new_owner = np.repeat(np.arange(C0, C0 + len(names)), k)
         all_cents = np.concatenate([est.centroids_, cents.astype(np.float32)]
                                    + ([np.array(extra, np.float32)] if extra else []))
         all_owner = np.concatenate([owner, new_owner, np.arange(C0 + len(names), C0 + len(names) + len(extra))])
@@ -234,9 +227,10 @@ def add_classes(store_url: str, data_path: str, features: str = "X", labels: str
     return out
 
 
-def _kmeans_new(src, n, D, codes, names, k, normalize, counts):
-    """k centroids per new class: k-means++ on up to KMEANS_SAMPLE rows of each, Lloyd over the blocks."""
-    rng = np.random.default_rng(0)   # each class has at least k images (_check_target)
+def _kmeans_new(src, n, D, codes, names, k, normalize):
+    """k centroids per new class (one on each image of a class with fewer): k-means++ on up to
+    KMEANS_SAMPLE rows of each, Lloyd over the blocks. Returns (centroids, their new-class codes)."""
+    rng = np.random.default_rng(0)
     keep = np.zeros(n, bool)
     for j in range(len(names)):
         rows = np.flatnonzero(codes == j)
@@ -251,9 +245,8 @@ def _kmeans_new(src, n, D, codes, names, k, normalize, counts):
         for a, X in _blocks(src, n, D, normalize):
             yield X, codes[a:a + len(X)]
 
-    cents, _ = NCMC(centroids=k, kmeans_iters=10, random_state=0).kmeans(np.concatenate(sample), np.concatenate(ys),
-                                                                         blocks, len(names))
-    return cents
+    return NCMC(centroids=k, kmeans_iters=10, random_state=0).kmeans(np.concatenate(sample), np.concatenate(ys),
+                                                                     blocks, len(names))
 
 
 def predict(store_url: str, model: str, data_path: str, features: str = "X", labels: str | None = None,

@@ -156,13 +156,16 @@ def lloyd_update(centroids: np.ndarray, sums: np.ndarray, counts: np.ndarray) ->
     return out
 
 
-def class_kmeans(Xs: np.ndarray, ys: np.ndarray, classes, k: int, blocks, iters: int,
+def class_kmeans(Xs: np.ndarray, ys: np.ndarray, classes, k, blocks, iters: int,
                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """k centroids per class (Section 3.3): k-means++ seeds from the in-memory sample (Xs, ys), then
-    up to ``iters`` Lloyd steps, each one pass over ``blocks()`` (a callable giving (X, y) row-blocks,
-    so the data never needs to fit in memory). Returns (centroids (C k, D), their classes)."""
-    cents = np.concatenate([kmeans_plus_plus(np.asarray(Xs[ys == c], np.float64), k, rng) for c in classes])
-    owner = np.repeat(np.asarray(classes), k)
+    """k centroids per class (Section 3.3; ``k`` an int, or one per class): k-means++ seeds from the
+    in-memory sample (Xs, ys), then up to ``iters`` Lloyd steps, each one pass over ``blocks()`` (a
+    callable giving (X, y) row-blocks, so the data never needs to fit in memory). Returns (centroids
+    (sum of k, D), their classes)."""
+    ks = np.broadcast_to(np.asarray(k, np.int64), (len(classes),))
+    cents = np.concatenate([kmeans_plus_plus(np.asarray(Xs[ys == c], np.float64), int(kc), rng)
+                            for c, kc in zip(classes, ks)])
+    owner = np.repeat(np.asarray(classes), ks)
     for _ in range(iters):
         sums, counts = np.zeros_like(cents), np.zeros(len(cents), np.int64)
         for X, y in blocks():
@@ -840,7 +843,7 @@ class NCMC(_NCMClassifier, _MetricLearner):
     Parameters
     ----------
     centroids : int, default=10
-        k, centroids per class.
+        k, centroids per class; a class with fewer training images has one centroid on each.
     train_centroids : {1} or None, default=None
         1: NCMC-test, W learns with the class means and is used with the k centroids.
     kmeans_iters : int, default=10
@@ -886,12 +889,14 @@ class NCMC(_NCMClassifier, _MetricLearner):
         """k centroids for every class (Section 3.3): k-means++ on the sample, then ``kmeans_iters``
         Lloyd passes over ``blocks()`` (a callable giving (X, y) row-blocks). Returns (centroids (C k, D),
         their classes (C k,))."""
-        k = min(self.centroids, int(np.bincount(np.asarray(y_sample, np.int64), minlength=n_classes).min()))
-        if k < self.centroids:
-            raise InputError(f"NCMC: a class has {k} images in the k-means sample for {self.centroids} centroids; "
-                             f"lower 'centroids' to at most {k}")
+        counts = np.bincount(np.asarray(y_sample, np.int64), minlength=n_classes)
+        if counts.min() == 0:
+            raise InputError(f"NCMC: class {int(np.argmin(counts))} has no image in the k-means sample; give every "
+                             f"class training images")
+        # a class with fewer images than ``centroids`` has one centroid on each (k-means of n points into
+        # n clusters), as scikit-learn's checks' small classes and few-shot data need
         return class_kmeans(np.asarray(X_sample), np.asarray(y_sample), np.arange(n_classes),
-                            self.centroids, blocks, self.kmeans_iters,
+                            np.minimum(self.centroids, counts), blocks, self.kmeans_iters,
                             np.random.default_rng([seed_of(self.random_state), 11]))
 
     def _memory_inputs(self, X, codes, keep, rows, monitor, keys, seed) -> dict:

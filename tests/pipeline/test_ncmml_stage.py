@@ -205,9 +205,12 @@ def test_add_classes_again_reuses_its_models_and_leaves_the_store_as_it_was(trai
 
 
 def test_add_classes_refuses_for_any_target_before_writing_for_one(trained, tmp_path):
-    """One image of a new class: NCMML's copy could be made, NCMC's (several centroids per class)
-    cannot; the refusal comes before either is written."""
+    """A new class that one target cannot take (NCMC's several centroids per class and a hierarchy's
+    zero-shot prior): NCMML's copy could be made, NCMC's cannot; the refusal comes before either is
+    written."""
     import shutil
+
+    import yaml
 
     from metricpipe.classes import add_classes
     from metricpipe.tasks.errors import InputError
@@ -215,10 +218,33 @@ def test_add_classes_refuses_for_any_target_before_writing_for_one(trained, tmp_
     store = tmp_path / "store"
     shutil.copytree(ctx.store.url, store)
     before = sorted(p.name for p in (store / "models").iterdir())
-    np.savez(tmp_path / "few.npz", X=np.ones((1, 12), np.float32), y=np.array([30]))
-    with pytest.raises(InputError, match=r"class\(es\) \[30\] have fewer images than the model's \d+ centroids"):
-        add_classes(str(store), str(tmp_path / "few.npz"), log=lambda m: None)
+    np.savez(tmp_path / "few.npz", X=np.ones((3, 12), np.float32), y=np.array([30, 30, 30]))
+    (tmp_path / "h.yaml").write_text(yaml.safe_dump({30: "things", **{c: "things" for c in range(10)}}))
+    with pytest.raises(InputError, match=r"--hierarchy: model \w+ keeps \d+ centroids per class"):
+        add_classes(str(store), str(tmp_path / "few.npz"), hierarchy=str(tmp_path / "h.yaml"), log=lambda m: None)
     assert sorted(p.name for p in (store / "models").iterdir()) == before
+
+
+def test_add_classes_gives_a_class_with_fewer_images_than_ncmc_s_centroids_one_on_each(trained, tmp_path):
+    """It refused them ("give at least k images of each"); NCMC's fit takes such classes now, so
+    extending a model takes them too."""
+    import shutil
+
+    from metricpipe.classes import add_classes
+    from metricpipe.storage import load_estimator
+    ctx, _, models, _, _ = trained
+    store = tmp_path / "store"
+    shutil.copytree(ctx.store.url, store)
+    x = np.random.default_rng(1).normal(size=12).astype(np.float32)
+    np.savez(tmp_path / "few.npz", X=x[None], y=np.array([30]))       # one image, k = 2 centroids
+    out = add_classes(str(store), str(tmp_path / "few.npz"), log=lambda m: None)
+    ncmc = [load_estimator(str(store / o["model"])) for o in out]
+    ncmc = [e for e in ncmc if np.bincount(e.centroid_classes_).max() > 1]
+    assert ncmc, out
+    for est in ncmc:
+        mine = est.centroids_[est.centroid_classes_ == est.centroid_classes_.max()]
+        assert len(mine) == 1             # on the image (as the run normalised it: l2 here, a direction)
+        np.testing.assert_allclose(mine[0] / np.linalg.norm(mine[0]), x / np.linalg.norm(x), rtol=1e-5)
 
 
 def test_zero_shot_prior_is_the_mean_of_ancestor_means_and_map_mixes_it(trained, tmp_path):

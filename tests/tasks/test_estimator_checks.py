@@ -21,7 +21,7 @@ CHECKED = [
     SLNE(epochs=1, n_neighbors=5),
     SLDE(members=2, member_dim=1, epochs=1, n_neighbors=5),
     SparseProjector(dim=2, queries=10, max_iter=5),
-    NCMML(dim=2, **SGD), NCMC(dim=2, centroids=1, **SGD), KNNML(dim=2, **{**SGD, "lr": 0.1}),
+    NCMML(dim=2, **SGD), NCMC(dim=2, **SGD), KNNML(dim=2, **{**SGD, "lr": 0.1}),
     NML(dim=2, pairs=200, iters=400, batch=16), LinearML(dim=2, pairs=200, iters=400, batch=16),
     SLEM(), KernelSLEM(rank=5, decomposition="kpca"), KernelSLEM(kernel="poly", gamma=0.5, rank=5, decomposition="icd"),
     KernelSLEM(gamma=0.5), ESVM(epochs=1, batch=16),

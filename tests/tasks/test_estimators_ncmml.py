@@ -344,3 +344,16 @@ def test_back_off_resumes_from_the_best_validated_w_at_a_tenth_of_the_rate():
     sgd.back_off()
     np.testing.assert_array_equal(sgd.W, best)
     assert sgd.lr == 3.0 and sgd.step_W == pytest.approx(step / 10) and sgd.history[-1] == {"iter": 0, "lr": 3.0}
+
+
+def test_ncmc_gives_a_class_with_fewer_images_than_centroids_one_centroid_on_each():
+    """NCMC() refused any class with fewer than 10 training images ("lower 'centroids'"), so its
+    defaults failed 17 of scikit-learn's estimator checks and every few-shot data set."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(70, 6))
+    y = np.array([0] * 40 + [1] * 24 + [2] * 6)
+    Xv, yv = rng.normal(size=(9, 6)), np.array([0, 1, 2] * 3)
+    est = NCMC(dim=3, centroids=10, iters=30, validate_every=10, random_state=0).fit(X, y, X_val=Xv, y_val=yv)
+    assert np.bincount(est.centroid_classes_).tolist() == [10, 10, 6]
+    small = est.centroids_[est.centroid_classes_ == 2].astype(np.float64)
+    np.testing.assert_allclose(np.sort(small, axis=0), np.sort(X[y == 2], axis=0), rtol=1e-6)   # its 6 images
