@@ -142,7 +142,15 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         kw.setdefault("ensure_all_finite", False)   # checked below, naming the first bad row and column
         if reset:  # fitting: moments need two rows
             kw.setdefault("ensure_min_samples", 2)
-        out = validate_data(self, X, reset=reset, **kw) if y is None else validate_data(self, X, y, reset=reset, **kw)
+        try:
+            out = validate_data(self, X, reset=reset, **kw) if y is None else \
+                validate_data(self, X, y, reset=reset, **kw)
+        except ValueError as e:   # scikit-learn's 1-D message prints the whole array over many lines
+            if "Reshape your data" not in str(e) or isinstance(e, InputError):
+                raise
+            raise InputError(f"{type(self).__name__}: {where}: expected a 2-D array (n_samples, n_features), got "
+                             f"{np.ndim(X)}-D of shape {np.shape(X)}; Reshape your data with {where}.reshape(-1, 1) "
+                             f"for a single feature or {where}.reshape(1, -1) for a single sample") from None
         _within_float32(out if y is None else out[0], f"{type(self).__name__}: {where}")
         return out
 

@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from metricpipe.tasks import registry
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.ncmml import KNNML, NCMC, NCMML
 from metricpipe.tasks.nml import LinearML
@@ -150,3 +151,12 @@ def test_can_rank_needs_a_row_with_another_of_its_key_and_with_negatives_another
     from metricpipe.tasks.evaluation import can_rank
     assert not can_rank([]) and not can_rank([1, 2, 3]) and can_rank([1, 2, 2])
     assert can_rank([4, 4]) and not can_rank([4, 4], negatives=True) and can_rank([4, 4, 5], negatives=True)
+
+
+@pytest.mark.parametrize("cls", registry.ESTIMATORS, ids=lambda c: c.__name__)
+def test_a_1d_x_is_one_line_naming_its_shape_and_the_reshape(cls):
+    """scikit-learn's message for a 1-D X runs to 30 lines: it prints the whole array."""
+    x = np.arange(200.0)
+    with pytest.raises(InputError, match=rf"^{cls.__name__}: X: expected a 2-D array \(n_samples, n_features\), got "
+                                         r"1-D of shape \(200,\); Reshape your data with X.reshape\(-1, 1\)[^\n]*$"):
+        cls().fit(x, np.arange(200) % 2)
