@@ -182,7 +182,7 @@ def _log_workers_to_store(client, store) -> str | None:
 
 def check_methods(cfg: RunConfig, info, log=print) -> RunConfig:
     """Every parameter the data's shape rules out (dim above the features, LDA's dim above
-    classes - 1, class indices beyond the classes, ...) is refused here, after the source's header
+    classes - 1, classes that are not labels of the data, ...) is refused here, after the source's header
     and labels are read and before any unit is written."""
     noted = set()    # once per config entry and note, not per model or searched candidate
     for n, spec in enumerate(cfg.methods):
@@ -190,6 +190,8 @@ def check_methods(cfg: RunConfig, info, log=print) -> RunConfig:
             try:
                 est = registry.make(cand)
                 est.check_data_shape(info.n_features, len(info.classes))
+                if hasattr(est, "trained_classes"):   # the labels NCMML's classes names are the data's
+                    est.trained_classes(info.classes)
             except InputError as e:
                 raise InputError(f"{cfg.source_file}: {cfg.entry(n)} ({stages.model_id(cand)}): {e}") from None
             refuse_without_dense_covariance(est, info.n_features, cfg.statistics.max_dense_dim,

@@ -20,13 +20,14 @@ from metricpipe.tasks.errors import InputError
 TRAIN, VAL = 0, 2
 
 
-def validation_rows(est, split, labels, train, allowed_train, keys, seed):
+def validation_rows(est, split, labels, train, allowed_train, keys, seed, names=None):
     """(global validation rows, keep mask over train positions, whether they were held out of the
     train split) for an estimator with ``validation`` rows at most: the ``val`` split's rows (of the
-    classes it trains on), else the stratified share of the train split that its in-memory ``fit``
-    holds out too; ``keys``: the train rows' content keys."""
+    classes it trains on: ``names``, the class names in code order, are those NCMML's ``classes``
+    lists), else the stratified share of the train split that its in-memory ``fit`` holds out too;
+    ``keys``: the train rows' content keys."""
     keep = allowed_train.copy()
-    classes = est.trained_classes(int(labels.max()) + 1) if hasattr(est, "trained_classes") else np.unique(labels)
+    classes = est.trained_classes(names) if hasattr(est, "trained_classes") else np.unique(labels)
     val = np.flatnonzero((split == VAL) & np.isin(labels, classes))
     if len(val):  # the user's val split, a seeded sample of at most ``validation`` rows
         return stream.seeded_sample(val, est.validation, seed), keep, False
@@ -37,16 +38,16 @@ def validation_rows(est, split, labels, train, allowed_train, keys, seed):
 
 
 def _train(est, spec: dict, data_url: str, stats_url: str, shuffled_url: str, chunks: list, block_rows: int,
-           model_url: str) -> dict:
+           model_url: str, names: list) -> dict:
     stats, _ = load_arrays(stats_url)
     split = open_array(f"{data_url}/split")[:]
     labels = open_array(f"{data_url}/label")[:].astype(np.int64)
     seed = seed_of(est.random_state)
     C = len(stats["class_means"])
     train = np.flatnonzero(split == TRAIN)
-    allowed = np.isin(labels[train], est.trained_classes(C))
+    allowed = np.isin(labels[train], est.trained_classes(names))
     keys = open_array(f"{data_url}/row_key")[:][train]
-    val, keep, held_out = validation_rows(est, split, labels, train, allowed, keys, seed)
+    val, keep, held_out = validation_rows(est, split, labels, train, allowed, keys, seed, names)
     if not keep.any():
         raise InputError(f"{spec['method']}: no training rows left for SGD after the validation rows")
     Xv, yv = read_rows(f"{data_url}/features", val), labels[val]
@@ -74,7 +75,7 @@ def _train(est, spec: dict, data_url: str, stats_url: str, shuffled_url: str, ch
                     yield open_array(f"{data_url}/features")[a:b][rows].astype(np.float64), labels[a:b][rows]
         extra["centroids"] = est.kmeans(read_rows(f"{data_url}/features", sample), labels[sample], blocks, C)
     elif getattr(est, "classes", None) is not None and est.method == "ncmml":   # monitor the other classes
-        others = ~np.isin(labels, est.trained_classes(C))
+        others = ~np.isin(labels, est.trained_classes(names))
         new = np.flatnonzero((split == VAL) & others)
         carved = not len(new)
         if carved:
@@ -91,7 +92,8 @@ def _train(est, spec: dict, data_url: str, stats_url: str, shuffled_url: str, ch
     for X_taken, y_taken in taken:
         stats = moments.without_rows(stats, X_taken, y_taken)
     t0 = time.perf_counter()
-    est.fit_stream(stats, shuffle.stream_pools(shuffled_url, block_rows, seed, keep_pos), Xv, yv, **extra)
+    est.fit_stream(stats, shuffle.stream_pools(shuffled_url, block_rows, seed, keep_pos), Xv, yv, labels=names,
+                   **extra)
     extra_facts = {k: getattr(est, f"{k}_") for k in ("val_error_new_classes", "best_iter_new_classes")
                    if getattr(est, f"{k}_", None) is not None}
     return save_model(model_url, est, spec, time.perf_counter() - t0, best_iter=est.best_iter_,
@@ -101,4 +103,4 @@ def _train(est, spec: dict, data_url: str, stats_url: str, shuffled_url: str, ch
 def submit(ctx, spec, est, data, stats, neighbours, unit, name):
     shuffled = shuffle.shuffled(ctx, data, seed_of(est.random_state))
     return ctx.submit(_train, est, spec, data.url, stats.url, shuffled.url, data.chunks, data.chunk_rows, unit.url,
-                      name=f"train-{name}")
+                      [c.item() if hasattr(c, "item") else c for c in data.classes], name=f"train-{name}")

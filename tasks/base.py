@@ -238,17 +238,13 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
 
     def check_data_shape(self, n_features: int, n_classes: int) -> None:
         """Refuse parameters the data's shape rules out, before any work (the pipeline calls it
-        after reading the source's header): ``dim`` above the features a PCA start has, class
-        indices beyond the classes. Subclasses with other limits extend it."""
+        after reading the source's header): ``dim`` above the features a PCA start has. Subclasses
+        with other limits extend it (the class labels NCMML's ``classes`` names: ``trained_classes``)."""
         for name in ("dim", "input_dim") if self.dim_within_features else ("input_dim",):
             v = getattr(self, name, None)
             if isinstance(v, Integral) and v > n_features:
                 raise InputError(f"The '{name}' parameter of {type(self).__name__} must be <= {n_features}, the "
                                  f"data's features. Got {v} instead.")
-        classes = getattr(self, "classes", None)
-        if classes is not None and any(int(c) >= n_classes or int(c) < 0 for c in classes):
-            raise InputError(f"The 'classes' parameter of {type(self).__name__} must list class indices in "
-                             f"0..{n_classes - 1}. Got {list(classes)} instead.")
 
     def shape_notes(self, n_features: int, n_classes: int) -> list[str]:
         """What the data's shape changes in the parameters without ruling them out (e.g. a value

@@ -469,10 +469,10 @@ class _MetricLearner(Learner):
         super()._validate_params()
         c = self.classes
         ok = c is None or (hasattr(c, "__len__") and not isinstance(c, str) and len(c) > 0 and all(
-            isinstance(v, (Integral, np.integer)) and not isinstance(v, bool) and v >= 0 for v in c))
+            isinstance(v, (Integral, np.integer, str)) and not isinstance(v, (bool, np.bool_)) for v in c))
         if not ok:
             raise InputError(f"The 'classes' parameter of {type(self).__name__} must be a non-empty list of class "
-                             f"indices (integers >= 0) or None. Got {c!r} instead.")
+                             f"labels (integers or strings, as in y) or None. Got {c!r} instead.")
 
     def _transform(self, X):
         return np.asarray(X, np.float64) @ self.components_.astype(np.float64)
@@ -485,15 +485,21 @@ class _MetricLearner(Learner):
         W = self.components_
         return {"nnz": int(W.size), "storage_bytes": int(W.nbytes), "flops_per_image": 2 * int(W.size)}
 
-    def trained_classes(self, n_classes: int) -> np.ndarray:
-        """The class codes whose images train W (``classes``, default all)."""
+    def trained_classes(self, labels) -> np.ndarray:
+        """The class codes (positions in ``labels``, the class labels in code order: ``classes_``, a
+        run's class names) whose images train W: those ``classes`` names as labels of y (compared
+        as text, so 3 and "3" are one label), default all."""
+        labels = [str(v) for v in labels]
         if self.classes is None:
-            return np.arange(n_classes)
-        c = np.array(sorted(set(int(x) for x in self.classes)))
-        if len(c) == 0 or c.min() < 0 or c.max() >= n_classes:
-            raise InputError(f"The 'classes' parameter of {type(self).__name__} must list class indices in "
-                             f"0..{n_classes - 1}. Got {list(self.classes)} instead.")
-        return c
+            return np.arange(len(labels))
+        code = {v: i for i, v in enumerate(labels)}
+        missing = [v for v in self.classes if str(v) not in code]
+        if missing:
+            shown = ", ".join(labels[:5]) + (", ..." if len(labels) > 5 else "")
+            raise InputError(f"The 'classes' parameter of {type(self).__name__} lists {missing[:5]}, which "
+                             f"{'is' if len(missing) == 1 else 'are'} not among the class labels ({shown}); list "
+                             f"labels as the data holds them")
+        return np.array(sorted({code[str(v)] for v in self.classes}), np.int64)
 
     def pool_rows(self, n_classes: int) -> int | None:
         """Rows of the training set's pools that ``fit_stream`` reads at most, so that the pipeline
@@ -523,7 +529,7 @@ class _MetricLearner(Learner):
         X, codes = self._check_Xy(X, y)
         C = len(self.classes_)
         seed = seed_of(self.random_state)
-        allowed = np.isin(codes, self.trained_classes(C))
+        allowed = np.isin(codes, self.trained_classes(self.classes_))
         keep = allowed.copy()
         keys = stream.row_keys(X)
         # rows that score (validation, the new classes' monitor) stay out of the class means and the
@@ -532,9 +538,9 @@ class _MetricLearner(Learner):
         rows = np.ones(len(X), bool)
         if X_val is None:
             pos = np.flatnonzero(allowed)
-            counts = np.bincount(codes[pos], minlength=C)[self.trained_classes(C)]
+            counts = np.bincount(codes[pos], minlength=C)[self.trained_classes(self.classes_)]
             if counts.min() < 2:   # early stopping holds out a validation row of every class it trains on
-                raise InputError(f"{type(self).__name__}: class {self.classes_[self.trained_classes(C)][np.argmin(counts)].item()!r} "
+                raise InputError(f"{type(self).__name__}: class {self.classes_[self.trained_classes(self.classes_)][np.argmin(counts)].item()!r} "
                                  f"has {int(counts.min())} sample(s); give every class at least 2, as the "
                                  f"pipeline's stratified split requires (or pass X_val, y_val to fit)")
             val = pos[stream.validation_split(codes[pos], self.validation, keys[pos], seed)]
@@ -556,7 +562,7 @@ class _MetricLearner(Learner):
         br = block_rows or stream.block_rows_for(X.shape[1])
         extra = self._memory_inputs(X, codes, keep, rows, monitor, keys, seed)
         classes = self.classes_
-        self.fit_stream(stats, stream.pools(X, codes, keep, br, seed, keys), Xv, yv, **extra)
+        self.fit_stream(stats, stream.pools(X, codes, keep, br, seed, keys), Xv, yv, labels=classes, **extra)
         self.classes_ = classes
         return self
 
@@ -743,9 +749,9 @@ class NCMML(_NCMClassifier, _MetricLearner):
     validate_every : int, default=100
     validation : int, default=5000
         Validation rows held out of SGD when no X_val is given.
-    classes : list of int or None, default=None
-        Class indices (positions in ``classes_``) whose images train W; the others are new classes
-        the classifier meets with their means only (Section 5.4).
+    classes : list of labels or None, default=None
+        The labels (as y holds them) of the classes whose images train W; the others are new
+        classes the classifier meets with their means only (Section 5.4).
     random_state : int, RandomState or None, default=None (seed 0)
 
     Attributes
@@ -787,7 +793,7 @@ class NCMML(_NCMClassifier, _MetricLearner):
     def _monitor_rows(self, codes, keys, seed) -> np.ndarray:
         """The other classes' rows to monitor (``classes`` set): a stratified share, as validation,
         then ``validation`` rows at most (as the pipeline takes them)."""
-        new = np.flatnonzero(~np.isin(codes, self.trained_classes(len(self.classes_))))
+        new = np.flatnonzero(~np.isin(codes, self.trained_classes(self.classes_)))
         if self.classes is None or not len(new):
             return np.zeros(0, np.int64)
         return stream.seeded_sample(new[stream.validation_split(codes[new], self.validation, keys[new], seed)],
@@ -796,15 +802,16 @@ class NCMML(_NCMClassifier, _MetricLearner):
     def _memory_inputs(self, X, codes, keep, rows, monitor, keys, seed) -> dict:
         return {"X_new": X[monitor], "y_new": codes[monitor]} if len(monitor) else {}
 
-    def fit_stream(self, statistics: dict, pools, X_val, y_val, X_new=None, y_new=None):
+    def fit_stream(self, statistics: dict, pools, X_val, y_val, X_new=None, y_new=None, labels=None):
         """The pipeline's entry point (``fit`` calls it too): W from the statistics' PCA directions
         and class means, SGD over ``pools`` (an iterable of (X_pool, y_pool) with class codes
         0..C-1), early stopping on (X_val, y_val). With ``classes`` set, (X_new, y_new): validation
         rows of the other classes, whose NCM error over all class means is recorded at every
-        validation (``history_``'s "val_error_new_classes") but never chooses W. Returns self."""
+        validation (``history_``'s "val_error_new_classes") but never chooses W. ``labels``: the
+        class labels in code order, which ``classes`` names (default: the codes). Returns self."""
         W0 = self._start(statistics)
         C = len(self.classes_)
-        trained = self._train_classes = self.trained_classes(C)
+        trained = self._train_classes = self.trained_classes(self.classes_ if labels is None else labels)
         means = statistics["class_means"]
         sgd = MetricSGD(W0, "dot" if self.objective == "dot" else "ncm", self._searched("lr"), means[trained], trained, C,
                         scale=moments.row_scale(statistics))
@@ -911,11 +918,11 @@ class NCMC(_NCMClassifier, _MetricLearner):
                 yield np.asarray(X[a:a + br], np.float64)[m], codes[a:a + br][m]
         return {"centroids": self.kmeans(X[sample], codes[sample], blocks, len(self.classes_))}
 
-    def fit_stream(self, statistics: dict, pools, X_val, y_val, centroids):
+    def fit_stream(self, statistics: dict, pools, X_val, y_val, centroids, labels=None):
         """The pipeline's entry point (``fit`` calls it too); ``centroids`` is :meth:`kmeans`'s answer."""
         W0 = self._start(statistics)
         C = len(self.classes_)
-        trained = self._train_classes = self.trained_classes(C)
+        trained = self._train_classes = self.trained_classes(self.classes_ if labels is None else labels)
         cents, owner = centroids
         if self.train_centroids == 1:  # NCMC-test: the metric learns with one mean per class
             sgd = MetricSGD(W0, "ncm", self._searched("lr"), statistics["class_means"][trained], trained, C,
@@ -1001,12 +1008,12 @@ class KNNML(_MetricLearner):
                 out.append(drawn)
         return out
 
-    def fit_stream(self, statistics: dict, pools, X_val, y_val, reference):
+    def fit_stream(self, statistics: dict, pools, X_val, y_val, reference, labels=None):
         """The pipeline's entry point (``fit`` calls it too); ``reference`` = (X_ref, y_ref), the
         training rows the validation queries search (:meth:`reference_rows`)."""
         W0 = self._start(statistics)
         C = len(self.classes_)
-        self._train_classes = self.trained_classes(C)
+        self._train_classes = self.trained_classes(self.classes_ if labels is None else labels)
         sgd = MetricSGD(W0, "knn", self._searched("lr"), n_classes=C, targets=self.targets, k=self.k,
                         scale=moments.row_scale(statistics), margin=self.margin)
         Xr, yr = np.asarray(reference[0], np.float64), np.asarray(reference[1], np.int64)

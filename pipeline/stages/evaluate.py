@@ -392,7 +392,8 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
     for job in jobs:
         spec, unit, dim, view, score, ret, cls, knn_note = (job[k] for k in ("spec", "unit", "dim", "view", "score",
                                                                               "ret", "cls", "knn_note"))
-        trained_on = spec.get("classes") or common
+        trained_on = spec.get("classes") or common      # labels of the data: compared as its codes
+        trained_on = trained_on and [i for i, c in enumerate(data.classes) if str(c) in {str(v) for v in trained_on}]
         name = f"{model_id(spec)} ({view})"
         ret_res = ctx.gather(ret, "evaluate", [f"model {name} retrieval block {i}" for i in range(len(ret))])
         cls_res = ctx.gather(cls, "evaluate", [f"model {name} classification block {i}" for i in range(len(cls))])

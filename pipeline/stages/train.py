@@ -87,7 +87,7 @@ def _note_val_classes(ctx: StageContext, data: DataInfo, n: int, spec: dict) -> 
     est = registry.make(spec)
     if not hasattr(est, "trained_classes"):
         return
-    wanted = est.trained_classes(len(data.classes))
+    wanted = est.trained_classes(data.classes)
     missing = np.setdiff1d(wanted, data.labels[data.split == select.VAL])
     if not len(missing):
         return

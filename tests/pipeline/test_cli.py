@@ -132,7 +132,8 @@ BAD = {
     "lda dim": (lambda t: {"source": "digits"}, {"methods": [{"method": "lda", "dim": 10}]},
                 r"The 'dim' parameter of LDA must be <= 9"),
     "classes beyond the data": (lambda t: {"source": "digits"}, {"methods": [{"method": "ncmml", "classes": [0, 12]}]},
-                                r"The 'classes' parameter of NCMML must list class indices in 0..9"),
+                                r"The 'classes' parameter of NCMML lists \[12\], which is not among the class labels "
+                                r"\(0, 1, 2, 3, 4, \.\.\.\); list labels as the data holds them"),
     "softvote beyond the graph": (lambda t: {"source": "digits"}, {"neighbours": {"k": 5},
                                   "evaluate": {"classification": {"classifiers": ["softvote10"]}}},
                                   r"softvote10 votes over more neighbours than the graph keeps \(neighbours.k = 5\)"),

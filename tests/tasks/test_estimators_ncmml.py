@@ -357,3 +357,20 @@ def test_ncmc_gives_a_class_with_fewer_images_than_centroids_one_centroid_on_eac
     assert np.bincount(est.centroid_classes_).tolist() == [10, 10, 6]
     small = est.centroids_[est.centroid_classes_ == 2].astype(np.float64)
     np.testing.assert_allclose(np.sort(small, axis=0), np.sort(X[y == 2], axis=0), rtol=1e-6)   # its 6 images
+
+
+def test_classes_names_labels_as_y_holds_them_not_positions():
+    """With labels 3..9, NCMML(classes=[5, 6]) trained labels 8 and 9 (positions 5 and 6 in classes_),
+    silently; string labels could not be named at all."""
+    X, y = make_blobs(n=700, d=8, classes=7, sep=1.0, seed=2)
+    est = NCMML(**SGD, classes=[5, 6])
+    np.testing.assert_array_equal(est.trained_classes(np.arange(3, 10)), [2, 3])
+    fitted = est.fit(X, y + 3)
+    assert fitted.trained_classes(fitted.classes_).tolist() == [2, 3]
+    same = NCMML(**SGD, classes=[2, 3]).fit(X, y)       # the same classes by their 0-based labels
+    np.testing.assert_array_equal(fitted.components_, same.components_)
+    names = np.array(list("abcdefg"))[y]
+    np.testing.assert_array_equal(NCMML(**SGD, classes=["c", "d"]).fit(X, names).components_, same.components_)
+    with pytest.raises(InputError, match=r"'classes' parameter of NCMML lists \[12\], which is not among the class "
+                                         r"labels \(3, 4, 5, 6, 7, \.\.\.\)"):
+        NCMML(**SGD, classes=[5, 12]).fit(X, y + 3)
