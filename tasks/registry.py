@@ -258,7 +258,6 @@ def expand_method(entry: dict) -> list[dict]:
                 grids[key] = v
             else:
                 grids[key] = [v]
-        select = _selection(name, cls, params, entry.get("select"), allowed)
         n_models = math.prod(len(g) for g in grids.values())
         if n_models > MAX_MODELS:   # refuse before expanding (a 1.7 KB sweep made 1.7M models)
             sizes = " x ".join(f"{len(g)} {k}" for k, g in grids.items() if len(g) > 1)
@@ -266,6 +265,9 @@ def expand_method(entry: dict) -> list[dict]:
                              f"per config; sweep fewer values, or split the sweep over several configs")
         for combo in itertools.product(*grids.values()):
             spec = {"method": name, **dict(zip(grids, combo))}
+            # what is searched can depend on a swept value (a dense sparse projector has no anneal to
+            # search): each model's own selection, from the entry with its values in place of the lists
+            select = _selection(name, cls, {k: spec[k] for k in params}, entry.get("select"), allowed)
             # a searched parameter left None (NCMML's lr) is the value it stands for: select: false and
             # the selection's first candidate are then one model (one key, trained once)
             spec.update({k: v[0] for k, v in cls.search_grid(spec).items() if spec.get(k, 0) is None})

@@ -84,3 +84,24 @@ def test_dict_parameters_read_as_key_value_pairs_in_names_and_labels():
     assert name == "slem-lam1.0-negatives(split=train,count=2000)", name
     # the kernel picks the class: kernel SLEM is named so even with KernelSLEM's own default kernel
     assert model_id({"method": "slem", "kernel": "gaussian"}) == "slem-kernelgaussian" != model_id({"method": "slem"})
+
+
+def test_a_swept_parameter_that_changes_the_grid_gives_each_model_its_own_selection():
+    """The selection was worked out once per entry, with the swept list in place of each value: a
+    sweep of objective [euclidean, dot] searched the dot form over the Euclidean lr grid (30 to 300,
+    where it diverges), optimizer [adam, sgd] NML's SGD over Adam's rates, and the dense member of
+    sparsity [0.0, 0.99] searched an anneal it does not have (4 identical models; a new-user trial)."""
+    def grids(entry):
+        return {next(v for k, v in s.items() if k in entry and isinstance(entry[k], list)):
+                (s.get("select") or {}).get("grid") for s in expand_method(entry)}
+    assert grids({"method": "ncmml", "objective": ["euclidean", "dot"]}) == {
+        "euclidean": {"lr": [30.0, 3.0, 10.0, 100.0, 300.0]}, "dot": {"lr": [1.0, 0.3, 3.0, 10.0, 0.1]}}
+    assert grids({"method": "nml", "optimizer": ["adam", "sgd"]}) == {
+        "adam": {"lr": [0.001, 0.0001, 0.01]}, "sgd": {"lr": [10.0, 1.0, 100.0, 1000.0]}}
+    assert grids({"method": "sparse", "dim": 16, "sparsity": [0.0, 0.99]}) == {
+        0.0: None, 0.99: {"anneal": [0.5, 0.25, 0.9, 0.0]}}
+    # and each is the grid the entry without a sweep gets
+    for entry in ({"method": "ncmml", "objective": "dot"}, {"method": "nml", "optimizer": "sgd"}):
+        [one] = expand_method(entry)
+        assert one["select"]["grid"] == grids({**entry, **{k: [v] for k, v in entry.items() if k != "method"}})[
+            next(v for k, v in entry.items() if k != "method")]
