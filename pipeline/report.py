@@ -412,14 +412,17 @@ def headline_metrics(records: list) -> list[tuple[str, str | None]]:
 
 
 def _best(rows: list, mc: tuple, higher: bool) -> dict | None:
-    """The row with the best value of ``mc``; ties go to the smaller code, then to a baseline (a learned
-    model has to beat it), then to the label."""
+    """The row with the best value of ``mc``; ties (values within the 4 decimals shown, as the verdict
+    counts them: a learned model 2e-8 above PCA was the winner of a metric whose verdict said tie) go
+    to the smaller code, then to a baseline (a learned model has to beat it), then to the label."""
     have = [r for r in rows if mc in r["values"] and r["values"][mc] == r["values"][mc]]   # NaN never wins
     if not have:
         return None
     swept = _swept(rows)
-    best = min(have, key=lambda r: ((-1 if higher else 1) * r["values"][mc], r["dim"] or 0, not r["baseline"],
-                                    _row_label(r, swept)))
+    sign = -1 if higher else 1
+    top = min(sign * r["values"][mc] for r in have)
+    tied = [r for r in have if sign * r["values"][mc] - top < SHOWN / 2]
+    best = min(tied, key=lambda r: (r["dim"] or 0, not r["baseline"], sign * r["values"][mc], _row_label(r, swept)))
     return {"label": _row_label(best, swept), "method": best["method"], "dim": best["dim"], "params": best["params"],
             "model": best["model"], "value": best["values"][mc]}
 

@@ -273,3 +273,18 @@ def test_the_training_curves_and_plots_say_what_they_show():
         assert f"<b>{key}</b>: {escape(CURVES[key])}" in page
     assert "<b>objective</b>" not in page                   # only the quantities drawn
     assert "baselines dashed; models with equal values draw over each other" in page
+
+
+def test_a_learned_model_a_hair_above_a_baseline_is_a_tie_for_the_winner_too():
+    """mAP 0.2011 against 0.2011 (2.2e-8 apart) read '+0.0000 (tie)', yet the metric counted for the
+    learned model in 'Winner: ... best on 2 of 3' (a new-user trial): the winner now counts ties as
+    the verdict does, and a tie goes to the baseline."""
+    from metricpipe.report import summarize
+    recs = [_rec("ncmml", 32, "map", 0.20110002), _rec("pca", 32, "map", 0.2011),
+            _rec("ncmml", 32, "top1_error", 0.30, "knn1"), _rec("pca", 32, "top1_error", 0.31, "knn1")]
+    s = summarize(recs)
+    assert [e["verdict"] for e in s["headline"]] == ["tie", "better"]
+    assert s["headline"][0]["model"]["value"] == 0.20110002     # each side still shows its own best value
+    assert (s["winner"]["method"], s["winner"]["wins"]) == ("pca", 1)   # one metric each: the first is pca's
+    recs[0] = _rec("ncmml", 32, "map", 0.2013)  # a difference the report shows does count
+    assert summarize(recs)["winner"] == {**summarize(recs)["winner"], "method": "ncmml", "wins": 2}
