@@ -180,6 +180,22 @@ def _log_workers_to_store(client, store) -> str | None:
     return path
 
 
+def _pool_notes(est, info, entry: dict) -> list[str]:
+    """A SLEM negative pool whose config ``entry`` asks for more images than its split holds takes
+    them all: said, since the model's parameters still read the count asked for (the default
+    count, 15,000 at most, goes unsaid)."""
+    neg = getattr(est, "negatives", None)
+    asked = entry.get("negatives")
+    if not isinstance(neg, dict) or not isinstance(asked, dict) or "count" not in asked \
+            or not isinstance(neg.get("count"), int) or neg.get("split", "train") not in SPLIT_NAMES:
+        return []
+    split = neg.get("split", "train")
+    have = int((info.split == SPLIT_NAMES.index(split)).sum())
+    if 2 <= have < neg["count"]:
+        return [f"negatives.count {neg['count']:,} is more than the {have:,} {split} rows: the pool is all of them"]
+    return []
+
+
 def check_methods(cfg: RunConfig, info, log=print) -> RunConfig:
     """Every parameter the data's shape rules out (dim above the features, LDA's dim above
     classes - 1, classes that are not labels of the data, ...) is refused here, after the source's header
@@ -196,7 +212,11 @@ def check_methods(cfg: RunConfig, info, log=print) -> RunConfig:
                 raise InputError(f"{cfg.source_file}: {cfg.entry(n)} ({stages.model_id(cand)}): {e}") from None
             refuse_without_dense_covariance(est, info.n_features, cfg.statistics.max_dense_dim,
                                             f"{cfg.source_file}: {cfg.entry(n)} ({stages.model_id(cand)})")
-            for note in est.shape_notes(info.n_features, len(info.classes)):
+            raw = cfg.raw.get("methods") or []
+            i = cfg.method_entries[n] if n < len(cfg.method_entries) else n
+            asked = raw[i] if i < len(raw) and isinstance(raw[i], dict) else {}
+            notes = est.shape_notes(info.n_features, len(info.classes)) + _pool_notes(est, info, asked)
+            for note in notes:
                 if (cfg.entry(n), note) not in noted:
                     log(f"  {cfg.entry(n)} ({stages.model_id(cand)}): {note}")
                     noted.add((cfg.entry(n), note))

@@ -360,3 +360,17 @@ def test_yaml_merge_keys_may_be_overridden_but_plain_keys_not_repeated(tmp_path)
     p.write_text("m: {a: 1}\nm: {a: 2}\n")
     with pytest.raises(ConfigError, match="duplicate key 'm'"):
         read_yaml(p, "a config")
+
+
+def test_a_negative_pool_asked_above_its_split_is_noted_and_the_default_pool_is_not():
+    """negatives.count 5,000 on 4,499 train rows took them all without a word, while the model's
+    parameters still say 5,000 (a new-user trial)."""
+    from metricpipe.runner import check_methods
+    info = _info(n_features=16, classes=[0, 1], split=np.array([0] * 30 + [1] * 20, np.int8))   # 30 train rows
+    logs = []
+    methods = [{"method": "slem", "negatives": {"count": 40}, "lam": 1.0}, {"method": "slem", "lam": 1.0},
+               {"method": "slem", "negatives": {"count": 20}, "lam": 0.1}]
+    check_methods(parse_config({**BASE, "methods": methods}, where="cfg.yaml"), info, logs.append)
+    notes = [m for m in logs if "negatives.count" in m]
+    assert len(notes) == 1 and notes[0].startswith("  methods[0] ") and \
+        notes[0].endswith("negatives.count 40 is more than the 30 train rows: the pool is all of them"), logs
