@@ -499,7 +499,9 @@ def models(store):
         return
     click.echo(f"{'key':<16}  {'method':<10} {'codes':>5}  {'encoded':<7}  {'data':<8}  {'normalize':<9}  parameters")
     for r in rows:
-        params = " ".join(f"{k}={param_text(v)}" for k, v in sorted(r["params"].items()))
+        # random_state None is seed 0 (the one spelling keys use for both): shown as the seed it is
+        params = " ".join(f"{k}={param_text(0 if k == 'random_state' and v is None else v)}"
+                          for k, v in sorted(r["params"].items()))
         ext = f" (extends {r['extends']})" if r["extends"] else ""
         click.echo(f"{r['key']:<16}  {r['method']:<10} {r['dim']:>5}  {'yes' if r['encoded'] else 'no':<7}  "
                    f"{(r['data'] or '-')[:8]:<8}  {r['normalize'] or '-':<9}  {params}{ext}")

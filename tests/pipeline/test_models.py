@@ -118,6 +118,8 @@ def test_models_command_lists_every_model_with_its_method_and_parameters(stored)
     assert any("input_dim=6" in ln and " slne " in ln for ln in lines)
     # SL-DE's member count, unset in the config, as the rule resolved it (1 block of 6 PCA directions)
     assert any(" slde " in ln and "members=1 (rule)" in ln for ln in lines), lines
+    # random_state: 0 and unset are one model (seed 0): listed as the seed, not as None
+    assert not any("random_state=None" in ln for ln in lines) and any("random_state=0" in ln for ln in lines)
 
 
 @pytest.mark.integration
