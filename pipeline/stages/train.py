@@ -179,6 +179,9 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
                      "class_names": [c.item() if hasattr(c, "item") else c for c in data.classes]})
         if "samples_per_second" in res:
             ctx.log(f"  train: {model_id(spec)} {res['samples_per_second']:.0f} samples/s")
+        if unit.key in required and res.get("best_iter") == 0:   # (a candidate's start is the selection's affair)
+            ctx.log(f"  train: {model_id(spec)}: early stopping kept the model it starts from (no step lowered "
+                    f"its validation score); its parameters may not suit this data (select: true searches them)")
 
     ctx.gather([f for *_, f in items], "train", [f"model {model_id(s)}" for s, *_ in items], on_result=commit)
     keys = list(scores)

@@ -272,3 +272,14 @@ def test_a_damaged_candidate_is_refused_on_load_and_retrained_by_repair(client, 
     assert chunk.read_bytes() == intact and verify_store(str(tmp_path / "s"))[1] == []   # retrained, same bits
     assert marker.read_text() == before and not any("selected lr" in line for line in logs)   # the selection stands
     assert load_model(str(tmp_path / "s"), unkept).transform(np.zeros((1, 64))).shape == (1, 8)
+
+
+@pytest.mark.integration
+def test_a_model_that_kept_its_start_says_so_and_a_selection_candidate_does_not(client, tmp_path):
+    """A model trained with parameters that do not suit the data ended at its PCA start without a
+    word (a library trial: NCMML and k-NN ML on unscaled wine kept best_iter_ 0)."""
+    report, logs = _run(tmp_path, "start", client, methods=[
+        {"method": "ncmml", "dim": 8, "iters": 100, "validate_every": 50, "lr": 1e-9},
+        {"method": "ncmml", "dim": 8, "iters": 100, "validate_every": 50, "select": {"lr": [1e-9, 10.0]}}])
+    kept = [line for line in logs if "early stopping kept the model it starts from" in line]
+    assert len(kept) == 1 and kept[0].startswith("  train: ncmml-8-iters100-lr1e-09-validate_every50: "), logs
