@@ -258,8 +258,9 @@ def _apply(cfg: RunConfig, store, cluster, workers, memory_limit) -> RunConfig:
 @click.option("--repair", is_flag=True, help="Recompute committed results whose files fail verification "
                                              "(default: stop with an error naming the damaged file).")
 @click.option("--performance-report", type=click.Path(dir_okay=False), help="Write Dask's HTML performance report.")
-@click.option("--verify-source", is_flag=True, help="Fingerprint source files by their contents (a full read), "
-                                                    "not sizes and mtimes (data.verify_source).")
+@click.option("--verify-source", is_flag=True, help="Key the staged data by the source files' bytes (a full "
+                                                    "read), not their paths, sizes and mtimes: a moved or touched "
+                                                    "copy is then reused (data.verify_source).")
 @handle_errors
 def run(config, store, cluster, workers, memory_limit, resume, force, repair, performance_report, verify_source):
     """Run the whole pipeline described by CONFIG (YAML)."""

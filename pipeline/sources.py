@@ -36,25 +36,29 @@ class Source:
 def fingerprint(*paths, contents: bool = False) -> dict:
     """What identifies the data of ``paths`` (files or folders such as a Zarr source): for a folder,
     every file's relative path, size and mtime (nanoseconds) hashed into one digest, with the count
-    and total bytes. A rewrite that keeps a file's size and mtime (``cp -p``, ``touch -r``) goes
-    unseen: ``contents`` (``data.verify_source: true`` or ``metricpipe run --verify-source``) also
-    hashes every byte, so such a rewrite gets a new key too (and the first run with it restages)."""
+    and total bytes, under the resolved path. A rewrite that keeps a file's size and mtime (``cp -p``,
+    ``touch -r``) goes unseen. ``contents`` (``data.verify_source: true`` or ``metricpipe run
+    --verify-source``) hashes every byte instead of the mtimes and the paths (a folder's relative
+    paths stay): such a rewrite gets a new key, and a touched, copied, moved or renamed file with the
+    same bytes keeps its key (the staged data is reused)."""
     import hashlib
     out = {}
-    for p in paths:
+    for n, p in enumerate(paths):
         p = Path(p)
         files = sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p]
         h, total = hashlib.sha256(), 0
         for f in files:
             st = f.stat()
             total += st.st_size
-            h.update(f"{f.relative_to(p) if p.is_dir() else f.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
             if contents:
+                h.update(f"{f.relative_to(p) if p.is_dir() else ''}\0{st.st_size}\n".encode())
                 with open(f, "rb") as fh:
                     for block in iter(lambda: fh.read(1 << 24), b""):
                         h.update(block)
-        out[str(p.resolve())] = {"files": len(files), "bytes": total, "digest": h.hexdigest()[:32],
-                                 **({"contents": True} if contents else {})}
+            else:
+                h.update(f"{f.relative_to(p) if p.is_dir() else f.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        out[f"contents of path {n + 1}" if contents else str(p.resolve())] = {
+            "files": len(files), "bytes": total, "digest": h.hexdigest()[:32], **({"contents": True} if contents else {})}
     return out
 
 

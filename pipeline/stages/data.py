@@ -171,8 +171,10 @@ def prepare_data(cfg: RunConfig, store) -> DataPlan:
         from metricpipe.sources import fingerprint
         pairs_fp = fingerprint(d.pairs)
     chunk_rows = chunk_rows_for(D, d.chunk_mb)
-    key = hash_key({"stage": "data", "source": src.fingerprint, "name": _key_path(src.name), "features": d.features,
-                    "labels": _key_path(d.labels), "groups": _key_path(d.groups), "normalize": d.normalize, "split": d.split.__dict__,
+    by_bytes = d.verify_source   # the fingerprint holds the files' bytes: their paths are not the data
+    key = hash_key({"stage": "data", "source": src.fingerprint, "name": _key_path(src.name, by_bytes),
+                    "features": d.features, "labels": _key_path(d.labels, by_bytes),
+                    "groups": _key_path(d.groups, by_bytes), "normalize": d.normalize, "split": d.split.__dict__,
                     "chunk_rows": chunk_rows, **({"pairs": pairs_fp} if pairs_fp else {}),
                     **({"ids": d.ids} if d.ids else {})})
     info = DataInfo(store.unit("data", key), n, D, chunk_rows, classes, codes, split, groups)
@@ -181,11 +183,13 @@ def prepare_data(cfg: RunConfig, store) -> DataPlan:
     return DataPlan(src, info, coords, attrs, coords_pairs if d.pairs else None)
 
 
-def _key_path(value):
+def _key_path(value, by_bytes: bool = False):
     """A file's path as the staged data's key holds it: resolved, so ``cfg/../X.npy``, ``X.npy`` from
-    another folder and a symlink name one file (one staged copy); an array name as given."""
+    another folder and a symlink name one file (one staged copy); an array name as given. With
+    ``by_bytes`` (the fingerprint hashed the files' bytes) a path is only "a file": where it is no
+    longer matters."""
     if isinstance(value, str) and "/" in value and os.path.exists(value):
-        return str(Path(value).resolve())
+        return "a file" if by_bytes else str(Path(value).resolve())
     return value
 
 

@@ -299,3 +299,36 @@ def test_an_object_labels_array_in_an_npz_is_refused_as_pickled(tmp_path):
     np.savez(tmp_path / "o.npz", X=np.ones((4, 2)), y=np.array([1, "a", 2, 3], dtype=object))
     with pytest.raises(InputError, match=r"array 'y' \(data.labels\) holds pickled Python objects"):
         open_source(_cfg(tmp_path / "o.npz"))
+
+
+def test_verify_source_keys_the_staged_data_by_its_bytes_not_its_path_or_mtime(tmp_path):
+    """The staged data's key held each file's path and mtime, so a touched, copied or moved data set
+    was staged again (and everything after it recomputed); under data.verify_source (a full read
+    that hashes the bytes) the bytes are the key, and a change of one byte still is a new one."""
+    import os
+    import shutil
+
+    from metricpipe.config import parse_config
+    from metricpipe.stages import prepare_data
+    from metricpipe.storage import Store
+    rng = np.random.default_rng(0)
+    (tmp_path / "a").mkdir()
+    np.save(tmp_path / "a" / "X.npy", rng.normal(size=(60, 5)).astype(np.float32))
+    np.save(tmp_path / "a" / "y.npy", np.arange(60) % 3)
+
+    def key(folder, by_bytes):
+        cfg = parse_config({"store": str(tmp_path / "s"), "data": {"path": str(tmp_path / folder / "X.npy"),
+                                                                   "labels": str(tmp_path / folder / "y.npy"),
+                                                                   "verify_source": by_bytes},
+                            "methods": [{"method": "pca", "dim": 2}]})
+        return prepare_data(cfg, Store(cfg.store)).info.unit.key
+
+    first, first_by_bytes = key("a", False), key("a", True)
+    shutil.copytree(tmp_path / "a", tmp_path / "b")            # another folder, new mtimes
+    os.utime(tmp_path / "a" / "X.npy", ns=(1, 10 ** 18))         # and the original touched
+    assert key("b", True) == key("a", True) == first_by_bytes
+    assert key("b", False) != first and key("a", False) != first   # what paths and mtimes key
+    X = np.load(tmp_path / "b" / "X.npy")
+    X[59, 4] += 1
+    np.save(tmp_path / "b" / "X.npy", X)
+    assert key("b", True) != first_by_bytes
