@@ -411,18 +411,23 @@ def headline_metrics(records: list) -> list[tuple[str, str | None]]:
     return [mc for mc in (("map", None), ("map@r", None)) if mc in have] + [("top1_error", c) for c in classifiers]
 
 
-def _best(rows: list, mc: tuple, higher: bool) -> dict | None:
-    """The row with the best value of ``mc``; ties (values within the 4 decimals shown, as the verdict
-    counts them: a learned model 2e-8 above PCA was the winner of a metric whose verdict said tie) go
-    to the smaller code, then to a baseline (a learned model has to beat it), then to the label."""
+def _best(rows: list, mc: tuple, higher: bool, shown_ties: bool = False) -> dict | None:
+    """The row with the best value of ``mc``; exact ties go to the smaller code, then to a baseline (a
+    learned model has to beat it), then to the label. ``shown_ties`` (the winner's count): values
+    within the 4 decimals shown tie, as the verdict counts them, and such a tie goes to a baseline
+    first (a learned model 2e-8 above PCA won a metric whose verdict said tie)."""
     have = [r for r in rows if mc in r["values"] and r["values"][mc] == r["values"][mc]]   # NaN never wins
     if not have:
         return None
     swept = _swept(rows)
     sign = -1 if higher else 1
-    top = min(sign * r["values"][mc] for r in have)
-    tied = [r for r in have if sign * r["values"][mc] - top < SHOWN / 2]
-    best = min(tied, key=lambda r: (r["dim"] or 0, not r["baseline"], sign * r["values"][mc], _row_label(r, swept)))
+    if shown_ties:
+        top = min(sign * r["values"][mc] for r in have)
+        tied = [r for r in have if sign * r["values"][mc] - top < SHOWN / 2]
+        best = min(tied, key=lambda r: (not r["baseline"], r["dim"] or 0, sign * r["values"][mc],
+                                        _row_label(r, swept)))
+    else:
+        best = min(have, key=lambda r: (sign * r["values"][mc], r["dim"] or 0, not r["baseline"], _row_label(r, swept)))
     return {"label": _row_label(best, swept), "method": best["method"], "dim": best["dim"], "params": best["params"],
             "model": best["model"], "value": best["values"][mc]}
 
@@ -451,7 +456,7 @@ def summarize(records: list) -> dict:
             gain = d if higher else -d
             gain = 0.0 if abs(gain) < SHOWN / 2 else gain   # below the 4 decimals shown: -0.0000 (worse) was said
             entry.update(difference=d, verdict="better" if gain > 0 else "worse" if gain < 0 else "tie")
-        overall = _best(rows, (metric, classifier), higher)
+        overall = _best(rows, (metric, classifier), higher, shown_ties=True)
         if overall:
             ident = _ident(overall)
             wins.setdefault(ident, [overall, 0])[1] += 1

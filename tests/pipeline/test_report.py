@@ -288,3 +288,17 @@ def test_a_learned_model_a_hair_above_a_baseline_is_a_tie_for_the_winner_too():
     assert (s["winner"]["method"], s["winner"]["wins"]) == ("pca", 1)   # one metric each: the first is pca's
     recs[0] = _rec("ncmml", 32, "map", 0.2013)  # a difference the report shows does count
     assert summarize(recs)["winner"] == {**summarize(recs)["winner"], "method": "ncmml", "wins": 2}
+
+
+def test_the_shown_precision_ties_only_the_winner_s_count_not_the_headline_or_the_tables():
+    """A review of the tie rule: applied to every best pick, a smaller code within 0.5e-4 of a larger
+    one's better value took the headline (better -> tie) and the table's bold cell."""
+    from metricpipe.report import summarize
+    recs = [_rec("ncmml", 32, "map", 0.20009), _rec("ncmml", 16, "map", 0.200045), _rec("pca", 32, "map", 0.2)]
+    [e] = [e for e in summarize(recs)["headline"] if e["metric"] == "map"]
+    assert (e["model"]["value"], e["model"]["dim"], e["verdict"]) == (0.20009, 32, "better")
+    w = summarize(recs)["winner"]      # PCA 0.9e-4 below: not tied; the two NCMML within 0.5e-4 tie
+    assert (w["method"], w["dim"]) == ("ncmml", 16)       # and the tie goes to the smaller code
+    recs = [_rec("ncmml", 16, "map", 0.20004), _rec("pca", 32, "map", 0.2)]   # shown as 0.2000 both
+    s = summarize(recs)
+    assert s["headline"][0]["verdict"] == "tie" and s["winner"]["method"] == "pca"   # the baseline, not the smaller code
