@@ -148,7 +148,7 @@ def _check_target(unit, attrs, est, src, D: int, names: list, zero_shot: tuple, 
     if clash:
         raise InputError(f"{src.name}: class(es) {clash[:5]} are already in model {unit.key}; new data must "
                          f"hold new classes only")
-    k = int(np.bincount(owner).max())
+    k = int(getattr(est, "centroids", 1))   # the model's k (a few-shot class of its own may hold fewer)
     if parents and k > 1:
         raise InputError(f"--hierarchy: model {unit.key} keeps {k} centroids per class; the zero-shot prior "
                          f"(Eqs. 33-34) is for one mean per class (NCMML); pick that model with --model")
@@ -189,7 +189,7 @@ def add_classes(store_url: str, data_path: str, features: str = "X", labels: str
         old_names = list(attrs.get("class_names") or [])   # the run's labels and added names: compared by value
         owner = np.asarray(est.centroid_classes_, np.int64)
         zero = _zero_names(old_names, zero_shot)
-        k = int(np.bincount(owner).max())
+        k = int(getattr(est, "centroids", 1))   # the model's k (a few-shot class of its own may hold fewer)
         C0 = len(old_names)
         sums, counts = np.zeros((len(names), D)), np.zeros(len(names), np.int64)
         for a, X in _blocks(src, n, D, attrs.get("normalize", "none")):

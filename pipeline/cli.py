@@ -101,7 +101,7 @@ def _resume_command(kwargs: dict) -> str:
     # sets a committed unit aside until its new copy commits), so finishing it forces again, which
     # reuses what it did recompute (runner.forcing); --no-resume is a --force of the first stage; a
     # --repair run recomputes only what is still damaged
-    forced = kwargs.get("force") or (STAGES[0] if kwargs.get("resume") is False else None)
+    forced = STAGES[0] if kwargs.get("resume") is False else kwargs.get("force")   # (--no-resume: every stage)
     again += f" --force {forced}" if forced else ""
     again += " --repair" if kwargs.get("repair") else ""
     return f"metricpipe run {shlex.quote(str(kwargs['config']))}{again} --resume"

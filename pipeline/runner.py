@@ -108,10 +108,10 @@ def _run_locked(store, cfg, resume, log, performance_report, client, force, repa
             from distributed import performance_report as perf
             stack.enter_context(perf(filename=performance_report))
         try:
-            store.run_id = uuid.uuid4().hex   # the commit markers of this run carry it
+            store.run_id = uuid.uuid4().hex[:16]   # the commit markers of this run carry it, its task keys too
             forced_by = forcing(store, force if resume else STAGES[0], resume, log)
             ctx = StageContext(client, store, cfg, resume=resume, log=log, force=force, repair=repair,
-                               terminal=terminal, forced_by=forced_by)
+                               terminal=terminal, forced_by=forced_by, run_id=store.run_id)
             out = _run(ctx, plan, log, result)
             forcing(store, None, resume, log)   # finished: nothing left to continue
             quiet_log += [worker_log] if worker_log else []
@@ -186,7 +186,8 @@ def _pool_notes(est, info, entry: dict) -> list[str]:
     count, 15,000 at most, goes unsaid)."""
     neg = getattr(est, "negatives", None)
     asked = entry.get("negatives")
-    if not isinstance(neg, dict) or not isinstance(asked, dict) or "count" not in asked \
+    asked = asked if isinstance(asked, list) else [asked]     # (a sweep of pools: a list of them)
+    if not isinstance(neg, dict) or not any(isinstance(a, dict) and "count" in a for a in asked) \
             or not isinstance(neg.get("count"), int) or neg.get("split", "train") not in SPLIT_NAMES:
         return []
     split = neg.get("split", "train")

@@ -66,14 +66,15 @@ def _train(est, spec: dict, data_url: str, stats_url: str, shuffled_url: str, ch
         D = open_array(f"{data_url}/features").shape[1]
         fit_rows = np.flatnonzero(scoring == TRAIN)
         sample = fit_rows[est.kmeans_sample(labels[fit_rows], open_array(f"{data_url}/row_key")[:][fit_rows], seed,
-                                            est.kmeans_per_class(C, D))]
+                                            est.kmeans_per_class(C, D), est.centroids)]
 
         def blocks():
             for a, b in chunks:
                 rows = np.flatnonzero(scoring[a:b] == TRAIN)
                 if len(rows):
                     yield open_array(f"{data_url}/features")[a:b][rows].astype(np.float64), labels[a:b][rows]
-        extra["centroids"] = est.kmeans(read_rows(f"{data_url}/features", sample), labels[sample], blocks, C)
+        extra["centroids"] = est.kmeans(read_rows(f"{data_url}/features", sample), labels[sample], blocks, C,
+                                        np.bincount(labels[fit_rows], minlength=C))
     elif getattr(est, "classes", None) is not None and est.method == "ncmml":   # monitor the other classes
         others = ~np.isin(labels, est.trained_classes(names))
         new = np.flatnonzero((split == VAL) & others)

@@ -20,7 +20,7 @@ handed to it. The estimators NCMML, NCMC and KNNML (end of this module) run the 
 The sign convention of the ascent: W <- W + lr * grad of the log-likelihood (NCM/NCMC); W <- W - lr *
 grad of the hinge loss (k-NN).
 """
-from numbers import Integral
+from numbers import Integral, Real
 
 import numpy as np
 from sklearn.base import ClassifierMixin
@@ -30,7 +30,7 @@ from metricpipe.tasks.base import (COUNT, DIM_OR_NONE, POSITIVE, RANDOM_STATE, I
                                    one_blas_thread, seed_of)
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.moments import class_sums
-from metricpipe.tasks.validate import beyond_float32
+from metricpipe.tasks.validate import beyond_float32, class_codes
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
@@ -469,10 +469,10 @@ class _MetricLearner(Learner):
         super()._validate_params()
         c = self.classes
         ok = c is None or (hasattr(c, "__len__") and not isinstance(c, str) and len(c) > 0 and all(
-            isinstance(v, (Integral, np.integer, str)) and not isinstance(v, (bool, np.bool_)) for v in c))
+            isinstance(v, (Real, np.generic, str)) for v in c))
         if not ok:
             raise InputError(f"The 'classes' parameter of {type(self).__name__} must be a non-empty list of class "
-                             f"labels (integers or strings, as in y) or None. Got {c!r} instead.")
+                             f"labels (as in y) or None. Got {c!r} instead.")
 
     def _transform(self, X):
         return np.asarray(X, np.float64) @ self.components_.astype(np.float64)
@@ -487,19 +487,11 @@ class _MetricLearner(Learner):
 
     def trained_classes(self, labels) -> np.ndarray:
         """The class codes (positions in ``labels``, the class labels in code order: ``classes_``, a
-        run's class names) whose images train W: those ``classes`` names as labels of y (compared
-        as text, so 3 and "3" are one label), default all."""
-        labels = [str(v) for v in labels]
+        run's class names) whose images train W: those ``classes`` names (:func:`class_codes`),
+        default all."""
         if self.classes is None:
             return np.arange(len(labels))
-        code = {v: i for i, v in enumerate(labels)}
-        missing = [v for v in self.classes if str(v) not in code]
-        if missing:
-            shown = ", ".join(labels[:5]) + (", ..." if len(labels) > 5 else "")
-            raise InputError(f"The 'classes' parameter of {type(self).__name__} lists {missing[:5]}, which "
-                             f"{'is' if len(missing) == 1 else 'are'} not among the class labels ({shown}); list "
-                             f"labels as the data holds them")
-        return np.array(sorted({code[str(v)] for v in self.classes}), np.int64)
+        return class_codes(self.classes, labels, f"The 'classes' parameter of {type(self).__name__}")
 
     def pool_rows(self, n_classes: int) -> int | None:
         """Rows of the training set's pools that ``fit_stream`` reads at most, so that the pipeline
@@ -879,11 +871,24 @@ class NCMC(_NCMClassifier, _MetricLearner):
         self.random_state = random_state
 
     @staticmethod
-    def kmeans_sample(labels: np.ndarray, keys: np.ndarray, seed, per_class: int = KMEANS_SAMPLE) -> np.ndarray:
+    def kmeans_sample(labels: np.ndarray, keys: np.ndarray, seed, per_class: int = KMEANS_SAMPLE,
+                      at_least: int = 0) -> np.ndarray:
         """Positions (among the training rows, whose :func:`~metricpipe.tasks.stream.row_keys` are
-        ``keys``) of the stratified sample k-means++ seeds from."""
-        return stream.stratified_subset(labels, per_class * len(np.unique(labels)),
-                                        stream.rank(keys, seed, stream.KMEANS))
+        ``keys``) of the stratified sample k-means++ seeds from: each class's share of it, and at
+        least ``at_least`` rows of each class (all of a class with fewer; its first in the same
+        seeded order), since a class's share of a sample of unequal classes can fall below its k."""
+        labels = np.asarray(labels)
+        rank = stream.rank(keys, seed, stream.KMEANS)
+        pos = stream.stratified_subset(labels, per_class * len(np.unique(labels)), rank)
+        taken = np.zeros(len(labels), bool)
+        taken[pos] = True
+        for c in np.unique(labels):
+            rows = np.flatnonzero(labels == c)
+            short = min(at_least, len(rows)) - int(taken[rows].sum())
+            if short > 0:
+                free = rows[~taken[rows]]
+                taken[free[np.argsort(rank[free], kind="stable")[:short]]] = True
+        return np.flatnonzero(taken)
 
     def kmeans_per_class(self, n_classes: int, n_features: int) -> int:
         """Rows per class the k-means++ seeding sample holds: KMEANS_SAMPLE, fewer where the sample
@@ -892,31 +897,35 @@ class NCMC(_NCMClassifier, _MetricLearner):
         fit = int(KMEANS_BYTES // (4 * max(1, n_classes) * max(1, n_features)))
         return max(self.centroids, min(KMEANS_SAMPLE, fit))
 
-    def kmeans(self, X_sample, y_sample, blocks, n_classes: int):
+    def kmeans(self, X_sample, y_sample, blocks, n_classes: int, counts=None):
         """k centroids for every class (Section 3.3): k-means++ on the sample, then ``kmeans_iters``
-        Lloyd passes over ``blocks()`` (a callable giving (X, y) row-blocks). Returns (centroids (C k, D),
-        their classes (C k,))."""
-        counts = np.bincount(np.asarray(y_sample, np.int64), minlength=n_classes)
-        if counts.min() == 0:
-            raise InputError(f"NCMC: class {int(np.argmin(counts))} has no image in the k-means sample; give every "
-                             f"class training images")
-        # a class with fewer images than ``centroids`` has one centroid on each (k-means of n points into
-        # n clusters), as scikit-learn's checks' small classes and few-shot data need
-        return class_kmeans(np.asarray(X_sample), np.asarray(y_sample), np.arange(n_classes),
-                            np.minimum(self.centroids, counts), blocks, self.kmeans_iters,
-                            np.random.default_rng([seed_of(self.random_state), 11]))
+        Lloyd passes over ``blocks()`` (a callable giving (X, y) row-blocks). A class with fewer
+        training images than k (``counts``: each class's training images; default the sample's)
+        has one centroid on each, as few-shot data and scikit-learn's checks' small classes need (the
+        sample holds them all: :meth:`kmeans_sample`'s ``at_least``). Returns (centroids, their
+        classes), k per class (fewer for such a class)."""
+        in_sample = np.bincount(np.asarray(y_sample, np.int64), minlength=n_classes)
+        counts = in_sample if counts is None else np.asarray(counts, np.int64)
+        k = np.minimum(self.centroids, counts)
+        if (in_sample < np.maximum(k, 1)).any():
+            c = int(np.argmax(in_sample < np.maximum(k, 1)))
+            raise InputError(f"NCMC: class code {c} has {int(in_sample[c])} image(s) in the k-means sample for "
+                             f"{int(max(k[c], 1))} centroid(s); give every class training images")
+        return class_kmeans(np.asarray(X_sample), np.asarray(y_sample), np.arange(n_classes), k, blocks,
+                            self.kmeans_iters, np.random.default_rng([seed_of(self.random_state), 11]))
 
     def _memory_inputs(self, X, codes, keep, rows, monitor, keys, seed) -> dict:
         pos = np.flatnonzero(rows)          # k-means sees no validation row (nor does any mean)
         sample = pos[self.kmeans_sample(codes[pos], keys[pos], seed,
-                                        self.kmeans_per_class(len(self.classes_), X.shape[1]))]
+                                        self.kmeans_per_class(len(self.classes_), X.shape[1]), self.centroids)]
         br = stream.block_rows_for(X.shape[1])
 
         def blocks():
             for a in range(0, len(X), br):
                 m = rows[a:a + br]
                 yield np.asarray(X[a:a + br], np.float64)[m], codes[a:a + br][m]
-        return {"centroids": self.kmeans(X[sample], codes[sample], blocks, len(self.classes_))}
+        return {"centroids": self.kmeans(X[sample], codes[sample], blocks, len(self.classes_),
+                                         np.bincount(codes[pos], minlength=len(self.classes_)))}
 
     def fit_stream(self, statistics: dict, pools, X_val, y_val, centroids, labels=None):
         """The pipeline's entry point (``fit`` calls it too); ``centroids`` is :meth:`kmeans`'s answer."""

@@ -126,3 +126,24 @@ def check_split(codes: np.ndarray, split: np.ndarray, split_names: tuple, classe
         names = ", ".join(repr(classes[c]) for c in small[:5])
         raise InputError(f"{where}: class(es) {names} have fewer than two training samples "
                          f"({int(counts[small[0]])}); give every class at least two, or drop those classes")
+
+
+def label_key(v):
+    """A class label as ``classes`` names it: a number by its value (3, 3.0, "3" and np.int64(3) are
+    one label; True is 1), other text as text."""
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def class_codes(classes, labels, who: str = "classes") -> np.ndarray:
+    """Sorted positions in ``labels`` (class labels in code order) of the labels ``classes`` lists
+    (:func:`label_key`); one InputError line naming those that are not labels."""
+    code = {label_key(v): i for i, v in enumerate(labels)}
+    missing = [v for v in classes if label_key(v) not in code]
+    if missing:
+        shown = ", ".join(str(v) for v in list(labels)[:5]) + (", ..." if len(labels) > 5 else "")
+        raise InputError(f"{who} lists {missing[:5]}, which {'is' if len(missing) == 1 else 'are'} not among the "
+                         f"class labels ({shown}); list labels as the data holds them")
+    return np.array(sorted({code[label_key(v)] for v in classes}), np.int64)

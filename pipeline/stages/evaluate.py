@@ -14,6 +14,7 @@ from metricpipe.stages.encode import _load_model
 from metricpipe.stages.statistics import _moments_block
 from metricpipe.stages.train import model_id
 from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.validate import class_codes
 from metricpipe.tasks.sparse import stratified_subset
 
 from metricpipe.stages.common import DataInfo, TEST, TRAIN, _timed, _tree_combine, spec_params
@@ -326,7 +327,10 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
     # When the models that leave classes out of training all keep the same ones, every model also
     # reports its errors on the other classes' test images: the control beside the new-class figure.
     # Which classes count as new is a result of the unit, so it is in its key.
-    subsets = {tuple(spec["classes"]) for spec, *_ in codes if spec.get("classes")}
+    # (as class codes: [5, 6], ["5", "6"] and [6, 5] name one subset)
+    def trained(spec) -> list:
+        return class_codes(spec["classes"], data.classes).tolist() if spec.get("classes") else []
+    subsets = {tuple(trained(spec)) for spec, *_ in codes if spec.get("classes")}
     common = list(subsets.pop()) if len(subsets) == 1 else None
     out, jobs, costs, indexed, reused = [], [], {}, [], 0
     for spec, cunit, dim in codes:
@@ -334,7 +338,7 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
                                                      "graph": neighbours.key if neighbours else None,
                                                      "evaluate": ev.__dict__, "data": data.unit.key,
                                                      "indexes": _index_plan(ctx, data, cunit, n_train),
-                                                     "trained_on": spec.get("classes") or common}))
+                                                     "trained_on": trained(spec) or common}))
         out.append((spec, unit))
         if ctx.reuse(unit, "evaluate"):
             reused += 1
@@ -392,8 +396,7 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
     for job in jobs:
         spec, unit, dim, view, score, ret, cls, knn_note = (job[k] for k in ("spec", "unit", "dim", "view", "score",
                                                                               "ret", "cls", "knn_note"))
-        trained_on = spec.get("classes") or common      # labels of the data: compared as its codes
-        trained_on = trained_on and [i for i, c in enumerate(data.classes) if str(c) in {str(v) for v in trained_on}]
+        trained_on = trained(spec) or common    # class codes, as test_labels
         name = f"{model_id(spec)} ({view})"
         ret_res = ctx.gather(ret, "evaluate", [f"model {name} retrieval block {i}" for i in range(len(ret))])
         cls_res = ctx.gather(cls, "evaluate", [f"model {name} classification block {i}" for i in range(len(cls))])

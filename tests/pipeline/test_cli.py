@@ -730,7 +730,7 @@ metricpipe.cli.main(["run", *sys.argv[1:]])
 
 
 @pytest.mark.parametrize("extra", [[], ["--store", "other store", "--workers", "1"], ["--force", "train", "--repair"],
-                                   ["--no-resume"], ["--memory-limit", "2GB"]])   # the latter is read before the command
+                                   ["--no-resume"], ["--no-resume", "--force", "train"], ["--memory-limit", "2GB"]])   # the latter is read before the command
 def test_a_ctrl_c_while_a_command_imports_its_libraries_gives_the_hint_not_a_traceback(tmp_path, extra):
     """The command line loads click and its error types only; each command imports the rest inside
     its error handler. Before, importing metricpipe.cli took 2 s of scikit-learn and distributed, and a
@@ -744,12 +744,14 @@ def test_a_ctrl_c_while_a_command_imports_its_libraries_gives_the_hint_not_a_tra
                           text=True, timeout=120)
     assert proc.stdout.strip() == "loaded: []", proc.stdout
     # the hint repeats the options (without --store it would resume the config's own store)
-    hint = {0: f"to resume: metricpipe run {cfg} --resume",
-            4: f"to resume: metricpipe run {cfg} --store 'other store' --workers 1 --resume",
-            3: f"to resume: metricpipe run {cfg} --force train --repair --resume",
+    hint = {(): f"to resume: metricpipe run {cfg} --resume",
+            ("--store", "other store", "--workers", "1"):
+                f"to resume: metricpipe run {cfg} --store 'other store' --workers 1 --resume",
+            ("--force", "train", "--repair"): f"to resume: metricpipe run {cfg} --force train --repair --resume",
             # --no-resume recomputes every stage: its continuation forces them all, keeping what it did
-            1: f"to resume: metricpipe run {cfg} --force stage --resume"}.get(
-        len(extra), "rerun with --resume to continue")    # --memory-limit: read before the command had its options
+            ("--no-resume",): f"to resume: metricpipe run {cfg} --force stage --resume",
+            ("--no-resume", "--force", "train"): f"to resume: metricpipe run {cfg} --force stage --resume"}.get(
+        tuple(extra), "rerun with --resume to continue")    # --memory-limit: read before the command had its options
     assert proc.returncode == 130 and proc.stderr.strip().splitlines() == [
         f"interrupted; finished stages are kept{'; ' if 'metricpipe' in hint else ', '}{hint}"], proc.stderr
     assert not (tmp_path / "s").exists()

@@ -57,9 +57,8 @@ def test_defaults_and_method_expansion():
     ({**BASE, "neighbours": {"queries": 0}}, r"neighbours.queries: must be >= 1"),
     ({**BASE, "neighbours": {"queries": 100}, "evaluate": {"classification": {"classifiers": ["softvote5"]}}},
      r"classifiers: softvote votes over the test rows' neighbourhoods, which neighbours.queries leaves out"),
-    ({**BASE, "methods": [{"method": "ncmml", "classes": [0, 1.5]}]},
-     r"methods\[0\]: The 'classes' parameter of NCMML must be a non-empty list of class labels \(integers or "
-     r"strings, as in y\)"),
+    ({**BASE, "methods": [{"method": "ncmml", "classes": [0, [1, 2]]}]},
+     r"methods\[0\]: The 'classes' parameter of NCMML must be a non-empty list of class labels \(as in y\)"),
     ({**BASE, "methods": [{"method": "ncmml", "classes": 3}]}, r"The 'classes' parameter of NCMML must be an array-like or None. Got 3 instead"),
     ({**BASE, "methods": [{"method": "knnml", "targets": "closest"}]},
      r"The 'targets' parameter of KNNML must be a str among .*'dynamic'.*Got 'closest' instead"),

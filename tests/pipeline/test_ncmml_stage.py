@@ -632,3 +632,27 @@ def test_add_classes_refuses_a_damaged_model_and_recomputes_a_damaged_copy(train
     [again] = add_classes(str(store), str(tmp_path / "new.npz"), model=unit.key, log=logs.append)
     assert {**again, "seconds": 0} == {**info, "seconds": 0}
     assert not any("reusing" in m for m in logs) and chunk.read_bytes() == intact   # made again, same bits
+
+
+def test_classes_name_the_data_s_labels_through_the_pipeline(client, tmp_path):
+    """NCMML's classes are labels as the data holds them (they were positions: with labels 10..14,
+    classes [11, 13] was refused and [1, 3] trained labels 11 and 13). Labels 0..4, 10..14 and text
+    c0..c4 with the same classes named each way train the same W and report the same new-class error."""
+    X, y = make_blobs(n=600, d=8, classes=5, sep=0.9, seed=7)
+    common = {"dim": 3, "iters": 40, "batch": 100, "validate_every": 10, "validation": 100, "select": False}
+    out = []
+    for name, labels, classes in (("int", y, [3, 1]), ("shifted", y + 10, [11, 13]),
+                                  ("text", np.array([f"c{v}" for v in y]), ["c1", "c3"])):
+        np.savez(tmp_path / f"{name}.npz", X=X, y=labels)
+        ctx, data, stats = staged(client, tmp_path / name, {
+            "data": {"path": str(tmp_path / f"{name}.npz"), "chunk_mb": 0.005, "split": {"val": 0}},
+            "methods": [{"method": "ncmml", **common, "classes": classes}],
+            "evaluate": {"retrieval": False, "classification": {"classifiers": ["ncm"]}}})
+        models = run_train(ctx, data, stats, None)
+        evals = run_evaluate(ctx, data, run_encode(ctx, data, models))
+        recs = evals[0][1].read_json("records.json")
+        new = [r["value"] for r in recs if r["metric"] == "top1_error_new_classes"]
+        out.append((load_estimator(models[0][1].url).components_, new))
+    assert out[0][1] and all(o[1] == out[0][1] for o in out), [o[1] for o in out]
+    for W, _ in out[1:]:
+        np.testing.assert_array_equal(W, out[0][0])

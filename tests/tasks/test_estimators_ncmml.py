@@ -374,3 +374,24 @@ def test_classes_names_labels_as_y_holds_them_not_positions():
     with pytest.raises(InputError, match=r"'classes' parameter of NCMML lists \[12\], which is not among the class "
                                          r"labels \(3, 4, 5, 6, 7, \.\.\.\)"):
         NCMML(**SGD, classes=[5, 12]).fit(X, y + 3)
+    # numbers by value (a review: float labels could be named only as the text "2.0")
+    for given in ([2.0, 3.0], [np.int64(2), "3"]):
+        np.testing.assert_array_equal(NCMML(**SGD, classes=given).fit(X, y.astype(float)).components_,
+                                      same.components_)
+
+
+def test_ncmc_counts_a_class_s_training_images_not_its_share_of_the_k_means_sample(monkeypatch):
+    """A review: the k-means sample holds each class's share, so a class of 12 images beside one of
+    5,988 had 8 rows in it and got 8 centroids of 10 (before the one-per-image rule: refused)."""
+    rng = np.random.default_rng(0)
+    y = np.array([0] * 12 + [1] * 5988)
+    X = rng.normal(size=(len(y), 4)) + y[:, None]
+    keys = stream.row_keys(X)
+    pos = NCMC.kmeans_sample(y, keys, 0, per_class=40)
+    assert np.bincount(y[pos]).tolist()[0] < 10                         # the class's share alone
+    pos = NCMC.kmeans_sample(y, keys, 0, per_class=40, at_least=10)
+    assert np.bincount(y[pos])[0] == 10 and set(pos) >= set(NCMC.kmeans_sample(y, keys, 0, per_class=40))
+    Xv, yv = X[:: 500], y[:: 500]
+    monkeypatch.setattr(NCMC, "kmeans_per_class", lambda self, n_classes, n_features: 40)   # as small a sample
+    est = NCMC(dim=2, centroids=10, iters=20, validate_every=10, random_state=0).fit(X, y, X_val=Xv, y_val=yv)
+    assert np.bincount(est.centroid_classes_).tolist() == [10, 10]
