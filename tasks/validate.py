@@ -1,4 +1,7 @@
 """Validators for user data: each raises InputError with a one-line message naming the fix."""
+import numbers
+import re
+
 import numpy as np
 
 from metricpipe.tasks.errors import InputError
@@ -128,22 +131,40 @@ def check_split(codes: np.ndarray, split: np.ndarray, split_names: tuple, classe
                          f"({int(counts[small[0]])}); give every class at least two, or drop those classes")
 
 
-def label_key(v):
-    """A class label as ``classes`` names it: a number by its value (3, 3.0, "3" and np.int64(3) are
-    one label; True is 1), other text as text."""
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return str(v)
+_NUMBER = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*")   # a decimal literal: not "1_0", "nan", "inf"
+
+
+def _number(v):
+    """A number as an exact key: integral values as int (so 3, 3.0 and np.int64(3) are one key)."""
+    if isinstance(v, (bool, np.bool_, numbers.Integral)):
+        return int(v)
+    v = float(v)
+    return int(v) if v.is_integer() else v
+
+
+def _as_label(v, numeric: bool):
+    """``v`` as a label of data whose labels are numbers (``numeric``) or text: numbers compare by
+    value (3, 3.0, np.int64(3), and "3" or "03" where the labels are numbers); text labels compare as
+    text, a number naming the text of its value (5 names "5", never "05")."""
+    if isinstance(v, (bool, np.bool_, numbers.Number)) and not isinstance(v, complex):
+        v = _number(v)
+        return v if numeric else str(v)
+    v = str(v)
+    if numeric and _NUMBER.fullmatch(v):
+        v = v.strip()
+        return int(v) if v.lstrip("+-").isdigit() else _number(v)
+    return v
 
 
 def class_codes(classes, labels, who: str = "classes") -> np.ndarray:
-    """Sorted positions in ``labels`` (class labels in code order) of the labels ``classes`` lists
-    (:func:`label_key`); one InputError line naming those that are not labels."""
-    code = {label_key(v): i for i, v in enumerate(labels)}
-    missing = [v for v in classes if label_key(v) not in code]
+    """Sorted positions in ``labels`` (class labels in code order, all numbers or all text) of the
+    labels ``classes`` lists (:func:`_as_label`); one InputError line naming those that are not labels."""
+    labels = list(labels)
+    numeric = all(isinstance(v, (bool, np.bool_, numbers.Number)) for v in labels)
+    code = {_as_label(v, numeric): i for i, v in enumerate(labels)}
+    missing = [v for v in classes if _as_label(v, numeric) not in code]
     if missing:
-        shown = ", ".join(str(v) for v in list(labels)[:5]) + (", ..." if len(labels) > 5 else "")
+        shown = ", ".join(str(v) for v in labels[:5]) + (", ..." if len(labels) > 5 else "")
         raise InputError(f"{who} lists {missing[:5]}, which {'is' if len(missing) == 1 else 'are'} not among the "
                          f"class labels ({shown}); list labels as the data holds them")
-    return np.array(sorted({code[label_key(v)] for v in classes}), np.int64)
+    return np.array(sorted({code[_as_label(v, numeric)] for v in classes}), np.int64)

@@ -380,6 +380,24 @@ def test_classes_names_labels_as_y_holds_them_not_positions():
                                       same.components_)
 
 
+def test_text_labels_are_named_as_text_and_numbers_by_value_only_where_the_labels_are_numbers():
+    """A review: every text that float() reads was a number, so with text labels "01" and "1" one
+    overwrote the other ("01" trained class "1"), "1_0" named "10", and the label "nan" could not be named."""
+    X, y = make_blobs(n=700, d=8, classes=7, sep=1.0, seed=2)
+    names = np.array(["01", "1", "2", "3", "nan", "1_0", "10"])[y]
+    est = NCMML(**SGD, classes=["01", "2"])
+    assert est.trained_classes(np.unique(names)).tolist() == [0, 4]   # sorted: 01, 1, 10, 1_0, 2, 3, nan
+    assert est.fit(X, names).trained_classes(est.classes_).tolist() == [0, 4]
+    assert NCMML(**SGD, classes=["nan", "1_0", 10]).trained_classes(np.unique(names)).tolist() == [2, 3, 6]
+    with pytest.raises(InputError, match=r"lists \['001'\], which is not among"):
+        NCMML(**SGD, classes=["001"]).trained_classes(np.unique(names))
+    # numeric labels: text naming a number by value, but not Python's "1_0" or "nan"
+    assert NCMML(**SGD, classes=["01", " 3 ", "1e1"]).trained_classes(np.array([1, 3, 10])).tolist() == [0, 1, 2]
+    for text in ("1_0", "nan"):
+        with pytest.raises(InputError, match="not among the class labels"):
+            NCMML(**SGD, classes=[text]).trained_classes(np.array([1, 3, 10]))
+
+
 def test_ncmc_counts_a_class_s_training_images_not_its_share_of_the_k_means_sample(monkeypatch):
     """A review: the k-means sample holds each class's share, so a class of 12 images beside one of
     5,988 had 8 rows in it and got 8 centroids of 10 (before the one-per-image rule: refused)."""
