@@ -414,8 +414,9 @@ def headline_metrics(records: list) -> list[tuple[str, str | None]]:
 def _best(rows: list, mc: tuple, higher: bool, shown_ties: bool = False) -> dict | None:
     """The row with the best value of ``mc``; exact ties go to the smaller code, then to a baseline (a
     learned model has to beat it), then to the label. ``shown_ties`` (the winner's count): values
-    within the 4 decimals shown tie, as the verdict counts them, and such a tie goes to a baseline
-    first (a learned model 2e-8 above PCA won a metric whose verdict said tie)."""
+    within the 4 decimals shown tie, as the verdict counts them: a baseline within them of the best
+    wins (a learned model 2e-8 above PCA won a metric whose verdict said tie), else the smallest code
+    among the rows within them of the best that beat the best baseline by as much."""
     have = [r for r in rows if mc in r["values"] and r["values"][mc] == r["values"][mc]]   # NaN never wins
     if not have:
         return None
@@ -424,8 +425,12 @@ def _best(rows: list, mc: tuple, higher: bool, shown_ties: bool = False) -> dict
     if shown_ties:
         top = min(sign * r["values"][mc] for r in have)
         tied = [r for r in have if sign * r["values"][mc] - top < SHOWN / 2]
-        best = min(tied, key=lambda r: (not r["baseline"], r["dim"] or 0, sign * r["values"][mc],
-                                        _row_label(r, swept)))
+        base = min((sign * r["values"][mc] for r in have if r["baseline"]), default=math.inf)
+        # a tie goes to the baseline; else to the smallest code among those that beat the baseline
+        # as the verdict counts it (within SHOWN / 2 of the top is not enough: that relation does not
+        # chain, and a model the verdict calls tied with the baseline would win through a better one)
+        tied = [r for r in tied if r["baseline"]] or [r for r in tied if base - sign * r["values"][mc] >= SHOWN / 2]
+        best = min(tied, key=lambda r: (r["dim"] or 0, sign * r["values"][mc], _row_label(r, swept)))
     else:
         best = min(have, key=lambda r: (sign * r["values"][mc], r["dim"] or 0, not r["baseline"], _row_label(r, swept)))
     return {"label": _row_label(best, swept), "method": best["method"], "dim": best["dim"], "params": best["params"],

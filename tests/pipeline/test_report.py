@@ -297,8 +297,14 @@ def test_the_shown_precision_ties_only_the_winner_s_count_not_the_headline_or_th
     recs = [_rec("ncmml", 32, "map", 0.20009), _rec("ncmml", 16, "map", 0.200045), _rec("pca", 32, "map", 0.2)]
     [e] = [e for e in summarize(recs)["headline"] if e["metric"] == "map"]
     assert (e["model"]["value"], e["model"]["dim"], e["verdict"]) == (0.20009, 32, "better")
-    w = summarize(recs)["winner"]      # PCA 0.9e-4 below: not tied; the two NCMML within 0.5e-4 tie
-    assert (w["method"], w["dim"]) == ("ncmml", 16)       # and the tie goes to the smaller code
+    w = summarize(recs)["winner"]      # PCA 0.9e-4 below: not tied; the two NCMML within 0.5e-4 tie,
+    assert (w["method"], w["dim"]) == ("ncmml", 32)       # but NCMML-16 ties PCA (0.45e-4): the larger wins
+    recs[0] = _rec("ncmml", 32, "map", 0.20012)          # NCMML-16 0.55e-4 above PCA: it beats it too
+    w = summarize(recs)["winner"]
+    assert (w["method"], w["dim"]) == ("ncmml", 32)       # 0.75e-4 below the top: not tied with it
+    recs = [_rec("ncmml", 32, "map", 0.20009), _rec("ncmml", 16, "map", 0.200055), _rec("pca", 32, "map", 0.2)]
+    w = summarize(recs)["winner"]
+    assert (w["method"], w["dim"]) == ("ncmml", 16)       # tied with the top, clear of PCA: the smaller code
     recs = [_rec("ncmml", 16, "map", 0.20004), _rec("pca", 32, "map", 0.2)]   # shown as 0.2000 both
     s = summarize(recs)
     assert s["headline"][0]["verdict"] == "tie" and s["winner"]["method"] == "pca"   # the baseline, not the smaller code
