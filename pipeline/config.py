@@ -65,7 +65,7 @@ class DataConfig:
     chunk_mb: float = 64.0
     synthetic: SyntheticConfig = SyntheticConfig()
     pairs: str | None = None   # npz of similar/dissimilar pairs (arrays i, j, y) for NML / linear ML
-    verify_source: bool = False   # fingerprint source folders by content hashes, not sizes and mtimes
+    verify_source: bool = False   # key the source files (and pairs) by their bytes, not paths, sizes and mtimes
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import numpy as np
 
 from metricpipe.config import SPLIT_NAMES, RunConfig
 from metricpipe.context import StageContext
-from metricpipe.sources import open_source
+from metricpipe.sources import fingerprint, open_source
 from metricpipe.storage import chunk_rows_for, create_array, hash_key, open_array
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks import stream
@@ -168,10 +168,10 @@ def prepare_data(cfg: RunConfig, store) -> DataPlan:
     pairs_fp = None
     if d.pairs:
         coords_pairs = _check_pairs(d.pairs, *pairs, split)
-        from metricpipe.sources import fingerprint
-        pairs_fp = fingerprint(d.pairs)
-    chunk_rows = chunk_rows_for(D, d.chunk_mb)
     by_bytes = d.verify_source   # the fingerprint holds the files' bytes: their paths are not the data
+    if d.pairs:
+        pairs_fp = fingerprint(d.pairs, contents=by_bytes)
+    chunk_rows = chunk_rows_for(D, d.chunk_mb)
     key = hash_key({"stage": "data", "source": src.fingerprint, "name": _key_path(src.name, by_bytes),
                     "features": d.features, "labels": _key_path(d.labels, by_bytes),
                     "groups": _key_path(d.groups, by_bytes), "normalize": d.normalize, "split": d.split.__dict__,

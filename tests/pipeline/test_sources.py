@@ -308,7 +308,7 @@ def test_verify_source_keys_the_staged_data_by_its_bytes_not_its_path_or_mtime(t
     import os
     import shutil
 
-    from metricpipe.config import parse_config
+    from metricpipe.config import SPLIT_NAMES, parse_config
     from metricpipe.stages import prepare_data
     from metricpipe.storage import Store
     rng = np.random.default_rng(0)
@@ -316,18 +316,34 @@ def test_verify_source_keys_the_staged_data_by_its_bytes_not_its_path_or_mtime(t
     np.save(tmp_path / "a" / "X.npy", rng.normal(size=(60, 5)).astype(np.float32))
     np.save(tmp_path / "a" / "y.npy", np.arange(60) % 3)
 
-    def key(folder, by_bytes):
+    def info(folder, by_bytes, with_pairs=False):
         cfg = parse_config({"store": str(tmp_path / "s"), "data": {"path": str(tmp_path / folder / "X.npy"),
                                                                    "labels": str(tmp_path / folder / "y.npy"),
-                                                                   "verify_source": by_bytes},
+                                                                   "verify_source": by_bytes,
+                                                                   **({"pairs": str(tmp_path / folder / "pairs.npz")}
+                                                                      if with_pairs else {})},
                             "methods": [{"method": "pca", "dim": 2}]})
-        return prepare_data(cfg, Store(cfg.store)).info.unit.key
+        return prepare_data(cfg, Store(cfg.store)).info
 
+    def key(*args):
+        return info(*args).unit.key
+
+    train = np.flatnonzero(info("a", False).split == SPLIT_NAMES.index("train"))   # pairs join training rows
+    pairs = {"i": train[:3], "j": train[3:6], "y": np.array([1, 1, -1])}
+    np.savez(tmp_path / "a" / "pairs.npz", **pairs)
     first, first_by_bytes = key("a", False), key("a", True)
     shutil.copytree(tmp_path / "a", tmp_path / "b")            # another folder, new mtimes
     os.utime(tmp_path / "a" / "X.npy", ns=(1, 10 ** 18))         # and the original touched
     assert key("b", True) == key("a", True) == first_by_bytes
     assert key("b", False) != first and key("a", False) != first   # what paths and mtimes key
+    # the pairs file too (a review: it was keyed by path and mtime under verify_source as well)
+    paired = key("a", True, True)
+    assert key("b", True, True) == paired != first_by_bytes
+    stat = os.stat(tmp_path / "b" / "pairs.npz")
+    np.savez(tmp_path / "b" / "pairs.npz", **{**pairs, "j": train[[3, 4, 6]]})   # same size
+    os.utime(tmp_path / "b" / "pairs.npz", ns=(stat.st_atime_ns, stat.st_mtime_ns))  # and mtime (cp -p)
+    assert os.stat(tmp_path / "b" / "pairs.npz").st_size == stat.st_size
+    assert key("b", True, True) != paired
     X = np.load(tmp_path / "b" / "X.npy")
     X[59, 4] += 1
     np.save(tmp_path / "b" / "X.npy", X)
