@@ -115,8 +115,7 @@ def implied_bias(W: np.ndarray, means: np.ndarray) -> np.ndarray:
 def kmeans_plus_plus(X: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
     """k seeds by D^2 sampling (k-means++), on rows held in memory (a sample of one class)."""
     if len(X) < k:
-        raise InputError(f"k-means: a class has {len(X)} images for {k} centroids; lower 'centroids' "
-                         f"to at most {len(X)}")
+        raise InputError(f"k-means++ seeds {k} centroids from {len(X)} rows; give at most {len(X)} centroids")
     C = [X[rng.integers(len(X))]]
     d = ((X - C[0]) ** 2).sum(1)
     for _ in range(1, k):
@@ -878,17 +877,8 @@ class NCMC(_NCMClassifier, _MetricLearner):
         least ``at_least`` rows of each class (all of a class with fewer; its first in the same
         seeded order), since a class's share of a sample of unequal classes can fall below its k."""
         labels = np.asarray(labels)
-        rank = stream.rank(keys, seed, stream.KMEANS)
-        pos = stream.stratified_subset(labels, per_class * len(np.unique(labels)), rank)
-        taken = np.zeros(len(labels), bool)
-        taken[pos] = True
-        for c in np.unique(labels):
-            rows = np.flatnonzero(labels == c)
-            short = min(at_least, len(rows)) - int(taken[rows].sum())
-            if short > 0:
-                free = rows[~taken[rows]]
-                taken[free[np.argsort(rank[free], kind="stable")[:short]]] = True
-        return np.flatnonzero(taken)
+        return stream.stratified_subset(labels, per_class * len(np.unique(labels)),
+                                        stream.rank(keys, seed, stream.KMEANS), at_least=max(1, at_least))
 
     def kmeans_per_class(self, n_classes: int, n_features: int) -> int:
         """Rows per class the k-means++ seeding sample holds: KMEANS_SAMPLE, fewer where the sample

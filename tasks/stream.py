@@ -123,16 +123,18 @@ def pools(X: np.ndarray, y: np.ndarray, keep: np.ndarray | None, block_rows: int
         epoch += 1
 
 
-def stratified_subset(labels: np.ndarray, size: int, rank: np.ndarray, leave: int = 0) -> np.ndarray:
-    """Sorted positions of ``size`` rows, the same share of every class (at least one each): in each
-    class the rows first in ``rank`` (a seeded random order, :func:`rank`), so the subset depends on
-    the rows' content and the seed, not on where they are stored; every position when size >=
-    len(labels). ``leave``: rows of every class never taken (a held-out set leaves training rows)."""
+def stratified_subset(labels: np.ndarray, size: int, rank: np.ndarray, leave: int = 0,
+                      at_least: int = 1) -> np.ndarray:
+    """Sorted positions of ``size`` rows, the same share of every class (at least ``at_least`` rows
+    each, all of a class with fewer): in each class the rows first in ``rank`` (a seeded random
+    order, :func:`rank`), so the subset depends on the rows' content and the seed, not on where they
+    are stored; every position when size >= len(labels). ``leave``: rows of every class never taken
+    (a held-out set leaves training rows)."""
     labels = np.asarray(labels)
     if size >= len(labels) and not leave:
         return np.arange(len(labels))
     _, inv, counts = np.unique(labels, return_inverse=True, return_counts=True)
-    take = np.clip(np.maximum(1, np.rint(size * counts / max(1, len(labels)))).astype(np.int64), 0,
+    take = np.clip(np.maximum(at_least, np.rint(size * counts / max(1, len(labels)))).astype(np.int64), 0,
                    np.maximum(counts - leave, 0))
     return _first_in_rank(inv, counts, take, rank)
 
