@@ -875,10 +875,13 @@ class NCMC(_NCMClassifier, _MetricLearner):
         """Positions (among the training rows, whose :func:`~metricpipe.tasks.stream.row_keys` are
         ``keys``) of the stratified sample k-means++ seeds from: each class's share of it, and at
         least ``at_least`` rows of each class (all of a class with fewer; its first in the same
-        seeded order), since a class's share of a sample of unequal classes can fall below its k."""
+        seeded order), since a class's share of a sample of unequal classes can fall below its k.
+        In that seeded order, not the rows' stored one: k-means++ draws its seeds by position in the
+        sample, so the same rows stored in another order get the same centroids."""
         labels = np.asarray(labels)
-        return stream.stratified_subset(labels, per_class * len(np.unique(labels)),
-                                        stream.rank(keys, seed, stream.KMEANS), at_least=max(1, at_least))
+        rank = stream.rank(keys, seed, stream.KMEANS)
+        pos = stream.stratified_subset(labels, per_class * len(np.unique(labels)), rank, at_least=max(1, at_least))
+        return pos[np.argsort(rank[pos], kind="stable")]
 
     def kmeans_per_class(self, n_classes: int, n_features: int) -> int:
         """Rows per class the k-means++ seeding sample holds: KMEANS_SAMPLE, fewer where the sample
