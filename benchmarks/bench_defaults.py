@@ -2,7 +2,8 @@
 issue 18 (defaults vs parameters selected on the validation split).
 
     METRICPIPE_DATA=/path/to/fashion-mnist python benchmarks/bench_defaults.py \
-        [--sets digits digits-l2 fashion fashion14 hog] [--max-train 10000] [--max-test 5000] [--out DIR]
+        [--sets digits digits-l2 fashion fashion14 hog] [--max-train 10000] [--max-test 5000] [--out DIR] \
+        [--learners METHOD ...]
 
 Data sets: scikit-learn's digits (raw pixels 0..16, no normalisation; ``digits-l2``: the same rows
 l2-normalised, as the other sets are); Fashion-MNIST pixels,
@@ -80,19 +81,21 @@ def sparse_r(name: str) -> int:
     return min(64, {"digits": 64, "digits-l2": 64, "fashion": 784, "fashion14": 196, "hog": 324}[name] // 4)
 
 
-def learners(name: str) -> list[dict]:
+def learners(name: str, only=None) -> list[dict]:
+    """Every learner of the table (``only``: those methods alone)."""
     r, d = sparse_r(name), 16   # sparse projectors' R; NML / linear ML code size (the papers' small codes)
-    return LEARNERS + [{"method": "sparse", "dim": r, "sparsity": 0.0}, {"method": "sparse", "dim": r, "sparsity": 0.9},
-                       {"method": "nml", "dim": d}, {"method": "linear-ml", "dim": d}]
+    every = LEARNERS + [{"method": "sparse", "dim": r, "sparsity": 0.0}, {"method": "sparse", "dim": r, "sparsity": 0.9},
+                        {"method": "nml", "dim": d}, {"method": "linear-ml", "dim": d}]
+    return [e for e in every if not only or e["method"] in only]
 
 
-def config(name: str, data: dict, store: str, methods: list | None = None) -> dict:
-    """The selected run: baselines and every learner with its parameters chosen on validation
-    (``methods``: another list, e.g. one learner with ``select: false``)."""
+def config(name: str, data: dict, store: str, methods: list | None = None, only=None) -> dict:
+    """The selected run: baselines and every learner (``only``: those methods) with its parameters
+    chosen on validation (``methods``: another list, e.g. one learner with ``select: false``)."""
     r = sparse_r(name)
     if methods is None:
         methods = [{"method": "identity"}, {"method": "pca", "dim": 16}, {"method": "pca", "dim": r},
-                   {"method": "pcaw"}, {"method": "lda"}] + learners(name)
+                   {"method": "pcaw"}, {"method": "lda"}] + learners(name, only)
     return {"store": store, "workers": 2, "data": data, "methods": methods, "neighbours": {"k": 50},
             "evaluate": {"retrieval": {"k": [10], "queries": 2000},
                          "classification": {"classifiers": CLASSIFIERS}}}
@@ -192,13 +195,22 @@ def main():
     p.add_argument("--out", default="/tmp/bench-defaults")
     p.add_argument("--no-kernel", action="store_true", help="skip kernel SLEM (its n x n kernel is the slow part)")
     p.add_argument("--table-only", action="store_true", help="print the table from DIR/NAME.json of earlier runs")
+    p.add_argument("--learners", nargs="+", metavar="METHOD",
+                   help="only these methods' rows (e.g. ncmml ncmc: NCMC's criterion reads NCMML's selected error)")
     args = p.parse_args()
+    only = set(args.learners or ())
+
+    def shown(learner):       # a row's learner ("sparse tau 0.9", "kernel slem") by its method
+        method = {"kernel slem": "slem"}.get(learner, learner.split(" ")[0])
+        return not only or method in only
     if args.table_only:
         table = ["| data set | learner | criterion | baseline | default | selected | holds |", "|---|---|---|---|---|---|---|"]
         for name in args.sets:
             saved = json.loads((Path(args.out) / f"{name}.json").read_text())
             for learner, crit, base, d, s, ok in rows_for(name, saved["main"], saved["kernel"], sparse_r(name),
                                                           saved["defaults"]):
+                if not shown(learner):
+                    continue
                 table.append(f"| {name} | {learner} | {crit} | {fmt(base)} | {fmt(d)} | {fmt(s)} | "
                              f"{'yes' if ok else 'no'} |")
         print("\n".join(table))
@@ -221,11 +233,12 @@ def main():
                 path = run_pipeline(parse_config(raw), client=client, log=lambda m: print(f"[{name} {tag}] {m}",
                                                                                           flush=True))
                 return json.loads(Path(path).with_name("metrics.json").read_text())
-            doc = run(config(name, data, store), "selected")
-            kdoc = None if args.no_kernel else run(kernel_config(config(name, data, store)), "kernel")
+            doc = run(config(name, data, store, only=only), "selected")
+            with_kernel = not args.no_kernel and (not only or "slem" in only)
+            kdoc = run(kernel_config(config(name, data, store)), "kernel") if with_kernel else None
             defaults = []   # each learner with every default, in a run of its own (a default may diverge)
-            extra = [] if args.no_kernel else [{"method": "slem", "kernel": "gaussian"}]
-            for entry in learners(name) + extra:
+            extra = [{"method": "slem", "kernel": "gaussian"}] if with_kernel else []
+            for entry in learners(name, only) + extra:
                 raw = config(name, data, store, [{**entry, "select": False}])
                 if entry.get("kernel") == "gaussian":
                     raw = kernel_config(raw, [{**entry, "select": False}])
@@ -238,6 +251,8 @@ def main():
             print(f"{name}: {n['n_samples']} rows x {n['n_features']}, splits {n['splits']}: "
                   f"{time.perf_counter() - t0:.0f} s", flush=True)
             for learner, crit, base, d, s, ok in rows_for(name, doc, kdoc, sparse_r(name), defaults):
+                if not shown(learner):
+                    continue
                 table.append(f"| {name} | {learner} | {crit} | {fmt(base)} | {fmt(d)} | {fmt(s)} | "
                              f"{'yes' if ok else 'no'} |")
             (out / "table.md").write_text("\n".join(table) + "\n")
