@@ -295,7 +295,8 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
     if split.test is not None and not 0.0 < split.test < 1.0:   # both splits need rows
         _fail(where, "data.split.test", f"must be a share in (0, 1) of the rows (the test split), got {split.test}")
     if split.test is not None and split.val != "auto" and not 0.0 < split.test + split.val < 1.0:
-        _fail(where, "data.split.test", f"test + val must be in (0, 1), got {split.test} + {split.val}")
+        _fail(where, "data.split", f"test + val must be below 1, so that train rows remain; got {split.test} + "
+              f"{split.val}; lower val or test")
     syn_raw = data.get("synthetic", {}) or {}
     _check_keys(syn_raw, ["samples", "dim", "classes", "seed", "separation", "nonnegative", "nuisance"], where,
                 "data.synthetic.")

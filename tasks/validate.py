@@ -87,20 +87,22 @@ def label_values(y, where: str) -> np.ndarray:
     return y.astype(str)
 
 
-def encode_labels(y: np.ndarray, n_samples: int, where: str) -> tuple[np.ndarray, list]:
-    """Check labels and return (codes int32 in 0..C-1, class names)."""
+def encode_labels(y: np.ndarray, n_samples: int, where: str, what: str = "labels") -> tuple[np.ndarray, list]:
+    """Check labels (or other per-row keys, ``what``: "groups") and return (codes int32 in 0..C-1,
+    class names)."""
     y = np.asarray(y)
+    one = what[:-1] if what.endswith("s") else what
     if y.ndim != 1:
         y = y.reshape(-1) if y.ndim == 2 and 1 in y.shape else y
     if y.ndim != 1:
-        raise InputError(f"{where}: labels must be a 1-D array; got shape {y.shape}")
+        raise InputError(f"{where}: {what} must be a 1-D array; got shape {y.shape}")
     if len(y) != n_samples:
-        raise InputError(f"{where}: labels have length {len(y)} but features have {n_samples} rows; "
-                         f"give one label per feature row")
+        raise InputError(f"{where}: {what} have length {len(y)} but features have {n_samples} rows; "
+                         f"give one {one} per feature row")
     if np.issubdtype(y.dtype, np.floating):
         y = as_integer_labels(y, where)
     elif not (np.issubdtype(y.dtype, np.integer) or y.dtype.kind in "USO"):
-        raise InputError(f"{where}: labels must be integers or strings; got dtype {y.dtype}")
+        raise InputError(f"{where}: {what} must be integers or strings; got dtype {y.dtype}")
     if y.dtype.kind == "O":
         y = y.astype(str)
     classes, codes = np.unique(y, return_inverse=True)

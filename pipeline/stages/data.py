@@ -64,14 +64,16 @@ def _split_codes(cfg: RunConfig, src, codes: np.ndarray, classes: list, labels_f
 def _given_or_random_split(cfg: RunConfig, src, codes: np.ndarray, classes: list, labels_file: str) -> np.ndarray:
     n = len(codes)
     if src.split is not None:
+        if len(src.split) != n:
+            raise InputError(f"{src.name}: the split column {cfg.data.split.column!r} has {len(src.split)} values "
+                             f"for {n} rows (data.split.column); give one split name per feature row")
         unknown = sorted(str(v) for v in set(np.unique(src.split).tolist()) - set(SPLIT_NAMES))
         if unknown:
             raise InputError(f"{src.name}: split column holds {unknown[:3]} (data.split.column); "
                              f"allowed values are {', '.join(SPLIT_NAMES)}")
         if cfg.data.split.val not in ("auto", 0, 0.0):
             raise InputError(f"{src.name}: this source comes with its own split, whose val rows data.split.val: "
-                             f"{cfg.data.split.val} would not change (it was ignored); use val: auto (a tenth of "
-                             f"its train split) or 0")
+                             f"{cfg.data.split.val} cannot set; use val: auto (a tenth of its train split) or 0")
         if "test" in ((cfg.raw.get("data") or {}).get("split") or {}):
             raise InputError(f"{src.name}: this source comes with its own train/test split, which "
                              f"data.split.test would not change; drop data.split.test (or give the rows "
@@ -155,9 +157,14 @@ def prepare_data(cfg: RunConfig, store) -> DataPlan:
     split = _split_codes(cfg, src, codes, classes, labels_file, busy)
     check_split(codes, split, SPLIT_NAMES, classes, src.name, given=src.split is not None)
     coords = {"label": codes, "split": split}
+    for key in ("groups", "ids"):   # a source of one array has no column to read them from
+        if getattr(d, key) and getattr(src, key) is None:
+            raise InputError(f"{src.name}: data.{key} names an array beside the features, and this format holds "
+                             f"the features alone; save features, labels and {key} together in an .npz, HDF5, "
+                             f"Zarr or Parquet file")
     groups = None
     if src.groups is not None:
-        groups = encode_labels(src.groups, n, f"{src.name} (data.groups)")[0] if len(np.unique(src.groups)) > 1 \
+        groups = encode_labels(src.groups, n, f"{src.name} (data.groups)", "groups")[0] if len(np.unique(src.groups)) > 1 \
             else np.zeros(n, np.int32)
         coords["group"] = groups
     if src.ids is not None:

@@ -105,6 +105,16 @@ BAD = {
                                  {"evaluate": {"classification": {"classifiers": ["knn500"]}}},
                                  r"knn500 votes over more neighbours than the \d+ train rows"),
     "label length": (lambda t: _bad_npz(t, X=X, y=Y[:-1]), {}, r"labels have length 119 but features have 120"),
+    "group length": (lambda t: {**_bad_npz(t, X=X, y=Y, g=Y[:-1]), "groups": "g"}, {},
+                     r"bad.npz \(data.groups\): groups have length 119 but features have 120 rows; give one group"),
+    "split column length": (lambda t: {**_bad_npz(t, X=X, y=Y, s=np.array(["train"] * 119)), "split": {"column": "s"}},
+                            {}, r"bad.npz: the split column 's' has 119 values for 120 rows \(data.split.column\)"),
+    "groups of a one-array file": (lambda t: {**_labels_file(t, Y), "groups": "g"}, {},
+                                   r"data.groups names an array beside the features, and this format holds the "
+                                   r"features alone; save features, labels and groups together in an .npz"),
+    "test and val leave no train rows": (lambda t: {**_bad_npz(t, X=X, y=Y), "split": {"test": 0.2, "val": 0.9}}, {},
+                                         r"data.split: test \+ val must be below 1, so that train rows remain; "
+                                         r"got 0.2 \+ 0.9; lower val or test"),
     "label length in a labels file": (lambda t: _labels_file(t, Y[:-1]), {},
                                       r"error: \S+/y.npy \(data.labels\): labels have length 119 but features have 120"),
     "fractional labels in a labels file": (lambda t: _labels_file(t, Y + 0.5), {},
@@ -442,8 +452,8 @@ def test_stage_command_keeps_an_idx_folder_s_own_split_without_test(client, tmp_
                                                      "data": {"path": str(tmp_path), "split": {"val": 0.15}}}))
     res = _invoke("run", tmp_path / "v.yaml")
     assert res.exit_code == 2 and res.output.strip() == (
-        f"error: {tmp_path}: this source comes with its own split, whose val rows data.split.val: 0.15 would not "
-        f"change (it was ignored); use val: auto (a tenth of its train split) or 0"), \
+        f"error: {tmp_path}: this source comes with its own split, whose val rows data.split.val: 0.15 "
+        f"cannot set; use val: auto (a tenth of its train split) or 0"), \
         res.output
 
 
