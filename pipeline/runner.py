@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from metricpipe import stages
+from metricpipe import select, stages
 from metricpipe.budget import check_memory, refuse_without_dense_covariance
 from metricpipe.cluster import DashboardHostError, connect
 from metricpipe.config import (SPLIT_NAMES, EvaluateConfig, NeighboursConfig, RunConfig, classifiers_given,
@@ -202,7 +202,17 @@ def check_methods(cfg: RunConfig, info, log=print) -> RunConfig:
     classes - 1, classes that are not labels of the data, ...) is refused here, after the source's header
     and labels are read and before any unit is written."""
     noted = set()    # once per config entry and note, not per model or searched candidate
+    n_ref = None
     for n, spec in enumerate(cfg.methods):
+        metric = (spec.get("select") or {}).get("metric", "")
+        if metric.startswith(("knn", "softvote")):   # every candidate would vote over every reference row: a tie
+            k = int(metric[3:] if metric.startswith("knn") else metric[8:])
+            if n_ref is None:
+                n_ref = len(select.selection_rows(info.split, info.labels, info.n_features, cfg.seed)[1])
+            if k > n_ref:
+                raise InputError(f"{cfg.source_file}: {cfg.entry(n)} ({stages.model_id(spec)}): select.metric {metric} "
+                                 f"votes over more neighbours than the {n_ref} train rows that selection compares "
+                                 f"the validation rows with; use K <= {n_ref}")
         for cand in registry.candidates(spec):
             try:
                 est = registry.make(cand)

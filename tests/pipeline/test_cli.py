@@ -101,6 +101,10 @@ BAD = {
     "retrieval k above the database": (lambda t: _bad_npz(t, X=X, y=Y), {"evaluate": {"retrieval": {"k": [500]}}},
                                        r"evaluate.retrieval.k: 500 is more than the retrieval database holds "
                                        r"\(each test query ranks the other \d+ test rows\)"),
+    "selection knn above the reference rows": (lambda t: _bad_npz(t, X=X, y=Y), {"methods": [
+        {"method": "ncmml", "dim": 4, "iters": 10, "select": {"metric": "knn500", "lr": [3, 30]}}]},
+        r"methods\[0\] \(ncmml-4\S*\): select.metric knn500 votes over more neighbours than the \d+ train rows "
+        r"that selection compares the validation rows with"),
     "knn above the train rows": (lambda t: _bad_npz(t, X=X, y=Y),
                                  {"evaluate": {"classification": {"classifiers": ["knn500"]}}},
                                  r"knn500 votes over more neighbours than the \d+ train rows"),
