@@ -84,7 +84,7 @@ class StageContext:
             if unit.exists() and unit.rel not in self.unfinished:
                 self.unfinished.add(unit.rel)
                 why = "has a damaged commit marker" if unit.marker_damaged() else \
-                    "was left unfinished by an interrupted run"
+                    "was left unfinished by a run that stopped (interrupted or failed)"
                 self.log(f"  {stage}: {unit.rel} {why}; recomputing it")
             return False
         bad = unit.verify(self.checksums(unit, list(unit.meta().get("files") or {})))

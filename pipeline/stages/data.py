@@ -174,7 +174,7 @@ def prepare_data(cfg: RunConfig, store) -> DataPlan:
         coords["id"] = ids
     pairs_fp = None
     if d.pairs:
-        coords_pairs = _check_pairs(d.pairs, *pairs, split)
+        coords_pairs = _check_pairs(d.pairs, *pairs, split, random_split=src.split is None)
     by_bytes = d.verify_source   # the fingerprint holds the files' bytes: their paths are not the data
     if d.pairs:
         pairs_fp = fingerprint(d.pairs, contents=by_bytes)
@@ -221,10 +221,10 @@ def _load_pairs(path: str) -> tuple:
     return i, j, y
 
 
-def _check_pairs(path: str, i, j, y, split: np.ndarray) -> dict:
+def _check_pairs(path: str, i, j, y, split: np.ndarray, random_split: bool) -> dict:
     """The pairs checked against the staged rows, as the staged unit stores them."""
     from metricpipe.nml_train import check_pairs
-    check_pairs(i, j, y, split, f"{path} (data.pairs)")
+    check_pairs(i, j, y, split, f"{path} (data.pairs)", random_split)
     return {"pair_i": i.astype(np.int64), "pair_j": j.astype(np.int64), "pair_y": y.astype(np.int8)}
 
 

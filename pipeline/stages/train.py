@@ -91,9 +91,12 @@ def _note_val_classes(ctx: StageContext, data: DataInfo, n: int, spec: dict) -> 
     missing = np.setdiff1d(wanted, data.labels[data.split == select.VAL])
     if not len(missing):
         return
-    names = ", ".join(repr(str(data.classes[c])) for c in missing[:5]) + (", ..." if len(missing) > 5 else "")
+    names = ", ".join(str(v) if isinstance(v, (int, np.integer)) else repr(str(v))
+                      for v in (data.classes[c] for c in missing[:5])) + (", ..." if len(missing) > 5 else "")
     d = ctx.config.data
-    why = ("data.split.val: auto carves val rows only from train rows that no pair of data.pairs joins"
+    why = ("the val rows of data.split.column (or, where it has none, val: auto's share of its train rows)"
+           if d.split.column else
+           "data.split.val: auto carves val rows only from train rows that no pair of data.pairs joins"
            if d.pairs and d.split.val == "auto" else
            "a class's share of data.split.val: auto is under one row when it has few rows" if d.split.val == "auto"
            else "the data's val rows")

@@ -80,7 +80,7 @@ def test_val_auto_without_a_class_next_to_user_pairs_trains_and_says_why(client,
     [(_, unit)] = run_train(ctx, data, stats, None)
     assert load_estimator(unit.url).classes_.tolist() == [0, 1, 2, 3]
     assert any(re.search(r"methods\[0\] \(ncmml-2-iters200-lr3.0\): the val split holds no row of 1 of the 4 classes it trains on "
-                         r"\('3'; data.split.val: auto carves val rows only from train rows that no pair of data.pairs "
+                         r"\(3; data.split.val: auto carves val rows only from train rows that no pair of data.pairs "
                          r"joins\); its early stopping scores the others", m) for m in logs), logs
 
 
@@ -209,3 +209,21 @@ def test_nml_encoder_refuses_negative_features():
     m = NML.from_state(NML(dim=2).get_params(), {"L_": np.ones((2, 3), np.float32), "n_features_in_": 3})
     with pytest.raises(InputError, match="needs non-negative features"):
         m.transform(np.array([[0.1, -0.2, 0.3]]))
+
+
+@pytest.mark.integration
+def test_val_rows_of_a_split_column_missing_a_class_are_named_as_the_column_s(client, tmp_path):
+    """A new-user trial: val rows from the data's split column that lack classes were blamed on
+    'data.split.val: auto' (the default the user never relied on), and integer classes were quoted."""
+    X, y = make_blobs(n=400, d=6, classes=4, sep=1.0, seed=2)
+    split = np.where(np.arange(400) % 5 == 0, "test", "train").astype("<U5")
+    split[(np.arange(400) % 5 == 1) & (y < 2)] = "val"            # val rows of classes 0 and 1 only
+    np.savez(tmp_path / "d.npz", X=X, y=y, split=split)
+    ctx, data, stats = staged(client, tmp_path / "s", {
+        "data": {"path": str(tmp_path / "d.npz"), "split": {"column": "split"}},
+        "methods": [{"method": "ncmml", "dim": 2, "iters": 50, "lr": 3.0}]})
+    logs = []
+    ctx.log = logs.append
+    run_train(ctx, data, stats, None)
+    assert any("holds no row of 2 of the 4 classes it trains on (2, 3; the val rows of data.split.column" in m
+               for m in logs), logs

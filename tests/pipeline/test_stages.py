@@ -312,4 +312,5 @@ def test_a_unit_left_unfinished_is_announced_once_however_often_it_is_asked_for(
     unit = ctx.store.unit("models", "0123456789abcdef")
     os.makedirs(unit.url)
     assert not ctx.reuse(unit, "train") and not ctx.reuse(unit, "train")
-    assert lines == ["  train: models/0123456789abcdef was left unfinished by an interrupted run; recomputing it"]
+    assert lines == ["  train: models/0123456789abcdef was left unfinished by a run that stopped (interrupted or failed); "
+                     "recomputing it"]
