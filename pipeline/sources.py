@@ -508,6 +508,8 @@ def _open_path(cfg: DataConfig, path: Path) -> Source:
     separate_labels = cfg.labels.endswith(".npy")
     if path.is_file() and path.stat().st_size == 0:
         raise InputError(f"{path}: file is empty (data.path)")
+    if path.is_dir() and (path / "zarr.json").exists():
+        suffix = ".zarr"    # a Zarr v3 folder whatever its name says
     if suffix == ".npy":
         reader = NpyReader(path)
         if want and not separate_labels:

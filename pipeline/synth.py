@@ -28,6 +28,9 @@ def check_args(path: str, n: int, dim: int, classes: int) -> str:
     path = os.path.abspath(path)
     if os.path.exists(path):
         raise InputError(f"{path}: already exists (synth --store); choose a new path or delete it")
+    if os.path.splitext(path)[1].lower() in (".npy", ".npz", ".h5", ".hdf5", ".parquet", ".pq", ".fvecs", ".bvecs"):
+        raise InputError(f"{path}: synth writes a Zarr folder, and this name says another format (synth --store); "
+                         f"give a name ending in .zarr")
     if classes < 2 or n < 2 * classes or dim < 1:
         raise InputError(f"synth: need --classes >= 2, --samples >= 2 x classes and --dim >= 1; got "
                          f"{n} x {dim}, {classes} classes")

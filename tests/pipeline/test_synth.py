@@ -1,6 +1,7 @@
 """metricpipe synth writes the generator's rows blockwise; a run reads the store back by data.path and
 can evaluate retrieval on a seeded sample of queries."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -38,6 +39,15 @@ def test_synth_store_holds_the_generators_rows_whatever_the_chunking(tmp_path, a
     again = _synth(tmp_path / "a.zarr", 0.01, address)
     assert again.exit_code == 2 and "already exists" in again.output
     assert not (tmp_path / "a.zarr.partial").exists()
+    # a Zarr folder named like a file of another format: refused by synth, read as Zarr by the stage
+    # (a new-user trial: synth wrote x.npz/, which staging then opened as an npz file, IsADirectoryError)
+    named = _synth(tmp_path / "x.npz", 0.01, address)
+    assert named.exit_code == 2 and "synth writes a Zarr folder" in named.output and not (tmp_path / "x.npz").exists()
+    os.rename(tmp_path / "b.zarr", tmp_path / "b.npz")
+    from metricpipe.config import parse_config
+    from metricpipe.sources import open_source
+    src = open_source(parse_config({"data": {"path": str(tmp_path / "b.npz")}}).data)
+    np.testing.assert_array_equal(src.reader.read(0, 3000), X[:])
 
 
 @pytest.mark.integration
