@@ -918,6 +918,23 @@ def test_no_dashboard_means_no_dashboard_and_port_8787_left_alone(monkeypatch):
             urllib.request.urlopen(link, timeout=30).status == 200
 
 
+@pytest.mark.integration
+def test_a_local_worker_drops_the_heartbeat_error_of_a_closing_scheduler_and_nothing_else():
+    """A heartbeat racing the cluster's close printed ~30 lines of CommClosedError after a successful
+    run (a new-user trial); the local workers' filter drops that record only."""
+    import logging
+
+    from metricpipe import cluster
+
+    def filtered(message):
+        rec = logging.LogRecord("distributed.worker", logging.ERROR, __file__, 1, message, None, None)
+        return all(f.filter(rec) for f in logging.getLogger("distributed.worker").filters)
+    with cluster.connect("local", 1, dashboard=None) as client:
+        kept = client.run(lambda: [filtered("Failed to communicate with scheduler during heartbeat."),
+                                   filtered("Compute Failed"), filtered("Failed to communicate with x")])
+    assert list(kept.values()) == [[False, True, True]]
+
+
 def test_a_dashboard_host_that_is_not_this_machine_is_one_line_naming_the_config(tmp_path):
     """'myhost.invalid:8792' passed the config's pattern, then socket.gaierror reached the terminal."""
     cfg = {"store": str(tmp_path / "s"), "dashboard": "myhost.invalid:8792", "data": {"source": "digits"},
