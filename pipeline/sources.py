@@ -531,7 +531,7 @@ def _open_path(cfg: DataConfig, path: Path) -> Source:
             y = None if not want else _labels_from_npy(cfg) if separate_labels else \
                 _column(f, cfg.labels, path, "data.labels")
             extra = _extra_columns(cfg, f, path)
-    elif suffix == ".zarr" or (path.is_dir() and (path / "zarr.json").exists()):
+    elif suffix == ".zarr":
         import zarr
         g = zarr.open_group(store=str(path), mode="r")
         names = {k for k, _ in g.arrays()}

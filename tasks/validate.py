@@ -59,15 +59,15 @@ def check_normalized_block(X: np.ndarray, start: int, normalize: str, where: str
                          f"rescale the features (e.g. divide by a constant) or use normalize: l2")
 
 
-def as_integer_labels(y: np.ndarray, where: str) -> np.ndarray:
+def as_integer_labels(y: np.ndarray, where: str, what: str = "labels") -> np.ndarray:
     """Float labels as int64 when every one is an exact integer (below 2^53, where floats hold integers
     exactly); anything else is refused: casting would merge classes (1e19 and 2e19 overflow alike)."""
     y = np.asarray(y)
     bad = ~np.isfinite(y) | (y != np.round(y))
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise InputError(f"{where}: labels must be integers or strings; got {int(bad.sum())} non-integral {y.dtype} "
-                         f"value(s), first {y[i].item()!r} at row {i}; store class labels as integers or strings")
+        raise InputError(f"{where}: {what} must be integers or strings; got {int(bad.sum())} non-integral {y.dtype} "
+                         f"value(s), first {y[i].item()!r} at row {i}; store {what} as integers or strings")
     big = np.abs(y) >= 2.0 ** 53
     if big.any():
         i = int(np.flatnonzero(big)[0])
@@ -100,7 +100,7 @@ def encode_labels(y: np.ndarray, n_samples: int, where: str, what: str = "labels
         raise InputError(f"{where}: {what} have length {len(y)} but features have {n_samples} rows; "
                          f"give one {one} per feature row")
     if np.issubdtype(y.dtype, np.floating):
-        y = as_integer_labels(y, where)
+        y = as_integer_labels(y, where, what)
     elif not (np.issubdtype(y.dtype, np.integer) or y.dtype.kind in "USO"):
         raise InputError(f"{where}: {what} must be integers or strings; got dtype {y.dtype}")
     if y.dtype.kind == "O":
@@ -136,37 +136,50 @@ def check_split(codes: np.ndarray, split: np.ndarray, split_names: tuple, classe
 _NUMBER = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*")   # a decimal literal: not "1_0", "nan", "inf"
 
 
-def _number(v):
-    """A number as an exact key: integral values as int (so 3, 3.0 and np.int64(3) are one key)."""
+def _number(v, who: str):
+    """A number as an exact key: integral values as int (so 3, 3.0 and np.int64(3) are one key); a
+    float of 2^53 or more holds no exact integer, so it cannot name one label."""
     if isinstance(v, (bool, np.bool_, numbers.Integral)):
         return int(v)
-    v = float(v)
-    return int(v) if v.is_integer() else v
+    f = float(v)
+    if abs(f) >= 2.0 ** 53 and np.isfinite(f):
+        raise InputError(f"{who} lists {v!r}, a number beyond 2^53 written as a float, which names no label exactly; "
+                         f"write it as an integer")
+    return int(f) if f.is_integer() else f
 
 
-def _as_label(v, numeric: bool):
-    """``v`` as a label of data whose labels are numbers (``numeric``) or text: numbers compare by
-    value (3, 3.0, np.int64(3), and "3" or "03" where the labels are numbers); text labels compare as
-    text, a number naming the text of its value (5 names "5", never "05")."""
+def _label_keys(v, numeric: bool, who: str) -> list:
+    """What ``v`` may name, in order, among labels that are numbers (``numeric``) or text: numbers
+    compare by value (3, 3.0, np.int64(3), and "3" or "03" where the labels are numbers); text labels
+    compare as text, a number naming the text of its value ("2.0" for 2.0, else "2"; "5" for 5, never
+    "05"; YAML reads unquoted 2.0 as a number)."""
     if isinstance(v, (bool, np.bool_, numbers.Number)) and not isinstance(v, complex):
-        v = _number(v)
-        return v if numeric else str(v)
+        if numeric:
+            return [_number(v, who)]
+        if isinstance(v, (bool, np.bool_, numbers.Integral)):
+            return [str(v)]
+        return [str(float(v))] + ([str(int(v))] if float(v).is_integer() else [])
     v = str(v)
     if numeric and _NUMBER.fullmatch(v):
         v = v.strip()
-        return int(v) if v.lstrip("+-").isdigit() else _number(v)
-    return v
+        return [int(v) if v.lstrip("+-").isdigit() else _number(v, who)]
+    return [v]
 
 
 def class_codes(classes, labels, who: str = "classes") -> np.ndarray:
     """Sorted positions in ``labels`` (class labels in code order, all numbers or all text) of the
-    labels ``classes`` lists (:func:`_as_label`); one InputError line naming those that are not labels."""
+    labels ``classes`` lists (:func:`_label_keys`); one InputError line naming those that are not labels."""
     labels = list(labels)
     numeric = all(isinstance(v, (bool, np.bool_, numbers.Number)) for v in labels)
-    code = {_as_label(v, numeric): i for i, v in enumerate(labels)}
-    missing = [v for v in classes if _as_label(v, numeric) not in code]
+    code = {_label_keys(v, numeric, "the data's labels")[0]: i for i, v in enumerate(labels)}
+    found = {}
+    for v in classes:
+        hit = next((code[k] for k in _label_keys(v, numeric, who) if k in code), None)
+        found[repr(v)] = (v, hit)
+    missing = [v for v, hit in found.values() if hit is None]
     if missing:
         shown = ", ".join(str(v) for v in labels[:5]) + (", ..." if len(labels) > 5 else "")
         raise InputError(f"{who} lists {missing[:5]}, which {'is' if len(missing) == 1 else 'are'} not among the "
-                         f"class labels ({shown}); list labels as the data holds them")
-    return np.array(sorted({code[_as_label(v, numeric)] for v in classes}), np.int64)
+                         f"class labels ({shown}); list labels as the data holds them"
+                         + ("" if numeric else " (quote text labels in YAML: '2.0')"))
+    return np.array(sorted({hit for _, hit in found.values()}), np.int64)

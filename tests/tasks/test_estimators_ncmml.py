@@ -165,9 +165,8 @@ def test_the_same_rows_stored_in_another_order_learn_the_same_model(data):
     order = np.argsort(y, kind="stable")
     shuffled = np.random.default_rng(0).permutation(len(y))    # another order within each class too
     for est in (NCMML(**SGD), KNNML(**{**SGD, "batch": 30}), NCMC(**SGD, centroids=3)):
-        a, b = clone(est).fit(X, y), clone(est).fit(X[order], y[order])
-        if isinstance(est, NCMC):
-            b = clone(est).fit(X[shuffled], y[shuffled])
+        other = shuffled if isinstance(est, NCMC) else order
+        a, b = clone(est).fit(X, y), clone(est).fit(X[other], y[other])
         # the same pools and validation rows; only the statistics' summation order (the PCA start and
         # the Lloyd passes' sums) differs. NCMC's k-means++ seeded in the stored order before
         np.testing.assert_allclose(a.components_, b.components_, rtol=1e-5, atol=1e-6)
@@ -402,6 +401,15 @@ def test_text_labels_are_named_as_text_and_numbers_by_value_only_where_the_label
     for text in ("1_0", "nan"):
         with pytest.raises(InputError, match="not among the class labels"):
             NCMML(**SGD, classes=[text]).trained_classes(np.array([1, 3, 10]))
+    # a review: YAML reads an unquoted 2.0 as a number, which named the text label "2", not "2.0"
+    assert NCMML(**SGD, classes=[2.0, 2.5]).trained_classes(np.array(["1.5", "2.0", "2.5"])).tolist() == [1, 2]
+    assert NCMML(**SGD, classes=[2.0]).trained_classes(np.array(["1", "2", "3"])).tolist() == [1]
+    # and a float beyond 2^53 holds no exact integer: it named a neighbouring label
+    big = np.array([2 ** 53, 2 ** 53 + 1])
+    assert NCMML(**SGD, classes=["9007199254740993"]).trained_classes(big).tolist() == [1]
+    for given in ("9007199254740993.0", 9007199254740993.0):
+        with pytest.raises(InputError, match="beyond 2\\^53 written as a float, which names no label exactly"):
+            NCMML(**SGD, classes=[given]).trained_classes(big)
 
 
 def test_ncmc_counts_a_class_s_training_images_not_its_share_of_the_k_means_sample(monkeypatch):
