@@ -67,7 +67,8 @@ def as_integer_labels(y: np.ndarray, where: str, what: str = "labels") -> np.nda
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise InputError(f"{where}: {what} must be integers or strings; got {int(bad.sum())} non-integral {y.dtype} "
-                         f"value(s), first {y[i].item()!r} at row {i}; store {what} as integers or strings")
+                         f"value(s), first {y[i].item()!r} at row {i}; store {'class labels' if what == 'labels' else what} "
+                         f"as integers or strings")
     big = np.abs(y) >= 2.0 ** 53
     if big.any():
         i = int(np.flatnonzero(big)[0])
