@@ -49,7 +49,7 @@ def nca_error(Xtr, ytr, Xte, yte, seed):
     return err(NeighborhoodComponentsAnalysis(d, random_state=seed, max_iter=100).fit(Xtr, ytr), Xtr, ytr, Xte, yte), d
 
 
-def test_map(C, y):
+def codes_map(C, y):
     """mAP of every row of C querying the others (inner product scores, as sparse codes compare)."""
     from metricpipe.tasks.evaluation import retrieval
     n = np.arange(len(C))
@@ -70,10 +70,10 @@ def sparse_part(X, y, seeds=3, Ms=(6, 10, 15, 20, 25, 32)):
         a, v = train_test_split(tr, test_size=0.2, stratify=y[tr], random_state=seed)
         dense = SparseProjector(dim=16, sparsity=0.0, random_state=0).fit(X[a], y[a], X_val=X[v], y_val=y[v])
         U, mu = np.asarray(dense.projectors_, np.float64), X[a].mean(0)
-        ref = {part: test_map((X[rows] - mu) @ U, y[rows]) for part, rows in (("val", v), ("test", te))}
+        ref = {part: codes_map((X[rows] - mu) @ U, y[rows]) for part, rows in (("val", v), ("test", te))}
 
         def share(W, key):
-            shares.setdefault(key, []).append([test_map((X[rows] - mu) @ W, y[rows]) / ref[part]
+            shares.setdefault(key, []).append([codes_map((X[rows] - mu) @ W, y[rows]) / ref[part]
                                                for part, rows in (("val", v), ("test", te))])
         Xc = X[a] - mu
         for M in Ms:
@@ -85,7 +85,7 @@ def sparse_part(X, y, seeds=3, Ms=(6, 10, 15, 20, 25, 32)):
         fits = {an: SparseProjector(dim=16, sparsity=0.9, anneal=an, random_state=0).fit(X[a], y[a], X_val=X[v],
                                                                                         y_val=y[v])
                 for an in SparseProjector.search_space["anneal"]}
-        best = max(fits, key=lambda an: test_map((X[v] - mu) @ fits[an].projectors_.toarray(), y[v]))
+        best = max(fits, key=lambda an: codes_map((X[v] - mu) @ fits[an].projectors_.toarray(), y[v]))
         share(fits[best].projectors_.toarray().astype(np.float64), "SparseProjector, tau = 0.9 (M = 6)")
         print(f"split {seed}: dense test mAP {ref['test']:.4f}; tau = 0.9 chose anneal {best}", flush=True)
     print("| projector | of dense: validation mAP | of dense: test mAP |\n|---|---|---|")
