@@ -11,7 +11,7 @@ and the same classes are driven out of core by the Dask pipeline (``metricpipe r
 This package is the orchestration layer (config, CLI, stages, storage, cluster, report; no maths);
 ``metricpipe.tasks`` holds the estimators and numerical kernels.
 """
-__version__ = "0.3.12"
+__version__ = "0.4.0"
 
 import os as _os
 

@@ -503,11 +503,12 @@ def models(store):
         # random_state None is seed 0 (the one spelling keys use for both): shown as the seed it is
         params = " ".join(f"{k}={param_text(0 if k == 'random_state' and v is None else v)}"
                           for k, v in sorted(r["params"].items()))
-        ext = f" (extends {r['extends']})" if r["extends"] else ""
+        ext = f" (extends {r['extends']})" if r["extends"] else f" (refit of {r['refit_of']})" if r["refit_of"] else ""
         click.echo(f"{r['key']:<16}  {r['method']:<10} {r['dim']:>5}  {'yes' if r['encoded'] else 'no':<7}  "
                    f"{(r['data'] or '-')[:8]:<8}  {r['normalize'] or '-':<9}  {params}{ext}")
     if not all(r["encoded"] for r in rows):
-        click.echo("encoded no: a candidate that parameter selection did not keep, or a model made by add-classes; "
+        click.echo("encoded no: a candidate that parameter selection did not keep (or a fit on the train rows less "
+                   "the validation rows, which its refit replaced), or a model made by add-classes; "
                    "load_model, encode and export --npz take any model, predict's kNN and export --faiss an "
                    "encoded one")
 

@@ -29,7 +29,7 @@ def file_only_given(values: dict) -> str | None:
     return None
 
 
-SPLIT_NAMES = ("train", "test", "val", "negatives")  # code = position; stored as int8 with flag_meanings
+from metricpipe.tasks.splits import SPLIT_NAMES  # noqa: E402 - code = position; stored as int8 with flag_meanings
 
 
 @dataclass(frozen=True)
@@ -109,6 +109,7 @@ class RunConfig:
     neighbours: NeighboursConfig | None = None
     evaluate: EvaluateConfig = EvaluateConfig()
     seed: int = 0
+    repeats: int = 1               # every learned model trained with this many seeds (and borrowed validation rows)
     tls: tuple | None = None       # (ca_file, cert, key) for a tls:// scheduler
     source_file: str = "<config>"
     raw: dict = field(default_factory=dict, compare=False)
@@ -248,7 +249,7 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
         raise ConfigError(f"{where}: a config is a YAML mapping (key: value lines), got a {type(raw).__name__}; "
                           f"see examples/ for the form")
     _check_keys(raw, ["store", "cluster", "tls", "workers", "threads_per_worker", "memory_limit", "dashboard", "data",
-                      "methods", "statistics", "neighbours", "evaluate", "seed"], where, "")
+                      "methods", "statistics", "neighbours", "evaluate", "seed", "repeats"], where, "")
     data = raw.get("data")
     if data is None:
         _fail(where, "data", "missing; give data.source (digits | fashion-mnist | synthetic) or data.path")
@@ -445,7 +446,11 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
         memory_limit=memory_limit, dashboard=dashboard,
         data=data_cfg, methods=tuple(methods), method_entries=tuple(entries), statistics=statistics,
         neighbours=neighbours,
-        evaluate=evaluate, seed=_typed(raw, "seed", int, where, "", 0, 0), tls=tls, source_file=where, raw=raw)
+        evaluate=evaluate, seed=_typed(raw, "seed", int, where, "", 0, 0),
+        repeats=_typed(raw, "repeats", int, where, "", 1, 1, MAX_REPEATS), tls=tls, source_file=where, raw=raw)
+
+
+MAX_REPEATS = 100   # seeds per learned model: every repeat trains every candidate again
 
 
 MIN_MEMORY_LIMIT = 400e6   # bytes: a worker holds ~250 MB after its imports, and Dask pauses it at 80%

@@ -47,6 +47,7 @@ class StageContext:
     forced_by: tuple = ()
     returning_errors: bool = False  # submit(): an InputError is the task's result, not its failure
     selections: list = field(default_factory=list)  # the train stage's selection units (store paths)
+    validated: list = field(default_factory=list)   # models fitted on borrowed rows before their refit (paths)
     terminal: bool = False       # progress as one updating line per stage (stderr is a terminal)
     progress: StageProgress | None = None   # the running stage's counter (stage_progress)
     made: set = field(default_factory=set)  # units committed by this run: reused even with resume off

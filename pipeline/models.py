@@ -112,7 +112,8 @@ def describe(store_url: str) -> list[dict]:
             spec["members"] = f"{meta['members']} (rule)"
         codes = codes_of(store, unit.key, meta)
         rows.append({"key": unit.key, "method": spec.pop("method", "?"), "dim": meta.get("dim"),
-                     "params": spec, "extends": meta.get("extends"), "encoded": bool(codes and codes.done()),
+                     "params": spec, "extends": meta.get("extends"), "refit_of": meta.get("refit_of"),
+                     "encoded": bool(codes and codes.done()),
                      "data": meta.get("data"), "normalize": meta.get("normalize")})
     return sorted(rows, key=lambda r: (r["method"], str(r["dim"]), r["key"]))
 

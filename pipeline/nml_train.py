@@ -17,15 +17,14 @@ import time
 import numpy as np
 
 from metricpipe import shuffle
-from metricpipe.config import SPLIT_NAMES
+from metricpipe.folds import Fold, fold_split
 from metricpipe.storage import array_names, load_scalar, open_array, read_rows, save_model
 from metricpipe.stream_train import validation_rows
 from metricpipe.tasks import moments
 from metricpipe.tasks.base import seed_of
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.nml import check_pair_indices
-
-TRAIN = 0
+from metricpipe.tasks.splits import SPLIT_NAMES, TRAIN
 
 
 def check_pairs(i, j, y, split, where: str, random_split: bool = True):
@@ -54,13 +53,13 @@ def _init(est, stats_url: str):
 
 
 def _train(est, spec: dict, data_url: str, stats_url: str, copy_url: str, block_rows: int, user_pairs: bool,
-           model_url: str) -> dict:
+           model_url: str, fold: Fold) -> dict:
     """On a worker: fit ``est`` from the shuffled copy at ``copy_url`` and save it at ``model_url``."""
     init, scale = _init(est, stats_url)
     features = open_array(f"{copy_url}/features")
     n, D = features.shape
     t0 = time.perf_counter()
-    if user_pairs:
+    if user_pairs:   # the rows pairs join stay train in every fold (metricpipe.folds)
         row = open_array(f"{copy_url}/row")[:]
         order = np.argsort(row)                 # global staged row -> layout position
         pairs = np.stack([order[np.searchsorted(row[order], open_array(f"{data_url}/{k}")[:])]
@@ -69,9 +68,7 @@ def _train(est, spec: dict, data_url: str, stats_url: str, copy_url: str, block_
         est.fit_pair_blocks(pairs, y, lambda b: features[b * block_rows:(b + 1) * block_rows], n, block_rows, D,
                             init, scale)
     else:
-        keep_pos, n, val = None, n, {}
-        if est.validation:
-            keep_pos, n, val = _validation(est, data_url, copy_url)
+        keep_pos, n, val = _rows(est, data_url, copy_url, fold)
         t0 = time.perf_counter()
         est.fit_stream(shuffle.stream_pools(copy_url, block_rows, est.random_state, keep_pos), n, D, init, **val,
                        row_scale=scale)
@@ -81,26 +78,29 @@ def _train(est, spec: dict, data_url: str, stats_url: str, copy_url: str, block_
                       val_map=est.val_map_)
 
 
-def _validation(est, data_url: str, copy_url: str):
-    """(keep mask over the copy's layout, rows SGD sees, {X_val, y_val}): the val split's rows, or the
-    share of the train split that ``fit`` holds out in memory (then left out of SGD)."""
-    split = open_array(f"{data_url}/split")[:]
+def _rows(est, data_url: str, copy_url: str, fold: Fold):
+    """(keep mask over the copy's layout or None for every row, rows SGD sees, {X_val, y_val}): the
+    fold's train rows less, when ``est`` validates, the share of them ``fit`` holds out in memory
+    where the fold has no val rows (its val rows: the user's, or those a selection borrowed)."""
+    stored = open_array(f"{data_url}/split")[:]
+    split = fold_split(data_url, fold)
     labels = open_array(f"{data_url}/label")[:].astype(np.int64)
-    train = np.flatnonzero(split == TRAIN)
+    train = np.flatnonzero(stored == TRAIN)
     keys = open_array(f"{data_url}/row_key")[:][train]
     seed = seed_of(est.random_state)
-    val, keep, held_out = validation_rows(est, split, labels, train, np.ones(len(train), bool), keys, seed)
+    val, keep, _ = validation_rows(est, split, labels, train, split[train] == TRAIN, keys, seed)
     layout_rows = open_array(f"{copy_url}/row")[:]
-    keep_pos = keep[np.searchsorted(train, layout_rows)] if held_out else None
-    return keep_pos, int(keep.sum()), {"X_val": read_rows(f"{data_url}/features", val), "y_val": labels[val]}
+    keep_pos = None if keep.all() else keep[np.searchsorted(train, layout_rows)]
+    rows = {"X_val": read_rows(f"{data_url}/features", val), "y_val": labels[val]} if len(val) else {}
+    return keep_pos, int(keep.sum()), rows
 
 
-def submit(ctx, spec: dict, est, data, stats, neighbours, unit, name: str):
+def submit(ctx, spec: dict, est, data, stats, neighbours, unit, name: str, fold: Fold):
     """The train task of one NML / linear ML model: shuffled copy on the client, then one worker task."""
     from sklearn.base import clone
     seed = seed_of(est.random_state)
     copy = shuffle.shuffled(ctx, data, seed)
     user_pairs = "pair_i" in array_names(data.url)
     est = clone(est).set_params(random_state=seed)  # the copy's seed, also when given a RandomState
-    return ctx.submit(_train, est, spec, data.url, stats.url, copy.url, data.chunk_rows, user_pairs, unit.url,
+    return ctx.submit(_train, est, spec, data.url, stats.url, copy.url, data.chunk_rows, user_pairs, unit.url, fold,
                       name=f"train-{name}")

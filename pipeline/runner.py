@@ -18,10 +18,11 @@ from metricpipe.config import (SPLIT_NAMES, EvaluateConfig, NeighboursConfig, Ru
                                unserved)
 from metricpipe.context import StageContext
 from metricpipe.errors import STAGES, StageError, check_terminated
+from metricpipe.folds import borrowing
 from metricpipe.report import build_report, package_versions, read_summary, winner_lines
 from metricpipe.storage import MARKER_SUFFIX, Store, to_json
 from metricpipe.tasks.errors import InputError
-from metricpipe.tasks import evaluation, registry
+from metricpipe.tasks import evaluation, registry, splits
 
 
 def stage_names(cfg: RunConfig) -> list[str]:
@@ -208,7 +209,10 @@ def check_methods(cfg: RunConfig, info, log=print) -> RunConfig:
         if metric.startswith(("knn", "softvote")):   # every candidate would vote over every reference row: a tie
             k = int(metric[3:] if metric.startswith("knn") else metric[8:])
             if n_ref is None:
-                n_ref = len(select.selection_rows(info.split, info.labels, info.n_features, cfg.seed)[1])
+                split = info.split   # (sized with stand-in row keys: which rows are borrowed waits for staging)
+                if borrowing(split, cfg.data.split.val):
+                    split = splits.borrow(split, info.labels, np.arange(len(split), dtype=np.uint64), cfg.data.split.seed)
+                n_ref = len(select.selection_rows(split, info.labels, info.n_features, cfg.seed)[1])
             if k > n_ref:
                 raise InputError(f"{cfg.source_file}: {cfg.entry(n)} ({stages.model_id(spec)}): select.metric {metric} "
                                  f"votes over more neighbours than the {n_ref} train rows that selection compares "
@@ -326,10 +330,13 @@ def _run(ctx: StageContext, plan, log, result) -> str:
                     "n_features": data.n_features, "n_classes": len(data.classes),
                     "splits": {SPLIT_NAMES[c]: int(n) for c, n in enumerate(np.bincount(data.split)) if n}},
         "units": {"data": data.unit.rel, "statistics": stats.rel, "neighbours": graph.rel if graph else None,
-                  "models": [u.rel for _, u in models], "codes": [u.rel for _, u, _ in codes],
-                  "selection": ctx.selections},
+                  "models": [m.unit.rel for m in models], "codes": [u.rel for _, u, _ in codes],
+                  "selection": ctx.selections, "validated": ctx.validated},
+        # per model (in the order of units.models and evaluation_units): the [config entry, repeat]
+        # pairs it is the model of
+        "serves": [[list(s) for s in m.serves] for m in models], "repeats": cfg.repeats,
         "evaluation_units": [u.rel for _, u in evals], "timings": timings,
-        "skipped": skipped_classifiers(cfg, [spec for spec, _ in models]),
+        "skipped": skipped_classifiers(cfg, [m.spec for m in models]),
     }
     t0 = time.perf_counter()
     log(f"[{len(names)}/{len(names)}] report ...")

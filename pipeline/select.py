@@ -11,17 +11,18 @@ split (at most REFERENCE_ROWS) in the candidate's code space, by the learner's
 the test split is never read. The scores and the choice are a ``selection`` unit, keyed by the
 candidates' model keys, the metric and the sample, which the report lists.
 
-The chosen candidate is the one trained on the train split: it is not refitted on train + val.
-Every model of the run, the baselines too, trains on the same train rows, so the comparison on the
-test split is even, and the validation rows stay clear of every fit.
+Where the data has no ``val`` rows, the candidates train on the train rows less a share that the
+selection borrows as its validation rows (``metricpipe.folds``), and the chosen candidate is then
+refitted on every train row (``select.refit``, as scikit-learn's ``GridSearchCV(refit=True)``),
+so every model of the run, the baselines too, ends on the same train rows.
 """
 import numpy as np
 
 from metricpipe.config import NeighboursConfig
 from metricpipe.storage import hash_key, load_estimator, read_rows
 from metricpipe.tasks import evaluation, knn, stream
+from metricpipe.tasks.splits import TRAIN, VAL
 
-TRAIN, VAL = 0, 2
 VAL_QUERIES = 5000        # validation rows that score a candidate
 REFERENCE_ROWS = 20000    # train rows they are compared with (the kNN database, the mAP database)
 SELECTION_BUDGET = 2.5e8  # bytes of features the scoring task holds (validation + reference rows)
@@ -75,11 +76,12 @@ def softvote_k(metrics: list[str]) -> int:
     return max([int(m[8:]) for m in metrics if m.startswith("softvote")] or [0])
 
 
-def submit_data(ctx, data, metrics: list[str]):
-    """The scoring rows as one future (None when the data has no validation rows). A soft vote picks
-    its K voters among each row's neighbourhood of the graph's size (neighbours.k), as the evaluate
-    stage's softvoteK does: with only K neighbours fetched, every model would vote with the same K."""
-    val, ref = selection_rows(data.split, data.labels, data.n_features, ctx.config.seed)
+def submit_data(ctx, data, split: np.ndarray, metrics: list[str]):
+    """The scoring rows of ``split`` (a repeat's, with the validation rows it borrowed) as one future
+    (None when it has no validation rows). A soft vote picks its K voters among each row's
+    neighbourhood of the graph's size (neighbours.k), as the evaluate stage's softvoteK does: with
+    only K neighbours fetched, every model would vote with the same K."""
+    val, ref = selection_rows(split, data.labels, data.n_features, ctx.config.seed)
     if not len(val):
         return None, 0
     labels = data.labels.astype(np.int64)

@@ -19,13 +19,13 @@ import time
 import numpy as np
 from sklearn.base import clone
 
-from metricpipe.config import SPLIT_NAMES
 from metricpipe.budget import refuse_without_dense_covariance
+from metricpipe.folds import Fold, fold_split
 from metricpipe.storage import load_arrays, open_array, read_rows, save_model
 from metricpipe.tasks import slem
 from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.splits import SPLIT_NAMES, TRAIN
 
-TRAIN = SPLIT_NAMES.index("train")
 MAX_POOL = 20000        # n x n float64 kernel matrix: 3.2 GB at this size
 ICD_POOL_BYTES = 8e8    # ICD holds the pool and its n x r factor (float64), never the n x n matrix
 ONLINE_SAMPLE = 256
@@ -63,9 +63,9 @@ def _gather(data_url: str, rows) -> np.ndarray:
     return read_rows(f"{data_url}/features", rows).astype(np.float64)
 
 
-def _train(est, spec: dict, data_url: str, stats_url: str, chunks, model_url: str, where: str) -> dict:
+def _train(est, spec: dict, data_url: str, stats_url: str, chunks, model_url: str, where: str, fold: Fold) -> dict:
     est = clone(est)
-    split = open_array(f"{data_url}/split")[:]
+    split = fold_split(data_url, fold)   # a candidate's pool leaves the rows its selection borrowed
     neg = slem.check_negatives(est.negatives)
     rows = negative_rows(split, neg, where)
     facts = {"negatives": int(len(rows)), "negatives_split": neg["split"]}
@@ -84,7 +84,7 @@ def _train(est, spec: dict, data_url: str, stats_url: str, chunks, model_url: st
                          f"matrix; decomposition icd has no such matrix); lower negatives.count")
     t0 = time.perf_counter()
     try:
-        if linear and neg["split"] == "train" and len(rows) == np.count_nonzero(split == TRAIN):
+        if linear and fold.borrow is None and neg["split"] == "train" and len(rows) == np.count_nonzero(split == TRAIN):
             stats, _ = load_arrays(stats_url)                       # the statistics stage's moments
             est.fit_moments(stats["mean"], stats["covariance"], int(stats["n_samples"]), ddof=1)
             facts["moments"] = "statistics stage"
@@ -104,10 +104,10 @@ def _train(est, spec: dict, data_url: str, stats_url: str, chunks, model_url: st
                       **facts)
 
 
-def submit(ctx, spec: dict, est, data, stats, neighbours, unit, name: str):
+def submit(ctx, spec: dict, est, data, stats, neighbours, unit, name: str, fold: Fold):
     """One task that fits ``est`` (SLEM, KernelSLEM or ESVM) on its negative pool and saves it."""
     where = f"{ctx.config.source_file}: {name}"
     if not stats.meta().get("dense", True):
         refuse_without_dense_covariance(est, data.n_features, ctx.config.statistics.max_dense_dim,
                                         f"{ctx.config.source_file}: methods: linear slem")
-    return ctx.submit(_train, est, spec, data.url, stats.url, data.chunks, unit.url, where, name=f"train-{name}")
+    return ctx.submit(_train, est, spec, data.url, stats.url, data.chunks, unit.url, where, fold, name=f"train-{name}")

@@ -13,10 +13,10 @@ import time
 import numpy as np
 from sklearn.base import clone
 
+from metricpipe.folds import Fold, fold_split
 from metricpipe.storage import array_names, load_arrays, open_array, read_rows, save_model
 from metricpipe.tasks import slne
-
-TRAIN = 0
+from metricpipe.tasks.splits import TRAIN, VAL
 
 
 def _statistics(stats_url: str):
@@ -26,16 +26,15 @@ def _statistics(stats_url: str):
 
 # Validation rows an SL-NE / SL-DE member stops early on (a seeded sample of the val split).
 VALIDATION_ROWS = 2000
-VAL = 2
 
 
-def _validation(data_url: str, graph_url: str, to_space):
+def _validation(data_url: str, graph_url: str, to_space, split: np.ndarray):
     """(Z_val, y_val, neighbourhoods among the training rows as local indices) of at most
-    VALIDATION_ROWS val rows, their neighbourhoods from the stored graph; None when the data has no
-    val rows or the graph was sampled (neighbours.queries: val rows were not searched)."""
+    VALIDATION_ROWS val rows of ``split`` (the user's, or those a selection borrowed), their
+    neighbourhoods from the stored graph; None when there are none or the graph was sampled
+    (neighbours.queries: val rows were not searched)."""
     if "query_rows" in array_names(graph_url):
         return None
-    split = open_array(f"{data_url}/split")[:]
     val = np.flatnonzero(split == VAL)
     if not len(val):
         return None
@@ -49,16 +48,26 @@ def _validation(data_url: str, graph_url: str, to_space):
     return to_space(read_rows(f"{data_url}/features", val)), labels[val], nbr
 
 
-def _inputs(data_url: str, graph_url: str, chunks: list, to_space):
+def _within(lists: np.ndarray, split: np.ndarray) -> np.ndarray:
+    """Neighbour lists (global rows, -1 none) kept to the rows ``split`` has in train, in their order:
+    the graph of every stored train row restricted to a fold's (the nearest fit rows of a row are
+    its nearest stored train rows less the borrowed ones)."""
+    lists = np.where((lists >= 0) & (split[np.maximum(lists, 0)] == TRAIN), lists, -1)
+    return np.take_along_axis(lists, np.argsort(lists < 0, axis=1, kind="stable"), axis=1)
+
+
+def _inputs(data_url: str, graph_url: str, chunks: list, to_space, split: np.ndarray):
     """(Z, y, graph) of the training rows: ``to_space`` maps each row-block's selected rows into the
     estimator's input space (or a member's subspace); graph in local indices. The training rows are
-    the train split, or with a sampled graph (neighbours.queries) the sampled rows and their
+    ``split``'s train rows, or with a sampled graph (neighbours.queries) the sampled ones and their
     neighbours (:func:`slne.training_graph`)."""
     if "query_rows" in array_names(graph_url):
         anchors = open_array(f"{graph_url}/query_rows")[:]
+        anchors = anchors[split[anchors] == TRAIN]
     else:
-        anchors = np.flatnonzero(open_array(f"{data_url}/split")[:] == TRAIN)
-    rows, graph = slne.training_graph(anchors, read_rows(f"{graph_url}/neighbours", anchors))
+        anchors = np.flatnonzero(split == TRAIN)
+    rows, graph = slne.training_graph(anchors, _within(read_rows(f"{graph_url}/neighbours", anchors).astype(np.int64),
+                                                       split))
     labels = open_array(f"{data_url}/label")[:]
     features = open_array(f"{data_url}/features")
     parts = []
@@ -69,12 +78,13 @@ def _inputs(data_url: str, graph_url: str, chunks: list, to_space):
     return np.concatenate(parts), labels[rows], graph
 
 
-def _train_slne(est, spec, data_url, stats_url, graph_url, chunks, model_url) -> dict:
+def _train_slne(est, spec, data_url, stats_url, graph_url, chunks, model_url, fold) -> dict:
     est = clone(est)  # fitted here, never the caller's object (a threaded worker shares it)
     mean, components = _statistics(stats_url)
     to_space = est.input_map(mean, components)
-    Z, y, graph = _inputs(data_url, graph_url, chunks, to_space)
-    val = _validation(data_url, graph_url, to_space)
+    split = fold_split(data_url, fold)
+    Z, y, graph = _inputs(data_url, graph_url, chunks, to_space, split)
+    val = _validation(data_url, graph_url, to_space, split) if est.validates() else None
     t0 = time.perf_counter()
     est.fit_space(Z, y, graph, mean, components, *(val or ()))
     seconds = time.perf_counter() - t0
@@ -82,21 +92,22 @@ def _train_slne(est, spec, data_url, stats_url, graph_url, chunks, model_url) ->
                       best_epoch=est.best_epoch())
 
 
-def _train_member(est, n, data_url, stats_url, graph_url, chunks):
+def _train_member(est, n, data_url, stats_url, graph_url, chunks, fold):
     mean, components = _statistics(stats_url)
     to_space = est.member_map(mean, components, n)
-    Zn, y, graph = _inputs(data_url, graph_url, chunks, to_space)
+    split = fold_split(data_url, fold)
+    Zn, y, graph = _inputs(data_url, graph_url, chunks, to_space, split)
     return slne.fit_member(est.member_params(), Zn, y, graph, est.member_seed(n),
-                           validation=_validation(data_url, graph_url, to_space))
+                           validation=_validation(data_url, graph_url, to_space, split))
 
 
-def _assemble(est, spec, data_url, stats_url, graph_url, chunks, model_url, *members) -> dict:
+def _assemble(est, spec, data_url, stats_url, graph_url, chunks, model_url, fold, *members) -> dict:
     """The fitted ensemble from its members (the training rows are read again only for ``refine``)."""
     est = clone(est)
     mean, components = _statistics(stats_url)
     Z = y = graph = None
     if est.refine:
-        Z, y, graph = _inputs(data_url, graph_url, chunks, est.input_map(mean, components))
+        Z, y, graph = _inputs(data_url, graph_url, chunks, est.input_map(mean, components), fold_split(data_url, fold))
     t0 = time.perf_counter()
     est.assemble(list(members), mean, components, Z, y, graph)
     metas = [meta for _, meta in members]
@@ -105,13 +116,13 @@ def _assemble(est, spec, data_url, stats_url, graph_url, chunks, model_url, *mem
                       samples_per_second=float(np.mean([m["samples_per_second"] for m in metas])))
 
 
-def submit(ctx, spec: dict, est, data, stats, neighbours, unit, name: str):
+def submit(ctx, spec: dict, est, data, stats, neighbours, unit, name: str, fold: Fold):
     """Submit the tasks that train one SL-NE (one task) or SL-DE (one task per member, then one that
     assembles them) model; returns the future of the train stage's record of it."""
     args = (data.url, stats.url, neighbours.url, data.chunks)
     if est.method == "slne":
-        return ctx.submit(_train_slne, est, spec, *args, unit.url, name=f"train-{name}")
+        return ctx.submit(_train_slne, est, spec, *args, unit.url, fold, name=f"train-{name}")
     k = open_array(f"{stats.url}/pca_components").shape[0]          # the input space's p (metadata only)
-    members = [ctx.submit(_train_member, est, n, *args, name=f"train-{name}-member{n}")
+    members = [ctx.submit(_train_member, est, n, *args, fold, name=f"train-{name}-member{n}")
                for n in range(est.n_members(min(est.input_dim or k, k)))]
-    return ctx.submit(_assemble, est, spec, *args, unit.url, *members, name=f"train-{name}-ensemble")
+    return ctx.submit(_assemble, est, spec, *args, unit.url, fold, *members, name=f"train-{name}-ensemble")

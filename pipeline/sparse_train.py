@@ -10,12 +10,12 @@ import warnings
 import numpy as np
 from sklearn.base import clone
 
+from metricpipe.folds import Fold, fold_split
 from metricpipe.storage import array_names, load_arrays, open_array, read_rows, save_model
 from metricpipe.tasks.base import seed_of
 from metricpipe.stream_train import validation_rows
 from metricpipe.tasks.sparse import stratified_subset
-
-TRAIN = 0
+from metricpipe.tasks.splits import TRAIN
 
 
 def training_subset(split: np.ndarray, labels: np.ndarray, size: int, seed) -> np.ndarray:
@@ -24,16 +24,16 @@ def training_subset(split: np.ndarray, labels: np.ndarray, size: int, seed) -> n
     return stratified_subset(labels, size, seed, among=np.flatnonzero(np.asarray(split) == TRAIN))
 
 
-def _train_sparse(est, spec, data_url, stats_url, model_url) -> dict:
+def _train_sparse(est, spec, data_url, stats_url, model_url, fold) -> dict:
     est = clone(est)  # fitted here, never the caller's object (a threaded worker shares it)
     stats, _ = load_arrays(stats_url)
-    split = open_array(f"{data_url}/split")[:]
+    split = fold_split(data_url, fold)
     labels = open_array(f"{data_url}/label")[:]
     key = open_array(f"{data_url}/group")[:] if "group" in array_names(data_url) else labels
     seed = seed_of(est.random_state)
     val = {}
     among = np.flatnonzero(split == TRAIN)
-    if est.validation:   # the val split's rows, or the share of train that fit() holds out in memory
+    if est.validates():   # the val split's rows, or the share of train that fit() holds out in memory
         row_keys = open_array(f"{data_url}/row_key")[:][among]
         vrows, keep, _ = validation_rows(est, split, labels, among, np.ones(len(among), bool), row_keys, seed)
         val = {"X_val": read_rows(f"{data_url}/features", vrows), "key_val": key[vrows]}
@@ -50,6 +50,6 @@ def _train_sparse(est, spec, data_url, stats_url, model_url) -> dict:
                       val_map=est.val_map_)
 
 
-def submit(ctx, spec: dict, est, data, stats, neighbours, unit, name: str):
+def submit(ctx, spec: dict, est, data, stats, neighbours, unit, name: str, fold: Fold):
     """Submit the one task that trains a sparse projector; returns the future of its record."""
-    return ctx.submit(_train_sparse, est, spec, data.url, stats.url, unit.url, name=f"train-{name}")
+    return ctx.submit(_train_sparse, est, spec, data.url, stats.url, unit.url, fold, name=f"train-{name}")

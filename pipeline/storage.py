@@ -865,7 +865,8 @@ def save_model(url: str, est, spec: dict, fit_seconds: float, **extra) -> dict:
     """Store a fitted learner for the encode and evaluate stages; returns the train stage's record
     of it (output dimension, how codes compare, encoder cost, fit time and ``extra`` facts)."""
     dim = int(est._n_features_out)
-    info = {"dim": dim, "score": est.code_metric, "fit_seconds": float(fit_seconds), "cost": est.cost(), **extra}
+    info = {"dim": dim, "score": est.code_metric, "fit_seconds": float(fit_seconds), "cost": est.cost(),
+            "refit": est.refit_params(), **extra}
     M = getattr(est, "M_", None)
     if M is not None:  # bilinear (SL-NE, SL-DE): the encode stage also writes the exact views
         info["bilinear_dim"] = int(M.shape[0])

@@ -12,24 +12,27 @@ import time
 import numpy as np
 
 from metricpipe import shuffle
+from metricpipe.folds import Fold, fold_split
 from metricpipe.storage import load_arrays, open_array, read_rows, save_model
 from metricpipe.tasks import moments, stream
 from metricpipe.tasks.base import seed_of
 from metricpipe.tasks.errors import InputError
-
-TRAIN, VAL = 0, 2
+from metricpipe.tasks.splits import TRAIN, VAL
 
 
 def validation_rows(est, split, labels, train, allowed_train, keys, seed, names=None):
     """(global validation rows, keep mask over train positions, whether they were held out of the
-    train split) for an estimator with ``validation`` rows at most: the ``val`` split's rows (of the
+    train split) for an estimator with ``validation`` rows at most: none when it does not validate
+    (a refit); else the ``val`` rows of ``split`` (the user's, or those a selection borrowed; of the
     classes it trains on: ``names``, the class names in code order, are those NCMML's ``classes``
-    lists), else the stratified share of the train split that its in-memory ``fit`` holds out too;
-    ``keys``: the train rows' content keys."""
+    lists), else the stratified share of its train rows that its in-memory ``fit`` holds out too.
+    ``train``: the stored train rows; ``allowed_train``: those it may fit; ``keys``: their content keys."""
     keep = allowed_train.copy()
+    if not est.validates():
+        return np.zeros(0, np.int64), keep, False
     classes = est.trained_classes(names) if hasattr(est, "trained_classes") else np.unique(labels)
     val = np.flatnonzero((split == VAL) & np.isin(labels, classes))
-    if len(val):  # the user's val split, a seeded sample of at most ``validation`` rows
+    if len(val):  # a seeded sample of at most ``validation`` rows
         return stream.seeded_sample(val, est.validation, seed), keep, False
     pos = np.flatnonzero(allowed_train)
     vpos = pos[stream.validation_split(labels[train][pos], est.validation, keys[pos], seed)]
@@ -38,30 +41,29 @@ def validation_rows(est, split, labels, train, allowed_train, keys, seed, names=
 
 
 def _train(est, spec: dict, data_url: str, stats_url: str, shuffled_url: str, chunks: list, block_rows: int,
-           model_url: str, names: list) -> dict:
+           model_url: str, names: list, fold: Fold) -> dict:
     stats, _ = load_arrays(stats_url)
-    split = open_array(f"{data_url}/split")[:]
+    stored = open_array(f"{data_url}/split")[:]
+    split = fold_split(data_url, fold)      # the rows this model may fit: stored train less borrowed rows
     labels = open_array(f"{data_url}/label")[:].astype(np.int64)
     seed = seed_of(est.random_state)
     C = len(stats["class_means"])
-    train = np.flatnonzero(split == TRAIN)
-    allowed = np.isin(labels[train], est.trained_classes(names))
+    train = np.flatnonzero(stored == TRAIN)   # the statistics' rows and the shuffled copy's
+    allowed = np.isin(labels[train], est.trained_classes(names)) & (split[train] == TRAIN)
     keys = open_array(f"{data_url}/row_key")[:][train]
     val, keep, held_out = validation_rows(est, split, labels, train, allowed, keys, seed, names)
     if not keep.any():
         raise InputError(f"{spec['method']}: no training rows left for SGD after the validation rows")
-    Xv, yv = read_rows(f"{data_url}/features", val), labels[val]
+    Xv, yv = (read_rows(f"{data_url}/features", val), labels[val]) if len(val) else (None, None)
     layout_rows = open_array(f"{shuffled_url}/row")[:]
     keep_pos = keep[np.searchsorted(train, layout_rows)]
     extra = {}
-    # rows carved from the train split to score (validation; the new classes' monitor) leave the class
-    # means and NCMC's centroids, as in-memory fit leaves them out: a class mean holding its own
+    # rows that score (validation; the new classes' monitor) or that a selection borrowed leave the
+    # class means and NCMC's centroids, as in-memory fit leaves them out: a class mean holding its own
     # validation rows makes their error optimistic
     scoring = split.copy()
-    taken = []                 # (rows, labels) of those, already read for scoring
     if held_out:
         scoring[val] = VAL
-        taken.append((Xv, yv))
     if hasattr(est, "kmeans"):  # NCMC: centroids by k-means over the train rows
         D = open_array(f"{data_url}/features").shape[1]
         fit_rows = np.flatnonzero(scoring == TRAIN)
@@ -75,23 +77,23 @@ def _train(est, spec: dict, data_url: str, stats_url: str, shuffled_url: str, ch
                     yield open_array(f"{data_url}/features")[a:b][rows].astype(np.float64), labels[a:b][rows]
         extra["centroids"] = est.kmeans(read_rows(f"{data_url}/features", sample), labels[sample], blocks, C,
                                         np.bincount(labels[fit_rows], minlength=C))
-    elif getattr(est, "classes", None) is not None and est.method == "ncmml":   # monitor the other classes
-        others = ~np.isin(labels, est.trained_classes(names))
+    elif getattr(est, "classes", None) is not None and est.method == "ncmml" and est.validates():
+        others = ~np.isin(labels, est.trained_classes(names))     # monitor the other classes
         new = np.flatnonzero((split == VAL) & others)
         carved = not len(new)
         if carved:
-            pos = np.flatnonzero(others[train])
+            pos = np.flatnonzero(others[train] & (split[train] == TRAIN))
             new = train[pos[stream.validation_split(labels[train][pos], est.validation, keys[pos], seed)]]
         new = stream.seeded_sample(new, est.validation, seed)
-        extra.update(X_new=read_rows(f"{data_url}/features", new), y_new=labels[new])
         if carved:
             scoring[new] = VAL
-            taken.append((extra["X_new"], extra["y_new"]))
-    elif hasattr(est, "reference_rows"):  # k-NN ML: the rows validation queries search
+        extra.update(X_new=read_rows(f"{data_url}/features", new), y_new=labels[new])
+    elif hasattr(est, "reference_rows") and est.validates():  # k-NN ML: the rows validation queries search
         ref = train[est.reference_rows(labels[train], keep, keys, est.validation, seed)]
         extra["reference"] = (read_rows(f"{data_url}/features", ref), labels[ref])
-    for X_taken, y_taken in taken:
-        stats = moments.without_rows(stats, X_taken, y_taken)
+    out = np.flatnonzero((stored == TRAIN) & (scoring != TRAIN))   # (sorted, as in-memory fit's X[~rows])
+    if len(out):   # at most the borrowed share of train (10,000 rows) and ``validation`` rows more
+        stats = moments.without_rows(stats, read_rows(f"{data_url}/features", out), labels[out])
     t0 = time.perf_counter()
     est.fit_stream(stats, shuffle.stream_pools(shuffled_url, block_rows, seed, keep_pos), Xv, yv, labels=names,
                    **extra)
@@ -101,7 +103,7 @@ def _train(est, spec: dict, data_url: str, stats_url: str, shuffled_url: str, ch
                       val_error=est.val_error_, held_out_validation=held_out, **extra_facts)
 
 
-def submit(ctx, spec, est, data, stats, neighbours, unit, name):
+def submit(ctx, spec, est, data, stats, neighbours, unit, name, fold: Fold):
     shuffled = shuffle.shuffled(ctx, data, seed_of(est.random_state))
     return ctx.submit(_train, est, spec, data.url, stats.url, shuffled.url, data.chunks, data.chunk_rows, unit.url,
-                      [c.item() if hasattr(c, "item") else c for c in data.classes], name=f"train-{name}")
+                      [c.item() if hasattr(c, "item") else c for c in data.classes], fold, name=f"train-{name}")

@@ -251,6 +251,19 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         rounded to the nearest feasible one): the pipeline prints each before any work."""
         return []
 
+    # -- validation and refit: what the pipeline asks before and after a fit -------------------------
+    def validates(self) -> bool:
+        """Whether ``fit`` reads validation rows (early stopping): the pipeline then hands it the
+        validation rows it borrowed from the train split, and refits the model on every train row
+        afterwards (:meth:`refit_params`)."""
+        return False
+
+    def refit_params(self) -> dict:
+        """On a fitted learner: the parameters with which a fit on every training row, the validation
+        rows included, repeats this fit's schedule without validation rows (NCMML: the steps it
+        kept, early stopping off). {} when the fit read no validation rows."""
+        return {}
+
     def cost(self) -> dict:
         """Non-zeros, storage bytes and multiply-adds per image of the encoder (0 when it has no
         projection); subclasses with a projection override it."""

@@ -446,9 +446,10 @@ _SGD_CONSTRAINTS = {
     "dim": DIM_OR_NONE,
     "batch": [Interval(Integral, 2, None, closed="left")],
     "lr": [*POSITIVE, None],
-    "iters": COUNT,
+    "iters": [Interval(Integral, 0, None, closed="left")],
     "validate_every": COUNT,
     "validation": [Interval(Integral, 10, None, closed="left")],
+    "early_stopping": ["boolean"],
     "classes": ["array-like", None],
     "random_state": RANDOM_STATE,
 }
@@ -502,7 +503,8 @@ class _MetricLearner(Learner):
         ``classes`` leaves other classes' rows out of the pools too."""
         if self.classes is not None:
             return None
-        return int(self.iters) * int(self.batch) + int(self.validation) + int(n_classes)
+        held = int(self.validation) + int(n_classes) if self.early_stopping else 0
+        return int(self.iters) * int(self.batch) + held
 
     def fit(self, X, y, X_val=None, y_val=None, block_rows=None):
         """Learn W from rows X (n_samples, n_features) with labels y.
@@ -527,7 +529,8 @@ class _MetricLearner(Learner):
         # centroids, as the pipeline's val split does: a mean that holds its own validation rows makes
         # their error optimistic (NCMC's was 0 on digits). The PCA start and scale read no label.
         rows = np.ones(len(X), bool)
-        if X_val is None:
+        Xv = yv = None
+        if X_val is None and self.early_stopping:
             pos = np.flatnonzero(allowed)
             counts = np.bincount(codes[pos], minlength=C)[self.trained_classes(self.classes_)]
             if counts.min() < 2:   # early stopping holds out a validation row of every class it trains on
@@ -538,7 +541,7 @@ class _MetricLearner(Learner):
             keep[val] = False
             rows[val] = False
             Xv, yv = X[val], codes[val]
-        else:
+        elif X_val is not None:
             Xv, y_val = self._check_val(X_val, y_val)
             yv = np.searchsorted(self.classes_, y_val)
             if np.any(yv >= C) or np.any(self.classes_[np.minimum(yv, C - 1)] != y_val):
@@ -576,10 +579,21 @@ class _MetricLearner(Learner):
         self.classes_ = np.arange(len(stats["class_means"]))
         return comps[:self.resolved_dim(len(comps))]
 
+    def validates(self) -> bool:
+        return bool(self.early_stopping)
+
+    def refit_params(self) -> dict:
+        """``iters`` = the kept W's step, without early stopping: the fit on every training row takes
+        the steps this one kept (the rate is constant, so fewer steps are the same schedule cut short)."""
+        return {"iters": int(self.best_iter_), "early_stopping": False} if self.early_stopping else {}
+
     def _run(self, sgd: "MetricSGD", pools, Xv, yv, error, batches) -> None:
-        """The SGD loop: batches from each pool until ``iters`` steps; early stopping on validation."""
-        yv = np.asarray(yv, np.int64)
-        if not len(yv):
+        """The SGD loop: batches from each pool until ``iters`` steps; early stopping on validation
+        (``early_stopping``), else the W of the last step."""
+        if not self.early_stopping:
+            error = None
+        yv = np.asarray(yv if yv is not None else [], np.int64)
+        if error is not None and not len(yv):
             raise InputError(f"{type(self).__name__}: no validation rows to stop early on (X_val in fit; the "
                              f"data's val rows)")
         # a class with no validation row (few-shot data: its share is under one row) still competes as
@@ -587,17 +601,22 @@ class _MetricLearner(Learner):
         sgd.patience = max(5, int(PATIENCE * self.iters / self.validate_every))
         with one_blas_thread():
             self._steps(sgd, pools, Xv, yv, error, batches)
+        if error is None:   # no validation: the last W
+            sgd.best = (np.nan, sgd.W.copy(), None if sgd.bias is None else sgd.bias.copy(), sgd.steps)
         err, W, bias, at = sgd.best
         self.components_ = np.ascontiguousarray(W.T, np.float32)
         self.history_ = sgd.history
         self.lr_ = sgd.lr
         self.best_iter_ = int(at)
-        self.val_error_ = float(err)
+        self.val_error_ = None if error is None else float(err)
         self._best_bias = bias
 
     def _steps(self, sgd, pools, Xv, yv, error, batches) -> None:
-        sgd.record(error(sgd, Xv, yv), None)  # the PCA start is a candidate too
-        self._watch(sgd)
+        if error is not None:
+            sgd.record(error(sgd, Xv, yv), None)  # the PCA start is a candidate too
+            self._watch(sgd)
+        if self.iters == 0:
+            return
         rng = np.random.default_rng([seed_of(self.random_state), 5])
         stop = False
         idle = 0   # pools in a row that gave no batch (k-NN ML needs a class with two rows in a pool)
@@ -618,7 +637,10 @@ class _MetricLearner(Learner):
                     sgd.back_off()
                     continue
                 stop = False
-                if sgd.steps % self.validate_every == 0 or sgd.steps == self.iters:
+                if error is None:
+                    if sgd.steps % self.validate_every == 0 or sgd.steps == self.iters:
+                        sgd.history.append({"iter": sgd.steps, "batch": float(value)})
+                elif sgd.steps % self.validate_every == 0 or sgd.steps == self.iters:
                     stop = sgd.record(error(sgd, Xv, yv), value)
                     self._watch(sgd)
                 if sgd.steps >= self.iters or stop:
@@ -740,6 +762,11 @@ class NCMML(_NCMClassifier, _MetricLearner):
     validate_every : int, default=100
     validation : int, default=5000
         Validation rows held out of SGD when no X_val is given.
+    early_stopping : bool, default=True
+        Keep the W with the lowest validation error (checked every ``validate_every`` steps, the start
+        included; SGD stops after half of its checks in a row without a lower one). False: no
+        validation rows, every training row trains and the W of step ``iters`` is kept (a run refits
+        the chosen candidate so, with the steps it kept: ``refit_params``).
     classes : list of labels or None, default=None
         The labels (as y holds them) of the classes whose images train W; the others are new
         classes the classifier meets with their means only (Section 5.4).
@@ -770,7 +797,7 @@ class NCMML(_NCMClassifier, _MetricLearner):
     _parameter_constraints = {**_SGD_CONSTRAINTS, "objective": [StrOptions({"euclidean", "dot"})]}
 
     def __init__(self, dim=None, objective="euclidean", batch=1000, lr=None, iters=2000, validate_every=100,
-                 validation=5000, classes=None, random_state=None):
+                 validation=5000, early_stopping=True, classes=None, random_state=None):
         self.dim = dim
         self.objective = objective
         self.batch = batch
@@ -778,6 +805,7 @@ class NCMML(_NCMClassifier, _MetricLearner):
         self.iters = iters
         self.validate_every = validate_every
         self.validation = validation
+        self.early_stopping = early_stopping
         self.classes = classes
         self.random_state = random_state
 
@@ -846,7 +874,7 @@ class NCMC(_NCMClassifier, _MetricLearner):
         1: NCMC-test, W learns with the class means and is used with the k centroids.
     kmeans_iters : int, default=10
         Lloyd passes over the data.
-    dim, batch, lr, iters, validate_every, validation, classes, random_state : as :class:`NCMML`.
+    dim, batch, lr, iters, validate_every, validation, early_stopping, classes, random_state : as :class:`NCMML`.
     """
     search_space = NCMML.search_space
     selection_metric = "ncmc"
@@ -856,7 +884,8 @@ class NCMC(_NCMClassifier, _MetricLearner):
                               "kmeans_iters": COUNT}
 
     def __init__(self, dim=None, centroids=10, train_centroids=None, kmeans_iters=10, batch=1000, lr=None,
-                 iters=2000, validate_every=100, validation=5000, classes=None, random_state=None):
+                 iters=2000, validate_every=100, validation=5000, early_stopping=True, classes=None,
+                 random_state=None):
         self.dim = dim
         self.centroids = centroids
         self.train_centroids = train_centroids
@@ -866,6 +895,7 @@ class NCMC(_NCMClassifier, _MetricLearner):
         self.iters = iters
         self.validate_every = validate_every
         self.validation = validation
+        self.early_stopping = early_stopping
         self.classes = classes
         self.random_state = random_state
 
@@ -962,7 +992,7 @@ class KNNML(_MetricLearner):
         step grows W about 13-fold and early stopping mostly keeps the start; a margin of m is the
         same run as the start W0 / sqrt(m) with margin 1. 0.1 is the margin validation chose on
         digits, Fashion-MNIST, Fashion 14 x 14 and HOG (benchmarks/README.md).
-    dim, iters, validate_every, validation, classes, random_state : as :class:`NCMML`.
+    dim, iters, validate_every, validation, early_stopping, classes, random_state : as :class:`NCMML`.
     """
     search_space = {"lr": [0.1, 0.0001, 0.001, 0.01, 1.0], "margin": [0.1, 1.0, 0.01]}
     selection_metric = "knn5"
@@ -977,7 +1007,7 @@ class KNNML(_MetricLearner):
         return None
 
     def __init__(self, dim=None, targets="dynamic", k=5, batch=300, lr=None, margin=0.1, iters=2000,
-                 validate_every=100, validation=5000, classes=None, random_state=None):
+                 validate_every=100, validation=5000, early_stopping=True, classes=None, random_state=None):
         self.dim = dim
         self.targets = targets
         self.k = k
@@ -987,6 +1017,7 @@ class KNNML(_MetricLearner):
         self.iters = iters
         self.validate_every = validate_every
         self.validation = validation
+        self.early_stopping = early_stopping
         self.classes = classes
         self.random_state = random_state
 
@@ -997,6 +1028,8 @@ class KNNML(_MetricLearner):
         return pos[stream.stratified_subset(labels[pos], size, stream.rank(keys[pos], seed, stream.REFERENCE))]
 
     def _memory_inputs(self, X, codes, keep, rows, monitor, keys, seed) -> dict:
+        if not self.early_stopping:
+            return {}
         ref = self.reference_rows(codes, keep, keys, self.validation, seed)
         return {"reference": (X[ref], codes[ref])}
 
@@ -1010,16 +1043,20 @@ class KNNML(_MetricLearner):
                 out.append(drawn)
         return out
 
-    def fit_stream(self, statistics: dict, pools, X_val, y_val, reference, labels=None):
+    def fit_stream(self, statistics: dict, pools, X_val, y_val, reference=None, labels=None):
         """The pipeline's entry point (``fit`` calls it too); ``reference`` = (X_ref, y_ref), the
-        training rows the validation queries search (:meth:`reference_rows`)."""
+        training rows the validation queries search (:meth:`reference_rows`; None without early
+        stopping)."""
         W0 = self._start(statistics)
         C = len(self.classes_)
         self._train_classes = self.trained_classes(self.classes_ if labels is None else labels)
         sgd = MetricSGD(W0, "knn", self._searched("lr"), n_classes=C, targets=self.targets, k=self.k,
                         scale=moments.row_scale(statistics), margin=self.margin)
-        Xr, yr = np.asarray(reference[0], np.float64), np.asarray(reference[1], np.int64)
-        self._run(sgd, pools, X_val, y_val, lambda s, Xv, yv: _knn_error(s, Xv, yv, Xr, yr, self.k), self._batches)
+        error = None
+        if self.early_stopping:
+            Xr, yr = np.asarray(reference[0], np.float64), np.asarray(reference[1], np.int64)
+            error = lambda s, Xv, yv: _knn_error(s, Xv, yv, Xr, yr, self.k)  # noqa: E731
+        self._run(sgd, pools, X_val, y_val, error, self._batches)
         del self._best_bias, self._train_classes
         return self
 

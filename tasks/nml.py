@@ -334,7 +334,7 @@ def pair_groups(pos_i: np.ndarray, pos_j: np.ndarray, n_rows: int, block_rows: i
 _PAIR_CONSTRAINTS = {
     "dim": DIM,
     "pairs": [Interval(Integral, 2, None, closed="left")],
-    "iters": COUNT,
+    "iters": [Interval(Integral, 0, None, closed="left")],
     "batch": COUNT,
     "learn_bias": ["boolean"],
     "bias": [Interval(Real, None, None, closed="neither")],
@@ -387,6 +387,15 @@ class _PairLearner(Learner):
     without validation).
     """
     _kind = ""
+
+    def validates(self) -> bool:
+        return self.validation > 0
+
+    def refit_params(self) -> dict:
+        """``iters`` = the pairs seen by the kept L, validation off (the rate does not decay, so fewer
+        pairs are the same schedule cut short); {} when the fit did not validate (user pairs)."""
+        best = getattr(self, "best_iter_", None)
+        return {} if best is None else {"iters": int(best), "validation": 0}
 
     # -- in memory ---------------------------------------------------------------------------------------
     def fit(self, X, y, block_rows=None, X_val=None, y_val=None):

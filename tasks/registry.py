@@ -153,9 +153,13 @@ def _selection(name: str, cls: type, entry: dict, select, allowed: dict) -> dict
     metric = select.get("metric", cls.selection_metric)
     if not _metric_ok(metric):
         raise InputError(f"select.metric {metric!r} is not a selection metric; use knnK, softvoteK, ncm, ncmc or map")
+    refit = select.get("refit", True)
+    if not isinstance(refit, bool):
+        raise InputError(f"select.refit must be true (refit the chosen candidate on every train row) or false; "
+                         f"got {refit!r}")
     if metric == "ncmc" and not hasattr(cls, "kmeans"):
         raise InputError(f"select.metric ncmc needs an NCMC model (method ncmc); {name} has no class centroids")
-    user_grid = {k: v for k, v in select.items() if k != "metric"}
+    user_grid = {k: v for k, v in select.items() if k not in ("metric", "refit")}
     for key, values in user_grid.items():
         if key not in allowed:
             near = difflib.get_close_matches(key, allowed, n=1)
@@ -168,8 +172,8 @@ def _selection(name: str, cls: type, entry: dict, select, allowed: dict) -> dict
     user_grid = {k: _one_spelling(cls, allowed, k, v) for k, v in user_grid.items()}
     grid = user_grid or {k: list(v) for k, v in cls.search_grid(entry).items() if k not in entry}
     if not grid or all(len(v) == 1 for v in grid.values()):
-        return None
-    return {"metric": metric, "grid": grid}
+        return None if refit else {"metric": metric, "grid": {}, "refit": False}
+    return {"metric": metric, "grid": grid, **({} if refit else {"refit": False})}
 
 
 def _sweeps(cls: type, key: str, value) -> bool:

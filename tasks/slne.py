@@ -24,6 +24,7 @@ statistics, graph and seed the model is the same bit for bit; the pipeline maps 
 input space one row-block at a time, and float32 products over other row counts may round the last
 bit of Z differently (measured: 1e-7 in Z, 1e-8 in M, 1e-7 in the codes; tested with atol 1e-5).
 """
+from numbers import Integral
 import time
 from dataclasses import dataclass
 
@@ -31,7 +32,7 @@ import numpy as np
 from sklearn.utils.validation import check_is_fitted
 
 from metricpipe.tasks import knn, moments
-from metricpipe.tasks.base import (COUNT, DIM_OR_NONE, NON_NEGATIVE, POSITIVE, RANDOM_STATE, Learner, StrOptions,
+from metricpipe.tasks.base import (COUNT, DIM_OR_NONE, NON_NEGATIVE, POSITIVE, RANDOM_STATE, Interval, Learner, StrOptions,
                                    seed_of)
 from metricpipe.tasks.errors import InputError
 
@@ -414,7 +415,7 @@ MIN_BLOCK = 16
 _SOLVER_CONSTRAINTS = {
     "margin": NON_NEGATIVE,
     "step": NON_NEGATIVE,
-    "epochs": COUNT,
+    "epochs": [Interval(Integral, 0, None, closed="left")],
     "batch": COUNT,
     "sampling": [StrOptions({"violating", "uniform"})],
     "normalize": POSITIVE + [None],
@@ -510,6 +511,15 @@ class _Bilinear(Learner):
         from metricpipe.tasks.knn import block_topk
         nbr = block_topk(np.asarray(X_val, np.float32), np.asarray(X, np.float32), min(self.n_neighbors, len(X)))[1]
         return to_space(X_val), y_val, nbr
+
+    def validates(self) -> bool:
+        return True   # when validation rows are given (the pipeline's val split): the best epoch is kept
+
+    def refit_params(self) -> dict:
+        """``epochs`` = the kept epoch (0: the start): the step of Algorithm 1 decays with the samples
+        seen, not with ``epochs``, so fewer epochs are the same schedule cut short."""
+        best = self.best_epoch()
+        return {} if best is None else {"epochs": int(best)}
 
     def best_epoch(self) -> int | None:
         """The epoch whose M was kept (0: the start), when training was validated."""
@@ -875,6 +885,13 @@ class SLDE(_Bilinear):
             if y is not None:
                 self.classes_ = np.unique(np.asarray(y))
         return self._assemble(members, mean, components, Z, y, neighbors)
+
+    def refit_params(self) -> dict:
+        """``epochs`` = the median of the members' kept epochs (each member keeps its own on
+        validation; one number has to serve the refit of them all)."""
+        best = [min((h["val_error"], h["epoch"]) for h in m["history"] if "val_error" in h)[1]
+                for m in self.history_ if any("val_error" in h for h in m["history"])]
+        return {"epochs": int(np.round(np.median(best)))} if best else {}
 
     def _assemble(self, members, mean, components, Z, y, graph):
         mean32, P = self.input_space(mean, components)

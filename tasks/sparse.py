@@ -188,7 +188,8 @@ def support_size(it: int, D: int, m: int, anneal: float, max_iter: int) -> int:
 
 def rank_projectors(X: np.ndarray, key: np.ndarray, U0: np.ndarray, *, sparsity: float = 0.9, queries: int = 100,
                     epsilon: float = 1e-6, max_iter: int = 200, anneal: float = 0.5, seed=0, tol: float = TOL,
-                    record_every: int = 1, pivot: str = "original", validation=None, patience: int | None = None):
+                    record_every: int = 1, pivot: str = "original", validation=None, patience: int | None = None,
+                    stop: int | None = None):
     """Algorithm 1 (with the continuation ``anneal``): rank-optimised projectors from a start U0.
 
     Parameters
@@ -210,6 +211,8 @@ def rank_projectors(X: np.ndarray, key: np.ndarray, U0: np.ndarray, *, sparsity:
         validation rows querying each other by x U is recorded ("val_map"), and the U with the best
         one is returned (ties: the earlier); training stops after ``patience`` such checks in a row
         without a better one (default: half of the checks the run would make, at least 5).
+    stop : optional, stop after this many iterations of the ``max_iter`` schedule (a refit repeats a
+        validated run's kept iterations on every training row: the support shrinks as in that run).
 
     Returns
     -------
@@ -257,7 +260,7 @@ def rank_projectors(X: np.ndarray, key: np.ndarray, U0: np.ndarray, *, sparsity:
             stale += 1
         return stale >= patience
 
-    for it in range(max_iter):
+    for it in range(max_iter if stop is None else min(max_iter, stop)):
         n_iter = it + 1
         m = support_size(it, D, m_final, anneal, max_iter)
         total, _, f_all = objective_and_gradient(U, X, gt, gt.queries, piv_all, epsilon, gradient=False)
@@ -283,6 +286,10 @@ def rank_projectors(X: np.ndarray, key: np.ndarray, U0: np.ndarray, *, sparsity:
                             0.0, np.linalg.norm(U) / gnorm, tol=1e-4, max_iter=20)
         U = step(mu)
         done = it + 1
+    if not history:   # stopped before the first iteration (stop 0): the start
+        total = objective_and_gradient(U, X, gt, gt.queries, piv_all, epsilon, gradient=False)[0]
+        history.append({"iter": 0, "objective": total, "train_map": train_map(U, X, gt)})
+        check(history[-1], U)
     cut = np.count_nonzero(U, axis=0).max() > m_final
     if cut:  # stopped (tol) before the annealed support reached its target: project onto it (Eq. 17)
         U = unit_columns(project_l0(U, m_final))
@@ -359,6 +366,9 @@ class SparseProjector(Learner):
         of the rows (at most a fifth) kept out of the training subset; the pipeline gives its ``val``
         split. Off when no validation row has both a positive and a negative (few-shot data: then
         every row trains).
+    stop_iter : int >= 0 or None, default None
+        Stop after this many iterations of the ``max_iter`` schedule (None: all of them); a run refits
+        a validated projector on every training row with its kept iteration here (``refit_params``).
     random_state : int, RandomState or None, default None
         Seed of the training subset and of the random half of the queries (None: 0).
 
@@ -396,6 +406,7 @@ class SparseProjector(Learner):
         "epsilon": NON_NEGATIVE,
         "pivot": [StrOptions({"original", "initial"})],
         "validation": [Interval(Integral, 0, None, closed="left")],
+        "stop_iter": [Interval(Integral, 0, None, closed="left"), None],
         "random_state": RANDOM_STATE,
     }
 
@@ -404,7 +415,7 @@ class SparseProjector(Learner):
         return [note] if note else []
 
     def __init__(self, dim=None, sparsity=0.9, queries=100, train_size=2000, max_iter=200, anneal=0.5,
-                 epsilon=1e-6, pivot="original", validation=2000, random_state=None):
+                 epsilon=1e-6, pivot="original", validation=2000, stop_iter=None, random_state=None):
         self.dim = dim
         self.sparsity = sparsity
         self.queries = queries
@@ -414,6 +425,7 @@ class SparseProjector(Learner):
         self.epsilon = epsilon
         self.pivot = pivot
         self.validation = validation
+        self.stop_iter = stop_iter
         self.random_state = random_state
 
     def __sklearn_tags__(self):
@@ -493,13 +505,22 @@ class SparseProjector(Learner):
         U, history, n_iter, *best = rank_projectors(
             np.asarray(X, np.float64) - mean, key, comps[:dim].T, sparsity=self.sparsity, queries=self.queries,
             epsilon=self.epsilon, max_iter=self.max_iter, anneal=self.anneal, seed=seed_of(self.random_state),
-            record_every=max(1, self.max_iter // 50), pivot=self.pivot, validation=val)
+            record_every=max(1, self.max_iter // 50), pivot=self.pivot, validation=val, stop=self.stop_iter)
         self.best_iter_, self.val_map_ = best[0] if best else (None, None)
         self.projectors_ = scipy.sparse.csc_array(U) if self.sparsity > 0 else U
         self.bias_ = (-mean.astype(np.float32) @ U).astype(np.float32)
         self.history_ = history
         self.n_iter_ = int(n_iter)
         return self
+
+    def validates(self) -> bool:
+        return self.validation > 0
+
+    def refit_params(self) -> dict:
+        """The kept U's iteration as ``stop_iter``, validation off: the refit shrinks its support on the
+        same ``max_iter`` schedule and stops where the validated run's best state was."""
+        best = getattr(self, "best_iter_", None)
+        return {} if best is None else {"stop_iter": int(best), "validation": 0}
 
     @property
     def _n_features_out(self) -> int:

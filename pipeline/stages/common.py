@@ -7,13 +7,10 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
-from metricpipe.config import SPLIT_NAMES
 from metricpipe.context import StageContext
 from metricpipe.storage import Unit, open_array, row_chunks, row_codecs
 from metricpipe.tasks import moments
-
-TRAIN, TEST, VAL = SPLIT_NAMES.index("train"), SPLIT_NAMES.index("test"), SPLIT_NAMES.index("val")
-
+from metricpipe.tasks.splits import TEST, TRAIN, VAL  # noqa: F401 - the stages' names for the split codes
 
 
 @dataclass(frozen=True)

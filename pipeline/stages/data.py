@@ -15,50 +15,17 @@ from metricpipe.tasks import stream
 from metricpipe.tasks.normalize import normalize_rows
 from metricpipe.tasks.validate import check_feature_block, check_normalized_block, check_split, encode_labels
 
-from metricpipe.stages.common import DataInfo, TEST, TRAIN, _timed, _write_template
+from metricpipe.stages.common import DataInfo, TEST, TRAIN, VAL, _timed, _write_template
 
 
 
 # ---- 1. stage ----------------------------------------------------------------------------------------
-
-VAL = SPLIT_NAMES.index("val")
-
-
-def auto_val_size(n_train: int) -> int:
-    """Validation rows carved from a train split of ``n_train`` rows (``data.split.val: auto``): a
-    tenth, at least 500 (or a fifth of a small train split), at most 10,000: enough to rank
-    parameter candidates (a standard error of about 0.3 points on an error rate at 10,000 rows)
-    while training keeps nine tenths of a large split."""
-    return int(min(10_000, max(0.1 * n_train, min(500, 0.2 * n_train))))
+# The staged split is the user's: the validation rows a selection borrows from train are drawn later,
+# per repeat (metricpipe.folds), so that everything a run makes from "train" uses every train row.
 
 
-def _carve_val(split: np.ndarray, codes: np.ndarray, seed: int, busy: np.ndarray | None = None) -> np.ndarray:
-    """``data.split.val: auto``: when no row is ``val``, a stratified, seeded share of the train rows
-    (auto_val_size, :func:`~metricpipe.tasks.stream.held_out`: a few-shot class may give none) becomes
-    the validation split; every class keeps at least two train rows. ``busy`` (row indices): train
-    rows that must stay train (those the user's pairs join)."""
-    if (split == VAL).any():
-        return split
-    free = split == TRAIN
-    if busy is not None and len(busy):
-        free[busy] = False
-    train = np.flatnonzero(free)
-    rank = np.random.default_rng([seed, 53]).permutation(len(train))
-    pos = stream.held_out(codes[train], auto_val_size(len(train)), rank, leave=2)
-    split = split.copy()
-    split[train[pos]] = VAL
-    return split
-
-
-def _split_codes(cfg: RunConfig, src, codes: np.ndarray, classes: list, labels_file: str,
-                 busy: np.ndarray | None = None) -> np.ndarray:
-    s = cfg.data.split
-    split = _given_or_random_split(cfg, src, codes, classes, labels_file)
-    if s.val != "auto":
-        return split
-    if busy is not None:   # pair rows out of range are named by check_pairs below, not here
-        busy = busy[(busy >= 0) & (busy < len(split))]
-    return _carve_val(split, codes, s.seed, busy)
+def _split_codes(cfg: RunConfig, src, codes: np.ndarray, classes: list, labels_file: str) -> np.ndarray:
+    return _given_or_random_split(cfg, src, codes, classes, labels_file)
 
 
 def _given_or_random_split(cfg: RunConfig, src, codes: np.ndarray, classes: list, labels_file: str) -> np.ndarray:
@@ -150,11 +117,8 @@ def prepare_data(cfg: RunConfig, store) -> DataPlan:
     labels_file = cfg.data.labels if (cfg.data.labels or "").endswith(".npy") else src.name   # where they were read
     codes, classes = encode_labels(src.labels, n, f"{labels_file} (data.labels)")
     d = cfg.data
-    pairs = _load_pairs(d.pairs) if d.pairs else None     # val: auto keeps the rows they join in train
-    busy = None
-    if pairs is not None and all(np.issubdtype(a.dtype, np.integer) and a.ndim == 1 for a in pairs[:2]):
-        busy = np.unique(np.concatenate([pairs[0], pairs[1]])).astype(np.int64)   # (others: refused below)
-    split = _split_codes(cfg, src, codes, classes, labels_file, busy)
+    pairs = _load_pairs(d.pairs) if d.pairs else None
+    split = _split_codes(cfg, src, codes, classes, labels_file)
     check_split(codes, split, SPLIT_NAMES, classes, src.name, given=src.split is not None)
     coords = {"label": codes, "split": split}
     for key in ("groups", "ids"):   # a source of one array has no column to read them from
@@ -179,15 +143,21 @@ def prepare_data(cfg: RunConfig, store) -> DataPlan:
     if d.pairs:
         pairs_fp = fingerprint(d.pairs, contents=by_bytes)
     chunk_rows = chunk_rows_for(D, d.chunk_mb)
-    key = hash_key({"stage": "data", "source": src.fingerprint, "name": _key_path(src.name, by_bytes),
+    key = hash_key({"stage": "data", "layout": "user-split", "source": src.fingerprint, "name": _key_path(src.name, by_bytes),
                     "features": d.features, "labels": _key_path(d.labels, by_bytes),
-                    "groups": _key_path(d.groups, by_bytes), "normalize": d.normalize, "split": d.split.__dict__,
+                    "groups": _key_path(d.groups, by_bytes), "normalize": d.normalize, "split": _split_key(d.split),
                     "chunk_rows": chunk_rows, **({"pairs": pairs_fp} if pairs_fp else {}),
                     **({"ids": d.ids} if d.ids else {})})
     info = DataInfo(store.unit("data", key), n, D, chunk_rows, classes, codes, split, groups)
     attrs = {"source": src.name, "normalize": d.normalize, "classes": [str(c) for c in classes],
              "split_flag_meanings": " ".join(SPLIT_NAMES)}
     return DataPlan(src, info, coords, attrs, coords_pairs if d.pairs else None)
+
+
+def _split_key(s) -> dict:
+    """The split settings as the staged data depends on them: val auto and 0 stage the same rows (the
+    borrowed validation rows are not staged)."""
+    return {**s.__dict__, "val": s.val if isinstance(s.val, float) and s.val > 0 else None}
 
 
 def _key_path(value, by_bytes: bool = False):

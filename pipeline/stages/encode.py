@@ -62,7 +62,7 @@ def run_encode(ctx: StageContext, data: DataInfo, models: list) -> list[tuple[di
     """Apply every model to every row-block; returns [(spec, codes unit, code dim)]."""
     out, futures, labels, pending = [], [], [], []
     t0 = time.perf_counter()
-    for spec, model in models:
+    for spec, model, *_ in models:
         meta = model.meta()
         dim = int(meta["dim"])
         unit = ctx.store.unit("codes", hash_key({"stage": "codes", "model": model.key,

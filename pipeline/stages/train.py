@@ -8,11 +8,14 @@ estimator (``storage.save_model``).
 """
 import time
 import warnings
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from metricpipe import nml_train, select, slem_train, slne_train, sparse_train, stream_train
 from metricpipe.context import StageContext
+from metricpipe.folds import Fold, borrow_seed, borrowing, fold_split
 from metricpipe.budget import refuse_without_dense_covariance
 from metricpipe.stages.common import DataInfo
 from metricpipe.storage import Unit, hash_key, load_arrays, save_model
@@ -20,6 +23,7 @@ from metricpipe.tasks import registry
 from metricpipe.tasks.base import seed_of
 from metricpipe.tasks.evaluation import higher_is_better
 from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.splits import VAL
 
 def model_id(spec: dict) -> str:
     """A short readable name: method, dim, then the parameters that differ from their defaults."""
@@ -44,7 +48,7 @@ def _fit_statistics(est, spec: dict, stats_url: str, model_url: str) -> dict:
     return save_model(model_url, est, spec, time.perf_counter() - t0)
 
 
-def _statistics_driver(ctx, spec, est, data, stats, neighbours, unit, name):
+def _statistics_driver(ctx, spec, est, data, stats, neighbours, unit, name, fold):
     if not stats.meta().get("dense", True):
         refuse_without_dense_covariance(est, data.n_features, ctx.config.statistics.max_dense_dim,
                                         f"{ctx.config.source_file}: methods: {spec['method']}")
@@ -61,11 +65,43 @@ DRIVERS = {
 }
 
 
-def model_key(spec: dict, stats: Unit, neighbours: Unit | None, data: DataInfo) -> str:
-    inputs = {"stage": "model", "spec": spec, "statistics": stats.key, "data": data.unit.key}
+def model_key(spec: dict, stats: Unit, neighbours: Unit | None, data: DataInfo, fold: Fold = Fold()) -> str:
+    inputs = {"stage": "model", "spec": spec, "statistics": stats.key, "data": data.unit.key, **fold.key()}
     if registry.feeds(spec["method"]) == "neighbours":
         inputs["neighbours"] = neighbours.key
     return hash_key(inputs)
+
+
+class Trained(NamedTuple):
+    """A model the run keeps: its spec as the records name it (the chosen candidate's), its unit,
+    and the (config entry, repeat) pairs it is the model of (a baseline serves every repeat)."""
+    spec: dict
+    unit: Unit
+    serves: tuple
+
+
+@dataclass
+class _Plan:
+    """One config entry in one repeat: its candidates, the fold they fit, and what is kept."""
+    n: int
+    repeat: int
+    spec: dict
+    fold: Fold
+    cands: list
+    cunits: list
+    sel_unit: Unit | None = None
+    refit: bool = False          # refit the chosen candidate on every train row (its rows were borrowed)
+    chosen: int | None = None    # the candidate kept, once known
+    final: Unit | None = None    # the model kept (the chosen candidate, or its refit)
+
+
+def repeat_spec(spec: dict, repeat: int) -> dict:
+    """The entry's spec for repeat ``repeat``: a learner with a seed gets ``random_state`` + repeat
+    (repeat 0 is the entry as written); one without keeps its spec (its repeats differ only by the
+    rows a selection borrows)."""
+    if repeat == 0 or "random_state" not in registry.defaults(registry.estimator_class(spec["method"], spec)):
+        return spec
+    return {**spec, "random_state": seed_of(spec.get("random_state")) + repeat}
 
 
 def _copy_rows(specs: list, n_classes: int) -> dict:
@@ -81,14 +117,14 @@ def _copy_rows(specs: list, n_classes: int) -> dict:
     return need
 
 
-def _note_val_classes(ctx: StageContext, data: DataInfo, n: int, spec: dict) -> None:
+def _note_val_classes(ctx: StageContext, data: DataInfo, split: np.ndarray, n: int, spec: dict) -> None:
     """Say which classes a learner that early-stops on class error (NCMML, NCMC, k-NN ML) has no val
     row of, and why (few-shot classes; with data.pairs, rows the pairs join stay in train)."""
     est = registry.make(spec)
     if not hasattr(est, "trained_classes"):
         return
     wanted = est.trained_classes(data.classes)
-    missing = np.setdiff1d(wanted, data.labels[data.split == select.VAL])
+    missing = np.setdiff1d(wanted, data.labels[split == VAL])
     if not len(missing):
         return
     names = ", ".join(str(v) if isinstance(v, (int, np.integer)) else repr(str(v))
@@ -96,7 +132,7 @@ def _note_val_classes(ctx: StageContext, data: DataInfo, n: int, spec: dict) -> 
     d = ctx.config.data
     why = ("the val rows of data.split.column (or, where it has none, val: auto's share of its train rows)"
            if d.split.column else
-           "data.split.val: auto carves val rows only from train rows that no pair of data.pairs joins"
+           "data.split.val: auto borrows val rows only from train rows that no pair of data.pairs joins"
            if d.pairs and d.split.val == "auto" else
            "a class's share of data.split.val: auto is under one row when it has few rows" if d.split.val == "auto"
            else "the data's val rows")
@@ -104,123 +140,209 @@ def _note_val_classes(ctx: StageContext, data: DataInfo, n: int, spec: dict) -> 
             f"{len(wanted)} classes it trains on ({names}; {why}); its early stopping scores the others")
 
 
-def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit | None) -> list[tuple[dict, Unit]]:
-    """One model per spec of the config; a spec with parameters left to selection trains every
-    candidate and keeps the best on the validation split (``metricpipe.select``). Returns
-    [(spec of the model kept, its unit)]."""
-    plans, units = [], {}   # per spec: (spec, candidates, their units, selection unit or None, reused)
-    has_val = bool((data.split == select.VAL).any())
+def _splits(ctx: StageContext, data: DataInfo) -> tuple[bool, list]:
+    """(whether the run borrows validation rows, each repeat's (fold, split codes))."""
+    borrowed = borrowing(data.split, ctx.config.data.split.val)
+    out = []
+    for r in range(ctx.config.repeats):
+        fold = Fold(borrow_seed(ctx.config.data.split.seed, r)) if borrowed else Fold()
+        out.append((fold, fold_split(data.url, fold)))
+    return borrowed, out
+
+
+def _plans(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit | None) -> list[_Plan]:
+    borrowed, folds = _splits(ctx, data)
+    has_val = bool((folds[0][1] == VAL).any())
     if not has_val and any(spec.get("select") for spec in ctx.config.methods):
         d = ctx.config.data
         why = ("data.split.val: 0" if d.split.val != "auto" else
-               "data.split.val: auto found none to carve: every class keeps two train rows"
+               "data.split.val: auto found none to borrow: every class keeps two train rows"
                + (", and rows data.pairs joins stay in train" if d.pairs else ""))
         ctx.log(f"  train: the data has no validation rows ({why}), so parameters keep their defaults")
-    for n, spec in enumerate(ctx.config.methods):
-        if has_val:
-            _note_val_classes(ctx, data, n, spec)
-        cands = registry.candidates(spec) if has_val else registry.candidates(spec)[:1]
-        cunits = [ctx.store.unit("models", model_key(c, stats, neighbours, data)) for c in cands]
-        sel_unit, done = None, False
-        if len(cands) > 1:
-            sel_unit = ctx.store.unit("selection", select.selection_key(cunits, spec["select"]["metric"],
-                                                                        ctx.config.seed, ctx.config))
-            done = ctx.reuse(sel_unit, "train") and ctx.reuse(cunits[sel_unit.meta()["chosen"]], "train")
-        plans.append((spec, cands, cunits, sel_unit, done))
-        if not done:
-            for c, u in zip(cands, cunits):
-                units.setdefault(u.key, (c, u))
-        elif ctx.repair:   # a damaged candidate the selection did not keep is retrained alone; the selection stands
-            for i, (c, u) in enumerate(zip(cands, cunits)):
-                if i != sel_unit.meta()["chosen"] and (u.done() or u.marker_damaged()) and not ctx.reuse(u, "train"):
-                    units.setdefault(u.key, (c, u))
-    pending = [p for p in plans if p[3] is not None and not p[4]]
-    sel_future, n_val = None, 0
-    if pending:
-        sel_future, n_val = select.submit_data(ctx, data, [p[0]["select"]["metric"] for p in pending])
-    # a candidate may fail (diverge) without failing the run, unless a spec without selection needs it
-    required = {us[0].key: n for n, (_, _, us, su, _) in enumerate(plans) if su is None}   # key: its spec
-    ctx.shuffle_rows = _copy_rows([spec for spec, _ in units.values()], len(data.classes))
-    todo = {}
-    for key, (spec, unit) in units.items():
+    plans = []
+    for r, (fold, split) in enumerate(folds):
+        for n, entry in enumerate(ctx.config.methods):
+            spec = repeat_spec(entry, r)
+            cands = registry.candidates(spec)
+            validated = has_val and (len(cands) > 1 or registry.make(cands[0]).validates())
+            if has_val and r == 0:
+                _note_val_classes(ctx, data, split, n, spec)
+            if not validated:   # nothing to choose or stop on: one model on every train row
+                cands, fold_n = cands[:1], Fold()
+            else:
+                fold_n = fold
+            refit = validated and fold_n.borrow is not None and (spec.get("select") or {}).get("refit", True)
+            plan = _Plan(n, r, spec, fold_n, cands,
+                         [ctx.store.unit("models", model_key(c, stats, neighbours, data, fold_n)) for c in cands],
+                         refit=refit)
+            if len(cands) > 1:
+                plan.sel_unit = ctx.store.unit("selection", select.selection_key(
+                    plan.cunits, spec["select"]["metric"], ctx.config.seed, ctx.config))
+            plans.append(plan)
+    return plans
+
+
+def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit | None) -> list[Trained]:
+    """One model per config entry (and repeat): an entry with parameters left to selection trains
+    every candidate on the train rows less the validation rows it borrows, keeps the best on them
+    (``metricpipe.select``) and refits it on every train row (``select.refit``); a learner that
+    stops early does the same with its one candidate. Returns the models kept, each once."""
+    plans = _plans(ctx, data, stats, neighbours)
+    for p in plans:   # what a resumed run already has
+        if p.sel_unit is not None:
+            if ctx.reuse(p.sel_unit, "train") and ctx.reuse(p.cunits[p.sel_unit.meta()["chosen"]], "train"):
+                p.chosen = p.sel_unit.meta()["chosen"]
+        elif p.refit and ctx.reuse(p.cunits[0], "train"):
+            p.chosen = 0
+    ctx.shuffle_rows = _copy_rows([c for p in plans for c in p.cands], len(data.classes))
+    # phase 1: every candidate (and every model fitted once) whose entry has no choice yet
+    todo, required = {}, set()
+    for p in plans:
+        if p.chosen is not None:
+            if ctx.repair and p.sel_unit is not None:   # a damaged candidate not kept is retrained alone
+                for i, u in enumerate(p.cunits):
+                    if i != p.chosen and (u.done() or u.marker_damaged()) and not ctx.reuse(u, "train"):
+                        todo.setdefault(u.key, (p.cands[i], u, p.fold, p))
+            continue
+        for c, u in zip(p.cands, p.cunits):
+            todo.setdefault(u.key, (c, u, p.fold, p))
+        if p.sel_unit is None:
+            required.add(p.cunits[0].key)
+    futures = _submit(ctx, todo, data, stats, neighbours)
+    scores = _submit_scores(ctx, plans, futures, data)
+    _gather_models(ctx, futures, required, data)
+    _choose(ctx, plans, scores)
+    # phase 2: the chosen candidates refitted on every train row
+    refits, refit_of = {}, {}
+    for p in plans:
+        if p.chosen is None:
+            p.chosen = 0
+        if not p.refit:
+            p.final = p.cunits[p.chosen]
+            continue
+        chosen = p.cunits[p.chosen]
+        spec = {**p.cands[p.chosen], **(chosen.meta().get("refit") or {})}
+        p.final = ctx.store.unit("models", model_key(spec, stats, neighbours, data))
+        refits.setdefault(p.final.key, (spec, p.final, Fold(), p))
+        refit_of[p.final.key] = chosen.key
+    trained = _submit(ctx, refits, data, stats, neighbours)
+    _gather_models(ctx, trained, set(trained), data, refit_of)
+    made = set(futures) | set(trained)
+    kept = sum(1 for p in plans if p.final.key not in made and not any(u.key in made for u in p.cunits))
+    if kept:
+        ctx.log(f"  train: reusing {kept} of {len(plans)} models")
+    return _kept(ctx, plans)
+
+
+def _submit(ctx: StageContext, todo: dict, data, stats, neighbours) -> dict:
+    """Submit the training of every unit of ``todo`` ({key: (spec, unit, fold, plan)}) that is not
+    reusable; returns {key: (spec, unit, future, plan)}."""
+    out = {}
+    for key, (spec, unit, fold, plan) in todo.items():
         if ctx.reuse(unit, "train"):
             continue
         unit.begin()
         driver = DRIVERS[registry.feeds(spec["method"])]
         ctx.returning_errors = True  # a candidate may diverge (a score, not a failure); else named below
         try:
-            todo[key] = (spec, unit, driver(ctx, spec, registry.make(spec), data, stats, neighbours, unit,
-                                            model_id(spec)))
+            out[key] = (spec, unit, driver(ctx, spec, registry.make(spec), data, stats, neighbours, unit,
+                                           model_id(spec), fold), plan)
         finally:
             ctx.returning_errors = False
-    kept = sum(1 for _, _, us, su, done in plans if done or (su is None and us[0].key not in todo))
-    chosen = sum(1 for *_, done in plans if done)
-    if kept:
-        ctx.log(f"  train: reusing {kept} of {len(plans)} models"
-                + (f" ({chosen} with their parameter selection)" if chosen else ""))
-    scores = {}
-    for spec, cands, cunits, sel_unit, _ in pending:
-        for c, u in zip(cands, cunits):
-            trained = todo[u.key][2] if u.key in todo else None
-            scores[(sel_unit.key, u.key)] = select.submit_score(ctx, trained, u, spec["select"]["metric"], sel_future,
-                                                                model_id(c))
+    return out
+
+
+def _submit_scores(ctx: StageContext, plans: list[_Plan], futures: dict, data) -> dict:
+    """Each pending selection's candidates scored on its repeat's validation rows."""
+    pending = [p for p in plans if p.sel_unit is not None and p.chosen is None]
+    scores, rows = {}, {}
+    for p in pending:
+        if p.repeat not in rows:
+            split = fold_split(data.url, p.fold)
+            metrics = [q.spec["select"]["metric"] for q in pending if q.repeat == p.repeat]
+            rows[p.repeat] = select.submit_data(ctx, data, split, metrics)
+        sel_future, _ = rows[p.repeat]
+        for c, u in zip(p.cands, p.cunits):
+            trained = futures[u.key][2] if u.key in futures else None   # (this runs after it)
+            scores[(p.sel_unit.key, u.key)] = select.submit_score(ctx, trained, u, p.spec["select"]["metric"],
+                                                                  sel_future, model_id(c))
+    return {"futures": scores, "n_val": {r: v[1] for r, v in rows.items()}}
+
+
+def _gather_models(ctx: StageContext, futures: dict, required: set, data, refit_of: dict | None = None) -> None:
+    """Wait for the models of ``futures``, committing each as its task returns (an interrupt or a later
+    failure keeps it); a failed model in ``required`` stops the run with its entry's one line."""
     t0 = time.perf_counter()
-    items = list(todo.values())
+    items = list(futures.values())
 
     def commit(i, res):
-        """Each model is committed as its task returns: an interrupt or a later failure keeps it."""
-        spec, unit, _ = items[i]
+        spec, unit, _, plan = items[i]
         if isinstance(res, Exception):
             if unit.key in required:   # a model the run needs: its config entry's one line
-                raise InputError(f"{ctx.config.source_file}: {ctx.config.entry(required[unit.key])} "
-                                 f"({model_id(spec)}): {res}") from None
+                raise InputError(f"{ctx.config.source_file}: {ctx.config.entry(plan.n)} ({model_id(spec)}): "
+                                 f"{res}") from None
             unit.discard()   # the selection records the failure; no half-written model is left behind
             return
         unit.commit({**res, "spec": spec, "seconds": round(res["fit_seconds"], 3),
                      "wall": round(time.perf_counter() - t0, 3), "data": data.unit.key,
                      "normalize": ctx.config.data.normalize,
-                     "class_names": [c.item() if hasattr(c, "item") else c for c in data.classes]})
+                     "class_names": [c.item() if hasattr(c, "item") else c for c in data.classes],
+                     **({"refit_of": refit_of[unit.key]} if refit_of and unit.key in refit_of else {})})
         if "samples_per_second" in res:
             ctx.log(f"  train: {model_id(spec)} {res['samples_per_second']:.0f} samples/s")
-        if unit.key in required and res.get("best_iter") == 0:   # (a candidate's start is the selection's affair)
-            ctx.log(f"  train: {model_id(spec)}: early stopping kept the model it starts from (no step lowered "
-                    f"its validation score); its parameters may not suit this data (select: true searches them)")
 
-    ctx.gather([f for *_, f in items], "train", [f"model {model_id(s)}" for s, *_ in items], on_result=commit)
-    keys = list(scores)
-    values = ctx.gather([scores[k] for k in keys], "train", [f"selection score {k[1]}" for k in keys])
+    ctx.gather([f for _, _, f, _ in items], "train", [f"model {model_id(s)}" for s, *_ in items], on_result=commit)
+
+
+def _choose(ctx: StageContext, plans: list[_Plan], scores: dict) -> None:
+    keys = list(scores["futures"])
+    values = ctx.gather([scores["futures"][k] for k in keys], "train", [f"selection score {k[1]}" for k in keys])
     values = dict(zip(keys, values))
-    out = []
-    for n, (spec, cands, cunits, sel_unit, done) in enumerate(plans):
-        if sel_unit is None:
-            out.append((cands[0], cunits[0]))
+    for p in plans:
+        if p.sel_unit is None:
+            unit = p.cunits[0]
+            if p.refit and unit.done() and unit.meta().get("best_iter") == 0 and p.repeat == 0:
+                ctx.log(f"  train: {model_id(p.cands[0])}: early stopping kept the model it starts from (no step "
+                        f"lowered its validation score); its parameters may not suit this data (select: true "
+                        f"searches them)")
             continue
-        if not done:
-            _commit_selection(ctx, n, cands, cunits, sel_unit, [values[(sel_unit.key, u.key)] for u in cunits], n_val)
-        best = sel_unit.meta()["chosen"]
-        out.append((cands[best], cunits[best]))
-        ctx.selections.append(sel_unit.rel)
-    # a selection may choose the model another entry sets (identical entries are merged at load):
-    # it is encoded and evaluated once (twice, the second encode wiped the unit the first was writing)
-    unique = []
-    for spec, unit in out:
-        if all(unit.key != u.key for _, u in unique):
-            unique.append((spec, unit))
-    if len(unique) < len(out):
-        ctx.log(f"  train: {len(out) - len(unique)} entr{'y' if len(out) - len(unique) == 1 else 'ies'} ended with "
-                f"the model another entry has; it is encoded and evaluated once")
-    return unique
+        if p.chosen is None:
+            _commit_selection(ctx, p, [values[(p.sel_unit.key, u.key)] for u in p.cunits],
+                              scores["n_val"][p.repeat])
+        p.chosen = p.sel_unit.meta()["chosen"]
+        ctx.selections.append(p.sel_unit.rel)
 
 
-def _commit_selection(ctx, n, cands, cunits, sel_unit, results, n_val) -> None:
-    spec = ctx.config.methods[n]
+def _kept(ctx: StageContext, plans: list[_Plan]) -> list[Trained]:
+    """The final models, each once with every (entry, repeat) it serves: a selection may choose the
+    model another entry sets (identical entries are merged at load), and a model without a seed
+    or selection is the same in every repeat."""
+    out = {}
+    for p in plans:
+        spec = p.cands[p.chosen]
+        if p.final.key in out:
+            s, u, serves = out[p.final.key]
+            out[p.final.key] = Trained(s, u, serves + ((p.n, p.repeat),))
+        else:
+            out[p.final.key] = Trained(spec, p.final, ((p.n, p.repeat),))
+    shared = sum(1 for t in out.values() if len({n for n, _ in t.serves}) > 1)
+    if shared:
+        ctx.log(f"  train: {shared} entr{'y' if shared == 1 else 'ies'} ended with the model another entry has; "
+                f"it is encoded and evaluated once")
+    ctx.validated = sorted({u.rel for p in plans if p.refit for u in p.cunits if u.done()})
+    return list(out.values())
+
+
+def _commit_selection(ctx, p: _Plan, results, n_val) -> None:
+    spec = p.spec
+    cands, cunits, sel_unit = p.cands, p.cunits, p.sel_unit
     metric, grid = spec["select"]["metric"], spec["select"]["grid"]
     scores = [None if isinstance(r, Exception) else float(r) for r in results]
     best = select.choose(metric, scores)
     name = model_id(cands[0])
     if best < 0:
         first = next(r for r in results if isinstance(r, Exception))
-        raise InputError(f"{ctx.config.source_file}: {ctx.config.entry(n)} ({name}): every candidate failed; the "
+        raise InputError(f"{ctx.config.source_file}: {ctx.config.entry(p.n)} ({name}): every candidate failed; the "
                          f"first: {first}")
     rows = [{"params": {k: c[k] for k in grid}, "model": u.key,
              "score": s, "error": None if s is not None else str(r).splitlines()[0]}
@@ -228,12 +350,13 @@ def _commit_selection(ctx, n, cands, cunits, sel_unit, results, n_val) -> None:
     sel_unit.begin()
     label = model_id({k: v for k, v in cands[0].items() if k not in grid})   # the entry, searched parameters aside
     ctx.commit(sel_unit, {"method": spec["method"], "label": label, "metric": metric, "grid": grid,
-                          "validation_rows": n_val,
+                          "validation_rows": n_val, "repeat": p.repeat, "entry": p.n,
                           "higher_is_better": higher_is_better(metric),
                           "candidates": rows, "chosen": best, "model": cunits[best].key, "spec": cands[best]})
     shown = "; ".join(f"{select.describe(grid, r['params'])}: "
                       + (f"{r['score']:.4f}" if r["score"] is not None else "failed") for r in rows)
-    ctx.log(f"  train: {label} selected {select.describe(grid, rows[best]['params'])} by "
+    again = f" (repeat {p.repeat})" if p.repeat else ""
+    ctx.log(f"  train: {label}{again} selected {select.describe(grid, rows[best]['params'])} by "
             f"{metric} on {n_val:,} validation rows ({shown})")
     failed = [r for r in rows if r["score"] is None]
     if failed:   # why, once: candidates usually fail alike (a rate that diverges)

@@ -122,7 +122,8 @@ def test_sampled_queries_keep_the_full_graphs_rows_and_slne_trains_on_them_and_t
     from metricpipe.tasks.slne import SLNE
     stats, _ = load_arrays(_graph.stats.url)
     mean, P = SLNE().input_space(stats["mean"], stats["pca_components"])
-    Z, y, graph = _inputs(data.url, unit.url, data.chunks, SLNE().input_map(stats["mean"], stats["pca_components"]))
+    Z, y, graph = _inputs(data.url, unit.url, data.chunks, SLNE().input_map(stats["mean"], stats["pca_components"]),
+                          data.split)
     rows = np.union1d(q, full[q])                                # the sampled rows and their neighbours
     X = open_array(f"{data.url}/features")[:]
     ref = (X[rows] - mean) @ P
@@ -183,7 +184,7 @@ def test_queries_are_streamed_only_when_every_task_can_hold_them():
 @pytest.mark.integration
 def test_the_streamed_search_gives_the_same_graph_on_one_worker_as_on_two(client, tmp_path):
     from distributed import Client, LocalCluster
-    nb = {"k": 10, "method": "ivf", "queries": 400, "nlist": 16, "nprobe": 3}
+    nb = {"k": 10, "method": "ivf", "queries": 400, "nlist": 16, "nprobe": 2}
     two, g2, d2, _ = _graph(client, tmp_path, "two", nb)
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as lc, \
             Client(lc) as one_client:

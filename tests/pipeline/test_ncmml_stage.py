@@ -43,7 +43,7 @@ def _records(evals, method, **params):
 
 def test_early_stopping_keeps_the_w_with_the_lowest_validation_error(trained):
     _, _, models, _, _ = trained
-    for spec, unit in models:
+    for spec, unit, _ in models:
         if spec["method"] in ("ncmml", "ncmc", "knnml"):
             est = load_estimator(unit.url)
             errors = [h["val_error"] for h in est.history_]
@@ -57,7 +57,7 @@ def test_early_stopping_keeps_the_w_with_the_lowest_validation_error(trained):
 
 def test_ncmc_centroids_are_a_lloyd_fixed_point_per_class(trained):
     _, data, models, _, _ = trained
-    [unit] = [u for s, u in models if s["method"] == "ncmc" and s["centroids"] == 2]
+    [unit] = [u for s, u, _ in models if s["method"] == "ncmc" and s["centroids"] == 2]
     est = load_estimator(unit.url)
     X = open_array(f"{data.url}/features")[:].astype(np.float64)
     y = open_array(f"{data.url}/label")[:]
@@ -106,7 +106,7 @@ def test_ncm_classifiers_use_the_learned_metric_and_new_classes_are_scored_apart
 
 def test_dot_form_stores_class_biases_and_classifies_with_them(trained):
     ctx, data, models, codes, evals = trained
-    [unit] = [u for s, u in models if s.get("objective") == "dot" and not s["classes"]]
+    [unit] = [u for s, u, _ in models if s.get("objective") == "dot" and not s["classes"]]
     bias = load_estimator(unit.url).class_bias_
     assert bias.shape == (5,) and np.all(np.isfinite(bias))
     [(spec, cunit, _)] = [c for c in codes if c[0].get("objective") == "dot" and not c[0]["classes"]]
@@ -122,7 +122,7 @@ def test_dot_form_stores_class_biases_and_classifies_with_them(trained):
 def test_learned_metrics_are_linear_encoders_without_offset(trained):
     _, data, models, _, _ = trained
     X = open_array(f"{data.url}/features")[:50]
-    for spec, unit in models:
+    for spec, unit, _ in models:
         if spec["method"] in ("ncmml", "ncmc", "knnml"):
             m = load_estimator(unit.url)
             assert m.components_.shape == (12, 4) and not hasattr(m, "offset_")
@@ -133,7 +133,7 @@ def test_add_classes_extends_a_copy_and_predicts_like_ncm_with_numpy_means(train
     from metricpipe.classes import add_classes, predict
     from metricpipe.tasks.normalize import normalize_rows
     ctx, data, models, _, _ = trained
-    [(spec, unit)] = [(s, u) for s, u in models if s["method"] == "ncmml" and s.get("classes")
+    [(spec, unit)] = [(s, u) for s, u, _ in models if s["method"] == "ncmml" and s.get("classes")
                       and s["objective"] == "euclidean"]
     before = {p: p.read_bytes() for p in __import__("pathlib").Path(unit.url).rglob("*") if p.is_file()}
     rng = np.random.default_rng(5)
@@ -159,7 +159,7 @@ def test_add_classes_extends_a_copy_and_predicts_like_ncm_with_numpy_means(train
     assert (names == expect).all() and (names[:20] == 10).mean() > 0.5  # chance: 1 in 7
     # the report labels the copy as the run labels its model: objective is swept, so named at its default
     from metricpipe.report import extended_models
-    run = [{"key": u.key, "spec": u.meta()["spec"]} for _, u in models]
+    run = [{"key": u.key, "spec": u.meta()["spec"]} for _, u, _ in models]
     [e] = [e for e in extended_models(ctx.store, run) if e["key"] == ext.key]
     assert e["extends"] == unit.key and "objective=euclidean" in e["label"] and "dim=" not in e["label"]
 
@@ -168,7 +168,7 @@ def test_add_classes_refuses_bad_new_data(trained, tmp_path):
     from metricpipe.classes import add_classes
     from metricpipe.tasks.errors import InputError
     ctx, _, models, _, _ = trained
-    [unit] = [u for s, u in models if s["method"] == "ncmml" and s.get("classes") and s["objective"] == "euclidean"]
+    [unit] = [u for s, u, _ in models if s["method"] == "ncmml" and s.get("classes") and s["objective"] == "euclidean"]
     np.savez(tmp_path / "wrong_dim.npz", X=np.ones((10, 7), np.float32), y=np.zeros(10, int))
     with pytest.raises(InputError, match="features have 7 dimensions but model .* takes 12"):
         add_classes(ctx.store.url, str(tmp_path / "wrong_dim.npz"), model=unit.key, log=lambda m: None)
@@ -188,18 +188,18 @@ def test_add_classes_again_reuses_its_models_and_leaves_the_store_as_it_was(trai
     store = tmp_path / "store"
     shutil.copytree(ctx.store.url, store)
     # one NCM model without codes stands in for a selection candidate that was not kept: not a target
-    [dropped] = [c.key for (s, _), (_, c, _) in zip(models, codes) if s["method"] == "ncmc"][:1]
+    [dropped] = [c.key for (s, _, _), (_, c, _) in zip(models, codes) if s["method"] == "ncmc"][:1]
     (store / f"codes/{dropped}.committed.json").unlink()
     rng = np.random.default_rng(6)
     np.savez(tmp_path / "new.npz", X=rng.normal(0, 1, (40, 12)).astype(np.float32), y=np.repeat([21, 22], 20))
     logs = []
     first = add_classes(str(store), str(tmp_path / "new.npz"), log=logs.append)
-    assert len(first) == sum(s["method"] in ("ncmml", "ncmc") for s, _ in models) - 1
+    assert len(first) == sum(s["method"] in ("ncmml", "ncmc") for s, _, _ in models) - 1
     files = {p: p.stat().st_mtime_ns for p in store.rglob("*") if p.is_file()}
     second = add_classes(str(store), str(tmp_path / "new.npz"), log=logs.append)
     assert second == first and all("reusing" in m for m in logs[len(first):])
     assert {p: p.stat().st_mtime_ns for p in store.rglob("*") if p.is_file()} == files   # nothing rewritten
-    pca = next(u for s, u in models if s["method"] not in ("ncmml", "ncmc"))
+    pca = next(u for s, u, _ in models if s["method"] not in ("ncmml", "ncmc"))
     with pytest.raises(InputError, match=rf"model {pca.key} is a \w+ model, not NCMML or NCMC"):
         add_classes(str(store), str(tmp_path / "new.npz"), model=pca.key[:6], log=logs.append)
 
@@ -255,7 +255,7 @@ def test_zero_shot_prior_is_the_mean_of_ancestor_means_and_map_mixes_it(trained,
     # Eq. 33: ancestors of lynx are mammal (cat, dog) and animal (cat, dog): both average to (2, 0)
     np.testing.assert_allclose(zero_shot_prior("lynx", parents, means), [2.0, 0])
     ctx, data, models, _, _ = trained
-    [unit] = [u for s, u in models if s["method"] == "ncmml" and s.get("classes") and s["objective"] == "euclidean"]
+    [unit] = [u for s, u, _ in models if s["method"] == "ncmml" and s.get("classes") and s["objective"] == "euclidean"]
     (tmp_path / "h.yaml").write_text("'0': a\n'1': a\n'2': b\n40: a\n41: b\n")
     Xn = np.abs(np.random.default_rng(1).normal(size=(4, 12))).astype(np.float32)
     np.savez(tmp_path / "n.npz", X=Xn, y=np.array([40] * 4))
@@ -286,8 +286,8 @@ def test_zero_shot_prior_is_the_mean_of_ancestor_means_and_map_mixes_it(trained,
 
 def test_ncmc_with_one_centroid_per_class_trains_the_ncmml_metric(trained):
     _, _, models, _, _ = trained
-    [ncmc1] = [u for s, u in models if s["method"] == "ncmc" and s["centroids"] == 1]
-    [ncm] = [u for s, u in models if s["method"] == "ncmml" and s["objective"] == "euclidean" and not s["classes"]]
+    [ncmc1] = [u for s, u, _ in models if s["method"] == "ncmc" and s["centroids"] == 1]
+    [ncm] = [u for s, u, _ in models if s["method"] == "ncmml" and s["objective"] == "euclidean" and not s["classes"]]
     a, b = load_estimator(ncmc1.url), load_estimator(ncm.url)
     np.testing.assert_allclose(a.centroids_, b.centroids_, rtol=1e-5, atol=1e-6)  # k-means, k = 1: the means
     np.testing.assert_allclose(a.components_, b.components_, rtol=1e-4, atol=1e-6)
@@ -298,7 +298,7 @@ def test_dot_form_on_a_class_subset_gives_every_class_its_implied_bias_so_new_cl
     training lost every comparison (top-1 error 1.0 on them). With classes left out, every class takes
     the implied bias (Section 3.4), which is the Euclidean NCM rule on the projected means."""
     _, data, models, codes, evals = trained
-    [unit] = [u for s, u in models if s.get("objective") == "dot" and s["classes"]]
+    [unit] = [u for s, u, _ in models if s.get("objective") == "dot" and s["classes"]]
     est = load_estimator(unit.url)
     P = est.centroids_.astype(np.float64) @ est.components_.astype(np.float64)
     np.testing.assert_allclose(est.class_bias_, -0.5 * (P ** 2).sum(1), rtol=1e-5)
@@ -323,7 +323,7 @@ def test_predict_needs_no_labels_and_refuses_bad_ones_and_ambiguous_models(train
     ctx, data, models, _, _ = trained
     X = open_array(f"{data.url}/features")[:30]
     np.savez(tmp_path / "unlabelled.npz", X=X)
-    [unit] = [u for s, u in models if s["method"] == "ncmml" and not s["classes"] and s["objective"] == "euclidean"]
+    [unit] = [u for s, u, _ in models if s["method"] == "ncmml" and not s["classes"] and s["objective"] == "euclidean"]
     names, error, _ = predict(ctx.store.url, unit.key, str(tmp_path / "unlabelled.npz"))
     assert len(names) == 30 and error is None
     np.savez(tmp_path / "short.npz", X=X, y=np.zeros((2, 15), int))
@@ -345,7 +345,7 @@ def test_predict_needs_no_labels_and_refuses_bad_ones_and_ambiguous_models(train
         predict(ctx.store.url, unit.key, str(tmp_path / "text.npz"), labels="y")
     with pytest.raises(InputError, match=r"model .. matches \d+ models \(.*\); give more of the key"):
         predict(ctx.store.url, "", str(tmp_path / "unlabelled.npz"))
-    [ncmc] = [u for s, u in models if s["method"] == "ncmc" and s["centroids"] == 2]
+    [ncmc] = [u for s, u, _ in models if s["method"] == "ncmc" and s["centroids"] == 2]
     (tmp_path / "h.yaml").write_text("'0': a\n50: a\n")
     np.savez(tmp_path / "n.npz", X=np.abs(X[:4]), y=np.array([50] * 4))
     with pytest.raises(InputError, match="keeps 2 centroids per class; the zero-shot prior"):
@@ -364,7 +364,7 @@ def test_the_pipeline_learns_what_fit_learns_in_memory(trained, method, params):
     from metricpipe.storage import load_arrays
     from metricpipe.tasks import moments, registry, stream
     _, data, models, _, _ = trained
-    [(spec, unit)] = [(s, u) for s, u in models if s["method"] == method
+    [(spec, unit)] = [(s, u) for s, u, _ in models if s["method"] == method
                       and all(s.get(k) == v for k, v in params.items())]
     X = open_array(f"{data.url}/features")[:]
     train = data.split == 0
@@ -407,7 +407,7 @@ def test_a_model_trained_on_some_classes_records_the_others_validation_error(tra
     """Section 5.4's protocol: W is chosen on the trained classes; the other classes' NCM error over
     all class means is recorded at every validation and at the kept W (never used to choose it)."""
     _, data, models, _, _ = trained
-    [(spec, unit)] = [(s, u) for s, u in models if s["method"] == "ncmml" and s.get("classes") == [0, 1, 2]
+    [(spec, unit)] = [(s, u) for s, u, _ in models if s["method"] == "ncmml" and s.get("classes") == [0, 1, 2]
                       and s["objective"] == "euclidean"]
     est = load_estimator(unit.url)
     hist = est.history_
@@ -442,7 +442,7 @@ def test_labels_are_compared_by_value_and_predict_returns_the_models_kind(traine
     from metricpipe.classes import add_classes, predict
     from metricpipe.tasks.errors import InputError
     ctx, data, models, _, _ = trained
-    [unit] = [u for s, u in models if s["method"] == "ncmml" and not s["classes"] and s["objective"] == "euclidean"]
+    [unit] = [u for s, u, _ in models if s["method"] == "ncmml" and not s["classes"] and s["objective"] == "euclidean"]
     test = np.flatnonzero(data.split == 1)[:200]
     X, y = open_array(f"{data.url}/features")[:][test], data.labels[test]
     names = np.array(unit.meta()["class_names"])
@@ -458,7 +458,7 @@ def test_labels_are_compared_by_value_and_predict_returns_the_models_kind(traine
     np.savez(tmp_path / "half.npz", X=X, y=np.full(len(X), 2.5))
     with pytest.raises(InputError, match=r"non-integral float64 value\(s\), first 2.5 at row 0"):
         predict(ctx.store.url, unit.key, str(tmp_path / "half.npz"), labels="y")
-    [sub] = [u for s, u in models if s["method"] == "ncmml" and s.get("classes") and s["objective"] == "euclidean"]
+    [sub] = [u for s, u, _ in models if s["method"] == "ncmml" and s.get("classes") and s["objective"] == "euclidean"]
     taken = float(sub.meta()["class_names"][0])
     np.savez(tmp_path / "again.npz", X=X[:10], y=np.full(10, taken))           # 3.0 against class 3: a clash
     with pytest.raises(InputError, match=rf"class\(es\) \[{int(taken)}\] are already in model"):
@@ -469,7 +469,7 @@ def test_a_hierarchy_with_a_cycle_is_refused_naming_the_loop(trained, tmp_path):
     from metricpipe.classes import add_classes
     from metricpipe.tasks.errors import InputError
     ctx, _, models, _, _ = trained
-    [unit] = [u for s, u in models if s["method"] == "ncmml" and s.get("classes") and s["objective"] == "euclidean"]
+    [unit] = [u for s, u, _ in models if s["method"] == "ncmml" and s.get("classes") and s["objective"] == "euclidean"]
     (tmp_path / "h.yaml").write_text("'0': a\nnew: a\na: b\nb: a\n")
     np.savez(tmp_path / "n.npz", X=np.ones((4, 12), np.float32), y=np.array(["new"] * 4))
     with pytest.raises(InputError, match=r"h.yaml: the hierarchy has a cycle \(a -> b -> a\); class 'a' is its own"):
@@ -530,7 +530,7 @@ def test_sgd_that_reads_a_few_pools_gets_a_copy_of_those_blocks_only_and_learns_
         "methods": [spec]})
     lines = []
     ctx.log = lines.append
-    [(spec, unit)] = run_train(ctx, data, stats, None)
+    [(spec, unit, _)] = run_train(ctx, data, stats, None)
     train = data.split == 0
     n, br = int(train.sum()), data.chunk_rows
     [copy] = ctx.store.units("shuffled")
@@ -558,7 +558,7 @@ def test_a_copy_smaller_than_a_block_is_one_chunk_read_once_and_trains_what_fit_
             "select": False}
     ctx, data, stats = staged(client, tmp_path / "s", {
         "data": {"path": str(tmp_path / "d.npz"), "split": {"val": 0}}, "methods": [spec]})
-    [(spec, unit)] = run_train(ctx, data, stats, None)
+    [(spec, unit, _)] = run_train(ctx, data, stats, None)
     train = data.split == 0
     n, br = int(train.sum()), data.chunk_rows
     assert br > 100 * n
@@ -586,7 +586,7 @@ def test_a_validation_share_rounded_up_over_many_classes_still_fits_the_partial_
             "select": False}
     ctx, data, stats = staged(client, tmp_path / "s", {
         "data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.05, "split": {"val": 0}}, "methods": [spec]})
-    [(spec, unit)] = run_train(ctx, data, stats, None)
+    [(spec, unit, _)] = run_train(ctx, data, stats, None)
     [copy] = ctx.store.units("shuffled")
     n = int((data.split == 0).sum())
     assert copy.meta()["blocks"] < -(-n // data.chunk_rows)      # still a partial copy
@@ -611,7 +611,7 @@ def test_add_classes_refuses_a_damaged_model_and_recomputes_a_damaged_copy(train
     ctx, _, models, _, _ = trained
     store = tmp_path / "store"
     shutil.copytree(ctx.store.url, store)
-    [unit] = [u for s, u in models if s["method"] == "ncmml" and s.get("classes") and s["objective"] == "euclidean"]
+    [unit] = [u for s, u, _ in models if s["method"] == "ncmml" and s.get("classes") and s["objective"] == "euclidean"]
     rng = np.random.default_rng(7)
     np.savez(tmp_path / "new.npz", X=rng.normal(0, 1, (40, 12)).astype(np.float32), y=np.repeat([31, 32], 20))
     chunk, intact = _flip_last_bytes(store / "models" / unit.key)

@@ -54,8 +54,10 @@ def test_val_auto_leaves_the_rows_user_pairs_join_in_train(tmp_path):
     info = prepare_data(cfg, Store(cfg.store)).info
     assert (info.split[np.concatenate([i, j])] == 0).all()
     assert (info.split[split == "test"] == 1).all()
-    # the other train rows make the val split
-    val = np.flatnonzero(info.split == 2)
+    # the other train rows give the validation rows a selection borrows
+    from metricpipe.tasks import splits
+    keys = np.random.default_rng(0).integers(0, 2 ** 63, len(y), dtype=np.uint64)
+    val = np.flatnonzero(splits.borrow(info.split, info.labels, keys, 0, keep=np.concatenate([i, j])) == 2)
     assert len(val) > 0 and not np.isin(val, np.concatenate([i, j])).any()
 
 
@@ -74,13 +76,15 @@ def test_val_auto_without_a_class_next_to_user_pairs_trains_and_says_why(client,
     ctx, data, stats = staged(client, tmp_path / "s", {
         "data": {"path": str(tmp_path / "d.npz"), "pairs": str(tmp_path / "p.npz")},
         "methods": [{"method": "ncmml", "dim": 2, "iters": 200, "lr": 3.0}]})
-    assert not ((data.labels == 3) & (data.split == 2)).any() and ((data.labels == 0) & (data.split == 2)).any()
+    from metricpipe.folds import Fold, fold_split
+    borrowed = fold_split(data.url, Fold(0))       # the staged pairs' rows stay train
+    assert not ((data.labels == 3) & (borrowed == 2)).any() and ((data.labels == 0) & (borrowed == 2)).any()
     logs = []
     ctx.log = logs.append
-    [(_, unit)] = run_train(ctx, data, stats, None)
+    [(_, unit, _)] = run_train(ctx, data, stats, None)
     assert load_estimator(unit.url).classes_.tolist() == [0, 1, 2, 3]
     assert any(re.search(r"methods\[0\] \(ncmml-2-iters200-lr3.0\): the val split holds no row of 1 of the 4 classes it trains on "
-                         r"\(3; data.split.val: auto carves val rows only from train rows that no pair of data.pairs "
+                         r"\(3; data.split.val: auto borrows val rows only from train rows that no pair of data.pairs "
                          r"joins\); its early stopping scores the others", m) for m in logs), logs
 
 
@@ -100,7 +104,7 @@ def test_nml_and_linear_ml_train_encode_and_match_their_definitions(client, tmp_
     i, j, yy = nml.sample_pairs(lab[train], 2000, np.random.default_rng(0))   # fixed label pairs to score on
     i, j = train[i], train[j]
     Xs = open_array(f"{data.url}/features")[:].astype(np.float64)
-    for (spec, unit), (_, cunit, dim) in zip(models, codes):
+    for (spec, unit, _), (_, cunit, dim) in zip(models, codes):
         meta = unit.meta()
         m = load_estimator(unit.url)
         Z = open_array(f"{cunit.url}/codes")[:]
@@ -152,7 +156,7 @@ def test_the_pipeline_learns_the_in_memory_model_from_labels(client, tmp_path):
     models = run_train(ctx, data, stats, None)
     train, Xt, yt = _train_rows(data)
     assert data.chunk_rows < len(train) / 3                          # several pools
-    for (spec, unit), cls in zip(models, (NML, LinearML)):
+    for (spec, unit, _), cls in zip(models, (NML, LinearML)):
         got = load_estimator(unit.url)
         params = {k: v for k, v in spec.items() if k != "method"}
         mem = cls(**params).fit(Xt, yt, block_rows=data.chunk_rows)
@@ -180,7 +184,7 @@ def test_user_pairs_in_the_pipeline_are_fit_pairs_in_memory(client, tmp_path):
     ctx, data, stats = staged(client, tmp_path / "user", {
         "data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.005, "pairs": str(tmp_path / "pairs.npz")},
         "methods": [spec]})
-    [(_, unit)] = run_train(ctx, data, stats, None)
+    [(_, unit, _)] = run_train(ctx, data, stats, None)
     got = load_estimator(unit.url)
     assert got.pair_source_ == "user" and got.n_pairs_ == 1000 and got.pairs_seen_ == 1500
     train, Xt, _ = _train_rows(data)

@@ -9,11 +9,13 @@ from sklearn.datasets import load_digits
 from sklearn.neighbors import KNeighborsClassifier
 
 from metricpipe.config import parse_config
+from metricpipe.folds import Fold, fold_split
 from metricpipe.runner import run_pipeline
 from metricpipe.select import selection_rows
-from metricpipe.stages.data import auto_val_size, prepare_data
+from metricpipe.stages.data import prepare_data
 from metricpipe.storage import Store, load_estimator, open_array
-from metricpipe.tasks import evaluation, registry
+from metricpipe.tasks import evaluation, registry, splits
+from metricpipe.tasks.splits import auto_val_size
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.ncmml import NCMML
 from metricpipe.tasks.baselines import PCA
@@ -28,18 +30,35 @@ def _plan(tmp_path, split):
     return prepare_data(cfg, Store(cfg.store)).info
 
 
-def test_auto_val_is_a_stratified_tenth_of_train_leaving_two_train_rows_per_class(tmp_path):
+def _keys(n):
+    return np.random.default_rng(5).integers(0, 2 ** 63, n, dtype=np.uint64)
+
+
+def test_auto_val_borrows_a_stratified_tenth_of_train_leaving_two_train_rows_per_class(tmp_path):
     info = _plan(tmp_path, {"test": 0.2, "seed": 0})
-    n_pool = int((info.split != TEST).sum())
-    val, train = info.split == VAL, info.split == TRAIN
+    assert not (info.split == VAL).any()          # the staged split is the user's: every train row is train
+    n_pool = int((info.split == TRAIN).sum())
+    split = splits.borrow(info.split, info.labels, _keys(len(info.split)), 0)
+    val, train = split == VAL, split == TRAIN
+    assert (info.split[val] == TRAIN).all() and (split[info.split == TEST] == TEST).all()
     assert val.sum() == pytest.approx(auto_val_size(n_pool), abs=len(info.classes))
     assert auto_val_size(n_pool) == int(min(10000, max(0.1 * n_pool, min(500, 0.2 * n_pool))))
     share = np.bincount(info.labels[val]) / np.bincount(info.labels[info.split != TEST])
     assert share.min() > 0.1 and share.max() < 0.3          # stratified: every class gives its share
     assert np.bincount(info.labels[train]).min() >= 2
-    # the same seed, the same rows; another seed, other rows
-    assert np.array_equal(_plan(tmp_path, {"test": 0.2, "seed": 0}).split, info.split)
-    assert not np.array_equal(_plan(tmp_path, {"test": 0.2, "seed": 1}).split == VAL, val)
+    # the same seed, the same rows; another seed (a repeat), other rows
+    assert np.array_equal(splits.borrow(info.split, info.labels, _keys(len(info.split)), 0), split)
+    assert not np.array_equal(splits.borrow(info.split, info.labels, _keys(len(info.split)), 1) == VAL, val)
+
+
+def test_borrowed_rows_follow_the_rows_content_not_where_they_are_stored():
+    rng = np.random.default_rng(0)
+    labels, keys = rng.integers(0, 5, 3000), _keys(3000)
+    split = np.where(rng.random(3000) < 0.2, TEST, TRAIN).astype(np.int8)
+    order = rng.permutation(3000)
+    a = splits.borrow(split, labels, keys, 3)
+    b = splits.borrow(split[order], labels[order], keys[order], 3)
+    assert np.array_equal(a[order], b)
 
 
 def test_val_zero_keeps_every_non_test_row_for_training(tmp_path):
@@ -47,15 +66,17 @@ def test_val_zero_keeps_every_non_test_row_for_training(tmp_path):
     assert not (info.split == VAL).any() and (info.split == TRAIN).sum() > 1400
 
 
-def test_a_column_split_without_val_rows_gets_them_carved_from_train(tmp_path):
+def test_a_column_split_without_val_rows_borrows_them_from_train(tmp_path):
     X, y = load_digits(return_X_y=True)
     split = np.where(np.arange(len(y)) % 5 == 0, "test", "train")
     np.savez(tmp_path / "d.npz", X=X, y=y, split=split)
     cfg = parse_config({"store": str(tmp_path / "s"),
                         "data": {"path": str(tmp_path / "d.npz"), "split": {"column": "split"}}})
     info = prepare_data(cfg, Store(cfg.store)).info
-    assert (info.split[split == "test"] == TEST).all()        # the user's test rows are untouched
-    assert (info.split == VAL).sum() == pytest.approx(auto_val_size(int((split == "train").sum())), abs=10)
+    assert np.array_equal(info.split == TEST, split == "test") and np.array_equal(info.split == TRAIN, split == "train")
+    borrowed = splits.borrow(info.split, info.labels, _keys(len(y)), 0)
+    assert (borrowed[split == "test"] == TEST).all()        # the user's test rows are untouched
+    assert (borrowed == VAL).sum() == pytest.approx(auto_val_size(int((split == "train").sum())), abs=10)
 
 
 def test_selection_rows_are_val_and_train_rows_only():
@@ -199,7 +220,7 @@ def test_selection_keeps_the_best_validation_score_and_ignores_the_test_labels(c
     data = next(p for p in (store / "data").iterdir() if p.is_dir())
     split, labels = open_array(f"{data}/split")[:], open_array(f"{data}/label")[:]
     X = open_array(f"{data}/features")[:]
-    val, ref = selection_rows(split, labels, X.shape[1], seed=0)
+    val, ref = selection_rows(fold_split(str(data), Fold(0)), labels, X.shape[1], seed=0)   # the rows it borrowed
     est = load_estimator(str(store / "models" / ncm["candidates"][ncm["chosen"]]["model"]))
     assert evaluation.validation_score(est, "ncm", X[val], labels[val], X[ref], labels[ref]) == \
         pytest.approx(ncm["candidates"][ncm["chosen"]]["score"], abs=1e-12)
@@ -219,7 +240,9 @@ def test_a_selection_that_chooses_another_entry_s_model_encodes_and_evaluates_it
     report, logs = _run(tmp_path, "dup", client, methods=[fixed, searched])
     [sel] = report["selection"]
     assert sel["candidates"][sel["chosen"]]["params"] == {"lr": 10.0}
-    assert [m["key"] for m in report["models"]] == [sel["candidates"][sel["chosen"]]["model"]]
+    [model] = report["models"]        # the chosen candidate's refit, which the fixed entry's is too
+    assert Store(str(tmp_path / "dup")).unit("models", model["key"]).meta()["refit_of"] == \
+        sel["candidates"][sel["chosen"]]["model"]
     facts = [(r["model"], r["metric"], r["classifier"]) for r in report["records"]]
     assert len(facts) == len(set(facts)), facts   # each of its figures once
     assert any("1 entry ended with the model another entry has" in line for line in logs), logs

@@ -53,7 +53,7 @@ def test_slem_models_train_encode_and_match_their_definitions(client, tmp_path):
     np.testing.assert_allclose(got[2], m.transform(Xs[test]), rtol=1e-4, atol=1e-4)
     assert got[3].shape[1] == 2 * 8 + 1 + X.shape[1]
     # fit records: offline and online costs
-    for spec, unit in models:
+    for spec, unit, _ in models:
         fit = unit.meta()
         assert fit["offline_seconds"] >= 0 and fit["online_seconds_per_image"] > 0
     attrs = load_arrays(models[2][1].url)[1]

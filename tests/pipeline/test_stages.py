@@ -65,7 +65,7 @@ def test_neighbour_graph_equals_brute_force_exactly(staged):
 def test_encode_equals_model_transform(staged):
     ctx, data, X, _ = staged
     stats = stages.run_statistics(ctx, data)
-    [(spec, model)] = stages.run_train(ctx, data, stats, None)
+    [(spec, model, _)] = stages.run_train(ctx, data, stats, None)
     [(_, codes, dim)] = stages.run_encode(ctx, data, [(spec, model)])
     est = load_estimator(model.url)
     np.testing.assert_allclose(open_array(f"{codes.url}/codes")[:], X @ est.components_ + est.offset_, rtol=1e-5,
@@ -103,20 +103,27 @@ def test_sparse_projector_stage_stores_a_sparse_model_and_encodes_with_it(client
         "data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.01},
         "methods": [{"method": "sparse", "dim": 3, "sparsity": 0.75, "train_size": 200, "max_iter": 5,
                      "queries": 20}]})
-    [(spec, model)] = stages.run_train(ctx, data, stats, None)
+    [(spec, model, _)] = stages.run_train(ctx, data, stats, None)
     m = load_estimator(model.url)
     W = m.projectors_
     assert hasattr(W, "nnz") and list(np.diff(W.indptr)) == [5, 5, 5]  # M = (1 - 0.75) * 20
     # float32 values, uint16 row indices, int32 column pointers
     assert model.meta()["cost"] == {"nnz": 15, "storage_bytes": 15 * 4 + 15 * 2 + 4 * 4, "flops_per_image": 30}
-    [(_, codes, _)] = stages.run_encode(ctx, data, [(spec, model)])
+    [(_, codes, _)] = stages.run_encode(ctx, data, [(spec, model, ())])
     Z = open_array(f"{codes.url}/codes")[:]
     np.testing.assert_allclose(Z, X @ W.toarray() + m.bias_, rtol=1e-4, atol=1e-5)
-    # early stopping on the val split carved from train: the kept U's recorded mAP is that of its codes
+    # early stopping on the validation rows borrowed from train: the kept U's recorded mAP is that of its
+    # codes; the model kept is its refit on every train row, stopped at that iteration
+    from metricpipe.folds import Fold, fold_split
+    from metricpipe.storage import Unit
     from metricpipe.tasks.evaluation import validation_map
-    val = data.split == stages.VAL
-    assert 0 < val.sum() <= 2000 and model.meta()["best_iter"] == m.best_iter_ <= 5
-    assert model.meta()["val_map"] == pytest.approx(validation_map(Z[val], y[val], "inner"), abs=1e-4)
+    first = Unit(ctx.store, "models", model.meta()["refit_of"])
+    f = load_estimator(first.url)
+    val = fold_split(data.url, Fold(0)) == stages.VAL
+    assert 0 < val.sum() <= 2000 and first.meta()["best_iter"] == f.best_iter_ <= 5
+    assert m.get_params()["stop_iter"] == f.best_iter_ and m.get_params()["validation"] == 0
+    Zf = f.transform(X).astype(np.float32)
+    assert first.meta()["val_map"] == pytest.approx(validation_map(Zf[val], y[val], "inner"), abs=1e-4)
 
 
 def _boom(i):
