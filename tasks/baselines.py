@@ -142,25 +142,32 @@ class PCAWhitening(_StatisticsLearner):
 
 
 class LDA(_StatisticsLearner):
-    """Fisher LDA: generalised eigenvectors of (Sb, Sw + reg * trace(Sw)/D * I) for the within- and
-    between-class covariances Sw and Sb (scatters over the number of rows), W^T Sw W = I: the codes
-    have unit within-class variance along each direction, whatever the number of rows.
+    """Fisher LDA as scikit-learn's ``LinearDiscriminantAnalysis(solver="svd")`` computes it, from the
+    streamed moments instead of the rows: the pooled within-class covariance (scatter over the rows)
+    of the features scaled to unit within-class deviation is whitened on its directions of
+    singular value above ``tol`` (the others, e.g. pixels that never change, are dropped), then the
+    class means weighted by their priors are rotated onto their principal axes, which keep
+    ``tol`` times the largest singular value at least. The codes equal scikit-learn's transform up
+    to the sign of each column (and a shift): kNN and nearest-class-mean classifiers give the same
+    answers on them.
 
     Parameters
     ----------
     dim : int or None, default=None
-        At most (number of classes - 1), the rank of Sb; None takes that many.
-    reg : float >= 0, default=1e-4
-        Ridge on Sw relative to its mean eigenvalue.
+        At most (number of classes - 1), the rank of the between-class scatter; None takes that many
+        (fewer when the data's within-class rank leaves fewer).
+    tol : float >= 0, default=1e-4
+        As scikit-learn's: the singular values (of the scaled within-class rows, then of the
+        weighted class means relative to the largest) below it are dropped.
     """
     method = "lda"
     needs_labels = True
     needs_dense_covariance = True
-    _parameter_constraints = {"dim": DIM_OR_NONE, "reg": NON_NEGATIVE}
+    _parameter_constraints = {"dim": DIM_OR_NONE, "tol": NON_NEGATIVE}
 
-    def __init__(self, dim=None, reg=1e-4):
+    def __init__(self, dim=None, tol=1e-4):
         self.dim = dim
-        self.reg = reg
+        self.tol = tol
 
     def check_data_shape(self, n_features: int, n_classes: int) -> None:
         if self.dim is not None and self.dim > min(n_classes - 1, n_features):
@@ -169,20 +176,39 @@ class LDA(_StatisticsLearner):
                              f"Got {self.dim} instead.")
 
     def _projection(self, stats):
-        n_classes = int((stats["class_counts"] > 0).sum())
+        counts = np.asarray(stats["class_counts"], np.float64)
+        present = counts > 0
+        n_classes = int(present.sum())
         if n_classes < 2:
             raise InputError(f"LDA needs at least 2 classes; got {n_classes}")
-        n = float(stats["class_counts"].sum())
-        sw, sb = stats["within_scatter"] / n, stats["between_scatter"] / n
-        D = sw.shape[0]
+        n = float(counts.sum())
+        D = stats["within_scatter"].shape[0]
         d = self._check_dim(min(n_classes - 1, D), "LDA has at most min(n_classes - 1, n_features) directions")
-        ridge = self.reg * np.trace(sw) / D
-        if ridge <= 0:
-            ridge = 1e-12 * max(1.0, float(np.abs(sb).max()))
-        values, vectors = scipy.linalg.eigh(sb, sw + ridge * np.eye(D),
-                                            subset_by_index=[D - d, D - 1])
-        order = np.argsort(values)[::-1]
-        return vectors[:, order], {"reg": self.reg, "eigenvalues": values[order].tolist()}
+        sw = np.asarray(stats["within_scatter"], np.float64)
+        std = np.sqrt(np.maximum(np.diag(sw), 0) / n)          # the class-centred rows' deviation (ddof 0)
+        std[std == 0] = 1.0
+        fac = 1.0 / n
+        # the scaled within-class rows' singular values and right vectors, from their Gram matrix
+        lam, V = np.linalg.eigh(fac * sw / np.outer(std, std))
+        lam, V = lam[::-1], V[:, ::-1]
+        S = np.sqrt(np.maximum(lam, 0))
+        rank = int((S > self.tol).sum())
+        if rank == 0:   # no feature varies within the classes: nothing to separate, one code for all
+            return np.zeros((D, d)), {"tol": self.tol, "singular_values": [0.0] * d}
+        scalings = (V[:, :rank] / std[:, None]) / S[:rank]
+        means = np.asarray(stats["class_means"], np.float64)[present]
+        priors = counts[present] / n
+        xbar = priors @ means
+        Xb = (np.sqrt(n * priors * fac)[:, None] * (means - xbar)) @ scalings
+        _, S2, Vt = np.linalg.svd(Xb, full_matrices=False)
+        rank2 = int((S2 > self.tol * S2[0]).sum())
+        W = scalings @ Vt.T[:, :rank2]
+        if self.dim is None:
+            d = min(d, W.shape[1])
+        if W.shape[1] < d:
+            raise InputError(f"The 'dim' parameter of LDA must be <= {W.shape[1]}, the discriminant directions the "
+                             f"data's within-class rank leaves. Got {d} instead.")
+        return W[:, :d], {"tol": self.tol, "singular_values": S2[:d].tolist()}
 
 
 class RandomProjection(_StatisticsLearner):

@@ -86,3 +86,60 @@ def test_digits_accuracy_metrics_match_the_pml_definitions(client, tmp_path):
         assert record(m["records"], "identity", 64, name) == pytest.approx(ref[name], abs=1e-9), name
     assert 0.5 < record(m["records"], "identity", 64, "nmi") <= 1
     assert 0.5 < record(m["records"], "identity", 64, "ami") <= 1
+
+
+# ---- val: auto borrows, so the user's train split is every baseline's and every database's -----------
+
+def _knn_reference(Ztr, ytr, Zte, k):
+    """Brute force in float64 with the documented rule: neighbours by (distance, train row), the most
+    votes among the k nearest, a tie to the class whose nearest member is closer, then the lower code."""
+    d = (Zte ** 2).sum(1)[:, None] + (Ztr ** 2).sum(1)[None] - 2 * Zte @ Ztr.T
+    order = np.lexsort((np.broadcast_to(np.arange(len(Ztr)), d.shape), d), axis=1)[:, :k]
+    out = []
+    for row in ytr[order]:
+        classes = list(dict.fromkeys(row))                     # in order of their nearest member
+        votes = [np.sum(row == c) for c in classes]
+        out.append(max(zip(votes, [-i for i in range(len(classes))], classes))[2])
+    return np.array(out)
+
+
+def _users_split_matches_sklearn(client, tmp_path, X, y, split, scale):
+    from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
+    from sklearn.decomposition import PCA
+    from sklearn.metrics import average_precision_score
+    from sklearn.neighbors import KNeighborsClassifier, NearestCentroid
+    np.savez(tmp_path / "d.npz", X=X, y=y, split=split)
+    m = run({"store": str(tmp_path / "s"), "data": {"path": str(tmp_path / "d.npz"), "split": {"column": "split"}},
+             "methods": [{"method": "identity"}, {"method": "pca", "dim": 32}, {"method": "lda"},
+                         {"method": "ncmml", "dim": 8, "iters": 100, "validate_every": 50, "select": {"lr": [3.0, 30.0]}}],
+             "evaluate": {"retrieval": {"k": [10]}, "classification": {"classifiers": ["knn1", "knn10", "ncm"]}}}, client)
+    assert m["selection"], "the run borrowed validation rows for its selection"
+    tr, te = split == "train", split == "test"
+    X64 = X.astype(np.float64) * scale
+    lda = LinearDiscriminantAnalysis().fit(X64[tr], y[tr])
+    codes = {("identity", 64 if X.shape[1] == 64 else X.shape[1]): (X64[tr], X64[te]),
+             ("pca", 32): tuple(PCA(32, svd_solver="full").fit(X64[tr]).transform(X64[s]) for s in (tr, te)),
+             ("lda", len(np.unique(y)) - 1): (lda.transform(X64[tr]), lda.transform(X64[te]))}
+    for (method, dim), (Ztr, Zte) in codes.items():
+        knn1 = 1 - KNeighborsClassifier(1, algorithm="brute").fit(Ztr, y[tr]).score(Zte, y[te])
+        ncm = 1 - NearestCentroid().fit(Ztr, y[tr]).score(Zte, y[te])
+        knn10 = np.mean(_knn_reference(Ztr, y[tr], Zte, 10) != y[te])
+        for name, ref in (("knn1", knn1), ("ncm", ncm), ("knn10", knn10)):
+            assert record(m["records"], method, dim, "top1_error", name) == pytest.approx(ref, abs=1e-4), (method, name)
+    Zte = X64[te]
+    sq = (Zte ** 2).sum(1)
+    aps = [average_precision_score(np.delete(y[te] == y[te][q], q), -np.delete(sq + sq[q] - 2 * Zte @ Zte[q], q))
+           for q in range(len(Zte))]
+    assert record(m["records"], "identity", X.shape[1], "map") == pytest.approx(np.mean(aps), abs=1e-4)
+
+
+def test_digits_with_val_auto_scores_every_baseline_as_scikit_learn_does_on_the_users_split(client, tmp_path):
+    X, y = load_digits(return_X_y=True)
+    split = np.where(np.arange(len(y)) % 5 == 0, "test", "train")
+    _users_split_matches_sklearn(client, tmp_path, X.astype(np.float32), y, split, 1.0)
+
+
+def test_fashion_subset_with_val_auto_scores_every_baseline_as_scikit_learn_does(client, tmp_path):
+    X, y, split = _fashion_arrays()
+    idx = np.r_[0:3000, 60000:61000]
+    _users_split_matches_sklearn(client, tmp_path, X[idx], y[idx], split[idx], 1.0)

@@ -55,22 +55,31 @@ def test_pca_whitening_refuses_a_zero_variance_component_without_eps():
 
 def test_lda_spans_the_same_subspace_as_sklearn(data):
     X, y, _ = data
-    W = LDA(reg=0.0).fit(X, y).components_.astype(np.float64)
+    W = LDA().fit(X, y).components_.astype(np.float64)
     ref = LinearDiscriminantAnalysis(solver="eigen").fit(X, y).scalings_[:, :3]
     Qw, _ = np.linalg.qr(W)
     resid = ref - Qw @ (Qw.T @ ref)
     assert np.linalg.norm(resid) / np.linalg.norm(ref) < 1e-4
 
 
-def test_lda_codes_have_unit_within_class_variance_whatever_the_number_of_rows(data):
-    """The codes' scale was 1/sqrt(n) (W^T Sw W = I on the scatter): two copies of the data halved
-    every distance. Now W^T Sw W = I for the within-class covariance."""
+@pytest.mark.parametrize("constant", [0, 3])
+def test_lda_codes_are_scikit_learn_s_up_to_sign_and_shift(data, constant):
+    """The svd solver's whitening and truncation from the moments: the same codes, so kNN and NCM on
+    them answer as on scikit-learn's (features that never vary, as image borders, are dropped alike)."""
     X, y, _ = data
-    Z = LDA(reg=0.0).fit(X, y).transform(X).astype(np.float64)
-    within = sum((Z[y == c] - Z[y == c].mean(0)).T @ (Z[y == c] - Z[y == c].mean(0)) for c in np.unique(y)) / len(Z)
-    np.testing.assert_allclose(within, np.eye(Z.shape[1]), atol=1e-3)
-    Z2 = LDA(reg=0.0).fit(np.vstack([X, X]), np.concatenate([y, y])).transform(X).astype(np.float64)
-    np.testing.assert_allclose(np.abs(Z2), np.abs(Z), rtol=1e-3, atol=1e-3 * np.abs(Z).max())
+    X = np.hstack([X, np.full((len(X), constant), 7.0)])
+    Z = LDA().fit(X, y).transform(X).astype(np.float64)
+    R = LinearDiscriminantAnalysis().fit(X, y).transform(X)
+    Z, R = Z - Z.mean(0), R - R.mean(0)
+    sign = np.sign((Z * R).sum(0))
+    np.testing.assert_allclose(Z * sign, R, rtol=1e-4, atol=1e-4 * np.abs(R).max())
+
+
+def test_lda_codes_have_unit_pooled_within_class_variance(data):
+    X, y, _ = data
+    Z = LDA().fit(X, y).transform(X).astype(np.float64)
+    within = sum((Z[y == c] - Z[y == c].mean(0)).T @ (Z[y == c] - Z[y == c].mean(0)) for c in np.unique(y))
+    np.testing.assert_allclose(within / len(Z), np.eye(Z.shape[1]), atol=1e-3)
 
 
 def test_lda_dim_above_classes_minus_one_is_refused(data):
