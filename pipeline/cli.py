@@ -202,6 +202,22 @@ class _Group(click.Group):
                                            callback=_verbose_after_command, help=VERBOSE_HELP))
         super().add_command(cmd, name)
 
+    def parse_args(self, ctx, args):
+        """Any argument with a NUL byte is refused before click reads it (click.Path's stat, and every
+        file function after it, raises ValueError on one): one place for every command."""
+        for i, a in enumerate(args):
+            if "\0" in a:
+                opt, eq, value = a.partition("=")
+                name = opt if eq and opt.startswith("-") else args[i - 1] if i and args[i - 1].startswith("--") \
+                    else f"metricpipe {args[0]}"
+                from metricpipe.config import ConfigError, check_no_nul
+                try:
+                    check_no_nul(value if eq and opt.startswith("-") else a, name)
+                except ConfigError as e:
+                    _echo(f"error: {e}")
+                    sys.exit(EXIT_INPUT)
+        return super().parse_args(ctx, args)
+
 
 @click.group(cls=_Group)
 @click.option("--verbose", "-v", is_flag=True, help=VERBOSE_HELP)

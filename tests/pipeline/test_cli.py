@@ -550,6 +550,14 @@ RAW = {
                       r"cfg.yaml: not valid YAML at line 3: duplicate key 'seed' \(also at line 1\); keep one"),
     "duplicate parameter": ("data: {source: digits}\nmethods:\n  - {method: pca, dim: 4, dim: 8}\n",
                             r"line 3: duplicate key 'dim'"),
+    # PyYAML builds nested collections by recursion: RecursionError
+    "nested 500 deep": ("data: {source: digits}\nseed: " + "[" * 500 + "]" * 500 + "\n",
+                        r"cfg.yaml: YAML nested more than 50 levels deep at line 2; a config is a few levels"),
+    "NUL in the store": ('data: {source: digits}\nstore: "runs/a\\0b"\n',
+                         r"cfg.yaml: store: 'runs/a\\x00b' holds a NUL byte \(\\0\), which no file name can; remove it"),
+    "NUL in data.path": ('data: {path: "d\\0.npz"}\n', r"cfg.yaml: data.path: 'd\\x00.npz' holds a NUL byte"),
+    "ftp store": ({"store": "ftp://host/run"}, r"store: 'ftp://host/run': ftp:// cannot hold a store .*give a local "
+                                               r"directory or s3://BUCKET/PREFIX"),
 }
 
 
@@ -572,11 +580,27 @@ def test_bad_config_files_exit_2_with_one_line(tmp_path, case):
     ("--store", "memory://x", r"--store: 'memory://x' is in-memory, invisible to the workers"),
     ("--store", "simplecache::/tmp/x", r"--store: 'simplecache::/tmp/x' is a chained fsspec URL"),
     ("--store", " ", r"--store: empty"),
+    # tracebacks, or a local folder written where S3 was meant
+    ("--store", "ftp://h/run", r"--store: 'ftp://h/run': ftp:// cannot hold a store \(metricpipe keeps them in local "
+                               r"folders, S3, GCS or Azure\); give a local directory or s3://BUCKET/PREFIX$"),
+    ("--store", "zip://a.zip", r"--store: 'zip://a.zip': zip:// cannot hold a store"),
+    ("--store", "http://h/run", r"--store: 'http://h/run': http:// cannot hold a store"),
+    ("--store", "hdfs://h/run", r"--store: 'hdfs://h/run': hdfs:// cannot hold a store"),
+    ("--store", "github://o/r", r"--store: 'github://o/r': github:// cannot hold a store"),
+    ("--store", "S3://bucket/run", r"--store: 'S3://bucket/run': URL schemes are lower case here; write s3://bucket/run$"),
+    ("--store", "s3://", r"--store: 's3://' names no bucket; give s3://BUCKET/PREFIX$"),
+    ("--store", "s3:///run", r"--store: 's3:///run' names no bucket"),
+    ("--store", "s3:/bucket/run", r"--store: 's3:/bucket/run' is neither a URL \(s3: takes //\) nor meant as a local "
+                                  r"folder; write s3://bucket/run$"),
+    ("--store", "s3:bucket", r"write s3://bucket$"),
+    ("--store", "runs/a\0b", r"^error: --store: 'runs/a\\x00b' holds a NUL byte \(\\0\), which no file name can"),
+    ("--performance-report", "r\0.html", r"^error: --performance-report: 'r\\x00.html' holds a NUL byte"),
     ("--cluster", "ucx://127.0.0.1:1", r"--cluster: ucx:// is not supported"),
     ("--cluster", "LIST", r"spec.yaml: a cluster spec is a YAML mapping .* got a list"),
 ])
-def test_bad_store_and_cluster_options_exit_2_with_one_line(tmp_path, flag, value, match):
+def test_bad_store_and_cluster_options_exit_2_with_one_line(tmp_path, monkeypatch, flag, value, match):
     import re
+    monkeypatch.chdir(tmp_path)   # s3:/bucket/run was a folder s3: here
     if value == "LIST":
         (tmp_path / "spec.yaml").write_text("- kind: slurm\n")
         value = str(tmp_path / "spec.yaml")
@@ -586,6 +610,12 @@ def test_bad_store_and_cluster_options_exit_2_with_one_line(tmp_path, flag, valu
     assert res.exit_code == 2 and "Traceback" not in res.output, res.output
     lines = [ln for ln in res.output.strip().splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and re.search(match, lines[0]), res.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cfg.yaml"] + (["spec.yaml"] if "spec" in value else [])
+    if flag == "--store":   # a command's STORE argument: the same check (Store's), naming the argument
+        res = CliRunner().invoke(main, ["models", value])
+        assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+        assert re.search(match.replace("--store", "(STORE|metricpipe models)"), res.output.strip()), res.output
+        assert len(res.output.strip().splitlines()) == 1, res.output
 
 
 @pytest.mark.parametrize("value", ["lots", "-1GB", "0", "3"])
