@@ -278,10 +278,9 @@ def evaluate_embeddings(client, q: Side, rows: np.ndarray, ref: Side, self_in: b
 
 def write_records(path: str, records: list[dict]) -> None:
     """Write ``records`` as JSON, whole or not at all (a temporary file in the same folder, renamed)."""
-    tmp = f"{path}.partial"
+    from metricpipe.export import written_whole
     try:
-        with open(tmp, "w") as f:
+        with written_whole(path) as tmp, open(tmp, "w") as f:
             json.dump(records, f, indent=1)
-        os.replace(tmp, path)
     except OSError as e:
         raise InputError(f"{path}: cannot write the metrics (--out): {e.strerror or e}") from None

@@ -286,8 +286,12 @@ def run(config, store, cluster, workers, memory_limit, resume, force, repair, pe
     from metricpipe.runner import run_pipeline
 
     cfg = _apply(load_config(config), store, cluster, workers, memory_limit)
-    if performance_report:
-        _check_report_path(performance_report)
+    if performance_report:   # written when the run ends: a path it cannot take is refused now
+        from metricpipe.export import check_out
+        d = cfg.data
+        check_out(performance_report, "--performance-report", None, store=cfg.store,
+                  inputs=((config, "CONFIG"), (d.path, "data.path"), (d.labels, "data.labels"), (d.pairs, "data.pairs"),
+                          *([(cfg.cluster, "cluster")] if cfg.cluster.endswith((".yaml", ".yml")) else [])))
     if verify_source:
         cfg = replace(cfg, data=replace(cfg.data, verify_source=True))
     run_pipeline(cfg, resume=resume, log=_echo, performance_report=performance_report, force=force, repair=repair,
@@ -316,21 +320,6 @@ def demo_config_path() -> Path:
     if p.is_file():
         return Path(str(p))
     raise InputError("examples/digits.yaml is missing from this installation; reinstall metricpipe")
-
-
-def _check_report_path(path: str) -> None:
-    """--performance-report is written when the run ends: a path it cannot take is refused now, not
-    after the run (its folder must exist, as for every other output option). A URL (s3://...) is
-    written through fsspec: not checked here."""
-    if "://" in path:
-        return
-    parent = Path(path).resolve().parent
-    if not parent.exists():
-        raise InputError(f"{path}: its folder does not exist (--performance-report); create it or choose another path")
-    if not parent.is_dir():
-        raise InputError(f"{path}: {parent} is a file, not a folder (--performance-report); choose another path")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise InputError(f"{path}: {parent} is not writable (--performance-report); choose another path")
 
 
 @main.command("stage")
@@ -635,16 +624,15 @@ def predict(store, data, model, features, labels, k, out):
     import numpy as np
 
     from metricpipe.classes import predict as run_predict
-    from metricpipe.export import check_out
+    from metricpipe.export import check_out, written_whole
 
     if out:
-        check_out(out, "--out", (".npy",), inputs=((data, "DATA"), (labels, "--labels")))
+        check_out(out, "--out", (".npy",), inputs=((data, "DATA"), (labels, "--labels")), store=store)
     names, error, unknown = run_predict(store, model, data, features, labels, k)
     if out:  # written whole or not at all
-        tmp = f"{out}.partial.npy"
         try:
-            np.save(tmp, names)
-            os.replace(tmp, out)
+            with written_whole(out) as tmp:
+                np.save(tmp, names)
         except OSError as e:
             raise InputError(f"{out}: cannot write the predictions (--out): {e.strerror or e}") from None
     notes = ([] if labels else ["against DATA's y"]) + ([f"{unknown} rows whose label is not a class of the model "
@@ -709,7 +697,7 @@ def export(store, model, faiss_path, split, npz_path):
         raise InputError("metricpipe export: nothing to write; give --faiss PATH and/or --npz PATH")
     for p, opt, formats in ((faiss_path, "--faiss", (".faiss", ".index")), (npz_path, "--npz", (".npz",))):
         if p:
-            check_out(p, opt, formats)
+            check_out(p, opt, formats, store=store)
     if faiss_path:
         r = export_faiss(store, model, faiss_path, split)
         _echo(f"faiss index ({r['index']}, {r['metric']}) of {r['rows']:,} {split} codes of model {r['model']} "

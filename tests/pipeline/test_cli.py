@@ -304,7 +304,8 @@ def _run_model_key(store: Path) -> str:
 
 @pytest.mark.parametrize("case", ["model dimension mismatch", "new classes of another dimension", "concurrent run",
                                   "predictions to a missing folder", "predictions to a .txt", "faiss index to a .npz",
-                                  "k above the train rows"])
+                                  "k above the train rows", "codes into the store", "predictions into the store",
+                                  "model arrays into the store", "codes to a URL"])
 def test_bad_command_input_exits_2_with_one_line_and_store_unchanged(good_store, tmp_path, case):
     store = good_store / "store"
     before = _digest(store)
@@ -328,6 +329,18 @@ def test_bad_command_input_exits_2_with_one_line_and_store_unchanged(good_store,
     elif case == "faiss index to a .npz":
         args, match = ["export", store, "--model", _ncm_key(store), "--faiss", tmp_path / "x.npz"], \
             r"x.npz: unknown output format \(--faiss\); name it with one of .faiss, .index"
+    elif case in ("codes into the store", "predictions into the store", "model arrays into the store", "codes to a URL"):
+        right = tmp_path / "right.npz"
+        np.savez(right, X=np.ones((5, 8), np.float32))
+        inside = store / "models" / "x.npz"
+        args = {"codes into the store": ["encode", store, right, "--model", _ncm_key(store), "--out", inside],
+                "predictions into the store": ["predict", store, right, "--model", _ncm_key(store), "--out",
+                                               store / "runs" / "p.npy"],
+                "model arrays into the store": ["export", store, "--model", _ncm_key(store), "--npz", inside],
+                "codes to a URL": ["encode", store, right, "--model", _ncm_key(store), "--out", "s3://b/c.npz"]}[case]
+        match = r"^error: s3://b/c.npz: a URL \(--out\); this file is written on this machine: give a local path$" \
+            if "URL" in case else rf"^error: {re.escape(str(args[-1]))}: is inside the store {re.escape(str(store))} " \
+                                  rf"\({args[-2]}\); writing there would damage its results: choose a path outside it$"
     elif case == "new classes of another dimension":
         args, match = ["add-classes", store, wrong], r"features have 3 dimensions but model \w+ takes 8"
     else:
@@ -341,7 +354,6 @@ def test_bad_command_input_exits_2_with_one_line_and_store_unchanged(good_store,
             sleeper.wait()
     assert res.exit_code == 2, res.output
     lines = [ln for ln in res.output.strip().splitlines() if ln.startswith("error:")]
-    import re
     assert len(lines) == 1 and re.search(match, lines[0]), res.output
     assert _digest(store) == before
 
@@ -991,6 +1003,23 @@ def test_a_performance_report_path_that_cannot_be_written_is_refused_before_the_
         f"error: {tmp_path / 'no' / 'sub' / 'r.html'}: its folder does not exist (--performance-report); create "
         f"it or choose another path"), res.output
     assert not (tmp_path / "s").exists() and not (tmp_path / "no").exists()
+
+
+@pytest.mark.parametrize("target", ["the data", "the config", "a commit marker", "runs/latest.json", "the store"])
+def test_a_performance_report_over_an_input_or_the_store_is_refused(good_store, target):
+    """--performance-report wrote anywhere: over data.path (the next run blamed 'pickled data'), a
+    unit's marker (the unit then damaged), runs/latest.json; it now goes through --out's guard."""
+    store = good_store / "store"
+    path = {"the data": good_store / "ok.npz", "the config": good_store / "cfg.yaml",
+            "a commit marker": next((store / "models").glob("*.committed.json")),
+            "runs/latest.json": store / "runs/latest.json", "the store": store / "report" / "perf.html"}[target]
+    before, data = _digest(good_store), (good_store / "ok.npz").read_bytes()
+    res = CliRunner().invoke(main, ["run", str(good_store / "cfg.yaml"), "--performance-report", str(path)])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    said = "is inside the store" if target not in ("the data", "the config") else "is the input"
+    assert res.output.strip().splitlines() == [next(ln for ln in res.output.splitlines() if ln.startswith("error:"))]
+    assert res.output.startswith(f"error: {path}: {said}") and "(--performance-report)" in res.output, res.output
+    assert _digest(good_store) == before and (good_store / "ok.npz").read_bytes() == data
 
 
 def test_a_dashboard_address_of_another_machine_is_the_same_one_line():

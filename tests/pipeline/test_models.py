@@ -238,6 +238,60 @@ def test_encode_writes_every_format_with_labels_and_ids(stored, tmp_path, fmt):
     assert not list(tmp_path.glob("*.partial*"))
 
 
+def _codes_in(out):
+    if out.suffix == ".npy":
+        return np.load(out)
+    if out.suffix == ".npz":
+        with np.load(out) as z:
+            return z["X"]
+    if out.suffix == ".zarr":
+        import zarr
+        return zarr.open_group(str(out), mode="r")["X"][:]
+    import pyarrow.parquet as pq
+    return np.stack(pq.read_table(out).column("code").to_numpy(zero_copy_only=False))
+
+
+@pytest.mark.parametrize("fmt", [".npy", ".npz", ".zarr", ".parquet"])
+@pytest.mark.integration
+def test_two_encodes_to_one_out_at_once_leave_one_model_s_codes_whole(stored, tmp_path, monkeypatch, fmt):
+    """Both wrote the fixed temporary name OUT.partial.npy: one failed with a traceback, or both said
+    they succeeded and OUT held the second model's codes (or a mix)."""
+    import threading
+
+    import metricpipe.export as export
+    ctx, data, X, models, codes = stored
+    (_, pca), (_, pca_codes, _) = _by(models, codes, "pca")
+    (_, ncm), (_, ncm_codes, _) = _by(models, codes, "ncmml")
+    out = tmp_path / f"codes{fmt}"
+    both_open, real = threading.Barrier(2, timeout=60), export.encode_rows
+
+    def in_step(model_url, data, features, normalize, start, stop):
+        if start == 0:
+            both_open.wait()   # each has opened its output before either writes a block
+        return real(model_url, data, features, normalize, start, stop)
+    monkeypatch.setattr(export, "encode_rows", in_step)
+    results = {}
+
+    def one(key):
+        try:
+            results[key] = export.encode(ctx.store.url, key, ctx.config.data.path, str(out), log=lambda m: None)
+        except BaseException as e:   # noqa: BLE001 - what the command would have met
+            results[key] = e
+    threads = [threading.Thread(target=one, args=(u.key,)) for u in (pca, ncm)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    refused = [r for r in results.values() if isinstance(r, BaseException)]
+    assert len(results) == 2 and len(refused) <= 1, results
+    assert all(isinstance(e, InputError) and "was written by another command meanwhile (--out)" in str(e)
+               for e in refused), refused
+    got = _codes_in(out)
+    assert any(got.shape == _stored_codes(c).shape and np.array_equal(got, _stored_codes(c))
+               for c in (pca_codes, ncm_codes))
+    assert [p.name for p in tmp_path.iterdir()] == [out.name]     # no temporary left
+
+
 @pytest.mark.integration
 def test_encode_on_the_cluster_gives_the_same_codes_in_row_order(stored, client, tmp_path):
     import contextlib
