@@ -206,6 +206,16 @@ def _h5_group(t, where):
     return {"path": str(t / "g.h5")}
 
 
+def _h5_unwritten(t):
+    """Features chunked 20 rows at a time, rows 40-59 never written: they read as zeros."""
+    import h5py
+    with h5py.File(t / "holes.h5", "w") as f:
+        d = f.create_dataset("X", shape=X.shape, chunks=(20, X.shape[1]), dtype="f4")
+        d[:40], d[60:] = X[:40], X[60:]
+        f["y"] = Y
+    return {"path": str(t / "holes.h5")}
+
+
 def _parquet_null(t):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -223,6 +233,9 @@ BAD.update({
                                r"g.h5: 'X' is a group, not a dataset \(data.features\); name one of its datasets, e.g. X/emb"),
     "hdf5 group as labels": (lambda t: _h5_group(t, "labels"), {},
                              r"g.h5: 'y' is a group, not an array \(data.labels\)"),
+    "hdf5 unwritten chunks": (lambda t: _h5_unwritten(t), {},
+                              r"holes.h5: dataset 'X' \(data.features\) has 1 of its 6 chunk\(s\) never written \(the "
+                              r"first from row 40\), which would read as 0.0 \(its fill value\); write every row"),
     "parquet null row": (lambda t: _parquet_null(t), {},
                          r"f.parquet: column 'emb' \(data.features\) is null in row 3; drop or fill that row"),
 })

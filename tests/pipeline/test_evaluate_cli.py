@@ -114,7 +114,14 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path):
     np.savez(tmp_path / "empty.npz", X=np.zeros((0, 2), np.float32), y=np.zeros(0, int))
     np.savez(tmp_path / "wide.npz", X=np.zeros((5, 7), np.float32), y=np.arange(5) % 2)
     np.save(tmp_path / "x.npy", X)
+    import h5py
+    with h5py.File(tmp_path / "holes.h5", "w") as f:   # rows 10-19 never written: zeros
+        f.create_dataset("X", shape=X.shape, chunks=(10, X.shape[1]), dtype=X.dtype)[:10] = X[:10]
+        f["X"][20:] = X[20:]
+        f["y"] = y
     cases = [
+        ([tmp_path / "holes.h5"], r"holes.h5: dataset 'X' \(--features\) has 1 of its 4 chunk\(s\) never written \(the "
+                                  r"first from row 10\)"),
         ([tmp_path / "missing.npz"], r"missing.npz: file not found \(EMBEDDINGS\)"),
         ([tmp_path / "ok.npz", "--features", "Z"], r"ok.npz: no array 'Z' \(--features\); it holds"),
         ([tmp_path / "ok.npz", "--labels", "lab"], r"ok.npz: no array 'lab' \(--labels\)"),

@@ -522,7 +522,12 @@ def test_encode_refuses_bad_rows_and_the_wrong_width_without_leaving_a_file(stor
     key = _by(models, codes, "pca")[0][1].key
     np.savez(tmp_path / "ids.npz", X=X, rid=np.arange(7))
     np.savez(tmp_path / "empty.npz", X=np.zeros((0, 10), np.float32))
+    import h5py
+    with h5py.File(tmp_path / "holes.h5", "w") as f:     # rows 100-199 never written: zeros
+        f.create_dataset("X", shape=X.shape, chunks=(100, 10), dtype="f4")[:100] = X[:100]
+        f["X"][200:] = X[200:]
     for f, msg in (("nan.npz", "row 3"), ("wide.npz", "features have 11 dimensions but model"),
+                   ("holes.h5", "dataset 'X' (--features) has 1 of its 5 chunk(s) never written (the first from row 100)"),
                    ("ids.npz", "(--ids rid): 7 ids for 500 rows; give one id per row"),
                    ("empty.npz", "no rows to encode (DATA)")):
         res = CliRunner().invoke(main, ["encode", ctx.store.url, str(tmp_path / f), "--model", key,
