@@ -167,6 +167,9 @@ def add_classes(store_url: str, data_path: str, features: str = "X", labels: str
     for unit, meta in targets if model is None else ():   # (find_model checked the one --model names)
         check_intact(store, unit, meta)   # a damaged model would be extended with its damage, then committed
     src, n, D, codes, names = _open(data_path, features, labels, "new data")
+    if n == 0 and not zero_shot:   # (NCMC's k-means failed on it; NCMML committed a model of no new class)
+        raise InputError(f"{src.name}: no rows (data.path); give a file with at least one labelled row of each new "
+                         f"class (classes with no images are named with --zero-shot)")
     parents = _parents(hierarchy)
     if (zero_shot or prior_weight > 0) and not parents:
         raise InputError("--zero-shot and --prior-weight need --hierarchy (a YAML map class: parent)")

@@ -318,7 +318,8 @@ def _run_model_key(store: Path) -> str:
 @pytest.mark.parametrize("case", ["model dimension mismatch", "new classes of another dimension", "concurrent run",
                                   "predictions to a missing folder", "predictions to a .txt", "faiss index to a .npz",
                                   "k above the train rows", "codes into the store", "predictions into the store",
-                                  "model arrays into the store", "codes to a URL"])
+                                  "model arrays into the store", "codes to a URL", "new classes of zero rows",
+                                  "new classes of zero rows for one model"])
 def test_bad_command_input_exits_2_with_one_line_and_store_unchanged(good_store, tmp_path, case):
     store = good_store / "store"
     before = _digest(store)
@@ -354,6 +355,10 @@ def test_bad_command_input_exits_2_with_one_line_and_store_unchanged(good_store,
         match = r"^error: s3://b/c.npz: a URL \(--out\); this file is written on this machine: give a local path$" \
             if "URL" in case else rf"^error: {re.escape(str(args[-1]))}: is inside the store {re.escape(str(store))} " \
                                   rf"\({args[-2]}\); writing there would damage its results: choose a path outside it$"
+    elif case.startswith("new classes of zero rows"):
+        np.savez(wrong, X=np.ones((0, 8), np.float32), y=np.zeros(0, int))
+        args = ["add-classes", store, wrong] + (["--model", _ncm_key(store)] if "one model" in case else [])
+        match = rf"^error: {re.escape(str(wrong))}: no rows \(NEW_DATA\); give a file with at least one labelled row"
     elif case == "new classes of another dimension":
         args, match = ["add-classes", store, wrong], r"features have 3 dimensions but model \w+ takes 8"
     else:
