@@ -286,11 +286,17 @@ def encode(store_url: str, key: str, data: str, out: str, features: str = "X", l
     if D != est.n_features_in_:
         raise InputError(f"{src.name}: features have {D} dimensions but model {unit.key} takes {est.n_features_in_}; "
                          f"encode data of the kind the model was trained on")
-    y = None if src.labels is None else label_values(np.asarray(src.labels), f"{src.name} (labels)")
+    where = {"labels": f"{src.name} (--labels {labels})" if labels else f"{src.name} (labels)",
+             "ids": f"{src.name} (--ids {ids})"}
+    for what, column in (("labels", src.labels), ("ids", src.ids)):   # one value per row, of every output format
+        if column is not None and np.ndim(column) != 1:
+            raise InputError(f"{where[what]}: {what} of shape {np.shape(column)}; give a 1-D array with one "
+                             f"{what[:-1] if what == 'ids' else 'label'} per row")
+    y = None if src.labels is None else label_values(np.asarray(src.labels), where["labels"])
     if y is not None and len(y) != n:
-        raise InputError(f"{src.name} (labels): {len(y)} labels for {n} rows; give one label per row")
+        raise InputError(f"{where['labels']}: {len(y)} labels for {n} rows; give one label per row")
     if src.ids is not None and len(src.ids) != n:
-        raise InputError(f"{src.name} (--ids {ids}): {len(src.ids)} ids for {n} rows; give one id per row")
+        raise InputError(f"{where['ids']}: {len(src.ids)} ids for {n} rows; give one id per row")
     if n == 0:
         raise InputError(f"{src.name}: no rows to encode (DATA); give a file with at least one feature row")
     rows = _block_rows(data_unit, D)

@@ -1,4 +1,6 @@
 """Stored models load as fitted estimators that reproduce the stored codes from raw features."""
+import re
+
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -538,6 +540,27 @@ def test_encode_refuses_bad_rows_and_the_wrong_width_without_leaving_a_file(stor
         assert not (tmp_path / "c.npz").exists() and not list(tmp_path.glob("*partial*"))
     res = CliRunner().invoke(main, ["export", ctx.store.url, "--model", key])
     assert res.exit_code == 2 and "nothing to write; give --faiss PATH and/or --npz PATH" in res.output
+
+
+@pytest.mark.parametrize("fmt", [".npz", ".zarr", ".parquet"])
+@pytest.mark.integration
+def test_encode_refuses_labels_or_ids_that_are_not_one_per_row(stored, tmp_path, fmt):
+    """2-D ids were an ArrowInvalid (parquet) or a zarr ValueError, and .npz stored a 2-D y."""
+    ctx, data, X, models, codes = stored
+    key = _by(models, codes, "pca")[0][1].key
+    np.savez(tmp_path / "d.npz", X=X, y2=np.zeros((len(X), 2), int), rid2=np.zeros((len(X), 3), int),
+             y=np.arange(len(X)) % 3)
+    out = tmp_path / f"c{fmt}"
+    for extra, msg in ((["--labels", "y2"], r"d.npz \(--labels y2\): labels of shape \(500, 2\); give a 1-D array "
+                                            r"with one label per row$"),
+                       (["--ids", "rid2"], r"d.npz \(--ids rid2\): ids of shape \(500, 3\); give a 1-D array with one "
+                                           r"id per row$")):
+        res = CliRunner().invoke(main, ["encode", ctx.store.url, str(tmp_path / "d.npz"), "--model", key, "--out",
+                                        str(out), *extra])
+        assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+        [line] = res.output.strip().splitlines()
+        assert re.search(r"^error: \S+" + msg, line), line
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["d.npz"]
 
 
 @pytest.mark.integration
