@@ -109,10 +109,13 @@ def _resume_command(kwargs: dict) -> str:
 
 def _stop_interrupted(e: KeyboardInterrupt, kwargs: dict | None = None) -> None:
     how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
+    ctx = click.get_current_context(silent=True)
     if kwargs and "config" in kwargs:   # metricpipe run
         _echo(f"{how}; finished stages are kept; to resume: {_resume_command(kwargs)}")
-    else:
+    elif ctx is not None and any(p.name == "resume" for p in ctx.command.params):   # demo
         _echo(f"{how}; finished stages are kept, rerun with --resume to continue")
+    else:   # encode, evaluate, ...: no --resume (their outputs are written whole or not at all)
+        _echo(f"{how}; rerun the command to start again")
     sys.unraisablehook = _quiet_after_interrupt
     sys.exit(143 if isinstance(e, Terminated) else 130)
 

@@ -769,7 +769,7 @@ def test_an_interrupt_leaves_the_resume_hint_last_not_a_finalisers_error(tmp_pat
                           text=True, timeout=60)
     assert proc.returncode == 130
     lines = proc.stderr.strip().splitlines()
-    assert lines[0] == "interrupted; finished stages are kept, rerun with --resume to continue"
+    assert lines[0] == "interrupted; rerun the command to start again"   # a command without --resume
     assert (len(lines) == 1) != late and ("ValueError: a finaliser's own bug" in proc.stderr) == late
 
 
@@ -829,6 +829,25 @@ def test_a_ctrl_c_while_a_command_imports_its_libraries_gives_the_hint_not_a_tra
     assert proc.returncode == 130 and proc.stderr.strip().splitlines() == [
         f"interrupted; finished stages are kept{'; ' if 'metricpipe' in hint else ', '}{hint}"], proc.stderr
     assert not (tmp_path / "s").exists()
+
+
+SIGTERM_IN_IMPORT = CTRL_C_IN_IMPORT.replace("raise KeyboardInterrupt", "from metricpipe.errors import Terminated; "
+                                                                        "raise Terminated").replace('"run", ', "")
+
+
+@pytest.mark.parametrize("command", ["encode", "evaluate", "demo"])
+def test_a_sigterm_hint_names_resume_only_for_a_command_that_has_it(tmp_path, command):
+    """encode and evaluate advised '--resume', which they do not take."""
+    import subprocess
+    import sys
+    args = {"encode": ["encode", str(tmp_path / "s"), "digits", "--model", "ab", "--out", str(tmp_path / "c.npy")],
+            "evaluate": ["evaluate", str(tmp_path / "e.npz")], "demo": ["demo", "--store", str(tmp_path / "s")]}
+    proc = subprocess.run([sys.executable, "-c", SIGTERM_IN_IMPORT, *args[command]], capture_output=True, text=True,
+                          timeout=120)
+    hint = "finished stages are kept, rerun with --resume to continue" if command == "demo" else \
+        "rerun the command to start again"
+    assert proc.returncode == 143 and proc.stderr.strip().splitlines() == [f"terminated (SIGTERM); {hint}"], proc.stderr
+    assert sorted(tmp_path.iterdir()) == []
 
 
 def test_a_slurm_run_keeps_ctrl_c_a_keyboard_interrupt():
