@@ -96,15 +96,33 @@ def _open(path: str, features: str, labels: str | None, option: str, labels_opti
     return src.reader, y
 
 
+def query_count(queries: str | None) -> int | None:
+    """--queries N (a sample of N rows) or FILE (None): a number that is no count of rows (-3, 0, 2.5)
+    is refused, unless a file has that name."""
+    if queries is None:
+        return None
+    text = str(queries).strip()
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    if Path(queries).exists():
+        return None
+    if not value.is_integer() or value < 1:
+        raise InputError(f"--queries {queries}: expected a number of query rows N >= 1 (a class-stratified sample) "
+                         f"or a FILE of queries")
+    return int(value)
+
+
 def plan_sides(embeddings: str, features: str, labels: str, queries: str | None, reference: str | None,
                query_labels: str | None, reference_labels: str | None, seed: int):
     """(query side, its query rows, reference side, self_in_ref) from the command's arguments."""
-    if reference and queries is not None and not str(queries).isdigit():
+    sample = query_count(queries)
+    if reference and queries is not None and sample is None:
         raise InputError(f"{queries}: --queries FILE and --reference FILE together leave EMBEDDINGS no role; "
                          f"give one of them (or --queries N with --reference)")
     other_default = None if labels.endswith(".npy") else labels
     reader, y = _open(embeddings, features, labels, "EMBEDDINGS", "--labels")
-    sample = int(queries) if queries is not None and str(queries).isdigit() else None
     if queries is not None and sample is None:
         qr, qy = _open(queries, features, query_labels or other_default, "--queries", "--query-labels")
         q_in, q_lab, r_in, r_lab = (queries, qr, "--queries"), qy, (embeddings, reader, "EMBEDDINGS"), y
@@ -127,8 +145,6 @@ def plan_sides(embeddings: str, features: str, labels: str, queries: str | None,
                          f"retrieval metrics need at least two classes")
     rows = np.arange(len(qc))
     if sample is not None:
-        if sample < 1:
-            raise InputError(f"{embeddings}: --queries 0; give a number >= 1 or a file of queries")
         rows = stratified_subset(qc, sample, [seed, 20])
     self_in = not reference and (queries is None or sample is not None)
     return Side(q_in[0], q_in[1], qc, q_in[2]), rows, Side(r_in[0], r_in[1], rc, r_in[2]), self_in

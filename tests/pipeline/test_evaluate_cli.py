@@ -134,6 +134,10 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path):
         ([tmp_path / "ok.npz", "--queries", tmp_path / "ok.npz", "--reference", tmp_path / "ok.npz"],
          r"--queries FILE and --reference FILE together"),
         ([tmp_path / "ok.npz", "--out", tmp_path / "no" / "m.json"], r"its folder does not exist \(--out\)"),
+        ([tmp_path / "ok.npz", "--queries", "-3"], r"^error: --queries -3: expected a number of query rows N >= 1 \(a "
+                                                   r"class-stratified sample\) or a FILE of queries$"),   # was "no labels"
+        ([tmp_path / "ok.npz", "--queries", "0"], r"^error: --queries 0: expected a number of query rows N >= 1"),
+        ([tmp_path / "ok.npz", "--queries", "2.5"], r"^error: --queries 2.5: expected a number of query rows"),
     ]
     for args, match in cases:
         _fail(args, match)
