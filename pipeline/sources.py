@@ -241,9 +241,21 @@ class ParquetReader:
         sizes = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
         self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         n = int(self.starts[-1])
-        dim = t.list_size if pa.types.is_fixed_size_list(t) else \
-            (int(self._checked(self.read_groups(0, 1), 0, None)[0]) if n else 0)
+        dim = t.list_size if pa.types.is_fixed_size_list(t) else (self._first_length() if n else 0)
         self.shape = (n, dim)
+
+    def _first_length(self) -> int:
+        """The embeddings' length, read from the first row; a first row that is an empty list is refused
+        as ragged when a later row of its batch has values (the shape was (n, 0)), else as empty."""
+        first = int(self._checked(self.read_groups(0, 1), 0, None)[0])
+        if first:
+            return first
+        lengths = self._checked(self.read_groups(0, min(PARQUET_BATCH_ROWS, int(self.starts[-1]))), 0, None)
+        longer = np.flatnonzero(lengths)
+        if len(longer):
+            self._checked(self.read_groups(0, len(lengths)), 0, int(lengths[longer[0]]))   # raises: ragged
+        raise InputError(f"{self.path}: column {self.key!r} (data.features) holds empty lists (rows 0.."
+                         f"{len(lengths) - 1} at least); every row needs its embedding")
 
     def read_groups(self, start, stop):
         """Rows start..stop of the column as one Arrow list array, decoded a batch of rows at a time:

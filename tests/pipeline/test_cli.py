@@ -216,10 +216,11 @@ def _h5_unwritten(t):
     return {"path": str(t / "holes.h5")}
 
 
-def _parquet_null(t):
+def _parquet_null(t, empty=False):
     import pyarrow as pa
     import pyarrow.parquet as pq
-    rows = [None if i == 3 else list(map(float, r)) for i, r in enumerate(X)]
+    rows = [(list(map(float, r[:0])) if empty else None) if i == (0 if empty else 3) else list(map(float, r))
+            for i, r in enumerate(X)]
     pq.write_table(pa.table({"emb": rows, "label": Y}), t / "f.parquet")
     return {"path": str(t / "f.parquet"), "features": "emb", "labels": "label"}
 
@@ -236,6 +237,9 @@ BAD.update({
     "hdf5 unwritten chunks": (lambda t: _h5_unwritten(t), {},
                               r"holes.h5: dataset 'X' \(data.features\) has 1 of its 6 chunk\(s\) never written \(the "
                               r"first from row 40\), which would read as 0.0 \(its fill value\); write every row"),
+    "parquet empty first row": (lambda t: _parquet_null(t, empty=True), {},   # was staged as shape (120, 0)
+                                r"f.parquet: column 'emb' has rows of lengths \[0, 6\] in rows 0..119 against 6; every "
+                                r"embedding needs one length"),
     "parquet null row": (lambda t: _parquet_null(t), {},
                          r"f.parquet: column 'emb' \(data.features\) is null in row 3; drop or fill that row"),
 })
