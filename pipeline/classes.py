@@ -161,6 +161,9 @@ def add_classes(store_url: str, data_path: str, features: str = "X", labels: str
                 hierarchy: str | None = None, prior_weight: float = 0.0, zero_shot: tuple = (), log=print) -> list:
     """Add the classes of ``data_path`` (and ``zero_shot`` classes, prior only) to the store's NCM
     models. Returns one dict per extended model."""
+    if not np.isfinite(prior_weight) or prior_weight < 0:   # (click's FloatRange lets nan through)
+        raise InputError(f"--prior-weight {prior_weight}: expected a finite number >= 0 (m of Eq. 34, the prior's "
+                         f"weight against the sample mean)")
     store = Store(store_url)
     store.check_exists()
     targets = ncm_models(store, model)

@@ -323,7 +323,7 @@ def _run_model_key(store: Path) -> str:
                                   "predictions to a missing folder", "predictions to a .txt", "faiss index to a .npz",
                                   "k above the train rows", "codes into the store", "predictions into the store",
                                   "model arrays into the store", "codes to a URL", "new classes of zero rows",
-                                  "new classes of zero rows for one model"])
+                                  "new classes of zero rows for one model", "prior weight nan", "prior weight inf"])
 def test_bad_command_input_exits_2_with_one_line_and_store_unchanged(good_store, tmp_path, case):
     store = good_store / "store"
     before = _digest(store)
@@ -363,6 +363,13 @@ def test_bad_command_input_exits_2_with_one_line_and_store_unchanged(good_store,
         np.savez(wrong, X=np.ones((0, 8), np.float32), y=np.zeros(0, int))
         args = ["add-classes", store, wrong] + (["--model", _ncm_key(store)] if "one model" in case else [])
         match = rf"^error: {re.escape(str(wrong))}: no rows \(NEW_DATA\); give a file with at least one labelled row"
+    elif case.startswith("prior weight"):   # nan failed later, naming no option
+        value = case.split()[-1]
+        np.savez(wrong, X=np.ones((4, 8), np.float32), y=np.array([100, 101, 100, 101]))
+        (tmp_path / "h.yaml").write_text("{100: a, 101: a, 0: a, 1: a, 2: a}\n")
+        args = ["add-classes", store, wrong, "--prior-weight", value, "--hierarchy", tmp_path / "h.yaml", "--model",
+                _ncm_key(store)]
+        match = rf"^error: --prior-weight {value}: expected a finite number >= 0 \(m of Eq. 34"
     elif case == "new classes of another dimension":
         args, match = ["add-classes", store, wrong], r"features have 3 dimensions but model \w+ takes 8"
     else:
