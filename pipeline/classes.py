@@ -81,7 +81,10 @@ def _parents(path: str | None) -> dict:
     raw = read_yaml(Path(path), "the hierarchy (--hierarchy)")   # as configs are read: YAML 1.2 numbers, no alias bombs
     if not isinstance(raw, dict):
         raise InputError(f"{path}: the hierarchy must map each class to its parent (class: parent)")
-    parents = {str(k): str(v) for k, v in raw.items()}
+    parents = {}
+    for k, v in raw.items():   # 13.0 (YAML reads it as a number) names class 13, and a text label '13.0'
+        for spelling in dict.fromkeys([_node(k), str(k)]):
+            parents.setdefault(spelling, _node(v))
     for start in parents:   # a cycle would make the ancestor walk endless: refuse it, naming the loop
         seen, c = [start], start
         while c in parents:
@@ -92,6 +95,14 @@ def _parents(path: str | None) -> dict:
                                  f"so give it a parent outside the loop (--hierarchy)")
             seen.append(c)
     return parents
+
+
+def _node(x) -> str:
+    """A hierarchy node as text, as class names are compared (str of the class): a whole float is the
+    integer's text (13.0 -> '13'); anything else its own text."""
+    if isinstance(x, float) and x.is_integer() and abs(x) < 2.0 ** 53:
+        return str(int(x))
+    return str(x)
 
 
 def zero_shot_prior(name: str, parents: dict, class_means: dict) -> np.ndarray:
