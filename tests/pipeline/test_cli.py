@@ -105,6 +105,14 @@ BAD = {
         {"method": "ncmml", "dim": 4, "iters": 10, "select": {"metric": "knn500", "lr": [3, 30]}}]},
         r"methods\[0\] \(ncmml-4\S*\): select.metric knn500 votes over more neighbours than the \d+ train rows "
         r"that selection compares the validation rows with"),
+    "neighbours.k above the train rows": (lambda t: _bad_npz(t, X=X, y=Y),   # was a ~1e13 TB memory refusal
+                                          {"neighbours": {"k": 10 ** 18},
+                                           "methods": [{"method": "slne", "input_dim": 4, "epochs": 1}]},
+                                          r"cfg.yaml: neighbours.k=1000000000000000000 but the train split has \d+ "
+                                          r"samples; use k < \d+$"),
+    "default neighbours.k above the train rows": (lambda t: _bad_npz(t, X=X[:40], y=Y[:40]),   # the graph SL-NE needs
+                                                  {"methods": [{"method": "slne", "input_dim": 4, "epochs": 1}]},
+                                                  r"neighbours.k=50 but the train split has \d+ samples; use k < \d+$"),
     "knn above the train rows": (lambda t: _bad_npz(t, X=X, y=Y),
                                  {"evaluate": {"classification": {"classifiers": ["knn500"]}}},
                                  r"knn500 votes over more neighbours than the \d+ train rows"),
