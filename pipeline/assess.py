@@ -204,9 +204,10 @@ def _group(q_reader, q_rows: np.ndarray, scans, r_reader, r_blocks: list, where:
 
 
 def group_size(k: int, n_queries: int, workers: int, limit: float | None = None,
-               limit_setting: str = "--memory-limit") -> int:
+               limit_setting: str = "--memory-limit", block_bytes: float = BLOCK_BYTES) -> int:
     """Queries per task: their pools within POOL_BYTES (or MIN_GROUP queries' when those need more)
-    and, beside two reference blocks (the block and its distances) and the worker process, within
+    and, beside two reference blocks of ``block_bytes`` (the block and its distances: BLOCK_BYTES, or
+    less for a reference smaller than one block) and the worker process, within
     the memory rule's share of the smallest worker's ``limit`` and below Dask's pause (None: no
     limit known); at least two tasks per worker when queries are few. A limit too small for
     MIN_GROUP queries is refused, naming ``limit_setting``."""
@@ -217,14 +218,14 @@ def group_size(k: int, n_queries: int, workers: int, limit: float | None = None,
     group = min(MIN_GROUP, n_queries)     # fewer per task: each task streams the whole reference
     pool = max(POOL_BYTES, group * per_query)
     if limit is not None:
-        room = min(usable(limit), PAUSE_FRACTION * limit - WORKER_RESIDENT) - 2 * BLOCK_BYTES
+        room = min(usable(limit), PAUSE_FRACTION * limit - WORKER_RESIDENT) - 2 * block_bytes
         if room < group * per_query:
-            need = max((group * per_query + 2 * BLOCK_BYTES) / SPILL_FRACTION,
-                       (group * per_query + 2 * BLOCK_BYTES + WORKER_RESIDENT) / PAUSE_FRACTION)
+            need = max((group * per_query + 2 * block_bytes) / SPILL_FRACTION,
+                       (group * per_query + 2 * block_bytes + WORKER_RESIDENT) / PAUSE_FRACTION)
             raise InputError(f"{limit_setting}: a worker limit of {limit / 1e6:,.0f} MB cannot hold the top-{k:,} "
                              f"pools of {group} queries ({group * per_query / 1e6:,.0f} MB) beside two "
-                             f"{BLOCK_BYTES / 1e6:.0f} MB reference blocks and the worker itself; give workers at least "
-                             f"{need / 1e6:,.0f} MB")
+                             f"{block_bytes / 1e6:,.0f} MB reference blocks and the worker itself; give workers at "
+                             f"least {need / 1e6:,.0f} MB")
         pool = min(pool, room)
     return max(1, min(int(pool // per_query), -(-n_queries // (2 * workers))))
 
@@ -240,7 +241,9 @@ def evaluate_embeddings(client, q: Side, rows: np.ndarray, ref: Side, self_in: b
                          f"give queries and a reference that share classes")
     k = evaluation.accuracy_k(R)
     # before any scan: the groups' size depends only on k and the workers' limit
-    g = group_size(k, len(rows), max(1, len(client.scheduler_info()["workers"])), worker_limit(client), limit_setting)
+    block = min(ref.reader.shape[0], _block_rows(ref.reader)) * ref.reader.shape[1] * 4.0   # (96 KB of data: 96 KB)
+    g = group_size(k, len(rows), max(1, len(client.scheduler_info()["workers"])), worker_limit(client), limit_setting,
+                   block)
     n_clusters = len(np.unique(yq))
     rng = np.random.default_rng([seed, 21])
     km = np.sort(rng.choice(len(rows), min(len(rows), KMEANS_ROWS_PER_CLUSTER * n_clusters), replace=False))

@@ -245,3 +245,16 @@ def test_query_groups_are_sized_to_the_workers_memory_limit_or_refused():
     assert assess.group_size(300_000, 100000, 2, 64e9) == assess.MIN_GROUP == assess.group_size(300_000, 100000, 2)
     with pytest.raises(InputError, match=r"^the workers' limit: a worker limit of 1,000 MB cannot hold"):
         assess.group_size(300_000, 100000, 2, 1e9, "the workers' limit")
+    # a reference smaller than one block holds its own bytes, not 64 MB (a 96 KB file was refused at 400 MB)
+    assert assess.group_size(k, 100000, 2, 4e8, block_bytes=96e3) >= assess.MIN_GROUP
+
+
+@pytest.mark.integration
+def test_a_small_input_is_evaluated_on_400_mb_workers(client, tmp_path, monkeypatch):
+    """evaluate refused --memory-limit 400MB for a 96 KB input: two 64 MB reference blocks were counted."""
+    from metricpipe import assess
+    monkeypatch.setattr(assess, "worker_limit", lambda client: 4e8)   # the session's workers, as 400 MB ones
+    X, y = tied_case(0, n_ref=1500, dim=16, classes=5)
+    np.savez(tmp_path / "e.npz", X=X.astype(np.float32), y=y)
+    res = _run(tmp_path / "e.npz", "--cluster", client.scheduler.address)
+    assert res.exit_code == 0 and "map@r" in res.output, res.output
