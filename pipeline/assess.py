@@ -16,7 +16,6 @@ a group's memory is its queries and its pool, sized to POOL_BYTES.
 """
 import asyncio
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
