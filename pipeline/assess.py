@@ -16,7 +16,6 @@ a group's memory is its queries and its pool, sized to POOL_BYTES.
 """
 import asyncio
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,15 +95,33 @@ def _open(path: str, features: str, labels: str | None, option: str, labels_opti
     return src.reader, y
 
 
+def query_count(queries: str | None) -> int | None:
+    """--queries N (a sample of N rows) or FILE (None): a number that is no count of rows (-3, 0, 2.5)
+    is refused, unless a file has that name."""
+    if queries is None:
+        return None
+    text = str(queries).strip()
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    if Path(queries).exists():
+        return None
+    if not value.is_integer() or value < 1:
+        raise InputError(f"--queries {queries}: expected a number of query rows N >= 1 (a class-stratified sample) "
+                         f"or a FILE of queries")
+    return int(value)
+
+
 def plan_sides(embeddings: str, features: str, labels: str, queries: str | None, reference: str | None,
                query_labels: str | None, reference_labels: str | None, seed: int):
     """(query side, its query rows, reference side, self_in_ref) from the command's arguments."""
-    if reference and queries is not None and not str(queries).isdigit():
+    sample = query_count(queries)
+    if reference and queries is not None and sample is None:
         raise InputError(f"{queries}: --queries FILE and --reference FILE together leave EMBEDDINGS no role; "
                          f"give one of them (or --queries N with --reference)")
     other_default = None if labels.endswith(".npy") else labels
     reader, y = _open(embeddings, features, labels, "EMBEDDINGS", "--labels")
-    sample = int(queries) if queries is not None and str(queries).isdigit() else None
     if queries is not None and sample is None:
         qr, qy = _open(queries, features, query_labels or other_default, "--queries", "--query-labels")
         q_in, q_lab, r_in, r_lab = (queries, qr, "--queries"), qy, (embeddings, reader, "EMBEDDINGS"), y
@@ -127,8 +144,6 @@ def plan_sides(embeddings: str, features: str, labels: str, queries: str | None,
                          f"retrieval metrics need at least two classes")
     rows = np.arange(len(qc))
     if sample is not None:
-        if sample < 1:
-            raise InputError(f"{embeddings}: --queries 0; give a number >= 1 or a file of queries")
         rows = stratified_subset(qc, sample, [seed, 20])
     self_in = not reference and (queries is None or sample is not None)
     return Side(q_in[0], q_in[1], qc, q_in[2]), rows, Side(r_in[0], r_in[1], rc, r_in[2]), self_in
@@ -188,9 +203,10 @@ def _group(q_reader, q_rows: np.ndarray, scans, r_reader, r_blocks: list, where:
 
 
 def group_size(k: int, n_queries: int, workers: int, limit: float | None = None,
-               limit_setting: str = "--memory-limit") -> int:
+               limit_setting: str = "--memory-limit", block_bytes: float = BLOCK_BYTES) -> int:
     """Queries per task: their pools within POOL_BYTES (or MIN_GROUP queries' when those need more)
-    and, beside two reference blocks (the block and its distances) and the worker process, within
+    and, beside two reference blocks of ``block_bytes`` (the block and its distances: BLOCK_BYTES, or
+    less for a reference smaller than one block) and the worker process, within
     the memory rule's share of the smallest worker's ``limit`` and below Dask's pause (None: no
     limit known); at least two tasks per worker when queries are few. A limit too small for
     MIN_GROUP queries is refused, naming ``limit_setting``."""
@@ -201,14 +217,14 @@ def group_size(k: int, n_queries: int, workers: int, limit: float | None = None,
     group = min(MIN_GROUP, n_queries)     # fewer per task: each task streams the whole reference
     pool = max(POOL_BYTES, group * per_query)
     if limit is not None:
-        room = min(usable(limit), PAUSE_FRACTION * limit - WORKER_RESIDENT) - 2 * BLOCK_BYTES
+        room = min(usable(limit), PAUSE_FRACTION * limit - WORKER_RESIDENT) - 2 * block_bytes
         if room < group * per_query:
-            need = max((group * per_query + 2 * BLOCK_BYTES) / SPILL_FRACTION,
-                       (group * per_query + 2 * BLOCK_BYTES + WORKER_RESIDENT) / PAUSE_FRACTION)
+            need = max((group * per_query + 2 * block_bytes) / SPILL_FRACTION,
+                       (group * per_query + 2 * block_bytes + WORKER_RESIDENT) / PAUSE_FRACTION)
             raise InputError(f"{limit_setting}: a worker limit of {limit / 1e6:,.0f} MB cannot hold the top-{k:,} "
                              f"pools of {group} queries ({group * per_query / 1e6:,.0f} MB) beside two "
-                             f"{BLOCK_BYTES / 1e6:.0f} MB reference blocks and the worker itself; give workers at least "
-                             f"{need / 1e6:,.0f} MB")
+                             f"{block_bytes / 1e6:,.0f} MB reference blocks and the worker itself; give workers at "
+                             f"least {need / 1e6:,.0f} MB")
         pool = min(pool, room)
     return max(1, min(int(pool // per_query), -(-n_queries // (2 * workers))))
 
@@ -224,7 +240,9 @@ def evaluate_embeddings(client, q: Side, rows: np.ndarray, ref: Side, self_in: b
                          f"give queries and a reference that share classes")
     k = evaluation.accuracy_k(R)
     # before any scan: the groups' size depends only on k and the workers' limit
-    g = group_size(k, len(rows), max(1, len(client.scheduler_info()["workers"])), worker_limit(client), limit_setting)
+    block = min(ref.reader.shape[0], _block_rows(ref.reader)) * ref.reader.shape[1] * 4.0   # (96 KB of data: 96 KB)
+    g = group_size(k, len(rows), max(1, len(client.scheduler_info()["workers"])), worker_limit(client), limit_setting,
+                   block)
     n_clusters = len(np.unique(yq))
     rng = np.random.default_rng([seed, 21])
     km = np.sort(rng.choice(len(rows), min(len(rows), KMEANS_ROWS_PER_CLUSTER * n_clusters), replace=False))
@@ -278,10 +296,9 @@ def evaluate_embeddings(client, q: Side, rows: np.ndarray, ref: Side, self_in: b
 
 def write_records(path: str, records: list[dict]) -> None:
     """Write ``records`` as JSON, whole or not at all (a temporary file in the same folder, renamed)."""
-    tmp = f"{path}.partial"
+    from metricpipe.export import written_whole
     try:
-        with open(tmp, "w") as f:
+        with written_whole(path) as tmp, open(tmp, "w") as f:
             json.dump(records, f, indent=1)
-        os.replace(tmp, path)
     except OSError as e:
         raise InputError(f"{path}: cannot write the metrics (--out): {e.strerror or e}") from None

@@ -81,7 +81,10 @@ def _parents(path: str | None) -> dict:
     raw = read_yaml(Path(path), "the hierarchy (--hierarchy)")   # as configs are read: YAML 1.2 numbers, no alias bombs
     if not isinstance(raw, dict):
         raise InputError(f"{path}: the hierarchy must map each class to its parent (class: parent)")
-    parents = {str(k): str(v) for k, v in raw.items()}
+    parents = {}
+    for k, v in raw.items():   # 13.0 (YAML reads it as a number) names class 13, and a text label '13.0'
+        for spelling in dict.fromkeys([_node(k), str(k)]):
+            parents.setdefault(spelling, _node(v))
     for start in parents:   # a cycle would make the ancestor walk endless: refuse it, naming the loop
         seen, c = [start], start
         while c in parents:
@@ -92,6 +95,14 @@ def _parents(path: str | None) -> dict:
                                  f"so give it a parent outside the loop (--hierarchy)")
             seen.append(c)
     return parents
+
+
+def _node(x) -> str:
+    """A hierarchy node as text, as class names are compared (str of the class): a whole float is the
+    integer's text (13.0 -> '13'); anything else its own text."""
+    if isinstance(x, float) and x.is_integer() and abs(x) < 2.0 ** 53:
+        return str(int(x))
+    return str(x)
 
 
 def zero_shot_prior(name: str, parents: dict, class_means: dict) -> np.ndarray:
@@ -161,12 +172,18 @@ def add_classes(store_url: str, data_path: str, features: str = "X", labels: str
                 hierarchy: str | None = None, prior_weight: float = 0.0, zero_shot: tuple = (), log=print) -> list:
     """Add the classes of ``data_path`` (and ``zero_shot`` classes, prior only) to the store's NCM
     models. Returns one dict per extended model."""
+    if not np.isfinite(prior_weight) or prior_weight < 0:   # (click's FloatRange lets nan through)
+        raise InputError(f"--prior-weight {prior_weight}: expected a finite number >= 0 (m of Eq. 34, the prior's "
+                         f"weight against the sample mean)")
     store = Store(store_url)
     store.check_exists()
     targets = ncm_models(store, model)
     for unit, meta in targets if model is None else ():   # (find_model checked the one --model names)
         check_intact(store, unit, meta)   # a damaged model would be extended with its damage, then committed
     src, n, D, codes, names = _open(data_path, features, labels, "new data")
+    if n == 0 and not zero_shot:   # (NCMC's k-means failed on it; NCMML committed a model of no new class)
+        raise InputError(f"{src.name}: no rows (data.path); give a file with at least one labelled row of each new "
+                         f"class (classes with no images are named with --zero-shot)")
     parents = _parents(hierarchy)
     if (zero_shot or prior_weight > 0) and not parents:
         raise InputError("--zero-shot and --prior-weight need --hierarchy (a YAML map class: parent)")

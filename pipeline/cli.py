@@ -109,10 +109,13 @@ def _resume_command(kwargs: dict) -> str:
 
 def _stop_interrupted(e: KeyboardInterrupt, kwargs: dict | None = None) -> None:
     how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
+    ctx = click.get_current_context(silent=True)
     if kwargs and "config" in kwargs:   # metricpipe run
         _echo(f"{how}; finished stages are kept; to resume: {_resume_command(kwargs)}")
-    else:
+    elif ctx is not None and any(p.name == "resume" for p in ctx.command.params):   # demo
         _echo(f"{how}; finished stages are kept, rerun with --resume to continue")
+    else:   # encode, evaluate, ...: no --resume (their outputs are written whole or not at all)
+        _echo(f"{how}; rerun the command to start again")
     sys.unraisablehook = _quiet_after_interrupt
     sys.exit(143 if isinstance(e, Terminated) else 130)
 
@@ -202,6 +205,22 @@ class _Group(click.Group):
                                            callback=_verbose_after_command, help=VERBOSE_HELP))
         super().add_command(cmd, name)
 
+    def parse_args(self, ctx, args):
+        """Any argument with a NUL byte is refused before click reads it (click.Path's stat, and every
+        file function after it, raises ValueError on one): one place for every command."""
+        for i, a in enumerate(args):
+            if "\0" in a:
+                opt, eq, value = a.partition("=")
+                name = opt if eq and opt.startswith("-") else args[i - 1] if i and args[i - 1].startswith("--") \
+                    else f"metricpipe {args[0]}"
+                from metricpipe.config import ConfigError, check_no_nul
+                try:
+                    check_no_nul(value if eq and opt.startswith("-") else a, name)
+                except ConfigError as e:
+                    _echo(f"error: {e}")
+                    sys.exit(EXIT_INPUT)
+        return super().parse_args(ctx, args)
+
 
 @click.group(cls=_Group)
 @click.option("--verbose", "-v", is_flag=True, help=VERBOSE_HELP)
@@ -270,8 +289,12 @@ def run(config, store, cluster, workers, memory_limit, resume, force, repair, pe
     from metricpipe.runner import run_pipeline
 
     cfg = _apply(load_config(config), store, cluster, workers, memory_limit)
-    if performance_report:
-        _check_report_path(performance_report)
+    if performance_report:   # written when the run ends: a path it cannot take is refused now
+        from metricpipe.export import check_out
+        d = cfg.data
+        check_out(performance_report, "--performance-report", None, store=cfg.store,
+                  inputs=((config, "CONFIG"), (d.path, "data.path"), (d.labels, "data.labels"), (d.pairs, "data.pairs"),
+                          *([(cfg.cluster, "cluster")] if cfg.cluster.endswith((".yaml", ".yml")) else [])))
     if verify_source:
         cfg = replace(cfg, data=replace(cfg.data, verify_source=True))
     run_pipeline(cfg, resume=resume, log=_echo, performance_report=performance_report, force=force, repair=repair,
@@ -300,21 +323,6 @@ def demo_config_path() -> Path:
     if p.is_file():
         return Path(str(p))
     raise InputError("examples/digits.yaml is missing from this installation; reinstall metricpipe")
-
-
-def _check_report_path(path: str) -> None:
-    """--performance-report is written when the run ends: a path it cannot take is refused now, not
-    after the run (its folder must exist, as for every other output option). A URL (s3://...) is
-    written through fsspec: not checked here."""
-    if "://" in path:
-        return
-    parent = Path(path).resolve().parent
-    if not parent.exists():
-        raise InputError(f"{path}: its folder does not exist (--performance-report); create it or choose another path")
-    if not parent.is_dir():
-        raise InputError(f"{path}: {parent} is a file, not a folder (--performance-report); choose another path")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise InputError(f"{path}: {parent} is not writable (--performance-report); choose another path")
 
 
 @main.command("stage")
@@ -620,16 +628,15 @@ def predict(store, data, model, features, labels, k, out):
     import numpy as np
 
     from metricpipe.classes import predict as run_predict
-    from metricpipe.export import check_out
+    from metricpipe.export import check_out, written_whole
 
     if out:
-        check_out(out, "--out", (".npy",), inputs=((data, "DATA"), (labels, "--labels")))
+        check_out(out, "--out", (".npy",), inputs=((data, "DATA"), (labels, "--labels")), store=store)
     names, error, unknown = run_predict(store, model, data, features, labels, k)
     if out:  # written whole or not at all
-        tmp = f"{out}.partial.npy"
         try:
-            np.save(tmp, names)
-            os.replace(tmp, out)
+            with written_whole(out) as tmp:
+                np.save(tmp, names)
         except OSError as e:
             raise InputError(f"{out}: cannot write the predictions (--out): {e.strerror or e}") from None
     notes = ([] if labels else ["against DATA's y"]) + ([f"{unknown} rows whose label is not a class of the model "
@@ -694,7 +701,7 @@ def export(store, model, faiss_path, split, npz_path):
         raise InputError("metricpipe export: nothing to write; give --faiss PATH and/or --npz PATH")
     for p, opt, formats in ((faiss_path, "--faiss", (".faiss", ".index")), (npz_path, "--npz", (".npz",))):
         if p:
-            check_out(p, opt, formats)
+            check_out(p, opt, formats, store=store)
     if faiss_path:
         r = export_faiss(store, model, faiss_path, split)
         _echo(f"faiss index ({r['index']}, {r['metric']}) of {r['rows']:,} {split} codes of model {r['model']} "

@@ -210,6 +210,8 @@ def _typed(d: dict, key: str, kind, where: str, prefix: str, default=None, minim
     v = whole_number(v) if kind is int else v
     if kind is int and isinstance(v, bool) or not isinstance(v, kind):
         _fail(where, name, f"expected {getattr(kind, '__name__', kind)}, got {v!r}")
+    if kind is str:
+        check_no_nul(v, f"{where}: {name}")
     if kind is float and not math.isfinite(v):
         _fail(where, name, f"expected a finite number, got {v!r}")
     if minimum is not None and v < minimum:
@@ -488,8 +490,16 @@ def check_cluster(cluster: str, where: str) -> None:
                           f"got {cluster!r}")
 
 
+# What a store can be besides a local directory: S3 (tested on moto), GCS and Azure (the same lock without
+# conditional writes; see the README). Any other fsspec protocol is read-only (http, zip, github), has no
+# lock (ftp, hdfs) or was never tried: refused.
+STORE_SCHEMES = ("file", "s3", "gs", "gcs", "az", "abfs", "abfss")
+
+
 def check_store_url(store: str, where: str) -> None:
-    """Refuse store locations that would write somewhere the user did not mean."""
+    """Refuse store locations that would write somewhere the user did not mean: the one check of a
+    store's name, made by :class:`metricpipe.storage.Store` and for the config's ``store`` / --store."""
+    check_no_nul(store, where)
     if not store.strip():
         raise ConfigError(f"{where}: empty; give a directory (e.g. runs/digits) or an fsspec URL (s3://bucket/run)")
     if "::" in store:
@@ -498,6 +508,33 @@ def check_store_url(store: str, where: str) -> None:
     if store.startswith("memory://"):
         raise ConfigError(f"{where}: {store!r} is in-memory, invisible to the workers (other processes); give a "
                           f"directory or a shared URL such as s3://bucket/run")
+    _check_scheme(store, where)
+
+
+def _check_scheme(store: str, where: str) -> None:
+    from fsspec.registry import known_implementations
+    m = re.match(r"([A-Za-z][A-Za-z0-9+.-]*):(//)?(.*)", store, re.S)
+    if not m or (not m.group(2) and m.group(1).lower() not in known_implementations):
+        return   # a local path (one named run:1 included)
+    scheme, slashes, rest = m.groups()
+    fix = "give a local directory or s3://BUCKET/PREFIX"
+    if scheme not in STORE_SCHEMES:
+        if scheme.lower() in STORE_SCHEMES:
+            raise ConfigError(f"{where}: {store!r}: URL schemes are lower case here; write "
+                              f"{scheme.lower()}://{rest if slashes else rest.lstrip('/')}")
+        raise ConfigError(f"{where}: {store!r}: {scheme}:// cannot hold a store (metricpipe keeps them in local "
+                          f"folders, S3, GCS or Azure); {fix}")
+    if not slashes:   # fsspec reads s3:/bucket/x as a local folder named s3:
+        raise ConfigError(f"{where}: {store!r} is neither a URL ({scheme}: takes //) nor meant as a local folder; "
+                          f"write {scheme}://{rest.lstrip('/')}")
+    if scheme != "file" and not rest.split("/")[0]:
+        raise ConfigError(f"{where}: {store!r} names no bucket; give {scheme}://BUCKET/PREFIX")
+
+
+def check_no_nul(value: str, where: str) -> None:
+    """A NUL byte ends a path for the operating system (Python refuses it with a ValueError)."""
+    if "\0" in value:
+        raise ConfigError(f"{where}: {value!r} holds a NUL byte (\\0), which no file name can; remove it")
 
 
 class YamlLoader(yaml.SafeLoader):
@@ -550,6 +587,25 @@ def _expanded_size(node, memo: dict) -> int:
     return n
 
 
+# Nesting a config may have (its deepest real section is ~4 levels); PyYAML builds nested collections
+# by recursion, so ~300 levels raised RecursionError.
+MAX_CONFIG_DEPTH = 50
+
+
+def _check_depth(text: str, path, what: str) -> None:
+    """Refuse YAML nested deeper than MAX_CONFIG_DEPTH, read from the parser's events (a flat loop)."""
+    depth = 0
+    for event in yaml.parse(text, Loader=YamlLoader):
+        if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            depth += 1
+            if depth > MAX_CONFIG_DEPTH:
+                raise ConfigError(f"{path}: YAML nested more than {MAX_CONFIG_DEPTH} levels deep at line "
+                                  f"{event.start_mark.line + 1}; {what} is a few levels of key: value maps and "
+                                  f"lists: flatten it")
+        elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+            depth -= 1
+
+
 def read_yaml(path: Path, what: str):
     """A YAML file's contents, refusing binary files and alias bombs with one line."""
     try:
@@ -559,6 +615,7 @@ def read_yaml(path: Path, what: str):
     except OSError as e:
         raise ConfigError(f"{path}: cannot read {what}: {e.strerror or e}") from None
     try:
+        _check_depth(text, path, what)
         node = yaml.compose(text, Loader=YamlLoader)
         if node is not None and _expanded_size(node, {}) > MAX_CONFIG_NODES:
             raise ConfigError(f"{path}: YAML aliases expand to more than {MAX_CONFIG_NODES:,} values; {what} "

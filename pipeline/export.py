@@ -8,9 +8,12 @@ flight, the client writing each block of codes as it arrives (codes are small ne
 so the output can be a single file on the client's disk whatever the cluster. Outputs are written
 to a temporary name and renamed when complete: an interrupted encode leaves no partial file.
 """
+import contextlib
+import errno
 import json
 import os
 import shutil
+import uuid
 import zipfile
 from functools import lru_cache
 from pathlib import Path
@@ -92,8 +95,7 @@ class _Writer:
     def __init__(self, out: str, n: int, d: int, labels, ids):
         self.out, self.n, self.d, self.labels, self.ids = out, n, d, labels, ids
         self.suffix = Path(out).suffix.lower()
-        self.tmp = f"{out}.partial{self.suffix}"
-        self._drop()
+        self.tmp = temp_beside(out)
         if self.suffix == ".npy":
             self.arr = np.lib.format.open_memmap(self.tmp, mode="w+", dtype=np.float32, shape=(n, d))
         elif self.suffix == ".npz":  # members streamed into the zip: X, then y and ids at close
@@ -147,13 +149,7 @@ class _Writer:
                 arr[:] = v
         else:
             self.pq.close()
-        os.replace(self.tmp, self.out)   # a file is replaced; a folder never (check_out refused one)
-
-    def _drop(self) -> None:
-        if os.path.isdir(self.tmp):
-            shutil.rmtree(self.tmp)
-        elif os.path.exists(self.tmp):
-            os.remove(self.tmp)
+        publish(self.tmp, self.out)   # a file is replaced; a folder never (check_out refused one)
 
     def abort(self) -> None:
         for h in ("member", "zip"):
@@ -167,28 +163,42 @@ class _Writer:
             except Exception:   # noqa: BLE001
                 pass
         self.__dict__.pop("arr", None)
-        self._drop()
+        remove_partial(self.tmp)
 
 
-def check_out(out: str, option: str = "--out", formats=FORMATS, inputs=()) -> None:
-    """Refuse an output path that cannot be written, or whose writing would destroy something: the
-    command's input (``inputs``: (path or name, the argument or option that gave it) pairs: data,
-    labels files) or an existing folder (a .zarr is replaced whole). An existing file is replaced,
-    atomically, once the new one is complete. ``formats``: the suffixes allowed (None: any)."""
+def check_out(out: str, option: str = "--out", formats=FORMATS, inputs=(), store: str | None = None) -> None:
+    """The one guard of a file a command writes where the user says (--out, --faiss, --npz,
+    --performance-report): refuse a path that cannot be written, or whose writing would destroy
+    something: the command's input (``inputs``: (path or name, the argument or option that gave it)
+    pairs: data, labels, config files), anything inside ``store`` (its units, markers and
+    runs/latest.json), or an existing folder (a .zarr is replaced whole). An existing file is
+    replaced, atomically, once the new one is complete (:func:`written_whole`). ``formats``: the
+    suffixes allowed (None: any)."""
+    if "://" in out:
+        raise InputError(f"{out}: a URL ({option}); this file is written on this machine: give a local path")
     suffix = Path(out).suffix.lower()
     if formats is not None and suffix not in formats:
         raise InputError(f"{out}: unknown output format ({option}); name it with one of {', '.join(formats)}")
     target = Path(out).resolve()
-    if not target.parent.is_dir():
+    parent = target.parent
+    if not parent.exists():
         raise InputError(f"{out}: its folder does not exist ({option}); create it or choose another path")
+    if not parent.is_dir():
+        raise InputError(f"{out}: {parent} is a file, not a folder ({option}); choose another path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"{out}: {parent} is not writable ({option}); choose another path")
     for given, name in inputs:
         if name.endswith("labels") and not str(given).endswith(".npy"):
             continue        # an array or column name inside the data file, not a file of its own
-        if isinstance(given, str) and given and given not in BUILTIN:
+        if isinstance(given, str) and given and given not in BUILTIN and "://" not in given:
             src = Path(given).resolve()
             if src == target or target in src.parents:
                 raise InputError(f"{out}: is the input {name} ({option}); writing it would destroy the input: "
                                  f"choose another path")
+    root = _local_root(store)
+    if root is not None and (target == root or root in target.parents):
+        raise InputError(f"{out}: is inside the store {store} ({option}); writing there would damage its results: "
+                         f"choose a path outside it")
     if target.is_dir():
         raise InputError(f"{out}: a folder that already exists ({option}); remove it or choose another path "
                          f"(metricpipe does not replace folders)")
@@ -198,6 +208,58 @@ def check_out(out: str, option: str = "--out", formats=FORMATS, inputs=()) -> No
         except ImportError:
             raise InputError(f"{out}: writing Parquet needs pyarrow ({option}); pip install 'metricpipe[parquet]' "
                              f"or write .npz / .zarr") from None
+
+
+def _local_root(store: str | None) -> Path | None:
+    """The folder of a local store (None: no store, or one on object storage)."""
+    if not store:
+        return None
+    if store.startswith("file://"):
+        store = store[len("file://"):]
+    return None if "://" in store else Path(store).resolve()
+
+
+def temp_beside(out: str) -> str:
+    """A name in OUT's folder that no other command uses (its pid and a random part), keeping OUT's
+    suffix (numpy adds .npy / .npz to a name without it): two commands writing OUT at once each
+    write their own, and the last rename wins whole."""
+    p = Path(out)
+    return str(p.with_name(f".{p.stem}.{os.getpid()}-{uuid.uuid4().hex[:8]}.partial{p.suffix}"))
+
+
+def publish(tmp: str, out: str, option: str = "--out") -> None:
+    """Move the complete ``tmp`` onto OUT in one rename. A file replaces a file; a folder (.zarr)
+    takes OUT only while nothing is there (a rename never merges two folders): one written there
+    meanwhile (a second command to the same OUT) is kept and this one refused."""
+    try:
+        os.replace(tmp, out)
+    except OSError as e:
+        remove_partial(tmp)
+        if e.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.EISDIR, errno.ENOTDIR):
+            raise InputError(f"{out}: was written by another command meanwhile ({option}); it is kept, whole: "
+                             f"rerun to replace it, or choose another path") from None
+        raise
+
+
+def remove_partial(tmp: str) -> None:
+    if os.path.isdir(tmp):
+        shutil.rmtree(tmp, ignore_errors=True)
+    elif os.path.lexists(tmp):
+        os.remove(tmp)
+
+
+@contextlib.contextmanager
+def written_whole(out: str, option: str = "--out"):
+    """Yield a temporary name beside OUT (:func:`temp_beside`); the block writes it, and OUT is
+    replaced by it in one rename when the block ends (:func:`publish`), or it is removed: OUT is
+    an old file or a new one, whole, never part of one or a mix of two commands' outputs."""
+    tmp = temp_beside(out)
+    try:
+        yield tmp
+    except BaseException:
+        remove_partial(tmp)
+        raise
+    publish(tmp, out, option)
 
 
 def _model_and_data(store_url: str, key: str):
@@ -215,7 +277,7 @@ def encode(store_url: str, key: str, data: str, out: str, features: str = "X", l
 
     ``client_factory``: a context manager giving a Dask client, entered when ``cluster_given`` or the
     work is large (LOCAL_BYTES, LOCAL_FLOPS); otherwise the blocks are encoded here, one at a time."""
-    check_out(out, inputs=((data, "DATA"), (labels, "--labels")))
+    check_out(out, inputs=((data, "DATA"), (labels, "--labels")), store=store_url)
     data_config(data, features, labels, ids)   # a built-in's refusals, before the store is read
     store, unit, meta, normalize, data_unit = _model_and_data(store_url, key)
     src = open_input(data, features, labels, ids)
@@ -224,11 +286,17 @@ def encode(store_url: str, key: str, data: str, out: str, features: str = "X", l
     if D != est.n_features_in_:
         raise InputError(f"{src.name}: features have {D} dimensions but model {unit.key} takes {est.n_features_in_}; "
                          f"encode data of the kind the model was trained on")
-    y = None if src.labels is None else label_values(np.asarray(src.labels), f"{src.name} (labels)")
+    where = {"labels": f"{src.name} (--labels {labels})" if labels else f"{src.name} (labels)",
+             "ids": f"{src.name} (--ids {ids})"}
+    for what, column in (("labels", src.labels), ("ids", src.ids)):   # one value per row, of every output format
+        if column is not None and np.ndim(column) != 1:
+            raise InputError(f"{where[what]}: {what} of shape {np.shape(column)}; give a 1-D array with one "
+                             f"{what[:-1] if what == 'ids' else 'label'} per row")
+    y = None if src.labels is None else label_values(np.asarray(src.labels), where["labels"])
     if y is not None and len(y) != n:
-        raise InputError(f"{src.name} (labels): {len(y)} labels for {n} rows; give one label per row")
+        raise InputError(f"{where['labels']}: {len(y)} labels for {n} rows; give one label per row")
     if src.ids is not None and len(src.ids) != n:
-        raise InputError(f"{src.name} (--ids {ids}): {len(src.ids)} ids for {n} rows; give one id per row")
+        raise InputError(f"{where['ids']}: {len(src.ids)} ids for {n} rows; give one id per row")
     if n == 0:
         raise InputError(f"{src.name}: no rows to encode (DATA); give a file with at least one feature row")
     rows = _block_rows(data_unit, D)
@@ -370,9 +438,8 @@ def export_faiss(store_url: str, key: str, path: str, split: str = "test", log=p
     for s in range(0, len(rows), BLOCK_ROWS * 4):
         r = rows[s:s + BLOCK_ROWS * 4]
         index.add_with_ids(_read(codes, r), r.astype(np.int64))
-    tmp = f"{path}.partial"
-    faiss.write_index(index, tmp)
-    os.replace(tmp, path)
+    with written_whole(path, "--faiss") as tmp:
+        faiss.write_index(index, tmp)
     kind = "IVF" if len(rows) > IVF_ABOVE else "flat"
     return {"rows": len(rows), "dim": d, "metric": "inner product" if score == "inner" else "L2", "index": kind,
             "model": unit.key, "out": path}
@@ -390,7 +457,6 @@ def export_npz(store_url: str, key: str, path: str) -> dict:
     kind, arrays, scalars = portable(_model(unit.url))
     info = {"kind": kind, "normalize": normalize, "method": meta["spec"]["method"], "model": unit.key,
             "dim": int(meta["dim"]), "score": meta.get("score") or "euclidean", **scalars}
-    tmp = f"{path}.partial.npz"
-    np.savez(tmp, model_json=np.array(json.dumps(info)), **{k: np.asarray(v) for k, v in arrays.items()})
-    os.replace(tmp, path)
+    with written_whole(path, "--npz") as tmp:
+        np.savez(tmp, model_json=np.array(json.dumps(info)), **{k: np.asarray(v) for k, v in arrays.items()})
     return {**info, "arrays": sorted(arrays), "out": path}

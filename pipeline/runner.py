@@ -237,6 +237,8 @@ def check_methods(cfg: RunConfig, info, log=print) -> RunConfig:
                     noted.add((cfg.entry(n), note))
     ev = cfg.evaluate
     n_test, n_train = int((info.split == stages.TEST).sum()), int((info.split == stages.TRAIN).sum())
+    if "neighbours" in stage_names(cfg):
+        stages.check_neighbours_k(cfg, n_train)
     given = cfg.raw.get("evaluate") if isinstance(cfg.raw.get("evaluate"), dict) else {}
     user_k = isinstance(given.get("retrieval"), dict) and "k" in given["retrieval"]
     if ev.retrieval and not user_k and max(ev.retrieval_k) > n_test - 1:   # the default list, on a small test split

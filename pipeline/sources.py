@@ -122,6 +122,7 @@ class H5Reader:
             if not isinstance(f[key], h5py.Dataset):
                 raise InputError(f"{self.path}: {key!r} is a group, not a dataset (data.features); name one of its "
                                  f"datasets, e.g. {key}/{sorted(f[key].keys())[0] if len(f[key]) else 'NAME'}")
+            check_h5_complete(f[key], self.path, key, "data.features")
             self.shape, self.dtype = f[key].shape, f[key].dtype
 
     def read(self, start, stop):
@@ -138,6 +139,53 @@ def check_zarr_complete(a, path, key: str, field_name: str) -> None:
         fill = a.fill_value.item() if hasattr(a.fill_value, "item") else a.fill_value
         raise InputError(f"{path}: array {key!r} ({field_name}) is missing {missing} of its {a.nchunks} chunk(s), "
                          f"which would read as {fill!r}; rewrite or re-copy the Zarr source completely")
+
+
+def check_h5_complete(d, path, key: str, field_name: str) -> None:
+    """An HDF5 dataset whose chunks (or, stored contiguously, whose data) were never written reads
+    those rows as its fill value (zeros): refuse it, as a Zarr source with missing chunks is. HDF5
+    allocates a chunk when it is first written, so the allocated chunks are the written ones (a file
+    made with early allocation has every chunk, and is read as it is)."""
+    if d.size == 0 or d.is_virtual:
+        return
+    fill = d.fillvalue.item() if hasattr(d.fillvalue, "item") else d.fillvalue
+    if d.chunks is None:
+        if d.id.get_storage_size() == 0:
+            raise InputError(f"{path}: dataset {key!r} ({field_name}) was never written, so every row would read as "
+                             f"{fill!r} (its fill value); write its values, or rewrite the file")
+        return
+    grid = [-(-n // c) for n, c in zip(d.shape, d.chunks)]
+    total = int(np.prod(grid, dtype=np.int64))
+    have = d.id.get_num_chunks()
+    if have < total:
+        import itertools
+        written = set()
+        d.id.chunk_iter(lambda info: written.add(tuple(info.chunk_offset)))
+        first = next(tuple(i * c for i, c in zip(at, d.chunks)) for at in itertools.product(*map(range, grid))
+                     if tuple(i * c for i, c in zip(at, d.chunks)) not in written)
+        raise InputError(f"{path}: dataset {key!r} ({field_name}) has {total - have} of its {total} chunk(s) never "
+                         f"written (the first from row {first[0]:,}), which would read as {fill!r} (its fill value); "
+                         f"write every row, or rewrite the file")
+
+
+class _CheckedH5:
+    """The datasets of an HDF5 file, each checked for unwritten chunks when a column is read from it."""
+
+    def __init__(self, f, path):
+        self.f, self.path = f, path
+
+    def __contains__(self, key):
+        return key in self.f
+
+    def keys(self):
+        return self.f.keys()
+
+    def __getitem__(self, key):
+        import h5py
+        obj = self.f[key]
+        if isinstance(obj, h5py.Dataset):
+            check_h5_complete(obj, self.path, key, "a column")
+        return obj
 
 
 class _CheckedGroup:
@@ -193,9 +241,21 @@ class ParquetReader:
         sizes = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
         self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         n = int(self.starts[-1])
-        dim = t.list_size if pa.types.is_fixed_size_list(t) else \
-            (int(self._checked(self.read_groups(0, 1), 0, None)[0]) if n else 0)
+        dim = t.list_size if pa.types.is_fixed_size_list(t) else (self._first_length() if n else 0)
         self.shape = (n, dim)
+
+    def _first_length(self) -> int:
+        """The embeddings' length, read from the first row; a first row that is an empty list is refused
+        as ragged when a later row of its batch has values (the shape was (n, 0)), else as empty."""
+        first = int(self._checked(self.read_groups(0, 1), 0, None)[0])
+        if first:
+            return first
+        lengths = self._checked(self.read_groups(0, min(PARQUET_BATCH_ROWS, int(self.starts[-1]))), 0, None)
+        longer = np.flatnonzero(lengths)
+        if len(longer):
+            self._checked(self.read_groups(0, len(lengths)), 0, int(lengths[longer[0]]))   # raises: ragged
+        raise InputError(f"{self.path}: column {self.key!r} (data.features) holds empty lists (rows 0.."
+                         f"{len(lengths) - 1} at least); every row needs its embedding")
 
     def read_groups(self, start, stop):
         """Rows start..stop of the column as one Arrow list array, decoded a batch of rows at a time:
@@ -528,9 +588,10 @@ def _open_path(cfg: DataConfig, path: Path) -> Source:
         import h5py
         reader = H5Reader(path, cfg.features)
         with h5py.File(path, "r") as f:
+            cols = _CheckedH5(f, path)
             y = None if not want else _labels_from_npy(cfg) if separate_labels else \
-                _column(f, cfg.labels, path, "data.labels")
-            extra = _extra_columns(cfg, f, path)
+                _column(cols, cfg.labels, path, "data.labels")
+            extra = _extra_columns(cfg, cols, path)
     elif suffix == ".zarr":
         import zarr
         g = zarr.open_group(store=str(path), mode="r")

@@ -156,6 +156,8 @@ class Store:
     """A local directory or fsspec URL holding units."""
 
     def __init__(self, url: str):
+        from metricpipe.config import check_store_url
+        check_store_url(str(url), "STORE")   # a mistyped URL would write a local folder
         self.url = str(url).rstrip("/")
         try:
             self.fs, self.root = fsspec.core.url_to_fs(self.url)

@@ -300,8 +300,9 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
     n_queries = ev.queries
     if n_queries is None and len(test) > RETRIEVAL_QUERIES:
         n_queries = RETRIEVAL_QUERIES
-        ctx.log(f"  evaluate: retrieval by a seeded sample of {n_queries:,} of the {len(test):,} test rows "
-                f"(set evaluate.retrieval.queries to change it)")
+        if ev.retrieval:   # (retrieval: false: the sample serves the clustering scores alone)
+            ctx.log(f"  evaluate: retrieval by a seeded sample of {n_queries:,} of the {len(test):,} test rows "
+                    f"(set evaluate.retrieval.queries to change it)")
     if n_queries is not None and n_queries < len(test):
         queries = np.sort(np.random.default_rng([ctx.config.seed, 31]).choice(test, n_queries, replace=False))
     # classification: every test image, or a seeded class-stratified sample (evaluate.classification.queries)

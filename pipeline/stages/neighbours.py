@@ -5,6 +5,7 @@ import distributed
 import numpy as np
 
 from metricpipe.budget import index_budget, task_budget
+from metricpipe.config import NeighboursConfig
 from metricpipe.context import StageContext
 from metricpipe.sparse_train import training_subset
 from metricpipe.storage import Unit, create_array, hash_key, open_array, read_rows, row_chunk
@@ -61,6 +62,15 @@ def _write_graph(url: str, data_url: str, q: tuple, k: int, piece_rows: list, *p
     return len(rows)
 
 
+def check_neighbours_k(cfg, n_train: int) -> None:
+    """Each row's neighbours are k *other* train rows: k must be below the train split's rows (refused
+    before the memory rule, which would price a graph of that k)."""
+    k = (cfg.neighbours or NeighboursConfig()).k   # (a graph SL-NE or softvote needs: the defaults)
+    if k >= n_train:
+        raise InputError(f"{cfg.source_file}: neighbours.k={k} but the train split has {n_train} samples; "
+                         f"use k < {n_train}")
+
+
 def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
     """Exact kNN graph: every sample's k nearest *train* samples (itself excluded), as neighbours
     (sample, neighbour) int32 global indices, squared distances float32 and same_label. Train rows
@@ -72,9 +82,7 @@ def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
     ``query_rows``. That is what makes the graph affordable at millions of rows."""
     k = ctx.config.neighbours.k
     n_train = int((data.split == TRAIN).sum())
-    if k >= n_train:
-        raise InputError(f"{ctx.config.source_file}: neighbours.k={k} but the train split has {n_train} samples; "
-                         f"use k < {n_train}")
+    check_neighbours_k(ctx.config, n_train)
     nb = ctx.config.neighbours
     ivf = nb.method == "ivf" or (nb.method == "auto" and n_train > EXACT_MAX_TRAIN)
     streamed = ivf and _streamed(ctx, data)   # a sampled graph searched with no index

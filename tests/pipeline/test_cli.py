@@ -105,6 +105,14 @@ BAD = {
         {"method": "ncmml", "dim": 4, "iters": 10, "select": {"metric": "knn500", "lr": [3, 30]}}]},
         r"methods\[0\] \(ncmml-4\S*\): select.metric knn500 votes over more neighbours than the \d+ train rows "
         r"that selection compares the validation rows with"),
+    "neighbours.k above the train rows": (lambda t: _bad_npz(t, X=X, y=Y),   # was a ~1e13 TB memory refusal
+                                          {"neighbours": {"k": 10 ** 18},
+                                           "methods": [{"method": "slne", "input_dim": 4, "epochs": 1}]},
+                                          r"cfg.yaml: neighbours.k=1000000000000000000 but the train split has \d+ "
+                                          r"samples; use k < \d+$"),
+    "default neighbours.k above the train rows": (lambda t: _bad_npz(t, X=X[:40], y=Y[:40]),   # the graph SL-NE needs
+                                                  {"methods": [{"method": "slne", "input_dim": 4, "epochs": 1}]},
+                                                  r"neighbours.k=50 but the train split has \d+ samples; use k < \d+$"),
     "knn above the train rows": (lambda t: _bad_npz(t, X=X, y=Y),
                                  {"evaluate": {"classification": {"classifiers": ["knn500"]}}},
                                  r"knn500 votes over more neighbours than the \d+ train rows"),
@@ -206,10 +214,21 @@ def _h5_group(t, where):
     return {"path": str(t / "g.h5")}
 
 
-def _parquet_null(t):
+def _h5_unwritten(t):
+    """Features chunked 20 rows at a time, rows 40-59 never written: they read as zeros."""
+    import h5py
+    with h5py.File(t / "holes.h5", "w") as f:
+        d = f.create_dataset("X", shape=X.shape, chunks=(20, X.shape[1]), dtype="f4")
+        d[:40], d[60:] = X[:40], X[60:]
+        f["y"] = Y
+    return {"path": str(t / "holes.h5")}
+
+
+def _parquet_null(t, empty=False):
     import pyarrow as pa
     import pyarrow.parquet as pq
-    rows = [None if i == 3 else list(map(float, r)) for i, r in enumerate(X)]
+    rows = [(list(map(float, r[:0])) if empty else None) if i == (0 if empty else 3) else list(map(float, r))
+            for i, r in enumerate(X)]
     pq.write_table(pa.table({"emb": rows, "label": Y}), t / "f.parquet")
     return {"path": str(t / "f.parquet"), "features": "emb", "labels": "label"}
 
@@ -223,6 +242,12 @@ BAD.update({
                                r"g.h5: 'X' is a group, not a dataset \(data.features\); name one of its datasets, e.g. X/emb"),
     "hdf5 group as labels": (lambda t: _h5_group(t, "labels"), {},
                              r"g.h5: 'y' is a group, not an array \(data.labels\)"),
+    "hdf5 unwritten chunks": (lambda t: _h5_unwritten(t), {},
+                              r"holes.h5: dataset 'X' \(data.features\) has 1 of its 6 chunk\(s\) never written \(the "
+                              r"first from row 40\), which would read as 0.0 \(its fill value\); write every row"),
+    "parquet empty first row": (lambda t: _parquet_null(t, empty=True), {},   # was staged as shape (120, 0)
+                                r"f.parquet: column 'emb' has rows of lengths \[0, 6\] in rows 0..119 against 6; every "
+                                r"embedding needs one length"),
     "parquet null row": (lambda t: _parquet_null(t), {},
                          r"f.parquet: column 'emb' \(data.features\) is null in row 3; drop or fill that row"),
 })
@@ -304,7 +329,9 @@ def _run_model_key(store: Path) -> str:
 
 @pytest.mark.parametrize("case", ["model dimension mismatch", "new classes of another dimension", "concurrent run",
                                   "predictions to a missing folder", "predictions to a .txt", "faiss index to a .npz",
-                                  "k above the train rows"])
+                                  "k above the train rows", "codes into the store", "predictions into the store",
+                                  "model arrays into the store", "codes to a URL", "new classes of zero rows",
+                                  "new classes of zero rows for one model", "prior weight nan", "prior weight inf"])
 def test_bad_command_input_exits_2_with_one_line_and_store_unchanged(good_store, tmp_path, case):
     store = good_store / "store"
     before = _digest(store)
@@ -328,6 +355,29 @@ def test_bad_command_input_exits_2_with_one_line_and_store_unchanged(good_store,
     elif case == "faiss index to a .npz":
         args, match = ["export", store, "--model", _ncm_key(store), "--faiss", tmp_path / "x.npz"], \
             r"x.npz: unknown output format \(--faiss\); name it with one of .faiss, .index"
+    elif case in ("codes into the store", "predictions into the store", "model arrays into the store", "codes to a URL"):
+        right = tmp_path / "right.npz"
+        np.savez(right, X=np.ones((5, 8), np.float32))
+        inside = store / "models" / "x.npz"
+        args = {"codes into the store": ["encode", store, right, "--model", _ncm_key(store), "--out", inside],
+                "predictions into the store": ["predict", store, right, "--model", _ncm_key(store), "--out",
+                                               store / "runs" / "p.npy"],
+                "model arrays into the store": ["export", store, "--model", _ncm_key(store), "--npz", inside],
+                "codes to a URL": ["encode", store, right, "--model", _ncm_key(store), "--out", "s3://b/c.npz"]}[case]
+        match = r"^error: s3://b/c.npz: a URL \(--out\); this file is written on this machine: give a local path$" \
+            if "URL" in case else rf"^error: {re.escape(str(args[-1]))}: is inside the store {re.escape(str(store))} " \
+                                  rf"\({args[-2]}\); writing there would damage its results: choose a path outside it$"
+    elif case.startswith("new classes of zero rows"):
+        np.savez(wrong, X=np.ones((0, 8), np.float32), y=np.zeros(0, int))
+        args = ["add-classes", store, wrong] + (["--model", _ncm_key(store)] if "one model" in case else [])
+        match = rf"^error: {re.escape(str(wrong))}: no rows \(NEW_DATA\); give a file with at least one labelled row"
+    elif case.startswith("prior weight"):   # nan failed later, naming no option
+        value = case.split()[-1]
+        np.savez(wrong, X=np.ones((4, 8), np.float32), y=np.array([100, 101, 100, 101]))
+        (tmp_path / "h.yaml").write_text("{100: a, 101: a, 0: a, 1: a, 2: a}\n")
+        args = ["add-classes", store, wrong, "--prior-weight", value, "--hierarchy", tmp_path / "h.yaml", "--model",
+                _ncm_key(store)]
+        match = rf"^error: --prior-weight {value}: expected a finite number >= 0 \(m of Eq. 34"
     elif case == "new classes of another dimension":
         args, match = ["add-classes", store, wrong], r"features have 3 dimensions but model \w+ takes 8"
     else:
@@ -341,7 +391,6 @@ def test_bad_command_input_exits_2_with_one_line_and_store_unchanged(good_store,
             sleeper.wait()
     assert res.exit_code == 2, res.output
     lines = [ln for ln in res.output.strip().splitlines() if ln.startswith("error:")]
-    import re
     assert len(lines) == 1 and re.search(match, lines[0]), res.output
     assert _digest(store) == before
 
@@ -550,6 +599,14 @@ RAW = {
                       r"cfg.yaml: not valid YAML at line 3: duplicate key 'seed' \(also at line 1\); keep one"),
     "duplicate parameter": ("data: {source: digits}\nmethods:\n  - {method: pca, dim: 4, dim: 8}\n",
                             r"line 3: duplicate key 'dim'"),
+    # PyYAML builds nested collections by recursion: RecursionError
+    "nested 500 deep": ("data: {source: digits}\nseed: " + "[" * 500 + "]" * 500 + "\n",
+                        r"cfg.yaml: YAML nested more than 50 levels deep at line 2; a config is a few levels"),
+    "NUL in the store": ('data: {source: digits}\nstore: "runs/a\\0b"\n',
+                         r"cfg.yaml: store: 'runs/a\\x00b' holds a NUL byte \(\\0\), which no file name can; remove it"),
+    "NUL in data.path": ('data: {path: "d\\0.npz"}\n', r"cfg.yaml: data.path: 'd\\x00.npz' holds a NUL byte"),
+    "ftp store": ({"store": "ftp://host/run"}, r"store: 'ftp://host/run': ftp:// cannot hold a store .*give a local "
+                                               r"directory or s3://BUCKET/PREFIX"),
 }
 
 
@@ -572,11 +629,27 @@ def test_bad_config_files_exit_2_with_one_line(tmp_path, case):
     ("--store", "memory://x", r"--store: 'memory://x' is in-memory, invisible to the workers"),
     ("--store", "simplecache::/tmp/x", r"--store: 'simplecache::/tmp/x' is a chained fsspec URL"),
     ("--store", " ", r"--store: empty"),
+    # tracebacks, or a local folder written where S3 was meant
+    ("--store", "ftp://h/run", r"--store: 'ftp://h/run': ftp:// cannot hold a store \(metricpipe keeps them in local "
+                               r"folders, S3, GCS or Azure\); give a local directory or s3://BUCKET/PREFIX$"),
+    ("--store", "zip://a.zip", r"--store: 'zip://a.zip': zip:// cannot hold a store"),
+    ("--store", "http://h/run", r"--store: 'http://h/run': http:// cannot hold a store"),
+    ("--store", "hdfs://h/run", r"--store: 'hdfs://h/run': hdfs:// cannot hold a store"),
+    ("--store", "github://o/r", r"--store: 'github://o/r': github:// cannot hold a store"),
+    ("--store", "S3://bucket/run", r"--store: 'S3://bucket/run': URL schemes are lower case here; write s3://bucket/run$"),
+    ("--store", "s3://", r"--store: 's3://' names no bucket; give s3://BUCKET/PREFIX$"),
+    ("--store", "s3:///run", r"--store: 's3:///run' names no bucket"),
+    ("--store", "s3:/bucket/run", r"--store: 's3:/bucket/run' is neither a URL \(s3: takes //\) nor meant as a local "
+                                  r"folder; write s3://bucket/run$"),
+    ("--store", "s3:bucket", r"write s3://bucket$"),
+    ("--store", "runs/a\0b", r"^error: --store: 'runs/a\\x00b' holds a NUL byte \(\\0\), which no file name can"),
+    ("--performance-report", "r\0.html", r"^error: --performance-report: 'r\\x00.html' holds a NUL byte"),
     ("--cluster", "ucx://127.0.0.1:1", r"--cluster: ucx:// is not supported"),
     ("--cluster", "LIST", r"spec.yaml: a cluster spec is a YAML mapping .* got a list"),
 ])
-def test_bad_store_and_cluster_options_exit_2_with_one_line(tmp_path, flag, value, match):
+def test_bad_store_and_cluster_options_exit_2_with_one_line(tmp_path, monkeypatch, flag, value, match):
     import re
+    monkeypatch.chdir(tmp_path)   # s3:/bucket/run was a folder s3: here
     if value == "LIST":
         (tmp_path / "spec.yaml").write_text("- kind: slurm\n")
         value = str(tmp_path / "spec.yaml")
@@ -586,6 +659,12 @@ def test_bad_store_and_cluster_options_exit_2_with_one_line(tmp_path, flag, valu
     assert res.exit_code == 2 and "Traceback" not in res.output, res.output
     lines = [ln for ln in res.output.strip().splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and re.search(match, lines[0]), res.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cfg.yaml"] + (["spec.yaml"] if "spec" in value else [])
+    if flag == "--store":   # a command's STORE argument: the same check (Store's), naming the argument
+        res = CliRunner().invoke(main, ["models", value])
+        assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+        assert re.search(match.replace("--store", "(STORE|metricpipe models)"), res.output.strip()), res.output
+        assert len(res.output.strip().splitlines()) == 1, res.output
 
 
 @pytest.mark.parametrize("value", ["lots", "-1GB", "0", "3"])
@@ -709,7 +788,7 @@ def test_an_interrupt_leaves_the_resume_hint_last_not_a_finalisers_error(tmp_pat
                           text=True, timeout=60)
     assert proc.returncode == 130
     lines = proc.stderr.strip().splitlines()
-    assert lines[0] == "interrupted; finished stages are kept, rerun with --resume to continue"
+    assert lines[0] == "interrupted; rerun the command to start again"   # a command without --resume
     assert (len(lines) == 1) != late and ("ValueError: a finaliser's own bug" in proc.stderr) == late
 
 
@@ -769,6 +848,25 @@ def test_a_ctrl_c_while_a_command_imports_its_libraries_gives_the_hint_not_a_tra
     assert proc.returncode == 130 and proc.stderr.strip().splitlines() == [
         f"interrupted; finished stages are kept{'; ' if 'metricpipe' in hint else ', '}{hint}"], proc.stderr
     assert not (tmp_path / "s").exists()
+
+
+SIGTERM_IN_IMPORT = CTRL_C_IN_IMPORT.replace("raise KeyboardInterrupt", "from metricpipe.errors import Terminated; "
+                                                                        "raise Terminated").replace('"run", ', "")
+
+
+@pytest.mark.parametrize("command", ["encode", "evaluate", "demo"])
+def test_a_sigterm_hint_names_resume_only_for_a_command_that_has_it(tmp_path, command):
+    """encode and evaluate advised '--resume', which they do not take."""
+    import subprocess
+    import sys
+    args = {"encode": ["encode", str(tmp_path / "s"), "digits", "--model", "ab", "--out", str(tmp_path / "c.npy")],
+            "evaluate": ["evaluate", str(tmp_path / "e.npz")], "demo": ["demo", "--store", str(tmp_path / "s")]}
+    proc = subprocess.run([sys.executable, "-c", SIGTERM_IN_IMPORT, *args[command]], capture_output=True, text=True,
+                          timeout=120)
+    hint = "finished stages are kept, rerun with --resume to continue" if command == "demo" else \
+        "rerun the command to start again"
+    assert proc.returncode == 143 and proc.stderr.strip().splitlines() == [f"terminated (SIGTERM); {hint}"], proc.stderr
+    assert sorted(tmp_path.iterdir()) == []
 
 
 def test_a_slurm_run_keeps_ctrl_c_a_keyboard_interrupt():
@@ -961,6 +1059,23 @@ def test_a_performance_report_path_that_cannot_be_written_is_refused_before_the_
         f"error: {tmp_path / 'no' / 'sub' / 'r.html'}: its folder does not exist (--performance-report); create "
         f"it or choose another path"), res.output
     assert not (tmp_path / "s").exists() and not (tmp_path / "no").exists()
+
+
+@pytest.mark.parametrize("target", ["the data", "the config", "a commit marker", "runs/latest.json", "the store"])
+def test_a_performance_report_over_an_input_or_the_store_is_refused(good_store, target):
+    """--performance-report wrote anywhere: over data.path (the next run blamed 'pickled data'), a
+    unit's marker (the unit then damaged), runs/latest.json; it now goes through --out's guard."""
+    store = good_store / "store"
+    path = {"the data": good_store / "ok.npz", "the config": good_store / "cfg.yaml",
+            "a commit marker": next((store / "models").glob("*.committed.json")),
+            "runs/latest.json": store / "runs/latest.json", "the store": store / "report" / "perf.html"}[target]
+    before, data = _digest(good_store), (good_store / "ok.npz").read_bytes()
+    res = CliRunner().invoke(main, ["run", str(good_store / "cfg.yaml"), "--performance-report", str(path)])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    said = "is inside the store" if target not in ("the data", "the config") else "is the input"
+    assert res.output.strip().splitlines() == [next(ln for ln in res.output.splitlines() if ln.startswith("error:"))]
+    assert res.output.startswith(f"error: {path}: {said}") and "(--performance-report)" in res.output, res.output
+    assert _digest(good_store) == before and (good_store / "ok.npz").read_bytes() == data
 
 
 def test_a_dashboard_address_of_another_machine_is_the_same_one_line():

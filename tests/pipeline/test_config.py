@@ -273,9 +273,11 @@ def test_an_slde_dim_beyond_its_members_dimensions_is_refused_before_staging():
     from metricpipe.runner import check_methods
     from metricpipe.tasks.errors import InputError
     info = _info(n_features=50, classes=[0, 1], split=np.array([0] * 20 + [1] * 20, np.int8))
-    check_methods(parse_config({**BASE, "methods": [{"method": "slde", "dim": 48}]}, where="cfg.yaml"), info)
+    graph = {"neighbours": {"k": 5}}   # below the 20 train rows (the default 50 is refused there too)
+    check_methods(parse_config({**BASE, **graph, "methods": [{"method": "slde", "dim": 48}]}, where="cfg.yaml"), info)
     with pytest.raises(InputError, match=r"cfg.yaml: methods\[0\].*must be <= members x member_dim = 3 x 16 = 48"):
-        check_methods(parse_config({**BASE, "methods": [{"method": "slde", "dim": 50}]}, where="cfg.yaml"), info)
+        check_methods(parse_config({**BASE, **graph, "methods": [{"method": "slde", "dim": 50}]}, where="cfg.yaml"),
+                      info)
 
 
 def test_methods_that_need_the_dense_covariance_are_refused_before_staging_above_max_dense_dim():

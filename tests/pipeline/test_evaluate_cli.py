@@ -114,7 +114,14 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path):
     np.savez(tmp_path / "empty.npz", X=np.zeros((0, 2), np.float32), y=np.zeros(0, int))
     np.savez(tmp_path / "wide.npz", X=np.zeros((5, 7), np.float32), y=np.arange(5) % 2)
     np.save(tmp_path / "x.npy", X)
+    import h5py
+    with h5py.File(tmp_path / "holes.h5", "w") as f:   # rows 10-19 never written: zeros
+        f.create_dataset("X", shape=X.shape, chunks=(10, X.shape[1]), dtype=X.dtype)[:10] = X[:10]
+        f["X"][20:] = X[20:]
+        f["y"] = y
     cases = [
+        ([tmp_path / "holes.h5"], r"holes.h5: dataset 'X' \(--features\) has 1 of its 4 chunk\(s\) never written \(the "
+                                  r"first from row 10\)"),
         ([tmp_path / "missing.npz"], r"missing.npz: file not found \(EMBEDDINGS\)"),
         ([tmp_path / "ok.npz", "--features", "Z"], r"ok.npz: no array 'Z' \(--features\); it holds"),
         ([tmp_path / "ok.npz", "--labels", "lab"], r"ok.npz: no array 'lab' \(--labels\)"),
@@ -127,6 +134,10 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path):
         ([tmp_path / "ok.npz", "--queries", tmp_path / "ok.npz", "--reference", tmp_path / "ok.npz"],
          r"--queries FILE and --reference FILE together"),
         ([tmp_path / "ok.npz", "--out", tmp_path / "no" / "m.json"], r"its folder does not exist \(--out\)"),
+        ([tmp_path / "ok.npz", "--queries", "-3"], r"^error: --queries -3: expected a number of query rows N >= 1 \(a "
+                                                   r"class-stratified sample\) or a FILE of queries$"),   # was "no labels"
+        ([tmp_path / "ok.npz", "--queries", "0"], r"^error: --queries 0: expected a number of query rows N >= 1"),
+        ([tmp_path / "ok.npz", "--queries", "2.5"], r"^error: --queries 2.5: expected a number of query rows"),
     ]
     for args, match in cases:
         _fail(args, match)
@@ -234,3 +245,16 @@ def test_query_groups_are_sized_to_the_workers_memory_limit_or_refused():
     assert assess.group_size(300_000, 100000, 2, 64e9) == assess.MIN_GROUP == assess.group_size(300_000, 100000, 2)
     with pytest.raises(InputError, match=r"^the workers' limit: a worker limit of 1,000 MB cannot hold"):
         assess.group_size(300_000, 100000, 2, 1e9, "the workers' limit")
+    # a reference smaller than one block holds its own bytes, not 64 MB (a 96 KB file was refused at 400 MB)
+    assert assess.group_size(k, 100000, 2, 4e8, block_bytes=96e3) >= assess.MIN_GROUP
+
+
+@pytest.mark.integration
+def test_a_small_input_is_evaluated_on_400_mb_workers(client, tmp_path, monkeypatch):
+    """evaluate refused --memory-limit 400MB for a 96 KB input: two 64 MB reference blocks were counted."""
+    from metricpipe import assess
+    monkeypatch.setattr(assess, "worker_limit", lambda client: 4e8)   # the session's workers, as 400 MB ones
+    X, y = tied_case(0, n_ref=1500, dim=16, classes=5)
+    np.savez(tmp_path / "e.npz", X=X.astype(np.float32), y=y)
+    res = _run(tmp_path / "e.npz", "--cluster", client.scheduler.address)
+    assert res.exit_code == 0 and "map@r" in res.output, res.output

@@ -44,6 +44,29 @@ def integer_npz(tmp_path):
     return tmp_path / "d.npz", X, y
 
 
+@pytest.mark.integration
+def test_the_retrieval_sample_is_announced_only_when_there_is_retrieval(client, tmp_path, integer_npz, monkeypatch):
+    """evaluate.retrieval: false still logged 'retrieval by a seeded sample of 10,000 ...'."""
+    import gc
+
+    from metricpipe.stages import evaluate
+    monkeypatch.setattr(evaluate, "RETRIEVAL_QUERIES", 50)      # of the 300 test rows
+    said = {}
+    for retrieval in (False, {"k": [1]}):
+        cfg = parse_config({"data": {"path": str(integer_npz[0]), "split": {"test": 0.3}}, "methods": [{"method": "identity"}],
+                            "evaluate": {"retrieval": retrieval, "classification": {"classifiers": ["knn1"]}}})
+        logs = []
+        ctx = StageContext(client, Store(str(tmp_path / "s")), cfg, log=logs.append)
+        data = stages.run_stage(ctx)
+        models = stages.run_train(ctx, data, stages.run_statistics(ctx, data), None)
+        stages.run_evaluate(ctx, data, stages.run_encode(ctx, data, models))
+        said[bool(retrieval)] = [m for m in logs if "retrieval by a seeded sample" in m]
+        del ctx, data, models
+        gc.collect()   # the labels' scatter has one key in both runs: released now, not during the next one's
+    assert said == {False: [], True: ["  evaluate: retrieval by a seeded sample of 50 of the 300 test rows (set "
+                                      "evaluate.retrieval.queries to change it)"]}
+
+
 @pytest.mark.integration   # stages on the session cluster
 def test_knn_from_the_stored_graph_equals_exact_search_ties_included(client, tmp_path, integer_npz):
     path = integer_npz[0]

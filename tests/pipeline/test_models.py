@@ -1,4 +1,6 @@
 """Stored models load as fitted estimators that reproduce the stored codes from raw features."""
+import re
+
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -242,6 +244,60 @@ def test_encode_writes_every_format_with_labels_and_ids(stored, tmp_path, fmt):
     assert not list(tmp_path.glob("*.partial*"))
 
 
+def _codes_in(out):
+    if out.suffix == ".npy":
+        return np.load(out)
+    if out.suffix == ".npz":
+        with np.load(out) as z:
+            return z["X"]
+    if out.suffix == ".zarr":
+        import zarr
+        return zarr.open_group(str(out), mode="r")["X"][:]
+    import pyarrow.parquet as pq
+    return np.stack(pq.read_table(out).column("code").to_numpy(zero_copy_only=False))
+
+
+@pytest.mark.parametrize("fmt", [".npy", ".npz", ".zarr", ".parquet"])
+@pytest.mark.integration
+def test_two_encodes_to_one_out_at_once_leave_one_model_s_codes_whole(stored, tmp_path, monkeypatch, fmt):
+    """Both wrote the fixed temporary name OUT.partial.npy: one failed with a traceback, or both said
+    they succeeded and OUT held the second model's codes (or a mix)."""
+    import threading
+
+    import metricpipe.export as export
+    ctx, data, X, models, codes = stored
+    (_, pca), (_, pca_codes, _) = _by(models, codes, "pca")
+    (_, ncm), (_, ncm_codes, _) = _by(models, codes, "ncmml")
+    out = tmp_path / f"codes{fmt}"
+    both_open, real = threading.Barrier(2, timeout=60), export.encode_rows
+
+    def in_step(model_url, data, features, normalize, start, stop):
+        if start == 0:
+            both_open.wait()   # each has opened its output before either writes a block
+        return real(model_url, data, features, normalize, start, stop)
+    monkeypatch.setattr(export, "encode_rows", in_step)
+    results = {}
+
+    def one(key):
+        try:
+            results[key] = export.encode(ctx.store.url, key, ctx.config.data.path, str(out), log=lambda m: None)
+        except BaseException as e:   # noqa: BLE001 - what the command would have met
+            results[key] = e
+    threads = [threading.Thread(target=one, args=(u.key,)) for u in (pca, ncm)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    refused = [r for r in results.values() if isinstance(r, BaseException)]
+    assert len(results) == 2 and len(refused) <= 1, results
+    assert all(isinstance(e, InputError) and "was written by another command meanwhile (--out)" in str(e)
+               for e in refused), refused
+    got = _codes_in(out)
+    assert any(got.shape == _stored_codes(c).shape and np.array_equal(got, _stored_codes(c))
+               for c in (pca_codes, ncm_codes))
+    assert [p.name for p in tmp_path.iterdir()] == [out.name]     # no temporary left
+
+
 @pytest.mark.integration
 def test_encode_on_the_cluster_gives_the_same_codes_in_row_order(stored, client, tmp_path):
     import contextlib
@@ -472,7 +528,12 @@ def test_encode_refuses_bad_rows_and_the_wrong_width_without_leaving_a_file(stor
     key = _by(models, codes, "pca")[0][1].key
     np.savez(tmp_path / "ids.npz", X=X, rid=np.arange(7))
     np.savez(tmp_path / "empty.npz", X=np.zeros((0, 10), np.float32))
+    import h5py
+    with h5py.File(tmp_path / "holes.h5", "w") as f:     # rows 100-199 never written: zeros
+        f.create_dataset("X", shape=X.shape, chunks=(100, 10), dtype="f4")[:100] = X[:100]
+        f["X"][200:] = X[200:]
     for f, msg in (("nan.npz", "row 3"), ("wide.npz", "features have 11 dimensions but model"),
+                   ("holes.h5", "dataset 'X' (--features) has 1 of its 5 chunk(s) never written (the first from row 100)"),
                    ("ids.npz", "(--ids rid): 7 ids for 500 rows; give one id per row"),
                    ("empty.npz", "no rows to encode (DATA)")):
         res = CliRunner().invoke(main, ["encode", ctx.store.url, str(tmp_path / f), "--model", key,
@@ -483,6 +544,27 @@ def test_encode_refuses_bad_rows_and_the_wrong_width_without_leaving_a_file(stor
         assert not (tmp_path / "c.npz").exists() and not list(tmp_path.glob("*partial*"))
     res = CliRunner().invoke(main, ["export", ctx.store.url, "--model", key])
     assert res.exit_code == 2 and "nothing to write; give --faiss PATH and/or --npz PATH" in res.output
+
+
+@pytest.mark.parametrize("fmt", [".npz", ".zarr", ".parquet"])
+@pytest.mark.integration
+def test_encode_refuses_labels_or_ids_that_are_not_one_per_row(stored, tmp_path, fmt):
+    """2-D ids were an ArrowInvalid (parquet) or a zarr ValueError, and .npz stored a 2-D y."""
+    ctx, data, X, models, codes = stored
+    key = _by(models, codes, "pca")[0][1].key
+    np.savez(tmp_path / "d.npz", X=X, y2=np.zeros((len(X), 2), int), rid2=np.zeros((len(X), 3), int),
+             y=np.arange(len(X)) % 3)
+    out = tmp_path / f"c{fmt}"
+    for extra, msg in ((["--labels", "y2"], r"d.npz \(--labels y2\): labels of shape \(500, 2\); give a 1-D array "
+                                            r"with one label per row$"),
+                       (["--ids", "rid2"], r"d.npz \(--ids rid2\): ids of shape \(500, 3\); give a 1-D array with one "
+                                           r"id per row$")):
+        res = CliRunner().invoke(main, ["encode", ctx.store.url, str(tmp_path / "d.npz"), "--model", key, "--out",
+                                        str(out), *extra])
+        assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+        [line] = res.output.strip().splitlines()
+        assert re.search(r"^error: \S+" + msg, line), line
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["d.npz"]
 
 
 @pytest.mark.integration

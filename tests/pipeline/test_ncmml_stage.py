@@ -270,6 +270,12 @@ def test_zero_shot_prior_is_the_mean_of_ancestor_means_and_map_mixes_it(trained,
     np.testing.assert_allclose(ext.centroids_[-2], (4 * mu_s + 2 * mu_z) / 6, rtol=1e-5)  # Eq. 34
     np.testing.assert_allclose(ext.centroids_[-1], c[2], rtol=1e-6)  # 41: the prior alone
     assert ext_unit.meta()["class_names"][-2:] == [40, 41]
+    # classes written as YAML floats (13.0: ...) name the integer classes: they named no class
+    (tmp_path / "f.yaml").write_text("0.0: a\n1.0: a\n2.0: b\n40.0: a\n41.0: b\n")
+    [again] = add_classes(ctx.store.url, str(tmp_path / "n.npz"), model=unit.key, hierarchy=str(tmp_path / "f.yaml"),
+                          prior_weight=2.0, zero_shot=("41",), log=lambda m: None)
+    ext_f = load_estimator(ctx.store.unit("models", again["model"].split("/")[-1]).url)
+    np.testing.assert_allclose(ext_f.centroids_, ext.centroids_, rtol=1e-6)
     np.savez(tmp_path / "t.npz", X=Xn, y=np.array(["forty"] * 4))        # text beside integer classes: refused
     with pytest.raises(InputError, match=r"t.npz: class\(es\) \['forty'\] are not integers like model \w+'s classes"):
         add_classes(ctx.store.url, str(tmp_path / "t.npz"), model=unit.key, log=lambda m: None)

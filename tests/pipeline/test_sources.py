@@ -192,6 +192,32 @@ def test_a_zarr_source_with_a_missing_chunk_is_refused(tmp_path):
         open_source(DataConfig(path=str(tmp_path / "d.zarr")))
 
 
+def test_an_hdf5_source_with_unwritten_chunks_is_refused(tmp_path):
+    """Rows whose chunks HDF5 never allocated read as the fill value: run, evaluate and encode went on."""
+    import h5py
+    from metricpipe.config import DataConfig
+    from metricpipe.sources import open_source
+    from metricpipe.tasks.errors import InputError
+    with h5py.File(tmp_path / "d.h5", "w") as f:
+        x = f.create_dataset("X", shape=(3000, 16), chunks=(500, 16), dtype="f4", fillvalue=-1.0)
+        x[:2000] = 1.0
+        f.create_dataset("y", shape=(3000,), chunks=(1000,), dtype="i8")[:] = np.arange(3000) % 3
+        f.create_dataset("g", shape=(3000,), dtype="i8")          # contiguous, never written
+        f.create_dataset("wide", shape=(10, 8), chunks=(5, 4), dtype="f4")[:, :4] = 1.0   # a column block missing
+    with pytest.raises(InputError, match=r"d.h5: dataset 'X' \(data.features\) has 2 of its 6 chunk\(s\) never "
+                                         r"written \(the first from row 2,000\), which would read as -1.0 \(its fill "
+                                         r"value\); write every row, or rewrite the file$"):
+        open_source(DataConfig(path=str(tmp_path / "d.h5")))
+    with h5py.File(tmp_path / "d.h5", "a") as f:
+        f["X"][2000:] = 2.0
+    assert open_source(DataConfig(path=str(tmp_path / "d.h5"))).reader.shape == (3000, 16)   # complete: fine
+    with pytest.raises(InputError, match=r"dataset 'g' \(a column\) was never written, so every row would read as 0"):
+        open_source(DataConfig(path=str(tmp_path / "d.h5"), groups="g"))
+    with pytest.raises(InputError, match=r"dataset 'wide' \(data.features\) has 2 of its 4 chunk\(s\) never written "
+                                         r"\(the first from row 0\)"):
+        open_source(DataConfig(path=str(tmp_path / "d.h5"), features="wide", labels=""))
+
+
 def test_the_ids_array_is_part_of_the_staged_data_s_key(tmp_path, arrays):
     """The staged unit stores the ids as its ``id`` coordinate: other ids are another unit."""
     from metricpipe.stages import prepare_data
