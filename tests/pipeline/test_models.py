@@ -266,8 +266,8 @@ def test_two_encodes_to_one_out_at_once_leave_one_model_s_codes_whole(stored, tm
 
     import metricpipe.export as export
     ctx, data, X, models, codes = stored
-    (_, pca), (_, pca_codes, _) = _by(models, codes, "pca")
-    (_, ncm), (_, ncm_codes, _) = _by(models, codes, "ncmml")
+    (_, pca, _), (_, pca_codes, _) = _by(models, codes, "pca")
+    (_, ncm, _), (_, ncm_codes, _) = _by(models, codes, "ncmml")
     out = tmp_path / f"codes{fmt}"
     both_open, real = threading.Barrier(2, timeout=60), export.encode_rows
 
