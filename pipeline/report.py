@@ -109,7 +109,7 @@ def extended_models(store: Store, models: list[dict]) -> list[dict]:
 def selections(store: Store, manifest: dict) -> list[dict]:
     """Each parameter selection of the run: metric, every candidate's validation score, the choice."""
     return [{k: m.get(k) for k in ("method", "label", "metric", "higher_is_better", "validation_rows", "candidates",
-                                   "chosen", "spec", "grid")}
+                                   "chosen", "spec", "grid", "repeat", "extended", "edge")}
             for _, m in _committed(store, manifest["units"].get("selection"))]
 
 
@@ -128,9 +128,13 @@ def _selection_html(sel: list[dict]) -> str:
             f"<td>{'failed: ' + esc(c['error']) if c['score'] is None else format(c['score'], '.4f')}</td>"
             f"<td>{'chosen' if i == s['chosen'] else ''}</td><td><code>{esc(c['model'][:12])}</code></td></tr>"
             for i, c in enumerate(s["candidates"]))
+        beyond = (f"; {s['extended']} candidate(s) beyond the grid, where the best sat on its edge"
+                  if s.get("extended") else "")
+        edge = "".join(f"; <b>{esc(k)} {s['spec'][k]:g} is still the {'largest' if side == 'upper' else 'smallest'} "
+                       f"value tried</b>: the best may lie further" for k, side in (s.get("edge") or {}).items())
         parts.append(f"<p>{esc(s.get('label') or s['method'])}: {esc(s['metric'])} on "
                      f"{s['validation_rows']:,} validation rows "
-                     f"({best} wins)</p><table><tr><th>parameters</th><th>validation {esc(s['metric'])}</th>"
+                     f"({best} wins{beyond}{edge})</p><table><tr><th>parameters</th><th>validation {esc(s['metric'])}</th>"
                      f"<th></th><th>model</th></tr>{rows}</table>")
     return ("<h2>Parameter selection</h2><p>Candidates trained on the train split and scored on the validation "
             "split; the test split was not read. Test metrics above are the chosen models'.</p>" + "".join(parts))

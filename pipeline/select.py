@@ -108,6 +108,41 @@ def choose(metric: str, scores: list) -> int:
     return min(ok, key=lambda i: (-scores[i] if better else scores[i], i))
 
 
+# A choice at the edge of its grid is searched further, a log step at a time, this many steps per end
+# of each parameter: a best value that keeps moving outward is said (log and report), not hidden.
+EDGE_STEPS = 2
+
+
+def outward(grid: dict, tried: list[dict], chosen: dict, steps: dict) -> dict:
+    """{parameter: next value} for each searched parameter whose chosen value is the largest or the
+    smallest positive number tried for it: the next value a log step further (the ratio of the two
+    outermost values tried on that side), while ``steps`` ({(parameter, "upper"|"lower"): steps
+    taken}) is under EDGE_STEPS. A candidate that failed (diverged) still bounds its side."""
+    out = {}
+    for name in grid:
+        values = sorted({t[name] for t in tried})
+        value = chosen[name]
+        if len(values) < 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+                                      for v in values):
+            continue
+        if value == values[-1] and steps.get((name, "upper"), 0) < EDGE_STEPS:
+            out[name] = ("upper", value * value / values[-2])
+        elif value == values[0] and steps.get((name, "lower"), 0) < EDGE_STEPS:
+            out[name] = ("lower", value * value / values[1])
+    return out
+
+
+def at_edge(grid: dict, tried: list[dict], chosen: dict) -> dict:
+    """{parameter: "upper"|"lower"} for each searched numeric parameter whose chosen value is still the
+    largest or smallest tried."""
+    out = {}
+    for name in grid:
+        values = sorted({t[name] for t in tried if isinstance(t[name], (int, float)) and not isinstance(t[name], bool)})
+        if len(values) >= 2 and chosen[name] in (values[0], values[-1]):
+            out[name] = "upper" if chosen[name] == values[-1] else "lower"
+    return out
+
+
 def describe(grid: dict, params: dict) -> str:
     """'step 0.02, margin 0.05': a candidate's searched parameters."""
     return ", ".join(f"{k} {params[k]:g}" if isinstance(params[k], float) else f"{k} {params[k]}" for k in grid)

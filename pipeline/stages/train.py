@@ -211,7 +211,7 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
     futures = _submit(ctx, todo, data, stats, neighbours)
     scores = _submit_scores(ctx, plans, futures, data)
     _gather_models(ctx, futures, required, data)
-    _choose(ctx, plans, scores)
+    _choose(ctx, plans, scores, data, stats, neighbours)
     # phase 2: the chosen candidates refitted on every train row
     refits, refit_of = {}, {}
     for p in plans:
@@ -261,12 +261,17 @@ def _submit_scores(ctx: StageContext, plans: list[_Plan], futures: dict, data) -
             split = fold_split(data.url, p.fold)
             metrics = [q.spec["select"]["metric"] for q in pending if q.repeat == p.repeat]
             rows[p.repeat] = select.submit_data(ctx, data, split, metrics)
-        sel_future, _ = rows[p.repeat]
-        for c, u in zip(p.cands, p.cunits):
-            trained = futures[u.key][2] if u.key in futures else None   # (this runs after it)
-            scores[(p.sel_unit.key, u.key)] = select.submit_score(ctx, trained, u, p.spec["select"]["metric"],
-                                                                  sel_future, model_id(c))
-    return {"futures": scores, "n_val": {r: v[1] for r, v in rows.items()}}
+        scores.update(_score(ctx, p, p.cands, p.cunits, futures, rows[p.repeat][0]))
+    return {"futures": scores, "rows": rows}
+
+
+def _score(ctx, p: _Plan, cands, cunits, futures: dict, sel_future) -> dict:
+    out = {}
+    for c, u in zip(cands, cunits):
+        trained = futures[u.key][2] if u.key in futures else None   # (this runs after it)
+        out[(p.sel_unit.key, u.key)] = select.submit_score(ctx, trained, u, p.spec["select"]["metric"], sel_future,
+                                                           model_id(c))
+    return out
 
 
 def _gather_models(ctx: StageContext, futures: dict, required: set, data, refit_of: dict | None = None) -> None:
@@ -294,10 +299,37 @@ def _gather_models(ctx: StageContext, futures: dict, required: set, data, refit_
     ctx.gather([f for _, _, f, _ in items], "train", [f"model {model_id(s)}" for s, *_ in items], on_result=commit)
 
 
-def _choose(ctx: StageContext, plans: list[_Plan], scores: dict) -> None:
+def _choose(ctx: StageContext, plans: list[_Plan], scores: dict, data, stats, neighbours) -> None:
+    """Each pending selection's choice; a choice at the edge of its grid searches outward first
+    (``select.outward``), each step's candidates trained on the same rows and scored as the others."""
     keys = list(scores["futures"])
     values = ctx.gather([scores["futures"][k] for k in keys], "train", [f"selection score {k[1]}" for k in keys])
     values = dict(zip(keys, values))
+    pending = [p for p in plans if p.sel_unit is not None and p.chosen is None]
+    results = {id(p): [values[(p.sel_unit.key, u.key)] for u in p.cunits] for p in pending}
+    steps = {id(p): {} for p in pending}
+    while True:
+        todo, new = {}, []
+        for p in pending:
+            for c in _outward(ctx, p, results[id(p)], steps[id(p)]):
+                u = ctx.store.unit("models", model_key(c, stats, neighbours, data, p.fold))
+                p.cands.append(c)
+                p.cunits.append(u)
+                todo.setdefault(u.key, (c, u, p.fold, p))
+                new.append((p, c, u))
+        if not new:
+            break
+        futures = _submit(ctx, todo, data, stats, neighbours)
+        more = {}
+        for p in {id(q): q for q, _, _ in new}.values():
+            mine = [(c, u) for q, c, u in new if q is p]
+            more.update(_score(ctx, p, [c for c, _ in mine], [u for _, u in mine], futures,
+                               scores["rows"][p.repeat][0]))
+        _gather_models(ctx, futures, set(), data)
+        got = ctx.gather(list(more.values()), "train", [f"selection score {k[1]}" for k in more])
+        for (sel_key, key), value in zip(more, got):
+            p = next(q for q in pending if q.sel_unit.key == sel_key)
+            results[id(p)].append(value)
     for p in plans:
         if p.sel_unit is None:
             unit = p.cunits[0]
@@ -307,10 +339,35 @@ def _choose(ctx: StageContext, plans: list[_Plan], scores: dict) -> None:
                         f"searches them)")
             continue
         if p.chosen is None:
-            _commit_selection(ctx, p, [values[(p.sel_unit.key, u.key)] for u in p.cunits],
-                              scores["n_val"][p.repeat])
+            _commit_selection(ctx, p, results[id(p)], scores["rows"][p.repeat][1], steps[id(p)])
         p.chosen = p.sel_unit.meta()["chosen"]
         ctx.selections.append(p.sel_unit.rel)
+
+
+def _outward(ctx, p: _Plan, results: list, steps: dict) -> list[dict]:
+    """The candidates one log step beyond the edge the current choice sits on (none inside its grid)."""
+    metric, grid = p.spec["select"]["metric"], p.spec["select"]["grid"]
+    best = select.choose(metric, [None if isinstance(r, Exception) else float(r) for r in results])
+    if best < 0:
+        return []
+    chosen, out = p.cands[best], []
+    floats = {k: v for k, v in grid.items() if all(isinstance(x, float) for x in v)}
+    for name, (side, value) in select.outward(floats, p.cands, chosen, steps).items():
+        steps[(name, side)] = steps.get((name, side), 0) + 1
+        cand = {**chosen, name: float(f"{value:.12g}")}
+        try:
+            registry.make(cand)._validate_params()
+        except Exception:  # noqa: BLE001 - beyond what the parameter allows: that side is bounded
+            steps[(name, side)] = select.EDGE_STEPS
+            continue
+        if cand not in p.cands:
+            out.append(cand)
+    if out:
+        again = f" (repeat {p.repeat})" if p.repeat else ""
+        ctx.log(f"  train: {model_id({k: v for k, v in chosen.items() if k not in grid})}{again}: "
+                f"{select.describe(grid, chosen)} is at the edge of its grid; also trying "
+                + "; ".join(select.describe({k: 0 for k in grid if c[k] != chosen[k]}, c) for c in out))
+    return out
 
 
 def _kept(ctx: StageContext, plans: list[_Plan]) -> list[Trained]:
@@ -333,7 +390,7 @@ def _kept(ctx: StageContext, plans: list[_Plan]) -> list[Trained]:
     return list(out.values())
 
 
-def _commit_selection(ctx, p: _Plan, results, n_val) -> None:
+def _commit_selection(ctx, p: _Plan, results, n_val, steps: dict) -> None:
     spec = p.spec
     cands, cunits, sel_unit = p.cands, p.cunits, p.sel_unit
     metric, grid = spec["select"]["metric"], spec["select"]["grid"]
@@ -349,8 +406,10 @@ def _commit_selection(ctx, p: _Plan, results, n_val) -> None:
             for c, u, s, r in zip(cands, cunits, scores, results)]
     sel_unit.begin()
     label = model_id({k: v for k, v in cands[0].items() if k not in grid})   # the entry, searched parameters aside
+    edge = select.at_edge({k: v for k, v in grid.items() if all(isinstance(x, float) for x in v)}, cands, cands[best])
     ctx.commit(sel_unit, {"method": spec["method"], "label": label, "metric": metric, "grid": grid,
                           "validation_rows": n_val, "repeat": p.repeat, "entry": p.n,
+                          "extended": len(cands) - len(registry.candidates(spec)), "edge": edge,
                           "higher_is_better": higher_is_better(metric),
                           "candidates": rows, "chosen": best, "model": cunits[best].key, "spec": cands[best]})
     shown = "; ".join(f"{select.describe(grid, r['params'])}: "
@@ -358,6 +417,10 @@ def _commit_selection(ctx, p: _Plan, results, n_val) -> None:
     again = f" (repeat {p.repeat})" if p.repeat else ""
     ctx.log(f"  train: {label}{again} selected {select.describe(grid, rows[best]['params'])} by "
             f"{metric} on {n_val:,} validation rows ({shown})")
+    for name, side in edge.items():
+        ctx.log(f"  train: {label}{again}: {name} {cands[best][name]:g} is still the {'largest' if side == 'upper' else 'smallest'} "
+                f"value tried after {steps.get((name, side), 0)} step(s) beyond the grid; the best may lie further "
+                f"(set select.{name} to search there)")
     failed = [r for r in rows if r["score"] is None]
     if failed:   # why, once: candidates usually fail alike (a rate that diverges)
         why = str(failed[0]["error"])

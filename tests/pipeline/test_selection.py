@@ -306,3 +306,38 @@ def test_a_model_that_kept_its_start_says_so_and_a_selection_candidate_does_not(
         {"method": "ncmml", "dim": 8, "iters": 100, "validate_every": 50, "select": {"lr": [1e-9, 10.0]}}])
     kept = [line for line in logs if "early stopping kept the model it starts from" in line]
     assert len(kept) == 1 and kept[0].startswith("  train: ncmml-8-iters100-lr1e-09-validate_every50: "), logs
+
+
+# ---- a choice at the edge of its grid ------------------------------------------------------------
+
+def test_outward_steps_beyond_the_edge_the_choice_sits_on_by_the_grid_s_own_ratio():
+    from metricpipe.select import EDGE_STEPS, at_edge, outward
+    grid = {"lr": [3.0, 10.0, 30.0]}
+    tried = [{"lr": v} for v in grid["lr"]]
+    assert outward(grid, tried, {"lr": 30.0}, {}) == {"lr": ("upper", 90.0)}
+    assert outward(grid, tried, {"lr": 3.0}, {}) == {"lr": ("lower", 0.9)}
+    assert outward(grid, tried, {"lr": 10.0}, {}) == {}                       # inside
+    assert outward(grid, tried, {"lr": 30.0}, {("lr", "upper"): EDGE_STEPS}) == {}   # bounded
+    assert at_edge(grid, tried, {"lr": 30.0}) == {"lr": "upper"} and at_edge(grid, tried, {"lr": 10.0}) == {}
+    # a larger value that was tried and failed still bounds the choice
+    assert at_edge(grid, tried + [{"lr": 90.0}], {"lr": 30.0}) == {}
+    assert outward({"anneal": [0.0, 0.5]}, [{"anneal": 0.0}, {"anneal": 0.5}], {"anneal": 0.0}, {}) == {}  # not log
+
+
+@pytest.mark.integration
+def test_a_choice_at_either_edge_is_searched_beyond_it_and_said_when_it_stays(client, tmp_path):
+    """NCMML's lr 0.01 and 0.03 both barely move W in 100 steps, so the larger wins: the search steps up
+    twice (0.09, 0.27) and says the best may lie further; lr 1,000 diverges on digits, so lr 100 is
+    the lower edge of what trains: the search steps down."""
+    up = {"method": "ncmml", "dim": 8, "iters": 100, "validate_every": 50, "select": {"lr": [0.01, 0.03]}}
+    down = {"method": "ncmml", "dim": 8, "iters": 100, "validate_every": 50, "select": {"lr": [100.0, 1000.0]}}
+    report, logs = _run(tmp_path, "edge", client, methods=[up, down])
+    first, second = report["selection"]
+    lrs = [c["params"]["lr"] for c in first["candidates"]]
+    assert lrs[:2] == [0.01, 0.03] and first["extended"] == len(lrs) - 2 >= 1 and min(lrs[2:]) > 0.03
+    if first["extended"] == 2:   # still rising: said, in the log and the report
+        assert first["edge"] == {"lr": "upper"}
+        assert any("lr 0.27 is still the largest value tried" in line for line in logs), logs
+    low = [c["params"]["lr"] for c in second["candidates"]]
+    assert second["extended"] >= 1 and max(low[2:]) < 100.0
+    assert any("is at the edge of its grid; also trying lr " in line for line in logs), logs
