@@ -131,6 +131,9 @@ class RunConfig:
         """How the user gave setting ``name``: ``--memory-limit`` from the command line, else ``memory_limit``."""
         return f"--{name.replace('_', '-')}" if name in self.overridden else name
 
+    def __post_init__(self):
+        check_local_memory(self)
+
 
 class ConfigError(InputError):
     pass
@@ -461,7 +464,7 @@ def _memory_limit(v, where: str):
         return v
     try:
         n = parse_bytes(v) if isinstance(v, str) else v
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, OverflowError):   # OverflowError: 1e400GB, an infinite size
         n = None
     if n is None or n <= 0:
         _fail(where, "memory_limit", f"expected a positive size such as 2GB or 'auto', got {v!r}")
@@ -470,6 +473,22 @@ def _memory_limit(v, where: str):
               f"holds ~250 MB before any task, and Dask pauses it at 80% of its limit), got {v!r} ({n:,} bytes); "
               f"e.g. 2GB")
     return v
+
+
+def check_local_memory(cfg: RunConfig) -> None:
+    """A local cluster's memory_limit above this machine's memory is refused (Dask would silently use
+    the machine's instead, and the memory rule would believe the larger figure). Checked whenever a
+    RunConfig is made, so the config file and --memory-limit / --cluster local are checked alike."""
+    if cfg.cluster != "local" or cfg.memory_limit == "auto":
+        return
+    from dask.utils import format_bytes, parse_bytes
+    from distributed.system import MEMORY_LIMIT   # the machine's, or its cgroup's / rlimit's when lower
+    n = parse_bytes(cfg.memory_limit) if isinstance(cfg.memory_limit, str) else cfg.memory_limit
+    if n > MEMORY_LIMIT:
+        where = cfg.setting("memory_limit")
+        where = where if where.startswith("--") else f"{cfg.source_file}: {where}"
+        raise ConfigError(f"{where}: {cfg.memory_limit} per worker is more than this machine's memory "
+                          f"({format_bytes(MEMORY_LIMIT)}); give a smaller size (e.g. 2GB) or auto")
 
 
 def check_cluster(cluster: str, where: str) -> None:

@@ -537,6 +537,9 @@ RAW = {
                                             r"holds ~250 MB before any task, and Dask pauses it at 80% of its "
                                             r"limit\), got 3 \(3 bytes\); e.g. 2GB"),
     "memory_limit 3e8": ({"memory_limit": 3e8}, r"memory_limit: expected at least 400MB per worker .* got 300000000 "),
+    "memory_limit 1e400GB": ({"memory_limit": "1e400GB"}, r"memory_limit: expected a positive size such as 2GB .*'1e400GB'"),
+    "memory_limit 1e30GB": ({"memory_limit": "1e30GB"}, r"cfg.yaml: memory_limit: 1e30GB per worker is more than this "
+                                                        r"machine's memory"),
     "dashboard list": ({"dashboard": [1, 2]}, r"dashboard: expected \[HOST\]:PORT .* got \[1, 2\]"),
     "empty store": ({"store": ""}, r"cfg.yaml: store: empty; give a directory"),
     "methods mapping": ({"methods": {}}, r"methods: expected a non-empty list of \{method: ...\} entries, got \{\}"),
@@ -588,7 +591,7 @@ def test_bad_store_and_cluster_options_exit_2_with_one_line(tmp_path, flag, valu
     assert len(lines) == 1 and re.search(match, lines[0]), res.output
 
 
-@pytest.mark.parametrize("value", ["lots", "-1GB", "0", "3"])
+@pytest.mark.parametrize("value", ["lots", "-1GB", "0", "3", "1e400GB", "1e30GB"])
 @pytest.mark.parametrize("command", ["run", "demo"])
 def test_a_bad_memory_limit_option_is_refused_before_anything_starts(tmp_path, command, value):
     cfg = tmp_path / "cfg.yaml"
@@ -597,7 +600,9 @@ def test_a_bad_memory_limit_option_is_refused_before_anything_starts(tmp_path, c
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 2 and "Traceback" not in res.output, res.output
     assert f"Invalid value for '--memory-limit': expected a positive size such as 2GB or 'auto', got '{value}'" \
-        in res.output or value == "3" and "Invalid value for '--memory-limit': expected at least 400MB" in res.output
+        in res.output or value == "3" and "Invalid value for '--memory-limit': expected at least 400MB" in res.output \
+        or value == "1e30GB" and res.output.startswith("error: --memory-limit: 1e30GB per worker is more than this "
+                                                       "machine's memory")
     assert not (tmp_path / "s").exists()
 
 
