@@ -438,6 +438,9 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
             or int(dashboard.rpartition(":")[2]) > 65535:
         _fail(where, "dashboard", f"expected [HOST]:PORT (e.g. :8787 or 127.0.0.1:0), a port number or false, "
               f"got {dashboard!r}")
+    if dashboard is not None and any(c in dashboard.rpartition(":")[0] for c in "[]:"):   # Dask splits at every ':'
+        _fail(where, "dashboard", f"an IPv6 host ({dashboard!r}) is not supported by Dask's dashboard address; give "
+              f"0.0.0.0:PORT to open it to the network, 127.0.0.1:PORT or :PORT (this machine only), or false")
     store = _typed(raw, "store", str, where, "", "runs/metricpipe")
     check_store_url(store, f"{where}: store")
     return RunConfig(

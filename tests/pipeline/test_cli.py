@@ -540,6 +540,8 @@ RAW = {
     "memory_limit 1e400GB": ({"memory_limit": "1e400GB"}, r"memory_limit: expected a positive size such as 2GB .*'1e400GB'"),
     "memory_limit 1e30GB": ({"memory_limit": "1e30GB"}, r"cfg.yaml: memory_limit: 1e30GB per worker is more than this "
                                                         r"machine's memory"),
+    "dashboard IPv6": ({"dashboard": "[::]:8787"}, r"cfg.yaml: dashboard: an IPv6 host \('\[::\]:8787'\) is not "
+                                                   r"supported"),
     "dashboard list": ({"dashboard": [1, 2]}, r"dashboard: expected \[HOST\]:PORT .* got \[1, 2\]"),
     "empty store": ({"store": ""}, r"cfg.yaml: store: empty; give a directory"),
     "methods mapping": ({"methods": {}}, r"methods: expected a non-empty list of \{method: ...\} entries, got \{\}"),

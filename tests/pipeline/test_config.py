@@ -35,6 +35,9 @@ def test_defaults_and_method_expansion():
     ({"data": {"source": "digits", "split": {"test": 0}}}, r"data.split.test: must be a share in \(0, 1\) of the rows"),
     ({**BASE, "workers": 0}, r"workers: must be >= 1"),
     ({**BASE, "dashboard": ":99999"}, r"cfg.yaml: dashboard: expected \[HOST\]:PORT .*got ':99999'"),   # was an OverflowError
+    ({**BASE, "dashboard": "[::]:8787"}, r"cfg.yaml: dashboard: an IPv6 host \('\[::\]:8787'\) is not supported "
+                                         r"by Dask's dashboard address; give 0.0.0.0:PORT"),   # was a RuntimeError
+    ({**BASE, "dashboard": "::1:8787"}, r"cfg.yaml: dashboard: an IPv6 host"),
     ({**BASE, "workers": "two"}, r"workers: expected int"),
     ({**BASE, "memory_limit": "1e400GB"}, r"cfg.yaml: memory_limit: expected a positive size such as 2GB or 'auto', "
                                           r"got '1e400GB'"),   # was an OverflowError
