@@ -332,7 +332,7 @@ def _check_report_path(path: str) -> None:
 def stage_cmd(source, store, features, labels, normalize, test_fraction, split_column, cluster, workers,
               memory_limit):
     """Stage SOURCE (a path, or digits | fashion-mnist | synthetic) into the store, alone."""
-    from metricpipe.cluster import connect
+    from metricpipe.cluster import connect, dashboard_lines
     from metricpipe.config import parse_config
     from metricpipe.context import StageContext
     from metricpipe.runner import removed_if_refused
@@ -350,7 +350,8 @@ def stage_cmd(source, store, features, labels, normalize, test_fraction, split_c
         plan = prepare_data(cfg, st)     # bad input is refused before a cluster starts
         with connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard,
                      cfg.tls) as client:
-            _echo(f"Dashboard: {client.dashboard_link}")
+            for line in dashboard_lines(client):
+                _echo(line)
             ctx = StageContext(client, st, cfg, log=_echo, terminal=sys.stderr.isatty())
             with ctx.stage_progress("stage"):
                 info = run_stage(ctx, plan)
@@ -376,7 +377,7 @@ def synth(samples, dim, classes, store, seed, nonnegative, separation, nuisance,
           memory_limit):
     """Write N x D class-structured synthetic features (X, y) as a Zarr store, blockwise on the workers;
     use it with data: {path: STORE}."""
-    from metricpipe.cluster import connect
+    from metricpipe.cluster import connect, dashboard_lines
     from metricpipe.config import parse_config
     from metricpipe.synth import check_args, write_synthetic
 
@@ -384,7 +385,8 @@ def synth(samples, dim, classes, store, seed, nonnegative, separation, nuisance,
     cfg = _apply(parse_config({"data": {"source": "digits"}}, where="metricpipe synth"), None, cluster, workers,
                  memory_limit)
     with connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard, cfg.tls) as client:
-        _echo(f"Dashboard: {client.dashboard_link}")
+        for line in dashboard_lines(client):
+            _echo(line)
         write_synthetic(client, store, samples, dim, classes, seed, nonnegative, chunk_mb, log=_echo,
                         separation=separation, nuisance=nuisance)
 
@@ -573,7 +575,7 @@ def evaluate(embeddings, labels, features, queries, reference, query_labels, ref
 
     from metricpipe.assess import evaluate_embeddings, plan_sides, write_records
     from metricpipe.budget import limit_name
-    from metricpipe.cluster import connect
+    from metricpipe.cluster import connect, dashboard_lines
     from metricpipe.config import parse_config
     from metricpipe.runner import _peak_rss
 
@@ -587,7 +589,8 @@ def evaluate(embeddings, labels, features, queries, reference, query_labels, ref
     cfg = _apply(parse_config({"data": {"source": "digits"}}, where="metricpipe evaluate"), None, cluster, workers,
                  memory_limit)
     with connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard, cfg.tls) as client:
-        _echo(f"Dashboard: {client.dashboard_link}")
+        for line in dashboard_lines(client):
+            _echo(line)
         t0 = time.perf_counter()
         records = evaluate_embeddings(client, q, rows, ref, self_in, seed, log=_echo,
                                       limit_setting="--memory-limit" if cfg.cluster == "local" else limit_name(cfg))

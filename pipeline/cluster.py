@@ -2,6 +2,7 @@
 (dask-jobqueue) or Kubernetes (dask-kubernetes)."""
 import contextlib
 import errno
+import ipaddress
 import logging
 import os
 import subprocess
@@ -56,6 +57,27 @@ def dashboard_address(dashboard: str | None) -> str | None:
     if port != "0" and not _port_free(host, int(port)):
         port = "0"
     return f"{host}:{port}"
+
+
+def dashboard_lines(client) -> list[str]:
+    """``Dashboard: LINK`` for where the dashboard really listens, and a warning line when that is every
+    interface of this machine; none when there is no dashboard.
+
+    Dask's own link names the scheduler's host (127.0.0.1 for a local cluster) whatever the dashboard
+    binds, so ``0.0.0.0:8791`` or ``0:8787`` printed a loopback link for a dashboard open to the
+    network. A scheduler that runs in this process (a local or SLURM cluster) says where its dashboard
+    listens; a remote one's link is Dask's."""
+    from distributed.utils import format_dashboard_link, get_ip
+    server = getattr(getattr(getattr(client, "cluster", None), "scheduler", None), "http_server", None)
+    host, port = getattr(server, "address", None), getattr(server, "port", None)
+    if host is None or port is None:
+        link = client.dashboard_link
+        return [f"Dashboard: {link}"] if link else []
+    if not ipaddress.ip_address(host).is_unspecified:
+        return [f"Dashboard: {format_dashboard_link(f'[{host}]' if ':' in host else host, port)}"]
+    return [f"Dashboard: {format_dashboard_link(get_ip(), port)}",   # the address other machines reach
+            f"warning: the dashboard listens on every interface of this machine ({host}:{port}): whoever can "
+            f"reach it can watch the run and stop its tasks; dashboard: 127.0.0.1:{port} keeps it to this machine"]
 
 
 class DashboardHostError(InputError):

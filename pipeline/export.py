@@ -240,7 +240,9 @@ def encode(store_url: str, key: str, data: str, out: str, features: str = "X", l
         flops = n * float((meta.get("cost") or {}).get("flops_per_image") or 0)
         if cluster_given or n * D * 4 > LOCAL_BYTES or flops > LOCAL_FLOPS:
             with client_factory() as client:
-                log(f"Dashboard: {client.dashboard_link}")
+                from metricpipe.cluster import dashboard_lines
+                for line in dashboard_lines(client):
+                    log(line)
                 for start, codes in _on_cluster(client, unit.url, data, features, normalize, blocks):
                     writer.write(start, codes)
                     done += len(codes)

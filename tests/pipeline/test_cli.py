@@ -1080,3 +1080,26 @@ def test_a_test_split_of_one_row_per_class_is_noted_not_warned_about(client, tmp
     assert res.exit_code == 0, res.output
     assert "evaluate: no class has two of the 20 test rows, so no retrieval query has a relevant image" in res.output
     assert "RuntimeWarning" not in res.output and "Mean of empty slice" not in res.output
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("dashboard", ["0:0", "0.0.0.0:0"])
+def test_a_dashboard_on_every_interface_prints_its_real_link_and_a_warning(dashboard):
+    """'0:8787' and '0.0.0.0:8791' bound every interface, and the link printed was 127.0.0.1's with no
+    word that the dashboard was open to the network."""
+    import urllib.request
+
+    from distributed.utils import get_ip
+
+    from metricpipe import cluster
+    with cluster.connect("local", 1, dashboard=dashboard) as client:
+        http = client.cluster.scheduler.http_server
+        assert http.address == "0.0.0.0"
+        link, warning = cluster.dashboard_lines(client)
+        assert link == f"Dashboard: http://{get_ip()}:{http.port}/status"
+        assert urllib.request.urlopen(link.split(" ", 1)[1], timeout=30).status == 200
+        assert warning == (f"warning: the dashboard listens on every interface of this machine (0.0.0.0:{http.port}): "
+                           f"whoever can reach it can watch the run and stop its tasks; dashboard: "
+                           f"127.0.0.1:{http.port} keeps it to this machine")
+    with cluster.connect("local", 1, dashboard="127.0.0.1:0") as client:   # the default host: no warning
+        assert cluster.dashboard_lines(client) == [f"Dashboard: {client.dashboard_link}"]
