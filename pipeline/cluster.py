@@ -268,8 +268,13 @@ def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limi
         except ValueError as e:   # dask-jobqueue sets a signal handler when imported: main thread only
             raise InputError(f"{cluster}: dask-jobqueue cannot be imported outside the main thread ({e}); start "
                              f"the SLURM run from the main thread, or import dask_jobqueue there first") from None
-        with taken_port_quiet():   # its scheduler's dashboard runs here, on 8787 unless the spec says
-            cm = SLURMCluster(**spec)
+        check_slurm_spec(cluster, spec, SLURMCluster)
+        try:
+            with taken_port_quiet():   # its scheduler's dashboard runs here, on 8787 unless the spec says
+                cm = SLURMCluster(**spec)
+        except (ValueError, TypeError) as e:   # a value of a kind the checks above do not know
+            raise InputError(f"{cluster}: dask-jobqueue refuses the SLURM spec: {str(e).splitlines()[0]}; check its "
+                             f"values against cluster/slurm.yaml") from None
     elif kind == "kubernetes":
         try:
             from dask_kubernetes.operator import KubeCluster
@@ -291,6 +296,58 @@ def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limi
                              f"ended (squeue, kubectl get pods) and the workers' logs (a worker that cannot "
                              f"reach that address needs the spec's interface)") from None
         yield client
+
+
+# Not a spec's to set: the cluster class passes them itself.
+SLURM_INTERNAL = {"self", "scheduler", "job_cls", "loop", "asynchronous"}
+
+
+def slurm_keys(SLURMCluster) -> set:
+    """The keys a SLURM spec may hold: SLURMCluster's own arguments and its job class's (dask-jobqueue
+    hands the rest of the spec to the job, whose bases take what it passes on)."""
+    import inspect
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    keys = {p.name for p in inspect.signature(SLURMCluster.__init__).parameters.values() if p.kind in named}
+    for c in SLURMCluster.job_cls.__mro__:
+        if "__init__" not in c.__dict__:
+            continue
+        params = inspect.signature(c.__dict__["__init__"]).parameters.values()
+        keys |= {p.name for p in params if p.kind in named}
+        if not any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params):
+            break
+    return keys - SLURM_INTERNAL
+
+
+def check_slurm_spec(cluster: str, spec: dict, SLURMCluster) -> None:
+    """One line naming the spec file and the key for what dask-jobqueue refuses in several lines (a
+    ValueError naming job_kwargs, or asking for SLURMCluster(cores=..., memory=...)): an unknown key,
+    cores or memory missing (from the spec and from Dask's jobqueue.slurm settings), or not a count
+    and a size."""
+    import difflib
+
+    import dask
+    from dask.utils import parse_bytes
+    keys = slurm_keys(SLURMCluster)
+    for key in spec:
+        if key not in keys:
+            near = difflib.get_close_matches(str(key), sorted(keys), n=1)
+            raise InputError(f"{cluster}: {key}: unknown key of a SLURM spec (the arguments of dask-jobqueue's "
+                             f"SLURMCluster); " + (f"did you mean '{near[0]}'?" if near else "see cluster/slurm.yaml"))
+    for key in ("cores", "memory"):
+        if spec.get(key) is None and dask.config.get(f"jobqueue.slurm.{key}", None) is None:
+            raise InputError(f"{cluster}: {key}: missing; a SLURM spec gives each job's cores and memory (e.g. "
+                             f"cores: 4, memory: 16GB; see cluster/slurm.yaml)")
+    for key in ("cores", "processes"):
+        v = spec.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise InputError(f"{cluster}: {key}: expected a whole number >= 1, got {v!r}")
+    v = spec.get("memory")
+    try:
+        ok = v is None or not isinstance(v, bool) and (parse_bytes(v) if isinstance(v, str) else v) > 0
+    except (ValueError, TypeError, OverflowError):
+        ok = False
+    if not ok:
+        raise InputError(f"{cluster}: memory: expected each job's memory as a size such as 16GB, got {v!r}")
 
 
 def slurm_cluster_class():

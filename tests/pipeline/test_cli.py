@@ -578,12 +578,24 @@ def test_bad_config_files_exit_2_with_one_line(tmp_path, case):
     ("--store", "simplecache::/tmp/x", r"--store: 'simplecache::/tmp/x' is a chained fsspec URL"),
     ("--store", " ", r"--store: empty"),
     ("--cluster", "ucx://127.0.0.1:1", r"--cluster: ucx:// is not supported"),
-    ("--cluster", "LIST", r"spec.yaml: a cluster spec is a YAML mapping .* got a list"),
+    ("--cluster", "spec:- kind: slurm\n", r"spec.yaml: a cluster spec is a YAML mapping .* got a list"),
+    # dask-jobqueue's refusals were ValueErrors of several lines (a traceback)
+    ("--cluster", "spec:kind: slurm\nqueue: debug\n", r"spec.yaml: cores: missing; a SLURM spec gives each job's "
+                                                      r"cores and memory \(e.g. cores: 4, memory: 16GB"),
+    ("--cluster", "spec:kind: slurm\ncores: 1\n", r"spec.yaml: memory: missing"),
+    ("--cluster", "spec:kind: slurm\ncores: 1\nmemory: 1GB\nbogus: 3\n", r"spec.yaml: bogus: unknown key of a SLURM "
+                                                                        r"spec .*; see cluster/slurm.yaml"),
+    ("--cluster", "spec:kind: slurm\ncores: 1\nmemroy: 1GB\n", r"spec.yaml: memroy: unknown key .*did you mean "
+                                                             r"'memory'\?"),
+    ("--cluster", "spec:kind: slurm\ncores: 1\nmemory: lots\n", r"spec.yaml: memory: expected each job's memory as a "
+                                                              r"size such as 16GB, got 'lots'"),
+    ("--cluster", "spec:kind: slurm\ncores: two\nmemory: 1GB\n", r"spec.yaml: cores: expected a whole number >= 1, "
+                                                               r"got 'two'"),
 ])
 def test_bad_store_and_cluster_options_exit_2_with_one_line(tmp_path, flag, value, match):
     import re
-    if value == "LIST":
-        (tmp_path / "spec.yaml").write_text("- kind: slurm\n")
+    if value.startswith("spec:"):
+        (tmp_path / "spec.yaml").write_text(value.removeprefix("spec:"))
         value = str(tmp_path / "spec.yaml")
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(yaml.safe_dump({"store": str(tmp_path / "s"), "data": {"source": "digits"}, "dashboard": ":0"}))
