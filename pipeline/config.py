@@ -102,6 +102,9 @@ class RunConfig:
     threads_per_worker: int = 1
     memory_limit: str = "auto"
     dashboard: str | None = ":8787"
+    # seconds a run waits on the cluster before stopping with one line: for a first worker to join a
+    # scheduler, for a worker while it has none (all killed mid-run); a scheduler's answer, at most 10 s
+    wait_timeout: float = 60.0
     data: DataConfig = DataConfig()
     methods: tuple = ()            # expanded model specs: dicts {"method", "dim", ...params}
     method_entries: tuple = ()     # the index in the config's methods list of each expanded spec
@@ -250,8 +253,8 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: a config is a YAML mapping (key: value lines), got a {type(raw).__name__}; "
                           f"see examples/ for the form")
-    _check_keys(raw, ["store", "cluster", "tls", "workers", "threads_per_worker", "memory_limit", "dashboard", "data",
-                      "methods", "statistics", "neighbours", "evaluate", "seed"], where, "")
+    _check_keys(raw, ["store", "cluster", "tls", "workers", "threads_per_worker", "memory_limit", "dashboard",
+                      "wait_timeout", "data", "methods", "statistics", "neighbours", "evaluate", "seed"], where, "")
     data = raw.get("data")
     if data is None:
         _fail(where, "data", "missing; give data.source (digits | fashion-mnist | synthetic) or data.path")
@@ -449,6 +452,7 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
         workers=_typed(raw, "workers", int, where, "", 2, 1),
         threads_per_worker=_typed(raw, "threads_per_worker", int, where, "", 1, 1),
         memory_limit=memory_limit, dashboard=dashboard,
+        wait_timeout=_typed(raw, "wait_timeout", float, where, "", RunConfig.wait_timeout, 1.0),
         data=data_cfg, methods=tuple(methods), method_entries=tuple(entries), statistics=statistics,
         neighbours=neighbours,
         evaluate=evaluate, seed=_typed(raw, "seed", int, where, "", 0, 0), tls=tls, source_file=where, raw=raw)

@@ -92,7 +92,7 @@ def _run_locked(store, cfg, resume, log, performance_report, client, force, repa
         if client is None:
             try:
                 client = stack.enter_context(connect(cfg.cluster, cfg.workers, cfg.threads_per_worker,
-                                                     cfg.memory_limit, cfg.dashboard, cfg.tls))
+                                                     cfg.memory_limit, cfg.dashboard, cfg.tls, cfg.wait_timeout))
             except DashboardHostError as e:    # found as the cluster starts: name the config too
                 raise InputError(f"{cfg.source_file}: {e}") from None
         if cfg.dashboard is not None or cfg.cluster != "local":

@@ -1115,3 +1115,115 @@ def test_a_dashboard_on_every_interface_prints_its_real_link_and_a_warning(dashb
                            f"127.0.0.1:{http.port} keeps it to this machine")
     with cluster.connect("local", 1, dashboard="127.0.0.1:0") as client:   # the default host: no warning
         assert cluster.dashboard_lines(client) == [f"Dashboard: {client.dashboard_link}"]
+
+
+class _Silent:
+    """A port that accepts connections and never answers (an idle TCP service)."""
+
+    def __enter__(self):
+        import socket
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)   # the kernel accepts the connections; nobody reads or writes
+        return self.sock.getsockname()[1]
+
+    def __exit__(self, *exc):
+        self.sock.close()
+
+
+class _Http:
+    """Python's HTTP server, which waits for a request line that Dask's handshake never ends."""
+
+    def __enter__(self):
+        import http.server
+        import threading
+        class Quiet(http.server.SimpleHTTPRequestHandler):
+            def log_message(self, *args):   # its stderr is the command's in CliRunner
+                pass
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self.server.server_address[1]
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("listener", [_Silent, _Http], ids=["silent listener", "HTTP server"])
+def test_a_port_that_does_not_speak_dask_is_one_line_within_the_wait_timeout(tmp_path, listener):
+    """distributed's connect timeout covers the TCP connect only: Client() then waited for ever on a
+    handshake that never came."""
+    import time
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump({"store": str(tmp_path / "s"), "data": {"source": "digits"}, "dashboard": ":0"}))
+    with listener() as port:
+        t0 = time.monotonic()
+        res = _invoke("run", cfg, "--cluster", f"tcp://127.0.0.1:{port}", "--wait-timeout", "2")
+        seconds = time.monotonic() - t0
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert res.output.strip() == (f"error: cluster tcp://127.0.0.1:{port}: a program listens there but it is not a "
+                                  f"Dask scheduler (no Dask handshake within 2 s); check the address and port "
+                                  f"('dask scheduler' prints its address)"), res.output
+    assert seconds < 20, seconds
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_wait_timeout_option_below_one_second_is_refused():
+    res = _invoke("evaluate", "x.npy", "--wait-timeout", "0")
+    assert res.exit_code == 2 and "Invalid value for '--wait-timeout': 0.0 is not in the range x>=1." in res.output, \
+        res.output
+
+
+class _Scheduler:
+    """A client's two calls the worker watch makes, answering from ``workers()`` (raising: no answer)."""
+
+    def __init__(self, workers):
+        self.workers, self.scheduler = workers, type("S", (), {"address": "tcp://127.0.0.1:8786"})()
+
+    def nthreads(self, **kw):
+        return self.workers()
+
+
+def _watched(workers, seconds: float, bound: float = 0.4):
+    """Wait ``seconds`` in a blocking lock wait under a WorkerWatch of ``bound``; the seconds it took."""
+    import signal
+    import threading
+    import time
+
+    from metricpipe import cluster
+    before, t0 = signal.getsignal(cluster.WATCH_SIGNAL), time.monotonic()
+    try:
+        with cluster.WorkerWatch(_Scheduler(workers), "tcp://127.0.0.1:8786", bound, interval=0.05):
+            threading.Event().wait(seconds)
+    finally:
+        assert signal.getsignal(cluster.WATCH_SIGNAL) == before    # the handler is the watch's only meanwhile
+    return time.monotonic() - t0
+
+
+def test_busy_workers_keep_the_worker_watch_quiet_and_a_short_gap_too():
+    """The bound is on having no worker, not on a slow task: a task longer than the bound, with its
+    worker there, runs on; a worker that comes back within the bound (a nanny's restart) is fine."""
+    import time
+    assert _watched(lambda: {"tcp://w:1": 1}, 1.5) >= 1.5
+    back = time.monotonic() + 0.25
+    assert _watched(lambda: {"tcp://w:1": 1} if time.monotonic() > back else {}, 1.5) >= 1.5
+
+
+@pytest.mark.parametrize("gone, words", [
+    (lambda: {}, "error: cluster tcp://127.0.0.1:8786: no worker for 0.4 s (wait_timeout): the scheduler's workers "
+                 "are gone; start workers ('dask worker tcp://127.0.0.1:8786') and run again"),
+    (lambda: (_ for _ in ()).throw(OSError("closed")),
+     "error: cluster tcp://127.0.0.1:8786: the scheduler has not answered for 0.4 s (wait_timeout); restart it and "
+     "its workers, or check the network, and run again"),
+], ids=["no worker", "no scheduler"])
+def test_the_worker_watch_stops_a_blocked_wait_with_one_line(gone, words):
+    """A run whose only worker was killed waited for ever (train: 24/42 tasks done); the watch raises
+    WorkersGone in the main thread, even in a wait blocked in a lock, and the command line prints it
+    as an error."""
+    from metricpipe.errors import WorkersGone
+    import time
+    t0 = time.monotonic()
+    with pytest.raises(WorkersGone) as e:
+        _watched(gone, 30)
+    assert time.monotonic() - t0 < 5 and f"error: {e.value}" == words

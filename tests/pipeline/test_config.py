@@ -18,6 +18,12 @@ def test_an_evaluate_part_set_to_false_is_left_out():
     assert skipped_classifiers(parse_config({**BASE, "evaluate": {"classification": False}}), []) == []
 
 
+def test_wait_timeout_is_seconds_from_the_config_or_the_command_line():
+    assert parse_config(BASE).wait_timeout == 60.0
+    cfg = parse_config({**BASE, "wait_timeout": 5})
+    assert cfg.wait_timeout == 5.0 and cfg.from_command_line(wait_timeout=2.5).wait_timeout == 2.5
+
+
 def test_defaults_and_method_expansion():
     cfg = parse_config({**BASE, "methods": [{"method": "pca", "dim": [8, 16]}, {"method": "lda"}]})
     assert [(m["method"], m.get("dim")) for m in cfg.methods] == [("pca", 8), ("pca", 16), ("lda", None)]
@@ -39,6 +45,8 @@ def test_defaults_and_method_expansion():
                                          r"by Dask's dashboard address; give 0.0.0.0:PORT"),   # was a RuntimeError
     ({**BASE, "dashboard": "::1:8787"}, r"cfg.yaml: dashboard: an IPv6 host"),
     ({**BASE, "workers": "two"}, r"workers: expected int"),
+    ({**BASE, "wait_timeout": 0}, r"cfg.yaml: wait_timeout: must be >= 1.0, got 0.0"),
+    ({**BASE, "wait_timeout": "1m"}, r"cfg.yaml: wait_timeout: expected float, got '1m'"),
     ({**BASE, "memory_limit": "1e400GB"}, r"cfg.yaml: memory_limit: expected a positive size such as 2GB or 'auto', "
                                           r"got '1e400GB'"),   # was an OverflowError
     ({**BASE, "memory_limit": "1e30GB"}, r"cfg.yaml: memory_limit: 1e30GB per worker is more than this machine's "
