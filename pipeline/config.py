@@ -245,6 +245,16 @@ def _int_list(d, key, where, prefix, default, minimum=1):
     return tuple(v)
 
 
+def absolute_path(p: str | None, base_dir: Path | None = None) -> str | None:
+    """``p`` as workers open it: ``~`` expanded and, when relative, read against ``base_dir`` (a
+    config's folder; default the working directory), since a worker runs in a folder of its own,
+    perhaps on another machine. URLs (s3://...) and None are returned as they are."""
+    if p is None or "://" in p:
+        return p
+    q = Path(os.path.expanduser(p))
+    return str(q if q.is_absolute() else (base_dir or Path.cwd()) / q)
+
+
 def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = None) -> RunConfig:
     """Validate a config mapping and return a RunConfig; raises ConfigError naming the key. Relative
     paths in ``raw`` resolve against ``base_dir`` (the config file's folder; None: left as given)."""
@@ -279,10 +289,7 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
                                   "remove it")
 
     def resolve(p):
-        if p is None or "://" in p or base_dir is None:
-            return p
-        q = Path(os.path.expanduser(p))
-        return str(q if q.is_absolute() else (base_dir / q))
+        return p if base_dir is None else absolute_path(p, base_dir)
 
     split_raw = data.get("split", {}) or {}
     _check_keys(split_raw, ["test", "val", "seed", "column"], where, "data.split.")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from metricpipe.config import DataConfig, file_only_given
+from metricpipe.config import DataConfig, absolute_path, file_only_given
 from metricpipe.models import codes_of, find_model
 from metricpipe.sources import open_source
 from metricpipe.storage import Store, chunk_rows_for, load_estimator, open_array, read_attrs, row_chunks
@@ -277,7 +277,7 @@ def _on_cluster(client, model_url, data, features, normalize, blocks, in_flight:
 
     from metricpipe.context import _raise_refused, _refusing
     in_flight = in_flight or 2 * max(1, len(client.scheduler_info().get("workers", {}))) + 2
-    path = str(Path(data).resolve()) if data not in BUILTIN else data
+    path = absolute_path(data) if data not in BUILTIN else data
     futures = {}
     nxt = 0
     for i, (a, b) in enumerate(blocks):

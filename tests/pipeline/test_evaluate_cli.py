@@ -234,3 +234,20 @@ def test_query_groups_are_sized_to_the_workers_memory_limit_or_refused():
     assert assess.group_size(300_000, 100000, 2, 64e9) == assess.MIN_GROUP == assess.group_size(300_000, 100000, 2)
     with pytest.raises(InputError, match=r"^the workers' limit: a worker limit of 1,000 MB cannot hold"):
         assess.group_size(300_000, 100000, 2, 1e9, "the workers' limit")
+
+
+@pytest.mark.integration
+def test_relative_paths_are_read_on_workers_that_run_in_another_folder(client, tmp_path, monkeypatch):
+    """The readers went to the workers with the path as typed: FileNotFoundError on a worker whose
+    working directory is not the command's (a remote cluster's; the session cluster's too)."""
+    X, y = tied_case(0, n_ref=40)
+    monkeypatch.chdir(tmp_path)
+    import os
+    assert str(tmp_path) not in client.run(os.getcwd).values()   # the workers' folder is not ours
+    np.savez("q.npz", X=X[:20], y=y[:20])
+    np.savez("r.npz", X=X, y=y)
+    res = _run("r.npz", "--queries", "q.npz", "--cluster", client.scheduler.address, "--out", "m.json")
+    assert res.exit_code == 0, res.output
+    assert _values(tmp_path / "m.json")["map@r"] >= 0
+    recs = json.loads((tmp_path / "m.json").read_text())
+    assert recs[0]["params"]["reference"] == "r.npz"   # the records keep the paths as given
