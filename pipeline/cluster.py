@@ -223,6 +223,33 @@ def taken_port_quiet():
 @contextlib.contextmanager
 def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limit="auto",
             dashboard: str | None = ":8787", tls: tuple | None = None, wait_timeout: float | None = None):
+    """Yield a connected Client (`cluster_client`); a failed connection between the cluster's members
+    while it is used (a worker registered at an address the scheduler or this machine cannot reach:
+    OSError from a scatter or a gather) is one line naming the address."""
+    with cluster_client(cluster, workers, threads_per_worker, memory_limit, dashboard, tls, wait_timeout) as client:
+        try:
+            yield client
+        except OSError as e:
+            if not comm_failure(e):
+                raise
+            raise InputError(f"cluster {cluster}: {str(e).splitlines()[0]}; a worker (or the scheduler) cannot be "
+                             f"reached at the address it registered: start workers with an address the scheduler "
+                             f"and this machine reach (dask worker --host, --contact-address)") from None
+
+
+def comm_failure(e: BaseException) -> bool:
+    """Whether ``e`` was raised by Dask's comm layer, here or on the scheduler (whose traceback comes
+    with the error it sends back): a connection between the cluster's members that failed, not a file."""
+    tb, last = e.__traceback__, None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    module = last.tb_frame.f_globals.get("__name__", "") if last is not None else ""
+    return module.startswith("distributed.comm") or type(e).__module__.startswith("distributed.comm")
+
+
+@contextlib.contextmanager
+def cluster_client(cluster: str, workers: int, threads_per_worker: int = 1, memory_limit="auto",
+                   dashboard: str | None = ":8787", tls: tuple | None = None, wait_timeout: float | None = None):
     """Yield a connected Client; close what this function started on exit.
 
     ``cluster`` is ``local``, ``tcp://HOST:PORT``, ``tls://HOST:PORT`` (its Security from ``tls``, the

@@ -1,6 +1,7 @@
 """The same config on a LocalCluster with 1 and with 3 workers and on a real `dask scheduler` with
 two `dask worker` processes on 127.0.0.1 gives identical models and metrics."""
 import json
+import os
 import subprocess
 import sys
 import time
@@ -87,12 +88,13 @@ def bare_scheduler(tmp_path):
     file = tmp_path / "bare-scheduler.json"
     procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
                                "--port", "0", "--no-dashboard", "--scheduler-file", str(file)],
-                              stderr=subprocess.DEVNULL)]
+                              stderr=subprocess.DEVNULL,   # its connections to workers give up after 3 s
+                              env={**os.environ, "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "3s"})]
 
-    def add_worker():
+    def add_worker(*where):
         procs.append(subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file",
-                                       str(file), "--nthreads", "1", "--host", "127.0.0.1", "--no-dashboard",
-                                       "--no-nanny"], stderr=subprocess.DEVNULL))
+                                       str(file), "--nthreads", "1", *(where or ("--host", "127.0.0.1")),
+                                       "--no-dashboard", "--no-nanny"], stderr=subprocess.DEVNULL))
         from distributed import Client
         with Client(address) as c:
             c.wait_for_workers(1, timeout=60)
@@ -155,3 +157,18 @@ def test_a_task_longer_than_the_wait_timeout_on_a_present_worker_runs_on(bare_sc
     add_worker()
     with connect(address, 1, wait_timeout=1) as client:
         assert client.submit(time.sleep, 4, pure=False).result() is None
+
+
+def test_a_worker_at_an_address_nobody_reaches_is_one_line(tmp_path, bare_scheduler):
+    """A worker that registered an address the scheduler cannot reach (behind NAT, a container's):
+    evaluate's scatter raised the scheduler's OSError, a traceback."""
+    address, add_worker = bare_scheduler
+    add_worker("--listen-address", "tcp://127.0.0.1:0", "--contact-address", "tcp://127.0.0.1:1")   # nothing on port 1
+    X, y = np.random.default_rng(0).normal(size=(60, 4)), np.arange(60) % 3
+    np.savez(tmp_path / "e.npz", X=X, y=y)
+    res = CliRunner().invoke(main, ["evaluate", str(tmp_path / "e.npz"), "--cluster", address])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert res.output.strip().splitlines()[1:] == [   # after the dashboard's link
+        f"error: cluster {address}: Timed out trying to connect to tcp://127.0.0.1:1 after 3 s; a worker (or the "
+        f"scheduler) cannot be reached at the address it registered: start workers with an address the scheduler "
+        f"and this machine reach (dask worker --host, --contact-address)"], res.output
