@@ -285,7 +285,7 @@ def cluster_client(cluster: str, workers: int, threads_per_worker: int = 1, memo
     if cluster.startswith(("tcp://", "tls://")):
         security = tls_security(cluster, tls) if cluster.startswith("tls://") else None
         try:
-            check_scheduler(cluster, security, min(parse_timedelta(CONNECT_TIMEOUT), wait_timeout))
+            check_scheduler(cluster, security, min(_seconds(CONNECT_TIMEOUT), wait_timeout))
             client = Client(cluster, timeout=CONNECT_TIMEOUT, security=security)
         except (OSError, TimeoutError) as e:
             raise InputError(f"cluster {cluster}: cannot reach the scheduler ({e}); start it with "
@@ -296,7 +296,7 @@ def cluster_client(cluster: str, workers: int, threads_per_worker: int = 1, memo
                 client.wait_for_workers(1, timeout=wait_timeout)
             except TimeoutError:
                 raise InputError(f"cluster {cluster}: no worker joined the scheduler within {wait_timeout:g} s "
-                                 f"(wait_timeout); start one with 'dask worker {cluster}', or raise "
+                                 f"(wait_timeout); start one ('dask worker {cluster}') and run again, or raise "
                                  f"wait_timeout (--wait-timeout)") from None
             with WorkerWatch(client, cluster, wait_timeout):
                 yield client
@@ -402,9 +402,9 @@ def check_slurm_spec(cluster: str, spec: dict, SLURMCluster) -> None:
         raise InputError(f"{cluster}: memory: expected each job's memory as a size such as 16GB, got {v!r}")
 
 
-def parse_timedelta(t) -> float:
-    from dask.utils import parse_timedelta as parse
-    return parse(t, "s")
+def _seconds(t) -> float:
+    from dask.utils import parse_timedelta
+    return parse_timedelta(t, "s")
 
 
 def check_scheduler(address: str, security, timeout: float) -> None:
@@ -414,8 +414,12 @@ def check_scheduler(address: str, security, timeout: float) -> None:
     accepts connections but does not speak Dask (a silent listener, an HTTP server) waited forever.
     Run in a thread of its own: this process may already run an event loop."""
     import asyncio
+    import socket
 
     from distributed.comm import connect as comm_connect
+    from distributed.comm.addressing import get_address_host_port
+    with socket.create_connection(get_address_host_port(address), timeout=timeout):   # OSError: nothing accepts
+        pass   # (first on its own: the handshake's bound below must not cut a slow connect short)
     args = security.get_connection_args("client") if security is not None else {}
 
     async def probe():
@@ -452,8 +456,8 @@ class WorkerWatch:
     ever at "train: 24/42 tasks done". The scheduler is asked for its workers every WATCH_INTERVAL
     seconds from a thread; busy workers are workers, so a long task never trips it. It stops the main
     thread, wherever that waits (a gather, a scatter, a sync call), with WATCH_SIGNAL, whose handler
-    raises :class:`WorkersGone` there. Main thread only (signal handlers are its); elsewhere it watches
-    but cannot interrupt, and the error is raised when the block ends."""
+    raises :class:`WorkersGone` there. Main thread only (signal handlers are its): from another thread
+    it cannot interrupt the wait (``error`` says what it found)."""
 
     def __init__(self, client, cluster: str, bound: float, interval: float = WATCH_INTERVAL):
         self.client, self.cluster, self.bound, self.interval = client, cluster, bound, interval
@@ -479,8 +483,6 @@ class WorkerWatch:
         self._thread.join()
         if self._installed:
             signal.signal(WATCH_SIGNAL, signal.SIG_DFL if self._old is None else self._old)
-        if kind is None and self.error is not None:   # not raised where it waited (another thread, or swallowed)
-            raise self.error
         return False
 
     def _raise(self, signum, frame):

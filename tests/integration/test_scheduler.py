@@ -124,8 +124,8 @@ def test_a_scheduler_without_workers_is_one_line_within_the_wait_timeout(tmp_pat
     res, seconds = _invoke_timed("run", cfg, "--cluster", address)
     assert res.exit_code == 2 and "Traceback" not in res.output, res.output
     assert res.output.strip().splitlines()[-1] == (
-        f"error: cluster {address}: no worker joined the scheduler within 3 s (wait_timeout); start one with "
-        f"'dask worker {address}', or raise wait_timeout (--wait-timeout)"), res.output
+        f"error: cluster {address}: no worker joined the scheduler within 3 s (wait_timeout); start one "
+        f"('dask worker {address}') and run again, or raise wait_timeout (--wait-timeout)"), res.output
     assert seconds < 30, seconds
 
 
