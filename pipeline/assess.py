@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from metricpipe.budget import PAUSE_FRACTION, SPILL_FRACTION, WORKER_RESIDENT, usable, worker_limit
-from metricpipe.config import DataConfig
+from metricpipe.config import DataConfig, absolute_path
 from metricpipe.context import _raise_refused, _refusing
 from metricpipe.errors import StageError
 from metricpipe.sources import open_source
@@ -75,8 +75,8 @@ def _open(path: str, features: str, labels: str | None, option: str, labels_opti
     if not Path(path).exists():
         raise InputError(f"{path}: file not found ({option}); check the path")
     features, labels = _encoded_parquet_names(path, features, labels)
-    try:
-        src = open_source(DataConfig(path=path, features=features, labels=labels))
+    try:   # the reader goes to the workers, which run in folders of their own
+        src = open_source(DataConfig(path=absolute_path(path), features=features, labels=labels))
     except InputError as e:  # the shared readers cite config keys: name this command's options instead
         msg = str(e).splitlines()[0]
         for key, name in (("data.path", option), ("data.features", "--features"), ("data.labels", labels_option)):

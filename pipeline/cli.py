@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import click
 
 from metricpipe import __version__
-from metricpipe.errors import STAGES, TERMINATING, StageError, Terminated
+from metricpipe.errors import STAGES, TERMINATING, StageError, Terminated, WorkersGone
 from metricpipe.tasks.errors import InputError
 
 if TYPE_CHECKING:
@@ -96,6 +96,9 @@ def _resume_command(kwargs: dict) -> str:
     (--store above all: without it the config's own store would be resumed)."""
     again = "".join(f" --{name.replace('_', '-')} {shlex.quote(str(kwargs[name]))}"
                     for name in ("store", "cluster", "workers", "memory_limit") if kwargs.get(name))
+    wait = click.get_current_context(silent=True)
+    wait = wait and wait.meta.get("wait_timeout")
+    again += f" --wait-timeout {wait:g}" if wait else ""
     again += " --verify-source" if kwargs.get("verify_source") else ""
     # a --force run stopped midway: the units it had not recomputed are back as they were (the store
     # sets a committed unit aside until its new copy commits), so finishing it forces again, which
@@ -108,6 +111,12 @@ def _resume_command(kwargs: dict) -> str:
 
 
 def _stop_interrupted(e: KeyboardInterrupt, kwargs: dict | None = None) -> None:
+    if isinstance(e, WorkersGone):   # stopped by the cluster's watch: a failed stage, as a StageError
+        _echo(f"error: {e}")
+        if kwargs and "config" in kwargs:
+            _echo(f"to resume: {_resume_command(kwargs)} (finished stages are kept)")
+        sys.unraisablehook = _quiet_after_interrupt
+        sys.exit(EXIT_INPUT)
     how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
     ctx = click.get_current_context(silent=True)
     if kwargs and "config" in kwargs:   # metricpipe run
@@ -241,6 +250,10 @@ def _cluster_options(f=None, *, config: bool = False):
     f = click.option("--workers", type=click.IntRange(min=1), help=f"Number of workers{over}.")(f)
     f = click.option("--memory-limit", callback=_check_memory_limit,
                      help="Per-worker memory limit of a local cluster, e.g. 2GB.")(f)
+    # kept in click's context for _apply, so that the commands' signatures stay as they are
+    f = click.option("--wait-timeout", type=click.FloatRange(min=1), expose_value=False,
+                     callback=lambda ctx, param, value: ctx.meta.__setitem__("wait_timeout", value),
+                     help=f"Seconds to wait for a worker (none joined, or all gone) before stopping{over}.")(f)
     return f
 
 
@@ -264,7 +277,8 @@ def _apply(cfg: RunConfig, store, cluster, workers, memory_limit) -> RunConfig:
         check_store_url(store, "--store")
     if cluster is not None:
         check_cluster(cluster, "--cluster")
-    return cfg.from_command_line(store=store, cluster=cluster, workers=workers, memory_limit=memory_limit)
+    return cfg.from_command_line(store=store, cluster=cluster, workers=workers, memory_limit=memory_limit,
+                                 wait_timeout=click.get_current_context().meta.get("wait_timeout"))
 
 
 @main.command()
@@ -340,7 +354,7 @@ def demo_config_path() -> Path:
 def stage_cmd(source, store, features, labels, normalize, test_fraction, split_column, cluster, workers,
               memory_limit):
     """Stage SOURCE (a path, or digits | fashion-mnist | synthetic) into the store, alone."""
-    from metricpipe.cluster import connect
+    from metricpipe.cluster import connect, dashboard_lines
     from metricpipe.config import parse_config
     from metricpipe.context import StageContext
     from metricpipe.runner import removed_if_refused
@@ -357,8 +371,9 @@ def stage_cmd(source, store, features, labels, normalize, test_fraction, split_c
     with removed_if_refused(st), st.lock("metricpipe stage"):
         plan = prepare_data(cfg, st)     # bad input is refused before a cluster starts
         with connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard,
-                     cfg.tls) as client:
-            _echo(f"Dashboard: {client.dashboard_link}")
+                     cfg.tls, cfg.wait_timeout) as client:
+            for line in dashboard_lines(client):
+                _echo(line)
             ctx = StageContext(client, st, cfg, log=_echo, terminal=sys.stderr.isatty())
             with ctx.stage_progress("stage"):
                 info = run_stage(ctx, plan)
@@ -384,15 +399,17 @@ def synth(samples, dim, classes, store, seed, nonnegative, separation, nuisance,
           memory_limit):
     """Write N x D class-structured synthetic features (X, y) as a Zarr store, blockwise on the workers;
     use it with data: {path: STORE}."""
-    from metricpipe.cluster import connect
+    from metricpipe.cluster import connect, dashboard_lines
     from metricpipe.config import parse_config
     from metricpipe.synth import check_args, write_synthetic
 
     check_args(store, samples, dim, classes)
     cfg = _apply(parse_config({"data": {"source": "digits"}}, where="metricpipe synth"), None, cluster, workers,
                  memory_limit)
-    with connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard, cfg.tls) as client:
-        _echo(f"Dashboard: {client.dashboard_link}")
+    with connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard, cfg.tls,
+                 cfg.wait_timeout) as client:
+        for line in dashboard_lines(client):
+            _echo(line)
         write_synthetic(client, store, samples, dim, classes, seed, nonnegative, chunk_mb, log=_echo,
                         separation=separation, nuisance=nuisance)
 
@@ -582,7 +599,7 @@ def evaluate(embeddings, labels, features, queries, reference, query_labels, ref
 
     from metricpipe.assess import evaluate_embeddings, plan_sides, write_records
     from metricpipe.budget import limit_name
-    from metricpipe.cluster import connect
+    from metricpipe.cluster import connect, dashboard_lines
     from metricpipe.config import parse_config
     from metricpipe.runner import _peak_rss
 
@@ -595,8 +612,10 @@ def evaluate(embeddings, labels, features, queries, reference, query_labels, ref
                                        reference_labels, seed)
     cfg = _apply(parse_config({"data": {"source": "digits"}}, where="metricpipe evaluate"), None, cluster, workers,
                  memory_limit)
-    with connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard, cfg.tls) as client:
-        _echo(f"Dashboard: {client.dashboard_link}")
+    with connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard, cfg.tls,
+                 cfg.wait_timeout) as client:
+        for line in dashboard_lines(client):
+            _echo(line)
         t0 = time.perf_counter()
         records = evaluate_embeddings(client, q, rows, ref, self_in, seed, log=_echo,
                                       limit_setting="--memory-limit" if cfg.cluster == "local" else limit_name(cfg))
@@ -674,7 +693,8 @@ def encode(store, data, model, out, features, labels, ids, cluster, workers, mem
                  memory_limit)
 
     def client():
-        return connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard, cfg.tls)
+        return connect(cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard, cfg.tls,
+                       cfg.wait_timeout)
 
     r = run_encode(store, model, data, out, features, labels, ids, client, cluster_given=cluster is not None,
                    log=_echo)

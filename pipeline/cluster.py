@@ -2,14 +2,19 @@
 (dask-jobqueue) or Kubernetes (dask-kubernetes)."""
 import contextlib
 import errno
+import ipaddress
 import logging
 import os
+import signal
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from metricpipe.errors import WorkersGone
 from metricpipe.tasks.errors import InputError
 
 # A task may lose its worker this many times (pre-emption, OOM kill) before the run stops with a
@@ -18,6 +23,10 @@ ALLOWED_FAILURES = 3
 # How long a run waits for its first worker from a SLURM or Kubernetes cluster (queued jobs, pulled images).
 WORKER_WAIT = 600
 CONNECT_TIMEOUT = "10s"   # a scheduler address that does not answer within it is an input error
+# How often the watch of a connected cluster asks the scheduler for its workers (seconds).
+WATCH_INTERVAL = 1.0
+# The signal the watch stops the main thread with (a real signal: it wakes a wait blocked in a lock).
+WATCH_SIGNAL = signal.SIGUSR1
 
 
 TLS_ENV = ("METRICPIPE_TLS_CA_FILE", "METRICPIPE_TLS_CERT", "METRICPIPE_TLS_KEY")
@@ -56,6 +65,27 @@ def dashboard_address(dashboard: str | None) -> str | None:
     if port != "0" and not _port_free(host, int(port)):
         port = "0"
     return f"{host}:{port}"
+
+
+def dashboard_lines(client) -> list[str]:
+    """``Dashboard: LINK`` for where the dashboard really listens, and a warning line when that is every
+    interface of this machine; none when there is no dashboard.
+
+    Dask's own link names the scheduler's host (127.0.0.1 for a local cluster) whatever the dashboard
+    binds, so ``0.0.0.0:8791`` or ``0:8787`` printed a loopback link for a dashboard open to the
+    network. A scheduler that runs in this process (a local or SLURM cluster) says where its dashboard
+    listens; a remote one's link is Dask's."""
+    from distributed.utils import format_dashboard_link, get_ip
+    server = getattr(getattr(getattr(client, "cluster", None), "scheduler", None), "http_server", None)
+    host, port = getattr(server, "address", None), getattr(server, "port", None)
+    if host is None or port is None:
+        link = client.dashboard_link
+        return [f"Dashboard: {link}"] if link else []
+    if not ipaddress.ip_address(host).is_unspecified:
+        return [f"Dashboard: {format_dashboard_link(f'[{host}]' if ':' in host else host, port)}"]
+    return [f"Dashboard: {format_dashboard_link(get_ip(), port)}",   # the address other machines reach
+            f"warning: the dashboard listens on every interface of this machine ({host}:{port}): whoever can "
+            f"reach it can watch the run and stop its tasks; dashboard: 127.0.0.1:{port} keeps it to this machine"]
 
 
 class DashboardHostError(InputError):
@@ -192,13 +222,47 @@ def taken_port_quiet():
 
 @contextlib.contextmanager
 def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limit="auto",
-            dashboard: str | None = ":8787", tls: tuple | None = None):
+            dashboard: str | None = ":8787", tls: tuple | None = None, wait_timeout: float | None = None):
+    """Yield a connected Client (`cluster_client`); a failed connection between the cluster's members
+    while it is used (a worker registered at an address the scheduler or this machine cannot reach:
+    OSError from a scatter or a gather) is one line naming the address."""
+    with cluster_client(cluster, workers, threads_per_worker, memory_limit, dashboard, tls, wait_timeout) as client:
+        try:
+            yield client
+        except OSError as e:
+            if not comm_failure(e):
+                raise
+            raise InputError(f"cluster {cluster}: {str(e).splitlines()[0]}; a worker (or the scheduler) cannot be "
+                             f"reached at the address it registered: start workers with an address the scheduler "
+                             f"and this machine reach (dask worker --host, --contact-address)") from None
+
+
+def comm_failure(e: BaseException) -> bool:
+    """Whether ``e`` was raised by Dask's comm layer, here or on the scheduler (whose traceback comes
+    with the error it sends back): a connection between the cluster's members that failed, not a file."""
+    tb, last = e.__traceback__, None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    module = last.tb_frame.f_globals.get("__name__", "") if last is not None else ""
+    return module.startswith("distributed.comm") or type(e).__module__.startswith("distributed.comm")
+
+
+@contextlib.contextmanager
+def cluster_client(cluster: str, workers: int, threads_per_worker: int = 1, memory_limit="auto",
+                   dashboard: str | None = ":8787", tls: tuple | None = None, wait_timeout: float | None = None):
     """Yield a connected Client; close what this function started on exit.
 
     ``cluster`` is ``local``, ``tcp://HOST:PORT``, ``tls://HOST:PORT`` (its Security from ``tls``, the
     environment or Dask's settings: `tls_security`) or the path of a YAML spec with ``kind: slurm`` or ``kind: kubernetes``
     and the keyword arguments of that cluster class.
+
+    No wait on the cluster is longer than ``wait_timeout`` seconds (None: the config's default): a
+    scheduler's answer (at most CONNECT_TIMEOUT), its first worker, and, while the block runs, a time
+    with no worker at all (`WorkerWatch`).
     """
+    if wait_timeout is None:
+        from metricpipe.config import RunConfig
+        wait_timeout = RunConfig.wait_timeout
     if cluster == "local":
         import dask
         dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES})
@@ -215,18 +279,27 @@ def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limi
             with Client(lc) as client:
                 client.register_plugin(IgnoreInterrupt())
                 client.register_plugin(QuietHeartbeat())
-                yield client
+                with WorkerWatch(client, cluster, wait_timeout):
+                    yield client
         return
     if cluster.startswith(("tcp://", "tls://")):
         security = tls_security(cluster, tls) if cluster.startswith("tls://") else None
         try:
+            check_scheduler(cluster, security, min(_seconds(CONNECT_TIMEOUT), wait_timeout))
             client = Client(cluster, timeout=CONNECT_TIMEOUT, security=security)
         except (OSError, TimeoutError) as e:
             raise InputError(f"cluster {cluster}: cannot reach the scheduler ({e}); start it with "
                              f"'dask scheduler' or check the address"
                              + (" and the tls certificates" if security else "")) from None
         with client:
-            yield client
+            try:
+                client.wait_for_workers(1, timeout=wait_timeout)
+            except TimeoutError:
+                raise InputError(f"cluster {cluster}: no worker joined the scheduler within {wait_timeout:g} s "
+                                 f"(wait_timeout); start one ('dask worker {cluster}') and run again, or raise "
+                                 f"wait_timeout (--wait-timeout)") from None
+            with WorkerWatch(client, cluster, wait_timeout):
+                yield client
         return
     spec_path = Path(cluster)
     if not spec_path.is_file():
@@ -246,8 +319,13 @@ def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limi
         except ValueError as e:   # dask-jobqueue sets a signal handler when imported: main thread only
             raise InputError(f"{cluster}: dask-jobqueue cannot be imported outside the main thread ({e}); start "
                              f"the SLURM run from the main thread, or import dask_jobqueue there first") from None
-        with taken_port_quiet():   # its scheduler's dashboard runs here, on 8787 unless the spec says
-            cm = SLURMCluster(**spec)
+        check_slurm_spec(cluster, spec, SLURMCluster)
+        try:
+            with taken_port_quiet():   # its scheduler's dashboard runs here, on 8787 unless the spec says
+                cm = SLURMCluster(**spec)
+        except (ValueError, TypeError) as e:   # a value of a kind the checks above do not know
+            raise InputError(f"{cluster}: dask-jobqueue refuses the SLURM spec: {str(e).splitlines()[0]}; check its "
+                             f"values against cluster/slurm.yaml") from None
     elif kind == "kubernetes":
         try:
             from dask_kubernetes.operator import KubeCluster
@@ -268,7 +346,185 @@ def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limi
                              f"{WORKER_WAIT} s ({kind}); see whether the jobs still wait for resources or "
                              f"ended (squeue, kubectl get pods) and the workers' logs (a worker that cannot "
                              f"reach that address needs the spec's interface)") from None
-        yield client
+        with WorkerWatch(client, cluster, wait_timeout):
+            yield client
+
+
+# Not a spec's to set: the cluster class passes them itself.
+SLURM_INTERNAL = {"self", "scheduler", "job_cls", "loop", "asynchronous"}
+
+
+def slurm_keys(SLURMCluster) -> set:
+    """The keys a SLURM spec may hold: SLURMCluster's own arguments and its job class's (dask-jobqueue
+    hands the rest of the spec to the job, whose bases take what it passes on)."""
+    import inspect
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    keys = {p.name for p in inspect.signature(SLURMCluster.__init__).parameters.values() if p.kind in named}
+    for c in SLURMCluster.job_cls.__mro__:
+        if "__init__" not in c.__dict__:
+            continue
+        params = inspect.signature(c.__dict__["__init__"]).parameters.values()
+        keys |= {p.name for p in params if p.kind in named}
+        if not any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params):
+            break
+    return keys - SLURM_INTERNAL
+
+
+def check_slurm_spec(cluster: str, spec: dict, SLURMCluster) -> None:
+    """One line naming the spec file and the key for what dask-jobqueue refuses in several lines (a
+    ValueError naming job_kwargs, or asking for SLURMCluster(cores=..., memory=...)): an unknown key,
+    cores or memory missing (from the spec and from Dask's jobqueue.slurm settings), or not a count
+    and a size."""
+    import difflib
+
+    import dask
+    from dask.utils import parse_bytes
+    keys = slurm_keys(SLURMCluster)
+    for key in spec:
+        if key not in keys:
+            near = difflib.get_close_matches(str(key), sorted(keys), n=1)
+            raise InputError(f"{cluster}: {key}: unknown key of a SLURM spec (the arguments of dask-jobqueue's "
+                             f"SLURMCluster); " + (f"did you mean '{near[0]}'?" if near else "see cluster/slurm.yaml"))
+    for key in ("cores", "memory"):
+        if spec.get(key) is None and dask.config.get(f"jobqueue.slurm.{key}", None) is None:
+            raise InputError(f"{cluster}: {key}: missing; a SLURM spec gives each job's cores and memory (e.g. "
+                             f"cores: 4, memory: 16GB; see cluster/slurm.yaml)")
+    for key in ("cores", "processes"):
+        v = spec.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise InputError(f"{cluster}: {key}: expected a whole number >= 1, got {v!r}")
+    v = spec.get("memory")
+    try:
+        ok = v is None or not isinstance(v, bool) and (parse_bytes(v) if isinstance(v, str) else v) > 0
+    except (ValueError, TypeError, OverflowError):
+        ok = False
+    if not ok:
+        raise InputError(f"{cluster}: memory: expected each job's memory as a size such as 16GB, got {v!r}")
+
+
+def _seconds(t) -> float:
+    from dask.utils import parse_timedelta
+    return parse_timedelta(t, "s")
+
+
+def check_scheduler(address: str, security, timeout: float) -> None:
+    """Connect to ``address`` and complete Dask's handshake within ``timeout`` seconds: OSError when
+    nothing accepts the connection, InputError when what does is not a Dask scheduler. distributed
+    bounds the TCP connect only (its handshake read has no timeout), so Client() at a port that
+    accepts connections but does not speak Dask (a silent listener, an HTTP server) waited forever.
+    Run in a thread of its own: this process may already run an event loop."""
+    import asyncio
+    import socket
+
+    from distributed.comm import connect as comm_connect
+    from distributed.comm.addressing import get_address_host_port
+    with socket.create_connection(get_address_host_port(address), timeout=timeout):   # OSError: nothing accepts
+        pass   # (first on its own: the handshake's bound below must not cut a slow connect short)
+    args = security.get_connection_args("client") if security is not None else {}
+
+    async def probe():
+        comm = await comm_connect(address, timeout=timeout, **args)
+        await comm.close()
+
+    outcome = []
+
+    def run():
+        try:
+            asyncio.run(asyncio.wait_for(probe(), timeout))
+            outcome.append(None)
+        except (asyncio.TimeoutError, TimeoutError):   # connected (a failed connect is an OSError)
+            outcome.append(f"no Dask handshake within {timeout:g} s")
+        except OSError as e:
+            outcome.append(e)
+        except Exception as e:   # noqa: BLE001 - whatever the port sent back: not a scheduler's answer
+            outcome.append(f"its answer is not Dask's ({type(e).__name__})")
+
+    t = threading.Thread(target=run, name="metricpipe-scheduler-check", daemon=True)
+    t.start()
+    t.join(timeout + 5)
+    why = outcome[0] if outcome else f"no Dask handshake within {timeout:g} s"
+    if isinstance(why, OSError):
+        raise why
+    if why is not None:
+        raise InputError(f"cluster {address}: a program listens there but it is not a Dask scheduler ({why}); "
+                         f"check the address and port ('dask scheduler' prints its address)")
+
+
+class WorkerWatch:
+    """While a run uses the cluster, stop it with one line when the scheduler has had no worker, or
+    has not answered, for ``bound`` seconds: a run whose only worker was killed otherwise waited for
+    ever at "train: 24/42 tasks done". The scheduler is asked for its workers every WATCH_INTERVAL
+    seconds from a thread; busy workers are workers, so a long task never trips it. It stops the main
+    thread, wherever that waits (a gather, a scatter, a sync call), with WATCH_SIGNAL, whose handler
+    raises :class:`WorkersGone` there. Main thread only (signal handlers are its): from another thread
+    it cannot interrupt the wait (``error`` says what it found)."""
+
+    def __init__(self, client, cluster: str, bound: float, interval: float = WATCH_INTERVAL):
+        self.client, self.cluster, self.bound, self.interval = client, cluster, bound, interval
+        self.error: WorkersGone | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._armed = False       # the handler may raise (once)
+        self._installed = False   # the handler is ours until the block ends; then ``_old`` again
+        self._old = None
+        self._thread = threading.Thread(target=self._run, name="metricpipe-worker-watch", daemon=True)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(WATCH_SIGNAL, self._raise)
+            self._installed = self._armed = True
+        self._thread.start()
+        return self
+
+    def __exit__(self, kind, value, tb):
+        with self._lock:
+            self._armed = False
+            self._stop.set()
+        self._thread.join()
+        if self._installed:
+            signal.signal(WATCH_SIGNAL, signal.SIG_DFL if self._old is None else self._old)
+        return False
+
+    def _raise(self, signum, frame):
+        if self._armed and self.error is not None:
+            self._armed = False   # once: the cleanup that follows must not be cut short again
+            raise self.error
+
+    def workers(self) -> int | None:
+        """The scheduler's worker count; None when it does not answer."""
+        try:
+            return len(self.client.nthreads(callback_timeout=max(1.0, self.interval * 5)))
+        except Exception:   # noqa: BLE001 - a closed comm, a timeout: the scheduler is not answering
+            return None
+
+    def _run(self) -> None:
+        since = None    # when the workers were last seen gone
+        while not self._stop.wait(self.interval):
+            n = self.workers()
+            if n:
+                since = None
+                continue
+            since = since if since is not None else time.monotonic()
+            if time.monotonic() - since < self.bound:
+                continue
+            with self._lock:
+                if self._stop.is_set():
+                    return
+                self.error = WorkersGone(self.message(n))
+                if self._armed:
+                    signal.pthread_kill(threading.main_thread().ident, WATCH_SIGNAL)
+            return
+
+    def message(self, n: int | None) -> str:
+        where = f"cluster {self.cluster}"
+        if n is None:
+            return (f"{where}: the scheduler has not answered for {self.bound:g} s (wait_timeout); restart it "
+                    f"and its workers, or check the network, and run again")
+        if self.cluster == "local":
+            return (f"{where}: no worker for {self.bound:g} s (wait_timeout): the local workers stopped and did "
+                    f"not restart; see the worker log in the store's logs/ and run again")
+        return (f"{where}: no worker for {self.bound:g} s (wait_timeout): the scheduler's workers are gone; "
+                f"start workers ('dask worker {self.client.scheduler.address}') and run again")
 
 
 def slurm_cluster_class():

@@ -102,6 +102,9 @@ class RunConfig:
     threads_per_worker: int = 1
     memory_limit: str = "auto"
     dashboard: str | None = ":8787"
+    # seconds a run waits on the cluster before stopping with one line: for a first worker to join a
+    # scheduler, for a worker while it has none (all killed mid-run); a scheduler's answer, at most 10 s
+    wait_timeout: float = 60.0
     data: DataConfig = DataConfig()
     methods: tuple = ()            # expanded model specs: dicts {"method", "dim", ...params}
     method_entries: tuple = ()     # the index in the config's methods list of each expanded spec
@@ -131,6 +134,9 @@ class RunConfig:
     def setting(self, name: str) -> str:
         """How the user gave setting ``name``: ``--memory-limit`` from the command line, else ``memory_limit``."""
         return f"--{name.replace('_', '-')}" if name in self.overridden else name
+
+    def __post_init__(self):
+        check_local_memory(self)
 
 
 class ConfigError(InputError):
@@ -242,6 +248,16 @@ def _int_list(d, key, where, prefix, default, minimum=1):
     return tuple(v)
 
 
+def absolute_path(p: str | None, base_dir: Path | None = None) -> str | None:
+    """``p`` as workers open it: ``~`` expanded and, when relative, read against ``base_dir`` (a
+    config's folder; default the working directory), since a worker runs in a folder of its own,
+    perhaps on another machine. URLs (s3://...) and None are returned as they are."""
+    if p is None or "://" in p:
+        return p
+    q = Path(os.path.expanduser(p))
+    return str(q if q.is_absolute() else (base_dir or Path.cwd()) / q)
+
+
 def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = None) -> RunConfig:
     """Validate a config mapping and return a RunConfig; raises ConfigError naming the key. Relative
     paths in ``raw`` resolve against ``base_dir`` (the config file's folder; None: left as given)."""
@@ -250,8 +266,9 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: a config is a YAML mapping (key: value lines), got a {type(raw).__name__}; "
                           f"see examples/ for the form")
-    _check_keys(raw, ["store", "cluster", "tls", "workers", "threads_per_worker", "memory_limit", "dashboard", "data",
-                      "methods", "statistics", "neighbours", "evaluate", "seed", "repeats"], where, "")
+    _check_keys(raw, ["store", "cluster", "tls", "workers", "threads_per_worker", "memory_limit", "dashboard",
+                      "wait_timeout", "data", "methods", "statistics", "neighbours", "evaluate", "seed", "repeats"],
+                where, "")
     data = raw.get("data")
     if data is None:
         _fail(where, "data", "missing; give data.source (digits | fashion-mnist | synthetic) or data.path")
@@ -276,10 +293,7 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
                                   "remove it")
 
     def resolve(p):
-        if p is None or "://" in p or base_dir is None:
-            return p
-        q = Path(os.path.expanduser(p))
-        return str(q if q.is_absolute() else (base_dir / q))
+        return p if base_dir is None else absolute_path(p, base_dir)
 
     split_raw = data.get("split", {}) or {}
     _check_keys(split_raw, ["test", "val", "seed", "column"], where, "data.split.")
@@ -438,6 +452,9 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
             or int(dashboard.rpartition(":")[2]) > 65535:
         _fail(where, "dashboard", f"expected [HOST]:PORT (e.g. :8787 or 127.0.0.1:0), a port number or false, "
               f"got {dashboard!r}")
+    if dashboard is not None and any(c in dashboard.rpartition(":")[0] for c in "[]:"):   # Dask splits at every ':'
+        _fail(where, "dashboard", f"an IPv6 host ({dashboard!r}) is not supported by Dask's dashboard address; give "
+              f"0.0.0.0:PORT to open it to the network, 127.0.0.1:PORT or :PORT (this machine only), or false")
     store = _typed(raw, "store", str, where, "", "runs/metricpipe")
     check_store_url(store, f"{where}: store")
     return RunConfig(
@@ -446,6 +463,7 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
         workers=_typed(raw, "workers", int, where, "", 2, 1),
         threads_per_worker=_typed(raw, "threads_per_worker", int, where, "", 1, 1),
         memory_limit=memory_limit, dashboard=dashboard,
+        wait_timeout=_typed(raw, "wait_timeout", float, where, "", RunConfig.wait_timeout, 1.0),
         data=data_cfg, methods=tuple(methods), method_entries=tuple(entries), statistics=statistics,
         neighbours=neighbours,
         evaluate=evaluate, seed=_typed(raw, "seed", int, where, "", 0, 0),
@@ -468,7 +486,7 @@ def _memory_limit(v, where: str):
         return v
     try:
         n = parse_bytes(v) if isinstance(v, str) else v
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, OverflowError):   # OverflowError: 1e400GB, an infinite size
         n = None
     if n is None or n <= 0:
         _fail(where, "memory_limit", f"expected a positive size such as 2GB or 'auto', got {v!r}")
@@ -477,6 +495,22 @@ def _memory_limit(v, where: str):
               f"holds ~250 MB before any task, and Dask pauses it at 80% of its limit), got {v!r} ({n:,} bytes); "
               f"e.g. 2GB")
     return v
+
+
+def check_local_memory(cfg: RunConfig) -> None:
+    """A local cluster's memory_limit above this machine's memory is refused (Dask would silently use
+    the machine's instead, and the memory rule would believe the larger figure). Checked whenever a
+    RunConfig is made, so the config file and --memory-limit / --cluster local are checked alike."""
+    if cfg.cluster != "local" or cfg.memory_limit == "auto":
+        return
+    from dask.utils import format_bytes, parse_bytes
+    from distributed.system import MEMORY_LIMIT   # the machine's, or its cgroup's / rlimit's when lower
+    n = parse_bytes(cfg.memory_limit) if isinstance(cfg.memory_limit, str) else cfg.memory_limit
+    if n > MEMORY_LIMIT:
+        where = cfg.setting("memory_limit")
+        where = where if where.startswith("--") else f"{cfg.source_file}: {where}"
+        raise ConfigError(f"{where}: {cfg.memory_limit} per worker is more than this machine's memory "
+                          f"({format_bytes(MEMORY_LIMIT)}); give a smaller size (e.g. 2GB) or auto")
 
 
 def check_cluster(cluster: str, where: str) -> None:

@@ -17,6 +17,13 @@ class Terminated(KeyboardInterrupt):
     uncommitted, the cluster is closed and the resume hint printed."""
 
 
+class WorkersGone(KeyboardInterrupt):
+    """The cluster has had no worker (or no scheduler) for the run's wait_timeout. Raised in the main
+    thread by the cluster's watch (cluster.WorkerWatch) wherever the run waits, and so handled like
+    an interrupt: units being written stay uncommitted and the cluster is closed; the command line
+    prints it as an error with the resume hint (exit 2)."""
+
+
 # Set by the SIGTERM handler. The handler also raises Terminated at once, but Python runs it between
 # any two bytecodes, and an exception raised there can be swallowed (a library's broad except, a
 # finaliser): a CI run went on to exit 0. So the run checks the flag at every gathered task and stage.
@@ -28,4 +35,4 @@ def check_terminated() -> None:
         raise Terminated()
 
 
-__all__ = ["InputError", "StageError", "Terminated", "TERMINATING", "check_terminated"]
+__all__ = ["InputError", "StageError", "Terminated", "TERMINATING", "WorkersGone", "check_terminated"]

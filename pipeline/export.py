@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from metricpipe.config import DataConfig, file_only_given
+from metricpipe.config import DataConfig, absolute_path, file_only_given
 from metricpipe.models import codes_of, find_model
 from metricpipe.sources import open_source
 from metricpipe.storage import Store, chunk_rows_for, load_estimator, open_array, read_attrs, row_chunks
@@ -308,7 +308,9 @@ def encode(store_url: str, key: str, data: str, out: str, features: str = "X", l
         flops = n * float((meta.get("cost") or {}).get("flops_per_image") or 0)
         if cluster_given or n * D * 4 > LOCAL_BYTES or flops > LOCAL_FLOPS:
             with client_factory() as client:
-                log(f"Dashboard: {client.dashboard_link}")
+                from metricpipe.cluster import dashboard_lines
+                for line in dashboard_lines(client):
+                    log(line)
                 for start, codes in _on_cluster(client, unit.url, data, features, normalize, blocks):
                     writer.write(start, codes)
                     done += len(codes)
@@ -343,7 +345,7 @@ def _on_cluster(client, model_url, data, features, normalize, blocks, in_flight:
 
     from metricpipe.context import _raise_refused, _refusing
     in_flight = in_flight or 2 * max(1, len(client.scheduler_info().get("workers", {}))) + 2
-    path = str(Path(data).resolve()) if data not in BUILTIN else data
+    path = absolute_path(data) if data not in BUILTIN else data
     futures = {}
     nxt = 0
     for i, (a, b) in enumerate(blocks):

@@ -13,7 +13,7 @@ import numpy as np
 
 from metricpipe import select, stages
 from metricpipe.budget import check_memory, refuse_without_dense_covariance
-from metricpipe.cluster import DashboardHostError, connect
+from metricpipe.cluster import DashboardHostError, connect, dashboard_lines
 from metricpipe.config import (SPLIT_NAMES, EvaluateConfig, NeighboursConfig, RunConfig, classifiers_given,
                                unserved)
 from metricpipe.context import StageContext
@@ -93,11 +93,12 @@ def _run_locked(store, cfg, resume, log, performance_report, client, force, repa
         if client is None:
             try:
                 client = stack.enter_context(connect(cfg.cluster, cfg.workers, cfg.threads_per_worker,
-                                                     cfg.memory_limit, cfg.dashboard, cfg.tls))
+                                                     cfg.memory_limit, cfg.dashboard, cfg.tls, cfg.wait_timeout))
             except DashboardHostError as e:    # found as the cluster starts: name the config too
                 raise InputError(f"{cfg.source_file}: {e}") from None
         if cfg.dashboard is not None or cfg.cluster != "local":
-            log(f"Dashboard: {client.dashboard_link}")
+            for line in dashboard_lines(client):
+                log(line)
         if cfg.cluster.startswith(("tcp://", "tls://")):   # a running scheduler: its workers are what they are
             unused = [cfg.setting(k) for k in ("workers", "memory_limit") if k in cfg.overridden or k in cfg.raw]
             if unused:

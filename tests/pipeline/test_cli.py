@@ -586,6 +586,11 @@ RAW = {
                                             r"holds ~250 MB before any task, and Dask pauses it at 80% of its "
                                             r"limit\), got 3 \(3 bytes\); e.g. 2GB"),
     "memory_limit 3e8": ({"memory_limit": 3e8}, r"memory_limit: expected at least 400MB per worker .* got 300000000 "),
+    "memory_limit 1e400GB": ({"memory_limit": "1e400GB"}, r"memory_limit: expected a positive size such as 2GB .*'1e400GB'"),
+    "memory_limit 1e30GB": ({"memory_limit": "1e30GB"}, r"cfg.yaml: memory_limit: 1e30GB per worker is more than this "
+                                                        r"machine's memory"),
+    "dashboard IPv6": ({"dashboard": "[::]:8787"}, r"cfg.yaml: dashboard: an IPv6 host \('\[::\]:8787'\) is not "
+                                                   r"supported"),
     "dashboard list": ({"dashboard": [1, 2]}, r"dashboard: expected \[HOST\]:PORT .* got \[1, 2\]"),
     "empty store": ({"store": ""}, r"cfg.yaml: store: empty; give a directory"),
     "methods mapping": ({"methods": {}}, r"methods: expected a non-empty list of \{method: ...\} entries, got \{\}"),
@@ -645,13 +650,25 @@ def test_bad_config_files_exit_2_with_one_line(tmp_path, case):
     ("--store", "runs/a\0b", r"^error: --store: 'runs/a\\x00b' holds a NUL byte \(\\0\), which no file name can"),
     ("--performance-report", "r\0.html", r"^error: --performance-report: 'r\\x00.html' holds a NUL byte"),
     ("--cluster", "ucx://127.0.0.1:1", r"--cluster: ucx:// is not supported"),
-    ("--cluster", "LIST", r"spec.yaml: a cluster spec is a YAML mapping .* got a list"),
+    ("--cluster", "spec:- kind: slurm\n", r"spec.yaml: a cluster spec is a YAML mapping .* got a list"),
+    # dask-jobqueue's refusals were ValueErrors of several lines (a traceback)
+    ("--cluster", "spec:kind: slurm\nqueue: debug\n", r"spec.yaml: cores: missing; a SLURM spec gives each job's "
+                                                      r"cores and memory \(e.g. cores: 4, memory: 16GB"),
+    ("--cluster", "spec:kind: slurm\ncores: 1\n", r"spec.yaml: memory: missing"),
+    ("--cluster", "spec:kind: slurm\ncores: 1\nmemory: 1GB\nbogus: 3\n", r"spec.yaml: bogus: unknown key of a SLURM "
+                                                                        r"spec .*; see cluster/slurm.yaml"),
+    ("--cluster", "spec:kind: slurm\ncores: 1\nmemroy: 1GB\n", r"spec.yaml: memroy: unknown key .*did you mean "
+                                                             r"'memory'\?"),
+    ("--cluster", "spec:kind: slurm\ncores: 1\nmemory: lots\n", r"spec.yaml: memory: expected each job's memory as a "
+                                                              r"size such as 16GB, got 'lots'"),
+    ("--cluster", "spec:kind: slurm\ncores: two\nmemory: 1GB\n", r"spec.yaml: cores: expected a whole number >= 1, "
+                                                               r"got 'two'"),
 ])
 def test_bad_store_and_cluster_options_exit_2_with_one_line(tmp_path, monkeypatch, flag, value, match):
     import re
     monkeypatch.chdir(tmp_path)   # s3:/bucket/run was a folder s3: here
-    if value == "LIST":
-        (tmp_path / "spec.yaml").write_text("- kind: slurm\n")
+    if value.startswith("spec:"):
+        (tmp_path / "spec.yaml").write_text(value.removeprefix("spec:"))
         value = str(tmp_path / "spec.yaml")
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(yaml.safe_dump({"store": str(tmp_path / "s"), "data": {"source": "digits"}, "dashboard": ":0"}))
@@ -667,7 +684,7 @@ def test_bad_store_and_cluster_options_exit_2_with_one_line(tmp_path, monkeypatc
         assert len(res.output.strip().splitlines()) == 1, res.output
 
 
-@pytest.mark.parametrize("value", ["lots", "-1GB", "0", "3"])
+@pytest.mark.parametrize("value", ["lots", "-1GB", "0", "3", "1e400GB", "1e30GB"])
 @pytest.mark.parametrize("command", ["run", "demo"])
 def test_a_bad_memory_limit_option_is_refused_before_anything_starts(tmp_path, command, value):
     cfg = tmp_path / "cfg.yaml"
@@ -676,7 +693,9 @@ def test_a_bad_memory_limit_option_is_refused_before_anything_starts(tmp_path, c
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 2 and "Traceback" not in res.output, res.output
     assert f"Invalid value for '--memory-limit': expected a positive size such as 2GB or 'auto', got '{value}'" \
-        in res.output or value == "3" and "Invalid value for '--memory-limit': expected at least 400MB" in res.output
+        in res.output or value == "3" and "Invalid value for '--memory-limit': expected at least 400MB" in res.output \
+        or value == "1e30GB" and res.output.startswith("error: --memory-limit: 1e30GB per worker is more than this "
+                                                       "machine's memory")
     assert not (tmp_path / "s").exists()
 
 
@@ -1188,3 +1207,138 @@ def test_a_test_split_of_one_row_per_class_is_noted_not_warned_about(client, tmp
     assert res.exit_code == 0, res.output
     assert "evaluate: no class has two of the 20 test rows, so no retrieval query has a relevant image" in res.output
     assert "RuntimeWarning" not in res.output and "Mean of empty slice" not in res.output
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("dashboard", ["0:0", "0.0.0.0:0"])
+def test_a_dashboard_on_every_interface_prints_its_real_link_and_a_warning(dashboard):
+    """'0:8787' and '0.0.0.0:8791' bound every interface, and the link printed was 127.0.0.1's with no
+    word that the dashboard was open to the network."""
+    import urllib.request
+
+    from distributed.utils import get_ip
+
+    from metricpipe import cluster
+    with cluster.connect("local", 1, dashboard=dashboard) as client:
+        http = client.cluster.scheduler.http_server
+        assert http.address == "0.0.0.0"
+        link, warning = cluster.dashboard_lines(client)
+        assert link == f"Dashboard: http://{get_ip()}:{http.port}/status"
+        assert urllib.request.urlopen(link.split(" ", 1)[1], timeout=30).status == 200
+        assert warning == (f"warning: the dashboard listens on every interface of this machine (0.0.0.0:{http.port}): "
+                           f"whoever can reach it can watch the run and stop its tasks; dashboard: "
+                           f"127.0.0.1:{http.port} keeps it to this machine")
+    with cluster.connect("local", 1, dashboard="127.0.0.1:0") as client:   # the default host: no warning
+        assert cluster.dashboard_lines(client) == [f"Dashboard: {client.dashboard_link}"]
+
+
+class _Silent:
+    """A port that accepts connections and never answers (an idle TCP service)."""
+
+    def __enter__(self):
+        import socket
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)   # the kernel accepts the connections; nobody reads or writes
+        return self.sock.getsockname()[1]
+
+    def __exit__(self, *exc):
+        self.sock.close()
+
+
+class _Http:
+    """Python's HTTP server, which waits for a request line that Dask's handshake never ends."""
+
+    def __enter__(self):
+        import http.server
+        import threading
+        class Quiet(http.server.SimpleHTTPRequestHandler):
+            def log_message(self, *args):   # its stderr is the command's in CliRunner
+                pass
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self.server.server_address[1]
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("listener", [_Silent, _Http], ids=["silent listener", "HTTP server"])
+def test_a_port_that_does_not_speak_dask_is_one_line_within_the_wait_timeout(tmp_path, listener):
+    """distributed's connect timeout covers the TCP connect only: Client() then waited for ever on a
+    handshake that never came."""
+    import time
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump({"store": str(tmp_path / "s"), "data": {"source": "digits"}, "dashboard": ":0"}))
+    with listener() as port:
+        t0 = time.monotonic()
+        res = _invoke("run", cfg, "--cluster", f"tcp://127.0.0.1:{port}", "--wait-timeout", "2")
+        seconds = time.monotonic() - t0
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert res.output.strip() == (f"error: cluster tcp://127.0.0.1:{port}: a program listens there but it is not a "
+                                  f"Dask scheduler (no Dask handshake within 2 s); check the address and port "
+                                  f"('dask scheduler' prints its address)"), res.output
+    assert seconds < 20, seconds
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_wait_timeout_option_below_one_second_is_refused():
+    res = _invoke("evaluate", "x.npy", "--wait-timeout", "0")
+    assert res.exit_code == 2 and "Invalid value for '--wait-timeout': 0.0 is not in the range x>=1." in res.output, \
+        res.output
+
+
+class _Scheduler:
+    """A client's two calls the worker watch makes, answering from ``workers()`` (raising: no answer)."""
+
+    def __init__(self, workers):
+        self.workers, self.scheduler = workers, type("S", (), {"address": "tcp://127.0.0.1:8786"})()
+
+    def nthreads(self, **kw):
+        return self.workers()
+
+
+def _watched(workers, seconds: float, bound: float = 0.4):
+    """Wait ``seconds`` in a blocking lock wait under a WorkerWatch of ``bound``; the seconds it took."""
+    import signal
+    import threading
+    import time
+
+    from metricpipe import cluster
+    before, t0 = signal.getsignal(cluster.WATCH_SIGNAL), time.monotonic()
+    try:
+        with cluster.WorkerWatch(_Scheduler(workers), "tcp://127.0.0.1:8786", bound, interval=0.05):
+            threading.Event().wait(seconds)
+    finally:
+        assert signal.getsignal(cluster.WATCH_SIGNAL) == before    # the handler is the watch's only meanwhile
+    return time.monotonic() - t0
+
+
+def test_busy_workers_keep_the_worker_watch_quiet_and_a_short_gap_too():
+    """The bound is on having no worker, not on a slow task: a task longer than the bound, with its
+    worker there, runs on; a worker that comes back within the bound (a nanny's restart) is fine."""
+    import time
+    assert _watched(lambda: {"tcp://w:1": 1}, 1.5) >= 1.5
+    back = time.monotonic() + 0.25
+    assert _watched(lambda: {"tcp://w:1": 1} if time.monotonic() > back else {}, 1.5) >= 1.5
+
+
+@pytest.mark.parametrize("gone, words", [
+    (lambda: {}, "error: cluster tcp://127.0.0.1:8786: no worker for 0.4 s (wait_timeout): the scheduler's workers "
+                 "are gone; start workers ('dask worker tcp://127.0.0.1:8786') and run again"),
+    (lambda: (_ for _ in ()).throw(OSError("closed")),
+     "error: cluster tcp://127.0.0.1:8786: the scheduler has not answered for 0.4 s (wait_timeout); restart it and "
+     "its workers, or check the network, and run again"),
+], ids=["no worker", "no scheduler"])
+def test_the_worker_watch_stops_a_blocked_wait_with_one_line(gone, words):
+    """A run whose only worker was killed waited for ever (train: 24/42 tasks done); the watch raises
+    WorkersGone in the main thread, even in a wait blocked in a lock, and the command line prints it
+    as an error."""
+    from metricpipe.errors import WorkersGone
+    import time
+    t0 = time.monotonic()
+    with pytest.raises(WorkersGone) as e:
+        _watched(gone, 30)
+    assert time.monotonic() - t0 < 5 and f"error: {e.value}" == words

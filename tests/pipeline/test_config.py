@@ -18,6 +18,12 @@ def test_an_evaluate_part_set_to_false_is_left_out():
     assert skipped_classifiers(parse_config({**BASE, "evaluate": {"classification": False}}), []) == []
 
 
+def test_wait_timeout_is_seconds_from_the_config_or_the_command_line():
+    assert parse_config(BASE).wait_timeout == 60.0
+    cfg = parse_config({**BASE, "wait_timeout": 5})
+    assert cfg.wait_timeout == 5.0 and cfg.from_command_line(wait_timeout=2.5).wait_timeout == 2.5
+
+
 def test_defaults_and_method_expansion():
     cfg = parse_config({**BASE, "methods": [{"method": "pca", "dim": [8, 16]}, {"method": "lda"}]})
     assert [(m["method"], m.get("dim")) for m in cfg.methods] == [("pca", 8), ("pca", 16), ("lda", None)]
@@ -35,7 +41,16 @@ def test_defaults_and_method_expansion():
     ({"data": {"source": "digits", "split": {"test": 0}}}, r"data.split.test: must be a share in \(0, 1\) of the rows"),
     ({**BASE, "workers": 0}, r"workers: must be >= 1"),
     ({**BASE, "dashboard": ":99999"}, r"cfg.yaml: dashboard: expected \[HOST\]:PORT .*got ':99999'"),   # was an OverflowError
+    ({**BASE, "dashboard": "[::]:8787"}, r"cfg.yaml: dashboard: an IPv6 host \('\[::\]:8787'\) is not supported "
+                                         r"by Dask's dashboard address; give 0.0.0.0:PORT"),   # was a RuntimeError
+    ({**BASE, "dashboard": "::1:8787"}, r"cfg.yaml: dashboard: an IPv6 host"),
     ({**BASE, "workers": "two"}, r"workers: expected int"),
+    ({**BASE, "wait_timeout": 0}, r"cfg.yaml: wait_timeout: must be >= 1.0, got 0.0"),
+    ({**BASE, "wait_timeout": "1m"}, r"cfg.yaml: wait_timeout: expected float, got '1m'"),
+    ({**BASE, "memory_limit": "1e400GB"}, r"cfg.yaml: memory_limit: expected a positive size such as 2GB or 'auto', "
+                                          r"got '1e400GB'"),   # was an OverflowError
+    ({**BASE, "memory_limit": "1e30GB"}, r"cfg.yaml: memory_limit: 1e30GB per worker is more than this machine's "
+                                         r"memory \(\d.*\); give a smaller size"),   # was accepted (Dask used less)
     ({**BASE, "methods": [{"method": "pca", "dim": -1}]}, r"methods\[0\]: The 'dim' parameter of PCA must be an int in the range \[1, inf\) or None. Got -1 instead"),
     ({**BASE, "methods": [{"dim": 3}]}, r"methods\[0\]: expected a mapping with a 'method' key"),
     ({**BASE, "evaluate": {"classification": {"classifiers": ["svm"]}}}, r"unknown classifier 'svm'"),
@@ -72,6 +87,17 @@ def test_bad_config_is_one_line_naming_the_key(raw, match):
     with pytest.raises(ConfigError, match=match) as e:
         parse_config(raw, where="cfg.yaml")
     assert "\n" not in str(e.value)
+
+
+def test_a_memory_limit_above_the_machine_is_refused_for_a_local_cluster_only():
+    """Dask caps a local worker's limit at the machine's memory, silently; a remote cluster's
+    workers are not this machine's (the setting does not apply to them)."""
+    assert parse_config({**BASE, "memory_limit": "1e30GB", "cluster": "tcp://127.0.0.1:8786"}).memory_limit == "1e30GB"
+    cfg = parse_config({**BASE, "cluster": "tcp://127.0.0.1:8786", "memory_limit": "1e30GB"}, where="cfg.yaml")
+    with pytest.raises(ConfigError, match=r"^cfg.yaml: memory_limit: 1e30GB per worker is more than"):
+        cfg.from_command_line(cluster="local")
+    with pytest.raises(ConfigError, match=r"^--memory-limit: 1e30GB per worker is more than"):
+        parse_config(BASE, where="cfg.yaml").from_command_line(memory_limit="1e30GB")
 
 
 def test_load_config_errors(tmp_path):

@@ -258,3 +258,20 @@ def test_a_small_input_is_evaluated_on_400_mb_workers(client, tmp_path, monkeypa
     np.savez(tmp_path / "e.npz", X=X.astype(np.float32), y=y)
     res = _run(tmp_path / "e.npz", "--cluster", client.scheduler.address)
     assert res.exit_code == 0 and "map@r" in res.output, res.output
+
+
+@pytest.mark.integration
+def test_relative_paths_are_read_on_workers_that_run_in_another_folder(client, tmp_path, monkeypatch):
+    """The readers went to the workers with the path as typed: FileNotFoundError on a worker whose
+    working directory is not the command's (a remote cluster's; the session cluster's too)."""
+    X, y = tied_case(0, n_ref=40)
+    monkeypatch.chdir(tmp_path)
+    import os
+    assert str(tmp_path) not in client.run(os.getcwd).values()   # the workers' folder is not ours
+    np.savez("q.npz", X=X[:20], y=y[:20])
+    np.savez("r.npz", X=X, y=y)
+    res = _run("r.npz", "--queries", "q.npz", "--cluster", client.scheduler.address, "--out", "m.json")
+    assert res.exit_code == 0, res.output
+    assert _values(tmp_path / "m.json")["map@r"] >= 0
+    recs = json.loads((tmp_path / "m.json").read_text())
+    assert recs[0]["params"]["reference"] == "r.npz"   # the records keep the paths as given
