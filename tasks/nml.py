@@ -387,6 +387,8 @@ class _PairLearner(Learner):
     without validation).
     """
     _kind = ""
+    fitted_attributes = ("L_", "bias_", "classes_", "history_", "best_iter_", "val_map_", "pairs_seen_", "n_pairs_",
+                         "n_steps_", "pair_source_")
 
     # -- in memory ---------------------------------------------------------------------------------------
     def fit(self, X, y, block_rows=None, X_val=None, y_val=None):
