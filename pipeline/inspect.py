@@ -1,10 +1,6 @@
 """``metricpipe inspect``: a plain-text description of a store."""
-from metricpipe.storage import Store
+from metricpipe.storage import KINDS, Store
 from metricpipe.tasks.errors import InputError
-
-# every kind of unit a run writes (shuffled: the SGD learners' copy of the training rows; selection: the
-# validation scores of a spec's candidates and its choice)
-KINDS = ("data", "statistics", "neighbours", "shuffled", "models", "selection", "codes", "evaluation")
 
 
 def describe(url: str) -> str:
@@ -25,14 +21,18 @@ def describe(url: str) -> str:
             continue
         lines.append(f"{kind}/")
         for u in units:
+            odd = u.tree()[1] if u.done() else {}   # a link or a FIFO in it: not read (it could hang or leave the store)
             state = ("done" if u.done() else "INCOMPLETE (commit marker damaged; recomputed by a run that needs it)"
                      if u.marker_damaged() else "INCOMPLETE (no commit marker; ignored and rewritten on the next run)")
+            if odd:
+                name, what = next(iter(odd.items()))
+                state = f"DAMAGED ({u.rel}/{name}: {what}; `metricpipe inspect --verify` lists every problem)"
             meta = u.meta() if u.done() else {}
             facts = ", ".join(f"{k}={v}" for k, v in meta.items()
                               if k not in ("key", "kind", "committed", "spec") and not isinstance(v, (dict, list)))
             spec = meta.get("spec")
             lines.append(f"  {u.key}  {state}" + (f"  {spec}" if spec else "") + (f"  [{facts}]" if facts else ""))
-            if u.done():
+            if u.done() and not odd:
                 lines += [f"    {a}" for a in _arrays(u.url)]
     return "\n".join(lines)
 
@@ -52,7 +52,7 @@ def verify_store(url: str) -> tuple[int, list[str]]:
                 problems.append(f"{u.rel}.committed.json: commit marker damaged (truncated, edited or not this unit's "
                                 f"record); the unit counts as unfinished: a run that needs it recomputes it, and "
                                 f"run --repair recomputes every damaged selection candidate too")
-    if store.fs.exists(f"{store.root}/runs/latest.json"):   # gc and report read it
+    if store.fs.exists(store.inside("runs/latest.json")):   # gc and report read it
         try:
             store.last_run()
         except InputError as e:
