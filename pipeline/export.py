@@ -312,8 +312,8 @@ def codes_unit(store: Store, unit, meta: dict, split: str) -> tuple:
                          f"has the codes (its W is the same); use that model, or 'metricpipe encode' with this one")
     if not cu.done():
         try:
-            latest = store.read_json("runs/latest.json")["units"]["models"]
-        except (FileNotFoundError, KeyError):
+            latest = store.last_run()["units"].get("models") or []
+        except InputError:   # none, or damaged: the second message holds
             latest = []
         if f"models/{unit.key}" in latest:
             raise InputError(f"{store.url}: model {unit.key} has no committed codes; rerun 'metricpipe run CONFIG "

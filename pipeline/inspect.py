@@ -7,14 +7,15 @@ def describe(url: str) -> str:
     store = Store(url)
     store.check_is_store()
     lines = [f"store {store.url}"]
-    try:
-        latest = store.read_json("runs/latest.json")
-        lines.append(f"last run: {latest['dataset'].get('source')}, {len(latest['evaluation_units'])} models "
-                     f"evaluated, {latest['seconds']:.1f} s")
-    except FileNotFoundError:
+    if not store.fs.exists(store.inside("runs/latest.json")):
         lines.append("last run: none finished")
-    except (ValueError, KeyError, TypeError):   # truncated or hand-edited: the units are still listed
-        lines.append("last run: runs/latest.json is corrupt (rerun the config to rewrite it)")
+    else:
+        try:
+            latest = store.last_run()
+            lines.append(f"last run: {latest['dataset'].get('source')}, {len(latest['evaluation_units'])} models "
+                         f"evaluated, {latest['seconds']:.1f} s")
+        except (InputError, KeyError):   # truncated or hand-edited: the units are still listed
+            lines.append("last run: runs/latest.json is corrupt (rerun the config to rewrite it)")
     for kind in KINDS:
         units = store.units(kind)
         if not units:

@@ -24,8 +24,8 @@ def codes_of(store: Store, key: str, meta: dict) -> Unit | None:
         return store.unit("codes", hash_key(inputs, meta["version"]))
     guesses = [store.unit("codes", hash_key(inputs))]
     try:
-        ran = store.read_json("runs/latest.json").get("versions", {}).get("metricpipe")
-    except (FileNotFoundError, ValueError, AttributeError):
+        ran = store.last_run().get("versions", {}).get("metricpipe")
+    except InputError:   # none, or damaged: the release running now is the guess
         ran = None
     if ran:
         guesses.insert(0, store.unit("codes", hash_key(inputs, ran)))

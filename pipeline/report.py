@@ -32,6 +32,11 @@ def build_report(store: Store, manifest: dict) -> str:
     """Collect the run's evaluation units, write report/metrics.json and report/index.html. Each unit
     read is checked against its commit first, as a run checks a unit it reuses (an edited
     records.json is refused, not reported)."""
+    facts = ("units", "evaluation_units", "config", "dataset", "store", "versions", "started", "seconds", "timings")
+    missing = [k for k in facts if k not in manifest]
+    if missing:
+        raise InputError(f"{store.url}: runs/latest.json is corrupt (no {', '.join(missing)}); rerun 'metricpipe run "
+                         f"CONFIG' to rewrite it")
     records = []
     # the evaluate stage makes one evaluation unit per codes unit, in the manifest's order
     for rel, codes in zip(manifest["evaluation_units"], _codes_units(manifest)):

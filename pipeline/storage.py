@@ -429,9 +429,10 @@ class Store:
 
     def last_run(self, why: str = "") -> dict:
         """The last finished run's manifest (``runs/latest.json``); a one-line InputError when there is
-        none or it is corrupt (``why``: what the caller needs it for, said in the message)."""
+        none or it is corrupt (``why``: what the caller needs it for, said in the message), or when it
+        is not of the shape a run writes (:func:`manifest_problem`: it names units and report facts)."""
         try:
-            return self.read_json("runs/latest.json")
+            manifest = self.read_json("runs/latest.json")
         except FileNotFoundError:
             raise InputError(f"{self.url}: no finished run in this store (runs/latest.json missing){why}; "
                              f"run 'metricpipe run CONFIG' first") from None
@@ -439,6 +440,56 @@ class Store:
             raise
         except ValueError:   # JSONDecodeError, UnicodeDecodeError
             raise InputError(f"{self.url}: runs/latest.json is corrupt; rerun 'metricpipe run CONFIG'") from None
+        problem = manifest_problem(manifest)
+        if problem:
+            raise InputError(f"{self.url}: runs/latest.json is corrupt ({problem}); rerun 'metricpipe run CONFIG' to "
+                             f"rewrite it")
+        return manifest
+
+
+def _unit_ref(value, kinds=KINDS) -> bool:
+    """Whether ``value`` is a unit's store path ``KIND/KEY`` (KIND among ``kinds``)."""
+    if not isinstance(value, str) or value.count("/") != 1:
+        return False
+    kind, key = value.split("/")
+    return kind in kinds and is_key(key)
+
+
+def _number(value) -> float | None:
+    """``value`` as a finite float, or None when it is not a finite number (JSON's 1e400 is inf)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if np.isfinite(value) else None
+
+
+def manifest_problem(doc) -> str | None:
+    """What is wrong with a run manifest (``runs/latest.json``) as gc, report and inspect read it, or
+    None: a mapping whose units are ``KIND/KEY`` paths of their kind (nothing outside the store), with
+    numbers, lists and mappings where the runner writes them."""
+    if not isinstance(doc, dict):
+        return f"a {type(doc).__name__}, not a mapping"
+    units = doc.get("units", {})
+    if not isinstance(units, dict):
+        return "units: not a mapping"
+    for name, value in units.items():
+        kinds = (name,) if name in KINDS else KINDS
+        if not (value is None or _unit_ref(value, kinds) or
+                (isinstance(value, list) and all(_unit_ref(v, kinds) for v in value))):
+            return f"units.{name}: not {name}/KEY paths"
+    ev = doc.get("evaluation_units", [])
+    if not isinstance(ev, list) or not all(_unit_ref(v, ("evaluation",)) for v in ev):
+        return "evaluation_units: not a list of evaluation/KEY paths"
+    for name in ("started", "seconds"):
+        if name in doc and _number(doc[name]) is None:
+            return f"{name}: not a number"
+    for name, kind in (("config", dict), ("dataset", dict), ("versions", dict), ("timings", list), ("skipped", list)):
+        if name in doc and not isinstance(doc[name], kind):
+            return f"{name}: not a {'mapping' if kind is dict else 'list'}"
+    if not all(isinstance(t, dict) and isinstance(t.get("stage"), str) and _number(t.get("seconds")) is not None
+               for t in doc.get("timings", [])):
+        return "timings: not a list of {stage, seconds}"
+    return None
 
 
 # ---- the one-writer lock on object storage ---------------------------------------------------------
