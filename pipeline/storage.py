@@ -507,7 +507,8 @@ class ObjectLock:
     on exit. A run killed before that leaves it behind; the next writer takes it over (again
     ``If-Match``, so of two writers that both find it stale one wins) when its holder is gone: on
     the same host, its process no longer runs; elsewhere, it was not refreshed for LOCK_LEASE
-    seconds (hosts' clocks must agree to well within that). Otherwise the second writer gets a
+    seconds (hosts' clocks must agree to well within that), or its record holds no time of refresh
+    or one more than LOCK_LEASE ahead (a damaged record no holder wrote). Otherwise the second writer gets a
     one-line error naming the holder. A holder whose refresh finds the lock taken (it was paused
     past its lease) writes no further marker, manifest or report (:meth:`Store.write_text`).
 
@@ -537,8 +538,9 @@ class ObjectLock:
                 continue
             why = _gone(holder)
             if why is None:
-                raise InputError(f"{self.url}: the store is in use by {_holder(holder)}, lock refreshed "
-                                 f"{time.time() - float(holder.get('refreshed', 0)):.0f} s ago (STORE/.lock); wait "
+                refreshed = _number(holder.get("refreshed"))
+                ago = f", lock refreshed {time.time() - refreshed:.0f} s ago" if refreshed is not None else ""
+                raise InputError(f"{self.url}: the store is in use by {_holder(holder)}{ago} (STORE/.lock); wait "
                                  f"for it to finish, or if that run is gone 'metricpipe unlock {self.url}' (a lock "
                                  f"not refreshed for {LOCK_LEASE:.0f} s is taken over)")
             self.etag = self._write(expect=(etag, holder.get("token")))
@@ -651,14 +653,19 @@ def _alive_here(record: dict) -> bool:
     if record.get("host") != socket.gethostname():
         return False
     started = _started(record.get("pid"))
-    return started is not None and (started == -1.0 or abs(started - float(record.get("pid_started") or 0)) < 1)
+    return started is not None and (started == -1.0 or abs(started - (_number(record.get("pid_started")) or 0)) < 1)
 
 
 def _gone(record: dict) -> str | None:
     """Why the lock ``record`` belongs to a run that is gone, or None while it may be running."""
     if record.get("host") == socket.gethostname():
         return None if _alive_here(record) else f"pid {record.get('pid')} no longer runs on this host"
-    age = time.time() - float(record.get("refreshed", 0))
+    refreshed = _number(record.get("refreshed"))
+    if refreshed is None:   # a holder writes its clock's time: this record is damaged, so nobody refreshes it
+        return f"its record's refresh time {record.get('refreshed')!r} is not a time"
+    age = time.time() - refreshed
+    if age < -LOCK_LEASE:   # hosts' clocks agree to well within a lease: no holder wrote this
+        return f"its record's refresh time is {-age:.0f} s in the future"
     return f"not refreshed for {age:.0f} s" if age > LOCK_LEASE else None
 
 
