@@ -1,6 +1,13 @@
-"""A store from someone else cannot hurt you (issue 44): a store made by a real run on digits,
-altered as its sender could alter it."""
+"""A store from someone else cannot hurt you (issue 44).
+
+A store made by a real run on digits is altered as its sender could alter it: links for ``.lock``,
+``report/``, ``runs/latest.json``, a unit's folder and a unit's file, a manifest naming units
+outside the store, an array added to a model, edited and truncated records, a FIFO for a chunk.
+Every command that reads a store is then run on it: nothing outside the store may change, and each
+command either works on verified data (its results are those of the untouched store) or refuses in
+one line (exit 2, no traceback)."""
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -51,6 +58,26 @@ def _copy(made, tmp_path) -> Path:
     return store
 
 
+def _outside(tmp_path) -> dict:
+    """Every file and link under ``tmp_path`` but the store and the outputs' folder, with its bytes."""
+    seen = {}
+    for folder, dirs, files in os.walk(tmp_path):
+        if Path(folder) == tmp_path:
+            dirs[:] = [d for d in dirs if d not in ("s", "out")]
+        for name in dirs + files:
+            p = Path(folder) / name
+            seen[str(p)] = f"link to {os.readlink(p)}" if p.is_symlink() else p.read_bytes() if p.is_file() else "dir"
+    return seen
+
+
+def _move_out(store: Path, rel: str, home: Path) -> Path:
+    """Move ``rel`` of the store outside and leave a link to it in its place."""
+    target = home / rel.replace("/", "_")
+    shutil.move(store / rel, target)
+    (store / rel).symlink_to(target)
+    return target
+
+
 def _unit(store: Path, kind: str, method: str | None = None) -> str:
     """The store path of the first committed unit of ``kind`` (of the model of ``method``)."""
     for marker in sorted((store / kind).glob(f"*{MARKER_SUFFIX}")):
@@ -78,6 +105,36 @@ def _edit_records(store: Path, truncate: bool = False) -> None:
     records.write_text(json.dumps(recs))
 
 
+def _fifo(store: Path, home: Path) -> None:
+    chunk = next((store / _unit(store, "data")).glob("features/c/*/*"))
+    chunk.unlink()
+    os.mkfifo(chunk)
+
+
+HOSTILE = {
+    "lock linked to a user's file": lambda s, h: ((s / ".lock").unlink(missing_ok=True),
+                                                   (s / ".lock").symlink_to(h / "victim.txt")),
+    "lock linked, set-aside units": lambda s, h: ((s / ".lock").unlink(missing_ok=True),
+                                                   (s / ".lock").symlink_to(h / "victim.txt"),
+                                                   (s / ".replaced" / "models").mkdir(parents=True)),
+    "report linked to a folder": lambda s, h: (shutil.rmtree(s / "report"), (s / "report").symlink_to(h / "elsewhere")),
+    "runs/latest.json linked outside": lambda s, h: _move_out(s, "runs/latest.json", h),
+    "a unit's folder linked outside": lambda s, h: _move_out(s, _unit(s, "models", "pca"), h),
+    "a unit's file linked outside": lambda s, h: _move_out(s, f"{_unit(s, 'models', 'identity')}/zarr.json", h),
+    "records linked outside": lambda s, h: _move_out(s, f"{_unit(s, 'evaluation')}/records.json", h),
+    "a manifest naming units outside": lambda s, h: (s / "runs/latest.json").write_text(json.dumps(
+        {**json.loads((s / "runs/latest.json").read_text()), "units": {"models": ["../../home/elsewhere"]}})),
+    "a manifest of the wrong shape": lambda s, h: (s / "runs/latest.json").write_text('{"units": 5}'),
+    "an array added to a model": lambda s, h: _add_array(s, _unit(s, "models", "identity")),
+    "edited records": lambda s, h: _edit_records(s),
+    "truncated records": lambda s, h: _edit_records(s, truncate=True),
+    "a FIFO for a chunk": _fifo,
+}
+# alterations of a unit's own files, which `inspect --verify` must name
+IN_UNITS = {"a unit's file linked outside", "records linked outside", "an array added to a model", "edited records",
+            "truncated records", "a FIFO for a chunk"}
+
+
 def _refused_in_one_line(res) -> bool:
     """Exit 2 with one `error:` line and no traceback (a command that started a run logs before it)."""
     errors = [ln for ln in res.output.splitlines() if ln.startswith("error: ")]
@@ -86,6 +143,63 @@ def _refused_in_one_line(res) -> bool:
 
 def _records(store: Path) -> list:
     return json.loads((store / "report" / "metrics.json").read_text())["records"]
+
+
+@pytest.mark.parametrize("case", HOSTILE)
+def test_every_command_on_a_hostile_store_works_on_verified_data_or_refuses_in_one_line(made, tmp_path, case):
+    tmp, keys, X = made
+    good = tmp / "good"
+    store = _copy(made, tmp_path)
+    home, out = tmp_path / "home", tmp_path / "out"
+    HOSTILE[case](store, home)
+    before = _outside(tmp_path)
+    good_records = _records(good)
+
+    for args in (["models", store], ["inspect", store], ["gc", store], ["gc", store, "--delete"]):
+        res = _cli(*args)
+        assert res.exit_code == 0 or _refused_in_one_line(res), (args, res.output)
+        assert res.exception is None or isinstance(res.exception, SystemExit), (args, res.exception)
+    res = _cli("inspect", "--verify", store)
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    if case in IN_UNITS:   # the damage is named, or the store refused
+        assert (res.exit_code == 1 and "DAMAGED" in res.output) or _refused_in_one_line(res), res.output
+    else:
+        assert res.exit_code in (0, 1) or _refused_in_one_line(res), res.output
+
+    res = _cli("report", store)
+    assert res.exit_code == 0 or _refused_in_one_line(res), res.output
+    if res.exit_code == 0:
+        assert _records(store) == good_records
+
+    for method in ("identity", "ncmml"):
+        try:
+            est = metricpipe.load_model(str(store), keys[method])
+        except InputError as e:
+            assert "\n" not in str(e)
+        else:
+            np.testing.assert_array_equal(est.transform(X), metricpipe.load_model(str(good), keys[method]).transform(X))
+
+    for method in ("identity", "ncmml"):
+        codes = out / f"{method}.npy"
+        res = _cli("encode", store, "digits", "--model", keys[method], "--out", codes)
+        assert res.exit_code == 0 or _refused_in_one_line(res), res.output
+        if res.exit_code == 0:
+            ref = out / f"{method}-good.npy"
+            assert _cli("encode", good, "digits", "--model", keys[method], "--out", ref).exit_code == 0
+            assert codes.read_bytes() == ref.read_bytes()
+        else:
+            assert not codes.exists()
+    for method, k in (("ncmml", []), ("pca", ["--k", "5"])):   # class means; the run's train codes
+        res = _cli("predict", store, "digits", "--model", keys[method], *k)
+        assert res.exit_code == 0 or _refused_in_one_line(res), res.output
+        if res.exit_code == 0:
+            assert res.output == _cli("predict", good, "digits", "--model", keys[method], *k).output
+
+    res = _cli("run", tmp_path / "cfg.yaml")           # resuming: every unit is reused only once verified
+    assert res.exit_code == 0 or _refused_in_one_line(res), res.output
+    if res.exit_code == 0:
+        assert _records(store) == good_records
+    assert _outside(tmp_path) == before, case
 
 
 def test_an_array_added_to_a_model_is_named_by_verify_and_never_loaded(made, tmp_path):
