@@ -15,6 +15,7 @@ PML's ``max_bin_count``) and returns each query's metrics and cluster. No task h
 a group's memory is its queries and its pool, sized to POOL_BYTES.
 """
 import asyncio
+import os
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,6 +114,24 @@ def query_count(queries: str | None) -> int | None:
     return int(value)
 
 
+def same_data(a: str, b: str) -> str | None:
+    """How input ``b`` is input ``a`` ("is the same file as", "holds the same bytes as"), or None when
+    they differ (or cannot be read: opening them says why). Bytes are compared only between inputs of
+    one size."""
+    from metricpipe.sources import fingerprint
+    try:
+        if os.path.samefile(a, b):
+            return "is the same file as"
+        sizes = [next(iter(fingerprint(p).values()))["bytes"] for p in (a, b)]
+        if sizes[0] != sizes[1]:
+            return None
+        if fingerprint(a, contents=True) == fingerprint(b, contents=True):
+            return "holds the same bytes as"
+    except OSError:
+        pass
+    return None
+
+
 def plan_sides(embeddings: str, features: str, labels: str, queries: str | None, reference: str | None,
                query_labels: str | None, reference_labels: str | None, seed: int):
     """(query side, its query rows, reference side, self_in_ref) from the command's arguments."""
@@ -122,6 +141,12 @@ def plan_sides(embeddings: str, features: str, labels: str, queries: str | None,
                          f"give one of them (or --queries N with --reference)")
     other_default = None if labels.endswith(".npy") else labels
     reader, y = _open(embeddings, features, labels, "EMBEDDINGS", "--labels")
+    for other, option in ((queries if sample is None else None, "--queries"), (reference, "--reference")):
+        how = same_data(embeddings, other) if other else None
+        if how:
+            raise InputError(f"{other}: {option} {how} EMBEDDINGS ({embeddings}): each of its rows would find itself "
+                             f"as its nearest neighbour; leave out {option} to score EMBEDDINGS against itself (each "
+                             f"query's own row left out), or give --queries N")
     if queries is not None and sample is None:
         qr, qy = _open(queries, features, query_labels or other_default, "--queries", "--query-labels")
         q_in, q_lab, r_in, r_lab = (queries, qr, "--queries"), qy, (embeddings, reader, "EMBEDDINGS"), y

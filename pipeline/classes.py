@@ -17,7 +17,7 @@ import numpy as np
 
 from metricpipe.config import DataConfig
 from metricpipe.sources import open_source
-from metricpipe.models import check_intact, codes_of, find_model, model_units
+from metricpipe.models import check_intact, codes_of, find_model, model_units, staged_arrays
 from metricpipe.storage import Store, hash_key, load_estimator, open_array, save_estimator
 from metricpipe.tasks.ncmml import NCMC
 from metricpipe.tasks.errors import InputError
@@ -299,7 +299,7 @@ def predict(store_url: str, model: str, data_path: str, features: str = "X", lab
         if k > len(train):
             raise InputError(f"--k {k} votes over more neighbours than the {len(train)} train rows of model "
                              f"{unit.key}'s run; use --k <= {len(train)}")
-        y_train = open_array(f"{store.unit('data', attrs['data']).url}/label")[:].astype(np.int64)
+        y_train = open_array(f"{staged_arrays(store, attrs, ('label',))}/label")[:].astype(np.int64)
         step = codes.chunks[0]
         parts = [(train[s:s + step], codes.get_orthogonal_selection((train[s:s + step], slice(None))))
                  for s in range(0, len(train), step)]   # the train codes (small: the model's dimension)

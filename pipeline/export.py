@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from metricpipe.config import DataConfig, absolute_path, file_only_given
-from metricpipe.models import codes_of, find_model
+from metricpipe.models import codes_of, find_model, staged_arrays
 from metricpipe.sources import open_source
 from metricpipe.storage import Store, chunk_rows_for, load_estimator, open_array, read_attrs, row_chunks
 from metricpipe.tasks.errors import InputError
@@ -329,7 +329,8 @@ def encode(store_url: str, key: str, data: str, out: str, features: str = "X", l
 def _block_rows(data_unit, n_features: int) -> int:
     """The staged data's row-block when it was cut into several (the encode stage's blocks, so codes
     match bit for bit), else the staging default's for this width."""
-    if data_unit is not None and data_unit.done():
+    if data_unit is not None and data_unit.done() and \
+            not data_unit.verify(keep=lambda rel: rel in ("zarr.json", "features/zarr.json")):
         try:
             a = open_array(f"{data_unit.url}/features")
             if a.chunks[0] < a.shape[0]:
@@ -381,8 +382,8 @@ def codes_unit(store: Store, unit, meta: dict, split: str) -> tuple:
                          f"has the codes (its W is the same); use that model, or 'metricpipe encode' with this one")
     if not cu.done():
         try:
-            latest = store.read_json("runs/latest.json")["units"]["models"]
-        except (FileNotFoundError, KeyError):
+            latest = store.last_run()["units"].get("models") or []
+        except InputError:   # none, or damaged: the second message holds
             latest = []
         if f"models/{unit.key}" in latest:
             raise InputError(f"{store.url}: model {unit.key} has no committed codes; rerun 'metricpipe run CONFIG "
@@ -405,7 +406,7 @@ def codes_unit(store: Store, unit, meta: dict, split: str) -> tuple:
 
 def split_rows(store: Store, meta: dict, split: str) -> np.ndarray:
     from metricpipe.config import SPLIT_NAMES
-    flags = open_array(f"{store.unit('data', meta['data']).url}/split")[:]
+    flags = open_array(f"{staged_arrays(store, meta, ('split',))}/split")[:]
     if split == "all":
         return np.arange(len(flags))
     return np.flatnonzero(flags == SPLIT_NAMES.index(split))

@@ -24,8 +24,8 @@ def codes_of(store: Store, key: str, meta: dict) -> Unit | None:
         return store.unit("codes", hash_key(inputs, meta["version"]))
     guesses = [store.unit("codes", hash_key(inputs))]
     try:
-        ran = store.read_json("runs/latest.json").get("versions", {}).get("metricpipe")
-    except (FileNotFoundError, ValueError, AttributeError):
+        ran = store.last_run().get("versions", {}).get("metricpipe")
+    except InputError:   # none, or damaged: the release running now is the guess
         ran = None
     if ran:
         guesses.insert(0, store.unit("codes", hash_key(inputs, ran)))
@@ -64,6 +64,20 @@ def check_intact(store: Store, unit: Unit, meta: dict) -> None:
         fix = (f"delete {unit.rel} and rerun the metricpipe add-classes that made it" if meta.get("extends") else
                "rerun the run that made it with --repair (metricpipe run CONFIG --repair) to recompute it")
         raise InputError(f"{store.url}: model {unit.key} is damaged: {bad[0]}{more}; {fix}")
+
+
+def staged_arrays(store: Store, meta: dict, names: tuple) -> str:
+    """The URL of the staged data a model was trained on (``meta``: its commit record), once the
+    group's metadata and the files of its arrays ``names`` (e.g. ``("split",)``) are found as their
+    commit made them."""
+    unit = store.unit("data", meta["data"])
+    bad = unit.verify(keep=lambda rel: rel == "zarr.json" or rel.split("/")[0] in names) if unit.done() else \
+        [f"{unit.rel}: not committed"]
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise InputError(f"{store.url}: the staged data of the model is damaged: {bad[0]}{more}; rerun the run that "
+                         f"made it with --repair (metricpipe run CONFIG --repair) to recompute it")
+    return unit.url
 
 
 def with_normalization(est, normalize: str | None):

@@ -8,8 +8,7 @@ its models, the shuffled copies of its staged data, and every unit committed aft
 run that did not finish, whose ``--resume`` reuses them, or by ``add-classes`` / ``stage``). It
 lists (or removes) the rest: units of earlier configs, and what killed runs left unfinished.
 """
-from metricpipe.inspect import KINDS
-from metricpipe.storage import MARKER_SUFFIX, Store, Unit, is_key, read_attrs
+from metricpipe.storage import KINDS, MARKER_SUFFIX, Store, Unit, is_key, read_attrs
 
 
 def kept_units(store: Store, manifest: dict) -> set[str]:
@@ -41,6 +40,8 @@ def kept_units(store: Store, manifest: dict) -> set[str]:
 
 
 def _data_of(unit: Unit) -> str | None:
+    if unit.tree()[1]:   # a link or a FIFO in it: not read (kept, as unreadable)
+        return None
     try:
         return read_attrs(unit.url).get("data")
     except Exception:   # a damaged copy (its zarr.json gone): `inspect --verify` names it, a run repairs it

@@ -29,7 +29,14 @@ def package_versions() -> dict:
 
 
 def build_report(store: Store, manifest: dict) -> str:
-    """Collect the run's evaluation units, write report/metrics.json and report/index.html."""
+    """Collect the run's evaluation units, write report/metrics.json and report/index.html. Each unit
+    read is checked against its commit first, as a run checks a unit it reuses (an edited
+    records.json is refused, not reported)."""
+    facts = ("units", "evaluation_units", "config", "dataset", "store", "versions", "started", "seconds", "timings")
+    missing = [k for k in facts if k not in manifest]
+    if missing:
+        raise InputError(f"{store.url}: runs/latest.json is corrupt (no {', '.join(missing)}); rerun 'metricpipe run "
+                         f"CONFIG' to rewrite it")
     records = []
     # the evaluate stage makes one evaluation unit per codes unit, in the manifest's order
     for rel, codes in zip(manifest["evaluation_units"], _codes_units(manifest)):
@@ -38,8 +45,16 @@ def build_report(store: Store, manifest: dict) -> str:
         if not unit.done():  # wiped or half-written by a later, interrupted run: never read it
             raise InputError(f"{store.url}: {rel} of the last run is not committed (a later run was interrupted?); "
                              f"rerun 'metricpipe run CONFIG --resume' to recompute it")
+        _verified(unit)
         model = _model_of(store, codes)
-        records += [{**r, "model": model} for r in unit.read_json("records.json")]
+        try:
+            found = unit.read_json("records.json")
+        except ValueError:   # (a unit committed before markers listed their files: not checked above)
+            found = None
+        if not isinstance(found, list) or not all(isinstance(r, dict) for r in found):
+            raise InputError(f"{store.url}: {rel}/records.json is not a list of metric records; rerun 'metricpipe run "
+                             f"CONFIG --repair' to recompute it")
+        records += [{**r, "model": model} for r in found]
     doc = {"run": {k: manifest[k] for k in ("config", "dataset", "store", "versions", "started", "seconds")},
            "summary": summarize(records), "definitions": definitions_of(records),
            "records": records, "timings": manifest["timings"]}
@@ -52,6 +67,20 @@ def build_report(store: Store, manifest: dict) -> str:
     store.write_text("report/metrics.json", to_json({**doc, "training": curves}))
     store.write_text("report/index.html", render_html(doc, curves))
     return store.path("report", "index.html")
+
+
+def _verified(unit, keep=None) -> None:
+    """Refuse a unit of the last run whose files are not those of its commit (``keep``: the files to
+    check, e.g. only the group's metadata of a large codes unit)."""
+    bad = unit.verify(keep=keep)
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise InputError(f"{unit.store.url}: {bad[0]}{more}; the last run's results are damaged: rerun 'metricpipe "
+                         f"run CONFIG --repair' to recompute them")
+
+
+def _metadata(rel: str) -> bool:
+    return rel == "zarr.json"
 
 
 def read_summary(store: Store) -> dict:
@@ -68,9 +97,13 @@ def _model_of(store: Store, codes_rel: str | None) -> str | None:
     """The key of the model whose codes an evaluation unit scored (the codes unit names it)."""
     if codes_rel is None:
         return None
+    unit = store.unit(*codes_rel.split("/"))
+    if not unit.done():   # a codes unit a later run wiped: the report goes on without the key
+        return None
+    _verified(unit, _metadata)
     try:
-        return read_attrs(store.unit(*codes_rel.split("/")).url).get("model")
-    except (OSError, KeyError, ValueError):   # a codes unit a later run wiped: the report goes on without the key
+        return read_attrs(unit.url).get("model")
+    except (OSError, KeyError, ValueError):
         return None
 
 
@@ -156,10 +189,11 @@ def training_curves(store: Store, manifest: dict) -> list[dict]:
     from metricpipe.storage import read_attrs
     out = []
     for rel in manifest["units"].get("models", []):
-        kind, key = rel.split("/")
-        if not store.unit(kind, key).done():
+        unit = store.unit(*rel.split("/"))
+        if not unit.done():
             continue
-        attrs = read_attrs(store.unit(kind, key).url)
+        _verified(unit, _metadata)
+        attrs = read_attrs(unit.url)
         state = attrs.get("state") or {}   # the estimator's fitted attributes (history_: its training curve)
         history = state.get("history_") or []
         if history and "member" in history[0]:   # an ensemble (SL-DE): its first member's curve

@@ -135,7 +135,7 @@ def forcing(store: Store, stage: str | None, resume: bool, log) -> tuple:
     committed are already recomputed. A run that forces nothing, or something else, or recomputes
     everything (--no-resume), starts afresh, so a stale record never spares a unit; a run that
     finishes ends the record (``stage`` None)."""
-    path = f"{store.root}/{FORCING}"
+    path = store.inside(FORCING)
     if stage is None:
         if store.fs.exists(path):
             store.fs.rm(path)
@@ -176,8 +176,8 @@ def _remove_empty(paths: list) -> None:
 def _log_workers_to_store(client, store) -> str | None:
     if not store.local:
         return None
-    os.makedirs(f"{store.root}/logs", exist_ok=True)
-    path = f"{store.root}/logs/workers-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    os.makedirs(store.inside("logs"), exist_ok=True)
+    path = store.inside(f"logs/workers-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log")
     client.run(_to_file, path)   # the workers' (the local scheduler runs in this process: its logging is ours)
     return path
 

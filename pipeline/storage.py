@@ -32,6 +32,13 @@ One run at a time writes a store: the run holds an exclusive ``flock`` on ``STOR
 records the holder's host and pid); the operating system drops it when that process ends. Object
 stores have no flock: there ``STORE/.lock`` is an object created only if absent (a conditional PUT)
 and refreshed by its holder, see :class:`ObjectLock`.
+
+A store may come from someone else, so nothing inside it is trusted: every path in a local store is
+resolved by :meth:`Store.inside`, which refuses a symbolic link anywhere below the store's folder
+(``.lock`` linked to ``~/.bashrc``, ``report`` to another folder), files are opened without
+following links and only when they are regular files, and a unit's check (:meth:`Unit.verify`) counts
+a link, a special file or a file its commit does not list as damage. (The store's folder itself may
+be a link: that one the user chose.)
 """
 import contextlib
 import errno
@@ -41,6 +48,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import threading
 import time
 import uuid
@@ -81,6 +89,12 @@ _register_zarr_exit()
 MARKER_SUFFIX = ".committed.json"
 LOCK_TRIES = 20   # a local store's lock is tried for about a second before a second writer is refused
 REPLACED = ".replaced"   # STORE/.replaced/KIND/KEY: committed units a run is recomputing (Unit.begin)
+# every kind of unit a run writes (shuffled: the SGD learners' copy of the training rows; selection: the
+# validation scores of a spec's candidates and its choice)
+KINDS = ("data", "statistics", "neighbours", "shuffled", "models", "selection", "codes", "evaluation")
+# what the store itself names below its folder (units are under KINDS): checked for links on opening
+LAYOUT = {".lock": (), REPLACED: (), "runs": ("latest.json", "forcing.json"), "report": ("metrics.json", "index.html"),
+          "logs": ()}
 
 
 def _fix(e: OSError) -> str:
@@ -190,10 +204,10 @@ class Store:
         except OSError as e:
             raise InputError(f"{self.url}: cannot create the store directory (store): {e.strerror or e}") from None
         if self.local:   # a read-only or full file system: say so now, not in a worker mid-stage
+            self.check_links()
             probe = f"{self.root}/.write-probe-{os.getpid()}"
             try:
-                with open(probe, "wb") as f:
-                    f.write(b"x")
+                os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))  # (no link followed)
                 os.remove(probe)
             except OSError as e:
                 with contextlib.suppress(OSError):
@@ -205,6 +219,73 @@ class Store:
             if self.fs.exists(self.root):
                 raise InputError(f"{self.url}: a file, not a store (a store is a folder); give the --store of a run")
             raise InputError(f"{self.url}: no such store; run 'metricpipe run CONFIG' first or check the path")
+        self.check_links()
+
+    def check_links(self) -> None:
+        """Refuse a local store holding a symbolic link where the store keeps its own files (``.lock``,
+        ``runs/latest.json``, ``report/``, a unit or its marker): every command checks this when it opens
+        the store, so a store from someone else is refused in one line before anything is read or
+        written (:meth:`inside` guards each path again as it is used; a unit's own files are checked by
+        :meth:`Unit.verify`)."""
+        if not self.local or not os.path.isdir(self.root):
+            return
+        for name, files in [*LAYOUT.items(), *((k, ()) for k in KINDS)]:
+            path = self.inside(name)
+            if not os.path.isdir(path):
+                continue
+            with os.scandir(path) as entries:
+                for e in entries:
+                    if e.name in files or (name in KINDS and is_key(e.name.removesuffix(MARKER_SUFFIX))):
+                        self.inside(f"{name}/{e.name}")
+                    elif name == REPLACED and e.is_symlink():
+                        self.inside(f"{name}/{e.name}")
+
+    def inside(self, rel: str) -> str:
+        """The path of ``rel`` (``/``-separated, inside the store) in the store's file system. On a
+        local store, refused in one line when it leaves the store or when it, or a folder between it
+        and the store's folder, is a symbolic link: nothing in a store is read or written through a
+        link (one from someone else could point at the user's files). Every path of the store comes
+        through here."""
+        parts = str(rel).split("/")
+        if any(p in ("", ".", "..") for p in parts):
+            raise InputError(f"{self.url}: {rel!r} is not a path inside the store (a damaged record names it); "
+                             f"rerun 'metricpipe run CONFIG' to rewrite it")
+        path = self.root
+        for n, part in enumerate(parts):
+            path = f"{path}/{part}"
+            if self.local and os.path.islink(path):
+                raise InputError(f"{self.url}: {'/'.join(parts[:n + 1])} is a symbolic link (to "
+                                 f"{_readlink(path)}); metricpipe reads and writes nothing through a link inside a "
+                                 f"store (a store from someone else may point at your files): remove the link, or "
+                                 f"link the store's folder itself")
+        return path
+
+    def open_file(self, rel: str, flags: int = os.O_RDONLY) -> int:
+        """A descriptor of the regular file ``rel`` of a local store, opened without following a link
+        (FileNotFoundError when there is none; with ``os.O_CREAT`` in ``flags`` it is created)."""
+        path = self.inside(rel)
+        try:   # O_NONBLOCK: a FIFO planted in the store must not hang the command
+            fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            if e.errno == errno.ELOOP:   # made a link since inside() looked
+                self.inside(rel)
+            if e.errno in (errno.EISDIR, errno.ENXIO, errno.ELOOP):
+                raise InputError(f"{self.url}: {rel} is not a regular file ({e.strerror}); remove it") from None
+            raise
+        info = os.fstat(fd)
+        # (a hard link would let the lock's truncate and write reach another file)
+        if not stat.S_ISREG(info.st_mode) or (flags & os.O_CREAT and info.st_nlink != 1):
+            os.close(fd)
+            what = "has other hard links" if stat.S_ISREG(info.st_mode) else "is not a regular file"
+            raise InputError(f"{self.url}: {rel} {what}; a store's files are its own: remove it")
+        return fd
+
+    def read_bytes(self, rel: str) -> bytes:
+        """The whole file ``rel`` of the store (see :meth:`open_file`)."""
+        if not self.local:
+            return self.fs.cat_file(self.inside(rel))
+        with os.fdopen(self.open_file(rel), "rb") as f:
+            return f.read()
 
     def check_is_store(self) -> None:
         """Refuse a path that exists but holds no metricpipe results (a folder given by mistake)."""
@@ -222,7 +303,7 @@ class Store:
     def units(self, kind: str) -> list["Unit"]:
         """The units of one kind: folders named by a :func:`hash_key` (anything else in the folder,
         e.g. a user's own ``data/raw`` in a store made in a project folder, is not the store's)."""
-        base = f"{self.root}/{kind}"
+        base = self.inside(kind)
         if not self.fs.isdir(base):
             return []
         named = [(e["name"].rstrip("/").split("/")[-1], e["type"]) for e in self.fs.ls(base, detail=True)]
@@ -232,27 +313,28 @@ class Store:
         """Put back the committed units a run set aside to recompute (:meth:`Unit.begin`) and did not
         finish: a --force or --no-resume run stopped midway leaves the store as it found it. A unit
         the run did commit keeps the new copy. Call with the lock held; returns the units restored."""
-        base = f"{self.root}/{REPLACED}"
-        if not self.local or not os.path.isdir(base):
+        if not self.local or not os.path.isdir(base := self.inside(REPLACED)):
             return []
         restored = []
-        for kind in sorted(k for k in os.listdir(base) if os.path.isdir(f"{base}/{k}")):
+        for kind in sorted(k for k in os.listdir(base) if k in KINDS and os.path.isdir(self.inside(f"{REPLACED}/{k}"))):
             for name in sorted(os.listdir(f"{base}/{kind}")):
                 if not name.endswith(MARKER_SUFFIX):
                     continue
+                if not is_key(name[:-len(MARKER_SUFFIX)]):
+                    continue
                 unit = Unit(self, kind, name[:-len(MARKER_SUFFIX)])
-                aside = unit._aside()
+                aside, root = unit._aside(), unit._root
                 if unit.done():              # the new copy was committed: the old one goes
                     unit._drop_aside()
                     continue
                 if os.path.isdir(aside):     # both moved: the unit's place holds the new writer's files
-                    if os.path.exists(unit._root):
-                        shutil.rmtree(unit._root)
-                    os.replace(aside, unit._root)
-                elif not os.path.isdir(unit._root):   # no files to go with the marker (deleted by hand)
+                    if os.path.exists(root):
+                        shutil.rmtree(root)
+                    os.replace(aside, root)
+                elif not os.path.isdir(root):   # no files to go with the marker (deleted by hand)
                     os.remove(aside + MARKER_SUFFIX)
                     continue
-                os.replace(aside + MARKER_SUFFIX, unit._root + MARKER_SUFFIX)   # the marker last
+                os.replace(self.inside(f"{REPLACED}/{unit.rel}{MARKER_SUFFIX}"), unit._marker)   # the marker last
                 restored.append(unit.rel)
         shutil.rmtree(base, ignore_errors=True)   # what is left had its marker dropped: the new copy committed
         return restored
@@ -275,8 +357,8 @@ class Store:
                     self._held = None
             return
         import fcntl
-        path = f"{self.root}/.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.check_links()
+        fd = self.open_file(".lock", os.O_RDWR | os.O_CREAT)   # no link followed, a regular file only
         try:
             for attempt in range(tries):   # a probe (gc's listing, a store's opening) holds it for an instant
                 try:
@@ -298,16 +380,11 @@ class Store:
 
     def holder(self) -> str:
         """Who the lock file of a local store names as its holder ("pid N on HOST (what)")."""
-        owner = self._lock_owner(f"{self.root}/.lock")
-        return f"pid {owner.get('pid')} on {owner.get('host')} ({owner.get('what')})" if owner else "another process"
-
-    @staticmethod
-    def _lock_owner(path: str) -> dict | None:
         try:
-            with open(path) as f:
-                return json.load(f)
-        except (OSError, ValueError):
-            return None
+            owner = self.read_json(".lock")
+        except (OSError, ValueError):   # (InputError too: a link or a FIFO names nobody)
+            owner = None
+        return _holder(owner) if isinstance(owner, dict) else "another process"
 
     def check_held(self, doing: str) -> None:
         """Refuse to change the store once this process's ObjectLock was found taken over."""
@@ -331,35 +408,90 @@ class Store:
     def write_text(self, rel: str, text: str) -> None:
         """Write a small file atomically (temporary name, then rename; on an object store one PUT, which
         readers see whole or not at all)."""
-        target = f"{self.root}/{rel}"
+        target = self.inside(rel)
         if not self.local:
             self.check_held(f"writing {rel}")
             self.fs.pipe_file(target, text.encode())
             return
-        self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
         tmp = f"{target}.tmp-{os.getpid()}"
         try:
-            self.fs.pipe_file(tmp, text.encode())
-            self.fs.mv(tmp, target)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)   # a killed writer's (a link there: the link goes, not its target)
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644), "wb") as f:
+                f.write(text.encode())
+            os.replace(tmp, target)   # replaces the name: a link there would be replaced, not written through
         except OSError as e:      # a full disk or a read-only store: no half file, no stray temporary
-            with contextlib.suppress(OSError, FileNotFoundError):
-                self.fs.rm(tmp)
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
             raise InputError(f"{target}: cannot write ({e.strerror or e}); {_fix(e)}") from None
 
     def read_json(self, rel: str):
-        with self.fs.open(f"{self.root}/{rel}", "r") as f:
-            return json.load(f)
+        return json.loads(self.read_bytes(rel))
 
     def last_run(self, why: str = "") -> dict:
         """The last finished run's manifest (``runs/latest.json``); a one-line InputError when there is
-        none or it is corrupt (``why``: what the caller needs it for, said in the message)."""
+        none or it is corrupt (``why``: what the caller needs it for, said in the message), or when it
+        is not of the shape a run writes (:func:`manifest_problem`: it names units and report facts)."""
         try:
-            return self.read_json("runs/latest.json")
+            manifest = self.read_json("runs/latest.json")
         except FileNotFoundError:
             raise InputError(f"{self.url}: no finished run in this store (runs/latest.json missing){why}; "
                              f"run 'metricpipe run CONFIG' first") from None
+        except InputError:   # a link, a FIFO
+            raise
         except ValueError:   # JSONDecodeError, UnicodeDecodeError
             raise InputError(f"{self.url}: runs/latest.json is corrupt; rerun 'metricpipe run CONFIG'") from None
+        problem = manifest_problem(manifest)
+        if problem:
+            raise InputError(f"{self.url}: runs/latest.json is corrupt ({problem}); rerun 'metricpipe run CONFIG' to "
+                             f"rewrite it")
+        return manifest
+
+
+def _unit_ref(value, kinds=KINDS) -> bool:
+    """Whether ``value`` is a unit's store path ``KIND/KEY`` (KIND among ``kinds``)."""
+    if not isinstance(value, str) or value.count("/") != 1:
+        return False
+    kind, key = value.split("/")
+    return kind in kinds and is_key(key)
+
+
+def _number(value) -> float | None:
+    """``value`` as a finite float, or None when it is not a finite number (JSON's 1e400 is inf)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if np.isfinite(value) else None
+
+
+def manifest_problem(doc) -> str | None:
+    """What is wrong with a run manifest (``runs/latest.json``) as gc, report and inspect read it, or
+    None: a mapping whose units are ``KIND/KEY`` paths of their kind (nothing outside the store), with
+    numbers, lists and mappings where the runner writes them."""
+    if not isinstance(doc, dict):
+        return f"a {type(doc).__name__}, not a mapping"
+    units = doc.get("units", {})
+    if not isinstance(units, dict):
+        return "units: not a mapping"
+    for name, value in units.items():
+        kinds = (name,) if name in KINDS else KINDS
+        if not (value is None or _unit_ref(value, kinds) or
+                (isinstance(value, list) and all(_unit_ref(v, kinds) for v in value))):
+            return f"units.{name}: not {name}/KEY paths"
+    ev = doc.get("evaluation_units", [])
+    if not isinstance(ev, list) or not all(_unit_ref(v, ("evaluation",)) for v in ev):
+        return "evaluation_units: not a list of evaluation/KEY paths"
+    for name in ("started", "seconds"):
+        if name in doc and _number(doc[name]) is None:
+            return f"{name}: not a number"
+    for name, kind in (("config", dict), ("dataset", dict), ("versions", dict), ("timings", list), ("skipped", list)):
+        if name in doc and not isinstance(doc[name], kind):
+            return f"{name}: not a {'mapping' if kind is dict else 'list'}"
+    if not all(isinstance(t, dict) and isinstance(t.get("stage"), str) and _number(t.get("seconds")) is not None
+               for t in doc.get("timings", [])):
+        return "timings: not a list of {stage, seconds}"
+    return None
 
 
 # ---- the one-writer lock on object storage ---------------------------------------------------------
@@ -377,7 +509,8 @@ class ObjectLock:
     on exit. A run killed before that leaves it behind; the next writer takes it over (again
     ``If-Match``, so of two writers that both find it stale one wins) when its holder is gone: on
     the same host, its process no longer runs; elsewhere, it was not refreshed for LOCK_LEASE
-    seconds (hosts' clocks must agree to well within that). Otherwise the second writer gets a
+    seconds (hosts' clocks must agree to well within that), or its record holds no time of refresh
+    or one more than LOCK_LEASE ahead (a damaged record no holder wrote). Otherwise the second writer gets a
     one-line error naming the holder. A holder whose refresh finds the lock taken (it was paused
     past its lease) writes no further marker, manifest or report (:meth:`Store.write_text`).
 
@@ -407,8 +540,9 @@ class ObjectLock:
                 continue
             why = _gone(holder)
             if why is None:
-                raise InputError(f"{self.url}: the store is in use by {_holder(holder)}, lock refreshed "
-                                 f"{time.time() - float(holder.get('refreshed', 0)):.0f} s ago (STORE/.lock); wait "
+                refreshed = _number(holder.get("refreshed"))
+                ago = f", lock refreshed {time.time() - refreshed:.0f} s ago" if refreshed is not None else ""
+                raise InputError(f"{self.url}: the store is in use by {_holder(holder)}{ago} (STORE/.lock); wait "
                                  f"for it to finish, or if that run is gone 'metricpipe unlock {self.url}' (a lock "
                                  f"not refreshed for {LOCK_LEASE:.0f} s is taken over)")
             self.etag = self._write(expect=(etag, holder.get("token")))
@@ -521,14 +655,19 @@ def _alive_here(record: dict) -> bool:
     if record.get("host") != socket.gethostname():
         return False
     started = _started(record.get("pid"))
-    return started is not None and (started == -1.0 or abs(started - float(record.get("pid_started") or 0)) < 1)
+    return started is not None and (started == -1.0 or abs(started - (_number(record.get("pid_started")) or 0)) < 1)
 
 
 def _gone(record: dict) -> str | None:
     """Why the lock ``record`` belongs to a run that is gone, or None while it may be running."""
     if record.get("host") == socket.gethostname():
         return None if _alive_here(record) else f"pid {record.get('pid')} no longer runs on this host"
-    age = time.time() - float(record.get("refreshed", 0))
+    refreshed = _number(record.get("refreshed"))
+    if refreshed is None:   # a holder writes its clock's time: this record is damaged, so nobody refreshes it
+        return f"its record's refresh time {record.get('refreshed')!r} is not a time"
+    age = time.time() - refreshed
+    if age < -LOCK_LEASE:   # hosts' clocks agree to well within a lease: no holder wrote this
+        return f"its record's refresh time is {-age:.0f} s in the future"
     return f"not refreshed for {age:.0f} s" if age > LOCK_LEASE else None
 
 
@@ -539,7 +678,15 @@ class Unit:
         self.store, self.kind, self.key = store, kind, key
         self.rel = f"{kind}/{key}"
         self.url = store.path(kind, key)
-        self._root = f"{store.root}/{kind}/{key}"
+
+    @property
+    def _root(self) -> str:
+        """The unit's folder (:meth:`Store.inside`: never through a link)."""
+        return self.store.inside(self.rel)
+
+    @property
+    def _marker(self) -> str:
+        return self.store.inside(self.rel + MARKER_SUFFIX)
 
     def exists(self) -> bool:
         """Whether anything of the unit is on disk (committed or left by an interrupted writer)."""
@@ -561,7 +708,7 @@ class Unit:
     def marker_damaged(self) -> bool:
         """Whether the commit marker exists but is not a whole record of this unit (truncated by a full
         disk or a torn copy): then the unit is not committed, and verification says so."""
-        if not self.store.fs.exists(self._root + MARKER_SUFFIX):
+        if not self.store.fs.exists(self._marker):
             return False
         return not self.done()
 
@@ -578,7 +725,7 @@ class Unit:
         self.store.fs.makedirs(self._root, exist_ok=True)
 
     def _aside(self) -> str:
-        return f"{self.store.root}/{REPLACED}/{self.kind}/{self.key}"
+        return self.store.inside(f"{REPLACED}/{self.rel}")
 
     def _set_aside(self) -> None:
         """Move the committed unit under STORE/.replaced/: its marker first, so that a process killed
@@ -586,37 +733,39 @@ class Unit:
         :meth:`Store.restore_replaced` puts back together."""
         self.store.check_held(f"writing {self.rel}")
         aside = self._aside()
+        aside_marker = self.store.inside(f"{REPLACED}/{self.rel}{MARKER_SUFFIX}")
         os.makedirs(os.path.dirname(aside), exist_ok=True)
-        for path in (aside + MARKER_SUFFIX, aside):   # an older set-aside copy of this unit
+        for path in (aside_marker, aside):   # an older set-aside copy of this unit
             if os.path.isdir(path):
                 shutil.rmtree(path)
             elif os.path.exists(path):
                 os.remove(path)
-        os.replace(self._root + MARKER_SUFFIX, aside + MARKER_SUFFIX)
+        os.replace(self._marker, aside_marker)
         os.replace(self._root, aside)
 
     def _drop_aside(self) -> None:
+        if not self.store.local:
+            return
         aside = self._aside()
-        if self.store.local and os.path.exists(aside + MARKER_SUFFIX):
-            os.remove(aside + MARKER_SUFFIX)     # marker first: a half-removed copy is never restored
+        marker = self.store.inside(f"{REPLACED}/{self.rel}{MARKER_SUFFIX}")
+        if os.path.exists(marker):
+            os.remove(marker)     # marker first: a half-removed copy is never restored
             shutil.rmtree(aside, ignore_errors=True)
 
     def remove(self, doing: str | None = None) -> None:
         """Remove the unit: its commit marker first, so that a writer killed midway leaves an
         unfinished unit (wiped by the next writer), never a committed one with files missing."""
         self.store.check_held(doing or f"removing {self.rel}")
-        fs = self.store.fs
-        if fs.exists(self._root + MARKER_SUFFIX):
-            fs.rm(self._root + MARKER_SUFFIX)
-        if fs.exists(self._root):
-            fs.rm(self._root, recursive=True)
+        fs, marker, root = self.store.fs, self._marker, self._root
+        if fs.exists(marker):
+            fs.rm(marker)
+        if fs.exists(root):
+            fs.rm(root, recursive=True)
 
     def nbytes(self) -> int:
         """Bytes of the unit's files and its commit marker."""
-        fs = self.store.fs
-        marker = self._root + MARKER_SUFFIX
-        return (sum(self.file_sizes().values()) if fs.exists(self._root) else 0) + \
-            (int(fs.info(marker)["size"]) if fs.exists(marker) else 0)
+        fs, marker = self.store.fs, self._marker
+        return sum(self.file_sizes().values()) + (int(fs.info(marker)["size"]) if fs.exists(marker) else 0)
 
     def discard(self) -> None:
         """Remove an uncommitted unit's files (a candidate whose fit failed: nothing to resume). Best
@@ -636,9 +785,39 @@ class Unit:
         self._drop_aside()   # the unit it replaces, set aside by begin()
 
     def file_sizes(self) -> dict:
-        """{path inside the unit: size in bytes} for every file of the unit."""
-        found = self.store.fs.find(self._root, detail=True)
-        return {path[len(self._root) + 1:]: int(info["size"]) for path, info in sorted(found.items())}
+        """{path inside the unit: size in bytes} for every regular file of the unit (:meth:`tree`)."""
+        return self.tree()[0]
+
+    def tree(self) -> tuple[dict, dict]:
+        """({path inside the unit: size} of its regular files, {path: what it is} of anything else in
+        it: a symbolic link (never followed), a FIFO, a device). Object stores hold files only."""
+        root = self._root
+        if not self.store.local:
+            found = self.store.fs.find(root, detail=True)
+            return {path[len(root) + 1:]: int(info["size"]) for path, info in sorted(found.items())}, {}
+        files, odd = {}, {}
+
+        def walk(folder: str, prefix: str) -> None:
+            try:
+                with os.scandir(folder) as it:
+                    entries = sorted(it, key=lambda e: e.name)
+            except FileNotFoundError:
+                return
+            except NotADirectoryError:
+                odd[prefix.rstrip("/")] = "a file, not a folder"
+                return
+            for e in entries:
+                name = prefix + e.name
+                if e.is_symlink():
+                    odd[name] = f"a symbolic link (to {_readlink(e.path)})"
+                elif e.is_dir(follow_symlinks=False):
+                    walk(e.path, name + "/")
+                elif e.is_file(follow_symlinks=False):
+                    files[name] = int(e.stat(follow_symlinks=False).st_size)
+                else:
+                    odd[name] = "not a regular file"
+        walk(root, "")
+        return dict(sorted(files.items())), odd
 
     def checksums(self, sums: dict | None = None, names=None) -> dict:
         """{path inside the unit: [size, CRC-32]} for ``names`` (default every file of the unit)."""
@@ -651,14 +830,28 @@ class Unit:
         (``sums``: checksums already taken of some of them, e.g. by workers; ``keep``: a test on
         the file's name within the unit, to check only those files)."""
         listed = self.meta().get("files")
+        try:
+            found, odd = self.tree()
+        except InputError as e:   # the unit's folder (or its kind's) is a link
+            return [str(e).removeprefix(f"{self.store.url}: ")]
+        bad = [f"{self.rel}/{rel}: {what}; a unit holds regular files only (a store from someone else?)"
+               for rel, what in odd.items()]
         if listed is None:  # committed before checksums were recorded: nothing to compare
-            return []
-        bad = []
+            return bad
+        if not _file_list(listed):
+            return bad + [f"{self.rel}{MARKER_SUFFIX}: its list of files is malformed"]
+        # a file the commit does not list is damage too: an array added to a model's group is read
+        bad += [f"{self.rel}/{rel}: not among the files of its commit (added since)" for rel in found
+                if rel not in listed]
+        root = self._root
         for rel, (size, crc) in listed.items():
-            if keep is not None and not keep(rel):
+            if (keep is not None and not keep(rel)) or rel in odd:
+                continue
+            if rel not in found:
+                bad.append(f"{self.rel}/{rel}: missing (zarr would read it as the fill value)")
                 continue
             try:
-                now_size, now_crc = (sums or {}).get(rel) or size_crc(self.store.fs, f"{self._root}/{rel}")
+                now_size, now_crc = (sums or {}).get(rel) or size_crc(self.store.fs, f"{root}/{rel}")
             except FileNotFoundError:
                 bad.append(f"{self.rel}/{rel}: missing (zarr would read it as the fill value)")
                 continue
@@ -673,6 +866,20 @@ class Unit:
 
     def read_json(self, name: str):
         return self.store.read_json(f"{self.rel}/{name}")
+
+
+def _file_list(listed) -> bool:
+    """Whether a commit's ``files`` is {name: [size, CRC-32]} (a hand-made marker may hold anything)."""
+    return isinstance(listed, dict) and all(
+        isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+        for v in listed.values())
+
+
+def _readlink(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "?"
 
 
 def size_crc(fs, path: str) -> list[int]:

@@ -216,6 +216,16 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         return tags
 
     # -- storage: the pipeline saves the fitted attributes and rebuilds the estimator from them --------
+    #: the fitted attributes a class adds to its bases' (:meth:`declared_state` collects them): the
+    #: only ones :meth:`from_state` sets, so an array added to a stored model (a store made by
+    #: someone else) cannot change what the rebuilt estimator computes (Identity given components_)
+    fitted_attributes: tuple = ("n_features_in_", "feature_names_in_")
+
+    @classmethod
+    def declared_state(cls) -> frozenset:
+        """Every fitted attribute the class declares (its ``fitted_attributes`` and its bases')."""
+        return frozenset(a for c in cls.__mro__ for a in vars(c).get("fitted_attributes", ()))
+
     def fitted_state(self) -> dict:
         """Every fitted attribute (public, ending in ``_``): arrays, scipy sparse arrays, numbers,
         strings and JSON-able lists/dicts. The pipeline stores arrays in Zarr and the rest as JSON."""
@@ -224,10 +234,13 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
 
     @classmethod
     def from_state(cls, params: dict, state: dict) -> "Learner":
-        """The fitted estimator from its parameters and :meth:`fitted_state`."""
+        """The fitted estimator from its parameters and :meth:`fitted_state`; an attribute the class
+        does not declare (:meth:`declared_state`) is not set."""
         est = cls(**params)
+        declared = cls.declared_state()
         for k, v in state.items():
-            setattr(est, k, v)
+            if k in declared:
+                setattr(est, k, v)
         return est
 
     #: whether ``dim`` starts from the PCA directions (so it cannot exceed the number of features)

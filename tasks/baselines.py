@@ -38,6 +38,7 @@ class LinearCodes:
 class _StatisticsLearner(LinearCodes, Learner):
     """A learner defined by the data's moments (mean, covariance, class scatters, PCA basis)."""
     needs_labels = False
+    fitted_attributes = ("fit_meta_",)   # components_ and offset_: the learners that project
 
     def fit(self, X, y=None):
         """Fit on rows X (n_samples, n_features) with labels y (n_samples,) (used by LDA only).
@@ -95,6 +96,7 @@ class PCA(_StatisticsLearner):
     dim : int or None, default=None
     """
     method = "pca"
+    fitted_attributes = ("components_", "offset_")
     dim_within_features = True
     _parameter_constraints = {"dim": DIM_OR_NONE}
 
@@ -121,6 +123,7 @@ class PCAWhitening(_StatisticsLearner):
         Regularisation relative to the largest variance.
     """
     method = "pcaw"
+    fitted_attributes = ("components_", "offset_")
     dim_within_features = True
     _parameter_constraints = {"dim": DIM_OR_NONE, "eps": NON_NEGATIVE}
 
@@ -161,6 +164,7 @@ class LDA(_StatisticsLearner):
         weighted class means relative to the largest) below it are dropped.
     """
     method = "lda"
+    fitted_attributes = ("components_", "offset_", "classes_")
     needs_labels = True
     needs_dense_covariance = True
     _parameter_constraints = {"dim": DIM_OR_NONE, "tol": NON_NEGATIVE}
@@ -220,6 +224,7 @@ class RandomProjection(_StatisticsLearner):
     random_state : int, RandomState or None, default=None (seed 0)
     """
     method = "random"
+    fitted_attributes = ("components_", "offset_")
     _parameter_constraints = {"dim": DIM_OR_NONE, "random_state": RANDOM_STATE}
 
     def __init__(self, dim=None, random_state=None):

@@ -462,6 +462,7 @@ class _MetricLearner(Learner):
 
     Codes are ``x @ components_`` with ``components_ = W.T`` (D, dim).
     """
+    fitted_attributes = ("components_", "classes_", "history_", "lr_", "best_iter_", "val_error_")
     dim_within_features = True
     DEFAULT_DIM = 32   # dim None: this many PCA directions, or all of them when the data has fewer
 
@@ -663,6 +664,7 @@ class _MetricLearner(Learner):
 class _NCMClassifier(ClassifierMixin):
     """predict / predict_proba of the nearest-class-mean rule (Eq. 5), its mixture (Eq. 22) or its
     dot form with class biases (Eq. 27), over ``centroids_`` (input space) and their classes."""
+    fitted_attributes = ("centroids_", "centroid_classes_", "class_bias_")
 
     def _class_scores(self, X):
         from sklearn.utils.validation import check_is_fitted
@@ -794,6 +796,7 @@ class NCMML(_NCMClassifier, _MetricLearner):
     search_space_when = {("objective", "dot"): {"lr": [1.0, 0.3, 3.0, 10.0, 0.1]}}
 
     method = "ncmml"
+    fitted_attributes = ("val_error_new_classes_", "best_iter_new_classes_")
     _parameter_constraints = {**_SGD_CONSTRAINTS, "objective": [StrOptions({"euclidean", "dot"})]}
 
     def __init__(self, dim=None, objective="euclidean", batch=1000, lr=None, iters=2000, validate_every=100,

@@ -387,6 +387,8 @@ class _PairLearner(Learner):
     without validation).
     """
     _kind = ""
+    fitted_attributes = ("L_", "bias_", "classes_", "history_", "best_iter_", "val_map_", "pairs_seen_", "n_pairs_",
+                         "n_steps_", "pair_source_")
 
     def validates(self) -> bool:
         return self.validation > 0

@@ -214,6 +214,7 @@ class SLEM(_PoolLearner):
     selection_metric = "map"
 
     method = "slem"
+    fitted_attributes = ("cholesky_", "mean_", "n_negatives_", "ridge_")
     code_metric = "euclidean"
     needs_dense_covariance = True
     _parameter_constraints = {"lam": NON_NEGATIVE, "kernel": [StrOptions({"linear"})], "negatives": [dict, None]}
@@ -507,6 +508,8 @@ class KernelSLEM(_PoolLearner):
     selection_metric = "map"
 
     method = "slem"
+    fitted_attributes = ("cholesky_", "pool_", "projector_", "factor_mean_", "factor_info_", "gamma_", "rank_",
+                         "ridge_")
     _parameter_constraints = {
         "lam": POSITIVE,
         "kernel": [StrOptions({"gaussian", "poly"})],
@@ -688,6 +691,7 @@ class ESVM(_PoolLearner):
     selection_metric = "map"
 
     method = "esvm"
+    fitted_attributes = ("pool_", "seed_", "scale_")
     code_metric = "euclidean"
     _parameter_constraints = {"lam": NON_NEGATIVE, "theta": NON_NEGATIVE, "epochs": COUNT, "batch": COUNT,
                               "negatives": [dict, None], "random_state": RANDOM_STATE}

@@ -433,6 +433,7 @@ class _Bilinear(Learner):
     part of M_, :func:`factor`); ``classes_``; ``history_`` (JSON-able list).
     """
     code_metric = "inner"
+    fitted_attributes = ("mean_", "basis_", "M_", "factor_", "classes_", "history_")
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -743,6 +744,7 @@ class SLDE(_Bilinear):
     selection_metric = "softvote10"
 
     method = "slde"
+    fitted_attributes = ("member_matrices_",)
 
     def check_data_shape(self, n_features: int, n_classes: int) -> None:
         super().check_data_shape(n_features, n_classes)

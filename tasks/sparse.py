@@ -393,6 +393,7 @@ class SparseProjector(Learner):
         return {} if params.get("sparsity", 0.9) == 0 else cls.search_space
 
     method = "sparse"
+    fitted_attributes = ("projectors_", "bias_", "classes_", "history_", "best_iter_", "val_map_", "n_iter_")
     DEFAULT_DIM = 64       # compact codes, as the paper's R = 32 to 256: D projectors would not compress
     dim_within_features = True
     code_metric = "inner"

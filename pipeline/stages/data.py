@@ -108,8 +108,26 @@ class DataPlan:
     pairs: dict | None = None   # user pairs for NML / linear ML (pair_i, pair_j, pair_y)
 
 
+def check_store_outside_data(cfg: RunConfig, store) -> None:
+    """Refuse a store inside the folder it stages (a Zarr source; an IDX folder is read file by file):
+    the data's key holds a fingerprint of every file in that folder, the store's among them, so each
+    run found new data and staged it again; and every command on the store would write into the
+    dataset. Refused, not left out of the fingerprint: a dataset is no place for results
+    (``data.verify_source`` would hash them too)."""
+    data = Path(cfg.data.path) if cfg.data.path else None
+    if data is None or not data.is_dir() or not ((data / "zarr.json").exists() or data.suffix.lower() == ".zarr") \
+            or not getattr(store, "local", False):
+        return
+    data, root = data.resolve(), Path(store.root).resolve()
+    if root == data or data in root.parents:
+        raise InputError(f"{cfg.source_file}: store: {store.url} is inside data.path {data}, the folder it stages (its "
+                         f"files would change the data's fingerprint, so every run would stage it again); choose a "
+                         f"store outside {data}")
+
+
 def prepare_data(cfg: RunConfig, store) -> DataPlan:
     """Open the source lazily and check labels, splits, groups and ids on the client (cheap, 1-D)."""
+    check_store_outside_data(cfg, store)
     src = open_source(cfg.data)
     n, D = int(src.reader.shape[0]), int(np.prod(src.reader.shape[1:]))
     if n == 0 or D == 0:

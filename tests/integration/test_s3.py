@@ -4,6 +4,7 @@ resumed, ``inspect --verify`` and the one-writer lock, with metrics identical to
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -223,6 +224,24 @@ def test_a_lock_from_another_host_holds_for_its_lease_and_unlock_clears_it(s3):
     with Store(url).lock(log=said.append) as held:
         assert json.loads(s3.cat_file(f"{prefix}/.lock"))["token"] == held.me["token"]
     assert said and "not refreshed for 125 s" in said[0]
+    assert not s3.exists(f"{prefix}/.lock")
+
+
+@pytest.mark.parametrize("refreshed, why", [('"yesterday"', "refresh time 'yesterday' is not a time"),
+                                             ("1e400", "refresh time inf is not a time"),   # JSON's inf
+                                             (None, "refresh time None is not a time"),
+                                             (str(10 ** 10), r"refresh time is \d+ s in the future")])
+def test_a_lock_whose_refresh_time_is_not_a_time_is_stale(s3, refreshed, why):
+    """A lock object with "refreshed": "yesterday" was a ValueError traceback; with 1e400 (inf) it was
+    never stale, so no run could take the store until someone ran unlock."""
+    prefix = f"{BUCKET}/damaged-lock"
+    record = '{"host": "elsewhere", "pid": 4242, "what": "metricpipe run", "token": "x"%s}' % (
+        f', "refreshed": {refreshed}' if refreshed else "")
+    s3.pipe_file(f"{prefix}/.lock", record.encode())
+    said = []
+    with Store(f"s3://{prefix}").lock(log=said.append) as held:
+        assert json.loads(s3.cat_file(f"{prefix}/.lock"))["token"] == held.me["token"]
+    assert len(said) == 1 and re.search(f"from pid 4242 on elsewhere \\(metricpipe run\\): its record's {why}", said[0])
     assert not s3.exists(f"{prefix}/.lock")
 
 

@@ -403,6 +403,27 @@ def test_store_path_that_is_a_file(tmp_path):
     assert res.exit_code == 2 and "store path is a file" in res.output
 
 
+@pytest.mark.parametrize("where", ["the folder itself", "a folder in it"])
+def test_a_store_inside_the_folder_it_stages_is_refused(tmp_path, where):
+    """A store inside its own data folder (a Zarr source) staged the data again on every run: the
+    data's fingerprint lists every file of the folder, the store's among them."""
+    import zarr
+    X, y = make_blobs(n=120, d=6)
+    data = tmp_path / "d.zarr"
+    g = zarr.open_group(str(data), mode="w")
+    g.create_array("X", data=X)
+    g.create_array("y", data=y)
+    before = _digest(data)
+    store = data if where == "the folder itself" else data / "results"
+    for args in (("run", _config(tmp_path, {"path": str(data)}, store=str(store))),
+                 ("stage", data, "--store", store)):
+        res = _invoke(*args)
+        assert res.exit_code == 2 and len(res.output.splitlines()) == 1, res.output
+        said = "data.path" if args[0] == "run" else "SOURCE"   # (the stage command names its argument)
+        assert f"store: {store} is inside {said} {data}, the folder it stages" in res.output, res.output
+        assert _digest(data) == before and not (data / "results").exists()
+
+
 @pytest.mark.integration
 def test_rerun_reuses_every_stage_and_gives_the_same_report(good_store):
     cfg = good_store / "cfg.yaml"

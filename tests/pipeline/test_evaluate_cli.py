@@ -143,6 +143,29 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path):
         _fail(args, match)
 
 
+def test_queries_or_reference_that_are_the_embeddings_themselves_exit_2(tmp_path):
+    """`evaluate X.npy --queries X.npy` scored the set against itself without a word: every query found
+    itself at distance 0 (precision@1 1.0), which leaving out --queries avoids (its own row left out)."""
+    import shutil
+    X, y = tied_case(0, n_ref=40)
+    np.save(tmp_path / "X.npy", X)
+    np.save(tmp_path / "y.npy", y)
+    np.savez(tmp_path / "ok.npz", X=X, y=y)
+    shutil.copy(tmp_path / "ok.npz", tmp_path / "copy.npz")
+    (tmp_path / "link.npz").symlink_to(tmp_path / "ok.npz")
+    cases = [
+        ([tmp_path / "X.npy", "--labels", tmp_path / "y.npy", "--queries", tmp_path / "X.npy", "--query-labels",
+          tmp_path / "y.npy"],
+         r"X.npy: --queries is the same file as EMBEDDINGS \(.*X.npy\): each of its rows would find itself as its "
+         r"nearest neighbour; leave out --queries"),
+        ([tmp_path / "ok.npz", "--queries", tmp_path / "link.npz"], r"link.npz: --queries is the same file as"),
+        ([tmp_path / "ok.npz", "--queries", tmp_path / "copy.npz"], r"copy.npz: --queries holds the same bytes as"),
+        ([tmp_path / "ok.npz", "--reference", tmp_path / "copy.npz"], r"copy.npz: --reference holds the same bytes as"),
+    ]
+    for args, match in cases:
+        _fail(args, match)
+
+
 @pytest.mark.integration
 def test_non_finite_embeddings_exit_2_naming_file_and_rows(client, tmp_path):
     X, y = tied_case(0, n_ref=40)

@@ -155,6 +155,30 @@ def test_gc_without_a_readable_last_run_removes_nothing(store, latest, match):
     assert sorted(store.fs.find(store.root)) == before
 
 
+@pytest.mark.parametrize("latest, problem", [
+    ("[]", "a list, not a mapping"),
+    ('{"units": 5}', "units: not a mapping"),
+    ('{"units": {"models": [3]}}', "units.models: not models/KEY paths"),
+    ('{"units": {"data": "data/../../../home"}}', "units.data: not data/KEY paths"),   # outside the store
+    ('{"units": {}, "evaluation_units": "evaluation/0123456789abcdef"}', "evaluation_units: not a list"),
+    ('{"units": {}, "started": "yesterday"}', "started: not a number"),
+    ('{"units": {}, "timings": [1]}', "timings: not a list of"),
+])
+def test_a_manifest_of_the_wrong_shape_is_one_line_for_gc_report_and_inspect(store, latest, problem):
+    """runs/latest.json of the wrong shape was a TypeError (or AttributeError) traceback in gc and report."""
+    store.fs.pipe_file(f"{store.root}/runs/latest.json", latest.encode())
+    before = sorted(store.fs.find(store.root))
+    for cmd in (("gc", store.url, "--delete"), ("report", store.url)):
+        res = CliRunner().invoke(main, [str(a) for a in cmd])
+        assert res.exit_code == 2 and len(res.output.splitlines()) == 1, (cmd, res.output)
+        assert res.output.startswith(f"error: {store.url}: runs/latest.json is corrupt ({problem}"), res.output
+    assert sorted(store.fs.find(store.root)) == before
+    checked, problems = verify_store(store.url)
+    assert any(p.startswith(f"runs/latest.json is corrupt ({problem}") for p in problems)
+    res = _invoke("inspect", store.url)
+    assert res.exit_code == 0 and "last run: runs/latest.json is corrupt" in res.output
+
+
 def test_gc_of_a_folder_that_is_not_a_store(tmp_path):
     res = _invoke("gc", tmp_path)
     assert res.exit_code == 2 and res.output.startswith("error:")

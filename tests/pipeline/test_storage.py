@@ -256,3 +256,104 @@ def test_a_force_continued_reuses_only_what_its_own_stopped_attempts_committed(t
     plain = attempt(None)                        # a run that forces nothing ends the record
     assert plain.forced_by == () and not (tmp_path / "s" / FORCING).exists()
     assert attempt("train").forced_by == ()
+
+
+# ---- a store from someone else: no link followed, no file outside the store written ---------------
+
+def _victim(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's own file")
+    return victim
+
+
+def test_a_lock_that_is_a_link_a_hard_link_or_a_fifo_is_refused_and_its_target_left_alone(tmp_path):
+    """The lock opened STORE/.lock following links, truncated it and wrote JSON: `ln -s ~/victim.txt
+    st/.lock; metricpipe gc st` overwrote the victim; so did `models` and `inspect` on a store with a
+    .replaced/ folder (they take the lock to restore set-aside units)."""
+    import os
+    victim = _victim(tmp_path)
+    root = tmp_path / "s"
+    (root / "models").mkdir(parents=True)
+    (root / ".lock").symlink_to(victim)
+    with pytest.raises(InputError, match=r"s: \.lock is a symbolic link \(to .*victim\.txt\); .* remove the link"):
+        with Store(str(root)).lock():
+            pass
+    (root / ".replaced" / "models").mkdir(parents=True)
+    assert Store(str(root)).restored == []                      # opening it restores nothing, locks nothing
+    with pytest.raises(InputError, match=r"\.lock is a symbolic link"):
+        Store(str(root)).check_is_store()                        # every command refuses the store
+    (root / ".lock").unlink()
+    os.link(victim, root / ".lock")                              # a hard link reaches the file as well
+    with pytest.raises(InputError, match=r"\.lock has other hard links"):
+        with Store(str(root)).lock():
+            pass
+    (root / ".lock").unlink()
+    os.mkfifo(root / ".lock")                                    # opened without O_NONBLOCK, a FIFO blocks
+    with pytest.raises(InputError, match=r"\.lock is not a regular file"):
+        with Store(str(root)).lock():
+            pass
+    assert victim.read_text() == "the user's own file"
+
+
+@pytest.mark.parametrize("link", ["report", "runs", "runs/latest.json", "models", "models/KEY",
+                                  "models/KEY.committed.json", ".replaced"])
+def test_no_command_reads_or_writes_through_a_link_in_the_store(tmp_path, link):
+    """A `report` linked to another folder got index.html written there; every path of the store now
+    goes through Store.inside, which refuses a link anywhere below the store's folder."""
+    import shutil
+    victim, elsewhere = _victim(tmp_path), tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("mine")
+    st = Store(str(tmp_path / "s"))
+    key = "a" * 16
+    unit = st.unit("models", key)
+    unit.begin()
+    save_arrays(unit.url, {"w": np.ones(2)})
+    unit.commit({})
+    st.write_text("runs/latest.json", '{"units": {}}')
+    st.write_text("report/index.html", "old")
+    (tmp_path / "s" / ".replaced" / "models").mkdir(parents=True)
+    path = tmp_path / "s" / link.replace("KEY", key)
+    shutil.move(path, elsewhere / path.name)                     # what was there now lives outside, linked
+    path.symlink_to(victim if (elsewhere / path.name).is_file() else elsewhere / path.name)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and not p.is_relative_to(tmp_path / "s")}
+    with pytest.raises(InputError, match=r"is a symbolic link \(to .*\); metricpipe reads and writes nothing"):
+        Store(str(tmp_path / "s")).check_exists()
+    for attempt in (lambda: st.write_text("report/index.html", "new"), lambda: st.read_json("runs/latest.json"),
+                    st.last_run, unit.begin, unit.remove, lambda: st.write_text(f"models/{key}.committed.json", "{}")):
+        try:
+            attempt()
+        except InputError as e:
+            assert "is a symbolic link" in str(e)
+    assert not unit.done() or link not in ("models", "models/KEY", "models/KEY.committed.json")
+    after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and not p.is_relative_to(tmp_path / "s")}
+    assert after == before
+
+
+def test_verify_counts_a_file_its_commit_does_not_list_a_link_or_a_fifo_as_damage(tmp_path):
+    """An array added to a committed model's group passed `inspect --verify` ("0 problems"), and was
+    then loaded with the model: every file of a unit must be one its commit lists."""
+    import os
+
+    import zarr
+    victim = _victim(tmp_path)
+    st = Store(str(tmp_path / "s"))
+    unit = st.unit("models", "b" * 16)
+    unit.begin()
+    save_arrays(unit.url, {"w": np.ones(2)})
+    unit.commit({})
+    assert unit.verify() == []
+    zarr.open_group(unit.url, mode="r+").create_array("components_", shape=(2, 2), dtype="f4")[...] = 1
+    assert unit.verify() == [f"{unit.rel}/components_/c/0/0: not among the files of its commit (added since)",
+                             f"{unit.rel}/components_/zarr.json: not among the files of its commit (added since)"]
+    root = tmp_path / "s" / unit.rel
+    import shutil
+    shutil.rmtree(root / "components_")
+    chunk = root / "w" / "c" / "0"
+    chunk.unlink()
+    chunk.symlink_to(victim)
+    os.mkfifo(root / "w" / "fifo")
+    bad = unit.verify()        # the FIFO is not opened (it would block), the link not followed
+    assert bad[0] == f"{unit.rel}/w/c/0: a symbolic link (to {victim}); a unit holds regular files only (a store " \
+                     f"from someone else?)"
+    assert bad[1].startswith(f"{unit.rel}/w/fifo: not a regular file") and len(bad) == 2
