@@ -274,7 +274,7 @@ def evaluate_embeddings(client, q: Side, rows: np.ndarray, ref: Side, self_in: b
     sampled = len(rows) < q.reader.shape[0]
     wanted = rows if sampled else rows[km]
     q_where = f"{q.path} ({q.option})"
-    q_reader_f, r_reader_f = client.scatter([q.reader, ref.reader], broadcast=True)
+    q_reader_f, r_reader_f = client.scatter([q.reader, ref.reader], broadcast=True, hash=False)
     # bad input comes back as a Refused value: no worker logs a "Compute Failed" traceback for it
     scans = [client.submit(_refusing, _scan, q_reader_f, a, b, q_where, wanted, pure=False)
              for a, b in _blocks(q.reader)]
@@ -286,7 +286,7 @@ def evaluate_embeddings(client, q: Side, rows: np.ndarray, ref: Side, self_in: b
     for r in client.gather(scans):   # a bad block stops here, naming its file and rows
         _raise_refused(r)
     centroids = client.submit(_centroids, scans, wanted[km] if sampled else wanted, n_clusters, [seed, 22])
-    r_labels_f = client.scatter(ref.labels, broadcast=True)
+    r_labels_f = client.scatter(ref.labels, broadcast=True, hash=False)
     log(f"evaluate: {len(rows):,} queries against {ref.reader.shape[0]:,} references, k = {k:,}, "
         f"{-(-len(rows) // g)} task(s) of up to {g} queries")
     groups = []

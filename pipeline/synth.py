@@ -56,7 +56,7 @@ def write_synthetic(client, path: str, n: int, dim: int, classes: int, seed: int
     create_array(f"{tmp}/X", (n, dim), (rows, dim), np.float32, rows=True, sample=spec.rows(0, min(n, 4096), labels))
     create_array(f"{tmp}/y", (n,), (min(n, 1 << 20),), np.int32)[:] = labels
     t0 = time.perf_counter()
-    spec_f, labels_f = client.scatter([spec, labels], broadcast=True)
+    spec_f, labels_f = client.scatter([spec, labels], broadcast=True, hash=False)
     futures = [client.submit(_write_rows, tmp, spec_f, labels_f, a, min(a + rows, n), key=f"synth-{a}", pure=False,
                              retries=2) for a in range(0, n, rows)]
     done, last = 0, time.monotonic()

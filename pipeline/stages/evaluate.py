@@ -312,8 +312,8 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
     ukb = data.groups is not None and bool(np.all(np.bincount(data.groups[test])[np.unique(data.groups[test])] == 4))
     n_train = int((data.split == TRAIN).sum())
     db_max = retrieval_db_budget(ctx.client, EVAL_BUDGET - RETRIEVAL_DB_BYTES)
-    labels_f = ctx.client.scatter(data.labels, broadcast=True)
-    rel_f = labels_f if data.groups is None else ctx.client.scatter(rel_key, broadcast=True)
+    labels_f = ctx.client.scatter(data.labels, broadcast=True, hash=False)
+    rel_f = labels_f if data.groups is None else ctx.client.scatter(rel_key, broadcast=True, hash=False)
     if any(c.startswith("softvote") for c in ev.classifiers) and neighbours is None:
         raise InputError(f"{ctx.config.source_file}: evaluate: softvote classifiers need the neighbours stage; "
                          f"add neighbours: {{k: 50}}")
