@@ -190,8 +190,10 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
     plans = _plans(ctx, data, stats, neighbours)
     for p in plans:   # what a resumed run already has
         if p.sel_unit is not None:
-            if ctx.reuse(p.sel_unit, "train") and ctx.reuse(p.cunits[p.sel_unit.meta()["chosen"]], "train"):
-                p.chosen = p.sel_unit.meta()["chosen"]
+            if ctx.reuse(p.sel_unit, "train"):
+                _with_extensions(ctx, p, p.sel_unit.meta())
+                if ctx.reuse(p.cunits[p.sel_unit.meta()["chosen"]], "train"):
+                    p.chosen = p.sel_unit.meta()["chosen"]
         elif p.refit and ctx.reuse(p.cunits[0], "train"):
             p.chosen = 0
     ctx.shuffle_rows = _copy_rows([c for p in plans for c in p.cands], len(data.classes))
@@ -232,6 +234,14 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
     if kept:
         ctx.log(f"  train: reusing {kept} of {len(plans)} models")
     return _kept(ctx, plans)
+
+
+def _with_extensions(ctx, p: _Plan, meta: dict) -> None:
+    """A committed selection's candidates beyond its grid (it searched past an edge) back in the plan,
+    in its order, so that its choice indexes them."""
+    for row in meta.get("candidates", [])[len(p.cands):]:
+        p.cands.append({**p.cands[0], **row["params"]})
+        p.cunits.append(ctx.store.unit("models", row["model"]))
 
 
 def _submit(ctx: StageContext, todo: dict, data, stats, neighbours) -> dict:

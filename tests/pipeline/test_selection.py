@@ -177,8 +177,9 @@ def _digits_npz(path, poison_test: bool):
     np.savez(path, X=X.astype(np.float32), y=y, split=split)
 
 
-def _run(tmp_path, name, client, poison=False, methods=None):
-    _digits_npz(tmp_path / f"{name}.npz", poison)
+def _run(tmp_path, name, client, poison=False, methods=None, again=False):
+    if not again:   # (a rerun reads the same file: rewriting it would be new data)
+        _digits_npz(tmp_path / f"{name}.npz", poison)
     raw = {"store": str(tmp_path / name),
            "data": {"path": str(tmp_path / f"{name}.npz"), "split": {"column": "split"}, "chunk_mb": 0.05},
            # lr 1e4 diverges (a failed candidate to record); the rest are the default grid's top
@@ -341,3 +342,6 @@ def test_a_choice_at_either_edge_is_searched_beyond_it_and_said_when_it_stays(cl
     low = [c["params"]["lr"] for c in second["candidates"]]
     assert second["extended"] >= 1 and max(low[2:]) < 100.0
     assert any("is at the edge of its grid; also trying lr " in line for line in logs), logs
+    # a rerun reuses the selections, their choice beyond the grid included (it indexed past the grid)
+    again, logs = _run(tmp_path, "edge", client, methods=[up, down], again=True)
+    assert again["selection"] == report["selection"] and any("train: reusing 2 of 2 models" in m for m in logs), logs
