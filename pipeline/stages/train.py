@@ -233,6 +233,7 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
     kept = sum(1 for p in plans if p.final.key not in made and not any(u.key in made for u in p.cunits))
     if kept:
         ctx.log(f"  train: reusing {kept} of {len(plans)} models")
+    ctx.validated = sorted({u.rel for p in plans if p.refit for u in p.cunits if u.done()})   # (gc keeps them)
     return _kept(ctx, plans)
 
 
@@ -289,6 +290,8 @@ def _gather_models(ctx: StageContext, futures: dict, required: set, data, refit_
     failure keeps it); a failed model in ``required`` stops the run with its entry's one line."""
     t0 = time.perf_counter()
     items = list(futures.values())
+    names = [model_id(plan.cands[plan.chosen]) + " refitted" if refit_of and unit.key in refit_of else model_id(spec)
+             for spec, unit, _, plan in items]
 
     def commit(i, res):
         spec, unit, _, plan = items[i]
@@ -304,9 +307,9 @@ def _gather_models(ctx: StageContext, futures: dict, required: set, data, refit_
                      "class_names": [c.item() if hasattr(c, "item") else c for c in data.classes],
                      **({"refit_of": refit_of[unit.key]} if refit_of and unit.key in refit_of else {})})
         if "samples_per_second" in res:
-            ctx.log(f"  train: {model_id(spec)} {res['samples_per_second']:.0f} samples/s")
+            ctx.log(f"  train: {names[i]} {res['samples_per_second']:.0f} samples/s")
 
-    ctx.gather([f for _, _, f, _ in items], "train", [f"model {model_id(s)}" for s, *_ in items], on_result=commit)
+    ctx.gather([f for _, _, f, _ in items], "train", [f"model {n}" for n in names], on_result=commit)
 
 
 def _choose(ctx: StageContext, plans: list[_Plan], scores: dict, data, stats, neighbours) -> None:
@@ -396,7 +399,6 @@ def _kept(ctx: StageContext, plans: list[_Plan]) -> list[Trained]:
     if shared:
         ctx.log(f"  train: {shared} entr{'y' if shared == 1 else 'ies'} ended with the model another entry has; "
                 f"it is encoded and evaluated once")
-    ctx.validated = sorted({u.rel for p in plans if p.refit for u in p.cunits if u.done()})
     return list(out.values())
 
 
