@@ -414,7 +414,8 @@ def test_rerun_reuses_every_stage_and_gives_the_same_report(good_store):
     assert json.loads((good_store / "store/report/metrics.json").read_text())["records"] == first
     # the results on stdout (`metricpipe run cfg > results.txt` keeps them), the progress on stderr
     out = res.stdout.strip().splitlines()
-    assert out[0].startswith("Report: ") and out[-1].startswith("Winner: ") and "Completed" not in res.stdout
+    assert out[0].startswith("Report: ") and out[-1].startswith("Winner (classification): ")
+    assert "Completed" not in res.stdout
     assert "Completed 1 of" in res.stderr and "Winner" not in res.stderr
 
 
