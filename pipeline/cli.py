@@ -95,7 +95,7 @@ def _resume_command(kwargs: dict) -> str:
     """``metricpipe run CONFIG ... --resume`` with the options the run was given: where and how it ran
     (--store above all: without it the config's own store would be resumed)."""
     again = "".join(f" --{name.replace('_', '-')} {shlex.quote(str(kwargs[name]))}"
-                    for name in ("store", "cluster", "workers", "memory_limit") if kwargs.get(name))
+                    for name in ("store", "cluster", "workers", "memory_limit", "repeats") if kwargs.get(name))
     wait = click.get_current_context(silent=True)
     wait = wait and wait.meta.get("wait_timeout")
     again += f" --wait-timeout {wait:g}" if wait else ""
@@ -271,14 +271,23 @@ def _check_memory_limit(ctx, param, value):
         raise click.BadParameter(str(e).rsplit(": ", 1)[-1]) from None
 
 
-def _apply(cfg: RunConfig, store, cluster, workers, memory_limit) -> RunConfig:
-    from metricpipe.config import check_cluster, check_store_url
+def _apply(cfg: RunConfig, store, cluster, workers, memory_limit, repeats=None) -> RunConfig:
+    from metricpipe.config import MAX_REPEATS, ConfigError, check_cluster, check_store_url
+    if repeats is not None and repeats > MAX_REPEATS:   # (the config's bound: checked here, not on import)
+        raise ConfigError(f"--repeats: must be <= {MAX_REPEATS} (every repeat trains every learned model again), "
+                          f"got {repeats}")
     if store is not None:
         check_store_url(store, "--store")
     if cluster is not None:
         check_cluster(cluster, "--cluster")
     return cfg.from_command_line(store=store, cluster=cluster, workers=workers, memory_limit=memory_limit,
-                                 wait_timeout=click.get_current_context().meta.get("wait_timeout"))
+                                 wait_timeout=click.get_current_context().meta.get("wait_timeout"),
+                                 repeats=repeats)
+
+
+_repeats_option = click.option("--repeats", type=click.IntRange(min=1),
+                               help="Train every learned model with N seeds and validation carves; the report "
+                                    "gives mean +/- sd and a paired verdict (overrides config's repeats).")
 
 
 @main.command()
@@ -294,15 +303,17 @@ def _apply(cfg: RunConfig, store, cluster, workers, memory_limit) -> RunConfig:
 @click.option("--verify-source", is_flag=True, help="Key the staged data by the source files' bytes (a full "
                                                     "read), not their paths, sizes and mtimes: a moved or touched "
                                                     "copy is then reused (data.verify_source).")
+@_repeats_option
 @handle_errors
-def run(config, store, cluster, workers, memory_limit, resume, force, repair, performance_report, verify_source):
+def run(config, store, cluster, workers, memory_limit, resume, force, repair, performance_report, verify_source,
+        repeats):
     """Run the whole pipeline described by CONFIG (YAML)."""
     from dataclasses import replace
 
     from metricpipe.config import load_config
     from metricpipe.runner import run_pipeline
 
-    cfg = _apply(load_config(config), store, cluster, workers, memory_limit)
+    cfg = _apply(load_config(config), store, cluster, workers, memory_limit, repeats)
     if performance_report:   # written when the run ends: a path it cannot take is refused now
         from metricpipe.export import check_out
         d = cfg.data
@@ -321,13 +332,14 @@ def run(config, store, cluster, workers, memory_limit, resume, force, repair, pe
               help="Reuse finished units (a second demo, or one interrupted), as run does; --no-resume recomputes.")
 @click.option("--repair", is_flag=True, help="Recompute units whose files differ from their commit, as run --repair.")
 @_cluster_options(config=True)
+@_repeats_option
 @handle_errors
-def demo(store, resume, repair, cluster, workers, memory_limit):
+def demo(store, resume, repair, cluster, workers, memory_limit, repeats):
     """Run examples/digits.yaml: scikit-learn's digits on a LocalCluster and a local store."""
     from metricpipe.config import load_config
     from metricpipe.runner import run_pipeline
 
-    cfg = _apply(load_config(demo_config_path()), store, cluster, workers, memory_limit)
+    cfg = _apply(load_config(demo_config_path()), store, cluster, workers, memory_limit, repeats)
     run_pipeline(cfg, resume=resume, repair=repair, log=_echo, terminal=sys.stderr.isatty(), result=click.echo)
 
 

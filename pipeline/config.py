@@ -113,6 +113,8 @@ class RunConfig:
     evaluate: EvaluateConfig = EvaluateConfig()
     seed: int = 0
     repeats: int = 1               # every learned model trained with this many seeds (and borrowed validation rows)
+    objective: str | None = None   # evaluate.objective: the objective the closing line reports (None: both); the
+                                   # report's only, so not in EvaluateConfig (whose fields key the evaluation)
     tls: tuple | None = None       # (ca_file, cert, key) for a tls:// scheduler
     source_file: str = "<config>"
     raw: dict = field(default_factory=dict, compare=False)
@@ -387,7 +389,8 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
         _fail(where, "evaluate", f"got {ev!r}; give a map (retrieval:, classification:), or leave a part out with "
                                  f"retrieval: false or classification: false (a run always evaluates)")
     ev = ev or {}
-    _check_keys(ev, ["retrieval", "classification"], where, "evaluate.")
+    _check_keys(ev, ["retrieval", "classification", "objective"], where, "evaluate.")
+    objective = _typed(ev, "objective", str, where, "evaluate.", choices=OBJECTIVES)
     parts = {}
     for part in ("retrieval", "classification"):   # a map (true: its defaults), or false to leave it out
         value = ev.get(part, {})
@@ -404,6 +407,9 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
         classifiers = [classifiers]
     if not do_retrieval and not classifiers:
         _fail(where, "evaluate", "retrieval is false and no classifier is left: nothing would be evaluated; keep one")
+    if objective == "retrieval" and not do_retrieval or objective == "classification" and not classifiers:
+        _fail(where, "evaluate.objective", f"{objective}, but evaluate.{objective} is off: nothing to report a "
+              f"winner on; turn it on, or name the other objective")
     for c in classifiers:
         ok = isinstance(c, str) and (c in ("ncm", "ncmc") or any(c.startswith(p) and c[len(p):].isdigit() and int(c[len(p):]) > 0
                                                        for p in ("knn", "softvote")))
@@ -467,10 +473,12 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
         data=data_cfg, methods=tuple(methods), method_entries=tuple(entries), statistics=statistics,
         neighbours=neighbours,
         evaluate=evaluate, seed=_typed(raw, "seed", int, where, "", 0, 0),
-        repeats=_typed(raw, "repeats", int, where, "", 1, 1, MAX_REPEATS), tls=tls, source_file=where, raw=raw)
+        repeats=_typed(raw, "repeats", int, where, "", 1, 1, MAX_REPEATS), objective=objective, tls=tls,
+        source_file=where, raw=raw)
 
 
 MAX_REPEATS = 100   # seeds per learned model: every repeat trains every candidate again
+OBJECTIVES = ("retrieval", "classification")   # what evaluate.objective may name
 
 
 MIN_MEMORY_LIMIT = 400e6   # bytes: a worker holds ~250 MB after its imports, and Dask pauses it at 80%

@@ -8,10 +8,13 @@ import html
 import io
 import math
 import platform
+import re
 from importlib import metadata
 
 from metricpipe import __version__
+from metricpipe.config import OBJECTIVES
 from metricpipe.storage import Store, read_attrs, to_json
+from metricpipe.tasks.compare import paired_interval
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.registry import BASELINES, param_text
 
@@ -39,7 +42,7 @@ def build_report(store: Store, manifest: dict) -> str:
                          f"CONFIG' to rewrite it")
     records = []
     # the evaluate stage makes one evaluation unit per codes unit, in the manifest's order
-    for rel, codes in zip(manifest["evaluation_units"], _codes_units(manifest)):
+    for rel, codes, serves in zip(manifest["evaluation_units"], _codes_units(manifest), _serves(manifest)):
         kind, key = rel.split("/")
         unit = store.unit(kind, key)
         if not unit.done():  # wiped or half-written by a later, interrupted run: never read it
@@ -54,10 +57,12 @@ def build_report(store: Store, manifest: dict) -> str:
         if not isinstance(found, list) or not all(isinstance(r, dict) for r in found):
             raise InputError(f"{store.url}: {rel}/records.json is not a list of metric records; rerun 'metricpipe run "
                              f"CONFIG --repair' to recompute it")
-        records += [{**r, "model": model} for r in found]
+        served = {} if serves is None else {"serves": serves}   # [[config entry, repeat], ...]
+        records += [{**r, "model": model, **served} for r in found]
     doc = {"run": {k: manifest[k] for k in ("config", "dataset", "store", "versions", "started", "seconds")},
-           "summary": summarize(records), "definitions": definitions_of(records),
-           "records": records, "timings": manifest["timings"]}
+           "summary": summarize(records, items=manifest.get("test_items"), objective=manifest.get("objective")),
+           "definitions": definitions_of(records), "records": records, "repeats": repeat_table(records),
+           "timings": manifest["timings"]}
     curves = training_curves(store, manifest)
     doc["models"] = run_models(store, manifest)
     doc["extended_models"] = extended_models(store, doc["models"])
@@ -91,6 +96,13 @@ def read_summary(store: Store) -> dict:
 def _codes_units(manifest: dict) -> list:
     codes = manifest["units"].get("codes") or []
     return codes if len(codes) == len(manifest["evaluation_units"]) else [None] * len(manifest["evaluation_units"])
+
+
+def _serves(manifest: dict) -> list:
+    """Per evaluation unit, the [config entry, repeat] pairs its model serves (None: a manifest
+    written before repeats)."""
+    serves = manifest.get("serves") or []
+    return serves if len(serves) == len(manifest["evaluation_units"]) else [None] * len(manifest["evaluation_units"])
 
 
 def _model_of(store: Store, codes_rel: str | None) -> str | None:
@@ -427,18 +439,100 @@ def _ident(r: dict) -> tuple:
     return r["method"], r["dim"], to_json(params)
 
 
+def repeat_count(records: list) -> int:
+    """The run's repeats, from its records' ``serves`` ([config entry, repeat] pairs; 1 without)."""
+    return 1 + max((rep for r in records for _, rep in r.get("serves") or ()), default=0)
+
+
 def _rows(records: list, views: bool = False) -> dict:
-    """{(method, dim, params): {"method", "dim", "params", "model", "baseline", "values": {(metric, classifier):
-    value}}} over the codes view (``views``: the other views instead)."""
+    """The report's rows over the codes view (``views``: the other views instead): {id: {"method",
+    "dim", "params", "model", "models", "baseline", "values": {(metric, classifier): value}, "runs":
+    {(metric, classifier): [value per repeat]}, "sd": {...}}}. With one repeat, one row per model;
+    with several, one per config entry (:func:`_entry_rows`): ``values`` their means, ``sd`` their
+    sample standard deviation, ``model`` repeat 0's key."""
+    repeats = repeat_count(records)
+    if repeats > 1:
+        return _entry_rows(records, views, repeats)
     rows = {}
     for r in records:
         if (_view(r) != "codes") != views:
             continue
         row = rows.setdefault(_ident(r), {"method": r["method"], "dim": r["dim"], "params": r["params"],
-                                          "model": r.get("model"), "baseline": r["method"] in BASELINES,
-                                          "values": {}})
+                                          "model": r.get("model"), "models": [r.get("model")],
+                                          "baseline": r["method"] in BASELINES, "values": {}, "runs": {}, "sd": {}})
         row["values"][(r["metric"], r["classifier"])] = r["value"]
+        row["runs"][(r["metric"], r["classifier"])] = [r["value"]]
     return rows
+
+
+def _entry_rows(records: list, views: bool, repeats: int) -> dict:
+    """One row per config entry and view, its values over the repeats (a record counts for every
+    [entry, repeat] its model serves: a baseline without seed is computed once and serves every
+    repeat). Entries that ended with the same model in every repeat share a row. The row's params
+    are those every repeat has (a seed, or a parameter chosen per repeat, differs)."""
+    per = {}
+    for r in records:
+        if (_view(r) != "codes") != views:
+            continue
+        for n, rep in r.get("serves") or ():
+            per.setdefault((n, _view(r)), {}).setdefault(rep, []).append(r)
+    rows, seen = {}, {}
+    for (n, view), by_rep in sorted(per.items()):
+        firsts = [by_rep[rep][0] if rep in by_rep else None for rep in range(repeats)]
+        models = [f.get("model") if f else None for f in firsts]
+        if (tuple(models), view) in seen:
+            seen[(tuple(models), view)]["entries"].append(n)
+            continue
+        have = [f for f in firsts if f]
+        params = {k: v for k, v in have[0]["params"].items() if all(f["params"].get(k) == v for f in have)}
+        dims = {f["dim"] for f in have}
+        runs = {}
+        for rep, recs in by_rep.items():
+            for r in recs:
+                runs.setdefault((r["metric"], r["classifier"]), [None] * repeats)[rep] = r["value"]
+        once = len(set(models)) == 1   # the same model in every repeat: computed once, no spread
+        row = {"method": have[0]["method"], "dim": dims.pop() if len(dims) == 1 else None, "params": params,
+               "model": models[0], "models": models, "baseline": have[0]["method"] in BASELINES, "entries": [n],
+               "runs": runs, "values": {mc: _mean(v) for mc, v in runs.items()},
+               "sd": {} if once else {mc: _sd(v) for mc, v in runs.items()}}
+        rows[(n, view)] = seen[(tuple(models), view)] = row
+    return rows
+
+
+def _mean(values: list) -> float:
+    have = [v for v in values if v is not None]
+    return sum(have) / len(have) if have else math.nan
+
+
+def _sd(values: list) -> float | None:
+    """Sample standard deviation (n - 1) over the repeats that have a value; None below two."""
+    have = [v for v in values if v is not None]
+    if len(have) < 2:
+        return None
+    m = sum(have) / len(have)
+    return math.sqrt(sum((v - m) ** 2 for v in have) / (len(have) - 1))
+
+
+def repeat_table(records: list) -> dict:
+    """metrics.json's ``repeats``: the count, and per row of the report (per config entry with several
+    repeats, per model with one) each metric's value in every repeat, their mean and sample standard
+    deviation."""
+    out = []
+    for views in (False, True):
+        rows = list(_rows(records, views).values())
+        swept = _swept(rows)
+        for row in rows:
+            out.append({"label": _row_label(row, swept), "method": row["method"], "dim": row["dim"],
+                        "params": row["params"], "baseline": row["baseline"], "entries": row.get("entries"),
+                        "models": row["models"],
+                        "metrics": [{"metric": m, "classifier": c, "values": v, "mean": row["values"][(m, c)],
+                                     "sd": row["sd"].get((m, c))} for (m, c), v in row["runs"].items()]})
+    return {"count": repeat_count(records), "spread": SPREAD, "rows": out}
+
+
+SPREAD = ("sd: the sample standard deviation (n - 1) of a metric over the repeats, each repeat training every "
+          "learned model with its own seed (random_state + repeat) and validation rows; a model without seed is "
+          "computed once and has no spread")
 
 
 def headline_metrics(records: list) -> list[tuple[str, str | None]]:
@@ -449,28 +543,15 @@ def headline_metrics(records: list) -> list[tuple[str, str | None]]:
     return [mc for mc in (("map", None), ("map@r", None)) if mc in have] + [("top1_error", c) for c in classifiers]
 
 
-def _best(rows: list, mc: tuple, higher: bool, shown_ties: bool = False) -> dict | None:
-    """The row with the best value of ``mc``; exact ties go to the smaller code, then to a baseline (a
-    learned model has to beat it), then to the label. ``shown_ties`` (the winner's count): values
-    within the 4 decimals shown tie, as the verdict counts them: a baseline within them of the best
-    wins (a learned model 2e-8 above PCA won a metric whose verdict said tie), else the smallest code
-    among the rows within them of the best that beat the best baseline by as much."""
+def _best(rows: list, mc: tuple, higher: bool) -> dict | None:
+    """The row with the best value of ``mc`` (its mean over the repeats); exact ties go to the smaller
+    code, then to a baseline (a learned model has to beat it), then to the label."""
     have = [r for r in rows if mc in r["values"] and r["values"][mc] == r["values"][mc]]   # NaN never wins
     if not have:
         return None
     swept = _swept(rows)
     sign = -1 if higher else 1
-    if shown_ties:
-        top = min(sign * r["values"][mc] for r in have)
-        tied = [r for r in have if sign * r["values"][mc] - top < SHOWN / 2]
-        base = min((sign * r["values"][mc] for r in have if r["baseline"]), default=math.inf)
-        # a tie goes to the baseline; else to the smallest code among those that beat the baseline
-        # as the verdict counts it (within SHOWN / 2 of the top is not enough: that relation does not
-        # chain, and a model the verdict calls tied with the baseline would win through a better one)
-        tied = [r for r in tied if r["baseline"]] or [r for r in tied if base - sign * r["values"][mc] >= SHOWN / 2]
-        best = min(tied, key=lambda r: (r["dim"] or 0, sign * r["values"][mc], _row_label(r, swept)))
-    else:
-        best = min(have, key=lambda r: (sign * r["values"][mc], r["dim"] or 0, not r["baseline"], _row_label(r, swept)))
+    best = min(have, key=lambda r: (sign * r["values"][mc], r["dim"] or 0, not r["baseline"], _row_label(r, swept)))
     return {"label": _row_label(best, swept), "method": best["method"], "dim": best["dim"], "params": best["params"],
             "model": best["model"], "value": best["values"][mc]}
 
@@ -479,40 +560,214 @@ def _row_label(row: dict, swept: frozenset = frozenset()) -> str:
     return f"{_label(row, swept)} d={row['dim']}"
 
 
-def summarize(records: list) -> dict:
-    """Per headline metric, the best learned model against the best baseline (``registry.BASELINES``),
-    with ``difference`` = model - baseline and ``verdict`` (better / worse / tie, in the metric's own
-    direction); and the run's ``winner``: over every model, the one best on the most headline metrics
-    (ties: the one best on the first of them). Only the codes view competes: it is what a model's key
-    encodes, exports and predicts with."""
+# --- the verdict --------------------------------------------------------------------------------------
+# Headline metrics vote in families, one vote each, so that no objective counts twice: retrieval
+# (mAP and MAP@R) and, per classifier kind, the top-1 errors of its classifiers.
+KINDS = {"knn": "kNN", "softvote": "soft-vote", "ncm": "NCM", "ncmc": "NCMC"}
+RAW = "identity"      # raw features: a learned model worse than them on an objective does not win it
+LEVEL = 0.95          # the paired t interval over repeats
+ITEM_OF = {"retrieval": "queries", "classification": "classified test rows"}
+
+
+def families(records: list) -> list[dict]:
+    """The headline metrics grouped into families, one vote each: ``retrieval`` (mAP and MAP@R) and,
+    per classifier kind, the top-1 errors of its classifiers (knnK together, softvoteK together, ncm,
+    ncmc). A model's score on a family is the mean of its members."""
+    out = {}
+    for metric, classifier in headline_metrics(records):
+        key = "retrieval" if classifier is None else (re.sub(r"\d+$", "", classifier) or classifier)
+        fam = out.setdefault(key, {"family": key, "objective": "retrieval" if classifier is None else "classification",
+                                   "metrics": []})
+        fam["metrics"].append((metric, classifier))
+    for fam in out.values():
+        names = [definition(m)[0] if c is None else c for m, c in fam["metrics"]]
+        if fam["family"] == "retrieval":
+            fam["label"] = "retrieval, " + (names[0] if len(names) == 1 else f"mean of {_and(names)}")
+        else:
+            kind = f"{KINDS.get(fam['family'], fam['family'])} top-1 error"
+            fam["label"] = kind if names == [fam["family"]] else \
+                f"{kind} ({names[0]})" if len(names) == 1 else f"{kind}, mean of {_and(names)}"
+    return list(out.values())
+
+
+def _and(names: list) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def _scores(row: dict, metrics: list) -> list | None:
+    """The row's family score in each repeat: the mean of its values on ``metrics``; None when it lacks
+    one (or it is NaN)."""
+    runs = [row["runs"].get(mc) for mc in metrics]
+    if any(r is None for r in runs):
+        return None
+    out = []
+    for vals in zip(*runs):
+        if any(v is None or v != v for v in vals):
+            return None
+        out.append(sum(vals) / len(vals))
+    return out or None
+
+
+def _side(row: dict, scores: list, swept: frozenset) -> dict:
+    once = len(set(row["models"])) == 1
+    return {"label": _row_label(row, swept), "method": row["method"], "dim": row["dim"], "params": row["params"],
+            "model": row["model"], "models": row["models"], "baseline": row["baseline"], "value": _mean(scores),
+            "sd": None if once else _sd(scores), "values": scores}
+
+
+def _top(rows: list, metrics: list, higher: bool, swept: frozenset) -> dict | None:
+    """The row with the best mean score on ``metrics`` as a side of a comparison; exact ties go to the
+    smaller code, then to a baseline, then to the label."""
+    have = [(r, s) for r in rows if (s := _scores(r, metrics)) is not None]
+    if not have:
+        return None
+    sign = -1 if higher else 1
+    row, scores = min(have, key=lambda t: (sign * _mean(t[1]), t[0]["dim"] or 0, not t[0]["baseline"],
+                                           _row_label(t[0], swept)))
+    return _side(row, scores, swept)
+
+
+def _tolerance(items: dict | None, objective: str) -> float:
+    """One test item's worth on ``objective`` (a classified row moves a top-1 error by 1/N; a query
+    moves mAP or MAP@R by at most 1/Q, its AP lying in [0, 1]); without the counts, the 4 decimals
+    shown."""
+    n = (items or {}).get(objective)
+    return max(1.0 / n, SHOWN / 2) if n else SHOWN / 2
+
+
+def _compare(a: list, b: list, higher: bool, tolerance: float) -> dict:
+    """a - b over the repeats (paired), its 95% t interval (two repeats or more), and the verdict in
+    the metric's direction: a tie when the mean difference is below ``tolerance`` or the interval
+    holds 0."""
+    mean, lo, hi = paired_interval(a, b, LEVEL)
+    within = len(a) > 1 and lo <= 0 <= hi
+    gain = mean if higher else -mean
+    verdict = "tie" if abs(mean) < tolerance * (1 - 1e-9) or within else "better" if gain > 0 else "worse"
+    return {"difference": mean, "interval": None if math.isnan(lo) else [lo, hi], "verdict": verdict}
+
+
+def _contest(learned: list, baselines: list, metrics: list, higher: bool, tolerance: float, swept) -> dict:
+    """The best learned model against the best baseline on ``metrics``."""
+    model, base = _top(learned, metrics, higher, swept), _top(baselines, metrics, higher, swept)
+    out = {"model": model, "baseline": base, "difference": None, "interval": None, "verdict": None}
+    if model and base:
+        out.update(_compare(model["values"], base["values"], higher, tolerance))
+    return out
+
+
+def tie_rule(items: dict | None, repeats: int) -> str:
+    """The tie rule of the verdicts, as the closing lines state it."""
+    counts = {o: n for o, n in (items or {}).items() if n}
+    if not counts:
+        worth = "below the 4 decimals shown"
+    elif len(set(counts.values())) == 1:
+        worth = f"below one test item (1/{next(iter(counts.values())):,})"
+    else:
+        worth = "below one test item (" + ", ".join(f"1/{n:,} {ITEM_OF.get(o, o)}" for o, n in counts.items()) + ")"
+    over = f" or a {LEVEL:.0%} paired t interval over the {repeats} repeats holding 0" if repeats > 1 else ""
+    return f"tie: {worth}{over}"
+
+
+def summarize(records: list, items: dict | None = None, objective: str | None = None) -> dict:
+    """The report's verdict. ``headline``: per headline metric, the best learned model against the best
+    baseline (``registry.BASELINES``), ``difference`` = model - baseline and ``verdict`` (better / worse
+    / tie in the metric's direction). ``families``: the same per family of headline metrics (one vote
+    each, :func:`families`), with raw features' (identity's) score and the family's ``vote``: the best
+    learned model when better, the best baseline when worse, none for a tie. ``objectives``: per
+    objective (retrieval, classification) its ``winner``, the model with the most votes; equal votes
+    are a tie; a learned model worse than raw features on one of the objective's families is not named
+    (``refused``). A tie: a difference below one test item's worth (``items``: {objective: test rows
+    or queries scored}), or with repeats a paired 95% t interval over them that holds 0. ``objective``
+    names the objective the closing line reports (None: both). Only the codes view competes: it is
+    what a model's key encodes, exports and predicts with."""
     rows = list(_rows(records).values())
+    swept = _swept(rows)
     learned, baselines = [r for r in rows if not r["baseline"]], [r for r in rows if r["baseline"]]
-    headline, wins, firsts = [], {}, []
+    repeats = repeat_count(records)
+    headline = []
     for metric, classifier in headline_metrics(records):
         label, higher, _ = definition(metric)
-        model, base = _best(learned, (metric, classifier), higher), _best(baselines, (metric, classifier), higher)
-        entry = {"metric": metric, "classifier": classifier, "label": label + (f" ({classifier})" if classifier
-                                                                              else ""),
-                 "higher_is_better": higher, "model": model, "baseline": base, "difference": None, "verdict": None}
-        if model and base:
-            d = model["value"] - base["value"]
-            gain = d if higher else -d
-            gain = 0.0 if abs(gain) < SHOWN / 2 else gain   # below the 4 decimals shown: -0.0000 (worse) was said
-            entry.update(difference=d, verdict="better" if gain > 0 else "worse" if gain < 0 else "tie")
-        overall = _best(rows, (metric, classifier), higher, shown_ties=True)
-        if overall:
-            ident = _ident(overall)
-            wins.setdefault(ident, [overall, 0])[1] += 1
-            firsts.append(ident)
-        headline.append(entry)
-    winner = None
-    if wins:
-        ident = max(wins, key=lambda i: (wins[i][1], -firsts.index(i)))
-        best, n = wins[ident]
-        winner = {**{k: best[k] for k in ("label", "method", "dim", "params", "model")},
-                  "baseline": best["method"] in BASELINES, "wins": n, "of": len(headline)}
-    return {"headline": headline, "winner": winner, "learned_models": len(learned), "baselines": len(baselines),
-            "recall_rule": RECALL_RULE, "recall_hidden": {str(k): v for k, v in recall_hidden(records).items()}}
+        tol = _tolerance(items, "retrieval" if classifier is None else "classification")
+        headline.append({"metric": metric, "classifier": classifier,
+                         "label": label + (f" ({classifier})" if classifier else ""), "higher_is_better": higher,
+                         **_contest(learned, baselines, [(metric, classifier)], higher, tol, swept)})
+    fams = []
+    for fam in families(records):
+        higher, tol = definition(fam["metrics"][0][0])[1], _tolerance(items, fam["objective"])
+        e = {**fam, "metrics": [list(mc) for mc in fam["metrics"]], "higher_is_better": higher, "tolerance": tol,
+             **_contest(learned, baselines, fam["metrics"], higher, tol, swept),
+             "raw": _top([r for r in baselines if r["method"] == RAW], fam["metrics"], higher, swept)}
+        e["vote"] = {"better": e["model"], "worse": e["baseline"], "tie": None}.get(e["verdict"]) \
+            if e["verdict"] else e["model"] or e["baseline"]
+        e["tied"] = [e["model"], e["baseline"]] if e["verdict"] == "tie" else []
+        fams.append(e)
+    row_of = {(_row_label(r, swept), r["model"]): r for r in rows}
+    objectives = [_objective(o, [f for f in fams if f["objective"] == o], row_of)
+                  for o in OBJECTIVES if any(f["objective"] == o for f in fams)]
+    return {"repeats": repeats, "tie_rule": tie_rule(items, repeats), "items": items, "headline": headline,
+            "families": fams, "objectives": objectives, "objective": objective, "learned_models": len(learned),
+            "baselines": len(baselines), "recall_rule": RECALL_RULE,
+            "recall_hidden": {str(k): v for k, v in recall_hidden(records).items()}}
+
+
+def _objective(name: str, fams: list, row_of: dict) -> dict:
+    """The winner of objective ``name`` from its families' votes."""
+    votes = {}
+    for f in fams:
+        if f["vote"]:
+            votes.setdefault((f["vote"]["label"], f["vote"]["model"]), [f["vote"], 0])[1] += 1
+    top = max((n for _, n in votes.values()), default=0)
+    leaders = [s for s, n in votes.values() if n == top] if top else []
+    refused = [w for s in leaders if not s["baseline"] and (w := _worse_than_raw(s, fams, row_of))]
+    tied = leaders if len(leaders) > 1 else fams[0]["tied"] if len(fams) == 1 and not leaders else []
+    o = {"objective": name, "families": len(fams), "tied_families": sum(1 for f in fams if f["tied"]), "votes": top,
+         "winner": leaders[0] if len(leaders) == 1 and not refused else None, "tied": tied, "refused": refused}
+    o["text"] = _objective_text(o)
+    return o
+
+
+def _worse_than_raw(side: dict, fams: list, row_of: dict) -> dict | None:
+    """The first family of ``fams`` where the learned model of ``side`` is worse than raw features
+    (identity), as the verdict counts it."""
+    row = row_of.get((side["label"], side["model"]))
+    for f in fams:
+        scores = _scores(row, [tuple(mc) for mc in f["metrics"]]) if row and f["raw"] else None
+        if scores is None:
+            continue
+        c = _compare(scores, f["raw"]["values"], f["higher_is_better"], f["tolerance"])
+        if c["verdict"] == "worse":
+            return {"label": side["label"], "model": side["model"], "family": f["label"], "raw": f["raw"]["label"],
+                    **c}
+    return None
+
+
+def _key(side: dict) -> str:
+    """A side's model key (repeat 0's, when the repeats trained several)."""
+    key = side.get("model") or "?"
+    models = side.get("models") or []
+    return f"{key}, repeat 0 of {len(models)}" if len(set(models)) > 1 else key
+
+
+def _objective_text(o: dict) -> str:
+    """The closing line of an objective."""
+    of = f"{o['families']} famil{'y' if o['families'] == 1 else 'ies'}"
+    votes = f": {o['votes']} of {of}" if o["families"] > 1 else ""
+    w, tied, refused = o["winner"], o["tied"], o["refused"]
+    if w:
+        text = f"{w['label']} ({'a baseline' if w['baseline'] else 'learned'}), model key {_key(w)}{votes}"
+    elif tied:
+        text = "tie between " + _and([f"{s['label']} [{_key(s)}]" for s in tied])
+        text += f"{votes} each" if o["votes"] else ": the difference is within the tie rule"
+    elif refused:
+        text = f"none: {refused[0]['label']} [{refused[0]['model'] or '?'}] takes the most votes{votes}"
+    else:
+        text = "none: every family is a tie"
+    if o["tied_families"] and o["votes"] and o["families"] > 1:
+        text += f" ({o['tied_families']} tied)"
+    for r in refused:
+        text += (f"{'' if w or tied else ' but'}{'; ' + r['label'] if w or tied else ''} is worse than raw features "
+                 f"({r['raw']}) on {r['family']} ({_fmt(r['difference'])})")
+    return f"Winner ({o['objective']}): {text}"
 
 
 def recall_hidden(records: list) -> dict:
@@ -536,27 +791,33 @@ def _fmt(v: float) -> str:
     return f"{v:+.4f}" if abs(v) >= SHOWN / 2 else "+0.0000"
 
 
+def _value(side: dict) -> str:
+    """A side's value, with its spread over the repeats when it has one."""
+    return f"{side['value']:.4f}" + (f" +/- {side['sd']:.4f}" if side.get("sd") is not None else "")
+
+
 def winner_lines(summary: dict) -> list[str]:
-    """The end of a run on the terminal: each headline metric's best model against the best baseline,
-    then the winner with its model key."""
+    """The end of a run on the terminal: per family of headline metrics, the best learned model
+    against the best baseline with the verdict; then each objective's winner (or only the one
+    ``evaluate.objective`` names), with its model key."""
     lines = []
-    for e in summary["headline"]:
-        direction = "higher" if e["higher_is_better"] else "lower"
-        m, b = e["model"], e["baseline"]
-        head = f"  {e['label']} ({direction} is better): "
+    for f in summary.get("families") or []:
+        direction = "higher" if f["higher_is_better"] else "lower"
+        m, b = f["model"], f["baseline"]
+        head = f"  {f['label']} ({direction} is better): "
         if m and b:
-            lines.append(f"{head}{m['value']:.4f} {m['label']} [{m['model'] or '?'}] vs baseline {b['value']:.4f} "
-                         f"{b['label']}: {_fmt(e['difference'])} ({e['verdict']})")
+            ci = "" if not f["interval"] else f" [{LEVEL:.0%} CI {_fmt(f['interval'][0])}, {_fmt(f['interval'][1])}]"
+            lines.append(f"{head}{_value(m)} {m['label']} [{m['model'] or '?'}] vs baseline {_value(b)} {b['label']}: "
+                         f"{_fmt(f['difference'])}{ci} ({f['verdict']})")
         elif b or m:
             only = b or m
-            lines.append(f"{head}{only['value']:.4f} {only['label']} [{only['model'] or '?'}]"
+            lines.append(f"{head}{_value(only)} {only['label']} [{only['model'] or '?'}]"
                          + ("; no learned model in this run" if b else "; no baseline in this run"))
-    w = summary["winner"]
-    if w:
-        lines.insert(0, "Best per headline metric (learned model vs best baseline):")
-        what = "a baseline" if w["baseline"] else "learned"
-        lines.append(f"Winner: {w['label']} ({what}), model key {w['model'] or '?'}: best on {w['wins']} of "
-                     f"{w['of']} headline metrics")
+    if lines:
+        lines.insert(0, f"Best learned model vs best baseline per family ({summary['tie_rule']}):")
+    for o in summary.get("objectives") or []:
+        if summary.get("objective") in (None, o["objective"]):
+            lines.append(o["text"])
     return lines
 
 
@@ -591,11 +852,23 @@ def _th(mc: tuple) -> str:
     return f'<th title="{html.escape(text)}">{html.escape(label)} {arrow}{cls}</th>'
 
 
-def _key_cell(key, extended: dict) -> str:
+def _key_cell(key, extended: dict, models: list | None = None) -> str:
+    """A row's model key; a row over repeats that trained several models shows repeat 0's."""
     if not key:
         return "<td></td>"
     more = "".join(f"<br><small>+ classes: <code>{html.escape(e['key'])}</code></small>" for e in extended.get(key, []))
+    if models and len(set(models)) > 1:
+        more += f"<br><small>repeat 0 of {len(models)} (metrics.json: each)</small>"
     return f"<td class=l><code>{html.escape(key)}</code>{more}</td>"
+
+
+def _cell(row: dict, mc: tuple, best) -> str:
+    """A table cell: the value (the mean over the repeats, with +/- their sample standard deviation)."""
+    if mc not in row["values"]:
+        return "<td></td>"
+    sd = row.get("sd", {}).get(mc)
+    spread = "" if sd is None else f" &plusmn; {sd:.4f}"
+    return f"<td{BOLD if row['values'][mc] == best else ''}>{row['values'][mc]:.4f}{spread}</td>"
 
 
 def _table(rows: dict, columns: list, extended: dict, bold: bool = True) -> str:
@@ -606,28 +879,27 @@ def _table(rows: dict, columns: list, extended: dict, bold: bool = True) -> str:
         best[mc] = found["value"] if found else None
     body, swept = [], _swept(rows.values())
     for row in sorted(rows.values(), key=lambda r: (r["baseline"], r["method"], r["dim"] or 0, to_json(r["params"]))):
-        cells = "".join(
-            "<td></td>" if mc not in row["values"] else
-            f"<td{BOLD if row['values'][mc] == best.get(mc) else ''}>{row['values'][mc]:.4f}</td>" for mc in columns)
+        cells = "".join(_cell(row, mc, best.get(mc)) for mc in columns)
         tag = ' <span class="b">baseline</span>' if row["baseline"] else ""
         body.append(f"<tr><td class=l>{html.escape(_label(row, swept))}{tag}</td><td>{row['dim']}</td>"
-                    f"{_key_cell(row['model'], extended)}{cells}</tr>")
+                    f"{_key_cell(row['model'], extended, row.get('models'))}{cells}</tr>")
     head = "".join(_th(mc) for mc in columns)
     return (f"<table><tr><th class=l>model</th><th>d</th><th class=l>key</th>{head}</tr>"
             f"{''.join(body)}</table>")
 
 
-def _side(x: dict | None) -> str:
+def _side_html(x: dict | None) -> str:
     if not x:
         return "<td>&mdash;</td><td></td><td></td>"
-    key = f"<code>{html.escape(x['model'])}</code>" if x.get("model") else ""
-    return f"<td class=l>{html.escape(x['label'])}</td><td class=l>{key}</td><td>{x['value']:.4f}</td>"
+    key = _key_cell(x.get("model"), {}, x.get("models"))
+    value = html.escape(_value(x)).replace("+/-", "&plusmn;")
+    return f"<td class=l>{html.escape(x['label'])}</td>{key}<td>{value}</td>"
 
 
 def _summary_html(summary: dict) -> str:
     esc = html.escape
-    w = summary["winner"]
-    if not w:
+    fams = summary.get("families") or []
+    if not fams:
         return "<h2>Summary</h2><p>No headline metric (mAP, top-1 error) in this run's records.</p>"
     note = ""
     if not summary["learned_models"]:
@@ -635,22 +907,36 @@ def _summary_html(summary: dict) -> str:
     elif not summary["baselines"]:
         note = " This run has no baseline (identity, pca, pcaw, lda, random): no comparison."
     rows = []
-    for e in summary["headline"]:
-        arrow = "higher" if e["higher_is_better"] else "lower"
-        diff = "" if e["difference"] is None else f"{_fmt(e['difference'])} ({e['verdict']})"
-        cls = {"better": ' class="win"', "worse": ' class="lose"'}.get(e["verdict"], "")
-        rows.append(f"<tr><td class=l>{esc(e['label'])} <small>({arrow} is better)</small></td>{_side(e['model'])}"
-                    f"{_side(e['baseline'])}<td{cls}>{diff}</td></tr>")
-    who = "a baseline" if w["baseline"] else "a learned model"
-    return (f'<h2>Summary</h2><p class="winner">Winner: <b>{esc(w["label"])}</b> ({who}), model key '
-            f'<code>{esc(w["model"] or "?")}</code>: best of all models on {w["wins"]} of {w["of"]} headline '
-            f'metrics.{note}</p>'
-            f'<table class="summary"><tr><th class=l>headline metric</th><th class=l>best learned model</th>'
+    for f in fams:
+        arrow = "higher" if f["higher_is_better"] else "lower"
+        diff = ""
+        if f["difference"] is not None:
+            ci = "" if not f["interval"] else f"<br><small>{LEVEL:.0%} CI {_fmt(f['interval'][0])} to " \
+                                              f"{_fmt(f['interval'][1])}</small>"
+            diff = f"{_fmt(f['difference'])} ({f['verdict']}){ci}"
+        cls = {"better": ' class="win"', "worse": ' class="lose"'}.get(f["verdict"], "")
+        raw = "&mdash;" if not f["raw"] else esc(_value(f["raw"])).replace("+/-", "&plusmn;")
+        rows.append(f"<tr><td class=l>{esc(f['label'])} <small>({arrow} is better)</small></td>"
+                    f"{_side_html(f['model'])}{_side_html(f['baseline'])}<td>{raw}</td><td{cls}>{diff}</td></tr>")
+    repeats = summary.get("repeats") or 1
+    over = (f" Values are means &plusmn; the sample standard deviation over the {repeats} repeats (a model without "
+            f"seed is computed once: one value); the verdict reads the {LEVEL:.0%} paired t interval of the "
+            f"per-repeat differences, and a difference whose interval holds 0 is a tie." if repeats > 1 else "")
+    worth = ("A difference below one test item's worth is a tie: 1/N of a top-1 error (N classified test rows), "
+             "1/Q of mAP or MAP@R (a query's AP lies in [0, 1]; Q queries)" if summary.get("items") else
+             "A difference below the 4 decimals shown is a tie")
+    winners = "".join(f'<p class="winner">{esc(o["text"])}</p>' for o in summary["objectives"])
+    return (f'<h2>Summary</h2>{winners}' + (f'<p>{note.strip()}</p>' if note else "") +
+            f'<table class="summary"><tr><th class=l>family (one vote)</th><th class=l>best learned model</th>'
             f'<th class=l>key</th><th>value</th><th class=l>best baseline</th><th class=l>key</th><th>value</th>'
-            f'<th>model &minus; baseline</th></tr>{"".join(rows)}</table>'
-            f'<p><small>Keys are what <code>metricpipe predict --model KEY</code>, <code>encode</code> and '
-            f'<code>export</code> take (a prefix is enough; <code>metricpipe models STORE</code> lists them). Ties go '
-            f'to the smaller code, then to the baseline. Only the codes view competes.</small></p>')
+            f'<th>raw features</th><th>model &minus; baseline</th></tr>{"".join(rows)}</table>'
+            f'<p><small>One vote per family: mAP and MAP@R are one (retrieval), the knnK classifiers one, the '
+            f'softvoteK one, ncm and ncmc one each; a family\'s score is the mean of its members. {worth}.{over} '
+            f'An objective\'s winner takes the most votes (a tied family gives none, the better side of a family '
+            f'its one); equal votes are a tie, and a learned model worse than raw features (identity) on one of '
+            f'the objective\'s families is not named. Keys are what <code>metricpipe predict --model KEY</code>, '
+            f'<code>encode</code> and <code>export</code> take (a prefix is enough; <code>metricpipe models '
+            f'STORE</code> lists them). Only the codes view competes.</small></p>')
 
 
 def _costs_html(rows: dict, doc: dict, extended: dict) -> str:
@@ -743,6 +1029,21 @@ def _figure(panels: list[dict], ncols: int = 2) -> str:
     return f'<figure><img alt="{alt}" src="data:image/png;base64,{_panels_png(panels, ncols)}"></figure>'
 
 
+def _mean_records(*row_sets: dict) -> list[dict]:
+    """One record per row and metric, its value the mean over the repeats (what the plots draw)."""
+    return [{"method": row["method"], "dim": row["dim"], "params": row["params"], "model": row["model"],
+             "classifier": c, "metric": m, "value": v}
+            for rows in row_sets for row in rows.values() for (m, c), v in row["values"].items()]
+
+
+def _repeats_note(records: list) -> str:
+    n = repeat_count(records)
+    return "" if n == 1 else (f" One row per config entry over its {n} repeats: the mean &plusmn; the sample standard "
+                              f"deviation (n &minus; 1) of the repeats, each training every learned model with its "
+                              f"own seed and validation rows; a model without seed is computed once (no &plusmn;). "
+                              f"metrics.json's <code>repeats</code> holds every repeat's value.")
+
+
 def render_html(doc: dict, curves: list | None = None) -> str:
     records, esc = doc["records"], html.escape
     summary = doc.get("summary") or summarize(records)
@@ -764,11 +1065,12 @@ def render_html(doc: dict, curves: list | None = None) -> str:
                  f"factoring shows against the rows above).</small></p>{_table(views, main + other, extended)}")
     more = f"<details><summary>More metrics ({len(other)} columns{', other views' if views else ''})</summary>" \
            f"{recall_note}{more}</details>" if more else recall_note
-    panels = [_panel_over_dim(records, m, c) for m, c in main]
-    all_ks = {_at_k(r["metric"])[1] for r in records if _at_k(r["metric"])}
+    shown = _mean_records(rows, views) if repeat_count(records) > 1 else records   # a point per row
+    panels = [_panel_over_dim(shown, m, c) for m, c in main]
+    all_ks = {_at_k(r["metric"])[1] for r in shown if _at_k(r["metric"])}
     if len(all_ks) > 6:  # precision against K, one panel per dimension
-        dims = sorted({r["dim"] for r in records if _at_k(r["metric"])}, key=lambda d: (d is None, d or 0))
-        panels += [_panel_over_k(records, "mprec", d) for d in dims]
+        dims = sorted({r["dim"] for r in shown if _at_k(r["metric"])}, key=lambda d: (d is None, d or 0))
+        panels += [_panel_over_k(shown, "mprec", d) for d in dims]
     plots = _figure(panels)
     if plots:
         plots = ("<p><small>Each headline metric against the code dimension d, one line per model, baselines "
@@ -799,7 +1101,7 @@ def render_html(doc: dict, curves: list | None = None) -> str:
 data <code>{esc(ds.get('key', ''))}</code>.</p>
 {_summary_html(summary)}
 <h2>Models</h2><p><small>&uarr; higher is better, &darr; lower is better (definitions below); bold: the best of the
-column. Rows with a key are the run's models.</small></p>{_table(rows, main, extended)}
+column. Rows with a key are the run's models.{_repeats_note(records)}</small></p>{_table(rows, main, extended)}
 {"".join(f"<p>Skipped: {esc(s['classifier'])} for {esc(s['model'])} ({esc(s['reason'])}).</p>" for s in doc.get("skipped", []))}
 {more}
 {_extended_html(doc.get("extended_models", []))}

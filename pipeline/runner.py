@@ -19,6 +19,7 @@ from metricpipe.config import (SPLIT_NAMES, EvaluateConfig, NeighboursConfig, Ru
 from metricpipe.context import StageContext
 from metricpipe.errors import STAGES, StageError, check_terminated
 from metricpipe.folds import borrowing
+from metricpipe.stages.evaluate import RETRIEVAL_QUERIES
 from metricpipe.report import build_report, package_versions, read_summary, winner_lines
 from metricpipe.storage import MARKER_SUFFIX, Store, to_json
 from metricpipe.tasks.errors import InputError
@@ -338,6 +339,8 @@ def _run(ctx: StageContext, plan, log, result) -> str:
         # per model (in the order of units.models and evaluation_units): the [config entry, repeat]
         # pairs it is the model of
         "serves": [[list(s) for s in m.serves] for m in models], "repeats": cfg.repeats,
+        # what the report's verdict counts a test item's worth in, and the objective its closing line names
+        "test_items": scored_items(cfg, int((data.split == stages.TEST).sum())), "objective": cfg.objective,
         "evaluation_units": [u.rel for _, u in evals], "timings": timings,
         "skipped": skipped_classifiers(cfg, [m.spec for m in models]),
     }
@@ -355,6 +358,20 @@ def _run(ctx: StageContext, plan, log, result) -> str:
     for line in winner_lines(read_summary(ctx.store)):   # the last lines name the winner
         result(line)
     return path
+
+
+def scored_items(cfg: RunConfig, n_test: int) -> dict:
+    """{objective: the test items scored}: the retrieval queries (every test row, or a seeded sample of
+    evaluate.retrieval.queries, RETRIEVAL_QUERIES unset past that) and the classified test rows
+    (about evaluate.classification.queries of them, a stratified sample), as the evaluate stage takes
+    them. The report's verdict calls a difference below one item's worth a tie."""
+    ev, out = cfg.evaluate, {}
+    if ev.retrieval:
+        asked = ev.queries if ev.queries is not None else RETRIEVAL_QUERIES
+        out["retrieval"] = min(asked, n_test)
+    if ev.classifiers:
+        out["classification"] = min(ev.classify_queries or n_test, n_test)
+    return out
 
 
 def max_rss_mb() -> float:

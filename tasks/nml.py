@@ -580,7 +580,9 @@ class _PairLearner(Learner):
 
     def _label_pair_pools(self, pools, n_samples: int, rng):
         """Pair pools (rows, i, j, s) from pools of labelled rows, until ``iters`` pairs are drawn."""
-        rows = drawn = idle = 0
+        rows = drawn = idle = self.n_pairs_ = 0
+        if self.iters == 0:   # a refit of the start (refit_params of best_iter_ 0): no pair to draw
+            return
         for X, y in pools:
             before = self.pairs * rows // n_samples
             rows += len(y)

@@ -435,7 +435,8 @@ def test_rerun_reuses_every_stage_and_gives_the_same_report(good_store):
     assert json.loads((good_store / "store/report/metrics.json").read_text())["records"] == first
     # the results on stdout (`metricpipe run cfg > results.txt` keeps them), the progress on stderr
     out = res.stdout.strip().splitlines()
-    assert out[0].startswith("Report: ") and out[-1].startswith("Winner: ") and "Completed" not in res.stdout
+    assert out[0].startswith("Report: ") and out[-1].startswith("Winner (classification): ")
+    assert "Completed" not in res.stdout
     assert "Completed 1 of" in res.stderr and "Winner" not in res.stderr
 
 
@@ -862,7 +863,8 @@ metricpipe.cli.main(["run", *sys.argv[1:]])
 """
 
 
-@pytest.mark.parametrize("extra", [[], ["--store", "other store", "--workers", "1"], ["--force", "train", "--repair"],
+@pytest.mark.parametrize("extra", [[], ["--store", "other store", "--workers", "1", "--repeats", "3"],
+                                   ["--force", "train", "--repair"],
                                    ["--no-resume"], ["--no-resume", "--force", "train"], ["--memory-limit", "2GB"]])   # the latter is read before the command
 def test_a_ctrl_c_while_a_command_imports_its_libraries_gives_the_hint_not_a_traceback(tmp_path, extra):
     """The command line loads click and its error types only; each command imports the rest inside
@@ -878,8 +880,8 @@ def test_a_ctrl_c_while_a_command_imports_its_libraries_gives_the_hint_not_a_tra
     assert proc.stdout.strip() == "loaded: []", proc.stdout
     # the hint repeats the options (without --store it would resume the config's own store)
     hint = {(): f"to resume: metricpipe run {cfg} --resume",
-            ("--store", "other store", "--workers", "1"):
-                f"to resume: metricpipe run {cfg} --store 'other store' --workers 1 --resume",
+            ("--store", "other store", "--workers", "1", "--repeats", "3"):
+                f"to resume: metricpipe run {cfg} --store 'other store' --workers 1 --repeats 3 --resume",
             ("--force", "train", "--repair"): f"to resume: metricpipe run {cfg} --force train --repair --resume",
             # --no-resume recomputes every stage: its continuation forces them all, keeping what it did
             ("--no-resume",): f"to resume: metricpipe run {cfg} --force stage --resume",
@@ -1363,3 +1365,20 @@ def test_the_worker_watch_stops_a_blocked_wait_with_one_line(gone, words):
     with pytest.raises(WorkersGone) as e:
         _watched(gone, 30)
     assert time.monotonic() - t0 < 5 and f"error: {e.value}" == words
+
+
+def test_repeats_on_the_command_line_overrides_the_config_for_run_and_demo(monkeypatch, tmp_path):
+    import metricpipe.runner
+    seen = {}
+    monkeypatch.setattr(metricpipe.runner, "run_pipeline",
+                        lambda cfg, **kw: seen.update(repeats=cfg.repeats, setting=cfg.setting("repeats")))
+    cfg = _config(tmp_path, {"source": "digits"}, repeats=2)
+    assert _invoke("run", cfg).exit_code == 0 and seen == {"repeats": 2, "setting": "repeats"}
+    assert _invoke("run", cfg, "--repeats", "5").exit_code == 0 and seen == {"repeats": 5, "setting": "--repeats"}
+    assert _invoke("demo", "--store", tmp_path / "d", "--repeats", "3").exit_code == 0 and seen["repeats"] == 3
+    res = _invoke("run", cfg, "--repeats", "0")
+    assert res.exit_code == 2 and "Invalid value for '--repeats': 0 is not in the range x>=1" in res.output
+    res = _invoke("run", cfg, "--repeats", "101")
+    assert res.exit_code == 2 and res.output.splitlines() == [
+        "error: --repeats: must be <= 100 (every repeat trains every learned model again), got 101"]
+    assert not (tmp_path / "store").exists()

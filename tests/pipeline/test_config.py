@@ -24,6 +24,13 @@ def test_wait_timeout_is_seconds_from_the_config_or_the_command_line():
     assert cfg.wait_timeout == 5.0 and cfg.from_command_line(wait_timeout=2.5).wait_timeout == 2.5
 
 
+def test_evaluate_objective_names_the_closing_line_s_objective_and_keys_no_evaluation():
+    assert parse_config(BASE).objective is None                      # both objectives' lines
+    cfg = parse_config({**BASE, "evaluate": {"objective": "classification"}})
+    assert cfg.objective == "classification"
+    assert cfg.evaluate == parse_config(BASE).evaluate               # the evaluation units' key is unchanged
+
+
 def test_defaults_and_method_expansion():
     cfg = parse_config({**BASE, "methods": [{"method": "pca", "dim": [8, 16]}, {"method": "lda"}]})
     assert [(m["method"], m.get("dim")) for m in cfg.methods] == [("pca", 8), ("pca", 16), ("lda", None)]
@@ -68,6 +75,15 @@ def test_defaults_and_method_expansion():
     ({**BASE, "evaluate": {"retrieval": False, "classification": False}}, r"evaluate: retrieval is false and no "
                                                                            r"classifier is left"),
     ({**BASE, "evaluate": {"retrieval": False, "classification": {"classifiers": []}}}, r"nothing would be evaluated"),
+    ({**BASE, "evaluate": {"objective": "speed"}}, r"cfg.yaml: evaluate.objective: must be one of retrieval, "
+                                                    r"classification, got 'speed'"),
+    ({**BASE, "evaluate": {"objective": "retrieval", "retrieval": False}},
+     r"evaluate.objective: retrieval, but evaluate.retrieval is off: nothing to report a winner on"),
+    ({**BASE, "evaluate": {"objective": "classification", "classification": False}},
+     r"evaluate.objective: classification, but evaluate.classification is off"),
+    ({**BASE, "evaluate": {"objectives": "retrieval"}}, r"evaluate.objectives: unknown key; did you mean "
+                                                        r"'evaluate.objective'"),
+    ({**BASE, "repeats": 0}, r"cfg.yaml: repeats: must be >= 1, got 0"),
     ({**BASE, "neighbours": {"k": 0}}, r"neighbours.k: must be >= 1"),
     ({**BASE, "neighbours": {"queries": 0}}, r"neighbours.queries: must be >= 1"),
     ({**BASE, "neighbours": {"queries": 100}, "evaluate": {"classification": {"classifiers": ["softvote5"]}}},

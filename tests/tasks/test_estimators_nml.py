@@ -268,3 +268,17 @@ def test_early_stopping_keeps_the_l_with_the_best_validation_map(cls):
         assert len(checks) - 1 - checks.index(best) == nml.PATIENCE
     off = clone(est).set_params(validation=0).fit(X, y)
     assert off.best_iter_ is None and off.pairs_seen_ == 20000
+
+
+@pytest.mark.parametrize("cls", [NML, LinearML])
+def test_a_refit_of_a_model_kept_at_its_start_takes_no_step(cls):
+    """Early stopping that kept the start (best_iter_ 0) refits with iters 0: the fit drew no pair,
+    then refused its 'two passes gave no pair' (a 5-repeat digits run stopped on it). No pair is
+    needed: the model is its start, L0 from every training row."""
+    X, y = _data()
+    est = cls(dim=3, pairs=300, iters=700, batch=16, random_state=0)
+    est.fit(X, y, X_val=X[:50], y_val=y[:50])
+    est.best_iter_ = 0
+    refit = clone(est).set_params(**est.refit_params()).fit(X, y)
+    assert refit.pairs_seen_ == refit.n_pairs_ == refit.n_steps_ == 0 and refit.best_iter_ is None
+    assert np.isfinite(refit.transform(X)).all()

@@ -161,3 +161,19 @@ def test_softvote_in_query_groups_gives_the_same_bits(monkeypatch, score):
     for k in whole:
         for a, b in zip(whole[k], grouped[k]):
             np.testing.assert_array_equal(a, b)
+
+
+def test_a_tied_knn_vote_goes_to_the_nearer_class_where_scikit_learn_takes_the_lower_label():
+    """The rule the README states: most votes, then the class whose nearest voter comes first (closer;
+    at equal distances neighbours are in train-row order); scikit-learn's KNeighborsClassifier gives a
+    tie to the lowest label."""
+    Xtr = np.array([[1.0], [2.0], [3.0], [4.0]])
+    ytr = np.array([1, 0, 1, 0])                 # the query at 0: class 1 nearest, then 0, 1, 0: 2 votes each
+    Xte = np.zeros((1, 1))
+    order = np.argsort(metrics.sq_distances(Xte, Xtr), axis=1, kind="stable")
+    assert metrics.knn_class_ranking(ytr[order], 2, 4)[0, 0] == 1
+    assert KNeighborsClassifier(n_neighbors=4, algorithm="brute").fit(Xtr, ytr).predict(Xte)[0] == 0
+    tied_at = np.array([[1.0], [-1.0], [3.0], [-3.0]])   # voters of both classes equally near: the earlier row
+    order = np.argsort(metrics.sq_distances(Xte, tied_at), axis=1, kind="stable")
+    assert metrics.knn_class_ranking(ytr[order], 2, 4)[0, 0] == 1
+    assert metrics.knn_class_ranking(ytr[::-1][order], 2, 4)[0, 0] == 0
