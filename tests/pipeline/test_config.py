@@ -33,6 +33,15 @@ def test_defaults_and_method_expansion():
     ({"data": {"source": "digits", "split": {"test": 1.5}}}, r"data.split.test: must be a share in \(0, 1\) of the rows .*got 1.5"),
     ({"data": {"source": "digits", "split": {"test": 1.0}}}, r"data.split.test: must be a share in \(0, 1\) of the rows"),
     ({"data": {"source": "digits", "split": {"test": 0}}}, r"data.split.test: must be a share in \(0, 1\) of the rows"),
+    ({"data": {"source": "digits", "split": {"classes": 1.5}}},
+     r"cfg.yaml: data.split.classes: a fraction of the classes to hold out must be in \(0, 1\), got 1.5"),
+    ({"data": {"source": "digits", "split": {"classes": 0}}}, r"data.split.classes: a fraction .* got 0"),
+    ({"data": {"source": "digits", "split": {"classes": True}}},
+     r"data.split.classes: expected a fraction in \(0, 1\) of the classes or a list of class labels .*got True"),
+    ({"data": {"source": "digits", "split": {"classes": []}}}, r"data.split.classes: expected a fraction .*got \[\]"),
+    ({"data": {"source": "digits", "split": {"classes": [0, [1]]}}}, r"data.split.classes: expected .*got \[0, \[1\]\]"),
+    ({"data": {"source": "digits", "split": {"clases": [0, 1]}}},
+     r"data.split.clases: unknown key; did you mean 'data.split.classes'\?"),
     ({**BASE, "workers": 0}, r"workers: must be >= 1"),
     ({**BASE, "dashboard": ":99999"}, r"cfg.yaml: dashboard: expected \[HOST\]:PORT .*got ':99999'"),   # was an OverflowError
     ({**BASE, "workers": "two"}, r"workers: expected int"),
@@ -72,6 +81,13 @@ def test_bad_config_is_one_line_naming_the_key(raw, match):
     with pytest.raises(ConfigError, match=match) as e:
         parse_config(raw, where="cfg.yaml")
     assert "\n" not in str(e.value)
+
+
+def test_held_out_classes_are_a_fraction_or_a_list_of_labels():
+    split = parse_config({"data": {"source": "digits", "split": {"classes": 0.2, "seed": 3}}}).data.split
+    assert (split.classes, split.seed) == (0.2, 3)
+    assert parse_config({"data": {"source": "digits", "split": {"classes": [3, "a"]}}}).data.split.classes == (3, "a")
+    assert parse_config(BASE).data.split.classes is None
 
 
 def test_load_config_errors(tmp_path):
