@@ -798,6 +798,7 @@ class NCMML(_NCMClassifier, _MetricLearner):
     # steps; with this one it was lowest at 3 to 300 on those and on Fashion-MNIST (benchmarks/README.md)
     search_space = {"lr": [30.0, 3.0, 10.0, 100.0, 300.0]}
     selection_metric = "ncm"
+    own_classifier = "ncm"   # Eq. 5 (Eq. 27 in the dot form) over the class means
     # the dot form (Eq. 27) steps on scores, not squared distances: lr 10 and more diverged on digits,
     # Fashion 14 x 14 and HOG, whose validation error was lowest at 1, 3 and 3 (0.1 never left the start)
     search_space_when = {("objective", "dot"): {"lr": [1.0, 0.3, 3.0, 10.0, 0.1]}}
@@ -890,6 +891,7 @@ class NCMC(_NCMClassifier, _MetricLearner):
     """
     search_space = NCMML.search_space
     selection_metric = "ncmc"
+    own_classifier = "ncmc"   # Eq. 22's mixture over the k centroids of every class
 
     method = "ncmc"
     _parameter_constraints = {**_SGD_CONSTRAINTS, "centroids": COUNT, "train_centroids": [Options(Integral, {1}), None],

@@ -287,6 +287,14 @@ def _query_blocks(idx: np.ndarray, n_db: int) -> list[np.ndarray]:
     return _fixed_blocks(idx, max(_query_group(n_db), -(-len(idx) // RETRIEVAL_TASKS)))
 
 
+def served_classifiers(ev, spec: dict) -> tuple:
+    """The classifiers a model is scored with: those the config lists that it can serve (``unserved``)
+    and its own (``own_classifier``: ncm for NCMML, ncmc for NCMC) even when the list lacks it."""
+    own = registry.estimator_class(spec["method"], spec).own_classifier
+    asked = ev.classifiers + ((own,) if own and own not in ev.classifiers else ())
+    return tuple(c for c in asked if not unserved(spec, c))
+
+
 def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Unit | None = None
                  ) -> list[tuple[dict, Unit]]:
     """Retrieval (test queries against the rest of test) and classification (train as database).
@@ -335,11 +343,15 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
     common = list(subsets.pop()) if len(subsets) == 1 else None
     out, jobs, costs, indexed, reused = [], [], {}, [], 0
     for spec, cunit, dim in codes:
+        served = served_classifiers(ev, spec)   # the others: runs/latest.json "skipped"
+        # the classifiers a model serves beyond the config's (its own): a result of the unit, so in its key
+        added = [c for c in served if c not in ev.classifiers]
+        own = {"own_classifier": added} if added else {}
         unit = ctx.store.unit("evaluation", hash_key({"stage": "evaluation", "seed": ctx.config.seed, "codes": cunit.key,
                                                      "graph": neighbours.key if neighbours else None,
                                                      "evaluate": ev.__dict__, "data": data.unit.key,
                                                      "indexes": _index_plan(ctx, data, cunit, n_train),
-                                                     "trained_on": trained(spec) or common}))
+                                                     "trained_on": trained(spec) or common, **own}))
         out.append((spec, unit))
         if ctx.reuse(unit, "evaluate"):
             reused += 1
@@ -350,7 +362,6 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
         views = [("codes", f"{cunit.url}/codes", f"{cunit.url}/codes", (cmeta.get("score") or "euclidean"))]
         if cmeta.get("bilinear"):
             views.append(("exact", f"{cunit.url}/query", f"{cunit.url}/base", "inner"))
-        served = tuple(c for c in ev.classifiers if not unserved(spec, c))  # the others: runs/latest.json "skipped"
         knn_k = max([int(c[3:]) for c in served if c.startswith("knn")], default=0)
         model_url = ctx.store.unit("models", read_attrs(cunit.url)["model"]).url
         for view, q_url, db_url, score in views:
@@ -366,7 +377,7 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
                               name=f"retrieval-{model_id(spec)}")
                    for q in _query_blocks(queries, len(test))] if ev.retrieval else []
             ncm_model = None
-            if view == "codes" and hasattr(registry.estimator_class(spec["method"], spec), "predict_proba"):
+            if view == "codes" and registry.estimator_class(spec["method"], spec).own_classifier in served:
                 ncm_model = ctx.submit(_ncm_model, model_url, name="ncm-model")
             blocks = _fixed_blocks(classified, CLASSIFY_QUERIES)
             job = {"spec": spec, "unit": unit, "dim": dim, "view": view, "score": score, "ret": ret, "cls": [],
@@ -403,8 +414,8 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
         cls_res = ctx.gather(cls, "evaluate", [f"model {name} classification block {i}" for i in range(len(cls))])
         extra = {} if view == "codes" and score == "euclidean" else {"view": view, "score": score}
         recs = records.setdefault(unit.key, (unit, []))[1]
-        recs.extend(_records(spec, dim, ev, data.labels[classified], ret_res, cls_res, extra, trained_on,
-                             data.labels[queries], knn_note))
+        recs.extend(_records(spec, dim, ev, job["classify"][2], data.labels[classified], ret_res, cls_res, extra,
+                             trained_on, data.labels[queries], knn_note))
         if view == "codes" and costs.get(unit.key):  # the projection's size and cost next to its metrics
             base = {"method": spec["method"], "dim": dim, "classifier": None,
                     "params": spec_params(spec)}
@@ -418,7 +429,7 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
 ACCURACY_METRICS = ("map@r", "r_precision", "precision@1", "mrr")
 
 
-def _records(spec: dict, dim: int, ev, test_labels: np.ndarray, ret_res: list, cls_res: list,
+def _records(spec: dict, dim: int, ev, classifiers: tuple, test_labels: np.ndarray, ret_res: list, cls_res: list,
              extra: dict | None = None, trained_on: list | None = None,
              query_labels: np.ndarray | None = None, knn_note: dict | None = None) -> list[dict]:
     """Metric records; ``test_labels`` are the classified test rows' labels, ``query_labels`` the
@@ -430,10 +441,11 @@ def _records(spec: dict, dim: int, ev, test_labels: np.ndarray, ret_res: list, c
     recs = []
     with warnings.catch_warnings():   # no query with a relevant image: NaN, which the run's start noted
         warnings.simplefilter("ignore", RuntimeWarning)
-        return _record_list(recs, base, ev, test_labels, ret_res, cls_res, trained_on, query_labels, knn_note)
+        return _record_list(recs, base, ev, classifiers, test_labels, ret_res, cls_res, trained_on, query_labels,
+                            knn_note)
 
 
-def _record_list(recs, base, ev, test_labels, ret_res, cls_res, trained_on, query_labels, knn_note) -> list[dict]:
+def _record_list(recs, base, ev, classifiers, test_labels, ret_res, cls_res, trained_on, query_labels, knn_note) -> list[dict]:
     if ret_res:
         cat = {k: np.concatenate([r[k] for r in ret_res]) for k in ret_res[0]}
         recs.append({**base, "classifier": None, "metric": "map", "value": float(np.nanmean(cat["ap"]))})
@@ -453,7 +465,7 @@ def _record_list(recs, base, ev, test_labels, ret_res, cls_res, trained_on, quer
     if cls_res:
         # a model trained on some classes only is also scored on the test images of the others
         new = None if not trained_on else ~np.isin(test_labels, trained_on)
-        for c in ev.classifiers:
+        for c in classifiers:
             if c not in cls_res[0]:  # e.g. ncmc for a model without centroids
                 continue
             top1 = np.concatenate([r[c][0] for r in cls_res])
