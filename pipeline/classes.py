@@ -19,6 +19,7 @@ from metricpipe.config import DataConfig
 from metricpipe.sources import open_source
 from metricpipe.models import check_intact, codes_of, find_model, model_units, staged_arrays
 from metricpipe.storage import Store, hash_key, load_estimator, open_array, save_estimator
+from metricpipe.tasks import registry
 from metricpipe.tasks.ncmml import NCMC
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.moments import class_sums
@@ -27,13 +28,16 @@ from metricpipe.tasks.validate import check_feature_block, label_values
 
 BLOCK_ROWS = 16384
 KMEANS_SAMPLE = 2000
+NCM = ("ncm", "ncmc")   # the classifiers whose classes are means (centroids) a new class can join
 
 
 def ncm_models(store: Store, model: str | None = None) -> list:
     """Committed NCMML / NCMC models of the store (or the one whose key starts with ``model``), as
     (unit, commit record)."""
-    def ncm(meta):
-        return (meta.get("spec") or {}).get("method") in ("ncmml", "ncmc")
+    def ncm(meta):   # an NCM classifier (NCMML, NCMC): the learner says so
+        method = (meta.get("spec") or {}).get("method")
+        return method in registry.METHODS and registry.estimator_class(method, meta["spec"]).own_classifier in NCM
+
     # --model names one model, as for predict, encode and export (an ambiguous prefix is refused)
     named = [find_model(store, model)] if model is not None else []
     if named and not ncm(named[0][1]):

@@ -29,7 +29,7 @@ def file_only_given(values: dict) -> str | None:
     return None
 
 
-from metricpipe.tasks.splits import SPLIT_NAMES  # noqa: E402 - code = position; stored as int8 with flag_meanings
+from metricpipe.tasks.splits import SPLIT_NAMES, USER_SPLITS  # noqa: E402,F401 - code = position; stored as int8
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class SplitConfig:
     val: float | str = "auto"   # a fraction, or auto: a stratified share of train (stages.data.auto_val_size)
     seed: int = 0
     column: str | None = None
+    classes: float | tuple | None = None   # held-out classes: a fraction drawn with seed, or their labels
 
 
 @dataclass(frozen=True)
@@ -156,9 +157,9 @@ def _check_negatives(neg: dict | None, where: str, key: str) -> dict:
         neg = check_negatives(neg)
     except InputError as e:
         _fail(where, key, str(e))
-    if neg["split"] not in SPLIT_NAMES:
+    if neg["split"] not in USER_SPLITS:
         _fail(where, f"{key}.split", f"must name the split of the negative images, one of "
-              f"{', '.join(n for n in SPLIT_NAMES if n != 'test')} (never test: those are the queries); "
+              f"{', '.join(n for n in USER_SPLITS if n != 'test')} (never test: those are the queries); "
               f"got {neg['split']!r}")
     return neg
 
@@ -240,6 +241,24 @@ def _val_fraction(split_raw: dict, where: str):
     return float(v)
 
 
+def _held_out_classes(split_raw: dict, where: str):
+    """data.split.classes: a fraction in (0, 1) of the classes, or a list of labels (checked against the
+    data's labels when it is staged)."""
+    v = split_raw.get("classes")
+    if v is None:
+        return None
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        if not (math.isfinite(v) and 0.0 < v < 1.0):
+            _fail(where, "data.split.classes", f"a fraction of the classes to hold out must be in (0, 1), got {v!r}; "
+                  f"or give a list of class labels")
+        return float(v)
+    if not isinstance(v, list) or not v or not all(isinstance(c, (int, float, str)) and not isinstance(c, bool)
+                                                   for c in v):
+        _fail(where, "data.split.classes", f"expected a fraction in (0, 1) of the classes or a list of class labels "
+              f"to hold out, got {v!r}")
+    return tuple(v)
+
+
 def _int_list(d, key, where, prefix, default, minimum=1):
     if key not in d:
         return default
@@ -298,13 +317,14 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
         return p if base_dir is None else absolute_path(p, base_dir)
 
     split_raw = data.get("split", {}) or {}
-    _check_keys(split_raw, ["test", "val", "seed", "column"], where, "data.split.")
+    _check_keys(split_raw, ["test", "val", "seed", "column", "classes"], where, "data.split.")
     column = _typed(split_raw, "column", str, where, "data.split.")
     split = SplitConfig(
         test=None if column else _typed(split_raw, "test", float, where, "data.split.", 0.2),   # (0, 1): below
         val=_val_fraction(split_raw, where),
         seed=_typed(split_raw, "seed", int, where, "data.split.", 0, 0),
         column=column,
+        classes=_held_out_classes(split_raw, where),
     )
     if column and "test" in split_raw:
         _fail(where, "data.split", "give either column or a test fraction, not both")

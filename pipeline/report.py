@@ -59,6 +59,8 @@ def build_report(store: Store, manifest: dict) -> str:
                              f"CONFIG --repair' to recompute it")
         served = {} if serves is None else {"serves": serves}   # [[config entry, repeat], ...]
         records += [{**r, "model": model, **served} for r in found]
+    held = held_out_classes(records, manifest["dataset"].get("unseen_classes"))
+    records = [r for r in records if r.get("classes") != "unseen"]   # the tables, summary and plots: seen classes
     doc = {"run": {k: manifest[k] for k in ("config", "dataset", "store", "versions", "started", "seconds")},
            "summary": summarize(records, items=manifest.get("test_items"), objective=manifest.get("objective")),
            "definitions": definitions_of(records), "records": records, "repeats": repeat_table(records),
@@ -69,6 +71,8 @@ def build_report(store: Store, manifest: dict) -> str:
     doc["model_timings"] = model_timings(store, manifest)
     doc["selection"] = selections(store, manifest)
     doc["skipped"] = manifest.get("skipped", [])   # default classifiers a model cannot serve
+    if held:
+        doc["held_out_classes"] = held
     store.write_text("report/metrics.json", to_json({**doc, "training": curves}))
     store.write_text("report/index.html", render_html(doc, curves))
     return store.path("report", "index.html")
@@ -997,6 +1001,58 @@ def definitions_of(records: list) -> dict:
             for m in sorted({r["metric"] for r in records})}
 
 
+# ---- the held-out classes (data.split.classes): their figures beside the seen classes' -------------------------
+
+HELD_OUT_METRICS = (("map", None), ("map@r", None))   # then each classifier's top-1 error
+
+
+def held_out_classes(records: list, classes: list | None) -> dict | None:
+    """The unseen-class protocol's figures beside the seen classes': {"classes": the held-out labels,
+    "columns": [{metric, classifier, label, higher_is_better}], "rows": one per model (codes view):
+    {label, method, dim, model, baseline, values: [[seen, unseen] per column]}, "records": the unseen
+    records}. None when the run holds no class out."""
+    unseen = [r for r in records if r.get("classes") == "unseen"]
+    if not unseen:
+        return None
+    have = {(r["metric"], r["classifier"]) for r in unseen}
+    cls = dict.fromkeys(r["classifier"] for r in unseen if r["metric"] == "top1_error")
+    columns = [mc for mc in HELD_OUT_METRICS if mc in have] + [("top1_error", c) for c in cls]
+    table, swept = {}, _swept(unseen)
+    for r in records:
+        if r.get("classes") not in ("seen", "unseen") or (r["metric"], r["classifier"]) not in columns \
+                or (r["params"].get("view") or "codes") != "codes":
+            continue
+        ident = (r["method"], r["dim"], to_json({k: v for k, v in r["params"].items() if k != "score"}))
+        row = table.setdefault(ident, {"label": f"{_label(r, swept)} d={r['dim']}", "method": r["method"],
+                                       "dim": r["dim"], "model": r.get("model"), "baseline": r["method"] in BASELINES,
+                                       "values": [[None, None] for _ in columns]})
+        row["values"][columns.index((r["metric"], r["classifier"]))][r["classes"] == "unseen"] = r["value"]
+    rows = sorted(table.values(), key=lambda row: (row["baseline"], row["method"], row["dim"] or 0, row["label"]))
+    return {"classes": list(classes or []), "rows": rows, "records": unseen,
+            "columns": [{"metric": m, "classifier": c, "label": definition(m)[0] + (f" ({c})" if c else ""),
+                         "higher_is_better": definition(m)[1]} for m, c in columns]}
+
+
+def held_out_html(held: dict | None) -> str:
+    """The held-out classes' section: per model, each headline metric on the seen and the unseen classes."""
+    if not held:
+        return ""
+    esc = html.escape
+    head = "".join(f'<th colspan=2>{esc(c["label"])} {"&uarr;" if c["higher_is_better"] else "&darr;"}</th>'
+                   for c in held["columns"])
+    sub = "<th>seen</th><th>unseen</th>" * len(held["columns"])
+    tag = ' <span class="b">baseline</span>'
+    body = "".join(
+        f"<tr><td class=l>{esc(r['label'])}{tag if r['baseline'] else ''}</td>"
+        + "".join("".join("<td></td>" if v is None else f"<td>{v:.4f}</td>" for v in pair) for pair in r["values"])
+        + "</tr>" for r in held["rows"])
+    names = ", ".join(esc(str(c)) for c in held["classes"])
+    return (f"<h2>Held-out classes</h2><p><small>data.split.classes holds out {names or 'classes'}: no learner, "
+            f"baseline or statistic sees their rows. Unseen: retrieval among their test rows, kNN over their "
+            f"train rows, NCM (NCMC) with means (centroids) from their train rows. Seen: the tables "
+            f"above.</small></p><table><tr><th class=l rowspan=2>model</th>{head}</tr><tr>{sub}</tr>{body}</table>")
+
+
 CSS = """body{font-family:sans-serif;font-size:14px;margin:1em 2em;max-width:1340px}h1{font-size:1.4em;margin:.2em 0}
 h2{font-size:1.15em;margin:1em 0 .3em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px;
 text-align:right}th{background:#f3f3f3;font-weight:normal}.l{text-align:left}td.l{max-width:320px}
@@ -1103,6 +1159,7 @@ data <code>{esc(ds.get('key', ''))}</code>.</p>
 <h2>Models</h2><p><small>&uarr; higher is better, &darr; lower is better (definitions below); bold: the best of the
 column. Rows with a key are the run's models.{_repeats_note(records)}</small></p>{_table(rows, main, extended)}
 {"".join(f"<p>Skipped: {esc(s['classifier'])} for {esc(s['model'])} ({esc(s['reason'])}).</p>" for s in doc.get("skipped", []))}
+{held_out_html(doc.get("held_out_classes"))}
 {more}
 {_extended_html(doc.get("extended_models", []))}
 {_costs_html(rows, doc, extended)}

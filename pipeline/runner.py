@@ -200,12 +200,23 @@ def _pool_notes(est, info, entry: dict) -> list[str]:
     return []
 
 
+def _refuse_held_out(named, held, classes: list) -> None:
+    """A learner's ``classes`` may not name a class data.split.classes holds out: it never sees its rows."""
+    both = np.intersect1d(named, held)
+    if len(both):
+        raise InputError(f"classes lists {classes[int(both[0])]!r}, which data.split.classes holds out (no learner "
+                         f"sees its rows); drop it from one of them")
+
+
 def check_methods(cfg: RunConfig, info, log=print) -> RunConfig:
     """Every parameter the data's shape rules out (dim above the features, LDA's dim above
     classes - 1, classes that are not labels of the data, ...) is refused here, after the source's header
     and labels are read and before any unit is written."""
     noted = set()    # once per config entry and note, not per model or searched candidate
     n_ref = None
+    # the classes the learners see: every class, or those data.split.classes does not hold out
+    n_seen = len(splits.seen_classes(info.split, info.labels))
+    held = splits.unseen_classes(info.split, info.labels)
     for n, spec in enumerate(cfg.methods):
         metric = (spec.get("select") or {}).get("metric", "")
         if metric.startswith(("knn", "softvote")):   # every candidate would vote over every reference row: a tie
@@ -222,9 +233,10 @@ def check_methods(cfg: RunConfig, info, log=print) -> RunConfig:
         for cand in registry.candidates(spec):
             try:
                 est = registry.make(cand)
-                est.check_data_shape(info.n_features, len(info.classes))
+                est.check_data_shape(info.n_features, n_seen)
                 if hasattr(est, "trained_classes"):   # the labels NCMML's classes names are the data's
-                    est.trained_classes(info.classes)
+                    _refuse_held_out(est.trained_classes(info.classes) if est.classes is not None else [], held,
+                                     info.classes)
             except InputError as e:
                 raise InputError(f"{cfg.source_file}: {cfg.entry(n)} ({stages.model_id(cand)}): {e}") from None
             refuse_without_dense_covariance(est, info.n_features, cfg.statistics.max_dense_dim,
@@ -232,7 +244,7 @@ def check_methods(cfg: RunConfig, info, log=print) -> RunConfig:
             raw = cfg.raw.get("methods") or []
             i = cfg.method_entries[n] if n < len(cfg.method_entries) else n
             asked = raw[i] if i < len(raw) and isinstance(raw[i], dict) else {}
-            notes = est.shape_notes(info.n_features, len(info.classes)) + _pool_notes(est, info, asked)
+            notes = est.shape_notes(info.n_features, n_seen) + _pool_notes(est, info, asked)
             for note in notes:
                 if (cfg.entry(n), note) not in noted:
                     log(f"  {cfg.entry(n)} ({stages.model_id(cand)}): {note}")
@@ -326,13 +338,15 @@ def _run(ctx: StageContext, plan, log, result) -> str:
     models = stage(next(i), "train", stages.run_train, ctx, data, stats, graph)
     codes = stage(next(i), "encode", stages.run_encode, ctx, data, models)
     evals = stage(next(i), "evaluate", stages.run_evaluate, ctx, data, codes, graph)
+    held = splits.unseen_classes(data.split, data.labels)   # data.split.classes
     manifest = {
         # the file's settings with those the command line replaced (--store, --workers, ...)
         "config": {**cfg.raw, **{k: getattr(cfg, k) for k in sorted(cfg.overridden)}},
         "store": ctx.store.url, "started": started, "versions": package_versions(),
         "dataset": {"source": data.unit.meta().get("source"), "key": data.unit.key, "n_samples": data.n_samples,
                     "n_features": data.n_features, "n_classes": len(data.classes),
-                    "splits": {SPLIT_NAMES[c]: int(n) for c, n in enumerate(np.bincount(data.split)) if n}},
+                    "splits": {SPLIT_NAMES[c]: int(n) for c, n in enumerate(np.bincount(data.split)) if n},
+                    **({"unseen_classes": [data.classes[c] for c in held]} if len(held) else {})},
         "units": {"data": data.unit.rel, "statistics": stats.rel, "neighbours": graph.rel if graph else None,
                   "models": [m.unit.rel for m in models], "codes": [u.rel for _, u, _ in codes],
                   "selection": ctx.selections, "validated": ctx.validated},

@@ -40,6 +40,24 @@ def validation_rows(est, split, labels, train, allowed_train, keys, seed, names=
     return train[vpos], keep, True
 
 
+def kmeans_centroids(est, data_url: str, chunks: list, rows: np.ndarray, labels: np.ndarray, n_classes: int):
+    """NCMC's k centroids per class (``est.kmeans``) over the staged rows where ``rows`` (n_rows,) is
+    True: k-means++ on a stratified sample of them, Lloyd passes over the row-blocks (the task holds
+    the sample and one block). Returns (centroids in the input space, their class codes)."""
+    D = open_array(f"{data_url}/features").shape[1]
+    fit_rows = np.flatnonzero(rows)
+    sample = fit_rows[est.kmeans_sample(labels[fit_rows], open_array(f"{data_url}/row_key")[:][fit_rows],
+                                        seed_of(est.random_state), est.kmeans_per_class(n_classes, D), est.centroids)]
+
+    def blocks():
+        for a, b in chunks:
+            mine = np.flatnonzero(rows[a:b])
+            if len(mine):
+                yield open_array(f"{data_url}/features")[a:b][mine].astype(np.float64), labels[a:b][mine]
+    return est.kmeans(read_rows(f"{data_url}/features", sample), labels[sample], blocks, n_classes,
+                      np.bincount(labels[fit_rows], minlength=n_classes))
+
+
 def _train(est, spec: dict, data_url: str, stats_url: str, shuffled_url: str, chunks: list, block_rows: int,
            model_url: str, names: list, fold: Fold) -> dict:
     stats, _ = load_arrays(stats_url)
@@ -65,18 +83,7 @@ def _train(est, spec: dict, data_url: str, stats_url: str, shuffled_url: str, ch
     if held_out:
         scoring[val] = VAL
     if hasattr(est, "kmeans"):  # NCMC: centroids by k-means over the train rows
-        D = open_array(f"{data_url}/features").shape[1]
-        fit_rows = np.flatnonzero(scoring == TRAIN)
-        sample = fit_rows[est.kmeans_sample(labels[fit_rows], open_array(f"{data_url}/row_key")[:][fit_rows], seed,
-                                            est.kmeans_per_class(C, D), est.centroids)]
-
-        def blocks():
-            for a, b in chunks:
-                rows = np.flatnonzero(scoring[a:b] == TRAIN)
-                if len(rows):
-                    yield open_array(f"{data_url}/features")[a:b][rows].astype(np.float64), labels[a:b][rows]
-        extra["centroids"] = est.kmeans(read_rows(f"{data_url}/features", sample), labels[sample], blocks, C,
-                                        np.bincount(labels[fit_rows], minlength=C))
+        extra["centroids"] = kmeans_centroids(est, data_url, chunks, scoring == TRAIN, labels, C)
     elif getattr(est, "classes", None) is not None and est.method == "ncmml" and est.validates():
         others = ~np.isin(labels, est.trained_classes(names))     # monitor the other classes
         new = np.flatnonzero((split == VAL) & others)

@@ -89,6 +89,9 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     candidates, in the evaluate stage's words (``knnK``, ``softvoteK``, ``ncm``, ``ncmc``, ``map``).
     Both are read by :func:`metricpipe.tasks.evaluation.validation_score` and the pipeline's
     selection; a Python user passes them to GridSearchCV themselves.
+    ``own_classifier``: the classifier the learner is, in the evaluate stage's words (``ncm`` for
+    NCMML, ``ncmc`` for NCMC; None for a learner that only encodes): the evaluate stage scores a
+    model with it whatever ``evaluate.classification.classifiers`` lists.
 
     A fitted learner also has ``n_features_in_`` and the property ``_n_features_out`` (the code
     dimension; scikit-learn's ``get_feature_names_out`` uses it).
@@ -100,6 +103,7 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     # another space where a set parameter changes what the searched one means: {(name, value): space}
     search_space_when: dict = {}
     selection_metric: str = "knn1"
+    own_classifier: str | None = None
 
     @classmethod
     def search_grid(cls, params: dict) -> dict:

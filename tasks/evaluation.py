@@ -149,16 +149,21 @@ def softvote_errors(Q: np.ndarray, y: np.ndarray, nbr: np.ndarray, B: np.ndarray
     return out
 
 
-def ncm_errors(Q: np.ndarray, y: np.ndarray, means: np.ndarray, bias: np.ndarray | None = None) -> tuple:
+def ncm_errors(Q: np.ndarray, y: np.ndarray, means: np.ndarray, bias: np.ndarray | None = None,
+               classes: np.ndarray | None = None) -> tuple:
     """Nearest class mean of the codes (Eq. 5), or Eq. 27's dot form when class biases are given (a
-    class without a learned bias takes the one the Euclidean form implies)."""
+    class without a learned bias takes the one the Euclidean form implies). ``classes``: the class
+    codes that compete, those with a mean (default: every row of ``means``, (C, d))."""
+    classes = np.arange(len(means)) if classes is None else np.asarray(classes, np.int64)
+    means = np.asarray(means)[classes]
     if bias is not None:
+        bias = np.asarray(bias)[classes]
         bias = np.where(np.isfinite(bias), bias, -0.5 * (means.astype(np.float64) ** 2).sum(1))
         ranking = np.argsort(-ncmml.ncm_scores(Q.astype(np.float64), means.astype(np.float64), bias),
                              axis=1, kind="stable")
     else:
         ranking = metrics.nearest_mean_ranking(Q, means)
-    errs = metrics.topk_errors(ranking, y)
+    errs = metrics.topk_errors(classes[ranking], y)
     return errs[1], errs[5]
 
 

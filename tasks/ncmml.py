@@ -494,6 +494,15 @@ class _MetricLearner(Learner):
             return np.arange(len(labels))
         return class_codes(self.classes, labels, f"The 'classes' parameter of {type(self).__name__}")
 
+    def _fit_classes(self, statistics: dict, labels) -> tuple[np.ndarray, np.ndarray]:
+        """(the class codes W trains on, the class codes with training rows): :meth:`trained_classes`
+        less the classes the statistics hold no training row of. A class without one (a run's
+        held-out class, ``data.split.classes``) neither trains W nor gets a mean: the model never
+        sees it, and classifies it only once its mean is added (:meth:`add_centroids`)."""
+        present = np.flatnonzero(np.asarray(statistics["class_counts"]) > 0)
+        trained = self.trained_classes(self.classes_ if labels is None else labels)
+        return trained[np.isin(trained, present)], present
+
     def pool_rows(self, n_classes: int) -> int | None:
         """Rows of the training set's pools that ``fit_stream`` reads at most, so that the pipeline
         writes only the blocks of its shuffled copy visited first. SGD cuts each pool into batches of
@@ -791,6 +800,7 @@ class NCMML(_NCMClassifier, _MetricLearner):
     # steps; with this one it was lowest at 3 to 300 on those and on Fashion-MNIST (benchmarks/README.md)
     search_space = {"lr": [30.0, 3.0, 10.0, 100.0, 300.0]}
     selection_metric = "ncm"
+    own_classifier = "ncm"   # Eq. 5 (Eq. 27 in the dot form) over the class means
     # the dot form (Eq. 27) steps on scores, not squared distances: lr 10 and more diverged on digits,
     # Fashion 14 x 14 and HOG, whose validation error was lowest at 1, 3 and 3 (0.1 never left the start)
     search_space_when = {("objective", "dot"): {"lr": [1.0, 0.3, 3.0, 10.0, 0.1]}}
@@ -833,33 +843,36 @@ class NCMML(_NCMClassifier, _MetricLearner):
         class labels in code order, which ``classes`` names (default: the codes). Returns self."""
         W0 = self._start(statistics)
         C = len(self.classes_)
-        trained = self._train_classes = self.trained_classes(self.classes_ if labels is None else labels)
+        trained, present = self._fit_classes(statistics, labels)
+        self._train_classes = trained
         means = statistics["class_means"]
         sgd = MetricSGD(W0, "dot" if self.objective == "dot" else "ncm", self._searched("lr"), means[trained], trained, C,
                         scale=moments.row_scale(statistics))
         # with classes left out, the dot model classifies by implied biases (below): early stopping too
-        sgd.implied_bias = self.objective == "dot" and len(trained) < C
+        sgd.implied_bias = self.objective == "dot" and len(trained) < len(present)
         self._monitor = None
         if X_new is not None and len(X_new):   # (the dot form with implied biases is this same rule)
-            Xn, yn, M = np.asarray(X_new, np.float64), np.asarray(y_new, np.int64), np.asarray(means, np.float64)
-            self._monitor = lambda s: float((metrics_nearest(Xn @ s.W.T, M @ s.W.T) != yn).mean())
+            Xn, yn = np.asarray(X_new, np.float64), np.asarray(y_new, np.int64)
+            M = np.asarray(means, np.float64)[present]
+            self._monitor = lambda s: float((present[metrics_nearest(Xn @ s.W.T, M @ s.W.T)] != yn).mean())
         self._run(sgd, pools, X_val, y_val, _class_error, self._slices)
         hist = [h for h in self.history_ if "val_error_new_classes" in h]
         self.val_error_new_classes_ = next((h["val_error_new_classes"] for h in hist if h["iter"] == self.best_iter_),
                                            None)
         self.best_iter_new_classes_ = min(hist, key=lambda h: h["val_error_new_classes"])["iter"] if hist else None
         del self._monitor
-        self.centroids_ = np.asarray(means, np.float32)
-        self.centroid_classes_ = np.arange(C, dtype=np.int32)
+        self.centroids_ = np.asarray(means, np.float32)[present]
+        self.centroid_classes_ = present.astype(np.int32)
         self.class_bias_ = None
         if self.objective == "dot":
-            # the learned biases (Eq. 27) when every class was trained; with classes left out, every class
-            # takes the implied one: the learned ones (from 0) and the implied ones (-||W mu||^2 / 2) are
-            # on different scales, so the left-out classes would never win (Section 3.4: as good)
-            if len(trained) < C:
+            # the learned biases (Eq. 27) when every class with a mean was trained; with classes left out,
+            # every class takes the implied one: the learned ones (from 0) and the implied ones
+            # (-||W mu||^2 / 2) are on different scales, so the left-out classes would never win
+            # (Section 3.4: as good)
+            if len(trained) < len(present):
                 self.class_bias_ = self._implied_biases()
             else:
-                self.class_bias_ = np.zeros(C, np.float32)
+                self.class_bias_ = np.full(C, np.nan, np.float32)
                 self.class_bias_[trained] = self._best_bias
         del self._best_bias, self._train_classes
         return self
@@ -881,6 +894,7 @@ class NCMC(_NCMClassifier, _MetricLearner):
     """
     search_space = NCMML.search_space
     selection_metric = "ncmc"
+    own_classifier = "ncmc"   # Eq. 22's mixture over the k centroids of every class
 
     method = "ncmc"
     _parameter_constraints = {**_SGD_CONSTRAINTS, "centroids": COUNT, "train_centroids": [Options(Integral, {1}), None],
@@ -933,11 +947,13 @@ class NCMC(_NCMClassifier, _MetricLearner):
         in_sample = np.bincount(np.asarray(y_sample, np.int64), minlength=n_classes)
         counts = in_sample if counts is None else np.asarray(counts, np.int64)
         k = np.minimum(self.centroids, counts)
-        if (in_sample < np.maximum(k, 1)).any():
-            c = int(np.argmax(in_sample < np.maximum(k, 1)))
+        need = np.where(counts > 0, np.maximum(k, 1), 0)   # a class with no training image has no centroid
+        if (in_sample < need).any():
+            c = int(np.argmax(in_sample < need))
             raise InputError(f"NCMC: class code {c} has {int(in_sample[c])} image(s) in the k-means sample for "
-                             f"{int(max(k[c], 1))} centroid(s); give every class training images")
-        return class_kmeans(np.asarray(X_sample), np.asarray(y_sample), np.arange(n_classes), k, blocks,
+                             f"{int(need[c])} centroid(s); give every class training images")
+        classes = np.flatnonzero(counts > 0)
+        return class_kmeans(np.asarray(X_sample), np.asarray(y_sample), classes, k[classes], blocks,
                             self.kmeans_iters, np.random.default_rng([seed_of(self.random_state), 11]))
 
     def _memory_inputs(self, X, codes, keep, rows, monitor, keys, seed) -> dict:
@@ -957,7 +973,7 @@ class NCMC(_NCMClassifier, _MetricLearner):
         """The pipeline's entry point (``fit`` calls it too); ``centroids`` is :meth:`kmeans`'s answer."""
         W0 = self._start(statistics)
         C = len(self.classes_)
-        trained = self._train_classes = self.trained_classes(self.classes_ if labels is None else labels)
+        trained = self._train_classes = self._fit_classes(statistics, labels)[0]
         cents, owner = centroids
         if self.train_centroids == 1:  # NCMC-test: the metric learns with one mean per class
             sgd = MetricSGD(W0, "ncm", self._searched("lr"), statistics["class_means"][trained], trained, C,
@@ -1052,7 +1068,7 @@ class KNNML(_MetricLearner):
         stopping)."""
         W0 = self._start(statistics)
         C = len(self.classes_)
-        self._train_classes = self.trained_classes(self.classes_ if labels is None else labels)
+        self._train_classes = self._fit_classes(statistics, labels)[0]
         sgd = MetricSGD(W0, "knn", self._searched("lr"), n_classes=C, targets=self.targets, k=self.k,
                         scale=moments.row_scale(statistics), margin=self.margin)
         error = None

@@ -8,13 +8,21 @@ of the train rows (:func:`borrow`) to choose parameters and stop training early;
 candidate is then refitted on every train row. The borrowed rows are a function of the rows'
 content keys and a seed, never of where the rows are stored, so the same rows stored in another
 order borrow the same rows, and a repeat (another seed) borrows others.
+
+``data.split.classes`` holds whole classes out (:func:`hold_out`): their rows are recoded
+``unseen_train`` (train, val and negatives rows: the means and the kNN database of the unseen-class
+evaluation) and ``unseen_test`` (their test rows, scored). No stage that reads ``train``, ``val``
+or ``test`` rows sees them: statistics, neighbours, the shuffled copy, every learner, the borrowed
+validation rows and the seen-class evaluation. A user's split column names :data:`USER_SPLITS` only.
 """
 import numpy as np
 
 from metricpipe.tasks import stream
 
-SPLIT_NAMES = ("train", "test", "val", "negatives")   # code = position; stored as int8 with flag_meanings
-TRAIN, TEST, VAL, NEGATIVES = range(len(SPLIT_NAMES))
+SPLIT_NAMES = ("train", "test", "val", "negatives",   # code = position; stored as int8 with flag_meanings
+               "unseen_train", "unseen_test")
+TRAIN, TEST, VAL, NEGATIVES, UNSEEN_TRAIN, UNSEEN_TEST = range(len(SPLIT_NAMES))
+USER_SPLITS = SPLIT_NAMES[:4]   # what a split column (and negatives.split) may name; the others are made here
 
 BORROW = 4   # purpose of :func:`metricpipe.tasks.stream.rank` for the borrowed validation rows
 
@@ -58,3 +66,43 @@ def borrow(split: np.ndarray, labels: np.ndarray, keys: np.ndarray, seed: int,
     out = split.astype(np.int8, copy=True)
     out[train[pos]] = VAL
     return out
+
+
+UNSEEN = 7   # purpose of the seeded draw of held-out classes (``data.split.classes`` as a fraction)
+
+
+def draw_unseen(n_classes: int, fraction: float, seed: int) -> np.ndarray:
+    """Sorted class codes of the ``fraction * n_classes`` classes (rounded half up) a seeded draw holds out."""
+    n = int(np.floor(fraction * n_classes + 0.5))
+    return np.sort(np.random.default_rng([int(seed), UNSEEN]).choice(n_classes, n, replace=False))
+
+
+def hold_out(split: np.ndarray, labels: np.ndarray, classes: np.ndarray) -> np.ndarray:
+    """``split`` with the rows of the class codes ``classes`` recoded: test rows ``unseen_test``, every
+    other row (train, val, negatives) ``unseen_train``.
+
+    Parameters
+    ----------
+    split : ndarray of shape (n_rows,), int8 codes of :data:`USER_SPLITS`
+    labels : ndarray of shape (n_rows,), the rows' class codes
+    classes : the held-out class codes
+
+    Returns
+    -------
+    ndarray of shape (n_rows,), int8
+    """
+    out = np.asarray(split).astype(np.int8, copy=True)
+    held = np.isin(labels, classes)
+    out[held] = np.where(out[held] == TEST, UNSEEN_TEST, UNSEEN_TRAIN)
+    return out
+
+
+def unseen_classes(split: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Sorted class codes held out of the run (rows ``unseen_train`` or ``unseen_test``); empty when none."""
+    split = np.asarray(split)
+    return np.unique(np.asarray(labels)[(split == UNSEEN_TRAIN) | (split == UNSEEN_TEST)])
+
+
+def seen_classes(split: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Sorted class codes with train rows: the classes a run's learners may see."""
+    return np.unique(np.asarray(labels)[np.asarray(split) == TRAIN])

@@ -6,14 +6,15 @@ from pathlib import Path
 
 import numpy as np
 
-from metricpipe.config import SPLIT_NAMES, RunConfig
+from metricpipe.config import SPLIT_NAMES, USER_SPLITS, RunConfig
 from metricpipe.context import StageContext
 from metricpipe.sources import fingerprint, open_source
 from metricpipe.storage import chunk_rows_for, create_array, hash_key, open_array
 from metricpipe.tasks.errors import InputError
-from metricpipe.tasks import stream
+from metricpipe.tasks import splits, stream
 from metricpipe.tasks.normalize import normalize_rows
-from metricpipe.tasks.validate import check_feature_block, check_normalized_block, check_split, encode_labels
+from metricpipe.tasks.validate import (check_feature_block, check_normalized_block, check_split, class_codes,
+                                      encode_labels)
 
 from metricpipe.stages.common import DataInfo, TEST, TRAIN, VAL, _timed, _write_template
 
@@ -28,16 +29,43 @@ def _split_codes(cfg: RunConfig, src, codes: np.ndarray, classes: list, labels_f
     return _given_or_random_split(cfg, src, codes, classes, labels_file)
 
 
+def _hold_out(cfg: RunConfig, split: np.ndarray, codes: np.ndarray, classes: list, where: str) -> np.ndarray:
+    """The split with the classes data.split.classes holds out recoded (:func:`splits.hold_out`): at
+    least two classes on either side, and every held-out class with a test row to score."""
+    asked = cfg.data.split.classes
+    if asked is None:
+        return split
+    key = f"{cfg.source_file}: data.split.classes"
+    if isinstance(asked, float):
+        held = splits.draw_unseen(len(classes), asked, cfg.data.split.seed)
+    else:
+        held = class_codes(asked, classes, key)
+    n_seen = len(classes) - len(held)
+    if len(held) < 2 or n_seen < 2:
+        raise InputError(f"{key}: {asked!r} holds out {len(held)} and keeps {n_seen} of the {len(classes)} "
+                         f"classes of {where}; each side needs at least 2 classes: "
+                         + ("change the fraction" if isinstance(asked, float) else
+                            f"list between 2 and {len(classes) - 2} labels"))
+    out = splits.hold_out(split, codes, held)
+    untested = np.setdiff1d(held, codes[out == splits.UNSEEN_TEST])
+    if len(untested):
+        raise InputError(f"{key}: held-out class {classes[int(untested[0])]!r} has no test row in {where}, so "
+                         f"nothing of it would be scored; hold out classes with test rows")
+    return out
+
+
 def _given_or_random_split(cfg: RunConfig, src, codes: np.ndarray, classes: list, labels_file: str) -> np.ndarray:
     n = len(codes)
     if src.split is not None:
         if len(src.split) != n:
             raise InputError(f"{src.name}: the split column {cfg.data.split.column!r} has {len(src.split)} values "
                              f"for {n} rows (data.split.column); give one split name per feature row")
-        unknown = sorted(str(v) for v in set(np.unique(src.split).tolist()) - set(SPLIT_NAMES))
+        unknown = sorted(str(v) for v in set(np.unique(src.split).tolist()) - set(USER_SPLITS))
         if unknown:
             raise InputError(f"{src.name}: split column holds {unknown[:3]} (data.split.column); "
-                             f"allowed values are {', '.join(SPLIT_NAMES)}")
+                             f"allowed values are {', '.join(USER_SPLITS)}"
+                             + (" (hold classes out with data.split.classes)" if any(u.startswith("unseen")
+                                                                                    for u in unknown) else ""))
         if cfg.data.split.val not in ("auto", 0, 0.0):
             raise InputError(f"{src.name}: this source comes with its own split, whose val rows data.split.val: "
                              f"{cfg.data.split.val} cannot set; use val: auto (a tenth of its train split) or 0")
@@ -138,6 +166,7 @@ def prepare_data(cfg: RunConfig, store) -> DataPlan:
     pairs = _load_pairs(d.pairs) if d.pairs else None
     split = _split_codes(cfg, src, codes, classes, labels_file)
     check_split(codes, split, SPLIT_NAMES, classes, src.name, given=src.split is not None)
+    split = _hold_out(cfg, split, codes, classes, src.name)
     coords = {"label": codes, "split": split}
     for key in ("groups", "ids"):   # a source of one array has no column to read them from
         if getattr(d, key) and getattr(src, key) is None:
@@ -175,7 +204,12 @@ def prepare_data(cfg: RunConfig, store) -> DataPlan:
 def _split_key(s) -> dict:
     """The split settings as the staged data depends on them: val auto and 0 stage the same rows (the
     borrowed validation rows are not staged)."""
-    return {**s.__dict__, "val": s.val if isinstance(s.val, float) and s.val > 0 else None}
+    out = {**s.__dict__, "val": s.val if isinstance(s.val, float) and s.val > 0 else None}
+    if s.classes is None:   # (no classes held out: the key data staged before the setting existed had)
+        del out["classes"]
+    else:
+        out["classes"] = s.classes if isinstance(s.classes, float) else list(s.classes)
+    return out
 
 
 def _key_path(value, by_bytes: bool = False):

@@ -2,6 +2,7 @@
 (train as the database) of every model's codes; the kernels are in `metricpipe.tasks.evaluation`."""
 import time
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -9,7 +10,8 @@ from metricpipe.budget import index_budget, retrieval_db_budget, task_budget
 from metricpipe.config import NeighboursConfig, unserved
 from metricpipe.context import StageContext
 from metricpipe.storage import Unit, array_names, create_array, hash_key, open_array, read_attrs, read_rows, row_chunk
-from metricpipe.tasks import evaluation, metrics, moments, registry
+from metricpipe.stream_train import kmeans_centroids
+from metricpipe.tasks import evaluation, metrics, moments, registry, splits
 from metricpipe.stages.encode import _load_model
 from metricpipe.stages.statistics import _moments_block
 from metricpipe.stages.train import model_id
@@ -47,11 +49,12 @@ def _query_centroids(q_url: str, rows: np.ndarray, n_clusters: int, seed) -> np.
     return evaluation.kmeans_fit(read_rows(q_url, rows), n_clusters, seed)
 
 
-def _train_blocks(db_url: str, data_url: str, chunks: list):
-    """(global train rows, their rows of ``db_url``) of each row-block with train rows, one at a time."""
+def _train_blocks(db_url: str, data_url: str, chunks: list, code: int = TRAIN):
+    """(global train rows (split ``code``), their rows of ``db_url``) of each row-block with such rows,
+    one at a time."""
     split, db = open_array(f"{data_url}/split"), open_array(db_url)
     for a, b in chunks:
-        rows = np.flatnonzero(split[a:b] == TRAIN) + a
+        rows = np.flatnonzero(split[a:b] == code) + a
         if len(rows):
             yield rows, db[a:b][rows - a]
 
@@ -64,9 +67,10 @@ def _exact_knn(q_url: str, db_url: str, data_url: str, chunks: list, q_idx: np.n
 
 def _classify_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, data_url: str, chunks: list,
                     labels: np.ndarray, classifiers: tuple, means, graph_url: str | None,
-                    ncm_model: dict | None = None, knn_ids=None) -> dict:
+                    ncm_model: dict | None = None, knn_ids=None, train: int = TRAIN) -> dict:
     """Errors of ``classifiers`` on the queries ``q_idx``. kNN votes over ``knn_ids`` (the queries'
-    neighbour lists from the stored graph or an index) when given, else over an exact search."""
+    neighbour lists from the stored graph or an index) when given, else over an exact search of the
+    rows of split code ``train``; ``means``: (class means, the classes that have one)."""
     Q = read_rows(q_url, q_idx)
     y = labels[q_idx]
     n_classes = int(labels.max()) + 1
@@ -74,7 +78,7 @@ def _classify_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, data
     ks = [int(c[3:]) for c in classifiers if c.startswith("knn")]
     if ks:
         if knn_ids is None:
-            knn_ids = evaluation.knn_neighbours(Q, _train_blocks(db_url, data_url, chunks), max(ks), score)[1]
+            knn_ids = evaluation.knn_neighbours(Q, _train_blocks(db_url, data_url, chunks, train), max(ks), score)[1]
         elif isinstance(knn_ids, tuple):   # an index's (distances, rows)
             knn_ids = knn_ids[1]
         elif isinstance(knn_ids, str):   # the stored graph's rows
@@ -87,7 +91,7 @@ def _classify_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, data
         out.update(evaluation.softvote_errors(Q, y, nbr, read_rows(db_url, flat), flat, labels, soft, n_classes,
                                               score))
     if "ncm" in classifiers:
-        out["ncm"] = evaluation.ncm_errors(Q, y, means, ncm_model.get("bias") if ncm_model else None)
+        out["ncm"] = evaluation.ncm_errors(Q, y, means[0], ncm_model.get("bias") if ncm_model else None, means[1])
     if "ncmc" in classifiers and ncm_model and ncm_model.get("centroids") is not None:
         out["ncmc"] = evaluation.ncmc_errors(Q, y, ncm_model["centroids"], ncm_model["owner"], n_classes)
     return out
@@ -250,8 +254,11 @@ def _ncm_model(model_url: str) -> dict | None:
     return out
 
 
-def _class_means(m) -> np.ndarray:
-    return moments.finalize_statistics(m)["class_means"].astype(np.float32)
+def _class_means(m) -> tuple[np.ndarray, np.ndarray]:
+    """(class means (C, d), the class codes with rows): only those compete (the classes a run holds
+    out have no train row, the seen ones no held-out row)."""
+    stats = moments.finalize_statistics(m)
+    return stats["class_means"].astype(np.float32), np.flatnonzero(stats["class_counts"] > 0)
 
 
 # Fixed (not worker-count dependent) so that every query meets the same GEMM shapes on any cluster.
@@ -287,21 +294,42 @@ def _query_blocks(idx: np.ndarray, n_db: int) -> list[np.ndarray]:
     return _fixed_blocks(idx, max(_query_group(n_db), -(-len(idx) // RETRIEVAL_TASKS)))
 
 
-def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Unit | None = None
-                 ) -> list[tuple[dict, Unit]]:
-    """Retrieval (test queries against the rest of test) and classification (train as database).
+@dataclass(frozen=True)
+class Protocol:
+    """The rows one evaluation of a model reads: the seen classes' (train rows the kNN database and the
+    class means, test rows the queries) or, when the run holds classes out (``data.split.classes``),
+    theirs: retrieval among their test rows, kNN over their train rows, NCM (and an NCMC model's
+    mixture) with means (centroids) from their train rows, as ``metricpipe add-classes`` adds them."""
+    name: str | None        # the records' "classes": None (no class held out), "seen" or "unseen"
+    train: int              # split code of the database and mean rows
+    test: np.ndarray        # the test rows (the retrieval database)
+    queries: np.ndarray     # retrieval queries: every test row, or a seeded sample of them
+    classified: np.ndarray  # the test rows classified
+    ks: tuple               # retrieval's K
+    acc_k: int              # map@r & co.: the largest class less one
+    km_rows: np.ndarray     # the query rows k-means (NMI, AMI) is fitted on
+    n_clusters: int
+    ukb: bool
+    n_train: int
 
-    Every model is evaluated on its codes; a bilinear model (SL-NE, SL-DE) also on its exact
-    similarity (query view Z M against base view Z), so the loss from factoring is visible.
-    """
+
+def protocols(ctx: StageContext, data: DataInfo) -> list[Protocol]:
+    """The seen classes' protocol, and the held-out classes' when the run has some."""
+    held = len(splits.unseen_classes(data.split, data.labels)) > 0
+    out = [_protocol(ctx, data, "seen" if held else None, TRAIN, TEST)]
+    return out + [_protocol(ctx, data, "unseen", splits.UNSEEN_TRAIN, splits.UNSEEN_TEST)] if held else out
+
+
+def _protocol(ctx: StageContext, data: DataInfo, name: str | None, train: int, test_code: int) -> Protocol:
     ev = ctx.config.evaluate
-    test = data.rows(TEST)
+    test = data.rows(test_code)
+    of = "" if name is None else f" {name}-class"
     queries = test  # retrieval queries: every test image, or a seeded sample of them (evaluate.retrieval.queries)
     n_queries = ev.queries
     if n_queries is None and len(test) > RETRIEVAL_QUERIES:
         n_queries = RETRIEVAL_QUERIES
         if ev.retrieval:   # (retrieval: false: the sample serves the clustering scores alone)
-            ctx.log(f"  evaluate: retrieval by a seeded sample of {n_queries:,} of the {len(test):,} test rows "
+            ctx.log(f"  evaluate: retrieval by a seeded sample of {n_queries:,} of the {len(test):,}{of} test rows "
                     f"(set evaluate.retrieval.queries to change it)")
     if n_queries is not None and n_queries < len(test):
         queries = np.sort(np.random.default_rng([ctx.config.seed, 31]).choice(test, n_queries, replace=False))
@@ -310,7 +338,58 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
         stratified_subset(data.labels, ev.classify_queries, [ctx.config.seed, 34], among=test)
     rel_key = data.groups if data.groups is not None else data.labels
     ukb = data.groups is not None and bool(np.all(np.bincount(data.groups[test])[np.unique(data.groups[test])] == 4))
-    n_train = int((data.split == TRAIN).sum())
+    # map@r & co. (test queries against the test set, itself left out): k = the largest class less one
+    acc_k = evaluation.accuracy_k(evaluation.relevant_counts(rel_key[queries], rel_key[test], True))
+    n_clusters = len(np.unique(data.labels[queries]))
+    km_rows = np.sort(np.random.default_rng([ctx.config.seed, 32]).choice(
+        queries, min(len(queries), KMEANS_ROWS_PER_CLASS * n_clusters), replace=False))
+    # the unseen classes' test rows are fewer: retrieval's K beyond them is left out there (K = 1 stays)
+    ks = tuple(k for k in ev.retrieval_k if k < len(test)) or (1,)
+    return Protocol(name, train, test, queries, classified, ks, acc_k, km_rows, n_clusters, ukb,
+                    int((data.split == train).sum()))
+
+
+def served_classifiers(ev, spec: dict, proto: Protocol | None = None) -> tuple:
+    """The classifiers a model is scored with: those the config lists that it can serve (``unserved``)
+    and its own (``own_classifier``: ncm for NCMML, ncmc for NCMC) even when the list lacks it. On the
+    held-out classes (``proto``), no soft vote (it votes over the neighbours stage's graph of the
+    seen classes' rows) and no kNN over more neighbours than their train rows."""
+    own = registry.estimator_class(spec["method"], spec).own_classifier
+    asked = ev.classifiers + ((own,) if own and own not in ev.classifiers else ())
+    served = tuple(c for c in asked if not unserved(spec, c))
+    if proto is not None and proto.name == "unseen":
+        served = tuple(c for c in served if not c.startswith("softvote")
+                       and not (c.startswith("knn") and int(c[3:]) > proto.n_train))
+    return served
+
+
+def _unseen_ncm_model(model_url: str, data_url: str, chunks: list, code: int) -> dict | None:
+    """An NCMC model's mixture over the held-out classes: k centroids per class by k-means over their
+    train rows (split ``code``) in the input space, as ``metricpipe add-classes`` makes them, in code
+    space (only when some class has more than one; else NCMC is NCM)."""
+    est = _load_model(model_url)
+    labels = open_array(f"{data_url}/label")[:].astype(np.int64)
+    rows = open_array(f"{data_url}/split")[:] == code
+    cents, owner = kmeans_centroids(est, data_url, chunks, rows, labels, int(labels.max()) + 1)
+    owner = np.asarray(owner, np.int64)
+    if np.bincount(owner).max() <= 1:
+        return None
+    return {"bias": None, "centroids": est.transform(cents).astype(np.float64), "owner": owner}
+
+
+def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Unit | None = None
+                 ) -> list[tuple[dict, Unit]]:
+    """Retrieval (test queries against the rest of test) and classification (train as database).
+
+    Every model is evaluated on its codes; a bilinear model (SL-NE, SL-DE) also on its exact
+    similarity (query view Z M against base view Z), so the loss from factoring is visible. When the
+    run holds classes out, every model is also evaluated on them (:class:`Protocol`).
+    """
+    ev = ctx.config.evaluate
+    protos = protocols(ctx, data)
+    seen = protos[0]
+    rel_key = data.groups if data.groups is not None else data.labels
+    n_train = seen.n_train
     db_max = retrieval_db_budget(ctx.client, EVAL_BUDGET - RETRIEVAL_DB_BYTES)
     labels_f = ctx.client.scatter(data.labels, broadcast=True, hash=False)
     rel_f = labels_f if data.groups is None else ctx.client.scatter(rel_key, broadcast=True, hash=False)
@@ -320,11 +399,6 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
     graph_url = neighbours.url if neighbours is not None else None
     graph = neighbours.meta() if neighbours is not None else {}
     graph_all = graph.get("queries") == data.n_samples   # every row's neighbours, test rows too
-    # map@r & co. (test queries against the test set, itself left out): k = the largest class less one
-    acc_k = evaluation.accuracy_k(evaluation.relevant_counts(rel_key[queries], rel_key[test], True))
-    n_clusters = len(np.unique(data.labels[queries]))
-    km_rows = np.sort(np.random.default_rng([ctx.config.seed, 32]).choice(
-        queries, min(len(queries), KMEANS_ROWS_PER_CLASS * n_clusters), replace=False))
     # When the models that leave classes out of training all keep the same ones, every model also
     # reports its errors on the other classes' test images: the control beside the new-class figure.
     # Which classes count as new is a result of the unit, so it is in its key.
@@ -335,11 +409,14 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
     common = list(subsets.pop()) if len(subsets) == 1 else None
     out, jobs, costs, indexed, reused = [], [], {}, [], 0
     for spec, cunit, dim in codes:
+        # the classifiers a model serves beyond the config's (its own): a result of the unit, so in its key
+        added = [c for c in served_classifiers(ev, spec) if c not in ev.classifiers]
+        own = {"own_classifier": added} if added else {}
         unit = ctx.store.unit("evaluation", hash_key({"stage": "evaluation", "seed": ctx.config.seed, "codes": cunit.key,
                                                      "graph": neighbours.key if neighbours else None,
                                                      "evaluate": ev.__dict__, "data": data.unit.key,
                                                      "indexes": _index_plan(ctx, data, cunit, n_train),
-                                                     "trained_on": trained(spec) or common}))
+                                                     "trained_on": trained(spec) or common, **own}))
         out.append((spec, unit))
         if ctx.reuse(unit, "evaluate"):
             reused += 1
@@ -350,44 +427,29 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
         views = [("codes", f"{cunit.url}/codes", f"{cunit.url}/codes", (cmeta.get("score") or "euclidean"))]
         if cmeta.get("bilinear"):
             views.append(("exact", f"{cunit.url}/query", f"{cunit.url}/base", "inner"))
-        served = tuple(c for c in ev.classifiers if not unserved(spec, c))  # the others: runs/latest.json "skipped"
-        knn_k = max([int(c[3:]) for c in served if c.startswith("knn")], default=0)
         model_url = ctx.store.unit("models", read_attrs(cunit.url)["model"]).url
-        for view, q_url, db_url, score in views:
-            means = None
-            if "ncm" in served:
-                parts = [ctx.submit(_moments_block, data.url, a, b, len(data.classes), False, db_url,
-                                    name="ncm-means") for a, b in data.chunks]
-                means = ctx.submit(_class_means, _tree_combine(ctx, parts, "ncm-combine"), name="ncm-means")
-            cents = ctx.submit(_query_centroids, q_url, km_rows, n_clusters, [ctx.config.seed, 33],
-                               name=f"kmeans-{model_id(spec)}") if ev.retrieval else None
-            ret = [ctx.submit(_retrieval_block, q_url, db_url, score, q, test, rel_f, ev.retrieval_k, ukb,
-                              data.chunk_rows, _query_group(len(test)), acc_k, cents, db_max,
-                              name=f"retrieval-{model_id(spec)}")
-                   for q in _query_blocks(queries, len(test))] if ev.retrieval else []
-            ncm_model = None
-            if view == "codes" and hasattr(registry.estimator_class(spec["method"], spec), "predict_proba"):
-                ncm_model = ctx.submit(_ncm_model, model_url, name="ncm-model")
-            blocks = _fixed_blocks(classified, CLASSIFY_QUERIES)
-            job = {"spec": spec, "unit": unit, "dim": dim, "view": view, "score": score, "ret": ret, "cls": [],
-                   "knn_note": {}, "blocks": blocks, "lists": [None] * len(blocks), "k": knn_k,
-                   "urls": (q_url, db_url), "classify": (means, ncm_model, served)}
-            keeps = bool(knn_k) and view == "codes" and _keeps_distances(model_url)
-            if keeps and graph_all and knn_k <= graph["k"]:
-                job["lists"] = [f"{graph_url}/neighbours"] * len(blocks)   # the graph is the codes' graph
-                job["knn_note"] = {"knn_search": "graph", "knn_recall": graph.get("recall", 1.0)}
-            elif knn_k and n_train > EXACT_MAX_TRAIN and score in ("euclidean", "inner"):
-                # the neighbours stage's index is an index of these codes too (a streamed search keeps none)
-                job["index"] = graph_url if keeps and graph.get("method") == "ivf" and not graph.get("streamed") else None
-                indexed.append(job)
-            jobs.append(job)
+        for proto in protos:
+            for view, q_url, db_url, score in views:
+                jobs.append(_job(ctx, data, proto, spec, unit, dim, view, q_url, db_url, score, model_url, rel_f,
+                                 db_max, served_classifiers(ev, spec, proto)))
+                job = jobs[-1]
+                if proto is not seen or not job["k"]:
+                    continue   # (the held-out classes' kNN: an exact search over their train rows)
+                keeps = view == "codes" and _keeps_distances(model_url)
+                if keeps and graph_all and job["k"] <= graph["k"]:
+                    job["lists"] = [f"{graph_url}/neighbours"] * len(job["blocks"])   # the graph is the codes' graph
+                    job["knn_note"] = {"knn_search": "graph", "knn_recall": graph.get("recall", 1.0)}
+                elif n_train > EXACT_MAX_TRAIN and score in ("euclidean", "inner"):
+                    # the neighbours stage's index is an index of these codes too (a streamed search keeps none)
+                    job["index"] = graph_url if keeps and graph.get("method") == "ivf" and not graph.get("streamed") else None
+                    indexed.append(job)
     if indexed:
         _ivf_lists(ctx, data, indexed, graph.get("index"))
     for job in jobs:
         (q_url, db_url), (means, ncm_model, served) = job["urls"], job["classify"]
         if served:
             job["cls"] = [ctx.submit(_classify_block, q_url, db_url, job["score"], q, data.url, data.chunks, labels_f,
-                                     served, means, graph_url, ncm_model, lists,
+                                     served, means, graph_url, ncm_model, lists, job["proto"].train,
                                      name=f"classify-{model_id(job['spec'])}")
                           for q, lists in zip(job["blocks"], job["lists"])]
     if reused:
@@ -395,17 +457,18 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
     t0 = time.perf_counter()
     records = {}
     for job in jobs:
-        spec, unit, dim, view, score, ret, cls, knn_note = (job[k] for k in ("spec", "unit", "dim", "view", "score",
-                                                                              "ret", "cls", "knn_note"))
-        trained_on = trained(spec) or common    # class codes, as test_labels
-        name = f"{model_id(spec)} ({view})"
+        spec, unit, dim, view, score, ret, cls, knn_note, proto = (
+            job[k] for k in ("spec", "unit", "dim", "view", "score", "ret", "cls", "knn_note", "proto"))
+        seen_classes = proto.name != "unseen"
+        trained_on = (trained(spec) or common) if seen_classes else None    # class codes, as test_labels
+        name = f"{model_id(spec)} ({view}{'' if proto.name is None else ', ' + proto.name + ' classes'})"
         ret_res = ctx.gather(ret, "evaluate", [f"model {name} retrieval block {i}" for i in range(len(ret))])
         cls_res = ctx.gather(cls, "evaluate", [f"model {name} classification block {i}" for i in range(len(cls))])
         extra = {} if view == "codes" and score == "euclidean" else {"view": view, "score": score}
         recs = records.setdefault(unit.key, (unit, []))[1]
-        recs.extend(_records(spec, dim, ev, data.labels[classified], ret_res, cls_res, extra, trained_on,
-                             data.labels[queries], knn_note))
-        if view == "codes" and costs.get(unit.key):  # the projection's size and cost next to its metrics
+        recs.extend(_records(spec, dim, proto.ks, job["classify"][2], data.labels[proto.classified], ret_res,
+                             cls_res, extra, trained_on, data.labels[proto.queries], knn_note, proto.name))
+        if view == "codes" and seen_classes and costs.get(unit.key):  # the projection's size and cost by its metrics
             base = {"method": spec["method"], "dim": dim, "classifier": None,
                     "params": spec_params(spec)}
             recs.extend({**base, "metric": k, "value": v} for k, v in costs[unit.key].items())
@@ -415,29 +478,65 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
     return out
 
 
+def _job(ctx: StageContext, data: DataInfo, proto: Protocol, spec: dict, unit: Unit, dim: int, view: str, q_url: str,
+         db_url: str, score: str, model_url: str, rel_f, db_max: float, served: tuple) -> dict:
+    """Submit one view's retrieval under ``proto`` and what its classification needs (class means, an
+    NCM model's biases or centroids); the classify tasks follow once kNN's lists are known."""
+    ev = ctx.config.evaluate
+    means = None
+    if "ncm" in served:
+        parts = [ctx.submit(_moments_block, data.url, a, b, len(data.classes), False, db_url, proto.train,
+                            name="ncm-means") for a, b in data.chunks]
+        means = ctx.submit(_class_means, _tree_combine(ctx, parts, "ncm-combine"), name="ncm-means")
+    cents = ctx.submit(_query_centroids, q_url, proto.km_rows, proto.n_clusters, [ctx.config.seed, 33],
+                       name=f"kmeans-{model_id(spec)}") if ev.retrieval else None
+    ret = [ctx.submit(_retrieval_block, q_url, db_url, score, q, proto.test, rel_f, proto.ks, proto.ukb,
+                      data.chunk_rows, _query_group(len(proto.test)), proto.acc_k, cents, db_max,
+                      name=f"retrieval-{model_id(spec)}")
+           for q in _query_blocks(proto.queries, len(proto.test))] if ev.retrieval else []
+    ncm_model = None
+    own = registry.estimator_class(spec["method"], spec).own_classifier
+    if view == "codes" and own in served:
+        if proto.name != "unseen":
+            ncm_model = ctx.submit(_ncm_model, model_url, name="ncm-model")
+        elif own == "ncmc":   # the held-out classes' centroids (the dot form's biases are the implied ones)
+            ncm_model = ctx.submit(_unseen_ncm_model, model_url, data.url, data.chunks, proto.train,
+                                   name="ncm-model")
+    blocks = _fixed_blocks(proto.classified, CLASSIFY_QUERIES)
+    return {"spec": spec, "unit": unit, "dim": dim, "view": view, "score": score, "ret": ret, "cls": [],
+            "knn_note": {}, "blocks": blocks, "lists": [None] * len(blocks), "proto": proto, "index": None,
+            "k": max([int(c[3:]) for c in served if c.startswith("knn")], default=0),
+            "urls": (q_url, db_url), "classify": (means, ncm_model, served)}
+
+
 ACCURACY_METRICS = ("map@r", "r_precision", "precision@1", "mrr")
 
 
-def _records(spec: dict, dim: int, ev, test_labels: np.ndarray, ret_res: list, cls_res: list,
-             extra: dict | None = None, trained_on: list | None = None,
-             query_labels: np.ndarray | None = None, knn_note: dict | None = None) -> list[dict]:
-    """Metric records; ``test_labels`` are the classified test rows' labels, ``query_labels`` the
-    retrieval queries' (default: ``test_labels``); ``knn_note`` says how kNN found its neighbours
-    (``knn_search``: graph or the index, ``knn_recall`` against exact search), recorded as metrics."""
+def _records(spec: dict, dim: int, ks: tuple, classifiers: tuple, test_labels: np.ndarray, ret_res: list,
+             cls_res: list, extra: dict | None = None, trained_on: list | None = None,
+             query_labels: np.ndarray | None = None, knn_note: dict | None = None,
+             classes: str | None = None) -> list[dict]:
+    """Metric records of retrieval at ``ks`` and of ``classifiers``; ``test_labels`` are the classified
+    test rows' labels, ``query_labels`` the retrieval queries' (default: ``test_labels``); ``knn_note``
+    says how kNN found its neighbours (``knn_search``: graph or the index, ``knn_recall`` against exact
+    search), recorded as metrics; ``classes`` ("seen" or "unseen", :class:`Protocol`), when the run
+    holds classes out, the classes they are measured on."""
     query_labels = test_labels if query_labels is None else query_labels
     params = {**spec_params(spec), **(extra or {})}
-    base = {"method": spec["method"], "dim": dim, "params": params}
+    base = {"method": spec["method"], "dim": dim, "params": params, **({"classes": classes} if classes else {})}
     recs = []
     with warnings.catch_warnings():   # no query with a relevant image: NaN, which the run's start noted
         warnings.simplefilter("ignore", RuntimeWarning)
-        return _record_list(recs, base, ev, test_labels, ret_res, cls_res, trained_on, query_labels, knn_note)
+        return _record_list(recs, base, ks, classifiers, test_labels, ret_res, cls_res, trained_on, query_labels,
+                            knn_note)
 
 
-def _record_list(recs, base, ev, test_labels, ret_res, cls_res, trained_on, query_labels, knn_note) -> list[dict]:
+def _record_list(recs, base, ks, classifiers, test_labels, ret_res, cls_res, trained_on, query_labels,
+                 knn_note) -> list[dict]:
     if ret_res:
         cat = {k: np.concatenate([r[k] for r in ret_res]) for k in ret_res[0]}
         recs.append({**base, "classifier": None, "metric": "map", "value": float(np.nanmean(cat["ap"]))})
-        for j, k in enumerate(ev.retrieval_k):
+        for j, k in enumerate(ks):
             recs.append({**base, "classifier": None, "metric": f"mprec@{k}",
                          "value": float(metrics.class_average(cat["prec"][:, j], query_labels))})
             recs.append({**base, "classifier": None, "metric": f"recall@{k}",
@@ -453,7 +552,7 @@ def _record_list(recs, base, ev, test_labels, ret_res, cls_res, trained_on, quer
     if cls_res:
         # a model trained on some classes only is also scored on the test images of the others
         new = None if not trained_on else ~np.isin(test_labels, trained_on)
-        for c in ev.classifiers:
+        for c in classifiers:
             if c not in cls_res[0]:  # e.g. ncmc for a model without centroids
                 continue
             top1 = np.concatenate([r[c][0] for r in cls_res])

@@ -14,11 +14,13 @@ from metricpipe.stages.common import DataInfo, TRAIN, _timed, _tree_combine
 
 # ---- 2. statistics -------------------------------------------------------------------------------------
 
-def _moments_block(url: str, start: int, stop: int, n_classes: int, second: bool, array_url: str | None = None):
-    """Moments of the train rows of block start:stop (of ``array_url``, default the staged features)."""
+def _moments_block(url: str, start: int, stop: int, n_classes: int, second: bool, array_url: str | None = None,
+                   code: int = TRAIN):
+    """Moments of the train rows (split ``code``) of block start:stop (of ``array_url``, default the
+    staged features)."""
     split = open_array(f"{url}/split")[start:stop]
     y = open_array(f"{url}/label")[start:stop]
-    train = np.flatnonzero(split == TRAIN)
+    train = np.flatnonzero(split == code)
     X = open_array(array_url or f"{url}/features")[start:stop][train]
     return moments.partial_moments(X, y[train], n_classes, second=second)
 

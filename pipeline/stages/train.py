@@ -23,7 +23,7 @@ from metricpipe.tasks import registry
 from metricpipe.tasks.base import seed_of
 from metricpipe.tasks.evaluation import higher_is_better
 from metricpipe.tasks.errors import InputError
-from metricpipe.tasks.splits import VAL
+from metricpipe.tasks.splits import VAL, seen_classes
 
 def model_id(spec: dict) -> str:
     """A short readable name: method, dim, then the parameters that differ from their defaults."""
@@ -124,6 +124,7 @@ def _note_val_classes(ctx: StageContext, data: DataInfo, split: np.ndarray, n: i
     if not hasattr(est, "trained_classes"):
         return
     wanted = est.trained_classes(data.classes)
+    wanted = wanted[np.isin(wanted, seen_classes(data.split, data.labels))]   # (data.split.classes: not those)
     missing = np.setdiff1d(wanted, data.labels[split == VAL])
     if not len(missing):
         return

@@ -117,6 +117,24 @@ BAD = {
                                  {"evaluate": {"classification": {"classifiers": ["knn500"]}}},
                                  r"knn500 votes over more neighbours than the \d+ train rows"),
     "label length": (lambda t: _bad_npz(t, X=X, y=Y[:-1]), {}, r"labels have length 119 but features have 120"),
+    "held-out class not a label": (lambda t: {**_bad_npz(t, X=X, y=Y), "split": {"classes": [0, 17]}}, {},
+                                   r"cfg.yaml: data.split.classes lists \[17\], which is not among the class labels "
+                                   r"\(0, 1, 2, 3\)"),
+    "held-out fraction leaves one class out": (lambda t: {**_bad_npz(t, X=X, y=Y), "split": {"classes": 0.25}}, {},
+                                               r"cfg.yaml: data.split.classes: 0.25 holds out 1 and keeps 3 of the 4 "
+                                               r"classes of \S*bad.npz; each side needs at least 2 classes: change"),
+    "held-out classes leave one class in": (lambda t: {**_bad_npz(t, X=X, y=Y), "split": {"classes": [0, 1, 2]}}, {},
+                                            r"data.split.classes: \(0, 1, 2\) holds out 3 and keeps 1 of the 4 .*list "
+                                            r"between 2 and 2 labels"),
+    "a learner's classes name a held-out class": (
+        lambda t: {**_bad_npz(t, X=X, y=Y), "split": {"classes": [0, 1]}},
+        {"methods": [{"method": "ncmml", "dim": 4, "iters": 10, "classes": [1, 2]}]},
+        r"cfg.yaml: methods\[0\] \(ncmml-4.*\): classes lists 1, which data.split.classes holds out \(no "
+        r"learner sees its rows\); drop it from one of them"),
+    "held-out class named by a split column value": (
+        lambda t: {**_bad_npz(t, X=X, y=Y, s=np.array(["train", "test", "unseen_test"] * 40)), "split": {"column": "s"}},
+        {}, r"split column holds \['unseen_test'\] \(data.split.column\); allowed values are train, test, val, "
+            r"negatives \(hold classes out with data.split.classes\)"),
     "group length": (lambda t: {**_bad_npz(t, X=X, y=Y, g=Y[:-1]), "groups": "g"}, {},
                      r"bad.npz \(data.groups\): groups have length 119 but features have 120 rows; give one group"),
     "split column length": (lambda t: {**_bad_npz(t, X=X, y=Y, s=np.array(["train"] * 119)), "split": {"column": "s"}},

@@ -46,6 +46,15 @@ def test_defaults_and_method_expansion():
     ({"data": {"source": "digits", "split": {"test": 1.5}}}, r"data.split.test: must be a share in \(0, 1\) of the rows .*got 1.5"),
     ({"data": {"source": "digits", "split": {"test": 1.0}}}, r"data.split.test: must be a share in \(0, 1\) of the rows"),
     ({"data": {"source": "digits", "split": {"test": 0}}}, r"data.split.test: must be a share in \(0, 1\) of the rows"),
+    ({"data": {"source": "digits", "split": {"classes": 1.5}}},
+     r"cfg.yaml: data.split.classes: a fraction of the classes to hold out must be in \(0, 1\), got 1.5"),
+    ({"data": {"source": "digits", "split": {"classes": 0}}}, r"data.split.classes: a fraction .* got 0"),
+    ({"data": {"source": "digits", "split": {"classes": True}}},
+     r"data.split.classes: expected a fraction in \(0, 1\) of the classes or a list of class labels .*got True"),
+    ({"data": {"source": "digits", "split": {"classes": []}}}, r"data.split.classes: expected a fraction .*got \[\]"),
+    ({"data": {"source": "digits", "split": {"classes": [0, [1]]}}}, r"data.split.classes: expected .*got \[0, \[1\]\]"),
+    ({"data": {"source": "digits", "split": {"clases": [0, 1]}}},
+     r"data.split.clases: unknown key; did you mean 'data.split.classes'\?"),
     ({**BASE, "workers": 0}, r"workers: must be >= 1"),
     ({**BASE, "dashboard": ":99999"}, r"cfg.yaml: dashboard: expected \[HOST\]:PORT .*got ':99999'"),   # was an OverflowError
     ({**BASE, "dashboard": "[::]:8787"}, r"cfg.yaml: dashboard: an IPv6 host \('\[::\]:8787'\) is not supported "
@@ -114,6 +123,13 @@ def test_a_memory_limit_above_the_machine_is_refused_for_a_local_cluster_only():
         cfg.from_command_line(cluster="local")
     with pytest.raises(ConfigError, match=r"^--memory-limit: 1e30GB per worker is more than"):
         parse_config(BASE, where="cfg.yaml").from_command_line(memory_limit="1e30GB")
+
+
+def test_held_out_classes_are_a_fraction_or_a_list_of_labels():
+    split = parse_config({"data": {"source": "digits", "split": {"classes": 0.2, "seed": 3}}}).data.split
+    assert (split.classes, split.seed) == (0.2, 3)
+    assert parse_config({"data": {"source": "digits", "split": {"classes": [3, "a"]}}}).data.split.classes == (3, "a")
+    assert parse_config(BASE).data.split.classes is None
 
 
 def test_load_config_errors(tmp_path):

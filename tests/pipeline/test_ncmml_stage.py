@@ -26,7 +26,8 @@ def trained(client, tmp_path_factory):
                     {"method": "ncmc", **common, "centroids": 2, "kmeans_iters": 100},
                     {"method": "ncmc", **common, "centroids": 1},
                     {"method": "knnml", **{**common, "batch": 60}, "targets": ["dynamic", "fixed"]}],
-        "evaluate": {"retrieval": False, "classification": {"classifiers": ["knn1", "ncm", "ncmc"]}}})
+        # ncmc unlisted: an NCMC model is scored with its own classifier all the same (issue 45 item 6)
+        "evaluate": {"retrieval": False, "classification": {"classifiers": ["knn1", "ncm"]}}})
     assert len(data.chunks) > 5
     models = run_train(ctx, data, stats, None)
     codes = run_encode(ctx, data, models)
@@ -90,7 +91,8 @@ def test_ncm_classifiers_use_the_learned_metric_and_new_classes_are_scored_apart
     new = ~np.isin(y[test], [0, 1, 2])
     assert got["top1_error"] == pytest.approx(wrong.mean(), abs=1e-9)
     assert got["top1_error_new_classes"] == pytest.approx(wrong[new].mean(), abs=1e-9)
-    # ncmc is reported for the model that has several centroids per class, and only for it
+    # ncmc is reported for the model that has several centroids per class (its own classifier, which
+    # the config does not list), and only for it
     assert any(r["classifier"] == "ncmc" for r in _records(evals, "ncmc", centroids=2))
     assert not any(r["classifier"] == "ncmc" for r in _records(evals, "ncmml", objective="euclidean"))
     # the control (trained on every class) is scored on the same new-class images
@@ -662,3 +664,15 @@ def test_classes_name_the_data_s_labels_through_the_pipeline(client, tmp_path):
     assert out[0][1] and all(o[1] == out[0][1] for o in out), [o[1] for o in out]
     for W, _ in out[1:]:
         np.testing.assert_array_equal(W, out[0][0])
+
+
+def test_a_model_is_scored_with_its_own_classifier_whatever_the_config_lists():
+    from metricpipe.config import parse_config
+    from metricpipe.stages.evaluate import served_classifiers
+    ev = parse_config({"data": {"source": "digits"},
+                       "evaluate": {"classification": {"classifiers": ["knn1"]}}}).evaluate
+    assert served_classifiers(ev, {"method": "ncmml"}) == ("knn1", "ncm")
+    assert served_classifiers(ev, {"method": "ncmc"}) == ("knn1", "ncmc")
+    assert served_classifiers(ev, {"method": "pca"}) == ("knn1",)
+    ev = parse_config({"data": {"source": "digits"}}).evaluate   # the defaults list ncm already: once
+    assert served_classifiers(ev, {"method": "ncmml"}) == ("knn1", "knn10", "ncm")

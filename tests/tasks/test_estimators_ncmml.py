@@ -427,3 +427,41 @@ def test_ncmc_counts_a_class_s_training_images_not_its_share_of_the_k_means_samp
     monkeypatch.setattr(NCMC, "kmeans_per_class", lambda self, n_classes, n_features: 40)   # as small a sample
     est = NCMC(dim=2, centroids=10, iters=20, validate_every=10, random_state=0).fit(X, y, X_val=Xv, y_val=yv)
     assert np.bincount(est.centroid_classes_).tolist() == [10, 10]
+
+
+@pytest.mark.parametrize("est", [NCMML(**SGD), NCMML(**SGD, objective="dot", lr=1.0), NCMC(**SGD, centroids=2),
+                                 KNNML(**{**SGD, "batch": 30, "lr": 0.1})], ids=["ncmml", "dot", "ncmc", "knnml"])
+def test_a_class_without_training_rows_neither_trains_nor_gets_a_mean(data, est):
+    """A run's held-out class (data.split.classes) has no train row: the statistics count 0 rows of
+    it. The model is the one fitted without that class existing at all (no zero mean at the origin
+    in the softmax, no k-means of no rows), and it has no centroid to predict it with."""
+    X, y = data
+    seen = y != 4
+    Xs, ys = X[seen], y[seen]
+    keys = stream.row_keys(Xs)
+    val = stream.validation_split(ys, est.validation, keys, 3)
+    keep = np.ones(len(ys), bool)
+    keep[val] = False
+
+    def fit(n_classes):
+        b = clone(est)
+        extra = {}
+        if isinstance(est, NCMC):
+            sample = b.kmeans_sample(ys[keep], keys[keep], 3)
+            extra["centroids"] = b.kmeans(Xs[keep][sample], ys[keep][sample], lambda: iter([(Xs[keep], ys[keep])]),
+                                          n_classes, np.bincount(ys[keep], minlength=n_classes))
+        if isinstance(est, KNNML):
+            ref = est.reference_rows(ys, keep, keys, est.validation, 3)
+            extra["reference"] = (Xs[ref], ys[ref])
+        stats = moments.finalize_statistics(moments.partial_moments(Xs[keep], ys[keep], n_classes))
+        return b.fit_stream(stats, stream.pools(Xs, ys, keep, 97, 3), Xs[val], ys[val], **extra)
+
+    held, alone = fit(5), fit(4)    # class 4 counted with 0 rows / not a class at all
+    np.testing.assert_array_equal(held.components_, alone.components_)
+    assert held.history_ == alone.history_
+    if not isinstance(est, KNNML):
+        assert set(held.centroid_classes_) == {0, 1, 2, 3}
+        np.testing.assert_array_equal(held.centroids_, alone.centroids_)
+        assert not (held.predict(X) == 4).any()
+        if getattr(est, "objective", None) == "dot":
+            np.testing.assert_array_equal(held.class_bias_[:4], alone.class_bias_)
