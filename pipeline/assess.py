@@ -27,9 +27,8 @@ from metricpipe.config import DataConfig, absolute_path
 from metricpipe.context import _raise_refused, _refusing
 from metricpipe.errors import StageError
 from metricpipe.sources import open_source
-from metricpipe.tasks import evaluation, knn, metrics
+from metricpipe.tasks import evaluation, knn, metrics, stream
 from metricpipe.tasks.errors import InputError
-from metricpipe.tasks.sparse import stratified_subset
 from metricpipe.tasks.validate import check_feature_block
 
 # A query group's pool (2k + tile candidates of 16 bytes, and the sort that cuts it) within this;
@@ -169,7 +168,7 @@ def plan_sides(embeddings: str, features: str, labels: str, queries: str | None,
                          f"retrieval metrics need at least two classes")
     rows = np.arange(len(qc))
     if sample is not None:
-        rows = stratified_subset(qc, sample, [seed, 20])
+        rows = stream.sample(qc, sample, None, seed, stream.QUERIES)
     self_in = not reference and (queries is None or sample is not None)
     return Side(q_in[0], q_in[1], qc, q_in[2]), rows, Side(r_in[0], r_in[1], rc, r_in[2]), self_in
 

@@ -70,31 +70,6 @@ def retrieval_db_budget(client, buffers: float) -> float | None:
     return None if limit is None else usable(limit) - buffers
 
 
-def _code_dim(spec: dict, D: int, n_classes: int | None = None) -> int:
-    """A model's code width as its config gives it: ``dim``; SL-DE's members x member_dim; SL-NE's
-    input_dim; LDA's classes - 1; the class's default dim (NCMML's 32, a sparse projector's 64...);
-    else D (an upper bound: a wider guess could refuse a run that fits)."""
-    if isinstance(spec.get("dim"), int):
-        return min(spec["dim"], D)
-    if spec.get("members") and spec.get("member_dim"):
-        return int(spec["members"]) * int(spec["member_dim"])
-    if isinstance(spec.get("input_dim"), int):
-        return min(spec["input_dim"], D)
-    if spec.get("method") == "lda" and n_classes:
-        return min(n_classes - 1, D)
-    default = _default_dim(spec)
-    return D if default is None else min(default, D)
-
-
-def _default_dim(spec: dict) -> int | None:
-    from metricpipe.tasks import registry
-    if spec.get("method") not in registry.METHODS:
-        return None
-    cls = registry.estimator_class(spec["method"], spec)
-    dim = registry.defaults(cls).get("dim")
-    return dim if isinstance(dim, int) else getattr(cls, "DEFAULT_DIM", None)
-
-
 def needs(info, cfg, limit: float) -> list[tuple[str, float, str]]:
     """(what, bytes, the setting to change) of every task kind this run will hold at its largest."""
     from metricpipe import ivf, stages
@@ -111,38 +86,24 @@ def needs(info, cfg, limit: float) -> list[tuple[str, float, str]]:
         out.append((f"the statistics stage's {D} x {D} covariance (3 copies, float64)", 3 * 8.0 * D * D + block,
                     f"set statistics.max_dense_dim below {D} (randomized PCA) or raise memory_limit"))
     n_test = int((info.split == stages.TEST).sum())
-    if cfg.evaluate.retrieval and cfg.methods:
-        n_classes = len(getattr(info, "classes", None) or []) or None
-        d = max(_code_dim(cand, D, n_classes) for spec in cfg.methods for cand in registry.candidates(spec))
+    n_classes = len(getattr(info, "classes", None) or []) or 2
+    learners = [registry.make(cand) for spec in cfg.methods for cand in registry.candidates(spec)]
+    if cfg.evaluate.retrieval and learners:
+        d = max(est.code_dim(D, n_classes) for est in learners)
         out.append((f"a retrieval task's database (the {n_test:,} test rows' codes, up to {d} dimensions)",
                     n_test * d * 4.0 + stages.EVAL_BUDGET - stages.RETRIEVAL_DB_BYTES,
                     "set evaluate.retrieval: false, lower data.split's test share, or raise memory_limit"))
-    if any(c.startswith("softvote") for c in cfg.evaluate.classifiers) and cfg.methods and n_train:
+    if any(c.startswith("softvote") for c in cfg.evaluate.classifiers) and learners and n_train:
         from metricpipe.stages.evaluate import CLASSIFY_QUERIES
         from metricpipe.tasks.evaluation import SOFTVOTE_GROUP_BYTES
-        n_classes = len(getattr(info, "classes", None) or []) or None
-        # SL-NE / SL-DE codes are classified in their exact view too: input_dim (default D) wide
-        d = max(max(_code_dim(cand, D, n_classes),
-                    min(cand.get("input_dim") or D, D) if cand["method"] in ("slne", "slde") else 0)
-                for spec in cfg.methods for cand in registry.candidates(spec))
+        d = max(est.view_dim(D, n_classes) for est in learners)   # (SL-NE's exact view too)
         k = (cfg.neighbours or NeighboursConfig()).k
         rows = min(n_train, CLASSIFY_QUERIES * k)
         out.append((f"a soft-vote task ({CLASSIFY_QUERIES:,} queries' {k} stored neighbours: {rows:,} rows of codes up "
                     f"to {d} dimensions)", (rows + CLASSIFY_QUERIES) * d * 4.0 + SOFTVOTE_GROUP_BYTES,
                     "lower neighbours.k, drop the softvote classifiers, or raise memory_limit"))
-    for spec in cfg.methods:
-        for cand in registry.candidates(spec):
-            if cand["method"] == "slem" and cand.get("kernel", "linear") != "linear":
-                out.append(_kernel_slem(cand, info))
+    out += _learner_tasks(learners, info, cfg, n_train, n_classes)
     nb = cfg.neighbours or NeighboursConfig()
-    seen = set()
-    for spec in cfg.methods:
-        for cand in registry.candidates(spec):
-            if cand["method"] in ("slne", "slde") and n_train:
-                task = _slne_task(cand, D, n_train, nb)
-                if task[0] not in seen:
-                    seen.add(task[0])
-                    out.append(task)
     if "neighbours" in stage_names(cfg) and n_train:
         if nb.method == "ivf" or (nb.method == "auto" and n_train > stages.EXACT_MAX_TRAIN):
             nlist = nb.nlist or ivf.nlist_searched(n_train, nb.queries)
@@ -162,50 +123,20 @@ def needs(info, cfg, limit: float) -> list[tuple[str, float, str]]:
     return out
 
 
-# Bytes an SL-NE task holds per neighbour-graph entry (n x k): the graph, its symmetrised CSR form
-# and the solver's per-edge arrays; fit_space's peak (tracemalloc) at n = 20,000, k = 10 and 50 was
-# 66-68 bytes per entry, plus the graph itself (8) and the reading of its rows.
-SLNE_BYTES_PER_EDGE = 80
-
-
-def _slne_task(spec: dict, D: int, n_train: int, nb) -> tuple[str, float, str]:
-    """An SL-NE task (or an SL-DE member's) holds its training rows in its input space (twice while
-    they are gathered block by block) and the neighbour graph among them: the train split, or with
-    neighbours.queries the sampled rows and their neighbours."""
-    from metricpipe.tasks import registry
-    est = registry.make(spec)
-    p = min(getattr(est, "input_dim", None) or D, D)
-    what = "an SL-NE task"
-    if spec["method"] == "slde":
-        d = est.member_size(p)
-        p, what = (p, "an SL-DE task (refine)") if est.refine else (d, f"an SL-DE member ({d} dimensions)")
-    # with a sampled graph only the sampled rows list neighbours (the others' lists are empty)
-    anchors = n_train if nb.queries is None else min(n_train, nb.queries)
-    rows = n_train if nb.queries is None else min(n_train, nb.queries * (nb.k + 1))
-    # (an empty list still costs the graph's and the symmetrisation's per-entry arrays, ~32 B an entry:
-    # 99,403 rows, k = 50, 2,000 sampled, p = 16 peaked at ~143 MB against 177 MB here)
-    need = rows * (2 * 4.0 * p + 32.0 * nb.k) + anchors * (SLNE_BYTES_PER_EDGE - 32.0) * nb.k + 4 * 8.0 * p * p
-    return (f"{what}: its {rows:,} training rows in {p} dimensions and their {nb.k}-neighbour graph", need,
-            "set neighbours.queries (the sampled rows and their neighbours train it), lower input_dim"
-            f"{' or member_dim' if spec['method'] == 'slde' else ''}, or raise memory_limit")
-
-
-def _kernel_slem(spec: dict, info) -> tuple[str, float, str]:
-    """Kernel SLEM's pool: an n x n float64 kernel matrix and its factor (Cholesky, KPCA), or an
-    n x r pivoted factor (ICD). Measured at n = 5,000 (fit_pool's peak RSS over n^2 x 8 bytes):
-    Cholesky 5.0, KPCA 3.8; ICD at r = 200, 1.6 x n r x 8 bytes."""
-    from metricpipe.config import SPLIT_NAMES
-    neg = spec.get("negatives") or {}
-    code = SPLIT_NAMES.index(neg.get("split", "train")) if neg.get("split", "train") in SPLIT_NAMES else 0
-    n = int((info.split == code).sum())
-    n = n if neg.get("count") is None else min(n, int(neg["count"]))
-    if spec.get("decomposition") == "icd":
-        r = n if spec.get("rank", "full") == "full" else min(n, int(spec["rank"]))
-        need, shape, copies = 2 * 8.0 * n * r, f"{n:,} x {r}", 2
-    else:
-        need, shape, copies = 5 * 8.0 * n * n, f"{n:,} x {n:,}", 5
-    return (f"kernel SLEM's {shape} kernel matrices ({copies} copies, float64)", need,
-            "lower its negatives.count, use decomposition: icd with a rank, or raise memory_limit")
+def _learner_tasks(learners: list, info, cfg, n_train: int, n_classes: int) -> list:
+    """What each learner says its largest task holds, fed what the train stage's feeder of its kind
+    hands it (``stages.train.fed_rows``), with the setting of the run that shrinks it."""
+    from metricpipe.stages.train import fed_rows
+    out, seen = [], set()
+    for est in learners:
+        fed = fed_rows(est, info, cfg, n_train)
+        task = est.largest_task(fed.rows, info.n_features, n_classes, fed.k, fed.anchors) if fed else None
+        if task is not None and task[0] not in seen:
+            seen.add(task[0])
+            what, need, fix = task
+            fixes = [x for x in (fed.fix, fix) if x]
+            out.append((what, need, ", ".join(fixes) + ", or raise memory_limit"))
+    return out
 
 
 def limit_name(cfg) -> str:
@@ -233,7 +164,7 @@ def refuse_without_dense_covariance(est, n_features: int, max_dense_dim: int, wh
     if getattr(est, "needs_dense_covariance", False) and n_features > max_dense_dim:
         raise InputError(f"{where} needs the D x D covariance, but D = {n_features} is above statistics."
                          f"max_dense_dim ({max_dense_dim}); raise statistics.max_dense_dim (memory: D^2 x 8 "
-                         f"bytes) or drop it{' (a kernel SLEM does without)' if est.method == 'slem' else ''}")
+                         f"bytes) or drop it{f' ({est.dense_alternative})' if est.dense_alternative else ''}")
 
 
 __all__ = ["BLOCKS_PER_TASK", "PAUSE_FRACTION", "SPILL_FRACTION", "WORKER_RESIDENT", "check_memory", "index_budget",

@@ -20,7 +20,6 @@ from metricpipe.sources import open_source
 from metricpipe.models import check_intact, codes_of, find_model, model_units, staged_arrays
 from metricpipe.storage import Store, hash_key, load_estimator, open_array, save_estimator
 from metricpipe.tasks import registry
-from metricpipe.tasks.ncmml import NCMC
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.moments import class_sums
 from metricpipe.tasks.normalize import normalize_rows
@@ -210,7 +209,7 @@ def add_classes(store_url: str, data_path: str, features: str = "X", labels: str
         old_names = list(attrs.get("class_names") or [])   # the run's labels and added names: compared by value
         owner = np.asarray(est.centroid_classes_, np.int64)
         zero = _zero_names(old_names, zero_shot)
-        k = int(getattr(est, "centroids", 1))   # the model's k (a few-shot class of its own may hold fewer)
+        k = int(est.get_params().get("centroids", 1))   # the model's k (a few-shot class may hold fewer)
         C0 = len(old_names)
         sums, counts = np.zeros((len(names), D)), np.zeros(len(names), np.int64)
         for a, X in _blocks(src, n, D, attrs.get("normalize", "none")):
@@ -224,7 +223,7 @@ def add_classes(store_url: str, data_path: str, features: str = "X", labels: str
                 mu_z = zero_shot_prior(name, parents, trained)
                 new_means[j] = (counts[j] * new_means[j] + prior_weight * mu_z) / (counts[j] + prior_weight)
         if k > 1:   # (a class with fewer images than k: one centroid on each, as NCMC's fit)
-            cents, new_owner = _kmeans_new(src, n, D, codes, names, k, attrs.get("normalize", "none"))
+            cents, new_owner = _kmeans_new(type(est), src, n, D, codes, names, k, attrs.get("normalize", "none"))
             new_owner = C0 + new_owner
         else:
             cents, new_owner = new_means, np.arange(C0, C0 + len(names))
@@ -248,9 +247,10 @@ def add_classes(store_url: str, data_path: str, features: str = "X", labels: str
     return out
 
 
-def _kmeans_new(src, n, D, codes, names, k, normalize):
-    """k centroids per new class (one on each image of a class with fewer): k-means++ on up to
-    KMEANS_SAMPLE rows of each, Lloyd over the blocks. Returns (centroids, their new-class codes)."""
+def _kmeans_new(cls, src, n, D, codes, names, k, normalize):
+    """k centroids per new class (one on each image of a class with fewer), by the model's class ``cls``
+    (NCMC): k-means++ on up to KMEANS_SAMPLE rows of each, Lloyd over the blocks. Returns (centroids,
+    their new-class codes)."""
     rng = np.random.default_rng(0)
     keep = np.zeros(n, bool)
     for j in range(len(names)):
@@ -266,8 +266,8 @@ def _kmeans_new(src, n, D, codes, names, k, normalize):
         for a, X in _blocks(src, n, D, normalize):
             yield X, codes[a:a + len(X)]
 
-    return NCMC(centroids=k, kmeans_iters=10, random_state=0).kmeans(np.concatenate(sample), np.concatenate(ys),
-                                                                     blocks, len(names))
+    return cls(centroids=k, kmeans_iters=10, random_state=0).kmeans(np.concatenate(sample), np.concatenate(ys),
+                                                                    blocks, len(names))
 
 
 def predict(store_url: str, model: str, data_path: str, features: str = "X", labels: str | None = None,
@@ -293,7 +293,7 @@ def predict(store_url: str, model: str, data_path: str, features: str = "X", lab
         raise InputError(f"{src.name}: features have {D} dimensions but model {unit.key} takes {est.n_features_in_}")
     normalize = attrs.get("normalize", "none")
     pred = np.empty(n, np.int64)
-    if hasattr(est, "predict") and k is None:
+    if est.own_classifier is not None and k is None:
         for a, X in _blocks(src, n, D, normalize):
             pred[a:a + len(X)] = est.predict(X)   # nearest class mean (Eq. 5), Eq. 22's mixture or Eq. 27
     else:

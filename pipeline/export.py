@@ -96,6 +96,7 @@ class _Writer:
         self.out, self.n, self.d, self.labels, self.ids = out, n, d, labels, ids
         self.suffix = Path(out).suffix.lower()
         self.tmp = temp_beside(out)
+        self.member = self.zip = self.pq = None   # the open handles of the formats that have them
         if self.suffix == ".npy":
             self.arr = np.lib.format.open_memmap(self.tmp, mode="w+", dtype=np.float32, shape=(n, d))
         elif self.suffix == ".npz":  # members streamed into the zip: X, then y and ids at close
@@ -152,15 +153,11 @@ class _Writer:
         publish(self.tmp, self.out)   # a file is replaced; a folder never (check_out refused one)
 
     def abort(self) -> None:
-        for h in ("member", "zip"):
+        for handle in (self.member, self.zip, self.pq):
             try:
-                getattr(self, h).close()
+                if handle is not None:
+                    handle.close()
             except Exception:   # noqa: BLE001 - best effort: the partial file is removed below
-                pass
-        if hasattr(self, "pq"):
-            try:
-                self.pq.close()
-            except Exception:   # noqa: BLE001
                 pass
         self.__dict__.pop("arr", None)
         remove_partial(self.tmp)
@@ -455,9 +452,8 @@ def _read(arr, rows: np.ndarray) -> np.ndarray:
 def export_npz(store_url: str, key: str, path: str) -> dict:
     """Model KEY as plain arrays in an .npz plus the entry ``model_json`` (a JSON string: kind,
     normalisation, scalars): what the README's numpy formulas need, no metricpipe."""
-    from metricpipe.tasks.portable import portable
     store, unit, meta, normalize, _ = _model_and_data(store_url, key)
-    kind, arrays, scalars = portable(_model(unit.url))
+    kind, arrays, scalars = _model(unit.url).portable()
     info = {"kind": kind, "normalize": normalize, "method": meta["spec"]["method"], "model": unit.key,
             "dim": int(meta["dim"]), "score": meta.get("score") or "euclidean", **scalars}
     with written_whole(path, "--npz") as tmp:

@@ -127,7 +127,7 @@ def train(feat_url: str, unit_url: str, rows: np.ndarray, factory: str, seed: in
                                 faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2)
     ivf = faiss.downcast_index(faiss.extract_index_ivf(index))
     ivf.cp.seed = seed
-    if hasattr(ivf, "do_polysemous_training"):
+    if isinstance(ivf, faiss.IndexIVFPQ):
         # the factory turns on polysemous training (Hamming filtering, which search never uses); it was
         # 95% of training time: 190 s of 200 s for IVF2048,PQ64 on 80k x 256
         ivf.do_polysemous_training = False
@@ -145,7 +145,7 @@ def _trained(unit_url: str, token: str):
     faiss = _faiss()
     index = faiss.deserialize_index(open_array(f"{unit_url}/ivf_trained")[:])
     ivf = faiss.downcast_index(faiss.extract_index_ivf(index))
-    if hasattr(ivf, "use_precomputed_table"):
+    if isinstance(ivf, faiss.IndexIVFPQ):
         # IVF-PQ's precomputed residual tables are nlist x M x 256 floats (268 MB at IVF4096,PQ64), the
         # size of the codes of 4M vectors; without them a query computes its table per probed list,
         # which costs little at nprobe 16. Dropped so the index fits a small worker.
@@ -196,7 +196,7 @@ def search(feat_url: str, split_url: str, unit_url: str, token: str, chunks: tup
     ivf = faiss.extract_index_ivf(index)
     ivf.nprobe = nprobe
     quantizer = faiss.downcast_index(ivf.quantizer)
-    if hasattr(quantizer, "hnsw"):  # the graph walk keeps 4 x nprobe candidate lists to find nprobe
+    if isinstance(quantizer, faiss.IndexHNSW):  # the graph walk keeps 4 x nprobe candidate lists to find nprobe
         quantizer.hnsw.efSearch = max(16, 4 * nprobe)
     Q = np.ascontiguousarray(read_rows(feat_url, q_rows), dtype=np.float32)
     dist, idx = index.search(Q, k + 1)

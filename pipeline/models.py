@@ -108,7 +108,7 @@ def load_model(store_url: str, key: str):
     unit, meta = find_model(store, key)
     est = load_estimator(unit.url)
     names = meta.get("class_names")
-    if names is not None and hasattr(est, "classes_") and len(est.classes_) == len(names):
+    if names is not None and len(est.fitted_state().get("classes_", ())) == len(names):
         est.classes_ = np.asarray(names)   # predict / score in the data's own labels, not class codes
     normalize = meta.get("normalize", read_attrs(unit.url).get("normalize"))
     return with_normalization(est, normalize)

@@ -11,7 +11,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from metricpipe import select, stages
+from metricpipe import stages
+from metricpipe.stages.train.select import selection_rows
 from metricpipe.budget import check_memory, refuse_without_dense_covariance
 from metricpipe.cluster import DashboardHostError, connect, dashboard_lines
 from metricpipe.config import (SPLIT_NAMES, EvaluateConfig, NeighboursConfig, RunConfig, classifiers_given,
@@ -187,7 +188,9 @@ def _pool_notes(est, info, entry: dict) -> list[str]:
     """A SLEM negative pool whose config ``entry`` asks for more images than its split holds takes
     them all: said, since the model's parameters still read the count asked for (the default
     count, 15,000 at most, goes unsaid)."""
-    neg = getattr(est, "negatives", None)
+    if est.feeds != "pool":   # (a pool learner's parameter negatives says which rows make its pool)
+        return []
+    neg = est.negatives
     asked = entry.get("negatives")
     asked = asked if isinstance(asked, list) else [asked]     # (a sweep of pools: a list of them)
     if not isinstance(neg, dict) or not any(isinstance(a, dict) and "count" in a for a in asked) \
@@ -225,7 +228,7 @@ def check_methods(cfg: RunConfig, info, log=print) -> RunConfig:
                 split = info.split   # (sized with stand-in row keys: which rows are borrowed waits for staging)
                 if borrowing(split, cfg.data.split.val):
                     split = splits.borrow(split, info.labels, np.arange(len(split), dtype=np.uint64), cfg.data.split.seed)
-                n_ref = len(select.selection_rows(split, info.labels, info.n_features, cfg.seed)[1])
+                n_ref = len(selection_rows(split, info.labels, info.n_features, cfg.seed)[1])
             if k > n_ref:
                 raise InputError(f"{cfg.source_file}: {cfg.entry(n)} ({stages.model_id(spec)}): select.metric {metric} "
                                  f"votes over more neighbours than the {n_ref} train rows that selection compares "
@@ -234,9 +237,9 @@ def check_methods(cfg: RunConfig, info, log=print) -> RunConfig:
             try:
                 est = registry.make(cand)
                 est.check_data_shape(info.n_features, n_seen)
-                if hasattr(est, "trained_classes"):   # the labels NCMML's classes names are the data's
-                    _refuse_held_out(est.trained_classes(info.classes) if est.classes is not None else [], held,
-                                     info.classes)
+                trained = est.trained_classes(info.classes)   # the labels NCMML's classes names are the data's
+                if len(trained) < len(info.classes):
+                    _refuse_held_out(trained, held, info.classes)
             except InputError as e:
                 raise InputError(f"{cfg.source_file}: {cfg.entry(n)} ({stages.model_id(cand)}): {e}") from None
             refuse_without_dense_covariance(est, info.n_features, cfg.statistics.max_dense_dim,

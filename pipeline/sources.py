@@ -5,6 +5,7 @@ their own row-block, the labels and optional split/group/id columns (1-D, small)
 (path, size, mtime) that keys the staged data.
 """
 import gzip
+from collections.abc import Mapping
 import os
 import struct
 import zipfile
@@ -136,7 +137,7 @@ def check_zarr_complete(a, path, key: str, field_name: str) -> None:
     (the store's own units are protected by checksums; a user's source is not)."""
     missing = a.nchunks - a.nchunks_initialized
     if missing:
-        fill = a.fill_value.item() if hasattr(a.fill_value, "item") else a.fill_value
+        fill = np.asarray(a.fill_value).item()
         raise InputError(f"{path}: array {key!r} ({field_name}) is missing {missing} of its {a.nchunks} chunk(s), "
                          f"which would read as {fill!r}; rewrite or re-copy the Zarr source completely")
 
@@ -148,7 +149,7 @@ def check_h5_complete(d, path, key: str, field_name: str) -> None:
     made with early allocation has every chunk, and is read as it is)."""
     if d.size == 0 or d.is_virtual:
         return
-    fill = d.fillvalue.item() if hasattr(d.fillvalue, "item") else d.fillvalue
+    fill = np.asarray(d.fillvalue).item()
     if d.chunks is None:
         if d.id.get_storage_size() == 0:
             raise InputError(f"{path}: dataset {key!r} ({field_name}) was never written, so every row would read as "
@@ -492,7 +493,7 @@ def _column(container, key, path, field_name, n=None):
         raise InputError(f"{path}: no array {key!r} ({field_name}); it holds {sorted(container.keys())}")
     try:
         obj = container[key]    # read once (an npz member or a Parquet column is decoded here)
-        if hasattr(obj, "keys"):   # an HDF5 group
+        if isinstance(obj, Mapping):   # an HDF5 group
             raise InputError(f"{path}: {key!r} is a group, not an array ({field_name}); name one of its arrays "
                              f"({key}/NAME)")
         return np.asarray(obj[...])

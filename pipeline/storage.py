@@ -968,11 +968,15 @@ def load_scalar(url: str, name: str):
     return zarr.open_group(store=url, mode="r").attrs["scalars"][name]
 
 
-def load_arrays(url: str) -> tuple[dict, dict]:
+def load_arrays(url: str, names: tuple | None = None) -> tuple[dict, dict]:
+    """(arrays and scalars, attributes) of a group saved by :func:`save_arrays`; ``names``: only those
+    (a learner's ``reads_statistics``: a 4,096-d covariance is 134 MB it need not read)."""
     import zarr
     g = zarr.open_group(store=url, mode="r")
     attrs = dict(g.attrs)
-    return {**attrs.pop("scalars", {}), **{k: a[...] for k, a in g.arrays()}}, attrs
+    scalars = attrs.pop("scalars", {})
+    keep = (lambda k: True) if names is None else (lambda k: k in names)
+    return {**{k: v for k, v in scalars.items() if keep(k)}, **{k: a[...] for k, a in g.arrays() if keep(k)}}, attrs
 
 
 def read_rows(url: str, idx: np.ndarray) -> np.ndarray:
@@ -1033,9 +1037,10 @@ def save_estimator(url: str, est, attrs: dict | None = None) -> None:
     """Store a fitted learner: its fitted attributes (arrays as Zarr arrays, scipy sparse arrays as
     their CSC parts, everything else as JSON), its method name and parameters. ``attrs`` adds facts
     about the run (the spec, the staged data's normalisation, ...)."""
+    import scipy.sparse
     arrays, state, sparse = {}, {}, []
     for name, value in est.fitted_state().items():
-        if hasattr(value, "tocsc"):
+        if scipy.sparse.issparse(value):
             W = value.tocsc()
             small = np.uint16 if W.shape[0] <= np.iinfo(np.uint16).max else np.int32
             arrays.update({f"{name}.data": W.data, f"{name}.indices": W.indices.astype(small),
@@ -1049,7 +1054,7 @@ def save_estimator(url: str, est, attrs: dict | None = None) -> None:
             state[name] = value
     params = {k: v for k, v in est.get_params(deep=False).items()}
     save_arrays(url, arrays, {**(attrs or {}), "method": est.method, "params": params, "state": state,
-                              "sparse": sparse})
+                              "sparse_arrays": sparse})
 
 
 def load_estimator(url: str):
@@ -1061,7 +1066,7 @@ def load_estimator(url: str):
         raise InputError(f"{url}: this model was stored by metricpipe before 0.2, which kept no estimator; "
                          f"rerun its config to train it again")
     state = dict(attrs.get("state", {}))
-    for name in attrs.get("sparse", []):
+    for name in attrs.get("sparse_arrays", []):
         state[name] = scipy.sparse.csc_array(
             (arrays.pop(f"{name}.data"), arrays.pop(f"{name}.indices").astype(np.int32), arrays.pop(f"{name}.indptr")),
             shape=tuple(int(s) for s in arrays.pop(f"{name}.shape")))

@@ -14,6 +14,7 @@ shuffled batches, a bounded set of rows) and stores the fitted attributes
 from numbers import Integral, Real
 
 import numpy as np
+import scipy.sparse
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
 from sklearn.utils._param_validation import Interval, InvalidParameterError, Options, StrOptions  # noqa: F401 (re-exported)
 from sklearn.utils.multiclass import check_classification_targets
@@ -97,6 +98,13 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     dimension; scikit-learn's ``get_feature_names_out`` uses it).
     """
     method: str = ""
+    #: what the pipeline feeds it (the train stage has one feeder per kind): "statistics" (the statistics
+    #: stage's moments), "stream" (pools of the shuffled training rows), "pairs" (the same pools, or user
+    #: pairs), "neighbours" (the rows in its input space and their neighbour graph), "subset" (a bounded
+    #: stratified sample of the rows), "pool" (a pool of negatives, or its moments)
+    feeds: str = "statistics"
+    #: the statistics (names of :func:`~metricpipe.tasks.moments.finalize_statistics`'s arrays) its fit reads
+    reads_statistics: tuple = ()
     code_metric: str = "euclidean"
     requires_nonnegative: bool = False   # NML: the pipeline refuses staged features with a negative value
     search_space: dict = {}
@@ -252,6 +260,8 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     #: whether the pipeline fits it from the D x D covariance (LDA, linear SLEM), which the statistics
     #: stage keeps only up to ``statistics.max_dense_dim`` features
     needs_dense_covariance = False
+    #: what a user can do instead when the covariance is too large to keep (said in that refusal)
+    dense_alternative = ""
 
     def check_data_shape(self, n_features: int, n_classes: int) -> None:
         """Refuse parameters the data's shape rules out, before any work (the pipeline calls it
@@ -267,6 +277,55 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         """What the data's shape changes in the parameters without ruling them out (e.g. a value
         rounded to the nearest feasible one): the pipeline prints each before any work."""
         return []
+
+    # -- what the pipeline asks of a learner before any work ------------------------------------------
+    def trained_classes(self, labels) -> np.ndarray:
+        """The class codes (positions in ``labels``, the class labels in code order) whose rows train it:
+        every class (NCMML's ``classes`` names a subset)."""
+        return np.arange(len(labels))
+
+    def code_dim(self, n_features: int, n_classes: int) -> int:
+        """The width of its codes on data of this shape, as its parameters give it before any fit: ``dim``,
+        else the rule ``dim: None`` stands for (``DEFAULT_DIM``, capped at the features)."""
+        if isinstance(getattr(self, "dim", None), Integral):
+            return min(int(self.dim), n_features)
+        return n_features if self.DEFAULT_DIM is None else min(self.DEFAULT_DIM, n_features)
+
+    def view_dim(self, n_features: int, n_classes: int) -> int:
+        """The widest view of a row the evaluation classifies in (the codes; SL-NE's exact view too)."""
+        return self.code_dim(n_features, n_classes)
+
+    def largest_task(self, n_rows: int, n_features: int, n_classes: int, k: int = 0,
+                     anchors: int | None = None):
+        """(what, bytes, the parameter to change) of the largest task its fit holds beyond a row-block,
+        fed ``n_rows`` rows (its pool, its training rows) with ``k`` neighbours each for ``anchors`` of
+        them; None when it holds no more than the row-blocks it reads (the memory rule's default)."""
+        return None
+
+    def pool_rows(self, n_classes: int) -> int | None:
+        """Rows of the shuffled training rows its fit reads at most (a streamed learner that stops after
+        a number of steps), so that the pipeline writes only the blocks visited first; None: every row."""
+        return None
+
+    def serves(self, classifier: str) -> str | None:
+        """Why its codes cannot serve ``classifier`` (knnK, softvoteK, ncm, ncmc); None: they can."""
+        return None
+
+    def portable(self) -> tuple[str, dict, dict]:
+        """(kind, arrays, scalars) of the fitted model for ``metricpipe export --npz``, applied with
+        numpy alone by the README's ``apply_model``: ``affine`` (codes = X @ W + b; no W: X; no b: no
+        offset), ``sphere``, ``chi2``, ``slem``, ``kernel_slem`` (each learner's docstring)."""
+        check_is_fitted(self)
+        W, b = getattr(self, "components_", None), getattr(self, "offset_", None)
+        arrays = {} if W is None else {"W": W.toarray() if scipy.sparse.issparse(W) else np.asarray(W)}
+        if b is not None:
+            arrays["b"] = np.asarray(b)
+        return "affine", arrays, {}
+
+    def fit_facts(self) -> dict:
+        """Facts of the fit a run records with the model (kept steps, validation scores; ``samples``:
+        the rows or pairs it processed, from which the run reports a rate); {} by default."""
+        return {}
 
     # -- validation and refit: what the pipeline asks before and after a fit -------------------------
     def validates(self) -> bool:

@@ -173,6 +173,9 @@ class LDA(_StatisticsLearner):
         self.dim = dim
         self.tol = tol
 
+    def code_dim(self, n_features: int, n_classes: int) -> int:
+        return min(self.dim or n_classes - 1, n_classes - 1, n_features)
+
     def check_data_shape(self, n_features: int, n_classes: int) -> None:
         if self.dim is not None and self.dim > min(n_classes - 1, n_features):
             raise InputError(f"The 'dim' parameter of LDA must be <= {min(n_classes - 1, n_features)} (LDA has at "

@@ -26,6 +26,7 @@ import numpy as np
 from sklearn.base import ClassifierMixin
 
 from metricpipe.tasks import moments, stream
+from metricpipe.tasks.rows import ArrayRows, TrainingRows
 from metricpipe.tasks.base import (COUNT, DIM_OR_NONE, POSITIVE, RANDOM_STATE, Interval, Learner, Options, StrOptions,
                                    one_blas_thread, seed_of)
 from metricpipe.tasks.errors import InputError
@@ -465,6 +466,8 @@ class _MetricLearner(Learner):
     fitted_attributes = ("components_", "classes_", "history_", "lr_", "best_iter_", "val_error_")
     dim_within_features = True
     DEFAULT_DIM = 32   # dim None: this many PCA directions, or all of them when the data has fewer
+    feeds = "stream"
+    reads_statistics = ("mean", "pca_components", "class_means", "class_counts", "mean_sq_norm")
 
     def _validate_params(self):
         super()._validate_params()
@@ -530,53 +533,61 @@ class _MetricLearner(Learner):
         """
         self._validate_params()
         X, codes = self._check_Xy(X, y)
-        C = len(self.classes_)
-        seed = seed_of(self.random_state)
-        allowed = np.isin(codes, self.trained_classes(self.classes_))
-        keep = allowed.copy()
-        keys = stream.row_keys(X)
-        # rows that score (validation, the new classes' monitor) stay out of the class means and the
-        # centroids, as the pipeline's val split does: a mean that holds its own validation rows makes
-        # their error optimistic (NCMC's was 0 on digits). The PCA start and scale read no label.
-        rows = np.ones(len(X), bool)
-        Xv = yv = None
-        if X_val is None and self.early_stopping:
-            pos = np.flatnonzero(allowed)
-            counts = np.bincount(codes[pos], minlength=C)[self.trained_classes(self.classes_)]
-            if counts.min() < 2:   # early stopping holds out a validation row of every class it trains on
-                raise InputError(f"{type(self).__name__}: class {self.classes_[self.trained_classes(self.classes_)][np.argmin(counts)].item()!r} "
-                                 f"has {int(counts.min())} sample(s); give every class at least 2, as the "
-                                 f"pipeline's stratified split requires (or pass X_val, y_val to fit)")
-            val = pos[stream.validation_split(codes[pos], self.validation, keys[pos], seed)]
-            keep[val] = False
-            rows[val] = False
-            Xv, yv = X[val], codes[val]
-        elif X_val is not None:
-            Xv, y_val = self._check_val(X_val, y_val)
-            yv = np.searchsorted(self.classes_, y_val)
-            if np.any(yv >= C) or np.any(self.classes_[np.minimum(yv, C - 1)] != y_val):
-                raise InputError(f"{type(self).__name__}: y_val holds labels that are not in y")
-        if not keep.any():
-            raise InputError(f"{type(self).__name__}: no training rows left for SGD after the validation rows")
-        monitor = self._monitor_rows(codes, keys, seed)
-        rows[monitor] = False
-        stats = moments.statistics(X, codes)
-        if not rows.all():
-            stats = moments.without_rows(stats, X[~rows], codes[~rows])
-        br = block_rows or stream.block_rows_for(X.shape[1])
-        extra = self._memory_inputs(X, codes, keep, rows, monitor, keys, seed)
         classes = self.classes_
-        self.fit_stream(stats, stream.pools(X, codes, keep, br, seed, keys), Xv, yv, labels=classes, **extra)
+        yv = None
+        if X_val is not None:
+            X_val, y_val = self._check_val(X_val, y_val)
+            yv = np.searchsorted(classes, y_val)
+            if np.any(yv >= len(classes)) or np.any(classes[np.minimum(yv, len(classes) - 1)] != y_val):
+                raise InputError(f"{type(self).__name__}: y_val holds labels that are not in y")
+        rows = ArrayRows(X, codes, X_val, yv, block_rows)
+        self.fit_rows(rows, moments.statistics(X, codes), labels=classes)
         self.classes_ = classes
         return self
 
-    def _monitor_rows(self, codes, keys, seed) -> np.ndarray:
-        """Positions of rows held out to score something other than early stopping (none here)."""
-        return np.zeros(0, np.int64)
+    def fit_rows(self, rows: TrainingRows, statistics: dict, labels=None):
+        """Learn W from :class:`~metricpipe.tasks.rows.TrainingRows` and the statistics of its
+        ``in_stats`` rows: ``fit`` and the pipeline both end here. Which rows validate (the given
+        ones, else a stratified share held out of the fit rows), which stay out of the class means
+        and the centroids (every row that scores: a mean holding its own validation rows makes their
+        error optimistic; NCMC's was 0 on digits), what else the learner reads (NCMC's k-means,
+        k-NN ML's reference rows, NCMML's other-class monitor): decided here. ``labels``: the class
+        labels in code order, which ``classes`` names (default: the codes). Returns self."""
+        self._validate_params()
+        C = len(statistics["class_means"])
+        seed = seed_of(self.random_state)
+        trained = self.trained_classes(np.arange(C) if labels is None else labels)
+        allowed = np.isin(rows.labels, trained) & rows.fit
+        keep, means = allowed.copy(), rows.fit.copy()      # SGD's rows; the rows in the class means
+        val = np.zeros(0, np.int64)
+        if self.early_stopping and rows.val is not None and len(rows.val):
+            val = stream.seeded_sample(rows.val[np.isin(rows.labels[rows.val], trained)], self.validation, seed)
+        elif self.early_stopping:
+            pos = np.flatnonzero(allowed)
+            counts = np.bincount(rows.labels[pos], minlength=C)[trained]
+            if counts.min() < 2:   # early stopping holds out a validation row of every class it trains on
+                name = trained[int(np.argmin(counts))] if labels is None else np.asarray(labels)[trained][np.argmin(counts)]
+                raise InputError(f"{type(self).__name__}: class {np.asarray(name).item()!r} has {int(counts.min())} "
+                                 f"sample(s); give every class at least 2, as the pipeline's stratified split requires "
+                                 f"(or pass X_val, y_val to fit)")
+            val = pos[stream.validation_split(rows.labels[pos], self.validation, rows.keys[pos], seed)]
+            keep[val] = means[val] = False
+        if not keep.any():
+            raise InputError(f"{type(self).__name__}: no training rows left for SGD after the validation rows")
+        extra = self._side_inputs(rows, keep, means, trained, C, seed)
+        out = np.flatnonzero(rows.in_stats & ~means)   # (sorted, as the statistics' rows)
+        if len(out):
+            statistics = moments.without_rows(statistics, rows.take(out), rows.labels[out])
+        Xv, yv = (rows.take(val), rows.labels[val]) if len(val) else (None, None)
+        return self.fit_stream(statistics, rows.pools(keep, seed), Xv, yv, labels=labels, **extra)
 
-    def _memory_inputs(self, X, codes, keep, rows, monitor, keys, seed) -> dict:
-        """What ``fit_stream`` takes beyond the statistics and pools; ``keep``: SGD's rows, ``rows``:
-        every row but those held out to score, ``monitor``: :meth:`_monitor_rows`'s."""
+    def fit_facts(self) -> dict:
+        facts = {"best_iter": self.best_iter_, "val_error": self.val_error_}
+        return {**facts, **{k: getattr(self, f"{k}_", None) for k in ("val_error_new_classes", "best_iter_new_classes")}}
+
+    def _side_inputs(self, rows: TrainingRows, keep, means, trained, n_classes: int, seed: int) -> dict:
+        """What ``fit_stream`` takes beyond the statistics and pools; ``keep``: SGD's rows, ``means``:
+        the rows in the class means (a learner that holds rows out to score clears theirs)."""
         return {}
 
     def _start(self, stats: dict):
@@ -772,7 +783,8 @@ class NCMML(_NCMClassifier, _MetricLearner):
         SGD steps.
     validate_every : int, default=100
     validation : int, default=5000
-        Validation rows held out of SGD when no X_val is given.
+        Validation rows at most: held out of SGD when no X_val is given, else a seeded sample of X_val
+        (the pipeline's validation rows) when it holds more.
     early_stopping : bool, default=True
         Keep the W with the lowest validation error (checked every ``validate_every`` steps, the start
         included; SGD stops after half of its checks in a row without a lower one). False: no
@@ -822,17 +834,22 @@ class NCMML(_NCMClassifier, _MetricLearner):
         self.classes = classes
         self.random_state = random_state
 
-    def _monitor_rows(self, codes, keys, seed) -> np.ndarray:
-        """The other classes' rows to monitor (``classes`` set): a stratified share, as validation,
-        then ``validation`` rows at most (as the pipeline takes them)."""
-        new = np.flatnonzero(~np.isin(codes, self.trained_classes(self.classes_)))
-        if self.classes is None or not len(new):
-            return np.zeros(0, np.int64)
-        return stream.seeded_sample(new[stream.validation_split(codes[new], self.validation, keys[new], seed)],
-                                    self.validation, seed)
-
-    def _memory_inputs(self, X, codes, keep, rows, monitor, keys, seed) -> dict:
-        return {"X_new": X[monitor], "y_new": codes[monitor]} if len(monitor) else {}
+    def _side_inputs(self, rows, keep, means, trained, n_classes, seed) -> dict:
+        """With ``classes`` set, the other classes' rows to monitor: their given validation rows, else a
+        stratified share of their rows, as validation (then out of the class means), ``validation`` rows
+        at most."""
+        others = ~np.isin(rows.labels, trained)
+        if self.classes is None or not self.early_stopping or not others.any():
+            return {}
+        new = np.zeros(0, np.int64) if rows.val is None else rows.val[others[rows.val]]
+        carved = not len(new)
+        if carved:
+            pos = np.flatnonzero(others & rows.fit)
+            new = pos[stream.validation_split(rows.labels[pos], self.validation, rows.keys[pos], seed)]
+        new = stream.seeded_sample(new, self.validation, seed)
+        if carved:
+            means[new] = False
+        return {"X_new": rows.take(new), "y_new": rows.labels[new]}
 
     def fit_stream(self, statistics: dict, pools, X_val, y_val, X_new=None, y_new=None, labels=None):
         """The pipeline's entry point (``fit`` calls it too): W from the statistics' PCA directions
@@ -956,18 +973,19 @@ class NCMC(_NCMClassifier, _MetricLearner):
         return class_kmeans(np.asarray(X_sample), np.asarray(y_sample), classes, k[classes], blocks,
                             self.kmeans_iters, np.random.default_rng([seed_of(self.random_state), 11]))
 
-    def _memory_inputs(self, X, codes, keep, rows, monitor, keys, seed) -> dict:
-        pos = np.flatnonzero(rows)          # k-means sees no validation row (nor does any mean)
-        sample = pos[self.kmeans_sample(codes[pos], keys[pos], seed,
-                                        self.kmeans_per_class(len(self.classes_), X.shape[1]), self.centroids)]
-        br = stream.block_rows_for(X.shape[1])
+    def _side_inputs(self, rows, keep, means, trained, n_classes, seed) -> dict:
+        """k-means over the rows in the class means (k-means sees no validation row)."""
+        return {"centroids": self.class_centroids(rows, means, n_classes)}
 
-        def blocks():
-            for a in range(0, len(X), br):
-                m = rows[a:a + br]
-                yield np.asarray(X[a:a + br], np.float64)[m], codes[a:a + br][m]
-        return {"centroids": self.kmeans(X[sample], codes[sample], blocks, len(self.classes_),
-                                         np.bincount(codes[pos], minlength=len(self.classes_)))}
+    def class_centroids(self, rows: TrainingRows, mask: np.ndarray, n_classes: int):
+        """k centroids per class of the rows where ``mask`` holds (:meth:`kmeans`): k-means++ on its
+        seeding sample (:meth:`kmeans_sample`), one streamed pass over the rows per Lloyd step. Returns
+        (centroids in the input space, their class codes)."""
+        pos = np.flatnonzero(mask)
+        sample = pos[self.kmeans_sample(rows.labels[pos], rows.keys[pos], seed_of(self.random_state),
+                                        self.kmeans_per_class(n_classes, rows.n_features), self.centroids)]
+        return self.kmeans(rows.take(sample), rows.labels[sample], lambda: rows.blocks(mask), n_classes,
+                           np.bincount(rows.labels[pos], minlength=n_classes))
 
     def fit_stream(self, statistics: dict, pools, X_val, y_val, centroids, labels=None):
         """The pipeline's entry point (``fit`` calls it too); ``centroids`` is :meth:`kmeans`'s answer."""
@@ -1046,11 +1064,12 @@ class KNNML(_MetricLearner):
         pos = np.flatnonzero(keep)
         return pos[stream.stratified_subset(labels[pos], size, stream.rank(keys[pos], seed, stream.REFERENCE))]
 
-    def _memory_inputs(self, X, codes, keep, rows, monitor, keys, seed) -> dict:
+    def _side_inputs(self, rows, keep, means, trained, n_classes, seed) -> dict:
+        """The reference rows (among SGD's) the validation queries search."""
         if not self.early_stopping:
             return {}
-        ref = self.reference_rows(codes, keep, keys, self.validation, seed)
-        return {"reference": (X[ref], codes[ref])}
+        ref = self.reference_rows(rows.labels, keep, rows.keys, self.validation, seed)
+        return {"reference": (rows.take(ref), rows.labels[ref])}
 
     def _batches(self, X, y, rng):
         tl2 = l2_targets(X, y, self.k) if self.targets == "fixed" else None

@@ -27,8 +27,10 @@ The estimators :class:`NML` and :class:`LinearML` (end of this module) take thei
 from numbers import Integral, Real
 
 import numpy as np
+from sklearn.utils.validation import check_is_fitted
 
 from metricpipe.tasks import moments, stream
+from metricpipe.tasks.rows import ArrayRows, TrainingRows
 from metricpipe.tasks.base import (COUNT, DIM, DIM_OR_NONE, NON_NEGATIVE, RANDOM_STATE, Interval, Learner, StrOptions, one_blas_thread,
                                    seed_of)
 from metricpipe.tasks.errors import InputError
@@ -387,11 +389,17 @@ class _PairLearner(Learner):
     without validation).
     """
     _kind = ""
+    feeds = "pairs"
     fitted_attributes = ("L_", "bias_", "classes_", "history_", "best_iter_", "val_map_", "pairs_seen_", "n_pairs_",
                          "n_steps_", "pair_source_")
 
     def validates(self) -> bool:
         return self.validation > 0
+
+    def start(self, statistics: dict) -> tuple:
+        """(L's start rows or None for the seeded default, the rows' RMS norm ``lr`` is read by) from the
+        statistics it reads (:attr:`reads_statistics`)."""
+        return None, 1.0
 
     def refit_params(self) -> dict:
         """``iters`` = the pairs seen by the kept L, validation off (the rate does not decay, so fewer
@@ -421,23 +429,42 @@ class _PairLearner(Learner):
         X, codes = self._check_Xy(X, y)
         if self.requires_nonnegative:   # named as given, before rows are held out for validation
             check_nonnegative(X, f"{type(self).__name__}.fit: X")
-        br = block_rows or stream.block_rows_for(X.shape[1])
-        seed = seed_of(self.random_state)  # once: a RandomState random_state gives one draw per call
-        keep, keys, val = None, None, None
+        yv = None
         if X_val is not None:
-            val = self._check_val(X_val, y_val)
+            X_val, y_val = self._check_val(X_val, y_val)
             if self.requires_nonnegative:
-                check_nonnegative(val[0], f"{type(self).__name__}.fit: X_val")
-        elif self.validation:
-            keys = stream.row_keys(X)
-            held = stream.validation_split(codes, self.validation, keys, seed)
-            if can_rank(codes[held]):   # else (few-shot data) no early stopping, and every row trains
-                keep = np.ones(len(X), bool)
+                check_nonnegative(X_val, f"{type(self).__name__}.fit: X_val")
+            yv = np.searchsorted(self.classes_, y_val)
+            if np.any(yv >= len(self.classes_)) or np.any(self.classes_[np.minimum(yv, len(self.classes_) - 1)] != y_val):
+                raise InputError(f"{type(self).__name__}: y_val holds labels that are not in y")
+        statistics = moments.statistics(X) if self.reads_statistics else {}
+        return self.fit_rows(ArrayRows(X, codes, X_val, yv, block_rows), statistics)
+
+    def fit_facts(self) -> dict:
+        return {"samples": self.pairs_seen_, "pairs": int(self.n_pairs_), "pair_source": self.pair_source_,
+                "best_iter": self.best_iter_, "val_map": self.val_map_}
+
+    def fit_rows(self, rows: TrainingRows, statistics: dict, labels=None):
+        """Learn from :class:`~metricpipe.tasks.rows.TrainingRows` (pairs drawn from the labels inside
+        each pool) and the statistics it reads (:attr:`reads_statistics`): ``fit`` and the pipeline both
+        end here. With ``validation`` > 0, early stopping reads the given validation rows, else a
+        stratified share held out of the fit rows (none, and every row trains, when no held-out row has
+        another of its class: few-shot data). Returns self."""
+        self._validate_params()
+        seed = seed_of(self.random_state)  # once: a RandomState random_state gives one draw per call
+        keep, val = rows.fit.copy(), np.zeros(0, np.int64)
+        if self.validates() and rows.val is not None and len(rows.val):
+            val = stream.seeded_sample(rows.val, self.validation, seed)
+        elif self.validates():
+            pos = np.flatnonzero(keep)
+            held = pos[stream.validation_split(rows.labels[pos], self.validation, rows.keys[pos], seed)]
+            if can_rank(rows.labels[held]):
                 keep[held] = False
-                val = (X[held], codes[held])
-        n = len(X) if keep is None else int(keep.sum())
-        return self._fit_labels(stream.pools(X, codes, keep, br, seed, keys), n, X.shape[1], *self._memory_init(X),
-                                seed, val)
+                val = held
+        init, scale = self.start(statistics)
+        n = int((keep & rows.in_stats).sum())
+        given = (rows.take(val), rows.labels[val]) if len(val) else None
+        return self._fit_labels(rows.pools(keep, seed), n, rows.n_features, init, scale, seed, given)
 
     def fit_pairs(self, pairs, y, X=None, block_rows=None):
         """Learn from pairs given by the user (metric-learn's ``_PairsClassifierMixin`` convention).
@@ -482,7 +509,7 @@ class _PairLearner(Learner):
         pos = np.empty(n, np.int64)
         pos[pi] = np.arange(n)
         return self._fit_pairs(pos[idx], y, lambda b: X[pi[b * br:(b + 1) * br]], n, br, X.shape[1],
-                               *self._memory_init(X), seed)
+                               *self.start(moments.statistics(X) if self.reads_statistics else {}), seed)
 
     # -- the pipeline's entry points ---------------------------------------------------------------------
     def fit_stream(self, pools, n_samples: int, n_features: int, init=None, X_val=None, y_val=None, row_scale=1.0):
@@ -730,6 +757,15 @@ class NML(_PairLearner):
     search_space_when = {("optimizer", "sgd"): {"lr": [10.0, 1.0, 100.0, 1000.0]}}
 
     method = "nml"
+
+    def code_dim(self, n_features: int, n_classes: int) -> int:
+        return int(self.dim)   # L's rows: any number, whatever the features
+
+    def portable(self) -> tuple[str, dict, dict]:
+        """``chi2``: rows l1-normalised, codes[:, t] = sum_c 2 L[t, c] x_c / (|L[t, c]| + tiny + |x_c|)
+        (Eqs. 7 and 11)."""
+        check_is_fitted(self)
+        return "chi2", {"L": self.L_}, {"tiny": float(TINY)}
     _kind = "nml"
     _parameter_constraints = {**_PAIR_CONSTRAINTS, "threads": COUNT}
 
@@ -747,9 +783,6 @@ class NML(_PairLearner):
         self.lr = lr
         self.validation = validation
         self.random_state = random_state
-
-    def _memory_init(self, X):
-        return None, 1.0
 
     def _default_init(self, n_features: int, seed: int) -> np.ndarray:
         return np.random.default_rng([seed, 19]).uniform(-0.5, 0.5, (self.dim, n_features))  # Algorithm 1
@@ -817,6 +850,18 @@ class LinearML(_PairLearner):
     search_space_when = {("optimizer", "adam"): {"lr": [0.01, 0.001, 0.1]}}
 
     method = "linear-ml"
+    reads_statistics = ("pca_components", "mean_sq_norm")   # L's start, and the rows' scale lr is read by
+
+    def start(self, statistics: dict) -> tuple:
+        """The leading PCA components (``dim`` rows; fewer when the statistics kept fewer, which the fit
+        refuses) and :func:`~metricpipe.tasks.moments.row_scale`."""
+        comps = statistics["pca_components"]
+        return comps[:self.resolved_dim(len(comps))], moments.row_scale(statistics)
+
+    def portable(self) -> tuple[str, dict, dict]:
+        """``affine``: codes = X @ L.T."""
+        check_is_fitted(self)
+        return "affine", {"W": self.L_.T}, {}
     _kind = "linear"
     _parameter_constraints = {**_PAIR_CONSTRAINTS, "dim": DIM_OR_NONE}
     dim_within_features = True
@@ -835,10 +880,6 @@ class LinearML(_PairLearner):
         self.lr = lr
         self.validation = validation
         self.random_state = random_state
-
-    def _memory_init(self, X):
-        stats = moments.statistics(X)
-        return stats["pca_components"], moments.row_scale(stats)
 
     def _default_init(self, n_features: int, seed: int) -> np.ndarray:
         raise InputError("LinearML starts from the PCA basis: pass init = the PCA components (k, n_features), "

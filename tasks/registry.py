@@ -1,28 +1,26 @@
 """The one place a learner is named: ``method:`` names in configs -> estimator classes.
 
-A line says which class a method is and what the out-of-core pipeline feeds it (``feeds``); the
-parameters, their defaults and their constraints live on the class (``__init__`` and
-``_parameter_constraints``), so a YAML config and a Python user get the same names and the same
-checks. Adding a learner: its module in ``tasks/``, one line here, its tests.
+A line says which class a method is; everything else a learner is lives on its class: its parameters,
+their defaults and constraints (``__init__``, ``_parameter_constraints``), what the pipeline feeds it
+(``feeds``), its selection grid, its memory, its export (:class:`~metricpipe.tasks.base.Learner`). So
+a YAML config and a Python user get the same names and checks, and the pipeline asks the class.
 
-What the pipeline feeds (``feeds``), each a driver in ``pipeline/``:
-
-- ``statistics``: the statistics stage's moments (``est.fit_statistics(stats)``);
-- ``stream``: pools of the shuffled training rows (``est.fit_stream(...)``, SGD);
-- ``pairs``: the same pools, or user pairs, for pair learners;
-- ``neighbours``: the training rows in the PCA space with their neighbour graph (SL-NE, SL-DE);
-- ``subset``: a bounded stratified sample of the training rows (sparse projectors);
-- ``pool``: a pool of negatives, or its moments (SLEM, ESVM).
+Adding a learner: its module in ``tasks/``, one line here, its tests. A learner of another package is
+registered by that package's entry point in the group ``metricpipe.learners`` (name = the method, value
+= the class, e.g. ``toy = mypkg.learners:Toy``); it is then a method of configs and of :func:`make`
+as the built-in ones are.
 """
 import difflib
+import functools
 import itertools
 import math
-from dataclasses import dataclass
+from importlib import metadata
 from numbers import Real
 
 from sklearn.utils._param_validation import InvalidParameterError
 
 from metricpipe.tasks.baselines import LDA, PCA, Identity, PCAWhitening, RandomProjection
+from metricpipe.tasks.base import Learner
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.ncmml import KNNML, NCMC, NCMML
 from metricpipe.tasks.nml import NML, LinearML
@@ -31,60 +29,87 @@ from metricpipe.tasks.slne import SLDE, SLNE
 from metricpipe.tasks.sparse import SparseProjector
 from metricpipe.tasks.validate import whole_number
 
-
-@dataclass(frozen=True)
-class Entry:
-    cls: type
-    feeds: str
-
-
-METHODS = {
-    "identity": Entry(Identity, "statistics"),
-    "pca": Entry(PCA, "statistics"),
-    "pcaw": Entry(PCAWhitening, "statistics"),
-    "lda": Entry(LDA, "statistics"),
-    "random": Entry(RandomProjection, "statistics"),
-    "slne": Entry(SLNE, "neighbours"),
-    "slde": Entry(SLDE, "neighbours"),
-    "sparse": Entry(SparseProjector, "subset"),
-    "ncmml": Entry(NCMML, "stream"),
-    "ncmc": Entry(NCMC, "stream"),
-    "knnml": Entry(KNNML, "stream"),
-    "nml": Entry(NML, "pairs"),
-    "linear-ml": Entry(LinearML, "pairs"),
-    "slem": Entry(SLEM, "pool"),          # kernel: gaussian | poly selects KernelSLEM
-    "esvm": Entry(ESVM, "pool"),
+BUILTIN = {
+    "identity": Identity, "pca": PCA, "pcaw": PCAWhitening, "lda": LDA, "random": RandomProjection,
+    "slne": SLNE, "slde": SLDE, "sparse": SparseProjector,
+    "ncmml": NCMML, "ncmc": NCMC, "knnml": KNNML,
+    "nml": NML, "linear-ml": LinearML,
+    "slem": SLEM, "esvm": ESVM,
 }
+
+#: A parameter whose value picks another class of the same method: {method: (parameter, {value: class})}
+VARIANTS = {"slem": ("kernel", {"gaussian": KernelSLEM, "poly": KernelSLEM})}
 
 #: The methods learned models are judged against (the report's "best baseline"): no metric learning.
 BASELINES = ("identity", "pca", "pcaw", "lda", "random")
+
+PLUGINS = "metricpipe.learners"   # the entry-point group of other packages' learners
+
+
+@functools.lru_cache(maxsize=1)
+def methods() -> dict:
+    """Every method: the built-in ones, then those other installed packages register (entry points of
+    :data:`PLUGINS`; a plugin may not take a built-in name)."""
+    out = dict(BUILTIN)
+    for ep in metadata.entry_points(group=PLUGINS):
+        if ep.name in out:
+            raise InputError(f"the learner plugin {ep.value!r} registers method {ep.name!r}, a name metricpipe "
+                             f"already has; register it under another name")
+        try:
+            cls = ep.load()
+        except Exception as e:  # noqa: BLE001 - a broken plugin is named, not a traceback
+            raise InputError(f"the learner plugin {ep.name} = {ep.value} cannot be imported: "
+                             f"{type(e).__name__}: {e}".splitlines()[0]) from None
+        if not (isinstance(cls, type) and issubclass(cls, Learner)):
+            raise InputError(f"the learner plugin {ep.name} = {ep.value} is not a metricpipe.tasks.base.Learner "
+                             f"subclass")
+        out[ep.name] = cls
+    return out
+
+
+def __getattr__(name: str):
+    if name == "METHODS":   # (read when asked, so that plugins load after their package is installed)
+        return methods()
+    raise AttributeError(name)
+
 
 #: Every estimator class metricpipe exports.
 ESTIMATORS = (Identity, PCA, PCAWhitening, LDA, RandomProjection, SLNE, SLDE, SparseProjector, NCMML, NCMC,
               KNNML, NML, LinearML, SLEM, KernelSLEM, ESVM)
 
 
-SLEM_KERNELS = ("linear", "gaussian", "poly")   # linear: SLEM; the others: KernelSLEM
-
-
 def estimator_class(method: str, params: dict | None = None) -> type:
     """The class of ``method`` (``{method: slem, kernel: gaussian}`` is :class:`KernelSLEM`)."""
-    if method not in METHODS:
-        near = difflib.get_close_matches(str(method), METHODS, n=1)
-        hint = f"; did you mean {near[0]!r}?" if near else f"; known methods: {', '.join(METHODS)}"
+    known = methods()
+    if method not in known:
+        near = difflib.get_close_matches(str(method), known, n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else f"; known methods: {', '.join(known)}"
         raise InputError(f"unknown method {method!r}{hint}")
-    kernel = (params or {}).get("kernel", "linear")
-    if method == "slem" and isinstance(kernel, str) and kernel not in SLEM_KERNELS:
-        raise InputError(f"The 'kernel' parameter of slem must be a str among {{{', '.join(map(repr, SLEM_KERNELS))}}}"
-                         f" (linear is SLEM, the others kernel SLEM). Got {kernel!r} instead.")
-    if method == "slem" and kernel != "linear":
-        return KernelSLEM
-    return METHODS[method].cls
+    if method in VARIANTS:
+        key, classes = VARIANTS[method]
+        base = known[method]
+        value = (params or {}).get(key, base().get_params()[key])
+        allowed = [base().get_params()[key], *classes]
+        if isinstance(value, str) and value not in allowed:
+            raise InputError(f"The '{key}' parameter of {method} must be a str among "
+                             f"{{{', '.join(map(repr, allowed))}}}. Got {value!r} instead.")
+        return classes.get(value, base)
+    return known[method]
 
 
-def feeds(method: str) -> str:
-    """What the pipeline hands the learner (see the module's docstring)."""
-    return METHODS[method].feeds
+def feeds(method: str, params: dict | None = None) -> str:
+    """What the pipeline hands the learner (:attr:`~metricpipe.tasks.base.Learner.feeds`)."""
+    return estimator_class(method, params).feeds
+
+
+def name_defaults(spec: dict) -> dict:
+    """The parameters a model's name leaves out at these values: its class's defaults, with a variant
+    parameter at its method's default (``kernel`` is named unless it is linear SLEM's)."""
+    d = defaults(estimator_class(spec["method"], spec), spec)
+    if spec["method"] in VARIANTS:
+        key = VARIANTS[spec["method"]][0]
+        d[key] = methods()[spec["method"]]().get_params()[key]
+    return d
 
 
 def defaults(cls: type, params: dict | None = None) -> dict:
@@ -95,6 +120,15 @@ def defaults(cls: type, params: dict | None = None) -> dict:
         grid = cls.search_grid({**d, **params})
         d.update({k: v[0] for k, v in grid.items() if k in d and d[k] is None})
     return d
+
+
+def model_name(spec: dict) -> str:
+    """A model's short name (logs, selections, the report's labels): method, dim, then the parameters that
+    differ from their defaults (:func:`name_defaults`), e.g. ``ncmml-32-lr3.0``."""
+    defaults = name_defaults(spec)
+    extra = "-".join(f"{k}{param_text(v)}" for k, v in sorted(params_of(spec).items())
+                     if k != "dim" and v is not None and (k not in defaults or v != defaults[k]))
+    return "-".join(str(x) for x in (spec["method"], spec.get("dim") or "", extra) if x != "")
 
 
 def params_of(spec: dict) -> dict:

@@ -37,6 +37,8 @@ from numbers import Integral
 import numpy as np
 import scipy.linalg as sla
 
+from sklearn.utils.validation import check_is_fitted
+
 from metricpipe.tasks import moments
 from metricpipe.tasks.base import COUNT, NON_NEGATIVE, POSITIVE, RANDOM_STATE, Interval, Learner, StrOptions, seed_of
 from metricpipe.tasks.errors import InputError
@@ -136,9 +138,16 @@ def unit_rows(W: np.ndarray) -> np.ndarray:
     return W / np.maximum(np.linalg.norm(W, axis=1, keepdims=True), 1e-30)
 
 
+def inverse_from_cholesky(cholesky: np.ndarray) -> np.ndarray:
+    """A^-1 (symmetric) from A's lower Cholesky factor."""
+    Linv = np.linalg.inv(cholesky)
+    return Linv.T @ Linv
+
+
 class _PoolLearner(Learner):
     """A learner defined on a pool of negatives (SLEM, kernel SLEM, ESVM): ``fit`` samples the pool
     from X, ``fit_pool`` takes it as it is; both end in ``_fit_pool``."""
+    feeds = "pool"
 
     def fit(self, X, y=None):
         """Fit on a seeded sample of ``negatives.count`` rows of X (all rows when there are fewer).
@@ -217,7 +226,17 @@ class SLEM(_PoolLearner):
     fitted_attributes = ("cholesky_", "mean_", "n_negatives_", "ridge_")
     code_metric = "euclidean"
     needs_dense_covariance = True
+    reads_statistics = ("mean", "covariance", "n_samples")   # when the pool is every train row
+    dense_alternative = "a kernel SLEM does without"
     _parameter_constraints = {"lam": NON_NEGATIVE, "kernel": [StrOptions({"linear"})], "negatives": [dict, None]}
+
+    def code_dim(self, n_features: int, n_classes: int) -> int:
+        return n_features
+
+    def portable(self) -> tuple[str, dict, dict]:
+        """``slem``: codes = unit_rows((X - mean) @ A_inv) (Eq. 6)."""
+        check_is_fitted(self)
+        return "slem", {"mean": self.mean_, "A_inv": inverse_from_cholesky(self.cholesky_)}, {}
 
     def __init__(self, lam=0.1, kernel="linear", negatives=None):
         self.lam = lam
@@ -519,6 +538,36 @@ class KernelSLEM(_PoolLearner):
         "negatives": [dict, None],
     }
 
+    def serves(self, classifier: str) -> str | None:
+        if classifier.startswith("knn"):
+            return None
+        return (f"kernel SLEM ({self.kernel}) compares images by Eq. 16 only; {classifier} needs codes in a "
+                f"vector space")
+
+    def code_dim(self, n_features: int, n_classes: int) -> int:
+        return n_features   # an upper bound: its codes' width follows its pool (Lemma 1)
+
+    def largest_task(self, n_rows: int, n_features: int, n_classes: int, k: int = 0, anchors: int | None = None):
+        """Its pool of ``n_rows`` images: an n x n float64 kernel matrix and its factor (Cholesky, KPCA),
+        or an n x r pivoted factor (ICD). Measured at n = 5,000 (fit_pool's peak RSS over n^2 x 8
+        bytes): Cholesky 5.0, KPCA 3.8; ICD at r = 200, 1.6 x n r x 8 bytes."""
+        n = n_rows
+        if self.decomposition == "icd":
+            r = n if self.rank == "full" else min(n, int(self.rank))
+            need, shape, copies = 2 * 8.0 * n * r, f"{n:,} x {r}", 2
+        else:
+            need, shape, copies = 5 * 8.0 * n * n, f"{n:,} x {n:,}", 5
+        return (f"kernel SLEM's {shape} kernel matrices ({copies} copies, float64)", need,
+                "lower its negatives.count, use decomposition: icd with a rank")
+
+    def portable(self) -> tuple[str, dict, dict]:
+        """``kernel_slem``: v = k(X, pool) @ projector.T, u = sqrt(max(k(x, x) - |v|^2, 0)),
+        codes = [(v - factor_mean) @ A_inv, v, u, X] (Lemma 1 and Eq. 6), compared by Eq. 16."""
+        check_is_fitted(self)
+        return ("kernel_slem", {"pool": self.pool_, "projector": self.projector_, "factor_mean": self.factor_mean_,
+                                "A_inv": inverse_from_cholesky(self.cholesky_)},
+                {"kernel": self.kernel, "gamma": float(self.gamma_)})
+
     def __init__(self, lam=0.1, kernel="gaussian", gamma="scale", rank="full", decomposition="cholesky",
                  negatives=None):
         self.lam = lam
@@ -691,6 +740,10 @@ class ESVM(_PoolLearner):
     selection_metric = "map"
 
     method = "esvm"
+
+    def portable(self) -> tuple[str, dict, dict]:
+        raise InputError("ESVM codes have no closed form (each image's exemplar SVM is trained by SGD against "
+                         "the pool); use 'metricpipe encode' to encode new images with it")
     fitted_attributes = ("pool_", "seed_", "scale_")
     code_metric = "euclidean"
     _parameter_constraints = {"lam": NON_NEGATIVE, "theta": NON_NEGATIVE, "epochs": COUNT, "batch": COUNT,

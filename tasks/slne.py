@@ -355,6 +355,12 @@ def member_seed(seed: int, n: int) -> int:
     return int(np.random.SeedSequence([seed, n]).generate_state(1)[0])
 
 
+# Bytes an SL-NE task holds per neighbour-graph entry (n x k): the graph, its symmetrised CSR form and
+# the solver's per-edge arrays; fit_space's peak (tracemalloc) at n = 20,000, k = 10 and 50 was 66-68
+# bytes per entry, plus the graph itself (8) and the reading of its rows.
+SLNE_BYTES_PER_EDGE = 80
+
+
 def fit_member(params: dict, Zn: np.ndarray, y: np.ndarray, graph: np.ndarray, seed: int,
                offset: np.ndarray | None = None, M0: np.ndarray | None = None, validation: tuple | None = None):
     """One SL-DE member: SL-NE (:func:`learn_similarity`) on its projected rows. A pure function, so
@@ -433,7 +439,40 @@ class _Bilinear(Learner):
     part of M_, :func:`factor`); ``classes_``; ``history_`` (JSON-able list).
     """
     code_metric = "inner"
+    feeds = "neighbours"
+    reads_statistics = ("mean", "pca_components")
     fitted_attributes = ("mean_", "basis_", "M_", "factor_", "classes_", "history_")
+
+    def _input_dim(self, n_features: int) -> int:
+        return min(self.input_dim or n_features, n_features)
+
+    def code_dim(self, n_features: int, n_classes: int) -> int:
+        """``dim``, else the input space's width (``input_dim``, default every feature; an upper bound:
+        the positive part of M may be narrower)."""
+        return min(self.dim, n_features) if isinstance(self.dim, int) else self._input_dim(n_features)
+
+    def view_dim(self, n_features: int, n_classes: int) -> int:
+        return max(self.code_dim(n_features, n_classes), self._input_dim(n_features))   # the exact view
+
+    def _task_rows(self, n_features: int) -> tuple[int, str, str]:
+        """(the width its task holds rows in, what the task is, the parameters that shrink it)."""
+        return self._input_dim(n_features), "an SL-NE task", "input_dim"
+
+    def largest_task(self, n_rows: int, n_features: int, n_classes: int, k: int = 0, anchors: int | None = None):
+        """Its training rows in its input space (twice while they are gathered block by block) and the
+        neighbour graph among them (``anchors`` rows with a list of ``k``): SLNE_BYTES_PER_EDGE bytes per
+        entry of the graph and its symmetrised form (an empty list still costs ~32 B an entry)."""
+        p, what, fix = self._task_rows(n_features)
+        anchors = n_rows if anchors is None else anchors
+        need = n_rows * (2 * 4.0 * p + 32.0 * k) + anchors * (SLNE_BYTES_PER_EDGE - 32.0) * k + 4 * 8.0 * p * p
+        return (f"{what}: its {n_rows:,} training rows in {p} dimensions and their {k}-neighbour graph", need,
+                f"lower {fix}")
+
+    def portable(self) -> tuple[str, dict, dict]:
+        """``sphere``: Z = (X - mean) @ P, rows of Z divided by their l2 norm (zero rows stay zero),
+        codes = Z @ F; the exact bilinear similarity is (Z_q @ M) . Z_x."""
+        check_is_fitted(self)
+        return "sphere", {"mean": self.mean_, "P": self.basis_, "F": self.factor_, "M": self.M_}, {}
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -623,6 +662,10 @@ class SLNE(_Bilinear):
 
     method = "slne"
 
+    def n_members(self, p: int) -> int:
+        """0: one task fits the whole model (SL-DE trains members as tasks of their own)."""
+        return 0
+
     def check_data_shape(self, n_features: int, n_classes: int) -> None:
         super().check_data_shape(n_features, n_classes)
         p = self.input_dim or n_features
@@ -781,6 +824,19 @@ class SLDE(_Bilinear):
     def member_seed(self, n: int) -> int:
         """Member n's SGD seed: depends on random_state and n only."""
         return member_seed(seed_of(self.random_state), n)
+
+    def code_dim(self, n_features: int, n_classes: int) -> int:
+        if isinstance(self.dim, int):
+            return min(self.dim, n_features)
+        p = self._input_dim(n_features)
+        return self.n_members(p) * self.member_size(p) if self.members and self.member_dim else p
+
+    def _task_rows(self, n_features: int) -> tuple[int, str, str]:
+        p = self._input_dim(n_features)
+        if self.refine:
+            return p, "an SL-DE task (refine)", "input_dim or member_dim"
+        d = self.member_size(p)
+        return d, f"an SL-DE member ({d} dimensions)", "input_dim or member_dim"
 
     def n_members(self, p: int) -> int:
         """N_E for a p-dimensional input space: ``members``, or its rule when None."""

@@ -47,6 +47,7 @@ from sklearn.utils.validation import check_array, check_is_fitted
 from metricpipe.tasks.base import (COUNT, DIM_OR_NONE, NON_NEGATIVE, RANDOM_STATE, Interval, Learner, StrOptions,
                                    seed_of)
 from metricpipe.tasks import evaluation, stream
+from metricpipe.tasks.rows import ArrayRows, TrainingRows
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.metrics import retrieval_scores
 from metricpipe.tasks.models import LinearModel
@@ -306,32 +307,6 @@ def rank_projectors(X: np.ndarray, key: np.ndarray, U0: np.ndarray, *, sparsity:
     return best[2].astype(np.float32), history, n_iter, (int(best[1]), float(best[0]))
 
 
-def stratified_subset(labels: np.ndarray, size: int, seed, among: np.ndarray | None = None) -> np.ndarray:
-    """Sorted indices of about ``size`` rows, the same share of every class (seeded).
-
-    Parameters
-    ----------
-    labels : (n,) class of every row.
-    size : rows wanted; every class present keeps at least one, so the count can differ by a few.
-    seed : anything ``np.random.default_rng`` takes.
-    among : sorted candidate rows (default all); with ``size`` >= their number they are all returned.
-
-    Returns
-    -------
-    rows : (m,) int64 sorted indices into ``labels``.
-    """
-    labels = np.asarray(labels)
-    rows = np.arange(len(labels)) if among is None else np.asarray(among, np.int64)
-    if size >= len(rows):
-        return rows
-    rng = np.random.default_rng(seed)
-    picked = []
-    for c in np.unique(labels[rows]):
-        of_c = rows[labels[rows] == c]
-        picked.append(rng.choice(of_c, max(1, int(round(size * len(of_c) / len(rows)))), replace=False))
-    return np.sort(np.concatenate(picked))
-
-
 class SparseProjector(Learner):
     """Rank-optimised sparse projectors (Negrel, Picard, Gosselin): codes x U + b, U (D, R) with at
     most (1 - sparsity) D non-zeros per column, compared by inner product (Eq. 2).
@@ -393,6 +368,14 @@ class SparseProjector(Learner):
         return {} if params.get("sparsity", 0.9) == 0 else cls.search_space
 
     method = "sparse"
+    feeds = "subset"
+    reads_statistics = ("mean", "pca_components")
+
+    def portable(self) -> tuple[str, dict, dict]:
+        """``affine``: codes = X @ W + b with W the projectors, dense."""
+        check_is_fitted(self)
+        W = self.projectors_
+        return "affine", {"W": W.toarray() if scipy.sparse.issparse(W) else np.asarray(W), "b": self.bias_}, {}
     fitted_attributes = ("projectors_", "bias_", "classes_", "history_", "best_iter_", "val_map_", "n_iter_")
     DEFAULT_DIM = 64       # compact codes, as the paper's R = 32 to 256: D projectors would not compress
     dim_within_features = True
@@ -449,18 +432,42 @@ class SparseProjector(Learner):
             raise ValueError("SparseProjector requires y to be passed, but the target y is None.")
         X, y = self._check_Xy(X, y, min_classes=1)
         _check_keys(len(self.classes_))
-        mean, components = pca_statistics(X)
-        seed = seed_of(self.random_state)
-        among, val = None, None
+        yv = None
         if X_val is not None:
-            val = self._check_val(X_val, y_val)
-        elif self.validation:
-            held = stream.validation_split(y, self.validation, stream.row_keys(X), seed)
-            if evaluation.can_rank(y[held], negatives=True):   # else (few-shot data) no early stopping; all rows train
-                among = np.setdiff1d(np.arange(len(X)), held)
-                val = (X[held], y[held])
-        rows = stratified_subset(y, self.train_size, seed, among=among)
-        return self._fit_subset(X[rows], y[rows], mean, components, val)
+            X_val, y_val = self._check_val(X_val, y_val)
+            yv = np.searchsorted(self.classes_, y_val)   # (keys it never saw rank as no positive)
+            yv = np.where(self.classes_[np.minimum(yv, len(self.classes_) - 1)] == y_val, yv, -1 - np.arange(len(yv)))
+        for note in self.shape_notes(X.shape[1], len(self.classes_)):
+            warnings.warn(note, UserWarning, stacklevel=2)
+        mean, components = pca_statistics(X)
+        return self.fit_rows(ArrayRows(X, y, X_val, yv), {"mean": mean, "pca_components": components})
+
+    def fit_rows(self, rows: TrainingRows, statistics: dict, labels=None):
+        """Learn on a stratified subset of ``train_size`` of the fit rows (the order-free sampler,
+        :func:`~metricpipe.tasks.stream.sample`) from the statistics' mean and PCA basis: ``fit`` and the
+        pipeline both end here. With ``validation`` > 0, early stopping reads the given validation rows,
+        else a stratified share held out of the fit rows (none when no held-out row has a positive and
+        a negative to rank: few-shot data). Relevance: ``rows.groups`` where given, else the labels."""
+        self._validate_params()
+        seed = seed_of(self.random_state)
+        rel = rows.labels if rows.groups is None else rows.groups
+        among, val = np.flatnonzero(rows.fit & rows.in_stats), None
+        if self.validates() and rows.val is not None and len(rows.val):
+            val = rows.val
+        elif self.validates():
+            held = among[stream.validation_split(rows.labels[among], self.validation, rows.keys[among], seed)]
+            if evaluation.can_rank(rel[held], negatives=True):   # else (few-shot data) no early stopping
+                among, val = np.setdiff1d(among, held), held
+        subset = among[stream.sample(rows.labels[among], self.train_size, rows.keys[among], seed, stream.SUBSET)]
+        X, key = rows.take(subset), rel[subset]
+        self.classes_ = np.unique(key)
+        _check_keys(len(self.classes_))
+        self.n_features_in_ = int(rows.n_features)
+        given = None
+        if val is not None:
+            pick = val[stream.sample(rel[val], min(self.validation, len(val)), rows.keys[val], seed, stream.VALIDATION)]
+            given = (rows.take(pick), rel[pick])
+        return self._fit_subset(X, key, statistics["mean"], statistics["pca_components"], given)
 
     def fit_subset(self, X, key, mean, components, X_val=None, key_val=None):
         """The pipeline's entry point: learn on the training subset, starting from given statistics.
@@ -485,6 +492,8 @@ class SparseProjector(Learner):
         self.n_features_in_ = int(X.shape[1])
         self.__dict__.pop("feature_names_in_", None)
         val = None if X_val is None else (check_array(X_val, dtype=[np.float64, np.float32]), np.asarray(key_val))
+        for note in self.shape_notes(X.shape[1], len(self.classes_)):
+            warnings.warn(note, UserWarning, stacklevel=2)
         return self._fit_subset(X, key, mean, components, val)
 
     def _fit_subset(self, X, key, mean, components, val=None):
@@ -498,11 +507,7 @@ class SparseProjector(Learner):
         if val is not None and (not self.validation or not evaluation.can_rank(val[1], negatives=True)):
             val = None   # off, or no validation row has a positive and a negative to rank
         if val is not None:
-            n = min(self.validation, len(val[1]))
-            pick = stratified_subset(val[1], n, seed_of(self.random_state))
-            val = (np.asarray(val[0], np.float64)[pick] - mean, val[1][pick])
-        for note in self.shape_notes(X.shape[1], len(self.classes_)):
-            warnings.warn(note, UserWarning, stacklevel=3)
+            val = (np.asarray(val[0], np.float64) - mean, val[1])
         U, history, n_iter, *best = rank_projectors(
             np.asarray(X, np.float64) - mean, key, comps[:dim].T, sparsity=self.sparsity, queries=self.queries,
             epsilon=self.epsilon, max_iter=self.max_iter, anneal=self.anneal, seed=seed_of(self.random_state),
@@ -516,6 +521,9 @@ class SparseProjector(Learner):
 
     def validates(self) -> bool:
         return self.validation > 0
+
+    def fit_facts(self) -> dict:
+        return {"final": self.history_[-1], "best_iter": self.best_iter_, "val_map": self.val_map_}
 
     def refit_params(self) -> dict:
         """The kept U's iteration as ``stop_iter``, validation off: the refit shrinks its support on the

@@ -18,6 +18,7 @@ validation rows and the seen-class evaluation. A user's split column names :data
 import numpy as np
 
 from metricpipe.tasks import stream
+from metricpipe.tasks.errors import InputError
 
 SPLIT_NAMES = ("train", "test", "val", "negatives",   # code = position; stored as int8 with flag_meanings
                "unseen_train", "unseen_test")
@@ -106,3 +107,18 @@ def unseen_classes(split: np.ndarray, labels: np.ndarray) -> np.ndarray:
 def seen_classes(split: np.ndarray, labels: np.ndarray) -> np.ndarray:
     """Sorted class codes with train rows: the classes a run's learners may see."""
     return np.unique(np.asarray(labels)[np.asarray(split) == TRAIN])
+
+
+def check_pairs(i, j, y, split, where: str, random_split: bool = True):
+    """User pairs (data.pairs): integer indices of training rows, y in {-1, +1} (``random_split``:
+    the split was drawn by data.split.test, not read from the data's split column)."""
+    from metricpipe.tasks.nml import check_pair_indices   # (splits stays light: nml imports scikit-learn)
+    check_pair_indices(i, j, y, len(split), where)
+    for name, a in (("i", np.asarray(i)), ("j", np.asarray(j))):
+        if (split[a] != TRAIN).any():
+            k = int(np.flatnonzero(split[a] != TRAIN)[0])
+            part = SPLIT_NAMES[int(split[a[k]])] if 0 <= int(split[a[k]]) < len(SPLIT_NAMES) else "another"
+            how = (" (data.split.test draws the test rows at random: give the data a split column to choose "
+                   "the training rows)" if part == "test" and random_split else "")
+            raise InputError(f"{where}: pair {k} uses row {int(a[k])}, which is in the {part} split, not train; "
+                             f"pairs must only join training images{how}")

@@ -174,7 +174,17 @@ def held_out(labels: np.ndarray, size: int, rank: np.ndarray, leave: int) -> np.
     return _first_in_rank(inv, counts, take, rank)
 
 
-VALIDATION, KMEANS, REFERENCE = 1, 2, 3   # purposes of :func:`rank`
+VALIDATION, KMEANS, REFERENCE = 1, 2, 3   # purposes of :func:`rank` (4: the rows a selection borrows)
+SUBSET, QUERIES, EVALUATED = 5, 6, 7      # a sparse projector's subset; sampled graph queries; classified test rows
+
+
+def sample(labels: np.ndarray, size: int, keys: np.ndarray | None, seed, purpose: int = 0) -> np.ndarray:
+    """Sorted positions of about ``size`` rows, the same share of every class, by :func:`stratified_subset`
+    in the seeded order of the rows' content ``keys`` (None, for rows without keys such as a user's
+    embeddings: a seeded permutation of their positions)."""
+    order = rank(keys, seed, purpose) if keys is not None else \
+        np.random.default_rng([int(seed), 53, int(purpose)]).permutation(len(labels))
+    return stratified_subset(labels, size, order)
 
 
 def seeded_sample(rows: np.ndarray, size: int, seed) -> np.ndarray:

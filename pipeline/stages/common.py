@@ -8,8 +8,9 @@ import numpy as np
 import xarray as xr
 
 from metricpipe.context import StageContext
-from metricpipe.storage import Unit, open_array, row_chunks, row_codecs
+from metricpipe.storage import Unit, array_names, open_array, read_rows, row_chunks, row_codecs
 from metricpipe.tasks import moments
+from metricpipe.tasks.rows import TrainingRows
 from metricpipe.tasks.splits import TEST, TRAIN, VAL  # noqa: F401 - the stages' names for the split codes
 
 
@@ -34,6 +35,24 @@ class DataInfo:
 
     def rows(self, code: int) -> np.ndarray:
         return np.flatnonzero(self.split == code)
+
+
+
+
+
+@dataclass(frozen=True)
+class Fed:
+    """What a feeder hands a learner's fit, as the memory rule sizes it: ``rows`` rows, ``k`` neighbours
+    each for ``anchors`` of them; ``fix``: the run's setting that shrinks it."""
+    rows: int
+    k: int = 0
+    anchors: int | None = None
+    fix: str = ""
+
+
+def labels_list(classes) -> list:
+    """Class labels as JSON and a learner's ``labels`` take them (numpy scalars as Python numbers and text)."""
+    return np.asarray(classes).tolist()
 
 
 def spec_params(spec: dict) -> dict:
@@ -71,3 +90,31 @@ def _tree_combine(ctx, futures, name):
     return futures[0]
 
 
+
+
+class StagedRows(TrainingRows):
+    """Staged rows (sorted global ``rows``) as a learner reads its training rows
+    (:class:`metricpipe.tasks.rows.TrainingRows`): their labels, content keys and groups in full, the
+    rows by position or one staged row-block at a time. All of them are fit rows described by the
+    statistics, with no given validation rows; :class:`metricpipe.stages.train.rows.StoreRows` is a
+    fold's training rows."""
+
+    def __init__(self, data_url: str, chunks: list, rows: np.ndarray):
+        self._url, self._chunks, self._rows = data_url, chunks, np.asarray(rows, np.int64)
+        self.labels = open_array(f"{data_url}/label")[:][self._rows].astype(np.int64)
+        self.keys = open_array(f"{data_url}/row_key")[:][self._rows]
+        self.groups = open_array(f"{data_url}/group")[:][self._rows] if "group" in array_names(data_url) else None
+        self.n_features = int(open_array(f"{data_url}/features").shape[1])
+        self.in_stats = self.fit = np.ones(len(self._rows), bool)
+        self.val = None
+
+    def take(self, positions):
+        return read_rows(f"{self._url}/features", self._rows[np.asarray(positions, np.int64)])
+
+    def blocks(self, mask):
+        features = open_array(f"{self._url}/features")
+        for a, b in self._chunks:   # one staged row-block at a time
+            lo, hi = np.searchsorted(self._rows, [a, b])
+            local = np.flatnonzero(mask[lo:hi])
+            if len(local):
+                yield (features[a:b][self._rows[lo:hi][local] - a].astype(np.float64), self.labels[lo:hi][local])

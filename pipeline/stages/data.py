@@ -245,8 +245,7 @@ def _load_pairs(path: str) -> tuple:
 
 def _check_pairs(path: str, i, j, y, split: np.ndarray, random_split: bool) -> dict:
     """The pairs checked against the staged rows, as the staged unit stores them."""
-    from metricpipe.nml_train import check_pairs
-    check_pairs(i, j, y, split, f"{path} (data.pairs)", random_split)
+    splits.check_pairs(i, j, y, split, f"{path} (data.pairs)", random_split)
     return {"pair_i": i.astype(np.int64), "pair_j": j.astype(np.int64), "pair_y": y.astype(np.int8)}
 
 

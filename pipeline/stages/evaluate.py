@@ -10,16 +10,14 @@ from metricpipe.budget import index_budget, retrieval_db_budget, task_budget
 from metricpipe.config import NeighboursConfig, unserved
 from metricpipe.context import StageContext
 from metricpipe.storage import Unit, array_names, create_array, hash_key, open_array, read_attrs, read_rows, row_chunk
-from metricpipe.stream_train import kmeans_centroids
-from metricpipe.tasks import evaluation, metrics, moments, registry, splits
+from metricpipe.tasks import evaluation, metrics, moments, registry, splits, stream
 from metricpipe.stages.encode import _load_model
 from metricpipe.stages.statistics import _moments_block
 from metricpipe.stages.train import model_id
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.validate import class_codes
-from metricpipe.tasks.sparse import stratified_subset
 
-from metricpipe.stages.common import DataInfo, TEST, TRAIN, _timed, _tree_combine, spec_params
+from metricpipe.stages.common import DataInfo, StagedRows, TEST, TRAIN, _timed, _tree_combine, spec_params
 from metricpipe.stages.neighbours import EXACT_MAX_TRAIN
 
 
@@ -334,8 +332,9 @@ def _protocol(ctx: StageContext, data: DataInfo, name: str | None, train: int, t
     if n_queries is not None and n_queries < len(test):
         queries = np.sort(np.random.default_rng([ctx.config.seed, 31]).choice(test, n_queries, replace=False))
     # classification: every test image, or a seeded class-stratified sample (evaluate.classification.queries)
-    classified = test if ev.classify_queries is None else \
-        stratified_subset(data.labels, ev.classify_queries, [ctx.config.seed, 34], among=test)
+    classified = test if ev.classify_queries is None else test[stream.sample(
+        data.labels[test], ev.classify_queries, open_array(f"{data.url}/row_key")[:][test], ctx.config.seed,
+        stream.EVALUATED)]
     rel_key = data.groups if data.groups is not None else data.labels
     ukb = data.groups is not None and bool(np.all(np.bincount(data.groups[test])[np.unique(data.groups[test])] == 4))
     # map@r & co. (test queries against the test set, itself left out): k = the largest class less one
@@ -368,9 +367,9 @@ def _unseen_ncm_model(model_url: str, data_url: str, chunks: list, code: int) ->
     train rows (split ``code``) in the input space, as ``metricpipe add-classes`` makes them, in code
     space (only when some class has more than one; else NCMC is NCM)."""
     est = _load_model(model_url)
-    labels = open_array(f"{data_url}/label")[:].astype(np.int64)
-    rows = open_array(f"{data_url}/split")[:] == code
-    cents, owner = kmeans_centroids(est, data_url, chunks, rows, labels, int(labels.max()) + 1)
+    labels = open_array(f"{data_url}/label")[:]
+    rows = StagedRows(data_url, chunks, np.flatnonzero(open_array(f"{data_url}/split")[:] == code))
+    cents, owner = est.class_centroids(rows, rows.fit, int(labels.max()) + 1)
     owner = np.asarray(owner, np.int64)
     if np.bincount(owner).max() <= 1:
         return None

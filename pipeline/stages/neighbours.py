@@ -7,9 +7,9 @@ import numpy as np
 from metricpipe.budget import index_budget, task_budget
 from metricpipe.config import NeighboursConfig
 from metricpipe.context import StageContext
-from metricpipe.sparse_train import training_subset
 from metricpipe.storage import Unit, create_array, hash_key, open_array, read_rows, row_chunk
 from metricpipe.tasks import knn
+from metricpipe.tasks import stream
 from metricpipe.tasks.errors import InputError
 
 from metricpipe.stages.common import DataInfo, TRAIN, _timed, _write_template, load_features
@@ -111,7 +111,9 @@ def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
     if nb.queries is None:
         query_rows = np.arange(N)
     else:
-        query_rows = training_subset(data.split, data.labels, nb.queries, [ctx.config.seed, 41])
+        train = data.rows(TRAIN)   # a stratified sample of them, in the seeded order of their content
+        keys = open_array(f"{data.url}/row_key")[:][train]
+        query_rows = train[stream.sample(data.labels[train], nb.queries, keys, ctx.config.seed, stream.QUERIES)]
         create_array(f"{unit.url}/query_rows", query_rows.shape, (max(1, len(query_rows)),), np.int64)[:] = query_rows
     # equal pieces of at most KNN_QUERY_ROWS: a short last piece would leave a worker idle at the end
     cuts = [c for c in np.array_split(query_rows, -(-len(query_rows) // KNN_QUERY_ROWS)) if len(c)]

@@ -84,12 +84,12 @@ def test_separate_reference_with_a_lone_label_and_a_query_sample(client, tmp_pat
     assert {m: v for m, v in _values(out).items() if m in ACC} == {m: v for m, v in got.items() if m in ACC}
     # --queries N: a stratified sample queries all of the file, itself left out (PML's ref_includes_query
     # with the queries first; continuous values, so no tie depends on the layout)
-    from metricpipe.tasks.sparse import stratified_subset
+    from metricpipe.tasks import stream
     X = np.random.default_rng(0).normal(size=X.shape).astype(np.float32) + y[:, None]
     np.savez(tmp_path / "r.npz", X=X, y=y)
     res = _run(tmp_path / "r.npz", "--queries", 30, "--seed", 3, "--cluster", client.scheduler.address, "--out", out)
     assert res.exit_code == 0, res.output
-    rows = stratified_subset(y, 30, [3, 20])
+    rows = stream.sample(y, 30, None, 3, stream.QUERIES)
     order = np.r_[rows, np.setdiff1d(np.arange(len(y)), rows)]
     ref = pml_accuracy(X[rows], y[rows], X[order], y[order], ref_includes_query=True)
     got = _values(out)

@@ -14,7 +14,8 @@ from metricpipe.storage import Store, read_rows
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.knn import brute_force_knn
 from metricpipe.tasks.models import LinearModel
-from metricpipe.tasks.sparse import stratified_subset
+from metricpipe.storage import open_array
+from metricpipe.tasks import stream
 from tests.conftest import make_blobs
 
 
@@ -150,7 +151,8 @@ def test_classification_queries_are_a_stratified_sample_scored_exactly(client, t
            "evaluate": {"retrieval": False, "classification": {"classifiers": ["knn1"], "queries": 60}}}
     recs, data = _evaluate(client, path, tmp_path / "s", raw)
     test, train = data.rows(stages.TEST), data.rows(stages.TRAIN)
-    rows = stratified_subset(y, 60, [3, 34], among=test)
+    keys = open_array(f"{data.url}/row_key")[:][test]
+    rows = test[stream.sample(y[test], 60, keys, 3, stream.EVALUATED)]
     assert 55 <= len(rows) <= 65 and len(rows) < len(test)
     # reference: brute force (distance, then row) over the train rows
     _, idx = brute_force_knn(X[rows], X[train], 1)

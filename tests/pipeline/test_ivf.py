@@ -106,7 +106,7 @@ def test_the_memory_rule_and_the_stage_size_a_sampled_graph_s_index_alike(tmp_pa
 
 @pytest.mark.integration
 def test_sampled_queries_keep_the_full_graphs_rows_and_slne_trains_on_them_and_their_neighbours(client, tmp_path):
-    from metricpipe.slne_train import _inputs
+    from metricpipe.stages.train.neighbours import _inputs
     _, full, _, data = _graph(client, tmp_path, "all", {"k": 10, "method": "exact"})
     unit, part, _, _ = _graph(client, tmp_path, "part", {"k": 10, "method": "exact", "queries": 300})
     q = open_array(f"{unit.url}/query_rows")[:]

@@ -528,7 +528,7 @@ def test_sgd_that_reads_a_few_pools_gets_a_copy_of_those_blocks_only_and_learns_
     epoch 0 visits first are written, and the model is the one ``fit_stream`` learns in memory from
     every row's pools, bit for bit (so nothing it read was missing). A learner that reads past them
     is stopped, not fed unwritten rows."""
-    from metricpipe import shuffle
+    from metricpipe.stages.train import shuffle
     X, y = make_blobs(n=3000, d=12, classes=5, sep=0.9, seed=4)
     np.savez(tmp_path / "d.npz", X=X, y=y)
     spec = {"method": "ncmml", "dim": 4, "iters": 6, "batch": 50, "validate_every": 2, "validation": 100,
@@ -574,7 +574,7 @@ def test_a_copy_smaller_than_a_block_is_one_chunk_read_once_and_trains_what_fit_
     assert open_array(f"{copy.url}/features").chunks == (n, 12)
     Xt, yt = _assert_fit_stream_learns_the_stored_model(ctx, data, spec, unit)
     # and the one block is read once, not once a pool: the pools are the in-memory ones all the same
-    from metricpipe import shuffle
+    from metricpipe.stages.train import shuffle
     reads = []
     monkeypatch.setattr(shuffle, "read_pool", lambda *a, _f=shuffle.read_pool: reads.append(a) or _f(*a))
     got = shuffle.stream_pools(copy.url, br, 0)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from metricpipe.config import parse_config
-from metricpipe.nml_train import check_pairs
+from metricpipe.tasks.splits import check_pairs
 from metricpipe.stages import prepare_data, run_encode, run_train
 from metricpipe.storage import Store, load_arrays, load_estimator, open_array
 from metricpipe.tasks import moments, nml

@@ -11,7 +11,7 @@ from sklearn.neighbors import KNeighborsClassifier
 from metricpipe.config import parse_config
 from metricpipe.folds import Fold, fold_split
 from metricpipe.runner import run_pipeline
-from metricpipe.select import selection_rows
+from metricpipe.stages.train.select import selection_rows
 from metricpipe.stages.data import prepare_data
 from metricpipe.storage import Store, load_estimator, open_array
 from metricpipe.tasks import evaluation, registry, splits
@@ -312,7 +312,7 @@ def test_a_model_that_kept_its_start_says_so_and_a_selection_candidate_does_not(
 # ---- a choice at the edge of its grid ------------------------------------------------------------
 
 def test_outward_steps_beyond_the_edge_the_choice_sits_on_by_the_grid_s_own_ratio():
-    from metricpipe.select import EDGE_STEPS, at_edge, outward
+    from metricpipe.stages.train.select import EDGE_STEPS, at_edge, outward
     grid = {"lr": [3.0, 10.0, 30.0]}
     tried = [{"lr": v} for v in grid["lr"]]
     assert outward(grid, tried, {"lr": 30.0}, {}) == {"lr": ("upper", 90.0)}

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from metricpipe.config import ConfigError, parse_config
-from metricpipe.slem_train import negative_rows
+from metricpipe.stages.train.pool import negative_rows
 from metricpipe.stages import run_encode, run_evaluate, run_train
 from metricpipe.storage import load_arrays, open_array
 from metricpipe.tasks import slem

@@ -282,7 +282,8 @@ def test_dot_form_on_a_class_subset_stops_early_on_the_rule_it_returns():
     not the learned biases' (which it does not return)."""
     X, y = make_blobs(n=900, d=12, classes=5, sep=0.35, seed=7)
     Xv, yv = X[y < 3][::3], y[y < 3][::3]
-    est = NCMML(**{**SGD, "iters": 60}, objective="dot", lr=3.0, classes=[0, 1, 2]).fit(X, y, X_val=Xv, y_val=yv)
+    est = NCMML(**{**SGD, "iters": 60, "validation": len(Xv)}, objective="dot", lr=3.0,
+                classes=[0, 1, 2]).fit(X, y, X_val=Xv, y_val=yv)
     W = est.components_.astype(np.float64)
     P = est.centroids_[:3].astype(np.float64) @ W
     pred = np.argmax(Xv @ W @ P.T - 0.5 * (P ** 2).sum(1), axis=1)

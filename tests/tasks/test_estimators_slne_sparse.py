@@ -94,7 +94,8 @@ def test_sparse_fit_is_fit_subset_on_the_stratified_rows(validation):
     a = clone(est).fit(X, y)
     mean, comps = slne.pca_statistics(X)
     held = stream.validation_split(y, validation, stream.row_keys(X), 6) if validation else np.array([], int)
-    rows = sparse.stratified_subset(y, 150, 6, among=np.setdiff1d(np.arange(len(X)), held))
+    among = np.setdiff1d(np.arange(len(X)), held)
+    rows = among[stream.sample(y[among], 150, stream.row_keys(X)[among], 6, stream.SUBSET)]
     assert not np.isin(rows, held).any()
     val = {"X_val": X[held], "key_val": y[held]} if validation else {}
     b = clone(est).fit_subset(X[rows], y[rows], mean, comps, **val)

@@ -25,10 +25,10 @@ def test_config_names_are_the_python_names():
         expand_method({"method": "slem", "lambda": 0.1})
     with pytest.raises(InputError, match="called 'random_state'"):
         expand_method({"method": "ncmml", "seed": 1})
-    for name, entry in registry.METHODS.items():
+    for name, cls in registry.methods().items():
         spec = expand_method({"method": name})[0]
         est = registry.make(spec)
-        assert isinstance(est, entry.cls)
+        assert isinstance(est, cls)
         assert est.get_params() == registry.params_of(spec)
         assert est.method == name
 

@@ -248,30 +248,34 @@ def test_linear_model_uses_the_kernel_for_sparse_w_and_blas_for_denser():
 
 # ---- the estimator and its training subset -----------------------------------------------------------
 
-def _reference_subset(labels, size, seed):
-    """The stratified draw as the train stage made it before it moved to tasks/ (a reference)."""
-    n = len(labels)
-    if size >= n:
-        return np.arange(n)
-    rng = np.random.default_rng(seed)
-    picked = [rng.choice(np.flatnonzero(labels == c), max(1, int(round(size * np.mean(labels == c)))), replace=False)
-              for c in np.unique(labels)]
+def _reference_subset(labels, keys, size, seed):
+    """The order-free stratified draw, written out: each class's share of ``size`` rounded (at least one),
+    its rows first in the order of their content keys mixed with the seed (``stream.rank``)."""
+    from metricpipe.tasks import stream
+    order = stream.rank(keys, seed, stream.SUBSET)
+    picked = []
+    for c in np.unique(labels):
+        rows = np.flatnonzero(labels == c)
+        take = max(1, int(np.rint(size * len(rows) / len(labels))))
+        picked.append(rows[np.argsort(order[rows], kind="stable")[:take]])
     return np.sort(np.concatenate(picked))
 
 
-def test_stratified_subset_keeps_every_class_share_and_is_seeded():
+def test_the_sample_keeps_every_class_share_is_seeded_and_follows_the_rows_content():
+    from metricpipe.tasks import stream
     rng = np.random.default_rng(3)
     labels = rng.integers(0, 5, 1000)
-    among = np.sort(rng.choice(1000, 600, replace=False))
-    rows = sparse.stratified_subset(labels, 120, 7, among=among)
-    assert np.all(np.isin(rows, among)) and np.all(np.diff(rows) > 0)
+    keys = rng.integers(0, 2 ** 63, 1000, dtype=np.uint64)
+    rows = stream.sample(labels, 120, keys, 7)
+    assert np.all(np.diff(rows) > 0)
     for c in range(5):
-        assert abs(np.sum(labels[rows] == c) - 120 * np.mean(labels[among] == c)) <= 1
-    np.testing.assert_array_equal(rows, among[_reference_subset(labels[among], 120, 7)])
-    np.testing.assert_array_equal(rows, sparse.stratified_subset(labels, 120, 7, among=among))
-    assert not np.array_equal(rows, sparse.stratified_subset(labels, 120, 8, among=among))
-    np.testing.assert_array_equal(sparse.stratified_subset(labels, 5000, 7, among=among), among)
-    assert len(sparse.stratified_subset(np.array([0] * 50 + [1]), 10, 0)) == 11  # every class keeps one row
+        assert abs(np.sum(labels[rows] == c) - 120 * np.mean(labels == c)) <= 1
+    np.testing.assert_array_equal(rows, stream.sample(labels, 120, keys, 7))
+    assert not np.array_equal(rows, stream.sample(labels, 120, keys, 8))
+    order = rng.permutation(1000)          # the same rows stored in another order: the same rows drawn
+    np.testing.assert_array_equal(np.sort(order[stream.sample(labels[order], 120, keys[order], 7)]), rows)
+    np.testing.assert_array_equal(stream.sample(labels, 5000, keys, 7), np.arange(1000))
+    assert len(stream.sample(np.array([0] * 50 + [1]), 10, None, 0)) == 11  # every class keeps one row
 
 
 def test_projector_is_algorithm_1_on_the_stratified_subset_from_the_pca_of_all_rows():
@@ -285,7 +289,8 @@ def test_projector_is_algorithm_1_on_the_stratified_subset_from_the_pca_of_all_r
     vals, vecs = np.linalg.eigh(np.cov(X.astype(np.float64).T))
     U0 = vecs[:, ::-1][:, :5]
     U0 *= np.sign(U0[np.argmax(np.abs(U0), axis=0), np.arange(5)])          # numpy reference PCA
-    rows = _reference_subset(y, 120, 4)
+    from metricpipe.tasks import stream
+    rows = _reference_subset(y, stream.row_keys(X), 120, 4)
     U, history, n_iter = sparse.rank_projectors(X[rows] - mean, y[rows], U0, sparsity=0.8, queries=20, max_iter=12,
                                                 seed=4)
     assert isinstance(est.projectors_, scipy.sparse.csc_array) and est.n_iter_ == n_iter == 12

@@ -13,7 +13,9 @@ import time
 import numpy as np
 from sklearn.base import clone
 
+from metricpipe.config import NeighboursConfig
 from metricpipe.folds import Fold, fold_split
+from metricpipe.stages.common import Fed
 from metricpipe.storage import array_names, load_arrays, open_array, read_rows, save_model
 from metricpipe.tasks import slne
 from metricpipe.tasks.splits import TRAIN, VAL
@@ -120,9 +122,19 @@ def submit(ctx, spec: dict, est, data, stats, neighbours, unit, name: str, fold:
     """Submit the tasks that train one SL-NE (one task) or SL-DE (one task per member, then one that
     assembles them) model; returns the future of the train stage's record of it."""
     args = (data.url, stats.url, neighbours.url, data.chunks)
-    if est.method == "slne":
-        return ctx.submit(_train_slne, est, spec, *args, unit.url, fold, name=f"train-{name}")
     k = open_array(f"{stats.url}/pca_components").shape[0]          # the input space's p (metadata only)
+    n_members = est.n_members(min(est.input_dim or k, k))
+    if not n_members:   # one task fits it
+        return ctx.submit(_train_slne, est, spec, *args, unit.url, fold, name=f"train-{name}")
     members = [ctx.submit(_train_member, est, n, *args, fold, name=f"train-{name}-member{n}")
-               for n in range(est.n_members(min(est.input_dim or k, k)))]
+               for n in range(n_members)]
     return ctx.submit(_assemble, est, spec, *args, unit.url, fold, *members, name=f"train-{name}-ensemble")
+
+
+def fed(est, info, cfg, n_train: int) -> Fed:
+    """Its training rows and their neighbour lists: the train rows, or with neighbours.queries the
+    sampled rows (the only ones with a list) and their neighbours."""
+    nb = cfg.neighbours or NeighboursConfig()
+    anchors = n_train if nb.queries is None else min(n_train, nb.queries)
+    rows = n_train if nb.queries is None else min(n_train, nb.queries * (nb.k + 1))
+    return Fed(rows, nb.k, anchors, "set neighbours.queries (the sampled rows and their neighbours train it)")

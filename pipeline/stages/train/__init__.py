@@ -13,26 +13,18 @@ from typing import NamedTuple
 
 import numpy as np
 
-from metricpipe import nml_train, select, slem_train, slne_train, sparse_train, stream_train
 from metricpipe.context import StageContext
 from metricpipe.folds import Fold, borrow_seed, borrowing, fold_split
-from metricpipe.budget import refuse_without_dense_covariance
-from metricpipe.stages.common import DataInfo
-from metricpipe.storage import Unit, hash_key, load_arrays, save_model
+from metricpipe.stages.common import DataInfo, Fed, labels_list
+from metricpipe.stages.train import neighbours, pairs, pool, select, statistics, stream, subset
+from metricpipe.storage import Unit, hash_key
 from metricpipe.tasks import registry
 from metricpipe.tasks.base import seed_of
 from metricpipe.tasks.evaluation import higher_is_better
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.splits import VAL, seen_classes
 
-def model_id(spec: dict) -> str:
-    """A short readable name: method, dim, then the parameters that differ from their defaults."""
-    defaults = registry.defaults(registry.estimator_class(spec["method"], spec), spec)
-    if spec["method"] == "slem":   # the kernel picks the class: named unless it is the method's default
-        defaults["kernel"] = "linear"
-    extra = "-".join(f"{k}{registry.param_text(v)}" for k, v in sorted(registry.params_of(spec).items())
-                     if k != "dim" and v is not None and (k not in defaults or v != defaults[k]))
-    return "-".join(str(x) for x in (spec["method"], spec.get("dim") or "", extra) if x != "")
+model_id = registry.model_name   # (the stages' name for it)
 
 
 # A run prints this as a note before any work (RandomProjection.shape_notes); the worker's copy of the
@@ -41,33 +33,18 @@ def model_id(spec: dict) -> str:
 warnings.filterwarnings("ignore", message="random projection to dim", category=UserWarning)
 
 
-def _fit_statistics(est, spec: dict, stats_url: str, model_url: str) -> dict:
-    stats, _ = load_arrays(stats_url)
-    t0 = time.perf_counter()
-    est.fit_statistics(stats)
-    return save_model(model_url, est, spec, time.perf_counter() - t0)
+FEEDERS = {"statistics": statistics, "stream": stream, "pairs": pairs, "neighbours": neighbours, "subset": subset,
+           "pool": pool}   # one feeder per kind of input (a learner's ``feeds``)
 
 
-def _statistics_driver(ctx, spec, est, data, stats, neighbours, unit, name, fold):
-    if not stats.meta().get("dense", True):
-        refuse_without_dense_covariance(est, data.n_features, ctx.config.statistics.max_dense_dim,
-                                        f"{ctx.config.source_file}: methods: {spec['method']}")
-    return ctx.submit(_fit_statistics, est, spec, stats.url, unit.url, name=f"train-{name}")
-
-
-DRIVERS = {
-    "statistics": _statistics_driver,
-    "stream": stream_train.submit,
-    "pairs": nml_train.submit,
-    "neighbours": slne_train.submit,
-    "subset": sparse_train.submit,
-    "pool": slem_train.submit,
-}
+def fed_rows(est, info, cfg, n_train: int) -> Fed | None:
+    """What the feeder of ``est``'s kind (``est.feeds``) hands its fit on this data (None: row-blocks)."""
+    return FEEDERS[est.feeds].fed(est, info, cfg, n_train)
 
 
 def model_key(spec: dict, stats: Unit, neighbours: Unit | None, data: DataInfo, fold: Fold = Fold()) -> str:
     inputs = {"stage": "model", "spec": spec, "statistics": stats.key, "data": data.unit.key, **fold.key()}
-    if registry.feeds(spec["method"]) == "neighbours":
+    if registry.feeds(spec["method"], spec) == "neighbours":   # (what its fit reads)
         inputs["neighbours"] = neighbours.key
     return hash_key(inputs)
 
@@ -109,10 +86,10 @@ def _copy_rows(specs: list, n_classes: int) -> dict:
     at most (``pool_rows()``; None: every row, also for a learner that does not say)."""
     need = {}
     for spec in specs:
-        if registry.feeds(spec["method"]) not in ("stream", "pairs"):
+        if registry.feeds(spec["method"], spec) not in ("stream", "pairs"):
             continue
         est = registry.make(spec)
-        seed, rows = seed_of(est.random_state), getattr(est, "pool_rows", lambda c: None)(n_classes)
+        seed, rows = seed_of(est.random_state), est.pool_rows(n_classes)
         need[seed] = None if rows is None or need.get(seed, 0) is None else max(need.get(seed, 0), rows)
     return need
 
@@ -121,7 +98,7 @@ def _note_val_classes(ctx: StageContext, data: DataInfo, split: np.ndarray, n: i
     """Say which classes a learner that early-stops on class error (NCMML, NCMC, k-NN ML) has no val
     row of, and why (few-shot classes; with data.pairs, rows the pairs join stay in train)."""
     est = registry.make(spec)
-    if not hasattr(est, "trained_classes"):
+    if est.feeds != "stream":   # (the learners that early-stop on class error)
         return
     wanted = est.trained_classes(data.classes)
     wanted = wanted[np.isin(wanted, seen_classes(data.split, data.labels))]   # (data.split.classes: not those)
@@ -254,7 +231,7 @@ def _submit(ctx: StageContext, todo: dict, data, stats, neighbours) -> dict:
         if ctx.reuse(unit, "train"):
             continue
         unit.begin()
-        driver = DRIVERS[registry.feeds(spec["method"])]
+        driver = FEEDERS[registry.feeds(spec["method"], spec)].submit
         ctx.returning_errors = True  # a candidate may diverge (a score, not a failure); else named below
         try:
             out[key] = (spec, unit, driver(ctx, spec, registry.make(spec), data, stats, neighbours, unit,
@@ -305,7 +282,7 @@ def _gather_models(ctx: StageContext, futures: dict, required: set, data, refit_
         unit.commit({**res, "spec": spec, "seconds": round(res["fit_seconds"], 3),
                      "wall": round(time.perf_counter() - t0, 3), "data": data.unit.key,
                      "normalize": ctx.config.data.normalize,
-                     "class_names": [c.item() if hasattr(c, "item") else c for c in data.classes],
+                     "class_names": labels_list(data.classes),
                      **({"refit_of": refit_of[unit.key]} if refit_of and unit.key in refit_of else {})})
         if "samples_per_second" in res:
             ctx.log(f"  train: {names[i]} {res['samples_per_second']:.0f} samples/s")

@@ -21,6 +21,7 @@ from sklearn.base import clone
 
 from metricpipe.budget import refuse_without_dense_covariance
 from metricpipe.folds import Fold, fold_split
+from metricpipe.stages.common import Fed
 from metricpipe.storage import load_arrays, open_array, read_rows, save_model
 from metricpipe.tasks import slem
 from metricpipe.tasks.errors import InputError
@@ -111,3 +112,11 @@ def submit(ctx, spec: dict, est, data, stats, neighbours, unit, name: str, fold:
         refuse_without_dense_covariance(est, data.n_features, ctx.config.statistics.max_dense_dim,
                                         f"{ctx.config.source_file}: methods: linear slem")
     return ctx.submit(_train, est, spec, data.url, stats.url, data.chunks, unit.url, where, fold, name=f"train-{name}")
+
+
+def fed(est, info, cfg, n_train: int) -> Fed:
+    """Its pool: negatives.count images of negatives.split (all of them when it holds fewer)."""
+    neg = est.negatives or {}
+    split = neg.get("split", "train")
+    n = int((info.split == SPLIT_NAMES.index(split)).sum()) if split in SPLIT_NAMES else 0
+    return Fed(n if neg.get("count") is None else min(n, int(neg["count"])))
