@@ -98,7 +98,7 @@ def main():
     from metricpipe.config import parse_config
     from metricpipe.context import StageContext
     from metricpipe.stages import run_neighbours, run_stage
-    from metricpipe.storage import Store
+    from metricpipe.store import Store
 
     with tempfile.TemporaryDirectory() as tmp, \
             LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0") as lc, Client(lc) as client:

@@ -70,7 +70,7 @@ def _faiss_reference(store: str, manifest: dict, nprobe: int, k: int) -> dict:
     faiss.omp_set_num_threads(2)
     data = zarr.open_group(f"{store}/{manifest['units']['data']}", mode="r")
     graph = zarr.open_group(f"{store}/{manifest['units']['neighbours']}", mode="r")
-    from metricpipe.storage import MARKER_SUFFIX, Store
+    from metricpipe.store import MARKER_SUFFIX, Store
     factory = Store(store).read_json(manifest["units"]["neighbours"] + MARKER_SUFFIX)["index"]
     split = data["split"][:]
     train = np.flatnonzero(split == 0)

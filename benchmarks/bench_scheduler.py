@@ -20,7 +20,7 @@ from distributed import Client, LocalCluster, get_task_stream
 from metricpipe import runner, stages
 from metricpipe.config import load_config
 from metricpipe.context import StageContext
-from metricpipe.storage import Store
+from metricpipe.store import Store
 
 
 def _noop(i):

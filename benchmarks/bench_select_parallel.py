@@ -16,7 +16,7 @@ from distributed import Client, LocalCluster
 from metricpipe import stages
 from metricpipe.config import parse_config
 from metricpipe.context import StageContext
-from metricpipe.storage import Store
+from metricpipe.store import Store
 
 CONFIG = {"data": {"source": "fashion-mnist", "normalize": "l2", "split": {"column": "split"}},
           "methods": [{"method": "slne", "input_dim": 128,

@@ -15,7 +15,7 @@ from distributed import Client, LocalCluster
 from metricpipe import stages
 from metricpipe.config import parse_config
 from metricpipe.context import StageContext
-from metricpipe.storage import Store, load_arrays
+from metricpipe.store import Store, load_arrays
 
 CONFIG = {"data": {"source": "fashion-mnist", "normalize": "l2", "split": {"column": "split"}},
           "methods": [{"method": "slde", "members": 8, "member_dim": 64, "step": 0.02, "epochs": 3}],

@@ -29,7 +29,7 @@ from metricpipe import stages
 from metricpipe.config import parse_config
 from metricpipe.context import StageContext
 from metricpipe.stages.common import load_features
-from metricpipe.storage import Store, chunk_rows_for, create_array, load_arrays, load_estimator, open_array
+from metricpipe.store import Store, chunk_rows_for, create_array, load_arrays, load_estimator, open_array
 from metricpipe.tasks.synthetic import SyntheticSpec
 
 

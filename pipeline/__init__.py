@@ -49,7 +49,7 @@ def load_model(store: str, key: str):
     first step applies that normalisation. ``key`` may be a prefix of the key (``metricpipe models
     STORE`` lists them).
     """
-    from metricpipe.models import load_model as _load
+    from metricpipe.store.models import load_model as _load
     return _load(store, key)
 
 

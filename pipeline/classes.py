@@ -17,8 +17,8 @@ import numpy as np
 
 from metricpipe.config import DataConfig
 from metricpipe.sources import open_source
-from metricpipe.models import check_intact, codes_of, find_model, model_units, staged_arrays
-from metricpipe.storage import Store, hash_key, load_estimator, open_array, save_estimator
+from metricpipe.store.models import check_intact, codes_of, find_model, model_units, staged_arrays
+from metricpipe.store import Store, hash_key, load_estimator, open_array, save_estimator
 from metricpipe.tasks import registry
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.moments import class_sums

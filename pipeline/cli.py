@@ -53,8 +53,8 @@ def handle_errors(fn):
                 raise
             if verbose:
                 traceback.print_exc()
-            from metricpipe.storage import _fix   # a write that failed outside the store's own checks
-            _echo(f"error: {e.filename or 'a write'}: {e.strerror}; {_fix(e)}")
+            from metricpipe.store import write_fix   # a write that failed outside the store's own checks
+            _echo(f"error: {e.filename or 'a write'}: {e.strerror}; {write_fix(e)}")
             sys.exit(EXIT_INPUT)
         except KeyboardInterrupt as e:
             _stop_interrupted(e, kwargs)
@@ -371,7 +371,7 @@ def stage_cmd(source, store, features, labels, normalize, test_fraction, split_c
     from metricpipe.context import StageContext
     from metricpipe.runner import removed_if_refused
     from metricpipe.stages import prepare_data, run_stage
-    from metricpipe.storage import Store
+    from metricpipe.store import Store
 
     split = {"column": split_column} if split_column else {}    # both given: the config refuses the pair
     data = {"features": features, "labels": labels, "normalize": normalize,
@@ -433,7 +433,7 @@ def synth(samples, dim, classes, store, seed, nonnegative, separation, nuisance,
 @handle_errors
 def inspect(store, verify):
     """Show what STORE holds: units, arrays, shapes, chunking and the inputs they were made from."""
-    from metricpipe.inspect import describe, verify_store
+    from metricpipe.store.describe import describe, verify_store
 
     if not verify:
         click.echo(describe(store))
@@ -453,7 +453,7 @@ def inspect(store, verify):
 @handle_errors
 def unlock(store):
     """Remove the lock a killed run left on STORE on object storage (a local store's needs no clearing)."""
-    from metricpipe.storage import Store
+    from metricpipe.store import Store
 
     st = Store(store)
     if st.local:   # a mistyped path: "no such store", as every other command says (on object storage a
@@ -486,8 +486,8 @@ def gc(store, delete):
     add-classes made from its models, the shuffled copies of its data, and every unit committed after
     it started (a run that did not finish: its --resume reuses them)."""
     from metricpipe.progress import human_bytes
-    from metricpipe.prune import unused_units
-    from metricpipe.storage import Store
+    from metricpipe.store.gc import unused_units
+    from metricpipe.store import Store
 
     st = Store(store)
     _, found, later = unused_units(st)   # refuses a store without a finished run before taking its lock
@@ -523,7 +523,7 @@ def models(store):
 
     In Python, ``metricpipe.load_model(STORE, KEY)`` returns one as a fitted estimator (in a Pipeline
     after the run's normalizer when it had one)."""
-    from metricpipe.models import damaged_models, describe
+    from metricpipe.store.models import damaged_models, describe
     from metricpipe.tasks.registry import param_text
 
     rows = describe(store)
@@ -556,7 +556,7 @@ def models(store):
 def report(store):
     """Rebuild STORE/report from the stored results of the last run."""
     from metricpipe.report import build_report, read_summary, winner_lines
-    from metricpipe.storage import Store
+    from metricpipe.store import Store
 
     st = Store(store)
     st.check_exists()
@@ -582,7 +582,7 @@ def report(store):
 def add_classes_cmd(store, new_data, features, labels, model, hierarchy, prior_weight, zero_shot):
     """Add the classes of NEW_DATA to STORE's NCMML/NCMC models without retraining W."""
     from metricpipe.classes import add_classes
-    from metricpipe.storage import Store
+    from metricpipe.store import Store
 
     st = Store(store)
     st.check_exists()

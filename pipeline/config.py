@@ -560,7 +560,7 @@ STORE_SCHEMES = ("file", "s3", "gs", "gcs", "az", "abfs", "abfss")
 
 def check_store_url(store: str, where: str) -> None:
     """Refuse store locations that would write somewhere the user did not mean: the one check of a
-    store's name, made by :class:`metricpipe.storage.Store` and for the config's ``store`` / --store."""
+    store's name, made by :class:`metricpipe.store.Store` and for the config's ``store`` / --store."""
     check_no_nul(store, where)
     if not store.strip():
         raise ConfigError(f"{where}: empty; give a directory (e.g. runs/digits) or an fsspec URL (s3://bucket/run)")

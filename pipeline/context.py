@@ -15,7 +15,7 @@ from distributed import Client, as_completed
 from metricpipe.config import RunConfig
 from metricpipe.errors import STAGES, StageError, check_terminated
 from metricpipe.progress import StageProgress
-from metricpipe.storage import Store, size_crcs
+from metricpipe.store import Store, size_crcs
 from metricpipe.tasks.errors import InputError
 
 # Tasks are pure and seeded, so a retry after a lost worker gives the identical result. A task whose

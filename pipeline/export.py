@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from metricpipe.config import DataConfig, absolute_path, file_only_given
-from metricpipe.models import codes_of, find_model, staged_arrays
+from metricpipe.store.models import codes_of, find_model, staged_arrays
 from metricpipe.sources import open_source
-from metricpipe.storage import Store, chunk_rows_for, load_estimator, open_array, read_attrs, row_chunks
+from metricpipe.store import Store, chunk_rows_for, load_estimator, open_array, read_attrs, row_chunks
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.normalize import normalize_rows
 from metricpipe.tasks.validate import check_feature_block, label_values

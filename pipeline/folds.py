@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from metricpipe.storage import array_names, open_array
+from metricpipe.store import array_names, open_array
 from metricpipe.tasks import splits
 
 

@@ -27,7 +27,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from metricpipe.storage import create_array, open_array, read_rows
+from metricpipe.store import create_array, open_array, read_rows
 
 IVF_FLAT_BYTES = 512e6
 # Train queries of the recall check. Its exact side is a brute-force search (at 5M x 256, 1,000

@@ -13,7 +13,7 @@ from importlib import metadata
 
 from metricpipe import __version__
 from metricpipe.config import OBJECTIVES
-from metricpipe.storage import Store, read_attrs, to_json
+from metricpipe.store import Store, read_attrs, to_json
 from metricpipe.tasks.compare import paired_interval
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.registry import BASELINES, param_text
@@ -137,7 +137,7 @@ def run_models(store: Store, manifest: dict) -> list[dict]:
 
 def extended_models(store: Store, models: list[dict]) -> list[dict]:
     """Models that ``metricpipe add-classes`` made from the run's models (or from one of those copies)."""
-    from metricpipe.models import model_units
+    from metricpipe.store.models import model_units
     run = {m["key"]: m for m in models}
     found = {u.key: m for u, m in model_units(store) if m.get("extends")}
     from metricpipe.stages.common import spec_params
@@ -202,7 +202,7 @@ def model_timings(store: Store, manifest: dict) -> list[dict]:
 
 def training_curves(store: Store, manifest: dict) -> list[dict]:
     """Per model, the learner's recorded history (objective, train mAP, hinge...) if it has one."""
-    from metricpipe.storage import read_attrs
+    from metricpipe.store import read_attrs
     out = []
     for rel in manifest["units"].get("models", []):
         unit = store.unit(*rel.split("/"))

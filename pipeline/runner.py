@@ -22,7 +22,7 @@ from metricpipe.errors import STAGES, StageError, check_terminated
 from metricpipe.folds import borrowing
 from metricpipe.stages.evaluate import RETRIEVAL_QUERIES
 from metricpipe.report import build_report, package_versions, read_summary, winner_lines
-from metricpipe.storage import MARKER_SUFFIX, Store, to_json
+from metricpipe.store import MARKER_SUFFIX, Store, to_json
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks import evaluation, registry, splits
 

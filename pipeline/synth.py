@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from metricpipe.progress import human_bytes
-from metricpipe.storage import chunk_rows_for, create_array, open_array
+from metricpipe.store import chunk_rows_for, create_array, open_array
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.synthetic import SyntheticSpec
 

@@ -89,7 +89,7 @@ def hold_lock(store_dir):
     """A separate process holding the store's lock (as a running metricpipe would); kill it to release."""
     import subprocess
     import sys
-    code = ("import sys, time; from metricpipe.storage import Store\n"
+    code = ("import sys, time; from metricpipe.store import Store\n"
             "with Store(sys.argv[1]).lock('metricpipe run'):\n    print('locked', flush=True); time.sleep(120)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(store_dir)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "locked"
@@ -111,7 +111,7 @@ def staged(client, store_dir, raw: dict):
     from metricpipe.config import parse_config
     from metricpipe.context import StageContext
     from metricpipe.stages import run_stage, run_statistics
-    from metricpipe.storage import Store
+    from metricpipe.store import Store
 
     ctx = StageContext(client, Store(str(store_dir)), parse_config(raw), log=lambda m: None)
     data = run_stage(ctx)

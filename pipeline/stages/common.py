@@ -8,7 +8,7 @@ import numpy as np
 import xarray as xr
 
 from metricpipe.context import StageContext
-from metricpipe.storage import Unit, array_names, open_array, read_rows, row_chunks, row_codecs
+from metricpipe.store import Unit, array_names, open_array, read_rows, row_chunks, row_codecs
 from metricpipe.tasks import moments
 from metricpipe.tasks.rows import TrainingRows
 from metricpipe.tasks.splits import TEST, TRAIN, VAL  # noqa: F401 - the stages' names for the split codes

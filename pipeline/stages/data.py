@@ -9,7 +9,7 @@ import numpy as np
 from metricpipe.config import SPLIT_NAMES, USER_SPLITS, RunConfig
 from metricpipe.context import StageContext
 from metricpipe.sources import fingerprint, open_source
-from metricpipe.storage import chunk_rows_for, create_array, hash_key, open_array
+from metricpipe.store import chunk_rows_for, create_array, hash_key, open_array
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks import splits, stream
 from metricpipe.tasks.normalize import normalize_rows

@@ -9,7 +9,7 @@ import sklearn
 from metricpipe.context import StageContext
 from metricpipe.stages.common import DataInfo, _timed, _write_template, load_features
 from metricpipe.stages.train import model_id
-from metricpipe.storage import hash_key, load_estimator, open_array
+from metricpipe.store import hash_key, load_estimator, open_array
 from metricpipe.tasks.errors import InputError
 
 

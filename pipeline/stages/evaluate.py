@@ -9,7 +9,7 @@ import numpy as np
 from metricpipe.budget import index_budget, retrieval_db_budget, task_budget
 from metricpipe.config import NeighboursConfig, unserved
 from metricpipe.context import StageContext
-from metricpipe.storage import Unit, array_names, create_array, hash_key, open_array, read_attrs, read_rows, row_chunk
+from metricpipe.store import Unit, array_names, create_array, hash_key, open_array, read_attrs, read_rows, row_chunk
 from metricpipe.tasks import evaluation, metrics, moments, registry, splits, stream
 from metricpipe.stages.encode import _load_model
 from metricpipe.stages.statistics import _moments_block

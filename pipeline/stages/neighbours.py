@@ -7,7 +7,7 @@ import numpy as np
 from metricpipe.budget import index_budget, task_budget
 from metricpipe.config import NeighboursConfig
 from metricpipe.context import StageContext
-from metricpipe.storage import Unit, create_array, hash_key, open_array, read_rows, row_chunk
+from metricpipe.store import Unit, create_array, hash_key, open_array, read_rows, row_chunk
 from metricpipe.tasks import knn
 from metricpipe.tasks import stream
 from metricpipe.tasks.errors import InputError

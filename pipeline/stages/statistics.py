@@ -5,7 +5,7 @@ import dask.array as da
 import numpy as np
 
 from metricpipe.context import StageContext
-from metricpipe.storage import Unit, hash_key, open_array, save_arrays
+from metricpipe.store import Unit, hash_key, open_array, save_arrays
 from metricpipe.tasks import moments
 
 from metricpipe.stages.common import DataInfo, TRAIN, _timed, _tree_combine

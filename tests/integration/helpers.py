@@ -51,7 +51,7 @@ def fashion_root() -> Path:
 
 def run_results(url) -> tuple:
     """(metric records, {model spec: arrays}) of the last run in the store at ``url`` (a path or URL)."""
-    from metricpipe.storage import Store, load_arrays
+    from metricpipe.store import Store, load_arrays
     st = Store(str(url))
     models = {}
     for rel in st.read_json("runs/latest.json")["units"]["models"]:

@@ -5,7 +5,7 @@ import pytest
 from sklearn.datasets import load_digits
 
 from metricpipe.folds import Fold, fold_split
-from metricpipe.storage import Store, load_estimator
+from metricpipe.store import Store, load_estimator
 from metricpipe.tasks.splits import VAL
 from tests.integration.helpers import run
 

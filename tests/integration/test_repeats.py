@@ -8,7 +8,7 @@ import pytest
 from metricpipe.config import parse_config
 from metricpipe.report import read_summary, winner_lines
 from metricpipe.runner import run_pipeline
-from metricpipe.storage import Store
+from metricpipe.store import Store
 
 pytestmark = pytest.mark.integration
 

@@ -16,9 +16,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from metricpipe import storage
+from metricpipe.store import lock as store_lock
 from metricpipe.cli import main
-from metricpipe.storage import Store
+from metricpipe.store import Store
 from metricpipe.tasks.errors import InputError
 from tests.integration.helpers import assert_same_results, run_results
 
@@ -219,7 +219,7 @@ def test_a_lock_from_another_host_holds_for_its_lease_and_unlock_clears_it(s3):
     assert res.exit_code == 0 and "removed the lock of pid 4242 on elsewhere" in res.output, res.output
     assert not s3.exists(f"{prefix}/.lock")
     assert "not locked" in _run("unlock", url).output
-    _fake_lock(s3, prefix, age=storage.LOCK_LEASE + 5)   # its holder stopped refreshing: taken over
+    _fake_lock(s3, prefix, age=store_lock.LOCK_LEASE + 5)   # its holder stopped refreshing: taken over
     said = []
     with Store(url).lock(log=said.append) as held:
         assert json.loads(s3.cat_file(f"{prefix}/.lock"))["token"] == held.me["token"]
@@ -246,7 +246,7 @@ def test_a_lock_whose_refresh_time_is_not_a_time_is_stale(s3, refreshed, why):
 
 
 def test_a_holder_whose_lock_was_taken_over_commits_nothing_more(s3, monkeypatch):
-    monkeypatch.setattr(storage, "LOCK_REFRESH", 0.05)
+    monkeypatch.setattr(store_lock, "LOCK_REFRESH", 0.05)
     prefix = f"{BUCKET}/lost"
     store = Store(f"s3://{prefix}")
     with store.lock() as held:

@@ -54,7 +54,7 @@ def _values(records):
 
 
 def test_stored_sorted_or_shuffled_the_sgd_learners_score_within_half_a_point(client, tmp_path):
-    from metricpipe.storage import chunk_rows_for
+    from metricpipe.store import chunk_rows_for
     X, y, split = _fashion()
     assert len(y) / chunk_rows_for(X.shape[1], 1.0) > 5      # more than five row-blocks
     orders = {"shuffled": np.random.default_rng(1).permutation(len(y)), "sorted": np.argsort(y, kind="stable")}

@@ -1157,7 +1157,7 @@ def test_add_classes_takes_a_model_key_in_any_case(tmp_path):
     """Model keys are hex: find_model (load_model, encode, export, predict) reads them in any case;
     add-classes --model matched case-sensitively."""
     from metricpipe.classes import ncm_models
-    from metricpipe.storage import Store
+    from metricpipe.store import Store
     from metricpipe.tasks.errors import InputError
     st = Store(str(tmp_path / "s"))
     for key, method in (("ab12cd34ef567890", "ncmml"), ("ab99000000000000", "pca")):
@@ -1209,7 +1209,7 @@ def test_unlock_of_a_missing_store_says_so(tmp_path):
 def test_an_object_store_refusal_that_s3fs_raises_as_oserror_is_one_line(monkeypatch, tmp_path):
     """s3fs turns botocore's refusals (a wrong key, access denied) into PermissionError and the like:
     those were re-raised as tracebacks; an OSError from elsewhere still is."""
-    import metricpipe.models
+    import metricpipe.store.models
     from botocore.exceptions import ClientError
     from s3fs.errors import translate_boto_error
 
@@ -1219,13 +1219,13 @@ def test_an_object_store_refusal_that_s3fs_raises_as_oserror_is_one_line(monkeyp
                               "ListObjectsV2")
         except ClientError as e:
             raise translate_boto_error(e)
-    monkeypatch.setattr(metricpipe.models, "describe", refused)
-    monkeypatch.setattr(metricpipe.models, "damaged_models", lambda store: [])
+    monkeypatch.setattr(metricpipe.store.models, "describe", refused)
+    monkeypatch.setattr(metricpipe.store.models, "damaged_models", lambda store: [])
     res = _invoke("models", "s3://bucket/run")
     assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
     assert res.output.startswith("error: s3://bucket/run: the object store refused the request: An error occurred "
                                  "(InvalidAccessKeyId)"), res.output
-    monkeypatch.setattr(metricpipe.models, "describe", lambda store: (_ for _ in ()).throw(PermissionError(13, "x")))
+    monkeypatch.setattr(metricpipe.store.models, "describe", lambda store: (_ for _ in ()).throw(PermissionError(13, "x")))
     with pytest.raises(PermissionError):                 # not an object store's: raised as it was
         _invoke("models", str(tmp_path))
 

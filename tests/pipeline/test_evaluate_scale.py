@@ -10,11 +10,11 @@ from metricpipe import ivf, stages
 from metricpipe.budget import check_memory, needs
 from metricpipe.config import parse_config
 from metricpipe.context import StageContext
-from metricpipe.storage import Store, read_rows
+from metricpipe.store import Store, read_rows
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.knn import brute_force_knn
 from metricpipe.tasks.models import LinearModel
-from metricpipe.storage import open_array
+from metricpipe.store import open_array
 from metricpipe.tasks import stream
 from tests.conftest import make_blobs
 
@@ -171,7 +171,7 @@ def test_keeps_distances_only_for_the_identity_and_rotations():
 
 
 def test_read_rows_reads_any_order_chunk_by_chunk(tmp_path):
-    from metricpipe.storage import create_array
+    from metricpipe.store import create_array
     X = np.arange(3000, dtype=np.int64).reshape(1000, 3)
     create_array(str(tmp_path / "a"), X.shape, (64, 3), np.int64)[:] = X
     for idx in (np.array([5, 999, 3, 3, 64, 0]), np.array([], np.int64), np.arange(1000), np.array([999])):
@@ -300,7 +300,7 @@ def test_sl_ne_and_sl_de_training_rows_are_counted_by_the_memory_rule():
 @pytest.mark.parametrize("metric", ["l2", "ip"])
 def test_rescore_gives_the_exact_distances_of_the_candidates_in_its_block(tmp_path, metric):
     from metricpipe import ivf
-    from metricpipe.storage import create_array, open_array
+    from metricpipe.store import create_array, open_array
     rng = np.random.default_rng(0)
     X = rng.normal(size=(50, 6)).astype(np.float32)
     create_array(str(tmp_path / "db"), X.shape, (20, 6), np.float32)

@@ -7,7 +7,7 @@ import pytest
 from metricpipe.config import parse_config
 from metricpipe.folds import Fold, fold_split
 from metricpipe.stages import prepare_data, run_neighbours, run_train
-from metricpipe.storage import Store, load_arrays, load_estimator, open_array
+from metricpipe.store import Store, load_arrays, load_estimator, open_array
 from metricpipe.tasks.splits import TEST, TRAIN, UNSEEN_TEST, UNSEEN_TRAIN, VAL, hold_out
 from tests.conftest import make_blobs, staged
 

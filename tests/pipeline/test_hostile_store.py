@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 import metricpipe
 from metricpipe.cli import main
-from metricpipe.storage import MARKER_SUFFIX, record_digest, size_crc
+from metricpipe.store import MARKER_SUFFIX, record_digest, size_crc
 from metricpipe.tasks.errors import InputError
 
 pytestmark = pytest.mark.integration
@@ -37,7 +37,7 @@ def made(client, tmp_path_factory):
     (tmp / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     res = _cli("run", tmp / "cfg.yaml")
     assert res.exit_code == 0, res.output
-    from metricpipe.models import describe
+    from metricpipe.store.models import describe
     keys = {r["method"]: r["key"] for r in describe(str(tmp / "good"))}
     from sklearn.datasets import load_digits
     return tmp, keys, load_digits().data

@@ -5,7 +5,7 @@ import pytest
 
 from metricpipe import ivf
 from metricpipe.stages import run_neighbours
-from metricpipe.storage import open_array
+from metricpipe.store import open_array
 from tests.conftest import make_blobs, staged
 
 
@@ -118,7 +118,7 @@ def test_sampled_queries_keep_the_full_graphs_rows_and_slne_trains_on_them_and_t
     np.testing.assert_array_equal(part[q], full[q])             # a sampled row's list is the exact one
     assert np.all(np.delete(part, q, axis=0) == -1)             # nothing else was searched
 
-    from metricpipe.storage import load_arrays
+    from metricpipe.store import load_arrays
     from metricpipe.tasks.slne import SLNE
     stats, _ = load_arrays(_graph.stats.url)
     mean, P = SLNE().input_space(stats["mean"], stats["pca_components"])

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 import metricpipe
 from metricpipe.cli import main
 from metricpipe.stages import run_encode, run_train
-from metricpipe.storage import open_array
+from metricpipe.store import open_array
 from metricpipe.tasks.errors import InputError
 from tests.conftest import make_blobs, staged
 
@@ -179,7 +179,7 @@ def test_a_loaded_classifier_predicts_the_data_s_own_labels(client, tmp_path):
 
 
 def test_a_model_stored_before_estimators_is_a_one_line_error(tmp_path):
-    from metricpipe.storage import load_estimator, save_arrays
+    from metricpipe.store import load_estimator, save_arrays
     save_arrays(str(tmp_path / "old"), {"W": np.eye(3, dtype=np.float32)}, {"spec": {"method": "pca"}, "dim": 3})
     with pytest.raises(InputError, match="stored by metricpipe before 0.2.*rerun its config"):
         load_estimator(str(tmp_path / "old"))
@@ -436,7 +436,7 @@ def test_codes_check_reads_only_the_chunks_of_the_rows_it_serves(stored, monkeyp
     from pathlib import Path
 
     import metricpipe.export as ex
-    from metricpipe.storage import Store
+    from metricpipe.store import Store
     ctx, data, X, models, codes = stored
     (_, unit, _), (_, cunit, _) = _by(models, codes, "pca")
     meta = unit.meta()
@@ -444,7 +444,7 @@ def test_codes_check_reads_only_the_chunks_of_the_rows_it_serves(stored, monkeyp
     monkeypatch.setattr(ex, "split_rows", lambda store, meta, split: np.arange(step + 1))   # chunks 0 and 1
     chunks = {int(p.parent.name): p for p in Path(cunit.url, "codes", "c").rglob("*") if p.is_file()}
     assert len(chunks) > 2
-    import metricpipe.storage as st
+    import metricpipe.store.units as st
     read, size_crc = [], st.size_crc
     monkeypatch.setattr(st, "size_crc", lambda fs, path: read.append(path) or size_crc(fs, path))
     for i, expect_bad in ((len(chunks) - 1, False), (1, True)):
@@ -636,7 +636,7 @@ def test_encode_in_this_process_runs_blas_on_one_thread_as_the_workers_do(tmp_pa
 def test_after_an_upgrade_the_store_s_models_keep_their_codes(stored, monkeypatch, tmp_path):
     """The codes key holds the release: after a version bump `models` said 'encoded no' for every model
     of an older run and export --faiss / predict refused them. Markers now name their release."""
-    from metricpipe.models import describe
+    from metricpipe.store.models import describe
     ctx, _, _, models, codes = stored
     before = {r["key"]: r["encoded"] for r in describe(ctx.store.url)}
     assert all(before[u.key] for _, u, _ in models)

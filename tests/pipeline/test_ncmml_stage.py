@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from metricpipe.stages import run_encode, run_evaluate, run_train
-from metricpipe.storage import load_estimator, open_array
+from metricpipe.store import load_estimator, open_array
 from metricpipe.tasks.ncmml import PATIENCE
 from tests.conftest import make_blobs, staged
 
@@ -233,7 +233,7 @@ def test_add_classes_gives_a_class_with_fewer_images_than_ncmc_s_centroids_one_o
     import shutil
 
     from metricpipe.classes import add_classes
-    from metricpipe.storage import load_estimator
+    from metricpipe.store import load_estimator
     ctx, _, models, _, _ = trained
     store = tmp_path / "store"
     shutil.copytree(ctx.store.url, store)
@@ -369,7 +369,7 @@ def test_the_pipeline_learns_what_fit_learns_in_memory(trained, method, params):
     its own statistics, whose summation order differs from the pipeline's block-by-block moments by
     ~1e-7; NCM/NCMC's W stays within 1e-3, while k-NN ML's sorted triplets can pick other targets
     after a few steps, so its fit is compared by validation error (the documented tolerance)."""
-    from metricpipe.storage import load_arrays
+    from metricpipe.store import load_arrays
     from metricpipe.tasks import moments, registry, stream
     _, data, models, _, _ = trained
     [(spec, unit)] = [(s, u) for s, u, _ in models if s["method"] == method
@@ -493,7 +493,7 @@ def test_candidates_share_one_shuffled_copy_even_without_resume(client, tmp_path
     from metricpipe.config import parse_config
     from metricpipe.context import StageContext
     from metricpipe.stages import run_stage, run_statistics
-    from metricpipe.storage import Store
+    from metricpipe.store import Store
     raw = {"data": {"source": "digits", "chunk_mb": 0.05},
            "methods": [{"method": "ncmml", "dim": 4, "iters": 20, "lr": [0.1, 1.0, 10.0]}]}
     for attempt in range(2):   # the second run (resume off) recomputes everything, the copy once
@@ -507,7 +507,7 @@ def test_candidates_share_one_shuffled_copy_even_without_resume(client, tmp_path
 def _assert_fit_stream_learns_the_stored_model(ctx, data, spec, unit):
     """The stored model is what ``fit_stream`` learns in memory from the pools of every training row
     (block_rows = the run's); returns those rows and labels."""
-    from metricpipe.storage import load_arrays
+    from metricpipe.store import load_arrays
     from metricpipe.tasks import moments, registry, stream
     train = data.split == 0
     Xt, yt = open_array(f"{data.url}/features")[:][train], data.labels[train]

@@ -9,7 +9,7 @@ import pytest
 from metricpipe.config import parse_config
 from metricpipe.tasks.splits import check_pairs
 from metricpipe.stages import prepare_data, run_encode, run_train
-from metricpipe.storage import Store, load_arrays, load_estimator, open_array
+from metricpipe.store import Store, load_arrays, load_estimator, open_array
 from metricpipe.tasks import moments, nml
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.nml import NML, LinearML
@@ -42,7 +42,7 @@ def test_val_auto_leaves_the_rows_user_pairs_join_in_train(tmp_path):
     pairs were then refused as joining rows 'not in the train split' of the user's own split column."""
     from metricpipe.config import parse_config
     from metricpipe.stages import prepare_data
-    from metricpipe.storage import Store
+    from metricpipe.store import Store
     X, y = make_blobs(n=3000, d=6, classes=4, sep=1.0, seed=2)
     split = np.where(np.arange(3000) % 5 == 0, "test", "train")
     train = np.flatnonzero(split == "train")

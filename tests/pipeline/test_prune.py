@@ -7,8 +7,8 @@ import yaml
 from click.testing import CliRunner
 
 from metricpipe.cli import main
-from metricpipe.inspect import verify_store
-from metricpipe.storage import MARKER_SUFFIX, Store, to_json
+from metricpipe.store.describe import verify_store
+from metricpipe.store import MARKER_SUFFIX, Store, to_json
 from tests.conftest import hold_lock, make_blobs
 
 
@@ -31,7 +31,7 @@ def _unit(store, kind, key, commit=True, attrs=None, **meta):
     u = store.unit(kind, key)
     u.begin()
     if attrs is not None:
-        from metricpipe.storage import save_arrays
+        from metricpipe.store import save_arrays
         save_arrays(u.url, {}, attrs)
     store.fs.pipe_file(f"{store.root}/{kind}/{key}/payload", bytes(100))
     if commit:

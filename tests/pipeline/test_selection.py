@@ -13,7 +13,7 @@ from metricpipe.folds import Fold, fold_split
 from metricpipe.runner import run_pipeline
 from metricpipe.stages.train.select import selection_rows
 from metricpipe.stages.data import prepare_data
-from metricpipe.storage import Store, load_estimator, open_array
+from metricpipe.store import Store, load_estimator, open_array
 from metricpipe.tasks import evaluation, registry, splits
 from metricpipe.tasks.splits import auto_val_size
 from metricpipe.tasks.errors import InputError
@@ -269,7 +269,7 @@ def test_a_damaged_candidate_is_refused_on_load_and_retrained_by_repair(client, 
     """A candidate the selection did not keep is still a model of the store (encode, export, predict,
     load_model take it): a damaged one is named on load, and --repair recomputes it."""
     from metricpipe import load_model
-    from metricpipe.inspect import verify_store
+    from metricpipe.store.describe import verify_store
     methods = [{"method": "ncmml", "dim": 8, "iters": 150, "validate_every": 50, "select": {"lr": [30.0, 10.0]}}]
     report, _ = _run(tmp_path, "s", client, methods=methods)
     sel = report["selection"][0]

@@ -4,7 +4,7 @@ import pytest
 from metricpipe.config import ConfigError, parse_config
 from metricpipe.stages.train.pool import negative_rows
 from metricpipe.stages import run_encode, run_evaluate, run_train
-from metricpipe.storage import load_arrays, open_array
+from metricpipe.store import load_arrays, open_array
 from metricpipe.tasks import slem
 from tests.conftest import make_blobs, staged
 

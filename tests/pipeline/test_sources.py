@@ -221,7 +221,7 @@ def test_an_hdf5_source_with_unwritten_chunks_is_refused(tmp_path):
 def test_the_ids_array_is_part_of_the_staged_data_s_key(tmp_path, arrays):
     """The staged unit stores the ids as its ``id`` coordinate: other ids are another unit."""
     from metricpipe.stages import prepare_data
-    from metricpipe.storage import Store
+    from metricpipe.store import Store
     X, y = arrays
     np.savez(tmp_path / "d.npz", X=X, y=y, i=np.arange(30), j=np.arange(30) + 100)
 
@@ -236,7 +236,7 @@ def test_one_file_spelled_another_way_is_the_same_staged_data(tmp_path, arrays, 
     """cfg/../d.npy, the absolute path, one relative to another folder, a symlink: one file, one key
     (the second spelling restaged everything and recomputed every stage after it)."""
     from metricpipe.stages import prepare_data
-    from metricpipe.storage import Store
+    from metricpipe.store import Store
     X, y = arrays
     (tmp_path / "cfg").mkdir()
     np.save(tmp_path / "X.npy", X)
@@ -336,7 +336,7 @@ def test_verify_source_keys_the_staged_data_by_its_bytes_not_its_path_or_mtime(t
 
     from metricpipe.config import SPLIT_NAMES, parse_config
     from metricpipe.stages import prepare_data
-    from metricpipe.storage import Store
+    from metricpipe.store import Store
     rng = np.random.default_rng(0)
     (tmp_path / "a").mkdir()
     np.save(tmp_path / "a" / "X.npy", rng.normal(size=(60, 5)).astype(np.float32))

@@ -5,7 +5,7 @@ import pytest
 from metricpipe import stages
 from metricpipe.config import parse_config
 from metricpipe.context import StageContext
-from metricpipe.storage import Store, load_arrays, load_estimator, open_array
+from metricpipe.store import Store, load_arrays, load_estimator, open_array
 from metricpipe.tasks.knn import brute_force_knn
 
 
@@ -115,7 +115,7 @@ def test_sparse_projector_stage_stores_a_sparse_model_and_encodes_with_it(client
     # early stopping on the validation rows borrowed from train: the kept U's recorded mAP is that of its
     # codes; the model kept is its refit on every train row, stopped at that iteration
     from metricpipe.folds import Fold, fold_split
-    from metricpipe.storage import Unit
+    from metricpipe.store import Unit
     from metricpipe.tasks.evaluation import validation_map
     first = Unit(ctx.store, "models", model.meta()["refit_of"])
     f = load_estimator(first.url)

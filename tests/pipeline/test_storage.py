@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from metricpipe.storage import Store, hash_key, load_arrays, save_arrays
+from metricpipe.store import Store, hash_key, load_arrays, save_arrays
 from metricpipe.tasks.errors import InputError
 
 
@@ -57,7 +57,7 @@ def test_keys_change_with_the_numerical_libraries_release(tmp_path, monkeypatch)
     """Another numpy (its BLAS), scipy, ... can change a result's bits: its results are not reused,
     and a unit's marker names what made it (so a model's codes are found again after an upgrade)."""
     from importlib import metadata
-    from metricpipe import storage
+    from metricpipe.store import keys as storage
     storage.code_version.cache_clear()
     now = hash_key({"a": 1})
     real = metadata.version
@@ -99,7 +99,7 @@ def test_save_and_load_arrays_with_scalars(tmp_path):
 
 
 def test_row_arrays_are_compressed_only_where_lz4_pays(tmp_path):
-    from metricpipe.storage import create_array, lz4_ratio, open_array, row_codecs
+    from metricpipe.store import create_array, lz4_ratio, open_array, row_codecs
     rng = np.random.default_rng(0)
     dense = rng.standard_normal((4096, 64)).astype(np.float32)          # descriptors: ~1.1x
     pixels = np.where(rng.random((4096, 64)) < 0.5, 0, rng.integers(0, 256, (4096, 64))).astype(np.float32)
@@ -123,7 +123,7 @@ def test_a_busy_zarr_loop_at_exit_leaves_no_traceback(tmp_path):
 import asyncio, time
 import zarr
 from zarr.core import sync
-import metricpipe.storage  # noqa: F401
+import metricpipe.store  # noqa: F401
 g = zarr.open_group({str(tmp_path / 'a.zarr')!r}, mode="w")
 g.create_array("a", shape=(4,), dtype="f4")[:] = 1
 async def busy():
@@ -142,7 +142,7 @@ def test_a_committed_unit_being_recomputed_comes_back_unless_its_replacement_com
     copy commits."""
     import os
 
-    from metricpipe.storage import MARKER_SUFFIX
+    from metricpipe.store import MARKER_SUFFIX
     store = Store(str(tmp_path / "s"))
 
     def committed(key, value):
@@ -176,7 +176,7 @@ def test_a_committed_unit_whose_folder_is_gone_is_recomputed_and_set_aside_units
     aside; and after a kill only `run` put set-aside units back, so `models` and `inspect` saw none."""
     import shutil
 
-    from metricpipe.storage import MARKER_SUFFIX
+    from metricpipe.store import MARKER_SUFFIX
     store = Store(str(tmp_path / "s"))
     unit = store.unit("models", "c" * 16)
     unit.begin()

@@ -9,7 +9,7 @@ import yaml
 from click.testing import CliRunner
 
 from metricpipe.cli import main
-from metricpipe.storage import open_array
+from metricpipe.store import open_array
 from metricpipe.tasks.synthetic import SyntheticSpec
 
 

@@ -17,7 +17,7 @@ from metricpipe.context import StageContext
 from metricpipe.folds import Fold, borrow_seed, borrowing, fold_split
 from metricpipe.stages.common import DataInfo, Fed, labels_list
 from metricpipe.stages.train import neighbours, pairs, pool, select, statistics, stream, subset
-from metricpipe.storage import Unit, hash_key
+from metricpipe.store import Unit, hash_key
 from metricpipe.tasks import registry
 from metricpipe.tasks.base import seed_of
 from metricpipe.tasks.evaluation import higher_is_better

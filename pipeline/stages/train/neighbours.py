@@ -16,7 +16,7 @@ from sklearn.base import clone
 from metricpipe.config import NeighboursConfig
 from metricpipe.folds import Fold, fold_split
 from metricpipe.stages.common import Fed
-from metricpipe.storage import array_names, load_arrays, open_array, read_rows, save_model
+from metricpipe.store import array_names, load_arrays, open_array, read_rows, save_model
 from metricpipe.tasks import slne
 from metricpipe.tasks.splits import TRAIN, VAL
 

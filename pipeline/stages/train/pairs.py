@@ -13,7 +13,7 @@ from sklearn.base import clone
 from metricpipe.folds import Fold
 from metricpipe.stages.train import shuffle, stream
 from metricpipe.stages.train.stream import fit_facts
-from metricpipe.storage import array_names, load_arrays, open_array, save_model
+from metricpipe.store import array_names, load_arrays, open_array, save_model
 from metricpipe.tasks.base import seed_of
 
 

@@ -22,7 +22,7 @@ from sklearn.base import clone
 from metricpipe.budget import refuse_without_dense_covariance
 from metricpipe.folds import Fold, fold_split
 from metricpipe.stages.common import Fed
-from metricpipe.storage import load_arrays, open_array, read_rows, save_model
+from metricpipe.store import load_arrays, open_array, read_rows, save_model
 from metricpipe.tasks import slem
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.splits import SPLIT_NAMES, TRAIN

@@ -6,7 +6,7 @@ import numpy as np
 from metricpipe.folds import Fold, fold_split
 from metricpipe.stages.common import StagedRows
 from metricpipe.stages.train.shuffle import stream_pools
-from metricpipe.storage import open_array
+from metricpipe.store import open_array
 from metricpipe.tasks.splits import TRAIN, VAL
 
 

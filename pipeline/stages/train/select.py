@@ -19,7 +19,7 @@ so every model of the run, the baselines too, ends on the same train rows.
 import numpy as np
 
 from metricpipe.config import NeighboursConfig
-from metricpipe.storage import hash_key, load_estimator, read_rows
+from metricpipe.store import hash_key, load_estimator, read_rows
 from metricpipe.tasks import evaluation, knn, stream
 from metricpipe.tasks.splits import TRAIN, VAL
 

@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from metricpipe.context import StageContext
-from metricpipe.storage import Unit, create_array, hash_key, open_array, read_attrs, row_chunk, save_arrays
+from metricpipe.store import Unit, create_array, hash_key, open_array, read_attrs, row_chunk, save_arrays
 from metricpipe.tasks import stream
 
 TRAIN = 0

@@ -3,7 +3,7 @@ random projections): one task reads the statistics and calls ``fit_statistics``.
 import time
 
 from metricpipe.budget import refuse_without_dense_covariance
-from metricpipe.storage import load_arrays, save_model
+from metricpipe.store import load_arrays, save_model
 
 
 def _fit(est, spec: dict, stats_url: str, model_url: str) -> dict:

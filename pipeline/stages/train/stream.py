@@ -12,7 +12,7 @@ from metricpipe.folds import Fold
 from metricpipe.stages.common import labels_list
 from metricpipe.stages.train import shuffle
 from metricpipe.stages.train.rows import StoreRows
-from metricpipe.storage import load_arrays, save_model
+from metricpipe.store import load_arrays, save_model
 from metricpipe.tasks.base import seed_of
 
 

@@ -11,7 +11,7 @@ from sklearn.base import clone
 from metricpipe.folds import Fold
 from metricpipe.stages.train.rows import StoreRows
 from metricpipe.stages.train.stream import fit_facts
-from metricpipe.storage import load_arrays, save_model
+from metricpipe.store import load_arrays, save_model
 
 
 def _train(est, spec, data_url, stats_url, chunks, model_url, fold) -> dict:

@@ -1,7 +1,7 @@
 """Stored models as estimators: list a store's models, load one as a fitted scikit-learn estimator."""
 import numpy as np
 
-from metricpipe.storage import Store, Unit, hash_key, load_estimator, read_attrs
+from metricpipe.store import Store, Unit, hash_key, load_estimator, read_attrs
 from metricpipe.tasks.errors import InputError
 
 

@@ -1,5 +1,5 @@
 """``metricpipe inspect``: a plain-text description of a store."""
-from metricpipe.storage import KINDS, Store
+from metricpipe.store import KINDS, Store
 from metricpipe.tasks.errors import InputError
 
 

@@ -8,7 +8,7 @@ its models, the shuffled copies of its staged data, and every unit committed aft
 run that did not finish, whose ``--resume`` reuses them, or by ``add-classes`` / ``stage``). It
 lists (or removes) the rest: units of earlier configs, and what killed runs left unfinished.
 """
-from metricpipe.storage import KINDS, MARKER_SUFFIX, Store, Unit, is_key, read_attrs
+from metricpipe.store import KINDS, MARKER_SUFFIX, Store, Unit, is_key, read_attrs
 
 
 def kept_units(store: Store, manifest: dict) -> set[str]:
