@@ -29,11 +29,11 @@ if _os.environ.pop("METRICPIPE_STARTING_WORKER", None) == "1":
 # scipy (``metricpipe --help`` in 0.08 s here, not 1.8 s) and a Ctrl-C during those imports reaches its handler.
 def __getattr__(name: str):
     if name in _PUBLIC_ESTIMATORS:
-        from metricpipe.tasks import registry
+        from metricpipe.tasks import registry   # deferred: imports scikit-learn (1.8 s), not needed by --help
         value = next(cls for cls in registry.ESTIMATORS if cls.__name__ == name)
         globals()[name] = value   # later lookups skip this function
         return value
-    from metricpipe.tasks import submodule_on_first_use
+    from metricpipe.tasks import submodule_on_first_use   # deferred: metricpipe.tasks imports on first use
     return submodule_on_first_use(__name__, name)
 
 
@@ -49,8 +49,8 @@ def load_model(store: str, key: str):
     first step applies that normalisation. ``key`` may be a prefix of the key (``metricpipe models
     STORE`` lists them).
     """
-    from metricpipe.store.models import load_model as _load
-    return _load(store, key)
+    from metricpipe.store.models import load_model as load   # deferred: Zarr and scikit-learn on first use
+    return load(store, key)
 
 
 #: the registry's estimator classes (``metricpipe.tasks.registry.ESTIMATORS``; a test keeps the two equal)

@@ -24,12 +24,14 @@ import numpy as np
 
 from metricpipe.budget import PAUSE_FRACTION, SPILL_FRACTION, WORKER_RESIDENT, usable, worker_limit
 from metricpipe.config import DataConfig, absolute_path
-from metricpipe.context import _raise_refused, _refusing
+from metricpipe.context import raise_refused, refusing
 from metricpipe.errors import StageError
 from metricpipe.sources import open_source
 from metricpipe.tasks import evaluation, knn, metrics, stream
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.validate import check_feature_block
+from metricpipe.export import written_whole
+from metricpipe.sources import fingerprint
 
 # A query group's pool (2k + tile candidates of 16 bytes, and the sort that cuts it) within this;
 # with k = 10,000 that is about 290 queries.
@@ -117,7 +119,6 @@ def same_data(a: str, b: str) -> str | None:
     """How input ``b`` is input ``a`` ("is the same file as", "holds the same bytes as"), or None when
     they differ (or cannot be read: opening them says why). Bytes are compared only between inputs of
     one size."""
-    from metricpipe.sources import fingerprint
     try:
         if os.path.samefile(a, b):
             return "is the same file as"
@@ -275,15 +276,15 @@ def evaluate_embeddings(client, q: Side, rows: np.ndarray, ref: Side, self_in: b
     q_where = f"{q.path} ({q.option})"
     q_reader_f, r_reader_f = client.scatter([q.reader, ref.reader], broadcast=True, hash=False)
     # bad input comes back as a Refused value: no worker logs a "Compute Failed" traceback for it
-    scans = [client.submit(_refusing, _scan, q_reader_f, a, b, q_where, wanted, pure=False)
+    scans = [client.submit(refusing, _scan, q_reader_f, a, b, q_where, wanted, pure=False)
              for a, b in _blocks(q.reader)]
     if ref.path != q.path:   # the reference is checked up front too, before the long part
-        scans_ref = [client.submit(_refusing, _scan, r_reader_f, a, b, f"{ref.path} ({ref.option})",
+        scans_ref = [client.submit(refusing, _scan, r_reader_f, a, b, f"{ref.path} ({ref.option})",
                                    np.empty(0, np.int64), pure=False) for a, b in _blocks(ref.reader)]
         for r in client.gather(scans_ref):
-            _raise_refused(r)
+            raise_refused(r)
     for r in client.gather(scans):   # a bad block stops here, naming its file and rows
-        _raise_refused(r)
+        raise_refused(r)
     centroids = client.submit(_centroids, scans, wanted[km] if sampled else wanted, n_clusters, [seed, 22])
     r_labels_f = client.scatter(ref.labels, broadcast=True, hash=False)
     log(f"evaluate: {len(rows):,} queries against {ref.reader.shape[0]:,} references, k = {k:,}, "
@@ -320,7 +321,6 @@ def evaluate_embeddings(client, q: Side, rows: np.ndarray, ref: Side, self_in: b
 
 def write_records(path: str, records: list[dict]) -> None:
     """Write ``records`` as JSON, whole or not at all (a temporary file in the same folder, renamed)."""
-    from metricpipe.export import written_whole
     try:
         with written_whole(path) as tmp, open(tmp, "w") as f:
             json.dump(records, f, indent=1)

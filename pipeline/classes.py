@@ -19,15 +19,17 @@ from metricpipe.config import DataConfig
 from metricpipe.sources import open_source
 from metricpipe.store.models import check_intact, codes_of, find_model, model_units, staged_arrays
 from metricpipe.store import Store, hash_key, load_estimator, open_array, save_estimator
-from metricpipe.tasks import registry
+from metricpipe.tasks import evaluation, registry
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.moments import class_sums
 from metricpipe.tasks.normalize import normalize_rows
 from metricpipe.tasks.validate import check_feature_block, label_values
+from metricpipe.config import read_yaml
+from metricpipe.tasks.evaluation import knn_predict
+from metricpipe.export import BLOCK_ROWS, codes_unit, data_config, encode_rows, open_input
 
-BLOCK_ROWS = 16384
 KMEANS_SAMPLE = 2000
-NCM = ("ncm", "ncmc")   # the classifiers whose classes are means (centroids) a new class can join
+NCM = (evaluation.NCM, evaluation.NCMC)   # the classifiers over means (centroids) a new class can join
 
 
 def ncm_models(store: Store, model: str | None = None) -> list:
@@ -78,7 +80,6 @@ def _blocks(src, n, D, normalize):
 def _parents(path: str | None) -> dict:
     if path is None:
         return {}
-    from metricpipe.config import read_yaml
     if not Path(path).is_file():
         raise InputError(f"{path}: file not found (--hierarchy); check the path")
     raw = read_yaml(Path(path), "the hierarchy (--hierarchy)")   # as configs are read: YAML 1.2 numbers, no alias bombs
@@ -279,8 +280,6 @@ def predict(store_url: str, model: str, data_path: str, features: str = "X", lab
     (default 10) nearest train codes of its run, compared as the model compares codes. Returns the labels
     (in the model's own kind, int64 or str), the error (None without labels) and how many rows carry a
     label that is not a class of the model (counted as errors: no prediction can be right for them)."""
-    from metricpipe.export import BLOCK_ROWS, codes_unit, data_config, encode_rows, open_input
-    from metricpipe.tasks.evaluation import knn_predict
     data_config(data_path, features, labels)   # a built-in's refusals, before the store is read
     store = Store(store_url)
     store.check_exists()

@@ -11,11 +11,14 @@ import threading
 import time
 from pathlib import Path
 
+import dask
 from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from metricpipe.errors import WorkersGone
 from metricpipe.tasks.errors import InputError
+from metricpipe.config import RunConfig
+from metricpipe.config import read_yaml
 
 # A task may lose its worker this many times (pre-emption, OOM kill) before the run stops with a
 # message naming the stage and block; its retries recompute the identical result.
@@ -261,55 +264,60 @@ def cluster_client(cluster: str, workers: int, threads_per_worker: int = 1, memo
     with no worker at all (`WorkerWatch`).
     """
     if wait_timeout is None:
-        from metricpipe.config import RunConfig
         wait_timeout = RunConfig.wait_timeout
     if cluster == "local":
-        import dask
-        dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES})
-        pending = []
-        with interrupts_deferred(pending), quiet_resource_tracker(), taken_port_quiet():
-            lc = LocalCluster(n_workers=workers, threads_per_worker=threads_per_worker, processes=True,
-                              host="127.0.0.1", memory_limit=memory_limit,
-                              dashboard_address=dashboard_address(dashboard),
-                              # no dashboard: the scheduler still serves its health routes over HTTP,
-                              # on Dask's 8787 unless told otherwise; a free loopback port instead
-                              scheduler_kwargs=None if dashboard else {"dashboard_address": "127.0.0.1:0"})
-        with lc:
-            raise_pending(pending)   # a Ctrl-C during the start stops the run now, the cluster whole
-            with Client(lc) as client:
-                client.register_plugin(IgnoreInterrupt())
-                client.register_plugin(QuietHeartbeat())
-                with WorkerWatch(client, cluster, wait_timeout):
-                    yield client
-        return
-    if cluster.startswith(("tcp://", "tls://")):
-        security = tls_security(cluster, tls) if cluster.startswith("tls://") else None
+        connected = _local(workers, threads_per_worker, memory_limit, dashboard)
+    elif cluster.startswith(("tcp://", "tls://")):
+        connected = _scheduler(cluster, tls, wait_timeout)
+    else:
+        connected = _spec_cluster(cluster, workers)
+    with connected as client, WorkerWatch(client, cluster, wait_timeout):
+        yield client
+
+
+@contextlib.contextmanager
+def _local(workers: int, threads_per_worker: int, memory_limit, dashboard: str | None):
+    """A LocalCluster of ``workers`` processes on 127.0.0.1 and its client."""
+    dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES})
+    pending = []
+    with interrupts_deferred(pending), quiet_resource_tracker(), taken_port_quiet():
+        lc = LocalCluster(n_workers=workers, threads_per_worker=threads_per_worker, processes=True,
+                          host="127.0.0.1", memory_limit=memory_limit,
+                          dashboard_address=dashboard_address(dashboard),
+                          # no dashboard: the scheduler still serves its health routes over HTTP,
+                          # on Dask's 8787 unless told otherwise; a free loopback port instead
+                          scheduler_kwargs=None if dashboard else {"dashboard_address": "127.0.0.1:0"})
+    with lc:
+        raise_pending(pending)   # a Ctrl-C during the start stops the run now, the cluster whole
+        with Client(lc) as client:
+            client.register_plugin(IgnoreInterrupt())
+            client.register_plugin(QuietHeartbeat())
+            yield client
+
+
+@contextlib.contextmanager
+def _scheduler(cluster: str, tls: tuple | None, wait_timeout: float):
+    """A client of a running scheduler (tcp:// or tls://), once it answers and has a worker."""
+    security = tls_security(cluster, tls) if cluster.startswith("tls://") else None
+    try:
+        check_scheduler(cluster, security, min(_seconds(CONNECT_TIMEOUT), wait_timeout))
+        client = Client(cluster, timeout=CONNECT_TIMEOUT, security=security)
+    except (OSError, TimeoutError) as e:
+        raise InputError(f"cluster {cluster}: cannot reach the scheduler ({e}); start it with "
+                         f"'dask scheduler' or check the address"
+                         + (" and the tls certificates" if security else "")) from None
+    with client:
         try:
-            check_scheduler(cluster, security, min(_seconds(CONNECT_TIMEOUT), wait_timeout))
-            client = Client(cluster, timeout=CONNECT_TIMEOUT, security=security)
-        except (OSError, TimeoutError) as e:
-            raise InputError(f"cluster {cluster}: cannot reach the scheduler ({e}); start it with "
-                             f"'dask scheduler' or check the address"
-                             + (" and the tls certificates" if security else "")) from None
-        with client:
-            try:
-                client.wait_for_workers(1, timeout=wait_timeout)
-            except TimeoutError:
-                raise InputError(f"cluster {cluster}: no worker joined the scheduler within {wait_timeout:g} s "
-                                 f"(wait_timeout); start one ('dask worker {cluster}') and run again, or raise "
-                                 f"wait_timeout (--wait-timeout)") from None
-            with WorkerWatch(client, cluster, wait_timeout):
-                yield client
-        return
-    spec_path = Path(cluster)
-    if not spec_path.is_file():
-        raise InputError(f"{cluster}: cluster spec not found (cluster); use local, tcp://HOST:PORT or a spec "
-                         f"under cluster/")
-    from metricpipe.config import read_yaml
-    spec = read_yaml(spec_path, "a cluster spec") or {}
-    if not isinstance(spec, dict):
-        raise InputError(f"{cluster}: a cluster spec is a YAML mapping (kind: slurm | kubernetes, then that "
-                         f"cluster's arguments), got a {type(spec).__name__}; see cluster/slurm.yaml")
+            client.wait_for_workers(1, timeout=wait_timeout)
+        except TimeoutError:
+            raise InputError(f"cluster {cluster}: no worker joined the scheduler within {wait_timeout:g} s "
+                             f"(wait_timeout); start one ('dask worker {cluster}') and run again, or raise "
+                             f"wait_timeout (--wait-timeout)") from None
+        yield client
+
+
+def _spec_class(cluster: str, spec: dict):
+    """(the cluster class a spec's ``kind`` names, checked, ready to start, the kind)."""
     kind = spec.pop("kind", None)
     if kind == "slurm":
         try:
@@ -320,21 +328,38 @@ def cluster_client(cluster: str, workers: int, threads_per_worker: int = 1, memo
             raise InputError(f"{cluster}: dask-jobqueue cannot be imported outside the main thread ({e}); start "
                              f"the SLURM run from the main thread, or import dask_jobqueue there first") from None
         check_slurm_spec(cluster, spec, SLURMCluster)
+        return SLURMCluster, kind
+    if kind == "kubernetes":
         try:
-            with taken_port_quiet():   # its scheduler's dashboard runs here, on 8787 unless the spec says
-                cm = SLURMCluster(**spec)
-        except (ValueError, TypeError) as e:   # a value of a kind the checks above do not know
-            raise InputError(f"{cluster}: dask-jobqueue refuses the SLURM spec: {str(e).splitlines()[0]}; check its "
-                             f"values against cluster/slurm.yaml") from None
-    elif kind == "kubernetes":
-        try:
-            from dask_kubernetes.operator import KubeCluster
+            from dask_kubernetes.operator import KubeCluster   # (optional: the kubernetes extra)
         except ImportError:
             raise InputError(f"{cluster}: kind kubernetes needs dask-kubernetes; "
                              f"pip install 'metricpipe[kubernetes]'") from None
-        cm = KubeCluster(**spec)
+        return KubeCluster, kind
+    raise InputError(f"{cluster}: kind must be slurm or kubernetes (cluster spec), got {kind!r}")
+
+
+@contextlib.contextmanager
+def _spec_cluster(cluster: str, workers: int):
+    """The SLURM or Kubernetes cluster a YAML spec describes, scaled to ``workers``, and its client."""
+    spec_path = Path(cluster)
+    if not spec_path.is_file():
+        raise InputError(f"{cluster}: cluster spec not found (cluster); use local, tcp://HOST:PORT or a spec "
+                         f"under cluster/")
+    spec = read_yaml(spec_path, "a cluster spec") or {}
+    if not isinstance(spec, dict):
+        raise InputError(f"{cluster}: a cluster spec is a YAML mapping (kind: slurm | kubernetes, then that "
+                         f"cluster's arguments), got a {type(spec).__name__}; see cluster/slurm.yaml")
+    cls, kind = _spec_class(cluster, spec)
+    if kind != "slurm":
+        cm = cls(**spec)
     else:
-        raise InputError(f"{cluster}: kind must be slurm or kubernetes (cluster spec), got {kind!r}")
+        try:
+            with taken_port_quiet():   # its scheduler's dashboard runs here, on 8787 unless the spec says
+                cm = cls(**spec)
+        except (ValueError, TypeError) as e:   # a value of a kind the checks above do not know
+            raise InputError(f"{cluster}: dask-jobqueue refuses the SLURM spec: {str(e).splitlines()[0]}; check "
+                             f"its values against cluster/slurm.yaml") from None
     with cm as c, Client(c) as client:
         if kind == "slurm":
             check_slurm_job(cluster, c.job_script())
@@ -346,8 +371,7 @@ def cluster_client(cluster: str, workers: int, threads_per_worker: int = 1, memo
                              f"{WORKER_WAIT} s ({kind}); see whether the jobs still wait for resources or "
                              f"ended (squeue, kubectl get pods) and the workers' logs (a worker that cannot "
                              f"reach that address needs the spec's interface)") from None
-        with WorkerWatch(client, cluster, wait_timeout):
-            yield client
+        yield client
 
 
 # Not a spec's to set: the cluster class passes them itself.

@@ -129,14 +129,14 @@ class StageContext:
         futures = [self.submit(size_crcs, unit.store.fs, unit._root, g, name="checksum") for g in groups]
         out = {}
         for part in self.client.gather(futures):
-            _raise_refused(part)
+            raise_refused(part)
             out.update({k: v for k, v in part.items() if v is not None})
         return out
 
     def submit(self, fn, *args, name: str, **kwargs):
         """Submit one task; ``name`` shows on the dashboard (one bar per kind of task)."""
         self.tasks += 1
-        fn = functools.partial(_returning_errors if self.returning_errors else _refusing, fn)
+        fn = functools.partial(returning_errors if self.returning_errors else refusing, fn)
         point = os.environ.get(FAILPOINT)
         if point and name.startswith(point.split(":", 1)[0]):
             fn = functools.partial(_die_once, point.split(":", 1)[1], fn)
@@ -193,7 +193,7 @@ class StageContext:
                     result = fut.result()
                 except (Exception, asyncio.CancelledError) as exc:   # KilledWorker, cancelled, comm lost
                     raise failed(fut, exc) from exc
-                _raise_refused(result)   # bad input found by a task: its one line, at once
+                raise_refused(result)   # bad input found by a task: its one line, at once
                 results[fut.key] = result
                 if on_result is not None:
                     for i in positions.pop(fut.key, []):   # a future listed twice is reported once per place
@@ -214,14 +214,14 @@ class Refused:
         self.error = error
 
 
-def _raise_refused(result) -> None:
+def raise_refused(result) -> None:
     if isinstance(result, Refused):
         raise result.error
 
 
 def _refused_input(args, kwargs) -> InputError | None:
     """The error an earlier task handed on as its result (a Refused, or an InputError returned by
-    ``_returning_errors``), among a task's inputs and the items of list or tuple inputs."""
+    ``returning_errors``), among a task's inputs and the items of list or tuple inputs."""
     for a in list(args) + list(kwargs.values()):
         for x in (a if isinstance(a, (list, tuple)) else (a,)):
             if isinstance(x, Refused):
@@ -231,7 +231,7 @@ def _refused_input(args, kwargs) -> InputError | None:
     return None
 
 
-def _refusing(fn, *args, **kwargs):
+def refusing(fn, *args, **kwargs):
     error = _refused_input(args, kwargs)
     if error is not None:
         return Refused(error)
@@ -241,7 +241,7 @@ def _refusing(fn, *args, **kwargs):
         return Refused(e)
 
 
-def _returning_errors(fn, *args, **kwargs):
+def returning_errors(fn, *args, **kwargs):
     """A candidate's task: bad input or a diverged fit (InputError) is returned as its result, so the
     selection records it beside the other candidates' scores and no worker logs a failure; a task
     given such a result (an SL-DE member's, to the task assembling the members) passes it on."""

@@ -27,6 +27,10 @@ from metricpipe.store import Store, chunk_rows_for, load_estimator, open_array, 
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.normalize import normalize_rows
 from metricpipe.tasks.validate import check_feature_block, label_values
+from metricpipe.context import raise_refused, refusing
+from metricpipe.tasks.base import one_blas_thread
+from metricpipe.cluster import dashboard_lines
+from metricpipe.config import SPLIT_NAMES
 
 BUILTIN = ("digits", "fashion-mnist")
 FORMATS = (".npy", ".npz", ".zarr", ".parquet")
@@ -83,7 +87,6 @@ def encode_rows(model_url: str, data: str, features: str, normalize: str, start:
     X = np.asarray(_reader(data, features).read(start, stop))
     X = X.reshape(len(X), -1)
     check_feature_block(X, start, f"{data} (features)")
-    from metricpipe.tasks.base import one_blas_thread
     with one_blas_thread():   # as the workers run it: a product's bits depend on BLAS's thread count
         return _model(model_url).transform(normalize_rows(X, normalize).astype(np.float32))
 
@@ -305,7 +308,6 @@ def encode(store_url: str, key: str, data: str, out: str, features: str = "X", l
         flops = n * float((meta.get("cost") or {}).get("flops_per_image") or 0)
         if cluster_given or n * D * 4 > LOCAL_BYTES or flops > LOCAL_FLOPS:
             with client_factory() as client:
-                from metricpipe.cluster import dashboard_lines
                 for line in dashboard_lines(client):
                     log(line)
                 for start, codes in _on_cluster(client, unit.url, data, features, normalize, blocks):
@@ -341,19 +343,18 @@ def _on_cluster(client, model_url, data, features, normalize, blocks, in_flight:
     """Yield (start, codes) in row order; at most ``in_flight`` blocks submitted but not yet written."""
     from distributed import wait
 
-    from metricpipe.context import _raise_refused, _refusing
     in_flight = in_flight or 2 * max(1, len(client.scheduler_info().get("workers", {}))) + 2
     path = absolute_path(data) if data not in BUILTIN else data
     futures = {}
     nxt = 0
     for i, (a, b) in enumerate(blocks):
-        futures[i] = client.submit(_refusing, encode_rows, model_url, path, features, normalize, a, b,
+        futures[i] = client.submit(refusing, encode_rows, model_url, path, features, normalize, a, b,
                                    key=f"encode-rows-{os.getpid()}-{a}", pure=False)
         while len(futures) >= in_flight or (i == len(blocks) - 1 and futures):
             wait([futures[nxt]])
             fut = futures.pop(nxt)
             res = fut.result()
-            _raise_refused(res)
+            raise_refused(res)
             yield blocks[nxt][0], res
             nxt += 1
             if not futures:
@@ -402,7 +403,6 @@ def codes_unit(store: Store, unit, meta: dict, split: str) -> tuple:
 
 
 def split_rows(store: Store, meta: dict, split: str) -> np.ndarray:
-    from metricpipe.config import SPLIT_NAMES
     flags = open_array(f"{staged_arrays(store, meta, ('split',))}/split")[:]
     if split == "all":
         return np.arange(len(flags))

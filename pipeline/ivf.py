@@ -28,6 +28,8 @@ from functools import lru_cache
 import numpy as np
 
 from metricpipe.store import create_array, open_array, read_rows
+from metricpipe.tasks import knn
+from metricpipe.tasks.errors import InputError
 
 IVF_FLAT_BYTES = 512e6
 # Train queries of the recall check. Its exact side is a brute-force search (at 5M x 256, 1,000
@@ -41,6 +43,9 @@ RERANK_PAIRS = 4_000_000  # candidate pairs re-scored per pass over the row-bloc
 # (500k-row check); at 2,048 lists the flat quantizer's GEMM wins: 125k rows in 0.71 s against 2.63 s
 # at D = 32, 1.20 s against 3.83 s at D = 128 (one thread).
 HNSW_MIN_WORK = 4096 * 256
+
+# kNN over the train rows is exact up to this many of them (a flat scan); above, an IVF index
+EXACT_MAX_TRAIN = 200_000
 
 
 def sample_rows(n_train: int, nlist: int) -> int:
@@ -89,7 +94,6 @@ def factory_string(n_train: int, dim: int, nlist: int, budget: float | None = No
     fits = [d for d in range(1, min(64, dim) + 1) if dim % d == 0 and d <= max(1, dim // 4)
             and (budget is None or index_bytes(n_train, dim, f"{coarse},PQ{d}") <= budget)]
     if not fits:
-        from metricpipe.tasks.errors import InputError
         raise InputError(f"{where}: an IVF index of {n_train:,} train rows needs "
                          f"~{index_bytes(n_train, dim, f'{coarse},PQ1') / 1e6:,.0f} MB at one byte per row, over the "
                          f"{max(0.0, budget) / 1e6:,.0f} MB a worker can give it; raise {limit_setting}")
@@ -112,7 +116,6 @@ def _faiss():
     try:
         import faiss
     except ImportError:  # pragma: no cover - faiss-cpu is a dependency
-        from metricpipe.tasks.errors import InputError
         raise InputError("neighbours.method ivf needs faiss-cpu; pip install faiss-cpu") from None
     return faiss
 
@@ -291,7 +294,6 @@ def stream_bytes(n_queries: int, dim: int, k: int, nlist: int, block: float, npr
     merge task holds two blocks' lists, their concatenation, its sort keys and order, and the merged
     list), the block three times (as read, its train rows, grouped by list), the list-assignment
     tile's scores and their copy, and one list tile's scores (knn.LIST_QUERY_TILE x knn.LIST_ROW_TILE)."""
-    from metricpipe.tasks import knn
     return (n_queries * (2 * (dim + 1) * 4.0 + nprobe * 16 + 8 * k * 12) + 3 * block
             + 2 * knn.ASSIGN_TILE * nlist * 4.0 + 2 * knn.LIST_QUERY_TILE * knn.LIST_ROW_TILE * 4.0)
 
@@ -321,7 +323,6 @@ def train_centroids(feat_url: str, rows: np.ndarray, nlist: int, seed: int, metr
 
 def stream_plan(q_url: str, q_rows: np.ndarray, centroids: np.ndarray, nprobe: int, metric: str = "l2") -> tuple:
     """(queries, their ids, the queries of each list) for the scan tasks."""
-    from metricpipe.tasks import knn
     Q = np.ascontiguousarray(read_rows(q_url, q_rows), dtype=np.float32)
     probes = knn.nearest_lists(Q, centroids, min(nprobe, len(centroids)), metric)
     return Q, np.asarray(q_rows, np.int64), knn.queries_of_lists(probes, len(centroids))
@@ -331,7 +332,6 @@ def stream_block(db_url: str, split_url: str, a: int, b: int, plan: tuple, centr
                  k: int, metric: str = "l2") -> tuple:
     """One row-block's part of the search: (the IVF lists of every query in ranking space, the exact
     lists of the last ``n_exact`` queries, the recall check's), from the block's train rows."""
-    from metricpipe.tasks import knn
     Q, q_ids, lists = plan
     local = np.flatnonzero(open_array(split_url)[a:b] == 0)
     X = open_array(db_url)[a:b]
@@ -346,13 +346,11 @@ def stream_block(db_url: str, split_url: str, a: int, b: int, plan: tuple, centr
 
 def merge_streamed(x: tuple, y: tuple, k: int) -> tuple:
     """Two blocks' (or block groups') parts merged: the same lists whatever the order."""
-    from metricpipe.tasks import knn
     return knn.merge_topk(x[0], y[0], k), (None if x[1] is None else knn.merge_topk(x[1], y[1], k))
 
 
 def streamed_lists(part: tuple, plan: tuple, lo: int, hi: int, metric: str = "l2") -> tuple[np.ndarray, np.ndarray]:
     """Queries lo:hi's (distances, ids), from the merged parts (-1 and inf where empty)."""
-    from metricpipe.tasks import knn
     run = part[0]
     return knn.ivf_distances((run[0][lo:hi], run[1][lo:hi]), plan[0][lo:hi], metric)
 

@@ -13,7 +13,8 @@ import numpy as np
 
 from metricpipe import stages
 from metricpipe.stages.train.select import selection_rows
-from metricpipe.budget import check_memory, refuse_without_dense_covariance
+from metricpipe import budget
+from metricpipe.budget import refuse_without_dense_covariance
 from metricpipe.cluster import DashboardHostError, connect, dashboard_lines
 from metricpipe.config import (SPLIT_NAMES, EvaluateConfig, NeighboursConfig, RunConfig, classifiers_given,
                                unserved)
@@ -25,6 +26,18 @@ from metricpipe.report import build_report, package_versions, read_summary, winn
 from metricpipe.store import MARKER_SUFFIX, Store, to_json
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks import evaluation, registry, splits
+
+
+def largest_tasks(info, cfg: RunConfig, limit: float) -> list:
+    """What the largest task of each stage of this run holds (each stage says: ``largest_tasks``)."""
+    ran = [stages.statistics, stages.train, stages.evaluate] + \
+        ([stages.neighbours] if "neighbours" in stage_names(cfg) else [])
+    return [task for stage in ran for task in stage.largest_tasks(info, cfg, limit)]
+
+
+def check_memory(client, info, cfg: RunConfig) -> None:
+    """Refuse, before staging, a run whose largest task would not fit a worker (``budget``)."""
+    budget.check_memory(client, cfg, lambda limit: largest_tasks(info, cfg, limit))
 
 
 def stage_names(cfg: RunConfig) -> list[str]:

@@ -7,6 +7,11 @@ import numpy as np
 from metricpipe.tasks import knn, metrics, ncmml
 
 
+#: The classifiers over class means: NCM (Eq. 5 of Mensink et al.) and its mixture over k centroids (Eq. 22).
+#: (A classifier's name; an NCMC model's own classifier is NCMC.)
+NCM, NCMC = "ncm", "ncmc"
+
+
 def scores(Q: np.ndarray, X: np.ndarray, score: str, x_sq: np.ndarray | None = None) -> np.ndarray:
     """Distances to rank by (ascending): squared Euclidean, minus the inner product, or minus kernel
     SLEM's similarity (Eq. 16, score "slem:..."); ``x_sq``: X's squared row norms, if known."""

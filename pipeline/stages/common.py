@@ -1,6 +1,7 @@
 """What the stages share: the staged data's description (DataInfo), the output template writer,
 commit with timing, row reads and the moments tree reduction."""
 import time
+from functools import lru_cache
 from dataclasses import dataclass
 
 import dask.array as da
@@ -8,7 +9,7 @@ import numpy as np
 import xarray as xr
 
 from metricpipe.context import StageContext
-from metricpipe.store import Unit, array_names, open_array, read_rows, row_chunks, row_codecs
+from metricpipe.store import Unit, array_names, load_estimator, open_array, read_rows, row_chunks, row_codecs
 from metricpipe.tasks import moments
 from metricpipe.tasks.rows import TrainingRows
 from metricpipe.tasks.splits import TEST, TRAIN, VAL  # noqa: F401 - the stages' names for the split codes
@@ -60,11 +61,11 @@ def spec_params(spec: dict) -> dict:
     return {k: v for k, v in (spec or {}).items() if k not in ("method", "dim")}
 
 
-def _timed(ctx: StageContext, unit: Unit, started: float, meta: dict) -> None:
+def commit_timed(ctx: StageContext, unit: Unit, started: float, meta: dict) -> None:
     ctx.commit(unit, {**meta, "seconds": round(time.perf_counter() - started, 3)})
 
 
-def _write_template(url: str, variables: dict, coords: dict, attrs: dict, chunk_rows: int,
+def write_template(url: str, variables: dict, coords: dict, attrs: dict, chunk_rows: int,
                     samples: dict | None = None, compress: bool = True) -> None:
     """Write the metadata and coordinates of an xarray Dataset; data chunks are filled by tasks.
     ``samples`` (name -> a few rows as stored) lets a variable go uncompressed where LZ4 gains little;
@@ -83,7 +84,7 @@ def load_features(url: str, start: int, stop: int, rows: np.ndarray | None = Non
     X = open_array(f"{url}/features")[start:stop]
     return X if rows is None else X[rows]
 
-def _tree_combine(ctx, futures, name):
+def tree_combine(ctx, futures, name):
     while len(futures) > 1:
         futures = [ctx.submit(moments.combine_moments, futures[i], futures[i + 1], name=name)
                    if i + 1 < len(futures) else futures[i] for i in range(0, len(futures), 2)]
@@ -118,3 +119,20 @@ class StagedRows(TrainingRows):
             local = np.flatnonzero(mask[lo:hi])
             if len(local):
                 yield (features[a:b][self._rows[lo:hi][local] - a].astype(np.float64), self.labels[lo:hi][local])
+
+
+def moments_block(url: str, start: int, stop: int, n_classes: int, second: bool, array_url: str | None = None,
+                   code: int = TRAIN):
+    """Moments of the train rows (split ``code``) of block start:stop (of ``array_url``, default the
+    staged features)."""
+    split = open_array(f"{url}/split")[start:stop]
+    y = open_array(f"{url}/label")[start:stop]
+    train = np.flatnonzero(split == code)
+    X = open_array(array_url or f"{url}/features")[start:stop][train]
+    return moments.partial_moments(X, y[train], n_classes, second=second)
+
+
+@lru_cache(maxsize=8)
+def cached_estimator(model_url: str):
+    """The fitted estimator of a model unit (cached per worker: every block of a model reuses it)."""
+    return load_estimator(model_url)

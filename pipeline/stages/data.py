@@ -16,7 +16,8 @@ from metricpipe.tasks.normalize import normalize_rows
 from metricpipe.tasks.validate import (check_feature_block, check_normalized_block, check_split, class_codes,
                                       encode_labels)
 
-from metricpipe.stages.common import DataInfo, TEST, TRAIN, VAL, _timed, _write_template
+from metricpipe.stages.common import DataInfo, TEST, TRAIN, VAL, commit_timed, write_template
+from metricpipe.tasks import registry
 
 
 
@@ -259,7 +260,7 @@ def run_stage(ctx: StageContext, plan: DataPlan | None = None) -> DataInfo:
     t0 = time.perf_counter()
     unit.begin()
     try:
-        _write_template(unit.url, {"features": (("sample", "feature"), (info.n_samples, info.n_features),
+        write_template(unit.url, {"features": (("sample", "feature"), (info.n_samples, info.n_features),
                                                 np.float32, np.nan),
                                    "row_key": (("sample",), (info.n_samples,), np.uint64, 0)},
                         plan.coords, plan.attrs, info.chunk_rows,
@@ -274,7 +275,7 @@ def run_stage(ctx: StageContext, plan: DataPlan | None = None) -> DataInfo:
     except InputError:
         unit.discard()   # values refused block by block (NaN, inf, ...): no half-staged unit is left behind
         raise
-    _timed(ctx, unit, t0, {"n_samples": info.n_samples, "n_features": info.n_features, "source": src.name,
+    commit_timed(ctx, unit, t0, {"n_samples": info.n_samples, "n_features": info.n_features, "source": src.name,
                            "min": list(least)})   # [value, row, column]: learners that need x >= 0 check it
     return info
 
@@ -283,7 +284,6 @@ def check_nonnegative_for(cfg, info: DataInfo) -> None:
     """Refuse, right after staging, a learner that needs non-negative features (NML's chi2 kernel) on
     staged features with a negative value: found by its fit after the statistics and neighbours
     otherwise (or by its encode, for a negative test row), naming neither the file nor the row."""
-    from metricpipe.tasks import registry
     least = info.unit.meta().get("min")
     if least is None or least[0] >= 0:
         return

@@ -4,21 +4,21 @@ import time
 import warnings
 from dataclasses import dataclass
 
+import distributed
 import numpy as np
 
-from metricpipe.budget import index_budget, retrieval_db_budget, task_budget
+from metricpipe.budget import (BLOCKS_PER_TASK, SPILL_FRACTION, index_budget, retrieval_db_budget, row_block, task_budget,
+                               usable)
 from metricpipe.config import NeighboursConfig, unserved
 from metricpipe.context import StageContext
 from metricpipe.store import Unit, array_names, create_array, hash_key, open_array, read_attrs, read_rows, row_chunk
 from metricpipe.tasks import evaluation, metrics, moments, registry, splits, stream
-from metricpipe.stages.encode import _load_model
-from metricpipe.stages.statistics import _moments_block
-from metricpipe.stages.train import model_id
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.validate import class_codes
 
-from metricpipe.stages.common import DataInfo, StagedRows, TEST, TRAIN, _timed, _tree_combine, spec_params
-from metricpipe.stages.neighbours import EXACT_MAX_TRAIN
+from metricpipe.stages.common import (DataInfo, StagedRows, TEST, TRAIN, cached_estimator, commit_timed, moments_block,
+                                      spec_params, tree_combine)
+from metricpipe import ivf
 
 
 
@@ -88,17 +88,17 @@ def _classify_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, data
         flat = np.unique(nbr[nbr >= 0])
         out.update(evaluation.softvote_errors(Q, y, nbr, read_rows(db_url, flat), flat, labels, soft, n_classes,
                                               score))
-    if "ncm" in classifiers:
-        out["ncm"] = evaluation.ncm_errors(Q, y, means[0], ncm_model.get("bias") if ncm_model else None, means[1])
-    if "ncmc" in classifiers and ncm_model and ncm_model.get("centroids") is not None:
-        out["ncmc"] = evaluation.ncmc_errors(Q, y, ncm_model["centroids"], ncm_model["owner"], n_classes)
+    if evaluation.NCM in classifiers:
+        out[evaluation.NCM] = evaluation.ncm_errors(Q, y, means[0], ncm_model.get("bias") if ncm_model else None, means[1])
+    if evaluation.NCMC in classifiers and ncm_model and ncm_model.get("centroids") is not None:
+        out[evaluation.NCMC] = evaluation.ncmc_errors(Q, y, ncm_model["centroids"], ncm_model["owner"], n_classes)
     return out
 
 
 def _keeps_distances(model_url: str) -> bool:
     """Whether a model's codes keep the staged features' Euclidean distances (identity, a full-rank
     rotation): the neighbours stage's graph is then their kNN graph."""
-    est = _load_model(model_url)
+    est = cached_estimator(model_url)
     enc = getattr(est, "_encoder", None)
     return enc is not None and enc().keeps_distances(est.n_features_in_)
 
@@ -113,14 +113,12 @@ def _knn_queries(ctx: StageContext, data: DataInfo) -> int:
 def _knn_nlist(ctx: StageContext, data: DataInfo, n_train: int) -> int:
     """Lists of kNN's IVF indexes: as the neighbours stage's (``ivf.nlist_for``), fewer when only
     ``evaluate.classification.queries`` test rows are classified."""
-    from metricpipe import ivf
     return ivf.nlist_searched(n_train, _knn_queries(ctx, data))
 
 
 def _knn_streamed(ctx: StageContext, data: DataInfo, n_train: int, dim: int) -> bool:
     """Whether kNN's search of a view of ``dim`` dimensions runs over the streamed train codes (its
     classified rows held by every task, no index) rather than through a faiss index."""
-    from metricpipe import ivf
     k = max([int(c[3:]) for c in ctx.config.evaluate.classifiers if c.startswith("knn")], default=1)
     nprobe = (ctx.config.neighbours or NeighboursConfig()).nprobe
     return ivf.streamed(_knn_queries(ctx, data), dim, k, _knn_nlist(ctx, data, n_train),
@@ -128,11 +126,10 @@ def _knn_streamed(ctx: StageContext, data: DataInfo, n_train: int, dim: int) -> 
 
 
 def _index_plan(ctx: StageContext, data: DataInfo, cunit: Unit, n_train: int) -> list | None:
-    """The IVF searches kNN would run for these codes' views past EXACT_MAX_TRAIN: over the streamed
+    """The IVF searches kNN would run for these codes' views past ivf.EXACT_MAX_TRAIN: over the streamed
     codes, or through an index whose bytes per row follow the workers' memory (so they key the
     evaluation)."""
-    from metricpipe import ivf
-    if n_train <= EXACT_MAX_TRAIN or not any(c.startswith("knn") for c in ctx.config.evaluate.classifiers):
+    if n_train <= ivf.EXACT_MAX_TRAIN or not any(c.startswith("knn") for c in ctx.config.evaluate.classifiers):
         return None
     budget = index_budget(ctx.client, data.chunk_rows, data.n_features)
     dims = [open_array(f"{cunit.url}/{v}").shape[1] for v in ("codes", "base") if v in array_names(cunit.url)]
@@ -155,15 +152,33 @@ def _ivf_lists(ctx: StageContext, data: DataInfo, jobs: list, graph_index: str |
     (priorities), as a worker holds one filled index at a time. Records recall@k against exact
     search on a seeded sample of each view's queries in ``job["knn_note"]``; the built indexes are
     deleted once searched."""
-    from metricpipe import ivf
-    import distributed
-    seed, split_url = ctx.config.seed, f"{data.url}/split"
-    nb = ctx.config.neighbours or NeighboursConfig()
-    nprobe = nb.nprobe
-    train = data.rows(TRAIN)
-    nlist = _knn_nlist(ctx, data, len(train))
-    tb = tuple((a, b) for a, b in data.chunks if (data.split[a:b] == TRAIN).any())
-    budget = index_budget(ctx.client, data.chunk_rows, data.n_features)
+    ivf_args = _IvfRun(ctx, data)
+    _build_indexes(ivf_args, jobs, graph_index)
+    _search_indexes(ivf_args, jobs)
+    _recall_and_release(ctx, jobs, ivf_args.nprobe)
+
+
+@dataclass
+class _IvfRun:
+    """What every job's IVF search shares: the train rows and their blocks, the lists and probes."""
+    ctx: StageContext
+    data: DataInfo
+
+    def __post_init__(self):
+        ctx, data = self.ctx, self.data
+        self.seed, self.split_url = ctx.config.seed, f"{data.url}/split"
+        self.nb = ctx.config.neighbours or NeighboursConfig()
+        self.nprobe = self.nb.nprobe
+        self.train = data.rows(TRAIN)
+        self.nlist = _knn_nlist(ctx, data, len(self.train))
+        self.tb = tuple((a, b) for a, b in data.chunks if (data.split[a:b] == TRAIN).any())
+        self.budget = index_budget(ctx.client, data.chunk_rows, data.n_features)
+
+
+def _build_indexes(run: "_IvfRun", jobs: list, graph_index: str | None) -> None:
+    """Each job's index trained and filled (or its streamed search submitted), and its recall's exact side."""
+    ctx, data, seed, split_url, nprobe, train, nlist, tb, budget = (
+        run.ctx, run.data, run.seed, run.split_url, run.nprobe, run.train, run.nlist, run.tb, run.budget)
     for i, job in enumerate(jobs):
         q_url, db_url = job["urls"]
         # seeded by the job's own unit and view, never its place in this run's list (which depends on the
@@ -198,6 +213,12 @@ def _ivf_lists(ctx: StageContext, data: DataInfo, jobs: list, graph_index: str |
                      (row_chunk(data.chunk_rows, data.n_samples), ivf.code_bytes(job["factory"], dim)), np.uint8)
         job["ready"] = [ctx.submit(_after, ivf.encode, (db_url, split_url, job["index"], job["token"], a, b), trained,
                                    name="knn-index-encode") for a, b in tb]
+
+
+def _search_indexes(run: "_IvfRun", jobs: list) -> None:
+    """Each job's query blocks searched in its index, view by view (priorities), re-scored on the codes
+    when the index is PQ."""
+    ctx, data, split_url, nprobe, tb, nb = run.ctx, run.data, run.split_url, run.nprobe, run.tb, run.nb
     for i, job in enumerate(jobs):
         if job["streamed"]:
             continue
@@ -218,6 +239,10 @@ def _ivf_lists(ctx: StageContext, data: DataInfo, jobs: list, graph_index: str |
                                         "knn-index", priority=len(jobs) - i)
             job["approx"] = ivf.rescored(ctx, *rescore, [job["probe"]], [job["approx"]], job["k"], kc, job["metric"],
                                          "knn-index", priority=len(jobs) - i)[0]
+
+
+def _recall_and_release(ctx: StageContext, jobs: list, nprobe: int) -> None:
+    """Each job's recall@k against exact search in its ``knn_note``; the indexes built here deleted."""
     for job in jobs:
         e, a = ctx.gather([job["exact"], job["approx"]], "evaluate", ["recall: exact", "recall: index"])
         job["knn_note"] = {"knn_search": f"{job['factory']}, nprobe {nprobe}"
@@ -242,7 +267,7 @@ def _after(fn, args: tuple, *deps):
 def _ncm_model(model_url: str) -> dict | None:
     """What the ncm / ncmc classifiers need from an NCMML/NCMC model: class biases (dot form) and
     the centroids in code space with their classes (only when some class has more than one)."""
-    est = _load_model(model_url)
+    est = cached_estimator(model_url)
     if getattr(est, "centroids_", None) is None:
         return None
     owner = np.asarray(est.centroid_classes_, np.int64)
@@ -366,7 +391,7 @@ def _unseen_ncm_model(model_url: str, data_url: str, chunks: list, code: int) ->
     """An NCMC model's mixture over the held-out classes: k centroids per class by k-means over their
     train rows (split ``code``) in the input space, as ``metricpipe add-classes`` makes them, in code
     space (only when some class has more than one; else NCMC is NCM)."""
-    est = _load_model(model_url)
+    est = cached_estimator(model_url)
     labels = open_array(f"{data_url}/label")[:]
     rows = StagedRows(data_url, chunks, np.flatnonzero(open_array(f"{data_url}/split")[:] == code))
     cents, owner = est.class_centroids(rows, rows.fit, int(labels.max()) + 1)
@@ -438,7 +463,7 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
                 if keeps and graph_all and job["k"] <= graph["k"]:
                     job["lists"] = [f"{graph_url}/neighbours"] * len(job["blocks"])   # the graph is the codes' graph
                     job["knn_note"] = {"knn_search": "graph", "knn_recall": graph.get("recall", 1.0)}
-                elif n_train > EXACT_MAX_TRAIN and score in ("euclidean", "inner"):
+                elif n_train > ivf.EXACT_MAX_TRAIN and score in ("euclidean", "inner"):
                     # the neighbours stage's index is an index of these codes too (a streamed search keeps none)
                     job["index"] = graph_url if keeps and graph.get("method") == "ivf" and not graph.get("streamed") else None
                     indexed.append(job)
@@ -449,7 +474,7 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
         if served:
             job["cls"] = [ctx.submit(_classify_block, q_url, db_url, job["score"], q, data.url, data.chunks, labels_f,
                                      served, means, graph_url, ncm_model, lists, job["proto"].train,
-                                     name=f"classify-{model_id(job['spec'])}")
+                                     name=f"classify-{registry.model_name(job['spec'])}")
                           for q, lists in zip(job["blocks"], job["lists"])]
     if reused:
         ctx.log(f"  evaluate: reusing {reused} of {len(codes)} evaluations")
@@ -460,7 +485,7 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
             job[k] for k in ("spec", "unit", "dim", "view", "score", "ret", "cls", "knn_note", "proto"))
         seen_classes = proto.name != "unseen"
         trained_on = (trained(spec) or common) if seen_classes else None    # class codes, as test_labels
-        name = f"{model_id(spec)} ({view}{'' if proto.name is None else ', ' + proto.name + ' classes'})"
+        name = f"{registry.model_name(spec)} ({view}{'' if proto.name is None else ', ' + proto.name + ' classes'})"
         ret_res = ctx.gather(ret, "evaluate", [f"model {name} retrieval block {i}" for i in range(len(ret))])
         cls_res = ctx.gather(cls, "evaluate", [f"model {name} classification block {i}" for i in range(len(cls))])
         extra = {} if view == "codes" and score == "euclidean" else {"view": view, "score": score}
@@ -473,7 +498,7 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
             recs.extend({**base, "metric": k, "value": v} for k, v in costs[unit.key].items())
     for unit, recs in records.values():
         unit.write_json("records.json", recs)
-        _timed(ctx, unit, t0, {})
+        commit_timed(ctx, unit, t0, {})
     return out
 
 
@@ -483,22 +508,22 @@ def _job(ctx: StageContext, data: DataInfo, proto: Protocol, spec: dict, unit: U
     NCM model's biases or centroids); the classify tasks follow once kNN's lists are known."""
     ev = ctx.config.evaluate
     means = None
-    if "ncm" in served:
-        parts = [ctx.submit(_moments_block, data.url, a, b, len(data.classes), False, db_url, proto.train,
+    if evaluation.NCM in served:
+        parts = [ctx.submit(moments_block, data.url, a, b, len(data.classes), False, db_url, proto.train,
                             name="ncm-means") for a, b in data.chunks]
-        means = ctx.submit(_class_means, _tree_combine(ctx, parts, "ncm-combine"), name="ncm-means")
+        means = ctx.submit(_class_means, tree_combine(ctx, parts, "ncm-combine"), name="ncm-means")
     cents = ctx.submit(_query_centroids, q_url, proto.km_rows, proto.n_clusters, [ctx.config.seed, 33],
-                       name=f"kmeans-{model_id(spec)}") if ev.retrieval else None
+                       name=f"kmeans-{registry.model_name(spec)}") if ev.retrieval else None
     ret = [ctx.submit(_retrieval_block, q_url, db_url, score, q, proto.test, rel_f, proto.ks, proto.ukb,
                       data.chunk_rows, _query_group(len(proto.test)), proto.acc_k, cents, db_max,
-                      name=f"retrieval-{model_id(spec)}")
+                      name=f"retrieval-{registry.model_name(spec)}")
            for q in _query_blocks(proto.queries, len(proto.test))] if ev.retrieval else []
     ncm_model = None
     own = registry.estimator_class(spec["method"], spec).own_classifier
     if view == "codes" and own in served:
         if proto.name != "unseen":
             ncm_model = ctx.submit(_ncm_model, model_url, name="ncm-model")
-        elif own == "ncmc":   # the held-out classes' centroids (the dot form's biases are the implied ones)
+        elif own == evaluation.NCMC:   # the held-out classes' centroids (the dot form's biases are the implied ones)
             ncm_model = ctx.submit(_unseen_ncm_model, model_url, data.url, data.chunks, proto.train,
                                    name="ncm-model")
     blocks = _fixed_blocks(proto.classified, CLASSIFY_QUERIES)
@@ -566,3 +591,29 @@ def _record_list(recs, base, ks, classifiers, test_labels, ret_res, cls_res, tra
                 recs.append({**base, "classifier": c, "metric": "top5_error_new_classes", "value": float(top5[new].mean())})
     return recs
 
+
+def largest_tasks(info, cfg, limit: float) -> list:
+    """A row-block task beside the evaluation's buffers, a retrieval task's database (the test split's
+    codes, held whole: n_test x the widest code the config names), a soft-vote task."""
+    D, n_train, n_test = info.n_features, int((info.split == TRAIN).sum()), int((info.split == TEST).sum())
+    need = BLOCKS_PER_TASK * row_block(info) + EVAL_BUDGET
+    fix = "lower data.chunk_mb or raise memory_limit"
+    if EVAL_BUDGET >= 0.9 * usable(limit):   # smaller blocks cannot help: the buffers alone do not fit
+        fix = (f"raise memory_limit to at least {-(-need // SPILL_FRACTION // 1e6):,.0f} MB (the evaluation's "
+               f"buffers alone take {EVAL_BUDGET / 1e6:,.0f} MB)")
+    out = [("a row-block task (4 row-blocks and the evaluation's buffers)", need, fix)]
+    n_classes = len(info.classes or []) or 2
+    learners = [registry.make(cand) for spec in cfg.methods for cand in registry.candidates(spec)]
+    if cfg.evaluate.retrieval and learners:
+        d = max(est.code_dim(D, n_classes) for est in learners)
+        out.append((f"a retrieval task's database (the {n_test:,} test rows' codes, up to {d} dimensions)",
+                    n_test * d * 4.0 + EVAL_BUDGET - RETRIEVAL_DB_BYTES,
+                    "set evaluate.retrieval: false, lower data.split's test share, or raise memory_limit"))
+    if any(c.startswith("softvote") for c in cfg.evaluate.classifiers) and learners and n_train:
+        d = max(est.view_dim(D, n_classes) for est in learners)   # (SL-NE's exact view too)
+        k = (cfg.neighbours or NeighboursConfig()).k
+        rows = min(n_train, CLASSIFY_QUERIES * k)
+        out.append((f"a soft-vote task ({CLASSIFY_QUERIES:,} queries' {k} stored neighbours: {rows:,} rows of codes up "
+                    f"to {d} dimensions)", (rows + CLASSIFY_QUERIES) * d * 4.0 + evaluation.SOFTVOTE_GROUP_BYTES,
+                    "lower neighbours.k, drop the softvote classifiers, or raise memory_limit"))
+    return out

@@ -4,7 +4,7 @@ import time
 import distributed
 import numpy as np
 
-from metricpipe.budget import index_budget, task_budget
+from metricpipe.budget import INDEX_BLOCKS, index_budget, limit_name, row_block, task_budget, usable
 from metricpipe.config import NeighboursConfig
 from metricpipe.context import StageContext
 from metricpipe.store import Unit, create_array, hash_key, open_array, read_rows, row_chunk
@@ -12,7 +12,8 @@ from metricpipe.tasks import knn
 from metricpipe.tasks import stream
 from metricpipe.tasks.errors import InputError
 
-from metricpipe.stages.common import DataInfo, TRAIN, _timed, _write_template, load_features
+from metricpipe.stages.common import DataInfo, TRAIN, commit_timed, write_template, load_features
+from metricpipe import ivf
 
 
 
@@ -84,14 +85,14 @@ def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
     n_train = int((data.split == TRAIN).sum())
     check_neighbours_k(ctx.config, n_train)
     nb = ctx.config.neighbours
-    ivf = nb.method == "ivf" or (nb.method == "auto" and n_train > EXACT_MAX_TRAIN)
-    streamed = ivf and _streamed(ctx, data)   # a sampled graph searched with no index
+    by_index = nb.method == "ivf" or (nb.method == "auto" and n_train > ivf.EXACT_MAX_TRAIN)
+    streamed = by_index and _streamed(ctx, data)   # a sampled graph searched with no index
     inputs = {"stage": "neighbours", "data": data.unit.key, "k": k, "queries": nb.queries or "all"}
     if nb.queries is not None:
         inputs["queries_seed"] = ctx.config.seed
     if streamed:
         inputs["ivf"] = {"nlist": nb.nlist, "nprobe": nb.nprobe, "seed": ctx.config.seed, "streamed": True}
-    elif ivf:
+    elif by_index:
         inputs["ivf"] = {"nlist": nb.nlist, "nprobe": nb.nprobe, "seed": ctx.config.seed, "rerank": nb.rerank,
                          "index": _factory(ctx, data)}   # its bytes per row follow the workers' memory
     unit = ctx.store.unit("neighbours", hash_key(inputs))
@@ -101,7 +102,7 @@ def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
     t0 = time.perf_counter()
     unit.begin()
     N = data.n_samples
-    _write_template(unit.url, {"neighbours": (("sample", "neighbour"), (N, k), np.int32, -1),
+    write_template(unit.url, {"neighbours": (("sample", "neighbour"), (N, k), np.int32, -1),
                                "distances": (("sample", "neighbour"), (N, k), np.float32, np.inf),
                                "same_label": (("sample", "neighbour"), (N, k), bool, False)},
                     {}, {"k": k, "data": data.unit.key}, data.chunk_rows)
@@ -120,7 +121,7 @@ def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
     extra = {}
     if streamed:
         pieces, extra = _streamed_pieces(ctx, data, blocks, cuts, k)
-    elif ivf:
+    elif by_index:
         pieces, extra = _ivf_pieces(ctx, data, unit, blocks, cuts, k)
     else:
         pieces = [ctx.submit(_knn_piece, data.url, piece, blocks, k, name="knn-piece") for piece in cuts]
@@ -134,26 +135,22 @@ def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
         where.append(f"rows {q[0]}..{q[1] - 1}")
     ctx.gather(pieces, "neighbours", [f"query rows {p[0]}..{p[-1]}" for p in cuts])
     ctx.gather(writes, "neighbours", where)
-    _timed(ctx, unit, t0, {"k": k, "n_train": n_train, "method": "ivf" if ivf else "exact",
+    commit_timed(ctx, unit, t0, {"k": k, "n_train": n_train, "method": "ivf" if by_index else "exact",
                       "queries": int(len(query_rows)), **extra})
     if streamed:
         ctx.log(f"  neighbours: IVF ({extra['index']} over the streamed rows, nprobe {nb.nprobe}) "
                 f"recall@{k} {extra['recall']:.3f} against exact search on {extra['recall_queries']} train queries")
-    elif ivf:
+    elif by_index:
         ctx.log(f"  neighbours: IVF ({extra['index']}, nprobe {nb.nprobe}, rerank {extra['rerank']}) "
                 f"recall@{k} {extra['recall']:.3f} "
                 f"against exact search on {extra['recall_queries']} train queries")
     return unit
 
 
-# Exact search stays the default up to this many train rows (neighbours.method auto); above it an IVF
-# index (pipeline/ivf.py) is built.
-EXACT_MAX_TRAIN = 200_000
 
 
 def _factory(ctx: StageContext, data: DataInfo) -> str:
     """The index of the train rows within the worker's share of memory (pipeline/budget.py)."""
-    from metricpipe import ivf
     n_train = int((data.split == TRAIN).sum())
     return ivf.factory_string(n_train, data.n_features, ctx.config.neighbours.nlist or _nlist(ctx, n_train),
                               index_budget(ctx.client, data.chunk_rows, data.n_features), ctx.config.source_file,
@@ -162,13 +159,11 @@ def _factory(ctx: StageContext, data: DataInfo) -> str:
 
 def _nlist(ctx: StageContext, n_train: int) -> int:
     """The default lists: fewer for a sampled graph (its queries and the recall check's)."""
-    from metricpipe import ivf
     return ivf.nlist_searched(n_train, ctx.config.neighbours.queries)
 
 
 def _streamed(ctx: StageContext, data: DataInfo) -> bool:
     """A sampled graph whose queries every task can hold is searched over the streamed rows."""
-    from metricpipe import ivf
     n_train = int((data.split == TRAIN).sum())
     nb = ctx.config.neighbours
     return ivf.streamed(nb.queries, data.n_features, nb.k, nb.nlist or _nlist(ctx, n_train),
@@ -177,7 +172,6 @@ def _streamed(ctx: StageContext, data: DataInfo) -> bool:
 
 def _samples(ctx: StageContext, train: np.ndarray, nlist: int) -> tuple[np.ndarray, np.ndarray]:
     """The seeded k-means sample and the recall check's train queries."""
-    from metricpipe import ivf
     rng = np.random.default_rng([ctx.config.seed, 37])
     sample = np.sort(rng.choice(train, ivf.sample_rows(len(train), nlist), replace=False))
     return sample, np.sort(rng.choice(train, min(len(train), ivf.RECALL_QUERIES), replace=False))
@@ -187,7 +181,6 @@ def _streamed_pieces(ctx: StageContext, data: DataInfo, blocks: list, cuts: list
     """IVF-Flat search of the sampled queries over the streamed row-blocks (pipeline/ivf.py): the
     centroids trained on a sample, one scan task per block (its lists, and the recall check's exact
     side in the same read), merged in a tree. Returns the query pieces' futures and facts for the unit."""
-    from metricpipe import ivf
     nb = ctx.config.neighbours
     train = data.rows(TRAIN)
     nlist = nb.nlist or _nlist(ctx, len(train))
@@ -202,7 +195,6 @@ def _streamed_pieces(ctx: StageContext, data: DataInfo, blocks: list, cuts: list
 
 def _ivf_pieces(ctx: StageContext, data: DataInfo, unit: Unit, blocks: list, cuts: list, k: int):
     """Train, fill and search the IVF index; returns the query pieces' futures and facts for the unit."""
-    from metricpipe import ivf
     nb, seed = ctx.config.neighbours, ctx.config.seed
     train = data.rows(TRAIN)
     nlist = nb.nlist or _nlist(ctx, len(train))
@@ -236,7 +228,6 @@ def _ivf_search(ctx: StageContext, data: DataInfo, unit: Unit, token: str, block
     """Futures of (distances, ids) per query piece: the index's top k or, with rerank > 1, its top
     rerank x k re-scored exactly (one pass over the row-blocks per group of pieces whose candidates
     fit ivf.RERANK_PAIRS) and cut to k."""
-    from metricpipe import ivf
     kc = k * rerank
     found = [ctx.submit(ivf.search, f"{data.url}/features", f"{data.url}/split", unit.url, token, tuple(blocks), piece,
                         kc, ctx.config.neighbours.nprobe, name="ivf-search") for piece in cuts]
@@ -245,3 +236,26 @@ def _ivf_search(ctx: StageContext, data: DataInfo, unit: Unit, token: str, block
     return ivf.rescored(ctx, f"{data.url}/features", f"{data.url}/features", blocks, cuts, found, k, kc)
 
 
+def largest_tasks(info, cfg, limit: float) -> list:
+    """An IVF index over the train rows (neighbours.method ivf, or auto past ivf.EXACT_MAX_TRAIN): its
+    k-means sample, and the index with the row-blocks re-ranking reads, or, for a sampled graph whose
+    queries fit, the streamed search's queries and lists; exact search holds row-blocks only."""
+    nb = cfg.neighbours or NeighboursConfig()
+    D, n_train = info.n_features, int((info.split == TRAIN).sum())
+    if not n_train or not (nb.method == "ivf" or (nb.method == "auto" and n_train > ivf.EXACT_MAX_TRAIN)):
+        return []
+    block = row_block(info)
+    nlist = nb.nlist or ivf.nlist_searched(n_train, nb.queries)
+    rows = ivf.sample_rows(n_train, nlist)
+    out = [(f"the IVF index's k-means sample ({rows:,} rows)", 2 * rows * D * 4.0 + nlist * D * 4.0,
+            "lower neighbours.nlist or raise memory_limit")]
+    if ivf.streamed(nb.queries, D, nb.k, nlist, block, usable(limit), nb.nprobe):
+        q = min(n_train, nb.queries) + ivf.RECALL_QUERIES
+        out.append((f"the neighbours stage's IVF search of {q:,} queries over the streamed rows",
+                    ivf.stream_bytes(q, D, nb.k, nlist, block, nb.nprobe), "lower neighbours.queries or raise memory_limit"))
+    else:
+        factory = ivf.factory_string(n_train, D, nlist, usable(limit) - INDEX_BLOCKS * block, where=cfg.source_file,
+                                     limit_setting=limit_name(cfg))
+        out.append((f"the neighbours stage's IVF index ({factory}) and {INDEX_BLOCKS} row-blocks",
+                    ivf.index_bytes(n_train, D, factory) + INDEX_BLOCKS * block, "raise memory_limit"))
+    return out

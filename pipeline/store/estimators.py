@@ -4,6 +4,7 @@ import numpy as np
 
 from metricpipe.store.arrays import load_arrays, save_arrays
 from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.registry import estimator_class
 
 
 def save_estimator(url: str, est, attrs: dict | None = None) -> None:
@@ -33,7 +34,6 @@ def save_estimator(url: str, est, attrs: dict | None = None) -> None:
 def load_estimator(url: str):
     """The fitted learner stored at ``url`` by :func:`save_estimator`."""
     import scipy.sparse
-    from metricpipe.tasks.registry import estimator_class
     arrays, attrs = load_arrays(url)
     if "method" not in attrs or "params" not in attrs:
         raise InputError(f"{url}: this model was stored by metricpipe before 0.2, which kept no estimator; "

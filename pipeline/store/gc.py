@@ -9,11 +9,11 @@ run that did not finish, whose ``--resume`` reuses them, or by ``add-classes`` /
 lists (or removes) the rest: units of earlier configs, and what killed runs left unfinished.
 """
 from metricpipe.store import KINDS, MARKER_SUFFIX, Store, Unit, is_key, read_attrs
+from metricpipe.report import extended_models, run_models
 
 
 def kept_units(store: Store, manifest: dict) -> set[str]:
     """Store paths (``KIND/KEY``) of the units the last run used or depends on."""
-    from metricpipe.report import extended_models, run_models
     units = manifest.get("units") or {}
     keep = set(manifest.get("evaluation_units") or [])
     for rel in units.values():

@@ -5,6 +5,7 @@ import hashlib
 import json
 
 import numpy as np
+from metricpipe import __version__
 
 
 MARKER_SUFFIX = ".committed.json"
@@ -33,7 +34,6 @@ def code_version() -> str:
     """What made a result: metricpipe's release and its numerical libraries' major.minor releases,
     e.g. ``0.3.8 numpy-2.2 scipy-1.15 scikit-learn-1.7 numba-0.62 faiss-cpu-1.12``."""
     from importlib import metadata
-    from metricpipe import __version__
     parts = [__version__]
     for name in NUMERIC_LIBRARIES:
         try:

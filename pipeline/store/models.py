@@ -3,6 +3,7 @@ import numpy as np
 
 from metricpipe.store import Store, Unit, hash_key, load_estimator, read_attrs
 from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.normalize import normalize_rows
 
 
 def model_units(store: Store) -> list[tuple[Unit, dict]]:
@@ -87,7 +88,6 @@ def with_normalization(est, normalize: str | None):
     from sklearn.pipeline import Pipeline
     from sklearn.preprocessing import FunctionTransformer
 
-    from metricpipe.tasks.normalize import normalize_rows
     step = FunctionTransformer(normalize_rows, kw_args={"kind": normalize}, validate=True, feature_names_out="one-to-one")
     n_features = getattr(est, "n_features_in_", None)
     if n_features:   # fitted on no rows (it learns nothing): the pipeline then names its output features

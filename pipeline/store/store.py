@@ -16,6 +16,7 @@ from metricpipe.store.keys import KINDS, LAYOUT, MARKER_SUFFIX, REPLACED, is_key
 from metricpipe.store.lock import LOCK_TRIES, ObjectLock, alive_here, describe_holder
 from metricpipe.store.units import Unit, readlink
 from metricpipe.tasks.errors import InputError
+from metricpipe.config import check_store_url
 
 
 def write_fix(e: OSError) -> str:
@@ -31,7 +32,6 @@ class Store:
     """A local directory or fsspec URL holding units."""
 
     def __init__(self, url: str):
-        from metricpipe.config import check_store_url
         check_store_url(str(url), "STORE")   # a mistyped URL would write a local folder
         self.url = str(url).rstrip("/")
         try:

@@ -4,6 +4,8 @@ and the memory rule sized the index from it."""
 import pytest
 from distributed import Client, LocalCluster
 
+from metricpipe import ivf
+
 from tests.integration.helpers import record, run
 
 pytestmark = pytest.mark.integration
@@ -19,7 +21,7 @@ def _peak_rss():
 def test_ivf_graph_and_ivf_evaluation_on_1gb_workers(tmp_path, monkeypatch):
     from metricpipe import ivf, stages
     monkeypatch.setattr(ivf, "IVF_FLAT_BYTES", 0)                 # IVF-PQ, re-ranked: the large-N path
-    monkeypatch.setattr(stages.evaluate, "EXACT_MAX_TRAIN", 1000)  # kNN classification through an index
+    monkeypatch.setattr(ivf, "EXACT_MAX_TRAIN", 1000)  # kNN classification through an index
     # the graph through a faiss IVF-PQ index (as when its queries are too many to hold), kNN's 2,000
     # classified rows over the streamed codes: both paths on small workers
     monkeypatch.setattr(stages.neighbours, "_streamed", lambda *a: False)

@@ -506,7 +506,7 @@ def test_stage_command_refuses_bad_input_before_a_cluster_starts_and_leaves_no_s
 def test_commands_without_a_config_name_their_own_arguments_not_config_keys(tmp_path, monkeypatch):
     import numpy as np
     monkeypatch.delenv("METRICPIPE_DATA", raising=False)
-    monkeypatch.setattr("metricpipe.sources.FASHION_DEBIAN", str(tmp_path / "none"))
+    monkeypatch.setattr("metricpipe.sources.idx.FASHION_DEBIAN", str(tmp_path / "none"))
     np.save(tmp_path / "x.npy", np.ones((6, 3), np.float32))
     np.savez(tmp_path / "x.npz", X=np.ones((6, 3), np.float32), y=np.arange(6) % 2)
     cases = [(("stage", tmp_path / "x.npy"), r"x.npy: a .npy file holds one array; give --labels as the path"),

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from metricpipe import ivf, stages
-from metricpipe.budget import check_memory, needs
+from metricpipe.runner import check_memory, largest_tasks as needs
 from metricpipe.config import parse_config
 from metricpipe.context import StageContext
 from metricpipe.store import Store, read_rows
@@ -92,7 +92,7 @@ def test_knn_through_an_ivf_index_of_the_codes_past_the_threshold(client, tmp_pa
     raw = {"methods": [{"method": "pca", "dim": [8, 16]}, {"method": "identity"}],
            "evaluate": {"retrieval": False, "classification": {"classifiers": ["knn1", "knn10"]}}}
     exact, _ = _evaluate(client, tmp_path / "b.npz", tmp_path / "e", raw)
-    monkeypatch.setattr(stages.evaluate, "EXACT_MAX_TRAIN", 100)
+    monkeypatch.setattr(ivf, "EXACT_MAX_TRAIN", 100)
     # a graph of 300 sampled train rows through a faiss index (as when its queries are too many to
     # hold): the identity's kNN searches the graph's own IVF index
     with monkeypatch.context() as m:
@@ -128,7 +128,7 @@ def test_a_pq_index_of_the_codes_is_reranked_exactly_as_the_graph_s_is(client, t
     from metricpipe import ivf
     X, y = make_blobs(n=3000, d=16, classes=6, sep=0.4)
     np.savez(tmp_path / "b.npz", X=X, y=y)
-    monkeypatch.setattr(stages.evaluate, "EXACT_MAX_TRAIN", 100)
+    monkeypatch.setattr(ivf, "EXACT_MAX_TRAIN", 100)
     monkeypatch.setattr(ivf, "IVF_FLAT_BYTES", 0)     # PQ codes, as when a worker cannot hold IVF-Flat
     monkeypatch.setattr(ivf, "STREAM_QUERY_BYTES", 0)  # and the classified rows too many to hold
     raw = {"methods": [{"method": "pca", "dim": 8}],
@@ -336,7 +336,7 @@ def test_an_evaluation_with_an_ivf_index_does_not_depend_on_the_other_models_of_
     evaluations: the same key gave other metrics beside other models (and a resume reused either)."""
     X, y = make_blobs(n=3000, d=16, classes=6, sep=0.4)
     np.savez(tmp_path / "b.npz", X=X, y=y)
-    monkeypatch.setattr(stages.evaluate, "EXACT_MAX_TRAIN", 100)
+    monkeypatch.setattr(ivf, "EXACT_MAX_TRAIN", 100)
     ev = {"retrieval": False, "classification": {"classifiers": ["knn1", "knn10"]}}
     alone, _ = _evaluate(client, tmp_path / "b.npz", tmp_path / "a", {"methods": [{"method": "identity"}], "evaluate": ev})
     beside, _ = _evaluate(client, tmp_path / "b.npz", tmp_path / "b",

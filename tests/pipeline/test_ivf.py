@@ -1,6 +1,8 @@
 """IVF neighbours: searching every list is exact search; fewer lists trade recall, which is measured
 against exact search and recorded with the graph."""
 import numpy as np
+
+from metricpipe import runner
 import pytest
 
 from metricpipe import ivf
@@ -68,7 +70,7 @@ def test_pq_index_when_flat_codes_would_not_fit_and_reranking_restores_exact_dis
 
 
 def test_auto_is_exact_below_the_stated_size_and_nlist_follows_sqrt_n():
-    from metricpipe.stages import EXACT_MAX_TRAIN
+    from metricpipe.ivf import EXACT_MAX_TRAIN
     assert EXACT_MAX_TRAIN == 200_000
     assert ivf.nlist_for(5_000_000) == 4096 and ivf.nlist_for(1000) == 25
     # a sampled graph's few queries: fewer lists (7 sqrt(Q)), never more than the all-rows rule's
@@ -92,7 +94,7 @@ def test_the_memory_rule_and_the_stage_size_a_sampled_graph_s_index_alike(tmp_pa
     rows = ivf.sample_rows(n_train, stage)
     info = SimpleNamespace(n_samples=5_000_000, n_features=256, classes=list(range(100)), chunk_rows=62_500,
                            split=np.r_[np.zeros(n_train, np.int8), np.ones(500_000, np.int8)])
-    needs = {what: b for what, b, _ in budget.needs(info, cfg, 2e9)}
+    needs = {what: b for what, b, _ in runner.largest_tasks(info, cfg, 2e9)}
     assert f"the IVF index's k-means sample ({rows:,} rows)" in needs, needs
     # its 20,500 queries are held by each scan task over the streamed rows: no index
     scan = "the neighbours stage's IVF search of 20,500 queries over the streamed rows"
@@ -100,7 +102,7 @@ def test_the_memory_rule_and_the_stage_size_a_sampled_graph_s_index_alike(tmp_pa
     assert needs[scan] == ivf.stream_bytes(20_500, 256, 10, 1024, 62_500 * 256 * 4.0, 16) < 0.6 * 2e9
     # an all-rows graph's index is IVF-PQ at this size
     cfg = parse_config({**raw, "neighbours": {"k": 10, "method": "ivf"}})
-    needs = [what for what, *_ in budget.needs(info, cfg, 2e9)]
+    needs = [what for what, *_ in runner.largest_tasks(info, cfg, 2e9)]
     assert any(w.startswith("the neighbours stage's IVF index (IVF4096_HNSW32,PQ") for w in needs), needs
 
 

@@ -603,11 +603,12 @@ def test_outputs_never_destroy_the_input_or_an_existing_folder(stored, tmp_path)
 def test_predict_refuses_a_row_that_found_no_labelled_neighbour(stored, monkeypatch):
     """kNN rankings leave classes without a vote unranked (-1); a row whose code is not finite finds no
     neighbour at all, and names[-1] would have labelled it with the last class."""
-    import metricpipe.tasks.evaluation as ev
+    import metricpipe.classes as predicting
     ctx, data, X, models, codes = stored
     (_, unit, _), _ = _by(models, codes, "pca")
-    real = ev.knn_predict
-    monkeypatch.setattr(ev, "knn_predict", lambda *a, **k: np.where(np.arange(len(a[0])) == 3, -1, real(*a, **k)))
+    real = predicting.knn_predict
+    monkeypatch.setattr(predicting, "knn_predict",
+                        lambda *a, **k: np.where(np.arange(len(a[0])) == 3, -1, real(*a, **k)))
     res = CliRunner().invoke(main, ["predict", ctx.store.url, ctx.config.data.path, "--model", unit.key, "--k", "1"])
     assert res.exit_code == 2 and res.output.count("\n") == 1 and "row 3 has no neighbour among the train codes" \
         in res.output, res.output

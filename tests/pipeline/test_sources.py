@@ -106,7 +106,7 @@ def test_idx_folder_gives_train_test_split(tmp_path):
 
 def test_fashion_mnist_not_found_says_how_to_get_it(tmp_path, monkeypatch):
     monkeypatch.delenv("METRICPIPE_DATA", raising=False)
-    monkeypatch.setattr("metricpipe.sources.FASHION_DEBIAN", str(tmp_path / "none"))
+    monkeypatch.setattr("metricpipe.sources.idx.FASHION_DEBIAN", str(tmp_path / "none"))
     with pytest.raises(InputError, match="apt-get install dataset-fashion-mnist"):
         open_source(parse_config({"data": {"source": "fashion-mnist"}}).data)
 
@@ -117,7 +117,7 @@ def test_a_metricpipe_data_folder_without_the_files_is_refused_not_passed_over(t
     (tmp_path / "debian").mkdir()
     for name in FASHION_FILES:
         (tmp_path / "debian" / f"{name}.gz").write_bytes(b"")
-    monkeypatch.setattr("metricpipe.sources.FASHION_DEBIAN", str(tmp_path / "debian"))
+    monkeypatch.setattr("metricpipe.sources.idx.FASHION_DEBIAN", str(tmp_path / "debian"))
     monkeypatch.setenv("METRICPIPE_DATA", str(tmp_path / "typo"))
     with pytest.raises(InputError, match=r"METRICPIPE_DATA: no Fashion-MNIST IDX files in .*/typo \(nor in its "
                                          r"fashion-mnist folder\).* or unset METRICPIPE_DATA"):
@@ -264,7 +264,7 @@ def test_parquet_rows_read_across_row_groups_and_batches_equal_the_file(tmp_path
     X = rng.normal(size=(50, 4)).astype(np.float32)
     col = pa.array(list(X), type=pa.list_(pa.float32(), 4) if fixed else pa.list_(pa.float32()))
     pq.write_table(pa.table({"emb": col, "label": np.arange(50) % 3}), tmp_path / "f.parquet", row_group_size=16)
-    monkeypatch.setattr(sources, "PARQUET_BATCH_ROWS", 5)
+    monkeypatch.setattr(sources.readers, "PARQUET_BATCH_ROWS", 5)
     src = open_source(_cfg(tmp_path / "f.parquet", features="emb", labels="label"))
     assert src.reader.shape == (50, 4)
     for a, b in [(0, 50), (3, 4), (14, 35), (16, 32), (47, 50), (20, 20)]:

@@ -298,16 +298,16 @@ def test_a_sigterm_whose_exception_was_swallowed_still_stops_the_run_at_its_next
 def test_a_task_given_an_earlier_task_s_refusal_passes_it_on_without_running():
     """An SL-DE member that fails returns its InputError; the task assembling the members gets it as
     an input and hands it on (not a TypeError unpacking it), in both wrappers."""
-    from metricpipe.context import Refused, _refusing, _returning_errors
+    from metricpipe.context import Refused, refusing, returning_errors
     from metricpipe.tasks.errors import InputError
     err = InputError("member 3 diverged")
 
     def boom(*members):
         raise AssertionError("must not run")
-    assert _returning_errors(boom, "spec", err) is err
-    assert _returning_errors(boom, [Refused(err)]) is err
-    assert _refusing(boom, "spec", err).error is err
-    assert _returning_errors(lambda *m: len(m), "spec", ({"a": 1}, {})) == 2   # ordinary inputs: it runs
+    assert returning_errors(boom, "spec", err) is err
+    assert returning_errors(boom, [Refused(err)]) is err
+    assert refusing(boom, "spec", err).error is err
+    assert returning_errors(lambda *m: len(m), "spec", ({"a": 1}, {})) == 2   # ordinary inputs: it runs
 
 
 def test_a_unit_left_unfinished_is_announced_once_however_often_it_is_asked_for(tmp_path):

@@ -15,14 +15,14 @@ import numpy as np
 
 from metricpipe.context import StageContext
 from metricpipe.folds import Fold, borrow_seed, borrowing, fold_split
-from metricpipe.stages.common import DataInfo, Fed, labels_list
+from metricpipe.stages.common import DataInfo, labels_list
 from metricpipe.stages.train import neighbours, pairs, pool, select, statistics, stream, subset
 from metricpipe.store import Unit, hash_key
 from metricpipe.tasks import registry
 from metricpipe.tasks.base import seed_of
 from metricpipe.tasks.evaluation import higher_is_better
 from metricpipe.tasks.errors import InputError
-from metricpipe.tasks.splits import VAL, seen_classes
+from metricpipe.tasks.splits import TRAIN, VAL, seen_classes
 
 model_id = registry.model_name   # (the stages' name for it)
 
@@ -37,9 +37,21 @@ FEEDERS = {"statistics": statistics, "stream": stream, "pairs": pairs, "neighbou
            "pool": pool}   # one feeder per kind of input (a learner's ``feeds``)
 
 
-def fed_rows(est, info, cfg, n_train: int) -> Fed | None:
-    """What the feeder of ``est``'s kind (``est.feeds``) hands its fit on this data (None: row-blocks)."""
-    return FEEDERS[est.feeds].fed(est, info, cfg, n_train)
+def largest_tasks(info, cfg, limit: float) -> list:
+    """What each learner says its largest task holds (``Learner.largest_task``), fed what the feeder of
+    its kind hands it (the feeder's ``fed``), with the run's setting that shrinks it."""
+    n_train = int((info.split == TRAIN).sum())
+    n_classes = len(info.classes or []) or 2
+    out, seen = [], set()
+    for spec in cfg.methods:
+        for est in map(registry.make, registry.candidates(spec)):
+            fed = FEEDERS[est.feeds].fed(est, info, cfg, n_train)
+            task = est.largest_task(fed.rows, info.n_features, n_classes, fed.k, fed.anchors) if fed else None
+            if task is not None and task[0] not in seen:
+                seen.add(task[0])
+                what, need, fix = task
+                out.append((what, need, ", ".join(x for x in (fed.fix, fix) if x) + ", or raise memory_limit"))
+    return out
 
 
 def model_key(spec: dict, stats: Unit, neighbours: Unit | None, data: DataInfo, fold: Fold = Fold()) -> str:
