@@ -147,3 +147,21 @@ def test_run_config_defaults_are_the_fields():
     for f in fields(RunConfig):
         if f.metadata.get("section") is None and f.name not in ("methods", "method_entries", "source_file", "raw"):
             assert getattr(cfg, f.name) == f.default, f.name
+
+
+def test_the_command_line_prints_every_error_of_a_config(tmp_path):
+    """Issue 47: all config errors of a file in one run, an `error:` line each, exit 2, nothing made."""
+    from click.testing import CliRunner
+
+    from metricpipe.cli import main
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"store: {tmp_path / 's'}\nworkers: 0\ndata: {{source: digits, normalise: l2}}\n"
+                   f"methods: [{{method: pca, dim: -1}}]\n")
+    res = CliRunner().invoke(main, ["run", str(cfg)])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert res.output.splitlines() == [
+        f"error: {cfg}: workers: must be >= 1, got 0",
+        f"error: {cfg}: data.normalise: unknown key; did you mean 'data.normalize'?",
+        f"error: {cfg}: methods[0]: The 'dim' parameter of PCA must be an int in the range [1, inf) or None. Got -1 "
+        f"instead."]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cfg.yaml"]
