@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import click
 
 from metricpipe import __version__
-from metricpipe.errors import STAGES, TERMINATING, StageError, Terminated, WorkersGone
+from metricpipe.errors import STAGES, TERMINATING, ConfigError, StageError, Terminated, WorkersGone
 from metricpipe.tasks.errors import InputError
 
 if TYPE_CHECKING:
@@ -42,7 +42,9 @@ def handle_errors(fn):
         except (InputError, StageError) as e:
             if verbose:   # the traceback, and still the exit code a script tests for
                 traceback.print_exc()
-            _echo(f"error: {str(e).splitlines()[0]}")
+            lines = str(e).splitlines()
+            for line in lines if isinstance(e, ConfigError) else lines[:1]:   # a config's mistakes, all of them
+                _echo(f"error: {line}")
             if isinstance(e, StageError) and "config" in kwargs:
                 _echo(f"to resume: {_resume_command(kwargs)} (finished stages are kept)")
             sys.exit(EXIT_INPUT)

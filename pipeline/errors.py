@@ -8,6 +8,11 @@ from metricpipe.tasks.errors import InputError
 STAGES = ("stage", "statistics", "neighbours", "train", "encode", "evaluate")
 
 
+class ConfigError(InputError):
+    """Bad settings in a config file or on the command line: one line per mistake, each naming the file
+    (or option) and the key, so a config with three mistakes is told all three at once."""
+
+
 class StageError(RuntimeError):
     """A task failed on a worker for a reason other than bad input; names the stage and the block."""
 

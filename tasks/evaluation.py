@@ -179,6 +179,17 @@ def ncmc_errors(Q: np.ndarray, y: np.ndarray, centroids: np.ndarray, owner: np.n
     return errs[1], errs[5]
 
 
+def is_classifier(name) -> bool:
+    """Whether ``name`` names a classifier the evaluation scores: ``knnK`` or ``softvoteK`` (Eq. 9 of
+    SL-NE) with K >= 1, ``ncm``, or ``ncmc`` (Eq. 22's mixture over class centroids)."""
+    if not isinstance(name, str):
+        return False
+    for prefix in ("knn", "softvote"):
+        if name.startswith(prefix):
+            return name[len(prefix):].isdigit() and int(name[len(prefix):]) > 0
+    return name in ("ncm", "ncmc")
+
+
 def can_rank(keys, negatives: bool = False) -> bool:
     """Whether rows with relevance ``keys`` querying each other give any AP: some row has another of
     its key to find (and, with ``negatives``, some row of another key to rank below it)."""

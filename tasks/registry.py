@@ -43,6 +43,9 @@ VARIANTS = {"slem": ("kernel", {"gaussian": KernelSLEM, "poly": KernelSLEM})}
 #: The methods learned models are judged against (the report's "best baseline"): no metric learning.
 BASELINES = ("identity", "pca", "pcaw", "lda", "random")
 
+#: The methods a config without ``methods:`` trains: the features as they are.
+DEFAULT_METHODS = ({"method": "identity"},)
+
 PLUGINS = "metricpipe.learners"   # the entry-point group of other packages' learners
 
 

@@ -538,6 +538,12 @@ class KernelSLEM(_PoolLearner):
         "negatives": [dict, None],
     }
 
+    def _validate_params(self):
+        super()._validate_params()
+        if self.decomposition == "cholesky" and self.rank != "full":   # a Cholesky factor is always full rank
+            raise InputError(f"decomposition cholesky is full rank, but rank is {self.rank}; use decomposition kpca "
+                             f"or icd for a low rank, or rank full")
+
     def serves(self, classifier: str) -> str | None:
         if classifier.startswith("knn"):
             return None

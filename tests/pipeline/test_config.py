@@ -249,7 +249,7 @@ def test_alias_expansion_is_counted_without_expanding():
     hundreds of millions without building it."""
     import json
     import yaml
-    from metricpipe.config import _expanded_size
+    from metricpipe.config.files import _expanded_size
     from tests.pipeline.test_cli import BOMB
 
     def nodes(x):

@@ -88,7 +88,8 @@ def test_an_empty_negative_split_is_a_one_line_error_naming_the_splits():
 
 @pytest.mark.parametrize("method,classifiers,match", [
     ({"kernel": "poly", "rank": 4, "decomposition": "kpca"}, ["knn1", "ncm"],
-     r"evaluate.classification.classifiers: ncm need codes in a vector space"),
+     r"evaluate.classification.classifiers: ncm cannot be served by methods\[0\]: kernel SLEM \(poly\) compares "
+     r"images by Eq. 16 only; ncm needs codes in a vector space"),
     ({"kernel": "gaussian", "rank": 16, "decomposition": "cholesky"}, ["knn1"],
      r"decomposition cholesky is full rank, but rank is 16")])
 def test_kernel_slem_contradictions_are_refused_before_any_work(method, classifiers, match):
@@ -149,4 +150,5 @@ def test_a_classifier_listed_for_kernel_slem_is_still_refused_in_one_line(tmp_pa
     res = CliRunner().invoke(main, ["run", str(cfg)])
     assert res.exit_code == 2
     assert res.output.count("\n") == 1 and "Traceback" not in res.output
-    assert f"{cfg}: evaluate.classification.classifiers: ncm need codes in a vector space" in res.output
+    assert f"{cfg}: evaluate.classification.classifiers: ncm cannot be served by methods[0]: kernel SLEM " \
+        f"(gaussian) compares images by Eq. 16 only; ncm needs codes in a vector space" in res.output

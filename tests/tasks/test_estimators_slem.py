@@ -106,8 +106,11 @@ def test_bad_negatives_and_small_pools_are_one_line_errors():
         SLEM().fit_blocks([X[:1]])
     with pytest.raises(InputError, match=r"SLEM.fit_moments: mean \(D,\) and covariance \(D, D\) expected"):
         SLEM().fit_moments(np.zeros(3), np.eye(4), 10)
-    with pytest.raises(InputError, match="decomposition cholesky is full rank; rank 4 needs kpca or icd"):
+    with pytest.raises(InputError, match="decomposition cholesky is full rank, but rank is 4; use decomposition kpca "
+                                         "or icd for a low rank, or rank full"):
         KernelSLEM(rank=4).fit(X)
+    with pytest.raises(InputError, match="but rank is 50"):   # refused as a parameter, whatever the pool's size
+        KernelSLEM(rank=50).fit(X)
     from sklearn.utils._param_validation import InvalidParameterError
     with pytest.raises(InvalidParameterError, match="The 'kernel' parameter of SLEM must be a str among"):
         SLEM(kernel="sigmoid").fit(X)

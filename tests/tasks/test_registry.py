@@ -105,3 +105,18 @@ def test_a_swept_parameter_that_changes_the_grid_gives_each_model_its_own_select
         [one] = expand_method(entry)
         assert one["select"]["grid"] == grids({**entry, **{k: [v] for k, v in entry.items() if k != "method"}})[
             next(v for k, v in entry.items() if k != "method")]
+
+
+def test_the_default_methods_are_valid_entries():
+    """A config without methods: trains these (the config reads them from here, not a literal of its own)."""
+    assert [s["method"] for e in registry.DEFAULT_METHODS for s in expand_method(dict(e))] == \
+        [e["method"] for e in registry.DEFAULT_METHODS]
+    assert all(registry.BUILTIN[e["method"]] in registry.ESTIMATORS for e in registry.DEFAULT_METHODS)
+
+
+@pytest.mark.parametrize("name, ok", [("knn1", True), ("knn10", True), ("softvote3", True), ("ncm", True),
+                                      ("ncmc", True), ("knn0", False), ("knn", False), ("softvote", False),
+                                      ("svm", False), ("knn-1", False), (3, False), (None, False)])
+def test_classifier_names(name, ok):
+    from metricpipe.tasks.evaluation import is_classifier
+    assert is_classifier(name) is ok
