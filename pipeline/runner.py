@@ -7,44 +7,20 @@ import os
 import shutil
 import time
 import uuid
-from dataclasses import replace
 
 import numpy as np
 
 from metricpipe import stages
-from metricpipe.stages.train.select import selection_rows
-from metricpipe import budget
-from metricpipe.budget import refuse_without_dense_covariance
+from metricpipe.checks import check_memory, check_methods, skipped_classifiers
 from metricpipe.cluster import DashboardHostError, connect, dashboard_lines
-from metricpipe.config import (SPLIT_NAMES, EvaluateConfig, NeighboursConfig, RunConfig, classifiers_given,
-                               unserved)
+from metricpipe.config import SPLIT_NAMES, NeighboursConfig, RunConfig
 from metricpipe.context import StageContext
 from metricpipe.errors import STAGES, StageError, check_terminated
-from metricpipe.folds import borrowing
 from metricpipe.stages.evaluate import RETRIEVAL_QUERIES
 from metricpipe.report import build_report, package_versions, read_summary, winner_lines
 from metricpipe.store import MARKER_SUFFIX, Store, to_json
+from metricpipe.tasks import splits
 from metricpipe.tasks.errors import InputError
-from metricpipe.tasks import evaluation, registry, splits
-
-
-def largest_tasks(info, cfg: RunConfig, limit: float) -> list:
-    """What the largest task of each stage of this run holds (each stage says: ``largest_tasks``)."""
-    ran = [stages.statistics, stages.train, stages.evaluate] + \
-        ([stages.neighbours] if "neighbours" in stage_names(cfg) else [])
-    return [task for stage in ran for task in stage.largest_tasks(info, cfg, limit)]
-
-
-def check_memory(client, info, cfg: RunConfig) -> None:
-    """Refuse, before staging, a run whose largest task would not fit a worker (``budget``)."""
-    budget.check_memory(client, cfg, lambda limit: largest_tasks(info, cfg, limit))
-
-
-def stage_names(cfg: RunConfig) -> list[str]:
-    needs_graph = cfg.neighbours is not None or any(registry.feeds(m["method"]) == "neighbours" for m in cfg.methods) \
-        or any(c.startswith("softvote") for c in cfg.evaluate.classifiers)
-    return ["stage", "statistics"] + (["neighbours"] if needs_graph else []) + ["train", "encode", "evaluate",
-                                                                                  "report"]
 
 
 def run_pipeline(cfg: RunConfig, resume: bool = True, log=print, performance_report: str | None = None,
@@ -197,128 +173,9 @@ def _log_workers_to_store(client, store) -> str | None:
     return path
 
 
-def _pool_notes(est, info, entry: dict) -> list[str]:
-    """A SLEM negative pool whose config ``entry`` asks for more images than its split holds takes
-    them all: said, since the model's parameters still read the count asked for (the default
-    count, 15,000 at most, goes unsaid)."""
-    if est.feeds != "pool":   # (a pool learner's parameter negatives says which rows make its pool)
-        return []
-    neg = est.negatives
-    asked = entry.get("negatives")
-    asked = asked if isinstance(asked, list) else [asked]     # (a sweep of pools: a list of them)
-    if not isinstance(neg, dict) or not any(isinstance(a, dict) and "count" in a for a in asked) \
-            or not isinstance(neg.get("count"), int) or neg.get("split", "train") not in SPLIT_NAMES:
-        return []
-    split = neg.get("split", "train")
-    have = int((info.split == SPLIT_NAMES.index(split)).sum())
-    if 2 <= have < neg["count"]:
-        return [f"negatives.count {neg['count']:,} is more than the {have:,} {split} rows: the pool is all of them"]
-    return []
-
-
-def _refuse_held_out(named, held, classes: list) -> None:
-    """A learner's ``classes`` may not name a class data.split.classes holds out: it never sees its rows."""
-    both = np.intersect1d(named, held)
-    if len(both):
-        raise InputError(f"classes lists {classes[int(both[0])]!r}, which data.split.classes holds out (no learner "
-                         f"sees its rows); drop it from one of them")
-
-
-def check_methods(cfg: RunConfig, info, log=print) -> RunConfig:
-    """Every parameter the data's shape rules out (dim above the features, LDA's dim above
-    classes - 1, classes that are not labels of the data, ...) is refused here, after the source's header
-    and labels are read and before any unit is written."""
-    noted = set()    # once per config entry and note, not per model or searched candidate
-    n_ref = None
-    # the classes the learners see: every class, or those data.split.classes does not hold out
-    n_seen = len(splits.seen_classes(info.split, info.labels))
-    held = splits.unseen_classes(info.split, info.labels)
-    for n, spec in enumerate(cfg.methods):
-        metric = (spec.get("select") or {}).get("metric", "")
-        if metric.startswith(("knn", "softvote")):   # every candidate would vote over every reference row: a tie
-            k = int(metric[3:] if metric.startswith("knn") else metric[8:])
-            if n_ref is None:
-                split = info.split   # (sized with stand-in row keys: which rows are borrowed waits for staging)
-                if borrowing(split, cfg.data.split.val):
-                    split = splits.borrow(split, info.labels, np.arange(len(split), dtype=np.uint64), cfg.data.split.seed)
-                n_ref = len(selection_rows(split, info.labels, info.n_features, cfg.seed)[1])
-            if k > n_ref:
-                raise InputError(f"{cfg.source_file}: {cfg.entry(n)} ({stages.model_id(spec)}): select.metric {metric} "
-                                 f"votes over more neighbours than the {n_ref} train rows that selection compares "
-                                 f"the validation rows with; use K <= {n_ref}")
-        for cand in registry.candidates(spec):
-            try:
-                est = registry.make(cand)
-                est.check_data_shape(info.n_features, n_seen)
-                trained = est.trained_classes(info.classes)   # the labels NCMML's classes names are the data's
-                if len(trained) < len(info.classes):
-                    _refuse_held_out(trained, held, info.classes)
-            except InputError as e:
-                raise InputError(f"{cfg.source_file}: {cfg.entry(n)} ({stages.model_id(cand)}): {e}") from None
-            refuse_without_dense_covariance(est, info.n_features, cfg.statistics.max_dense_dim,
-                                            f"{cfg.source_file}: {cfg.entry(n)} ({stages.model_id(cand)})")
-            raw = cfg.raw.get("methods") or []
-            i = cfg.method_entries[n] if n < len(cfg.method_entries) else n
-            asked = raw[i] if i < len(raw) and isinstance(raw[i], dict) else {}
-            notes = est.shape_notes(info.n_features, n_seen) + _pool_notes(est, info, asked)
-            for note in notes:
-                if (cfg.entry(n), note) not in noted:
-                    log(f"  {cfg.entry(n)} ({stages.model_id(cand)}): {note}")
-                    noted.add((cfg.entry(n), note))
-    ev = cfg.evaluate
-    n_test, n_train = int((info.split == stages.TEST).sum()), int((info.split == stages.TRAIN).sum())
-    if "neighbours" in stage_names(cfg):
-        stages.check_neighbours_k(cfg, n_train)
-    given = cfg.raw.get("evaluate") if isinstance(cfg.raw.get("evaluate"), dict) else {}
-    user_k = isinstance(given.get("retrieval"), dict) and "k" in given["retrieval"]
-    if ev.retrieval and not user_k and max(ev.retrieval_k) > n_test - 1:   # the default list, on a small test split
-        ks = tuple(k for k in ev.retrieval_k if k <= n_test - 1) or (1,)
-        log(f"  evaluate: {n_test} test rows: retrieval k {list(ks)} (the default's larger K need more rows)")
-        ev = replace(ev, retrieval_k=ks)
-        cfg = replace(cfg, evaluate=ev)
-    if ev.retrieval and max(ev.retrieval_k) > n_test - 1:
-        raise InputError(f"{cfg.source_file}: evaluate.retrieval.k: {max(ev.retrieval_k)} is more than the retrieval "
-                         f"database holds (each test query ranks the other {n_test - 1} test rows); use K <= "
-                         f"{n_test - 1}")
-    if ev.retrieval:   # a query with nothing relevant to find has no AP: every retrieval figure would be NaN
-        test, groups = info.split == stages.TEST, info.groups
-        keys = (groups if groups is not None else info.labels)[test]
-        if len(keys) and not evaluation.can_rank(keys):
-            log(f"  evaluate: no class{' (group)' if groups is not None else ''} has two of the {n_test} test "
-                f"rows, so no retrieval query has a relevant image to find: mAP, recall and MAP@R are undefined "
-                f"(NaN in the report); give the test split two or more rows of a class, or set "
-                f"evaluate.retrieval: false")
-    knn = [int(c[3:]) for c in ev.classifiers if c.startswith("knn")]
-    if knn and max(knn) > n_train and not classifiers_given(cfg.raw):   # the defaults, on a small train split
-        kept = tuple(c for c in ev.classifiers if not c.startswith("knn") or int(c[3:]) <= n_train)
-        log(f"  evaluate: {n_train} train rows: classifiers {list(kept)} (the default's larger knnK need more rows)")
-        cfg = replace(cfg, evaluate=replace(ev, classifiers=kept))
-        ev, knn = cfg.evaluate, [k for k in knn if k <= n_train]
-    for s in skipped_classifiers(cfg, cfg.methods):
-        if s["model"] != "every model":   # that one is logged above
-            log(f"  evaluate: {s['model']} skips {s['classifier']}: {s['reason']}")
-    if knn and max(knn) > n_train:
-        raise InputError(f"{cfg.source_file}: evaluate.classification.classifiers: knn{max(knn)} votes over more "
-                         f"neighbours than the {n_train} train rows; use knnK with K <= {n_train}")
-    return cfg
-
-
-def skipped_classifiers(cfg: RunConfig, specs) -> list[dict]:
-    """{model, classifier, reason} for each default classifier a model cannot serve (``unserved``): it is
-    skipped for that model, and the run manifest and report say so. A classifier the user lists is
-    refused at load instead."""
-    if classifiers_given(cfg.raw):
-        return []
-    small = [{"model": "every model", "classifier": c,   # check_methods dropped it
-              "reason": "votes over more neighbours than the train split holds"}
-             for c in EvaluateConfig.classifiers if c not in cfg.evaluate.classifiers]
-    return small + [{"model": stages.model_id(spec), "classifier": c, "reason": why}
-                    for spec in specs for c in cfg.evaluate.classifiers if (why := unserved(spec, c))]
-
-
 def _run(ctx: StageContext, plan, log, result) -> str:
     cfg = ctx.config
-    names = stage_names(cfg)
+    names = stages.stage_names(cfg)
     timings, started = [], time.time()
     t_run = time.perf_counter()
 

@@ -14,7 +14,7 @@ def test_an_evaluate_part_set_to_false_is_left_out():
     assert not cfg.evaluate.retrieval and cfg.evaluate.classifiers == ("knn1", "knn10", "ncm")
     assert parse_config({**BASE, "evaluate": {"classification": True}}).evaluate.classifiers == ("knn1", "knn10", "ncm")
     assert parse_config({**BASE, "evaluate": {"retrieval": True}}).evaluate.retrieval_k == (1, 10, 100)
-    from metricpipe.runner import skipped_classifiers      # turned off is not "skipped for every model"
+    from metricpipe.checks import skipped_classifiers      # turned off is not "skipped for every model"
     assert skipped_classifiers(parse_config({**BASE, "evaluate": {"classification": False}}), []) == []
 
 
@@ -295,7 +295,7 @@ def _info(n_features, classes, split):
 def test_default_knn_above_the_train_rows_is_dropped_with_a_note_but_a_listed_one_is_refused():
 
 
-    from metricpipe.runner import check_methods, skipped_classifiers
+    from metricpipe.checks import check_methods, skipped_classifiers
     from metricpipe.tasks.errors import InputError
     info = _info(n_features=8, classes=[0, 1], split=np.array([0] * 6 + [1] * 20, np.int8))  # 6 train
     logs = []
@@ -314,7 +314,7 @@ def test_a_sparsity_rounded_to_one_non_zero_is_noted_before_staging():
     """tau = 0.995 at D = 64 leaves 0.32 non-zeros per column: the run goes on with 1, and says so."""
 
 
-    from metricpipe.runner import check_methods
+    from metricpipe.checks import check_methods
     info = _info(n_features=64, classes=[0, 1], split=np.array([0] * 20 + [1] * 20, np.int8))
     logs = []
     methods = [{"method": "sparse", "sparsity": 0.995}, {"method": "sparse", "sparsity": 0.98}]
@@ -328,7 +328,7 @@ def test_an_slde_dim_beyond_its_members_dimensions_is_refused_before_staging():
     """It failed in the train stage, after staging, statistics, neighbours and every member had run."""
 
 
-    from metricpipe.runner import check_methods
+    from metricpipe.checks import check_methods
     from metricpipe.tasks.errors import InputError
     info = _info(n_features=50, classes=[0, 1], split=np.array([0] * 20 + [1] * 20, np.int8))
     graph = {"neighbours": {"k": 5}}   # below the 20 train rows (the default 50 is refused there too)
@@ -344,7 +344,7 @@ def test_methods_that_need_the_dense_covariance_are_refused_before_staging_above
     statistics had run and been committed."""
 
 
-    from metricpipe.runner import check_methods
+    from metricpipe.checks import check_methods
     from metricpipe.tasks.errors import InputError
     info = _info(n_features=64, classes=[0, 1, 2], split=np.array([0] * 20 + [1] * 20, np.int8))
     for method in ({"method": "lda"}, {"method": "slem", "lam": 1.0}):
@@ -369,7 +369,7 @@ def test_a_random_projection_above_the_features_is_a_note_not_a_worker_warning()
     import sys
 
 
-    from metricpipe.runner import check_methods
+    from metricpipe.checks import check_methods
     info = _info(n_features=40, classes=[0, 1], split=np.array([0] * 20 + [1] * 20, np.int8))
     logs = []
     check_methods(parse_config({**BASE, "methods": [{"method": "random", "dim": 100}, {"method": "random", "dim": 8}]},
@@ -392,7 +392,7 @@ def test_errors_and_notes_name_the_entry_of_the_config_not_the_model_after_a_swe
     is the fourth model."""
 
 
-    from metricpipe.runner import check_methods
+    from metricpipe.checks import check_methods
     from metricpipe.tasks.errors import InputError
     info = _info(n_features=64, classes=[0, 1], split=np.array([0] * 20 + [1] * 20, np.int8))
     methods = [{"method": "pca", "dim": [8, 16, 32]}, {"method": "ncmml", "dim": 100}]
@@ -424,7 +424,7 @@ def test_yaml_merge_keys_may_be_overridden_but_plain_keys_not_repeated(tmp_path)
 def test_a_negative_pool_asked_above_its_split_is_noted_and_the_default_pool_is_not():
     """negatives.count 5,000 on 4,499 train rows took them all without a word, while the model's
     parameters still say 5,000 (a new-user trial)."""
-    from metricpipe.runner import check_methods
+    from metricpipe.checks import check_methods
     info = _info(n_features=16, classes=[0, 1], split=np.array([0] * 30 + [1] * 20, np.int8))   # 30 train rows
     logs = []
     methods = [{"method": "slem", "negatives": {"count": 40}, "lam": 1.0}, {"method": "slem", "lam": 1.0},

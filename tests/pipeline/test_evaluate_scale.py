@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from metricpipe import ivf, stages
-from metricpipe.runner import check_memory, largest_tasks as needs
+from metricpipe.checks import check_memory, largest_tasks as needs
 from metricpipe.config import parse_config
 from metricpipe.context import StageContext
 from metricpipe.store import Store, read_rows
