@@ -262,11 +262,11 @@ def _check_memory_limit(ctx, param, value):
     if value is None:
         return None
     try:   # read by click before the command's handler, and the config module imports scikit-learn
-        from metricpipe.config import ConfigError, _memory_limit
+        from metricpipe.config import ConfigError, check_memory_limit
     except KeyboardInterrupt as e:
         _stop_interrupted(e)
     try:
-        return _memory_limit(value, "--memory-limit")
+        return check_memory_limit(value, "--memory-limit")
     except ConfigError as e:
         raise click.BadParameter(str(e).rsplit(": ", 1)[-1]) from None
 
@@ -613,7 +613,7 @@ def evaluate(embeddings, labels, features, queries, reference, query_labels, ref
     from metricpipe.budget import limit_name
     from metricpipe.cluster import connect, dashboard_lines
     from metricpipe.config import parse_config
-    from metricpipe.runner import _peak_rss
+    from metricpipe.runner import peak_rss
 
     if out:
         from metricpipe.export import check_out
@@ -632,7 +632,7 @@ def evaluate(embeddings, labels, features, queries, reference, query_labels, ref
         records = evaluate_embeddings(client, q, rows, ref, self_in, seed, log=_echo,
                                       limit_setting="--memory-limit" if cfg.cluster == "local" else limit_name(cfg))
         seconds = time.perf_counter() - t0
-        peaks = _peak_rss(client)
+        peaks = peak_rss(client)
     if out:
         write_records(out, records)
     for r in records:

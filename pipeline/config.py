@@ -468,7 +468,7 @@ def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = Non
         if None in tls:
             _fail(where, "tls", "give ca_file, cert and key (PEM files: the CA that signed the scheduler's "
                   "certificate, and this client's certificate and key)")
-    memory_limit = _memory_limit(raw.get("memory_limit", "auto"), where)
+    memory_limit = check_memory_limit(raw.get("memory_limit", "auto"), where)
     dashboard = raw.get("dashboard", ":8787")
     if dashboard is False or dashboard is None:
         dashboard = None     # no dashboard
@@ -504,7 +504,7 @@ OBJECTIVES = ("retrieval", "classification")   # what evaluate.objective may nam
 MIN_MEMORY_LIMIT = 400e6   # bytes: a worker holds ~250 MB after its imports, and Dask pauses it at 80%
 
 
-def _memory_limit(v, where: str):
+def check_memory_limit(v, where: str):
     """'auto', a size string (2GB) or a positive byte count; anything else is refused here, not by Dask."""
     from dask.utils import parse_bytes
     v = whole_number(v)      # memory_limit: 2e9

@@ -16,7 +16,7 @@ from metricpipe.config import OBJECTIVES
 from metricpipe.store import Store, read_attrs, to_json
 from metricpipe.tasks.compare import paired_interval
 from metricpipe.tasks.errors import InputError
-from metricpipe.tasks.registry import BASELINES, param_text
+from metricpipe.tasks.registry import BASELINES, RAW, param_text
 
 PACKAGES = ("metricpipe", "numpy", "scipy", "dask", "distributed", "zarr", "xarray", "scikit-learn", "numba", "faiss-cpu")
 
@@ -568,7 +568,6 @@ def _row_label(row: dict, swept: frozenset = frozenset()) -> str:
 # Headline metrics vote in families, one vote each, so that no objective counts twice: retrieval
 # (mAP and MAP@R) and, per classifier kind, the top-1 errors of its classifiers.
 KINDS = {"knn": "kNN", "softvote": "soft-vote", "ncm": "NCM", "ncmc": "NCMC"}
-RAW = "identity"      # raw features: a learned model worse than them on an objective does not win it
 LEVEL = 0.95          # the paired t interval over repeats
 ITEM_OF = {"retrieval": "queries", "classification": "classified test rows"}
 
