@@ -61,7 +61,7 @@ def main():
 
         data = stage("stage", stages.run_stage, ctx, plan)
         stats = stage("statistics", stages.run_statistics, ctx, data)
-        graph = stage("neighbours", stages.run_neighbours, ctx, data) if "neighbours" in runner.stage_names(cfg) \
+        graph = stage("neighbours", stages.run_neighbours, ctx, data) if "neighbours" in stages.stage_names(cfg) \
             else None
         models = stage("train", stages.run_train, ctx, data, stats, graph)
         codes = stage("encode", stages.run_encode, ctx, data, models)

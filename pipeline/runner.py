@@ -238,7 +238,7 @@ def _run(ctx: StageContext, plan, log, result) -> str:
     path = build_report(ctx.store, manifest)
     timings.append({"stage": "report", "seconds": round(time.perf_counter() - t0, 3)})
     log(f"Completed {len(names)} of {len(names)} stages (report)")
-    peaks = _peak_rss(ctx.client)
+    peaks = peak_rss(ctx.client)
     if peaks:
         log("Peak RSS: " + ", ".join(f"{who} {mb:,.0f} MB" for who, mb in peaks))
     result(f"Report: {path}")
@@ -280,7 +280,7 @@ def max_rss_mb() -> float:
     return rss / 2**20 if sys.platform == "darwin" else rss / 1024.0  # bytes on macOS, KiB elsewhere
 
 
-def _peak_rss(client) -> list[tuple[str, float]]:
+def peak_rss(client) -> list[tuple[str, float]]:
     """(process, peak resident MB) for this client process and each worker process."""
     try:
         workers = client.run(max_rss_mb)

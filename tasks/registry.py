@@ -42,6 +42,8 @@ VARIANTS = {"slem": ("kernel", {"gaussian": KernelSLEM, "poly": KernelSLEM})}
 
 #: The methods learned models are judged against (the report's "best baseline"): no metric learning.
 BASELINES = ("identity", "pca", "pcaw", "lda", "random")
+#: Raw features, the baseline a learned model has to beat to win an objective (the report's verdict).
+RAW = "identity"
 
 #: The methods a config without ``methods:`` trains: the features as they are.
 DEFAULT_METHODS = ({"method": "identity"},)

@@ -27,10 +27,6 @@ from metricpipe.config.run import (MAX_REPEATS, NeighboursConfig, RunConfig, Sta
 from metricpipe.config.schema import Key
 from metricpipe.errors import ConfigError
 
-# The command line's --memory-limit check by its former name (cli.py imports it; the cli's split into a
-# package moves it to check_memory_limit).
-_memory_limit = check_memory_limit
-
 
 def reference() -> list[Key]:
     """Every config key, section by section: rows of (key, type, default, description) for the config

@@ -2,7 +2,7 @@
 against exact search and recorded with the graph."""
 import numpy as np
 
-from metricpipe import runner
+from metricpipe import checks
 import pytest
 
 from metricpipe import ivf
@@ -94,7 +94,7 @@ def test_the_memory_rule_and_the_stage_size_a_sampled_graph_s_index_alike(tmp_pa
     rows = ivf.sample_rows(n_train, stage)
     info = SimpleNamespace(n_samples=5_000_000, n_features=256, classes=list(range(100)), chunk_rows=62_500,
                            split=np.r_[np.zeros(n_train, np.int8), np.ones(500_000, np.int8)])
-    needs = {what: b for what, b, _ in runner.largest_tasks(info, cfg, 2e9)}
+    needs = {what: b for what, b, _ in checks.largest_tasks(info, cfg, 2e9)}
     assert f"the IVF index's k-means sample ({rows:,} rows)" in needs, needs
     # its 20,500 queries are held by each scan task over the streamed rows: no index
     scan = "the neighbours stage's IVF search of 20,500 queries over the streamed rows"
@@ -102,7 +102,7 @@ def test_the_memory_rule_and_the_stage_size_a_sampled_graph_s_index_alike(tmp_pa
     assert needs[scan] == ivf.stream_bytes(20_500, 256, 10, 1024, 62_500 * 256 * 4.0, 16) < 0.6 * 2e9
     # an all-rows graph's index is IVF-PQ at this size
     cfg = parse_config({**raw, "neighbours": {"k": 10, "method": "ivf"}})
-    needs = [what for what, *_ in runner.largest_tasks(info, cfg, 2e9)]
+    needs = [what for what, *_ in checks.largest_tasks(info, cfg, 2e9)]
     assert any(w.startswith("the neighbours stage's IVF index (IVF4096_HNSW32,PQ") for w in needs), needs
 
 

@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from metricpipe.report import _kept_ks, render_html
+from metricpipe.report import render_html
+from metricpipe.report.data import kept_ks
 
 
 def _doc(ks):
@@ -14,7 +15,7 @@ def _doc(ks):
 
 def test_many_k_show_a_few_columns_and_one_curve_over_k_per_dimension():
     ks = list(range(1, 51))
-    assert _kept_ks(_doc(ks)["records"]) == {1, 5, 10, 20, 50}
+    assert kept_ks(_doc(ks)["records"]) == {1, 5, 10, 20, 50}
     page = render_html(_doc(ks))
     assert ">mprec@10 &uarr;</th>" in page and ">mprec@11 " not in page
     main = page[page.index("<h2>Models</h2>"):page.index("<details>")]
@@ -109,32 +110,35 @@ def test_a_baseline_wins_the_objective_whose_families_it_takes():
 
 def test_a_swept_parameter_is_named_at_its_default_too():
     """sparsity 0.9 is sparse's default: left out of a lone model's label, named when the run sweeps it."""
-    from metricpipe.report import _swept, _table, summarize
+    from metricpipe.report import summarize
+    from metricpipe.report.data import swept_params
+    from metricpipe.report.html import table_html
     lone = summarize([_rec("sparse", 64, "map", 0.6, sparsity=0.9), _rec("pca", 64, "map", 0.5)])
     assert lone["objectives"][0]["winner"]["label"] == "sparse d=64"
     recs = [_rec("sparse", 64, "map", 0.6, model="a", sparsity=0.9), _rec("sparse", 64, "map", 0.55, model="b",
                                                                             sparsity=0.99),
             _rec("sparse", 64, "map", 0.58, model="c"), _rec("pca", 64, "map", 0.5), _rec("nml", 8, "map", 0.3, lr=0.1)]
-    assert _swept(recs) == {("sparse", "sparsity")}   # the unset one counts as its default, 0.9
+    assert swept_params(recs) == {("sparse", "sparsity")}   # the unset one counts as its default, 0.9
     views = [_rec("slne", 8, "map", 0.5, view="codes"), _rec("slne", 8, "map", 0.6, view="exact", score="inner"),
              _rec("slne", 8, "storage_bytes", 100)]
-    assert _swept(views) == set()                      # views and scores are not parameters
+    assert swept_params(views) == set()                      # views and scores are not parameters
     s = summarize(recs)
     assert s["objectives"][0]["winner"]["label"] == "sparse sparsity=0.9 d=64"
-    from metricpipe.report import _rows
-    page = _table(_rows(recs), [("map", None)], {})
+    from metricpipe.report.data import report_rows
+    page = table_html(report_rows(recs), [("map", None)], {})
     import re
     labels = re.findall(r"<tr><td class=l>([^<]*)</td>", page)
     assert sorted(labels) == ["nml lr=0.1", "sparse sparsity=0.9", "sparse sparsity=0.9", "sparse sparsity=0.99"]
 
 
 def test_training_curve_titles_name_a_swept_parameter_like_the_tables():
-    from metricpipe.report import _curve_panels, _swept
+    from metricpipe.report.data import swept_params
+    from metricpipe.report.plots import curve_panels
     recs = [_rec("sparse", 64, "map", 0.6, sparsity=0.9), _rec("sparse", 64, "map", 0.55, sparsity=0.99)]
     curve = {"model": {"method": "sparse", "sparsity": 0.9}, "history": [{"iter": i, "objective": 1.0 / (i + 1)}
                                                                        for i in range(3)]}
-    assert _curve_panels(curve)[0]["title"] == "sparse"        # alone, the default is left out
-    assert _curve_panels(curve, _swept(recs))[0]["title"] == "sparse sparsity=0.9"
+    assert curve_panels(curve)[0]["title"] == "sparse"        # alone, the default is left out
+    assert curve_panels(curve, swept_params(recs))[0]["title"] == "sparse sparsity=0.9"
 
 
 def test_summary_ignores_other_views_and_ties_go_to_the_smaller_code():
@@ -427,14 +431,15 @@ def test_a_difference_below_one_test_item_s_worth_is_a_tie():
 
 
 def test_rows_over_repeats_are_one_per_config_entry_with_mean_and_spread():
-    from metricpipe.report import _rows, render_html, repeat_table
+    from metricpipe.report import render_html, repeat_table
+    from metricpipe.report.data import report_rows
     recs = _repeated("pca", 16, 0, {("map", None): [0.5] * 3, ("top1_error", "knn1"): [0.1] * 3}, seeded=False) + \
         _repeated("ncmml", 16, 1, {("map", None): [0.6, 0.62, 0.64], ("top1_error", "knn1"): [0.09, 0.08, 0.07]},
                   lr=3.0)
     for r in recs:   # config entry 2 is identical to entry 1 (the same model in every repeat): one row
         if r["method"] == "ncmml":
             r["serves"] = r["serves"] + [[2, r["serves"][0][1]]]
-    rows = _rows(recs)
+    rows = report_rows(recs)
     assert len(rows) == 2
     nc = rows[(1, "codes")]
     assert nc["entries"] == [1, 2] and nc["params"] == {"lr": 3.0}            # random_state differs: left out
