@@ -17,7 +17,7 @@ import time
 
 from distributed import Client, LocalCluster, get_task_stream
 
-from metricpipe import runner, stages
+from metricpipe import stages
 from metricpipe.config import load_config
 from metricpipe.context import StageContext
 from metricpipe.store import Store
