@@ -126,7 +126,7 @@ class StageContext:
                 total = 0
             groups[-1].append(n)
             total += sizes[n]
-        futures = [self.submit(size_crcs, unit.store.fs, unit._root, g, name="checksum") for g in groups]
+        futures = [self.submit(size_crcs, unit.store.fs, unit.root, g, name="checksum") for g in groups]
         out = {}
         for part in self.client.gather(futures):
             raise_refused(part)

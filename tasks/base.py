@@ -340,6 +340,11 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         kept, early stopping off). {} when the fit read no validation rows."""
         return {}
 
+    def keeps_distances(self) -> bool:
+        """On a fitted learner: whether its codes keep the input's Euclidean distances (identity, a
+        full-rank rotation), so that a kNN graph of the features is one of the codes. False by default."""
+        return False
+
     def cost(self) -> dict:
         """Non-zeros, storage bytes and multiply-adds per image of the encoder (0 when it has no
         projection); subclasses with a projection override it."""

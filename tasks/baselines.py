@@ -34,6 +34,9 @@ class LinearCodes:
     def cost(self) -> dict:
         return self._encoder().cost(self.n_features_in_)
 
+    def keeps_distances(self) -> bool:
+        return self._encoder().keeps_distances(self.n_features_in_)
+
 
 class _StatisticsLearner(LinearCodes, Learner):
     """A learner defined by the data's moments (mean, covariance, class scatters, PCA basis)."""

@@ -184,7 +184,7 @@ class Store:
                 if not is_key(name[:-len(MARKER_SUFFIX)]):
                     continue
                 unit = Unit(self, kind, name[:-len(MARKER_SUFFIX)])
-                aside, root = unit._aside(), unit._root
+                aside, root = unit._aside(), unit.root
                 if unit.done():              # the new copy was committed: the old one goes
                     unit._drop_aside()
                     continue

@@ -20,7 +20,7 @@ class Unit:
         self.url = store.path(kind, key)
 
     @property
-    def _root(self) -> str:
+    def root(self) -> str:
         """The unit's folder (:meth:`Store.inside`: never through a link)."""
         return self.store.inside(self.rel)
 
@@ -30,7 +30,7 @@ class Unit:
 
     def exists(self) -> bool:
         """Whether anything of the unit is on disk (committed or left by an interrupted writer)."""
-        return self.store.fs.exists(self._root)
+        return self.store.fs.exists(self.root)
 
     def done(self) -> bool:
         try:
@@ -59,10 +59,10 @@ class Unit:
         """Wipe anything a killed writer left and create the unit's directory. A committed unit (which
         a --force, --no-resume or --repair run recomputes) is set aside on a local store, not deleted:
         it comes back if the run stops before the new one commits (:meth:`Store.restore_replaced`)."""
-        if self.store.local and self.done() and os.path.isdir(self._root):   # (a unit whose folder is
+        if self.store.local and self.done() and os.path.isdir(self.root):   # (a unit whose folder is
             self._set_aside()                                                 # gone has nothing to keep)
         self.remove(f"writing {self.rel}")
-        self.store.fs.makedirs(self._root, exist_ok=True)
+        self.store.fs.makedirs(self.root, exist_ok=True)
 
     def _aside(self) -> str:
         return self.store.inside(f"{REPLACED}/{self.rel}")
@@ -81,7 +81,7 @@ class Unit:
             elif os.path.exists(path):
                 os.remove(path)
         os.replace(self._marker, aside_marker)
-        os.replace(self._root, aside)
+        os.replace(self.root, aside)
 
     def _drop_aside(self) -> None:
         if not self.store.local:
@@ -96,7 +96,7 @@ class Unit:
         """Remove the unit: its commit marker first, so that a writer killed midway leaves an
         unfinished unit (wiped by the next writer), never a committed one with files missing."""
         self.store.check_held(doing or f"removing {self.rel}")
-        fs, marker, root = self.store.fs, self._marker, self._root
+        fs, marker, root = self.store.fs, self._marker, self.root
         if fs.exists(marker):
             fs.rm(marker)
         if fs.exists(root):
@@ -111,9 +111,9 @@ class Unit:
         """Remove an uncommitted unit's files (a candidate whose fit failed: nothing to resume). Best
         effort: a cancelled task still running may write a block after it (an unfinished unit, which
         a resume recomputes), and a file it adds meanwhile must not replace the caller's error."""
-        if not self.done() and self.store.fs.exists(self._root):
+        if not self.done() and self.store.fs.exists(self.root):
             with contextlib.suppress(OSError):
-                self.store.fs.rm(self._root, recursive=True)
+                self.store.fs.rm(self.root, recursive=True)
 
     def commit(self, meta: dict, sums: dict | None = None) -> None:
         """Mark the unit complete (the marker is written last and atomically) with its files' checksums
@@ -131,7 +131,7 @@ class Unit:
     def tree(self) -> tuple[dict, dict]:
         """({path inside the unit: size} of its regular files, {path: what it is} of anything else in
         it: a symbolic link (never followed), a FIFO, a device). Object stores hold files only."""
-        root = self._root
+        root = self.root
         if not self.store.local:
             found = self.store.fs.find(root, detail=True)
             return {path[len(root) + 1:]: int(info["size"]) for path, info in sorted(found.items())}, {}
@@ -163,7 +163,7 @@ class Unit:
         """{path inside the unit: [size, CRC-32]} for ``names`` (default every file of the unit)."""
         sums = sums or {}
         names = self.file_sizes() if names is None else names
-        return {rel: sums[rel] if rel in sums else size_crc(self.store.fs, f"{self._root}/{rel}") for rel in names}
+        return {rel: sums[rel] if rel in sums else size_crc(self.store.fs, f"{self.root}/{rel}") for rel in names}
 
     def verify(self, sums: dict | None = None, keep=None) -> list[str]:
         """Problems with a committed unit's files: missing, resized or changed since the commit
@@ -183,7 +183,7 @@ class Unit:
         # a file the commit does not list is damage too: an array added to a model's group is read
         bad += [f"{self.rel}/{rel}: not among the files of its commit (added since)" for rel in found
                 if rel not in listed]
-        root = self._root
+        root = self.root
         for rel, (size, crc) in listed.items():
             if (keep is not None and not keep(rel)) or rel in odd:
                 continue

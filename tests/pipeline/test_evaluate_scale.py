@@ -50,8 +50,8 @@ def test_the_retrieval_sample_is_announced_only_when_there_is_retrieval(client, 
     """evaluate.retrieval: false still logged 'retrieval by a seeded sample of 10,000 ...'."""
     import gc
 
-    from metricpipe.stages import evaluate
-    monkeypatch.setattr(evaluate, "RETRIEVAL_QUERIES", 50)      # of the 300 test rows
+    from metricpipe.stages.evaluate import protocol
+    monkeypatch.setattr(protocol, "RETRIEVAL_QUERIES", 50)      # of the 300 test rows
     said = {}
     for retrieval in (False, {"k": [1]}):
         cfg = parse_config({"data": {"path": str(integer_npz[0]), "split": {"test": 0.3}}, "methods": [{"method": "identity"}],
@@ -320,14 +320,14 @@ def test_knn_indexes_have_fewer_lists_when_few_test_rows_are_classified():
     """kNN's IVF indexes follow the classified rows as the graph follows its queries: 20,000 sampled
     test rows at 800,000 train rows search 1,024 lists; every one of 200,000 test rows, 2 sqrt(n)."""
     from types import SimpleNamespace
-    from metricpipe.stages import evaluate
+    from metricpipe.stages.evaluate import knn_index
     data = SimpleNamespace(split=np.r_[np.zeros(800_000, np.int8), np.ones(200_000, np.int8)])
     sampled = parse_config({"data": {"source": "synthetic"}, "methods": [{"method": "pca", "dim": 8}],
                             "evaluate": {"classification": {"classifiers": ["knn1"], "queries": 20000}}})
     every = parse_config({"data": {"source": "synthetic"}, "methods": [{"method": "pca", "dim": 8}],
                           "evaluate": {"classification": {"classifiers": ["knn1"]}}})
-    assert evaluate._knn_nlist(SimpleNamespace(config=sampled), data, 800_000) == 1024
-    assert evaluate._knn_nlist(SimpleNamespace(config=every), data, 800_000) == ivf.nlist_for(800_000) == 2048
+    assert knn_index.knn_nlist(SimpleNamespace(config=sampled), data, 800_000) == 1024
+    assert knn_index.knn_nlist(SimpleNamespace(config=every), data, 800_000) == ivf.nlist_for(800_000) == 2048
 
 
 @pytest.mark.integration   # stages on the session cluster

@@ -232,12 +232,12 @@ def test_retrieval_task_in_query_groups_equals_the_full_matrix(staged, monkeypat
     from sklearn.metrics import average_precision_score
     from metricpipe.tasks import metrics
     _, data, X, y = staged
-    from metricpipe.stages import evaluate
-    monkeypatch.setattr(evaluate, "RETRIEVAL_DB_BYTES", db_bytes)
+    from metricpipe.stages.evaluate import blocks
+    monkeypatch.setattr(blocks, "RETRIEVAL_DB_BYTES", db_bytes)
     te = data.rows(stages.TEST)
     q = te[::3]
     url = f"{data.url}/features"
-    got = evaluate._retrieval_block(url, url, "euclidean", q, te, y, (1, 10), True, data.chunk_rows, 7)
+    got = blocks.retrieval_block(url, url, "euclidean", q, te, y, (1, 10), True, data.chunk_rows, 7)
     d = ((X[q, None, :].astype(np.float64) - X[None, te, :]) ** 2).sum(-1)  # exact: integer features
     own = q[:, None] == te[None, :]
     d[own] = np.inf

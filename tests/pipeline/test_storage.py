@@ -157,7 +157,7 @@ def test_a_committed_unit_being_recomputed_comes_back_unless_its_replacement_com
     save_arrays(a.url, {"w": np.zeros(3)})               # half-written
     b_aside = b._aside()
     b.begin()                                            # and b, killed between the two moves:
-    os.replace(b_aside, b._root)                         # its files back in place, the marker aside
+    os.replace(b_aside, b.root)                         # its files back in place, the marker aside
     assert not a.done() and not b.done()
     assert sorted(store.restore_replaced()) == [a.rel, b.rel]
     assert a.done() and b.done() and a.verify() == [] and b.verify() == []
@@ -182,7 +182,7 @@ def test_a_committed_unit_whose_folder_is_gone_is_recomputed_and_set_aside_units
     unit.begin()
     save_arrays(unit.url, {"w": np.ones(2)})
     unit.commit({})
-    shutil.rmtree(unit._root)                 # the folder gone, the marker left
+    shutil.rmtree(unit.root)                 # the folder gone, the marker left
     unit.begin()                              # recomputing it: nothing to set aside
     assert not (tmp_path / "s" / ".replaced" / "models" / ("c" * 16 + MARKER_SUFFIX)).exists()
     save_arrays(unit.url, {"w": np.ones(2)})

@@ -109,7 +109,7 @@ def shuffled(ctx: StageContext, data, seed: int) -> Unit:
         dests = [d[e[j] - c[j]:e[j]] for d, e, c in zip(sorted_dest, ends, counts)]
         gathers.append(ctx.submit(_gather_block, unit.url, j, counts[:, j], br, n, dests, name="shuffle-gather"))
     ctx.gather(gathers, "train", [f"shuffled block {j}" for j in written])
-    unit.store.fs.rm(f"{unit._root}/pieces", recursive=True)   # scratch: only the layout-ordered copy stays
+    unit.store.fs.rm(f"{unit.root}/pieces", recursive=True)   # scratch: only the layout-ordered copy stays
     ctx.commit(unit, {"n_train": int(n), "block_rows": int(br), "seed": int(seed), "blocks": len(written),
                       "seconds": round(time.perf_counter() - t0, 3)})
     rows = int(sum(min(br, n - j * br) for j in written))
