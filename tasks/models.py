@@ -4,6 +4,8 @@ from functools import cached_property
 
 import numpy as np
 
+from metricpipe.tasks.normalize import preprocess
+
 
 @dataclass(frozen=True)
 class LinearModel:
@@ -29,7 +31,6 @@ class LinearModel:
         X = np.asarray(X, np.float32)
         if self.pre_P is None:
             return X
-        from metricpipe.tasks.slne import preprocess
         return preprocess(X, self.pre_mean, self.pre_P)
 
     def transform(self, X: np.ndarray) -> np.ndarray:

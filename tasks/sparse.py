@@ -51,7 +51,7 @@ from metricpipe.tasks.rows import ArrayRows, TrainingRows
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.metrics import retrieval_scores
 from metricpipe.tasks.models import LinearModel
-from metricpipe.tasks.slne import pca_statistics
+from metricpipe.tasks.moments import pca_statistics
 
 GOLDEN = (np.sqrt(5.0) - 1.0) / 2.0
 
