@@ -25,9 +25,9 @@ its back-off), ``learner`` (what the three estimators share: the rows a fit read
 from metricpipe.tasks.ncmml.estimators import KMEANS_BYTES, KMEANS_SAMPLE, KNNML, NCMC, NCMML
 from metricpipe.tasks.ncmml.kmeans import assign, class_kmeans, kmeans_plus_plus, lloyd_partial, lloyd_update
 from metricpipe.tasks.ncmml.learner import IDLE_POOLS, PATIENCE, MetricLearner
-from metricpipe.tasks.ncmml.objectives import (dot_log_likelihood_and_gradient, implied_bias, log_likelihood_and_gradient,
-                                              metrics_nearest, mixture_class_scores, mixture_posteriors, ncm_scores,
-                                              softmax, sqdist)
+from metricpipe.tasks.ncmml.objectives import (dot_log_likelihood_and_gradient, implied_bias,
+                                              log_likelihood_and_gradient, metrics_nearest, mixture_class_scores,
+                                              mixture_posteriors, ncm_scores, softmax, sqdist)
 from metricpipe.tasks.ncmml.sgd import BACK_OFF, BACK_OFFS, Diverged, MetricSGD
 from metricpipe.tasks.ncmml.triplets import (choose_targets, knnml_step, l2_targets, sample_fixed_batch,
                                             sample_triplet_batch, triplet_counts, triplet_gradient, triplet_loss_loop)

@@ -6,7 +6,8 @@ from numbers import Integral, Real
 import numpy as np
 
 from metricpipe.tasks import moments, stream
-from metricpipe.tasks.base import COUNT, DIM_OR_NONE, POSITIVE, RANDOM_STATE, Interval, Learner, one_blas_thread, seed_of
+from metricpipe.tasks.base import (COUNT, DIM_OR_NONE, POSITIVE, RANDOM_STATE, Interval, Learner, one_blas_thread,
+                                   seed_of)
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.ncmml.sgd import BACK_OFFS, Diverged, MetricSGD
 from metricpipe.tasks.rows import ArrayRows, TrainingRows

@@ -5,8 +5,8 @@ from numbers import Integral
 import numpy as np
 from sklearn.utils.validation import check_is_fitted
 
-from metricpipe.tasks.base import (COUNT, DIM_OR_NONE, NON_NEGATIVE, POSITIVE, RANDOM_STATE, Interval, Learner, StrOptions,
-                                   seed_of)
+from metricpipe.tasks.base import (COUNT, DIM_OR_NONE, NON_NEGATIVE, POSITIVE, RANDOM_STATE, Interval, Learner,
+                                   StrOptions, seed_of)
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.knn import block_topk
 from metricpipe.tasks.moments import pca_statistics
