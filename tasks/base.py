@@ -21,6 +21,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.validate import check_float32_range
 
 # constraints shared by many learners
 DIM = [Interval(Integral, 1, None, closed="left")]
@@ -66,7 +67,6 @@ def _within_float32(X, where: str = "X") -> None:
     refuses such files when it stages them). One line naming the first bad row and column."""
     X = np.asarray(X)
     if np.issubdtype(X.dtype, np.floating) and not _assume_finite():
-        from metricpipe.tasks.validate import check_float32_range
         bad = ~np.isfinite(X)
         if bad.any():
             r, c = np.argwhere(bad)[0] if X.ndim == 2 else (np.flatnonzero(bad)[0], 0)

@@ -5,13 +5,13 @@ call them on codes in memory.
 import numpy as np
 
 from metricpipe.tasks import knn, metrics, ncmml
+from metricpipe.tasks.slem import similarity
 
 
 def scores(Q: np.ndarray, X: np.ndarray, score: str, x_sq: np.ndarray | None = None) -> np.ndarray:
     """Distances to rank by (ascending): squared Euclidean, minus the inner product, or minus kernel
     SLEM's similarity (Eq. 16, score "slem:..."); ``x_sq``: X's squared row norms, if known."""
     if score.startswith("slem:"):
-        from metricpipe.tasks.slem import similarity
         return -similarity(Q, X, score).astype(np.float32)
     return metrics.sq_distances(Q, X, x_sq) if score == "euclidean" else -(np.asarray(Q, np.float32) @ X.T)
 
