@@ -195,6 +195,31 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
                                  f"class {self.classes_[int(np.argmin(counts))]!r} has {int(counts.min())}.")
         return X, codes.astype(np.int64)
 
+    def _partial_rows(self, X, y, classes, known=None):
+        """partial_fit's rows (scikit-learn's convention): (X checked, y as class codes, positions in
+        ``classes_``). The first call (``known`` None) checks the parameters, sets ``n_features_in_`` and
+        ``classes_`` (``classes``, default the labels of its y); a later one restores ``classes_`` =
+        ``known``, and its ``classes``, if given, must be the same."""
+        name = f"{type(self).__name__}.partial_fit"
+        if y is None:
+            raise ValueError(f"{type(self).__name__} requires y to be passed, but the target y is None.")
+        if known is None:
+            self._validate_params()
+        X, y = self._check_X(X, known is None, y=y)
+        check_classification_targets(y)
+        if known is None:
+            known = np.unique(y) if classes is None else np.unique(np.asarray(classes))
+        elif classes is not None and not np.array_equal(np.unique(np.asarray(classes)), known):
+            raise InputError(f"{name}: classes differs from the first call's ({known.tolist()[:5]}...); give "
+                             f"the same classes to every call")
+        self.classes_ = known
+        codes = np.searchsorted(known, y)
+        bad = (codes >= len(known)) | (known[np.minimum(codes, len(known) - 1)] != y)
+        if bad.any():
+            raise InputError(f"{name}: y holds the label {y[bad][0].item()!r}, which is not in classes "
+                             f"{known.tolist()[:5]}; give every label on the first call (classes=...)")
+        return X, codes.astype(np.int64)
+
     def transform(self, X):
         """Codes of the rows of X.
 

@@ -15,7 +15,7 @@ from metricpipe.tasks.ncmml.learner import SGD_CONSTRAINTS, MetricLearner
 from metricpipe.tasks.ncmml.objectives import implied_bias, metrics_nearest, mixture_class_scores, ncm_scores
 from metricpipe.tasks.ncmml.sgd import MetricSGD
 from metricpipe.tasks.ncmml.triplets import l2_targets, sample_fixed_batch, sample_triplet_batch
-from metricpipe.tasks.rows import TrainingRows
+from metricpipe.tasks.rows import ArrayRows, TrainingRows
 
 
 KMEANS_SAMPLE = 2000  # rows per class NCMC's k-means++ seeds from, at most ...
@@ -190,17 +190,14 @@ class NCMML(_NCMClassifier, MetricLearner):
             means[new] = False
         return {"X_new": rows.take(new), "y_new": rows.labels[new]}
 
-    def fit_stream(self, statistics: dict, pools, X_val, y_val, X_new=None, y_new=None, labels=None):
-        """The pipeline's entry point (``fit`` calls it too): W from the statistics' PCA directions
-        and class means, SGD over ``pools`` (an iterable of (X_pool, y_pool) with class codes
-        0..C-1), early stopping on (X_val, y_val). With ``classes`` set, (X_new, y_new): validation
-        rows of the other classes, whose NCM error over all class means is recorded at every
-        validation (``history_``'s "val_error_new_classes") but never chooses W. ``labels``: the
-        class labels in code order, which ``classes`` names (default: the codes). Returns self."""
+    def _begin(self, statistics: dict, labels=None, X_new=None, y_new=None):
+        """W from the statistics' PCA directions, SGD with the class means of the trained classes
+        (Eq. 10, or Eq. 27's dot form). With ``classes`` set, (X_new, y_new): validation rows of the
+        other classes, whose NCM error over all class means is recorded at every validation
+        (``history_``'s "val_error_new_classes") but never chooses W."""
         W0 = self._start(statistics)
         C = len(self.classes_)
         trained, present = self._fit_classes(statistics, labels)
-        self._train_classes = trained
         means = statistics["class_means"]
         sgd = MetricSGD(W0, "dot" if self.objective == "dot" else "ncm", self._searched("lr"), means[trained], trained, C,
                         scale=moments.row_scale(statistics))
@@ -211,13 +208,16 @@ class NCMML(_NCMClassifier, MetricLearner):
             Xn, yn = np.asarray(X_new, np.float64), np.asarray(y_new, np.int64)
             M = np.asarray(means, np.float64)[present]
             self._monitor = lambda s: float((present[metrics_nearest(Xn @ s.W.T, M @ s.W.T)] != yn).mean())
-        self._run(sgd, pools, X_val, y_val, _class_error, self._slices)
+        return sgd, {"means": np.asarray(means, np.float32)[present], "present": present, "trained": trained}
+
+    def _end(self, kept: dict, bias) -> None:
         hist = [h for h in self.history_ if "val_error_new_classes" in h]
         self.val_error_new_classes_ = next((h["val_error_new_classes"] for h in hist if h["iter"] == self.best_iter_),
                                            None)
         self.best_iter_new_classes_ = min(hist, key=lambda h: h["val_error_new_classes"])["iter"] if hist else None
-        del self._monitor
-        self.centroids_ = np.asarray(means, np.float32)[present]
+        self.__dict__.pop("_monitor", None)
+        trained, present = kept["trained"], kept["present"]
+        self.centroids_ = kept["means"]
         self.centroid_classes_ = present.astype(np.int32)
         self.class_bias_ = None
         if self.objective == "dot":
@@ -228,10 +228,8 @@ class NCMML(_NCMClassifier, MetricLearner):
             if len(trained) < len(present):
                 self.class_bias_ = self._implied_biases()
             else:
-                self.class_bias_ = np.full(C, np.nan, np.float32)
-                self.class_bias_[trained] = self._best_bias
-        del self._best_bias, self._train_classes
-        return self
+                self.class_bias_ = np.full(len(self.classes_), np.nan, np.float32)
+                self.class_bias_[trained] = bias
 
 
 class NCMC(_NCMClassifier, MetricLearner):
@@ -326,11 +324,18 @@ class NCMC(_NCMClassifier, MetricLearner):
         return self.kmeans(rows.take(sample), rows.labels[sample], lambda: rows.blocks(mask), n_classes,
                            np.bincount(rows.labels[pos], minlength=n_classes))
 
-    def fit_stream(self, statistics: dict, pools, X_val, y_val, centroids, labels=None):
-        """The pipeline's entry point (``fit`` calls it too); ``centroids`` is :meth:`kmeans`'s answer."""
+    def _init_side(self, init, X, codes) -> dict:
+        """partial_fit's centroids: ``init["centroids"]``, else k-means on the first call's rows."""
+        if init is not None and "centroids" in init:
+            return {"centroids": init["centroids"]}
+        return {"centroids": self.class_centroids(ArrayRows(X, codes), np.ones(len(X), bool), len(self.classes_))}
+
+    def _begin(self, statistics: dict, labels=None, centroids=None):
+        """W from the statistics' PCA directions, SGD with the k-means ``centroids`` (:meth:`kmeans`'s
+        answer) of the trained classes (Eqs. 24-25), or with their means (``train_centroids`` 1)."""
         W0 = self._start(statistics)
         C = len(self.classes_)
-        trained = self._train_classes = self._fit_classes(statistics, labels)[0]
+        trained = self._fit_classes(statistics, labels)[0]
         cents, owner = centroids
         if self.train_centroids == 1:  # NCMC-test: the metric learns with one mean per class
             sgd = MetricSGD(W0, "ncm", self._searched("lr"), statistics["class_means"][trained], trained, C,
@@ -338,12 +343,12 @@ class NCMC(_NCMClassifier, MetricLearner):
         else:
             mine = np.isin(owner, trained)
             sgd = MetricSGD(W0, "ncm", self._searched("lr"), cents[mine], owner[mine], C, scale=moments.row_scale(statistics))
-        self._run(sgd, pools, X_val, y_val, _class_error, self._slices)
-        self.centroids_ = np.asarray(cents, np.float32)
-        self.centroid_classes_ = np.asarray(owner, np.int32)
+        return sgd, {"centroids": np.asarray(cents, np.float32), "owner": np.asarray(owner, np.int32)}
+
+    def _end(self, kept: dict, bias) -> None:
+        self.centroids_ = kept["centroids"]
+        self.centroid_classes_ = kept["owner"]
         self.class_bias_ = None
-        del self._best_bias, self._train_classes
-        return self
 
 
 class KNNML(MetricLearner):
@@ -411,6 +416,7 @@ class KNNML(MetricLearner):
         return {"reference": (rows.take(ref), rows.labels[ref])}
 
     def _batches(self, X, y, rng):
+        """Triplet batches of ``batch`` rows, 2/3 from one class (Section 4.2), as many as the pool holds."""
         tl2 = l2_targets(X, y, self.k) if self.targets == "fixed" else None
         out = []
         for _ in range(max(1, len(y) // self.batch)):
@@ -420,26 +426,23 @@ class KNNML(MetricLearner):
                 out.append(drawn)
         return out
 
-    def fit_stream(self, statistics: dict, pools, X_val, y_val, reference=None, labels=None):
-        """The pipeline's entry point (``fit`` calls it too); ``reference`` = (X_ref, y_ref), the
-        training rows the validation queries search (:meth:`reference_rows`; None without early
-        stopping)."""
+    def _begin(self, statistics: dict, labels=None, reference=None):
+        """W from the statistics' PCA directions, SGD on the triplet hinge (Eq. 35). ``reference`` =
+        (X_ref, y_ref): the training rows the validation queries search (:meth:`reference_rows`; None
+        without early stopping)."""
         W0 = self._start(statistics)
         C = len(self.classes_)
-        self._train_classes = self._fit_classes(statistics, labels)[0]
+        self._fit_classes(statistics, labels)   # (checks ``classes`` against the labels)
         sgd = MetricSGD(W0, "knn", self._searched("lr"), n_classes=C, targets=self.targets, k=self.k,
                         scale=moments.row_scale(statistics), margin=self.margin)
-        error = None
-        if self.early_stopping:
-            Xr, yr = np.asarray(reference[0], np.float64), np.asarray(reference[1], np.int64)
-            error = lambda s, Xv, yv: _knn_error(s, Xv, yv, Xr, yr, self.k)  # noqa: E731
-        self._run(sgd, pools, X_val, y_val, error, self._batches)
-        del self._best_bias, self._train_classes
-        return self
+        return sgd, {}
 
-
-def _class_error(sgd: MetricSGD, Xv, yv) -> float:
-    return float((sgd.classify(np.asarray(Xv, np.float64)) != yv).mean())
+    def _validation_error(self, side: dict):
+        """The kNN error of the validation rows among the reference rows."""
+        if not self.early_stopping:
+            return None
+        Xr, yr = np.asarray(side["reference"][0], np.float64), np.asarray(side["reference"][1], np.int64)
+        return lambda s, Xv, yv: _knn_error(s, Xv, yv, Xr, yr, self.k)
 
 
 def _knn_error(sgd: MetricSGD, Xv, yv, Xr, yr, k: int) -> float:
