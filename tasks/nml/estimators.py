@@ -52,8 +52,9 @@ class NML(PairLearner):
 
     Notes
     -----
-    Entry points: ``fit(X, y)`` (pairs from labels), ``fit_pairs(pairs, y, X=None)`` (user pairs,
-    metric-learn's convention) and, for the pipeline, ``fit_stream`` and ``fit_pair_blocks``.
+    Entry points: ``fit(X, y)`` (pairs from labels), ``partial_fit(X, y, classes, init)`` (one pool of
+    a stream at a time), ``fit_pairs(pairs, y, X=None)`` (user pairs, metric-learn's convention) and,
+    for the pipeline, ``fit_rows`` and ``fit_pair_blocks``.
     """
     requires_nonnegative = True   # the chi2 kernel; the pipeline checks the staged features for it
     search_space = {"lr": [0.001, 0.0001, 0.01]}
@@ -145,8 +146,9 @@ class LinearML(PairLearner):
     -----
     L starts from the ``dim`` leading PCA components: in memory those of X
     (:func:`metricpipe.tasks.moments.statistics`), in the pipeline the statistics stage's (``init``).
-    Entry points: ``fit(X, y)`` (pairs from labels), ``fit_pairs(pairs, y, X=None)`` (user pairs,
-    metric-learn's convention) and, for the pipeline, ``fit_stream`` and ``fit_pair_blocks``.
+    Entry points: ``fit(X, y)`` (pairs from labels), ``partial_fit(X, y, classes, init)`` (one pool of
+    a stream at a time), ``fit_pairs(pairs, y, X=None)`` (user pairs, metric-learn's convention) and,
+    for the pipeline, ``fit_rows`` and ``fit_pair_blocks``.
     """
     # lr for rows of unit RMS norm: the validation mAP was highest at 1 on digits, Fashion 14 x 14,
     # HOG and Fashion-MNIST, and lowest at 0.0001 and 0.001 on the first three (benchmarks/README.md)

@@ -36,12 +36,16 @@ VALIDATIONS, PATIENCE = 20, 10
 class PairLearner(Learner):
     """Shared by :class:`NML` and :class:`LinearML`: SGD on the hinge of pairs (Eqs. 3 and 9).
 
-    Four ways in, two in memory and two for the pipeline, which share the SGD loop:
+    The ways in share the SGD loop, one pair pool at a time:
 
-    ``fit(X, y)``
-        pairs from labels, drawn inside the pools of ``tasks.stream.pools`` -> :meth:`fit_stream`.
+    ``fit(X, y)``, and the pipeline's ``fit_rows(rows, statistics)``
+        pairs from labels, drawn inside the pools of ``tasks.stream.pools`` (in the pipeline, of its
+        shuffled copy) -> :meth:`fit_stream`.
     ``fit_stream(pools, n_samples, n_features, init)``
-        the pipeline's entry point for labels: pools (X_pool, y_pool) from its shuffled copy.
+        pairs from labels, drawn inside the given pools (X_pool, y_pool).
+    ``partial_fit(X, y, classes=None, init=None)``
+        one pool's pairs and steps per call, the SGD state kept: a loop of it over the pools is
+        ``fit_stream`` without early stopping (dask-ml's ``Incremental`` drives it).
     ``fit_pairs(pairs, y, X=None)``
         pairs given by the user, as metric-learn's pair learners take them -> :meth:`fit_pair_blocks`.
     ``fit_pair_blocks(pairs, y, read_block, n_rows, block_rows, n_features, init)``
@@ -192,7 +196,7 @@ class PairLearner(Learner):
         return self._fit_pairs(pos[idx], y, lambda b: X[pi[b * br:(b + 1) * br]], n, br, X.shape[1],
                                *self.start(moments.statistics(X) if self.reads_statistics else {}), seed)
 
-    # -- the pipeline's entry points ---------------------------------------------------------------------
+    # -- entry points over pools and layout blocks -----------------------------------------------------------------
     def fit_stream(self, pools, n_samples: int, n_features: int, init=None, X_val=None, y_val=None, row_scale=1.0):
         """Learn from pools of labelled rows: pairs drawn inside each pool (see the class docstring).
 
@@ -292,10 +296,8 @@ class PairLearner(Learner):
         if self.iters == 0:   # a refit of the start (refit_params of best_iter_ 0): no pair to draw
             return
         for X, y in pools:
-            before = self.pairs * rows // n_samples
+            i, j, s = self._pool_pairs(y, rows, n_samples, rng, self.iters - drawn)
             rows += len(y)
-            count = min(self.pairs * rows // n_samples - before, self.iters - drawn)
-            i, j, s = sample_pairs(y, count, rng)
             if len(s) == 0:
                 idle += len(y)
                 if idle > 2 * n_samples:
@@ -308,6 +310,12 @@ class PairLearner(Learner):
             yield self._prepare(X, f"{type(self).__name__}: training rows"), i, j, s
             if drawn >= self.iters:
                 return
+
+    def _pool_pairs(self, y, rows: int, n_samples: int, rng, room: int | None = None):
+        """The pairs of a pool of labels y that follows ``rows`` rows: its share of ``pairs`` per
+        ``n_samples`` rows (rounded so that a pass draws exactly ``pairs``), ``room`` at most."""
+        count = self.pairs * (rows + len(y)) // n_samples - self.pairs * rows // n_samples
+        return sample_pairs(y, count if room is None else min(count, room), rng)
 
     def _block_pair_pools(self, groups, pairs, y, read_block, block_rows: int):
         """Pair pools from the groups of :func:`pair_groups`: the group's one or two blocks, in hand."""
@@ -326,54 +334,103 @@ class PairLearner(Learner):
     def _run(self, pair_pools, L0, scale: float, val=None) -> None:
         """The SGD loop: ``batch`` pairs per step from each pair pool until ``iters`` pairs are seen
         (or, with validation rows ``val`` = (X_val prepared, y_val), until early stopping)."""
-        sgd = PairSGD(L0, self._kind, self._searched("lr"), self.bias, self.margin, self.learn_bias, self.optimizer,
-                      getattr(self, "threads", 1), scale)
-        history, losses, every = [], [], max(1, self.iters // 50)
-        check = max(self.batch, self.iters // VALIDATIONS)
-        best, stale = None, 0
-
-        def validate():
-            nonlocal best, stale
-            with np.errstate(over="ignore", invalid="ignore"):   # a diverging L is the step's error to raise
-                v = validation_map(sgd.embed(val[0]), val[1])
-            history.append({"iter": int(sgd.pairs_seen), "val_map": v})
-            if best is None or v > best[0] or not np.isfinite(best[0]):
-                best, stale = (v, int(sgd.pairs_seen), sgd.L.copy(), sgd.bias), 0
-            else:
-                stale += 1
-            return stale >= PATIENCE
-
-        stop = val is not None and validate()
+        self.__dict__.pop("_partial", None)   # a fit starts afresh: the SGD state of partial_fit calls is dropped
+        run = _PairRun(self, L0, scale, val)
+        run.stop = val is not None and run.validate()
         try:
             for X, i, j, s in pair_pools:
-                for a in range(0, len(s), self.batch):
-                    b = min(a + self.batch, len(s), a + self.iters - sgd.pairs_seen)
-                    losses.append(sgd.step(X[i[a:b]], X[j[a:b]], s[a:b]))
-                    if sgd.pairs_seen // every != (sgd.pairs_seen - (b - a)) // every:
-                        history.append({"iter": int(sgd.pairs_seen), "hinge": float(np.mean(losses))})
-                        losses = []
-                    if val is not None and sgd.pairs_seen // check != (sgd.pairs_seen - (b - a)) // check:
-                        stop = validate()
-                    if sgd.pairs_seen >= self.iters or stop:
-                        break
-                if sgd.pairs_seen >= self.iters or stop:
+                if run.steps(X, i, j, s):
                     break
         finally:
-            sgd.close()
-        if losses:
-            history.append({"iter": int(sgd.pairs_seen), "hinge": float(np.mean(losses))})
-        checked = [h["iter"] for h in history if "val_map" in h]
-        if val is not None and not stop and checked[-1] != sgd.pairs_seen:
-            validate()   # the end of training is a candidate too
+            run.sgd.close()
+        run.history, run.losses = run.hinges(), []
+        checked = [h["iter"] for h in run.history if "val_map" in h]
+        if val is not None and not run.stop and checked[-1] != run.sgd.pairs_seen:
+            run.validate()   # the end of training is a candidate too
+        self._keep(run)
+
+    def _keep(self, run: "_PairRun") -> None:
+        """L and the fitted attributes from a run: the best validated L, else the current one."""
+        sgd, L, bias = run.sgd, run.sgd.L, run.sgd.bias
         self.best_iter_ = self.val_map_ = None
-        if best is not None:
-            self.val_map_, self.best_iter_ = best[0], best[1]
-            sgd.L, sgd.bias = best[2], best[3]
-        self.L_ = np.ascontiguousarray(sgd.L, np.float32)
-        self.bias_ = float(sgd.bias)
-        self.history_ = history
+        if run.best is not None:
+            self.val_map_, self.best_iter_, L, bias = run.best
+        self.L_ = np.ascontiguousarray(L, np.float32)
+        self.bias_ = float(bias)
+        self.history_ = run.hinges()
         self.pairs_seen_ = int(sgd.pairs_seen)
         self.n_steps_ = int(sgd.steps)
+
+    # -- partial_fit -------------------------------------------------------------------------------------
+    def partial_fit(self, X, y, classes=None, init=None):
+        """SGD on the pairs of one pool of labelled rows: the steps :meth:`fit` takes for each of its pools.
+
+        The pool gets its share of ``pairs`` (``pairs`` per ``n_samples`` rows, see the class
+        docstring), drawn inside it, SGD takes them ``batch`` at a time; the SGD state (L, b, Adam's
+        moments, the pairs seen, the draws) carries over from call to call, so a loop of
+        ``partial_fit`` over the pools of :func:`metricpipe.tasks.stream.pools` learns the L of ``fit``
+        with ``validation=0`` and as many ``iters`` as the loop drew pairs. The caller owns the loop:
+        ``iters`` and early stopping are ``fit``'s, and the model after a call is the last L. ``fit``
+        drops this state.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            A pool of training rows (NML: non-negative).
+        y : array-like of shape (n_samples,)
+        classes : array-like or None
+            Every class label the calls will see (scikit-learn's convention), on the first call; None:
+            the labels of the first call's y.
+        init : dict or None
+            On the first call, the statistics of the training rows (:attr:`reads_statistics`, e.g.
+            :func:`metricpipe.tasks.moments.statistics`; LinearML starts from their PCA components)
+            and their ``n_samples``, the rows of one pass that ``pairs`` counts pairs for. None: the
+            statistics of the first call's rows, and its row count for ``n_samples``. Later calls ignore
+            it (dask-ml's ``Incremental`` passes it to every call).
+
+        Returns
+        -------
+        self
+        """
+        state = getattr(self, "_partial", None)
+        if state is None:
+            X, codes = self._partial_rows(X, y, classes)
+            state = self._partial = self._partial_start(X, init)
+        else:
+            X, codes = self._partial_rows(X, y, classes, state["classes"])
+        i, j, s = self._pool_pairs(codes, state["rows"], state["n_samples"], state["rng"])
+        state["rows"] += len(codes)
+        state["drawn"] += len(s)
+        run = state["run"]
+        try:
+            with one_blas_thread():
+                run.steps(self._prepare(X, f"{type(self).__name__}.partial_fit: X"), i, j, s, until_iters=False)
+        finally:
+            run.sgd.close()
+        self._keep(run)
+        self.n_pairs_, self.pair_source_ = state["drawn"], "labels"
+        return self
+
+    def _partial_start(self, X, init) -> dict:
+        """partial_fit's state after its first rows X: the SGD from ``init``'s start (else X's), the
+        draws, the rows seen and ``n_samples``."""
+        if init is not None and not isinstance(init, dict):
+            raise InputError(f"{type(self).__name__}.partial_fit: init must be a dict of statistics (e.g. "
+                             f"metricpipe.tasks.moments.statistics(X)); got {type(init).__name__}")
+        statistics = init if init is not None else moments.statistics(X) if self.reads_statistics else {}
+        missing = [k for k in self.reads_statistics if k not in statistics]
+        if missing:
+            raise InputError(f"{type(self).__name__}.partial_fit: init lacks {', '.join(missing)}; give the "
+                             f"statistics of metricpipe.tasks.moments.statistics(X)")
+        n_samples = int(statistics.get("n_samples", len(X)))
+        if n_samples < 1:
+            raise InputError(f"{type(self).__name__}.partial_fit: init's n_samples must be >= 1 (the rows of one "
+                             f"pass); got {n_samples}")
+        seed = seed_of(self.random_state)
+        L_init, scale = self.start(statistics)
+        run = _PairRun(self, self._start(X.shape[1], L_init, seed), scale)
+        return {"run": run, "rng": np.random.default_rng([seed, 17]), "rows": 0, "drawn": 0, "n_samples": n_samples,
+                "classes": self.classes_}
 
     @property
     def _n_features_out(self):
@@ -383,3 +440,53 @@ class PairLearner(Learner):
         tags = super().__sklearn_tags__()
         tags.target_tags.required = True
         return tags
+
+
+class _PairRun:
+    """One SGD run over pair pools: the :class:`PairSGD`, its ``history`` (the mean hinge every
+    ``iters`` / 50 pairs, and the validations) and early stopping on validation rows ``val``
+    (prepared rows, labels): a check every ``iters`` / VALIDATIONS pairs keeps the best L, and says
+    stop after PATIENCE checks in a row without a better mAP."""
+
+    def __init__(self, learner: PairLearner, L0, scale: float, val=None):
+        self.sgd = PairSGD(L0, learner._kind, learner._searched("lr"), learner.bias, learner.margin,
+                           learner.learn_bias, learner.optimizer, getattr(learner, "threads", 1), scale)
+        self.batch, self.iters = learner.batch, learner.iters
+        self.history, self.losses, self.every = [], [], max(1, self.iters // 50)
+        self.check = max(self.batch, self.iters // VALIDATIONS)
+        self.val, self.best, self.stale, self.stop = val, None, 0, False
+
+    def validate(self) -> bool:
+        sgd = self.sgd
+        with np.errstate(over="ignore", invalid="ignore"):   # a diverging L is the step's error to raise
+            v = validation_map(sgd.embed(self.val[0]), self.val[1])
+        self.history.append({"iter": int(sgd.pairs_seen), "val_map": v})
+        if self.best is None or v > self.best[0] or not np.isfinite(self.best[0]):
+            self.best, self.stale = (v, int(sgd.pairs_seen), sgd.L.copy(), sgd.bias), 0
+        else:
+            self.stale += 1
+        return self.stale >= PATIENCE
+
+    def steps(self, X, i, j, s, until_iters: bool = True) -> bool:
+        """SGD on one pair pool: ``batch`` pairs a step (the pool's last batch may be shorter;
+        ``until_iters``: none past ``iters`` pairs). Returns whether to stop (``iters`` pairs, or early
+        stopping)."""
+        sgd = self.sgd
+        for a in range(0, len(s), self.batch):
+            b = min(a + self.batch, len(s))
+            if until_iters:
+                b = min(b, a + self.iters - sgd.pairs_seen)
+            self.losses.append(sgd.step(X[i[a:b]], X[j[a:b]], s[a:b]))
+            if sgd.pairs_seen // self.every != (sgd.pairs_seen - (b - a)) // self.every:
+                self.history.append({"iter": int(sgd.pairs_seen), "hinge": float(np.mean(self.losses))})
+                self.losses = []
+            if self.val is not None and sgd.pairs_seen // self.check != (sgd.pairs_seen - (b - a)) // self.check:
+                self.stop = self.validate()
+            if (until_iters and sgd.pairs_seen >= self.iters) or self.stop:
+                return True
+        return False
+
+    def hinges(self) -> list:
+        """The history, with the mean hinge of the pairs since its last entry."""
+        tail = [{"iter": int(self.sgd.pairs_seen), "hinge": float(np.mean(self.losses))}] if self.losses else []
+        return self.history + tail

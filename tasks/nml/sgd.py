@@ -35,9 +35,8 @@ class PairSGD:
         self.pairs_seen = self.steps = 0
         self.work = None  # NML's reused (d, 2 x batch, D) temporary
         self.moments = None
-        self.pool = None
-        if threads > 1 and kind == "nml":
-            self.pool = ThreadPoolExecutor(threads)
+        self.threads = threads if kind == "nml" else 1
+        self.pool = None   # the kernel's threads, started by a step and stopped by close()
 
     def _direction(self, G: np.ndarray, gb: float):
         """The step for L and b from their gradients."""
@@ -60,6 +59,8 @@ class PairSGD:
         if len(y) == 0:
             return 0.0
         if self.kind == "nml":
+            if self.pool is None and self.threads > 1:
+                self.pool = ThreadPoolExecutor(self.threads)
             if self.work is None or self.work.size < 2 * len(y) * self.L.size:
                 self.work = np.empty(2 * len(y) * self.L.size, np.float32)
             loss, G, gb = nml_loss_and_gradient(self.L, Xi, Xj, y, self.bias, self.margin, self.work, self.pool)

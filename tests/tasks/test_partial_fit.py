@@ -14,6 +14,7 @@ from sklearn.datasets import load_digits
 from metricpipe.tasks import moments, stream
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.ncmml import KNNML, NCMC, NCMML
+from metricpipe.tasks.nml import NML, LinearML
 from metricpipe.tasks.rows import ArrayRows
 
 SEED, BLOCK, POOLS = 3, 150, 7
@@ -24,6 +25,8 @@ LEARNERS = [
     NCMC(dim=8, batch=40, centroids=3, early_stopping=False, random_state=SEED),
     KNNML(dim=8, batch=30, targets="fixed", early_stopping=False, random_state=SEED),
     KNNML(dim=8, batch=30, early_stopping=False, random_state=SEED),
+    NML(dim=4, pairs=400, batch=16, validation=0, threads=2, random_state=SEED),
+    LinearML(dim=4, pairs=400, batch=16, validation=0, optimizer="adam", learn_bias=True, random_state=SEED),
 ]
 
 
@@ -104,7 +107,7 @@ def test_the_partial_fit_state_is_kept_between_calls_and_fit_drops_it(digits):
     np.testing.assert_array_equal(again.components_, W1)
 
 
-@pytest.mark.parametrize("est", [KNNML(dim=4, batch=30)],
+@pytest.mark.parametrize("est", [KNNML(dim=4, batch=30), NML(dim=4, pairs=300, batch=16, threads=2)],
                          ids=lambda e: type(e).__name__)
 def test_a_partially_fitted_learner_pickles_and_goes_on_from_where_it_was(digits, est):
     """dask's distributed scheduler moves the estimator between partial_fit calls as a pickle."""
@@ -118,7 +121,7 @@ def test_a_partially_fitted_learner_pickles_and_goes_on_from_where_it_was(digits
 
 def test_without_init_the_start_is_the_first_call_s_statistics(digits):
     X, y = digits
-    for est in (NCMML(dim=8, batch=40, random_state=SEED),):
+    for est in (NCMML(dim=8, batch=40, random_state=SEED), LinearML(dim=4, pairs=200, batch=16, random_state=SEED)):
         a = clone(est).partial_fit(X[:300], y[:300], classes=CLASSES)
         b = clone(est).partial_fit(X[:300], y[:300], classes=CLASSES, init=_init(est, X[:300], y[:300]))
         _assert_same(a, b)
@@ -136,7 +139,7 @@ def test_labels_of_any_type_are_given_by_classes_and_come_back_as_given(digits):
     assert list(by_name.classes_) == sorted(names) and set(by_name.predict(X[:50])) <= set(names)
 
 
-@pytest.mark.parametrize("est", [NCMML(dim=4, batch=16)], ids=lambda e: type(e).__name__)
+@pytest.mark.parametrize("est", [NCMML(dim=4, batch=16), NML(dim=4, pairs=100, batch=16)], ids=lambda e: type(e).__name__)
 def test_partial_fit_errors_name_the_problem(digits, est):
     X, y = digits
     first = clone(est).partial_fit(X[:200], y[:200], classes=CLASSES)
