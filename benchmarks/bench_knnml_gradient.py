@@ -54,7 +54,7 @@ def main():
     Y = X @ W.T
     targets = ncmml.choose_targets(Y, n_pos, 5, args.targets)
     negatives = np.broadcast_to(~is_pos, targets.shape)
-    dq = ncmml._sqdist(Y[:n_pos], Y)
+    dq = ncmml.sqdist(Y[:n_pos], Y)
 
     def ours():
         cp, cn = ncmml.triplet_counts(dq, targets, negatives)

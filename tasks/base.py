@@ -21,6 +21,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.validate import check_float32_range
 
 # constraints shared by many learners
 DIM = [Interval(Integral, 1, None, closed="left")]
@@ -66,7 +67,6 @@ def _within_float32(X, where: str = "X") -> None:
     refuses such files when it stages them). One line naming the first bad row and column."""
     X = np.asarray(X)
     if np.issubdtype(X.dtype, np.floating) and not _assume_finite():
-        from metricpipe.tasks.validate import check_float32_range
         bad = ~np.isfinite(X)
         if bad.any():
             r, c = np.argwhere(bad)[0] if X.ndim == 2 else (np.flatnonzero(bad)[0], 0)
@@ -193,6 +193,31 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
             if counts.min() < min_per_class:
                 raise ValueError(f"{type(self).__name__} needs at least {min_per_class} samples of every class; "
                                  f"class {self.classes_[int(np.argmin(counts))]!r} has {int(counts.min())}.")
+        return X, codes.astype(np.int64)
+
+    def _partial_rows(self, X, y, classes, known=None):
+        """partial_fit's rows (scikit-learn's convention): (X checked, y as class codes, positions in
+        ``classes_``). The first call (``known`` None) checks the parameters, sets ``n_features_in_`` and
+        ``classes_`` (``classes``, default the labels of its y); a later one restores ``classes_`` =
+        ``known``, and its ``classes``, if given, must be the same."""
+        name = f"{type(self).__name__}.partial_fit"
+        if y is None:
+            raise ValueError(f"{type(self).__name__} requires y to be passed, but the target y is None.")
+        if known is None:
+            self._validate_params()
+        X, y = self._check_X(X, known is None, y=y)
+        check_classification_targets(y)
+        if known is None:
+            known = np.unique(y) if classes is None else np.unique(np.asarray(classes))
+        elif classes is not None and not np.array_equal(np.unique(np.asarray(classes)), known):
+            raise InputError(f"{name}: classes differs from the first call's ({known.tolist()[:5]}...); give "
+                             f"the same classes to every call")
+        self.classes_ = known
+        codes = np.searchsorted(known, y)
+        bad = (codes >= len(known)) | (known[np.minimum(codes, len(known) - 1)] != y)
+        if bad.any():
+            raise InputError(f"{name}: y holds the label {y[bad][0].item()!r}, which is not in classes "
+                             f"{known.tolist()[:5]}; give every label on the first call (classes=...)")
         return X, codes.astype(np.int64)
 
     def transform(self, X):

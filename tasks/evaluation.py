@@ -5,6 +5,7 @@ call them on codes in memory.
 import numpy as np
 
 from metricpipe.tasks import knn, metrics, ncmml
+from metricpipe.tasks.slem import similarity
 
 
 #: The classifiers over class means: NCM (Eq. 5 of Mensink et al.) and its mixture over k centroids (Eq. 22).
@@ -16,7 +17,6 @@ def scores(Q: np.ndarray, X: np.ndarray, score: str, x_sq: np.ndarray | None = N
     """Distances to rank by (ascending): squared Euclidean, minus the inner product, or minus kernel
     SLEM's similarity (Eq. 16, score "slem:..."); ``x_sq``: X's squared row norms, if known."""
     if score.startswith("slem:"):
-        from metricpipe.tasks.slem import similarity
         return -similarity(Q, X, score).astype(np.float32)
     return metrics.sq_distances(Q, X, x_sq) if score == "euclidean" else -(np.asarray(Q, np.float32) @ X.T)
 

@@ -215,3 +215,10 @@ def statistics(X: np.ndarray, y: np.ndarray | None = None, n_components: int | N
     the moments of X (n, D) with class codes y (n,) in 0..C-1 (None: one class)."""
     y = np.zeros(len(X), np.int64) if y is None else np.asarray(y, np.int64)
     return finalize_statistics(partial_moments(X, y, int(y.max()) + 1 if len(y) else 1), n_components)
+
+
+def pca_statistics(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """What the statistics stage gives the learners, from rows X (n, D) in memory: the mean (D,)
+    float64 and the PCA basis (D, D) as rows, decreasing variance (:func:`finalize_statistics`)."""
+    stats = finalize_statistics(partial_moments(X, np.zeros(len(X), np.int64), 1))
+    return stats["mean"], stats["pca_components"]

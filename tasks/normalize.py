@@ -29,3 +29,11 @@ def normalize_rows(X: np.ndarray, kind: str) -> np.ndarray:
         return (X / norms).astype(np.float32)
     return (X / norms.astype(np.float32)).astype(np.float32, copy=False)
 
+
+def preprocess(X: np.ndarray, mean: np.ndarray, P: np.ndarray) -> np.ndarray:
+    """Centre, project on the PCA basis P (D, p) and l2-normalise rows: the SL-NE input space
+    (SL-NE and SL-DE encode through it, and so does :class:`~metricpipe.tasks.models.LinearModel`)."""
+    Z = (np.asarray(X, np.float32) - mean.astype(np.float32)) @ P.astype(np.float32)
+    norms = np.linalg.norm(Z, axis=1, keepdims=True)
+    norms[norms == 0] = 1.0
+    return Z / norms

@@ -51,7 +51,7 @@ from metricpipe.tasks.rows import ArrayRows, TrainingRows
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.metrics import retrieval_scores
 from metricpipe.tasks.models import LinearModel
-from metricpipe.tasks.slne import pca_statistics
+from metricpipe.tasks.moments import pca_statistics
 
 GOLDEN = (np.sqrt(5.0) - 1.0) / 2.0
 
@@ -187,6 +187,79 @@ def support_size(it: int, D: int, m: int, anneal: float, max_iter: int) -> int:
     return max(m, int(round(D * (m / D) ** (it / steps))))
 
 
+def check_rank_inputs(D: int, U0: np.ndarray, sparsity: float, anneal: float, pivot: str) -> None:
+    """rank_projectors' arguments that no estimator parameter check covers (a direct call)."""
+    if U0.shape[0] != D:
+        raise InputError(f"sparse: initial projectors have {U0.shape[0]} rows for {D}-d signatures")
+    if not 0.0 <= anneal <= 1.0:
+        raise InputError(f"The 'anneal' parameter of sparse must be in [0, 1]. Got {anneal} instead.")
+    if not 0.0 <= sparsity < 1.0:
+        raise InputError(f"The 'sparsity' parameter of sparse must be in [0, 1). Got {sparsity} instead.")
+    if pivot not in ("original", "initial"):
+        raise InputError(f"The 'pivot' parameter of sparse must be original or initial. Got {pivot!r} instead.")
+
+
+def start_pivots(X: np.ndarray, U0: np.ndarray, gt: GroundTruth, pivot: str) -> np.ndarray:
+    """Every query's pivot (Section IV-1): by the original signatures X X^T, or by the projected start."""
+    Y0 = X if pivot == "original" else X @ np.asarray(U0, np.float64)
+    _, neg_all = gt.masks(gt.queries)
+    return pivots(Y0 @ Y0.T, neg_all)
+
+
+def select_queries(f_all: np.ndarray, P: int, rng: np.random.Generator) -> np.ndarray:
+    """Algorithm 1's P queries of a step: the half with the highest f_q, the rest drawn at random."""
+    active = np.argsort(-f_all, kind="stable")[:P // 2]                       # active half
+    rest = np.setdiff1d(np.arange(len(f_all)), active)
+    return np.concatenate([active, rng.choice(rest, P - len(active), replace=False)])  # stochastic half
+
+
+def descent_step(U: np.ndarray, G: np.ndarray, X: np.ndarray, gt: GroundTruth, qs: np.ndarray, piv: np.ndarray,
+                 eps: float, m: int) -> np.ndarray:
+    """U - mu G kept to m non-zeros per column and unit columns (Eqs. 15, 17), mu by golden-section
+    search on the queries' objective over [0, ||U|| / ||G||]."""
+    def step(mu):
+        return unit_columns(project_l0(U - mu * G, m))                         # Eqs. 15, 17
+
+    mu = golden_section(lambda mu: objective_and_gradient(step(mu), X, gt, qs, piv, eps, gradient=False)[0],
+                        0.0, np.linalg.norm(U) / np.linalg.norm(G), tol=1e-4, max_iter=20)
+    return step(mu)
+
+
+def history_entry(it: int, total: float, U: np.ndarray, X: np.ndarray, gt: GroundTruth) -> dict:
+    """A ``history`` entry of rank_projectors: the iteration, the objective over all queries, the train mAP."""
+    return {"iter": it, "objective": total, "train_map": train_map(U, X, gt)}
+
+
+class ValidationCheck:
+    """rank_projectors' early stopping: at a history entry whose U has its final support, the mAP of
+    the validation rows querying each other by x U ("val_map"); keeps the best (val_map, iter, U)
+    (ties: the earlier) and says stop after ``patience`` checks in a row without a better one. With
+    no validation rows it never checks."""
+
+    def __init__(self, validation, m_final: int, patience: int | None, eligible: int):
+        self.on = validation is not None
+        if self.on:
+            self.Xv, self.kv = np.asarray(validation[0], np.float64), np.asarray(validation[1])
+        self.m_final, self.patience = m_final, patience or max(5, (eligible + 1) // 2)
+        self.best, self.stale = None, 0
+
+    def __call__(self, entry: dict, U: np.ndarray) -> bool:
+        if not self.on or np.count_nonzero(U, axis=0).max() > self.m_final:
+            return False
+        entry["val_map"] = v = evaluation.validation_map(self.Xv @ U, self.kv, "inner")
+        if self.best is None or v > self.best[0]:
+            self.best, self.stale = (v, entry["iter"], U.copy()), 0
+        else:
+            self.stale += 1
+        return self.stale >= self.patience
+
+
+def checked_iterations(D: int, m_final: int, anneal: float, max_iter: int, record_every: int) -> int:
+    """The history entries of a full run whose U has its final support (each a validation check)."""
+    return len([it for it in range(0, max_iter, record_every)
+                if support_size(max(it - 1, 0), D, m_final, anneal, max_iter) == m_final])
+
+
 def rank_projectors(X: np.ndarray, key: np.ndarray, U0: np.ndarray, *, sparsity: float = 0.9, queries: int = 100,
                     epsilon: float = 1e-6, max_iter: int = 200, anneal: float = 0.5, seed=0, tol: float = TOL,
                     record_every: int = 1, pivot: str = "original", validation=None, patience: int | None = None,
@@ -225,86 +298,61 @@ def rank_projectors(X: np.ndarray, key: np.ndarray, U0: np.ndarray, *, sparsity:
     """
     X = np.asarray(X, np.float64)
     N, D = X.shape
-    if U0.shape[0] != D:
-        raise InputError(f"sparse: initial projectors have {U0.shape[0]} rows for {D}-d signatures")
-    if not 0.0 <= anneal <= 1.0:
-        raise InputError(f"The 'anneal' parameter of sparse must be in [0, 1]. Got {anneal} instead.")
-    if not 0.0 <= sparsity < 1.0:
-        raise InputError(f"The 'sparsity' parameter of sparse must be in [0, 1). Got {sparsity} instead.")
+    check_rank_inputs(D, U0, sparsity, anneal, pivot)
     gt = GroundTruth(np.arange(N), np.asarray(key))
     m_final = nonzeros_per_column(D, sparsity)
     U = unit_columns(project_l0(np.asarray(U0, np.float64), support_size(0, D, m_final, anneal, max_iter)))
-    if pivot not in ("original", "initial"):
-        raise InputError(f"The 'pivot' parameter of sparse must be original or initial. Got {pivot!r} instead.")
-    Y0 = X if pivot == "original" else X @ np.asarray(U0, np.float64)
-    _, neg_all = gt.masks(gt.queries)
-    piv_all = pivots(Y0 @ Y0.T, neg_all)
+    piv_all = start_pivots(X, U0, gt, pivot)
     rng = np.random.default_rng(seed)
     P = min(queries, N)
     history = []
     done = n_iter = 0
-    best, stale = None, 0          # (val_map, iter, U) of the best checked state; checks without a better one
-    if validation is not None:
-        Xv, kv = np.asarray(validation[0], np.float64), np.asarray(validation[1])
-        eligible = [it for it in range(0, max_iter, record_every)
-                    if support_size(max(it - 1, 0), D, m_final, anneal, max_iter) == m_final]
-        patience = patience or max(5, (len(eligible) + 1) // 2)
-
-    def check(entry, U):
-        nonlocal best, stale
-        if validation is None or np.count_nonzero(U, axis=0).max() > m_final:
-            return False
-        entry["val_map"] = v = evaluation.validation_map(Xv @ U, kv, "inner")
-        if best is None or v > best[0]:
-            best, stale = (v, entry["iter"], U.copy()), 0
-        else:
-            stale += 1
-        return stale >= patience
-
+    checks = 0 if validation is None else checked_iterations(D, m_final, anneal, max_iter, record_every)
+    check = ValidationCheck(validation, m_final, patience, checks)
     for it in range(max_iter if stop is None else min(max_iter, stop)):
         n_iter = it + 1
-        m = support_size(it, D, m_final, anneal, max_iter)
         total, _, f_all = objective_and_gradient(U, X, gt, gt.queries, piv_all, epsilon, gradient=False)
         if it % record_every == 0:
-            history.append({"iter": it, "objective": total, "train_map": train_map(U, X, gt)})
+            history.append(history_entry(it, total, U, X, gt))
             if check(history[-1], U):
                 break
         if total < tol:
             break
-        active = np.argsort(-f_all, kind="stable")[:P // 2]                       # active half
-        rest = np.setdiff1d(np.arange(N), active)
-        qs = np.concatenate([active, rng.choice(rest, P - len(active), replace=False)])  # stochastic half
+        qs = select_queries(f_all, P, rng)
         _, G, _ = objective_and_gradient(U, X, gt, qs, piv_all[qs], epsilon)
-        gnorm = np.linalg.norm(G)
-        if gnorm == 0:
+        if np.linalg.norm(G) == 0:
             break
-
-        def step(mu):
-            return unit_columns(project_l0(U - mu * G, m))                         # Eqs. 15, 17
-
-        mu = golden_section(lambda mu: objective_and_gradient(step(mu), X, gt, qs, piv_all[qs], epsilon,
-                                                              gradient=False)[0],
-                            0.0, np.linalg.norm(U) / gnorm, tol=1e-4, max_iter=20)
-        U = step(mu)
+        U = descent_step(U, G, X, gt, qs, piv_all[qs], epsilon, support_size(it, D, m_final, anneal, max_iter))
         done = it + 1
+    U = final_state(U, X, gt, piv_all, epsilon, m_final, history, done, check)
+    if validation is None:
+        return U.astype(np.float32), history, n_iter
+    best = check.best
+    if best is None:           # no state reached the final support before stopping: the last one
+        best = (history[-1].get("val_map", float("nan")), history[-1]["iter"], U)
+    return best[2].astype(np.float32), history, n_iter, (int(best[1]), float(best[0]))
+
+
+def final_state(U: np.ndarray, X: np.ndarray, gt: GroundTruth, piv_all: np.ndarray, epsilon: float, m_final: int,
+           history: list, done: int, check: ValidationCheck) -> np.ndarray:
+    """The end of rank_projectors: U on its final support, and its state after the last step (``done``)
+    as the last history entry (validated)."""
+    def objective(U):
+        return objective_and_gradient(U, X, gt, gt.queries, piv_all, epsilon, gradient=False)[0]
+
     if not history:   # stopped before the first iteration (stop 0): the start
-        total = objective_and_gradient(U, X, gt, gt.queries, piv_all, epsilon, gradient=False)[0]
-        history.append({"iter": 0, "objective": total, "train_map": train_map(U, X, gt)})
+        history.append(history_entry(0, objective(U), U, X, gt))
         check(history[-1], U)
     cut = np.count_nonzero(U, axis=0).max() > m_final
     if cut:  # stopped (tol) before the annealed support reached its target: project onto it (Eq. 17)
         U = unit_columns(project_l0(U, m_final))
     if cut or history[-1]["iter"] != done:  # the state after the last step
-        total = objective_and_gradient(U, X, gt, gt.queries, piv_all, epsilon, gradient=False)[0]
+        total = objective(U)
         if history[-1]["iter"] == done:
             history.pop()
-        history.append({"iter": done, "objective": total, "train_map": train_map(U, X, gt)})
+        history.append(history_entry(done, total, U, X, gt))
         check(history[-1], U)
-    if validation is None:
-        return U.astype(np.float32), history, n_iter
-    if best is None:           # no state reached the final support before stopping: the last one
-        best = (history[-1].get("val_map", float("nan")), history[-1]["iter"], U)
-    return best[2].astype(np.float32), history, n_iter, (int(best[1]), float(best[0]))
+    return U
 
 
 class SparseProjector(Learner):

@@ -19,6 +19,7 @@ import numpy as np
 
 from metricpipe.tasks import stream
 from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.validate import check_pair_indices
 
 SPLIT_NAMES = ("train", "test", "val", "negatives",   # code = position; stored as int8 with flag_meanings
                "unseen_train", "unseen_test")
@@ -112,7 +113,6 @@ def seen_classes(split: np.ndarray, labels: np.ndarray) -> np.ndarray:
 def check_pairs(i, j, y, split, where: str, random_split: bool = True):
     """User pairs (data.pairs): integer indices of training rows, y in {-1, +1} (``random_split``:
     the split was drawn by data.split.test, not read from the data's split column)."""
-    from metricpipe.tasks.nml import check_pair_indices   # (splits stays light: nml imports scikit-learn)
     check_pair_indices(i, j, y, len(split), where)
     for name, a in (("i", np.asarray(i)), ("j", np.asarray(j))):
         if (split[a] != TRAIN).any():

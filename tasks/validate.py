@@ -184,3 +184,21 @@ def class_codes(classes, labels, who: str = "classes") -> np.ndarray:
                          f"class labels ({shown}); list labels as the data holds them"
                          + ("" if numeric else " (quote text labels in YAML: '2.0')"))
     return np.array(sorted({hit for _, hit in found.values()}), np.int64)
+
+
+def check_pair_indices(i, j, y, n_rows: int, where: str) -> None:
+    """Pairs given by the user: integer row indices in 0..n_rows-1 of one equal length, y in {-1, +1}."""
+    i, j, y = np.asarray(i), np.asarray(j), np.asarray(y)
+    if not (len(i) == len(j) == len(y)) or len(i) == 0:
+        raise InputError(f"{where}: pairs need arrays i, j, y of one equal, non-zero length; got "
+                         f"{len(i)}, {len(j)}, {len(y)}")
+    for name, a in (("i", i), ("j", j)):
+        if not np.issubdtype(a.dtype, np.integer):
+            raise InputError(f"{where}: pairs '{name}' must hold integer row indices; got {a.dtype}")
+        bad = (a < 0) | (a >= n_rows)
+        if bad.any():
+            raise InputError(f"{where}: pair index {name}={int(a[bad][0])} is out of range 0..{n_rows - 1} "
+                             f"(pair {int(np.flatnonzero(bad)[0])}); fix or drop it")
+    if not np.isin(y, (-1, 1)).all():
+        raise InputError(f"{where}: pair labels y must be +1 (similar) or -1 (dissimilar); got "
+                         f"{sorted(set(np.unique(y).tolist()) - {-1, 1})[:3]}")

@@ -9,7 +9,7 @@ from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from metricpipe.tasks import moments, nml, stream
+from metricpipe.tasks import evaluation, moments, nml, stream
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.nml import NML, LinearML
 from metricpipe.tasks.normalize import normalize_rows
@@ -262,7 +262,7 @@ def test_early_stopping_keeps_the_l_with_the_best_validation_map(cls):
     checks = [h for h in est.history_ if "val_map" in h]
     best = max(checks, key=lambda h: h["val_map"])
     assert est.val_map_ == best["val_map"] and est.best_iter_ == best["iter"]
-    assert est.val_map_ == pytest.approx(nml.validation_map(est.transform(Xv), yv), abs=1e-6)
+    assert est.val_map_ == pytest.approx(evaluation.validation_map(est.transform(Xv), yv), abs=1e-6)
     assert checks[0]["iter"] == 0                                   # the start is a candidate
     if est.pairs_seen_ < 20000:   # stopped early: PATIENCE checks in a row without a better mAP
         assert len(checks) - 1 - checks.index(best) == nml.PATIENCE

@@ -41,7 +41,7 @@ def test_ncmc_gradient_matches_finite_differences_and_k1_equals_ncm():
     # Eq. 10's alpha written out for NCM against the mixture's alpha (Eq. 25) at k = 1
     X, y, W, means, owner = _case(k=1)
     Y, Mp = X @ W.T, means @ W.T
-    P = ncmml._softmax(-0.5 * ((Y[:, None] - Mp[None]) ** 2).sum(-1))
+    P = ncmml.softmax(-0.5 * ((Y[:, None] - Mp[None]) ** 2).sum(-1))
     alpha = P - np.eye(4)[y]
     G10 = sum(alpha[i, c] * W @ np.outer(means[c] - X[i], means[c] - X[i]) for i in range(len(X)) for c in range(4))
     _, G = ncmml.log_likelihood_and_gradient(W, X, y, means, owner, 4)
@@ -74,7 +74,7 @@ def test_sorting_gradient_equals_the_explicit_triplet_loop(mode, k, margin):
     Y = X @ W.T
     targets = ncmml.choose_targets(Y, n_pos, k, mode)
     negatives = np.broadcast_to(~is_pos, targets.shape)
-    cp, cn = ncmml.triplet_counts(ncmml._sqdist(Y[:n_pos], Y), targets, negatives, margin)
+    cp, cn = ncmml.triplet_counts(ncmml.sqdist(Y[:n_pos], Y), targets, negatives, margin)
     G = ncmml.triplet_gradient(W, X, np.arange(n_pos), cp, cn)
     loss, G_loop = ncmml.triplet_loss_loop(W, X, np.arange(n_pos), targets, negatives, margin)
     assert loss > 0 and cp.sum() > 0 and cp.sum() == cn.sum()
