@@ -1,11 +1,9 @@
-"""The layer contract of STYLE.md, checked on the source (an import-linter contract would cover only
-the imports; the second half needs the AST):
+"""The layer contract of STYLE.md, checked on the source (the import-linter contracts in pyproject.toml
+cover the imports; the second half needs the AST). The shape of the modules (no cycle, no private
+import, short functions) is tests/test_structure.py's:
 
 1. tasks/ is pure: it never imports the orchestration layer (metricpipe outside metricpipe.tasks),
    Dask, Zarr, fsspec, xarray, click, h5py or logging, and does no file I/O.
-   Inside tasks/, no module imports another's private (``_name``) names, no import of a metricpipe
-   module hides in a function unless its line says why (a measured import cost), and the modules'
-   imports form no cycle.
 2. pipeline/ holds no learning: it defines no function whose name speaks of a gradient, a loss, a
    step or an SGD; it calls no ``.step(``/``.partial_fit(``-style update of a learner's internal
    state; and from the learners' modules (baselines, ncmml, nml, slne, slem, sparse) it uses only
@@ -44,56 +42,6 @@ def _imports(tree):
                 yield node.module, a.name
 
 
-def _module_name(path: Path) -> str:
-    """metricpipe.tasks.ncmml.sgd for tasks/ncmml/sgd.py, metricpipe.tasks.ncmml for its __init__.py."""
-    parts = path.relative_to(ROOT / "tasks").with_suffix("").parts
-    return ".".join(("metricpipe", "tasks", *(parts[:-1] if parts[-1] == "__init__" else parts)))
-
-
-def _imports_by_scope(tree):
-    """(import node, inside a function) for every import of the module."""
-    def visit(node, in_function):
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.Import, ast.ImportFrom)):
-                yield child, in_function
-            yield from visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
-    yield from visit(tree, False)
-
-
-def _tasks_edges(path: Path, modules: set) -> set:
-    """The tasks modules ``path`` imports at its top level (``from metricpipe.tasks import knn``: the module
-    knn; ``from metricpipe.tasks.ncmml import NCMML``: the package ncmml)."""
-    out = set()
-    for node, in_function in _imports_by_scope(ast.parse(path.read_text())):
-        if in_function:
-            continue
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names if a.name in modules}
-        elif node.module and node.level == 0 and node.module in modules:
-            subs = {f"{node.module}.{a.name}" for a in node.names} & modules
-            out |= subs or {node.module}
-    return out
-
-
-def _cycle(graph: dict) -> list | None:
-    """One import cycle of ``graph`` (module -> the modules it imports) as a list of modules, or None."""
-    state, stack = {}, []
-
-    def visit(m):
-        state[m] = "open"
-        stack.append(m)
-        for n in sorted(graph.get(m, ())):
-            if state.get(n) == "open":
-                return stack[stack.index(n):] + [n]
-            if n not in state and (found := visit(n)):
-                return found
-        state[m] = "done"
-        stack.pop()
-        return None
-
-    return next((c for m in sorted(graph) if m not in state and (c := visit(m))), None)
-
-
 @pytest.mark.parametrize("path", TASKS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_tasks_modules_import_nothing_from_the_orchestration_layer(path):
     tree = ast.parse(path.read_text())
@@ -104,45 +52,6 @@ def test_tasks_modules_import_nothing_from_the_orchestration_layer(path):
             bad.add(module)
     assert not bad, f"{path.name} imports {sorted(bad)}"
     assert "open(" not in path.read_text(), f"{path.name} does I/O"
-
-
-@pytest.mark.parametrize("path", TASKS, ids=lambda p: str(p.relative_to(ROOT)))
-def test_tasks_modules_import_no_private_name_and_import_metricpipe_at_their_top(path):
-    lines = path.read_text().splitlines()
-    for node, in_function in _imports_by_scope(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("metricpipe"):
-            private = [a.name for a in node.names if a.name.startswith("_")]
-            assert not private, f"{path.name} line {node.lineno} imports {private} from {node.module}: give it a public name"
-        named = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
-        if in_function and any(n.startswith("metricpipe") for n in named):
-            assert "#" in lines[node.lineno - 1], \
-                f"{path.name} line {node.lineno} imports {named[0]} in a function: move it to the top (or say why)"
-
-
-def test_tasks_modules_import_no_cycle():
-    modules = {_module_name(p): p for p in TASKS}
-    graph = {m: _tasks_edges(p, set(modules)) for m, p in modules.items()}
-    assert "metricpipe.tasks.ncmml.sgd" in graph["metricpipe.tasks.ncmml.estimators"] | graph[
-        "metricpipe.tasks.ncmml.learner"]
-    assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph))}"
-
-
-@pytest.mark.parametrize("source, message", [
-    ("from metricpipe.tasks.ncmml.objectives import _helper\n", r"imports \['_helper'\] from"),
-    ("def f():\n    from metricpipe.tasks import knn\n    return knn\n", "imports metricpipe.tasks in a function"),
-])
-def test_the_tasks_import_checks_catch_a_private_or_hidden_import(tmp_path, source, message):
-    bad = tmp_path / "bad_kernel.py"
-    bad.write_text(source)
-    with pytest.raises(AssertionError, match=message):
-        test_tasks_modules_import_no_private_name_and_import_metricpipe_at_their_top(bad)
-    bad.write_text(source.replace("_helper", "helper").replace("knn\n    return", "knn  # numba: 0.3 s\n    return"))
-    test_tasks_modules_import_no_private_name_and_import_metricpipe_at_their_top(bad)
-
-
-def test_the_cycle_check_finds_a_cycle():
-    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
-    assert _cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
 
 
 @pytest.mark.parametrize("path", PIPELINE, ids=lambda p: str(p.relative_to(ROOT)))

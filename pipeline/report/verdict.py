@@ -6,12 +6,12 @@ import re
 from metricpipe.config import OBJECTIVES
 from metricpipe.report.data import (RECALL_RULE, definition, headline_metrics, mean_value, recall_hidden, repeat_count,
                                     report_rows, row_label, sample_sd, swept_params)
-from metricpipe.tasks import registry
+from metricpipe.tasks import evaluation, registry
 from metricpipe.tasks.compare import paired_interval
 
 # Headline metrics vote in families, one vote each, so that no objective counts twice: retrieval
 # (mAP and MAP@R) and, per classifier kind, the top-1 errors of its classifiers.
-KINDS = {"knn": "kNN", "softvote": "soft-vote", "ncm": "NCM", "ncmc": "NCMC"}
+KINDS = {"knn": "kNN", "softvote": "soft-vote", evaluation.NCM: "NCM", evaluation.NCMC: "NCMC"}
 LEVEL = 0.95          # the paired t interval over repeats
 ITEM_OF = {"retrieval": "queries", "classification": "classified test rows"}
 

@@ -331,8 +331,9 @@ def test_projector_refuses_too_many_projectors_and_a_single_key():
         sparse.SparseProjector(dim=2).fit(X, np.zeros(len(X)))
 
 
-def test_pivots_come_from_the_original_signatures_by_default():
+def test_pivots_come_from_the_original_signatures_by_default(monkeypatch):
     """Section IV-1: each query's pivot is its negative scored highest by the original signatures."""
+    from metricpipe.tasks.sparse import ranking
     X, y = make_blobs(n=60, d=8, classes=3, sep=1.0)
     Xc = X - X.mean(0)
     U0 = np.linalg.svd(Xc, full_matrices=False)[2][:2].T
@@ -342,14 +343,11 @@ def test_pivots_come_from_the_original_signatures_by_default():
     def spy(S0, neg):
         seen["S0"] = S0
         return real(S0, neg)
-    sparse.pivots = spy
-    try:
-        sparse.rank_projectors(Xc, y, U0, sparsity=0.0, queries=10, max_iter=2)
-        np.testing.assert_allclose(seen["S0"], Xc @ Xc.T, rtol=1e-5, atol=1e-6)
-        sparse.rank_projectors(Xc, y, U0, sparsity=0.0, queries=10, max_iter=2, pivot="initial")
-        np.testing.assert_allclose(seen["S0"], (Xc @ U0) @ (Xc @ U0).T, rtol=1e-5, atol=1e-6)
-    finally:
-        sparse.pivots = real
+    monkeypatch.setattr(ranking, "pivots", spy)
+    sparse.rank_projectors(Xc, y, U0, sparsity=0.0, queries=10, max_iter=2)
+    np.testing.assert_allclose(seen["S0"], Xc @ Xc.T, rtol=1e-5, atol=1e-6)
+    sparse.rank_projectors(Xc, y, U0, sparsity=0.0, queries=10, max_iter=2, pivot="initial")
+    np.testing.assert_allclose(seen["S0"], (Xc @ U0) @ (Xc @ U0).T, rtol=1e-5, atol=1e-6)
 
 
 def _split_digits():
