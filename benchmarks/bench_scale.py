@@ -25,7 +25,7 @@ import numpy as np
 
 def _synth(path: str, n: int, dim: int, classes: int, memory: str) -> float:
     from distributed import Client, LocalCluster
-    from metricpipe.synth import write_synthetic
+    from metricpipe.commands.synth import write_synthetic
     if os.path.exists(path):
         return 0.0
     t0 = time.perf_counter()

@@ -30,7 +30,7 @@ def synth(samples, dim, classes, store, seed, nonnegative, separation, nuisance,
     use it with data: {path: STORE}."""
     from metricpipe.cluster import connect, dashboard_lines   # deferred: loads Dask
     from metricpipe.config import parse_config   # deferred: loads scikit-learn
-    from metricpipe.synth import check_args, write_synthetic   # deferred: loads Zarr
+    from metricpipe.commands.synth import check_args, write_synthetic   # deferred: loads Zarr
 
     check_args(store, samples, dim, classes)
     cfg = apply_overrides(parse_config({"data": {"source": "digits"}}, where="metricpipe synth"), None, cluster,
@@ -57,7 +57,7 @@ def synth(samples, dim, classes, store, seed, nonnegative, separation, nuisance,
 @in_options("NEW_DATA")
 def add_classes_cmd(store, new_data, features, labels, model, hierarchy, prior_weight, zero_shot):
     """Add the classes of NEW_DATA to STORE's NCMML/NCMC models without retraining W."""
-    from metricpipe.classes import add_classes   # deferred: loads scikit-learn
+    from metricpipe.commands.classes import add_classes   # deferred: loads scikit-learn
     from metricpipe.store import Store   # deferred: loads Zarr
 
     st = Store(store)
@@ -83,14 +83,14 @@ def evaluate(embeddings, labels, features, queries, reference, query_labels, ref
              workers, memory_limit):
     """MAP@R, R-precision, precision@1, MRR, NMI and AMI of EMBEDDINGS (npy, npz, h5, zarr, parquet) as
     pytorch-metric-learning's AccuracyCalculator defines them, out of core on the cluster."""
-    from metricpipe.assess import evaluate_embeddings, plan_sides, write_records   # deferred: loads Dask and scikit-learn
+    from metricpipe.commands.assess import evaluate_embeddings, plan_sides, write_records   # deferred: loads Dask and scikit-learn
     from metricpipe.budget import limit_name   # deferred: loads scikit-learn
     from metricpipe.cluster import connect, dashboard_lines   # deferred: loads Dask
     from metricpipe.config import parse_config   # deferred: loads scikit-learn
     from metricpipe.runner import peak_rss   # deferred: loads Dask and scikit-learn
 
     if out:
-        from metricpipe.export import check_out   # deferred: loads scikit-learn and Zarr
+        from metricpipe.commands.export import check_out   # deferred: loads scikit-learn and Zarr
         check_out(out, "--out", None, inputs=((embeddings, "EMBEDDINGS"), (queries, "--queries"),
                                               (reference, "--reference"), (labels, "--labels"),
                                               (query_labels, "--query-labels"), (reference_labels, "--reference-labels")))
@@ -132,8 +132,8 @@ def predict(store, data, model, features, labels, k, out):
     mean for NCMML/NCMC models, else the majority of the k nearest train codes of the model's run."""
     import numpy as np   # deferred: --help starts without numpy
 
-    from metricpipe.classes import predict as run_predict   # deferred: loads scikit-learn
-    from metricpipe.export import check_out, written_whole   # deferred: loads scikit-learn and Zarr
+    from metricpipe.commands.classes import predict as run_predict   # deferred: loads scikit-learn
+    from metricpipe.commands.export import check_out, written_whole   # deferred: loads scikit-learn and Zarr
 
     if out:
         check_out(out, "--out", (".npy",), inputs=((data, "DATA"), (labels, "--labels")), store=store)
@@ -173,7 +173,7 @@ def encode(store, data, model, out, features, labels, ids, cluster, workers, mem
     in training; on the cluster when DATA is large or --cluster is given."""
     from metricpipe.cluster import connect   # deferred: loads Dask
     from metricpipe.config import parse_config   # deferred: loads scikit-learn
-    from metricpipe.export import encode as run_encode   # deferred: loads scikit-learn and Zarr
+    from metricpipe.commands.export import encode as run_encode   # deferred: loads scikit-learn and Zarr
 
     cfg = apply_overrides(parse_config({"data": {"source": "digits"}}, where="metricpipe encode"), None, cluster,
                           workers, memory_limit)
@@ -201,7 +201,7 @@ def encode(store, data, model, out, features, labels, ids, cluster, workers, mem
 @handle_errors
 def export(store, model, faiss_path, split, npz_path):
     """Export a model of STORE: its codes as a faiss index, or the model as arrays usable without metricpipe."""
-    from metricpipe.export import check_out, export_faiss, export_npz   # deferred: loads scikit-learn and Zarr
+    from metricpipe.commands.export import check_out, export_faiss, export_npz   # deferred: loads scikit-learn and Zarr
 
     if not faiss_path and not npz_path:
         raise InputError("metricpipe export: nothing to write; give --faiss PATH and/or --npz PATH")

@@ -36,7 +36,7 @@ def run(config, store, cluster, workers, memory_limit, resume, force, repair, pe
 
     cfg = apply_overrides(load_config(config), store, cluster, workers, memory_limit, repeats)
     if performance_report:   # written when the run ends: a path it cannot take is refused now
-        from metricpipe.export import check_out   # deferred: loads scikit-learn and Zarr
+        from metricpipe.commands.export import check_out   # deferred: loads scikit-learn and Zarr
         d = cfg.data
         check_out(performance_report, "--performance-report", None, store=cfg.store,
                   inputs=((config, "CONFIG"), (d.path, "data.path"), (d.labels, "data.labels"), (d.pairs, "data.pairs"),

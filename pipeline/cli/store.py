@@ -69,7 +69,7 @@ def gc(store, delete):
     Kept: every unit runs/latest.json names, the candidates of its parameter selections, the models
     add-classes made from its models, the shuffled copies of its data, and every unit committed after
     it started (a run that did not finish: its --resume reuses them)."""
-    from metricpipe.store.gc import unused_units   # deferred: loads Zarr
+    from metricpipe.commands.gc import unused_units   # deferred: loads Zarr
     from metricpipe.store import Store   # deferred: loads Zarr
 
     st = Store(store)

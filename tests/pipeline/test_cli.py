@@ -1156,7 +1156,7 @@ def test_a_dashboard_address_of_another_machine_is_the_same_one_line():
 def test_add_classes_takes_a_model_key_in_any_case(tmp_path):
     """Model keys are hex: find_model (load_model, encode, export, predict) reads them in any case;
     add-classes --model matched case-sensitively."""
-    from metricpipe.classes import ncm_models
+    from metricpipe.commands.classes import ncm_models
     from metricpipe.store import Store
     from metricpipe.tasks.errors import InputError
     st = Store(str(tmp_path / "s"))

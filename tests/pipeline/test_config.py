@@ -267,7 +267,7 @@ def test_alias_expansion_is_counted_without_expanding():
 def test_a_hierarchy_file_is_read_as_configs_are(tmp_path):
     """add-classes --hierarchy: its own YAML reading had no alias-bomb guard and named only the
     exception's type; it is read by the config reader now."""
-    from metricpipe.classes import _parents
+    from metricpipe.commands.classes import _parents
     from metricpipe.tasks.errors import InputError
     from tests.pipeline.test_cli import BOMB
     cases = {"bomb.yaml": (BOMB, r"YAML aliases expand to more than 100,000 values; the hierarchy \(--hierarchy\)"),

@@ -246,7 +246,8 @@ def test_a_parquet_file_from_metricpipe_encode_is_read_without_naming_its_column
 def test_query_groups_are_sized_to_the_workers_memory_limit_or_refused():
     """Groups were sized by a fixed 400 MB whatever the workers had: a user's 500 MB workers were
     killed (a FutureCancelledError traceback, exit 1) and 1 GB ones paused at 87%."""
-    from metricpipe import assess, budget
+    from metricpipe import budget
+    from metricpipe.commands import assess
     from metricpipe.tasks.errors import InputError
     k = 10147
     per_query = (2 * k + 4096) * 16 * 3.5
@@ -275,7 +276,7 @@ def test_query_groups_are_sized_to_the_workers_memory_limit_or_refused():
 @pytest.mark.integration
 def test_a_small_input_is_evaluated_on_400_mb_workers(client, tmp_path, monkeypatch):
     """evaluate refused --memory-limit 400MB for a 96 KB input: two 64 MB reference blocks were counted."""
-    from metricpipe import assess
+    from metricpipe.commands import assess
     monkeypatch.setattr(assess, "worker_limit", lambda client: 4e8)   # the session's workers, as 400 MB ones
     X, y = tied_case(0, n_ref=1500, dim=16, classes=5)
     np.savez(tmp_path / "e.npz", X=X.astype(np.float32), y=y)

@@ -152,7 +152,7 @@ def test_a_model_its_run_did_not_encode_is_marked_and_named_as_such(stored, tmp_
     res = CliRunner().invoke(main, ["export", str(store), "--model", dropped, "--faiss", str(tmp_path / "x.faiss")])
     assert res.exit_code == 2 and "has no committed codes; rerun 'metricpipe run CONFIG --resume'" in res.output, res.output
     # a model add-classes made has no codes of its own: the message names the model it extends
-    from metricpipe.classes import add_classes
+    from metricpipe.commands.classes import add_classes
     ncm = next(u.key for s, u, _ in models if s["method"] == "ncmml")
     np.savez(tmp_path / "new.npz", X=np.ones((4, 10), np.float32), y=np.array([11, 11, 12, 12]))
     [info] = add_classes(str(store), str(tmp_path / "new.npz"), model=ncm, log=lambda m: None)
@@ -264,7 +264,7 @@ def test_two_encodes_to_one_out_at_once_leave_one_model_s_codes_whole(stored, tm
     they succeeded and OUT held the second model's codes (or a mix)."""
     import threading
 
-    import metricpipe.export as export
+    import metricpipe.commands.export as export
     ctx, data, X, models, codes = stored
     (_, pca, _), (_, pca_codes, _) = _by(models, codes, "pca")
     (_, ncm, _), (_, ncm_codes, _) = _by(models, codes, "ncmml")
@@ -302,7 +302,7 @@ def test_two_encodes_to_one_out_at_once_leave_one_model_s_codes_whole(stored, tm
 def test_encode_on_the_cluster_gives_the_same_codes_in_row_order(stored, client, tmp_path):
     import contextlib
 
-    from metricpipe.export import encode
+    from metricpipe.commands.export import encode
     ctx, data, X, models, codes = stored
     (spec, unit, _), (_, cunit, _) = _by(models, codes, "sparse")
     out = tmp_path / "c.npz"
@@ -395,7 +395,7 @@ def test_faiss_export_returns_the_pipeline_s_retrieval_top10_for_1000_queries(re
 def test_faiss_export_is_ivf_past_the_threshold_and_refuses_kernel_slem(stored, tmp_path, monkeypatch):
     import faiss
 
-    import metricpipe.export as ex
+    import metricpipe.commands.export as ex
     ctx, data, X, models, codes = stored
     monkeypatch.setattr(ex, "IVF_ABOVE", 50)
     r = ex.export_faiss(ctx.store.url, _by(models, codes, "pca")[0][1].key, str(tmp_path / "ivf.faiss"), split="all")
@@ -435,7 +435,7 @@ def test_codes_check_reads_only_the_chunks_of_the_rows_it_serves(stored, monkeyp
     them (and the metadata), not the whole array, and a damaged one among them is still caught."""
     from pathlib import Path
 
-    import metricpipe.export as ex
+    import metricpipe.commands.export as ex
     from metricpipe.store import Store
     ctx, data, X, models, codes = stored
     (_, unit, _), (_, cunit, _) = _by(models, codes, "pca")
@@ -603,7 +603,7 @@ def test_outputs_never_destroy_the_input_or_an_existing_folder(stored, tmp_path)
 def test_predict_refuses_a_row_that_found_no_labelled_neighbour(stored, monkeypatch):
     """kNN rankings leave classes without a vote unranked (-1); a row whose code is not finite finds no
     neighbour at all, and names[-1] would have labelled it with the last class."""
-    import metricpipe.classes as predicting
+    import metricpipe.commands.classes as predicting
     ctx, data, X, models, codes = stored
     (_, unit, _), _ = _by(models, codes, "pca")
     real = predicting.knn_predict
@@ -618,7 +618,7 @@ def test_encode_in_this_process_runs_blas_on_one_thread_as_the_workers_do(tmp_pa
     """A product's bits depend on BLAS's thread count: kernel SLEM's codes from `metricpipe encode`
     differed from the stored ones by up to 6e-8 on a 2-thread BLAS (workers run one thread)."""
     from threadpoolctl import threadpool_info, threadpool_limits
-    from metricpipe import export
+    from metricpipe.commands import export
     seen = []
 
     class Probe:

@@ -132,7 +132,7 @@ def test_learned_metrics_are_linear_encoders_without_offset(trained):
 
 
 def test_add_classes_extends_a_copy_and_predicts_like_ncm_with_numpy_means(trained, tmp_path):
-    from metricpipe.classes import add_classes, predict
+    from metricpipe.commands.classes import add_classes, predict
     from metricpipe.tasks.normalize import normalize_rows
     ctx, data, models, _, _ = trained
     [(spec, unit)] = [(s, u) for s, u, _ in models if s["method"] == "ncmml" and s.get("classes")
@@ -167,7 +167,7 @@ def test_add_classes_extends_a_copy_and_predicts_like_ncm_with_numpy_means(train
 
 
 def test_add_classes_refuses_bad_new_data(trained, tmp_path):
-    from metricpipe.classes import add_classes
+    from metricpipe.commands.classes import add_classes
     from metricpipe.tasks.errors import InputError
     ctx, _, models, _, _ = trained
     [unit] = [u for s, u, _ in models if s["method"] == "ncmml" and s.get("classes") and s["objective"] == "euclidean"]
@@ -184,7 +184,7 @@ def test_add_classes_again_reuses_its_models_and_leaves_the_store_as_it_was(trai
     first call made, which hold the new classes already), and their copies are reused, not rewritten."""
     import shutil
 
-    from metricpipe.classes import add_classes
+    from metricpipe.commands.classes import add_classes
     from metricpipe.tasks.errors import InputError
     ctx, _, models, codes, _ = trained
     store = tmp_path / "store"
@@ -214,7 +214,7 @@ def test_add_classes_refuses_for_any_target_before_writing_for_one(trained, tmp_
 
     import yaml
 
-    from metricpipe.classes import add_classes
+    from metricpipe.commands.classes import add_classes
     from metricpipe.tasks.errors import InputError
     ctx, _, models, _, _ = trained
     store = tmp_path / "store"
@@ -232,7 +232,7 @@ def test_add_classes_gives_a_class_with_fewer_images_than_ncmc_s_centroids_one_o
     extending a model takes them too."""
     import shutil
 
-    from metricpipe.classes import add_classes
+    from metricpipe.commands.classes import add_classes
     from metricpipe.store import load_estimator
     ctx, _, models, _, _ = trained
     store = tmp_path / "store"
@@ -250,7 +250,7 @@ def test_add_classes_gives_a_class_with_fewer_images_than_ncmc_s_centroids_one_o
 
 
 def test_zero_shot_prior_is_the_mean_of_ancestor_means_and_map_mixes_it(trained, tmp_path):
-    from metricpipe.classes import add_classes, zero_shot_prior
+    from metricpipe.commands.classes import add_classes, zero_shot_prior
     from metricpipe.tasks.errors import InputError
     means = {"cat": np.array([1.0, 0]), "dog": np.array([3.0, 0]), "car": np.array([0, 10.0])}
     parents = {"cat": "mammal", "dog": "mammal", "lynx": "mammal", "mammal": "animal", "car": "thing"}
@@ -326,7 +326,7 @@ def test_dot_form_on_a_class_subset_gives_every_class_its_implied_bias_so_new_cl
 
 
 def test_predict_needs_no_labels_and_refuses_bad_ones_and_ambiguous_models(trained, tmp_path):
-    from metricpipe.classes import add_classes, predict
+    from metricpipe.commands.classes import add_classes, predict
     from metricpipe.tasks.errors import InputError
     ctx, data, models, _, _ = trained
     X = open_array(f"{data.url}/features")[:30]
@@ -447,7 +447,7 @@ def test_a_model_trained_on_some_classes_records_the_others_validation_error(tra
 
 def test_labels_are_compared_by_value_and_predict_returns_the_models_kind(trained, tmp_path):
     """Float labels 3.0 are class 3 (issue 19): predict's error, its output dtype, add-classes' clash."""
-    from metricpipe.classes import add_classes, predict
+    from metricpipe.commands.classes import add_classes, predict
     from metricpipe.tasks.errors import InputError
     ctx, data, models, _, _ = trained
     [unit] = [u for s, u, _ in models if s["method"] == "ncmml" and not s["classes"] and s["objective"] == "euclidean"]
@@ -474,7 +474,7 @@ def test_labels_are_compared_by_value_and_predict_returns_the_models_kind(traine
 
 
 def test_a_hierarchy_with_a_cycle_is_refused_naming_the_loop(trained, tmp_path):
-    from metricpipe.classes import add_classes
+    from metricpipe.commands.classes import add_classes
     from metricpipe.tasks.errors import InputError
     ctx, _, models, _, _ = trained
     [unit] = [u for s, u, _ in models if s["method"] == "ncmml" and s.get("classes") and s["objective"] == "euclidean"]
@@ -614,7 +614,7 @@ def test_add_classes_refuses_a_damaged_model_and_recomputes_a_damaged_copy(train
     a damaged copy add-classes made is recomputed by the same command, which is what its message says."""
     import shutil
 
-    from metricpipe.classes import add_classes, predict
+    from metricpipe.commands.classes import add_classes, predict
     from metricpipe.tasks.errors import InputError
     ctx, _, models, _, _ = trained
     store = tmp_path / "store"

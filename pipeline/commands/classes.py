@@ -26,7 +26,7 @@ from metricpipe.tasks.normalize import normalize_rows
 from metricpipe.tasks.validate import check_feature_block, label_values
 from metricpipe.config import read_yaml
 from metricpipe.tasks.evaluation import knn_predict
-from metricpipe.export import BLOCK_ROWS, codes_unit, data_config, encode_rows, open_input
+from metricpipe.commands.export import BLOCK_ROWS, codes_unit, data_config, encode_rows, open_input
 
 KMEANS_SAMPLE = 2000
 NCM = (evaluation.NCM, evaluation.NCMC)   # the classifiers over means (centroids) a new class can join

@@ -30,7 +30,7 @@ from metricpipe.sources import open_source
 from metricpipe.tasks import evaluation, knn, metrics, stream
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.validate import check_feature_block
-from metricpipe.export import written_whole
+from metricpipe.commands.export import written_whole
 from metricpipe.sources import fingerprint
 
 # A query group's pool (2k + tile candidates of 16 bytes, and the sort that cuts it) within this;
