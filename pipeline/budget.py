@@ -22,12 +22,13 @@ the worker process itself (Python, numpy, faiss, zarr: ~250 MB resident before a
 1 GB limit). A configuration that cannot fit is refused before staging with one line naming the
 setting to change.
 """
+
 from metricpipe.tasks.errors import InputError
 
 BLOCKS_PER_TASK = 4
 SPILL_FRACTION = 0.6
-PAUSE_FRACTION = 0.8      # Dask pauses a worker above this share of its limit (distributed's default)
-WORKER_RESIDENT = 2.5e8   # a worker process before any task (Python, numpy, faiss, zarr; measured)
+PAUSE_FRACTION = 0.8  # Dask pauses a worker above this share of its limit (distributed's default)
+WORKER_RESIDENT = 2.5e8  # a worker process before any task (Python, numpy, faiss, zarr; measured)
 # The index shares its worker with the row-blocks a re-ranking task reads (one block and the queries).
 INDEX_BLOCKS = 2
 
@@ -72,8 +73,11 @@ def retrieval_db_budget(client, buffers: float) -> float | None:
 def limit_name(cfg) -> str:
     """The setting that sizes the workers: memory_limit (or --memory-limit) for a local cluster; a
     running scheduler's or a spec's workers were started with their own."""
-    return cfg.setting("memory_limit") if cfg.cluster == "local" else \
-        "the workers' memory limit (dask worker --memory-limit, or the cluster spec's)"
+    return (
+        cfg.setting("memory_limit")
+        if cfg.cluster == "local"
+        else "the workers' memory limit (dask worker --memory-limit, or the cluster spec's)"
+    )
 
 
 def check_memory(client, cfg, needs) -> None:
@@ -85,9 +89,11 @@ def check_memory(client, cfg, needs) -> None:
         return
     for what, need, fix in needs(limit):
         if need > usable(limit):
-            raise InputError(f"{cfg.source_file}: {what} needs ~{need / 1e6:,.0f} MB, over the "
-                             f"{usable(limit) / 1e6:,.0f} MB a task may use ({SPILL_FRACTION:.0%} of the smallest "
-                             f"worker memory limit, {limit / 1e6:,.0f} MB); {fix.replace('memory_limit', limit_name(cfg))}")
+            raise InputError(
+                f"{cfg.source_file}: {what} needs ~{need / 1e6:,.0f} MB, over the "
+                f"{usable(limit) / 1e6:,.0f} MB a task may use ({SPILL_FRACTION:.0%} of the smallest "
+                f"worker memory limit, {limit / 1e6:,.0f} MB); {fix.replace('memory_limit', limit_name(cfg))}"
+            )
 
 
 def row_block(info) -> float:
@@ -99,11 +105,26 @@ def refuse_without_dense_covariance(est, n_features: int, max_dense_dim: int, wh
     """LDA and linear SLEM are fitted from the D x D covariance, which the statistics stage keeps only
     up to statistics.max_dense_dim features (randomized PCA above)."""
     if getattr(est, "needs_dense_covariance", False) and n_features > max_dense_dim:
-        raise InputError(f"{where} needs the D x D covariance, but D = {n_features} is above statistics."
-                         f"max_dense_dim ({max_dense_dim}); raise statistics.max_dense_dim (memory: D^2 x 8 "
-                         f"bytes) or drop it{f' ({est.dense_alternative})' if est.dense_alternative else ''}")
+        raise InputError(
+            f"{where} needs the D x D covariance, but D = {n_features} is above statistics."
+            f"max_dense_dim ({max_dense_dim}); raise statistics.max_dense_dim (memory: D^2 x 8 "
+            f"bytes) or drop it{f' ({est.dense_alternative})' if est.dense_alternative else ''}"
+        )
 
 
-__all__ = ["BLOCKS_PER_TASK", "INDEX_BLOCKS", "PAUSE_FRACTION", "SPILL_FRACTION", "WORKER_RESIDENT", "block_bytes",
-           "check_memory", "index_budget", "limit_name", "refuse_without_dense_covariance", "row_block", "task_budget",
-           "usable", "worker_limit"]
+__all__ = [
+    "BLOCKS_PER_TASK",
+    "INDEX_BLOCKS",
+    "PAUSE_FRACTION",
+    "SPILL_FRACTION",
+    "WORKER_RESIDENT",
+    "block_bytes",
+    "check_memory",
+    "index_budget",
+    "limit_name",
+    "refuse_without_dense_covariance",
+    "row_block",
+    "task_budget",
+    "usable",
+    "worker_limit",
+]

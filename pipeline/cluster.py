@@ -1,5 +1,6 @@
 """Clusters: an embedded LocalCluster, an existing scheduler address, or a spec file for SLURM
 (dask-jobqueue) or Kubernetes (dask-kubernetes)."""
+
 import contextlib
 import errno
 import ipaddress
@@ -15,17 +16,16 @@ import dask
 from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from metricpipe.config import RunConfig, read_yaml
 from metricpipe.errors import WorkersGone
 from metricpipe.tasks.errors import InputError
-from metricpipe.config import RunConfig
-from metricpipe.config import read_yaml
 
 # A task may lose its worker this many times (pre-emption, OOM kill) before the run stops with a
 # message naming the stage and block; its retries recompute the identical result.
 ALLOWED_FAILURES = 3
 # How long a run waits for its first worker from a SLURM or Kubernetes cluster (queued jobs, pulled images).
 WORKER_WAIT = 600
-CONNECT_TIMEOUT = "10s"   # a scheduler address that does not answer within it is an input error
+CONNECT_TIMEOUT = "10s"  # a scheduler address that does not answer within it is an input error
 # How often the watch of a connected cluster asks the scheduler for its workers (seconds).
 WATCH_INTERVAL = 1.0
 # The signal the watch stops the main thread with (a real signal: it wakes a wait blocked in a lock).
@@ -40,7 +40,9 @@ def tls_security(cluster: str, tls: tuple | None):
     environment (METRICPIPE_TLS_CA_FILE, _CERT, _KEY), else Dask's own ``distributed.comm.tls``
     settings; encryption required. Missing or unreadable files are one line naming the setting."""
     import os
+
     from distributed.security import Security
+
     if tls is None and all(os.environ.get(k) for k in TLS_ENV):
         tls, where = tuple(os.environ[k] for k in TLS_ENV), "environment " + ", ".join(TLS_ENV)
     else:
@@ -48,8 +50,10 @@ def tls_security(cluster: str, tls: tuple | None):
     if tls is None:
         sec = Security(require_encryption=True)
         if not (sec.tls_ca_file and sec.tls_client_cert):
-            raise InputError(f"cluster {cluster}: a tls:// scheduler needs certificates; give tls: {{ca_file, cert, "
-                             f"key}} in the config or set {', '.join(TLS_ENV)}")
+            raise InputError(
+                f"cluster {cluster}: a tls:// scheduler needs certificates; give tls: {{ca_file, cert, "
+                f"key}} in the config or set {', '.join(TLS_ENV)}"
+            )
         return sec
     for name, path in zip(("ca_file", "cert", "key"), tls):
         if not os.path.isfile(path):
@@ -79,6 +83,7 @@ def dashboard_lines(client) -> list[str]:
     network. A scheduler that runs in this process (a local or SLURM cluster) says where its dashboard
     listens; a remote one's link is Dask's."""
     from distributed.utils import format_dashboard_link, get_ip
+
     server = getattr(getattr(getattr(client, "cluster", None), "scheduler", None), "http_server", None)
     host, port = getattr(server, "address", None), getattr(server, "port", None)
     if host is None or port is None:
@@ -86,9 +91,11 @@ def dashboard_lines(client) -> list[str]:
         return [f"Dashboard: {link}"] if link else []
     if not ipaddress.ip_address(host).is_unspecified:
         return [f"Dashboard: {format_dashboard_link(f'[{host}]' if ':' in host else host, port)}"]
-    return [f"Dashboard: {format_dashboard_link(get_ip(), port)}",   # the address other machines reach
-            f"warning: the dashboard listens on every interface of this machine ({host}:{port}): whoever can "
-            f"reach it can watch the run and stop its tasks; dashboard: 127.0.0.1:{port} keeps it to this machine"]
+    return [
+        f"Dashboard: {format_dashboard_link(get_ip(), port)}",  # the address other machines reach
+        f"warning: the dashboard listens on every interface of this machine ({host}:{port}): whoever can "
+        f"reach it can watch the run and stop its tasks; dashboard: 127.0.0.1:{port} keeps it to this machine",
+    ]
 
 
 class DashboardHostError(InputError):
@@ -98,16 +105,19 @@ class DashboardHostError(InputError):
 
 def _port_free(host: str, port: int) -> bool:
     import socket
+
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         try:
             s.bind((host, port))
-        except OSError as e:   # an unknown name (gaierror) or another machine's address: the host's fault
+        except OSError as e:  # an unknown name (gaierror) or another machine's address: the host's fault
             if isinstance(e, socket.gaierror) or e.errno == errno.EADDRNOTAVAIL:
-                raise DashboardHostError(f"dashboard: {host} is not an address of this machine (or does not "
-                                         f"resolve); give 127.0.0.1:PORT, 0.0.0.0:PORT to open it to the "
-                                         f"network, or false") from None
-            return False   # taken
+                raise DashboardHostError(
+                    f"dashboard: {host} is not an address of this machine (or does not "
+                    f"resolve); give 127.0.0.1:PORT, 0.0.0.0:PORT to open it to the "
+                    f"network, or false"
+                ) from None
+            return False  # taken
     return True
 
 
@@ -115,11 +125,13 @@ class IgnoreInterrupt(WorkerPlugin):
     """A local cluster's workers share the terminal's process group, so a Ctrl-C reaches them too and
     kills them mid-task (a CancelledError traceback, leaked semaphores). They ignore it instead: the
     client, which gets it as well, stops the run and closes the cluster, workers included."""
+
     name = "metricpipe-ignore-sigint"
 
     def setup(self, worker):
         import signal
         import threading
+
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, signal.SIG_IGN)
 
@@ -137,6 +149,7 @@ class HeartbeatAtClose(logging.Filter):
 
 class QuietHeartbeat(WorkerPlugin):
     """Puts :class:`HeartbeatAtClose` on a local cluster's workers."""
+
     name = "metricpipe-quiet-heartbeat"
 
     def setup(self, worker):
@@ -175,14 +188,15 @@ def interrupts_deferred(pending: list):
     stopped); a signal this process ignored stays ignored. Main thread only (signal handlers are its)."""
     import signal
     import threading
+
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    old = {s: h for s, h in old.items() if h is not None and h != signal.SIG_IGN}   # None: not set from Python
+    old = {s: h for s, h in old.items() if h is not None and h != signal.SIG_IGN}  # None: not set from Python
 
     def hold(signum, frame):
-        if signum in pending and signum == signal.SIGINT:   # pressed again: stop now
+        if signum in pending and signum == signal.SIGINT:  # pressed again: stop now
             signal.signal(signum, old[signum])
             raise KeyboardInterrupt
         pending.append(signum)
@@ -193,7 +207,7 @@ def interrupts_deferred(pending: list):
     try:
         yield
     except Exception:
-        if pending:   # a start that failed because of the interrupt (a worker killed by it): the interrupt
+        if pending:  # a start that failed because of the interrupt (a worker killed by it): the interrupt
             raise KeyboardInterrupt from None
         raise
     finally:
@@ -205,8 +219,9 @@ def interrupts_deferred(pending: list):
 def raise_pending(pending: list) -> None:
     """Raise what the signal recorded by :func:`interrupts_deferred` would have raised."""
     import signal
+
     if signal.SIGTERM in pending:
-        signal.raise_signal(signal.SIGTERM)   # the handler installed for it (Terminated in the CLI)
+        signal.raise_signal(signal.SIGTERM)  # the handler installed for it (Terminated in the CLI)
     if pending:
         raise KeyboardInterrupt
 
@@ -218,14 +233,22 @@ def taken_port_quiet():
     check and the bind when another run starts at the same moment, and the link printed is the real
     one either way."""
     import warnings
+
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Port \d+ is already in use", category=UserWarning)
         yield
 
 
 @contextlib.contextmanager
-def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limit="auto",
-            dashboard: str | None = ":8787", tls: tuple | None = None, wait_timeout: float | None = None):
+def connect(
+    cluster: str,
+    workers: int,
+    threads_per_worker: int = 1,
+    memory_limit="auto",
+    dashboard: str | None = ":8787",
+    tls: tuple | None = None,
+    wait_timeout: float | None = None,
+):
     """Yield a connected Client (`cluster_client`); a failed connection between the cluster's members
     while it is used (a worker registered at an address the scheduler or this machine cannot reach:
     OSError from a scatter or a gather) is one line naming the address."""
@@ -235,9 +258,11 @@ def connect(cluster: str, workers: int, threads_per_worker: int = 1, memory_limi
         except OSError as e:
             if not comm_failure(e):
                 raise
-            raise InputError(f"cluster {cluster}: {str(e).splitlines()[0]}; a worker (or the scheduler) cannot be "
-                             f"reached at the address it registered: start workers with an address the scheduler "
-                             f"and this machine reach (dask worker --host, --contact-address)") from None
+            raise InputError(
+                f"cluster {cluster}: {str(e).splitlines()[0]}; a worker (or the scheduler) cannot be "
+                f"reached at the address it registered: start workers with an address the scheduler "
+                f"and this machine reach (dask worker --host, --contact-address)"
+            ) from None
 
 
 def comm_failure(e: BaseException) -> bool:
@@ -251,13 +276,20 @@ def comm_failure(e: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def cluster_client(cluster: str, workers: int, threads_per_worker: int = 1, memory_limit="auto",
-                   dashboard: str | None = ":8787", tls: tuple | None = None, wait_timeout: float | None = None):
+def cluster_client(
+    cluster: str,
+    workers: int,
+    threads_per_worker: int = 1,
+    memory_limit="auto",
+    dashboard: str | None = ":8787",
+    tls: tuple | None = None,
+    wait_timeout: float | None = None,
+):
     """Yield a connected Client; close what this function started on exit.
 
     ``cluster`` is ``local``, ``tcp://HOST:PORT``, ``tls://HOST:PORT`` (its Security from ``tls``, the
-    environment or Dask's settings: `tls_security`) or the path of a YAML spec with ``kind: slurm`` or ``kind: kubernetes``
-    and the keyword arguments of that cluster class.
+    environment or Dask's settings: `tls_security`) or the path of a YAML spec with ``kind: slurm`` or
+    ``kind: kubernetes`` and the keyword arguments of that cluster class.
 
     No wait on the cluster is longer than ``wait_timeout`` seconds (None: the config's default): a
     scheduler's answer (at most CONNECT_TIMEOUT), its first worker, and, while the block runs, a time
@@ -281,14 +313,19 @@ def _local(workers: int, threads_per_worker: int, memory_limit, dashboard: str |
     dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES})
     pending = []
     with interrupts_deferred(pending), quiet_resource_tracker(), taken_port_quiet():
-        lc = LocalCluster(n_workers=workers, threads_per_worker=threads_per_worker, processes=True,
-                          host="127.0.0.1", memory_limit=memory_limit,
-                          dashboard_address=dashboard_address(dashboard),
-                          # no dashboard: the scheduler still serves its health routes over HTTP,
-                          # on Dask's 8787 unless told otherwise; a free loopback port instead
-                          scheduler_kwargs=None if dashboard else {"dashboard_address": "127.0.0.1:0"})
+        lc = LocalCluster(
+            n_workers=workers,
+            threads_per_worker=threads_per_worker,
+            processes=True,
+            host="127.0.0.1",
+            memory_limit=memory_limit,
+            dashboard_address=dashboard_address(dashboard),
+            # no dashboard: the scheduler still serves its health routes over HTTP,
+            # on Dask's 8787 unless told otherwise; a free loopback port instead
+            scheduler_kwargs=None if dashboard else {"dashboard_address": "127.0.0.1:0"},
+        )
     with lc:
-        raise_pending(pending)   # a Ctrl-C during the start stops the run now, the cluster whole
+        raise_pending(pending)  # a Ctrl-C during the start stops the run now, the cluster whole
         with Client(lc) as client:
             client.register_plugin(IgnoreInterrupt())
             client.register_plugin(QuietHeartbeat())
@@ -303,16 +340,19 @@ def _scheduler(cluster: str, tls: tuple | None, wait_timeout: float):
         check_scheduler(cluster, security, min(_seconds(CONNECT_TIMEOUT), wait_timeout))
         client = Client(cluster, timeout=CONNECT_TIMEOUT, security=security)
     except (OSError, TimeoutError) as e:
-        raise InputError(f"cluster {cluster}: cannot reach the scheduler ({e}); start it with "
-                         f"'dask scheduler' or check the address"
-                         + (" and the tls certificates" if security else "")) from None
+        raise InputError(
+            f"cluster {cluster}: cannot reach the scheduler ({e}); start it with "
+            f"'dask scheduler' or check the address" + (" and the tls certificates" if security else "")
+        ) from None
     with client:
         try:
             client.wait_for_workers(1, timeout=wait_timeout)
         except TimeoutError:
-            raise InputError(f"cluster {cluster}: no worker joined the scheduler within {wait_timeout:g} s "
-                             f"(wait_timeout); start one ('dask worker {cluster}') and run again, or raise "
-                             f"wait_timeout (--wait-timeout)") from None
+            raise InputError(
+                f"cluster {cluster}: no worker joined the scheduler within {wait_timeout:g} s "
+                f"(wait_timeout); start one ('dask worker {cluster}') and run again, or raise "
+                f"wait_timeout (--wait-timeout)"
+            ) from None
         yield client
 
 
@@ -324,17 +364,20 @@ def _spec_class(cluster: str, spec: dict):
             SLURMCluster = slurm_cluster_class()
         except ImportError:
             raise InputError(f"{cluster}: kind slurm needs dask-jobqueue; pip install 'metricpipe[slurm]'") from None
-        except ValueError as e:   # dask-jobqueue sets a signal handler when imported: main thread only
-            raise InputError(f"{cluster}: dask-jobqueue cannot be imported outside the main thread ({e}); start "
-                             f"the SLURM run from the main thread, or import dask_jobqueue there first") from None
+        except ValueError as e:  # dask-jobqueue sets a signal handler when imported: main thread only
+            raise InputError(
+                f"{cluster}: dask-jobqueue cannot be imported outside the main thread ({e}); start "
+                f"the SLURM run from the main thread, or import dask_jobqueue there first"
+            ) from None
         check_slurm_spec(cluster, spec, SLURMCluster)
         return SLURMCluster, kind
     if kind == "kubernetes":
         try:
-            from dask_kubernetes.operator import KubeCluster   # (optional: the kubernetes extra)
+            from dask_kubernetes.operator import KubeCluster  # (optional: the kubernetes extra)
         except ImportError:
-            raise InputError(f"{cluster}: kind kubernetes needs dask-kubernetes; "
-                             f"pip install 'metricpipe[kubernetes]'") from None
+            raise InputError(
+                f"{cluster}: kind kubernetes needs dask-kubernetes; pip install 'metricpipe[kubernetes]'"
+            ) from None
         return KubeCluster, kind
     raise InputError(f"{cluster}: kind must be slurm or kubernetes (cluster spec), got {kind!r}")
 
@@ -344,22 +387,27 @@ def _spec_cluster(cluster: str, workers: int):
     """The SLURM or Kubernetes cluster a YAML spec describes, scaled to ``workers``, and its client."""
     spec_path = Path(cluster)
     if not spec_path.is_file():
-        raise InputError(f"{cluster}: cluster spec not found (cluster); use local, tcp://HOST:PORT or a spec "
-                         f"under cluster/")
+        raise InputError(
+            f"{cluster}: cluster spec not found (cluster); use local, tcp://HOST:PORT or a spec under cluster/"
+        )
     spec = read_yaml(spec_path, "a cluster spec") or {}
     if not isinstance(spec, dict):
-        raise InputError(f"{cluster}: a cluster spec is a YAML mapping (kind: slurm | kubernetes, then that "
-                         f"cluster's arguments), got a {type(spec).__name__}; see cluster/slurm.yaml")
+        raise InputError(
+            f"{cluster}: a cluster spec is a YAML mapping (kind: slurm | kubernetes, then that "
+            f"cluster's arguments), got a {type(spec).__name__}; see cluster/slurm.yaml"
+        )
     cls, kind = _spec_class(cluster, spec)
     if kind != "slurm":
         cm = cls(**spec)
     else:
         try:
-            with taken_port_quiet():   # its scheduler's dashboard runs here, on 8787 unless the spec says
+            with taken_port_quiet():  # its scheduler's dashboard runs here, on 8787 unless the spec says
                 cm = cls(**spec)
-        except (ValueError, TypeError) as e:   # a value of a kind the checks above do not know
-            raise InputError(f"{cluster}: dask-jobqueue refuses the SLURM spec: {str(e).splitlines()[0]}; check "
-                             f"its values against cluster/slurm.yaml") from None
+        except (ValueError, TypeError) as e:  # a value of a kind the checks above do not know
+            raise InputError(
+                f"{cluster}: dask-jobqueue refuses the SLURM spec: {str(e).splitlines()[0]}; check "
+                f"its values against cluster/slurm.yaml"
+            ) from None
     with cm as c, Client(c) as client:
         if kind == "slurm":
             check_slurm_job(cluster, c.job_script())
@@ -367,10 +415,12 @@ def _spec_cluster(cluster: str, workers: int):
         try:
             client.wait_for_workers(1, timeout=WORKER_WAIT)
         except TimeoutError:
-            raise InputError(f"{cluster}: no worker joined the scheduler at {c.scheduler_address} within "
-                             f"{WORKER_WAIT} s ({kind}); see whether the jobs still wait for resources or "
-                             f"ended (squeue, kubectl get pods) and the workers' logs (a worker that cannot "
-                             f"reach that address needs the spec's interface)") from None
+            raise InputError(
+                f"{cluster}: no worker joined the scheduler at {c.scheduler_address} within "
+                f"{WORKER_WAIT} s ({kind}); see whether the jobs still wait for resources or "
+                f"ended (squeue, kubectl get pods) and the workers' logs (a worker that cannot "
+                f"reach that address needs the spec's interface)"
+            ) from None
         yield client
 
 
@@ -382,6 +432,7 @@ def slurm_keys(SLURMCluster) -> set:
     """The keys a SLURM spec may hold: SLURMCluster's own arguments and its job class's (dask-jobqueue
     hands the rest of the spec to the job, whose bases take what it passes on)."""
     import inspect
+
     named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     keys = {p.name for p in inspect.signature(SLURMCluster.__init__).parameters.values() if p.kind in named}
     for c in SLURMCluster.job_cls.__mro__:
@@ -403,16 +454,21 @@ def check_slurm_spec(cluster: str, spec: dict, SLURMCluster) -> None:
 
     import dask
     from dask.utils import parse_bytes
+
     keys = slurm_keys(SLURMCluster)
     for key in spec:
         if key not in keys:
             near = difflib.get_close_matches(str(key), sorted(keys), n=1)
-            raise InputError(f"{cluster}: {key}: unknown key of a SLURM spec (the arguments of dask-jobqueue's "
-                             f"SLURMCluster); " + (f"did you mean '{near[0]}'?" if near else "see cluster/slurm.yaml"))
+            raise InputError(
+                f"{cluster}: {key}: unknown key of a SLURM spec (the arguments of dask-jobqueue's "
+                f"SLURMCluster); " + (f"did you mean '{near[0]}'?" if near else "see cluster/slurm.yaml")
+            )
     for key in ("cores", "memory"):
         if spec.get(key) is None and dask.config.get(f"jobqueue.slurm.{key}", None) is None:
-            raise InputError(f"{cluster}: {key}: missing; a SLURM spec gives each job's cores and memory (e.g. "
-                             f"cores: 4, memory: 16GB; see cluster/slurm.yaml)")
+            raise InputError(
+                f"{cluster}: {key}: missing; a SLURM spec gives each job's cores and memory (e.g. "
+                f"cores: 4, memory: 16GB; see cluster/slurm.yaml)"
+            )
     for key in ("cores", "processes"):
         v = spec.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
@@ -428,6 +484,7 @@ def check_slurm_spec(cluster: str, spec: dict, SLURMCluster) -> None:
 
 def _seconds(t) -> float:
     from dask.utils import parse_timedelta
+
     return parse_timedelta(t, "s")
 
 
@@ -442,8 +499,9 @@ def check_scheduler(address: str, security, timeout: float) -> None:
 
     from distributed.comm import connect as comm_connect
     from distributed.comm.addressing import get_address_host_port
-    with socket.create_connection(get_address_host_port(address), timeout=timeout):   # OSError: nothing accepts
-        pass   # (first on its own: the handshake's bound below must not cut a slow connect short)
+
+    with socket.create_connection(get_address_host_port(address), timeout=timeout):  # OSError: nothing accepts
+        pass  # (first on its own: the handshake's bound below must not cut a slow connect short)
     args = security.get_connection_args("client") if security is not None else {}
 
     async def probe():
@@ -456,11 +514,11 @@ def check_scheduler(address: str, security, timeout: float) -> None:
         try:
             asyncio.run(asyncio.wait_for(probe(), timeout))
             outcome.append(None)
-        except (asyncio.TimeoutError, TimeoutError):   # connected (a failed connect is an OSError)
+        except (asyncio.TimeoutError, TimeoutError):  # connected (a failed connect is an OSError)
             outcome.append(f"no Dask handshake within {timeout:g} s")
         except OSError as e:
             outcome.append(e)
-        except Exception as e:   # noqa: BLE001 - whatever the port sent back: not a scheduler's answer
+        except Exception as e:  # noqa: BLE001 - whatever the port sent back: not a scheduler's answer
             outcome.append(f"its answer is not Dask's ({type(e).__name__})")
 
     t = threading.Thread(target=run, name="metricpipe-scheduler-check", daemon=True)
@@ -470,8 +528,10 @@ def check_scheduler(address: str, security, timeout: float) -> None:
     if isinstance(why, OSError):
         raise why
     if why is not None:
-        raise InputError(f"cluster {address}: a program listens there but it is not a Dask scheduler ({why}); "
-                         f"check the address and port ('dask scheduler' prints its address)")
+        raise InputError(
+            f"cluster {address}: a program listens there but it is not a Dask scheduler ({why}); "
+            f"check the address and port ('dask scheduler' prints its address)"
+        )
 
 
 class WorkerWatch:
@@ -488,8 +548,8 @@ class WorkerWatch:
         self.error: WorkersGone | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._armed = False       # the handler may raise (once)
-        self._installed = False   # the handler is ours until the block ends; then ``_old`` again
+        self._armed = False  # the handler may raise (once)
+        self._installed = False  # the handler is ours until the block ends; then ``_old`` again
         self._old = None
         self._thread = threading.Thread(target=self._run, name="metricpipe-worker-watch", daemon=True)
 
@@ -511,18 +571,18 @@ class WorkerWatch:
 
     def _raise(self, signum, frame):
         if self._armed and self.error is not None:
-            self._armed = False   # once: the cleanup that follows must not be cut short again
+            self._armed = False  # once: the cleanup that follows must not be cut short again
             raise self.error
 
     def workers(self) -> int | None:
         """The scheduler's worker count; None when it does not answer."""
         try:
             return len(self.client.nthreads(callback_timeout=max(1.0, self.interval * 5)))
-        except Exception:   # noqa: BLE001 - a closed comm, a timeout: the scheduler is not answering
+        except Exception:  # noqa: BLE001 - a closed comm, a timeout: the scheduler is not answering
             return None
 
     def _run(self) -> None:
-        since = None    # when the workers were last seen gone
+        since = None  # when the workers were last seen gone
         while not self._stop.wait(self.interval):
             n = self.workers()
             if n:
@@ -542,13 +602,19 @@ class WorkerWatch:
     def message(self, n: int | None) -> str:
         where = f"cluster {self.cluster}"
         if n is None:
-            return (f"{where}: the scheduler has not answered for {self.bound:g} s (wait_timeout); restart it "
-                    f"and its workers, or check the network, and run again")
+            return (
+                f"{where}: the scheduler has not answered for {self.bound:g} s (wait_timeout); restart it "
+                f"and its workers, or check the network, and run again"
+            )
         if self.cluster == "local":
-            return (f"{where}: no worker for {self.bound:g} s (wait_timeout): the local workers stopped and did "
-                    f"not restart; see the worker log in the store's logs/ and run again")
-        return (f"{where}: no worker for {self.bound:g} s (wait_timeout): the scheduler's workers are gone; "
-                f"start workers ('dask worker {self.client.scheduler.address}') and run again")
+            return (
+                f"{where}: no worker for {self.bound:g} s (wait_timeout): the local workers stopped and did "
+                f"not restart; see the worker log in the store's logs/ and run again"
+            )
+        return (
+            f"{where}: no worker for {self.bound:g} s (wait_timeout): the scheduler's workers are gone; "
+            f"start workers ('dask worker {self.client.scheduler.address}') and run again"
+        )
 
 
 def slurm_cluster_class():
@@ -558,10 +624,12 @@ def slurm_cluster_class():
     status 0 and no resume hint, and stayed so for the rest of the process."""
     import signal
     import threading
-    if threading.current_thread() is not threading.main_thread():   # nothing to restore from here
+
+    if threading.current_thread() is not threading.main_thread():  # nothing to restore from here
         from dask_jobqueue import SLURMCluster
+
         return SLURMCluster
-    before = signal.getsignal(signal.SIGINT)   # None: a handler not set from Python, left as it is
+    before = signal.getsignal(signal.SIGINT)  # None: a handler not set from Python, left as it is
     try:
         from dask_jobqueue import SLURMCluster
     finally:
@@ -571,8 +639,12 @@ def slurm_cluster_class():
 
 
 # sbatch's words when it reaches no controller (no slurm.conf, slurmctld down): not the spec's fault
-UNREACHABLE_SLURM = ("Could not establish a configuration source", "Unable to contact slurm controller",
-                     "Socket timed out on send/recv operation", "Unable to establish control machine")
+UNREACHABLE_SLURM = (
+    "Could not establish a configuration source",
+    "Unable to contact slurm controller",
+    "Socket timed out on send/recv operation",
+    "Unable to establish control machine",
+)
 
 
 def check_slurm_job(cluster: str, script: str) -> None:
@@ -580,16 +652,22 @@ def check_slurm_job(cluster: str, script: str) -> None:
     own words, before any job is submitted: a rejected submission would otherwise surface only as a
     worker that never comes."""
     try:
-        res = subprocess.run(["sbatch", "--test-only"], input=script, capture_output=True, text=True,
-                             timeout=60)
+        res = subprocess.run(["sbatch", "--test-only"], input=script, capture_output=True, text=True, timeout=60)
     except FileNotFoundError:
-        raise InputError(f"{cluster}: sbatch not found; run on a machine that can submit SLURM jobs "
-                         f"(a login node)") from None
+        raise InputError(
+            f"{cluster}: sbatch not found; run on a machine that can submit SLURM jobs (a login node)"
+        ) from None
     if res.returncode != 0:
-        why = "; ".join(line.strip().removeprefix("sbatch: error: ") for line in res.stderr.splitlines()
-                        if line.strip()) or f"exit code {res.returncode}"
-        if any(s in res.stderr for s in UNREACHABLE_SLURM):   # nothing in the spec can fix this
-            raise InputError(f"{cluster}: SLURM's controller cannot be reached from this machine ({why}); run on "
-                             f"a login node of a working SLURM cluster, or check slurmctld and slurm.conf") from None
-        raise InputError(f"{cluster}: SLURM refuses the worker job: {why}; check the spec's queue, account, "
-                         f"cores, memory and walltime") from None
+        why = (
+            "; ".join(line.strip().removeprefix("sbatch: error: ") for line in res.stderr.splitlines() if line.strip())
+            or f"exit code {res.returncode}"
+        )
+        if any(s in res.stderr for s in UNREACHABLE_SLURM):  # nothing in the spec can fix this
+            raise InputError(
+                f"{cluster}: SLURM's controller cannot be reached from this machine ({why}); run on "
+                f"a login node of a working SLURM cluster, or check slurmctld and slurm.conf"
+            ) from None
+        raise InputError(
+            f"{cluster}: SLURM refuses the worker job: {why}; check the spec's queue, account, "
+            f"cores, memory and walltime"
+        ) from None

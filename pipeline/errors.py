@@ -1,4 +1,5 @@
 """Errors raised by the orchestration layer (user-input errors are tasks.errors.InputError)."""
+
 import threading
 
 from metricpipe.tasks.errors import InputError

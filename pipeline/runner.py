@@ -1,7 +1,8 @@
 """Runs the stage graph in order, shows progress, records timings, writes the manifest and report.
 
-    stage -> statistics -> [neighbours] -> train -> encode -> evaluate -> report
+stage -> statistics -> [neighbours] -> train -> encode -> evaluate -> report
 """
+
 import contextlib
 import os
 import shutil
@@ -16,16 +17,24 @@ from metricpipe.cluster import DashboardHostError, connect, dashboard_lines
 from metricpipe.config import SPLIT_NAMES, NeighboursConfig, RunConfig
 from metricpipe.context import StageContext
 from metricpipe.errors import STAGES, StageError, check_terminated
-from metricpipe.stages.evaluate import RETRIEVAL_QUERIES
 from metricpipe.report import build_report, package_versions, read_summary, winner_lines
+from metricpipe.stages.evaluate import RETRIEVAL_QUERIES
 from metricpipe.store import MARKER_SUFFIX, Store, to_json
 from metricpipe.tasks import splits
 from metricpipe.tasks.errors import InputError
 
 
-def run_pipeline(cfg: RunConfig, resume: bool = True, log=print, performance_report: str | None = None,
-                 client=None, force: str | None = None, repair: bool = False, terminal: bool = False,
-                 result=None) -> str:
+def run_pipeline(
+    cfg: RunConfig,
+    resume: bool = True,
+    log=print,
+    performance_report: str | None = None,
+    client=None,
+    force: str | None = None,
+    repair: bool = False,
+    terminal: bool = False,
+    result=None,
+) -> str:
     """Run every stage of ``cfg``; return the path of the report's index.html. ``force`` recomputes
     that stage and the ones after it; ``repair`` recomputes committed units that fail verification;
     ``terminal`` shows each stage's progress as one updating line on stderr (else plain log lines);
@@ -33,8 +42,7 @@ def run_pipeline(cfg: RunConfig, resume: bool = True, log=print, performance_rep
     which the CLI writes to stdout and the rest to stderr."""
     store = Store(cfg.store)
     with removed_if_refused(store):
-        return _run_locked(store, cfg, resume, log, performance_report, client, force, repair, terminal,
-                           result or log)
+        return _run_locked(store, cfg, resume, log, performance_report, client, force, repair, terminal, result or log)
 
 
 @contextlib.contextmanager
@@ -48,8 +56,12 @@ def removed_if_refused(store: Store):
     except InputError:
         # only a store this process locked: a command refused because another holds the lock must not
         # remove that one's (still uncommitted) work
-        if new_dir and getattr(store, "locked_here", False) and os.path.isdir(store.root) \
-                and not _committed_anything(store.root):
+        if (
+            new_dir
+            and getattr(store, "locked_here", False)
+            and os.path.isdir(store.root)
+            and not _committed_anything(store.root)
+        ):
             shutil.rmtree(store.root, ignore_errors=True)
         raise
 
@@ -69,44 +81,68 @@ def _committed_anything(root: str) -> bool:
 def _run_locked(store, cfg, resume, log, performance_report, client, force, repair, terminal, result) -> str:
     with contextlib.ExitStack() as stack:
         stack.enter_context(store.lock("metricpipe run", log=log))  # one writer at a time
-        back = store.restored + store.restore_replaced()   # a killed --force/--no-resume run's set-aside units
+        back = store.restored + store.restore_replaced()  # a killed --force/--no-resume run's set-aside units
         if back:
-            log(f"Restored {len(back)} committed unit(s) that a stopped run had set aside to recompute "
-                f"({', '.join(back[:3])}{', ...' if len(back) > 3 else ''})")
-        if client is None and cfg.cluster == "local":   # this run's, if it stops before committing them,
-            stack.callback(_restore_quietly, store, log)   # once its own workers are gone (registered
+            log(
+                f"Restored {len(back)} committed unit(s) that a stopped run had set aside to recompute "
+                f"({', '.join(back[:3])}{', ...' if len(back) > 3 else ''})"
+            )
+        if client is None and cfg.cluster == "local":  # this run's, if it stops before committing them,
+            stack.callback(_restore_quietly, store, log)  # once its own workers are gone (registered
             # before the cluster, so called after it closes); on another cluster a cancelled task may
             # still write, so the next command on the store restores them
-        quiet_log = []   # a finished run's worker log that stayed empty; removed once the cluster has closed
+        quiet_log = []  # a finished run's worker log that stayed empty; removed once the cluster has closed
         stack.callback(_remove_empty, quiet_log)
         plan = stages.prepare_data(cfg, store)  # refuse bad input before starting anything
         cfg = check_methods(cfg, plan.info, log)
         if client is None:
             try:
-                client = stack.enter_context(connect(cfg.cluster, cfg.workers, cfg.threads_per_worker,
-                                                     cfg.memory_limit, cfg.dashboard, cfg.tls, cfg.wait_timeout))
-            except DashboardHostError as e:    # found as the cluster starts: name the config too
+                client = stack.enter_context(
+                    connect(
+                        cfg.cluster,
+                        cfg.workers,
+                        cfg.threads_per_worker,
+                        cfg.memory_limit,
+                        cfg.dashboard,
+                        cfg.tls,
+                        cfg.wait_timeout,
+                    )
+                )
+            except DashboardHostError as e:  # found as the cluster starts: name the config too
                 raise InputError(f"{cfg.source_file}: {e}") from None
         if cfg.dashboard is not None or cfg.cluster != "local":
             for line in dashboard_lines(client):
                 log(line)
-        if cfg.cluster.startswith(("tcp://", "tls://")):   # a running scheduler: its workers are what they are
+        if cfg.cluster.startswith(("tcp://", "tls://")):  # a running scheduler: its workers are what they are
             unused = [cfg.setting(k) for k in ("workers", "memory_limit") if k in cfg.overridden or k in cfg.raw]
             if unused:
-                log(f"  note: {' and '.join(unused)} apply to a local cluster only; the scheduler at {cfg.cluster} "
-                    f"runs on its own workers")
+                log(
+                    f"  note: {' and '.join(unused)} apply to a local cluster only; the scheduler at {cfg.cluster} "
+                    f"runs on its own workers"
+                )
         check_memory(client, plan.info, cfg)
         worker_log = _log_workers_to_store(client, store) if cfg.cluster == "local" else None
         if performance_report:
             from distributed import performance_report as perf
+
             stack.enter_context(perf(filename=performance_report))
         try:
-            store.run_id = uuid.uuid4().hex[:16]   # the commit markers of this run carry it, its task keys too
+            store.run_id = uuid.uuid4().hex[:16]  # the commit markers of this run carry it, its task keys too
             forced_by = forcing(store, force if resume else STAGES[0], resume, log)
-            ctx = StageContext(client, store, cfg, resume=resume, log=log, force=force, repair=repair,
-                               terminal=terminal, forced_by=forced_by, run_id=store.run_id)
+            ctx = StageContext(
+                client,
+                store,
+                cfg,
+                resume=resume,
+                log=log,
+                force=force,
+                repair=repair,
+                terminal=terminal,
+                forced_by=forced_by,
+                run_id=store.run_id,
+            )
             out = _run(ctx, plan, log, result)
-            forcing(store, None, resume, log)   # finished: nothing left to continue
+            forcing(store, None, resume, log)  # finished: nothing left to continue
             quiet_log += [worker_log] if worker_log else []
             return out
         except StageError as e:
@@ -133,13 +169,16 @@ def forcing(store: Store, stage: str | None, resume: bool, log) -> tuple:
         return ()
     try:
         record = store.read_json(FORCING)
-    except (FileNotFoundError, ValueError, OSError):   # none, or torn: nothing to continue
+    except (FileNotFoundError, ValueError, OSError):  # none, or torn: nothing to continue
         record = None
-    earlier = tuple(record.get("runs", ())) if resume and isinstance(record, dict) and \
-        record.get("stage") == stage else ()
+    earlier = (
+        tuple(record.get("runs", ())) if resume and isinstance(record, dict) and record.get("stage") == stage else ()
+    )
     if earlier:
-        log(f"Continuing the --force {stage} run that stopped: the units it recomputed are kept "
-            f"(--no-resume recomputes everything)")
+        log(
+            f"Continuing the --force {stage} run that stopped: the units it recomputed are kept "
+            f"(--no-resume recomputes everything)"
+        )
     store.write_text(FORCING, to_json({"stage": stage, "runs": [*earlier, store.run_id]}))
     return earlier
 
@@ -147,6 +186,7 @@ def forcing(store: Store, stage: str | None, resume: bool, log) -> tuple:
 # Worker logs of a local run: into STORE/logs/ (the terminal shows our one-line messages).
 def _to_file(path: str) -> None:
     import logging
+
     log = logging.getLogger("distributed")
     for h in list(log.handlers):
         if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
@@ -169,7 +209,7 @@ def _log_workers_to_store(client, store) -> str | None:
         return None
     os.makedirs(store.inside("logs"), exist_ok=True)
     path = store.inside(f"logs/workers-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log")
-    client.run(_to_file, path)   # the workers' (the local scheduler runs in this process: its logging is ours)
+    client.run(_to_file, path)  # the workers' (the local scheduler runs in this process: its logging is ours)
     return path
 
 
@@ -183,7 +223,7 @@ def _run(ctx: StageContext, plan, log, result) -> str:
         check_terminated()
         log(f"[{i}/{len(names)}] {name} ...")
         t0, tasks0 = time.perf_counter(), ctx.tasks
-        with ctx.stage_progress(name):   # one counter over all the stage's tasks
+        with ctx.stage_progress(name):  # one counter over all the stage's tasks
             result = fn(*args)
         seconds = time.perf_counter() - t0
         timings.append({"stage": name, "seconds": round(seconds, 3), "tasks": ctx.tasks - tasks0})
@@ -211,24 +251,40 @@ def _run(ctx: StageContext, plan, log, result) -> str:
     models = stage(next(i), "train", stages.run_train, ctx, data, stats, graph)
     codes = stage(next(i), "encode", stages.run_encode, ctx, data, models)
     evals = stage(next(i), "evaluate", stages.run_evaluate, ctx, data, codes, graph)
-    held = splits.unseen_classes(data.split, data.labels)   # data.split.classes
+    held = splits.unseen_classes(data.split, data.labels)  # data.split.classes
     manifest = {
         # the file's settings with those the command line replaced (--store, --workers, ...)
         "config": {**cfg.raw, **{k: getattr(cfg, k) for k in sorted(cfg.overridden)}},
-        "store": ctx.store.url, "started": started, "versions": package_versions(),
-        "dataset": {"source": data.unit.meta().get("source"), "key": data.unit.key, "n_samples": data.n_samples,
-                    "n_features": data.n_features, "n_classes": len(data.classes),
-                    "splits": {SPLIT_NAMES[c]: int(n) for c, n in enumerate(np.bincount(data.split)) if n},
-                    **({"unseen_classes": [data.classes[c] for c in held]} if len(held) else {})},
-        "units": {"data": data.unit.rel, "statistics": stats.rel, "neighbours": graph.rel if graph else None,
-                  "models": [m.unit.rel for m in models], "codes": [u.rel for _, u, _ in codes],
-                  "selection": ctx.selections, "validated": ctx.validated},
+        "store": ctx.store.url,
+        "started": started,
+        "versions": package_versions(),
+        "dataset": {
+            "source": data.unit.meta().get("source"),
+            "key": data.unit.key,
+            "n_samples": data.n_samples,
+            "n_features": data.n_features,
+            "n_classes": len(data.classes),
+            "splits": {SPLIT_NAMES[c]: int(n) for c, n in enumerate(np.bincount(data.split)) if n},
+            **({"unseen_classes": [data.classes[c] for c in held]} if len(held) else {}),
+        },
+        "units": {
+            "data": data.unit.rel,
+            "statistics": stats.rel,
+            "neighbours": graph.rel if graph else None,
+            "models": [m.unit.rel for m in models],
+            "codes": [u.rel for _, u, _ in codes],
+            "selection": ctx.selections,
+            "validated": ctx.validated,
+        },
         # per model (in the order of units.models and evaluation_units): the [config entry, repeat]
         # pairs it is the model of
-        "serves": [[list(s) for s in m.serves] for m in models], "repeats": cfg.repeats,
+        "serves": [[list(s) for s in m.serves] for m in models],
+        "repeats": cfg.repeats,
         # what the report's verdict counts a test item's worth in, and the objective its closing line names
-        "test_items": scored_items(cfg, int((data.split == stages.TEST).sum())), "objective": cfg.objective,
-        "evaluation_units": [u.rel for _, u in evals], "timings": timings,
+        "test_items": scored_items(cfg, int((data.split == stages.TEST).sum())),
+        "objective": cfg.objective,
+        "evaluation_units": [u.rel for _, u in evals],
+        "timings": timings,
         "skipped": skipped_classifiers(cfg, [m.spec for m in models]),
     }
     t0 = time.perf_counter()
@@ -242,7 +298,7 @@ def _run(ctx: StageContext, plan, log, result) -> str:
     if peaks:
         log("Peak RSS: " + ", ".join(f"{who} {mb:,.0f} MB" for who, mb in peaks))
     result(f"Report: {path}")
-    for line in winner_lines(read_summary(ctx.store)):   # the last lines name the winner
+    for line in winner_lines(read_summary(ctx.store)):  # the last lines name the winner
         result(line)
     return path
 
@@ -271,11 +327,12 @@ def max_rss_mb() -> float:
         with open("/proc/self/status") as f:
             for line in f:
                 if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0       # kB
+                    return int(line.split()[1]) / 1024.0  # kB
     except OSError:
         pass
     import resource
     import sys
+
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / 2**20 if sys.platform == "darwin" else rss / 1024.0  # bytes on macOS, KiB elsewhere
 

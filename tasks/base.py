@@ -11,6 +11,7 @@ learner what the learner's documented entry point takes (streamed statistics, a 
 shuffled batches, a bounded set of rows) and stores the fitted attributes
 (:meth:`Learner.fitted_state`), from which :meth:`Learner.from_state` rebuilds the estimator.
 """
+
 from numbers import Integral, Real
 
 import numpy as np
@@ -43,7 +44,7 @@ def seed_of(random_state) -> int:
     if isinstance(random_state, (Integral, np.integer)):
         return int(random_state)
     if isinstance(random_state, np.random.RandomState):
-        return int(random_state.randint(0, 2 ** 31 - 1))
+        return int(random_state.randint(0, 2**31 - 1))
     raise InputError(f"random_state must be None, an int or a numpy RandomState. Got {random_state!r} instead.")
 
 
@@ -53,11 +54,13 @@ def one_blas_thread():
     with the default 2 threads, 0.33 s with one). The pipeline's workers are single-threaded already,
     so in-memory fits and the pipeline run the same way."""
     from threadpoolctl import threadpool_limits
+
     return threadpool_limits(1, user_api="blas")
 
 
 def _assume_finite() -> bool:
     import sklearn
+
     return bool(sklearn.get_config()["assume_finite"])
 
 
@@ -70,9 +73,11 @@ def _within_float32(X, where: str = "X") -> None:
         bad = ~np.isfinite(X)
         if bad.any():
             r, c = np.argwhere(bad)[0] if X.ndim == 2 else (np.flatnonzero(bad)[0], 0)
-            raise InputError(f"{where}: Input contains {int(bad.sum())} non-finite value(s) (NaN or inf), first "
-                             f"{X[r, c] if X.ndim == 2 else X.flat[r]} at row {r}, column {c}; drop or impute those "
-                             f"rows (e.g. sklearn.impute.SimpleImputer in a Pipeline before this step)")
+            raise InputError(
+                f"{where}: Input contains {int(bad.sum())} non-finite value(s) (NaN or inf), first "
+                f"{X[r, c] if X.ndim == 2 else X.flat[r]} at row {r}, column {c}; drop or impute those "
+                f"rows (e.g. sklearn.impute.SimpleImputer in a Pipeline before this step)"
+            )
         check_float32_range(X, 0, where, "metricpipe computes in float32: scale the features")
 
 
@@ -97,6 +102,7 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     A fitted learner also has ``n_features_in_`` and the property ``_n_features_out`` (the code
     dimension; scikit-learn's ``get_feature_names_out`` uses it).
     """
+
     method: str = ""
     #: what the pipeline feeds it (the train stage has one feeder per kind): "statistics" (the statistics
     #: stage's moments), "stream" (pools of the shuffled training rows), "pairs" (the same pools, or user
@@ -106,7 +112,7 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     #: the statistics (names of :func:`~metricpipe.tasks.moments.finalize_statistics`'s arrays) its fit reads
     reads_statistics: tuple = ()
     code_metric: str = "euclidean"
-    requires_nonnegative: bool = False   # NML: the pipeline refuses staged features with a negative value
+    requires_nonnegative: bool = False  # NML: the pipeline refuses staged features with a negative value
     search_space: dict = {}
     # another space where a set parameter changes what the searched one means: {(name, value): space}
     search_space_when: dict = {}
@@ -116,8 +122,7 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     @classmethod
     def search_grid(cls, params: dict) -> dict:
         """The search space for an entry with these parameters (a subclass drops what they make moot)."""
-        return next((space for (k, v), space in cls.search_space_when.items() if params.get(k) == v),
-                    cls.search_space)
+        return next((space for (k, v), space in cls.search_space_when.items() if params.get(k) == v), cls.search_space)
 
     #: the code dimension ``dim: None`` stands for, capped at what the data offers (None: every one)
     DEFAULT_DIM: int | None = None
@@ -144,25 +149,30 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         for key, value in self.get_params(deep=False).items():
             allowed = self._parameter_constraints.get(key, ["boolean"])
             if isinstance(value, (bool, np.bool_)) and "boolean" not in allowed and bool not in allowed:
-                raise InvalidParameterError(f"The {key!r} parameter of {type(self).__name__} must be a number, not "
-                                            f"a boolean. Got {value!r} instead.")
+                raise InvalidParameterError(
+                    f"The {key!r} parameter of {type(self).__name__} must be a number, not "
+                    f"a boolean. Got {value!r} instead."
+                )
 
     def _check_X(self, X, reset: bool, y=None, where: str = "X", **kw):
         """``validate_data`` with float32/float64 input (other dtypes are cast to float64); ``where``
         names the argument in errors."""
         kw.setdefault("dtype", [np.float64, np.float32])
-        kw.setdefault("ensure_all_finite", False)   # checked below, naming the first bad row and column
+        kw.setdefault("ensure_all_finite", False)  # checked below, naming the first bad row and column
         if reset:  # fitting: moments need two rows
             kw.setdefault("ensure_min_samples", 2)
         try:
-            out = validate_data(self, X, reset=reset, **kw) if y is None else \
-                validate_data(self, X, y, reset=reset, **kw)
-        except ValueError as e:   # scikit-learn's 1-D message prints the whole array over many lines
+            out = (
+                validate_data(self, X, reset=reset, **kw) if y is None else validate_data(self, X, y, reset=reset, **kw)
+            )
+        except ValueError as e:  # scikit-learn's 1-D message prints the whole array over many lines
             if "Reshape your data" not in str(e) or isinstance(e, InputError):
                 raise
-            raise InputError(f"{type(self).__name__}: {where}: expected a 2-D array (n_samples, n_features), got "
-                             f"{np.ndim(X)}-D of shape {np.shape(X)}; Reshape your data with {where}.reshape(-1, 1) "
-                             f"for a single feature or {where}.reshape(1, -1) for a single sample") from None
+            raise InputError(
+                f"{type(self).__name__}: {where}: expected a 2-D array (n_samples, n_features), got "
+                f"{np.ndim(X)}-D of shape {np.shape(X)}; Reshape your data with {where}.reshape(-1, 1) "
+                f"for a single feature or {where}.reshape(1, -1) for a single sample"
+            ) from None
         _within_float32(out if y is None else out[0], f"{type(self).__name__}: {where}")
         return out
 
@@ -174,8 +184,9 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         X_val = self._check_X(X_val, reset=False, where="X_val")
         y_val = np.asarray(y_val)
         if y_val.ndim != 1 or len(y_val) != len(X_val):
-            raise InputError(f"{name}.fit: y_val must hold one label per row of X_val ({len(X_val)}); got shape "
-                             f"{y_val.shape}")
+            raise InputError(
+                f"{name}.fit: y_val must hold one label per row of X_val ({len(X_val)}); got shape {y_val.shape}"
+            )
         return X_val, y_val
 
     def _check_Xy(self, X, y, min_classes: int = 2, min_per_class: int = 1):
@@ -186,13 +197,16 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         check_classification_targets(y)
         self.classes_, codes = np.unique(y, return_inverse=True)
         if len(self.classes_) < min_classes:
-            raise ValueError(f"{type(self).__name__} needs at least {min_classes} classes in y; "
-                             f"got {len(self.classes_)} class(es).")
+            raise ValueError(
+                f"{type(self).__name__} needs at least {min_classes} classes in y; got {len(self.classes_)} class(es)."
+            )
         if min_per_class > 1:
             counts = np.bincount(codes)
             if counts.min() < min_per_class:
-                raise ValueError(f"{type(self).__name__} needs at least {min_per_class} samples of every class; "
-                                 f"class {self.classes_[int(np.argmin(counts))]!r} has {int(counts.min())}.")
+                raise ValueError(
+                    f"{type(self).__name__} needs at least {min_per_class} samples of every class; "
+                    f"class {self.classes_[int(np.argmin(counts))]!r} has {int(counts.min())}."
+                )
         return X, codes.astype(np.int64)
 
     def _partial_rows(self, X, y, classes, known=None):
@@ -210,14 +224,18 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         if known is None:
             known = np.unique(y) if classes is None else np.unique(np.asarray(classes))
         elif classes is not None and not np.array_equal(np.unique(np.asarray(classes)), known):
-            raise InputError(f"{name}: classes differs from the first call's ({known.tolist()[:5]}...); give "
-                             f"the same classes to every call")
+            raise InputError(
+                f"{name}: classes differs from the first call's ({known.tolist()[:5]}...); give "
+                f"the same classes to every call"
+            )
         self.classes_ = known
         codes = np.searchsorted(known, y)
         bad = (codes >= len(known)) | (known[np.minimum(codes, len(known) - 1)] != y)
         if bad.any():
-            raise InputError(f"{name}: y holds the label {y[bad][0].item()!r}, which is not in classes "
-                             f"{known.tolist()[:5]}; give every label on the first call (classes=...)")
+            raise InputError(
+                f"{name}: y holds the label {y[bad][0].item()!r}, which is not in classes "
+                f"{known.tolist()[:5]}; give every label on the first call (classes=...)"
+            )
         return X, codes.astype(np.int64)
 
     def transform(self, X):
@@ -238,10 +256,12 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         # (the pipeline sets assume_finite: staging refused such values and it checks codes itself)
         if not _assume_finite() and not np.isfinite(codes).all():
             r, c = np.argwhere(~np.isfinite(codes))[0]
-            raise InputError(f"{type(self).__name__}: the codes are not finite ({codes[r, c]} at row {r}, column {c}): "
-                             f"the input's values (max |x| = {float(np.abs(X).max()):.3g}) overflow float32 in the "
-                             f"model, or its parameters divide by zero; scale the features or change the parameters "
-                             f"(e.g. a larger eps)")
+            raise InputError(
+                f"{type(self).__name__}: the codes are not finite ({codes[r, c]} at row {r}, column {c}): "
+                f"the input's values (max |x| = {float(np.abs(X).max()):.3g}) overflow float32 in the "
+                f"model, or its parameters divide by zero; scale the features or change the parameters "
+                f"(e.g. a larger eps)"
+            )
         return codes
 
     def _transform(self, X):  # pragma: no cover - every subclass implements it
@@ -295,8 +315,10 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         for name in ("dim", "input_dim") if self.dim_within_features else ("input_dim",):
             v = getattr(self, name, None)
             if isinstance(v, Integral) and v > n_features:
-                raise InputError(f"The '{name}' parameter of {type(self).__name__} must be <= {n_features}, the "
-                                 f"data's features. Got {v} instead.")
+                raise InputError(
+                    f"The '{name}' parameter of {type(self).__name__} must be <= {n_features}, the "
+                    f"data's features. Got {v} instead."
+                )
 
     def shape_notes(self, n_features: int, n_classes: int) -> list[str]:
         """What the data's shape changes in the parameters without ruling them out (e.g. a value
@@ -320,8 +342,7 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         """The widest view of a row the evaluation classifies in (the codes; SL-NE's exact view too)."""
         return self.code_dim(n_features, n_classes)
 
-    def largest_task(self, n_rows: int, n_features: int, n_classes: int, k: int = 0,
-                     anchors: int | None = None):
+    def largest_task(self, n_rows: int, n_features: int, n_classes: int, k: int = 0, anchors: int | None = None):
         """(what, bytes, the parameter to change) of the largest task its fit holds beyond a row-block,
         fed ``n_rows`` rows (its pool, its training rows) with ``k`` neighbours each for ``anchors`` of
         them; None when it holds no more than the row-blocks it reads (the memory rule's default)."""

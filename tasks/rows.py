@@ -12,6 +12,7 @@ The rows are in a fixed order (positions 0..n-1); they hold the rows the learner
 (``fit``), the validation rows it is given (``val``, None: it holds a share of its fit rows out
 itself), and which rows the statistics handed with them describe (``in_stats``).
 """
+
 import numpy as np
 
 from metricpipe.tasks import stream
@@ -22,13 +23,14 @@ class TrainingRows:
     content keys (:func:`~metricpipe.tasks.stream.row_keys`); ``fit`` (n,) bool, the rows it may fit;
     ``val`` sorted positions of the given validation rows, or None; ``in_stats`` (n,) bool, the rows the
     statistics describe; ``n_features``."""
+
     labels: np.ndarray
     keys: np.ndarray
     fit: np.ndarray
     val: np.ndarray | None
     in_stats: np.ndarray
     n_features: int
-    groups: np.ndarray | None = None   # relevance keys where the data has groups (else the labels)
+    groups: np.ndarray | None = None  # relevance keys where the data has groups (else the labels)
 
     def take(self, positions: np.ndarray) -> np.ndarray:
         """Rows at sorted ``positions`` (at most a bounded number), float32 (k, n_features)."""
@@ -48,8 +50,15 @@ class TrainingRows:
 class ArrayRows(TrainingRows):
     """Training rows X (n, D) with class codes y, and optional given validation rows after them."""
 
-    def __init__(self, X: np.ndarray, y: np.ndarray, X_val: np.ndarray | None = None, y_val: np.ndarray | None = None,
-                 block_rows: int | None = None, keys: np.ndarray | None = None):
+    def __init__(
+        self,
+        X: np.ndarray,
+        y: np.ndarray,
+        X_val: np.ndarray | None = None,
+        y_val: np.ndarray | None = None,
+        block_rows: int | None = None,
+        keys: np.ndarray | None = None,
+    ):
         n = len(X)
         self._X = X if X_val is None else np.concatenate([X, np.asarray(X_val, X.dtype)])
         self.labels = np.asarray(y if y_val is None else np.concatenate([y, y_val]), np.int64)
@@ -67,8 +76,8 @@ class ArrayRows(TrainingRows):
 
     def blocks(self, mask):
         for a in range(0, len(self._X), self._block_rows):
-            m = mask[a:a + self._block_rows]
-            yield np.asarray(self._X[a:a + self._block_rows], np.float64)[m], self.labels[a:a + self._block_rows][m]
+            m = mask[a : a + self._block_rows]
+            yield np.asarray(self._X[a : a + self._block_rows], np.float64)[m], self.labels[a : a + self._block_rows][m]
 
     def pools(self, keep, seed):
         n = self._n

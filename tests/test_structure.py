@@ -1,6 +1,7 @@
 """The shape of the code, checked on the source: one-way imports (no cycle, no private name taken from
 another module, no import inside a function unless a comment says why), learners named only by the
 registry and asked, never probed, and modules and functions short enough to read at once."""
+
 import ast
 import re
 from pathlib import Path
@@ -31,7 +32,7 @@ def _resolve(name: str, current: str, level: int, is_package: bool) -> str:
         return name
     base = current.split(".")
     base = base if is_package else base[:-1]
-    base = base[:len(base) - level + 1]
+    base = base[: len(base) - level + 1]
     return ".".join(base + ([name] if name else []))
 
 
@@ -40,9 +41,13 @@ def _imports(module: str, path: Path):
     tree = ast.parse(path.read_text())
     # an import in a function, or under ``if TYPE_CHECKING:`` (annotations only), is not one the module
     # runs when it is imported
-    functions = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-                 or (isinstance(f, ast.If) and ast.unparse(f.test).endswith("TYPE_CHECKING"))
-                 for n in ast.walk(f)}
+    functions = {
+        id(n)
+        for f in ast.walk(tree)
+        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+        or (isinstance(f, ast.If) and ast.unparse(f.test).endswith("TYPE_CHECKING"))
+        for n in ast.walk(f)
+    }
     for node in ast.walk(tree):
         inner = id(node) in functions
         if isinstance(node, ast.Import):
@@ -62,7 +67,7 @@ def _graph() -> dict:
         for target, _, _, inner in _imports(module, path):
             if not inner and target in MODULES and target != module:
                 deps.add(target)
-            elif not inner and target.startswith("metricpipe"):   # a name from a package's __init__
+            elif not inner and target.startswith("metricpipe"):  # a name from a package's __init__
                 parent = target
                 while parent and parent not in MODULES:
                     parent = parent.rpartition(".")[0]
@@ -97,6 +102,7 @@ def _cycles(graph: dict) -> list:
                     break
             if len(comp) > 1:
                 out.append(sorted(comp))
+
     for v in graph:
         if v not in index:
             visit(v)
@@ -105,16 +111,24 @@ def _cycles(graph: dict) -> list:
 
 def test_no_import_cycle_among_the_modules():
     # a package's __init__ importing its own submodules is how a package exposes them, not a cycle
-    graph = {m: {d for d in deps if not (MODULES[m].name == "__init__.py" and d.startswith(m + "."))}
-             for m, deps in _graph().items()}
+    graph = {
+        m: {d for d in deps if not (MODULES[m].name == "__init__.py" and d.startswith(m + "."))}
+        for m, deps in _graph().items()
+    }
     assert _cycles(graph) == []
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_no_module_takes_another_module_s_private_names(module):
-    bad = [f"{name} from {target}" for target, name, _, _ in _imports(module, MODULES[module])
-           if name and name.startswith("_") and target.startswith("metricpipe") and target != module
-           and not name.startswith("__")]
+    bad = [
+        f"{name} from {target}"
+        for target, name, _, _ in _imports(module, MODULES[module])
+        if name
+        and name.startswith("_")
+        and target.startswith("metricpipe")
+        and target != module
+        and not name.startswith("__")
+    ]
     assert not bad, f"{module} imports {bad}"
 
 
@@ -123,14 +137,20 @@ def test_an_import_inside_a_function_says_why(module):
     """A metricpipe module imported inside a function needs a comment on that line (a measured import
     cost, a command that starts without scikit-learn); the layering needs none."""
     lines = MODULES[module].read_text().splitlines()
-    bad = [f"line {node.lineno}" for target, _, node, inner in _imports(module, MODULES[module])
-           if inner and target.startswith("metricpipe") and "#" not in lines[node.lineno - 1]
-           and "TYPE_CHECKING" not in "".join(lines[max(0, node.lineno - 4):node.lineno])]
+    bad = [
+        f"line {node.lineno}"
+        for target, _, node, inner in _imports(module, MODULES[module])
+        if inner
+        and target.startswith("metricpipe")
+        and "#" not in lines[node.lineno - 1]
+        and "TYPE_CHECKING" not in "".join(lines[max(0, node.lineno - 4) : node.lineno])
+    ]
     assert not bad, f"{module}: imports inside functions without a comment saying why: {sorted(set(bad))}"
 
 
 def _method_names() -> set:
     from metricpipe.tasks.registry import BUILTIN
+
     return set(BUILTIN)
 
 
@@ -158,10 +178,13 @@ def test_modules_and_functions_are_short_enough_to_read(module):
             assert n <= MAX_FUNCTION_LINES, f"{module}: {node.name}() is {n} lines"
 
 
-@pytest.mark.parametrize("source, message", [
-    ('def f(x):\n    return hasattr(x, "kmeans")\n', "probes an object with hasattr"),
-    ('KIND = "ncmml"\n', "names the learner 'ncmml'"),
-])
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ('def f(x):\n    return hasattr(x, "kmeans")\n', "probes an object with hasattr"),
+        ('KIND = "ncmml"\n', "names the learner 'ncmml'"),
+    ],
+)
 def test_the_naming_check_catches_a_special_case(tmp_path, monkeypatch, source, message):
     bad = tmp_path / "bad.py"
     bad.write_text(source)
@@ -174,13 +197,22 @@ def test_the_cycle_check_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-@pytest.mark.parametrize("source, check, message", [
-    ("from metricpipe.tasks.ncmml.objectives import _helper\n", test_no_module_takes_another_module_s_private_names,
-     "_helper from metricpipe.tasks.ncmml.objectives"),
-    ("def f():\n    from metricpipe.tasks import knn\n    return knn\n", test_an_import_inside_a_function_says_why,
-     "line 2"),
-    ("def f():\n" + "    x = 1\n" * 80, test_modules_and_functions_are_short_enough_to_read, "f() is 81 lines"),
-])
+@pytest.mark.parametrize(
+    "source, check, message",
+    [
+        (
+            "from metricpipe.tasks.ncmml.objectives import _helper\n",
+            test_no_module_takes_another_module_s_private_names,
+            "_helper from metricpipe.tasks.ncmml.objectives",
+        ),
+        (
+            "def f():\n    from metricpipe.tasks import knn\n    return knn\n",
+            test_an_import_inside_a_function_says_why,
+            "line 2",
+        ),
+        ("def f():\n" + "    x = 1\n" * 80, test_modules_and_functions_are_short_enough_to_read, "f() is 81 lines"),
+    ],
+)
 def test_the_import_and_size_checks_catch_what_they_forbid(tmp_path, monkeypatch, source, check, message):
     """Each rule is not vacuous: a source that breaks it fails, the same source within it passes."""
     bad = tmp_path / "bad.py"
@@ -188,6 +220,9 @@ def test_the_import_and_size_checks_catch_what_they_forbid(tmp_path, monkeypatch
     monkeypatch.setitem(MODULES, "metricpipe.tasks.bad", bad)
     with pytest.raises(AssertionError, match=re.escape(message)):
         check("metricpipe.tasks.bad")
-    bad.write_text(source.replace("_helper", "helper").replace("knn\n    return", "knn  # numba: 0.3 s\n    return")
-                   .replace("    x = 1\n" * 80, "    x = 1\n" * 79))
+    bad.write_text(
+        source.replace("_helper", "helper")
+        .replace("knn\n    return", "knn  # numba: 0.3 s\n    return")
+        .replace("    x = 1\n" * 80, "    x = 1\n" * 79)
+    )
     check("metricpipe.tasks.bad")

@@ -5,6 +5,7 @@ distributed) inside handle_errors, so ``--help`` is quick and a Ctrl-C during th
 one-line answer, not a traceback. ``main`` is the group; the commands live by what they work on: ``run``
 (run, demo, stage), ``store`` (inspect, models, report, gc, unlock), ``results`` (encode, export, predict,
 evaluate, add-classes, synth); ``options`` holds the options they share, ``errors`` how a command ends."""
+
 import signal
 import sys
 
@@ -31,8 +32,16 @@ class _Group(click.Group):
 
     def add_command(self, cmd, name=None):
         if not any(p.name == "verbose" for p in cmd.params):
-            cmd.params.append(click.Option(["--verbose", "-v"], is_flag=True, expose_value=False, is_eager=True,
-                                           callback=_verbose_after_command, help=VERBOSE_HELP))
+            cmd.params.append(
+                click.Option(
+                    ["--verbose", "-v"],
+                    is_flag=True,
+                    expose_value=False,
+                    is_eager=True,
+                    callback=_verbose_after_command,
+                    help=VERBOSE_HELP,
+                )
+            )
         super().add_command(cmd, name)
 
     def parse_args(self, ctx, args):
@@ -41,9 +50,15 @@ class _Group(click.Group):
         for i, a in enumerate(args):
             if "\0" in a:
                 opt, eq, value = a.partition("=")
-                name = opt if eq and opt.startswith("-") else args[i - 1] if i and args[i - 1].startswith("--") \
+                name = (
+                    opt
+                    if eq and opt.startswith("-")
+                    else args[i - 1]
+                    if i and args[i - 1].startswith("--")
                     else f"metricpipe {args[0]}"
-                from metricpipe.config import ConfigError, check_no_nul   # deferred: loads scikit-learn
+                )
+                from metricpipe.config import ConfigError, check_no_nul  # deferred: loads scikit-learn
+
                 try:
                     check_no_nul(value if eq and opt.startswith("-") else a, name)
                 except ConfigError as e:
@@ -54,14 +69,29 @@ class _Group(click.Group):
 
 @click.group(cls=_Group)
 @click.option("--verbose", "-v", is_flag=True, help=VERBOSE_HELP)
-@click.version_option(version=__version__, prog_name="metricpipe")   # the code's, not an editable install's stale metadata
+@click.version_option(
+    version=__version__, prog_name="metricpipe"
+)  # the code's, not an editable install's stale metadata
 def main(verbose):
     """metricpipe: supervised compact codes for image descriptors, on Dask."""
     signal.signal(signal.SIGTERM, on_sigterm)
     set_verbosity(verbose)
 
 
-for command in (run.run, run.demo, run.stage_cmd, store.inspect, store.models, store.report, store.gc, store.unlock,
-                results.encode, results.export, results.predict, results.evaluate, results.add_classes_cmd,
-                results.synth):
+for command in (
+    run.run,
+    run.demo,
+    run.stage_cmd,
+    store.inspect,
+    store.models,
+    store.report,
+    store.gc,
+    store.unlock,
+    results.encode,
+    results.export,
+    results.predict,
+    results.evaluate,
+    results.add_classes_cmd,
+    results.synth,
+):
     main.add_command(command)

@@ -14,24 +14,24 @@ the reference in row blocks into a pooled top-k (``tasks.knn.pooled_topk``, k = 
 PML's ``max_bin_count``) and returns each query's metrics and cluster. No task holds the reference:
 a group's memory is its queries and its pool, sized to POOL_BYTES.
 """
+
 import asyncio
-import os
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from metricpipe.budget import PAUSE_FRACTION, SPILL_FRACTION, WORKER_RESIDENT, usable, worker_limit
+from metricpipe.commands.export import written_whole
 from metricpipe.config import DataConfig, absolute_path
 from metricpipe.context import raise_refused, refusing
 from metricpipe.errors import StageError
-from metricpipe.sources import open_source
+from metricpipe.sources import fingerprint, open_source
 from metricpipe.tasks import evaluation, knn, metrics, stream
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.validate import check_feature_block
-from metricpipe.commands.export import written_whole
-from metricpipe.sources import fingerprint
 
 # A query group's pool (2k + tile candidates of 16 bytes, and the sort that cuts it) within this;
 # with k = 10,000 that is about 290 queries.
@@ -39,7 +39,7 @@ POOL_BYTES = 4e8
 # Reference rows read at once: about this many bytes, whole chunks of a Zarr source.
 BLOCK_BYTES = 6.4e7
 KMEANS_ROWS_PER_CLUSTER = 256
-MIN_GROUP = 16      # queries per task at least (a smaller worker limit is refused)
+MIN_GROUP = 16  # queries per task at least (a smaller worker limit is refused)
 METRICS = ("map@r", "r_precision", "precision@1", "mrr")
 # The pipeline's cut-off metrics, mprec@K and recall@K, read from the same neighbour lists (K up to k).
 RETRIEVAL_K = (1, 10, 100)
@@ -48,6 +48,7 @@ RETRIEVAL_K = (1, 10, 100)
 @dataclass(frozen=True)
 class Side:
     """One input: its reader, labels (codes), and the option names that error messages cite."""
+
     path: str
     reader: object
     labels: np.ndarray
@@ -63,35 +64,42 @@ def _encoded_parquet_names(path: str, features: str, labels: str) -> tuple:
         return features, labels
     try:
         import pyarrow.parquet as pq
+
         names = set(pq.read_schema(path).names)
-    except Exception:   # noqa: BLE001 - unreadable: open_source names the problem
+    except Exception:  # noqa: BLE001 - unreadable: open_source names the problem
         return features, labels
-    return ("code" if features == "X" and "X" not in names and "code" in names else features,
-            "label" if labels == "y" and "y" not in names and "label" in names else labels)
+    return (
+        "code" if features == "X" and "X" not in names and "code" in names else features,
+        "label" if labels == "y" and "y" not in names and "label" in names else labels,
+    )
 
 
 def _open(path: str, features: str, labels: str | None, option: str, labels_option: str):
     if labels is None:
-        raise InputError(f"{path}: no labels for {option}; give {labels_option} (an array or column name inside "
-                         f"the file, or a .npy path)")
+        raise InputError(
+            f"{path}: no labels for {option}; give {labels_option} (an array or column name inside "
+            f"the file, or a .npy path)"
+        )
     if not Path(path).exists():
         raise InputError(f"{path}: file not found ({option}); check the path")
     features, labels = _encoded_parquet_names(path, features, labels)
-    try:   # the reader goes to the workers, which run in folders of their own
+    try:  # the reader goes to the workers, which run in folders of their own
         src = open_source(DataConfig(path=absolute_path(path), features=features, labels=labels))
     except InputError as e:  # the shared readers cite config keys: name this command's options instead
         msg = str(e).splitlines()[0]
         for key, name in (("data.path", option), ("data.features", "--features"), ("data.labels", labels_option)):
-            msg = msg.replace(f"({key})", f"({name})").replace(f"give {key} ", f"give {name} ")   # not in paths
+            msg = msg.replace(f"({key})", f"({name})").replace(f"give {key} ", f"give {name} ")  # not in paths
         raise InputError(msg) from None
     n = src.reader.shape[0]
     if n == 0 or src.reader.shape[1] == 0:
-        raise InputError(f"{path}: no embeddings ({option} is {tuple(src.reader.shape)}); give a non-empty "
-                         f"(sample, feature) array")
+        raise InputError(
+            f"{path}: no embeddings ({option} is {tuple(src.reader.shape)}); give a non-empty (sample, feature) array"
+        )
     y = np.asarray(src.labels)
     if y.ndim != 1 or len(y) != n:
-        raise InputError(f"{path}: labels ({labels_option}) have shape {y.shape} for {n} embeddings; give one "
-                         f"label per row")
+        raise InputError(
+            f"{path}: labels ({labels_option}) have shape {y.shape} for {n} embeddings; give one label per row"
+        )
     if y.dtype.kind == "f" and not np.isfinite(y).all():
         raise InputError(f"{path}: labels ({labels_option}) hold NaN or inf; give every row a class")
     return src.reader, y
@@ -110,8 +118,10 @@ def query_count(queries: str | None) -> int | None:
     if Path(queries).exists():
         return None
     if not value.is_integer() or value < 1:
-        raise InputError(f"--queries {queries}: expected a number of query rows N >= 1 (a class-stratified sample) "
-                         f"or a FILE of queries")
+        raise InputError(
+            f"--queries {queries}: expected a number of query rows N >= 1 (a class-stratified sample) "
+            f"or a FILE of queries"
+        )
     return int(value)
 
 
@@ -132,21 +142,33 @@ def same_data(a: str, b: str) -> str | None:
     return None
 
 
-def plan_sides(embeddings: str, features: str, labels: str, queries: str | None, reference: str | None,
-               query_labels: str | None, reference_labels: str | None, seed: int):
+def plan_sides(
+    embeddings: str,
+    features: str,
+    labels: str,
+    queries: str | None,
+    reference: str | None,
+    query_labels: str | None,
+    reference_labels: str | None,
+    seed: int,
+):
     """(query side, its query rows, reference side, self_in_ref) from the command's arguments."""
     sample = query_count(queries)
     if reference and queries is not None and sample is None:
-        raise InputError(f"{queries}: --queries FILE and --reference FILE together leave EMBEDDINGS no role; "
-                         f"give one of them (or --queries N with --reference)")
+        raise InputError(
+            f"{queries}: --queries FILE and --reference FILE together leave EMBEDDINGS no role; "
+            f"give one of them (or --queries N with --reference)"
+        )
     other_default = None if labels.endswith(".npy") else labels
     reader, y = _open(embeddings, features, labels, "EMBEDDINGS", "--labels")
     for other, option in ((queries if sample is None else None, "--queries"), (reference, "--reference")):
         how = same_data(embeddings, other) if other else None
         if how:
-            raise InputError(f"{other}: {option} {how} EMBEDDINGS ({embeddings}): each of its rows would find itself "
-                             f"as its nearest neighbour; leave out {option} to score EMBEDDINGS against itself (each "
-                             f"query's own row left out), or give --queries N")
+            raise InputError(
+                f"{other}: {option} {how} EMBEDDINGS ({embeddings}): each of its rows would find itself "
+                f"as its nearest neighbour; leave out {option} to score EMBEDDINGS against itself (each "
+                f"query's own row left out), or give --queries N"
+            )
     if queries is not None and sample is None:
         qr, qy = _open(queries, features, query_labels or other_default, "--queries", "--query-labels")
         q_in, q_lab, r_in, r_lab = (queries, qr, "--queries"), qy, (embeddings, reader, "EMBEDDINGS"), y
@@ -156,17 +178,23 @@ def plan_sides(embeddings: str, features: str, labels: str, queries: str | None,
     else:
         q_in, q_lab, r_in, r_lab = (embeddings, reader, "EMBEDDINGS"), y, (embeddings, reader, "EMBEDDINGS"), y
     if q_in[1].shape[1] != r_in[1].shape[1]:
-        raise InputError(f"{q_in[0]}: queries have {q_in[1].shape[1]} features, the reference {r_in[0]} "
-                         f"{r_in[1].shape[1]} ({q_in[2]}); give embeddings of one model")
+        raise InputError(
+            f"{q_in[0]}: queries have {q_in[1].shape[1]} features, the reference {r_in[0]} "
+            f"{r_in[1].shape[1]} ({q_in[2]}); give embeddings of one model"
+        )
     try:
         classes, codes = np.unique(np.concatenate([q_lab, r_lab]), return_inverse=True)
     except TypeError:
-        raise InputError(f"{embeddings}: the labels of the queries and the reference are of different kinds "
-                         f"(e.g. numbers and strings); give both as one kind") from None
-    qc, rc = codes[:len(q_lab)].astype(np.int64), codes[len(q_lab):].astype(np.int64)
+        raise InputError(
+            f"{embeddings}: the labels of the queries and the reference are of different kinds "
+            f"(e.g. numbers and strings); give both as one kind"
+        ) from None
+    qc, rc = codes[: len(q_lab)].astype(np.int64), codes[len(q_lab) :].astype(np.int64)
     if len(np.unique(rc)) < 2:
-        raise InputError(f"{r_in[0]}: the reference holds one class ({r_in[2]}, labels {classes[rc[0]].item()!r}); "
-                         f"retrieval metrics need at least two classes")
+        raise InputError(
+            f"{r_in[0]}: the reference holds one class ({r_in[2]}, labels {classes[rc[0]].item()!r}); "
+            f"retrieval metrics need at least two classes"
+        )
     rows = np.arange(len(qc))
     if sample is not None:
         rows = stream.sample(qc, sample, None, seed, stream.QUERIES)
@@ -210,25 +238,45 @@ def _centroids(scans: list, rows: np.ndarray, n_clusters: int, seed) -> np.ndarr
     return evaluation.kmeans_fit(_pick(scans, rows), n_clusters, seed)
 
 
-def _group(q_reader, q_rows: np.ndarray, scans, r_reader, r_blocks: list, where: str, k: int, self_in: bool,
-           q_labels: np.ndarray, r_labels: np.ndarray, n_relevant: np.ndarray, centroids) -> dict:
+def _group(
+    q_reader,
+    q_rows: np.ndarray,
+    scans,
+    r_reader,
+    r_blocks: list,
+    where: str,
+    k: int,
+    self_in: bool,
+    q_labels: np.ndarray,
+    r_labels: np.ndarray,
+    n_relevant: np.ndarray,
+    centroids,
+) -> dict:
     """One query group: its neighbours over the whole reference, then its per-query metrics (the
     reference is read again only for queries with no relevant reference among their k)."""
-    if scans is None:   # the group is a contiguous range of the query file
+    if scans is None:  # the group is a contiguous range of the query file
         Q = _read(q_reader, int(q_rows[0]), int(q_rows[-1]) + 1, where)
     else:
         Q = _pick(scans, q_rows)
 
     def stream():
         return ((np.arange(a, b), _read(r_reader, a, b, where)) for a, b in r_blocks)
-    out = evaluation.neighbour_accuracy(Q, stream, q_labels, r_labels, n_relevant, k, q_rows, self_in,
-                                        ks=tuple(K for K in RETRIEVAL_K if K <= k))
+
+    out = evaluation.neighbour_accuracy(
+        Q, stream, q_labels, r_labels, n_relevant, k, q_rows, self_in, ks=tuple(K for K in RETRIEVAL_K if K <= k)
+    )
     out["cluster"] = evaluation.nearest_centroid(Q, centroids)
     return out
 
 
-def group_size(k: int, n_queries: int, workers: int, limit: float | None = None,
-               limit_setting: str = "--memory-limit", block_bytes: float = BLOCK_BYTES) -> int:
+def group_size(
+    k: int,
+    n_queries: int,
+    workers: int,
+    limit: float | None = None,
+    limit_setting: str = "--memory-limit",
+    block_bytes: float = BLOCK_BYTES,
+) -> int:
     """Queries per task: their pools within POOL_BYTES (or MIN_GROUP queries' when those need more)
     and, beside two reference blocks of ``block_bytes`` (the block and its distances: BLOCK_BYTES, or
     less for a reference smaller than one block) and the worker process, within
@@ -239,35 +287,50 @@ def group_size(k: int, n_queries: int, workers: int, limit: float | None = None,
     # it, k = 10,147 groups of 292 queries on 1 GB workers peaked at 661-693 MB; at 2.5 times groups of
     # 410 peaked at 833-873 MB, over Dask's pause, and 500 MB workers were killed)
     per_query = (2 * k + knn.DB_TILE) * 16 * 3.5
-    group = min(MIN_GROUP, n_queries)     # fewer per task: each task streams the whole reference
+    group = min(MIN_GROUP, n_queries)  # fewer per task: each task streams the whole reference
     pool = max(POOL_BYTES, group * per_query)
     if limit is not None:
         room = min(usable(limit), PAUSE_FRACTION * limit - WORKER_RESIDENT) - 2 * block_bytes
         if room < group * per_query:
-            need = max((group * per_query + 2 * block_bytes) / SPILL_FRACTION,
-                       (group * per_query + 2 * block_bytes + WORKER_RESIDENT) / PAUSE_FRACTION)
-            raise InputError(f"{limit_setting}: a worker limit of {limit / 1e6:,.0f} MB cannot hold the top-{k:,} "
-                             f"pools of {group} queries ({group * per_query / 1e6:,.0f} MB) beside two "
-                             f"{block_bytes / 1e6:,.0f} MB reference blocks and the worker itself; give workers at "
-                             f"least {need / 1e6:,.0f} MB")
+            need = max(
+                (group * per_query + 2 * block_bytes) / SPILL_FRACTION,
+                (group * per_query + 2 * block_bytes + WORKER_RESIDENT) / PAUSE_FRACTION,
+            )
+            raise InputError(
+                f"{limit_setting}: a worker limit of {limit / 1e6:,.0f} MB cannot hold the top-{k:,} "
+                f"pools of {group} queries ({group * per_query / 1e6:,.0f} MB) beside two "
+                f"{block_bytes / 1e6:,.0f} MB reference blocks and the worker itself; give workers at "
+                f"least {need / 1e6:,.0f} MB"
+            )
         pool = min(pool, room)
     return max(1, min(int(pool // per_query), -(-n_queries // (2 * workers))))
 
 
-def evaluate_embeddings(client, q: Side, rows: np.ndarray, ref: Side, self_in: bool, seed: int = 0,
-                        log=print, limit_setting: str = "--memory-limit") -> list[dict]:
+def evaluate_embeddings(
+    client,
+    q: Side,
+    rows: np.ndarray,
+    ref: Side,
+    self_in: bool,
+    seed: int = 0,
+    log=print,
+    limit_setting: str = "--memory-limit",
+) -> list[dict]:
     """Metric records of the queries ``rows`` of ``q`` against ``ref``, in ``metrics.json``'s form
     (``limit_setting``: what sizes the workers, named when their limit is too small)."""
     yq = q.labels[rows]
     R = evaluation.relevant_counts(yq, ref.labels, self_in)
     if not (R > 0).any():
-        raise InputError(f"{q.path}: no query's label occurs in the reference {ref.path} ({q.option}); "
-                         f"give queries and a reference that share classes")
+        raise InputError(
+            f"{q.path}: no query's label occurs in the reference {ref.path} ({q.option}); "
+            f"give queries and a reference that share classes"
+        )
     k = evaluation.accuracy_k(R)
     # before any scan: the groups' size depends only on k and the workers' limit
-    block = min(ref.reader.shape[0], _block_rows(ref.reader)) * ref.reader.shape[1] * 4.0   # (96 KB of data: 96 KB)
-    g = group_size(k, len(rows), max(1, len(client.scheduler_info()["workers"])), worker_limit(client), limit_setting,
-                   block)
+    block = min(ref.reader.shape[0], _block_rows(ref.reader)) * ref.reader.shape[1] * 4.0  # (96 KB of data: 96 KB)
+    g = group_size(
+        k, len(rows), max(1, len(client.scheduler_info()["workers"])), worker_limit(client), limit_setting, block
+    )
     n_clusters = len(np.unique(yq))
     rng = np.random.default_rng([seed, 21])
     km = np.sort(rng.choice(len(rows), min(len(rows), KMEANS_ROWS_PER_CLUSTER * n_clusters), replace=False))
@@ -276,45 +339,76 @@ def evaluate_embeddings(client, q: Side, rows: np.ndarray, ref: Side, self_in: b
     q_where = f"{q.path} ({q.option})"
     q_reader_f, r_reader_f = client.scatter([q.reader, ref.reader], broadcast=True, hash=False)
     # bad input comes back as a Refused value: no worker logs a "Compute Failed" traceback for it
-    scans = [client.submit(refusing, _scan, q_reader_f, a, b, q_where, wanted, pure=False)
-             for a, b in _blocks(q.reader)]
-    if ref.path != q.path:   # the reference is checked up front too, before the long part
-        scans_ref = [client.submit(refusing, _scan, r_reader_f, a, b, f"{ref.path} ({ref.option})",
-                                   np.empty(0, np.int64), pure=False) for a, b in _blocks(ref.reader)]
+    scans = [
+        client.submit(refusing, _scan, q_reader_f, a, b, q_where, wanted, pure=False) for a, b in _blocks(q.reader)
+    ]
+    if ref.path != q.path:  # the reference is checked up front too, before the long part
+        scans_ref = [
+            client.submit(
+                refusing, _scan, r_reader_f, a, b, f"{ref.path} ({ref.option})", np.empty(0, np.int64), pure=False
+            )
+            for a, b in _blocks(ref.reader)
+        ]
         for r in client.gather(scans_ref):
             raise_refused(r)
-    for r in client.gather(scans):   # a bad block stops here, naming its file and rows
+    for r in client.gather(scans):  # a bad block stops here, naming its file and rows
         raise_refused(r)
     centroids = client.submit(_centroids, scans, wanted[km] if sampled else wanted, n_clusters, [seed, 22])
     r_labels_f = client.scatter(ref.labels, broadcast=True, hash=False)
-    log(f"evaluate: {len(rows):,} queries against {ref.reader.shape[0]:,} references, k = {k:,}, "
-        f"{-(-len(rows) // g)} task(s) of up to {g} queries")
+    log(
+        f"evaluate: {len(rows):,} queries against {ref.reader.shape[0]:,} references, k = {k:,}, "
+        f"{-(-len(rows) // g)} task(s) of up to {g} queries"
+    )
     groups = []
     for s in range(0, len(rows), g):
-        qr = rows[s:s + g]
-        groups.append(client.submit(_group, q_reader_f, qr, scans if sampled else None, r_reader_f,
-                                    _blocks(ref.reader), f"{ref.path} ({ref.option})", k, self_in, yq[s:s + g],
-                                    r_labels_f, R[s:s + g], centroids, pure=False))
+        qr = rows[s : s + g]
+        groups.append(
+            client.submit(
+                _group,
+                q_reader_f,
+                qr,
+                scans if sampled else None,
+                r_reader_f,
+                _blocks(ref.reader),
+                f"{ref.path} ({ref.option})",
+                k,
+                self_in,
+                yq[s : s + g],
+                r_labels_f,
+                R[s : s + g],
+                centroids,
+                pure=False,
+            )
+        )
     try:
         parts = client.gather(groups)
     except InputError:
         raise
-    except (Exception, asyncio.CancelledError) as exc:   # a worker lost (killed, out of memory): one line
+    except (Exception, asyncio.CancelledError) as exc:  # a worker lost (killed, out of memory): one line
         raise StageError(f"evaluate failed on a query group: {type(exc).__name__}: {exc}".splitlines()[0]) from exc
     per_query = {m: np.concatenate([p[m] for p in parts]) for m in METRICS}
     clusters = np.concatenate([p["cluster"] for p in parts])
     values = {**evaluation.mean_accuracy(per_query), **metrics.clustering_scores(yq, clusters)}
     cutoffs = [K for K in RETRIEVAL_K if f"prec@{K}" in parts[0]]
     served = R > 0
-    for K in cutoffs:   # as the pipeline reports them: precision per class, then over classes
+    for K in cutoffs:  # as the pipeline reports them: precision per class, then over classes
         prec = np.concatenate([p[f"prec@{K}"] for p in parts])
         values[f"mprec@{K}"] = float(metrics.class_average(prec[served], yq[served]))
         values[f"recall@{K}"] = float(np.nanmean(np.concatenate([p[f"recall@{K}"] for p in parts])))
-    base = {"method": "embeddings", "dim": int(q.reader.shape[1]),
-            "params": {"embeddings": q.path if q.option == "EMBEDDINGS" else ref.path,
-                       "queries": len(rows), "reference": ref.path, "references": int(ref.reader.shape[0]),
-                       "k": k, "self_excluded": self_in, "lone_queries": int((R == 0).sum())},
-            "classifier": None}
+    base = {
+        "method": "embeddings",
+        "dim": int(q.reader.shape[1]),
+        "params": {
+            "embeddings": q.path if q.option == "EMBEDDINGS" else ref.path,
+            "queries": len(rows),
+            "reference": ref.path,
+            "references": int(ref.reader.shape[0]),
+            "k": k,
+            "self_excluded": self_in,
+            "lone_queries": int((R == 0).sum()),
+        },
+        "classifier": None,
+    }
     names = (*METRICS, "nmi", "ami", *(f"{m}@{K}" for K in cutoffs for m in ("mprec", "recall")))
     return [{**base, "metric": m, "value": values[m]} for m in names]
 

@@ -8,6 +8,7 @@ flight, the client writing each block of codes as it arrives (codes are small ne
 so the output can be a single file on the client's disk whatever the cluster. Outputs are written
 to a temporary name and renamed when complete: an interrupted encode leaves no partial file.
 """
+
 import contextlib
 import errno
 import json
@@ -20,17 +21,16 @@ from pathlib import Path
 
 import numpy as np
 
-from metricpipe.config import DataConfig, absolute_path, file_only_given
-from metricpipe.store.models import codes_of, find_model, staged_arrays
+from metricpipe.cluster import dashboard_lines
+from metricpipe.config import SPLIT_NAMES, DataConfig, absolute_path, file_only_given
+from metricpipe.context import raise_refused, refusing
 from metricpipe.sources import open_source
 from metricpipe.store import Store, chunk_rows_for, load_estimator, open_array, read_attrs, row_chunks
+from metricpipe.store.models import codes_of, find_model, staged_arrays
+from metricpipe.tasks.base import one_blas_thread
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.normalize import normalize_rows
 from metricpipe.tasks.validate import check_feature_block, label_values
-from metricpipe.context import raise_refused, refusing
-from metricpipe.tasks.base import one_blas_thread
-from metricpipe.cluster import dashboard_lines
-from metricpipe.config import SPLIT_NAMES
 
 BUILTIN = ("digits", "fashion-mnist")
 FORMATS = (".npy", ".npz", ".zarr", ".parquet")
@@ -52,8 +52,9 @@ def data_config(data: str, features: str = "X", labels: str = "", ids: str | Non
         key = file_only_given({"features": features, "labels": labels or None, "ids": ids})
         if key:
             value = {"features": features, "labels": labels, "ids": ids}[key]
-            raise InputError(f"--{key} {value}: names an array or column of a DATA file; DATA {data} has its "
-                             f"own (remove --{key})")
+            raise InputError(
+                f"--{key} {value}: names an array or column of a DATA file; DATA {data} has its own (remove --{key})"
+            )
         return DataConfig(source=data)
     return DataConfig(path=data, features=features, labels=labels, ids=ids)
 
@@ -87,7 +88,7 @@ def encode_rows(model_url: str, data: str, features: str, normalize: str, start:
     X = np.asarray(_reader(data, features).read(start, stop))
     X = X.reshape(len(X), -1)
     check_feature_block(X, start, f"{data} (features)")
-    with one_blas_thread():   # as the workers run it: a product's bits depend on BLAS's thread count
+    with one_blas_thread():  # as the workers run it: a product's bits depend on BLAS's thread count
         return _model(model_url).transform(normalize_rows(X, normalize).astype(np.float32))
 
 
@@ -99,7 +100,7 @@ class _Writer:
         self.out, self.n, self.d, self.labels, self.ids = out, n, d, labels, ids
         self.suffix = Path(out).suffix.lower()
         self.tmp = temp_beside(out)
-        self.member = self.zip = self.pq = None   # the open handles of the formats that have them
+        self.member = self.zip = self.pq = None  # the open handles of the formats that have them
         if self.suffix == ".npy":
             self.arr = np.lib.format.open_memmap(self.tmp, mode="w+", dtype=np.float32, shape=(n, d))
         elif self.suffix == ".npz":  # members streamed into the zip: X, then y and ids at close
@@ -108,16 +109,22 @@ class _Writer:
             np.lib.format.write_array_header_1_0(self.member, {"descr": "<f4", "fortran_order": False, "shape": (n, d)})
         elif self.suffix == ".zarr":
             import zarr
+
             g = zarr.open_group(self.tmp, mode="w")
-            self.arr = g.create_array("X", shape=(n, d), chunks=(min(max(n, 1), BLOCK_ROWS), max(d, 1)), dtype="float32")
+            self.arr = g.create_array(
+                "X", shape=(n, d), chunks=(min(max(n, 1), BLOCK_ROWS), max(d, 1)), dtype="float32"
+            )
             self.group = g
         else:
             import pyarrow as pa
             import pyarrow.parquet as pq
+
             self.pa = pa
-            fields = ([pa.field("id", pa.from_numpy_dtype(np.asarray(ids).dtype))] if ids is not None else []) + \
-                     ([pa.field("label", pa.array(np.asarray(labels)[:1]).type)] if labels is not None else []) + \
-                     [pa.field("code", pa.list_(pa.float32(), d))]
+            fields = (
+                ([pa.field("id", pa.from_numpy_dtype(np.asarray(ids).dtype))] if ids is not None else [])
+                + ([pa.field("label", pa.array(np.asarray(labels)[:1]).type)] if labels is not None else [])
+                + [pa.field("code", pa.list_(pa.float32(), d))]
+            )
             self.schema = pa.schema(fields, metadata={"metricpipe": "codes"})
             self.pq = pq.ParquetWriter(self.tmp, self.schema)
 
@@ -130,9 +137,11 @@ class _Writer:
             self.member.write(codes.tobytes())
         else:
             pa = self.pa
-            cols = ([pa.array(np.asarray(self.ids)[start:stop])] if self.ids is not None else []) + \
-                   ([pa.array(np.asarray(self.labels)[start:stop])] if self.labels is not None else []) + \
-                   [pa.FixedSizeListArray.from_arrays(pa.array(codes.reshape(-1)), self.d)]
+            cols = (
+                ([pa.array(np.asarray(self.ids)[start:stop])] if self.ids is not None else [])
+                + ([pa.array(np.asarray(self.labels)[start:stop])] if self.labels is not None else [])
+                + [pa.FixedSizeListArray.from_arrays(pa.array(codes.reshape(-1)), self.d)]
+            )
             self.pq.write_table(pa.Table.from_arrays(cols, schema=self.schema))
 
     def close(self) -> None:
@@ -148,19 +157,20 @@ class _Writer:
             self.zip.close()
         elif self.suffix == ".zarr":
             for k, v in extra.items():
-                arr = self.group.create_array(k, shape=v.shape, chunks=(max(len(v), 1),),
-                                              dtype=str if v.dtype.kind == "U" else v.dtype)
+                arr = self.group.create_array(
+                    k, shape=v.shape, chunks=(max(len(v), 1),), dtype=str if v.dtype.kind == "U" else v.dtype
+                )
                 arr[:] = v
         else:
             self.pq.close()
-        publish(self.tmp, self.out)   # a file is replaced; a folder never (check_out refused one)
+        publish(self.tmp, self.out)  # a file is replaced; a folder never (check_out refused one)
 
     def abort(self) -> None:
         for handle in (self.member, self.zip, self.pq):
             try:
                 if handle is not None:
                     handle.close()
-            except Exception:   # noqa: BLE001 - best effort: the partial file is removed below
+            except Exception:  # noqa: BLE001 - best effort: the partial file is removed below
                 pass
         self.__dict__.pop("arr", None)
         remove_partial(self.tmp)
@@ -189,25 +199,32 @@ def check_out(out: str, option: str = "--out", formats=FORMATS, inputs=(), store
         raise InputError(f"{out}: {parent} is not writable ({option}); choose another path")
     for given, name in inputs:
         if name.endswith("labels") and not str(given).endswith(".npy"):
-            continue        # an array or column name inside the data file, not a file of its own
+            continue  # an array or column name inside the data file, not a file of its own
         if isinstance(given, str) and given and given not in BUILTIN and "://" not in given:
             src = Path(given).resolve()
             if src == target or target in src.parents:
-                raise InputError(f"{out}: is the input {name} ({option}); writing it would destroy the input: "
-                                 f"choose another path")
+                raise InputError(
+                    f"{out}: is the input {name} ({option}); writing it would destroy the input: choose another path"
+                )
     root = _local_root(store)
     if root is not None and (target == root or root in target.parents):
-        raise InputError(f"{out}: is inside the store {store} ({option}); writing there would damage its results: "
-                         f"choose a path outside it")
+        raise InputError(
+            f"{out}: is inside the store {store} ({option}); writing there would damage its results: "
+            f"choose a path outside it"
+        )
     if target.is_dir():
-        raise InputError(f"{out}: a folder that already exists ({option}); remove it or choose another path "
-                         f"(metricpipe does not replace folders)")
+        raise InputError(
+            f"{out}: a folder that already exists ({option}); remove it or choose another path "
+            f"(metricpipe does not replace folders)"
+        )
     if suffix == ".parquet":
         try:
             import pyarrow  # noqa: F401
         except ImportError:
-            raise InputError(f"{out}: writing Parquet needs pyarrow ({option}); pip install 'metricpipe[parquet]' "
-                             f"or write .npz / .zarr") from None
+            raise InputError(
+                f"{out}: writing Parquet needs pyarrow ({option}); pip install 'metricpipe[parquet]' "
+                f"or write .npz / .zarr"
+            ) from None
 
 
 def _local_root(store: str | None) -> Path | None:
@@ -215,7 +232,7 @@ def _local_root(store: str | None) -> Path | None:
     if not store:
         return None
     if store.startswith("file://"):
-        store = store[len("file://"):]
+        store = store[len("file://") :]
     return None if "://" in store else Path(store).resolve()
 
 
@@ -236,8 +253,10 @@ def publish(tmp: str, out: str, option: str = "--out") -> None:
     except OSError as e:
         remove_partial(tmp)
         if e.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.EISDIR, errno.ENOTDIR):
-            raise InputError(f"{out}: was written by another command meanwhile ({option}); it is kept, whole: "
-                             f"rerun to replace it, or choose another path") from None
+            raise InputError(
+                f"{out}: was written by another command meanwhile ({option}); it is kept, whole: "
+                f"rerun to replace it, or choose another path"
+            ) from None
         raise
 
 
@@ -271,27 +290,43 @@ def _model_and_data(store_url: str, key: str):
     return store, unit, meta, normalize, data_unit
 
 
-def encode(store_url: str, key: str, data: str, out: str, features: str = "X", labels: str | None = None,
-           ids: str | None = None, client_factory=None, cluster_given: bool = False, log=print) -> dict:
+def encode(
+    store_url: str,
+    key: str,
+    data: str,
+    out: str,
+    features: str = "X",
+    labels: str | None = None,
+    ids: str | None = None,
+    client_factory=None,
+    cluster_given: bool = False,
+    log=print,
+) -> dict:
     """Encode every row of DATA with model KEY of STORE into OUT; returns what was written.
 
     ``client_factory``: a context manager giving a Dask client, entered when ``cluster_given`` or the
     work is large (LOCAL_BYTES, LOCAL_FLOPS); otherwise the blocks are encoded here, one at a time."""
     check_out(out, inputs=((data, "DATA"), (labels, "--labels")), store=store_url)
-    data_config(data, features, labels, ids)   # a built-in's refusals, before the store is read
+    data_config(data, features, labels, ids)  # a built-in's refusals, before the store is read
     store, unit, meta, normalize, data_unit = _model_and_data(store_url, key)
     src = open_input(data, features, labels, ids)
     n, D = src.reader.shape[0], int(np.prod(src.reader.shape[1:]))
     est = _model(unit.url)
     if D != est.n_features_in_:
-        raise InputError(f"{src.name}: features have {D} dimensions but model {unit.key} takes {est.n_features_in_}; "
-                         f"encode data of the kind the model was trained on")
-    where = {"labels": f"{src.name} (--labels {labels})" if labels else f"{src.name} (labels)",
-             "ids": f"{src.name} (--ids {ids})"}
-    for what, column in (("labels", src.labels), ("ids", src.ids)):   # one value per row, of every output format
+        raise InputError(
+            f"{src.name}: features have {D} dimensions but model {unit.key} takes {est.n_features_in_}; "
+            f"encode data of the kind the model was trained on"
+        )
+    where = {
+        "labels": f"{src.name} (--labels {labels})" if labels else f"{src.name} (labels)",
+        "ids": f"{src.name} (--ids {ids})",
+    }
+    for what, column in (("labels", src.labels), ("ids", src.ids)):  # one value per row, of every output format
         if column is not None and np.ndim(column) != 1:
-            raise InputError(f"{where[what]}: {what} of shape {np.shape(column)}; give a 1-D array with one "
-                             f"{what[:-1] if what == 'ids' else 'label'} per row")
+            raise InputError(
+                f"{where[what]}: {what} of shape {np.shape(column)}; give a 1-D array with one "
+                f"{what[:-1] if what == 'ids' else 'label'} per row"
+            )
     y = None if src.labels is None else label_values(np.asarray(src.labels), where["labels"])
     if y is not None and len(y) != n:
         raise InputError(f"{where['labels']}: {len(y)} labels for {n} rows; give one label per row")
@@ -321,15 +356,25 @@ def encode(store_url: str, key: str, data: str, out: str, features: str = "X", l
     except BaseException:
         writer.abort()
         raise
-    return {"rows": n, "dim": d, "model": unit.key, "method": meta["spec"]["method"], "out": out,
-            "labels": y is not None, "ids": src.ids is not None}
+    return {
+        "rows": n,
+        "dim": d,
+        "model": unit.key,
+        "method": meta["spec"]["method"],
+        "out": out,
+        "labels": y is not None,
+        "ids": src.ids is not None,
+    }
 
 
 def _block_rows(data_unit, n_features: int) -> int:
     """The staged data's row-block when it was cut into several (the encode stage's blocks, so codes
     match bit for bit), else the staging default's for this width."""
-    if data_unit is not None and data_unit.done() and \
-            not data_unit.verify(keep=lambda rel: rel in ("zarr.json", "features/zarr.json")):
+    if (
+        data_unit is not None
+        and data_unit.done()
+        and not data_unit.verify(keep=lambda rel: rel in ("zarr.json", "features/zarr.json"))
+    ):
         try:
             a = open_array(f"{data_unit.url}/features")
             if a.chunks[0] < a.shape[0]:
@@ -348,8 +393,18 @@ def _on_cluster(client, model_url, data, features, normalize, blocks, in_flight:
     futures = {}
     nxt = 0
     for i, (a, b) in enumerate(blocks):
-        futures[i] = client.submit(refusing, encode_rows, model_url, path, features, normalize, a, b,
-                                   key=f"encode-rows-{os.getpid()}-{a}", pure=False)
+        futures[i] = client.submit(
+            refusing,
+            encode_rows,
+            model_url,
+            path,
+            features,
+            normalize,
+            a,
+            b,
+            key=f"encode-rows-{os.getpid()}-{a}",
+            pure=False,
+        )
         while len(futures) >= in_flight or (i == len(blocks) - 1 and futures):
             wait([futures[nxt]])
             fut = futures.pop(nxt)
@@ -372,33 +427,43 @@ def codes_unit(store: Store, unit, meta: dict, split: str) -> tuple:
     """(the committed codes of model ``unit`` on its run's staged data, the ``split`` split's rows),
     checked against the commit's checksums: the metadata and the chunks that hold those rows."""
     if not meta.get("data"):
-        raise InputError(f"{store.url}: model {unit.key} records no staged data (it was added by add-classes?); "
-                         f"export the model it extends")
+        raise InputError(
+            f"{store.url}: model {unit.key} records no staged data (it was added by add-classes?); "
+            f"export the model it extends"
+        )
     cu = codes_of(store, unit.key, meta)
     if not cu.done() and meta.get("extends"):
-        raise InputError(f"{store.url}: model {unit.key} was made by add-classes from model {meta['extends']}, which "
-                         f"has the codes (its W is the same); use that model, or 'metricpipe encode' with this one")
+        raise InputError(
+            f"{store.url}: model {unit.key} was made by add-classes from model {meta['extends']}, which "
+            f"has the codes (its W is the same); use that model, or 'metricpipe encode' with this one"
+        )
     if not cu.done():
         try:
             latest = store.last_run()["units"].get("models") or []
-        except InputError:   # none, or damaged: the second message holds
+        except InputError:  # none, or damaged: the second message holds
             latest = []
         if f"models/{unit.key}" in latest:
-            raise InputError(f"{store.url}: model {unit.key} has no committed codes; rerun 'metricpipe run CONFIG "
-                             f"--resume' to encode them")
-        raise InputError(f"{store.url}: model {unit.key} was not encoded by its run (a candidate that parameter "
-                         f"selection did not keep; `metricpipe models` marks them encoded: no); use an encoded "
-                         f"model, or 'metricpipe encode' to encode data with this one")
+            raise InputError(
+                f"{store.url}: model {unit.key} has no committed codes; rerun 'metricpipe run CONFIG "
+                f"--resume' to encode them"
+            )
+        raise InputError(
+            f"{store.url}: model {unit.key} was not encoded by its run (a candidate that parameter "
+            f"selection did not keep; `metricpipe models` marks them encoded: no); use an encoded "
+            f"model, or 'metricpipe encode' to encode data with this one"
+        )
     # the index or the neighbours built from these codes would be wrong without a word
     bad = cu.verify(keep=lambda rel: not rel.startswith("codes/c/"))
     rows = split_rows(store, meta, split)
-    if not bad:     # only the chunks that will be read: on object storage each check is a download
+    if not bad:  # only the chunks that will be read: on object storage each check is a download
         used = set((rows // open_array(f"{cu.url}/codes").chunks[0]).tolist())
         bad = cu.verify(keep=lambda rel: rel.startswith("codes/c/") and int(rel.split("/")[2]) in used)
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise InputError(f"{store.url}: the codes of model {unit.key} are damaged: {bad[0]}{more}; rerun the run "
-                         f"that made them with --repair (metricpipe run CONFIG --repair) to recompute them")
+        raise InputError(
+            f"{store.url}: the codes of model {unit.key} are damaged: {bad[0]}{more}; rerun the run "
+            f"that made them with --repair (metricpipe run CONFIG --repair) to recompute them"
+        )
     return cu, rows
 
 
@@ -414,11 +479,14 @@ def export_faiss(store_url: str, key: str, path: str, split: str = "test", log=p
     staged data; inner product when the model's codes are compared by it (SL-NE, SL-DE, sparse),
     L2 otherwise; flat up to IVF_ABOVE rows, IVF above (nprobe stored in the index)."""
     import faiss
+
     store, unit, meta, _, _ = _model_and_data(store_url, key)
     score = meta.get("score") or "euclidean"
     if score not in ("euclidean", "inner"):
-        raise InputError(f"{store.url}: model {unit.key} ({meta['spec']['method']}) compares codes by {score}, "
-                         f"which faiss has no index for; export --npz and use its similarity")
+        raise InputError(
+            f"{store.url}: model {unit.key} ({meta['spec']['method']}) compares codes by {score}, "
+            f"which faiss has no index for; export --npz and use its similarity"
+        )
     cu, rows = codes_unit(store, unit, meta, split)
     if not len(rows):
         raise InputError(f"{store.url}: the {split} split is empty (--split); choose another split")
@@ -436,13 +504,19 @@ def export_faiss(store_url: str, key: str, path: str, split: str = "test", log=p
         index = faiss.IndexFlat(d, metric)
     index = faiss.IndexIDMap2(index)
     for s in range(0, len(rows), BLOCK_ROWS * 4):
-        r = rows[s:s + BLOCK_ROWS * 4]
+        r = rows[s : s + BLOCK_ROWS * 4]
         index.add_with_ids(_read(codes, r), r.astype(np.int64))
     with written_whole(path, "--faiss") as tmp:
         faiss.write_index(index, tmp)
     kind = "IVF" if len(rows) > IVF_ABOVE else "flat"
-    return {"rows": len(rows), "dim": d, "metric": "inner product" if score == "inner" else "L2", "index": kind,
-            "model": unit.key, "out": path}
+    return {
+        "rows": len(rows),
+        "dim": d,
+        "metric": "inner product" if score == "inner" else "L2",
+        "index": kind,
+        "model": unit.key,
+        "out": path,
+    }
 
 
 def _read(arr, rows: np.ndarray) -> np.ndarray:
@@ -454,8 +528,15 @@ def export_npz(store_url: str, key: str, path: str) -> dict:
     normalisation, scalars): what the README's numpy formulas need, no metricpipe."""
     store, unit, meta, normalize, _ = _model_and_data(store_url, key)
     kind, arrays, scalars = _model(unit.url).portable()
-    info = {"kind": kind, "normalize": normalize, "method": meta["spec"]["method"], "model": unit.key,
-            "dim": int(meta["dim"]), "score": meta.get("score") or "euclidean", **scalars}
+    info = {
+        "kind": kind,
+        "normalize": normalize,
+        "method": meta["spec"]["method"],
+        "model": unit.key,
+        "dim": int(meta["dim"]),
+        "score": meta.get("score") or "euclidean",
+        **scalars,
+    }
     with written_whole(path, "--npz") as tmp:
         np.savez(tmp, model_json=np.array(json.dumps(info)), **{k: np.asarray(v) for k, v in arrays.items()})
     return {**info, "arrays": sorted(arrays), "out": path}

@@ -8,8 +8,9 @@ its models, the shuffled copies of its staged data, and every unit committed aft
 run that did not finish, whose ``--resume`` reuses them, or by ``add-classes`` / ``stage``). It
 lists (or removes) the rest: units of earlier configs, and what killed runs left unfinished.
 """
-from metricpipe.store import KINDS, MARKER_SUFFIX, Store, Unit, is_key, read_attrs
+
 from metricpipe.report import extended_models, run_models
+from metricpipe.store import KINDS, MARKER_SUFFIX, Store, Unit, is_key, read_attrs
 
 
 def kept_units(store: Store, manifest: dict) -> set[str]:
@@ -28,23 +29,26 @@ def kept_units(store: Store, manifest: dict) -> set[str]:
             candidates += [c["model"] for c in unit.meta().get("candidates", []) if c.get("model")]
     keep.update(f"models/{key}" for key in candidates)
     # models add-classes made from the run's models, or from a candidate (kept above)
-    cand_models = [{"key": key, "spec": store.unit("models", key).meta().get("spec"), "dim": None}
-                   for key in candidates if store.unit("models", key).done()]
+    cand_models = [
+        {"key": key, "spec": store.unit("models", key).meta().get("spec"), "dim": None}
+        for key in candidates
+        if store.unit("models", key).done()
+    ]
     keep.update(f"models/{m['key']}" for m in extended_models(store, run_models(store, manifest) + cand_models))
     # the copies of its data (a run that reused every model read none, and a later one may need them)
     data = (units.get("data") or "").split("/")[-1]
     for unit in store.units("shuffled"):
-        if unit.done() and _data_of(unit) in (data, None):   # unreadable: kept, gc decides nothing on it
+        if unit.done() and _data_of(unit) in (data, None):  # unreadable: kept, gc decides nothing on it
             keep.add(unit.rel)
     return keep
 
 
 def _data_of(unit: Unit) -> str | None:
-    if unit.tree()[1]:   # a link or a FIFO in it: not read (kept, as unreadable)
+    if unit.tree()[1]:  # a link or a FIFO in it: not read (kept, as unreadable)
         return None
     try:
         return read_attrs(unit.url).get("data")
-    except Exception:   # a damaged copy (its zarr.json gone): `inspect --verify` names it, a run repairs it
+    except Exception:  # a damaged copy (its zarr.json gone): `inspect --verify` names it, a run repairs it
         return None
 
 
@@ -76,7 +80,7 @@ def unused_units(store: Store) -> tuple[dict, list[tuple[Unit, str, int]], int]:
         dirs = {u.key for u in store.units(kind)}
         for path in store.fs.ls(base, detail=False):
             name = path.rstrip("/").split("/")[-1]
-            key = name[:-len(MARKER_SUFFIX)]
+            key = name[: -len(MARKER_SUFFIX)]
             if name.endswith(MARKER_SUFFIX) and is_key(key) and key not in dirs and f"{kind}/{key}" not in keep:
                 out.append((store.unit(kind, key), "commit marker without its unit", 0))
     return manifest, out, later

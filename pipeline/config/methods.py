@@ -1,5 +1,6 @@
 """The ``methods:`` list: each entry checked and expanded by the registry (the learner's own
 parameters and checks), and what a model's codes can serve asked of the learner."""
+
 import json
 from typing import NamedTuple
 
@@ -12,8 +13,8 @@ from metricpipe.tasks.splits import USER_SPLITS
 
 
 class Methods(NamedTuple):
-    specs: tuple     # one model spec per expanded entry: {"method", "dim", ...params}
-    entries: tuple   # the index in the config's methods list of each spec
+    specs: tuple  # one model spec per expanded entry: {"method", "dim", ...params}
+    entries: tuple  # the index in the config's methods list of each spec
 
 
 def unserved(spec: dict, classifier: str) -> str | None:
@@ -30,9 +31,12 @@ def _negatives(neg: dict | None, rd: Reading, key: str) -> dict:
     except InputError as e:
         rd.fail(key, str(e))
     if neg["split"] not in USER_SPLITS:
-        rd.fail(f"{key}.split", f"must name the split of the negative images, one of "
-                                f"{', '.join(n for n in USER_SPLITS if n != 'test')} (never test: those are the "
-                                f"queries); got {neg['split']!r}")
+        rd.fail(
+            f"{key}.split",
+            f"must name the split of the negative images, one of "
+            f"{', '.join(n for n in USER_SPLITS if n != 'test')} (never test: those are the "
+            f"queries); got {neg['split']!r}",
+        )
     return neg
 
 
@@ -53,8 +57,11 @@ def _expanded(entry, rd: Reading, key: str) -> list[dict]:
 def read_methods(v, rd: Reading, key: str) -> Methods:
     """Every entry's specs, each model once; an error line per bad entry."""
     if not isinstance(v, list) or not v:
-        rd.fail(key, f"expected a non-empty list of {{method: ...}} entries, got {v!r}; e.g. methods: "
-                     f"[{{method: identity}}, {{method: pca, dim: 32}}]")
+        rd.fail(
+            key,
+            f"expected a non-empty list of {{method: ...}} entries, got {v!r}; e.g. methods: "
+            f"[{{method: identity}}, {{method: pca, dim: 32}}]",
+        )
     specs, entries, seen, errors = [], [], set(), []
     for i, entry in enumerate(v):
         try:
@@ -69,9 +76,11 @@ def read_methods(v, rd: Reading, key: str) -> Methods:
                 specs.append(spec)
                 entries.append(i)
         if len(specs) > registry.MAX_MODELS:
-            errors.append(f"{rd.where}: {key}: {len(specs):,} models after methods[{i}], over the limit of "
-                          f"{registry.MAX_MODELS:,} per config; sweep fewer values, or split the sweep over several "
-                          f"configs")
+            errors.append(
+                f"{rd.where}: {key}: {len(specs):,} models after methods[{i}], over the limit of "
+                f"{registry.MAX_MODELS:,} per config; sweep fewer values, or split the sweep over several "
+                f"configs"
+            )
             break
     if errors:
         raise ConfigError("\n".join(errors))
@@ -83,6 +92,9 @@ def check_served(methods: Methods, classifiers: tuple, rd: Reading) -> None:
     for spec, i in zip(*methods):
         odd = [c for c in classifiers if unserved(spec, c)]
         if odd:
-            rd.fail("evaluate.classification.classifiers", f"{', '.join(odd)} cannot be served by methods[{i}]: "
-                    f"{unserved(spec, odd[0])}; list only classifiers it serves, or leave classifiers unset (the "
-                    f"defaults skip what a model cannot serve)")
+            rd.fail(
+                "evaluate.classification.classifiers",
+                f"{', '.join(odd)} cannot be served by methods[{i}]: "
+                f"{unserved(spec, odd[0])}; list only classifiers it serves, or leave classifiers unset (the "
+                f"defaults skip what a model cannot serve)",
+            )

@@ -7,6 +7,7 @@ section: unknown keys (with a "did you mean"), then each key, then the section's
 :meth:`Section.rules` across its keys. Every error found is one line ``FILE: KEY: what was expected,
 what arrived, the fix``, and a section reports all of its errors in one :class:`ConfigError`.
 """
+
 import difflib
 import json
 import math
@@ -21,8 +22,21 @@ from metricpipe.errors import ConfigError
 from metricpipe.tasks.validate import whole_number
 
 
-def setting(default, doc: str, *, kind: type | None = None, minimum=None, maximum=None, choices=None,
-            section: type | None = None, parse=None, check=None, path=None, absent=MISSING, shown: str = ""):
+def setting(
+    default,
+    doc: str,
+    *,
+    kind: type | None = None,
+    minimum=None,
+    maximum=None,
+    choices=None,
+    section: type | None = None,
+    parse=None,
+    check=None,
+    path=None,
+    absent=MISSING,
+    shown: str = "",
+):
     """A config key, as a dataclass field: its default and what the parser checks.
 
     Parameters
@@ -40,8 +54,19 @@ def setting(default, doc: str, *, kind: type | None = None, minimum=None, maximu
         required section: None; the methods: the registry's default entries).
     shown : the type as the reference prints it, where kind does not say it.
     """
-    meta = {"doc": doc, "kind": kind, "minimum": minimum, "maximum": maximum, "choices": choices,
-            "section": section, "parse": parse, "check": check, "path": path, "absent": absent, "shown": shown}
+    meta = {
+        "doc": doc,
+        "kind": kind,
+        "minimum": minimum,
+        "maximum": maximum,
+        "choices": choices,
+        "section": section,
+        "parse": parse,
+        "check": check,
+        "path": path,
+        "absent": absent,
+        "shown": shown,
+    }
     return field(default=default, metadata=meta)
 
 
@@ -58,8 +83,9 @@ class Section:
 @dataclass(frozen=True)
 class Reading:
     """What a hook needs to know of the file being read."""
-    where: str                      # the config file (or a command's name), first on every error line
-    base_dir: Path | None = None    # relative paths are read against it (None: left as given)
+
+    where: str  # the config file (or a command's name), first on every error line
+    base_dir: Path | None = None  # relative paths are read against it (None: left as given)
 
     def fail(self, key: str, msg: str):
         raise ConfigError(f"{self.where}: {key}: {msg}")
@@ -148,11 +174,13 @@ def typed(v, key: str, reading: Reading, kind: type, minimum=None, maximum=None,
 
 # ---- the config reference ---------------------------------------------------------------------------
 
+
 class Key(NamedTuple):
     """A row of the config reference."""
-    key: str           # dotted, as in the YAML: data.split.test
-    type: str          # int >= 1, none | l1 | l2 | power, mapping, ...
-    default: str       # as YAML writes it (empty for a section: see its keys)
+
+    key: str  # dotted, as in the YAML: data.split.test
+    type: str  # int >= 1, none | l1 | l2 | power, mapping, ...
+    default: str  # as YAML writes it (empty for a section: see its keys)
     description: str
 
 
@@ -193,4 +221,4 @@ def yaml_text(v) -> str:
         plain = yaml.safe_load(text) == v
     except yaml.YAMLError:
         plain = False
-    return text if plain else json.dumps(v)   # quoted where YAML would read another value
+    return text if plain else json.dumps(v)  # quoted where YAML would read another value

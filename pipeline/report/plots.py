@@ -1,5 +1,6 @@
 """The report's figures: panels (a metric against the code dimension or K, a training curve) drawn as
 small multiples in one matplotlib figure, a base64 PNG the page embeds."""
+
 import base64
 import io
 import math
@@ -14,15 +15,25 @@ def curve_panels(curve: dict, swept: frozenset = frozenset()) -> list[dict]:
     hist = curve["history"]
     xkey = "iter" if "iter" in hist[0] else "epoch"
     keys = list(dict.fromkeys(k for h in hist for k in h if k != xkey and isinstance(h[k], (int, float))))
-    title = model_label({"method": curve["model"]["method"],
-                         "params": {k: v for k, v in curve["model"].items() if k != "method"}}, swept)
+    title = model_label(
+        {"method": curve["model"]["method"], "params": {k: v for k, v in curve["model"].items() if k != "method"}},
+        swept,
+    )
     panels = []
     for k in keys:
-        have = [h for h in hist if isinstance(h.get(k), (int, float))]   # e.g. val_error also at the start
+        have = [h for h in hist if isinstance(h.get(k), (int, float))]  # e.g. val_error also at the start
         lo, hi = min(h[k] for h in have), max(h[k] for h in have)
-        log_y = k in ("objective", "hinge") and lo > 0 and hi > 10 * lo   # a log axis over a decade or more
-        panels.append({"series": {None: [(h[xkey], h[k]) for h in have]}, "xlabel": xkey, "ylabel": k,
-                       "title": title, "log_y": log_y, "marker": "."})
+        log_y = k in ("objective", "hinge") and lo > 0 and hi > 10 * lo  # a log axis over a decade or more
+        panels.append(
+            {
+                "series": {None: [(h[xkey], h[k]) for h in have]},
+                "xlabel": xkey,
+                "ylabel": k,
+                "title": title,
+                "log_y": log_y,
+                "marker": ".",
+            }
+        )
     return panels
 
 
@@ -31,17 +42,21 @@ def panels_png(panels: list[dict], ncols: int = 2) -> str:
     log_y, marker}) in one figure, as a base64 PNG, with one legend for all of them (a model keeps
     its colour in every panel; baselines dashed). One figure drawn once costs a quarter of a figure
     per panel, each with its own legend, drawn twice for a tight bounding box."""
-    import matplotlib   # deferred: matplotlib loads only for a page with plots
+    import matplotlib  # deferred: matplotlib loads only for a page with plots
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
-    labels = sorted({lab for p in panels if p for lab in p["series"] if lab is not None},
-                    key=lambda lab: (lab.split()[0] in BASELINES, lab))
+    labels = sorted(
+        {lab for p in panels if p for lab in p["series"] if lab is not None},
+        key=lambda lab: (lab.split()[0] in BASELINES, lab),
+    )
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     colour = {lab: cycle[i % len(cycle)] for i, lab in enumerate(labels)}
-    style = {lab: "--" if lab.split()[0] in BASELINES else ("-" if i < len(cycle) else ":")
-             for i, lab in enumerate(labels)}
+    style = {
+        lab: "--" if lab.split()[0] in BASELINES else ("-" if i < len(cycle) else ":") for i, lab in enumerate(labels)
+    }
     ncols = min(ncols, len(panels))
     nrows = math.ceil(len(panels) / ncols)
     legend_cols = 2 if ncols > 1 else 1
@@ -51,21 +66,27 @@ def panels_png(panels: list[dict], ncols: int = 2) -> str:
     fig, axes = plt.subplots(nrows, ncols, figsize=(width, height + legend_h), squeeze=False)
     handles = {}
     for ax, p in zip(axes.flat, panels):
-        if p is None:   # a gap (a row's end)
+        if p is None:  # a gap (a row's end)
             ax.set_visible(False)
             continue
         for lab, pts in p["series"].items():
-            pts = sorted(pts, key=lambda q: (q[0] is None, q[0] or 0))   # a dimension may be unknown (None)
-            line, = ax.plot([q[0] for q in pts], [q[1] for q in pts], marker=p.get("marker", "o"), markersize=4,
-                            color=colour.get(lab, cycle[0]), linestyle=style.get(lab, "-"))
+            pts = sorted(pts, key=lambda q: (q[0] is None, q[0] or 0))  # a dimension may be unknown (None)
+            (line,) = ax.plot(
+                [q[0] for q in pts],
+                [q[1] for q in pts],
+                marker=p.get("marker", "o"),
+                markersize=4,
+                color=colour.get(lab, cycle[0]),
+                linestyle=style.get(lab, "-"),
+            )
             if lab is not None:
                 handles.setdefault(lab, line)
-        if p.get("log2_x"):   # ticks at the plotted values (or powers of 2 when many), as plain numbers:
+        if p.get("log2_x"):  # ticks at the plotted values (or powers of 2 when many), as plain numbers:
             # readable, and no mathtext to parse and draw
             ax.set_xscale("log", base=2)
             xs = sorted({q[0] for pts in p["series"].values() for q in pts if q[0] is not None and q[0] > 0})
             if len(xs) > 8:
-                xs = [2.0 ** e for e in range(math.floor(math.log2(xs[0])), math.ceil(math.log2(xs[-1])) + 1)]
+                xs = [2.0**e for e in range(math.floor(math.log2(xs[0])), math.ceil(math.log2(xs[-1])) + 1)]
             ax.xaxis.set_major_locator(FixedLocator(xs))
             ax.xaxis.set_minor_locator(NullLocator())
             ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
@@ -78,17 +99,31 @@ def panels_png(panels: list[dict], ncols: int = 2) -> str:
         ax.set_title(p["title"], fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
-    for ax in axes.flat[len(panels):]:
+    for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
     bottom = legend_h / (height + legend_h)
     if handles:
-        order = [lab for lab in labels if lab in handles]   # learned models first, as the colours
-        fig.legend([handles[lab] for lab in order], order, loc="lower left", bbox_to_anchor=(0.01, 0.0),
-                   ncol=legend_cols,
-                   fontsize=7, frameon=False, title="dashed: baseline", title_fontsize=7)
+        order = [lab for lab in labels if lab in handles]  # learned models first, as the colours
+        fig.legend(
+            [handles[lab] for lab in order],
+            order,
+            loc="lower left",
+            bbox_to_anchor=(0.01, 0.0),
+            ncol=legend_cols,
+            fontsize=7,
+            frameon=False,
+            title="dashed: baseline",
+            title_fontsize=7,
+        )
     # fixed margins instead of bbox_inches="tight", which draws the figure twice
-    fig.subplots_adjust(left=0.8 / width, right=1 - 0.15 / width, top=1 - 0.3 / (height + legend_h),
-                        bottom=bottom + 0.5 / (height + legend_h), hspace=0.55, wspace=0.3)
+    fig.subplots_adjust(
+        left=0.8 / width,
+        right=1 - 0.15 / width,
+        top=1 - 0.3 / (height + legend_h),
+        bottom=bottom + 0.5 / (height + legend_h),
+        hspace=0.55,
+        wspace=0.3,
+    )
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
     plt.close(fig)
@@ -102,8 +137,13 @@ def panel_over_dim(records: list, metric: str, classifier) -> dict:
             series.setdefault(model_label(r, swept), []).append((r["dim"], r["value"]))
     label, higher, _ = definition(metric)
     label += "" if classifier is None else f" ({classifier})"
-    return {"series": series, "xlabel": "code dimension", "ylabel": label, "log2_x": True,
-            "title": f"{label} ({'higher' if higher else 'lower'} is better)"}
+    return {
+        "series": series,
+        "xlabel": "code dimension",
+        "ylabel": label,
+        "log2_x": True,
+        "title": f"{label} ({'higher' if higher else 'lower'} is better)",
+    }
 
 
 def panel_over_k(records: list, name: str, dim) -> dict:
@@ -113,5 +153,10 @@ def panel_over_k(records: list, name: str, dim) -> dict:
         at = at_k(r["metric"])
         if at and at[0] == name and r["dim"] == dim and r["classifier"] is None:
             series.setdefault(model_label(r, swept), []).append((at[1], r["value"]))
-    return {"series": series, "xlabel": "K", "ylabel": f"{name}@K", "marker": ".",
-            "title": f"{DEFINITIONS[name][0].format(k='K')} against K, d = {dim}"}
+    return {
+        "series": series,
+        "xlabel": "K",
+        "ylabel": f"{name}@K",
+        "marker": ".",
+        "title": f"{DEFINITIONS[name][0].format(k='K')} against K, d = {dim}",
+    }

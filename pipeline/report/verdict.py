@@ -1,18 +1,29 @@
 """The report's verdict: per headline metric and per family of them, the best learned model against the
 best baseline (``registry.BASELINES``); each objective's winner; and the closing lines a run prints."""
+
 import math
 import re
 
 from metricpipe.config import OBJECTIVES
-from metricpipe.report.data import (RECALL_RULE, definition, headline_metrics, mean_value, recall_hidden, repeat_count,
-                                    report_rows, row_label, sample_sd, swept_params)
+from metricpipe.report.data import (
+    RECALL_RULE,
+    definition,
+    headline_metrics,
+    mean_value,
+    recall_hidden,
+    repeat_count,
+    report_rows,
+    row_label,
+    sample_sd,
+    swept_params,
+)
 from metricpipe.tasks import evaluation, registry
 from metricpipe.tasks.compare import paired_interval
 
 # Headline metrics vote in families, one vote each, so that no objective counts twice: retrieval
 # (mAP and MAP@R) and, per classifier kind, the top-1 errors of its classifiers.
 KINDS = {"knn": "kNN", "softvote": "soft-vote", evaluation.NCM: "NCM", evaluation.NCMC: "NCMC"}
-LEVEL = 0.95          # the paired t interval over repeats
+LEVEL = 0.95  # the paired t interval over repeats
 ITEM_OF = {"retrieval": "queries", "classification": "classified test rows"}
 
 
@@ -23,8 +34,9 @@ def families(records: list) -> list[dict]:
     out = {}
     for metric, classifier in headline_metrics(records):
         key = "retrieval" if classifier is None else (re.sub(r"\d+$", "", classifier) or classifier)
-        fam = out.setdefault(key, {"family": key, "objective": "retrieval" if classifier is None else "classification",
-                                   "metrics": []})
+        fam = out.setdefault(
+            key, {"family": key, "objective": "retrieval" if classifier is None else "classification", "metrics": []}
+        )
         fam["metrics"].append((metric, classifier))
     for fam in out.values():
         names = [definition(m)[0] if c is None else c for m, c in fam["metrics"]]
@@ -32,8 +44,13 @@ def families(records: list) -> list[dict]:
             fam["label"] = "retrieval, " + (names[0] if len(names) == 1 else f"mean of {_and(names)}")
         else:
             kind = f"{KINDS.get(fam['family'], fam['family'])} top-1 error"
-            fam["label"] = kind if names == [fam["family"]] else \
-                f"{kind} ({names[0]})" if len(names) == 1 else f"{kind}, mean of {_and(names)}"
+            fam["label"] = (
+                kind
+                if names == [fam["family"]]
+                else f"{kind} ({names[0]})"
+                if len(names) == 1
+                else f"{kind}, mean of {_and(names)}"
+            )
     return list(out.values())
 
 
@@ -57,9 +74,18 @@ def _scores(row: dict, metrics: list) -> list | None:
 
 def _side(row: dict, scores: list, swept: frozenset) -> dict:
     once = len(set(row["models"])) == 1
-    return {"label": row_label(row, swept), "method": row["method"], "dim": row["dim"], "params": row["params"],
-            "model": row["model"], "models": row["models"], "baseline": row["baseline"], "value": mean_value(scores),
-            "sd": None if once else sample_sd(scores), "values": scores}
+    return {
+        "label": row_label(row, swept),
+        "method": row["method"],
+        "dim": row["dim"],
+        "params": row["params"],
+        "model": row["model"],
+        "models": row["models"],
+        "baseline": row["baseline"],
+        "value": mean_value(scores),
+        "sd": None if once else sample_sd(scores),
+        "values": scores,
+    }
 
 
 def _top(rows: list, metrics: list, higher: bool, swept: frozenset) -> dict | None:
@@ -69,8 +95,9 @@ def _top(rows: list, metrics: list, higher: bool, swept: frozenset) -> dict | No
     if not have:
         return None
     sign = -1 if higher else 1
-    row, scores = min(have, key=lambda t: (sign * mean_value(t[1]), t[0]["dim"] or 0, not t[0]["baseline"],
-                                           row_label(t[0], swept)))
+    row, scores = min(
+        have, key=lambda t: (sign * mean_value(t[1]), t[0]["dim"] or 0, not t[0]["baseline"], row_label(t[0], swept))
+    )
     return _side(row, scores, swept)
 
 
@@ -135,26 +162,52 @@ def summarize(records: list, items: dict | None = None, objective: str | None = 
     for metric, classifier in headline_metrics(records):
         label, higher, _ = definition(metric)
         tol = _tolerance(items, "retrieval" if classifier is None else "classification")
-        headline.append({"metric": metric, "classifier": classifier,
-                         "label": label + (f" ({classifier})" if classifier else ""), "higher_is_better": higher,
-                         **_contest(learned, baselines, [(metric, classifier)], higher, tol, swept)})
+        headline.append(
+            {
+                "metric": metric,
+                "classifier": classifier,
+                "label": label + (f" ({classifier})" if classifier else ""),
+                "higher_is_better": higher,
+                **_contest(learned, baselines, [(metric, classifier)], higher, tol, swept),
+            }
+        )
     fams = []
     for fam in families(records):
         higher, tol = definition(fam["metrics"][0][0])[1], _tolerance(items, fam["objective"])
-        e = {**fam, "metrics": [list(mc) for mc in fam["metrics"]], "higher_is_better": higher, "tolerance": tol,
-             **_contest(learned, baselines, fam["metrics"], higher, tol, swept),
-             "raw": _top([r for r in baselines if r["method"] == registry.RAW], fam["metrics"], higher, swept)}
-        e["vote"] = {"better": e["model"], "worse": e["baseline"], "tie": None}.get(e["verdict"]) \
-            if e["verdict"] else e["model"] or e["baseline"]
+        e = {
+            **fam,
+            "metrics": [list(mc) for mc in fam["metrics"]],
+            "higher_is_better": higher,
+            "tolerance": tol,
+            **_contest(learned, baselines, fam["metrics"], higher, tol, swept),
+            "raw": _top([r for r in baselines if r["method"] == registry.RAW], fam["metrics"], higher, swept),
+        }
+        e["vote"] = (
+            {"better": e["model"], "worse": e["baseline"], "tie": None}.get(e["verdict"])
+            if e["verdict"]
+            else e["model"] or e["baseline"]
+        )
         e["tied"] = [e["model"], e["baseline"]] if e["verdict"] == "tie" else []
         fams.append(e)
     row_of = {(row_label(r, swept), r["model"]): r for r in rows}
-    objectives = [_objective(o, [f for f in fams if f["objective"] == o], row_of)
-                  for o in OBJECTIVES if any(f["objective"] == o for f in fams)]
-    return {"repeats": repeats, "tie_rule": tie_rule(items, repeats), "items": items, "headline": headline,
-            "families": fams, "objectives": objectives, "objective": objective, "learned_models": len(learned),
-            "baselines": len(baselines), "recall_rule": RECALL_RULE,
-            "recall_hidden": {str(k): v for k, v in recall_hidden(records).items()}}
+    objectives = [
+        _objective(o, [f for f in fams if f["objective"] == o], row_of)
+        for o in OBJECTIVES
+        if any(f["objective"] == o for f in fams)
+    ]
+    return {
+        "repeats": repeats,
+        "tie_rule": tie_rule(items, repeats),
+        "items": items,
+        "headline": headline,
+        "families": fams,
+        "objectives": objectives,
+        "objective": objective,
+        "learned_models": len(learned),
+        "baselines": len(baselines),
+        "recall_rule": RECALL_RULE,
+        "recall_hidden": {str(k): v for k, v in recall_hidden(records).items()},
+    }
 
 
 def _objective(name: str, fams: list, row_of: dict) -> dict:
@@ -167,8 +220,15 @@ def _objective(name: str, fams: list, row_of: dict) -> dict:
     leaders = [s for s, n in votes.values() if n == top] if top else []
     refused = [w for s in leaders if not s["baseline"] and (w := _worse_than_raw(s, fams, row_of))]
     tied = leaders if len(leaders) > 1 else fams[0]["tied"] if len(fams) == 1 and not leaders else []
-    o = {"objective": name, "families": len(fams), "tied_families": sum(1 for f in fams if f["tied"]), "votes": top,
-         "winner": leaders[0] if len(leaders) == 1 and not refused else None, "tied": tied, "refused": refused}
+    o = {
+        "objective": name,
+        "families": len(fams),
+        "tied_families": sum(1 for f in fams if f["tied"]),
+        "votes": top,
+        "winner": leaders[0] if len(leaders) == 1 and not refused else None,
+        "tied": tied,
+        "refused": refused,
+    }
     o["text"] = _objective_text(o)
     return o
 
@@ -183,8 +243,7 @@ def _worse_than_raw(side: dict, fams: list, row_of: dict) -> dict | None:
             continue
         c = _compare(scores, f["raw"]["values"], f["higher_is_better"], f["tolerance"])
         if c["verdict"] == "worse":
-            return {"label": side["label"], "model": side["model"], "family": f["label"], "raw": f["raw"]["label"],
-                    **c}
+            return {"label": side["label"], "model": side["model"], "family": f["label"], "raw": f["raw"]["label"], **c}
     return None
 
 
@@ -212,12 +271,14 @@ def _objective_text(o: dict) -> str:
     if o["tied_families"] and o["votes"] and o["families"] > 1:
         text += f" ({o['tied_families']} tied)"
     for r in refused:
-        text += (f"{'' if w or tied else ' but'}{'; ' + r['label'] if w or tied else ''} is worse than raw features "
-                 f"({r['raw']}) on {r['family']} ({fmt_difference(r['difference'])})")
+        text += (
+            f"{'' if w or tied else ' but'}{'; ' + r['label'] if w or tied else ''} is worse than raw features "
+            f"({r['raw']}) on {r['family']} ({fmt_difference(r['difference'])})"
+        )
     return f"Winner ({o['objective']}): {text}"
 
 
-SHOWN = 1e-4   # differences are shown to 4 decimals
+SHOWN = 1e-4  # differences are shown to 4 decimals
 
 
 def fmt_difference(v: float) -> str:
@@ -239,13 +300,21 @@ def winner_lines(summary: dict) -> list[str]:
         m, b = f["model"], f["baseline"]
         head = f"  {f['label']} ({direction} is better): "
         if m and b:
-            ci = "" if not f["interval"] else f" [{LEVEL:.0%} CI {fmt_difference(f['interval'][0])}, {fmt_difference(f['interval'][1])}]"
-            lines.append(f"{head}{side_value(m)} {m['label']} [{m['model'] or '?'}] vs baseline {side_value(b)} {b['label']}: "
-                         f"{fmt_difference(f['difference'])}{ci} ({f['verdict']})")
+            ci = (
+                ""
+                if not f["interval"]
+                else f" [{LEVEL:.0%} CI {fmt_difference(f['interval'][0])}, {fmt_difference(f['interval'][1])}]"
+            )
+            lines.append(
+                f"{head}{side_value(m)} {m['label']} [{m['model'] or '?'}] vs baseline {side_value(b)} {b['label']}: "
+                f"{fmt_difference(f['difference'])}{ci} ({f['verdict']})"
+            )
         elif b or m:
             only = b or m
-            lines.append(f"{head}{side_value(only)} {only['label']} [{only['model'] or '?'}]"
-                         + ("; no learned model in this run" if b else "; no baseline in this run"))
+            lines.append(
+                f"{head}{side_value(only)} {only['label']} [{only['model'] or '?'}]"
+                + ("; no learned model in this run" if b else "; no baseline in this run")
+            )
     if lines:
         lines.insert(0, f"Best learned model vs best baseline per family ({summary['tie_rule']}):")
     for o in summary.get("objectives") or []:

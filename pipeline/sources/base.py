@@ -1,8 +1,10 @@
 """What every source is: a reader of row ranges with its labels and split, and the fingerprint that keys it."""
+
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
 from metricpipe.tasks.synthetic import SyntheticSpec
 
 
@@ -21,10 +23,10 @@ class SyntheticReader:
 
 @dataclass
 class Source:
-    name: str                      # what error messages call it (a file path or builtin:NAME)
+    name: str  # what error messages call it (a file path or builtin:NAME)
     reader: object
     labels: np.ndarray
-    split: np.ndarray | None = None   # strings train/test/val/negatives, or None for a random split
+    split: np.ndarray | None = None  # strings train/test/val/negatives, or None for a random split
     groups: np.ndarray | None = None
     ids: np.ndarray | None = None
     fingerprint: dict = field(default_factory=dict)
@@ -39,6 +41,7 @@ def fingerprint(*paths, contents: bool = False) -> dict:
     paths stay): such a rewrite gets a new key, and a touched, copied, moved or renamed file with the
     same bytes keeps its key (the staged data is reused)."""
     import hashlib
+
     out = {}
     for n, p in enumerate(paths):
         p = Path(p)
@@ -55,7 +58,11 @@ def fingerprint(*paths, contents: bool = False) -> dict:
             else:
                 h.update(f"{f.relative_to(p) if p.is_dir() else f.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
         out[f"contents of path {n + 1}" if contents else str(p.resolve())] = {
-            "files": len(files), "bytes": total, "digest": h.hexdigest()[:32], **({"contents": True} if contents else {})}
+            "files": len(files),
+            "bytes": total,
+            "digest": h.hexdigest()[:32],
+            **({"contents": True} if contents else {}),
+        }
     return out
 
 

@@ -1,17 +1,23 @@
 """IDX files (MNIST's format) and Fashion-MNIST's folder: Debian's package, $METRICPIPE_DATA or data.root."""
+
 import gzip
 import os
 import struct
 from pathlib import Path
 
 import numpy as np
+
 from metricpipe.config import DataConfig
 from metricpipe.sources.base import ConcatReader, Source, fingerprint
 from metricpipe.tasks.errors import InputError
 
 FASHION_DEBIAN = "/usr/share/datasets/fashion-mnist"
-FASHION_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
-                 "t10k-labels-idx1-ubyte")
+FASHION_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
 
 
 IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
@@ -52,20 +58,24 @@ class IdxReader:
         want = self.offset + self.shape[0] * self.shape[1] * self.item.itemsize
         size = _idx_size(self.path)
         gz = self.path.endswith(".gz")
-        if size is not None and (size != want % 2 ** 32 if gz else size != want):   # a .gz's size is modulo 2^32
-            raise InputError(f"{self.path}: {size:,} bytes, but its header ({' x '.join(map(str, dims))} values of "
-                             f"{self.item.itemsize} byte(s)) needs {want:,}; the file is truncated or not an IDX file")
+        if size is not None and (size != want % 2**32 if gz else size != want):  # a .gz's size is modulo 2^32
+            raise InputError(
+                f"{self.path}: {size:,} bytes, but its header ({' x '.join(map(str, dims))} values of "
+                f"{self.item.itemsize} byte(s)) needs {want:,}; the file is truncated or not an IDX file"
+            )
 
     def read(self, start, stop):
         try:
             with _open_idx(self.path) as f:
                 f.seek(self.offset + start * self.shape[1] * self.item.itemsize)
                 buf = f.read((stop - start) * self.shape[1] * self.item.itemsize)
-        except (EOFError, gzip.BadGzipFile) as e:   # a .gz cut short, its trailer gone with it
+        except (EOFError, gzip.BadGzipFile) as e:  # a .gz cut short, its trailer gone with it
             raise InputError(f"{self.path}: the compressed data ends early ({e}); the file is truncated") from None
-        if len(buf) != (stop - start) * self.shape[1] * self.item.itemsize:   # (a .gz whose size was not known)
-            raise InputError(f"{self.path}: ends before row {start + len(buf) // max(1, self.shape[1] * self.item.itemsize):,} "
-                             f"of the {self.shape[0]:,} its header names; the file is truncated")
+        if len(buf) != (stop - start) * self.shape[1] * self.item.itemsize:  # (a .gz whose size was not known)
+            raise InputError(
+                f"{self.path}: ends before row {start + len(buf) // max(1, self.shape[1] * self.item.itemsize):,} "
+                f"of the {self.shape[0]:,} its header names; the file is truncated"
+            )
         return np.frombuffer(buf, self.item).reshape(stop - start, self.shape[1]).astype(self.dtype)
 
     def read_all_1d(self):
@@ -91,13 +101,16 @@ def fashion_mnist_root(cfg: DataConfig) -> Path:
             if all(find_idx(q, s) for s in FASHION_FILES):
                 return q
     if given:
-        raise InputError(f"{given[0]}: no Fashion-MNIST IDX files in {given[1]} (nor in its fashion-mnist folder); "
-                         f"give the folder holding {FASHION_FILES[0]}.gz and the other three files, or "
-                         f"{'drop data.root' if cfg.root else 'unset METRICPIPE_DATA'}")
+        raise InputError(
+            f"{given[0]}: no Fashion-MNIST IDX files in {given[1]} (nor in its fashion-mnist folder); "
+            f"give the folder holding {FASHION_FILES[0]}.gz and the other three files, or "
+            f"{'drop data.root' if cfg.root else 'unset METRICPIPE_DATA'}"
+        )
     raise InputError(
         f"data.source fashion-mnist: IDX files not found in {', '.join(candidates)}; install them with "
         f"'apt-get install dataset-fashion-mnist', or set data.root or METRICPIPE_DATA to a folder holding "
-        f"{FASHION_FILES[0]}.gz and the other three files")
+        f"{FASHION_FILES[0]}.gz and the other three files"
+    )
 
 
 def idx_source(folder: Path, name: str, contents: bool = False) -> Source:

@@ -1,8 +1,9 @@
 """What the stages share: the staged data's description (DataInfo), the output template writer,
 commit with timing, row reads and the moments tree reduction."""
+
 import time
-from functools import lru_cache
 from dataclasses import dataclass
+from functools import lru_cache
 
 import dask.array as da
 import numpy as np
@@ -38,13 +39,11 @@ class DataInfo:
         return np.flatnonzero(self.split == code)
 
 
-
-
-
 @dataclass(frozen=True)
 class Fed:
     """What a feeder hands a learner's fit, as the memory rule sizes it: ``rows`` rows, ``k`` neighbours
     each for ``anchors`` of them; ``fix``: the run's setting that shrinks it."""
+
     rows: int
     k: int = 0
     anchors: int | None = None
@@ -65,8 +64,15 @@ def commit_timed(ctx: StageContext, unit: Unit, started: float, meta: dict) -> N
     ctx.commit(unit, {**meta, "seconds": round(time.perf_counter() - started, 3)})
 
 
-def write_template(url: str, variables: dict, coords: dict, attrs: dict, chunk_rows: int,
-                    samples: dict | None = None, compress: bool = True) -> None:
+def write_template(
+    url: str,
+    variables: dict,
+    coords: dict,
+    attrs: dict,
+    chunk_rows: int,
+    samples: dict | None = None,
+    compress: bool = True,
+) -> None:
     """Write the metadata and coordinates of an xarray Dataset; data chunks are filled by tasks.
     ``samples`` (name -> a few rows as stored) lets a variable go uncompressed where LZ4 gains little;
     ``compress=False`` stores every variable bare."""
@@ -84,13 +90,16 @@ def load_features(url: str, start: int, stop: int, rows: np.ndarray | None = Non
     X = open_array(f"{url}/features")[start:stop]
     return X if rows is None else X[rows]
 
+
 def tree_combine(ctx, futures, name):
     while len(futures) > 1:
-        futures = [ctx.submit(moments.combine_moments, futures[i], futures[i + 1], name=name)
-                   if i + 1 < len(futures) else futures[i] for i in range(0, len(futures), 2)]
+        futures = [
+            ctx.submit(moments.combine_moments, futures[i], futures[i + 1], name=name)
+            if i + 1 < len(futures)
+            else futures[i]
+            for i in range(0, len(futures), 2)
+        ]
     return futures[0]
-
-
 
 
 class StagedRows(TrainingRows):
@@ -114,15 +123,16 @@ class StagedRows(TrainingRows):
 
     def blocks(self, mask):
         features = open_array(f"{self._url}/features")
-        for a, b in self._chunks:   # one staged row-block at a time
+        for a, b in self._chunks:  # one staged row-block at a time
             lo, hi = np.searchsorted(self._rows, [a, b])
             local = np.flatnonzero(mask[lo:hi])
             if len(local):
                 yield (features[a:b][self._rows[lo:hi][local] - a].astype(np.float64), self.labels[lo:hi][local])
 
 
-def moments_block(url: str, start: int, stop: int, n_classes: int, second: bool, array_url: str | None = None,
-                   code: int = TRAIN):
+def moments_block(
+    url: str, start: int, stop: int, n_classes: int, second: bool, array_url: str | None = None, code: int = TRAIN
+):
     """Moments of the train rows (split ``code``) of block start:stop (of ``array_url``, default the
     staged features)."""
     split = open_array(f"{url}/split")[start:stop]

@@ -1,4 +1,5 @@
 """Stage 2, statistics: mean, covariance, class means and scatters, PCA basis (blockwise tree reduction)."""
+
 import time
 
 import dask.array as da
@@ -6,14 +7,12 @@ import numpy as np
 
 from metricpipe.budget import row_block
 from metricpipe.context import StageContext
+from metricpipe.stages.common import TRAIN, DataInfo, commit_timed, moments_block, tree_combine
 from metricpipe.store import Unit, hash_key, open_array, save_arrays
 from metricpipe.tasks import moments
 
-from metricpipe.stages.common import DataInfo, TRAIN, commit_timed, moments_block, tree_combine
-
-
-
 # ---- 2. statistics -------------------------------------------------------------------------------------
+
 
 def _finalize_statistics(m, url: str, n_components) -> dict:
     stats = moments.finalize_statistics(m, n_components)
@@ -27,22 +26,32 @@ def run_statistics(ctx: StageContext, data: DataInfo) -> Unit:
     dense = data.n_features <= cfg.max_dense_dim
     # the seed reaches randomized PCA only: dense statistics (and every model made from them) are the
     # same for any seed, so a new seed does not recompute them
-    key = hash_key({"stage": "statistics", "data": data.unit.key, "dense": dense,
-                    "seed": None if dense else ctx.config.seed, "components": None if dense else cfg.components})
+    key = hash_key(
+        {
+            "stage": "statistics",
+            "data": data.unit.key,
+            "dense": dense,
+            "seed": None if dense else ctx.config.seed,
+            "components": None if dense else cfg.components,
+        }
+    )
     unit = ctx.store.unit("statistics", key)
     if ctx.reuse(unit, "statistics"):
         ctx.log(f"  statistics: reusing {unit.rel}")
         return unit
     t0 = time.perf_counter()
     unit.begin()
-    parts = [ctx.submit(moments_block, data.url, a, b, len(data.classes), dense, name="moments-block")
-             for a, b in data.chunks]
+    parts = [
+        ctx.submit(moments_block, data.url, a, b, len(data.classes), dense, name="moments-block")
+        for a, b in data.chunks
+    ]
     # wait, but leave each block's moments (a D x D matrix) on its worker: the tree combines them there
     ctx.gather(parts, "statistics", [f"rows {a}..{b - 1}" for a, b in data.chunks], fetch=False)
     total = tree_combine(ctx, parts, "moments-combine")
     if dense:
-        meta = ctx.gather([ctx.submit(_finalize_statistics, total, unit.url, None, name="statistics-finalize")],
-                          "statistics")[0]
+        meta = ctx.gather(
+            [ctx.submit(_finalize_statistics, total, unit.url, None, name="statistics-finalize")], "statistics"
+        )[0]
     else:
         meta = _randomized_statistics(ctx, data, total, unit, cfg.components)
     commit_timed(ctx, unit, t0, {**meta, "dense": dense})
@@ -69,5 +78,10 @@ def largest_tasks(info, cfg, limit: float) -> list:
     D = info.n_features
     if D > cfg.statistics.max_dense_dim:
         return []
-    return [(f"the statistics stage's {D} x {D} covariance (3 copies, float64)", 3 * 8.0 * D * D + row_block(info),
-             f"set statistics.max_dense_dim below {D} (randomized PCA) or raise memory_limit")]
+    return [
+        (
+            f"the statistics stage's {D} x {D} covariance (3 copies, float64)",
+            3 * 8.0 * D * D + row_block(info),
+            f"set statistics.max_dense_dim below {D} (randomized PCA) or raise memory_limit",
+        )
+    ]

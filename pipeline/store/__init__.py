@@ -40,19 +40,80 @@ following links and only when they are regular files, and a unit's check (:meth:
 a link, a special file or a file its commit does not list as damage. (The store's folder itself may
 be a link: that one the user chose.)
 """
-from metricpipe.store.arrays import (array_names, chunk_rows_for, create_array, load_arrays, load_scalar, lz4_ratio,
-                                     open_array, read_attrs, read_rows, row_chunk, row_chunks, row_codecs, save_arrays,
-                                     size_crc, size_crcs, stop_zarr_loop)
+
+from metricpipe.store.arrays import (
+    array_names,
+    chunk_rows_for,
+    create_array,
+    load_arrays,
+    load_scalar,
+    lz4_ratio,
+    open_array,
+    read_attrs,
+    read_rows,
+    row_chunk,
+    row_chunks,
+    row_codecs,
+    save_arrays,
+    size_crc,
+    size_crcs,
+    stop_zarr_loop,
+)
 from metricpipe.store.estimators import load_estimator, save_estimator, save_model
-from metricpipe.store.keys import (KINDS, LAYOUT, MARKER_SUFFIX, NUMERIC_LIBRARIES, REPLACED, code_version, hash_key,
-                                   is_key, json_number, record_digest, to_json)
+from metricpipe.store.keys import (
+    KINDS,
+    LAYOUT,
+    MARKER_SUFFIX,
+    NUMERIC_LIBRARIES,
+    REPLACED,
+    code_version,
+    hash_key,
+    is_key,
+    json_number,
+    record_digest,
+    to_json,
+)
 from metricpipe.store.lock import LOCK_LEASE, LOCK_REFRESH, LOCK_TRIES, ObjectLock
 from metricpipe.store.store import Store, manifest_problem, write_fix
 from metricpipe.store.units import Unit
 
-__all__ = ["KINDS", "LAYOUT", "LOCK_LEASE", "LOCK_REFRESH", "LOCK_TRIES", "MARKER_SUFFIX", "NUMERIC_LIBRARIES",
-           "REPLACED", "ObjectLock", "Store", "Unit", "array_names", "chunk_rows_for", "code_version", "create_array",
-           "hash_key", "is_key", "json_number", "load_arrays", "load_estimator", "load_scalar", "lz4_ratio",
-           "manifest_problem", "open_array", "read_attrs", "read_rows", "record_digest", "row_chunk", "row_chunks",
-           "row_codecs", "save_arrays", "save_estimator", "save_model", "size_crc", "size_crcs", "stop_zarr_loop",
-           "to_json", "write_fix"]
+__all__ = [
+    "KINDS",
+    "LAYOUT",
+    "LOCK_LEASE",
+    "LOCK_REFRESH",
+    "LOCK_TRIES",
+    "MARKER_SUFFIX",
+    "NUMERIC_LIBRARIES",
+    "REPLACED",
+    "ObjectLock",
+    "Store",
+    "Unit",
+    "array_names",
+    "chunk_rows_for",
+    "code_version",
+    "create_array",
+    "hash_key",
+    "is_key",
+    "json_number",
+    "load_arrays",
+    "load_estimator",
+    "load_scalar",
+    "lz4_ratio",
+    "manifest_problem",
+    "open_array",
+    "read_attrs",
+    "read_rows",
+    "record_digest",
+    "row_chunk",
+    "row_chunks",
+    "row_codecs",
+    "save_arrays",
+    "save_estimator",
+    "save_model",
+    "size_crc",
+    "size_crcs",
+    "stop_zarr_loop",
+    "to_json",
+    "write_fix",
+]

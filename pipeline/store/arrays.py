@@ -1,5 +1,6 @@
 """The store's Zarr access: arrays written in row-blocks, read by rows or whole, their attributes and
 checksums, and the row-block sizes of staged data."""
+
 import json
 import zlib
 
@@ -16,6 +17,7 @@ def stop_zarr_loop() -> None:
     registered first), which then finds the loop stopped."""
     try:
         from zarr.core import sync
+
         lp, th = sync.loop[0], sync.iothread[0]
         if lp is not None and th is not None and th.is_alive():
             lp.call_soon_threadsafe(lp.stop)
@@ -28,10 +30,12 @@ def _register_zarr_exit() -> None:
     import atexit
 
     import zarr.core.sync  # noqa: F401 - zarr registers its exit handler when this is first imported
+
     atexit.register(stop_zarr_loop)
 
 
 _register_zarr_exit()
+
 
 def size_crc(fs, path: str) -> list[int]:
     """[size, CRC-32] of one file; raises FileNotFoundError."""
@@ -53,8 +57,10 @@ def size_crcs(fs, root: str, names: list) -> dict:
 
 # ---- Zarr helpers (the only place that talks to zarr directly) -------------------------------------
 
+
 def open_array(url: str, mode: str = "r"):
     import zarr
+
     return zarr.open_array(store=url, mode=mode)
 
 
@@ -71,6 +77,7 @@ def row_codecs(sample: np.ndarray | None = None) -> tuple:
     COMPRESS_MIN_RATIO. Every stage reads these again, the kNN stage once per query piece, so
     decoding speed matters more than size (Zarr's default zstd reads Fashion-MNIST at 500 MB/s)."""
     from zarr.codecs import BloscCodec
+
     if sample is not None and lz4_ratio(sample) < COMPRESS_MIN_RATIO:
         return ()
     return (BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),)
@@ -79,20 +86,24 @@ def row_codecs(sample: np.ndarray | None = None) -> tuple:
 def lz4_ratio(sample: np.ndarray) -> float:
     """Raw bytes over Blosc-LZ4-shuffle bytes for ``sample``."""
     from numcodecs import Blosc
+
     raw = np.ascontiguousarray(sample)
     if raw.nbytes == 0:
         return 1.0
     return raw.nbytes / len(Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE).encode(raw))
 
 
-def create_array(url: str, shape, chunks, dtype, fill_value=None, attrs=None, rows: bool = False,
-                 sample: np.ndarray | None = None):
+def create_array(
+    url: str, shape, chunks, dtype, fill_value=None, attrs=None, rows: bool = False, sample: np.ndarray | None = None
+):
     """A new array; ``rows`` marks a row-block array that stages read repeatedly, compressed when
     ``sample`` says it pays (see row_codecs)."""
     import zarr
+
     extra = {"compressors": row_codecs(sample)} if rows else {}
-    a = zarr.create_array(store=url, shape=shape, chunks=chunks, dtype=dtype, fill_value=fill_value,
-                          overwrite=True, **extra)
+    a = zarr.create_array(
+        store=url, shape=shape, chunks=chunks, dtype=dtype, fill_value=fill_value, overwrite=True, **extra
+    )
     if attrs:
         a.attrs.update(attrs)
     return a
@@ -101,6 +112,7 @@ def create_array(url: str, shape, chunks, dtype, fill_value=None, attrs=None, ro
 def save_arrays(url: str, arrays: dict, attrs: dict | None = None) -> None:
     """Write small arrays (statistics, models) as one Zarr group."""
     import zarr
+
     g = zarr.open_group(store=url, mode="w")
     scalars = {}
     for name, value in arrays.items():
@@ -116,6 +128,7 @@ def save_arrays(url: str, arrays: dict, attrs: dict | None = None) -> None:
 def load_scalar(url: str, name: str):
     """One scalar that :func:`save_arrays` kept in the group's attributes (no array is read)."""
     import zarr
+
     return zarr.open_group(store=url, mode="r").attrs["scalars"][name]
 
 
@@ -123,6 +136,7 @@ def load_arrays(url: str, names: tuple | None = None) -> tuple[dict, dict]:
     """(arrays and scalars, attributes) of a group saved by :func:`save_arrays`; ``names``: only those
     (a learner's ``reads_statistics``: a 4,096-d covariance is 134 MB it need not read)."""
     import zarr
+
     g = zarr.open_group(store=url, mode="r")
     attrs = dict(g.attrs)
     scalars = attrs.pop("scalars", {})
@@ -153,12 +167,14 @@ def read_rows(url: str, idx: np.ndarray) -> np.ndarray:
 def array_names(url: str) -> set:
     """Names of the arrays in a Zarr group."""
     import zarr
+
     return {k for k, _ in zarr.open_group(store=url, mode="r").arrays()}
 
 
 def read_attrs(url: str) -> dict:
     """The attributes of a Zarr group, without reading its arrays."""
     import zarr
+
     return dict(zarr.open_group(store=url, mode="r").attrs)
 
 

@@ -1,21 +1,27 @@
 """What names a unit: keys hashed from everything a result depends on, the release that made it, the
 JSON the store writes, and the store's own names (kinds of units, the marker's suffix, the layout)."""
+
 import functools
 import hashlib
 import json
 
 import numpy as np
+
 from metricpipe import __version__
 
-
 MARKER_SUFFIX = ".committed.json"
-REPLACED = ".replaced"   # STORE/.replaced/KIND/KEY: committed units a run is recomputing (Unit.begin)
+REPLACED = ".replaced"  # STORE/.replaced/KIND/KEY: committed units a run is recomputing (Unit.begin)
 # every kind of unit a run writes (shuffled: the SGD learners' copy of the training rows; selection: the
 # validation scores of a spec's candidates and its choice)
 KINDS = ("data", "statistics", "neighbours", "shuffled", "models", "selection", "codes", "evaluation")
 # what the store itself names below its folder (units are under KINDS): checked for links on opening
-LAYOUT = {".lock": (), REPLACED: (), "runs": ("latest.json", "forcing.json"), "report": ("metrics.json", "index.html"),
-          "logs": ()}
+LAYOUT = {
+    ".lock": (),
+    REPLACED: (),
+    "runs": ("latest.json", "forcing.json"),
+    "report": ("metrics.json", "index.html"),
+    "logs": (),
+}
 
 
 def is_key(name: str) -> bool:
@@ -34,6 +40,7 @@ def code_version() -> str:
     """What made a result: metricpipe's release and its numerical libraries' major.minor releases,
     e.g. ``0.3.8 numpy-2.2 scipy-1.15 scikit-learn-1.7 numba-0.62 faiss-cpu-1.12``."""
     from importlib import metadata
+
     parts = [__version__]
     for name in NUMERIC_LIBRARIES:
         try:

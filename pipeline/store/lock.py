@@ -1,5 +1,6 @@
 """One writer at a time: a local store's ``flock`` on ``STORE/.lock``; on an object store (no flock) an
 object created only if absent (a conditional PUT) and refreshed by its holder (:class:`ObjectLock`)."""
+
 import json
 import os
 import socket
@@ -10,11 +11,11 @@ import uuid
 from metricpipe.store.keys import json_number
 from metricpipe.tasks.errors import InputError
 
-LOCK_TRIES = 20   # a local store's lock is tried for about a second before a second writer is refused
+LOCK_TRIES = 20  # a local store's lock is tried for about a second before a second writer is refused
 
 
-LOCK_LEASE = 120.0    # seconds: a lock on an object store not refreshed for this long belongs to a run that is gone
-LOCK_REFRESH = 20.0   # seconds between the holder's refreshes (several may fail within one lease)
+LOCK_LEASE = 120.0  # seconds: a lock on an object store not refreshed for this long belongs to a run that is gone
+LOCK_REFRESH = 20.0  # seconds between the holder's refreshes (several may fail within one lease)
 
 
 class ObjectLock:
@@ -39,10 +40,16 @@ class ObjectLock:
         self.fs, self.url, self.path = store.fs, store.url, f"{store.root}/.lock"
         self.conditional = "s3" in _protocols(store.fs)
         pid = os.getpid()
-        self.me = {"host": socket.gethostname(), "pid": pid, "pid_started": _started(pid), "what": what,
-                   "since": time.time(), "token": uuid.uuid4().hex}
+        self.me = {
+            "host": socket.gethostname(),
+            "pid": pid,
+            "pid_started": _started(pid),
+            "what": what,
+            "since": time.time(),
+            "token": uuid.uuid4().hex,
+        }
         self.etag = None
-        self.lost = None       # why this holder no longer holds the lock, once that is found
+        self.lost = None  # why this holder no longer holds the lock, once that is found
         self.took_over = None  # (record, why) of the stale lock this holder replaced
         self._stop = threading.Event()
         self._thread = None
@@ -59,16 +66,20 @@ class ObjectLock:
             if why is None:
                 refreshed = json_number(holder.get("refreshed"))
                 ago = f", lock refreshed {time.time() - refreshed:.0f} s ago" if refreshed is not None else ""
-                raise InputError(f"{self.url}: the store is in use by {describe_holder(holder)}{ago} (STORE/.lock); wait "
-                                 f"for it to finish, or if that run is gone 'metricpipe unlock {self.url}' (a lock "
-                                 f"not refreshed for {LOCK_LEASE:.0f} s is taken over)")
+                raise InputError(
+                    f"{self.url}: the store is in use by {describe_holder(holder)}{ago} (STORE/.lock); wait "
+                    f"for it to finish, or if that run is gone 'metricpipe unlock {self.url}' (a lock "
+                    f"not refreshed for {LOCK_LEASE:.0f} s is taken over)"
+                )
             self.etag = self._write(expect=(etag, holder.get("token")))
             if self.etag is not None:
                 self.took_over = (holder, why)
                 break
         else:
-            raise InputError(f"{self.url}: the store's lock (STORE/.lock) changed hands 5 times while this run tried "
-                             f"to take it; another run is starting, wait for it to finish")
+            raise InputError(
+                f"{self.url}: the store's lock (STORE/.lock) changed hands 5 times while this run tried "
+                f"to take it; another run is starting, wait for it to finish"
+            )
         self._thread = threading.Thread(target=self._refresh, name="metricpipe-store-lock", daemon=True)
         self._thread.start()
         return self
@@ -158,6 +169,7 @@ def describe_holder(record: dict) -> str:
 def _started(pid: int) -> float | None:
     """The start time of process ``pid`` (it tells a reused pid from the holder), None if none runs."""
     import psutil
+
     try:
         p = psutil.Process(int(pid))
         return None if p.status() == psutil.STATUS_ZOMBIE else p.create_time()
@@ -180,9 +192,9 @@ def _gone(record: dict) -> str | None:
     if record.get("host") == socket.gethostname():
         return None if alive_here(record) else f"pid {record.get('pid')} no longer runs on this host"
     refreshed = json_number(record.get("refreshed"))
-    if refreshed is None:   # a holder writes its clock's time: this record is damaged, so nobody refreshes it
+    if refreshed is None:  # a holder writes its clock's time: this record is damaged, so nobody refreshes it
         return f"its record's refresh time {record.get('refreshed')!r} is not a time"
     age = time.time() - refreshed
-    if age < -LOCK_LEASE:   # hosts' clocks agree to well within a lease: no holder wrote this
+    if age < -LOCK_LEASE:  # hosts' clocks agree to well within a lease: no holder wrote this
         return f"its record's refresh time is {-age:.0f} s in the future"
     return f"not refreshed for {age:.0f} s" if age > LOCK_LEASE else None

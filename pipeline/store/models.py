@@ -1,4 +1,5 @@
 """Stored models as estimators: list a store's models, load one as a fitted scikit-learn estimator."""
+
 import numpy as np
 
 from metricpipe.store import Store, Unit, hash_key, load_estimator, read_attrs
@@ -26,7 +27,7 @@ def codes_of(store: Store, key: str, meta: dict) -> Unit | None:
     guesses = [store.unit("codes", hash_key(inputs))]
     try:
         ran = store.last_run().get("versions", {}).get("metricpipe")
-    except InputError:   # none, or damaged: the release running now is the guess
+    except InputError:  # none, or damaged: the release running now is the guess
         ran = None
     if ran:
         guesses.insert(0, store.unit("codes", hash_key(inputs, ran)))
@@ -37,22 +38,29 @@ def find_model(store: Store, key: str) -> tuple[Unit, dict]:
     """The one committed model whose key starts with ``key``, its files checked against the checksums of
     its commit (a damaged chunk would otherwise fail deep in a decoder, or decode to wrong weights)."""
     if not isinstance(key, str):
-        raise InputError(f"{store.url}: a model key is text, e.g. the first characters of one `metricpipe models "
-                         f"{store.url}` lists; got {key!r}")
-    key = key.strip().lower()    # keys are lower-case hexadecimal
+        raise InputError(
+            f"{store.url}: a model key is text, e.g. the first characters of one `metricpipe models "
+            f"{store.url}` lists; got {key!r}"
+        )
+    key = key.strip().lower()  # keys are lower-case hexadecimal
     found = [(u, m) for u, m in model_units(store) if u.key.startswith(key)]
     if not found:
         damaged = [u for u in store.units("models") if u.key.startswith(key) and u.marker_damaged()]
         if len(damaged) == 1:
-            raise InputError(f"{store.url}: model {damaged[0].key} is damaged: its commit record "
-                             f"models/{damaged[0].key}.committed.json is truncated or was edited; rerun the run that made it "
-                             f"with --repair (metricpipe run CONFIG --repair) to recompute it")
-        raise InputError(f"{store.url}: no committed model {key!r} in models/; `metricpipe models {store.url}` "
-                         f"lists them")
+            raise InputError(
+                f"{store.url}: model {damaged[0].key} is damaged: its commit record "
+                f"models/{damaged[0].key}.committed.json is truncated or was edited; rerun the run that made it "
+                f"with --repair (metricpipe run CONFIG --repair) to recompute it"
+            )
+        raise InputError(
+            f"{store.url}: no committed model {key!r} in models/; `metricpipe models {store.url}` lists them"
+        )
     if len(found) > 1:
         more = ", ..." if len(found) > 4 else ""
-        raise InputError(f"{store.url}: model {key!r} matches {len(found)} models "
-                         f"({', '.join(u.key for u, _ in found[:4])}{more}); give more of the key")
+        raise InputError(
+            f"{store.url}: model {key!r} matches {len(found)} models "
+            f"({', '.join(u.key for u, _ in found[:4])}{more}); give more of the key"
+        )
     check_intact(store, *found[0])
     return found[0]
 
@@ -62,8 +70,11 @@ def check_intact(store: Store, unit: Unit, meta: dict) -> None:
     bad = unit.verify()
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        fix = (f"delete {unit.rel} and rerun the metricpipe add-classes that made it" if meta.get("extends") else
-               "rerun the run that made it with --repair (metricpipe run CONFIG --repair) to recompute it")
+        fix = (
+            f"delete {unit.rel} and rerun the metricpipe add-classes that made it"
+            if meta.get("extends")
+            else "rerun the run that made it with --repair (metricpipe run CONFIG --repair) to recompute it"
+        )
         raise InputError(f"{store.url}: model {unit.key} is damaged: {bad[0]}{more}; {fix}")
 
 
@@ -72,12 +83,17 @@ def staged_arrays(store: Store, meta: dict, names: tuple) -> str:
     group's metadata and the files of its arrays ``names`` (e.g. ``("split",)``) are found as their
     commit made them."""
     unit = store.unit("data", meta["data"])
-    bad = unit.verify(keep=lambda rel: rel == "zarr.json" or rel.split("/")[0] in names) if unit.done() else \
-        [f"{unit.rel}: not committed"]
+    bad = (
+        unit.verify(keep=lambda rel: rel == "zarr.json" or rel.split("/")[0] in names)
+        if unit.done()
+        else [f"{unit.rel}: not committed"]
+    )
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise InputError(f"{store.url}: the staged data of the model is damaged: {bad[0]}{more}; rerun the run that "
-                         f"made it with --repair (metricpipe run CONFIG --repair) to recompute it")
+        raise InputError(
+            f"{store.url}: the staged data of the model is damaged: {bad[0]}{more}; rerun the run that "
+            f"made it with --repair (metricpipe run CONFIG --repair) to recompute it"
+        )
     return unit.url
 
 
@@ -88,12 +104,15 @@ def with_normalization(est, normalize: str | None):
     from sklearn.pipeline import Pipeline
     from sklearn.preprocessing import FunctionTransformer
 
-    step = FunctionTransformer(normalize_rows, kw_args={"kind": normalize}, validate=True, feature_names_out="one-to-one")
+    step = FunctionTransformer(
+        normalize_rows, kw_args={"kind": normalize}, validate=True, feature_names_out="one-to-one"
+    )
     n_features = getattr(est, "n_features_in_", None)
-    if n_features:   # fitted on no rows (it learns nothing): the pipeline then names its output features
+    if n_features:  # fitted on no rows (it learns nothing): the pipeline then names its output features
         rows, names = np.zeros((1, n_features)), getattr(est, "feature_names_in_", None)
         if names is not None:
             import pandas as pd
+
             rows = pd.DataFrame(rows, columns=names)
         step.fit(rows)
     return Pipeline([("normalize", step), (est.method, est)])
@@ -104,12 +123,12 @@ def load_model(store_url: str, key: str):
     takes raw features: with the run's ``data.normalize`` (other than none) it is a scikit-learn
     ``Pipeline`` of that normalizer and the estimator (``model[-1]``), else the estimator itself."""
     store = Store(store_url)
-    store.check_is_store()    # (STORE/models given for STORE said "no committed model")
+    store.check_is_store()  # (STORE/models given for STORE said "no committed model")
     unit, meta = find_model(store, key)
     est = load_estimator(unit.url)
     names = meta.get("class_names")
     if names is not None and len(est.fitted_state().get("classes_", ())) == len(names):
-        est.classes_ = np.asarray(names)   # predict / score in the data's own labels, not class codes
+        est.classes_ = np.asarray(names)  # predict / score in the data's own labels, not class codes
     normalize = meta.get("normalize", read_attrs(unit.url).get("normalize"))
     return with_normalization(est, normalize)
 
@@ -122,13 +141,22 @@ def describe(store_url: str) -> list[dict]:
     rows = []
     for unit, meta in model_units(store):
         spec = dict(meta.get("spec") or {})
-        if spec.get("members") is None and meta.get("members"):   # SL-DE's member rule, as it resolved
+        if spec.get("members") is None and meta.get("members"):  # SL-DE's member rule, as it resolved
             spec["members"] = f"{meta['members']} (rule)"
         codes = codes_of(store, unit.key, meta)
-        rows.append({"key": unit.key, "method": spec.pop("method", "?"), "dim": meta.get("dim"),
-                     "params": spec, "extends": meta.get("extends"), "refit_of": meta.get("refit_of"),
-                     "encoded": bool(codes and codes.done()),
-                     "data": meta.get("data"), "normalize": meta.get("normalize")})
+        rows.append(
+            {
+                "key": unit.key,
+                "method": spec.pop("method", "?"),
+                "dim": meta.get("dim"),
+                "params": spec,
+                "extends": meta.get("extends"),
+                "refit_of": meta.get("refit_of"),
+                "encoded": bool(codes and codes.done()),
+                "data": meta.get("data"),
+                "normalize": meta.get("normalize"),
+            }
+        )
     return sorted(rows, key=lambda r: (r["method"], str(r["dim"]), r["key"]))
 
 

@@ -1,6 +1,7 @@
 """The store: a folder or object-store prefix of units (``KIND/KEY/``), its lock and its manifest
 (see :mod:`metricpipe.store` for the layout). Nothing inside a local store is trusted: every path is
 resolved by :meth:`Store.inside`, which refuses a symbolic link below the store's folder."""
+
 import contextlib
 import errno
 import json
@@ -12,11 +13,11 @@ import time
 
 import fsspec
 
+from metricpipe.config import check_store_url
 from metricpipe.store.keys import KINDS, LAYOUT, MARKER_SUFFIX, REPLACED, is_key, json_number
 from metricpipe.store.lock import LOCK_TRIES, ObjectLock, alive_here, describe_holder
 from metricpipe.store.units import Unit, readlink
 from metricpipe.tasks.errors import InputError
-from metricpipe.config import check_store_url
 
 
 def write_fix(e: OSError) -> str:
@@ -32,7 +33,7 @@ class Store:
     """A local directory or fsspec URL holding units."""
 
     def __init__(self, url: str):
-        check_store_url(str(url), "STORE")   # a mistyped URL would write a local folder
+        check_store_url(str(url), "STORE")  # a mistyped URL would write a local folder
         self.url = str(url).rstrip("/")
         try:
             self.fs, self.root = fsspec.core.url_to_fs(self.url)
@@ -54,7 +55,7 @@ class Store:
         try:
             with self.lock("metricpipe (restoring set-aside units)", tries=1):
                 return self.restore_replaced()
-        except (InputError, OSError):   # in use, or a store we may only read
+        except (InputError, OSError):  # in use, or a store we may only read
             return []
 
     def check_writable(self) -> None:
@@ -64,11 +65,13 @@ class Store:
             self.fs.makedirs(self.root, exist_ok=True)
         except OSError as e:
             raise InputError(f"{self.url}: cannot create the store directory (store): {e.strerror or e}") from None
-        if self.local:   # a read-only or full file system: say so now, not in a worker mid-stage
+        if self.local:  # a read-only or full file system: say so now, not in a worker mid-stage
             self.check_links()
             probe = f"{self.root}/.write-probe-{os.getpid()}"
             try:
-                os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))  # (no link followed)
+                os.close(
+                    os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                )  # (no link followed)
                 os.remove(probe)
             except OSError as e:
                 with contextlib.suppress(OSError):
@@ -109,26 +112,30 @@ class Store:
         through here."""
         parts = str(rel).split("/")
         if any(p in ("", ".", "..") for p in parts):
-            raise InputError(f"{self.url}: {rel!r} is not a path inside the store (a damaged record names it); "
-                             f"rerun 'metricpipe run CONFIG' to rewrite it")
+            raise InputError(
+                f"{self.url}: {rel!r} is not a path inside the store (a damaged record names it); "
+                f"rerun 'metricpipe run CONFIG' to rewrite it"
+            )
         path = self.root
         for n, part in enumerate(parts):
             path = f"{path}/{part}"
             if self.local and os.path.islink(path):
-                raise InputError(f"{self.url}: {'/'.join(parts[:n + 1])} is a symbolic link (to "
-                                 f"{readlink(path)}); metricpipe reads and writes nothing through a link inside a "
-                                 f"store (a store from someone else may point at your files): remove the link, or "
-                                 f"link the store's folder itself")
+                raise InputError(
+                    f"{self.url}: {'/'.join(parts[: n + 1])} is a symbolic link (to "
+                    f"{readlink(path)}); metricpipe reads and writes nothing through a link inside a "
+                    f"store (a store from someone else may point at your files): remove the link, or "
+                    f"link the store's folder itself"
+                )
         return path
 
     def open_file(self, rel: str, flags: int = os.O_RDONLY) -> int:
         """A descriptor of the regular file ``rel`` of a local store, opened without following a link
         (FileNotFoundError when there is none; with ``os.O_CREAT`` in ``flags`` it is created)."""
         path = self.inside(rel)
-        try:   # O_NONBLOCK: a FIFO planted in the store must not hang the command
+        try:  # O_NONBLOCK: a FIFO planted in the store must not hang the command
             fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
         except OSError as e:
-            if e.errno == errno.ELOOP:   # made a link since inside() looked
+            if e.errno == errno.ELOOP:  # made a link since inside() looked
                 self.inside(rel)
             if e.errno in (errno.EISDIR, errno.ENXIO, errno.ELOOP):
                 raise InputError(f"{self.url}: {rel} is not a regular file ({e.strerror}); remove it") from None
@@ -152,8 +159,9 @@ class Store:
         """Refuse a path that exists but holds no metricpipe results (a folder given by mistake)."""
         self.check_exists()
         if not any(self.fs.isdir(f"{self.root}/{d}") for d in ("models", "data", "runs")):
-            raise InputError(f"{self.url}: not a metricpipe store (no models/, data/ or runs/ in it); give the --store "
-                             f"of a run")
+            raise InputError(
+                f"{self.url}: not a metricpipe store (no models/, data/ or runs/ in it); give the --store of a run"
+            )
 
     def path(self, *parts) -> str:
         return "/".join([self.url, *parts])
@@ -181,23 +189,23 @@ class Store:
             for name in sorted(os.listdir(f"{base}/{kind}")):
                 if not name.endswith(MARKER_SUFFIX):
                     continue
-                if not is_key(name[:-len(MARKER_SUFFIX)]):
+                if not is_key(name[: -len(MARKER_SUFFIX)]):
                     continue
-                unit = Unit(self, kind, name[:-len(MARKER_SUFFIX)])
+                unit = Unit(self, kind, name[: -len(MARKER_SUFFIX)])
                 aside, root = unit._aside(), unit.root
-                if unit.done():              # the new copy was committed: the old one goes
+                if unit.done():  # the new copy was committed: the old one goes
                     unit._drop_aside()
                     continue
-                if os.path.isdir(aside):     # both moved: the unit's place holds the new writer's files
+                if os.path.isdir(aside):  # both moved: the unit's place holds the new writer's files
                     if os.path.exists(root):
                         shutil.rmtree(root)
                     os.replace(aside, root)
-                elif not os.path.isdir(root):   # no files to go with the marker (deleted by hand)
+                elif not os.path.isdir(root):  # no files to go with the marker (deleted by hand)
                     os.remove(aside + MARKER_SUFFIX)
                     continue
-                os.replace(self.inside(f"{REPLACED}/{unit.rel}{MARKER_SUFFIX}"), unit._marker)   # the marker last
+                os.replace(self.inside(f"{REPLACED}/{unit.rel}{MARKER_SUFFIX}"), unit._marker)  # the marker last
                 restored.append(unit.rel)
-        shutil.rmtree(base, ignore_errors=True)   # what is left had its marker dropped: the new copy committed
+        shutil.rmtree(base, ignore_errors=True)  # what is left had its marker dropped: the new copy committed
         return restored
 
     @contextlib.contextmanager
@@ -210,7 +218,8 @@ class Store:
         if not self.local:
             with ObjectLock(self, what) as held:
                 if held.took_over and log:
-                    log(f"Took over the lock of {self.url} from {describe_holder(held.took_over[0])}: {held.took_over[1]}")
+                    holder, why = describe_holder(held.took_over[0]), held.took_over[1]
+                    log(f"Took over the lock of {self.url} from {holder}: {why}")
                 self._held = held
                 try:
                     yield held
@@ -218,10 +227,11 @@ class Store:
                     self._held = None
             return
         import fcntl
+
         self.check_links()
-        fd = self.open_file(".lock", os.O_RDWR | os.O_CREAT)   # no link followed, a regular file only
+        fd = self.open_file(".lock", os.O_RDWR | os.O_CREAT)  # no link followed, a regular file only
         try:
-            for attempt in range(tries):   # a probe (gc's listing, a store's opening) holds it for an instant
+            for attempt in range(tries):  # a probe (gc's listing, a store's opening) holds it for an instant
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
@@ -229,12 +239,17 @@ class Store:
                     if attempt < tries - 1:
                         time.sleep(0.05)
             else:
-                raise InputError(f"{self.url}: the store is in use by {self.holder()} (STORE/.lock); wait for it to "
-                                 f"finish") from None
-            self.locked_here = True   # this process held the lock (see runner.removed_if_refused)
+                raise InputError(
+                    f"{self.url}: the store is in use by {self.holder()} (STORE/.lock); wait for it to finish"
+                ) from None
+            self.locked_here = True  # this process held the lock (see runner.removed_if_refused)
             os.ftruncate(fd, 0)
-            os.write(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "what": what,
-                                     "since": time.time()}).encode())
+            os.write(
+                fd,
+                json.dumps(
+                    {"host": socket.gethostname(), "pid": os.getpid(), "what": what, "since": time.time()}
+                ).encode(),
+            )
             yield
         finally:
             os.close(fd)  # releases the lock; the file stays (deleting it would let two writers lock two files)
@@ -243,15 +258,17 @@ class Store:
         """Who the lock file of a local store names as its holder ("pid N on HOST (what)")."""
         try:
             owner = self.read_json(".lock")
-        except (OSError, ValueError):   # (InputError too: a link or a FIFO names nobody)
+        except (OSError, ValueError):  # (InputError too: a link or a FIFO names nobody)
             owner = None
         return describe_holder(owner) if isinstance(owner, dict) else "another process"
 
     def check_held(self, doing: str) -> None:
         """Refuse to change the store once this process's ObjectLock was found taken over."""
         if self._held is not None and self._held.lost:
-            raise InputError(f"{self.url}: this run lost the store's lock (STORE/.lock): {self._held.lost}; it stops "
-                             f"before {doing}; rerun with --resume when the other run has ended")
+            raise InputError(
+                f"{self.url}: this run lost the store's lock (STORE/.lock): {self._held.lost}; it stops "
+                f"before {doing}; rerun with --resume when the other run has ended"
+            )
 
     def unlock(self) -> str:
         """Remove the lock object a killed run left on an object store; return what was removed."""
@@ -261,8 +278,10 @@ class Store:
         if holder is None:
             return f"{self.url}: not locked"
         if alive_here(holder):
-            raise InputError(f"{self.url}: the store is locked by {describe_holder(holder)}, which is still running on this "
-                             f"host (STORE/.lock); stop that run first")
+            raise InputError(
+                f"{self.url}: the store is locked by {describe_holder(holder)}, which is still running on this "
+                f"host (STORE/.lock); stop that run first"
+            )
         self.fs.rm_file(f"{self.root}/.lock")
         return f"{self.url}: removed the lock of {describe_holder(holder)}"
 
@@ -278,11 +297,11 @@ class Store:
         try:
             os.makedirs(os.path.dirname(target), exist_ok=True)
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)   # a killed writer's (a link there: the link goes, not its target)
+                os.unlink(tmp)  # a killed writer's (a link there: the link goes, not its target)
             with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644), "wb") as f:
                 f.write(text.encode())
-            os.replace(tmp, target)   # replaces the name: a link there would be replaced, not written through
-        except OSError as e:      # a full disk or a read-only store: no half file, no stray temporary
+            os.replace(tmp, target)  # replaces the name: a link there would be replaced, not written through
+        except OSError as e:  # a full disk or a read-only store: no half file, no stray temporary
             with contextlib.suppress(OSError):
                 os.remove(tmp)
             raise InputError(f"{target}: cannot write ({e.strerror or e}); {write_fix(e)}") from None
@@ -297,16 +316,19 @@ class Store:
         try:
             manifest = self.read_json("runs/latest.json")
         except FileNotFoundError:
-            raise InputError(f"{self.url}: no finished run in this store (runs/latest.json missing){why}; "
-                             f"run 'metricpipe run CONFIG' first") from None
-        except InputError:   # a link, a FIFO
+            raise InputError(
+                f"{self.url}: no finished run in this store (runs/latest.json missing){why}; "
+                f"run 'metricpipe run CONFIG' first"
+            ) from None
+        except InputError:  # a link, a FIFO
             raise
-        except ValueError:   # JSONDecodeError, UnicodeDecodeError
+        except ValueError:  # JSONDecodeError, UnicodeDecodeError
             raise InputError(f"{self.url}: runs/latest.json is corrupt; rerun 'metricpipe run CONFIG'") from None
         problem = manifest_problem(manifest)
         if problem:
-            raise InputError(f"{self.url}: runs/latest.json is corrupt ({problem}); rerun 'metricpipe run CONFIG' to "
-                             f"rewrite it")
+            raise InputError(
+                f"{self.url}: runs/latest.json is corrupt ({problem}); rerun 'metricpipe run CONFIG' to rewrite it"
+            )
         return manifest
 
 
@@ -329,8 +351,11 @@ def manifest_problem(doc) -> str | None:
         return "units: not a mapping"
     for name, value in units.items():
         kinds = (name,) if name in KINDS else KINDS
-        if not (value is None or _unit_ref(value, kinds) or
-                (isinstance(value, list) and all(_unit_ref(v, kinds) for v in value))):
+        if not (
+            value is None
+            or _unit_ref(value, kinds)
+            or (isinstance(value, list) and all(_unit_ref(v, kinds) for v in value))
+        ):
             return f"units.{name}: not {name}/KEY paths"
     ev = doc.get("evaluation_units", [])
     if not isinstance(ev, list) or not all(_unit_ref(v, ("evaluation",)) for v in ev):
@@ -341,8 +366,10 @@ def manifest_problem(doc) -> str | None:
     for name, kind in (("config", dict), ("dataset", dict), ("versions", dict), ("timings", list), ("skipped", list)):
         if name in doc and not isinstance(doc[name], kind):
             return f"{name}: not a {'mapping' if kind is dict else 'list'}"
-    if not all(isinstance(t, dict) and isinstance(t.get("stage"), str) and json_number(t.get("seconds")) is not None
-               for t in doc.get("timings", [])):
+    if not all(
+        isinstance(t, dict) and isinstance(t.get("stage"), str) and json_number(t.get("seconds")) is not None
+        for t in doc.get("timings", [])
+    ):
         return "timings: not a list of {stage, seconds}"
     return None
 

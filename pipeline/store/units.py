@@ -1,5 +1,6 @@
 """A unit ``KIND/KEY/`` of the store: begun, committed (its marker, written last, lists every file with
 its size and CRC-32), verified before reuse, set aside while a run recomputes it."""
+
 import contextlib
 import json
 import os
@@ -35,7 +36,7 @@ class Unit:
     def done(self) -> bool:
         try:
             meta = self.meta()
-        except (FileNotFoundError, ValueError, OSError):   # JSONDecodeError, UnicodeDecodeError (a flipped bit)
+        except (FileNotFoundError, ValueError, OSError):  # JSONDecodeError, UnicodeDecodeError (a flipped bit)
             return False
         if not isinstance(meta, dict):
             return False
@@ -59,8 +60,8 @@ class Unit:
         """Wipe anything a killed writer left and create the unit's directory. A committed unit (which
         a --force, --no-resume or --repair run recomputes) is set aside on a local store, not deleted:
         it comes back if the run stops before the new one commits (:meth:`Store.restore_replaced`)."""
-        if self.store.local and self.done() and os.path.isdir(self.root):   # (a unit whose folder is
-            self._set_aside()                                                 # gone has nothing to keep)
+        if self.store.local and self.done() and os.path.isdir(self.root):  # (a unit whose folder is
+            self._set_aside()  # gone has nothing to keep)
         self.remove(f"writing {self.rel}")
         self.store.fs.makedirs(self.root, exist_ok=True)
 
@@ -75,7 +76,7 @@ class Unit:
         aside = self._aside()
         aside_marker = self.store.inside(f"{REPLACED}/{self.rel}{MARKER_SUFFIX}")
         os.makedirs(os.path.dirname(aside), exist_ok=True)
-        for path in (aside_marker, aside):   # an older set-aside copy of this unit
+        for path in (aside_marker, aside):  # an older set-aside copy of this unit
             if os.path.isdir(path):
                 shutil.rmtree(path)
             elif os.path.exists(path):
@@ -89,7 +90,7 @@ class Unit:
         aside = self._aside()
         marker = self.store.inside(f"{REPLACED}/{self.rel}{MARKER_SUFFIX}")
         if os.path.exists(marker):
-            os.remove(marker)     # marker first: a half-removed copy is never restored
+            os.remove(marker)  # marker first: a half-removed copy is never restored
             shutil.rmtree(aside, ignore_errors=True)
 
     def remove(self, doing: str | None = None) -> None:
@@ -119,10 +120,21 @@ class Unit:
         """Mark the unit complete (the marker is written last and atomically) with its files' checksums
         (``sums``: those already taken elsewhere, e.g. by workers; the rest are taken here)."""
         run = {"run": self.store.run_id} if self.store.run_id else {}
-        record = json.loads(to_json({**meta, "key": self.key, "kind": self.kind, "committed": time.time(), **run,
-                                     "version": code_version(), "files": self.checksums(sums)}))
+        record = json.loads(
+            to_json(
+                {
+                    **meta,
+                    "key": self.key,
+                    "kind": self.kind,
+                    "committed": time.time(),
+                    **run,
+                    "version": code_version(),
+                    "files": self.checksums(sums),
+                }
+            )
+        )
         self.store.write_text(f"{self.rel}{MARKER_SUFFIX}", to_json({**record, "record": record_digest(record)}))
-        self._drop_aside()   # the unit it replaces, set aside by begin()
+        self._drop_aside()  # the unit it replaces, set aside by begin()
 
     def file_sizes(self) -> dict:
         """{path inside the unit: size in bytes} for every regular file of the unit (:meth:`tree`)."""
@@ -134,7 +146,7 @@ class Unit:
         root = self.root
         if not self.store.local:
             found = self.store.fs.find(root, detail=True)
-            return {path[len(root) + 1:]: int(info["size"]) for path, info in sorted(found.items())}, {}
+            return {path[len(root) + 1 :]: int(info["size"]) for path, info in sorted(found.items())}, {}
         files, odd = {}, {}
 
         def walk(folder: str, prefix: str) -> None:
@@ -156,6 +168,7 @@ class Unit:
                     files[name] = int(e.stat(follow_symlinks=False).st_size)
                 else:
                     odd[name] = "not a regular file"
+
         walk(root, "")
         return dict(sorted(files.items())), odd
 
@@ -172,17 +185,20 @@ class Unit:
         listed = self.meta().get("files")
         try:
             found, odd = self.tree()
-        except InputError as e:   # the unit's folder (or its kind's) is a link
+        except InputError as e:  # the unit's folder (or its kind's) is a link
             return [str(e).removeprefix(f"{self.store.url}: ")]
-        bad = [f"{self.rel}/{rel}: {what}; a unit holds regular files only (a store from someone else?)"
-               for rel, what in odd.items()]
+        bad = [
+            f"{self.rel}/{rel}: {what}; a unit holds regular files only (a store from someone else?)"
+            for rel, what in odd.items()
+        ]
         if listed is None:  # committed before checksums were recorded: nothing to compare
             return bad
         if not _file_list(listed):
             return bad + [f"{self.rel}{MARKER_SUFFIX}: its list of files is malformed"]
         # a file the commit does not list is damage too: an array added to a model's group is read
-        bad += [f"{self.rel}/{rel}: not among the files of its commit (added since)" for rel in found
-                if rel not in listed]
+        bad += [
+            f"{self.rel}/{rel}: not among the files of its commit (added since)" for rel in found if rel not in listed
+        ]
         root = self.root
         for rel, (size, crc) in listed.items():
             if (keep is not None and not keep(rel)) or rel in odd:
@@ -212,7 +228,8 @@ def _file_list(listed) -> bool:
     """Whether a commit's ``files`` is {name: [size, CRC-32]} (a hand-made marker may hold anything)."""
     return isinstance(listed, dict) and all(
         isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
-        for v in listed.values())
+        for v in listed.values()
+    )
 
 
 def readlink(path: str) -> str:

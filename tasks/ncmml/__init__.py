@@ -22,22 +22,69 @@ class k-means), ``triplets`` (k-NN ML's batches and Algorithm 1's gradient), ``s
 its back-off), ``learner`` (what the three estimators share: the rows a fit reads, the SGD loop) and
 ``estimators`` (NCMML, NCMC, KNNML).
 """
+
 from metricpipe.tasks.ncmml.estimators import KMEANS_BYTES, KMEANS_SAMPLE, KNNML, NCMC, NCMML
 from metricpipe.tasks.ncmml.kmeans import assign, class_kmeans, kmeans_plus_plus, lloyd_partial, lloyd_update
 from metricpipe.tasks.ncmml.learner import IDLE_POOLS, PATIENCE, MetricLearner
-from metricpipe.tasks.ncmml.objectives import (dot_log_likelihood_and_gradient, implied_bias,
-                                              log_likelihood_and_gradient, metrics_nearest, mixture_class_scores,
-                                              mixture_posteriors, ncm_scores, softmax, sqdist)
+from metricpipe.tasks.ncmml.objectives import (
+    dot_log_likelihood_and_gradient,
+    implied_bias,
+    log_likelihood_and_gradient,
+    metrics_nearest,
+    mixture_class_scores,
+    mixture_posteriors,
+    ncm_scores,
+    softmax,
+    sqdist,
+)
 from metricpipe.tasks.ncmml.sgd import BACK_OFF, BACK_OFFS, Diverged, MetricSGD
-from metricpipe.tasks.ncmml.triplets import (choose_targets, knnml_step, l2_targets, sample_fixed_batch,
-                                            sample_triplet_batch, triplet_counts, triplet_gradient, triplet_loss_loop)
+from metricpipe.tasks.ncmml.triplets import (
+    choose_targets,
+    knnml_step,
+    l2_targets,
+    sample_fixed_batch,
+    sample_triplet_batch,
+    triplet_counts,
+    triplet_gradient,
+    triplet_loss_loop,
+)
 
-__all__ = ["BACK_OFF", "BACK_OFFS", "IDLE_POOLS", "KMEANS_BYTES", "KMEANS_SAMPLE", "KNNML", "NCMC", "NCMML",
-           "PATIENCE", "Diverged", "MetricLearner", "MetricSGD", "assign", "choose_targets", "class_kmeans",
-           "dot_log_likelihood_and_gradient", "implied_bias", "kmeans_plus_plus", "knnml_step", "l2_targets",
-           "lloyd_partial", "lloyd_update", "log_likelihood_and_gradient", "metrics_nearest", "mixture_class_scores",
-           "mixture_posteriors", "ncm_scores", "sample_fixed_batch", "sample_triplet_batch", "softmax", "sqdist",
-           "triplet_counts", "triplet_gradient", "triplet_loss_loop"]
+__all__ = [
+    "BACK_OFF",
+    "BACK_OFFS",
+    "IDLE_POOLS",
+    "KMEANS_BYTES",
+    "KMEANS_SAMPLE",
+    "KNNML",
+    "NCMC",
+    "NCMML",
+    "PATIENCE",
+    "Diverged",
+    "MetricLearner",
+    "MetricSGD",
+    "assign",
+    "choose_targets",
+    "class_kmeans",
+    "dot_log_likelihood_and_gradient",
+    "implied_bias",
+    "kmeans_plus_plus",
+    "knnml_step",
+    "l2_targets",
+    "lloyd_partial",
+    "lloyd_update",
+    "log_likelihood_and_gradient",
+    "metrics_nearest",
+    "mixture_class_scores",
+    "mixture_posteriors",
+    "ncm_scores",
+    "sample_fixed_batch",
+    "sample_triplet_batch",
+    "softmax",
+    "sqdist",
+    "triplet_counts",
+    "triplet_gradient",
+    "triplet_loss_loop",
+]
 
 for _cls in (NCMML, NCMC, KNNML):
-    _cls.__module__ = __name__   # their public path (reprs, pickles, docs), as numpy's set_module does
+    _cls.__module__ = __name__  # their public path (reprs, pickles, docs), as numpy's set_module does

@@ -1,6 +1,7 @@
 """The estimators NCMML, NCMC and KNNML (Mensink et al.): W from the PCA directions, minibatch SGD
 (:class:`~metricpipe.tasks.ncmml.sgd.MetricSGD`) over the pools of :mod:`metricpipe.tasks.stream`, in
 memory from arrays and in the pipeline from the shuffled copy of the train rows."""
+
 from numbers import Integral
 
 import numpy as np
@@ -17,7 +18,6 @@ from metricpipe.tasks.ncmml.sgd import MetricSGD
 from metricpipe.tasks.ncmml.triplets import l2_targets, sample_fixed_batch, sample_triplet_batch
 from metricpipe.tasks.rows import ArrayRows, TrainingRows
 
-
 KMEANS_SAMPLE = 2000  # rows per class NCMC's k-means++ seeds from, at most ...
 KMEANS_BYTES = 2.5e8  # ... and at most this many bytes of float32 rows over all classes (>= k per class)
 
@@ -25,6 +25,7 @@ KMEANS_BYTES = 2.5e8  # ... and at most this many bytes of float32 rows over all
 class _NCMClassifier(ClassifierMixin):
     """predict / predict_proba of the nearest-class-mean rule (Eq. 5), its mixture (Eq. 22) or its
     dot form with class biases (Eq. 27), over ``centroids_`` (input space) and their classes."""
+
     fitted_attributes = ("centroids_", "centroid_classes_", "class_bias_")
 
     def _class_scores(self, X):
@@ -60,26 +61,30 @@ class _NCMClassifier(ClassifierMixin):
             raise InputError("centroids hold NaN or inf; give finite class means")
         text_old, text_new = self.classes_.dtype.kind in "USO", labels.dtype.kind in "USO"
         if len(labels) and text_old != text_new:
-            raise InputError(f"the new classes' labels must be of the kind of the model's classes ("
-                             f"{'text' if text_old else 'numbers'}); got {labels[:3].tolist()}")
+            raise InputError(
+                f"the new classes' labels must be of the kind of the model's classes ("
+                f"{'text' if text_old else 'numbers'}); got {labels[:3].tolist()}"
+            )
         new = list(dict.fromkeys(labels.tolist()))
         taken = [c for c in new if np.isin(c, self.classes_)]
         if taken:
-            raise InputError(f"class {taken[0]!r} is already one of the model's classes; add_centroids adds new "
-                             f"classes only")
+            raise InputError(
+                f"class {taken[0]!r} is already one of the model's classes; add_centroids adds new classes only"
+            )
         position = {c: len(self.classes_) + i for i, c in enumerate(new)}
         codes = np.array([position[c] for c in labels.tolist()], np.int32)
         self.centroids_ = np.concatenate([self.centroids_, centroids])
         self.centroid_classes_ = np.concatenate([self.centroid_classes_, codes]).astype(np.int32)
         self.classes_ = np.concatenate([self.classes_, np.asarray(new, dtype=labels.dtype)])
-        if self.class_bias_ is not None:   # one mean per class (Eq. 27): every class by its norm
+        if self.class_bias_ is not None:  # one mean per class (Eq. 27): every class by its norm
             self.class_bias_ = self._implied_biases()
         return self
 
     def _implied_biases(self) -> np.ndarray:
         bias = np.full(len(self.classes_), np.nan, np.float32)
-        bias[self.centroid_classes_] = implied_bias(self.components_.T.astype(np.float64),
-                                                    self.centroids_.astype(np.float64))
+        bias[self.centroid_classes_] = implied_bias(
+            self.components_.T.astype(np.float64), self.centroids_.astype(np.float64)
+        )
         return bias
 
     def predict_proba(self, X):
@@ -145,13 +150,14 @@ class NCMML(_NCMClassifier, MetricLearner):
         classes to validate on: their NCM error at the kept W, and the step where it was lowest
         (a diagnostic of Section 5.4's protocol: W is still chosen on the trained classes)
     """
+
     # lr is read for rows of unit RMS norm, so one grid serves raw and l2 data: half a decade apart
     # around the default. With the old grid (0.001 ... 100) the validation error was lowest at 10, 30
     # or 100 on digits, Fashion 14 x 14 and HOG, and 0.001 to 0.1 never moved W off its start in 2,000
     # steps; with this one it was lowest at 3 to 300 on those and on Fashion-MNIST (benchmarks/README.md)
     search_space = {"lr": [30.0, 3.0, 10.0, 100.0, 300.0]}
     selection_metric = "ncm"
-    own_classifier = "ncm"   # Eq. 5 (Eq. 27 in the dot form) over the class means
+    own_classifier = "ncm"  # Eq. 5 (Eq. 27 in the dot form) over the class means
     # the dot form (Eq. 27) steps on scores, not squared distances: lr 10 and more diverged on digits,
     # Fashion 14 x 14 and HOG, whose validation error was lowest at 1, 3 and 3 (0.1 never left the start)
     search_space_when = {("objective", "dot"): {"lr": [1.0, 0.3, 3.0, 10.0, 0.1]}}
@@ -160,8 +166,19 @@ class NCMML(_NCMClassifier, MetricLearner):
     fitted_attributes = ("val_error_new_classes_", "best_iter_new_classes_")
     _parameter_constraints = {**SGD_CONSTRAINTS, "objective": [StrOptions({"euclidean", "dot"})]}
 
-    def __init__(self, dim=None, objective="euclidean", batch=1000, lr=None, iters=2000, validate_every=100,
-                 validation=5000, early_stopping=True, classes=None, random_state=None):
+    def __init__(
+        self,
+        dim=None,
+        objective="euclidean",
+        batch=1000,
+        lr=None,
+        iters=2000,
+        validate_every=100,
+        validation=5000,
+        early_stopping=True,
+        classes=None,
+        random_state=None,
+    ):
         self.dim = dim
         self.objective = objective
         self.batch = batch
@@ -199,12 +216,19 @@ class NCMML(_NCMClassifier, MetricLearner):
         C = len(self.classes_)
         trained, present = self._fit_classes(statistics, labels)
         means = statistics["class_means"]
-        sgd = MetricSGD(W0, "dot" if self.objective == "dot" else "ncm", self._searched("lr"), means[trained], trained, C,
-                        scale=moments.row_scale(statistics))
+        sgd = MetricSGD(
+            W0,
+            "dot" if self.objective == "dot" else "ncm",
+            self._searched("lr"),
+            means[trained],
+            trained,
+            C,
+            scale=moments.row_scale(statistics),
+        )
         # with classes left out, the dot model classifies by implied biases (below): early stopping too
         sgd.implied_bias = self.objective == "dot" and len(trained) < len(present)
         self._monitor = None
-        if X_new is not None and len(X_new):   # (the dot form with implied biases is this same rule)
+        if X_new is not None and len(X_new):  # (the dot form with implied biases is this same rule)
             Xn, yn = np.asarray(X_new, np.float64), np.asarray(y_new, np.int64)
             M = np.asarray(means, np.float64)[present]
             self._monitor = lambda s: float((present[metrics_nearest(Xn @ s.W.T, M @ s.W.T)] != yn).mean())
@@ -212,8 +236,9 @@ class NCMML(_NCMClassifier, MetricLearner):
 
     def _end(self, kept: dict, bias) -> None:
         hist = [h for h in self.history_ if "val_error_new_classes" in h]
-        self.val_error_new_classes_ = next((h["val_error_new_classes"] for h in hist if h["iter"] == self.best_iter_),
-                                           None)
+        self.val_error_new_classes_ = next(
+            (h["val_error_new_classes"] for h in hist if h["iter"] == self.best_iter_), None
+        )
         self.best_iter_new_classes_ = min(hist, key=lambda h: h["val_error_new_classes"])["iter"] if hist else None
         self.__dict__.pop("_monitor", None)
         trained, present = kept["trained"], kept["present"]
@@ -246,17 +271,34 @@ class NCMC(_NCMClassifier, MetricLearner):
         Lloyd passes over the data.
     dim, batch, lr, iters, validate_every, validation, early_stopping, classes, random_state : as :class:`NCMML`.
     """
+
     search_space = NCMML.search_space
     selection_metric = "ncmc"
-    own_classifier = "ncmc"   # Eq. 22's mixture over the k centroids of every class
+    own_classifier = "ncmc"  # Eq. 22's mixture over the k centroids of every class
 
     method = "ncmc"
-    _parameter_constraints = {**SGD_CONSTRAINTS, "centroids": COUNT, "train_centroids": [Options(Integral, {1}), None],
-                              "kmeans_iters": COUNT}
+    _parameter_constraints = {
+        **SGD_CONSTRAINTS,
+        "centroids": COUNT,
+        "train_centroids": [Options(Integral, {1}), None],
+        "kmeans_iters": COUNT,
+    }
 
-    def __init__(self, dim=None, centroids=10, train_centroids=None, kmeans_iters=10, batch=1000, lr=None,
-                 iters=2000, validate_every=100, validation=5000, early_stopping=True, classes=None,
-                 random_state=None):
+    def __init__(
+        self,
+        dim=None,
+        centroids=10,
+        train_centroids=None,
+        kmeans_iters=10,
+        batch=1000,
+        lr=None,
+        iters=2000,
+        validate_every=100,
+        validation=5000,
+        early_stopping=True,
+        classes=None,
+        random_state=None,
+    ):
         self.dim = dim
         self.centroids = centroids
         self.train_centroids = train_centroids
@@ -271,8 +313,9 @@ class NCMC(_NCMClassifier, MetricLearner):
         self.random_state = random_state
 
     @staticmethod
-    def kmeans_sample(labels: np.ndarray, keys: np.ndarray, seed, per_class: int = KMEANS_SAMPLE,
-                      at_least: int = 0) -> np.ndarray:
+    def kmeans_sample(
+        labels: np.ndarray, keys: np.ndarray, seed, per_class: int = KMEANS_SAMPLE, at_least: int = 0
+    ) -> np.ndarray:
         """Positions (among the training rows, whose :func:`~metricpipe.tasks.stream.row_keys` are
         ``keys``) of the stratified sample k-means++ seeds from: each class's share of it, and at
         least ``at_least`` rows of each class (all of a class with fewer; its first in the same
@@ -301,14 +344,23 @@ class NCMC(_NCMClassifier, MetricLearner):
         in_sample = np.bincount(np.asarray(y_sample, np.int64), minlength=n_classes)
         counts = in_sample if counts is None else np.asarray(counts, np.int64)
         k = np.minimum(self.centroids, counts)
-        need = np.where(counts > 0, np.maximum(k, 1), 0)   # a class with no training image has no centroid
+        need = np.where(counts > 0, np.maximum(k, 1), 0)  # a class with no training image has no centroid
         if (in_sample < need).any():
             c = int(np.argmax(in_sample < need))
-            raise InputError(f"NCMC: class code {c} has {int(in_sample[c])} image(s) in the k-means sample for "
-                             f"{int(need[c])} centroid(s); give every class training images")
+            raise InputError(
+                f"NCMC: class code {c} has {int(in_sample[c])} image(s) in the k-means sample for "
+                f"{int(need[c])} centroid(s); give every class training images"
+            )
         classes = np.flatnonzero(counts > 0)
-        return class_kmeans(np.asarray(X_sample), np.asarray(y_sample), classes, k[classes], blocks,
-                            self.kmeans_iters, np.random.default_rng([seed_of(self.random_state), 11]))
+        return class_kmeans(
+            np.asarray(X_sample),
+            np.asarray(y_sample),
+            classes,
+            k[classes],
+            blocks,
+            self.kmeans_iters,
+            np.random.default_rng([seed_of(self.random_state), 11]),
+        )
 
     def _side_inputs(self, rows, keep, means, trained, n_classes, seed) -> dict:
         """k-means over the rows in the class means (k-means sees no validation row)."""
@@ -319,10 +371,22 @@ class NCMC(_NCMClassifier, MetricLearner):
         seeding sample (:meth:`kmeans_sample`), one streamed pass over the rows per Lloyd step. Returns
         (centroids in the input space, their class codes)."""
         pos = np.flatnonzero(mask)
-        sample = pos[self.kmeans_sample(rows.labels[pos], rows.keys[pos], seed_of(self.random_state),
-                                        self.kmeans_per_class(n_classes, rows.n_features), self.centroids)]
-        return self.kmeans(rows.take(sample), rows.labels[sample], lambda: rows.blocks(mask), n_classes,
-                           np.bincount(rows.labels[pos], minlength=n_classes))
+        sample = pos[
+            self.kmeans_sample(
+                rows.labels[pos],
+                rows.keys[pos],
+                seed_of(self.random_state),
+                self.kmeans_per_class(n_classes, rows.n_features),
+                self.centroids,
+            )
+        ]
+        return self.kmeans(
+            rows.take(sample),
+            rows.labels[sample],
+            lambda: rows.blocks(mask),
+            n_classes,
+            np.bincount(rows.labels[pos], minlength=n_classes),
+        )
 
     def _init_side(self, init, X, codes) -> dict:
         """partial_fit's centroids: ``init["centroids"]``, else k-means on the first call's rows."""
@@ -338,11 +402,20 @@ class NCMC(_NCMClassifier, MetricLearner):
         trained = self._fit_classes(statistics, labels)[0]
         cents, owner = centroids
         if self.train_centroids == 1:  # NCMC-test: the metric learns with one mean per class
-            sgd = MetricSGD(W0, "ncm", self._searched("lr"), statistics["class_means"][trained], trained, C,
-                            scale=moments.row_scale(statistics))
+            sgd = MetricSGD(
+                W0,
+                "ncm",
+                self._searched("lr"),
+                statistics["class_means"][trained],
+                trained,
+                C,
+                scale=moments.row_scale(statistics),
+            )
         else:
             mine = np.isin(owner, trained)
-            sgd = MetricSGD(W0, "ncm", self._searched("lr"), cents[mine], owner[mine], C, scale=moments.row_scale(statistics))
+            sgd = MetricSGD(
+                W0, "ncm", self._searched("lr"), cents[mine], owner[mine], C, scale=moments.row_scale(statistics)
+            )
         return sgd, {"centroids": np.asarray(cents, np.float32), "owner": np.asarray(owner, np.int32)}
 
     def _end(self, kept: dict, bias) -> None:
@@ -375,20 +448,39 @@ class KNNML(MetricLearner):
         digits, Fashion-MNIST, Fashion 14 x 14 and HOG (benchmarks/README.md).
     dim, iters, validate_every, validation, early_stopping, classes, random_state : as :class:`NCMML`.
     """
+
     search_space = {"lr": [0.1, 0.0001, 0.001, 0.01, 1.0], "margin": [0.1, 1.0, 0.01]}
     selection_metric = "knn5"
 
     method = "knnml"
-    _parameter_constraints = {**SGD_CONSTRAINTS, "targets": [StrOptions({"dynamic", "all", "fixed"})], "k": COUNT,
-                              "batch": [Interval(Integral, 3, None, closed="left")], "margin": POSITIVE}
+    _parameter_constraints = {
+        **SGD_CONSTRAINTS,
+        "targets": [StrOptions({"dynamic", "all", "fixed"})],
+        "k": COUNT,
+        "batch": [Interval(Integral, 3, None, closed="left")],
+        "margin": POSITIVE,
+    }
 
     def pool_rows(self, n_classes: int) -> None:
         """Every row: a pool gives batches only from classes with two rows in it, so no row count
         bounds what ``iters`` steps read."""
         return None
 
-    def __init__(self, dim=None, targets="dynamic", k=5, batch=300, lr=None, margin=0.1, iters=2000,
-                 validate_every=100, validation=5000, early_stopping=True, classes=None, random_state=None):
+    def __init__(
+        self,
+        dim=None,
+        targets="dynamic",
+        k=5,
+        batch=300,
+        lr=None,
+        margin=0.1,
+        iters=2000,
+        validate_every=100,
+        validation=5000,
+        early_stopping=True,
+        classes=None,
+        random_state=None,
+    ):
         self.dim = dim
         self.targets = targets
         self.k = k
@@ -420,8 +512,11 @@ class KNNML(MetricLearner):
         tl2 = l2_targets(X, y, self.k) if self.targets == "fixed" else None
         out = []
         for _ in range(max(1, len(y) // self.batch)):
-            drawn = (sample_fixed_batch(y, tl2, self.batch, 2.0 / 3.0, rng) if tl2 is not None
-                     else sample_triplet_batch(y, self.batch, 2.0 / 3.0, rng))
+            drawn = (
+                sample_fixed_batch(y, tl2, self.batch, 2.0 / 3.0, rng)
+                if tl2 is not None
+                else sample_triplet_batch(y, self.batch, 2.0 / 3.0, rng)
+            )
             if drawn is not None:
                 out.append(drawn)
         return out
@@ -432,9 +527,17 @@ class KNNML(MetricLearner):
         without early stopping)."""
         W0 = self._start(statistics)
         C = len(self.classes_)
-        self._fit_classes(statistics, labels)   # (checks ``classes`` against the labels)
-        sgd = MetricSGD(W0, "knn", self._searched("lr"), n_classes=C, targets=self.targets, k=self.k,
-                        scale=moments.row_scale(statistics), margin=self.margin)
+        self._fit_classes(statistics, labels)  # (checks ``classes`` against the labels)
+        sgd = MetricSGD(
+            W0,
+            "knn",
+            self._searched("lr"),
+            n_classes=C,
+            targets=self.targets,
+            k=self.k,
+            scale=moments.row_scale(statistics),
+            margin=self.margin,
+        )
         return sgd, {}
 
     def _validation_error(self, side: dict):
@@ -448,8 +551,9 @@ class KNNML(MetricLearner):
 def _knn_error(sgd: MetricSGD, Xv, yv, Xr, yr, k: int) -> float:
     """Top-1 error of the kNN classifier (k neighbours among the reference rows) under the current W."""
     k = min(k, len(Xr))
-    with np.errstate(over="ignore", invalid="ignore"):   # a W on its way to diverging: a poor error, not a crash
-        _, nb = knn.block_topk((np.asarray(Xv, np.float64) @ sgd.W.T).astype(np.float32),
-                               (Xr @ sgd.W.T).astype(np.float32), k)
+    with np.errstate(over="ignore", invalid="ignore"):  # a W on its way to diverging: a poor error, not a crash
+        _, nb = knn.block_topk(
+            (np.asarray(Xv, np.float64) @ sgd.W.T).astype(np.float32), (Xr @ sgd.W.T).astype(np.float32), k
+        )
     rank = metrics.knn_class_ranking(yr[nb], sgd.n_classes, k)
     return float((rank[:, 0] != yv).mean())

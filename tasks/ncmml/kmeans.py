@@ -1,5 +1,6 @@
 """k-means for NCMC's centroids (Mensink et al., Section 3.3): k-means++ seeds from an in-memory
 sample of each class, then Lloyd passes over row-blocks (blocks add up their partial sums)."""
+
 import numpy as np
 
 from metricpipe.tasks.errors import InputError
@@ -50,15 +51,17 @@ def lloyd_update(centroids: np.ndarray, sums: np.ndarray, counts: np.ndarray) ->
     return out
 
 
-def class_kmeans(Xs: np.ndarray, ys: np.ndarray, classes, k, blocks, iters: int,
-                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def class_kmeans(
+    Xs: np.ndarray, ys: np.ndarray, classes, k, blocks, iters: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """k centroids per class (Section 3.3; ``k`` an int, or one per class): k-means++ seeds from the
     in-memory sample (Xs, ys), then up to ``iters`` Lloyd steps, each one pass over ``blocks()`` (a
     callable giving (X, y) row-blocks, so the data never needs to fit in memory). Returns (centroids
     (sum of k, D), their classes)."""
     ks = np.broadcast_to(np.asarray(k, np.int64), (len(classes),))
-    cents = np.concatenate([kmeans_plus_plus(np.asarray(Xs[ys == c], np.float64), int(kc), rng)
-                            for c, kc in zip(classes, ks)])
+    cents = np.concatenate(
+        [kmeans_plus_plus(np.asarray(Xs[ys == c], np.float64), int(kc), rng) for c, kc in zip(classes, ks)]
+    )
     owner = np.repeat(np.asarray(classes), ks)
     for _ in range(iters):
         sums, counts = np.zeros_like(cents), np.zeros(len(cents), np.int64)

@@ -2,22 +2,31 @@
 each fit reads (:meth:`MetricLearner.fit_rows`), the SGD loop over the pools of
 :mod:`metricpipe.tasks.stream` with early stopping on validation rows, and :meth:`MetricLearner.partial_fit`,
 which takes the same steps one pool at a time."""
+
 from numbers import Integral, Real
 
 import numpy as np
 
 from metricpipe.tasks import moments, stream
-from metricpipe.tasks.base import (COUNT, DIM_OR_NONE, POSITIVE, RANDOM_STATE, Interval, Learner, one_blas_thread,
-                                   seed_of)
+from metricpipe.tasks.base import (
+    COUNT,
+    DIM_OR_NONE,
+    POSITIVE,
+    RANDOM_STATE,
+    Interval,
+    Learner,
+    one_blas_thread,
+    seed_of,
+)
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.ncmml.sgd import BACK_OFFS, Diverged, MetricSGD
 from metricpipe.tasks.rows import ArrayRows, TrainingRows
 from metricpipe.tasks.validate import class_codes
 
-IDLE_POOLS = 100      # pools in a row without a batch before SGD gives up (instead of looping forever)
-PATIENCE = 0.5        # SGD stops after this share of its validations (iters / validate_every) in a row
-                      # without a lower error, at least 5 (the best W is kept). k-NN ML's error often rises
-                      # for a few hundred steps before it falls below the start, so half, not a fixed 5.
+IDLE_POOLS = 100  # pools in a row without a batch before SGD gives up (instead of looping forever)
+PATIENCE = 0.5  # SGD stops after this share of its validations (iters / validate_every) in a row
+# without a lower error, at least 5 (the best W is kept). k-NN ML's error often rises
+# for a few hundred steps before it falls below the start, so half, not a fixed 5.
 
 SGD_CONSTRAINTS = {
     "dim": DIM_OR_NONE,
@@ -39,20 +48,27 @@ class MetricLearner(Learner):
 
     Codes are ``x @ components_`` with ``components_ = W.T`` (D, dim).
     """
+
     fitted_attributes = ("components_", "classes_", "history_", "lr_", "best_iter_", "val_error_")
     dim_within_features = True
-    DEFAULT_DIM = 32   # dim None: this many PCA directions, or all of them when the data has fewer
+    DEFAULT_DIM = 32  # dim None: this many PCA directions, or all of them when the data has fewer
     feeds = "stream"
     reads_statistics = ("mean", "pca_components", "class_means", "class_counts", "mean_sq_norm")
 
     def _validate_params(self):
         super()._validate_params()
         c = self.classes
-        ok = c is None or (hasattr(c, "__len__") and not isinstance(c, str) and len(c) > 0 and all(
-            isinstance(v, (Real, np.generic, str)) for v in c))
+        ok = c is None or (
+            hasattr(c, "__len__")
+            and not isinstance(c, str)
+            and len(c) > 0
+            and all(isinstance(v, (Real, np.generic, str)) for v in c)
+        )
         if not ok:
-            raise InputError(f"The 'classes' parameter of {type(self).__name__} must be a non-empty list of class "
-                             f"labels (as in y) or None. Got {c!r} instead.")
+            raise InputError(
+                f"The 'classes' parameter of {type(self).__name__} must be a non-empty list of class "
+                f"labels (as in y) or None. Got {c!r} instead."
+            )
 
     def _transform(self, X):
         return np.asarray(X, np.float64) @ self.components_.astype(np.float64)
@@ -134,24 +150,30 @@ class MetricLearner(Learner):
         seed = seed_of(self.random_state)
         trained = self.trained_classes(np.arange(C) if labels is None else labels)
         allowed = np.isin(rows.labels, trained) & rows.fit
-        keep, means = allowed.copy(), rows.fit.copy()      # SGD's rows; the rows in the class means
+        keep, means = allowed.copy(), rows.fit.copy()  # SGD's rows; the rows in the class means
         val = np.zeros(0, np.int64)
         if self.early_stopping and rows.val is not None and len(rows.val):
             val = stream.seeded_sample(rows.val[np.isin(rows.labels[rows.val], trained)], self.validation, seed)
         elif self.early_stopping:
             pos = np.flatnonzero(allowed)
             counts = np.bincount(rows.labels[pos], minlength=C)[trained]
-            if counts.min() < 2:   # early stopping holds out a validation row of every class it trains on
-                name = trained[int(np.argmin(counts))] if labels is None else np.asarray(labels)[trained][np.argmin(counts)]
-                raise InputError(f"{type(self).__name__}: class {np.asarray(name).item()!r} has {int(counts.min())} "
-                                 f"sample(s); give every class at least 2, as the pipeline's stratified split requires "
-                                 f"(or pass X_val, y_val to fit)")
+            if counts.min() < 2:  # early stopping holds out a validation row of every class it trains on
+                name = (
+                    trained[int(np.argmin(counts))]
+                    if labels is None
+                    else np.asarray(labels)[trained][np.argmin(counts)]
+                )
+                raise InputError(
+                    f"{type(self).__name__}: class {np.asarray(name).item()!r} has {int(counts.min())} "
+                    f"sample(s); give every class at least 2, as the pipeline's stratified split requires "
+                    f"(or pass X_val, y_val to fit)"
+                )
             val = pos[stream.validation_split(rows.labels[pos], self.validation, rows.keys[pos], seed)]
             keep[val] = means[val] = False
         if not keep.any():
             raise InputError(f"{type(self).__name__}: no training rows left for SGD after the validation rows")
         extra = self._side_inputs(rows, keep, means, trained, C, seed)
-        out = np.flatnonzero(rows.in_stats & ~means)   # (sorted, as the statistics' rows)
+        out = np.flatnonzero(rows.in_stats & ~means)  # (sorted, as the statistics' rows)
         if len(out):
             statistics = moments.without_rows(statistics, rows.take(out), rows.labels[out])
         Xv, yv = (rows.take(val), rows.labels[val]) if len(val) else (None, None)
@@ -159,7 +181,10 @@ class MetricLearner(Learner):
 
     def fit_facts(self) -> dict:
         facts = {"best_iter": self.best_iter_, "val_error": self.val_error_}
-        return {**facts, **{k: getattr(self, f"{k}_", None) for k in ("val_error_new_classes", "best_iter_new_classes")}}
+        return {
+            **facts,
+            **{k: getattr(self, f"{k}_", None) for k in ("val_error_new_classes", "best_iter_new_classes")},
+        }
 
     def _side_inputs(self, rows: TrainingRows, keep, means, trained, n_classes: int, seed: int) -> dict:
         """What :meth:`fit_stream` takes beyond the statistics and pools; ``keep``: SGD's rows, ``means``:
@@ -247,11 +272,15 @@ class MetricLearner(Learner):
             labels = self.classes_
             statistics = self._init_statistics(init, X, codes)
             sgd, kept = self._begin(statistics, labels, **self._init_side(init, X, codes))
-            state = self._partial = {"sgd": sgd, "kept": kept, "classes": labels,
-                                     "rng": np.random.default_rng([seed_of(self.random_state), 5])}
+            state = self._partial = {
+                "sgd": sgd,
+                "kept": kept,
+                "classes": labels,
+                "rng": np.random.default_rng([seed_of(self.random_state), 5]),
+            }
         else:
             X, codes = self._partial_rows(X, y, classes, state["classes"])
-        self.classes_ = state["classes"]   # (the start set the codes)
+        self.classes_ = state["classes"]  # (the start set the codes)
         sgd = state["sgd"]
         with one_blas_thread():
             self._pool_steps(sgd, X, codes, self._batches(X, codes, state["rng"]), until_iters=False)
@@ -261,12 +290,14 @@ class MetricLearner(Learner):
     def _start(self, stats: dict):
         comps = stats["pca_components"]
         if self.dim is not None and self.dim > len(comps):
-            raise InputError(f"The 'dim' parameter of {type(self).__name__} must be <= {len(comps)}, the PCA "
-                             f"directions W starts from (n_features = {len(stats['mean'])}). Got {self.dim} instead.")
+            raise InputError(
+                f"The 'dim' parameter of {type(self).__name__} must be <= {len(comps)}, the PCA "
+                f"directions W starts from (n_features = {len(stats['mean'])}). Got {self.dim} instead."
+            )
         self._validate_params()
         self.n_features_in_ = int(len(stats["mean"]))
         self.classes_ = np.arange(len(stats["class_means"]))
-        return comps[:self.resolved_dim(len(comps))]
+        return comps[: self.resolved_dim(len(comps))]
 
     def validates(self) -> bool:
         return bool(self.early_stopping)
@@ -279,13 +310,14 @@ class MetricLearner(Learner):
     def _run(self, sgd: MetricSGD, pools, Xv, yv, error):
         """The SGD loop: batches from each pool until ``iters`` steps; early stopping on validation
         (``early_stopping``), else the W of the last step. Returns the kept biases."""
-        self.__dict__.pop("_partial", None)   # a fit starts afresh: the SGD state of partial_fit calls is dropped
+        self.__dict__.pop("_partial", None)  # a fit starts afresh: the SGD state of partial_fit calls is dropped
         if not self.early_stopping:
             error = None
         yv = np.asarray(yv if yv is not None else [], np.int64)
         if error is not None and not len(yv):
-            raise InputError(f"{type(self).__name__}: no validation rows to stop early on (X_val in fit; the "
-                             f"data's val rows)")
+            raise InputError(
+                f"{type(self).__name__}: no validation rows to stop early on (X_val in fit; the data's val rows)"
+            )
         # a class with no validation row (few-shot data: its share is under one row) still competes as
         # every query's possible answer; the error is over the classes that have rows
         sgd.patience = max(5, int(PATIENCE * self.iters / self.validate_every))
@@ -296,7 +328,7 @@ class MetricLearner(Learner):
     def _keep(self, sgd: MetricSGD, error):
         """W and the fitted attributes from the SGD: the best validated state (``error``), else the
         current one. Returns its biases."""
-        if error is None:   # no validation: the last W
+        if error is None:  # no validation: the last W
             err, W, bias, at = np.nan, sgd.W, None if sgd.bias is None else sgd.bias.copy(), sgd.steps
         else:
             err, W, bias, at = sgd.best
@@ -314,14 +346,16 @@ class MetricLearner(Learner):
         if self.iters == 0:
             return
         rng = np.random.default_rng([seed_of(self.random_state), 5])
-        idle = 0   # pools in a row that gave no batch (k-NN ML needs a class with two rows in a pool)
+        idle = 0  # pools in a row that gave no batch (k-NN ML needs a class with two rows in a pool)
         for X, y in pools:
             drawn = self._batches(X, y, rng)
             idle = 0 if drawn else idle + 1
             if idle >= IDLE_POOLS:
-                raise InputError(f"{type(self).__name__}: {IDLE_POOLS} pools in a row held no class with two "
-                                 f"training rows, so no batch could be drawn; give more images per class or "
-                                 f"lower 'validation' (now {self.validation})")
+                raise InputError(
+                    f"{type(self).__name__}: {IDLE_POOLS} pools in a row held no class with two "
+                    f"training rows, so no batch could be drawn; give more images per class or "
+                    f"lower 'validation' (now {self.validation})"
+                )
             if self._pool_steps(sgd, X, y, drawn, error, Xv, yv):
                 break
 
@@ -366,16 +400,22 @@ class MetricLearner(Learner):
             return moments.finalize_statistics(moments.partial_moments(X, codes, C))
         name = f"{type(self).__name__}.partial_fit: init"
         if not isinstance(init, dict):
-            raise InputError(f"{name} must be a dict of statistics ({', '.join(self.reads_statistics)}), e.g. "
-                             f"metricpipe.tasks.moments.statistics(X, codes); got {type(init).__name__}")
+            raise InputError(
+                f"{name} must be a dict of statistics ({', '.join(self.reads_statistics)}), e.g. "
+                f"metricpipe.tasks.moments.statistics(X, codes); got {type(init).__name__}"
+            )
         missing = [k for k in self.reads_statistics if k not in init]
         if missing:
-            raise InputError(f"{name} lacks {', '.join(missing)}; give the statistics of "
-                             f"metricpipe.tasks.moments.statistics(X, codes)")
+            raise InputError(
+                f"{name} lacks {', '.join(missing)}; give the statistics of "
+                f"metricpipe.tasks.moments.statistics(X, codes)"
+            )
         if len(init["mean"]) != X.shape[1] or len(init["class_means"]) != C:
-            raise InputError(f"{name} describes {len(init['mean'])} features and {len(init['class_means'])} "
-                             f"classes; the rows have {X.shape[1]} features and classes holds {C} labels (init's "
-                             f"class codes are positions in classes)")
+            raise InputError(
+                f"{name} describes {len(init['mean'])} features and {len(init['class_means'])} "
+                f"classes; the rows have {X.shape[1]} features and classes holds {C} labels (init's "
+                f"class codes are positions in classes)"
+            )
         return init
 
     def _init_side(self, init, X, codes) -> dict:

@@ -3,6 +3,7 @@
 W (d, D) defines d_W(x, y) = ||W x - W y||^2; distances are taken in the projected space (Table 1's
 cheapest option): the m images and the C means are projected once per step.
 """
+
 import numpy as np
 
 
@@ -27,8 +28,15 @@ def mixture_posteriors(Y: np.ndarray, Mp: np.ndarray, owner: np.ndarray, n_class
     return pc, pclass
 
 
-def log_likelihood_and_gradient(W: np.ndarray, X: np.ndarray, y: np.ndarray, centroids: np.ndarray,
-                                owner: np.ndarray, n_classes: int, gradient: bool = True):
+def log_likelihood_and_gradient(
+    W: np.ndarray,
+    X: np.ndarray,
+    y: np.ndarray,
+    centroids: np.ndarray,
+    owner: np.ndarray,
+    n_classes: int,
+    gradient: bool = True,
+):
     """Mean log-likelihood (Eq. 9) of labels y (m,) under the NCMC posterior (NCM when each class
     has one centroid), and its gradient with respect to W (Eqs. 10 / 24-25)."""
     Y, Mp = X @ W.T, centroids @ W.T
@@ -38,29 +46,30 @@ def log_likelihood_and_gradient(W: np.ndarray, X: np.ndarray, y: np.ndarray, cen
     L = float(np.log(py).mean())
     if not gradient:
         return L, None
-    mine = owner[None, :] == y[:, None]                           # centroids of the true class
-    alpha = pc - np.where(mine, pc / py[:, None], 0.0)            # Eq. 25 (Eq. 10 when k = 1)
+    mine = owner[None, :] == y[:, None]  # centroids of the true class
+    alpha = pc - np.where(mine, pc / py[:, None], 0.0)  # Eq. 25 (Eq. 10 when k = 1)
     # sum_ij alpha_ij (Mp_j - Y_i)(mu_j - x_i)^T, expanded into four GEMMs
     col, row = alpha.sum(0), alpha.sum(1)
     G = (Mp.T * col) @ centroids - Mp.T @ (alpha.T @ X) - (Y.T @ alpha) @ centroids + (Y.T * row) @ X
     return L, G / m
 
 
-def dot_log_likelihood_and_gradient(W: np.ndarray, bias: np.ndarray, X: np.ndarray, y: np.ndarray,
-                                    means: np.ndarray, gradient: bool = True):
+def dot_log_likelihood_and_gradient(
+    W: np.ndarray, bias: np.ndarray, X: np.ndarray, y: np.ndarray, means: np.ndarray, gradient: bool = True
+):
     """Eq. 27: logits x^T W^T W mu_c + s_c. The images are projected twice (x_hat = W^T W x) and
     compared with the means in the input space, so the C means are never projected (Table 1)."""
     m = len(X)
     Y = X @ W.T
-    Xh = Y @ W                                                    # (m, D) double projection
+    Xh = Y @ W  # (m, D) double projection
     P = softmax(Xh @ means.T + bias)
     L = float(np.log(np.maximum(P[np.arange(m), y], 1e-300)).mean())
     if not gradient:
         return L, None, None
     R = -P
-    R[np.arange(m), y] += 1.0                                     # [c = y] - p(c|x)
+    R[np.arange(m), y] += 1.0  # [c = y] - p(c|x)
     # d/dW x^T W^T W mu = W (x mu^T + mu x^T)
-    RM = R @ means                                                # (m, D)
+    RM = R @ means  # (m, D)
     G = (Y.T @ RM + (RM @ W.T).T @ X) / m
     return L, G, R.mean(0)
 

@@ -3,11 +3,16 @@
 The sign convention of the ascent: W <- W + lr * grad of the log-likelihood (NCM/NCMC); W <- W - lr *
 grad of the hinge loss (k-NN).
 """
+
 import numpy as np
 
 from metricpipe.tasks.errors import InputError
-from metricpipe.tasks.ncmml.objectives import (dot_log_likelihood_and_gradient, log_likelihood_and_gradient,
-                                              mixture_class_scores, ncm_scores)
+from metricpipe.tasks.ncmml.objectives import (
+    dot_log_likelihood_and_gradient,
+    log_likelihood_and_gradient,
+    mixture_class_scores,
+    ncm_scores,
+)
 from metricpipe.tasks.ncmml.triplets import knnml_step
 from metricpipe.tasks.validate import beyond_float32
 
@@ -32,15 +37,25 @@ class MetricSGD:
     and steps by lr / s^2 (biases by lr), which is SGD from W0 at rate lr on the rows x / s, with W
     kept in the rows' own units: ``lr`` means the same on raw and on l2-normalised rows."""
 
-    def __init__(self, W0: np.ndarray, objective: str, lr: float, centroids: np.ndarray | None = None,
-                 owner: np.ndarray | None = None, n_classes: int | None = None, targets: str = "dynamic",
-                 k: int = 5, scale: float = 1.0, margin: float = 1.0):
+    def __init__(
+        self,
+        W0: np.ndarray,
+        objective: str,
+        lr: float,
+        centroids: np.ndarray | None = None,
+        owner: np.ndarray | None = None,
+        n_classes: int | None = None,
+        targets: str = "dynamic",
+        k: int = 5,
+        scale: float = 1.0,
+        margin: float = 1.0,
+    ):
         self.margin = float(margin)
         if objective not in ("ncm", "dot", "knn"):
             raise InputError(f"metric learning objective must be ncm, dot or knn. Got {objective!r} instead.")
         self.W = np.array(W0, np.float64) / scale
         self.objective, self.lr, self.targets, self.k = objective, float(lr), targets, int(k)
-        self.step_W = self.lr / scale ** 2
+        self.step_W = self.lr / scale**2
         self.centroids = None if centroids is None else np.asarray(centroids, np.float64)
         self.owner = None if owner is None else np.asarray(owner, np.int64)
         self.n_classes = n_classes
@@ -48,7 +63,7 @@ class MetricSGD:
         # dot form: validate with the implied biases -||W mu||^2 / 2 (what a model trained on a class
         # subset classifies with) instead of the learned ones
         self.implied_bias = False
-        self.patience, self.stale = 5, 0   # validations without a lower error before record() says stop
+        self.patience, self.stale = 5, 0  # validations without a lower error before record() says stop
         if objective == "dot":  # one mean and one bias per trained class, in the order of ``owner``
             self.bias = np.zeros(len(self.owner))
             self._position = np.full(n_classes, -1)
@@ -72,8 +87,10 @@ class MetricSGD:
             G, value = knnml_step(self.W, X, is_pos, self.k, self.targets, fixed, self.margin)
             self.W -= self.step_W * G
         if beyond_float32(self.W):
-            raise Diverged(f"metric learning diverged after {self.steps + 1} steps (W is not finite in float32); "
-                           f"lower 'lr' (now {self.lr})")
+            raise Diverged(
+                f"metric learning diverged after {self.steps + 1} steps (W is not finite in float32); "
+                f"lower 'lr' (now {self.lr})"
+            )
         self.steps += 1
         return float(value)
 
@@ -91,7 +108,7 @@ class MetricSGD:
         """Class (as given in ``owner``) of each row under the current W: nearest class mean (Eq. 5),
         the mixture of Eq. 22, or the dot form of Eq. 27."""
         Y, Mp = np.asarray(X, np.float64) @ self.W.T, self.centroids @ self.W.T
-        if self.bias is not None:   # scored as the model will classify: learned biases, or the implied ones
+        if self.bias is not None:  # scored as the model will classify: learned biases, or the implied ones
             bias = -0.5 * (Mp * Mp).sum(1) if self.implied_bias else self.bias
             return self.owner[np.argmax(ncm_scores(Y, Mp, bias), axis=1)]
         return np.argmax(mixture_class_scores(Y, Mp, self.owner, self.n_classes), axis=1)
@@ -99,8 +116,13 @@ class MetricSGD:
     def record(self, val_error: float, train_value: float | None) -> bool:
         """Report the validation error of the current W (early stopping keeps the best); True when
         PATIENCE validations in a row have not improved on the best (time to stop)."""
-        self.history.append({"iter": self.steps, "val_error": float(val_error),
-                             "batch": None if train_value is None else float(train_value)})
+        self.history.append(
+            {
+                "iter": self.steps,
+                "val_error": float(val_error),
+                "batch": None if train_value is None else float(train_value),
+            }
+        )
         if val_error < self.best[0]:
             self.best = (val_error, self.W.copy(), None if self.bias is None else self.bias.copy(), self.steps)
             self.stale = 0

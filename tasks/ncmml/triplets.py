@@ -2,6 +2,7 @@
 (Eq. 35), triplets from m images per step (rho m from one class, Section 4.2), and the gradient
 2 W X^T A X whose coefficients come from one sort per query (Algorithm 1, Eqs. 40-43), never a loop
 over triplets."""
+
 import numpy as np
 
 from metricpipe.tasks.errors import InputError
@@ -9,8 +10,9 @@ from metricpipe.tasks.knn import block_topk
 from metricpipe.tasks.ncmml.objectives import sqdist
 
 
-def triplet_counts(dq: np.ndarray, targets: np.ndarray, negatives: np.ndarray,
-                   margin: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+def triplet_counts(
+    dq: np.ndarray, targets: np.ndarray, negatives: np.ndarray, margin: float = 1.0
+) -> tuple[np.ndarray, np.ndarray]:
     """Algorithm 1 for a batch of queries. dq (Q, m): d_W from each query to the m images;
     targets / negatives (Q, m) boolean. Returns (cp, cn) (Q, m): for a target p the number of
     negatives n with [margin + d(q,p) - d(q,n)]_+ > 0, for a negative n the number of such targets p.
@@ -23,8 +25,8 @@ def triplet_counts(dq: np.ndarray, targets: np.ndarray, negatives: np.ndarray,
     order = np.lexsort((~targets, keyed), axis=1)  # by value, targets before negatives on ties
     t_sorted = np.take_along_axis(targets, order, 1)
     n_sorted = np.take_along_axis(negatives, order, 1)
-    neg_before = np.cumsum(n_sorted, axis=1) - n_sorted                          # C_n: negatives ahead
-    tgt_after = t_sorted.sum(1, keepdims=True) - np.cumsum(t_sorted, axis=1)    # C_p: targets behind
+    neg_before = np.cumsum(n_sorted, axis=1) - n_sorted  # C_n: negatives ahead
+    tgt_after = t_sorted.sum(1, keepdims=True) - np.cumsum(t_sorted, axis=1)  # C_p: targets behind
     cp = np.zeros(dq.shape, np.int64)
     cn = np.zeros(dq.shape, np.int64)
     np.put_along_axis(cp, order, np.where(t_sorted, neg_before, 0), 1)
@@ -37,7 +39,7 @@ def triplet_gradient(W: np.ndarray, X: np.ndarray, queries: np.ndarray, cp: np.n
     query rows ``queries`` (Q,) into X and the counts of `triplet_counts`."""
     m = len(X)
     w = np.zeros((m, m))
-    w[queries] = cp - cn                 # + x_qp x_qp^T per violating triplet, - x_qn x_qn^T
+    w[queries] = cp - cn  # + x_qp x_qp^T per violating triplet, - x_qn x_qn^T
     # sum_qj w_qj (x_q - x_j)(x_q - x_j)^T = X^T (diag(rowsum + colsum) - w - w^T) X
     A = np.diag(w.sum(1) + w.sum(0)) - w - w.T
     return 2.0 * (W @ X.T) @ (A @ X)
@@ -98,8 +100,7 @@ def choose_targets(Y: np.ndarray, n_pos: int, k: int | None, mode: str) -> np.nd
     return t
 
 
-def knnml_step(W: np.ndarray, X: np.ndarray, is_pos: np.ndarray, k: int, mode: str, fixed=None,
-               margin: float = 1.0):
+def knnml_step(W: np.ndarray, X: np.ndarray, is_pos: np.ndarray, k: int, mode: str, fixed=None, margin: float = 1.0):
     """One SGD direction for the triplet objective on the batch X (positives first); returns
     (gradient / number of queries, number of violating triplets). For mode 'fixed' ``fixed`` is
     (queries, targets) from `sample_fixed_batch`; otherwise every positive is a query."""
@@ -113,8 +114,8 @@ def knnml_step(W: np.ndarray, X: np.ndarray, is_pos: np.ndarray, k: int, mode: s
     dq = sqdist(Y[queries], Y)
     cp, cn = triplet_counts(dq, targets, negatives, margin)
     G = triplet_gradient(W, X, queries, cp, cn)
-    if mode == "all" and n_pos - 1 > k:   # per k targets, as the other modes: lr means the same in each
-        G = G * (k / (n_pos - 1))           # (every positive as a target diverged at the default lr)
+    if mode == "all" and n_pos - 1 > k:  # per k targets, as the other modes: lr means the same in each
+        G = G * (k / (n_pos - 1))  # (every positive as a target diverged at the default lr)
     return G / len(queries), int(cp.sum())
 
 
@@ -126,7 +127,7 @@ def l2_targets(X: np.ndarray, y: np.ndarray, k: int) -> np.ndarray:
     for c in np.unique(y):
         rows = np.flatnonzero(y == c)
         for a in range(0, len(rows), 2048):
-            q = rows[a:a + 2048]
+            q = rows[a : a + 2048]
             _, idx = block_topk(Xf[q], Xf[rows], k, q_ids=q, x_ids=rows, exclude_self=True)
             out[q] = idx
     return out

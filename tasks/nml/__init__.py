@@ -28,17 +28,40 @@ Modules: ``kernels`` (the chi2 embedding, the hinges and their gradients), ``pai
 and the visiting order of user pairs), ``sgd`` (PairSGD), ``learner`` (what the two estimators share:
 the entry points and the SGD loop) and ``estimators`` (NML, LinearML).
 """
+
 from metricpipe.tasks.nml.estimators import NML, LinearML
-from metricpipe.tasks.nml.kernels import (TINY, check_nonnegative, chi2_embed, chi2_kernel, hinge,
-                                         linear_loss_and_gradient, nml_loss_and_gradient)
+from metricpipe.tasks.nml.kernels import (
+    TINY,
+    check_nonnegative,
+    chi2_embed,
+    chi2_kernel,
+    hinge,
+    linear_loss_and_gradient,
+    nml_loss_and_gradient,
+)
 from metricpipe.tasks.nml.learner import PATIENCE, VALIDATIONS, PairLearner
 from metricpipe.tasks.nml.pairs import pair_groups, sample_pairs
 from metricpipe.tasks.nml.sgd import PairSGD
 from metricpipe.tasks.validate import check_pair_indices
 
-__all__ = ["NML", "PATIENCE", "TINY", "VALIDATIONS", "LinearML", "PairLearner", "PairSGD", "check_nonnegative",
-           "check_pair_indices", "chi2_embed", "chi2_kernel", "hinge", "linear_loss_and_gradient",
-           "nml_loss_and_gradient", "pair_groups", "sample_pairs"]
+__all__ = [
+    "NML",
+    "PATIENCE",
+    "TINY",
+    "VALIDATIONS",
+    "LinearML",
+    "PairLearner",
+    "PairSGD",
+    "check_nonnegative",
+    "check_pair_indices",
+    "chi2_embed",
+    "chi2_kernel",
+    "hinge",
+    "linear_loss_and_gradient",
+    "nml_loss_and_gradient",
+    "pair_groups",
+    "sample_pairs",
+]
 
 for _cls in (NML, LinearML):
-    _cls.__module__ = __name__   # their public path (reprs, pickles, docs), as numpy's set_module does
+    _cls.__module__ = __name__  # their public path (reprs, pickles, docs), as numpy's set_module does

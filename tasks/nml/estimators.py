@@ -1,4 +1,5 @@
 """The estimators NML (the chi2 kernel embedding) and LinearML (the linear baseline) of Sharma & Schiele."""
+
 import numpy as np
 from sklearn.utils.validation import check_is_fitted
 
@@ -56,7 +57,8 @@ class NML(PairLearner):
     a stream at a time), ``fit_pairs(pairs, y, X=None)`` (user pairs, metric-learn's convention) and,
     for the pipeline, ``fit_rows`` and ``fit_pair_blocks``.
     """
-    requires_nonnegative = True   # the chi2 kernel; the pipeline checks the staged features for it
+
+    requires_nonnegative = True  # the chi2 kernel; the pipeline checks the staged features for it
     search_space = {"lr": [0.001, 0.0001, 0.01]}
     selection_metric = "map"
     # Algorithm 1's plain SGD: its step grows with D (the chi2 gradient at l1-normalised rows is small);
@@ -66,18 +68,32 @@ class NML(PairLearner):
     method = "nml"
 
     def code_dim(self, n_features: int, n_classes: int) -> int:
-        return int(self.dim)   # L's rows: any number, whatever the features
+        return int(self.dim)  # L's rows: any number, whatever the features
 
     def portable(self) -> tuple[str, dict, dict]:
         """``chi2``: rows l1-normalised, codes[:, t] = sum_c 2 L[t, c] x_c / (|L[t, c]| + tiny + |x_c|)
         (Eqs. 7 and 11)."""
         check_is_fitted(self)
         return "chi2", {"L": self.L_}, {"tiny": float(TINY)}
+
     _kind = "nml"
     _parameter_constraints = {**PAIR_CONSTRAINTS, "threads": COUNT}
 
-    def __init__(self, dim=64, pairs=500000, iters=1000000, batch=64, learn_bias=False, bias=0.1, margin=0.02,
-                 optimizer="adam", threads=1, lr=None, validation=2000, random_state=None):
+    def __init__(
+        self,
+        dim=64,
+        pairs=500000,
+        iters=1000000,
+        batch=64,
+        learn_bias=False,
+        bias=0.1,
+        margin=0.02,
+        optimizer="adam",
+        threads=1,
+        lr=None,
+        validation=2000,
+        random_state=None,
+    ):
         self.dim = dim
         self.pairs = pairs
         self.iters = iters
@@ -104,7 +120,7 @@ class NML(PairLearner):
         check_nonnegative(X, f"{type(self).__name__}.transform")
         out = np.empty((len(X), len(self.L_)), np.float32)
         for a in range(0, len(X), 256):  # bounded (d, rows, D) temporaries
-            out[a:a + 256] = chi2_embed(self.L_, normalize_rows(X[a:a + 256], "l1"))    # Eq. 7
+            out[a : a + 256] = chi2_embed(self.L_, normalize_rows(X[a : a + 256], "l1"))  # Eq. 7
         return out
 
     def cost(self) -> dict:
@@ -150,6 +166,7 @@ class LinearML(PairLearner):
     a stream at a time), ``fit_pairs(pairs, y, X=None)`` (user pairs, metric-learn's convention) and,
     for the pipeline, ``fit_rows`` and ``fit_pair_blocks``.
     """
+
     # lr for rows of unit RMS norm: the validation mAP was highest at 1 on digits, Fashion 14 x 14,
     # HOG and Fashion-MNIST, and lowest at 0.0001 and 0.001 on the first three (benchmarks/README.md)
     search_space = {"lr": [0.1, 0.01, 1.0, 10.0]}
@@ -158,25 +175,38 @@ class LinearML(PairLearner):
     search_space_when = {("optimizer", "adam"): {"lr": [0.01, 0.001, 0.1]}}
 
     method = "linear-ml"
-    reads_statistics = ("pca_components", "mean_sq_norm")   # L's start, and the rows' scale lr is read by
+    reads_statistics = ("pca_components", "mean_sq_norm")  # L's start, and the rows' scale lr is read by
 
     def start(self, statistics: dict) -> tuple:
         """The leading PCA components (``dim`` rows; fewer when the statistics kept fewer, which the fit
         refuses) and :func:`~metricpipe.tasks.moments.row_scale`."""
         comps = statistics["pca_components"]
-        return comps[:self.resolved_dim(len(comps))], moments.row_scale(statistics)
+        return comps[: self.resolved_dim(len(comps))], moments.row_scale(statistics)
 
     def portable(self) -> tuple[str, dict, dict]:
         """``affine``: codes = X @ L.T."""
         check_is_fitted(self)
         return "affine", {"W": self.L_.T}, {}
+
     _kind = "linear"
     _parameter_constraints = {**PAIR_CONSTRAINTS, "dim": DIM_OR_NONE}
     dim_within_features = True
     DEFAULT_DIM = 64
 
-    def __init__(self, dim=None, pairs=500000, iters=1000000, batch=64, learn_bias=False, bias=1.0, margin=0.2,
-                 optimizer="sgd", lr=None, validation=2000, random_state=None):
+    def __init__(
+        self,
+        dim=None,
+        pairs=500000,
+        iters=1000000,
+        batch=64,
+        learn_bias=False,
+        bias=1.0,
+        margin=0.2,
+        optimizer="sgd",
+        lr=None,
+        validation=2000,
+        random_state=None,
+    ):
         self.dim = dim
         self.pairs = pairs
         self.iters = iters
@@ -190,8 +220,10 @@ class LinearML(PairLearner):
         self.random_state = random_state
 
     def _default_init(self, n_features: int, seed: int) -> np.ndarray:
-        raise InputError("LinearML starts from the PCA basis: pass init = the PCA components (k, n_features), "
-                         "e.g. the statistics stage's pca_components")
+        raise InputError(
+            "LinearML starts from the PCA basis: pass init = the PCA components (k, n_features), "
+            "e.g. the statistics stage's pca_components"
+        )
 
     def _transform(self, X):
         return np.asarray(X, np.float32) @ self.L_.T
@@ -202,6 +234,6 @@ class LinearML(PairLearner):
 
 
 _doc = PairLearner.__doc__
-_PAIRS_NOTES = _doc[_doc.index("    Pairs from labels"):_doc.index("    Fitted attributes")]
+_PAIRS_NOTES = _doc[_doc.index("    Pairs from labels") : _doc.index("    Fitted attributes")]
 NML.__doc__ += "\n" + _PAIRS_NOTES
 LinearML.__doc__ += "\n" + _PAIRS_NOTES

@@ -9,10 +9,10 @@ non-zero input coordinates contribute to the kernel and its gradient, so the ker
 the union of the batch's non-zero columns. The linear baseline (Eq. 3 with a margin m) is the same
 hinge on d^2 = ||L x_i - L x_j||^2.
 """
+
 import numpy as np
 
 from metricpipe.tasks.errors import InputError
-
 
 # |l| + |x| is floored at TINY so that 0/0 (l_c = x_c = 0) gives 0 without a masked division:
 # the term's numerator x_c is then 0 and TINY^-2 stays finite in float32.
@@ -58,16 +58,16 @@ def chi2_embed(L: np.ndarray, X: np.ndarray, gradient: bool = False, work: np.nd
     signs = np.sign(Xc) if gradient and (Xc < 0).any() else None
 
     def rows(t):
-        np.add(absL[t, None, :], absX[None, :, :], out=R[t])         # |l| + |x|
-        np.divide(Xc[None, :, :], R[t], out=R[t])                   # x / (|l| + |x|)
+        np.add(absL[t, None, :], absX[None, :, :], out=R[t])  # |l| + |x|
+        np.divide(Xc[None, :, :], R[t], out=R[t])  # x / (|l| + |x|)
         K[:, t] = 2.0 * np.matmul(R[t], Lc[t, :, None])[:, :, 0].T  # sum_c 2 l x / (|l| + |x|)  (Eq. 11)
         if gradient:
-            np.multiply(R[t], R[t], out=R[t])                        # x^2 / (|l| + |x|)^2
+            np.multiply(R[t], R[t], out=R[t])  # x^2 / (|l| + |x|)^2
             if signs is not None:
-                R[t] *= signs[None, :, :]                            # x |x| / (|l| + |x|)^2
+                R[t] *= signs[None, :, :]  # x |x| / (|l| + |x|)^2
 
     _over_rows(pool, shape[0], rows)
-    return (K, R, cols) if gradient else K                            # Eq. 12 is 2 R
+    return (K, R, cols) if gradient else K  # Eq. 12 is 2 R
 
 
 def chi2_kernel(A: np.ndarray, B: np.ndarray) -> np.ndarray:
@@ -82,20 +82,28 @@ def hinge(d2: np.ndarray, y: np.ndarray, bias: float, margin: float) -> np.ndarr
     return np.maximum(0.0, margin - y * (bias - d2))
 
 
-def nml_loss_and_gradient(L: np.ndarray, Xi: np.ndarray, Xj: np.ndarray, y: np.ndarray, bias: float,
-                          margin: float, work: np.ndarray | None = None, pool=None):
+def nml_loss_and_gradient(
+    L: np.ndarray,
+    Xi: np.ndarray,
+    Xj: np.ndarray,
+    y: np.ndarray,
+    bias: float,
+    margin: float,
+    work: np.ndarray | None = None,
+    pool=None,
+):
     """Mean hinge of Eq. 9 over the pairs and its subgradient with respect to L (Eq. 10) and b."""
     n = len(y)
     K, dK, cols = chi2_embed(L, np.concatenate([Xi, Xj]), gradient=True, work=work, pool=pool)
-    diff = K[:n] - K[n:]                                          # k_i^t - k_j^t
-    d2 = (diff ** 2).sum(1)
+    diff = K[:n] - K[n:]  # k_i^t - k_j^t
+    d2 = (diff**2).sum(1)
     loss = hinge(d2, y, bias, margin)
     active = loss > 0
     # d/dl_t of -y (b - d^2) = 2 y (k_i - k_j)(grad k_i - grad k_j)   (Eq. 10)
-    c = (np.where(active, y, 0.0)[:, None] * 4.0 * diff).astype(dK.dtype)   # (n, d); 2 of Eq. 10 x 2 of Eq. 12
+    c = (np.where(active, y, 0.0)[:, None] * 4.0 * diff).astype(dK.dtype)  # (n, d); 2 of Eq. 10 x 2 of Eq. 12
     G = np.zeros(L.shape, np.float64)
     # sum over pairs of c (grad k_i - grad k_j): one batched reduction over the 2n images
-    cc = np.concatenate([c, -c]).T[:, None, :]                    # (d, 1, 2n)
+    cc = np.concatenate([c, -c]).T[:, None, :]  # (d, 1, 2n)
     Gc = np.empty((len(L), len(cols)), dK.dtype)
 
     def rows(t):
@@ -107,23 +115,24 @@ def nml_loss_and_gradient(L: np.ndarray, Xi: np.ndarray, Xj: np.ndarray, y: np.n
     return float(loss.mean()), G, gb
 
 
-def linear_loss_and_gradient(L: np.ndarray, Xi: np.ndarray, Xj: np.ndarray, y: np.ndarray, bias: float,
-                             margin: float):
+def linear_loss_and_gradient(L: np.ndarray, Xi: np.ndarray, Xj: np.ndarray, y: np.ndarray, bias: float, margin: float):
     """Mean hinge of Eq. 3 (with margin m) over the pairs and its gradient with respect to L and b."""
     n = len(y)
     Z = Xi - Xj
     P = Z @ L.T
-    d2 = (P ** 2).sum(1)
+    d2 = (P**2).sum(1)
     loss = hinge(d2, y, bias, margin)
     w = np.where(loss > 0, y, 0.0)
-    G = 2.0 * (P * w[:, None]).T @ Z / n                           # d/dL of y d^2 = 2 y L z z^T
+    G = 2.0 * (P * w[:, None]).T @ Z / n  # d/dL of y d^2 = 2 y L z z^T
     return float(loss.mean()), G, -w.mean()
 
 
 def check_nonnegative(X: np.ndarray, where: str) -> None:
     if (X < 0).any():
         r, c = np.argwhere(X < 0)[0]
-        raise InputError(f"{where}: Negative values in data: NML's chi2 kernel needs non-negative features (e.g. "
-                         f"CNN activations after ReLU); found {int((X < 0).sum())} negative value(s), first at row {r}, "
-                         f"column {c}; "
-                         f"shift or clip them, or use method linear-ml")
+        raise InputError(
+            f"{where}: Negative values in data: NML's chi2 kernel needs non-negative features (e.g. "
+            f"CNN activations after ReLU); found {int((X < 0).sum())} negative value(s), first at row {r}, "
+            f"column {c}; "
+            f"shift or clip them, or use method linear-ml"
+        )

@@ -1,11 +1,21 @@
 """What NML and linear ML share: SGD on the hinge of pairs, fed pair pools from labels or user pairs."""
+
 from numbers import Integral, Real
 
 import numpy as np
 
 from metricpipe.tasks import moments, stream
-from metricpipe.tasks.base import (COUNT, DIM, NON_NEGATIVE, RANDOM_STATE, Interval, Learner, StrOptions,
-                                   one_blas_thread, seed_of)
+from metricpipe.tasks.base import (
+    COUNT,
+    DIM,
+    NON_NEGATIVE,
+    RANDOM_STATE,
+    Interval,
+    Learner,
+    StrOptions,
+    one_blas_thread,
+    seed_of,
+)
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.evaluation import can_rank, validation_map
 from metricpipe.tasks.nml.kernels import check_nonnegative
@@ -73,10 +83,21 @@ class PairLearner(Learner):
     or "user"), ``best_iter_`` and ``val_map_`` (the kept L's pairs seen and validation mAP; None
     without validation).
     """
+
     _kind = ""
     feeds = "pairs"
-    fitted_attributes = ("L_", "bias_", "classes_", "history_", "best_iter_", "val_map_", "pairs_seen_", "n_pairs_",
-                         "n_steps_", "pair_source_")
+    fitted_attributes = (
+        "L_",
+        "bias_",
+        "classes_",
+        "history_",
+        "best_iter_",
+        "val_map_",
+        "pairs_seen_",
+        "n_pairs_",
+        "n_steps_",
+        "pair_source_",
+    )
 
     def validates(self) -> bool:
         return self.validation > 0
@@ -112,7 +133,7 @@ class PairLearner(Learner):
         """
         self._validate_params()
         X, codes = self._check_Xy(X, y)
-        if self.requires_nonnegative:   # named as given, before rows are held out for validation
+        if self.requires_nonnegative:  # named as given, before rows are held out for validation
             check_nonnegative(X, f"{type(self).__name__}.fit: X")
         yv = None
         if X_val is not None:
@@ -120,14 +141,21 @@ class PairLearner(Learner):
             if self.requires_nonnegative:
                 check_nonnegative(X_val, f"{type(self).__name__}.fit: X_val")
             yv = np.searchsorted(self.classes_, y_val)
-            if np.any(yv >= len(self.classes_)) or np.any(self.classes_[np.minimum(yv, len(self.classes_) - 1)] != y_val):
+            if np.any(yv >= len(self.classes_)) or np.any(
+                self.classes_[np.minimum(yv, len(self.classes_) - 1)] != y_val
+            ):
                 raise InputError(f"{type(self).__name__}: y_val holds labels that are not in y")
         statistics = moments.statistics(X) if self.reads_statistics else {}
         return self.fit_rows(ArrayRows(X, codes, X_val, yv, block_rows), statistics)
 
     def fit_facts(self) -> dict:
-        return {"samples": self.pairs_seen_, "pairs": int(self.n_pairs_), "pair_source": self.pair_source_,
-                "best_iter": self.best_iter_, "val_map": self.val_map_}
+        return {
+            "samples": self.pairs_seen_,
+            "pairs": int(self.n_pairs_),
+            "pair_source": self.pair_source_,
+            "best_iter": self.best_iter_,
+            "val_map": self.val_map_,
+        }
 
     def fit_rows(self, rows: TrainingRows, statistics: dict, labels=None):
         """Learn from :class:`~metricpipe.tasks.rows.TrainingRows` (pairs drawn from the labels inside
@@ -176,16 +204,20 @@ class PairLearner(Learner):
         if X is None:
             P = np.asarray(pairs)
             if P.ndim != 3 or P.shape[1] != 2:
-                raise InputError(f"{name}.fit_pairs: pairs must be an array of shape (n_pairs, 2, n_features) when "
-                                 f"X is not given; got shape {P.shape}; pass X for pairs of row indices")
+                raise InputError(
+                    f"{name}.fit_pairs: pairs must be an array of shape (n_pairs, 2, n_features) when "
+                    f"X is not given; got shape {P.shape}; pass X for pairs of row indices"
+                )
             X = self._check_X(P.reshape(-1, P.shape[2]), reset=True)
             idx = np.arange(len(X)).reshape(-1, 2)
         else:
             X = self._check_X(X, reset=True)
             idx = np.asarray(pairs)
             if idx.ndim != 2 or idx.shape[1] != 2:
-                raise InputError(f"{name}.fit_pairs: with X, pairs must be an (n_pairs, 2) array of row indices; "
-                                 f"got shape {idx.shape}")
+                raise InputError(
+                    f"{name}.fit_pairs: with X, pairs must be an (n_pairs, 2) array of row indices; "
+                    f"got shape {idx.shape}"
+                )
         y = np.asarray(y).ravel()
         check_pair_indices(idx[:, 0], idx[:, 1], y, len(X), f"{name}.fit_pairs")
         n, seed = len(X), seed_of(self.random_state)
@@ -193,8 +225,16 @@ class PairLearner(Learner):
         pi = stream.layout(stream.row_keys(X), seed)
         pos = np.empty(n, np.int64)
         pos[pi] = np.arange(n)
-        return self._fit_pairs(pos[idx], y, lambda b: X[pi[b * br:(b + 1) * br]], n, br, X.shape[1],
-                               *self.start(moments.statistics(X) if self.reads_statistics else {}), seed)
+        return self._fit_pairs(
+            pos[idx],
+            y,
+            lambda b: X[pi[b * br : (b + 1) * br]],
+            n,
+            br,
+            X.shape[1],
+            *self.start(moments.statistics(X) if self.reads_statistics else {}),
+            seed,
+        )
 
     # -- entry points over pools and layout blocks -----------------------------------------------------------------
     def fit_stream(self, pools, n_samples: int, n_features: int, init=None, X_val=None, y_val=None, row_scale=1.0):
@@ -225,8 +265,9 @@ class PairLearner(Learner):
         val = None if X_val is None else (np.asarray(X_val), np.asarray(y_val))
         return self._fit_labels(pools, n_samples, n_features, init, row_scale, seed_of(self.random_state), val)
 
-    def fit_pair_blocks(self, pairs, y, read_block, n_rows: int, block_rows: int, n_features: int, init=None,
-                        row_scale=1.0):
+    def fit_pair_blocks(
+        self, pairs, y, read_block, n_rows: int, block_rows: int, n_features: int, init=None, row_scale=1.0
+    ):
         """Learn from user pairs over rows in a block layout, holding at most two blocks at a time.
 
         Parameters
@@ -245,15 +286,16 @@ class PairLearner(Learner):
         self
         """
         self._validate_params()
-        return self._fit_pairs(pairs, y, read_block, n_rows, block_rows, n_features, init, row_scale,
-                               seed_of(self.random_state))
+        return self._fit_pairs(
+            pairs, y, read_block, n_rows, block_rows, n_features, init, row_scale, seed_of(self.random_state)
+        )
 
     # -- internals ---------------------------------------------------------------------------------------
     def _fit_labels(self, pools, n_samples, n_features, init, scale: float, seed: int, val=None):
         L0 = self._start(n_features, init, seed)
         rng = np.random.default_rng([seed, 17])
         if val is not None and (not self.validation or not can_rank(val[1])):
-            val = None   # off, or no validation row has another of its class to find
+            val = None  # off, or no validation row has another of its class to find
         if val is not None:
             val = (self._prepare(val[0], f"{type(self).__name__}: validation rows"), val[1])
         with one_blas_thread():
@@ -279,12 +321,15 @@ class PairLearner(Learner):
             return self._default_init(n_features, seed)
         init = np.asarray(init, np.float64)
         if init.ndim != 2 or init.shape[1] != n_features:
-            raise InputError(f"{type(self).__name__}: init must be an array (k, n_features={n_features}); "
-                             f"got shape {init.shape}")
+            raise InputError(
+                f"{type(self).__name__}: init must be an array (k, n_features={n_features}); got shape {init.shape}"
+            )
         if self.dim is not None and self.dim > len(init):
-            raise InputError(f"The 'dim' parameter of {type(self).__name__} must be <= {len(init)}, the rows of init "
-                             f"(the PCA components L starts from; n_features = {n_features}). Got {self.dim} instead.")
-        return init[:self.resolved_dim(len(init))]
+            raise InputError(
+                f"The 'dim' parameter of {type(self).__name__} must be <= {len(init)}, the rows of init "
+                f"(the PCA components L starts from; n_features = {n_features}). Got {self.dim} instead."
+            )
+        return init[: self.resolved_dim(len(init))]
 
     def _prepare(self, X, where: str) -> np.ndarray:
         """The rows SGD compares: float32 (NML: checked non-negative and l1-normalised)."""
@@ -293,7 +338,7 @@ class PairLearner(Learner):
     def _label_pair_pools(self, pools, n_samples: int, rng):
         """Pair pools (rows, i, j, s) from pools of labelled rows, until ``iters`` pairs are drawn."""
         rows = drawn = idle = self.n_pairs_ = 0
-        if self.iters == 0:   # a refit of the start (refit_params of best_iter_ 0): no pair to draw
+        if self.iters == 0:  # a refit of the start (refit_params of best_iter_ 0): no pair to draw
             return
         for X, y in pools:
             i, j, s = self._pool_pairs(y, rows, n_samples, rng, self.iters - drawn)
@@ -301,8 +346,10 @@ class PairLearner(Learner):
             if len(s) == 0:
                 idle += len(y)
                 if idle > 2 * n_samples:
-                    raise InputError(f"{type(self).__name__}: two passes over the {n_samples} training rows gave no "
-                                     f"pair (pools of fewer than two rows?); raise 'pairs' or the rows per pool")
+                    raise InputError(
+                        f"{type(self).__name__}: two passes over the {n_samples} training rows gave no "
+                        f"pair (pools of fewer than two rows?); raise 'pairs' or the rows per pool"
+                    )
                 continue
             idle = 0
             drawn += len(s)
@@ -321,8 +368,12 @@ class PairLearner(Learner):
         """Pair pools from the groups of :func:`pair_groups`: the group's one or two blocks, in hand."""
         held = {}
         for blocks, sel in groups:
-            held = {b: held[b] if b in held else
-                    self._prepare(read_block(b), f"{type(self).__name__}: rows of layout block {b}") for b in blocks}
+            held = {
+                b: held[b]
+                if b in held
+                else self._prepare(read_block(b), f"{type(self).__name__}: rows of layout block {b}")
+                for b in blocks
+            }
             X = np.concatenate([held[b] for b in blocks]) if len(blocks) > 1 else held[blocks[0]]
             local = []
             for col in (0, 1):
@@ -334,7 +385,7 @@ class PairLearner(Learner):
     def _run(self, pair_pools, L0, scale: float, val=None) -> None:
         """The SGD loop: ``batch`` pairs per step from each pair pool until ``iters`` pairs are seen
         (or, with validation rows ``val`` = (X_val prepared, y_val), until early stopping)."""
-        self.__dict__.pop("_partial", None)   # a fit starts afresh: the SGD state of partial_fit calls is dropped
+        self.__dict__.pop("_partial", None)  # a fit starts afresh: the SGD state of partial_fit calls is dropped
         run = _PairRun(self, L0, scale, val)
         run.stop = val is not None and run.validate()
         try:
@@ -346,7 +397,7 @@ class PairLearner(Learner):
         run.history, run.losses = run.hinges(), []
         checked = [h["iter"] for h in run.history if "val_map" in h]
         if val is not None and not run.stop and checked[-1] != run.sgd.pairs_seen:
-            run.validate()   # the end of training is a candidate too
+            run.validate()  # the end of training is a candidate too
         self._keep(run)
 
     def _keep(self, run: "_PairRun") -> None:
@@ -415,22 +466,34 @@ class PairLearner(Learner):
         """partial_fit's state after its first rows X: the SGD from ``init``'s start (else X's), the
         draws, the rows seen and ``n_samples``."""
         if init is not None and not isinstance(init, dict):
-            raise InputError(f"{type(self).__name__}.partial_fit: init must be a dict of statistics (e.g. "
-                             f"metricpipe.tasks.moments.statistics(X)); got {type(init).__name__}")
+            raise InputError(
+                f"{type(self).__name__}.partial_fit: init must be a dict of statistics (e.g. "
+                f"metricpipe.tasks.moments.statistics(X)); got {type(init).__name__}"
+            )
         statistics = init if init is not None else moments.statistics(X) if self.reads_statistics else {}
         missing = [k for k in self.reads_statistics if k not in statistics]
         if missing:
-            raise InputError(f"{type(self).__name__}.partial_fit: init lacks {', '.join(missing)}; give the "
-                             f"statistics of metricpipe.tasks.moments.statistics(X)")
+            raise InputError(
+                f"{type(self).__name__}.partial_fit: init lacks {', '.join(missing)}; give the "
+                f"statistics of metricpipe.tasks.moments.statistics(X)"
+            )
         n_samples = int(statistics.get("n_samples", len(X)))
         if n_samples < 1:
-            raise InputError(f"{type(self).__name__}.partial_fit: init's n_samples must be >= 1 (the rows of one "
-                             f"pass); got {n_samples}")
+            raise InputError(
+                f"{type(self).__name__}.partial_fit: init's n_samples must be >= 1 (the rows of one "
+                f"pass); got {n_samples}"
+            )
         seed = seed_of(self.random_state)
         L_init, scale = self.start(statistics)
         run = _PairRun(self, self._start(X.shape[1], L_init, seed), scale)
-        return {"run": run, "rng": np.random.default_rng([seed, 17]), "rows": 0, "drawn": 0, "n_samples": n_samples,
-                "classes": self.classes_}
+        return {
+            "run": run,
+            "rng": np.random.default_rng([seed, 17]),
+            "rows": 0,
+            "drawn": 0,
+            "n_samples": n_samples,
+            "classes": self.classes_,
+        }
 
     @property
     def _n_features_out(self):
@@ -449,8 +512,17 @@ class _PairRun:
     stop after PATIENCE checks in a row without a better mAP."""
 
     def __init__(self, learner: PairLearner, L0, scale: float, val=None):
-        self.sgd = PairSGD(L0, learner._kind, learner._searched("lr"), learner.bias, learner.margin,
-                           learner.learn_bias, learner.optimizer, getattr(learner, "threads", 1), scale)
+        self.sgd = PairSGD(
+            L0,
+            learner._kind,
+            learner._searched("lr"),
+            learner.bias,
+            learner.margin,
+            learner.learn_bias,
+            learner.optimizer,
+            getattr(learner, "threads", 1),
+            scale,
+        )
         self.batch, self.iters = learner.batch, learner.iters
         self.history, self.losses, self.every = [], [], max(1, self.iters // 50)
         self.check = max(self.batch, self.iters // VALIDATIONS)
@@ -458,7 +530,7 @@ class _PairRun:
 
     def validate(self) -> bool:
         sgd = self.sgd
-        with np.errstate(over="ignore", invalid="ignore"):   # a diverging L is the step's error to raise
+        with np.errstate(over="ignore", invalid="ignore"):  # a diverging L is the step's error to raise
             v = validation_map(sgd.embed(self.val[0]), self.val[1])
         self.history.append({"iter": int(sgd.pairs_seen), "val_map": v})
         if self.best is None or v > self.best[0] or not np.isfinite(self.best[0]):

@@ -1,5 +1,6 @@
 """Pairs for NML and linear ML: drawn from the labels inside a pool of rows (:func:`sample_pairs`), or
 given by the user and visited by the layout blocks of their two rows (:func:`pair_groups`)."""
+
 import numpy as np
 
 
@@ -24,10 +25,10 @@ def sample_pairs(y: np.ndarray, count: int, rng: np.random.Generator):
         return empty
     _, codes, counts = np.unique(y, return_inverse=True, return_counts=True)
     codes = codes.ravel()
-    order = np.argsort(codes, kind="stable")           # rows grouped by class, in pool order inside each
+    order = np.argsort(codes, kind="stable")  # rows grouped by class, in pool order inside each
     start = np.r_[0, np.cumsum(counts)[:-1]]
     rank = np.empty(len(y), np.int64)
-    rank[order] = np.arange(len(y)) - start[codes[order]]   # place of each row inside its class
+    rank[order] = np.arange(len(y)) - start[codes[order]]  # place of each row inside its class
     can_pos, can_neg = bool((counts >= 2).any()), len(counts) >= 2
     n_pos = (count // 2 if can_neg else count) if can_pos else 0
     n_neg = count - n_pos if can_neg else 0
@@ -36,7 +37,7 @@ def sample_pairs(y: np.ndarray, count: int, rng: np.random.Generator):
     i_pos = eligible[rng.integers(0, len(eligible), n_pos)] if n_pos else np.zeros(0, np.int64)
     c = codes[i_pos]
     k = rng.integers(0, counts[c] - 1) if n_pos else np.zeros(0, np.int64)
-    j_pos = order[start[c] + k + (k >= rank[i_pos])]        # skips i itself
+    j_pos = order[start[c] + k + (k >= rank[i_pos])]  # skips i itself
     # dissimilar: i any row, j the k-th row outside its class
     i_neg = rng.integers(0, len(y), n_neg)
     c = codes[i_neg]
@@ -75,7 +76,7 @@ def pair_groups(pos_i: np.ndarray, pos_j: np.ndarray, n_rows: int, block_rows: i
     while True:
         rng = np.random.default_rng([seed, 23, epoch])
         for g in rng.permutation(len(bounds) - 1):
-            sel = by[bounds[g]:bounds[g + 1]]
+            sel = by[bounds[g] : bounds[g + 1]]
             b1, b2 = int(lo[sel[0]]), int(hi[sel[0]])
             yield ((b1,) if b1 == b2 else (b1, b2)), rng.permutation(sel)
         epoch += 1

@@ -3,6 +3,7 @@
 Each step averages the subgradients of the batch's pairs, which is Algorithm 1's update when the
 batch holds one pair.
 """
+
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -20,8 +21,18 @@ class PairSGD:
     the same objective (Eq. 9 or 3); Adam matters for NML on l1-normalised inputs, whose kernel gradient
     2 x^2 / (|x| + |l|)^2 is ~1e-4 for l drawn from (-0.5, 0.5), so plain SGD barely moves L."""
 
-    def __init__(self, L0: np.ndarray, kind: str, lr: float, bias: float, margin: float, learn_bias: bool = False,
-                 optimizer: str = "sgd", threads: int = 1, scale: float = 1.0):
+    def __init__(
+        self,
+        L0: np.ndarray,
+        kind: str,
+        lr: float,
+        bias: float,
+        margin: float,
+        learn_bias: bool = False,
+        optimizer: str = "sgd",
+        threads: int = 1,
+        scale: float = 1.0,
+    ):
         if optimizer not in ("sgd", "adam"):
             raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
         # the linear kind with the rows' RMS norm s: L starts at L0 / s and steps by lr / s^2 (Adam's
@@ -29,14 +40,20 @@ class PairSGD:
         # reads l1-normalised rows and keeps s = 1
         scale = float(scale) if kind == "linear" else 1.0
         self.L = np.array(L0, np.float64) / scale
-        self.kind, self.lr, self.bias, self.margin, self.learn_bias = kind, float(lr), float(bias), float(margin), learn_bias
-        self.step_L = self.lr / (scale if optimizer == "adam" else scale ** 2)
+        self.kind, self.lr, self.bias, self.margin, self.learn_bias = (
+            kind,
+            float(lr),
+            float(bias),
+            float(margin),
+            learn_bias,
+        )
+        self.step_L = self.lr / (scale if optimizer == "adam" else scale**2)
         self.optimizer = optimizer
         self.pairs_seen = self.steps = 0
         self.work = None  # NML's reused (d, 2 x batch, D) temporary
         self.moments = None
         self.threads = threads if kind == "nml" else 1
-        self.pool = None   # the kernel's threads, started by a step and stopped by close()
+        self.pool = None  # the kernel's threads, started by a step and stopped by close()
 
     def _direction(self, G: np.ndarray, gb: float):
         """The step for L and b from their gradients."""
@@ -52,7 +69,7 @@ class PairSGD:
         m2 += 0.001 * G * G
         b1, b2 = 0.9 * b1 + 0.1 * gb, 0.999 * b2 + 0.001 * gb * gb
         self.moments[2:] = b1, b2
-        c1, c2 = 1 - 0.9 ** t, 1 - 0.999 ** t
+        c1, c2 = 1 - 0.9**t, 1 - 0.999**t
         return (m1 / c1) / (np.sqrt(m2 / c2) + 1e-12), (b1 / c1) / (np.sqrt(b2 / c2) + 1e-12)
 
     def step(self, Xi, Xj, y) -> float:
@@ -65,15 +82,17 @@ class PairSGD:
                 self.work = np.empty(2 * len(y) * self.L.size, np.float32)
             loss, G, gb = nml_loss_and_gradient(self.L, Xi, Xj, y, self.bias, self.margin, self.work, self.pool)
         else:
-            with np.errstate(over="ignore", invalid="ignore"):   # a diverging L is caught below
+            with np.errstate(over="ignore", invalid="ignore"):  # a diverging L is caught below
                 loss, G, gb = linear_loss_and_gradient(self.L, Xi, Xj, y, self.bias, self.margin)
         self.steps += 1
         dL, db = self._direction(G, gb)
         with np.errstate(over="ignore", invalid="ignore"):
             self.L -= self.step_L * dL
         if beyond_float32(self.L):
-            raise InputError(f"{'NML' if self.kind == 'nml' else 'LinearML'} diverged after {self.steps} steps "
-                             f"(L is not finite in float32); lower 'lr' (now {self.lr})")
+            raise InputError(
+                f"{'NML' if self.kind == 'nml' else 'LinearML'} diverged after {self.steps} steps "
+                f"(L is not finite in float32); lower 'lr' (now {self.lr})"
+            )
         if self.learn_bias:
             self.bias -= self.lr * db
         self.pairs_seen += len(y)

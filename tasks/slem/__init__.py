@@ -8,9 +8,9 @@ simplifies by Woodbury (Eq. 6) to
 
 with mu the negatives' mean and A = (1/n) X X^T - mu mu^T + lambda Id their regularised (biased)
 covariance; the estimators read lambda for rows of unit RMS norm (:func:`pool_sq_norm`: the ridge is
-lambda times the pool's mean squared norm). theta scales omega* but never turns it, so the code A^-1 (x_0 - mu) / ||.|| used for cosine
-search does not depend on theta. A is factored once (Cholesky); a block of images is one triangular
-solve pair with many right-hand sides.
+lambda times the pool's mean squared norm). theta scales omega* but never turns it, so the code
+A^-1 (x_0 - mu) / ||.|| used for cosine search does not depend on theta. A is factored once
+(Cholesky); a block of images is one triangular solve pair with many right-hand sides.
 
 Kernel SLEM (Section 4) works with a factor K = B B^T of the negatives' kernel matrix (complete
 Cholesky with the eigenvalue shift of Section 5.1, KPCA at rank r, or incomplete Cholesky with greedy
@@ -36,19 +36,66 @@ Modules: ``pool`` (the negative pool and the entry points every exemplar learner
 (linear SLEM), ``kernels`` (the kernels, the factorisations, kernel SLEM and Eq. 16) and
 ``exemplar_svm`` (the ESVM baseline).
 """
+
 from metricpipe.tasks.slem.exemplar_svm import ESVM, esvm
-from metricpipe.tasks.slem.kernels import (DECOMPOSITIONS, KERNELS, KernelSLEM, complete_cholesky, decompose,
-                                          incomplete_cholesky, kernel, kernel_diag, kpca, parse_score,
-                                          pool_kernel_sq_norm, scaled_gamma, similarity)
-from metricpipe.tasks.slem.linear import (SLEM, exemplar, exemplar_direct, factor, inverse_from_cholesky, pool_sq_norm,
-                                         regularised_covariance, solve, unit_rows)
+from metricpipe.tasks.slem.kernels import (
+    DECOMPOSITIONS,
+    KERNELS,
+    KernelSLEM,
+    complete_cholesky,
+    decompose,
+    incomplete_cholesky,
+    kernel,
+    kernel_diag,
+    kpca,
+    parse_score,
+    pool_kernel_sq_norm,
+    scaled_gamma,
+    similarity,
+)
+from metricpipe.tasks.slem.linear import (
+    SLEM,
+    exemplar,
+    exemplar_direct,
+    factor,
+    inverse_from_cholesky,
+    pool_sq_norm,
+    regularised_covariance,
+    solve,
+    unit_rows,
+)
 from metricpipe.tasks.slem.pool import NEGATIVES, PoolLearner, check_negatives, pool_positions
 
-__all__ = ["DECOMPOSITIONS", "ESVM", "KERNELS", "NEGATIVES", "SLEM", "KernelSLEM", "PoolLearner", "check_negatives",
-           "complete_cholesky", "decompose", "esvm", "exemplar", "exemplar_direct", "factor", "incomplete_cholesky",
-           "inverse_from_cholesky", "kernel", "kernel_diag", "kpca", "parse_score", "pool_kernel_sq_norm",
-           "pool_positions", "pool_sq_norm", "regularised_covariance", "scaled_gamma", "similarity", "solve",
-           "unit_rows"]
+__all__ = [
+    "DECOMPOSITIONS",
+    "ESVM",
+    "KERNELS",
+    "NEGATIVES",
+    "SLEM",
+    "KernelSLEM",
+    "PoolLearner",
+    "check_negatives",
+    "complete_cholesky",
+    "decompose",
+    "esvm",
+    "exemplar",
+    "exemplar_direct",
+    "factor",
+    "incomplete_cholesky",
+    "inverse_from_cholesky",
+    "kernel",
+    "kernel_diag",
+    "kpca",
+    "parse_score",
+    "pool_kernel_sq_norm",
+    "pool_positions",
+    "pool_sq_norm",
+    "regularised_covariance",
+    "scaled_gamma",
+    "similarity",
+    "solve",
+    "unit_rows",
+]
 
 for _cls in (SLEM, KernelSLEM, ESVM):
-    _cls.__module__ = __name__   # their public path (reprs, pickles, docs), as numpy's set_module does
+    _cls.__module__ = __name__  # their public path (reprs, pickles, docs), as numpy's set_module does

@@ -1,4 +1,5 @@
 """The exemplar SVM baseline (Eq. 1 with the hinge loss), solved for each image by SGD, many images at once."""
+
 import numpy as np
 
 from metricpipe.tasks import moments
@@ -8,8 +9,17 @@ from metricpipe.tasks.slem.linear import unit_rows
 from metricpipe.tasks.slem.pool import PoolLearner
 
 
-def esvm(X0: np.ndarray, Xneg: np.ndarray, lam: float, theta: float, epochs: int, batch: int,
-         rng: np.random.Generator, lr0: float = 1.0, scale: float = 1.0) -> np.ndarray:
+def esvm(
+    X0: np.ndarray,
+    Xneg: np.ndarray,
+    lam: float,
+    theta: float,
+    epochs: int,
+    batch: int,
+    rng: np.random.Generator,
+    lr0: float = 1.0,
+    scale: float = 1.0,
+) -> np.ndarray:
     """Exemplar SVMs (Eq. 1, hinge loss) for every row of X0 against the negatives, by SGD, on the
     rows divided by ``scale`` (each batch of negatives divided as it is drawn: the pool is not copied).
 
@@ -25,10 +35,10 @@ def esvm(X0: np.ndarray, Xneg: np.ndarray, lam: float, theta: float, epochs: int
     for t in range(steps):
         lr = lr0 / (1.0 + lam * lr0 * t)
         N = Xneg[rng.integers(0, len(Xneg), batch)].astype(np.float64) / scale
-        pos = (W * X0).sum(1) + nu                              # omega^T x_0 + nu
-        neg = W @ N.T + nu[:, None]                              # (m, batch)
-        gp = np.where(pos < 1.0, -theta, 0.0)                   # d/d(score) of theta * max(0, 1 - score)
-        gn = np.where(neg > -1.0, 1.0 / batch, 0.0)              # mean of max(0, 1 + score) over the batch
+        pos = (W * X0).sum(1) + nu  # omega^T x_0 + nu
+        neg = W @ N.T + nu[:, None]  # (m, batch)
+        gp = np.where(pos < 1.0, -theta, 0.0)  # d/d(score) of theta * max(0, 1 - score)
+        gn = np.where(neg > -1.0, 1.0 / batch, 0.0)  # mean of max(0, 1 + score) over the batch
         gW = gp[:, None] * X0 + gn @ N + lam * W
         W -= lr * gW
         nu -= lr * (gp + gn.sum(1))
@@ -72,18 +82,28 @@ class ESVM(PoolLearner):
     The pipeline gathers the pool (bounded by its MAX_POOL) and calls :meth:`fit_pool`; ``fit(X)``
     is ``fit_pool(X[pool])``. The training happens in ``transform``: every image is its own SVM.
     """
+
     search_space = {"lam": [0.1, 0.01, 1.0]}
     selection_metric = "map"
 
     method = "esvm"
 
     def portable(self) -> tuple[str, dict, dict]:
-        raise InputError("ESVM codes have no closed form (each image's exemplar SVM is trained by SGD against "
-                         "the pool); use 'metricpipe encode' to encode new images with it")
+        raise InputError(
+            "ESVM codes have no closed form (each image's exemplar SVM is trained by SGD against "
+            "the pool); use 'metricpipe encode' to encode new images with it"
+        )
+
     fitted_attributes = ("pool_", "seed_", "scale_")
     code_metric = "euclidean"
-    _parameter_constraints = {"lam": NON_NEGATIVE, "theta": NON_NEGATIVE, "epochs": COUNT, "batch": COUNT,
-                              "negatives": [dict, None], "random_state": RANDOM_STATE}
+    _parameter_constraints = {
+        "lam": NON_NEGATIVE,
+        "theta": NON_NEGATIVE,
+        "epochs": COUNT,
+        "batch": COUNT,
+        "negatives": [dict, None],
+        "random_state": RANDOM_STATE,
+    }
 
     def __init__(self, lam=0.1, theta=1.0, epochs=2, batch=64, negatives=None, random_state=None):
         self.lam = lam
@@ -98,7 +118,9 @@ class ESVM(PoolLearner):
             raise InputError(f"ESVM needs a pool of at least 2 negative images; got {len(Xneg)} sample(s)")
         self.pool_ = np.array(Xneg, np.float64)
         self.seed_ = seed_of(self.random_state)
-        self.scale_ = moments.row_scale({"mean_sq_norm": np.einsum("ij,ij->", self.pool_, self.pool_) / len(self.pool_)})
+        self.scale_ = moments.row_scale(
+            {"mean_sq_norm": np.einsum("ij,ij->", self.pool_, self.pool_) / len(self.pool_)}
+        )
         return self
 
     @classmethod
@@ -108,8 +130,9 @@ class ESVM(PoolLearner):
 
     def _transform(self, X):
         rng = np.random.default_rng([self.seed_, 23])
-        return esvm(X, self.pool_, float(self.lam), float(self.theta), int(self.epochs), int(self.batch), rng,
-                    scale=self.scale_)
+        return esvm(
+            X, self.pool_, float(self.lam), float(self.theta), int(self.epochs), int(self.batch), rng, scale=self.scale_
+        )
 
     @property
     def _n_features_out(self):
@@ -118,5 +141,8 @@ class ESVM(PoolLearner):
     def cost(self) -> dict:
         """Stored values (the pool), bytes and multiply-adds per image (the SGD steps)."""
         steps = max(1, int(self.epochs) * len(self.pool_) // int(self.batch))
-        return {"nnz": int(self.pool_.size), "storage_bytes": int(self.pool_.nbytes),
-                "flops_per_image": 4 * steps * (int(self.batch) + 1) * self.pool_.shape[1]}
+        return {
+            "nnz": int(self.pool_.size),
+            "storage_bytes": int(self.pool_.nbytes),
+            "flops_per_image": 4 * steps * (int(self.batch) + 1) * self.pool_.shape[1],
+        }

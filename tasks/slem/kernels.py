@@ -1,6 +1,7 @@
 """Kernel SLEM (Rezende et al., Section 4): the kernels (Eqs. 17-18), the factorisations of the pool's
 kernel matrix (complete Cholesky with the shift of Section 5.1, KPCA, incomplete Cholesky), Lemma 1,
 and the similarity of Eq. 16 its codes are compared by."""
+
 from numbers import Integral
 
 import numpy as np
@@ -43,7 +44,7 @@ def scaled_gamma(gamma, kind: str, Xneg: np.ndarray) -> float:
         return float(gamma)
     X = np.asarray(Xneg, np.float64)
     if kind == "gaussian":
-        spread = 2.0 * float(X.var(0).sum())          # mean ||a - b||^2 over pairs of pool rows
+        spread = 2.0 * float(X.var(0).sum())  # mean ||a - b||^2 over pairs of pool rows
         return 1.0 / spread if spread > 0 else 1.0
     sample = X[:2000]
     dots = float(np.abs(sample @ sample.T).mean())
@@ -105,7 +106,7 @@ def incomplete_cholesky(diag: np.ndarray, column, rank: int, tol: float = 1e-12)
         d -= B[:, t] ** 2
         d[j] = 0.0
         np.maximum(d, 0.0, out=d)
-    return B[:, :len(pivots)], np.array(pivots, np.int64)
+    return B[:, : len(pivots)], np.array(pivots, np.int64)
 
 
 def decompose(Xneg: np.ndarray, kind: str, gamma: float, method: str, rank: int | None) -> tuple[np.ndarray, dict]:
@@ -113,8 +114,9 @@ def decompose(Xneg: np.ndarray, kind: str, gamma: float, method: str, rank: int 
     n = len(Xneg)
     if method == "icd":
         r = n if rank is None else min(rank, n)
-        B, piv = incomplete_cholesky(kernel_diag(Xneg, kind, gamma),
-                                     lambda j: kernel(Xneg, Xneg[j:j + 1], kind, gamma)[:, 0], r)
+        B, piv = incomplete_cholesky(
+            kernel_diag(Xneg, kind, gamma), lambda j: kernel(Xneg, Xneg[j : j + 1], kind, gamma)[:, 0], r
+        )
         return B, {"pivots": piv}
     K = kernel(Xneg, Xneg, kind, gamma)
     if method == "cholesky":
@@ -182,13 +184,22 @@ class KernelSLEM(PoolLearner):
     within its ICD_POOL_BYTES) and calls :meth:`fit_pool`;
     ``fit(X)`` is ``fit_pool(X[pool])``.
     """
+
     # the ridge read as linear SLEM's (relative to the mean kernel diagonal), a decade apart, as wide
     search_space = {"lam": [0.1, 0.01, 1.0, 10.0, 100.0, 1000.0]}
     selection_metric = "map"
 
     method = "slem"
-    fitted_attributes = ("cholesky_", "pool_", "projector_", "factor_mean_", "factor_info_", "gamma_", "rank_",
-                         "ridge_")
+    fitted_attributes = (
+        "cholesky_",
+        "pool_",
+        "projector_",
+        "factor_mean_",
+        "factor_info_",
+        "gamma_",
+        "rank_",
+        "ridge_",
+    )
     _parameter_constraints = {
         "lam": POSITIVE,
         "kernel": [StrOptions({"gaussian", "poly"})],
@@ -200,18 +211,19 @@ class KernelSLEM(PoolLearner):
 
     def _validate_params(self):
         super()._validate_params()
-        if self.decomposition == "cholesky" and self.rank != "full":   # a Cholesky factor is always full rank
-            raise InputError(f"decomposition cholesky is full rank, but rank is {self.rank}; use decomposition kpca "
-                             f"or icd for a low rank, or rank full")
+        if self.decomposition == "cholesky" and self.rank != "full":  # a Cholesky factor is always full rank
+            raise InputError(
+                f"decomposition cholesky is full rank, but rank is {self.rank}; use decomposition kpca "
+                f"or icd for a low rank, or rank full"
+            )
 
     def serves(self, classifier: str) -> str | None:
         if classifier.startswith("knn"):
             return None
-        return (f"kernel SLEM ({self.kernel}) compares images by Eq. 16 only; {classifier} needs codes in a "
-                f"vector space")
+        return f"kernel SLEM ({self.kernel}) compares images by Eq. 16 only; {classifier} needs codes in a vector space"
 
     def code_dim(self, n_features: int, n_classes: int) -> int:
-        return n_features   # an upper bound: its codes' width follows its pool (Lemma 1)
+        return n_features  # an upper bound: its codes' width follows its pool (Lemma 1)
 
     def largest_task(self, n_rows: int, n_features: int, n_classes: int, k: int = 0, anchors: int | None = None):
         """Its pool of ``n_rows`` images: an n x n float64 kernel matrix and its factor (Cholesky, KPCA),
@@ -223,19 +235,30 @@ class KernelSLEM(PoolLearner):
             need, shape, copies = 2 * 8.0 * n * r, f"{n:,} x {r}", 2
         else:
             need, shape, copies = 5 * 8.0 * n * n, f"{n:,} x {n:,}", 5
-        return (f"kernel SLEM's {shape} kernel matrices ({copies} copies, float64)", need,
-                "lower its negatives.count, use decomposition: icd with a rank")
+        return (
+            f"kernel SLEM's {shape} kernel matrices ({copies} copies, float64)",
+            need,
+            "lower its negatives.count, use decomposition: icd with a rank",
+        )
 
     def portable(self) -> tuple[str, dict, dict]:
         """``kernel_slem``: v = k(X, pool) @ projector.T, u = sqrt(max(k(x, x) - |v|^2, 0)),
         codes = [(v - factor_mean) @ A_inv, v, u, X] (Lemma 1 and Eq. 6), compared by Eq. 16."""
         check_is_fitted(self)
-        return ("kernel_slem", {"pool": self.pool_, "projector": self.projector_, "factor_mean": self.factor_mean_,
-                                "A_inv": inverse_from_cholesky(self.cholesky_)},
-                {"kernel": self.kernel, "gamma": float(self.gamma_)})
+        return (
+            "kernel_slem",
+            {
+                "pool": self.pool_,
+                "projector": self.projector_,
+                "factor_mean": self.factor_mean_,
+                "A_inv": inverse_from_cholesky(self.cholesky_),
+            },
+            {"kernel": self.kernel, "gamma": float(self.gamma_)},
+        )
 
-    def __init__(self, lam=0.1, kernel="gaussian", gamma="scale", rank="full", decomposition="cholesky",
-                 negatives=None):
+    def __init__(
+        self, lam=0.1, kernel="gaussian", gamma="scale", rank="full", decomposition="cholesky", negatives=None
+    ):
         self.lam = lam
         self.kernel = kernel
         self.gamma = gamma
@@ -253,9 +276,9 @@ class KernelSLEM(PoolLearner):
         self.gamma_ = gamma
         Xfull = Xneg
         B, info = decompose(Xneg, self.kernel, gamma, self.decomposition, rank)
-        if self.decomposition == "cholesky":                       # v = B^+ k_0 = B^-1 k_0 (Lemma 1)
+        if self.decomposition == "cholesky":  # v = B^+ k_0 = B^-1 k_0 (Lemma 1)
             P = sla.solve_triangular(B, np.eye(len(B)), lower=True)
-        elif self.decomposition == "kpca":                         # B^T B = diag(eigenvalues): B^+ = diag^-1 B^T
+        elif self.decomposition == "kpca":  # B^T B = diag(eigenvalues): B^+ = diag^-1 B^T
             P = B.T / (B * B).sum(0)[:, None]
         else:
             # ICD's own extension: the new row of the factor from the pivot columns, B[piv] v = k_0[piv]
@@ -270,7 +293,7 @@ class KernelSLEM(PoolLearner):
         mu_B = B.mean(0)
         # lam read as linear SLEM's: times the pool's mean k(x, x) (its mean squared norm in feature space)
         self.ridge_ = lam * pool_kernel_sq_norm(Xfull, self.kernel, gamma)
-        A_B = regularised_covariance(B.T @ B / n - np.outer(mu_B, mu_B), self.ridge_)   # A of Eq. 6 in B's coordinates
+        A_B = regularised_covariance(B.T @ B / n - np.outer(mu_B, mu_B), self.ridge_)  # A of Eq. 6 in B's coordinates
         self.cholesky_ = factor(A_B, type(self).__name__)
         self.pool_ = Xneg
         self.projector_ = P
@@ -299,7 +322,7 @@ class KernelSLEM(PoolLearner):
 
     def _transform(self, X):
         v, u = self.lemma1(X)
-        beta_hat = solve(self.cholesky_, v - self.factor_mean_)   # A_B^-1 (v - mu_B), Eq. 6
+        beta_hat = solve(self.cholesky_, v - self.factor_mean_)  # A_B^-1 (v - mu_B), Eq. 6
         return np.concatenate([beta_hat, v, u[:, None], X], axis=1)
 
     @property
@@ -311,8 +334,11 @@ class KernelSLEM(PoolLearner):
         arrays = (self.pool_, self.projector_, self.factor_mean_, self.cholesky_)
         n, D = self.pool_.shape
         r = self.rank_
-        return {"nnz": int(sum(a.size for a in arrays)), "storage_bytes": int(sum(a.nbytes for a in arrays)),
-                "flops_per_image": 2 * n * D + 2 * r * n + 2 * r * r}
+        return {
+            "nnz": int(sum(a.size for a in arrays)),
+            "storage_bytes": int(sum(a.nbytes for a in arrays)),
+            "flops_per_image": 2 * n * D + 2 * r * n + 2 * r * r,
+        }
 
 
 def parse_score(score: str) -> tuple[str, float, float, int]:
@@ -327,10 +353,10 @@ def similarity(Q: np.ndarray, X: np.ndarray, score: str) -> np.ndarray:
     Q, X = np.asarray(Q, np.float64), np.asarray(X, np.float64)
 
     def parts(C):
-        bh, v, u, x0 = C[:, :r], C[:, r:2 * r], C[:, 2 * r], C[:, 2 * r + 1:]
+        bh, v, u, x0 = C[:, :r], C[:, r : 2 * r], C[:, 2 * r], C[:, 2 * r + 1 :]
         return bh, v, x0, np.sqrt((bh * bh).sum(1) + (u / lam) ** 2)
 
     bq, vq, xq, nq = parts(Q)
     bx, vx, xx, nx = parts(X)
-    s = bq @ bx.T + (kernel(xq, xx, kind, gamma) - vq @ vx.T) / lam ** 2
+    s = bq @ bx.T + (kernel(xq, xx, kind, gamma) - vq @ vx.T) / lam**2
     return s / np.maximum(nq[:, None] * nx[None, :], 1e-300)

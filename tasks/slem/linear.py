@@ -1,5 +1,6 @@
 """Linear SLEM (Rezende et al., Sections 3 and 5): the exemplar classifier of Eq. 6 from the pool's
 regularised covariance, factored once (Cholesky); codes A^-1 (x - mu), normalised."""
+
 import numpy as np
 import scipy.linalg as sla
 from sklearn.utils.validation import check_is_fitted
@@ -22,9 +23,11 @@ def factor(A: np.ndarray, where: str = "SLEM") -> np.ndarray:
     try:
         return np.linalg.cholesky(A)
     except np.linalg.LinAlgError:
-        raise InputError(f"{where}: the negatives' covariance plus the ridge (lam times their mean squared norm) "
-                         f"is not positive definite; "
-                         f"raise lam (lambda; features with no variance need lam > 0)") from None
+        raise InputError(
+            f"{where}: the negatives' covariance plus the ridge (lam times their mean squared norm) "
+            f"is not positive definite; "
+            f"raise lam (lambda; features with no variance need lam > 0)"
+        ) from None
 
 
 def solve(Lc: np.ndarray, R: np.ndarray) -> np.ndarray:
@@ -97,6 +100,7 @@ class SLEM(PoolLearner):
     statistics stage's moments when the pool is the whole train split, else :meth:`fit_blocks` on
     the pool's rows streamed block by block. ``fit(X)`` is ``fit_blocks([X[pool]])``.
     """
+
     # the ridge of Eq. 11, a decade apart (the paper picks it by validation)
     search_space = {"lam": [0.1, 0.0001, 0.001, 0.01, 1.0, 10.0, 100.0, 1000.0]}
     selection_metric = "map"
@@ -105,7 +109,7 @@ class SLEM(PoolLearner):
     fitted_attributes = ("cholesky_", "mean_", "n_negatives_", "ridge_")
     code_metric = "euclidean"
     needs_dense_covariance = True
-    reads_statistics = ("mean", "covariance", "n_samples")   # when the pool is every train row
+    reads_statistics = ("mean", "covariance", "n_samples")  # when the pool is every train row
     dense_alternative = "a kernel SLEM does without"
     _parameter_constraints = {"lam": NON_NEGATIVE, "kernel": [StrOptions({"linear"})], "negatives": [dict, None]}
 
@@ -123,12 +127,14 @@ class SLEM(PoolLearner):
         self.negatives = negatives
 
     def _validate_params(self):
-        if self.kernel in ("gaussian", "poly"):   # a config's {method: slem, kernel: gaussian} is KernelSLEM
-            raise InputError(f"SLEM is the linear form; for kernel {self.kernel!r} use KernelSLEM(kernel="
-                             f"{self.kernel!r}) (in a config, {{method: slem, kernel: {self.kernel}}} picks it)")
+        if self.kernel in ("gaussian", "poly"):  # a config's {method: slem, kernel: gaussian} is KernelSLEM
+            raise InputError(
+                f"SLEM is the linear form; for kernel {self.kernel!r} use KernelSLEM(kernel="
+                f"{self.kernel!r}) (in a config, {{method: slem, kernel: {self.kernel}}} picks it)"
+            )
         super()._validate_params()
 
-    def _fit_pool(self, Xneg):   # the pool in memory is one block of the streamed moments
+    def _fit_pool(self, Xneg):  # the pool in memory is one block of the streamed moments
         return self._fit_blocks([Xneg])
 
     def fit_blocks(self, blocks):
@@ -160,7 +166,7 @@ class SLEM(PoolLearner):
         n = 0 if m is None else m.n
         if n < 2:
             raise InputError(f"SLEM needs a pool of at least 2 negative images; got {n} sample(s); give more rows")
-        return self._fit_moments(m.mean, m.m2 / n, n, 0)      # the biased covariance of Eq. 4
+        return self._fit_moments(m.mean, m.m2 / n, n, 0)  # the biased covariance of Eq. 4
 
     def fit_moments(self, mean, covariance, n_samples: int, ddof: int = 0):
         """Fit from the pool's moments: the pipeline's entry point with the statistics stage's
@@ -190,17 +196,19 @@ class SLEM(PoolLearner):
         mu = np.asarray(mean, np.float64)
         cov = np.asarray(covariance, np.float64)
         if mu.ndim != 1 or cov.shape != (len(mu), len(mu)):
-            raise InputError(f"SLEM.fit_moments: mean (D,) and covariance (D, D) expected; got shapes {mu.shape} "
-                             f"and {cov.shape}")
+            raise InputError(
+                f"SLEM.fit_moments: mean (D,) and covariance (D, D) expected; got shapes {mu.shape} and {cov.shape}"
+            )
         if not (np.all(np.isfinite(mu)) and np.all(np.isfinite(cov))):
             raise InputError("SLEM.fit_moments: the moments hold NaN or infinity; check the features")
         n = int(n_samples)
         if n < 2 or not 0 <= ddof < n:
-            raise InputError(f"SLEM needs a pool of at least 2 negative images and 0 <= ddof < n; got n = {n}, "
-                             f"ddof = {ddof}")
+            raise InputError(
+                f"SLEM needs a pool of at least 2 negative images and 0 <= ddof < n; got n = {n}, ddof = {ddof}"
+            )
         cov = cov * ((n - ddof) / n)
         self.ridge_ = float(self.lam) * pool_sq_norm(mu, cov)
-        A = regularised_covariance(cov, self.ridge_)   # Eq. 6: A = (1/n) X X^T - mu mu^T + lam s^2 Id
+        A = regularised_covariance(cov, self.ridge_)  # Eq. 6: A = (1/n) X X^T - mu mu^T + lam s^2 Id
         self.cholesky_ = factor(A, type(self).__name__)
         self.mean_ = mu
         self.n_negatives_ = n
@@ -208,7 +216,7 @@ class SLEM(PoolLearner):
         return self
 
     def _transform(self, X):
-        return unit_rows(solve(self.cholesky_, X - self.mean_))    # A^-1 (x - mu), normalised (Eq. 6)
+        return unit_rows(solve(self.cholesky_, X - self.mean_))  # A^-1 (x - mu), normalised (Eq. 6)
 
     @property
     def _n_features_out(self):
@@ -218,8 +226,11 @@ class SLEM(PoolLearner):
         """Stored values (the triangular factor and mu), bytes, multiply-adds per image (two
         triangular solves)."""
         D = len(self.mean_)
-        return {"nnz": D * (D + 1) // 2 + D, "storage_bytes": int(self.cholesky_.nbytes + self.mean_.nbytes),
-                "flops_per_image": 2 * D * D}
+        return {
+            "nnz": D * (D + 1) // 2 + D,
+            "storage_bytes": int(self.cholesky_.nbytes + self.mean_.nbytes),
+            "flops_per_image": 2 * D * D,
+        }
 
 
 def pool_sq_norm(mean: np.ndarray, covariance: np.ndarray) -> float:

@@ -1,5 +1,6 @@
 """The negative pool every exemplar learner is defined on (SLEM, kernel SLEM, ESVM): its settings
 ``{split, count, seed}``, the seeded draw of its rows, and the learners' shared entry points."""
+
 from numbers import Integral
 
 import numpy as np
@@ -23,15 +24,17 @@ def check_negatives(negatives: dict | None) -> dict:
     neg = {**NEGATIVES, **(negatives or {})}
     odd = sorted(set(neg) - set(NEGATIVES), key=str)
     if odd:
-        raise InputError(f"negatives: keys among split, count, seed expected; got {', '.join(map(repr, odd))}; "
-                         f"remove them")
+        raise InputError(
+            f"negatives: keys among split, count, seed expected; got {', '.join(map(repr, odd))}; remove them"
+        )
     if not isinstance(neg["split"], str) or neg["split"] == "test":
-        raise InputError(f"negatives.split must name the split of the negative images (never test: those are the "
-                         f"queries); got {neg['split']!r}")
+        raise InputError(
+            f"negatives.split must name the split of the negative images (never test: those are the "
+            f"queries); got {neg['split']!r}"
+        )
     c = neg["count"]
     if c is not None and (not isinstance(c, Integral) or isinstance(c, bool) or c < 2):
-        raise InputError(f"negatives.count must be an integer >= 2 (images sampled) or None for all of them; "
-                         f"got {c!r}")
+        raise InputError(f"negatives.count must be an integer >= 2 (images sampled) or None for all of them; got {c!r}")
     s = neg["seed"]
     if not isinstance(s, Integral) or isinstance(s, bool) or s < 0:
         raise InputError(f"negatives.seed must be an integer >= 0; got {s!r}")
@@ -54,6 +57,7 @@ def pool_positions(n: int, negatives: dict | None, who: str = "SLEM") -> np.ndar
 class PoolLearner(Learner):
     """A learner defined on a pool of negatives (SLEM, kernel SLEM, ESVM): ``fit`` samples the pool
     from X, ``fit_pool`` takes it as it is; both end in ``_fit_pool``."""
+
     feeds = "pool"
 
     def fit(self, X, y=None):

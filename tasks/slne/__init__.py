@@ -28,19 +28,62 @@ Modules: ``solver`` (the neighbourhoods and Algorithm 1), ``ensemble`` (SL-DE's 
 the factor of a similarity) and ``estimators`` (SLNE, SLDE). The input space's map (``preprocess``)
 is :func:`metricpipe.tasks.normalize.preprocess`, the in-memory PCA :func:`metricpipe.tasks.moments.pca_statistics`.
 """
+
 from metricpipe.tasks.moments import pca_statistics
 from metricpipe.tasks.normalize import preprocess
-from metricpipe.tasks.slne.ensemble import (check_subspaces, ensemble_matrix, factor, fit_member, member_seed, project,
-                                           refine, subspace, subspaces)
+from metricpipe.tasks.slne.ensemble import (
+    check_subspaces,
+    ensemble_matrix,
+    factor,
+    fit_member,
+    member_seed,
+    project,
+    refine,
+    subspace,
+    subspaces,
+)
 from metricpipe.tasks.slne.estimators import MIN_BLOCK, SLDE, SLNE, SLNE_BYTES_PER_EDGE, SOLVER_PARAMS
-from metricpipe.tasks.slne.solver import (Neighbourhoods, edge_scores, hinge_objective, knn_graph, learn_similarity,
-                                         most_violating, neighbourhoods, softvote_validator, training_graph,
-                                         triplet_update)
+from metricpipe.tasks.slne.solver import (
+    Neighbourhoods,
+    edge_scores,
+    hinge_objective,
+    knn_graph,
+    learn_similarity,
+    most_violating,
+    neighbourhoods,
+    softvote_validator,
+    training_graph,
+    triplet_update,
+)
 
-__all__ = ["MIN_BLOCK", "SLDE", "SLNE", "SLNE_BYTES_PER_EDGE", "SOLVER_PARAMS", "Neighbourhoods", "check_subspaces",
-           "edge_scores", "ensemble_matrix", "factor", "fit_member", "hinge_objective", "knn_graph", "learn_similarity",
-           "member_seed", "most_violating", "neighbourhoods", "pca_statistics", "preprocess", "project", "refine",
-           "softvote_validator", "subspace", "subspaces", "training_graph", "triplet_update"]
+__all__ = [
+    "MIN_BLOCK",
+    "SLDE",
+    "SLNE",
+    "SLNE_BYTES_PER_EDGE",
+    "SOLVER_PARAMS",
+    "Neighbourhoods",
+    "check_subspaces",
+    "edge_scores",
+    "ensemble_matrix",
+    "factor",
+    "fit_member",
+    "hinge_objective",
+    "knn_graph",
+    "learn_similarity",
+    "member_seed",
+    "most_violating",
+    "neighbourhoods",
+    "pca_statistics",
+    "preprocess",
+    "project",
+    "refine",
+    "softvote_validator",
+    "subspace",
+    "subspaces",
+    "training_graph",
+    "triplet_update",
+]
 
 for _cls in (SLNE, SLDE):
-    _cls.__module__ = __name__   # their public path (reprs, pickles, docs), as numpy's set_module does
+    _cls.__module__ = __name__  # their public path (reprs, pickles, docs), as numpy's set_module does

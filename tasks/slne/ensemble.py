@@ -2,6 +2,7 @@
 Gaussian projections), each member its own task (:func:`fit_member`); the ensemble similarity is the
 sum of the members' (Eq. 8), optionally refined by coordinate descent over members; codes from the
 PSD factor of a similarity (:func:`factor`)."""
+
 import time
 
 import numpy as np
@@ -17,7 +18,7 @@ def subspace(p: int, n: int, dim: int, kind: str, seed) -> np.ndarray:
     selects coordinates n*dim .. (n+1)*dim-1). ``random``: Gaussian N(0, 1/dim), seeded per member.
     """
     if kind == "pca-blocks":
-        return np.eye(p, dtype=np.float32)[n * dim:(n + 1) * dim]
+        return np.eye(p, dtype=np.float32)[n * dim : (n + 1) * dim]
     if kind == "random":
         return (np.random.default_rng([seed, 7, n]).standard_normal((dim, p)) / np.sqrt(dim)).astype(np.float32)
     raise InputError(f"The 'subspace' parameter of slde must be pca-blocks or random. Got {kind!r} instead.")
@@ -32,8 +33,10 @@ def check_subspaces(p: int, members: int, dim: int, kind: str, n_features: int |
     """pca-blocks needs members x dim <= p PCA directions (``n_features``: D, for the message)."""
     if kind == "pca-blocks" and members * dim > p:
         of = "" if n_features is None else f" (X has {n_features} feature(s))"
-        raise InputError(f"slde: members x member_dim = {members} x {dim} = {members * dim} PCA directions, but "
-                         f"only {p} exist{of}; lower members or member_dim, or use subspace: random")
+        raise InputError(
+            f"slde: members x member_dim = {members} x {dim} = {members * dim} PCA directions, but "
+            f"only {p} exist{of}; lower members or member_dim, or use subspace: random"
+        )
 
 
 def subspaces(p: int, members: int, dim: int, kind: str, seed, n_features: int | None = None) -> list[np.ndarray]:
@@ -67,8 +70,16 @@ def member_seed(seed: int, n: int) -> int:
     return int(np.random.SeedSequence([seed, n]).generate_state(1)[0])
 
 
-def fit_member(params: dict, Zn: np.ndarray, y: np.ndarray, graph: np.ndarray, seed: int,
-               offset: np.ndarray | None = None, M0: np.ndarray | None = None, validation: tuple | None = None):
+def fit_member(
+    params: dict,
+    Zn: np.ndarray,
+    y: np.ndarray,
+    graph: np.ndarray,
+    seed: int,
+    offset: np.ndarray | None = None,
+    M0: np.ndarray | None = None,
+    validation: tuple | None = None,
+):
     """One SL-DE member: SL-NE (:func:`learn_similarity`) on its projected rows. A pure function, so
     the pipeline runs each member as its own task and :meth:`SLDE.fit` runs them one after another.
 
@@ -91,8 +102,11 @@ def fit_member(params: dict, Zn: np.ndarray, y: np.ndarray, graph: np.ndarray, s
     validate = None if validation is None else softvote_validator(*validation, Zn, y)
     M, history = learn_similarity(Zn, y, graph, **params, seed=seed, offset=offset, M0=M0, validate=validate)
     seconds = time.perf_counter() - t0
-    return M, {"history": history, "seconds": seconds,
-               "samples_per_second": params.get("epochs", 3) * len(Zn) / max(seconds, 1e-9)}
+    return M, {
+        "history": history,
+        "seconds": seconds,
+        "samples_per_second": params.get("epochs", 3) * len(Zn) / max(seconds, 1e-9),
+    }
 
 
 def ensemble_matrix(Ps: list, Ms: list) -> np.ndarray:

@@ -1,18 +1,37 @@
 """The estimators SLNE and SLDE (Wang et al.): the input space from the statistics, the bilinear
 similarity, its factored codes; SL-DE's members are fitted by :func:`~metricpipe.tasks.slne.ensemble.fit_member`."""
+
 from numbers import Integral
 
 import numpy as np
 from sklearn.utils.validation import check_is_fitted
 
-from metricpipe.tasks.base import (COUNT, DIM_OR_NONE, NON_NEGATIVE, POSITIVE, RANDOM_STATE, Interval, Learner,
-                                   StrOptions, seed_of)
+from metricpipe.tasks.base import (
+    COUNT,
+    DIM_OR_NONE,
+    NON_NEGATIVE,
+    POSITIVE,
+    RANDOM_STATE,
+    Interval,
+    Learner,
+    StrOptions,
+    seed_of,
+)
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.knn import block_topk
 from metricpipe.tasks.moments import pca_statistics
 from metricpipe.tasks.normalize import preprocess
-from metricpipe.tasks.slne.ensemble import (check_subspaces, ensemble_matrix, factor, fit_member, member_seed, project,
-                                           refine, subspace, subspaces)
+from metricpipe.tasks.slne.ensemble import (
+    check_subspaces,
+    ensemble_matrix,
+    factor,
+    fit_member,
+    member_seed,
+    project,
+    refine,
+    subspace,
+    subspaces,
+)
 from metricpipe.tasks.slne.solver import knn_graph, learn_similarity, softvote_validator
 
 # Bytes an SL-NE task holds per neighbour-graph entry (n x k): the graph, its symmetrised CSR form and
@@ -44,6 +63,7 @@ class _Bilinear(Learner):
     ``factor_`` (p, r) float32, the codes Z @ factor_ whose inner products approximate s (the PSD
     part of M_, :func:`factor`); ``classes_``; ``history_`` (JSON-able list).
     """
+
     code_metric = "inner"
     feeds = "neighbours"
     reads_statistics = ("mean", "pca_components")
@@ -58,7 +78,7 @@ class _Bilinear(Learner):
         return min(self.dim, n_features) if isinstance(self.dim, int) else self._input_dim(n_features)
 
     def view_dim(self, n_features: int, n_classes: int) -> int:
-        return max(self.code_dim(n_features, n_classes), self._input_dim(n_features))   # the exact view
+        return max(self.code_dim(n_features, n_classes), self._input_dim(n_features))  # the exact view
 
     def _task_rows(self, n_features: int) -> tuple[int, str, str]:
         """(the width its task holds rows in, what the task is, the parameters that shrink it)."""
@@ -71,8 +91,11 @@ class _Bilinear(Learner):
         p, what, fix = self._task_rows(n_features)
         anchors = n_rows if anchors is None else anchors
         need = n_rows * (2 * 4.0 * p + 32.0 * k) + anchors * (SLNE_BYTES_PER_EDGE - 32.0) * k + 4 * 8.0 * p * p
-        return (f"{what}: its {n_rows:,} training rows in {p} dimensions and their {k}-neighbour graph", need,
-                f"lower {fix}")
+        return (
+            f"{what}: its {n_rows:,} training rows in {p} dimensions and their {k}-neighbour graph",
+            need,
+            f"lower {fix}",
+        )
 
     def portable(self) -> tuple[str, dict, dict]:
         """``sphere``: Z = (X - mean) @ P, rows of Z divided by their l2 norm (zero rows stay zero),
@@ -97,12 +120,16 @@ class _Bilinear(Learner):
         """
         comps = np.asarray(components)
         if comps.ndim != 2 or comps.shape[1] != len(mean):
-            raise InputError(f"{type(self).__name__}: components must be (k, D) PCA directions as rows of the "
-                             f"D = {len(mean)} features of the mean. Got shape {comps.shape} instead.")
+            raise InputError(
+                f"{type(self).__name__}: components must be (k, D) PCA directions as rows of the "
+                f"D = {len(mean)} features of the mean. Got shape {comps.shape} instead."
+            )
         if self.input_dim is not None and self.input_dim > len(comps):
-            raise InputError(f"The 'input_dim' parameter of {self.method} must be <= {len(comps)}, the PCA "
-                             f"directions available (X has {comps.shape[1]} feature(s)). Got {self.input_dim} "
-                             f"instead.")
+            raise InputError(
+                f"The 'input_dim' parameter of {self.method} must be <= {len(comps)}, the PCA "
+                f"directions available (X has {comps.shape[1]} feature(s)). Got {self.input_dim} "
+                f"instead."
+            )
         p = len(comps) if self.input_dim is None else self.input_dim
         return np.asarray(mean, np.float32), np.ascontiguousarray(comps[:p].T, dtype=np.float32)
 
@@ -127,8 +154,10 @@ class _Bilinear(Learner):
 
     def _check_classes(self, n_classes: int) -> None:
         if n_classes < 2:
-            raise InputError(f"{type(self).__name__} needs at least 2 classes (targets and impostors); got "
-                             f"{n_classes} class. Pass labels of several classes.")
+            raise InputError(
+                f"{type(self).__name__} needs at least 2 classes (targets and impostors); got "
+                f"{n_classes} class. Pass labels of several classes."
+            )
 
     def _space_data(self, Z, y, neighbors, mean, components):
         """Checks of the pipeline entry points' arrays; sets n_features_in_ and classes_."""
@@ -136,9 +165,11 @@ class _Bilinear(Learner):
         y = np.asarray(y)
         _, P = self.input_space(mean, components)
         if Z.ndim != 2 or Z.shape[1] != P.shape[1] or len(y) != len(Z):
-            raise InputError(f"{type(self).__name__}: Z must be the training rows in the input space, shape "
-                             f"(n, {P.shape[1]}) with one label each. Got Z {Z.shape} and {len(y)} labels; "
-                             f"build Z with input_rows(X, mean, components).")
+            raise InputError(
+                f"{type(self).__name__}: Z must be the training rows in the input space, shape "
+                f"(n, {P.shape[1]}) with one label each. Got Z {Z.shape} and {len(y)} labels; "
+                f"build Z with input_rows(X, mean, components)."
+            )
         graph = _check_graph(neighbors, len(Z))
         self.classes_ = np.unique(y)
         self._check_classes(len(self.classes_))
@@ -158,7 +189,7 @@ class _Bilinear(Learner):
         return to_space(X_val), y_val, nbr
 
     def validates(self) -> bool:
-        return True   # when validation rows are given (the pipeline's val split): the best epoch is kept
+        return True  # when validation rows are given (the pipeline's val split): the best epoch is kept
 
     def refit_params(self) -> dict:
         """``epochs`` = the kept epoch (0: the start): the step of Algorithm 1 decays with the samples
@@ -212,15 +243,20 @@ class _Bilinear(Learner):
 def _check_graph(neighbors, n: int) -> np.ndarray:
     g = np.asarray(neighbors)
     if g.ndim != 2 or g.shape[0] != n or not np.issubdtype(g.dtype, np.integer):
-        raise InputError(f"neighbors must be an integer array of shape ({n}, k), one row per training sample. "
-                         f"Got {g.dtype} {g.shape} instead; pass local row indices, -1 for none.")
+        raise InputError(
+            f"neighbors must be an integer array of shape ({n}, k), one row per training sample. "
+            f"Got {g.dtype} {g.shape} instead; pass local row indices, -1 for none."
+        )
     if g.size and (g.min() < -1 or g.max() >= n):
-        raise InputError(f"neighbors must hold row indices in [0, {n}) or -1 for none. Got values in "
-                         f"[{g.min()}, {g.max()}] instead.")
+        raise InputError(
+            f"neighbors must hold row indices in [0, {n}) or -1 for none. Got values in [{g.min()}, {g.max()}] instead."
+        )
     if n > 1 and not (g >= 0).any():
-        raise InputError("neighbors lists no neighbour at all (every entry is -1): SL-NE learns from each "
-                         "sample's neighbours; pass the graph's row indices, or neighbors=None for the exact kNN "
-                         "graph of X.")
+        raise InputError(
+            "neighbors lists no neighbour at all (every entry is -1): SL-NE learns from each "
+            "sample's neighbours; pass the graph's row indices, or neighbors=None for the exact kNN "
+            "graph of X."
+        )
     return g.astype(np.int64, copy=False)
 
 
@@ -261,6 +297,7 @@ class SLNE(_Bilinear):
     mean_ : (D,) float32; basis_ : (D, p) float32; M_ : (p, p) float32; factor_ : (p, r) float32;
     history_ : list of {"epoch", "violations", "hinge"}; classes_; n_features_in_.
     """
+
     # step sizes a decade apart and between: a step that suits pixels overshoots on other data
     search_space = {"step": [0.2, 0.05, 0.02, 0.005]}
     selection_metric = "softvote10"
@@ -275,12 +312,26 @@ class SLNE(_Bilinear):
         super().check_data_shape(n_features, n_classes)
         p = self.input_dim or n_features
         if self.dim is not None and self.dim > p:
-            raise InputError(f"The 'dim' parameter of SLNE must be <= {p}, the input space's dimension (input_dim, "
-                             f"default the data's {n_features} features). Got {self.dim} instead.")
+            raise InputError(
+                f"The 'dim' parameter of SLNE must be <= {p}, the input space's dimension (input_dim, "
+                f"default the data's {n_features} features). Got {self.dim} instead."
+            )
+
     _parameter_constraints = {"dim": DIM_OR_NONE, "input_dim": DIM_OR_NONE, **_SOLVER_CONSTRAINTS}
 
-    def __init__(self, dim=None, input_dim=None, margin=0.02, step=0.2, epochs=3, batch=64, sampling="violating",
-                 normalize=None, n_neighbors=50, random_state=None):
+    def __init__(
+        self,
+        dim=None,
+        input_dim=None,
+        margin=0.02,
+        step=0.2,
+        epochs=3,
+        batch=64,
+        sampling="violating",
+        normalize=None,
+        n_neighbors=50,
+        random_state=None,
+    ):
         self.dim = dim
         self.input_dim = input_dim
         self.margin = margin
@@ -327,8 +378,11 @@ class SLNE(_Bilinear):
         """
         self._validate_params()
         Z, y, graph = self._space_data(Z, y, neighbors, mean, components)
-        val = None if Z_val is None else (np.asarray(Z_val, np.float32), np.asarray(y_val),
-                                          np.asarray(val_neighbors, np.int64))
+        val = (
+            None
+            if Z_val is None
+            else (np.asarray(Z_val, np.float32), np.asarray(y_val), np.asarray(val_neighbors, np.int64))
+        )
         return self._fit_space(Z, y, graph, mean, components, val)
 
     def solver_params(self) -> dict:
@@ -337,12 +391,15 @@ class SLNE(_Bilinear):
 
     def _fit_space(self, Z, y, graph, mean, components, val=None):
         mean32, P = self.input_space(mean, components)
-        if self.dim is not None and self.dim > P.shape[1]:   # (fewer PCA directions than features: randomized PCA)
-            raise InputError(f"The 'dim' parameter of SLNE must be <= {P.shape[1]}, the input space's dimension "
-                             f"(the PCA directions the statistics kept). Got {self.dim} instead.")
+        if self.dim is not None and self.dim > P.shape[1]:  # (fewer PCA directions than features: randomized PCA)
+            raise InputError(
+                f"The 'dim' parameter of SLNE must be <= {P.shape[1]}, the input space's dimension "
+                f"(the PCA directions the statistics kept). Got {self.dim} instead."
+            )
         validate = None if val is None else softvote_validator(*val, Z, y)
-        M, history = learn_similarity(Z, y, graph, **self.solver_params(), seed=seed_of(self.random_state),
-                                      validate=validate)
+        M, history = learn_similarity(
+            Z, y, graph, **self.solver_params(), seed=seed_of(self.random_state), validate=validate
+        )
         self._set_model(mean32, P, M, factor(M, self.dim), history)
         return self
 
@@ -387,6 +444,7 @@ class SLDE(_Bilinear):
     member_matrices_ : (members, d, d) float32, each M_n.
     history_ : list of {"member", "history"}, one per member.
     """
+
     # step sizes a decade apart and between: a step that suits pixels overshoots on other data
     search_space = {"step": [0.2, 0.05, 0.02, 0.005]}
     selection_metric = "softvote10"
@@ -398,14 +456,35 @@ class SLDE(_Bilinear):
         super().check_data_shape(n_features, n_classes)
         p = min(self.input_dim or n_features, n_features)
         check_subspaces(p, self.n_members(p), self.member_size(p), self.subspace)
-        self.member_ranks(p)   # dim within [members, members x member_dim], before any unit is written
-    _parameter_constraints = {"members": [*COUNT, None], "member_dim": [*COUNT, None], "input_dim": DIM_OR_NONE,
-                              "subspace": [StrOptions({"pca-blocks", "random"})], "refine": ["boolean"],
-                              "dim": DIM_OR_NONE, **_SOLVER_CONSTRAINTS}
+        self.member_ranks(p)  # dim within [members, members x member_dim], before any unit is written
 
-    def __init__(self, members=None, member_dim=None, input_dim=None, subspace="pca-blocks", refine=False, margin=0.02,
-                 step=0.2, epochs=3, batch=64, sampling="violating", normalize=None, dim=None, n_neighbors=50,
-                 random_state=None):
+    _parameter_constraints = {
+        "members": [*COUNT, None],
+        "member_dim": [*COUNT, None],
+        "input_dim": DIM_OR_NONE,
+        "subspace": [StrOptions({"pca-blocks", "random"})],
+        "refine": ["boolean"],
+        "dim": DIM_OR_NONE,
+        **_SOLVER_CONSTRAINTS,
+    }
+
+    def __init__(
+        self,
+        members=None,
+        member_dim=None,
+        input_dim=None,
+        subspace="pca-blocks",
+        refine=False,
+        margin=0.02,
+        step=0.2,
+        epochs=3,
+        batch=64,
+        sampling="violating",
+        normalize=None,
+        dim=None,
+        n_neighbors=50,
+        random_state=None,
+    ):
         self.members = members
         self.member_dim = member_dim
         self.input_dim = input_dim
@@ -458,8 +537,9 @@ class SLDE(_Bilinear):
     def projections(self, p: int, n_features: int | None = None) -> list[np.ndarray]:
         """Every member's subspace P_n (member_dim, p) in the p-dimensional input space (``n_features``:
         D, named in the error when pca-blocks needs more than p directions)."""
-        return subspaces(p, self.n_members(p), self.member_size(p), self.subspace, seed_of(self.random_state),
-                         n_features)
+        return subspaces(
+            p, self.n_members(p), self.member_size(p), self.subspace, seed_of(self.random_state), n_features
+        )
 
     def member_rows(self, X, mean, components, n: int) -> np.ndarray:
         """Rows X (n_rows, D) in member n's subspace: :meth:`input_rows` times P_n^T, (n_rows, member_dim)."""
@@ -480,13 +560,17 @@ class SLDE(_Bilinear):
         if self.dim is None:
             return [None] * members
         if self.dim < members:
-            raise InputError(f"The 'dim' parameter of slde must be >= members ({members}): every member "
-                             f"keeps at least one code direction. Got {self.dim} instead; raise dim or use None.")
+            raise InputError(
+                f"The 'dim' parameter of slde must be >= members ({members}): every member "
+                f"keeps at least one code direction. Got {self.dim} instead; raise dim or use None."
+            )
         if self.dim > members * self.member_size(p):
-            raise InputError(f"The 'dim' parameter of slde must be <= members x member_dim = {members} x "
-                             f"{self.member_size(p)} = {members * self.member_size(p)}, the ensemble's dimensions. "
-                             f"Got {self.dim} instead; lower dim, raise member_dim where the PCA directions allow "
-                             f"(members x member_dim <= {p}), or use subspace: random.")
+            raise InputError(
+                f"The 'dim' parameter of slde must be <= members x member_dim = {members} x "
+                f"{self.member_size(p)} = {members * self.member_size(p)}, the ensemble's dimensions. "
+                f"Got {self.dim} instead; lower dim, raise member_dim where the PCA directions allow "
+                f"(members x member_dim <= {p}), or use subspace: random."
+            )
         return [self.dim // members + (n < self.dim % members) for n in range(members)]
 
     # -- in memory ----------------------------------------------------------------------------------------
@@ -510,9 +594,17 @@ class SLDE(_Bilinear):
         graph = _check_graph(self._graph(X, neighbors), len(X))
         params = self.member_params()
         val = self._memory_validation(X, X_val, y_val, lambda A: self.input_rows(A, mean, components))
-        members = [fit_member(params, project(Z, Pn), y, graph, self.member_seed(n),
-                              validation=None if val is None else (project(val[0], Pn), val[1], val[2]))
-                   for n, Pn in enumerate(self.projections(Z.shape[1], X.shape[1]))]
+        members = [
+            fit_member(
+                params,
+                project(Z, Pn),
+                y,
+                graph,
+                self.member_seed(n),
+                validation=None if val is None else (project(val[0], Pn), val[1], val[2]),
+            )
+            for n, Pn in enumerate(self.projections(Z.shape[1], X.shape[1]))
+        ]
         return self._assemble(members, mean, components, Z, y, graph)
 
     def assemble(self, members: list, mean, components, Z=None, y=None, neighbors=None):
@@ -530,17 +622,23 @@ class SLDE(_Bilinear):
         self._validate_params()
         p = self.input_space(mean, components)[1].shape[1]
         if len(members) != self.n_members(p):
-            raise InputError(f"SLDE.assemble: expected {self.n_members(p)} members (the 'members' parameter "
-                             f"or its rule). Got {len(members)} instead.")
+            raise InputError(
+                f"SLDE.assemble: expected {self.n_members(p)} members (the 'members' parameter "
+                f"or its rule). Got {len(members)} instead."
+            )
         shapes = {np.shape(m) for m, _ in members}
         d = self.member_size(p)
         if shapes != {(d, d)}:
-            raise InputError(f"SLDE.assemble: every member's M_n must be ({d}, {d}) "
-                             f"(member_dim). Got shapes {sorted(shapes)}; train members with member_rows.")
+            raise InputError(
+                f"SLDE.assemble: every member's M_n must be ({d}, {d}) "
+                f"(member_dim). Got shapes {sorted(shapes)}; train members with member_rows."
+            )
         if self.refine:
             if Z is None or y is None or neighbors is None:
-                raise InputError("SLDE.assemble with refine=True needs Z, y and neighbors (the training rows). "
-                                 "Got None; pass them or set refine=False.")
+                raise InputError(
+                    "SLDE.assemble with refine=True needs Z, y and neighbors (the training rows). "
+                    "Got None; pass them or set refine=False."
+                )
             Z, y, neighbors = self._space_data(Z, y, neighbors, mean, components)
         else:
             self.n_features_in_ = int(len(mean))
@@ -552,8 +650,11 @@ class SLDE(_Bilinear):
     def refit_params(self) -> dict:
         """``epochs`` = the median of the members' kept epochs (each member keeps its own on
         validation; one number has to serve the refit of them all)."""
-        best = [min((h["val_error"], h["epoch"]) for h in m["history"] if "val_error" in h)[1]
-                for m in self.history_ if any("val_error" in h for h in m["history"])]
+        best = [
+            min((h["val_error"], h["epoch"]) for h in m["history"] if "val_error" in h)[1]
+            for m in self.history_
+            if any("val_error" in h for h in m["history"])
+        ]
         return {"epochs": int(np.round(np.median(best)))} if best else {}
 
     def _assemble(self, members, mean, components, Z, y, graph):
@@ -563,10 +664,11 @@ class SLDE(_Bilinear):
         Ms = [np.asarray(m, np.float32) for m, _ in members]
         if self.refine:
             Ms = refine(Ps, Ms, Z, y, graph, self.member_params(), seed_of(self.random_state))
-        M = ensemble_matrix(Ps, Ms)                                                    # Eq. 8
+        M = ensemble_matrix(Ps, Ms)  # Eq. 8
         # codes: concatenated members' factors, <code_x, code_y> = sum_n <L_n P_n z_x, L_n P_n z_y>
         L = np.concatenate([Pn.T @ factor(Mn, r) for Pn, Mn, r in zip(Ps, Ms, ranks)], axis=1)
-        self._set_model(mean32, P, M, L, [{"member": n, "history": meta["history"]}
-                                          for n, (_, meta) in enumerate(members)])
+        self._set_model(
+            mean32, P, M, L, [{"member": n, "history": meta["history"]} for n, (_, meta) in enumerate(members)]
+        )
         self.member_matrices_ = np.stack(Ms).astype(np.float32)
         return self

@@ -6,6 +6,7 @@ same-label neighbours, impostors the others. SGD over permutations of the traini
 each sample, its most violating target/impostor pair (Eq. 7) and applies the hinge update of Eq. 6:
 M <- M + rho x_i (x_j - x_l)^T with rho = rho0 / sqrt((t - 1) / |S| + 1).
 """
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +20,7 @@ from metricpipe.tasks.evaluation import softvote_errors
 class Neighbourhoods:
     """The symmetrised neighbourhood graph in CSR form: neighbours of i are
     ``indices[indptr[i]:indptr[i+1]]``; ``target`` marks same-label neighbours."""
+
     indptr: np.ndarray
     indices: np.ndarray
     target: np.ndarray
@@ -32,13 +34,13 @@ def neighbourhoods(graph: np.ndarray, y: np.ndarray) -> Neighbourhoods:
     ok = (cols >= 0) & (cols != rows)
     rows, cols = rows[ok], cols[ok]
     m = len(rows)
-    code = np.empty(2 * m, np.int64)   # row * n + column of both directions, built in place (the
+    code = np.empty(2 * m, np.int64)  # row * n + column of both directions, built in place (the
     np.multiply(rows, n, out=code[:m])  # graph's copies were most of an SL-NE task's memory)
     code[:m] += cols
     np.multiply(cols, n, out=code[m:])
     code[m:] += rows
     del rows, cols, ok
-    code.sort()                         # by row then column; duplicates (mutual neighbours) removed
+    code.sort()  # by row then column; duplicates (mutual neighbours) removed
     if len(code):
         keep = np.empty(len(code), bool)
         keep[0] = True
@@ -78,26 +80,38 @@ def most_violating(S: np.ndarray, target: np.ndarray, seg: np.ndarray):
     return j_pos, l_pos
 
 
-def triplet_update(M: np.ndarray, X: np.ndarray, nb: Neighbourhoods, B: np.ndarray, rho: np.ndarray,
-                   margin: float, sampling: str, rng, offset: np.ndarray | None = None):
+def triplet_update(
+    M: np.ndarray,
+    X: np.ndarray,
+    nb: Neighbourhoods,
+    B: np.ndarray,
+    rho: np.ndarray,
+    margin: float,
+    sampling: str,
+    rng,
+    offset: np.ndarray | None = None,
+):
     """One mini-batch of Algorithm 1 with M held fixed: for each sample i of B pick (j, l) by Eq. 7
     (or uniformly) and, where the hinge of Eq. 6 is positive, add rho_i x_i (x_j - x_l)^T.
 
     Returns (dM (D, D) float64, hinge (len(B),) with 0 where the triplet is satisfied or missing).
     """
     seg = np.concatenate([[0], np.cumsum(nb.indptr[B + 1] - nb.indptr[B])])
-    edges = np.concatenate([np.arange(nb.indptr[i], nb.indptr[i + 1]) for i in B]).astype(np.int64) \
-        if len(B) else np.zeros(0, np.int64)
+    edges = (
+        np.concatenate([np.arange(nb.indptr[i], nb.indptr[i + 1]) for i in B]).astype(np.int64)
+        if len(B)
+        else np.zeros(0, np.int64)
+    )
     owner = np.repeat(np.arange(len(B)), np.diff(seg))
-    V = X[B] @ M.astype(np.float32)                                   # x_i^T M for the batch
-    S = np.einsum("ed,ed->e", V[owner], X[nb.indices[edges]])         # s_M(x_i, x_j), Eq. 2
+    V = X[B] @ M.astype(np.float32)  # x_i^T M for the batch
+    S = np.einsum("ed,ed->e", V[owner], X[nb.indices[edges]])  # s_M(x_i, x_j), Eq. 2
     if offset is not None:
         S = S + offset[edges]
     tgt = nb.target[edges]
     jp, lp = most_violating(S, tgt, seg) if sampling == "violating" else _uniform_pairs(tgt, seg, rng)
     ok = (jp >= 0) & (lp >= 0)
     hinge = np.zeros(len(B))
-    hinge[ok] = margin - S[jp[ok]] + S[lp[ok]]                         # Eq. 6
+    hinge[ok] = margin - S[jp[ok]] + S[lp[ok]]  # Eq. 6
     viol = np.flatnonzero(hinge > 0)
     hinge[hinge < 0] = 0.0
     D = X.shape[1]
@@ -105,13 +119,26 @@ def triplet_update(M: np.ndarray, X: np.ndarray, nb: Neighbourhoods, B: np.ndarr
         return np.zeros((D, D)), hinge
     xi = X[B[viol]] * rho[viol, None].astype(np.float32)
     diff = X[nb.indices[edges[jp[viol]]]] - X[nb.indices[edges[lp[viol]]]]
-    return (xi.T @ diff).astype(np.float64), hinge                    # sum of rho x_i (x_j - x_l)^T
+    return (xi.T @ diff).astype(np.float64), hinge  # sum of rho x_i (x_j - x_l)^T
 
 
-def learn_similarity(Z: np.ndarray, y: np.ndarray, graph: np.ndarray, *, margin: float = 0.02,
-                     step: float = 0.2, epochs: int = 3, batch: int = 64, sampling: str = "violating",
-                     normalize: float | None = None, seed=0, symmetric: bool = True,
-                     offset: np.ndarray | None = None, M0: np.ndarray | None = None, validate=None):
+def learn_similarity(
+    Z: np.ndarray,
+    y: np.ndarray,
+    graph: np.ndarray,
+    *,
+    margin: float = 0.02,
+    step: float = 0.2,
+    epochs: int = 3,
+    batch: int = 64,
+    sampling: str = "violating",
+    normalize: float | None = None,
+    seed=0,
+    symmetric: bool = True,
+    offset: np.ndarray | None = None,
+    M0: np.ndarray | None = None,
+    validate=None,
+):
     """Algorithm 1: learn M of s_M(z_i, z_j) = z_i^T M z_j (Eq. 2) on a fixed neighbour graph.
 
     Parameters
@@ -140,8 +167,9 @@ def learn_similarity(Z: np.ndarray, y: np.ndarray, graph: np.ndarray, *, margin:
     n, D = X.shape
     graph = np.asarray(graph)
     if graph.ndim != 2 or graph.shape[0] != n:
-        raise InputError(f"SL-NE: the neighbour graph must have one row per sample, shape ({n}, k). "
-                         f"Got shape {graph.shape} instead.")
+        raise InputError(
+            f"SL-NE: the neighbour graph must have one row per sample, shape ({n}, k). Got shape {graph.shape} instead."
+        )
     if sampling not in ("violating", "uniform"):
         raise InputError(f"The 'sampling' parameter of slne must be violating or uniform. Got {sampling!r}")
     nb = neighbourhoods(graph, np.asarray(y))
@@ -159,12 +187,12 @@ def learn_similarity(Z: np.ndarray, y: np.ndarray, graph: np.ndarray, *, margin:
         perm = rng.permutation(n)
         n_viol, loss = 0, 0.0
         for a in range(0, n, batch):
-            B = perm[a:a + batch]
+            B = perm[a : a + batch]
             rho = step / np.sqrt((t + np.arange(len(B))) / n + 1.0)  # Algorithm 1 line 7 (t-1 -> t)
             t += len(B)
             dM, hinge = triplet_update(M, X, nb, B, rho, margin, sampling, rng, offset)
             if hinge.any():
-                M += dM                                               # Eq. 6's hinge step
+                M += dM  # Eq. 6's hinge step
                 if symmetric:
                     M = 0.5 * (M + M.T)
                 if normalize:
@@ -190,13 +218,16 @@ def softvote_validator(Zv: np.ndarray, yv: np.ndarray, nbr: np.ndarray, Z: np.nd
     (Cutting ``nbr`` to its first k would leave M only the weights of the same k Euclidean voters:
     on digits every epoch and step then scored the start's error.)"""
     _, codes = np.unique(np.r_[np.asarray(y), np.asarray(yv)], return_inverse=True)
-    ytr, yval = codes[:len(y)], codes[len(y):]
+    ytr, yval = codes[: len(y)], codes[len(y) :]
     nbr = np.asarray(nbr, np.int64)
     flat = np.arange(len(Z))
     Zv32 = np.ascontiguousarray(Zv, np.float32)
     n_classes = int(codes.max()) + 1
-    return lambda M: float(softvote_errors(Zv32 @ np.asarray(M, np.float32), yval, nbr, Z, flat, ytr, [k],
-                                           n_classes)[f"softvote{k}"][0].mean())
+    return lambda M: float(
+        softvote_errors(Zv32 @ np.asarray(M, np.float32), yval, nbr, Z, flat, ytr, [k], n_classes)[f"softvote{k}"][
+            0
+        ].mean()
+    )
 
 
 def edge_scores(X: np.ndarray, M: np.ndarray, nb: Neighbourhoods) -> np.ndarray:
@@ -204,8 +235,8 @@ def edge_scores(X: np.ndarray, M: np.ndarray, nb: Neighbourhoods) -> np.ndarray:
     rows = np.repeat(np.arange(len(nb.indptr) - 1), np.diff(nb.indptr))
     out = np.empty(len(rows), np.float32)
     for a in range(0, len(rows), 1 << 18):
-        r, c = rows[a:a + (1 << 18)], nb.indices[a:a + (1 << 18)]
-        out[a:a + len(r)] = np.einsum("ed,ed->e", X[r] @ M, X[c])
+        r, c = rows[a : a + (1 << 18)], nb.indices[a : a + (1 << 18)]
+        out[a : a + len(r)] = np.einsum("ed,ed->e", X[r] @ M, X[c])
     return out
 
 
@@ -214,8 +245,8 @@ def hinge_objective(X: np.ndarray, y: np.ndarray, graph: np.ndarray, M: np.ndarr
     nb = neighbourhoods(graph, np.asarray(y))
     total = 0.0
     for i in range(len(X)):
-        nbrs = nb.indices[nb.indptr[i]:nb.indptr[i + 1]]
-        tgt = nb.target[nb.indptr[i]:nb.indptr[i + 1]]
+        nbrs = nb.indices[nb.indptr[i] : nb.indptr[i + 1]]
+        tgt = nb.target[nb.indptr[i] : nb.indptr[i + 1]]
         s = X[i] @ M @ X[nbrs].T
         total += np.maximum(margin - s[tgt][:, None] + s[~tgt][None, :], 0).sum()
     return float(total)

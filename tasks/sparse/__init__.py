@@ -39,10 +39,59 @@ rows and fits them with the statistics stage's mean and PCA basis.
 Modules: ``projection`` (the constraint set and the step search), ``ranking`` (Algorithm 1) and
 ``estimator`` (SparseProjector).
 """
-from metricpipe.tasks.sparse.estimator import (SparseProjector)
-from metricpipe.tasks.sparse.projection import (GOLDEN, golden_section, nonzeros_per_column, project_l0, sparsity_note, unit_columns)
-from metricpipe.tasks.sparse.ranking import (GroundTruth, TOL, ValidationCheck, check_rank_inputs, checked_iterations, descent_step, final_state, history_entry, objective_and_gradient, pivots, query_terms, rank_projectors, select_queries, start_pivots, support_size, train_map)
 
-__all__ = ['GOLDEN', 'GroundTruth', 'SparseProjector', 'TOL', 'ValidationCheck', 'check_rank_inputs', 'checked_iterations', 'descent_step', 'final_state', 'golden_section', 'history_entry', 'nonzeros_per_column', 'objective_and_gradient', 'pivots', 'project_l0', 'query_terms', 'rank_projectors', 'select_queries', 'sparsity_note', 'start_pivots', 'support_size', 'train_map', 'unit_columns']
+from metricpipe.tasks.sparse.estimator import SparseProjector
+from metricpipe.tasks.sparse.projection import (
+    GOLDEN,
+    golden_section,
+    nonzeros_per_column,
+    project_l0,
+    sparsity_note,
+    unit_columns,
+)
+from metricpipe.tasks.sparse.ranking import (
+    TOL,
+    GroundTruth,
+    ValidationCheck,
+    check_rank_inputs,
+    checked_iterations,
+    descent_step,
+    final_state,
+    history_entry,
+    objective_and_gradient,
+    pivots,
+    query_terms,
+    rank_projectors,
+    select_queries,
+    start_pivots,
+    support_size,
+    train_map,
+)
 
-SparseProjector.__module__ = __name__   # its public path (reprs, pickles, docs), as numpy's set_module does
+__all__ = [
+    "GOLDEN",
+    "GroundTruth",
+    "SparseProjector",
+    "TOL",
+    "ValidationCheck",
+    "check_rank_inputs",
+    "checked_iterations",
+    "descent_step",
+    "final_state",
+    "golden_section",
+    "history_entry",
+    "nonzeros_per_column",
+    "objective_and_gradient",
+    "pivots",
+    "project_l0",
+    "query_terms",
+    "rank_projectors",
+    "select_queries",
+    "sparsity_note",
+    "start_pivots",
+    "support_size",
+    "train_map",
+    "unit_columns",
+]
+
+SparseProjector.__module__ = __name__  # its public path (reprs, pickles, docs), as numpy's set_module does

@@ -1,27 +1,20 @@
 """The estimator :class:`SparseProjector`: a stratified subset of the train rows, the PCA start, Algorithm 1."""
+
 import warnings
 from numbers import Integral, Real
 
 import numpy as np
 import scipy.sparse
+from sklearn.utils.validation import check_array, check_is_fitted
+
 from metricpipe.tasks import evaluation, stream
-from metricpipe.tasks.base import (
-    COUNT,
-    DIM_OR_NONE,
-    NON_NEGATIVE,
-    RANDOM_STATE,
-    Interval,
-    Learner,
-    StrOptions,
-    seed_of,
-)
+from metricpipe.tasks.base import COUNT, DIM_OR_NONE, NON_NEGATIVE, RANDOM_STATE, Interval, Learner, StrOptions, seed_of
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.models import LinearModel
 from metricpipe.tasks.moments import pca_statistics
 from metricpipe.tasks.rows import ArrayRows, TrainingRows
 from metricpipe.tasks.sparse.projection import sparsity_note
 from metricpipe.tasks.sparse.ranking import rank_projectors
-from sklearn.utils.validation import check_array, check_is_fitted
 
 
 class SparseProjector(Learner):
@@ -73,6 +66,7 @@ class SparseProjector(Learner):
     without validation).
     n_features_in_, classes_.
     """
+
     # how long the support shrinks from D to its final size; 0 is Algorithm 1 as printed (cut to M
     # non-zeros at once): in issue 18's table validation chose it on Fashion 14 x 14, and 0.25 / 0.9 /
     # 0.9 on digits, HOG and Fashion-MNIST (benchmarks/README.md)
@@ -93,8 +87,9 @@ class SparseProjector(Learner):
         check_is_fitted(self)
         W = self.projectors_
         return "affine", {"W": W.toarray() if scipy.sparse.issparse(W) else np.asarray(W), "b": self.bias_}, {}
+
     fitted_attributes = ("projectors_", "bias_", "classes_", "history_", "best_iter_", "val_map_", "n_iter_")
-    DEFAULT_DIM = 64       # compact codes, as the paper's R = 32 to 256: D projectors would not compress
+    DEFAULT_DIM = 64  # compact codes, as the paper's R = 32 to 256: D projectors would not compress
     dim_within_features = True
     code_metric = "inner"
     _parameter_constraints = {
@@ -115,8 +110,20 @@ class SparseProjector(Learner):
         note = sparsity_note(n_features, self.sparsity)
         return [note] if note else []
 
-    def __init__(self, dim=None, sparsity=0.9, queries=100, train_size=2000, max_iter=200, anneal=0.5,
-                 epsilon=1e-6, pivot="original", validation=2000, stop_iter=None, random_state=None):
+    def __init__(
+        self,
+        dim=None,
+        sparsity=0.9,
+        queries=100,
+        train_size=2000,
+        max_iter=200,
+        anneal=0.5,
+        epsilon=1e-6,
+        pivot="original",
+        validation=2000,
+        stop_iter=None,
+        random_state=None,
+    ):
         self.dim = dim
         self.sparsity = sparsity
         self.queries = queries
@@ -152,7 +159,7 @@ class SparseProjector(Learner):
         yv = None
         if X_val is not None:
             X_val, y_val = self._check_val(X_val, y_val)
-            yv = np.searchsorted(self.classes_, y_val)   # (keys it never saw rank as no positive)
+            yv = np.searchsorted(self.classes_, y_val)  # (keys it never saw rank as no positive)
             yv = np.where(self.classes_[np.minimum(yv, len(self.classes_) - 1)] == y_val, yv, -1 - np.arange(len(yv)))
         for note in self.shape_notes(X.shape[1], len(self.classes_)):
             warnings.warn(note, UserWarning, stacklevel=2)
@@ -173,7 +180,7 @@ class SparseProjector(Learner):
             val = rows.val
         elif self.validates():
             held = among[stream.validation_split(rows.labels[among], self.validation, rows.keys[among], seed)]
-            if evaluation.can_rank(rel[held], negatives=True):   # else (few-shot data) no early stopping
+            if evaluation.can_rank(rel[held], negatives=True):  # else (few-shot data) no early stopping
                 among, val = np.setdiff1d(among, held), held
         subset = among[stream.sample(rows.labels[among], self.train_size, rows.keys[among], seed, stream.SUBSET)]
         X, key = rows.take(subset), rel[subset]
@@ -202,8 +209,10 @@ class SparseProjector(Learner):
         key = np.asarray(key)
         mean = np.asarray(mean, np.float64)
         if X.shape[1] != len(mean) or len(key) != len(X):
-            raise InputError(f"SparseProjector.fit_subset: X must have {len(mean)} columns (the mean's length) and "
-                             f"one key per row. Got X {X.shape} and {len(key)} keys.")
+            raise InputError(
+                f"SparseProjector.fit_subset: X must have {len(mean)} columns (the mean's length) and "
+                f"one key per row. Got X {X.shape} and {len(key)} keys."
+            )
         self.classes_ = np.unique(key)
         _check_keys(len(self.classes_))
         self.n_features_in_ = int(X.shape[1])
@@ -216,19 +225,32 @@ class SparseProjector(Learner):
     def _fit_subset(self, X, key, mean, components, val=None):
         comps = np.asarray(components)
         if self.dim is not None and self.dim > len(comps):
-            raise InputError(f"The 'dim' parameter of sparse must be <= {len(comps)}, the PCA projectors "
-                             f"available to start from (X has {comps.shape[1]} feature(s)). Got {self.dim} "
-                             f"instead.")
+            raise InputError(
+                f"The 'dim' parameter of sparse must be <= {len(comps)}, the PCA projectors "
+                f"available to start from (X has {comps.shape[1]} feature(s)). Got {self.dim} "
+                f"instead."
+            )
         dim = self.resolved_dim(len(comps))
         mean = np.asarray(mean, np.float64)
         if val is not None and (not self.validation or not evaluation.can_rank(val[1], negatives=True)):
-            val = None   # off, or no validation row has a positive and a negative to rank
+            val = None  # off, or no validation row has a positive and a negative to rank
         if val is not None:
             val = (np.asarray(val[0], np.float64) - mean, val[1])
         U, history, n_iter, *best = rank_projectors(
-            np.asarray(X, np.float64) - mean, key, comps[:dim].T, sparsity=self.sparsity, queries=self.queries,
-            epsilon=self.epsilon, max_iter=self.max_iter, anneal=self.anneal, seed=seed_of(self.random_state),
-            record_every=max(1, self.max_iter // 50), pivot=self.pivot, validation=val, stop=self.stop_iter)
+            np.asarray(X, np.float64) - mean,
+            key,
+            comps[:dim].T,
+            sparsity=self.sparsity,
+            queries=self.queries,
+            epsilon=self.epsilon,
+            max_iter=self.max_iter,
+            anneal=self.anneal,
+            seed=seed_of(self.random_state),
+            record_every=max(1, self.max_iter // 50),
+            pivot=self.pivot,
+            validation=val,
+            stop=self.stop_iter,
+        )
         self.best_iter_, self.val_map_ = best[0] if best else (None, None)
         self.projectors_ = scipy.sparse.csc_array(U) if self.sparsity > 0 else U
         self.bias_ = (-mean.astype(np.float32) @ U).astype(np.float32)
@@ -267,5 +289,7 @@ class SparseProjector(Learner):
 
 def _check_keys(n_keys: int) -> None:
     if n_keys < 2:
-        raise InputError(f"SparseProjector needs at least 2 relevance keys (positives and negatives); got "
-                         f"{n_keys} class. Pass labels of several classes.")
+        raise InputError(
+            f"SparseProjector needs at least 2 relevance keys (positives and negatives); got "
+            f"{n_keys} class. Pass labels of several classes."
+        )

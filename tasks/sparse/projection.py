@@ -59,5 +59,7 @@ def sparsity_note(D: int, sparsity: float) -> str | None:
     """The note for a tau whose M rounds to 0 on D-d signatures (one non-zero is kept), else None."""
     if _rounded_nonzeros(D, sparsity) >= 1:
         return None
-    return (f"sparsity {sparsity} leaves {(1.0 - sparsity) * D:.2g} non-zeros per column of the data's {D} "
-            f"features; 1 is kept (sparsity {1.0 - 1.0 / D:.6g})")
+    return (
+        f"sparsity {sparsity} leaves {(1.0 - sparsity) * D:.2g} non-zeros per column of the data's {D} "
+        f"features; 1 is kept (sparsity {1.0 - 1.0 / D:.6g})"
+    )

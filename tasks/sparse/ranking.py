@@ -1,22 +1,20 @@
 """Algorithm 1: the ranking objective of Eq. 7 over pivots, its rank-two gradient (Eq. 14), projected
 descent steps with continuation and early stopping on validation mAP (`rank_projectors`)."""
+
 from dataclasses import dataclass
 
 import numpy as np
+
 from metricpipe.tasks import evaluation
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.metrics import retrieval_scores
-from metricpipe.tasks.sparse.projection import (
-    golden_section,
-    nonzeros_per_column,
-    project_l0,
-    unit_columns,
-)
+from metricpipe.tasks.sparse.projection import golden_section, nonzeros_per_column, project_l0, unit_columns
 
 
 @dataclass(frozen=True)
 class GroundTruth:
     """Queries (indices into the training rows) with relevance keys: same key = positive."""
+
     queries: np.ndarray
     key: np.ndarray
 
@@ -42,16 +40,17 @@ def query_terms(S: np.ndarray, pos: np.ndarray, neg: np.ndarray, piv: np.ndarray
     negp[np.arange(n), piv] = False
     b = np.where(negp, S - sp, 0.0)
     b = np.maximum(b, 0.0)
-    alpha = 1.0 / np.maximum((a > 0).sum(1), 1)                 # Eq. 8
-    beta = 1.0 / np.maximum((b > 0).sum(1), 1)                  # Eq. 9
-    f = alpha * (a ** 2).sum(1) + beta * (b ** 2).sum(1)        # Eq. 7
-    C = 2.0 * (beta[:, None] * b - alpha[:, None] * a)          # d f / d s(q, k)
+    alpha = 1.0 / np.maximum((a > 0).sum(1), 1)  # Eq. 8
+    beta = 1.0 / np.maximum((b > 0).sum(1), 1)  # Eq. 9
+    f = alpha * (a**2).sum(1) + beta * (b**2).sum(1)  # Eq. 7
+    C = 2.0 * (beta[:, None] * b - alpha[:, None] * a)  # d f / d s(q, k)
     C[np.arange(n), piv] += 2.0 * (alpha * a.sum(1) - beta * b.sum(1))
     return f, C
 
 
-def objective_and_gradient(U: np.ndarray, X: np.ndarray, gt: GroundTruth, qs: np.ndarray, piv: np.ndarray,
-                           eps: float, gradient: bool = True):
+def objective_and_gradient(
+    U: np.ndarray, X: np.ndarray, gt: GroundTruth, qs: np.ndarray, piv: np.ndarray, eps: float, gradient: bool = True
+):
     """sum_q f_q over queries ``qs``, its gradient with respect to U (D, R) (Eq. 14; None when
     ``gradient`` is False) and the per-query f_q."""
     Y = X @ U
@@ -109,20 +108,27 @@ def start_pivots(X: np.ndarray, U0: np.ndarray, gt: GroundTruth, pivot: str) -> 
 
 def select_queries(f_all: np.ndarray, P: int, rng: np.random.Generator) -> np.ndarray:
     """Algorithm 1's P queries of a step: the half with the highest f_q, the rest drawn at random."""
-    active = np.argsort(-f_all, kind="stable")[:P // 2]                       # active half
+    active = np.argsort(-f_all, kind="stable")[: P // 2]  # active half
     rest = np.setdiff1d(np.arange(len(f_all)), active)
     return np.concatenate([active, rng.choice(rest, P - len(active), replace=False)])  # stochastic half
 
 
-def descent_step(U: np.ndarray, G: np.ndarray, X: np.ndarray, gt: GroundTruth, qs: np.ndarray, piv: np.ndarray,
-                 eps: float, m: int) -> np.ndarray:
+def descent_step(
+    U: np.ndarray, G: np.ndarray, X: np.ndarray, gt: GroundTruth, qs: np.ndarray, piv: np.ndarray, eps: float, m: int
+) -> np.ndarray:
     """U - mu G kept to m non-zeros per column and unit columns (Eqs. 15, 17), mu by golden-section
     search on the queries' objective over [0, ||U|| / ||G||]."""
-    def step(mu):
-        return unit_columns(project_l0(U - mu * G, m))                         # Eqs. 15, 17
 
-    mu = golden_section(lambda mu: objective_and_gradient(step(mu), X, gt, qs, piv, eps, gradient=False)[0],
-                        0.0, np.linalg.norm(U) / np.linalg.norm(G), tol=1e-4, max_iter=20)
+    def step(mu):
+        return unit_columns(project_l0(U - mu * G, m))  # Eqs. 15, 17
+
+    mu = golden_section(
+        lambda mu: objective_and_gradient(step(mu), X, gt, qs, piv, eps, gradient=False)[0],
+        0.0,
+        np.linalg.norm(U) / np.linalg.norm(G),
+        tol=1e-4,
+        max_iter=20,
+    )
     return step(mu)
 
 
@@ -157,14 +163,33 @@ class ValidationCheck:
 
 def checked_iterations(D: int, m_final: int, anneal: float, max_iter: int, record_every: int) -> int:
     """The history entries of a full run whose U has its final support (each a validation check)."""
-    return len([it for it in range(0, max_iter, record_every)
-                if support_size(max(it - 1, 0), D, m_final, anneal, max_iter) == m_final])
+    return len(
+        [
+            it
+            for it in range(0, max_iter, record_every)
+            if support_size(max(it - 1, 0), D, m_final, anneal, max_iter) == m_final
+        ]
+    )
 
 
-def rank_projectors(X: np.ndarray, key: np.ndarray, U0: np.ndarray, *, sparsity: float = 0.9, queries: int = 100,
-                    epsilon: float = 1e-6, max_iter: int = 200, anneal: float = 0.5, seed=0, tol: float = TOL,
-                    record_every: int = 1, pivot: str = "original", validation=None, patience: int | None = None,
-                    stop: int | None = None):
+def rank_projectors(
+    X: np.ndarray,
+    key: np.ndarray,
+    U0: np.ndarray,
+    *,
+    sparsity: float = 0.9,
+    queries: int = 100,
+    epsilon: float = 1e-6,
+    max_iter: int = 200,
+    anneal: float = 0.5,
+    seed=0,
+    tol: float = TOL,
+    record_every: int = 1,
+    pivot: str = "original",
+    validation=None,
+    patience: int | None = None,
+    stop: int | None = None,
+):
     """Algorithm 1 (with the continuation ``anneal``): rank-optimised projectors from a start U0.
 
     Parameters
@@ -229,19 +254,29 @@ def rank_projectors(X: np.ndarray, key: np.ndarray, U0: np.ndarray, *, sparsity:
     if validation is None:
         return U.astype(np.float32), history, n_iter
     best = check.best
-    if best is None:           # no state reached the final support before stopping: the last one
+    if best is None:  # no state reached the final support before stopping: the last one
         best = (history[-1].get("val_map", float("nan")), history[-1]["iter"], U)
     return best[2].astype(np.float32), history, n_iter, (int(best[1]), float(best[0]))
 
 
-def final_state(U: np.ndarray, X: np.ndarray, gt: GroundTruth, piv_all: np.ndarray, epsilon: float, m_final: int,
-           history: list, done: int, check: ValidationCheck) -> np.ndarray:
+def final_state(
+    U: np.ndarray,
+    X: np.ndarray,
+    gt: GroundTruth,
+    piv_all: np.ndarray,
+    epsilon: float,
+    m_final: int,
+    history: list,
+    done: int,
+    check: ValidationCheck,
+) -> np.ndarray:
     """The end of rank_projectors: U on its final support, and its state after the last step (``done``)
     as the last history entry (validated)."""
+
     def objective(U):
         return objective_and_gradient(U, X, gt, gt.queries, piv_all, epsilon, gradient=False)[0]
 
-    if not history:   # stopped before the first iteration (stop 0): the start
+    if not history:  # stopped before the first iteration (stop 0): the start
         history.append(history_entry(0, objective(U), U, X, gt))
         check(history[-1], U)
     cut = np.count_nonzero(U, axis=0).max() > m_final

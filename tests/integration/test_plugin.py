@@ -1,6 +1,7 @@
 """A learner of another package, registered by its entry point, runs through the whole pipeline:
 configured by name, its parameter selected on the validation rows, refitted, encoded, evaluated and
 in the report, with no change to metricpipe."""
+
 import json
 import textwrap
 
@@ -62,8 +63,12 @@ def toy_installed(tmp_path, monkeypatch):
     site = tmp_path / "site"
     (site / "toy_plugin-0.1.dist-info").mkdir(parents=True)
     (site / "toy_learner.py").write_text(TOY)
-    (site / "toy_plugin-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-plugin\nVersion: 0.1\n")
-    (site / "toy_plugin-0.1.dist-info" / "entry_points.txt").write_text("[metricpipe.learners]\ntoy = toy_learner:Toy\n")
+    (site / "toy_plugin-0.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: toy-plugin\nVersion: 0.1\n"
+    )
+    (site / "toy_plugin-0.1.dist-info" / "entry_points.txt").write_text(
+        "[metricpipe.learners]\ntoy = toy_learner:Toy\n"
+    )
     monkeypatch.syspath_prepend(str(site))
     registry.methods.cache_clear()
     yield
@@ -72,12 +77,18 @@ def toy_installed(tmp_path, monkeypatch):
 
 def test_a_registered_learner_runs_through_the_pipeline_and_is_in_the_report(toy_installed, tmp_path):
     assert "toy" in registry.methods()
-    raw = {"store": str(tmp_path / "s"), "data": {"source": "digits"}, "dashboard": False,
-           "methods": [{"method": "pca", "dim": 12}, {"method": "toy"}],
-           "evaluate": {"retrieval": {"k": [10]}, "classification": {"classifiers": ["knn1"]}}}
+    raw = {
+        "store": str(tmp_path / "s"),
+        "data": {"source": "digits"},
+        "dashboard": False,
+        "methods": [{"method": "pca", "dim": 12}, {"method": "toy"}],
+        "evaluate": {"retrieval": {"k": [10]}, "classification": {"classifiers": ["knn1"]}},
+    }
     # workers in this process: they import the toy module from the same sys.path
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as lc, \
-            Client(lc) as client:
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as lc,
+        Client(lc) as client,
+    ):
         path = run_pipeline(parse_config(raw), client=client, log=lambda m: None)
     doc = json.loads(open(path.replace("index.html", "metrics.json")).read())
     [sel] = doc["selection"]
@@ -86,5 +97,5 @@ def test_a_registered_learner_runs_through_the_pipeline_and_is_in_the_report(toy
     chosen = sel["candidates"][sel["chosen"]]["params"]["dim"]
     toy_map = [r["value"] for r in doc["records"] if r["method"] == "toy" and r["metric"] == "map"]
     pca_map = [r["value"] for r in doc["records"] if r["method"] == "pca" and r["metric"] == "map"]
-    assert chosen == 12 and toy_map == pytest.approx(pca_map, abs=1e-6)   # PCA-12, refitted on every train row
+    assert chosen == 12 and toy_map == pytest.approx(pca_map, abs=1e-6)  # PCA-12, refitted on every train row
     assert "toy" in open(path).read()

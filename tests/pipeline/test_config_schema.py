@@ -1,5 +1,6 @@
 """The config's keys are declared once, on the dataclasses: what the parser accepts, the defaults it
 uses and the reference the docs show all come from those fields."""
+
 import ast
 import re
 from dataclasses import fields
@@ -8,8 +9,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from metricpipe.config import (ConfigError, EvaluateConfig, RunConfig, SplitConfig, SyntheticConfig, parse_config,
-                               reference, reference_markdown)
+from metricpipe.config import (
+    ConfigError,
+    EvaluateConfig,
+    RunConfig,
+    SplitConfig,
+    SyntheticConfig,
+    parse_config,
+    reference,
+    reference_markdown,
+)
 
 BASE = {"data": {"source": "synthetic"}}
 SECTIONS = [r.key for r in reference() if r.type.startswith("mapping")]
@@ -28,8 +37,11 @@ def _nested(path: str, value) -> dict:
 
 def _children(prefix: str) -> list[str]:
     depth = prefix.count(".") + (1 if prefix else 0)
-    return [r.key.split(".")[-1] for r in reference()
-            if r.key.startswith(prefix + "." if prefix else "") and r.key.count(".") == depth]
+    return [
+        r.key.split(".")[-1]
+        for r in reference()
+        if r.key.startswith(prefix + "." if prefix else "") and r.key.count(".") == depth
+    ]
 
 
 @pytest.mark.parametrize("section", [""] + SECTIONS)
@@ -58,9 +70,18 @@ def test_every_key_has_a_one_line_description_and_a_type():
 OFF = [r.key for r in reference() if r.type.startswith("mapping") and r.default == "null"]
 
 
-@pytest.mark.parametrize("row", [r for r in reference() if r.default and not r.type.startswith("mapping")
-                                 and r.key != "data.source" and not r.key.startswith(tuple(s + "." for s in OFF))],
-                         ids=lambda r: r.key)
+@pytest.mark.parametrize(
+    "row",
+    [
+        r
+        for r in reference()
+        if r.default
+        and not r.type.startswith("mapping")
+        and r.key != "data.source"
+        and not r.key.startswith(tuple(s + "." for s in OFF))
+    ],
+    ids=lambda r: r.key,
+)
 def test_the_reference_s_defaults_are_what_the_parser_uses(row):
     """Giving a key its documented default changes nothing."""
     assert parse_config(_nested(row.key, yaml.safe_load(row.default))) == parse_config(BASE)
@@ -74,14 +95,34 @@ def test_sections_that_are_off_unless_given_take_their_documented_defaults():
 def test_keyed_sections_keep_their_fields():
     """EvaluateConfig, SplitConfig and SyntheticConfig go into unit keys field by field: their fields
     are the keys of stored results."""
-    assert [f.name for f in fields(EvaluateConfig)] == ["retrieval_k", "classifiers", "retrieval", "queries",
-                                                       "classify_queries"]
+    assert [f.name for f in fields(EvaluateConfig)] == [
+        "retrieval_k",
+        "classifiers",
+        "retrieval",
+        "queries",
+        "classify_queries",
+    ]
     assert [f.name for f in fields(SplitConfig)] == ["test", "val", "seed", "column", "classes"]
-    assert [f.name for f in fields(SyntheticConfig)] == ["samples", "dim", "classes", "seed", "separation",
-                                                         "nonnegative", "nuisance"]
-    assert parse_config(BASE).evaluate.__dict__ == EvaluateConfig().__dict__ == {
-        "retrieval_k": (1, 10, 100), "classifiers": ("knn1", "knn10", "ncm"), "retrieval": True, "queries": None,
-        "classify_queries": None}
+    assert [f.name for f in fields(SyntheticConfig)] == [
+        "samples",
+        "dim",
+        "classes",
+        "seed",
+        "separation",
+        "nonnegative",
+        "nuisance",
+    ]
+    assert (
+        parse_config(BASE).evaluate.__dict__
+        == EvaluateConfig().__dict__
+        == {
+            "retrieval_k": (1, 10, 100),
+            "classifiers": ("knn1", "knn10", "ncm"),
+            "retrieval": True,
+            "queries": None,
+            "classify_queries": None,
+        }
+    )
 
 
 def test_the_reference_renders_as_a_markdown_table():
@@ -90,21 +131,33 @@ def test_the_reference_renders_as_a_markdown_table():
     assert lines[:2] == ["| key | type | default | description |", "| --- | --- | --- | --- |"]
     assert len(lines) == len(reference()) + 2
     for line in lines:
-        assert len(re.split(r"(?<!\\)\|", line)) == 6, line     # the types' own | are escaped
+        assert len(re.split(r"(?<!\\)\|", line)) == 6, line  # the types' own | are escaped
     assert "| `data.normalize` | none \\| l1 \\| l2 \\| power | `none` |" in reference_markdown()
     assert "| `methods` | " in reference_markdown() and "`[{method: identity}]`" in reference_markdown()
 
 
 def test_all_errors_of_a_config_come_together_one_line_each():
-    raw = {"data": {"source": "digits", "normalize": "l3", "split": {"test": 2}}, "workers": 0, "wrokers": 1,
-           "methods": [{"method": "pca", "dim": -1}, {"method": "lda"}, {"dim": 3}],
-           "neighbours": {"k": 0}, "evaluate": {"classification": {"classifiers": ["svm"]}}}
+    raw = {
+        "data": {"source": "digits", "normalize": "l3", "split": {"test": 2}},
+        "workers": 0,
+        "wrokers": 1,
+        "methods": [{"method": "pca", "dim": -1}, {"method": "lda"}, {"dim": 3}],
+        "neighbours": {"k": 0},
+        "evaluate": {"classification": {"classifiers": ["svm"]}},
+    }
     with pytest.raises(ConfigError) as e:
         parse_config(raw, where="c.yaml")
     lines = str(e.value).splitlines()
     assert [ln.split(": ")[1] for ln in lines] == [
-        "wrokers", "workers", "data.normalize", "data.split.test", "methods[0]", "methods[2]", "neighbours.k",
-        "evaluate.classification.classifiers"], lines
+        "wrokers",
+        "workers",
+        "data.normalize",
+        "data.split.test",
+        "methods[0]",
+        "methods[2]",
+        "neighbours.k",
+        "evaluate.classification.classifiers",
+    ], lines
     assert all(ln.startswith("c.yaml: ") for ln in lines)
     # rules across keys wait for the keys they read: one line for the mistake, not a cascade
     with pytest.raises(ConfigError) as e:
@@ -120,6 +173,7 @@ def test_the_config_package_names_no_learner_and_probes_nothing():
     ``_validate_params``), not to the config: no method name as a literal, no hasattr, and no
     other module's private names."""
     from metricpipe.tasks.registry import methods
+
     names = set(methods())
     for path in CONFIG.glob("*.py"):
         tree = ast.parse(path.read_text())
@@ -154,14 +208,18 @@ def test_the_command_line_prints_every_error_of_a_config(tmp_path):
     from click.testing import CliRunner
 
     from metricpipe.cli import main
+
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(f"store: {tmp_path / 's'}\nworkers: 0\ndata: {{source: digits, normalise: l2}}\n"
-                   f"methods: [{{method: pca, dim: -1}}]\n")
+    cfg.write_text(
+        f"store: {tmp_path / 's'}\nworkers: 0\ndata: {{source: digits, normalise: l2}}\n"
+        f"methods: [{{method: pca, dim: -1}}]\n"
+    )
     res = CliRunner().invoke(main, ["run", str(cfg)])
     assert res.exit_code == 2 and "Traceback" not in res.output, res.output
     assert res.output.splitlines() == [
         f"error: {cfg}: workers: must be >= 1, got 0",
         f"error: {cfg}: data.normalise: unknown key; did you mean 'data.normalize'?",
         f"error: {cfg}: methods[0]: The 'dim' parameter of PCA must be an int in the range [1, inf) or None. Got -1 "
-        f"instead."]
+        f"instead.",
+    ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cfg.yaml"]

@@ -1,6 +1,7 @@
 """partial_fit of the SGD learners (issue 46, item 3): one pool's steps per call, the SGD state carried
 over, so that a loop of partial_fit over the pools of ``tasks.stream.pools`` learns fit's model bit for
 bit (fit without early stopping, as many steps as the loop took), and dask-ml's Incremental drives it."""
+
 import itertools
 import pickle
 
@@ -61,8 +62,22 @@ def _weights(est) -> np.ndarray:
 
 
 def _model(est) -> dict:
-    names = ("components_", "centroids_", "centroid_classes_", "class_bias_", "L_", "bias_", "history_", "lr_",
-             "pairs_seen_", "n_steps_", "n_pairs_", "best_iter_", "classes_", "n_features_in_")
+    names = (
+        "components_",
+        "centroids_",
+        "centroid_classes_",
+        "class_bias_",
+        "L_",
+        "bias_",
+        "history_",
+        "lr_",
+        "pairs_seen_",
+        "n_steps_",
+        "n_pairs_",
+        "best_iter_",
+        "classes_",
+        "n_features_in_",
+    )
     return {k: getattr(est, k) for k in names if hasattr(est, k)}
 
 
@@ -76,19 +91,20 @@ def _assert_same(a, b):
             assert v == mb[k], k
 
 
-@pytest.mark.parametrize("est", LEARNERS, ids=lambda e: f"{type(e).__name__}-{getattr(e, 'objective', '')}"
-                         f"{getattr(e, 'targets', '')}")
+@pytest.mark.parametrize(
+    "est", LEARNERS, ids=lambda e: f"{type(e).__name__}-{getattr(e, 'objective', '')}{getattr(e, 'targets', '')}"
+)
 def test_a_partial_fit_loop_over_the_pools_learns_fit_s_model_bit_for_bit(digits, est):
     X, y = digits
     init = _init(est, X, y)
-    steps = _steps(_loop(clone(est).set_params(iters=10 ** 6), X, y, init))   # the steps of POOLS pools
+    steps = _steps(_loop(clone(est).set_params(iters=10**6), X, y, init))  # the steps of POOLS pools
     assert steps > 0
     est = clone(est).set_params(iters=steps)
     looped = _loop(clone(est), X, y, init)
     fitted = clone(est).fit(X, y, block_rows=BLOCK)
     _assert_same(fitted, looped)
-    assert not np.array_equal(_weights(looped), _weights(clone(est).set_params(iters=0).fit(X, y)))   # W moved
-    if isinstance(est, (NCMML, NCMC, KNNML)):   # fit_stream (fit_rows ends there) is the same path
+    assert not np.array_equal(_weights(looped), _weights(clone(est).set_params(iters=0).fit(X, y)))  # W moved
+    if isinstance(est, (NCMML, NCMC, KNNML)):  # fit_stream (fit_rows ends there) is the same path
         side = {"centroids": init["centroids"]} if isinstance(est, NCMC) else {}
         _assert_same(clone(est).fit_stream(init, stream.pools(X, y, None, BLOCK, SEED), **side), looped)
 
@@ -99,16 +115,17 @@ def test_the_partial_fit_state_is_kept_between_calls_and_fit_drops_it(digits):
     one = clone(est).partial_fit(X[:300], y[:300], classes=CLASSES)
     W1 = one.components_.copy()
     one.partial_fit(X[300:600], y[300:600])
-    assert one.best_iter_ == 16 and not np.array_equal(one.components_, W1)    # 8 steps a call, from W1 on
+    assert one.best_iter_ == 16 and not np.array_equal(one.components_, W1)  # 8 steps a call, from W1 on
     two = clone(est).partial_fit(X[:300], y[:300], classes=CLASSES).partial_fit(X[300:600], y[300:600])
     np.testing.assert_array_equal(one.components_, two.components_)
     one.fit(X, y)
-    again = one.partial_fit(X[:300], y[:300], classes=CLASSES)   # after fit: a new start
+    again = one.partial_fit(X[:300], y[:300], classes=CLASSES)  # after fit: a new start
     np.testing.assert_array_equal(again.components_, W1)
 
 
-@pytest.mark.parametrize("est", [KNNML(dim=4, batch=30), NML(dim=4, pairs=300, batch=16, threads=2)],
-                         ids=lambda e: type(e).__name__)
+@pytest.mark.parametrize(
+    "est", [KNNML(dim=4, batch=30), NML(dim=4, pairs=300, batch=16, threads=2)], ids=lambda e: type(e).__name__
+)
 def test_a_partially_fitted_learner_pickles_and_goes_on_from_where_it_was(digits, est):
     """dask's distributed scheduler moves the estimator between partial_fit calls as a pickle."""
     X, y = digits
@@ -139,7 +156,9 @@ def test_labels_of_any_type_are_given_by_classes_and_come_back_as_given(digits):
     assert list(by_name.classes_) == sorted(names) and set(by_name.predict(X[:50])) <= set(names)
 
 
-@pytest.mark.parametrize("est", [NCMML(dim=4, batch=16), NML(dim=4, pairs=100, batch=16)], ids=lambda e: type(e).__name__)
+@pytest.mark.parametrize(
+    "est", [NCMML(dim=4, batch=16), NML(dim=4, pairs=100, batch=16)], ids=lambda e: type(e).__name__
+)
 def test_partial_fit_errors_name_the_problem(digits, est):
     X, y = digits
     first = clone(est).partial_fit(X[:200], y[:200], classes=CLASSES)
@@ -160,10 +179,14 @@ def test_metric_learner_init_is_checked_against_the_rows_and_classes(digits):
     est = NCMML(dim=4, batch=16, random_state=SEED)
     stats = moments.statistics(X, y)
     with pytest.raises(InputError, match=r"init lacks class_means, class_counts; give the statistics"):
-        est.partial_fit(X[:200], y[:200], classes=CLASSES, init={k: stats[k] for k in ("mean", "pca_components",
-                                                                                       "mean_sq_norm")})
-    with pytest.raises(InputError, match=r"init describes 64 features and 10 classes; the rows have 64 features "
-                                         r"and classes holds 11 labels"):
+        est.partial_fit(
+            X[:200], y[:200], classes=CLASSES, init={k: stats[k] for k in ("mean", "pca_components", "mean_sq_norm")}
+        )
+    with pytest.raises(
+        InputError,
+        match=r"init describes 64 features and 10 classes; the rows have 64 features "
+        r"and classes holds 11 labels",
+    ):
         clone(est).partial_fit(X[:200], y[:200], classes=np.arange(11), init=stats)
 
 
@@ -178,7 +201,7 @@ def test_dask_ml_incremental_drives_ncmml_over_a_dask_array_of_digits():
     inc.fit(da.from_array(Xtr, chunks=(200, -1)), da.from_array(ytr, chunks=200), classes=CLASSES, init=init)
     loop = clone(est)
     for a in range(0, len(Xtr), 200):
-        loop.partial_fit(Xtr[a:a + 200], ytr[a:a + 200], classes=CLASSES, init=init)
+        loop.partial_fit(Xtr[a : a + 200], ytr[a : a + 200], classes=CLASSES, init=init)
     np.testing.assert_array_equal(inc.estimator_.components_, loop.components_)
-    assert inc.estimator_.best_iter_ == 14                 # 7 blocks of 200 rows, 2 batches of 100 each
+    assert inc.estimator_.best_iter_ == 14  # 7 blocks of 200 rows, 2 batches of 100 each
     assert inc.score(da.from_array(Xte, chunks=200), yte) > 0.85

@@ -6,28 +6,53 @@
     knn_index  kNN through IVF lists past ivf.EXACT_MAX_TRAIN train rows
     records    the metric records of a view
 """
+
 import time
 
 from metricpipe import ivf
-from metricpipe.budget import (BLOCKS_PER_TASK, SPILL_FRACTION, retrieval_db_budget, row_block, usable)
+from metricpipe.budget import BLOCKS_PER_TASK, SPILL_FRACTION, retrieval_db_budget, row_block, usable
 from metricpipe.config import NeighboursConfig
 from metricpipe.context import StageContext
-from metricpipe.stages.common import (TEST, TRAIN, DataInfo, commit_timed, moments_block, spec_params,
-                                      tree_combine)
-from metricpipe.stages.evaluate.blocks import (class_means, classify_block, keeps_distances, read_ncm_model,
-                                               query_centroids, retrieval_block, unseen_ncm_model)
+from metricpipe.stages.common import TEST, TRAIN, DataInfo, commit_timed, moments_block, spec_params, tree_combine
+from metricpipe.stages.evaluate.blocks import (
+    class_means,
+    classify_block,
+    keeps_distances,
+    query_centroids,
+    read_ncm_model,
+    retrieval_block,
+    unseen_ncm_model,
+)
 from metricpipe.stages.evaluate.knn_index import index_plan, ivf_lists
-from metricpipe.stages.evaluate.protocol import (CLASSIFY_QUERIES, EVAL_BUDGET, RETRIEVAL_DB_BYTES, RETRIEVAL_QUERIES,
-                                                 Protocol, fixed_blocks, protocols, query_blocks, query_group,
-                                                 served_classifiers)
+from metricpipe.stages.evaluate.protocol import (
+    CLASSIFY_QUERIES,
+    EVAL_BUDGET,
+    RETRIEVAL_DB_BYTES,
+    RETRIEVAL_QUERIES,
+    Protocol,
+    fixed_blocks,
+    protocols,
+    query_blocks,
+    query_group,
+    served_classifiers,
+)
 from metricpipe.stages.evaluate.records import view_records
 from metricpipe.store import Unit, hash_key, read_attrs
 from metricpipe.tasks import evaluation, registry
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.validate import class_codes
 
-__all__ = ["CLASSIFY_QUERIES", "EVAL_BUDGET", "RETRIEVAL_DB_BYTES", "RETRIEVAL_QUERIES", "Protocol", "largest_tasks",
-           "protocols", "run_evaluate", "served_classifiers"]
+__all__ = [
+    "CLASSIFY_QUERIES",
+    "EVAL_BUDGET",
+    "RETRIEVAL_DB_BYTES",
+    "RETRIEVAL_QUERIES",
+    "Protocol",
+    "largest_tasks",
+    "protocols",
+    "run_evaluate",
+    "served_classifiers",
+]
 
 
 class _Run:
@@ -38,8 +63,9 @@ class _Run:
         self.protos = protocols(ctx, data)
         self.db_max = retrieval_db_budget(ctx.client, EVAL_BUDGET - RETRIEVAL_DB_BYTES)
         self.labels_f = ctx.client.scatter(data.labels, broadcast=True, hash=False)
-        self.rel_f = self.labels_f if data.groups is None else \
-            ctx.client.scatter(data.groups, broadcast=True, hash=False)
+        self.rel_f = (
+            self.labels_f if data.groups is None else ctx.client.scatter(data.groups, broadcast=True, hash=False)
+        )
         self.graph_url = neighbours.url if neighbours is not None else None
         self.graph = neighbours.meta() if neighbours is not None else {}
         # When the models that leave classes out of training all keep the same ones, every model also
@@ -55,8 +81,9 @@ class _Run:
         return self.trained(spec) or self.common
 
 
-def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Unit | None = None
-                 ) -> list[tuple[dict, Unit]]:
+def run_evaluate(
+    ctx: StageContext, data: DataInfo, codes: list, neighbours: Unit | None = None
+) -> list[tuple[dict, Unit]]:
     """Retrieval (test queries against the rest of test) and classification (train as database).
 
     Every model is evaluated on its codes; a bilinear model (SL-NE, SL-DE) also on its exact
@@ -64,8 +91,10 @@ def run_evaluate(ctx: StageContext, data: DataInfo, codes: list, neighbours: Uni
     run holds classes out, every model is also evaluated on them (:class:`Protocol`).
     """
     if any(c.startswith("softvote") for c in ctx.config.evaluate.classifiers) and neighbours is None:
-        raise InputError(f"{ctx.config.source_file}: evaluate: softvote classifiers need the neighbours stage; "
-                         f"add neighbours: {{k: 50}}")
+        raise InputError(
+            f"{ctx.config.source_file}: evaluate: softvote classifiers need the neighbours stage; "
+            f"add neighbours: {{k: 50}}"
+        )
     run = _Run(ctx, data, codes, neighbours)
     out, jobs, costs, reused = [], [], {}, 0
     for spec, cunit, dim in codes:
@@ -93,10 +122,22 @@ def _evaluation_unit(run: _Run, spec: dict, cunit: Unit) -> Unit:
     ctx, data, ev = run.ctx, run.data, run.ctx.config.evaluate
     added = [c for c in served_classifiers(ev, spec) if c not in ev.classifiers]
     own = {"own_classifier": added} if added else {}
-    return ctx.store.unit("evaluation", hash_key({
-        "stage": "evaluation", "seed": ctx.config.seed, "codes": cunit.key,
-        "graph": run.neighbours.key if run.neighbours else None, "evaluate": ev.__dict__, "data": data.unit.key,
-        "indexes": index_plan(ctx, data, cunit, run.protos[0].n_train), "trained_on": run.trained_on(spec), **own}))
+    return ctx.store.unit(
+        "evaluation",
+        hash_key(
+            {
+                "stage": "evaluation",
+                "seed": ctx.config.seed,
+                "codes": cunit.key,
+                "graph": run.neighbours.key if run.neighbours else None,
+                "evaluate": ev.__dict__,
+                "data": data.unit.key,
+                "indexes": index_plan(ctx, data, cunit, run.protos[0].n_train),
+                "trained_on": run.trained_on(spec),
+                **own,
+            }
+        ),
+    )
 
 
 def _view_jobs(run: _Run, spec: dict, cunit: Unit, unit: Unit, dim: int) -> list[dict]:
@@ -106,9 +147,23 @@ def _view_jobs(run: _Run, spec: dict, cunit: Unit, unit: Unit, dim: int) -> list
     if cmeta.get("bilinear"):
         views.append(("exact", f"{cunit.url}/query", f"{cunit.url}/base", "inner"))
     model_url = run.ctx.store.unit("models", read_attrs(cunit.url)["model"]).url
-    return [_job(run, proto, spec, unit, dim, view, q_url, db_url, score, model_url,
-                 served_classifiers(run.ctx.config.evaluate, spec, proto))
-            for proto in run.protos for view, q_url, db_url, score in views]
+    return [
+        _job(
+            run,
+            proto,
+            spec,
+            unit,
+            dim,
+            view,
+            q_url,
+            db_url,
+            score,
+            model_url,
+            served_classifiers(run.ctx.config.evaluate, spec, proto),
+        )
+        for proto in run.protos
+        for view, q_url, db_url, score in views
+    ]
 
 
 def _knn_source(run: _Run, job: dict) -> bool:
@@ -117,10 +172,10 @@ def _knn_source(run: _Run, job: dict) -> bool:
     rows IVF lists (True: ``ivf_lists`` fills them, from the neighbours stage's index when it fits)."""
     graph = run.graph
     if job["proto"] is not run.protos[0] or not job["k"]:
-        return False   # (the held-out classes' kNN: an exact search over their train rows)
+        return False  # (the held-out classes' kNN: an exact search over their train rows)
     keeps = job["view"] == "codes" and keeps_distances(job["model_url"])
     if keeps and graph.get("queries") == run.data.n_samples and job["k"] <= graph["k"]:
-        job["lists"] = [f"{run.graph_url}/neighbours"] * len(job["blocks"])   # the graph is the codes' graph
+        job["lists"] = [f"{run.graph_url}/neighbours"] * len(job["blocks"])  # the graph is the codes' graph
         job["knn_note"] = {"knn_search": "graph", "knn_recall": graph.get("recall", 1.0)}
         return False
     if run.protos[0].n_train > ivf.EXACT_MAX_TRAIN and job["score"] in ("euclidean", "inner"):
@@ -135,10 +190,26 @@ def _submit_classify(run: _Run, jobs: list) -> None:
     for job in jobs:
         (q_url, db_url), (means, ncm, served) = job["urls"], job["classify"]
         if served:
-            job["cls"] = [run.ctx.submit(classify_block, q_url, db_url, job["score"], q, run.data.url, run.data.chunks,
-                                         run.labels_f, served, means, run.graph_url, ncm, lists, job["proto"].train,
-                                         name=f"classify-{registry.model_name(job['spec'])}")
-                          for q, lists in zip(job["blocks"], job["lists"])]
+            job["cls"] = [
+                run.ctx.submit(
+                    classify_block,
+                    q_url,
+                    db_url,
+                    job["score"],
+                    q,
+                    run.data.url,
+                    run.data.chunks,
+                    run.labels_f,
+                    served,
+                    means,
+                    run.graph_url,
+                    ncm,
+                    lists,
+                    job["proto"].train,
+                    name=f"classify-{registry.model_name(job['spec'])}",
+                )
+                for q, lists in zip(job["blocks"], job["lists"])
+            ]
 
 
 def _write_records(run: _Run, jobs: list, costs: dict) -> None:
@@ -150,14 +221,30 @@ def _write_records(run: _Run, jobs: list, costs: dict) -> None:
         spec, unit, dim, view, score, proto = (job[k] for k in ("spec", "unit", "dim", "view", "score", "proto"))
         seen_classes = proto.name != "unseen"
         name = f"{registry.model_name(spec)} ({view}{'' if proto.name is None else ', ' + proto.name + ' classes'})"
-        ret_res = ctx.gather(job["ret"], "evaluate", [f"model {name} retrieval block {i}" for i in range(len(job["ret"]))])
-        cls_res = ctx.gather(job["cls"], "evaluate", [f"model {name} classification block {i}"
-                                                      for i in range(len(job["cls"]))])
+        ret_res = ctx.gather(
+            job["ret"], "evaluate", [f"model {name} retrieval block {i}" for i in range(len(job["ret"]))]
+        )
+        cls_res = ctx.gather(
+            job["cls"], "evaluate", [f"model {name} classification block {i}" for i in range(len(job["cls"]))]
+        )
         extra = {} if view == "codes" and score == "euclidean" else {"view": view, "score": score}
         recs = records.setdefault(unit.key, (unit, []))[1]
-        recs.extend(view_records(spec, dim, proto.ks, job["classify"][2], data.labels[proto.classified], ret_res,
-                                 cls_res, extra, run.trained_on(spec) if seen_classes else None,
-                                 data.labels[proto.queries], job["knn_note"], proto.name))
+        recs.extend(
+            view_records(
+                spec,
+                dim,
+                proto.ks,
+                job["classify"][2],
+                data.labels[proto.classified],
+                ret_res,
+                cls_res,
+                extra,
+                run.trained_on(spec) if seen_classes else None,
+                data.labels[proto.queries],
+                job["knn_note"],
+                proto.name,
+            )
+        )
         if view == "codes" and seen_classes and costs.get(unit.key):  # the projection's size and cost by its metrics
             base = {"method": spec["method"], "dim": dim, "classifier": None, "params": spec_params(spec)}
             recs.extend({**base, "metric": k, "value": v} for k, v in costs[unit.key].items())
@@ -166,35 +253,91 @@ def _write_records(run: _Run, jobs: list, costs: dict) -> None:
         commit_timed(ctx, unit, t0, {})
 
 
-def _job(run: _Run, proto: Protocol, spec: dict, unit: Unit, dim: int, view: str, q_url: str, db_url: str,
-         score: str, model_url: str, served: tuple) -> dict:
+def _job(
+    run: _Run,
+    proto: Protocol,
+    spec: dict,
+    unit: Unit,
+    dim: int,
+    view: str,
+    q_url: str,
+    db_url: str,
+    score: str,
+    model_url: str,
+    served: tuple,
+) -> dict:
     """Submit one view's retrieval under ``proto`` and what its classification needs (class means, an
     NCM model's biases or centroids); the classify tasks follow once kNN's lists are known."""
     ctx, data, ev = run.ctx, run.data, run.ctx.config.evaluate
     means = None
     if evaluation.NCM in served:
-        parts = [ctx.submit(moments_block, data.url, a, b, len(data.classes), False, db_url, proto.train,
-                            name="ncm-means") for a, b in data.chunks]
+        parts = [
+            ctx.submit(moments_block, data.url, a, b, len(data.classes), False, db_url, proto.train, name="ncm-means")
+            for a, b in data.chunks
+        ]
         means = ctx.submit(class_means, tree_combine(ctx, parts, "ncm-combine"), name="ncm-means")
-    cents = ctx.submit(query_centroids, q_url, proto.km_rows, proto.n_clusters, [ctx.config.seed, 33],
-                       name=f"kmeans-{registry.model_name(spec)}") if ev.retrieval else None
-    ret = [ctx.submit(retrieval_block, q_url, db_url, score, q, proto.test, run.rel_f, proto.ks, proto.ukb,
-                      data.chunk_rows, query_group(len(proto.test)), proto.acc_k, cents, run.db_max,
-                      name=f"retrieval-{registry.model_name(spec)}")
-           for q in query_blocks(proto.queries, len(proto.test))] if ev.retrieval else []
+    cents = (
+        ctx.submit(
+            query_centroids,
+            q_url,
+            proto.km_rows,
+            proto.n_clusters,
+            [ctx.config.seed, 33],
+            name=f"kmeans-{registry.model_name(spec)}",
+        )
+        if ev.retrieval
+        else None
+    )
+    ret = (
+        [
+            ctx.submit(
+                retrieval_block,
+                q_url,
+                db_url,
+                score,
+                q,
+                proto.test,
+                run.rel_f,
+                proto.ks,
+                proto.ukb,
+                data.chunk_rows,
+                query_group(len(proto.test)),
+                proto.acc_k,
+                cents,
+                run.db_max,
+                name=f"retrieval-{registry.model_name(spec)}",
+            )
+            for q in query_blocks(proto.queries, len(proto.test))
+        ]
+        if ev.retrieval
+        else []
+    )
     ncm_model = None
     own = registry.estimator_class(spec["method"], spec).own_classifier
     if view == "codes" and own in served:
         if proto.name != "unseen":
             ncm_model = ctx.submit(read_ncm_model, model_url, name="ncm-model")
-        elif own == evaluation.NCMC:   # the held-out classes' centroids (the dot form's biases are the implied ones)
-            ncm_model = ctx.submit(unseen_ncm_model, model_url, data.url, data.chunks, proto.train,
-                                   name="ncm-model")
+        elif own == evaluation.NCMC:  # the held-out classes' centroids (the dot form's biases are the implied ones)
+            ncm_model = ctx.submit(unseen_ncm_model, model_url, data.url, data.chunks, proto.train, name="ncm-model")
     blocks = fixed_blocks(proto.classified, CLASSIFY_QUERIES)
-    return {"spec": spec, "unit": unit, "dim": dim, "view": view, "score": score, "ret": ret, "cls": [],
-            "knn_note": {}, "blocks": blocks, "lists": [None] * len(blocks), "proto": proto, "index": None,
-            "k": max([int(c[3:]) for c in served if c.startswith("knn")], default=0),
-            "urls": (q_url, db_url), "classify": (means, ncm_model, served), "model_url": model_url}
+    return {
+        "spec": spec,
+        "unit": unit,
+        "dim": dim,
+        "view": view,
+        "score": score,
+        "ret": ret,
+        "cls": [],
+        "knn_note": {},
+        "blocks": blocks,
+        "lists": [None] * len(blocks),
+        "proto": proto,
+        "index": None,
+        "k": max([int(c[3:]) for c in served if c.startswith("knn")], default=0),
+        "urls": (q_url, db_url),
+        "classify": (means, ncm_model, served),
+        "model_url": model_url,
+    }
 
 
 def largest_tasks(info, cfg, limit: float) -> list:
@@ -203,22 +346,33 @@ def largest_tasks(info, cfg, limit: float) -> list:
     D, n_train, n_test = info.n_features, int((info.split == TRAIN).sum()), int((info.split == TEST).sum())
     need = BLOCKS_PER_TASK * row_block(info) + EVAL_BUDGET
     fix = "lower data.chunk_mb or raise memory_limit"
-    if EVAL_BUDGET >= 0.9 * usable(limit):   # smaller blocks cannot help: the buffers alone do not fit
-        fix = (f"raise memory_limit to at least {-(-need // SPILL_FRACTION // 1e6):,.0f} MB (the evaluation's "
-               f"buffers alone take {EVAL_BUDGET / 1e6:,.0f} MB)")
+    if EVAL_BUDGET >= 0.9 * usable(limit):  # smaller blocks cannot help: the buffers alone do not fit
+        fix = (
+            f"raise memory_limit to at least {-(-need // SPILL_FRACTION // 1e6):,.0f} MB (the evaluation's "
+            f"buffers alone take {EVAL_BUDGET / 1e6:,.0f} MB)"
+        )
     out = [("a row-block task (4 row-blocks and the evaluation's buffers)", need, fix)]
     n_classes = len(info.classes or []) or 2
     learners = [registry.make(cand) for spec in cfg.methods for cand in registry.candidates(spec)]
     if cfg.evaluate.retrieval and learners:
         d = max(est.code_dim(D, n_classes) for est in learners)
-        out.append((f"a retrieval task's database (the {n_test:,} test rows' codes, up to {d} dimensions)",
-                    n_test * d * 4.0 + EVAL_BUDGET - RETRIEVAL_DB_BYTES,
-                    "set evaluate.retrieval: false, lower data.split's test share, or raise memory_limit"))
+        out.append(
+            (
+                f"a retrieval task's database (the {n_test:,} test rows' codes, up to {d} dimensions)",
+                n_test * d * 4.0 + EVAL_BUDGET - RETRIEVAL_DB_BYTES,
+                "set evaluate.retrieval: false, lower data.split's test share, or raise memory_limit",
+            )
+        )
     if any(c.startswith("softvote") for c in cfg.evaluate.classifiers) and learners and n_train:
-        d = max(est.view_dim(D, n_classes) for est in learners)   # (SL-NE's exact view too)
+        d = max(est.view_dim(D, n_classes) for est in learners)  # (SL-NE's exact view too)
         k = (cfg.neighbours or NeighboursConfig()).k
         rows = min(n_train, CLASSIFY_QUERIES * k)
-        out.append((f"a soft-vote task ({CLASSIFY_QUERIES:,} queries' {k} stored neighbours: {rows:,} rows of codes up "
-                    f"to {d} dimensions)", (rows + CLASSIFY_QUERIES) * d * 4.0 + evaluation.SOFTVOTE_GROUP_BYTES,
-                    "lower neighbours.k, drop the softvote classifiers, or raise memory_limit"))
+        out.append(
+            (
+                f"a soft-vote task ({CLASSIFY_QUERIES:,} queries' {k} stored neighbours: {rows:,} rows of codes up "
+                f"to {d} dimensions)",
+                (rows + CLASSIFY_QUERIES) * d * 4.0 + evaluation.SOFTVOTE_GROUP_BYTES,
+                "lower neighbours.k, drop the softvote classifiers, or raise memory_limit",
+            )
+        )
     return out

@@ -1,5 +1,6 @@
 """The evaluate stage's worker-side functions: each reads the rows it is given (a block of queries,
 one row-block of the database at a time) and calls a `metricpipe.tasks.evaluation` kernel."""
+
 import numpy as np
 
 from metricpipe.stages.common import TRAIN, StagedRows, cached_estimator
@@ -8,10 +9,21 @@ from metricpipe.store import open_array, read_rows
 from metricpipe.tasks import evaluation, moments
 
 
-def retrieval_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, db_idx: np.ndarray,
-                     rel_key: np.ndarray, ks: tuple, ukb: bool, chunk_rows: int, group: int,
-                     accuracy_k: int | None = None, centroids: np.ndarray | None = None,
-                     db_max: float | None = None) -> dict:
+def retrieval_block(
+    q_url: str,
+    db_url: str,
+    score: str,
+    q_idx: np.ndarray,
+    db_idx: np.ndarray,
+    rel_key: np.ndarray,
+    ks: tuple,
+    ukb: bool,
+    chunk_rows: int,
+    group: int,
+    accuracy_k: int | None = None,
+    centroids: np.ndarray | None = None,
+    db_max: float | None = None,
+) -> dict:
     """Queries ``q_idx`` against database ``db_idx`` (global rows, sorted). The database is read once
     per task when it fits in ``db_max`` bytes (the workers' share, pipeline/budget.py; default
     RETRIEVAL_DB_BYTES) (the test rows are spread over every row-block, so a read is a pass over the
@@ -20,8 +32,7 @@ def retrieval_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, db_i
     Q = read_rows(q_url, q_idx)
     fits = len(db_idx) * open_array(db_url).shape[1] * 4 <= (RETRIEVAL_DB_BYTES if db_max is None else db_max)
     db = read_rows(db_url, db_idx) if fits else (lambda a, b: read_rows(db_url, db_idx[a:b]))
-    return evaluation.retrieval(Q, q_idx, db_idx, db, rel_key, ks, ukb, score, chunk_rows, group, accuracy_k,
-                                centroids)
+    return evaluation.retrieval(Q, q_idx, db_idx, db, rel_key, ks, ukb, score, chunk_rows, group, accuracy_k, centroids)
 
 
 def query_centroids(q_url: str, rows: np.ndarray, n_clusters: int, seed) -> np.ndarray:
@@ -44,9 +55,21 @@ def exact_knn(q_url: str, db_url: str, data_url: str, chunks: list, q_idx: np.nd
     return evaluation.knn_neighbours(read_rows(q_url, q_idx), train_blocks(db_url, data_url, chunks), k, score)
 
 
-def classify_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, data_url: str, chunks: list,
-                    labels: np.ndarray, classifiers: tuple, means, graph_url: str | None,
-                    ncm_model: dict | None = None, knn_ids=None, train: int = TRAIN) -> dict:
+def classify_block(
+    q_url: str,
+    db_url: str,
+    score: str,
+    q_idx: np.ndarray,
+    data_url: str,
+    chunks: list,
+    labels: np.ndarray,
+    classifiers: tuple,
+    means,
+    graph_url: str | None,
+    ncm_model: dict | None = None,
+    knn_ids=None,
+    train: int = TRAIN,
+) -> dict:
     """Errors of ``classifiers`` on the queries ``q_idx``. kNN votes over ``knn_ids`` (the queries'
     neighbour lists from the stored graph or an index) when given, else over an exact search of the
     rows of split code ``train``; ``means``: (class means, the classes that have one)."""
@@ -58,19 +81,20 @@ def classify_block(q_url: str, db_url: str, score: str, q_idx: np.ndarray, data_
     if ks:
         if knn_ids is None:
             knn_ids = evaluation.knn_neighbours(Q, train_blocks(db_url, data_url, chunks, train), max(ks), score)[1]
-        elif isinstance(knn_ids, tuple):   # an index's (distances, rows)
+        elif isinstance(knn_ids, tuple):  # an index's (distances, rows)
             knn_ids = knn_ids[1]
-        elif isinstance(knn_ids, str):   # the stored graph's rows
-            knn_ids = read_rows(knn_ids, q_idx)[:, :max(ks)].astype(np.int64)
+        elif isinstance(knn_ids, str):  # the stored graph's rows
+            knn_ids = read_rows(knn_ids, q_idx)[:, : max(ks)].astype(np.int64)
         out.update(evaluation.knn_errors_from(evaluation.neighbour_labels(knn_ids, labels), y, ks, n_classes))
     soft = [int(c[8:]) for c in classifiers if c.startswith("softvote")]
     if soft:
         nbr = read_rows(f"{graph_url}/neighbours", q_idx).astype(np.int64)
         flat = np.unique(nbr[nbr >= 0])
-        out.update(evaluation.softvote_errors(Q, y, nbr, read_rows(db_url, flat), flat, labels, soft, n_classes,
-                                              score))
+        out.update(evaluation.softvote_errors(Q, y, nbr, read_rows(db_url, flat), flat, labels, soft, n_classes, score))
     if evaluation.NCM in classifiers:
-        out[evaluation.NCM] = evaluation.ncm_errors(Q, y, means[0], ncm_model.get("bias") if ncm_model else None, means[1])
+        out[evaluation.NCM] = evaluation.ncm_errors(
+            Q, y, means[0], ncm_model.get("bias") if ncm_model else None, means[1]
+        )
     if evaluation.NCMC in classifiers and ncm_model and ncm_model.get("centroids") is not None:
         out[evaluation.NCMC] = evaluation.ncmc_errors(Q, y, ncm_model["centroids"], ncm_model["owner"], n_classes)
     return out

@@ -1,6 +1,7 @@
 """kNN classification past ivf.EXACT_MAX_TRAIN train rows: IVF lists of the train codes, searched
 over the streamed codes or through faiss indexes built as the neighbours stage builds its own
 (`metricpipe.ivf`), with recall@k against exact search on a sample of the queries."""
+
 import time
 from dataclasses import dataclass
 
@@ -34,8 +35,15 @@ def knn_streamed(ctx: StageContext, data: DataInfo, n_train: int, dim: int) -> b
     classified rows held by every task, no index) rather than through a faiss index."""
     k = max([int(c[3:]) for c in ctx.config.evaluate.classifiers if c.startswith("knn")], default=1)
     nprobe = (ctx.config.neighbours or NeighboursConfig()).nprobe
-    return ivf.streamed(knn_queries(ctx, data), dim, k, knn_nlist(ctx, data, n_train),
-                        data.chunk_rows * dim * 4.0, task_budget(ctx.client), nprobe)
+    return ivf.streamed(
+        knn_queries(ctx, data),
+        dim,
+        k,
+        knn_nlist(ctx, data, n_train),
+        data.chunk_rows * dim * 4.0,
+        task_budget(ctx.client),
+        nprobe,
+    )
 
 
 def index_plan(ctx: StageContext, data: DataInfo, cunit: Unit, n_train: int) -> list | None:
@@ -48,9 +56,12 @@ def index_plan(ctx: StageContext, data: DataInfo, cunit: Unit, n_train: int) -> 
     dims = [open_array(f"{cunit.url}/{v}").shape[1] for v in ("codes", "base") if v in array_names(cunit.url)]
     nb = ctx.config.neighbours or NeighboursConfig()
     nlist = knn_nlist(ctx, data, n_train)
-    factories = [f"IVF{nlist},Flat,streamed" if knn_streamed(ctx, data, n_train, d) else
-                 ivf.factory_string(n_train, d, nlist, budget, ctx.config.source_file,
-                                    ctx.config.setting("memory_limit")) for d in dims]
+    factories = [
+        f"IVF{nlist},Flat,streamed"
+        if knn_streamed(ctx, data, n_train, d)
+        else ivf.factory_string(n_train, d, nlist, budget, ctx.config.source_file, ctx.config.setting("memory_limit"))
+        for d in dims
+    ]
     return factories + [{"nprobe": nb.nprobe, **({"rerank": nb.rerank} if any(",PQ" in f for f in factories) else {})}]
 
 
@@ -74,6 +85,7 @@ def ivf_lists(ctx: StageContext, data: DataInfo, jobs: list, graph_index: str | 
 @dataclass
 class _IvfRun:
     """What every job's IVF search shares: the train rows and their blocks, the lists and probes."""
+
     ctx: StageContext
     data: DataInfo
 
@@ -91,7 +103,16 @@ class _IvfRun:
 def _build_indexes(run: "_IvfRun", jobs: list, graph_index: str | None) -> None:
     """Each job's index trained and filled (or its streamed search submitted), and its recall's exact side."""
     ctx, data, seed, split_url, nprobe, train, nlist, tb, budget = (
-        run.ctx, run.data, run.seed, run.split_url, run.nprobe, run.train, run.nlist, run.tb, run.budget)
+        run.ctx,
+        run.data,
+        run.seed,
+        run.split_url,
+        run.nprobe,
+        run.train,
+        run.nlist,
+        run.tb,
+        run.budget,
+    )
     for i, job in enumerate(jobs):
         q_url, db_url = job["urls"]
         # seeded by the job's own unit and view, never its place in this run's list (which depends on the
@@ -99,33 +120,61 @@ def _build_indexes(run: "_IvfRun", jobs: list, graph_index: str | None) -> None:
         rng = np.random.default_rng([seed, 38, int(job["unit"].key, 16), ("codes", "exact").index(job["view"])])
         asked = np.concatenate(job["blocks"])
         job["probe"] = np.sort(rng.choice(asked, min(len(asked), ivf.RECALL_QUERIES), replace=False))
-        job["metric"] = "l2" if job["score"] == "euclidean" else "ip"   # the index's and the re-scoring's
+        job["metric"] = "l2" if job["score"] == "euclidean" else "ip"  # the index's and the re-scoring's
         dim = open_array(db_url).shape[1]
         job["streamed"] = job["index"] is None and knn_streamed(ctx, data, len(train), dim)
-        if job["streamed"]:   # no index: the train codes are read once, the recall check's exact side too
+        if job["streamed"]:  # no index: the train codes are read once, the recall check's exact side too
             sample = np.sort(rng.choice(train, ivf.sample_rows(len(train), nlist), replace=False))
             job["lists"], job["exact"], job["approx"] = ivf.search_streamed(
-                ctx, q_url, db_url, split_url, tb, job["blocks"], job["probe"], sample, nlist, nprobe, job["k"],
-                job["metric"], "knn-index", priority=len(jobs) - i)
+                ctx,
+                q_url,
+                db_url,
+                split_url,
+                tb,
+                job["blocks"],
+                job["probe"],
+                sample,
+                nlist,
+                nprobe,
+                job["k"],
+                job["metric"],
+                "knn-index",
+                priority=len(jobs) - i,
+            )
             job["factory"], job["rerank"], job["reused"] = f"IVF{nlist},Flat over the streamed codes", 1, False
             continue
-        job["exact"] = ctx.submit(exact_knn, q_url, db_url, data.url, data.chunks, job["probe"], job["k"],
-                                  job["score"], name="knn-recall")
+        job["exact"] = ctx.submit(
+            exact_knn, q_url, db_url, data.url, data.chunks, job["probe"], job["k"], job["score"], name="knn-recall"
+        )
         job["token"] = f"{job['unit'].url}/{job['view']}@{time.time_ns()}"
         job["reused"] = job["index"] is not None
-        if job["reused"]:    # the neighbours stage's index, stored with its graph
+        if job["reused"]:  # the neighbours stage's index, stored with its graph
             job["factory"], job["ready"] = graph_index, []
             continue
         job["index"] = f"{job['unit'].url}/knn-index-{job['view']}"
-        job["factory"] = ivf.factory_string(len(train), dim, nlist, budget, ctx.config.source_file,
-                                            ctx.config.setting("memory_limit"))
+        job["factory"] = ivf.factory_string(
+            len(train), dim, nlist, budget, ctx.config.source_file, ctx.config.setting("memory_limit")
+        )
         sample = np.sort(rng.choice(train, ivf.sample_rows(len(train), nlist), replace=False))
-        trained = ctx.submit(ivf.train, db_url, job["index"], sample, job["factory"], seed, job["metric"],
-                             name="knn-index-train")
-        create_array(f"{job['index']}/ivf_codes", (data.n_samples, ivf.code_bytes(job["factory"], dim)),
-                     (row_chunk(data.chunk_rows, data.n_samples), ivf.code_bytes(job["factory"], dim)), np.uint8)
-        job["ready"] = [ctx.submit(_after, ivf.encode, (db_url, split_url, job["index"], job["token"], a, b), trained,
-                                   name="knn-index-encode") for a, b in tb]
+        trained = ctx.submit(
+            ivf.train, db_url, job["index"], sample, job["factory"], seed, job["metric"], name="knn-index-train"
+        )
+        create_array(
+            f"{job['index']}/ivf_codes",
+            (data.n_samples, ivf.code_bytes(job["factory"], dim)),
+            (row_chunk(data.chunk_rows, data.n_samples), ivf.code_bytes(job["factory"], dim)),
+            np.uint8,
+        )
+        job["ready"] = [
+            ctx.submit(
+                _after,
+                ivf.encode,
+                (db_url, split_url, job["index"], job["token"], a, b),
+                trained,
+                name="knn-index-encode",
+            )
+            for a, b in tb
+        ]
 
 
 def _search_indexes(run: "_IvfRun", jobs: list) -> None:
@@ -142,33 +191,70 @@ def _search_indexes(run: "_IvfRun", jobs: list) -> None:
         # a PQ index's distances are approximate: rerank x k candidates, re-scored exactly on the codes
         job["rerank"] = nb.rerank if ",PQ" in job["factory"] else 1
         kc = job["k"] * job["rerank"]
-        job["lists"] = [ctx.submit(_after, ivf.search, args + (q, kc, nprobe), *job["ready"],
-                                   name="knn-index-search", priority=len(jobs) - i) for q in job["blocks"]]
-        job["approx"] = ctx.submit(_after, ivf.search, args + (job["probe"], kc, nprobe), *job["ready"],
-                                   name="knn-index-search", priority=len(jobs) - i)
+        job["lists"] = [
+            ctx.submit(
+                _after,
+                ivf.search,
+                args + (q, kc, nprobe),
+                *job["ready"],
+                name="knn-index-search",
+                priority=len(jobs) - i,
+            )
+            for q in job["blocks"]
+        ]
+        job["approx"] = ctx.submit(
+            _after,
+            ivf.search,
+            args + (job["probe"], kc, nprobe),
+            *job["ready"],
+            name="knn-index-search",
+            priority=len(jobs) - i,
+        )
         if job["rerank"] > 1:
             rescore = (job["urls"][0], job["urls"][1], tb)
-            job["lists"] = ivf.rescored(ctx, *rescore, job["blocks"], job["lists"], job["k"], kc, job["metric"],
-                                        "knn-index", priority=len(jobs) - i)
-            job["approx"] = ivf.rescored(ctx, *rescore, [job["probe"]], [job["approx"]], job["k"], kc, job["metric"],
-                                         "knn-index", priority=len(jobs) - i)[0]
+            job["lists"] = ivf.rescored(
+                ctx,
+                *rescore,
+                job["blocks"],
+                job["lists"],
+                job["k"],
+                kc,
+                job["metric"],
+                "knn-index",
+                priority=len(jobs) - i,
+            )
+            job["approx"] = ivf.rescored(
+                ctx,
+                *rescore,
+                [job["probe"]],
+                [job["approx"]],
+                job["k"],
+                kc,
+                job["metric"],
+                "knn-index",
+                priority=len(jobs) - i,
+            )[0]
 
 
 def _recall_and_release(ctx: StageContext, jobs: list, nprobe: int) -> None:
     """Each job's recall@k against exact search in its ``knn_note``; the indexes built here deleted."""
     for job in jobs:
         e, a = ctx.gather([job["exact"], job["approx"]], "evaluate", ["recall: exact", "recall: index"])
-        job["knn_note"] = {"knn_search": f"{job['factory']}, nprobe {nprobe}"
-                                         + (f", rerank {job['rerank']}" if job["rerank"] > 1 else "")
-                                         + (" (the neighbours stage's index)" if job["reused"] else ""),
-                           "knn_recall": ivf.recall(e, a, job["k"])}
-        ctx.log(f"  evaluate: kNN of {job['unit'].rel} ({job['view']}) through {job['knn_note']['knn_search']}: "
-                f"recall@{job['k']} {job['knn_note']['knn_recall']:.3f} against exact search on "
-                f"{len(job['probe'])} queries")
+        job["knn_note"] = {
+            "knn_search": f"{job['factory']}, nprobe {nprobe}"
+            + (f", rerank {job['rerank']}" if job["rerank"] > 1 else "")
+            + (" (the neighbours stage's index)" if job["reused"] else ""),
+            "knn_recall": ivf.recall(e, a, job["k"]),
+        }
+        ctx.log(
+            f"  evaluate: kNN of {job['unit'].rel} ({job['view']}) through {job['knn_note']['knn_search']}: "
+            f"recall@{job['k']} {job['knn_note']['knn_recall']:.3f} against exact search on "
+            f"{len(job['probe'])} queries"
+        )
     distributed.wait([f for job in jobs for f in job["lists"]])  # (a failed search: reported by its classify task)
     ctx.client.run(ivf.release)
     for job in jobs:
-        if not job["reused"] and not job["streamed"]:   # built here: scratch once searched
+        if not job["reused"] and not job["streamed"]:  # built here: scratch once searched
             ctx.store.fs.rm(f"{job['unit'].root}/knn-index-{job['view']}", recursive=True)
 
 

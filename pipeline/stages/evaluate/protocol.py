@@ -1,5 +1,6 @@
 """What one evaluation reads (:class:`Protocol`: the seen classes', or the held-out ones') and how its
 queries are cut into tasks: fixed sizes, so the split is the same on any cluster."""
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -9,7 +10,6 @@ from metricpipe.context import StageContext
 from metricpipe.stages.common import TEST, TRAIN, DataInfo
 from metricpipe.store import open_array
 from metricpipe.tasks import evaluation, registry, splits, stream
-
 
 # Fixed (not worker-count dependent) so that every query meets the same GEMM shapes on any cluster.
 CLASSIFY_QUERIES = 4096
@@ -40,7 +40,7 @@ RETRIEVAL_TASKS = 8
 
 
 def fixed_blocks(idx: np.ndarray, size: int) -> list[np.ndarray]:
-    return [idx[a:a + size] for a in range(0, len(idx), size)]
+    return [idx[a : a + size] for a in range(0, len(idx), size)]
 
 
 def query_group(n_db: int, budget_bytes: float = EVAL_BUDGET - RETRIEVAL_DB_BYTES) -> int:
@@ -61,14 +61,15 @@ class Protocol:
     class means, test rows the queries) or, when the run holds classes out (``data.split.classes``),
     theirs: retrieval among their test rows, kNN over their train rows, NCM (and an NCMC model's
     mixture) with means (centroids) from their train rows, as ``metricpipe add-classes`` adds them."""
-    name: str | None        # the records' "classes": None (no class held out), "seen" or "unseen"
-    train: int              # split code of the database and mean rows
-    test: np.ndarray        # the test rows (the retrieval database)
-    queries: np.ndarray     # retrieval queries: every test row, or a seeded sample of them
+
+    name: str | None  # the records' "classes": None (no class held out), "seen" or "unseen"
+    train: int  # split code of the database and mean rows
+    test: np.ndarray  # the test rows (the retrieval database)
+    queries: np.ndarray  # retrieval queries: every test row, or a seeded sample of them
     classified: np.ndarray  # the test rows classified
-    ks: tuple               # retrieval's K
-    acc_k: int              # map@r & co.: the largest class less one
-    km_rows: np.ndarray     # the query rows k-means (NMI, AMI) is fitted on
+    ks: tuple  # retrieval's K
+    acc_k: int  # map@r & co.: the largest class less one
+    km_rows: np.ndarray  # the query rows k-means (NMI, AMI) is fitted on
     n_clusters: int
     ukb: bool
     n_train: int
@@ -89,26 +90,42 @@ def _protocol(ctx: StageContext, data: DataInfo, name: str | None, train: int, t
     n_queries = ev.queries
     if n_queries is None and len(test) > RETRIEVAL_QUERIES:
         n_queries = RETRIEVAL_QUERIES
-        if ev.retrieval:   # (retrieval: false: the sample serves the clustering scores alone)
-            ctx.log(f"  evaluate: retrieval by a seeded sample of {n_queries:,} of the {len(test):,}{of} test rows "
-                    f"(set evaluate.retrieval.queries to change it)")
+        if ev.retrieval:  # (retrieval: false: the sample serves the clustering scores alone)
+            ctx.log(
+                f"  evaluate: retrieval by a seeded sample of {n_queries:,} of the {len(test):,}{of} test rows "
+                f"(set evaluate.retrieval.queries to change it)"
+            )
     if n_queries is not None and n_queries < len(test):
         queries = np.sort(np.random.default_rng([ctx.config.seed, 31]).choice(test, n_queries, replace=False))
     # classification: every test image, or a seeded class-stratified sample (evaluate.classification.queries)
-    classified = test if ev.classify_queries is None else test[stream.sample(
-        data.labels[test], ev.classify_queries, open_array(f"{data.url}/row_key")[:][test], ctx.config.seed,
-        stream.EVALUATED)]
+    classified = (
+        test
+        if ev.classify_queries is None
+        else test[
+            stream.sample(
+                data.labels[test],
+                ev.classify_queries,
+                open_array(f"{data.url}/row_key")[:][test],
+                ctx.config.seed,
+                stream.EVALUATED,
+            )
+        ]
+    )
     rel_key = data.groups if data.groups is not None else data.labels
     ukb = data.groups is not None and bool(np.all(np.bincount(data.groups[test])[np.unique(data.groups[test])] == 4))
     # map@r & co. (test queries against the test set, itself left out): k = the largest class less one
     acc_k = evaluation.accuracy_k(evaluation.relevant_counts(rel_key[queries], rel_key[test], True))
     n_clusters = len(np.unique(data.labels[queries]))
-    km_rows = np.sort(np.random.default_rng([ctx.config.seed, 32]).choice(
-        queries, min(len(queries), KMEANS_ROWS_PER_CLASS * n_clusters), replace=False))
+    km_rows = np.sort(
+        np.random.default_rng([ctx.config.seed, 32]).choice(
+            queries, min(len(queries), KMEANS_ROWS_PER_CLASS * n_clusters), replace=False
+        )
+    )
     # the unseen classes' test rows are fewer: retrieval's K beyond them is left out there (K = 1 stays)
     ks = tuple(k for k in ev.retrieval_k if k < len(test)) or (1,)
-    return Protocol(name, train, test, queries, classified, ks, acc_k, km_rows, n_clusters, ukb,
-                    int((data.split == train).sum()))
+    return Protocol(
+        name, train, test, queries, classified, ks, acc_k, km_rows, n_clusters, ukb, int((data.split == train).sum())
+    )
 
 
 def served_classifiers(ev, spec: dict, proto: Protocol | None = None) -> tuple:
@@ -120,6 +137,9 @@ def served_classifiers(ev, spec: dict, proto: Protocol | None = None) -> tuple:
     asked = ev.classifiers + ((own,) if own and own not in ev.classifiers else ())
     served = tuple(c for c in asked if not unserved(spec, c))
     if proto is not None and proto.name == "unseen":
-        served = tuple(c for c in served if not c.startswith("softvote")
-                       and not (c.startswith("knn") and int(c[3:]) > proto.n_train))
+        served = tuple(
+            c
+            for c in served
+            if not c.startswith("softvote") and not (c.startswith("knn") and int(c[3:]) > proto.n_train)
+        )
     return served

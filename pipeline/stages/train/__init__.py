@@ -6,6 +6,7 @@ learner is fed (``tasks.registry.feeds``). A driver moves data and nothing else:
 the learner needs, calls the estimator's documented entry point on a worker, and stores the fitted
 estimator (``storage.save_model``).
 """
+
 import time
 import warnings
 from dataclasses import dataclass
@@ -20,11 +21,11 @@ from metricpipe.stages.train import neighbours, pairs, pool, select, statistics,
 from metricpipe.store import Unit, hash_key
 from metricpipe.tasks import registry
 from metricpipe.tasks.base import seed_of
-from metricpipe.tasks.evaluation import higher_is_better
 from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.evaluation import higher_is_better
 from metricpipe.tasks.splits import TRAIN, VAL, seen_classes
 
-model_id = registry.model_name   # (the stages' name for it)
+model_id = registry.model_name  # (the stages' name for it)
 
 
 # A run prints this as a note before any work (RandomProjection.shape_notes); the worker's copy of the
@@ -33,8 +34,14 @@ model_id = registry.model_name   # (the stages' name for it)
 warnings.filterwarnings("ignore", message="random projection to dim", category=UserWarning)
 
 
-FEEDERS = {"statistics": statistics, "stream": stream, "pairs": pairs, "neighbours": neighbours, "subset": subset,
-           "pool": pool}   # one feeder per kind of input (a learner's ``feeds``)
+FEEDERS = {
+    "statistics": statistics,
+    "stream": stream,
+    "pairs": pairs,
+    "neighbours": neighbours,
+    "subset": subset,
+    "pool": pool,
+}  # one feeder per kind of input (a learner's ``feeds``)
 
 
 def largest_tasks(info, cfg, limit: float) -> list:
@@ -56,7 +63,7 @@ def largest_tasks(info, cfg, limit: float) -> list:
 
 def model_key(spec: dict, stats: Unit, neighbours: Unit | None, data: DataInfo, fold: Fold = Fold()) -> str:
     inputs = {"stage": "model", "spec": spec, "statistics": stats.key, "data": data.unit.key, **fold.key()}
-    if registry.feeds(spec["method"], spec) == "neighbours":   # (what its fit reads)
+    if registry.feeds(spec["method"], spec) == "neighbours":  # (what its fit reads)
         inputs["neighbours"] = neighbours.key
     return hash_key(inputs)
 
@@ -64,6 +71,7 @@ def model_key(spec: dict, stats: Unit, neighbours: Unit | None, data: DataInfo, 
 class Trained(NamedTuple):
     """A model the run keeps: its spec as the records name it (the chosen candidate's), its unit,
     and the (config entry, repeat) pairs it is the model of (a baseline serves every repeat)."""
+
     spec: dict
     unit: Unit
     serves: tuple
@@ -72,6 +80,7 @@ class Trained(NamedTuple):
 @dataclass
 class _Plan:
     """One config entry in one repeat: its candidates, the fold they fit, and what is kept."""
+
     n: int
     repeat: int
     spec: dict
@@ -79,9 +88,9 @@ class _Plan:
     cands: list
     cunits: list
     sel_unit: Unit | None = None
-    refit: bool = False          # refit the chosen candidate on every train row (its rows were borrowed)
-    chosen: int | None = None    # the candidate kept, once known
-    final: Unit | None = None    # the model kept (the chosen candidate, or its refit)
+    refit: bool = False  # refit the chosen candidate on every train row (its rows were borrowed)
+    chosen: int | None = None  # the candidate kept, once known
+    final: Unit | None = None  # the model kept (the chosen candidate, or its refit)
 
 
 def repeat_spec(spec: dict, repeat: int) -> dict:
@@ -110,24 +119,30 @@ def _note_val_classes(ctx: StageContext, data: DataInfo, split: np.ndarray, n: i
     """Say which classes a learner that early-stops on class error (NCMML, NCMC, k-NN ML) has no val
     row of, and why (few-shot classes; with data.pairs, rows the pairs join stay in train)."""
     est = registry.make(spec)
-    if est.feeds != "stream":   # (the learners that early-stop on class error)
+    if est.feeds != "stream":  # (the learners that early-stop on class error)
         return
     wanted = est.trained_classes(data.classes)
-    wanted = wanted[np.isin(wanted, seen_classes(data.split, data.labels))]   # (data.split.classes: not those)
+    wanted = wanted[np.isin(wanted, seen_classes(data.split, data.labels))]  # (data.split.classes: not those)
     missing = np.setdiff1d(wanted, data.labels[split == VAL])
     if not len(missing):
         return
-    names = ", ".join(str(v) if isinstance(v, (int, np.integer)) else repr(str(v))
-                      for v in (data.classes[c] for c in missing[:5])) + (", ..." if len(missing) > 5 else "")
+    names = ", ".join(
+        str(v) if isinstance(v, (int, np.integer)) else repr(str(v)) for v in (data.classes[c] for c in missing[:5])
+    ) + (", ..." if len(missing) > 5 else "")
     d = ctx.config.data
-    why = ("the val rows of data.split.column (or, where it has none, val: auto's share of its train rows)"
-           if d.split.column else
-           "data.split.val: auto borrows val rows only from train rows that no pair of data.pairs joins"
-           if d.pairs and d.split.val == "auto" else
-           "a class's share of data.split.val: auto is under one row when it has few rows" if d.split.val == "auto"
-           else "the data's val rows")
-    ctx.log(f"  train: {ctx.config.entry(n)} ({model_id(spec)}): the val split holds no row of {len(missing)} of the "
-            f"{len(wanted)} classes it trains on ({names}; {why}); its early stopping scores the others")
+    why = (
+        "the val rows of data.split.column (or, where it has none, val: auto's share of its train rows)"
+        if d.split.column
+        else "data.split.val: auto borrows val rows only from train rows that no pair of data.pairs joins"
+        if d.pairs and d.split.val == "auto"
+        else "a class's share of data.split.val: auto is under one row when it has few rows"
+        if d.split.val == "auto"
+        else "the data's val rows"
+    )
+    ctx.log(
+        f"  train: {ctx.config.entry(n)} ({model_id(spec)}): the val split holds no row of {len(missing)} of the "
+        f"{len(wanted)} classes it trains on ({names}; {why}); its early stopping scores the others"
+    )
 
 
 def _splits(ctx: StageContext, data: DataInfo) -> tuple[bool, list]:
@@ -145,9 +160,12 @@ def _plans(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit | No
     has_val = bool((folds[0][1] == VAL).any())
     if not has_val and any(spec.get("select") for spec in ctx.config.methods):
         d = ctx.config.data
-        why = ("data.split.val: 0" if d.split.val != "auto" else
-               "data.split.val: auto found none to borrow: every class keeps two train rows"
-               + (", and rows data.pairs joins stay in train" if d.pairs else ""))
+        why = (
+            "data.split.val: 0"
+            if d.split.val != "auto"
+            else "data.split.val: auto found none to borrow: every class keeps two train rows"
+            + (", and rows data.pairs joins stay in train" if d.pairs else "")
+        )
         ctx.log(f"  train: the data has no validation rows ({why}), so parameters keep their defaults")
     plans = []
     for r, (fold, split) in enumerate(folds):
@@ -157,17 +175,25 @@ def _plans(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit | No
             validated = has_val and (len(cands) > 1 or registry.make(cands[0]).validates())
             if has_val and r == 0:
                 _note_val_classes(ctx, data, split, n, spec)
-            if not validated:   # nothing to choose or stop on: one model on every train row
+            if not validated:  # nothing to choose or stop on: one model on every train row
                 cands, fold_n = cands[:1], Fold()
             else:
                 fold_n = fold
             refit = validated and fold_n.borrow is not None and (spec.get("select") or {}).get("refit", True)
-            plan = _Plan(n, r, spec, fold_n, cands,
-                         [ctx.store.unit("models", model_key(c, stats, neighbours, data, fold_n)) for c in cands],
-                         refit=refit)
+            plan = _Plan(
+                n,
+                r,
+                spec,
+                fold_n,
+                cands,
+                [ctx.store.unit("models", model_key(c, stats, neighbours, data, fold_n)) for c in cands],
+                refit=refit,
+            )
             if len(cands) > 1:
-                plan.sel_unit = ctx.store.unit("selection", select.selection_key(
-                    plan.cunits, spec["select"]["metric"], ctx.config.seed, ctx.config))
+                plan.sel_unit = ctx.store.unit(
+                    "selection",
+                    select.selection_key(plan.cunits, spec["select"]["metric"], ctx.config.seed, ctx.config),
+                )
             plans.append(plan)
     return plans
 
@@ -178,7 +204,7 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
     (``metricpipe.select``) and refits it on every train row (``select.refit``); a learner that
     stops early does the same with its one candidate. Returns the models kept, each once."""
     plans = _plans(ctx, data, stats, neighbours)
-    for p in plans:   # what a resumed run already has
+    for p in plans:  # what a resumed run already has
         if p.sel_unit is not None:
             if ctx.reuse(p.sel_unit, "train"):
                 _with_extensions(ctx, p, p.sel_unit.meta())
@@ -191,7 +217,7 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
     todo, required = {}, set()
     for p in plans:
         if p.chosen is not None:
-            if ctx.repair and p.sel_unit is not None:   # a damaged candidate not kept is retrained alone
+            if ctx.repair and p.sel_unit is not None:  # a damaged candidate not kept is retrained alone
                 for i, u in enumerate(p.cunits):
                     if i != p.chosen and (u.done() or u.marker_damaged()) and not ctx.reuse(u, "train"):
                         todo.setdefault(u.key, (p.cands[i], u, p.fold, p))
@@ -223,14 +249,14 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
     kept = sum(1 for p in plans if p.final.key not in made and not any(u.key in made for u in p.cunits))
     if kept:
         ctx.log(f"  train: reusing {kept} of {len(plans)} models")
-    ctx.validated = sorted({u.rel for p in plans if p.refit for u in p.cunits if u.done()})   # (gc keeps them)
+    ctx.validated = sorted({u.rel for p in plans if p.refit for u in p.cunits if u.done()})  # (gc keeps them)
     return _kept(ctx, plans)
 
 
 def _with_extensions(ctx, p: _Plan, meta: dict) -> None:
     """A committed selection's candidates beyond its grid (it searched past an edge) back in the plan,
     in its order, so that its choice indexes them."""
-    for row in meta.get("candidates", [])[len(p.cands):]:
+    for row in meta.get("candidates", [])[len(p.cands) :]:
         p.cands.append({**p.cands[0], **row["params"]})
         p.cunits.append(ctx.store.unit("models", row["model"]))
 
@@ -246,8 +272,12 @@ def _submit(ctx: StageContext, todo: dict, data, stats, neighbours) -> dict:
         driver = FEEDERS[registry.feeds(spec["method"], spec)].submit
         ctx.returning_errors = True  # a candidate may diverge (a score, not a failure); else named below
         try:
-            out[key] = (spec, unit, driver(ctx, spec, registry.make(spec), data, stats, neighbours, unit,
-                                           model_id(spec), fold), plan)
+            out[key] = (
+                spec,
+                unit,
+                driver(ctx, spec, registry.make(spec), data, stats, neighbours, unit, model_id(spec), fold),
+                plan,
+            )
         finally:
             ctx.returning_errors = False
     return out
@@ -269,9 +299,10 @@ def _submit_scores(ctx: StageContext, plans: list[_Plan], futures: dict, data) -
 def _score(ctx, p: _Plan, cands, cunits, futures: dict, sel_future) -> dict:
     out = {}
     for c, u in zip(cands, cunits):
-        trained = futures[u.key][2] if u.key in futures else None   # (this runs after it)
-        out[(p.sel_unit.key, u.key)] = select.submit_score(ctx, trained, u, p.spec["select"]["metric"], sel_future,
-                                                           model_id(c))
+        trained = futures[u.key][2] if u.key in futures else None  # (this runs after it)
+        out[(p.sel_unit.key, u.key)] = select.submit_score(
+            ctx, trained, u, p.spec["select"]["metric"], sel_future, model_id(c)
+        )
     return out
 
 
@@ -280,22 +311,32 @@ def _gather_models(ctx: StageContext, futures: dict, required: set, data, refit_
     failure keeps it); a failed model in ``required`` stops the run with its entry's one line."""
     t0 = time.perf_counter()
     items = list(futures.values())
-    names = [model_id(plan.cands[plan.chosen]) + " refitted" if refit_of and unit.key in refit_of else model_id(spec)
-             for spec, unit, _, plan in items]
+    names = [
+        model_id(plan.cands[plan.chosen]) + " refitted" if refit_of and unit.key in refit_of else model_id(spec)
+        for spec, unit, _, plan in items
+    ]
 
     def commit(i, res):
         spec, unit, _, plan = items[i]
         if isinstance(res, Exception):
-            if unit.key in required:   # a model the run needs: its config entry's one line
-                raise InputError(f"{ctx.config.source_file}: {ctx.config.entry(plan.n)} ({model_id(spec)}): "
-                                 f"{res}") from None
-            unit.discard()   # the selection records the failure; no half-written model is left behind
+            if unit.key in required:  # a model the run needs: its config entry's one line
+                raise InputError(
+                    f"{ctx.config.source_file}: {ctx.config.entry(plan.n)} ({model_id(spec)}): {res}"
+                ) from None
+            unit.discard()  # the selection records the failure; no half-written model is left behind
             return
-        unit.commit({**res, "spec": spec, "seconds": round(res["fit_seconds"], 3),
-                     "wall": round(time.perf_counter() - t0, 3), "data": data.unit.key,
-                     "normalize": ctx.config.data.normalize,
-                     "class_names": labels_list(data.classes),
-                     **({"refit_of": refit_of[unit.key]} if refit_of and unit.key in refit_of else {})})
+        unit.commit(
+            {
+                **res,
+                "spec": spec,
+                "seconds": round(res["fit_seconds"], 3),
+                "wall": round(time.perf_counter() - t0, 3),
+                "data": data.unit.key,
+                "normalize": ctx.config.data.normalize,
+                "class_names": labels_list(data.classes),
+                **({"refit_of": refit_of[unit.key]} if refit_of and unit.key in refit_of else {}),
+            }
+        )
         if "samples_per_second" in res:
             ctx.log(f"  train: {names[i]} {res['samples_per_second']:.0f} samples/s")
 
@@ -326,20 +367,23 @@ def _choose(ctx: StageContext, plans: list[_Plan], scores: dict, data, stats, ne
         more = {}
         for p in {id(q): q for q, _, _ in new}.values():
             mine = [(c, u) for q, c, u in new if q is p]
-            more.update(_score(ctx, p, [c for c, _ in mine], [u for _, u in mine], futures,
-                               scores["rows"][p.repeat][0]))
+            more.update(
+                _score(ctx, p, [c for c, _ in mine], [u for _, u in mine], futures, scores["rows"][p.repeat][0])
+            )
         _gather_models(ctx, futures, set(), data)
         got = ctx.gather(list(more.values()), "train", [f"selection score {k[1]}" for k in more])
-        for (sel_key, key), value in zip(more, got):
+        for (sel_key, _), value in zip(more, got):
             p = next(q for q in pending if q.sel_unit.key == sel_key)
             results[id(p)].append(value)
     for p in plans:
         if p.sel_unit is None:
             unit = p.cunits[0]
             if p.refit and unit.done() and unit.meta().get("best_iter") == 0 and p.repeat == 0:
-                ctx.log(f"  train: {model_id(p.cands[0])}: early stopping kept the model it starts from (no step "
-                        f"lowered its validation score); its parameters may not suit this data (select: true "
-                        f"searches them)")
+                ctx.log(
+                    f"  train: {model_id(p.cands[0])}: early stopping kept the model it starts from (no step "
+                    f"lowered its validation score); its parameters may not suit this data (select: true "
+                    f"searches them)"
+                )
             continue
         if p.chosen is None:
             _commit_selection(ctx, p, results[id(p)], scores["rows"][p.repeat][1], steps[id(p)])
@@ -367,9 +411,11 @@ def _outward(ctx, p: _Plan, results: list, steps: dict) -> list[dict]:
             out.append(cand)
     if out:
         again = f" (repeat {p.repeat})" if p.repeat else ""
-        ctx.log(f"  train: {model_id({k: v for k, v in chosen.items() if k not in grid})}{again}: "
-                f"{select.describe(grid, chosen)} is at the edge of its grid; also trying "
-                + "; ".join(select.describe({k: 0 for k in grid if c[k] != chosen[k]}, c) for c in out))
+        ctx.log(
+            f"  train: {model_id({k: v for k, v in chosen.items() if k not in grid})}{again}: "
+            f"{select.describe(grid, chosen)} is at the edge of its grid; also trying "
+            + "; ".join(select.describe({k: 0 for k in grid if c[k] != chosen[k]}, c) for c in out)
+        )
     return out
 
 
@@ -387,8 +433,10 @@ def _kept(ctx: StageContext, plans: list[_Plan]) -> list[Trained]:
             out[p.final.key] = Trained(spec, p.final, ((p.n, p.repeat),))
     shared = sum(1 for t in out.values() if len({n for n, _ in t.serves}) > 1)
     if shared:
-        ctx.log(f"  train: {shared} entr{'y' if shared == 1 else 'ies'} ended with the model another entry has; "
-                f"it is encoded and evaluated once")
+        ctx.log(
+            f"  train: {shared} entr{'y' if shared == 1 else 'ies'} ended with the model another entry has; "
+            f"it is encoded and evaluated once"
+        )
     return list(out.values())
 
 
@@ -401,32 +449,62 @@ def _commit_selection(ctx, p: _Plan, results, n_val, steps: dict) -> None:
     name = model_id(cands[0])
     if best < 0:
         first = next(r for r in results if isinstance(r, Exception))
-        raise InputError(f"{ctx.config.source_file}: {ctx.config.entry(p.n)} ({name}): every candidate failed; the "
-                         f"first: {first}")
-    rows = [{"params": {k: c[k] for k in grid}, "model": u.key,
-             "score": s, "error": None if s is not None else str(r).splitlines()[0]}
-            for c, u, s, r in zip(cands, cunits, scores, results)]
+        raise InputError(
+            f"{ctx.config.source_file}: {ctx.config.entry(p.n)} ({name}): every candidate failed; the first: {first}"
+        )
+    rows = [
+        {
+            "params": {k: c[k] for k in grid},
+            "model": u.key,
+            "score": s,
+            "error": None if s is not None else str(r).splitlines()[0],
+        }
+        for c, u, s, r in zip(cands, cunits, scores, results)
+    ]
     sel_unit.begin()
-    label = model_id({k: v for k, v in cands[0].items() if k not in grid})   # the entry, searched parameters aside
+    label = model_id({k: v for k, v in cands[0].items() if k not in grid})  # the entry, searched parameters aside
     edge = select.at_edge({k: v for k, v in grid.items() if all(isinstance(x, float) for x in v)}, cands, cands[best])
-    ctx.commit(sel_unit, {"method": spec["method"], "label": label, "metric": metric, "grid": grid,
-                          "validation_rows": n_val, "repeat": p.repeat, "entry": p.n,
-                          "extended": len(cands) - len(registry.candidates(spec)), "edge": edge,
-                          "higher_is_better": higher_is_better(metric),
-                          "candidates": rows, "chosen": best, "model": cunits[best].key, "spec": cands[best]})
-    shown = "; ".join(f"{select.describe(grid, r['params'])}: "
-                      + (f"{r['score']:.4f}" if r["score"] is not None else "failed") for r in rows)
+    ctx.commit(
+        sel_unit,
+        {
+            "method": spec["method"],
+            "label": label,
+            "metric": metric,
+            "grid": grid,
+            "validation_rows": n_val,
+            "repeat": p.repeat,
+            "entry": p.n,
+            "extended": len(cands) - len(registry.candidates(spec)),
+            "edge": edge,
+            "higher_is_better": higher_is_better(metric),
+            "candidates": rows,
+            "chosen": best,
+            "model": cunits[best].key,
+            "spec": cands[best],
+        },
+    )
+    shown = "; ".join(
+        f"{select.describe(grid, r['params'])}: " + (f"{r['score']:.4f}" if r["score"] is not None else "failed")
+        for r in rows
+    )
     again = f" (repeat {p.repeat})" if p.repeat else ""
-    ctx.log(f"  train: {label}{again} selected {select.describe(grid, rows[best]['params'])} by "
-            f"{metric} on {n_val:,} validation rows ({shown})")
+    ctx.log(
+        f"  train: {label}{again} selected {select.describe(grid, rows[best]['params'])} by "
+        f"{metric} on {n_val:,} validation rows ({shown})"
+    )
     for name, side in edge.items():
-        ctx.log(f"  train: {label}{again}: {name} {cands[best][name]:g} is still the {'largest' if side == 'upper' else 'smallest'} "
-                f"value tried after {steps.get((name, side), 0)} step(s) beyond the grid; the best may lie further "
-                f"(set select.{name} to search there)")
+        extreme = "largest" if side == "upper" else "smallest"
+        ctx.log(
+            f"  train: {label}{again}: {name} {cands[best][name]:g} is still the {extreme} value tried after "
+            f"{steps.get((name, side), 0)} step(s) beyond the grid; the best may lie further "
+            f"(set select.{name} to search there)"
+        )
     failed = [r for r in rows if r["score"] is None]
-    if failed:   # why, once: candidates usually fail alike (a rate that diverges)
+    if failed:  # why, once: candidates usually fail alike (a rate that diverges)
         why = str(failed[0]["error"])
-        for k in grid:   # "lower 'lr' (now 300.0)" is advice for a value the user set, not a searched one
+        for k in grid:  # "lower 'lr' (now 300.0)" is advice for a value the user set, not a searched one
             why = why.split(f"; lower '{k}'")[0]
-        ctx.log(f"  train: {label}: {len(failed)} of {len(rows)} candidates failed, the selection compares the "
-                f"others; {select.describe(grid, failed[0]['params'])}: {why}")
+        ctx.log(
+            f"  train: {label}: {len(failed)} of {len(rows)} candidates failed, the selection compares the "
+            f"others; {select.describe(grid, failed[0]['params'])}: {why}"
+        )

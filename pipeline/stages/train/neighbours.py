@@ -8,6 +8,7 @@ member is one task (:func:`metricpipe.tasks.slne.fit_member`), and one more task
 (:meth:`SLDE.assemble`). At millions of rows, ``neighbours.queries`` bounds the training set: the
 sampled rows and their neighbours.
 """
+
 import time
 
 import numpy as np
@@ -68,8 +69,9 @@ def _inputs(data_url: str, graph_url: str, chunks: list, to_space, split: np.nda
         anchors = anchors[split[anchors] == TRAIN]
     else:
         anchors = np.flatnonzero(split == TRAIN)
-    rows, graph = slne.training_graph(anchors, _within(read_rows(f"{graph_url}/neighbours", anchors).astype(np.int64),
-                                                       split))
+    rows, graph = slne.training_graph(
+        anchors, _within(read_rows(f"{graph_url}/neighbours", anchors).astype(np.int64), split)
+    )
     labels = open_array(f"{data_url}/label")[:]
     features = open_array(f"{data_url}/features")
     parts = []
@@ -90,8 +92,14 @@ def _train_slne(est, spec, data_url, stats_url, graph_url, chunks, model_url, fo
     t0 = time.perf_counter()
     est.fit_space(Z, y, graph, mean, components, *(val or ()))
     seconds = time.perf_counter() - t0
-    return save_model(model_url, est, spec, seconds, samples_per_second=est.epochs * len(Z) / max(seconds, 1e-9),
-                      best_epoch=est.best_epoch())
+    return save_model(
+        model_url,
+        est,
+        spec,
+        seconds,
+        samples_per_second=est.epochs * len(Z) / max(seconds, 1e-9),
+        best_epoch=est.best_epoch(),
+    )
 
 
 def _train_member(est, n, data_url, stats_url, graph_url, chunks, fold):
@@ -99,8 +107,14 @@ def _train_member(est, n, data_url, stats_url, graph_url, chunks, fold):
     to_space = est.member_map(mean, components, n)
     split = fold_split(data_url, fold)
     Zn, y, graph = _inputs(data_url, graph_url, chunks, to_space, split)
-    return slne.fit_member(est.member_params(), Zn, y, graph, est.member_seed(n),
-                           validation=_validation(data_url, graph_url, to_space, split))
+    return slne.fit_member(
+        est.member_params(),
+        Zn,
+        y,
+        graph,
+        est.member_seed(n),
+        validation=_validation(data_url, graph_url, to_space, split),
+    )
 
 
 def _assemble(est, spec, data_url, stats_url, graph_url, chunks, model_url, fold, *members) -> dict:
@@ -114,20 +128,26 @@ def _assemble(est, spec, data_url, stats_url, graph_url, chunks, model_url, fold
     est.assemble(list(members), mean, components, Z, y, graph)
     metas = [meta for _, meta in members]
     seconds = sum(m["seconds"] for m in metas) + time.perf_counter() - t0
-    return save_model(model_url, est, spec, seconds, members=len(metas), member_seconds=[m["seconds"] for m in metas],
-                      samples_per_second=float(np.mean([m["samples_per_second"] for m in metas])))
+    return save_model(
+        model_url,
+        est,
+        spec,
+        seconds,
+        members=len(metas),
+        member_seconds=[m["seconds"] for m in metas],
+        samples_per_second=float(np.mean([m["samples_per_second"] for m in metas])),
+    )
 
 
 def submit(ctx, spec: dict, est, data, stats, neighbours, unit, name: str, fold: Fold):
     """Submit the tasks that train one SL-NE (one task) or SL-DE (one task per member, then one that
     assembles them) model; returns the future of the train stage's record of it."""
     args = (data.url, stats.url, neighbours.url, data.chunks)
-    k = open_array(f"{stats.url}/pca_components").shape[0]          # the input space's p (metadata only)
+    k = open_array(f"{stats.url}/pca_components").shape[0]  # the input space's p (metadata only)
     n_members = est.n_members(min(est.input_dim or k, k))
-    if not n_members:   # one task fits it
+    if not n_members:  # one task fits it
         return ctx.submit(_train_slne, est, spec, *args, unit.url, fold, name=f"train-{name}")
-    members = [ctx.submit(_train_member, est, n, *args, fold, name=f"train-{name}-member{n}")
-               for n in range(n_members)]
+    members = [ctx.submit(_train_member, est, n, *args, fold, name=f"train-{name}-member{n}") for n in range(n_members)]
     return ctx.submit(_assemble, est, spec, *args, unit.url, fold, *members, name=f"train-{name}-ensemble")
 
 

@@ -4,10 +4,10 @@ pairs (the staged arrays ``pair_i``, ``pair_j``, ``pair_y``, global rows): mappe
 of the shuffled copy and handed with a reader of the copy's blocks to ``fit_pair_blocks``, which holds
 at most two blocks at a time; the start of L is what the learner reads of the statistics (``start``).
 """
+
 import time
 
 import numpy as np
-
 from sklearn.base import clone
 
 from metricpipe.folds import Fold
@@ -17,21 +17,24 @@ from metricpipe.store import array_names, load_arrays, open_array, save_model
 from metricpipe.tasks.base import seed_of
 
 
-def _train_user_pairs(est, spec: dict, data_url: str, stats_url: str, copy_url: str, block_rows: int,
-                      model_url: str) -> dict:
+def _train_user_pairs(
+    est, spec: dict, data_url: str, stats_url: str, copy_url: str, block_rows: int, model_url: str
+) -> dict:
     """On a worker: fit ``est`` from the user's pairs (global staged rows, mapped to the shuffled copy's
     layout positions), holding at most two of the copy's blocks at a time."""
     init, scale = est.start(load_arrays(stats_url, est.reads_statistics)[0])
     features = open_array(f"{copy_url}/features")
     n, D = features.shape
     row = open_array(f"{copy_url}/row")[:]
-    order = np.argsort(row)                 # global staged row -> layout position
-    pairs = np.stack([order[np.searchsorted(row[order], open_array(f"{data_url}/{k}")[:])]
-                      for k in ("pair_i", "pair_j")], axis=1)
+    order = np.argsort(row)  # global staged row -> layout position
+    pairs = np.stack(
+        [order[np.searchsorted(row[order], open_array(f"{data_url}/{k}")[:])] for k in ("pair_i", "pair_j")], axis=1
+    )
     y = open_array(f"{data_url}/pair_y")[:]
     t0 = time.perf_counter()
-    est.fit_pair_blocks(pairs, y, lambda b: features[b * block_rows:(b + 1) * block_rows], n, block_rows, D,
-                        init, scale)
+    est.fit_pair_blocks(
+        pairs, y, lambda b: features[b * block_rows : (b + 1) * block_rows], n, block_rows, D, init, scale
+    )
     seconds = time.perf_counter() - t0
     return save_model(model_url, est, spec, seconds, **fit_facts(est, seconds))
 
@@ -45,8 +48,9 @@ def submit(ctx, spec: dict, est, data, stats, neighbours, unit, name: str, fold:
         return stream.submit(ctx, spec, est, data, stats, neighbours, unit, name, fold)
     copy = shuffle.shuffled(ctx, data, seed)
     est = clone(est).set_params(random_state=seed)  # the copy's seed, also when given a RandomState
-    return ctx.submit(_train_user_pairs, est, spec, data.url, stats.url, copy.url, data.chunk_rows, unit.url,
-                      name=f"train-{name}")
+    return ctx.submit(
+        _train_user_pairs, est, spec, data.url, stats.url, copy.url, data.chunk_rows, unit.url, name=f"train-{name}"
+    )
 
 
 def fed(est, info, cfg, n_train: int):

@@ -14,6 +14,7 @@ The fit records the offline cost (the fit: moments or factorisation and solve se
 cost per image, measured by encoding up to ONLINE_SAMPLE pool images with the fitted estimator; both
 go to the train record beside the fit time.
 """
+
 import time
 
 import numpy as np
@@ -27,8 +28,8 @@ from metricpipe.tasks import slem
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.splits import SPLIT_NAMES, TRAIN
 
-MAX_POOL = 20000        # n x n float64 kernel matrix: 3.2 GB at this size
-ICD_POOL_BYTES = 8e8    # ICD holds the pool and its n x r factor (float64), never the n x n matrix
+MAX_POOL = 20000  # n x n float64 kernel matrix: 3.2 GB at this size
+ICD_POOL_BYTES = 8e8  # ICD holds the pool and its n x r factor (float64), never the n x n matrix
 ONLINE_SAMPLE = 256
 
 
@@ -40,8 +41,10 @@ def negative_rows(split: np.ndarray, neg: dict, where: str) -> np.ndarray:
     rows = np.flatnonzero(split == code)
     if len(rows) < 2:
         have = ", ".join(f"{SPLIT_NAMES[c]} ({n})" for c, n in enumerate(np.bincount(split)) if n)
-        raise InputError(f"{where}: negatives.split {neg['split']!r} holds {len(rows)} image(s); SLEM needs a pool "
-                         f"of at least 2; the data has {have}")
+        raise InputError(
+            f"{where}: negatives.split {neg['split']!r} holds {len(rows)} image(s); SLEM needs a pool "
+            f"of at least 2; the data has {have}"
+        )
     return rows[slem.pool_positions(len(rows), neg)]
 
 
@@ -66,27 +69,31 @@ def _gather(data_url: str, rows) -> np.ndarray:
 
 def _train(est, spec: dict, data_url: str, stats_url: str, chunks, model_url: str, where: str, fold: Fold) -> dict:
     est = clone(est)
-    split = fold_split(data_url, fold)   # a candidate's pool leaves the rows its selection borrowed
+    split = fold_split(data_url, fold)  # a candidate's pool leaves the rows its selection borrowed
     neg = slem.check_negatives(est.negatives)
     rows = negative_rows(split, neg, where)
     facts = {"negatives": int(len(rows)), "negatives_split": neg["split"]}
     linear = isinstance(est, slem.SLEM)
     icd = getattr(est, "decomposition", None) == "icd"
-    if icd:   # no n x n matrix: the pool and the n x r factor
+    if icd:  # no n x n matrix: the pool and the n x r factor
         D = open_array(f"{data_url}/features").shape[1]
         r = len(rows) if est.rank == "full" else min(int(est.rank), len(rows))
         if len(rows) * (D + r) * 8 > ICD_POOL_BYTES:
-            raise InputError(f"{where}: negatives.count {len(rows)} with rank {r} needs "
-                             f"{len(rows) * (D + r) * 8 / 1e9:.1f} GB for ICD's pool and factor, above "
-                             f"{ICD_POOL_BYTES / 1e9:.1f} GB; lower negatives.count or rank")
+            raise InputError(
+                f"{where}: negatives.count {len(rows)} with rank {r} needs "
+                f"{len(rows) * (D + r) * 8 / 1e9:.1f} GB for ICD's pool and factor, above "
+                f"{ICD_POOL_BYTES / 1e9:.1f} GB; lower negatives.count or rank"
+            )
     elif not linear and len(rows) > MAX_POOL:
-        raise InputError(f"{where}: negatives.count {len(rows)} is above {MAX_POOL} for {spec['method']} "
-                         f"{getattr(est, 'kernel', '')} (it holds the pool, and kernel SLEM its n x n kernel "
-                         f"matrix; decomposition icd has no such matrix); lower negatives.count")
+        raise InputError(
+            f"{where}: negatives.count {len(rows)} is above {MAX_POOL} for {spec['method']} "
+            f"{getattr(est, 'kernel', '')} (it holds the pool, and kernel SLEM its n x n kernel "
+            f"matrix; decomposition icd has no such matrix); lower negatives.count"
+        )
     t0 = time.perf_counter()
     try:
         if linear and fold.borrow is None and neg["split"] == "train" and len(rows) == np.count_nonzero(split == TRAIN):
-            stats, _ = load_arrays(stats_url)                       # the statistics stage's moments
+            stats, _ = load_arrays(stats_url)  # the statistics stage's moments
             est.fit_moments(stats["mean"], stats["covariance"], int(stats["n_samples"]), ddof=1)
             facts["moments"] = "statistics stage"
         elif linear:
@@ -101,16 +108,16 @@ def _train(est, spec: dict, data_url: str, stats_url: str, chunks, model_url: st
     t1 = time.perf_counter()
     est.transform(sample)
     online = (time.perf_counter() - t1) / len(sample)
-    return save_model(model_url, est, spec, offline, offline_seconds=offline, online_seconds_per_image=online,
-                      **facts)
+    return save_model(model_url, est, spec, offline, offline_seconds=offline, online_seconds_per_image=online, **facts)
 
 
 def submit(ctx, spec: dict, est, data, stats, neighbours, unit, name: str, fold: Fold):
     """One task that fits ``est`` (SLEM, KernelSLEM or ESVM) on its negative pool and saves it."""
     where = f"{ctx.config.source_file}: {name}"
     if not stats.meta().get("dense", True):
-        refuse_without_dense_covariance(est, data.n_features, ctx.config.statistics.max_dense_dim,
-                                        f"{ctx.config.source_file}: methods: linear slem")
+        refuse_without_dense_covariance(
+            est, data.n_features, ctx.config.statistics.max_dense_dim, f"{ctx.config.source_file}: methods: linear slem"
+        )
     return ctx.submit(_train, est, spec, data.url, stats.url, data.chunks, unit.url, where, fold, name=f"train-{name}")
 
 

@@ -1,6 +1,7 @@
 """A fold's training rows in the store, as a learner's ``fit_rows`` reads them
 (:class:`metricpipe.tasks.rows.TrainingRows`): built on the worker that fits, from the staged data,
 the fold's split and, for the SGD learners, the shuffled copy of the training rows."""
+
 import numpy as np
 
 from metricpipe.folds import Fold, fold_split
@@ -15,11 +16,12 @@ class StoreRows(StagedRows):
     selection borrowed), in staged order: ``in_stats`` the stored train rows (what the statistics
     describe), ``fit`` the fold's train rows, ``val`` its validation rows (None: it has none)."""
 
-    def __init__(self, data_url: str, fold: Fold, chunks: list, copy_url: str | None = None,
-                 block_rows: int | None = None):
+    def __init__(
+        self, data_url: str, fold: Fold, chunks: list, copy_url: str | None = None, block_rows: int | None = None
+    ):
         stored = open_array(f"{data_url}/split")[:]
         split = fold_split(data_url, fold)
-        rows = np.flatnonzero((stored == TRAIN) | (split == VAL))    # global staged rows
+        rows = np.flatnonzero((stored == TRAIN) | (split == VAL))  # global staged rows
         super().__init__(data_url, chunks, rows)
         self._copy, self._block_rows = copy_url, block_rows
         self.in_stats = stored[rows] == TRAIN

@@ -16,6 +16,7 @@ selection borrows as its validation rows (``metricpipe.folds``), and the chosen 
 refitted on every train row (``select.refit``, as scikit-learn's ``GridSearchCV(refit=True)``),
 so every model of the run, the baselines too, ends on the same train rows.
 """
+
 import numpy as np
 
 from metricpipe.config import NeighboursConfig
@@ -23,8 +24,8 @@ from metricpipe.store import hash_key, load_estimator, read_rows
 from metricpipe.tasks import evaluation, knn, stream
 from metricpipe.tasks.splits import TRAIN, VAL
 
-VAL_QUERIES = 5000        # validation rows that score a candidate
-REFERENCE_ROWS = 20000    # train rows they are compared with (the kNN database, the mAP database)
+VAL_QUERIES = 5000  # validation rows that score a candidate
+REFERENCE_ROWS = 20000  # train rows they are compared with (the kNN database, the mAP database)
 SELECTION_BUDGET = 2.5e8  # bytes of features the scoring task holds (validation + reference rows)
 
 
@@ -39,6 +40,7 @@ def selection_rows(split: np.ndarray, labels: np.ndarray, n_features: int, seed:
     def sample(rows, size, purpose):
         rank = np.random.default_rng([seed, 59, purpose]).permutation(len(rows))
         return rows[stream.stratified_subset(labels[rows], size, rank)]
+
     return sample(val, n_val, 0), sample(train, n_ref, 1)
 
 
@@ -62,9 +64,16 @@ def _score(trained, model_url: str, metric: str, sel: dict):
 
 
 def selection_key(cand_units: list, metric: str, seed: int, config) -> str:
-    return hash_key({"stage": "selection", "models": [u.key for u in cand_units], "metric": metric, "seed": seed,
-                     "rows": [VAL_QUERIES, REFERENCE_ROWS, SELECTION_BUDGET],
-                     **({"voters_from": voter_pool(config)} if metric.startswith("softvote") else {})})
+    return hash_key(
+        {
+            "stage": "selection",
+            "models": [u.key for u in cand_units],
+            "metric": metric,
+            "seed": seed,
+            "rows": [VAL_QUERIES, REFERENCE_ROWS, SELECTION_BUDGET],
+            **({"voters_from": voter_pool(config)} if metric.startswith("softvote") else {}),
+        }
+    )
 
 
 def voter_pool(config) -> int:
@@ -122,8 +131,9 @@ def outward(grid: dict, tried: list[dict], chosen: dict, steps: dict) -> dict:
     for name in grid:
         values = sorted({t[name] for t in tried})
         value = chosen[name]
-        if len(values) < 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
-                                      for v in values):
+        if len(values) < 2 or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in values
+        ):
             continue
         if value == values[-1] and steps.get((name, "upper"), 0) < EDGE_STEPS:
             out[name] = ("upper", value * value / values[-2])
@@ -146,5 +156,3 @@ def at_edge(grid: dict, tried: list[dict], chosen: dict) -> dict:
 def describe(grid: dict, params: dict) -> str:
     """'step 0.02, margin 0.05': a candidate's searched parameters."""
     return ", ".join(f"{k} {params[k]:g}" if isinstance(params[k], float) else f"{k} {params[k]}" for k in grid)
-
-

@@ -12,6 +12,7 @@ task holds more than one row-block of features.
 The unit ``shuffled/KEY`` holds ``features`` (n_train, D) float32, ``label`` (n_train,) and ``row``
 (n_train,), the global staged row of each position; its key is the staged data's and the seed's.
 """
+
 import time
 
 import numpy as np
@@ -32,8 +33,7 @@ def _plan(data, seed: int):
     return train, pi, dest, data.chunk_rows
 
 
-def _scatter(data_url: str, url: str, src: int, a: int, b: int, dest: np.ndarray, block_rows: int,
-             written: np.ndarray):
+def _scatter(data_url: str, url: str, src: int, a: int, b: int, dest: np.ndarray, block_rows: int, written: np.ndarray):
     """Pass 1: the train rows of staged block ``src`` (rows a:b; ``dest`` the layout positions of its
     train rows, in order) go to the pieces (src, target block), each sorted by destination; only
     the target blocks in ``written`` (sorted) are made."""
@@ -45,7 +45,7 @@ def _scatter(data_url: str, url: str, src: int, a: int, b: int, dest: np.ndarray
         mine = np.flatnonzero(target == j)
         mine = mine[np.argsort(dest[mine], kind="stable")]
         piece = np.full((out.shape[2], X.shape[1]), np.nan, np.float32)
-        piece[:len(mine)] = X[mine]
+        piece[: len(mine)] = X[mine]
         out[src, j] = piece
     return int(len(X))
 
@@ -57,7 +57,7 @@ def _gather_block(url: str, j: int, counts: np.ndarray, block_rows: int, n_train
     hi = min(n_train, lo + block_rows)
     Y = np.empty((hi - lo, pieces.shape[3]), np.float32)
     for i in np.flatnonzero(counts):
-        Y[dests[i] - lo] = pieces[i, j][:counts[i]]
+        Y[dests[i] - lo] = pieces[i, j][: counts[i]]
     open_array(f"{url}/features", mode="r+")[lo:hi] = Y
     return hi - lo
 
@@ -72,7 +72,7 @@ def shuffled(ctx: StageContext, data, seed: int) -> Unit:
     n_out = -(-n // br)
     part = None if len(written) == n_out else len(written)
     key = {"stage": "shuffled", "version": 1, "data": data.unit.key, "seed": int(seed), "layout": "row-keys"}
-    if part is not None:   # a full copy keeps the key it had before partial copies (stores keep theirs)
+    if part is not None:  # a full copy keeps the key it had before partial copies (stores keep theirs)
         key["blocks"] = part
     unit = ctx.store.unit("shuffled", hash_key(key))
     if ctx.reuse(unit, "train"):
@@ -89,41 +89,65 @@ def shuffled(ctx: StageContext, data, seed: int) -> Unit:
     for i, (lo, hi) in enumerate(zip(starts, stops)):
         counts[i] = np.bincount(dest[lo:hi] // br, minlength=n_out)
     piece_rows = max(1, int(counts.max()))
-    save_arrays(unit.url, {}, {"seed": int(seed), "block_rows": int(br), "data": data.unit.key,   # the group
-                               "blocks": written.tolist()})
-    create_array(f"{unit.url}/pieces", (len(blocks), n_out, piece_rows, D), (1, 1, piece_rows, D), np.float32,
-                 fill_value=np.nan)
+    save_arrays(
+        unit.url,
+        {},
+        {
+            "seed": int(seed),
+            "block_rows": int(br),
+            "data": data.unit.key,  # the group
+            "blocks": written.tolist(),
+        },
+    )
+    create_array(
+        f"{unit.url}/pieces", (len(blocks), n_out, piece_rows, D), (1, 1, piece_rows, D), np.float32, fill_value=np.nan
+    )
     # one chunk per block, no larger than the rows (a pool read decoded 64 MB: 38 ms, 2,000 reads a model)
     create_array(f"{unit.url}/features", (n, D), (row_chunk(br, n), D), np.float32, rows=True)
     create_array(f"{unit.url}/label", (n,), (max(1, n),), np.int32)[:] = data.labels[train][pi]
     create_array(f"{unit.url}/row", (n,), (max(1, n),), np.int64)[:] = train[pi]
-    futs = [ctx.submit(_scatter, data.url, unit.url, i, a, b, dest[lo:hi], br, written, name="shuffle-scatter")
-            for i, ((a, b), lo, hi) in enumerate(zip(blocks, starts, stops)) if hi > lo]
-    ctx.gather(futs, "train", [f"shuffling rows {a}..{b - 1}" for (a, b), lo, hi in zip(blocks, starts, stops)
-                               if hi > lo])
+    futs = [
+        ctx.submit(_scatter, data.url, unit.url, i, a, b, dest[lo:hi], br, written, name="shuffle-scatter")
+        for i, ((a, b), lo, hi) in enumerate(zip(blocks, starts, stops))
+        if hi > lo
+    ]
+    ctx.gather(
+        futs, "train", [f"shuffling rows {a}..{b - 1}" for (a, b), lo, hi in zip(blocks, starts, stops) if hi > lo]
+    )
     # each source block's destinations sorted once: its piece for target block j is one slice of them
     ends = np.cumsum(counts, axis=1)
     sorted_dest = [np.sort(dest[lo:hi]) for lo, hi in zip(starts, stops)]
     gathers = []
     for j in written:
-        dests = [d[e[j] - c[j]:e[j]] for d, e, c in zip(sorted_dest, ends, counts)]
+        dests = [d[e[j] - c[j] : e[j]] for d, e, c in zip(sorted_dest, ends, counts)]
         gathers.append(ctx.submit(_gather_block, unit.url, j, counts[:, j], br, n, dests, name="shuffle-gather"))
     ctx.gather(gathers, "train", [f"shuffled block {j}" for j in written])
-    unit.store.fs.rm(f"{unit.root}/pieces", recursive=True)   # scratch: only the layout-ordered copy stays
-    ctx.commit(unit, {"n_train": int(n), "block_rows": int(br), "seed": int(seed), "blocks": len(written),
-                      "seconds": round(time.perf_counter() - t0, 3)})
+    unit.store.fs.rm(f"{unit.root}/pieces", recursive=True)  # scratch: only the layout-ordered copy stays
+    ctx.commit(
+        unit,
+        {
+            "n_train": int(n),
+            "block_rows": int(br),
+            "seed": int(seed),
+            "blocks": len(written),
+            "seconds": round(time.perf_counter() - t0, 3),
+        },
+    )
     rows = int(sum(min(br, n - j * br) for j in written))
-    ctx.log(f"  train: shuffled {rows} training rows" + (f" ({len(written)} of {n_out} blocks, what SGD reads)"
-                                                          if part else "") + f" for seed {seed} "
-            f"({time.perf_counter() - t0:.1f} s)")
+    ctx.log(
+        f"  train: shuffled {rows} training rows"
+        + (f" ({len(written)} of {n_out} blocks, what SGD reads)" if part else "")
+        + f" for seed {seed} "
+        f"({time.perf_counter() - t0:.1f} s)"
+    )
     return unit
 
 
 def read_pool(url: str, block: int, block_rows: int, positions: np.ndarray):
     """(X, y) of the layout ``positions`` (all in ``block``), read from that one block of the copy."""
     lo = block * block_rows
-    X = open_array(f"{url}/features")[lo:lo + block_rows]
-    y = open_array(f"{url}/label")[lo:lo + len(X)]
+    X = open_array(f"{url}/features")[lo : lo + block_rows]
+    y = open_array(f"{url}/label")[lo : lo + len(X)]
     return X[positions - lo], y[positions - lo].astype(np.int64)
 
 
@@ -139,8 +163,10 @@ def stream_pools(url: str, block_rows: int, seed: int, keep: np.ndarray | None =
     epoch = 0
     while True:
         for b, pos in stream.epoch_order(n, block_rows, epoch, seed, keep):
-            if b not in written:   # the learner's pool_rows() was too low: a bug, never silent
-                raise RuntimeError(f"the shuffled copy {url} holds {len(written)} blocks and SGD asked for "
-                                   f"block {b} (epoch {epoch}); its pool_rows() undercounts what it reads")
+            if b not in written:  # the learner's pool_rows() was too low: a bug, never silent
+                raise RuntimeError(
+                    f"the shuffled copy {url} holds {len(written)} blocks and SGD asked for "
+                    f"block {b} (epoch {epoch}); its pool_rows() undercounts what it reads"
+                )
             yield read_pool(url, b, block_rows, pos) if whole is None else (whole[0][pos], whole[1][pos])
         epoch += 1

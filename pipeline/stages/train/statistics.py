@@ -1,5 +1,6 @@
 """The feeder of the learners fed the statistics stage's moments (identity, PCA, PCA-whitening, LDA,
 random projections): one task reads the statistics and calls ``fit_statistics``."""
+
 import time
 
 from metricpipe.budget import refuse_without_dense_covariance
@@ -16,8 +17,12 @@ def _fit(est, spec: dict, stats_url: str, model_url: str) -> dict:
 def submit(ctx, spec, est, data, stats, neighbours, unit, name, fold):
     """The one task that fits ``est`` (every train row: the statistics' rows, whatever the fold)."""
     if not stats.meta().get("dense", True):
-        refuse_without_dense_covariance(est, data.n_features, ctx.config.statistics.max_dense_dim,
-                                        f"{ctx.config.source_file}: methods: {spec['method']}")
+        refuse_without_dense_covariance(
+            est,
+            data.n_features,
+            ctx.config.statistics.max_dense_dim,
+            f"{ctx.config.source_file}: methods: {spec['method']}",
+        )
     return ctx.submit(_fit, est, spec, stats.url, unit.url, name=f"train-{name}")
 
 

@@ -4,6 +4,7 @@ shuffled copy of the stored train rows (``shuffle``), and the statistics the lea
 learner's ``fit_rows`` decides everything else, as its in-memory ``fit`` does. The task holds one
 pool, the validation rows and what the learner reads besides (NCMC's k-means sample); never the
 training set."""
+
 import time
 
 from sklearn.base import clone
@@ -16,10 +17,20 @@ from metricpipe.store import load_arrays, save_model
 from metricpipe.tasks.base import seed_of
 
 
-def _train(est, spec: dict, data_url: str, stats_url: str, copy_url: str, chunks: list, block_rows: int,
-           model_url: str, names: list, fold: Fold) -> dict:
+def _train(
+    est,
+    spec: dict,
+    data_url: str,
+    stats_url: str,
+    copy_url: str,
+    chunks: list,
+    block_rows: int,
+    model_url: str,
+    names: list,
+    fold: Fold,
+) -> dict:
     """On a worker: fit ``est`` from the fold's rows and save it at ``model_url``."""
-    est = clone(est)   # fitted here, never the caller's object (a threaded worker shares it)
+    est = clone(est)  # fitted here, never the caller's object (a threaded worker shares it)
     stats = load_arrays(stats_url, est.reads_statistics)[0]
     rows = StoreRows(data_url, fold, chunks, copy_url, block_rows)
     t0 = time.perf_counter()
@@ -38,8 +49,20 @@ def fit_facts(est, seconds: float) -> dict:
 def submit(ctx, spec, est, data, stats, neighbours, unit, name, fold: Fold):
     """The one task that trains ``est`` (its shuffled copy made first, on the client)."""
     copy = shuffle.shuffled(ctx, data, seed_of(est.random_state))
-    return ctx.submit(_train, est, spec, data.url, stats.url, copy.url, data.chunks, data.chunk_rows, unit.url,
-                      labels_list(data.classes), fold, name=f"train-{name}")
+    return ctx.submit(
+        _train,
+        est,
+        spec,
+        data.url,
+        stats.url,
+        copy.url,
+        data.chunks,
+        data.chunk_rows,
+        unit.url,
+        labels_list(data.classes),
+        fold,
+        name=f"train-{name}",
+    )
 
 
 def fed(est, info, cfg, n_train: int):

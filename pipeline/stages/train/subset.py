@@ -2,6 +2,7 @@
 training rows (:class:`StoreRows`, read in one task: the learner's subset is ``train_size`` rows) and
 the statistics it reads; the learner's ``fit_rows`` draws the subset and the validation rows, as its
 in-memory ``fit`` does."""
+
 import re
 import time
 import warnings
@@ -19,7 +20,7 @@ def _train(est, spec, data_url, stats_url, chunks, model_url, fold) -> dict:
     stats = load_arrays(stats_url, est.reads_statistics)[0]
     rows = StoreRows(data_url, fold, chunks)
     t0 = time.perf_counter()
-    with warnings.catch_warnings():     # check_methods printed the data's shape notes before staging
+    with warnings.catch_warnings():  # check_methods printed the data's shape notes before staging
         keys = rows.labels if rows.groups is None else rows.groups
         for note in est.shape_notes(rows.n_features, len(set(keys.tolist()))):
             warnings.filterwarnings("ignore", message=re.escape(note), category=UserWarning)
