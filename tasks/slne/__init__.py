@@ -25,12 +25,14 @@ input space one row-block at a time, and float32 products over other row counts 
 bit of Z differently (measured: 1e-7 in Z, 1e-8 in M, 1e-7 in the codes; tested with atol 1e-5).
 
 Modules: ``solver`` (the neighbourhoods and Algorithm 1), ``ensemble`` (SL-DE's subspaces and members,
-the factor of a similarity) and ``estimators`` (SLNE, SLDE). The input space's map (``preprocess``)
-is :func:`metricpipe.tasks.normalize.preprocess`, the in-memory PCA :func:`metricpipe.tasks.moments.pca_statistics`.
+the factor of a similarity), ``bilinear`` (what SLNE and SLDE share) and ``estimators`` (SLNE, SLDE).
+The input space's map (``preprocess``) is :func:`metricpipe.tasks.normalize.preprocess`, the in-memory
+PCA :func:`metricpipe.tasks.moments.pca_statistics`.
 """
 
 from metricpipe.tasks.moments import pca_statistics
 from metricpipe.tasks.normalize import preprocess
+from metricpipe.tasks.slne.bilinear import SLNE_BYTES_PER_EDGE, SOLVER_PARAMS
 from metricpipe.tasks.slne.ensemble import (
     check_subspaces,
     ensemble_matrix,
@@ -42,7 +44,7 @@ from metricpipe.tasks.slne.ensemble import (
     subspace,
     subspaces,
 )
-from metricpipe.tasks.slne.estimators import MIN_BLOCK, SLDE, SLNE, SLNE_BYTES_PER_EDGE, SOLVER_PARAMS
+from metricpipe.tasks.slne.estimators import MIN_BLOCK, SLDE, SLNE
 from metricpipe.tasks.slne.solver import (
     Neighbourhoods,
     edge_scores,

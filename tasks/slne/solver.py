@@ -122,6 +122,47 @@ def triplet_update(
     return (xi.T @ diff).astype(np.float64), hinge  # sum of rho x_i (x_j - x_l)^T
 
 
+def _solver_inputs(Z, y, graph, sampling: str, offset):
+    """The training rows as float32 and their neighbourhoods, the arguments checked."""
+    X = np.ascontiguousarray(Z, np.float32)
+    n = X.shape[0]
+    graph = np.asarray(graph)
+    if graph.ndim != 2 or graph.shape[0] != n:
+        raise InputError(
+            f"SL-NE: the neighbour graph must have one row per sample, shape ({n}, k). Got shape {graph.shape} instead."
+        )
+    if sampling not in ("violating", "uniform"):
+        raise InputError(f"The 'sampling' parameter of slne must be violating or uniform. Got {sampling!r}")
+    nb = neighbourhoods(graph, np.asarray(y))
+    if offset is not None and len(offset) != len(nb.indices):
+        raise InputError(f"SL-NE: offset has {len(offset)} entries for {len(nb.indices)} edges")
+    return X, nb
+
+
+def _epoch(
+    M, X, nb, t: int, rng, batch: int, step: float, margin: float, sampling: str, offset, symmetric: bool, normalize
+):
+    """One pass of Algorithm 1 over a permutation of the rows, ``batch`` samples per update of M;
+    (M, samples seen, violations, summed hinge)."""
+    n = len(X)
+    perm = rng.permutation(n)
+    n_viol, loss = 0, 0.0
+    for a in range(0, n, batch):
+        B = perm[a : a + batch]
+        rho = step / np.sqrt((t + np.arange(len(B))) / n + 1.0)  # Algorithm 1 line 7 (t-1 -> t)
+        t += len(B)
+        dM, hinge = triplet_update(M, X, nb, B, rho, margin, sampling, rng, offset)
+        if hinge.any():
+            M += dM  # Eq. 6's hinge step
+            if symmetric:
+                M = 0.5 * (M + M.T)
+            if normalize:
+                M *= normalize / np.linalg.norm(M)
+        n_viol += int((hinge > 0).sum())
+        loss += float(hinge.sum())
+    return M, t, n_viol, loss
+
+
 def learn_similarity(
     Z: np.ndarray,
     y: np.ndarray,
@@ -163,19 +204,8 @@ def learn_similarity(
     M : (p, p) float32; history : list of {"epoch", "violations", "hinge"} dicts, one per epoch
     (with ``validate``: "val_error" in each, and a first entry {"epoch": 0, "val_error"}).
     """
-    X = np.ascontiguousarray(Z, np.float32)
-    n, D = X.shape
-    graph = np.asarray(graph)
-    if graph.ndim != 2 or graph.shape[0] != n:
-        raise InputError(
-            f"SL-NE: the neighbour graph must have one row per sample, shape ({n}, k). Got shape {graph.shape} instead."
-        )
-    if sampling not in ("violating", "uniform"):
-        raise InputError(f"The 'sampling' parameter of slne must be violating or uniform. Got {sampling!r}")
-    nb = neighbourhoods(graph, np.asarray(y))
-    if offset is not None and len(offset) != len(nb.indices):
-        raise InputError(f"SL-NE: offset has {len(offset)} entries for {len(nb.indices)} edges")
-    M = np.eye(D, dtype=np.float64) if M0 is None else np.array(M0, dtype=np.float64)
+    X, nb = _solver_inputs(Z, y, graph, sampling, offset)
+    M = np.eye(X.shape[1], dtype=np.float64) if M0 is None else np.array(M0, dtype=np.float64)
     rng = np.random.default_rng(seed)
     history = []
     best = None
@@ -184,22 +214,8 @@ def learn_similarity(
         history.append({"epoch": 0, "val_error": best[0]})
     t = 0
     for epoch in range(epochs):
-        perm = rng.permutation(n)
-        n_viol, loss = 0, 0.0
-        for a in range(0, n, batch):
-            B = perm[a : a + batch]
-            rho = step / np.sqrt((t + np.arange(len(B))) / n + 1.0)  # Algorithm 1 line 7 (t-1 -> t)
-            t += len(B)
-            dM, hinge = triplet_update(M, X, nb, B, rho, margin, sampling, rng, offset)
-            if hinge.any():
-                M += dM  # Eq. 6's hinge step
-                if symmetric:
-                    M = 0.5 * (M + M.T)
-                if normalize:
-                    M *= normalize / np.linalg.norm(M)
-            n_viol += int((hinge > 0).sum())
-            loss += float(hinge.sum())
-        history.append({"epoch": epoch + 1, "violations": int(n_viol), "hinge": float(loss / max(n, 1))})
+        M, t, n_viol, loss = _epoch(M, X, nb, t, rng, batch, step, margin, sampling, offset, symmetric, normalize)
+        history.append({"epoch": epoch + 1, "violations": int(n_viol), "hinge": float(loss / max(len(X), 1))})
         if validate is not None:
             err = float(validate(M))
             history[-1]["val_error"] = err

@@ -172,6 +172,16 @@ def checked_iterations(D: int, m_final: int, anneal: float, max_iter: int, recor
     )
 
 
+def _start(X: np.ndarray, key, U0, sparsity: float, anneal: float, pivot: str, max_iter: int):
+    """(ground truth, final non-zeros per column, the start U on its first support, each query's pivot)."""
+    N, D = X.shape
+    check_rank_inputs(D, U0, sparsity, anneal, pivot)
+    gt = GroundTruth(np.arange(N), np.asarray(key))
+    m_final = nonzeros_per_column(D, sparsity)
+    U = unit_columns(project_l0(np.asarray(U0, np.float64), support_size(0, D, m_final, anneal, max_iter)))
+    return gt, m_final, U, start_pivots(X, U0, gt, pivot)
+
+
 def rank_projectors(
     X: np.ndarray,
     key: np.ndarray,
@@ -224,11 +234,7 @@ def rank_projectors(
     """
     X = np.asarray(X, np.float64)
     N, D = X.shape
-    check_rank_inputs(D, U0, sparsity, anneal, pivot)
-    gt = GroundTruth(np.arange(N), np.asarray(key))
-    m_final = nonzeros_per_column(D, sparsity)
-    U = unit_columns(project_l0(np.asarray(U0, np.float64), support_size(0, D, m_final, anneal, max_iter)))
-    piv_all = start_pivots(X, U0, gt, pivot)
+    gt, m_final, U, piv_all = _start(X, key, U0, sparsity, anneal, pivot, max_iter)
     rng = np.random.default_rng(seed)
     P = min(queries, N)
     history = []
@@ -253,9 +259,7 @@ def rank_projectors(
     U = final_state(U, X, gt, piv_all, epsilon, m_final, history, done, check)
     if validation is None:
         return U.astype(np.float32), history, n_iter
-    best = check.best
-    if best is None:  # no state reached the final support before stopping: the last one
-        best = (history[-1].get("val_map", float("nan")), history[-1]["iter"], U)
+    best = check.best or (history[-1].get("val_map", float("nan")), history[-1]["iter"], U)  # (none checked: the last)
     return best[2].astype(np.float32), history, n_iter, (int(best[1]), float(best[0]))
 
 
