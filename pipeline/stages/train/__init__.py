@@ -204,7 +204,30 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
     (``metricpipe.select``) and refits it on every train row (``select.refit``); a learner that
     stops early does the same with its one candidate. Returns the models kept, each once."""
     plans = _plans(ctx, data, stats, neighbours)
-    for p in plans:  # what a resumed run already has
+    _resume_choices(ctx, plans)
+    ctx.shuffle_rows = _copy_rows([c for p in plans for c in p.cands], len(data.classes))
+    # phase 1: every candidate (and every model fitted once) whose entry has no choice yet
+    todo, required = _candidates_to_fit(ctx, plans)
+    futures = _submit(ctx, todo, data, stats, neighbours)
+    scores = _submit_scores(ctx, plans, futures, data)
+    _gather_models(ctx, futures, required, data)
+    _choose(ctx, plans, scores, data, stats, neighbours)
+    # phase 2: the chosen candidates refitted on every train row
+    refits, refit_of = _refits(ctx, plans, data, stats, neighbours)
+    trained = _submit(ctx, refits, data, stats, neighbours)
+    _gather_models(ctx, trained, set(trained), data, refit_of)
+    made = set(futures) | set(trained)
+    kept = sum(1 for p in plans if p.final.key not in made and not any(u.key in made for u in p.cunits))
+    if kept:
+        ctx.log(f"  train: reusing {kept} of {len(plans)} models")
+    ctx.validated = sorted({u.rel for p in plans if p.refit for u in p.cunits if u.done()})  # (gc keeps them)
+    return _kept(ctx, plans)
+
+
+def _resume_choices(ctx: StageContext, plans: list) -> None:
+    """What a resumed run already has: a committed selection's choice (with its candidates beyond the
+    grid), or a validated single model's fit."""
+    for p in plans:
         if p.sel_unit is not None:
             if ctx.reuse(p.sel_unit, "train"):
                 _with_extensions(ctx, p, p.sel_unit.meta())
@@ -212,8 +235,11 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
                     p.chosen = p.sel_unit.meta()["chosen"]
         elif p.refit and ctx.reuse(p.cunits[0], "train"):
             p.chosen = 0
-    ctx.shuffle_rows = _copy_rows([c for p in plans for c in p.cands], len(data.classes))
-    # phase 1: every candidate (and every model fitted once) whose entry has no choice yet
+
+
+def _candidates_to_fit(ctx: StageContext, plans: list) -> tuple[dict, set]:
+    """({key: (spec, unit, fold, plan)} of every candidate to fit, the keys whose failure ends the run:
+    the models fitted once). A plan with a choice fits nothing, unless --repair finds a candidate damaged."""
     todo, required = {}, set()
     for p in plans:
         if p.chosen is not None:
@@ -226,11 +252,13 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
             todo.setdefault(u.key, (c, u, p.fold, p))
         if p.sel_unit is None:
             required.add(p.cunits[0].key)
-    futures = _submit(ctx, todo, data, stats, neighbours)
-    scores = _submit_scores(ctx, plans, futures, data)
-    _gather_models(ctx, futures, required, data)
-    _choose(ctx, plans, scores, data, stats, neighbours)
-    # phase 2: the chosen candidates refitted on every train row
+    return todo, required
+
+
+def _refits(ctx: StageContext, plans: list, data, stats, neighbours) -> tuple[dict, dict]:
+    """Each plan's final model: its chosen candidate, or that candidate's refit on every train row
+    (with the parameters the fit said repeat its schedule). ({key: (spec, unit, fold, plan)} to fit,
+    {refit key: the chosen candidate's key})."""
     refits, refit_of = {}, {}
     for p in plans:
         if p.chosen is None:
@@ -243,14 +271,7 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
         p.final = ctx.store.unit("models", model_key(spec, stats, neighbours, data))
         refits.setdefault(p.final.key, (spec, p.final, Fold(), p))
         refit_of[p.final.key] = chosen.key
-    trained = _submit(ctx, refits, data, stats, neighbours)
-    _gather_models(ctx, trained, set(trained), data, refit_of)
-    made = set(futures) | set(trained)
-    kept = sum(1 for p in plans if p.final.key not in made and not any(u.key in made for u in p.cunits))
-    if kept:
-        ctx.log(f"  train: reusing {kept} of {len(plans)} models")
-    ctx.validated = sorted({u.rel for p in plans if p.refit for u in p.cunits if u.done()})  # (gc keeps them)
-    return _kept(ctx, plans)
+    return refits, refit_of
 
 
 def _with_extensions(ctx, p: _Plan, meta: dict) -> None:
