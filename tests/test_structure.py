@@ -3,7 +3,11 @@ another module, no import inside a function unless a comment says why), learners
 registry and asked, never probed, and modules and functions short enough to read at once."""
 
 import ast
+import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -226,3 +230,33 @@ def test_the_import_and_size_checks_catch_what_they_forbid(tmp_path, monkeypatch
         .replace("    x = 1\n" * 80, "    x = 1\n" * 79)
     )
     check("metricpipe.tasks.bad")
+
+
+def _lint_imports(tree: Path) -> subprocess.CompletedProcess:
+    """import-linter's contracts (pyproject.toml) on a copy of the source laid out as installed
+    (pipeline/ as metricpipe/, tasks/ inside it): the copy, not an installed package, is what it reads."""
+    pkg = tree / "metricpipe"
+    if not pkg.exists():
+        shutil.copytree(ROOT / "pipeline", pkg, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(ROOT / "tasks", pkg / "tasks", ignore=shutil.ignore_patterns("__pycache__"))
+    code = "import sys; from importlinter.cli import lint_imports_command; sys.argv[1:] = [sys.argv[1]]; lint_imports_command()"
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    return subprocess.run(
+        [sys.executable, "-c", code, str(ROOT / "pyproject.toml")],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_the_import_contracts_hold_and_catch_an_upward_import(tmp_path):
+    """The layers of pyproject.toml's import-linter contracts hold on the tree; a store module that
+    imports the runner (a lower layer importing a higher one) breaks them."""
+    kept = _lint_imports(tmp_path)
+    assert kept.returncode == 0 and "3 kept, 0 broken" in kept.stdout, kept.stdout[-2000:] + kept.stderr[-2000:]
+    with open(tmp_path / "metricpipe" / "store" / "keys.py", "a") as f:
+        f.write("\nimport metricpipe.runner\n")
+    broken = _lint_imports(tmp_path)
+    assert broken.returncode != 0 and "metricpipe.store.keys -> metricpipe.runner" in broken.stdout

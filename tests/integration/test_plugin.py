@@ -3,7 +3,7 @@ configured by name, its parameter selected on the validation rows, refitted, enc
 in the report, with no change to metricpipe."""
 
 import json
-import textwrap
+from pathlib import Path
 
 import pytest
 from distributed import Client, LocalCluster
@@ -14,46 +14,15 @@ from metricpipe.tasks import registry
 
 pytestmark = pytest.mark.integration
 
-TOY = textwrap.dedent('''
-    """A toy learner as a third-party package would write it: the leading principal directions,
-    scaled by a searched parameter (only their number matters to a ranking: dim)."""
-    import numpy as np
 
-    from metricpipe.tasks import moments
-    from metricpipe.tasks.base import DIM_OR_NONE, POSITIVE, Learner
+def _readme_learner() -> str:
+    """The learner the README's "Writing a learner" shows (its first python block): the test runs it."""
+    text = (Path(__file__).parents[2] / "README.md").read_text()
+    section = text[text.index("## Writing a learner") :]
+    return section[section.index("```python\n") + 10 : section.index("```\n", section.index("```python\n") + 10)]
 
 
-    class Toy(Learner):
-        method = "toy"
-        feeds = "statistics"                       # the statistics stage's moments
-        search_space = {"dim": [2, 12]}            # chosen on the validation rows
-        selection_metric = "map"
-        fitted_attributes = ("components_", "offset_")
-        _parameter_constraints = {"dim": DIM_OR_NONE, "scale": POSITIVE}
-
-        def __init__(self, dim=None, scale=1.0):
-            self.dim = dim
-            self.scale = scale
-
-        def fit(self, X, y=None):
-            X = self._check_X(X, reset=True)
-            return self.fit_statistics(moments.statistics(X))
-
-        def fit_statistics(self, stats):
-            self._validate_params()
-            self.n_features_in_ = len(stats["mean"])
-            W = stats["pca_components"][: self.dim or 2].T * self.scale
-            self.components_ = np.asarray(W, np.float32)
-            self.offset_ = (-np.asarray(stats["mean"]) @ W).astype(np.float32)
-            return self
-
-        def _transform(self, X):
-            return np.asarray(X, np.float64) @ self.components_ + self.offset_
-
-        @property
-        def _n_features_out(self):
-            return self.components_.shape[1]
-''')
+TOY = _readme_learner()
 
 
 @pytest.fixture
