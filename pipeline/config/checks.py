@@ -4,13 +4,9 @@ cluster's address, a local worker's memory, paths as workers open them."""
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from metricpipe.errors import ConfigError
 from metricpipe.tasks.validate import whole_number
-
-if TYPE_CHECKING:
-    from metricpipe.config.run import RunConfig
 
 
 def absolute_path(p: str | None, base_dir: Path | None = None) -> str | None:
@@ -50,21 +46,20 @@ def check_memory_limit(v, where: str):
     return v
 
 
-def check_local_memory(cfg: "RunConfig") -> None:
+def check_local_memory(cluster: str, memory_limit, where: str) -> None:
     """A local cluster's memory_limit above this machine's memory is refused (Dask would silently use
     the machine's instead, and the memory rule would believe the larger figure). Checked whenever a
-    RunConfig is made, so the config file and --memory-limit / --cluster local are checked alike."""
-    if cfg.cluster != "local" or cfg.memory_limit == "auto":
+    RunConfig is made, so the config file and --memory-limit / --cluster local are checked alike;
+    ``where`` names the setting (the file's key or the option)."""
+    if cluster != "local" or memory_limit == "auto":
         return
     from dask.utils import format_bytes, parse_bytes
     from distributed.system import MEMORY_LIMIT  # the machine's, or its cgroup's / rlimit's when lower
 
-    n = parse_bytes(cfg.memory_limit) if isinstance(cfg.memory_limit, str) else cfg.memory_limit
+    n = parse_bytes(memory_limit) if isinstance(memory_limit, str) else memory_limit
     if n > MEMORY_LIMIT:
-        where = cfg.setting("memory_limit")
-        where = where if where.startswith("--") else f"{cfg.source_file}: {where}"
         raise ConfigError(
-            f"{where}: {cfg.memory_limit} per worker is more than this machine's memory "
+            f"{where}: {memory_limit} per worker is more than this machine's memory "
             f"({format_bytes(MEMORY_LIMIT)}); give a smaller size (e.g. 2GB) or auto"
         )
 

@@ -262,7 +262,10 @@ class RunConfig(Section):
         return f"--{name.replace('_', '-')}" if name in self.overridden else name
 
     def __post_init__(self):
-        check_local_memory(self)
+        where = self.setting("memory_limit")
+        check_local_memory(
+            self.cluster, self.memory_limit, where if where.startswith("--") else f"{self.source_file}: {where}"
+        )
 
 
 def parse_config(raw: dict, where: str = "<config>", base_dir: Path | None = None) -> RunConfig:
