@@ -20,7 +20,7 @@ from metricpipe.store import Store, size_crcs
 from metricpipe.tasks.errors import InputError
 
 # Tasks are pure and seeded, so a retry after a lost worker gives the identical result. A task whose
-# worker dies is rescheduled by Dask up to distributed.scheduler.allowed-failures times (cluster.py
+# worker dies is rescheduled by Dask up to distributed.scheduler.allowed-failures times (cluster/local.py
 # sets it to ALLOWED_FAILURES), then fails with KilledWorker, which gather() reports with the stage
 # and block; RETRIES covers exceptions raised inside a task (e.g. a flaky filesystem read).
 RETRIES = 2

@@ -214,6 +214,7 @@ def _log_workers_to_store(client, store) -> str | None:
 
 
 def _run(ctx: StageContext, plan, log, result) -> str:
+    """The stages in order on ``plan``'s data, then the report; returns the report's path."""
     cfg = ctx.config
     names = stages.stage_names(cfg)
     timings, started = [], time.time()
@@ -239,20 +240,31 @@ def _run(ctx: StageContext, plan, log, result) -> str:
         if cfg.neighbours is None:
             cfg = ctx.config = cfg.with_overrides(neighbours=NeighboursConfig())
         graph = stage(next(i), "neighbours", stages.run_neighbours, ctx, data)
-        g = graph.meta()
-        notes = []
-        if g.get("method") == "ivf":  # the report shows how approximate the graph is
-            how = "over the streamed rows" if g.get("streamed") else f"rerank {g.get('rerank', 1)}"
-            notes.append(f"{g['index']}, nprobe {g['nprobe']}, {how}: recall@{g['k']} {g['recall']:.3f} against exact")
-        if g.get("queries") is not None and g["queries"] < data.n_samples:
-            notes.append(f"{g['queries']:,} sampled train rows searched")
-        if notes:
-            timings[-1]["note"] = "; ".join(notes)
+        note = _neighbours_note(graph.meta(), data.n_samples)
+        if note:
+            timings[-1]["note"] = note
     models = stage(next(i), "train", stages.run_train, ctx, data, stats, graph)
     codes = stage(next(i), "encode", stages.run_encode, ctx, data, models)
     evals = stage(next(i), "evaluate", stages.run_evaluate, ctx, data, codes, graph)
+    manifest = _manifest(ctx, cfg, data, stats, graph, models, codes, evals, started, timings)
+    return _report(ctx, manifest, len(names), t_run, log, result)
+
+
+def _neighbours_note(g: dict, n_samples: int) -> str:
+    """The neighbours stage's note in the timings: how approximate an IVF graph is, how many rows searched."""
+    notes = []
+    if g.get("method") == "ivf":  # the report shows how approximate the graph is
+        how = "over the streamed rows" if g.get("streamed") else f"rerank {g.get('rerank', 1)}"
+        notes.append(f"{g['index']}, nprobe {g['nprobe']}, {how}: recall@{g['k']} {g['recall']:.3f} against exact")
+    if g.get("queries") is not None and g["queries"] < n_samples:
+        notes.append(f"{g['queries']:,} sampled train rows searched")
+    return "; ".join(notes)
+
+
+def _manifest(ctx: StageContext, cfg, data, stats, graph, models, codes, evals, started: float, timings: list) -> dict:
+    """runs/latest.json: the run's settings, data set, units, repeats and timings (the report reads it)."""
     held = splits.unseen_classes(data.split, data.labels)  # data.split.classes
-    manifest = {
+    return {
         # the file's settings with those the command line replaced (--store, --workers, ...)
         "config": {**cfg.raw, **{k: getattr(cfg, k) for k in sorted(cfg.overridden)}},
         "store": ctx.store.url,
@@ -287,13 +299,17 @@ def _run(ctx: StageContext, plan, log, result) -> str:
         "timings": timings,
         "skipped": skipped_classifiers(cfg, [m.spec for m in models]),
     }
+
+
+def _report(ctx: StageContext, manifest: dict, n_stages: int, t_run: float, log, result) -> str:
+    """The last stage: write the manifest and the report, then the peak RSS and the winner lines."""
     t0 = time.perf_counter()
-    log(f"[{len(names)}/{len(names)}] report ...")
+    log(f"[{n_stages}/{n_stages}] report ...")
     manifest["seconds"] = time.perf_counter() - t_run
     ctx.store.write_text("runs/latest.json", to_json(manifest))
     path = build_report(ctx.store, manifest)
-    timings.append({"stage": "report", "seconds": round(time.perf_counter() - t0, 3)})
-    log(f"Completed {len(names)} of {len(names)} stages (report)")
+    manifest["timings"].append({"stage": "report", "seconds": round(time.perf_counter() - t0, 3)})
+    log(f"Completed {n_stages} of {n_stages} stages (report)")
     peaks = peak_rss(ctx.client)
     if peaks:
         log("Peak RSS: " + ", ".join(f"{who} {mb:,.0f} MB" for who, mb in peaks))

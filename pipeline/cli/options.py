@@ -51,12 +51,7 @@ def _check_memory_limit(ctx, param, value):
 def apply_overrides(cfg: RunConfig, store, cluster, workers, memory_limit, repeats=None) -> RunConfig:
     """``cfg`` with the command line's --store, --cluster, --workers, --memory-limit, --wait-timeout and
     --repeats over the config's."""
-    from metricpipe.config import (
-        MAX_REPEATS,
-        ConfigError,
-        check_cluster,
-        check_store_url,
-    )  # deferred: loads scikit-learn
+    from metricpipe.config import MAX_REPEATS, ConfigError, check_cluster, check_store_url  # deferred: scikit-learn
 
     if repeats is not None and repeats > MAX_REPEATS:  # (the config's bound: checked here, not on import)
         raise ConfigError(

@@ -133,11 +133,7 @@ def evaluate(
     pytorch-metric-learning's AccuracyCalculator defines them, out of core on the cluster."""
     from metricpipe.budget import limit_name  # deferred: loads scikit-learn
     from metricpipe.cluster import connect, dashboard_lines  # deferred: loads Dask
-    from metricpipe.commands.assess import (
-        evaluate_embeddings,
-        plan_sides,
-        write_records,
-    )  # deferred: loads Dask and scikit-learn
+    from metricpipe.commands import assess  # deferred: loads Dask and scikit-learn
     from metricpipe.config import parse_config  # deferred: loads scikit-learn
     from metricpipe.runner import peak_rss  # deferred: loads Dask and scikit-learn
 
@@ -157,7 +153,7 @@ def evaluate(
                 (reference_labels, "--reference-labels"),
             ),
         )
-    q, rows, ref, self_in = plan_sides(
+    q, rows, ref, self_in = assess.plan_sides(
         embeddings, features, labels, queries, reference, query_labels, reference_labels, seed
     )
     cfg = apply_overrides(
@@ -169,7 +165,7 @@ def evaluate(
         for line in dashboard_lines(client):
             echo(line)
         t0 = time.perf_counter()
-        records = evaluate_embeddings(
+        records = assess.evaluate_embeddings(
             client,
             q,
             rows,
@@ -182,7 +178,7 @@ def evaluate(
         seconds = time.perf_counter() - t0
         peaks = peak_rss(client)
     if out:
-        write_records(out, records)
+        assess.write_records(out, records)
     for r in records:
         click.echo(f"{r['metric']:<12} {r['value']:.6f}")
     echo(

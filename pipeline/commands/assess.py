@@ -319,13 +319,7 @@ def evaluate_embeddings(
     """Metric records of the queries ``rows`` of ``q`` against ``ref``, in ``metrics.json``'s form
     (``limit_setting``: what sizes the workers, named when their limit is too small)."""
     yq = q.labels[rows]
-    R = evaluation.relevant_counts(yq, ref.labels, self_in)
-    if not (R > 0).any():
-        raise InputError(
-            f"{q.path}: no query's label occurs in the reference {ref.path} ({q.option}); "
-            f"give queries and a reference that share classes"
-        )
-    k = evaluation.accuracy_k(R)
+    R, k = _relevant(q, ref, yq, self_in)
     # before any scan: the groups' size depends only on k and the workers' limit
     block = min(ref.reader.shape[0], _block_rows(ref.reader)) * ref.reader.shape[1] * 4.0  # (96 KB of data: 96 KB)
     g = group_size(
@@ -336,8 +330,52 @@ def evaluate_embeddings(
     km = np.sort(rng.choice(len(rows), min(len(rows), KMEANS_ROWS_PER_CLUSTER * n_clusters), replace=False))
     sampled = len(rows) < q.reader.shape[0]
     wanted = rows if sampled else rows[km]
-    q_where = f"{q.path} ({q.option})"
     q_reader_f, r_reader_f = client.scatter([q.reader, ref.reader], broadcast=True, hash=False)
+    scans = _scan_inputs(client, q, ref, q_reader_f, r_reader_f, wanted)
+    centroids = client.submit(_centroids, scans, wanted[km] if sampled else wanted, n_clusters, [seed, 22])
+    r_labels_f = client.scatter(ref.labels, broadcast=True, hash=False)
+    log(
+        f"evaluate: {len(rows):,} queries against {ref.reader.shape[0]:,} references, k = {k:,}, "
+        f"{-(-len(rows) // g)} task(s) of up to {g} queries"
+    )
+    groups = [
+        client.submit(
+            _group,
+            q_reader_f,
+            rows[s : s + g],
+            scans if sampled else None,
+            r_reader_f,
+            _blocks(ref.reader),
+            f"{ref.path} ({ref.option})",
+            k,
+            self_in,
+            yq[s : s + g],
+            r_labels_f,
+            R[s : s + g],
+            centroids,
+            pure=False,
+        )
+        for s in range(0, len(rows), g)
+    ]
+    values, cutoffs = _metric_values(_gather_groups(client, groups), yq, R)
+    return _records(q, rows, ref, k, self_in, R, values, cutoffs)
+
+
+def _relevant(q: Side, ref: Side, yq: np.ndarray, self_in: bool) -> tuple[np.ndarray, int]:
+    """(each query's count of relevant references, k); refused when no query's label is in the reference."""
+    R = evaluation.relevant_counts(yq, ref.labels, self_in)
+    if not (R > 0).any():
+        raise InputError(
+            f"{q.path}: no query's label occurs in the reference {ref.path} ({q.option}); "
+            f"give queries and a reference that share classes"
+        )
+    return R, evaluation.accuracy_k(R)
+
+
+def _scan_inputs(client, q: Side, ref: Side, q_reader_f, r_reader_f, wanted: np.ndarray) -> list:
+    """One scan of the queries' blocks (picking up the ``wanted`` rows) and of the reference's, checked
+    before the long part: a bad block stops here, naming its file and rows."""
+    q_where = f"{q.path} ({q.option})"
     # bad input comes back as a Refused value: no worker logs a "Compute Failed" traceback for it
     scans = [
         client.submit(refusing, _scan, q_reader_f, a, b, q_where, wanted, pure=False) for a, b in _blocks(q.reader)
@@ -353,39 +391,21 @@ def evaluate_embeddings(
             raise_refused(r)
     for r in client.gather(scans):  # a bad block stops here, naming its file and rows
         raise_refused(r)
-    centroids = client.submit(_centroids, scans, wanted[km] if sampled else wanted, n_clusters, [seed, 22])
-    r_labels_f = client.scatter(ref.labels, broadcast=True, hash=False)
-    log(
-        f"evaluate: {len(rows):,} queries against {ref.reader.shape[0]:,} references, k = {k:,}, "
-        f"{-(-len(rows) // g)} task(s) of up to {g} queries"
-    )
-    groups = []
-    for s in range(0, len(rows), g):
-        qr = rows[s : s + g]
-        groups.append(
-            client.submit(
-                _group,
-                q_reader_f,
-                qr,
-                scans if sampled else None,
-                r_reader_f,
-                _blocks(ref.reader),
-                f"{ref.path} ({ref.option})",
-                k,
-                self_in,
-                yq[s : s + g],
-                r_labels_f,
-                R[s : s + g],
-                centroids,
-                pure=False,
-            )
-        )
+    return scans
+
+
+def _gather_groups(client, groups: list) -> list[dict]:
+    """The query groups' results; a worker lost meanwhile is one line."""
     try:
-        parts = client.gather(groups)
+        return client.gather(groups)
     except InputError:
         raise
     except (Exception, asyncio.CancelledError) as exc:  # a worker lost (killed, out of memory): one line
         raise StageError(f"evaluate failed on a query group: {type(exc).__name__}: {exc}".splitlines()[0]) from exc
+
+
+def _metric_values(parts: list[dict], yq: np.ndarray, R: np.ndarray) -> tuple[dict, list]:
+    """({metric: value} over every query, the cut-offs K the groups scored) from the groups' results."""
     per_query = {m: np.concatenate([p[m] for p in parts]) for m in METRICS}
     clusters = np.concatenate([p["cluster"] for p in parts])
     values = {**evaluation.mean_accuracy(per_query), **metrics.clustering_scores(yq, clusters)}
@@ -395,6 +415,13 @@ def evaluate_embeddings(
         prec = np.concatenate([p[f"prec@{K}"] for p in parts])
         values[f"mprec@{K}"] = float(metrics.class_average(prec[served], yq[served]))
         values[f"recall@{K}"] = float(np.nanmean(np.concatenate([p[f"recall@{K}"] for p in parts])))
+    return values, cutoffs
+
+
+def _records(
+    q: Side, rows: np.ndarray, ref: Side, k: int, self_in: bool, R: np.ndarray, values: dict, cutoffs: list
+) -> list[dict]:
+    """The metric records, in ``metrics.json``'s form."""
     base = {
         "method": "embeddings",
         "dim": int(q.reader.shape[1]),

@@ -236,81 +236,109 @@ def add_classes(
     out = []
     for (unit, attrs), est in zip(targets, ests):
         t0 = time.perf_counter()
-        key = hash_key(
-            {
-                "stage": "add-classes",
-                "model": unit.key,
-                "data": src.fingerprint,
-                "features": features,
-                "labels": labels,
-                "hierarchy": parents,
-                "prior_weight": prior_weight,
-                "zero_shot": list(zero_shot),
-            }
-        )
-        new_unit = store.unit("models", key)
+        new_unit = store.unit("models", _extended_key(unit, src, features, labels, parents, prior_weight, zero_shot))
         if new_unit.done() and not new_unit.verify():  # the same command again: its model is there already
-            meta = new_unit.meta()
-            info = {k: meta[k] for k in ("model", "extends", "added", "images", "seconds")}
-            log(f"{new_unit.rel}: reusing ({unit.key} + {len(info['added'])} class(es), added before)")
-            out.append(info)
+            out.append(_reused(new_unit, unit, log))
             continue
         old_names = list(attrs.get("class_names") or [])  # the run's labels and added names: compared by value
-        owner = np.asarray(est.centroid_classes_, np.int64)
-        zero = _zero_names(old_names, zero_shot)
-        k = int(est.get_params().get("centroids", 1))  # the model's k (a few-shot class may hold fewer)
-        C0 = len(old_names)
-        sums, counts = np.zeros((len(names), D)), np.zeros(len(names), np.int64)
-        for a, X in _blocks(src, n, D, attrs.get("normalize", "none")):
-            y = codes[a : a + len(X)]
-            sums += class_sums(X, y, len(names))
-            counts += np.bincount(y, minlength=len(names))
-        new_means = sums / np.maximum(counts, 1)[:, None]
-        trained = {old_names[c]: est.centroids_[owner == c].mean(0) for c in np.unique(owner)}
-        if parents:
-            for j, name in enumerate(names):  # Eq. 34
-                mu_z = zero_shot_prior(name, parents, trained)
-                new_means[j] = (counts[j] * new_means[j] + prior_weight * mu_z) / (counts[j] + prior_weight)
-        if k > 1:  # (a class with fewer images than k: one centroid on each, as NCMC's fit)
-            cents, new_owner = _kmeans_new(type(est), src, n, D, codes, names, k, attrs.get("normalize", "none"))
-            new_owner = C0 + new_owner
-        else:
-            cents, new_owner = new_means, np.arange(C0, C0 + len(names))
-        extra_names = list(zero)
-        extra = [zero_shot_prior(z, parents, trained) for z in extra_names]
-        all_cents = np.concatenate(
-            [est.centroids_, cents.astype(np.float32)] + ([np.array(extra, np.float32)] if extra else [])
-        )
-        all_owner = np.concatenate([owner, new_owner, np.arange(C0 + len(names), C0 + len(names) + len(extra))])
-        est.add_centroids(all_cents[len(owner) :], all_owner[len(owner) :])
-        new_unit.begin()
-        save_estimator(
-            new_unit.url,
-            est,
-            {"spec": attrs.get("spec"), "dim": attrs.get("dim"), "score": attrs.get("score"), "extends": unit.key},
-        )
-        seconds = time.perf_counter() - t0
-        info = {
-            "model": new_unit.rel,
-            "extends": unit.key,
-            "added": names + extra_names,
-            "images": int(n),
-            "seconds": round(seconds, 4),
-        }
-        new_unit.commit(
-            {
-                **info,
-                "spec": attrs.get("spec"),
-                "dim": attrs.get("dim"),
-                "score": attrs.get("score"),
-                "normalize": attrs.get("normalize", "none"),
-                "class_names": old_names + names + extra_names,
-                "data": attrs.get("data"),
-            }
-        )
-        log(f"{new_unit.rel}: {unit.key} + {len(names) + len(extra)} class(es) from {n} images in {seconds:.3f} s")
-        out.append(info)
+        extra_names = _add_centroids(est, attrs, old_names, src, n, D, codes, names, parents, prior_weight, zero_shot)
+        out.append(_write_extended(new_unit, unit, est, attrs, old_names, names + extra_names, n, t0, log))
     return out
+
+
+def _extended_key(unit, src, features: str, labels: str, parents: dict, prior_weight: float, zero_shot: tuple) -> str:
+    """The key of the model ``unit`` extended with ``src``'s classes: what the command was given."""
+    return hash_key(
+        {
+            "stage": "add-classes",
+            "model": unit.key,
+            "data": src.fingerprint,
+            "features": features,
+            "labels": labels,
+            "hierarchy": parents,
+            "prior_weight": prior_weight,
+            "zero_shot": list(zero_shot),
+        }
+    )
+
+
+def _reused(new_unit, unit, log) -> dict:
+    """The record of an extended model written before by the same command."""
+    meta = new_unit.meta()
+    info = {k: meta[k] for k in ("model", "extends", "added", "images", "seconds")}
+    log(f"{new_unit.rel}: reusing ({unit.key} + {len(info['added'])} class(es), added before)")
+    return info
+
+
+def _class_means(src, n, D, codes, names, normalize: str) -> tuple[np.ndarray, np.ndarray]:
+    """(each new class's mean, its count of rows), in one pass over ``src``."""
+    sums, counts = np.zeros((len(names), D)), np.zeros(len(names), np.int64)
+    for a, X in _blocks(src, n, D, normalize):
+        y = codes[a : a + len(X)]
+        sums += class_sums(X, y, len(names))
+        counts += np.bincount(y, minlength=len(names))
+    return sums / np.maximum(counts, 1)[:, None], counts
+
+
+def _add_centroids(
+    est, attrs, old_names: list, src, n, D, codes, names: list, parents: dict, prior_weight: float, zero_shot: tuple
+) -> list:
+    """Add the new classes' centroids to ``est`` (and the zero-shot classes', from the prior alone);
+    return the zero-shot classes' names."""
+    owner = np.asarray(est.centroid_classes_, np.int64)
+    zero = _zero_names(old_names, zero_shot)
+    k = int(est.get_params().get("centroids", 1))  # the model's k (a few-shot class may hold fewer)
+    C0 = len(old_names)
+    new_means, counts = _class_means(src, n, D, codes, names, attrs.get("normalize", "none"))
+    trained = {old_names[c]: est.centroids_[owner == c].mean(0) for c in np.unique(owner)}
+    if parents:
+        for j, name in enumerate(names):  # Eq. 34
+            mu_z = zero_shot_prior(name, parents, trained)
+            new_means[j] = (counts[j] * new_means[j] + prior_weight * mu_z) / (counts[j] + prior_weight)
+    if k > 1:  # (a class with fewer images than k: one centroid on each, as NCMC's fit)
+        cents, new_owner = _kmeans_new(type(est), src, n, D, codes, names, k, attrs.get("normalize", "none"))
+        new_owner = C0 + new_owner
+    else:
+        cents, new_owner = new_means, np.arange(C0, C0 + len(names))
+    extra_names = list(zero)
+    extra = [zero_shot_prior(z, parents, trained) for z in extra_names]
+    all_cents = np.concatenate(
+        [est.centroids_, cents.astype(np.float32)] + ([np.array(extra, np.float32)] if extra else [])
+    )
+    all_owner = np.concatenate([owner, new_owner, np.arange(C0 + len(names), C0 + len(names) + len(extra))])
+    est.add_centroids(all_cents[len(owner) :], all_owner[len(owner) :])
+    return extra_names
+
+
+def _write_extended(new_unit, unit, est, attrs, old_names: list, added: list, n: int, t0: float, log) -> dict:
+    """Write the extended model ``est`` as ``new_unit`` and commit it; return its record."""
+    new_unit.begin()
+    save_estimator(
+        new_unit.url,
+        est,
+        {"spec": attrs.get("spec"), "dim": attrs.get("dim"), "score": attrs.get("score"), "extends": unit.key},
+    )
+    seconds = time.perf_counter() - t0
+    info = {
+        "model": new_unit.rel,
+        "extends": unit.key,
+        "added": added,
+        "images": int(n),
+        "seconds": round(seconds, 4),
+    }
+    new_unit.commit(
+        {
+            **info,
+            "spec": attrs.get("spec"),
+            "dim": attrs.get("dim"),
+            "score": attrs.get("score"),
+            "normalize": attrs.get("normalize", "none"),
+            "class_names": old_names + added,
+            "data": attrs.get("data"),
+        }
+    )
+    log(f"{new_unit.rel}: {unit.key} + {len(added)} class(es) from {n} images in {seconds:.3f} s")
+    return info
 
 
 def _kmeans_new(cls, src, n, D, codes, names, k, normalize):

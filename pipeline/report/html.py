@@ -378,15 +378,9 @@ def _skipped_html(skipped: list) -> str:
     )
 
 
-def render_html(doc: dict, curves: list | None = None) -> str:
-    records, esc = doc["records"], html.escape
-    summary = doc.get("summary") or summarize(records)
-    extended = {}
-    for e in doc.get("extended_models", []):
-        extended.setdefault(e["extends"], []).append(e)
-    main = _main_columns(records)
-    other = _other_columns(records, main)
-    rows, views = report_rows(records), report_rows(records, views=True)
+def _more_html(summary: dict, rows: dict, views: dict, main: list, other: list, extended: dict) -> str:
+    """The recall rule's note and, folded under it, the other metrics and the other views."""
+    esc = html.escape
     hidden = summary.get("recall_hidden") or {}
     recall_note = (
         f"<p><small>{esc(RECALL_RULE)}. Left out: "
@@ -402,12 +396,16 @@ def render_html(doc: dict, curves: list | None = None) -> str:
             "<h3>Other views</h3><p><small>SL-NE / SL-DE's exact bilinear score (the codes' loss from "
             f"factoring shows against the rows above).</small></p>{table_html(views, main + other, extended)}"
         )
-    more = (
+    return (
         f"<details><summary>More metrics ({len(other)} columns{', other views' if views else ''})</summary>"
         f"{recall_note}{more}</details>"
         if more
         else recall_note
     )
+
+
+def _plots_html(records: list, rows: dict, views: dict, main: list) -> str:
+    """Each headline metric against the code dimension (and precision against K when there are many K)."""
     shown = _mean_records(rows, views) if repeat_count(records) > 1 else records  # a point per row
     panels = [panel_over_dim(shown, m, c) for m, c in main]
     all_ks = {at_k(r["metric"])[1] for r in shown if at_k(r["metric"])}
@@ -421,6 +419,12 @@ def render_html(doc: dict, curves: list | None = None) -> str:
             "dashed; models with equal values draw over each other (the tables above have every value)."
             "</small></p>" + plots
         )
+    return plots
+
+
+def _training_html(records: list, curves: list | None) -> str:
+    """The training curves section: one row per iterative model, one panel per quantity it records."""
+    esc = html.escape
     swept = swept_params(records)
     per_model = [curve_panels(c, swept) for c in curves or []]
     width = max((len(ps) for ps in per_model), default=1)  # one row per model
@@ -434,16 +438,33 @@ def render_html(doc: dict, curves: list | None = None) -> str:
             f"The model kept is the state with the best validation value (its best_iter_ in the model's "
             f"record).</small></p>{training}"
         )
+    return training
 
-    def stage_note(t):
-        return " ".join(
-            x
-            for x in (t.get("note", ""), f"{t['tasks']} task{'s' if t['tasks'] != 1 else ''}" if t.get("tasks") else "")
-            if x
-        )
 
+def _stage_note(t: dict) -> str:
+    """A stage timing's note and its task count."""
+    return " ".join(
+        x
+        for x in (t.get("note", ""), f"{t['tasks']} task{'s' if t['tasks'] != 1 else ''}" if t.get("tasks") else "")
+        if x
+    )
+
+
+def render_html(doc: dict, curves: list | None = None) -> str:
+    """index.html of the report ``doc`` (metrics.json's content) and the training ``curves``."""
+    records, esc = doc["records"], html.escape
+    summary = doc.get("summary") or summarize(records)
+    extended = {}
+    for e in doc.get("extended_models", []):
+        extended.setdefault(e["extends"], []).append(e)
+    main = _main_columns(records)
+    other = _other_columns(records, main)
+    rows, views = report_rows(records), report_rows(records, views=True)
+    more = _more_html(summary, rows, views, main, other, extended)
+    plots = _plots_html(records, rows, views, main)
+    training = _training_html(records, curves)
     timings = "".join(
-        f"<tr><td class=l>{esc(t['stage'])}</td><td>{t['seconds']:.2f}</td><td class=l>{esc(stage_note(t))}</td></tr>"
+        f"<tr><td class=l>{esc(t['stage'])}</td><td>{t['seconds']:.2f}</td><td class=l>{esc(_stage_note(t))}</td></tr>"
         for t in doc["timings"]
     )
     run, ds = doc["run"], doc["run"]["dataset"]

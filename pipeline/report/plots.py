@@ -46,7 +46,6 @@ def panels_png(panels: list[dict], ncols: int = 2) -> str:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
     labels = sorted(
         {lab for p in panels if p for lab in p["series"] if lab is not None},
@@ -69,52 +68,12 @@ def panels_png(panels: list[dict], ncols: int = 2) -> str:
         if p is None:  # a gap (a row's end)
             ax.set_visible(False)
             continue
-        for lab, pts in p["series"].items():
-            pts = sorted(pts, key=lambda q: (q[0] is None, q[0] or 0))  # a dimension may be unknown (None)
-            (line,) = ax.plot(
-                [q[0] for q in pts],
-                [q[1] for q in pts],
-                marker=p.get("marker", "o"),
-                markersize=4,
-                color=colour.get(lab, cycle[0]),
-                linestyle=style.get(lab, "-"),
-            )
-            if lab is not None:
-                handles.setdefault(lab, line)
-        if p.get("log2_x"):  # ticks at the plotted values (or powers of 2 when many), as plain numbers:
-            # readable, and no mathtext to parse and draw
-            ax.set_xscale("log", base=2)
-            xs = sorted({q[0] for pts in p["series"].values() for q in pts if q[0] is not None and q[0] > 0})
-            if len(xs) > 8:
-                xs = [2.0**e for e in range(math.floor(math.log2(xs[0])), math.ceil(math.log2(xs[-1])) + 1)]
-            ax.xaxis.set_major_locator(FixedLocator(xs))
-            ax.xaxis.set_minor_locator(NullLocator())
-            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        if p.get("log_y"):
-            ax.set_yscale("log")
-            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-            ax.yaxis.set_minor_formatter(NullFormatter())
-        ax.set_xlabel(p["xlabel"], fontsize=8)
-        ax.set_ylabel(p["ylabel"], fontsize=8)
-        ax.set_title(p["title"], fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.grid(alpha=0.3)
+        _draw_panel(ax, p, colour, style, cycle[0], handles)
     for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
     bottom = legend_h / (height + legend_h)
     if handles:
-        order = [lab for lab in labels if lab in handles]  # learned models first, as the colours
-        fig.legend(
-            [handles[lab] for lab in order],
-            order,
-            loc="lower left",
-            bbox_to_anchor=(0.01, 0.0),
-            ncol=legend_cols,
-            fontsize=7,
-            frameon=False,
-            title="dashed: baseline",
-            title_fontsize=7,
-        )
+        _legend(fig, handles, labels, legend_cols)
     # fixed margins instead of bbox_inches="tight", which draws the figure twice
     fig.subplots_adjust(
         left=0.8 / width,
@@ -128,6 +87,63 @@ def panels_png(panels: list[dict], ncols: int = 2) -> str:
     fig.savefig(buf, format="png", dpi=90)
     plt.close(fig)
     return base64.b64encode(buf.getvalue()).decode()
+
+
+def _draw_panel(ax, p: dict, colour: dict, style: dict, default_colour: str, handles: dict) -> None:
+    """Draw panel ``p``'s series on ``ax``, its axes and titles; ``handles`` gets each label's first line."""
+    for lab, pts in p["series"].items():
+        pts = sorted(pts, key=lambda q: (q[0] is None, q[0] or 0))  # a dimension may be unknown (None)
+        (line,) = ax.plot(
+            [q[0] for q in pts],
+            [q[1] for q in pts],
+            marker=p.get("marker", "o"),
+            markersize=4,
+            color=colour.get(lab, default_colour),
+            linestyle=style.get(lab, "-"),
+        )
+        if lab is not None:
+            handles.setdefault(lab, line)
+    _scale_axes(ax, p)
+    ax.set_xlabel(p["xlabel"], fontsize=8)
+    ax.set_ylabel(p["ylabel"], fontsize=8)
+    ax.set_title(p["title"], fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.grid(alpha=0.3)
+
+
+def _scale_axes(ax, p: dict) -> None:
+    """Log axes where panel ``p`` asks for them (log2_x, log_y), their ticks as plain numbers."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
+
+    if p.get("log2_x"):  # ticks at the plotted values (or powers of 2 when many), as plain numbers:
+        # readable, and no mathtext to parse and draw
+        ax.set_xscale("log", base=2)
+        xs = sorted({q[0] for pts in p["series"].values() for q in pts if q[0] is not None and q[0] > 0})
+        if len(xs) > 8:
+            xs = [2.0**e for e in range(math.floor(math.log2(xs[0])), math.ceil(math.log2(xs[-1])) + 1)]
+        ax.xaxis.set_major_locator(FixedLocator(xs))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    if p.get("log_y"):
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _legend(fig, handles: dict, labels: list, legend_cols: int) -> None:
+    """One legend for every panel, below them: learned models first, as the colours."""
+    order = [lab for lab in labels if lab in handles]  # learned models first, as the colours
+    fig.legend(
+        [handles[lab] for lab in order],
+        order,
+        loc="lower left",
+        bbox_to_anchor=(0.01, 0.0),
+        ncol=legend_cols,
+        fontsize=7,
+        frameon=False,
+        title="dashed: baseline",
+        title_fontsize=7,
+    )
 
 
 def panel_over_dim(records: list, metric: str, classifier) -> dict:

@@ -120,92 +120,113 @@ def _labels_from_npy(cfg, n_hint=None):
         ) from None
 
 
+def _labels_in(cfg: DataConfig, columns, path: Path):
+    """The labels of a file of several arrays: none, a .npy of labels beside it, or one of its columns."""
+    if not cfg.labels:  # labels="" opens the features alone (predicting unlabelled data)
+        return None
+    if cfg.labels.endswith(".npy"):
+        return _labels_from_npy(cfg)
+    return _column(columns, cfg.labels, path, "data.labels")
+
+
+def _labels_beside(cfg: DataConfig, refusal: str):
+    """The labels of a file of features alone: a .npy of labels, or none; a column name is ``refusal``."""
+    if cfg.labels and not cfg.labels.endswith(".npy"):
+        raise InputError(refusal)
+    return _labels_from_npy(cfg) if cfg.labels else None
+
+
+def _open_npy(cfg: DataConfig, path: Path, suffix: str) -> tuple:
+    """(reader, labels, extra columns) of a .npy file."""
+    reader = NpyReader(path)
+    refusal = f"{path}: a .npy file holds one array; give data.labels as the path of a .npy file of labels"
+    return reader, _labels_beside(cfg, refusal), {}
+
+
+def _open_npz(cfg: DataConfig, path: Path, suffix: str) -> tuple:
+    """(reader, labels, extra columns) of a .npz file."""
+    with np.load(path, allow_pickle=False) as z:
+        if cfg.features not in z.files:
+            raise InputError(f"{path}: no array {cfg.features!r} (data.features); it holds {sorted(z.files)}")
+        y = _labels_in(cfg, z, path)
+        extra = _extra_columns(cfg, z, path)
+    return NpzReader(path, cfg.features), y, extra
+
+
+def _open_h5(cfg: DataConfig, path: Path, suffix: str) -> tuple:
+    """(reader, labels, extra columns) of an HDF5 file."""
+    import h5py
+
+    reader = H5Reader(path, cfg.features)
+    with h5py.File(path, "r") as f:
+        cols = CheckedH5(f, path)
+        return reader, _labels_in(cfg, cols, path), _extra_columns(cfg, cols, path)
+
+
+def _open_zarr(cfg: DataConfig, path: Path, suffix: str) -> tuple:
+    """(reader, labels, extra columns) of a Zarr group."""
+    import zarr
+
+    g = zarr.open_group(store=str(path), mode="r")
+    names = {k for k, _ in g.arrays()}
+    if cfg.features not in names:
+        raise InputError(f"{path}: no array {cfg.features!r} (data.features); it holds {sorted(names)}")
+    reader = ZarrReader(path, cfg.features)
+    cols = CheckedGroup(g, names, path)
+    return reader, _labels_in(cfg, cols, path), _extra_columns(cfg, cols, path)
+
+
+def _open_parquet(cfg: DataConfig, path: Path, suffix: str) -> tuple:
+    """(reader, labels, extra columns) of a Parquet file."""
+    reader = ParquetReader(path, cfg.features)
+    cols = ParquetColumns(path)
+    return reader, _labels_in(cfg, cols, path), _extra_columns(cfg, cols, path)
+
+
+def _open_vecs(cfg: DataConfig, path: Path, suffix: str) -> tuple:
+    """(reader, labels, extra columns) of an .fvecs or .bvecs file."""
+    reader = VecsReader(path)
+    return reader, _labels_beside(cfg, f"{path}: {suffix} files hold no labels; give data.labels as a .npy path"), {}
+
+
+def _open_idx(cfg: DataConfig, path: Path, suffix: str) -> tuple:
+    """(reader, labels, extra columns) of one IDX file."""
+    reader = IdxReader(path)
+    refusal = (
+        f"{path}: give data.labels as a .npy path or point data.path at a folder with "
+        f"train-/t10k- images and labels IDX files"
+    )
+    return reader, _labels_beside(cfg, refusal), {}
+
+
+# A file's reader by its suffix (a folder with zarr.json is Zarr whatever its name says).
+_OPENERS = {
+    ".npy": _open_npy,
+    ".npz": _open_npz,
+    ".h5": _open_h5,
+    ".hdf5": _open_h5,
+    ".zarr": _open_zarr,
+    ".parquet": _open_parquet,
+    ".pq": _open_parquet,
+    ".fvecs": _open_vecs,
+    ".bvecs": _open_vecs,
+}
+
+
 def _open_path(cfg: DataConfig, path: Path) -> Source:
+    """The Source of the file or folder ``path``: the reader its suffix names, its labels and columns."""
     suffix = "".join(path.suffixes[-1:]).lower()
-    extra = {}
-    want = bool(cfg.labels)  # labels="" opens the features alone (predicting unlabelled data)
     separate_labels = cfg.labels.endswith(".npy")
     if path.is_file() and path.stat().st_size == 0:
         raise InputError(f"{path}: file is empty (data.path)")
     if path.is_dir() and (path / "zarr.json").exists():
         suffix = ".zarr"  # a Zarr v3 folder whatever its name says
-    if suffix == ".npy":
-        reader = NpyReader(path)
-        if want and not separate_labels:
-            raise InputError(
-                f"{path}: a .npy file holds one array; give data.labels as the path of a .npy file of labels"
-            )
-        y = _labels_from_npy(cfg) if want else None
-    elif suffix == ".npz":
-        with np.load(path, allow_pickle=False) as z:
-            if cfg.features not in z.files:
-                raise InputError(f"{path}: no array {cfg.features!r} (data.features); it holds {sorted(z.files)}")
-            y = (
-                None
-                if not want
-                else _labels_from_npy(cfg)
-                if separate_labels
-                else _column(z, cfg.labels, path, "data.labels")
-            )
-            extra = _extra_columns(cfg, z, path)
-        reader = NpzReader(path, cfg.features)
-    elif suffix in (".h5", ".hdf5"):
-        import h5py
-
-        reader = H5Reader(path, cfg.features)
-        with h5py.File(path, "r") as f:
-            cols = CheckedH5(f, path)
-            y = (
-                None
-                if not want
-                else _labels_from_npy(cfg)
-                if separate_labels
-                else _column(cols, cfg.labels, path, "data.labels")
-            )
-            extra = _extra_columns(cfg, cols, path)
-    elif suffix == ".zarr":
-        import zarr
-
-        g = zarr.open_group(store=str(path), mode="r")
-        names = {k for k, _ in g.arrays()}
-        if cfg.features not in names:
-            raise InputError(f"{path}: no array {cfg.features!r} (data.features); it holds {sorted(names)}")
-        reader = ZarrReader(path, cfg.features)
-        cols = CheckedGroup(g, names, path)
-        y = (
-            None
-            if not want
-            else _labels_from_npy(cfg)
-            if separate_labels
-            else _column(cols, cfg.labels, path, "data.labels")
-        )
-        extra = _extra_columns(cfg, cols, path)
-    elif suffix in (".parquet", ".pq"):
-        reader = ParquetReader(path, cfg.features)
-        cols = ParquetColumns(path)
-        y = (
-            None
-            if not want
-            else _labels_from_npy(cfg)
-            if separate_labels
-            else _column(cols, cfg.labels, path, "data.labels")
-        )
-        extra = _extra_columns(cfg, cols, path)
-    elif suffix in (".fvecs", ".bvecs"):
-        reader = VecsReader(path)
-        if want and not separate_labels:
-            raise InputError(f"{path}: {suffix} files hold no labels; give data.labels as a .npy path")
-        y = _labels_from_npy(cfg) if want else None
+    if suffix in _OPENERS:
+        reader, y, extra = _OPENERS[suffix](cfg, path, suffix)
     elif path.is_dir() and all(find_idx(path, s) for s in FASHION_FILES):
         return idx_source(path, str(path), cfg.verify_source)
     elif "idx" in path.name:
-        reader = IdxReader(path)
-        if want and not separate_labels:
-            raise InputError(
-                f"{path}: give data.labels as a .npy path or point data.path at a folder with "
-                f"train-/t10k- images and labels IDX files"
-            )
-        y = _labels_from_npy(cfg) if want else None
+        reader, y, extra = _open_idx(cfg, path, suffix)
     else:
         raise InputError(
             f"{path}: unknown format (data.path); use .npy, .npz, .h5, .zarr, .parquet, .fvecs, .bvecs "

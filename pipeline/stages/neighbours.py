@@ -85,47 +85,17 @@ def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
     nb = ctx.config.neighbours
     by_index = nb.method == "ivf" or (nb.method == "auto" and n_train > ivf.EXACT_MAX_TRAIN)
     streamed = by_index and _streamed(ctx, data)  # a sampled graph searched with no index
-    inputs = {"stage": "neighbours", "data": data.unit.key, "k": k, "queries": nb.queries or "all"}
-    if nb.queries is not None:
-        inputs["queries_seed"] = ctx.config.seed
-    if streamed:
-        inputs["ivf"] = {"nlist": nb.nlist, "nprobe": nb.nprobe, "seed": ctx.config.seed, "streamed": True}
-    elif by_index:
-        inputs["ivf"] = {
-            "nlist": nb.nlist,
-            "nprobe": nb.nprobe,
-            "seed": ctx.config.seed,
-            "rerank": nb.rerank,
-            "index": _factory(ctx, data),
-        }  # its bytes per row follow the workers' memory
-    unit = ctx.store.unit("neighbours", hash_key(inputs))
+    unit = ctx.store.unit("neighbours", hash_key(_inputs(ctx, data, by_index, streamed)))
     if ctx.reuse(unit, "neighbours"):
         ctx.log(f"  neighbours: reusing {unit.rel}")
         return unit
     t0 = time.perf_counter()
     unit.begin()
-    N = data.n_samples
-    write_template(
-        unit.url,
-        {
-            "neighbours": (("sample", "neighbour"), (N, k), np.int32, -1),
-            "distances": (("sample", "neighbour"), (N, k), np.float32, np.inf),
-            "same_label": (("sample", "neighbour"), (N, k), bool, False),
-        },
-        {},
-        {"k": k, "data": data.unit.key},
-        data.chunk_rows,
-    )
+    _write_template(unit, data, k)
     blocks = [(a, b) for a, b in data.chunks if (data.split[a:b] == TRAIN).any()]  # database blocks
     # Query pieces are cut over all train rows (so tasks are equal whatever the chunk layout); each
     # chunk's write task takes the pieces that overlap it.
-    if nb.queries is None:
-        query_rows = np.arange(N)
-    else:
-        train = data.rows(TRAIN)  # a stratified sample of them, in the seeded order of their content
-        keys = open_array(f"{data.url}/row_key")[:][train]
-        query_rows = train[stream.sample(data.labels[train], nb.queries, keys, ctx.config.seed, stream.QUERIES)]
-        create_array(f"{unit.url}/query_rows", query_rows.shape, (max(1, len(query_rows)),), np.int64)[:] = query_rows
+    query_rows = _query_rows(ctx, data, unit)
     # equal pieces of at most KNN_QUERY_ROWS: a short last piece would leave a worker idle at the end
     cuts = [c for c in np.array_split(query_rows, -(-len(query_rows) // KNN_QUERY_ROWS)) if len(c)]
     extra = {}
@@ -135,17 +105,7 @@ def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
         pieces, extra = _ivf_pieces(ctx, data, unit, blocks, cuts, k)
     else:
         pieces = [ctx.submit(_knn_piece, data.url, piece, blocks, k, name="knn-piece") for piece in cuts]
-    writes, where = [], []
-    for q in data.chunks:
-        mine = [(piece, f) for piece, f in zip(cuts, pieces) if piece[0] < q[1] and piece[-1] >= q[0]]
-        if not mine:
-            continue  # no query row here: the chunk keeps the template's fill (-1, inf, False)
-        writes.append(
-            ctx.submit(
-                _write_graph, unit.url, data.url, q, k, [p for p, _ in mine], *[f for _, f in mine], name="knn-write"
-            )
-        )
-        where.append(f"rows {q[0]}..{q[1] - 1}")
+    writes, where = _write_tasks(ctx, unit, data, cuts, pieces, k)
     ctx.gather(pieces, "neighbours", [f"query rows {p[0]}..{p[-1]}" for p in cuts])
     ctx.gather(writes, "neighbours", where)
     commit_timed(
@@ -160,18 +120,88 @@ def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
             **extra,
         },
     )
+    if by_index:
+        _log_recall(ctx, k, extra, streamed)
+    return unit
+
+
+def _inputs(ctx: StageContext, data: DataInfo, by_index: bool, streamed: bool) -> dict:
+    """What the graph's unit is keyed on: the data, k, the query sample and the IVF settings."""
+    nb = ctx.config.neighbours
+    inputs = {"stage": "neighbours", "data": data.unit.key, "k": nb.k, "queries": nb.queries or "all"}
+    if nb.queries is not None:
+        inputs["queries_seed"] = ctx.config.seed
+    if streamed:
+        inputs["ivf"] = {"nlist": nb.nlist, "nprobe": nb.nprobe, "seed": ctx.config.seed, "streamed": True}
+    elif by_index:
+        inputs["ivf"] = {
+            "nlist": nb.nlist,
+            "nprobe": nb.nprobe,
+            "seed": ctx.config.seed,
+            "rerank": nb.rerank,
+            "index": _factory(ctx, data),
+        }  # its bytes per row follow the workers' memory
+    return inputs
+
+
+def _write_template(unit: Unit, data: DataInfo, k: int) -> None:
+    """The graph's arrays, filled with -1, inf and False until a query row's neighbours are written."""
+    N = data.n_samples
+    write_template(
+        unit.url,
+        {
+            "neighbours": (("sample", "neighbour"), (N, k), np.int32, -1),
+            "distances": (("sample", "neighbour"), (N, k), np.float32, np.inf),
+            "same_label": (("sample", "neighbour"), (N, k), bool, False),
+        },
+        {},
+        {"k": k, "data": data.unit.key},
+        data.chunk_rows,
+    )
+
+
+def _query_rows(ctx: StageContext, data: DataInfo, unit: Unit) -> np.ndarray:
+    """The rows searched: every row, or (neighbours.queries) a stratified sample of train rows, stored."""
+    nb = ctx.config.neighbours
+    if nb.queries is None:
+        return np.arange(data.n_samples)
+    train = data.rows(TRAIN)  # a stratified sample of them, in the seeded order of their content
+    keys = open_array(f"{data.url}/row_key")[:][train]
+    query_rows = train[stream.sample(data.labels[train], nb.queries, keys, ctx.config.seed, stream.QUERIES)]
+    create_array(f"{unit.url}/query_rows", query_rows.shape, (max(1, len(query_rows)),), np.int64)[:] = query_rows
+    return query_rows
+
+
+def _write_tasks(ctx: StageContext, unit: Unit, data: DataInfo, cuts: list, pieces: list, k: int) -> tuple:
+    """(one write task per chunk that holds query rows, the rows each writes), from the pieces overlapping it."""
+    writes, where = [], []
+    for q in data.chunks:
+        mine = [(piece, f) for piece, f in zip(cuts, pieces) if piece[0] < q[1] and piece[-1] >= q[0]]
+        if not mine:
+            continue  # no query row here: the chunk keeps the template's fill (-1, inf, False)
+        writes.append(
+            ctx.submit(
+                _write_graph, unit.url, data.url, q, k, [p for p, _ in mine], *[f for _, f in mine], name="knn-write"
+            )
+        )
+        where.append(f"rows {q[0]}..{q[1] - 1}")
+    return writes, where
+
+
+def _log_recall(ctx: StageContext, k: int, extra: dict, streamed: bool) -> None:
+    """Log an IVF graph's recall against exact search."""
+    nb = ctx.config.neighbours
     if streamed:
         ctx.log(
             f"  neighbours: IVF ({extra['index']} over the streamed rows, nprobe {nb.nprobe}) "
             f"recall@{k} {extra['recall']:.3f} against exact search on {extra['recall_queries']} train queries"
         )
-    elif by_index:
+    else:
         ctx.log(
             f"  neighbours: IVF ({extra['index']}, nprobe {nb.nprobe}, rerank {extra['rerank']}) "
             f"recall@{k} {extra['recall']:.3f} "
             f"against exact search on {extra['recall_queries']} train queries"
         )
-    return unit
 
 
 def _factory(ctx: StageContext, data: DataInfo) -> str:

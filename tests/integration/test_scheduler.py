@@ -102,7 +102,7 @@ def test_one_three_and_remote_workers_agree_exactly(tmp_path, scheduler):
 def test_unreachable_scheduler_is_a_one_line_error(tmp_path, monkeypatch):
     from metricpipe import cluster
 
-    monkeypatch.setattr(cluster, "CONNECT_TIMEOUT", "1s")  # the error, not the 10 s wait, is under test
+    monkeypatch.setattr(cluster.scheduler, "CONNECT_TIMEOUT", "1s")  # the error, not the 10 s wait, is under test
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({**CONFIG, "store": str(tmp_path / "s"), "cluster": "tcp://127.0.0.1:1"}))
     res = CliRunner().invoke(main, ["run", str(cfg)])

@@ -17,9 +17,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from metricpipe import cluster as cluster_module
 from metricpipe.cli import main
 from metricpipe.cluster import connect
+from metricpipe.cluster import spec as cluster_spec
 from tests.integration.helpers import run_results
 
 pytestmark = pytest.mark.integration
@@ -286,7 +286,7 @@ def test_workers_are_slurm_jobs_listening_on_loopback(tmp_path, slurm):
     ids=["job SLURM refuses", "worker that never joins"],
 )
 def test_a_cluster_that_cannot_give_workers_is_a_one_line_error(tmp_path, slurm, monkeypatch, spec, expected):
-    monkeypatch.setattr(cluster_module, "WORKER_WAIT", 5)
+    monkeypatch.setattr(cluster_spec, "WORKER_WAIT", 5)
     cfg = tmp_path / "c.yaml"
     cfg.write_text(
         yaml.safe_dump({**CONFIG, "store": str(tmp_path / "s"), "cluster": str(_spec(tmp_path, slurm, **spec))})

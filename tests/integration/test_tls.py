@@ -70,7 +70,7 @@ def test_a_port_taken_between_the_check_and_the_bind_is_swapped_without_dask_s_w
     """Another run taking the port at the same moment: the check says free, Dask's bind fails."""
     from metricpipe.cluster import connect
 
-    monkeypatch.setattr("metricpipe.cluster._port_free", lambda host, port: True)
+    monkeypatch.setattr("metricpipe.cluster.dashboard._port_free", lambda host, port: True)
     with _taken_port_and_no_warnings() as port, connect("local", 1, dashboard=f":{port}") as client:
         link = client.dashboard_link
     assert link.startswith("http://127.0.0.1:") and f":{port}/" not in link

@@ -1407,13 +1407,13 @@ def test_a_ctrl_c_while_the_local_cluster_starts_waits_for_it_then_stops_the_run
         signal.signal(signal.SIGINT, handlers[0])
     built = []
 
-    class Interrupted(cluster.LocalCluster):
+    class Interrupted(cluster.local.LocalCluster):
         def __init__(self, **kw):
             os.kill(os.getpid(), signal.SIGINT)  # the Ctrl-C lands as the start begins
             super().__init__(**kw)
             built.append(self)
 
-    monkeypatch.setattr(cluster, "LocalCluster", Interrupted)
+    monkeypatch.setattr(cluster.local, "LocalCluster", Interrupted)
     with pytest.raises(KeyboardInterrupt):
         with cluster.connect("local", 1, dashboard=None):
             pytest.fail("the run went on after the Ctrl-C")

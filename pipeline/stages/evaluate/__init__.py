@@ -268,57 +268,9 @@ def _job(
 ) -> dict:
     """Submit one view's retrieval under ``proto`` and what its classification needs (class means, an
     NCM model's biases or centroids); the classify tasks follow once kNN's lists are known."""
-    ctx, data, ev = run.ctx, run.data, run.ctx.config.evaluate
-    means = None
-    if evaluation.NCM in served:
-        parts = [
-            ctx.submit(moments_block, data.url, a, b, len(data.classes), False, db_url, proto.train, name="ncm-means")
-            for a, b in data.chunks
-        ]
-        means = ctx.submit(class_means, tree_combine(ctx, parts, "ncm-combine"), name="ncm-means")
-    cents = (
-        ctx.submit(
-            query_centroids,
-            q_url,
-            proto.km_rows,
-            proto.n_clusters,
-            [ctx.config.seed, 33],
-            name=f"kmeans-{registry.model_name(spec)}",
-        )
-        if ev.retrieval
-        else None
-    )
-    ret = (
-        [
-            ctx.submit(
-                retrieval_block,
-                q_url,
-                db_url,
-                score,
-                q,
-                proto.test,
-                run.rel_f,
-                proto.ks,
-                proto.ukb,
-                data.chunk_rows,
-                query_group(len(proto.test)),
-                proto.acc_k,
-                cents,
-                run.db_max,
-                name=f"retrieval-{registry.model_name(spec)}",
-            )
-            for q in query_blocks(proto.queries, len(proto.test))
-        ]
-        if ev.retrieval
-        else []
-    )
-    ncm_model = None
-    own = registry.estimator_class(spec["method"], spec).own_classifier
-    if view == "codes" and own in served:
-        if proto.name != "unseen":
-            ncm_model = ctx.submit(read_ncm_model, model_url, name="ncm-model")
-        elif own == evaluation.NCMC:  # the held-out classes' centroids (the dot form's biases are the implied ones)
-            ncm_model = ctx.submit(unseen_ncm_model, model_url, data.url, data.chunks, proto.train, name="ncm-model")
+    means = _class_means_task(run, proto, db_url) if evaluation.NCM in served else None
+    ret = _retrieval_tasks(run, proto, spec, q_url, db_url, score) if run.ctx.config.evaluate.retrieval else []
+    ncm_model = _ncm_model_task(run, proto, spec, view, model_url, served)
     blocks = fixed_blocks(proto.classified, CLASSIFY_QUERIES)
     return {
         "spec": spec,
@@ -338,6 +290,61 @@ def _job(
         "classify": (means, ncm_model, served),
         "model_url": model_url,
     }
+
+
+def _class_means_task(run: _Run, proto: Protocol, db_url: str):
+    """The classes' means of the train rows in the codes at ``db_url`` (a tree of partial moments)."""
+    ctx, data = run.ctx, run.data
+    parts = [
+        ctx.submit(moments_block, data.url, a, b, len(data.classes), False, db_url, proto.train, name="ncm-means")
+        for a, b in data.chunks
+    ]
+    return ctx.submit(class_means, tree_combine(ctx, parts, "ncm-combine"), name="ncm-means")
+
+
+def _retrieval_tasks(run: _Run, proto: Protocol, spec: dict, q_url: str, db_url: str, score: str) -> list:
+    """The query blocks' retrieval tasks, after the k-means centroids of the queries they cluster with."""
+    ctx, data = run.ctx, run.data
+    cents = ctx.submit(
+        query_centroids,
+        q_url,
+        proto.km_rows,
+        proto.n_clusters,
+        [ctx.config.seed, 33],
+        name=f"kmeans-{registry.model_name(spec)}",
+    )
+    return [
+        ctx.submit(
+            retrieval_block,
+            q_url,
+            db_url,
+            score,
+            q,
+            proto.test,
+            run.rel_f,
+            proto.ks,
+            proto.ukb,
+            data.chunk_rows,
+            query_group(len(proto.test)),
+            proto.acc_k,
+            cents,
+            run.db_max,
+            name=f"retrieval-{registry.model_name(spec)}",
+        )
+        for q in query_blocks(proto.queries, len(proto.test))
+    ]
+
+
+def _ncm_model_task(run: _Run, proto: Protocol, spec: dict, view: str, model_url: str, served: tuple):
+    """The model's own NCM classifier (its biases, or the held-out classes' centroids), when it serves."""
+    ctx, data = run.ctx, run.data
+    own = registry.estimator_class(spec["method"], spec).own_classifier
+    if view == "codes" and own in served:
+        if proto.name != "unseen":
+            return ctx.submit(read_ncm_model, model_url, name="ncm-model")
+        if own == evaluation.NCMC:  # the held-out classes' centroids (the dot form's biases are the implied ones)
+            return ctx.submit(unseen_ncm_model, model_url, data.url, data.chunks, proto.train, name="ncm-model")
+    return None
 
 
 def largest_tasks(info, cfg, limit: float) -> list:
