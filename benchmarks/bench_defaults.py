@@ -14,6 +14,7 @@ splits (0 = all). Each set runs once with every learner twice: selected (the def
 ``select: false`` (the defaults as they are); the default candidate is the same model unit, so it
 trains once. Prints the table in Markdown and writes DIR/table.md and DIR/NAME.json.
 """
+
 import argparse
 import json
 import os
@@ -27,8 +28,14 @@ from metricpipe.config import parse_config
 from metricpipe.runner import run_pipeline
 from metricpipe.tasks.errors import InputError
 
-LEARNERS = [{"method": "slne"}, {"method": "slde"}, {"method": "ncmml"}, {"method": "ncmc"}, {"method": "knnml"},
-            {"method": "slem", "kernel": "linear"}]
+LEARNERS = [
+    {"method": "slne"},
+    {"method": "slde"},
+    {"method": "ncmml"},
+    {"method": "ncmc"},
+    {"method": "knnml"},
+    {"method": "slem", "kernel": "linear"},
+]
 CLASSIFIERS = ["knn1", "knn5", "knn10", "knn20", "softvote10", "ncm", "ncmc"]
 
 
@@ -49,6 +56,7 @@ def _subset(y, split, max_train, max_test, seed=0):
 
 def fashion_arrays():
     from metricpipe.sources import open_source
+
     src = open_source(parse_config({"data": {"source": "fashion-mnist"}}).data)
     X = src.reader.read(0, src.reader.shape[0]).reshape(-1, 28, 28).astype(np.float32) / 255.0
     return X, np.asarray(src.labels), np.asarray(src.split)
@@ -57,7 +65,11 @@ def fashion_arrays():
 def make_set(name: str, out: Path, max_train: int, max_test: int) -> dict:
     """The data section of a config for set ``name`` (derived sets cached as npz in ``out``)."""
     if name in ("digits", "digits-l2"):
-        return {"source": "digits", "normalize": "none" if name == "digits" else "l2", "split": {"test": 0.2, "seed": 0}}
+        return {
+            "source": "digits",
+            "normalize": "none" if name == "digits" else "l2",
+            "split": {"test": 0.2, "seed": 0},
+        }
     path = out / f"{name}-{max_train}-{max_test}.npz"
     if not path.exists():
         X, y, split = fashion_arrays()
@@ -69,6 +81,7 @@ def make_set(name: str, out: Path, max_train: int, max_test: int) -> dict:
             F = X.reshape(len(X), 14, 2, 14, 2).mean((2, 4)).reshape(len(X), -1)
         elif name == "hog":
             from skimage.feature import hog
+
             F = np.stack([hog(im, orientations=9, pixels_per_cell=(7, 7), cells_per_block=(2, 2)) for im in X])
         else:
             raise SystemExit(f"unknown set {name}")
@@ -83,9 +96,13 @@ def sparse_r(name: str) -> int:
 
 def learners(name: str, only=None) -> list[dict]:
     """Every learner of the table (``only``: those methods alone)."""
-    r, d = sparse_r(name), 16   # sparse projectors' R; NML / linear ML code size (the papers' small codes)
-    every = LEARNERS + [{"method": "sparse", "dim": r, "sparsity": 0.0}, {"method": "sparse", "dim": r, "sparsity": 0.9},
-                        {"method": "nml", "dim": d}, {"method": "linear-ml", "dim": d}]
+    r, d = sparse_r(name), 16  # sparse projectors' R; NML / linear ML code size (the papers' small codes)
+    every = LEARNERS + [
+        {"method": "sparse", "dim": r, "sparsity": 0.0},
+        {"method": "sparse", "dim": r, "sparsity": 0.9},
+        {"method": "nml", "dim": d},
+        {"method": "linear-ml", "dim": d},
+    ]
     return [e for e in every if not only or e["method"] in only]
 
 
@@ -94,25 +111,44 @@ def config(name: str, data: dict, store: str, methods: list | None = None, only=
     chosen on validation (``methods``: another list, e.g. one learner with ``select: false``)."""
     r = sparse_r(name)
     if methods is None:
-        methods = [{"method": "identity"}, {"method": "pca", "dim": 16}, {"method": "pca", "dim": r},
-                   {"method": "pcaw"}, {"method": "lda"}] + learners(name, only)
-    return {"store": store, "workers": 2, "data": data, "methods": methods, "neighbours": {"k": 50},
-            "evaluate": {"retrieval": {"k": [10], "queries": 2000},
-                         "classification": {"classifiers": CLASSIFIERS}}}
+        methods = [
+            {"method": "identity"},
+            {"method": "pca", "dim": 16},
+            {"method": "pca", "dim": r},
+            {"method": "pcaw"},
+            {"method": "lda"},
+        ] + learners(name, only)
+    return {
+        "store": store,
+        "workers": 2,
+        "data": data,
+        "methods": methods,
+        "neighbours": {"k": 50},
+        "evaluate": {"retrieval": {"k": [10], "queries": 2000}, "classification": {"classifiers": CLASSIFIERS}},
+    }
 
 
 def kernel_config(base: dict, methods: list | None = None) -> dict:
     """Kernel SLEM beside linear SLEM (its codes are compared by Eq. 16: kNN classifiers only)."""
     methods = methods or [{"method": "slem", "kernel": "gaussian"}, {"method": "slem", "kernel": "linear"}]
-    return {**base, "methods": methods,
-            "evaluate": {"retrieval": {"k": [10], "queries": 2000}, "classification": {"classifiers": ["knn1"]}}}
+    return {
+        **base,
+        "methods": methods,
+        "evaluate": {"retrieval": {"k": [10], "queries": 2000}, "classification": {"classifiers": ["knn1"]}},
+    }
 
 
 def value(records, method, metric, classifier=None, **params):
     """The record of ``method`` whose parameters include ``params`` (codes view)."""
-    hits = [r["value"] for r in records if r["method"] == method and r["metric"] == metric
-            and r["classifier"] == classifier and r["params"].get("view") in (None, "codes")
-            and all((r["dim"] if k == "dim" else r["params"].get(k)) == v for k, v in params.items())]
+    hits = [
+        r["value"]
+        for r in records
+        if r["method"] == method
+        and r["metric"] == metric
+        and r["classifier"] == classifier
+        and r["params"].get("view") in (None, "codes")
+        and all((r["dim"] if k == "dim" else r["params"].get(k)) == v for k, v in params.items())
+    ]
     return hits[0] if hits else None
 
 
@@ -125,7 +161,7 @@ def default_and_selected(doc, defaults, method, metric, classifier=None, **fixed
         if s["method"] == method and all(spec.get(k) == v for k, v in fixed.items()):
             params = {k: v for k, v in spec.items() if k not in ("method", "dim")}
             selected = value(doc["records"], method, metric, classifier, **params)
-    if selected is None:   # nothing was searched (e.g. dense sparse projectors): the one model
+    if selected is None:  # nothing was searched (e.g. dense sparse projectors): the one model
         selected = value(doc["records"], method, metric, classifier, **fixed)
     default = None
     for entry, got in defaults:
@@ -141,8 +177,9 @@ def rows_for(name: str, doc: dict, kdoc: dict | None, r: int, defaults: list) ->
     out = []
 
     def dim_value(method, dim, metric):
-        return next((x["value"] for x in rec if x["method"] == method and x["dim"] == dim and x["metric"] == metric),
-                    None)
+        return next(
+            (x["value"] for x in rec if x["method"] == method and x["dim"] == dim and x["metric"] == metric), None
+        )
 
     def lower(s, base):
         return isinstance(s, float) and isinstance(base, float) and s < base
@@ -155,12 +192,28 @@ def rows_for(name: str, doc: dict, kdoc: dict | None, r: int, defaults: list) ->
     d0, s0 = default_and_selected(doc, defaults, "sparse", "map", sparsity=0.0)
     out.append(("sparse (dense)", f"mAP > PCA-{r}", pca_r, d0, s0, lower(pca_r, s0)))
     d9, s9 = default_and_selected(doc, defaults, "sparse", "map", sparsity=0.9)
-    out.append(("sparse tau 0.9", "mAP >= 97% of dense", None if s0 is None else 0.97 * s0, d9, s9,
-                s9 is not None and s0 is not None and s9 >= 0.97 * s0))
+    out.append(
+        (
+            "sparse tau 0.9",
+            "mAP >= 97% of dense",
+            None if s0 is None else 0.97 * s0,
+            d9,
+            s9,
+            s9 is not None and s0 is not None and s9 >= 0.97 * s0,
+        )
+    )
     ident, pcaw = value(rec, "identity", "map"), value(rec, "pcaw", "map")
     d, s = default_and_selected(doc, defaults, "slem", "map", kernel="linear")
-    out.append(("slem", "mAP >= raw + 0.01 and > PCAw", max(ident + 0.01, pcaw), d, s,
-                s is not None and s >= ident + 0.01 and s > pcaw))
+    out.append(
+        (
+            "slem",
+            "mAP >= raw + 0.01 and > PCAw",
+            max(ident + 0.01, pcaw),
+            d,
+            s,
+            s is not None and s >= ident + 0.01 and s > pcaw,
+        )
+    )
     if kdoc:
         lin = default_and_selected(kdoc, defaults, "slem", "map", kernel="linear")[1]
         kd, ks = default_and_selected(kdoc, defaults, "slem", "map", kernel="gaussian")
@@ -195,36 +248,49 @@ def main():
     p.add_argument("--out", default="/tmp/bench-defaults")
     p.add_argument("--no-kernel", action="store_true", help="skip kernel SLEM (its n x n kernel is the slow part)")
     p.add_argument("--table-only", action="store_true", help="print the table from DIR/NAME.json of earlier runs")
-    p.add_argument("--learners", nargs="+", metavar="METHOD",
-                   help="only these methods' rows (ncmc brings ncmml: NCMC's criterion reads NCMML's selected error)")
+    p.add_argument(
+        "--learners",
+        nargs="+",
+        metavar="METHOD",
+        help="only these methods' rows (ncmc brings ncmml: NCMC's criterion reads NCMML's selected error)",
+    )
     args = p.parse_args()
     only = set(args.learners or ())
-    if "ncmc" in only:   # NCMC's criterion reads NCMML's selected error
+    if "ncmc" in only:  # NCMC's criterion reads NCMML's selected error
         only.add("ncmml")
 
-    def shown(learner):       # a row's learner ("sparse tau 0.9", "kernel slem") by its method
+    def shown(learner):  # a row's learner ("sparse tau 0.9", "kernel slem") by its method
         method = {"kernel slem": "slem"}.get(learner, learner.split(" ")[0])
         return not only or method in only
+
     if args.table_only:
-        table = ["| data set | learner | criterion | baseline | default | selected | holds |", "|---|---|---|---|---|---|---|"]
+        table = [
+            "| data set | learner | criterion | baseline | default | selected | holds |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for name in args.sets:
             saved = json.loads((Path(args.out) / f"{name}.json").read_text())
-            for learner, crit, base, d, s, ok in rows_for(name, saved["main"], saved["kernel"], sparse_r(name),
-                                                          saved["defaults"]):
+            for learner, crit, base, d, s, ok in rows_for(
+                name, saved["main"], saved["kernel"], sparse_r(name), saved["defaults"]
+            ):
                 if not shown(learner):
                     continue
-                table.append(f"| {name} | {learner} | {crit} | {fmt(base)} | {fmt(d)} | {fmt(s)} | "
-                             f"{'yes' if ok else 'no'} |")
+                table.append(
+                    f"| {name} | {learner} | {crit} | {fmt(base)} | {fmt(d)} | {fmt(s)} | {'yes' if ok else 'no'} |"
+                )
         print("\n".join(table))
         return
-    if "hog" in args.sets:   # before an hour of other sets, not after them
+    if "hog" in args.sets:  # before an hour of other sets, not after them
         try:
             import skimage  # noqa: F401
         except ImportError:
             raise SystemExit("--sets hog computes HOG descriptors with scikit-image: pip install '.[bench]'") from None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    table = ["| data set | learner | criterion | baseline | default | selected | holds |", "|---|---|---|---|---|---|---|"]
+    table = [
+        "| data set | learner | criterion | baseline | default | selected | holds |",
+        "|---|---|---|---|---|---|---|",
+    ]
     with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address="127.0.0.1:0") as lc, Client(lc) as client:
         for name in args.sets:
             data = make_set(name, out, args.max_train, args.max_test)
@@ -232,13 +298,15 @@ def main():
             t0 = time.perf_counter()
 
             def run(raw, tag):
-                path = run_pipeline(parse_config(raw), client=client, log=lambda m: print(f"[{name} {tag}] {m}",
-                                                                                          flush=True))
+                path = run_pipeline(
+                    parse_config(raw), client=client, log=lambda m: print(f"[{name} {tag}] {m}", flush=True)
+                )
                 return json.loads(Path(path).with_name("metrics.json").read_text())
+
             doc = run(config(name, data, store, only=only), "selected")
             with_kernel = not args.no_kernel and (not only or "slem" in only)
             kdoc = run(kernel_config(config(name, data, store)), "kernel") if with_kernel else None
-            defaults = []   # each learner with every default, in a run of its own (a default may diverge)
+            defaults = []  # each learner with every default, in a run of its own (a default may diverge)
             extra = [{"method": "slem", "kernel": "gaussian"}] if with_kernel else []
             for entry in learners(name, only) + extra:
                 raw = config(name, data, store, [{**entry, "select": False}])
@@ -250,13 +318,17 @@ def main():
                     defaults.append((entry, str(e)))
             (out / f"{name}.json").write_text(json.dumps({"main": doc, "kernel": kdoc, "defaults": defaults}))
             n = doc["run"]["dataset"]
-            print(f"{name}: {n['n_samples']} rows x {n['n_features']}, splits {n['splits']}: "
-                  f"{time.perf_counter() - t0:.0f} s", flush=True)
+            print(
+                f"{name}: {n['n_samples']} rows x {n['n_features']}, splits {n['splits']}: "
+                f"{time.perf_counter() - t0:.0f} s",
+                flush=True,
+            )
             for learner, crit, base, d, s, ok in rows_for(name, doc, kdoc, sparse_r(name), defaults):
                 if not shown(learner):
                     continue
-                table.append(f"| {name} | {learner} | {crit} | {fmt(base)} | {fmt(d)} | {fmt(s)} | "
-                             f"{'yes' if ok else 'no'} |")
+                table.append(
+                    f"| {name} | {learner} | {crit} | {fmt(base)} | {fmt(d)} | {fmt(s)} | {'yes' if ok else 'no'} |"
+                )
             (out / "table.md").write_text("\n".join(table) + "\n")
             print("\n".join(table), flush=True)
 

@@ -9,6 +9,7 @@ stage runs on a LocalCluster of two single-threaded workers and is compared with
 measured as two single-threaded processes running the GEMM at once (and, for reference, with twice
 one thread's rate, which ignores the caches and memory bandwidth the two cores share).
 """
+
 import argparse
 import os
 import tempfile
@@ -21,7 +22,6 @@ import numpy as np  # noqa: E402
 
 from metricpipe.tasks import knn  # noqa: E402
 from metricpipe.tasks.synthetic import SyntheticSpec  # noqa: E402
-
 
 GEMM_SHAPE = (1024, 8192)  # rows of the two operands of the reference GEMM (a large one, whatever our tiles)
 
@@ -46,6 +46,7 @@ def machine_gemm_rate(D: int, processes: int = 2) -> float:
     """The machine's float32 GEMM rate as the stage's workers see it: ``processes`` single-threaded
     processes running the same GEMM at once (shared caches and memory bandwidth included)."""
     import multiprocessing as mp
+
     ctx = mp.get_context("spawn")
     barrier, out = ctx.Barrier(processes), ctx.Queue()
     procs = [ctx.Process(target=_gemm_worker, args=(D, barrier, out)) for _ in range(processes)]
@@ -72,11 +73,14 @@ def main():
     t = time.perf_counter()
     d_ours, i_ours = knn.block_topk(X, X, k, q_ids=np.arange(n), x_ids=np.arange(n), exclude_self=True)
     t_ours = time.perf_counter() - t
-    print(f"kernel block_topk, {n} x {n} x {D}, k={k}: {t_ours:.2f} s = {flops / t_ours / 1e9:.1f} GFLOP/s "
-          f"= {flops / t_ours / peak:.2f} x GEMM rate")
+    print(
+        f"kernel block_topk, {n} x {n} x {D}, k={k}: {t_ours:.2f} s = {flops / t_ours / 1e9:.1f} GFLOP/s "
+        f"= {flops / t_ours / peak:.2f} x GEMM rate"
+    )
 
     try:
         import faiss
+
         faiss.omp_set_num_threads(1)
         index = faiss.IndexFlatL2(D)
         index.add(X)
@@ -84,24 +88,31 @@ def main():
         d_f, i_f = index.search(X, k + 1)
         t_f = time.perf_counter() - t
         agree = np.mean([len(set(a) & set(b[b != q][:k])) / k for q, (a, b) in enumerate(zip(i_ours[:500], i_f))])
-        print(f"faiss IndexFlatL2 (1 thread): {t_f:.2f} s; ours / faiss time = {t_ours / t_f:.2f}; "
-              f"neighbour sets agree on {agree:.4f} of the first 500 queries")
+        print(
+            f"faiss IndexFlatL2 (1 thread): {t_f:.2f} s; ours / faiss time = {t_ours / t_f:.2f}; "
+            f"neighbour sets agree on {agree:.4f} of the first 500 queries"
+        )
     except ImportError:
         print("faiss not installed (pip install faiss-cpu) - no faiss comparison")
 
     machine = machine_gemm_rate(D, 2)
-    print(f"float32 GEMM, 2 single-threaded processes at once: {machine / 1e9:.1f} GFLOP/s "
-          f"(= {machine / peak:.2f} x one thread's rate)")
+    print(
+        f"float32 GEMM, 2 single-threaded processes at once: {machine / 1e9:.1f} GFLOP/s "
+        f"(= {machine / peak:.2f} x one thread's rate)"
+    )
 
     from distributed import Client, LocalCluster
 
     from metricpipe.config import parse_config
     from metricpipe.context import StageContext
     from metricpipe.stages import run_neighbours, run_stage
-    from metricpipe.storage import Store
+    from metricpipe.store import Store
 
-    with tempfile.TemporaryDirectory() as tmp, \
-            LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0") as lc, Client(lc) as client:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0") as lc,
+        Client(lc) as client,
+    ):
         np.savez(f"{tmp}/x.npz", X=X, y=np.arange(n) % 10)
         cfg = parse_config({"data": {"path": f"{tmp}/x.npz", "split": {"test": 0.001}}, "neighbours": {"k": k}})
         ctx = StageContext(client, Store(f"{tmp}/store"), cfg, log=lambda m: None)
@@ -111,9 +122,11 @@ def main():
         run_neighbours(ctx, data)
         t_stage = time.perf_counter() - t
         f_stage = 2.0 * n_train * n_train * D
-        print(f"neighbours stage, 2 workers x 1 thread: {t_stage:.2f} s = {f_stage / t_stage / 1e9:.1f} GFLOP/s "
-              f"= {f_stage / t_stage / machine:.2f} x the machine's GEMM rate (2 processes at once); "
-              f"{f_stage / t_stage / (2 * peak):.2f} x twice one thread's rate")
+        print(
+            f"neighbours stage, 2 workers x 1 thread: {t_stage:.2f} s = {f_stage / t_stage / 1e9:.1f} GFLOP/s "
+            f"= {f_stage / t_stage / machine:.2f} x the machine's GEMM rate (2 processes at once); "
+            f"{f_stage / t_stage / (2 * peak):.2f} x twice one thread's rate"
+        )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ References: (1) a Python loop over every (q, p, n) triplet, accumulating the sam
 (timed on a few queries and scaled: it is linear in the number of queries); (2) numpy enumerating
 every triplet at once as a (queries, targets, negatives) boolean array.
 """
+
 import argparse
 import os
 import time
@@ -54,7 +55,7 @@ def main():
     Y = X @ W.T
     targets = ncmml.choose_targets(Y, n_pos, 5, args.targets)
     negatives = np.broadcast_to(~is_pos, targets.shape)
-    dq = ncmml._sqdist(Y[:n_pos], Y)
+    dq = ncmml.sqdist(Y[:n_pos], Y)
 
     def ours():
         cp, cn = ncmml.triplet_counts(dq, targets, negatives)
@@ -73,12 +74,16 @@ def main():
     full_cp, full_cn = ncmml.triplet_counts(dq, targets, negatives)
     same = np.allclose(G, G2) and np.array_equal(cp[few], full_cp[few]) and np.array_equal(cn[few], full_cn[few])
     n_trip = int((targets.sum(1) * negatives.sum(1)).sum())
-    print(f"m={args.m} ({n_pos} queries, targets={args.targets}: {n_trip:,} triplets), D={args.dim}, d={args.d}, "
-          f"1 thread; same coefficients and gradient: {same}")
+    print(
+        f"m={args.m} ({n_pos} queries, targets={args.targets}: {n_trip:,} triplets), D={args.dim}, d={args.d}, "
+        f"1 thread; same coefficients and gradient: {same}"
+    )
     print(f"sorting (Algorithm 1) + 2 W X^T A X: {t_ours * 1e3:.1f} ms")
     print(f"numpy enumeration of all triplets:  {t_enum * 1e3:.1f} ms -> sorting is {t_enum / t_ours:.1f}x faster")
-    print(f"Python loop over triplets (scaled from {len(few)} queries): {t_loop * 1e3:.0f} ms -> sorting is "
-          f"{t_loop / t_ours:.0f}x faster")
+    print(
+        f"Python loop over triplets (scaled from {len(few)} queries): {t_loop * 1e3:.0f} ms -> sorting is "
+        f"{t_loop / t_ours:.0f}x faster"
+    )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ misled and a learned projection can help). Each learner's lr is chosen on a vali
 the training rows (the same rule as the pipeline); the table reports kNN-5 test error for the
 Euclidean baseline, PCA at the same d, and k-NN ML with each kind of target.
 """
+
 import argparse
 import time
 
@@ -26,7 +27,7 @@ def make_data(n, classes, modes, dim, seed=0):
     m = rng.integers(0, modes, n)
     X = np.zeros((n, dim), np.float32)
     X[:, :16] = centres[y, m] + rng.normal(0, 0.35, (n, 16))
-    X[:, 16:] = rng.normal(0, 1.0, (n, dim - 16))       # nuisance directions of high variance
+    X[:, 16:] = rng.normal(0, 1.0, (n, dim - 16))  # nuisance directions of high variance
     return X, y
 
 
@@ -55,12 +56,15 @@ def main():
             t = time.perf_counter()
             try:
                 est = KNNML(dim=args.code, targets=targets, lr=lr, random_state=0).fit(Xfit, yfit)
-            except ValueError as e:     # a diverging rate is a failed candidate
+            except ValueError as e:  # a diverging rate is a failed candidate
                 print(f"  {targets} lr {lr:g}: failed ({str(e)[:60]})")
                 continue
             val = knn_error(est.transform(Xfit), yfit, est.transform(Xval), yval)
-            print(f"  {targets} lr {lr:g}: validation kNN-5 error {val:.4f} ({time.perf_counter() - t:.0f} s, "
-                  f"best iter {est.best_iter_})", flush=True)
+            print(
+                f"  {targets} lr {lr:g}: validation kNN-5 error {val:.4f} ({time.perf_counter() - t:.0f} s, "
+                f"best iter {est.best_iter_})",
+                flush=True,
+            )
             if best is None or val < best[0]:
                 best = (val, lr, est)
         val, lr, est = best

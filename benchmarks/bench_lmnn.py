@@ -10,6 +10,7 @@ neighbours and classifies by 3-NN. SL-NE learns its similarity on the same 64-d 
 k = 50 Euclidean neighbourhood and classifies by the soft vote of Eq. 9 over the 3 most similar of
 the test image's 50 Euclidean neighbours. SL-NE's time includes building its neighbour graph.
 """
+
 import os
 import time
 
@@ -19,9 +20,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 from sklearn.decomposition import PCA  # noqa: E402
 from sklearn.neighbors import KNeighborsClassifier  # noqa: E402
+from timing import fashion_subset  # noqa: E402
 
 from metricpipe.tasks import knn, metrics, slne  # noqa: E402
-from timing import fashion_subset  # noqa: E402
 
 
 def load(n_train=5000, n_test=2000, seed=0):
@@ -51,10 +52,12 @@ def main():
     err_slne = metrics.topk_errors(metrics.softvote_ranking(ytr[nbr], sims, 10, 3), yte)[1].mean()
     print(f"Euclidean 3-NN on PCA-64: top-1 error {base:.4f}")
     print(f"metric-learn LMNN (d=32, k=3): top-1 error {err_lmnn:.4f}, fit {t_lmnn:.1f} s")
-    print(f"SL-NE (soft vote, top 3 of 50): top-1 error {err_slne:.4f}, fit {t_slne:.2f} s "
-          f"(graph + SGD, {history[-1]})")
-    print(f"SL-NE / LMNN fit time = {t_slne / t_lmnn:.4f}; error difference (SL-NE - LMNN) = "
-          f"{err_slne - err_lmnn:+.4f}")
+    print(
+        f"SL-NE (soft vote, top 3 of 50): top-1 error {err_slne:.4f}, fit {t_slne:.2f} s (graph + SGD, {history[-1]})"
+    )
+    print(
+        f"SL-NE / LMNN fit time = {t_slne / t_lmnn:.4f}; error difference (SL-NE - LMNN) = {err_slne - err_lmnn:+.4f}"
+    )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ of 1,000, 2,000 steps, no early stopping). NCA (scikit-learn, n_components 32, P
 50) and LDA (9 components: classes - 1) are fitted on the same images. Every projection is scored
 by the nearest class mean of the projected training images and by 1-NN.
 """
+
 import argparse
 import os
 import time
@@ -20,9 +21,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 from sklearn.discriminant_analysis import LinearDiscriminantAnalysis  # noqa: E402
 from sklearn.neighbors import KNeighborsClassifier, NearestCentroid, NeighborhoodComponentsAnalysis  # noqa: E402
+from timing import fashion_subset  # noqa: E402
 
 from metricpipe.tasks import ncmml  # noqa: E402
-from timing import fashion_subset  # noqa: E402
 
 
 def load(n_train, n_test, seed=0):
@@ -70,8 +71,12 @@ def main():
 
     print(f"{a.train} train / {a.test} test images, 784-d, one thread")
     print(f"{'model':<28}{'fit s':>9}{'NCM error':>11}{'1-NN error':>12}")
-    for name, sec, (e1, e2) in (("raw pixels", 0.0, raw), ("NCMML d=32 (metricpipe)", t_ours, ours),
-                                ("NCA d=32 (scikit-learn)", t_nca, nca_err), ("LDA d=9 (scikit-learn)", t_lda, lda_err)):
+    for name, sec, (e1, e2) in (
+        ("raw pixels", 0.0, raw),
+        ("NCMML d=32 (metricpipe)", t_ours, ours),
+        ("NCA d=32 (scikit-learn)", t_nca, nca_err),
+        ("LDA d=9 (scikit-learn)", t_lda, lda_err),
+    ):
         print(f"{name:<28}{sec:>9.2f}{e1:>11.4f}{e2:>12.4f}")
     print(f"NCA / NCMML fit time: {t_nca / t_ours:.1f}x")
 

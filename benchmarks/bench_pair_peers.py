@@ -15,6 +15,7 @@ labels of the same images, so they see more supervision than a pair list. Each t
 the other test images: mAP and mprec@10 (precision@10 averaged per class). metric-learn's pair
 learners (ITML, MMC) need scikit-learn < 1.6 and are not run here.
 """
+
 import argparse
 import os
 import time
@@ -25,9 +26,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 from sklearn.discriminant_analysis import LinearDiscriminantAnalysis  # noqa: E402
 from sklearn.neighbors import NeighborhoodComponentsAnalysis  # noqa: E402
+from timing import fashion_subset, retrieval  # noqa: E402
 
 from metricpipe.tasks.nml import NML, LinearML  # noqa: E402
-from timing import fashion_subset, retrieval  # noqa: E402
 
 
 def train_pairs(est, X, labels):
@@ -53,7 +54,7 @@ def main():
     P = np.linalg.svd(Xtr - mean, full_matrices=False)[2]
     fits["PCA"] = time.perf_counter() - t
     rows.append(("raw pixels (784-d)", None, retrieval(Xte, yte)))
-    rows.append((f"PCA-{a.dim}", fits["PCA"], retrieval((Xte - mean) @ P[:a.dim].T, yte)))
+    rows.append((f"PCA-{a.dim}", fits["PCA"], retrieval((Xte - mean) @ P[: a.dim].T, yte)))
 
     common = {"dim": a.dim, "pairs": a.pairs, "iters": a.seen, "batch": 64, "random_state": 0}
     lin, fits["linear ML"] = train_pairs(LinearML(lr=3.0, bias=1.0, margin=0.2, optimizer="sgd", **common), Xtr, ytr)
@@ -75,8 +76,10 @@ def main():
     print(f"{'model':<34}{'fit s':>9}{'mAP':>9}{'mprec@10':>10}")
     for name, sec, r in rows:
         print(f"{name:<34}{'' if sec is None else f'{sec:.2f}':>9}{r['map']:>9.4f}{r['mprec@10']:>10.4f}")
-    print(f"NCA / linear ML fit time: {fits['NCA'] / fits['linear ML']:.1f}x; NCA / NML fit time: "
-          f"{fits['NCA'] / fits['NML']:.1f}x")
+    print(
+        f"NCA / linear ML fit time: {fits['NCA'] / fits['linear ML']:.1f}x; NCA / NML fit time: "
+        f"{fits['NCA'] / fits['NML']:.1f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ reference among them comes from two more passes, so it follows the default k); N
 own (faiss) clustering, through metricpipe.tasks.metrics.clustering_scores. Prints the largest
 absolute differences, and the number of cases where MRR under k="max_bin_count" would differ.
 """
+
 import argparse
 import logging
 
@@ -21,16 +22,21 @@ from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 from metricpipe.tasks import evaluation, metrics
 
 logging.getLogger("PML").setLevel(logging.ERROR)
-NAMES = {"precision@1": "precision_at_1", "r_precision": "r_precision", "map@r": "mean_average_precision_at_r",
-         "mrr": "mean_reciprocal_rank"}
+NAMES = {
+    "precision@1": "precision_at_1",
+    "r_precision": "r_precision",
+    "map@r": "mean_average_precision_at_r",
+    "mrr": "mean_reciprocal_rank",
+}
 
 
 def ours(Q, yq, X, y, self_in):
     R = evaluation.relevant_counts(yq, y, self_in)
     k = evaluation.accuracy_k(R)
-    blocks = [(np.arange(a, min(a + 64, len(X))), X[a:a + 64]) for a in range(0, len(X), 64)]
-    return evaluation.mean_accuracy(evaluation.neighbour_accuracy(Q, lambda: iter(blocks), yq, y, R, k,
-                                                                  np.arange(len(Q)), self_in))
+    blocks = [(np.arange(a, min(a + 64, len(X))), X[a : a + 64]) for a in range(0, len(X), 64)]
+    return evaluation.mean_accuracy(
+        evaluation.neighbour_accuracy(Q, lambda: iter(blocks), yq, y, R, k, np.arange(len(Q)), self_in)
+    )
 
 
 def case(rng):
@@ -38,13 +44,16 @@ def case(rng):
     dim = int(rng.integers(1, 6))
     classes = int(rng.integers(2, 8))
     tied = rng.random() < 0.7
-    draw = (lambda m: rng.integers(0, 3, (m, dim)).astype(np.float32)) if tied else \
-        (lambda m: rng.normal(size=(m, dim)).astype(np.float32))
+    draw = (
+        (lambda m: rng.integers(0, 3, (m, dim)).astype(np.float32))
+        if tied
+        else (lambda m: rng.normal(size=(m, dim)).astype(np.float32))
+    )
     X, y = draw(n), rng.integers(0, classes, n)
     if rng.random() < 0.5:
         return X, y, None, None, tied
     m = int(rng.integers(5, 100))
-    return draw(m), rng.integers(0, classes + 1, m), X, y, tied   # label `classes`: absent from X
+    return draw(m), rng.integers(0, classes + 1, m), X, y, tied  # label `classes`: absent from X
 
 
 def main():
@@ -75,10 +84,15 @@ def main():
                 worst[name] = max(worst[name], abs(got[name] - mx[pml]))
         mrr_beyond += abs(mx["mean_reciprocal_rank"] - full["mean_reciprocal_rank"]) > 1e-6
         import torch
+
         clusters = calc_all.get_cluster_labels(torch.tensor(Q), torch.tensor(yq, dtype=torch.float)).numpy()
         cs = metrics.clustering_scores(yq, clusters)
-        worst["nmi"] = max(worst["nmi"], abs(cs["nmi"] - calc_all.calculate_NMI(torch.tensor(yq), torch.tensor(clusters))))
-        worst["ami"] = max(worst["ami"], abs(cs["ami"] - calc_all.calculate_AMI(torch.tensor(yq), torch.tensor(clusters))))
+        worst["nmi"] = max(
+            worst["nmi"], abs(cs["nmi"] - calc_all.calculate_NMI(torch.tensor(yq), torch.tensor(clusters)))
+        )
+        worst["ami"] = max(
+            worst["ami"], abs(cs["ami"] - calc_all.calculate_AMI(torch.tensor(yq), torch.tensor(clusters)))
+        )
     print(f"{args.cases} cases ({n_tied} with tied integer-grid embeddings); max |metricpipe - PML|:")
     for name, v in worst.items():
         print(f"  {name:<22} {v:.3g}")

@@ -13,6 +13,7 @@ classified by knn1, knn10 and ncm), report. The data is `metricpipe synth`'s (ma
 train rows: the index the stage chose, trained on a sample of the same size, searched with the
 same query rows and nprobe.
 """
+
 import argparse
 import json
 import os
@@ -25,12 +26,18 @@ import numpy as np
 
 def _synth(path: str, n: int, dim: int, classes: int, memory: str) -> float:
     from distributed import Client, LocalCluster
-    from metricpipe.synth import write_synthetic
+
+    from metricpipe.commands.synth import write_synthetic
+
     if os.path.exists(path):
         return 0.0
     t0 = time.perf_counter()
-    with LocalCluster(n_workers=2, threads_per_worker=1, memory_limit=memory, host="127.0.0.1",
-                      dashboard_address=None) as lc, Client(lc) as client:
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, memory_limit=memory, host="127.0.0.1", dashboard_address=None
+        ) as lc,
+        Client(lc) as client,
+    ):
         write_synthetic(client, path, n, dim, classes, log=lambda m: None)
     return time.perf_counter() - t0
 
@@ -38,27 +45,49 @@ def _synth(path: str, n: int, dim: int, classes: int, memory: str) -> float:
 def _config(args, data: str, store: str) -> dict:
     ev_ret = {"k": [10], "queries": 1000}
     if args.all_rows:
-        return {"store": store, "workers": args.workers, "memory_limit": args.memory, "dashboard": None,
-                "data": {"path": data, "normalize": "l2", "split": {"test": 0.2, "seed": 0}},
-                "neighbours": {"k": 10, "method": "ivf"},
-                "methods": [{"method": "identity"}],
-                "evaluate": {"retrieval": ev_ret, "classification": {"classifiers": ["knn1"]}}}
-    return {"store": store, "workers": args.workers, "memory_limit": args.memory, "dashboard": None,
+        return {
+            "store": store,
+            "workers": args.workers,
+            "memory_limit": args.memory,
+            "dashboard": None,
             "data": {"path": data, "normalize": "l2", "split": {"test": 0.2, "seed": 0}},
-            "neighbours": {"k": 10, "method": "ivf", "queries": 20000},
-            # lr and step as the validation split of the default run's selection chose them (the
-            # grids of issue 18 train 5 NCMML and 4 SL-DE candidates: --select to run them). SL-DE's
-            # step by validation mAP, the benchmark's headline: its default metric, the soft-vote
-            # error, is ~1.3% for every step on this data and picked 0.05, which overshoots
-            # (benchmarks/README.md)
-            "methods": [m for m in [{"method": "identity"}, {"method": "pca", "dim": 32},
-                                    {"method": "ncmml", "dim": 32, "iters": args.ncmml_iters,
-                                     **({} if args.select else {"lr": 100.0})},
-                                    {"method": "slde", "member_dim": 16, "members": 4, "input_dim": 64,
-                                     **({"select": {"metric": "map"}} if args.select else {"step": 0.02})}]
-                        if m["method"] in args.methods.split(",")],
-            "evaluate": {"retrieval": ev_ret,
-                         "classification": {"classifiers": ["knn1", "knn10", "ncm"], "queries": 20000}}}
+            "neighbours": {"k": 10, "method": "ivf"},
+            "methods": [{"method": "identity"}],
+            "evaluate": {"retrieval": ev_ret, "classification": {"classifiers": ["knn1"]}},
+        }
+    return {
+        "store": store,
+        "workers": args.workers,
+        "memory_limit": args.memory,
+        "dashboard": None,
+        "data": {"path": data, "normalize": "l2", "split": {"test": 0.2, "seed": 0}},
+        "neighbours": {"k": 10, "method": "ivf", "queries": 20000},
+        # lr and step as the validation split of the default run's selection chose them (the
+        # grids of issue 18 train 5 NCMML and 4 SL-DE candidates: --select to run them). SL-DE's
+        # step by validation mAP, the benchmark's headline: its default metric, the soft-vote
+        # error, is ~1.3% for every step on this data and picked 0.05, which overshoots
+        # (benchmarks/README.md)
+        "methods": [
+            m
+            for m in [
+                {"method": "identity"},
+                {"method": "pca", "dim": 32},
+                {"method": "ncmml", "dim": 32, "iters": args.ncmml_iters, **({} if args.select else {"lr": 100.0})},
+                {
+                    "method": "slde",
+                    "member_dim": 16,
+                    "members": 4,
+                    "input_dim": 64,
+                    **({"select": {"metric": "map"}} if args.select else {"step": 0.02}),
+                },
+            ]
+            if m["method"] in args.methods.split(",")
+        ],
+        "evaluate": {
+            "retrieval": ev_ret,
+            "classification": {"classifiers": ["knn1", "knn10", "ncm"], "queries": 20000},
+        },
+    }
 
 
 def _faiss_reference(store: str, manifest: dict, nprobe: int, k: int) -> dict:
@@ -66,11 +95,14 @@ def _faiss_reference(store: str, manifest: dict, nprobe: int, k: int) -> dict:
     train rows, search the same query rows; 2 threads."""
     import faiss
     import zarr
+
     from metricpipe import ivf
+
     faiss.omp_set_num_threads(2)
     data = zarr.open_group(f"{store}/{manifest['units']['data']}", mode="r")
     graph = zarr.open_group(f"{store}/{manifest['units']['neighbours']}", mode="r")
-    from metricpipe.storage import MARKER_SUFFIX, Store
+    from metricpipe.store import MARKER_SUFFIX, Store
+
     factory = Store(store).read_json(manifest["units"]["neighbours"] + MARKER_SUFFIX)["index"]
     split = data["split"][:]
     train = np.flatnonzero(split == 0)
@@ -89,8 +121,14 @@ def _faiss_reference(store: str, manifest: dict, nprobe: int, k: int) -> dict:
     t1 = time.perf_counter()
     index.search(Q, k + 1)
     t_search = time.perf_counter() - t1
-    return {"factory": factory, "train_s": t_train, "add_s": t_add, "search_s": t_search,
-            "total_s": time.perf_counter() - t0, "queries": int(len(Q))}
+    return {
+        "factory": factory,
+        "train_s": t_train,
+        "add_s": t_add,
+        "search_s": t_search,
+        "total_s": time.perf_counter() - t0,
+        "queries": int(len(Q)),
+    }
 
 
 def main():
@@ -111,10 +149,13 @@ def main():
 
     from metricpipe.config import parse_config
     from metricpipe.runner import run_pipeline
+
     os.makedirs(args.dir, exist_ok=True)
     data = f"{args.dir}/s{args.samples}x{args.dim}c{args.classes}.zarr"
     synth_s = _synth(data, args.samples, args.dim, args.classes, args.memory)
-    store = f"{args.dir}/run-{'all' if args.all_rows else 'main'}-{args.samples}x{args.dim}-{args.memory}-{args.methods}"
+    store = (
+        f"{args.dir}/run-{'all' if args.all_rows else 'main'}-{args.samples}x{args.dim}-{args.memory}-{args.methods}"
+    )
     shutil.rmtree(store, ignore_errors=True)
     lines = []
     t0 = time.perf_counter()
@@ -123,11 +164,21 @@ def main():
     manifest = json.load(open(f"{store}/runs/latest.json"))
     metrics = json.load(open(f"{store}/report/metrics.json")) if os.path.exists(f"{store}/report/metrics.json") else {}
     peaks = next((ln for ln in lines if ln.startswith("Peak RSS")), "Peak RSS: ?")
-    out = {"samples": args.samples, "dim": args.dim, "workers": args.workers, "memory": args.memory,
-           "synth_s": round(synth_s, 1), "wall_s": round(wall, 1), "timings": manifest["timings"], "peak_rss": peaks,
-           "bench_process_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-    print(f"{args.samples:,} x {args.dim}, {args.classes} classes, {args.workers} workers of {args.memory}: "
-          f"run {wall:.1f} s (synth {synth_s:.1f} s, not counted)")
+    out = {
+        "samples": args.samples,
+        "dim": args.dim,
+        "workers": args.workers,
+        "memory": args.memory,
+        "synth_s": round(synth_s, 1),
+        "wall_s": round(wall, 1),
+        "timings": manifest["timings"],
+        "peak_rss": peaks,
+        "bench_process_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+    print(
+        f"{args.samples:,} x {args.dim}, {args.classes} classes, {args.workers} workers of {args.memory}: "
+        f"run {wall:.1f} s (synth {synth_s:.1f} s, not counted)"
+    )
     for t in manifest["timings"]:
         print(f"  {t['stage']:<11} {t['seconds']:8.1f} s  {t.get('note', '')}")
     print(f"  {peaks}")
@@ -148,9 +199,11 @@ def main():
     if not args.no_faiss and manifest["units"].get("neighbours"):
         nb = _faiss_reference(store, manifest, 16, 10)
         out["faiss"] = nb
-        print(f"  faiss {nb['factory']} alone (2 threads): train {nb['train_s']:.1f} s, add {nb['add_s']:.1f} s, "
-              f"search {nb['queries']:,} queries {nb['search_s']:.1f} s, total {nb['total_s']:.1f} s; "
-              f"neighbours stage / faiss = {stage_s['neighbours'] / nb['total_s']:.2f}")
+        print(
+            f"  faiss {nb['factory']} alone (2 threads): train {nb['train_s']:.1f} s, add {nb['add_s']:.1f} s, "
+            f"search {nb['queries']:,} queries {nb['search_s']:.1f} s, total {nb['total_s']:.1f} s; "
+            f"neighbours stage / faiss = {stage_s['neighbours'] / nb['total_s']:.2f}"
+        )
     if "neighbours" in stage_s:
         print(f"  evaluate / neighbours = {stage_s['evaluate'] / stage_s['neighbours']:.2f}")
     if args.out:

@@ -11,16 +11,17 @@ want of work, e.g. one model training while the other worker waits). Asserts not
 
     METRICPIPE_DATA=/path/to/fashion-mnist PYTHONPATH=. python benchmarks/bench_scheduler.py [CONFIG]
 """
+
 import argparse
 import tempfile
 import time
 
 from distributed import Client, LocalCluster, get_task_stream
 
-from metricpipe import runner, stages
+from metricpipe import stages
 from metricpipe.config import load_config
 from metricpipe.context import StageContext
-from metricpipe.storage import Store
+from metricpipe.store import Store
 
 
 def _noop(i):
@@ -33,7 +34,12 @@ def main():
     p.add_argument("--workers", type=int, default=2)
     a = p.parse_args()
     cfg = load_config(a.config).with_overrides(store=tempfile.mkdtemp(prefix="mp-sched-"), workers=a.workers)
-    with LocalCluster(n_workers=a.workers, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0") as lc, Client(lc) as c:
+    with (
+        LocalCluster(
+            n_workers=a.workers, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"
+        ) as lc,
+        Client(lc) as c,
+    ):
         store = Store(cfg.store)
         store.check_writable()
         ctx = StageContext(c, store, cfg, log=lambda m: None)
@@ -54,15 +60,17 @@ def main():
                 t0 = time.perf_counter()
                 out = fn(*args)
                 wall = time.perf_counter() - t0
-            compute = sum(ss["stop"] - ss["start"] for task in ts.data for ss in task["startstops"]
-                          if ss["action"] == "compute")
+            compute = sum(
+                ss["stop"] - ss["start"] for task in ts.data for ss in task["startstops"] if ss["action"] == "compute"
+            )
             rows.append((name, wall, ctx.tasks - tasks0, compute))
             return out
 
         data = stage("stage", stages.run_stage, ctx, plan)
         stats = stage("statistics", stages.run_statistics, ctx, data)
-        graph = stage("neighbours", stages.run_neighbours, ctx, data) if "neighbours" in runner.stage_names(cfg) \
-            else None
+        graph = (
+            stage("neighbours", stages.run_neighbours, ctx, data) if "neighbours" in stages.stage_names(cfg) else None
+        )
         models = stage("train", stages.run_train, ctx, data, stats, graph)
         codes = stage("encode", stages.run_encode, ctx, data, models)
         stage("evaluate", stages.run_evaluate, ctx, data, codes, graph)

@@ -13,6 +13,7 @@ lambda = 0.1, theta = 1) per image with LinearSVC: sample weights theta for the 
 each negative, C = 1/lambda, so liblinear minimises the same objective up to its regularised
 intercept. metricpipe's own ESVM encoder (SGD, 2 epochs, all images' steps batched) for reference.
 """
+
 import argparse
 import os
 import time
@@ -22,9 +23,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 from sklearn.svm import LinearSVC  # noqa: E402
+from timing import fashion_subset, retrieval  # noqa: E402
 
 from metricpipe.tasks import slem  # noqa: E402
-from timing import fashion_subset, retrieval  # noqa: E402
 
 
 def liblinear_esvm(X: np.ndarray, Xneg: np.ndarray, lam: float, theta: float) -> np.ndarray:
@@ -57,8 +58,11 @@ def main():
     rows.append(("linear SLEM lambda 0.3 (metricpipe)", offline, t_slem, retrieval(codes, y)))
 
     t = time.perf_counter()
-    codes = slem.ESVM(lam=0.1, theta=1.0, epochs=2, batch=64, negatives={"count": None},
-                      random_state=0).fit(Xneg).transform(X)
+    codes = (
+        slem.ESVM(lam=0.1, theta=1.0, epochs=2, batch=64, negatives={"count": None}, random_state=0)
+        .fit(Xneg)
+        .transform(X)
+    )
     rows.append(("ESVM SGD lambda 0.1 (metricpipe)", None, (time.perf_counter() - t) / len(X), retrieval(codes, y)))
 
     t = time.perf_counter()
@@ -69,10 +73,14 @@ def main():
     print(f"{a.negatives:,} negatives, {a.images} query images, D = {X.shape[1]}, one thread")
     print(f"{'model':<42}{'offline s':>10}{'s / image':>11}{'mAP':>9}")
     for name, off, per, r in rows:
-        print(f"{name:<42}{'' if off is None else f'{off:.2f}':>10}{'' if per is None else f'{per:.2e}':>11}"
-              f"{r['map']:>9.4f}")
-    print(f"LinearSVC ESVM / linear SLEM time per image: {t_svc / t_slem:,.0f}x online; "
-          f"{t_svc * len(X) / (offline + t_slem * len(X)):,.0f}x with SLEM's offline step, for {len(X)} images")
+        print(
+            f"{name:<42}{'' if off is None else f'{off:.2f}':>10}{'' if per is None else f'{per:.2e}':>11}"
+            f"{r['map']:>9.4f}"
+        )
+    print(
+        f"LinearSVC ESVM / linear SLEM time per image: {t_svc / t_slem:,.0f}x online; "
+        f"{t_svc * len(X) / (offline + t_slem * len(X)):,.0f}x with SLEM's offline step, for {len(X)} images"
+    )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ time over BLAS's dense product at 2% to 30% non-zeros (random supports), for a f
 
     python benchmarks/bench_sparse_encode.py [--dim 16384] [--r 64 128 256] [--sparsity 0.99] [--n 2048]
 """
+
 import argparse
 import os
 import time
@@ -21,12 +22,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
-from timing import interleaved_min, timed  # noqa: E402
 import scipy.sparse  # noqa: E402
+from timing import interleaved_min, timed  # noqa: E402
 
 from metricpipe.tasks.models import LinearModel  # noqa: E402
-from metricpipe.tasks.spmm import SparseRows  # noqa: E402
 from metricpipe.tasks.sparse import nonzeros_per_column, project_l0, rank_projectors  # noqa: E402
+from metricpipe.tasks.spmm import SparseRows  # noqa: E402
 from metricpipe.tasks.synthetic import SyntheticSpec  # noqa: E402
 
 
@@ -42,21 +43,26 @@ def main():
     spec = SyntheticSpec(a.n + a.train, a.dim, 10, seed=0)
     X = spec.rows(0, a.n)
     T = spec.rows(a.n, a.n + a.train).astype(np.float64)
-    yT = spec.labels()[a.n:]
+    yT = spec.labels()[a.n :]
     mean = T.mean(0)
     T -= mean
     _, _, Vt = np.linalg.svd(T, full_matrices=False)
     m = nonzeros_per_column(a.dim, a.sparsity)
     t_read, _ = timed(lambda: X.sum(axis=1))
-    print(f"D={a.dim} tau={a.sparsity} (M={m} non-zeros per column), {a.n} images ({X.nbytes / 1e6:.0f} MB), "
-          f"1 thread; one read pass over the block: {t_read * 1e3:.1f} ms")
-    print("| R | supports | input dims used | dense X @ U | metricpipe encode | speed-up | scipy CSC | "
-          "dense / read pass | encode / read pass | storage dense / sparse |")
+    print(
+        f"D={a.dim} tau={a.sparsity} (M={m} non-zeros per column), {a.n} images ({X.nbytes / 1e6:.0f} MB), "
+        f"1 thread; one read pass over the block: {t_read * 1e3:.1f} ms"
+    )
+    print(
+        "| R | supports | input dims used | dense X @ U | metricpipe encode | speed-up | scipy CSC | "
+        "dense / read pass | encode / read pass | storage dense / sparse |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for R in a.r:
         t0 = time.perf_counter()
-        trained = rank_projectors(T, yT, Vt[:R].T, sparsity=a.sparsity, queries=100, max_iter=a.iters,
-                                  record_every=a.iters)[0].astype(np.float32)
+        trained = rank_projectors(
+            T, yT, Vt[:R].T, sparsity=a.sparsity, queries=100, max_iter=a.iters, record_every=a.iters
+        )[0].astype(np.float32)
         fit = time.perf_counter() - t0
         rand = project_l0(np.random.default_rng(0).standard_normal((a.dim, R)).astype(np.float32), m)
         t_dense, ref = timed(lambda: X @ trained)
@@ -70,14 +76,18 @@ def main():
             assert np.allclose(out, X @ U, atol=1e-3) and np.allclose(out2, X @ U, atol=1e-3)
             used = int((U != 0).any(axis=1).sum())
             cd, cs = dense.cost(a.dim), sparse.cost(a.dim)
-            print(f"| {R} | {name}{f' ({fit:.0f} s fit)' if name == 'trained' else ''} | {used} | "
-                  f"{t_dense * 1e3:.1f} ms | {t_ours * 1e3:.1f} ms | **{t_dense / t_ours:.2f}x** | "
-                  f"{t_dense / t_scipy:.2f}x | {t_dense / t_read:.1f}x | **{t_ours / t_read_here:.2f}x** ({t_read_here * 1e3:.1f} ms) | "
-                  f"{cd['storage_bytes']} / {cs['storage_bytes']} = **{cd['storage_bytes'] / cs['storage_bytes']:.1f}x** |",
-                  flush=True)
+            print(
+                f"| {R} | {name}{f' ({fit:.0f} s fit)' if name == 'trained' else ''} | {used} | "
+                f"{t_dense * 1e3:.1f} ms | {t_ours * 1e3:.1f} ms | **{t_dense / t_ours:.2f}x** | "
+                f"{t_dense / t_scipy:.2f}x | {t_dense / t_read:.1f}x | **{t_ours / t_read_here:.2f}x** ({t_read_here * 1e3:.1f} ms) | "
+                f"{cd['storage_bytes']} / {cs['storage_bytes']} = **{cd['storage_bytes'] / cs['storage_bytes']:.1f}x** |",
+                flush=True,
+            )
     densities = (0.02, 0.05, 0.1, 0.2, 0.3)
-    print(f"\nkernel / BLAS (X @ U dense) by the fraction of non-zeros; LinearModel uses the kernel below "
-          f"{LinearModel.SPARSE_BELOW:g}")
+    print(
+        f"\nkernel / BLAS (X @ U dense) by the fraction of non-zeros; LinearModel uses the kernel below "
+        f"{LinearModel.SPARSE_BELOW:g}"
+    )
     print("| D | R | rows | " + " | ".join(f"{d:g}" for d in densities) + " |")
     print("| --- | --- | --- | " + " | ".join("---" for _ in densities) + " |")
     rng = np.random.default_rng(1)

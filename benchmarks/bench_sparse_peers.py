@@ -13,6 +13,7 @@ so a few alphas are run and their non-zeros printed. "PCA, top-M": the PCA proje
 78 largest entries per column (the l0 projection of the start). Test images query each other; every
 projection is scored by the inner product of its codes, as the pipeline scores sparse models.
 """
+
 import argparse
 import os
 import time
@@ -22,9 +23,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 from sklearn.decomposition import SparsePCA  # noqa: E402
+from timing import fashion_subset, retrieval  # noqa: E402
 
 from metricpipe.tasks import sparse  # noqa: E402
-from timing import fashion_subset, retrieval  # noqa: E402
 
 
 def main():
@@ -47,13 +48,14 @@ def main():
         rows.append((name, seconds, int(np.count_nonzero(U)), retrieval(Xte @ U, yte, score="inner")))
 
     t = time.perf_counter()
-    U0 = np.linalg.svd(Xtr, full_matrices=False)[2][:a.dim].T
+    U0 = np.linalg.svd(Xtr, full_matrices=False)[2][: a.dim].T
     t_pca = time.perf_counter() - t
     add(f"PCA-{a.dim}", U0, t_pca)
     add(f"PCA-{a.dim}, top-{m} per column", sparse.unit_columns(sparse.project_l0(U0, m)), t_pca)
     t = time.perf_counter()
-    U, _, _ = sparse.rank_projectors(Xtr, ytr, U0, sparsity=a.sparsity, queries=100, max_iter=a.iters, anneal=0.5,
-                                     seed=0, record_every=a.iters)
+    U, _, _ = sparse.rank_projectors(
+        Xtr, ytr, U0, sparsity=a.sparsity, queries=100, max_iter=a.iters, anneal=0.5, seed=0, record_every=a.iters
+    )
     t_ours = time.perf_counter() - t
     add(f"sparse projector tau {a.sparsity} (metricpipe)", U.astype(np.float64), t_ours)
     t_peer = {}
@@ -68,7 +70,10 @@ def main():
     print(f"{'model':<40}{'fit s':>9}{'non-zeros':>11}{'mAP':>9}")
     for name, sec, nnz, r in rows:
         print(f"{name:<40}{sec:>9.2f}{nnz:>11,}{r['map']:>9.4f}")
-    print("SparsePCA / sparse projector fit time: " + ", ".join(f"alpha {k:g} {v / t_ours:.2f}x" for k, v in t_peer.items()))
+    print(
+        "SparsePCA / sparse projector fit time: "
+        + ", ".join(f"alpha {k:g} {v / t_ours:.2f}x" for k, v in t_peer.items())
+    )
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ The stage times exclude the cluster's start-up and one-time imports (scikit-lear
 
     PYTHONPATH=. python benchmarks/bench_stages.py [--samples 1000000] [--dim 256] [--workers 2]
 """
+
 import argparse
 import os
 import shutil
@@ -29,7 +30,7 @@ from metricpipe import stages
 from metricpipe.config import parse_config
 from metricpipe.context import StageContext
 from metricpipe.stages.common import load_features
-from metricpipe.storage import Store, chunk_rows_for, create_array, load_arrays, load_estimator, open_array
+from metricpipe.store import Store, chunk_rows_for, create_array, load_arrays, load_estimator, open_array
 from metricpipe.tasks.synthetic import SyntheticSpec
 
 
@@ -46,7 +47,7 @@ def main():
     spec = SyntheticSpec(n, D, 10, seed=0)
     X = np.lib.format.open_memmap(f"{tmp}/X.npy", mode="w+", dtype=np.float32, shape=(n, D))
     for s in range(0, n, 100_000):
-        X[s:s + 100_000] = spec.rows(s, min(s + 100_000, n))
+        X[s : s + 100_000] = spec.rows(s, min(s + 100_000, n))
     X.flush()
     del X
     np.save(f"{tmp}/y.npy", spec.labels())
@@ -54,28 +55,42 @@ def main():
     print(f"{n:,} x {D} float32 = {mb:,.0f} MB, {a.workers} workers, {os.cpu_count()} cores")
 
     # 1. a plain sequential copy: memory-mapped .npy into a Zarr array of the same chunking
-    cfg = parse_config({"store": f"{tmp}/store", "data": {"path": f"{tmp}/X.npy", "labels": f"{tmp}/y.npy",
-                                                          "split": {"test": 0.1, "seed": 0}},
-                        "methods": [{"method": "pca", "dim": 64}], "evaluate": {"classification": {"classifiers": []}}})
+    cfg = parse_config(
+        {
+            "store": f"{tmp}/store",
+            "data": {"path": f"{tmp}/X.npy", "labels": f"{tmp}/y.npy", "split": {"test": 0.1, "seed": 0}},
+            "methods": [{"method": "pca", "dim": 64}],
+            "evaluate": {"classification": {"classifiers": []}},
+        }
+    )
     rows = chunk_rows_for(D, cfg.data.chunk_mb)
     t = time.perf_counter()
     src = np.load(f"{tmp}/X.npy", mmap_mode="r")
-    out = create_array(f"{tmp}/copy.zarr", (n, D), (rows, D), np.float32, rows=True,
-                       sample=np.asarray(src[:4096]))  # the stage's codec choice
+    out = create_array(
+        f"{tmp}/copy.zarr", (n, D), (rows, D), np.float32, rows=True, sample=np.asarray(src[:4096])
+    )  # the stage's codec choice
     for s in range(0, n, rows):
-        out[s:s + rows] = np.asarray(src[s:s + rows])
+        out[s : s + rows] = np.asarray(src[s : s + rows])
     t_copy = time.perf_counter() - t
 
     import sklearn.model_selection  # noqa: F401 -- imported once per process by a run, not per stage
-    with LocalCluster(n_workers=a.workers, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0") as lc, Client(lc) as c:
+
+    with (
+        LocalCluster(
+            n_workers=a.workers, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"
+        ) as lc,
+        Client(lc) as c,
+    ):
         store = Store(cfg.store)
         store.check_writable()
         ctx = StageContext(c, store, cfg, log=lambda m: None)
         t = time.perf_counter()
         data = stages.run_stage(ctx)
         t_stage = time.perf_counter() - t
-        print(f"1. staging: {mb / t_stage:,.0f} MB/s; plain sequential copy {mb / t_copy:,.0f} MB/s; "
-              f"staging / copy throughput = {t_copy / t_stage:.2f}")
+        print(
+            f"1. staging: {mb / t_stage:,.0f} MB/s; plain sequential copy {mb / t_copy:,.0f} MB/s; "
+            f"staging / copy throughput = {t_copy / t_stage:.2f}"
+        )
 
         t = time.perf_counter()
         stats_unit = stages.run_statistics(ctx, data)
@@ -92,32 +107,38 @@ def main():
         np.linalg.eigh(cov)
         t_np = time.perf_counter() - t
         diff = max(np.abs(stats["mean"] - mean).max(), np.abs(stats["covariance"] - cov).max())
-        print(f"2. statistics stage {t_stats:.2f} s; numpy in memory {t_np:.2f} s (+ {t_load:.2f} s to load); "
-              f"stage / numpy time = {t_stats / t_np:.2f}; max |difference| {diff:.1e}")
+        print(
+            f"2. statistics stage {t_stats:.2f} s; numpy in memory {t_np:.2f} s (+ {t_load:.2f} s to load); "
+            f"stage / numpy time = {t_stats / t_np:.2f}; max |difference| {diff:.1e}"
+        )
         del Xt
 
         models = stages.run_train(ctx, data, stats_unit, None)
         t = time.perf_counter()
         codes = stages.run_encode(ctx, data, models)
         t_enc = time.perf_counter() - t
-        est = load_estimator(models[0][1].url)   # PCA: codes (x - mean) W = x W + b
+        est = load_estimator(models[0][1].url)  # PCA: codes (x - mean) W = x W + b
         arrays = {"W": est.components_, "b": est.offset_}
         Xa = np.load(f"{tmp}/X.npy")
         t = time.perf_counter()
-        ref = Xa @ arrays["W"] + arrays["b"]      # the PCA model: (x - mean) W = x W + b
+        ref = Xa @ arrays["W"] + arrays["b"]  # the PCA model: (x - mean) W = x W + b
         t_mm = time.perf_counter() - t
         err = np.abs(open_array(f"{codes[0][1].url}/codes")[:1000] - ref[:1000]).max()
         del ref, Xa
-        with threadpool_limits(1):   # as in a worker: one thread
+        with threadpool_limits(1):  # as in a worker: one thread
             t = time.perf_counter()
-            for a0, b0 in data.chunks:   # the plain per-block work: read the staged block, one matmul
+            for a0, b0 in data.chunks:  # the plain per-block work: read the staged block, one matmul
                 load_features(data.url, a0, b0) @ arrays["W"] + arrays["b"]
             t_block = (time.perf_counter() - t) / len(data.chunks)
         per_block = t_enc * a.workers / len(data.chunks)
-        print(f"3. encode stage (PCA-64) {t_enc:.2f} s = {n / t_enc:,.0f} rows/s; numpy matmul in memory "
-              f"{t_mm:.2f} s; stage / matmul time = {t_enc / t_mm:.2f}; max |difference| {err:.1e}")
-        print(f"   per block ({len(data.chunks)} blocks): stage {per_block:.3f} s (wall x {a.workers} workers / blocks); "
-              f"read + matmul {t_block:.3f} s; stage / (read + matmul) = {per_block / t_block:.2f}")
+        print(
+            f"3. encode stage (PCA-64) {t_enc:.2f} s = {n / t_enc:,.0f} rows/s; numpy matmul in memory "
+            f"{t_mm:.2f} s; stage / matmul time = {t_enc / t_mm:.2f}; max |difference| {err:.1e}"
+        )
+        print(
+            f"   per block ({len(data.chunks)} blocks): stage {per_block:.3f} s (wall x {a.workers} workers / blocks); "
+            f"read + matmul {t_block:.3f} s; stage / (read + matmul) = {per_block / t_block:.2f}"
+        )
     if a.dir is None:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -13,30 +13,51 @@ parameters chosen on validation rows of the seen classes. On the unseen classes:
 their test rows, kNN over their train rows, NCM (NCMC) with means (centroids) from their train rows.
 Prints the table in Markdown and writes DIR/table.md and DIR/NAME.json.
 """
+
 import argparse
 import json
 import time
 from pathlib import Path
 
+from bench_defaults import make_set
 from distributed import Client, LocalCluster
 
-from bench_defaults import make_set
 from metricpipe.config import parse_config
 from metricpipe.runner import run_pipeline
 
-METHODS = [{"method": "identity"}, {"method": "pca", "dim": 32}, {"method": "ncmml", "dim": 32},
-           {"method": "ncmc", "dim": 32}, {"method": "linear-ml", "dim": 32}]
-LABELS = {"identity": "l2 features", "pca": "PCA-32", "ncmml": "NCMML-32", "ncmc": "NCMC-32", "linear-ml": "linear ML-32"}
+METHODS = [
+    {"method": "identity"},
+    {"method": "pca", "dim": 32},
+    {"method": "ncmml", "dim": 32},
+    {"method": "ncmc", "dim": 32},
+    {"method": "linear-ml", "dim": 32},
+]
+LABELS = {
+    "identity": "l2 features",
+    "pca": "PCA-32",
+    "ncmml": "NCMML-32",
+    "ncmc": "NCMC-32",
+    "linear-ml": "linear ML-32",
+}
 # (metric, classifier, column label); NCMC's error for the NCMC model (its own classifier) only
-COLUMNS = [("map", None, "mAP"), ("top1_error", "ncm", "NCM error"), ("top1_error", "ncmc", "NCMC error"),
-           ("top1_error", "knn1", "kNN-1 error")]
+COLUMNS = [
+    ("map", None, "mAP"),
+    ("top1_error", "ncm", "NCM error"),
+    ("top1_error", "ncmc", "NCMC error"),
+    ("top1_error", "knn1", "kNN-1 error"),
+]
 
 
 def config(name: str, data: dict, store: str, seed: int) -> dict:
     split = {**data.get("split", {}), "classes": 0.2, "seed": seed}
-    return {"store": store, "workers": 2, "dashboard": False, "data": {**data, "split": split}, "methods": METHODS,
-            "evaluate": {"retrieval": {"k": [10], "queries": 2000},
-                         "classification": {"classifiers": ["knn1", "ncm"]}}}
+    return {
+        "store": store,
+        "workers": 2,
+        "dashboard": False,
+        "data": {**data, "split": split},
+        "methods": METHODS,
+        "evaluate": {"retrieval": {"k": [10], "queries": 2000}, "classification": {"classifiers": ["knn1", "ncm"]}},
+    }
 
 
 def run(name: str, args, client) -> dict:
@@ -50,15 +71,27 @@ def run(name: str, args, client) -> dict:
     doc = json.loads((out / f"store-{name}" / "report" / "metrics.json").read_text())
     manifest = json.loads((out / f"store-{name}" / "runs" / "latest.json").read_text())
     held = doc["held_out_classes"]
-    result = {"set": name, "seconds": round(seconds, 1), "unseen_classes": held["classes"],
-              "splits": manifest["dataset"]["splits"], "records": doc["records"] + held["records"]}
+    result = {
+        "set": name,
+        "seconds": round(seconds, 1),
+        "unseen_classes": held["classes"],
+        "splits": manifest["dataset"]["splits"],
+        "records": doc["records"] + held["records"],
+    }
     (out / f"{name}.json").write_text(json.dumps(result, indent=1))
     return result
 
 
 def value(records, method, classes, metric, classifier):
-    hits = [r["value"] for r in records if r["method"] == method and r.get("classes") == classes
-            and r["metric"] == metric and r["classifier"] == classifier and r["params"].get("view") in (None, "codes")]
+    hits = [
+        r["value"]
+        for r in records
+        if r["method"] == method
+        and r.get("classes") == classes
+        and r["metric"] == metric
+        and r["classifier"] == classifier
+        and r["params"].get("view") in (None, "codes")
+    ]
     return hits[0] if hits else None
 
 
@@ -90,12 +123,19 @@ def main():
         results = [json.loads((Path(args.out) / f"{s}.json").read_text()) for s in args.sets]
     else:
         results = []
-        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
-                          memory_limit="3GB") as cluster, Client(cluster) as client:
+        with (
+            LocalCluster(
+                n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0", memory_limit="3GB"
+            ) as cluster,
+            Client(cluster) as client,
+        ):
             for name in args.sets:
                 results.append(run(name, args, client))
-                print(f"{name}: {results[-1]['seconds']} s, held out {results[-1]['unseen_classes']}, "
-                      f"splits {results[-1]['splits']}", flush=True)
+                print(
+                    f"{name}: {results[-1]['seconds']} s, held out {results[-1]['unseen_classes']}, "
+                    f"splits {results[-1]['splits']}",
+                    flush=True,
+                )
     text = table(results)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "table.md").write_text(text + "\n")

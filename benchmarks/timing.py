@@ -1,4 +1,5 @@
 """Shared by the benchmark scripts (run from the repository root: python benchmarks/bench_*.py)."""
+
 import time
 
 
@@ -34,6 +35,7 @@ def fashion_subset(n_train: int, n_test: int, seed: int = 0, dtype=None):
 
     from metricpipe.config import parse_config
     from metricpipe.sources import open_source
+
     src = open_source(parse_config({"data": {"source": "fashion-mnist"}}).data)
     X = src.reader.read(0, src.reader.shape[0]).astype(dtype or np.float32)
     X /= np.linalg.norm(X, axis=1, keepdims=True)
@@ -49,6 +51,7 @@ def retrieval(Z, y, ks=(10,), score: str = "euclidean") -> dict:
     import numpy as np
 
     from metricpipe.tasks import metrics
+
     Z = np.asarray(Z, np.float32)
     dist = metrics.sq_distances(Z, Z) if score == "euclidean" else -(Z @ Z.T)
     own = np.eye(len(Z), dtype=bool)

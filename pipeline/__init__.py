@@ -11,6 +11,7 @@ and the same classes are driven out of core by the Dask pipeline (``metricpipe r
 This package is the orchestration layer (config, CLI, stages, storage, cluster, report; no maths);
 ``metricpipe.tasks`` holds the estimators and numerical kernels.
 """
+
 __version__ = "0.4.0"
 
 import os as _os
@@ -22,29 +23,27 @@ if _os.environ.pop("METRICPIPE_STARTING_WORKER", None) == "1":
     # not passed on to what the worker starts.)
     import signal as _signal
     import threading as _threading
+
     if _threading.current_thread() is _threading.main_thread():
         _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
 
+
 # The estimators load on first use (PEP 562), so the command line starts without scikit-learn and
 # scipy (``metricpipe --help`` in 0.08 s here, not 1.8 s) and a Ctrl-C during those imports reaches its handler.
-_ESTIMATORS = {"baselines": ("LDA", "PCA", "Identity", "PCAWhitening", "RandomProjection"),
-               "ncmml": ("KNNML", "NCMC", "NCMML"), "nml": ("NML", "LinearML"),
-               "slem": ("ESVM", "SLEM", "KernelSLEM"), "slne": ("SLDE", "SLNE"), "sparse": ("SparseProjector",)}
-_MODULE_OF = {name: module for module, names in _ESTIMATORS.items() for name in names}
-
-
 def __getattr__(name: str):
-    if name in _MODULE_OF:
-        import importlib
-        value = getattr(importlib.import_module(f"metricpipe.tasks.{_MODULE_OF[name]}"), name)
-        globals()[name] = value   # later lookups skip this function
+    if name in _PUBLIC_ESTIMATORS:
+        from metricpipe.tasks import registry  # deferred: imports scikit-learn (1.8 s), not needed by --help
+
+        value = next(cls for cls in registry.ESTIMATORS if cls.__name__ == name)
+        globals()[name] = value  # later lookups skip this function
         return value
-    from metricpipe.tasks import submodule_on_first_use
+    from metricpipe.tasks import submodule_on_first_use  # deferred: metricpipe.tasks imports on first use
+
     return submodule_on_first_use(__name__, name)
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_MODULE_OF))
+    return sorted(set(globals()) | set(_PUBLIC_ESTIMATORS))
 
 
 def load_model(store: str, key: str):
@@ -55,9 +54,28 @@ def load_model(store: str, key: str):
     first step applies that normalisation. ``key`` may be a prefix of the key (``metricpipe models
     STORE`` lists them).
     """
-    from metricpipe.models import load_model as _load
-    return _load(store, key)
+    from metricpipe.store.models import load_model as load  # deferred: Zarr and scikit-learn on first use
+
+    return load(store, key)
 
 
-__all__ = ["ESVM", "Identity", "KNNML", "KernelSLEM", "LDA", "LinearML", "NCMC", "NCMML", "NML", "PCA",
-           "PCAWhitening", "RandomProjection", "SLDE", "SLEM", "SLNE", "SparseProjector", "load_model"]
+#: the registry's estimator classes (``metricpipe.tasks.registry.ESTIMATORS``; a test keeps the two equal)
+_PUBLIC_ESTIMATORS = (
+    "ESVM",
+    "Identity",
+    "KNNML",
+    "KernelSLEM",
+    "LDA",
+    "LinearML",
+    "NCMC",
+    "NCMML",
+    "NML",
+    "PCA",
+    "PCAWhitening",
+    "RandomProjection",
+    "SLDE",
+    "SLEM",
+    "SLNE",
+    "SparseProjector",
+)
+__all__ = [*_PUBLIC_ESTIMATORS, "load_model"]

@@ -1,5 +1,6 @@
 """What every stage receives: the client, the store, the config, and helpers to submit and gather
 tasks with progress and errors that name the stage and the block."""
+
 import asyncio
 import contextlib
 import functools
@@ -15,11 +16,11 @@ from distributed import Client, as_completed
 from metricpipe.config import RunConfig
 from metricpipe.errors import STAGES, StageError, check_terminated
 from metricpipe.progress import StageProgress
-from metricpipe.storage import Store, size_crcs
+from metricpipe.store import Store, size_crcs
 from metricpipe.tasks.errors import InputError
 
 # Tasks are pure and seeded, so a retry after a lost worker gives the identical result. A task whose
-# worker dies is rescheduled by Dask up to distributed.scheduler.allowed-failures times (cluster.py
+# worker dies is rescheduled by Dask up to distributed.scheduler.allowed-failures times (cluster/local.py
 # sets it to ALLOWED_FAILURES), then fails with KilledWorker, which gather() reports with the stage
 # and block; RETRIES covers exceptions raised inside a task (e.g. a flaky filesystem read).
 RETRIES = 2
@@ -39,17 +40,17 @@ class StageContext:
     resume: bool = True
     log: Callable[[str], None] = print
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
-    tasks: int = 0               # tasks submitted so far (the runner reports them per stage)
-    force: str | None = None     # recompute this stage and every stage after it
-    repair: bool = False         # recompute committed units whose files fail verification
+    tasks: int = 0  # tasks submitted so far (the runner reports them per stage)
+    force: str | None = None  # recompute this stage and every stage after it
+    repair: bool = False  # recompute committed units whose files fail verification
     # runs of the same --force that stopped before finishing: the units they committed are already
     # recomputed, so a --force run that continues theirs reuses them (runner.forcing)
     forced_by: tuple = ()
     returning_errors: bool = False  # submit(): an InputError is the task's result, not its failure
     selections: list = field(default_factory=list)  # the train stage's selection units (store paths)
-    validated: list = field(default_factory=list)   # models fitted on borrowed rows before their refit (paths)
-    terminal: bool = False       # progress as one updating line per stage (stderr is a terminal)
-    progress: StageProgress | None = None   # the running stage's counter (stage_progress)
+    validated: list = field(default_factory=list)  # models fitted on borrowed rows before their refit (paths)
+    terminal: bool = False  # progress as one updating line per stage (stderr is a terminal)
+    progress: StageProgress | None = None  # the running stage's counter (stage_progress)
     made: set = field(default_factory=set)  # units committed by this run: reused even with resume off
     repairing: set = field(default_factory=set)  # damaged units this run recomputes (each logged once)
     unfinished: set = field(default_factory=set)  # units an interrupted run left, this run recomputes (logged once)
@@ -78,14 +79,18 @@ class StageContext:
         candidates: recomputing it would rewrite it under the readers of the first)."""
         if unit.rel in self.made and unit.done():
             return True
-        if not self.resume or (self.force is not None and STAGES.index(stage) >= STAGES.index(self.force)
-                               and not self.forced_before(unit)):
+        if not self.resume or (
+            self.force is not None and STAGES.index(stage) >= STAGES.index(self.force) and not self.forced_before(unit)
+        ):
             return False
         if not unit.done():
             if unit.exists() and unit.rel not in self.unfinished:
                 self.unfinished.add(unit.rel)
-                why = "has a damaged commit marker" if unit.marker_damaged() else \
-                    "was left unfinished by a run that stopped (interrupted or failed)"
+                why = (
+                    "has a damaged commit marker"
+                    if unit.marker_damaged()
+                    else "was left unfinished by a run that stopped (interrupted or failed)"
+                )
                 self.log(f"  {stage}: {unit.rel} {why}; recomputing it")
             return False
         bad = unit.verify(self.checksums(unit, list(unit.meta().get("files") or {})))
@@ -96,8 +101,10 @@ class StageContext:
                 self.repairing.add(unit.rel)
                 self.log(f"  {stage}: repairing {unit.rel} ({bad[0]}); recomputing it")
             return False
-        raise InputError(f"{unit.store.url}: {bad[0]}{f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''}; "
-                         f"rerun with --repair to recompute it, or check the disk")
+        raise InputError(
+            f"{unit.store.url}: {bad[0]}{f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''}; "
+            f"rerun with --repair to recompute it, or check the disk"
+        )
 
     def forced_before(self, unit) -> bool:
         """Whether ``unit`` was committed by an earlier, stopped run of this same --force."""
@@ -126,28 +133,30 @@ class StageContext:
                 total = 0
             groups[-1].append(n)
             total += sizes[n]
-        futures = [self.submit(size_crcs, unit.store.fs, unit._root, g, name="checksum") for g in groups]
+        futures = [self.submit(size_crcs, unit.store.fs, unit.root, g, name="checksum") for g in groups]
         out = {}
         for part in self.client.gather(futures):
-            _raise_refused(part)
+            raise_refused(part)
             out.update({k: v for k, v in part.items() if v is not None})
         return out
 
     def submit(self, fn, *args, name: str, **kwargs):
         """Submit one task; ``name`` shows on the dashboard (one bar per kind of task)."""
         self.tasks += 1
-        fn = functools.partial(_returning_errors if self.returning_errors else _refusing, fn)
+        fn = functools.partial(returning_errors if self.returning_errors else refusing, fn)
         point = os.environ.get(FAILPOINT)
         if point and name.startswith(point.split(":", 1)[0]):
             fn = functools.partial(_die_once, point.split(":", 1)[1], fn)
-        future = self.client.submit(fn, *args, key=f"{name}-{self.run_id}-{uuid.uuid4().hex[:6]}",
-                                    retries=RETRIES, pure=False, **kwargs)
+        future = self.client.submit(
+            fn, *args, key=f"{name}-{self.run_id}-{uuid.uuid4().hex[:6]}", retries=RETRIES, pure=False, **kwargs
+        )
         if self.progress is not None:
             self.progress.add(future)
         return future
 
-    def gather(self, futures: list, stage: str, labels: list[str] | None = None, on_result=None,
-               fetch: bool = True) -> list | None:
+    def gather(
+        self, futures: list, stage: str, labels: list[str] | None = None, on_result=None, fetch: bool = True
+    ) -> list | None:
         """Wait for ``futures``; return results in submission order. Progress is the stage's counter
         (``stage_progress``: every task of the stage, over all its gathers); outside one, this call's own.
 
@@ -162,7 +171,7 @@ class StageContext:
         """
         if on_result is not None and not fetch:
             raise ValueError("on_result needs the results: fetch=True")
-        if self.progress is None:    # a stage run alone (tests, `metricpipe stage`): count this call's tasks
+        if self.progress is None:  # a stage run alone (tests, `metricpipe stage`): count this call's tasks
             with self.stage_progress(stage) as progress:
                 for f in futures:
                     progress.add(f)
@@ -176,6 +185,7 @@ class StageContext:
 
         def failed(fut, exc):
             return StageError(f"stage {stage} failed on {where[fut.key]}: {type(exc).__name__}: {exc}".splitlines()[0])
+
         try:
             for fut in as_completed(futures):
                 check_terminated()
@@ -187,16 +197,16 @@ class StageContext:
                 if fut.status == "cancelled":
                     exc = asyncio.CancelledError(f"{fut.key} was cancelled")
                     raise failed(fut, exc) from exc
-                if not fetch or fut.key in results:   # a future listed twice: read once
+                if not fetch or fut.key in results:  # a future listed twice: read once
                     continue
                 try:
                     result = fut.result()
-                except (Exception, asyncio.CancelledError) as exc:   # KilledWorker, cancelled, comm lost
+                except (Exception, asyncio.CancelledError) as exc:  # KilledWorker, cancelled, comm lost
                     raise failed(fut, exc) from exc
-                _raise_refused(result)   # bad input found by a task: its one line, at once
+                raise_refused(result)  # bad input found by a task: its one line, at once
                 results[fut.key] = result
                 if on_result is not None:
-                    for i in positions.pop(fut.key, []):   # a future listed twice is reported once per place
+                    for i in positions.pop(fut.key, []):  # a future listed twice is reported once per place
                         on_result(i, result)
         except BaseException:
             self.client.cancel(futures)
@@ -214,16 +224,16 @@ class Refused:
         self.error = error
 
 
-def _raise_refused(result) -> None:
+def raise_refused(result) -> None:
     if isinstance(result, Refused):
         raise result.error
 
 
 def _refused_input(args, kwargs) -> InputError | None:
     """The error an earlier task handed on as its result (a Refused, or an InputError returned by
-    ``_returning_errors``), among a task's inputs and the items of list or tuple inputs."""
+    ``returning_errors``), among a task's inputs and the items of list or tuple inputs."""
     for a in list(args) + list(kwargs.values()):
-        for x in (a if isinstance(a, (list, tuple)) else (a,)):
+        for x in a if isinstance(a, (list, tuple)) else (a,):
             if isinstance(x, Refused):
                 return x.error
             if isinstance(x, InputError):
@@ -231,7 +241,7 @@ def _refused_input(args, kwargs) -> InputError | None:
     return None
 
 
-def _refusing(fn, *args, **kwargs):
+def refusing(fn, *args, **kwargs):
     error = _refused_input(args, kwargs)
     if error is not None:
         return Refused(error)
@@ -241,7 +251,7 @@ def _refusing(fn, *args, **kwargs):
         return Refused(e)
 
 
-def _returning_errors(fn, *args, **kwargs):
+def returning_errors(fn, *args, **kwargs):
     """A candidate's task: bad input or a diverged fit (InputError) is returned as its result, so the
     selection records it beside the other candidates' scores and no worker logs a failure; a task
     given such a result (an SL-DE member's, to the task assembling the members) passes it on."""

@@ -1,4 +1,5 @@
 """Errors raised by the orchestration layer (user-input errors are tasks.errors.InputError)."""
+
 import threading
 
 from metricpipe.tasks.errors import InputError
@@ -6,6 +7,11 @@ from metricpipe.tasks.errors import InputError
 # The stages a run commits units for, in order (the report follows them); here, not in context.py,
 # so the command line can offer them without importing distributed.
 STAGES = ("stage", "statistics", "neighbours", "train", "encode", "evaluate")
+
+
+class ConfigError(InputError):
+    """Bad settings in a config file or on the command line: one line per mistake, each naming the file
+    (or option) and the key, so a config with three mistakes is told all three at once."""
 
 
 class StageError(RuntimeError):

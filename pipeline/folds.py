@@ -7,17 +7,18 @@ of the train rows, drawn with seed ``s`` (:func:`metricpipe.tasks.splits.borrow`
 the candidates, which neither train on it nor take it into their class means. The drivers read the
 split through :func:`fold_split` on the worker, so no row list crosses the scheduler.
 """
+
 from dataclasses import dataclass
 
 import numpy as np
 
-from metricpipe.storage import array_names, open_array
+from metricpipe.store import array_names, open_array
 from metricpipe.tasks import splits
 
 
 @dataclass(frozen=True)
 class Fold:
-    borrow: int | None = None   # seed of the borrowed validation rows; None: the user's split
+    borrow: int | None = None  # seed of the borrowed validation rows; None: the user's split
 
     def key(self) -> dict:
         """What a model unit's key adds for this fold ({} for the user's split: final models keep
@@ -38,7 +39,7 @@ def fold_split(data_url: str, fold: Fold) -> np.ndarray:
     labels = open_array(f"{data_url}/label")[:]
     keys = open_array(f"{data_url}/row_key")[:]
     keep = None
-    if "pair_i" in array_names(data_url):   # rows the user's pairs join stay train
+    if "pair_i" in array_names(data_url):  # rows the user's pairs join stay train
         keep = np.unique(np.concatenate([open_array(f"{data_url}/pair_i")[:], open_array(f"{data_url}/pair_j")[:]]))
     return splits.borrow(split, labels, keys, fold.borrow, keep)
 

@@ -23,11 +23,14 @@ with exact distances, at GEMM speed instead of one scan per query, and the rows 
 
 faiss (faiss-cpu) is the standard library for this; it runs single-threaded in a Dask worker.
 """
+
 from functools import lru_cache
 
 import numpy as np
 
-from metricpipe.storage import create_array, open_array, read_rows
+from metricpipe.store import create_array, open_array, read_rows
+from metricpipe.tasks import knn
+from metricpipe.tasks.errors import InputError
 
 IVF_FLAT_BYTES = 512e6
 # Train queries of the recall check. Its exact side is a brute-force search (at 5M x 256, 1,000
@@ -41,6 +44,9 @@ RERANK_PAIRS = 4_000_000  # candidate pairs re-scored per pass over the row-bloc
 # (500k-row check); at 2,048 lists the flat quantizer's GEMM wins: 125k rows in 0.71 s against 2.63 s
 # at D = 32, 1.20 s against 3.83 s at D = 128 (one thread).
 HNSW_MIN_WORK = 4096 * 256
+
+# kNN over the train rows is exact up to this many of them (a flat scan); above, an IVF index
+EXACT_MAX_TRAIN = 200_000
 
 
 def sample_rows(n_train: int, nlist: int) -> int:
@@ -76,8 +82,14 @@ def nlist_searched(n_train: int, queries: int | None) -> int:
     return nlist_for(n_train, None if queries is None else min(n_train, queries) + RECALL_QUERIES)
 
 
-def factory_string(n_train: int, dim: int, nlist: int, budget: float | None = None, where: str = "",
-                   limit_setting: str = "memory_limit") -> str:
+def factory_string(
+    n_train: int,
+    dim: int,
+    nlist: int,
+    budget: float | None = None,
+    where: str = "",
+    limit_setting: str = "memory_limit",
+) -> str:
     """The index for ``n_train`` vectors of ``dim`` within ``budget`` bytes (the memory rule's share
     of a worker, pipeline/budget.py; None: IVF_FLAT_BYTES): IVF-Flat when the vectors fit, else
     IVF-PQ with the most bytes per vector that fit (at most D/4 and 64 sub-quantizers, dividing D).
@@ -86,13 +98,19 @@ def factory_string(n_train: int, dim: int, nlist: int, budget: float | None = No
     flat_max = IVF_FLAT_BYTES if budget is None else min(IVF_FLAT_BYTES, budget)
     if index_bytes(n_train, dim, f"{coarse},Flat") <= flat_max:
         return f"{coarse},Flat"
-    fits = [d for d in range(1, min(64, dim) + 1) if dim % d == 0 and d <= max(1, dim // 4)
-            and (budget is None or index_bytes(n_train, dim, f"{coarse},PQ{d}") <= budget)]
+    fits = [
+        d
+        for d in range(1, min(64, dim) + 1)
+        if dim % d == 0
+        and d <= max(1, dim // 4)
+        and (budget is None or index_bytes(n_train, dim, f"{coarse},PQ{d}") <= budget)
+    ]
     if not fits:
-        from metricpipe.tasks.errors import InputError
-        raise InputError(f"{where}: an IVF index of {n_train:,} train rows needs "
-                         f"~{index_bytes(n_train, dim, f'{coarse},PQ1') / 1e6:,.0f} MB at one byte per row, over the "
-                         f"{max(0.0, budget) / 1e6:,.0f} MB a worker can give it; raise {limit_setting}")
+        raise InputError(
+            f"{where}: an IVF index of {n_train:,} train rows needs "
+            f"~{index_bytes(n_train, dim, f'{coarse},PQ1') / 1e6:,.0f} MB at one byte per row, over the "
+            f"{max(0.0, budget) / 1e6:,.0f} MB a worker can give it; raise {limit_setting}"
+        )
     return f"{coarse},PQ{max(fits)}"
 
 
@@ -112,7 +130,6 @@ def _faiss():
     try:
         import faiss
     except ImportError:  # pragma: no cover - faiss-cpu is a dependency
-        from metricpipe.tasks.errors import InputError
         raise InputError("neighbours.method ivf needs faiss-cpu; pip install faiss-cpu") from None
     return faiss
 
@@ -123,11 +140,10 @@ def train(feat_url: str, unit_url: str, rows: np.ndarray, factory: str, seed: in
     largest inner product (codes compared by their dot product)."""
     faiss = _faiss()
     X = np.ascontiguousarray(read_rows(feat_url, rows), dtype=np.float32)
-    index = faiss.index_factory(X.shape[1], factory,
-                                faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2)
+    index = faiss.index_factory(X.shape[1], factory, faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2)
     ivf = faiss.downcast_index(faiss.extract_index_ivf(index))
     ivf.cp.seed = seed
-    if hasattr(ivf, "do_polysemous_training"):
+    if isinstance(ivf, faiss.IndexIVFPQ):
         # the factory turns on polysemous training (Hamming filtering, which search never uses); it was
         # 95% of training time: 190 s of 200 s for IVF2048,PQ64 on 80k x 256
         ivf.do_polysemous_training = False
@@ -145,7 +161,7 @@ def _trained(unit_url: str, token: str):
     faiss = _faiss()
     index = faiss.deserialize_index(open_array(f"{unit_url}/ivf_trained")[:])
     ivf = faiss.downcast_index(faiss.extract_index_ivf(index))
-    if hasattr(ivf, "use_precomputed_table"):
+    if isinstance(ivf, faiss.IndexIVFPQ):
         # IVF-PQ's precomputed residual tables are nlist x M x 256 floats (268 MB at IVF4096,PQ64), the
         # size of the codes of 4M vectors; without them a query computes its table per probed list,
         # which costs little at nprobe 16. Dropped so the index fits a small worker.
@@ -167,7 +183,7 @@ def encode(feat_url: str, split_url: str, unit_url: str, token: str, a: int, b: 
     return len(local)
 
 
-@lru_cache(maxsize=1)   # one filled index per worker at a time (the memory rule counts one)
+@lru_cache(maxsize=1)  # one filled index per worker at a time (the memory rule counts one)
 def _load(unit_url: str, token: str, split_url: str, chunks: tuple):
     """The filled index: the trained one plus every block's codes, appended in block order. A worker
     builds it once from the stored codes (no serialized copy of the full index is ever made)."""
@@ -187,8 +203,9 @@ def release() -> None:
     _trained.cache_clear()
 
 
-def search(feat_url: str, split_url: str, unit_url: str, token: str, chunks: tuple, q_rows: np.ndarray, k: int,
-           nprobe: int) -> tuple[np.ndarray, np.ndarray]:
+def search(
+    feat_url: str, split_url: str, unit_url: str, token: str, chunks: tuple, q_rows: np.ndarray, k: int, nprobe: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Top-k train rows (itself excluded) of the global rows ``q_rows`` of ``feat_url``: (squared
     distances, or minus inner products for an "ip" index, ids)."""
     faiss = _faiss()
@@ -196,12 +213,12 @@ def search(feat_url: str, split_url: str, unit_url: str, token: str, chunks: tup
     ivf = faiss.extract_index_ivf(index)
     ivf.nprobe = nprobe
     quantizer = faiss.downcast_index(ivf.quantizer)
-    if hasattr(quantizer, "hnsw"):  # the graph walk keeps 4 x nprobe candidate lists to find nprobe
+    if isinstance(quantizer, faiss.IndexHNSW):  # the graph walk keeps 4 x nprobe candidate lists to find nprobe
         quantizer.hnsw.efSearch = max(16, 4 * nprobe)
     Q = np.ascontiguousarray(read_rows(feat_url, q_rows), dtype=np.float32)
     dist, idx = index.search(Q, k + 1)
     if index.metric_type == faiss.METRIC_INNER_PRODUCT:
-        dist = -dist   # smaller is nearer, as knn.block_topk's "ip" lists
+        dist = -dist  # smaller is nearer, as knn.block_topk's "ip" lists
     own = idx == np.asarray(q_rows)[:, None]
     keep = np.where(own.any(1)[:, None], ~own, np.arange(k + 1)[None, :] < k)  # drop self, else the last
     dist = dist[keep].reshape(len(Q), k).astype(np.float32)
@@ -226,18 +243,29 @@ def rescore(db_url: str, a: int, b: int, Q: np.ndarray, *pieces, metric: str = "
     X = open_array(db_url)[a:b]
     d = np.empty(len(pos), np.float32)
     for s in range(0, len(pos), 65536):  # bounded temporaries: 65,536 pairs x D floats
-        p = pos[s:s + 65536]
+        p = pos[s : s + 65536]
         q, x = Q[p // kc].astype(np.float32), X[flat[p] - a].astype(np.float32)
         if metric == "ip":
-            d[s:s + 65536] = -np.einsum("ij,ij->i", q, x)
+            d[s : s + 65536] = -np.einsum("ij,ij->i", q, x)
         else:
             diff = q - x
-            d[s:s + 65536] = np.einsum("ij,ij->i", diff, diff)
+            d[s : s + 65536] = np.einsum("ij,ij->i", diff, diff)
     return pos, d
 
 
-def rescored(ctx, q_url: str, db_url: str, blocks, cuts: list, found: list, k: int, kc: int,
-             metric: str = "l2", name: str = "ivf", priority: int = 0) -> list:
+def rescored(
+    ctx,
+    q_url: str,
+    db_url: str,
+    blocks,
+    cuts: list,
+    found: list,
+    k: int,
+    kc: int,
+    metric: str = "l2",
+    name: str = "ivf",
+    priority: int = 0,
+) -> list:
     """Futures of each query piece's k best candidates by exact distance: ``found`` are the index's
     futures (distances, ids) of kc = rerank x k candidates for the global query rows ``cuts`` of
     ``q_url``, re-scored against the database ``db_url`` in one pass over its row-``blocks`` per group
@@ -251,10 +279,23 @@ def rescored(ctx, q_url: str, db_url: str, blocks, cuts: list, found: list, k: i
         size += len(piece)
     out = []
     for group in groups:
-        Q = ctx.submit(read_rows, q_url, np.concatenate([p for p, _ in group]), name=f"{name}-queries",
-                       priority=priority)
-        scored = [ctx.submit(rescore, db_url, a, b, Q, *[f for _, f in group], metric=metric, name=f"{name}-rescore",
-                             priority=priority) for a, b in blocks]
+        Q = ctx.submit(
+            read_rows, q_url, np.concatenate([p for p, _ in group]), name=f"{name}-queries", priority=priority
+        )
+        scored = [
+            ctx.submit(
+                rescore,
+                db_url,
+                a,
+                b,
+                Q,
+                *[f for _, f in group],
+                metric=metric,
+                name=f"{name}-rescore",
+                priority=priority,
+            )
+            for a, b in blocks
+        ]
         lo = 0
         for piece, f in group:
             out.append(ctx.submit(rerank, f, lo, k, *scored, name=f"{name}-rerank", priority=priority))
@@ -291,13 +332,17 @@ def stream_bytes(n_queries: int, dim: int, k: int, nlist: int, block: float, npr
     merge task holds two blocks' lists, their concatenation, its sort keys and order, and the merged
     list), the block three times (as read, its train rows, grouped by list), the list-assignment
     tile's scores and their copy, and one list tile's scores (knn.LIST_QUERY_TILE x knn.LIST_ROW_TILE)."""
-    from metricpipe.tasks import knn
-    return (n_queries * (2 * (dim + 1) * 4.0 + nprobe * 16 + 8 * k * 12) + 3 * block
-            + 2 * knn.ASSIGN_TILE * nlist * 4.0 + 2 * knn.LIST_QUERY_TILE * knn.LIST_ROW_TILE * 4.0)
+    return (
+        n_queries * (2 * (dim + 1) * 4.0 + nprobe * 16 + 8 * k * 12)
+        + 3 * block
+        + 2 * knn.ASSIGN_TILE * nlist * 4.0
+        + 2 * knn.LIST_QUERY_TILE * knn.LIST_ROW_TILE * 4.0
+    )
 
 
-def streamed(n_queries: int | None, dim: int, k: int, nlist: int, block: float, budget: float | None,
-             nprobe: int) -> bool:
+def streamed(
+    n_queries: int | None, dim: int, k: int, nlist: int, block: float, budget: float | None, nprobe: int
+) -> bool:
     """Whether ``n_queries`` sampled rows are searched over the streamed rows (no index): their
     vectors within STREAM_QUERY_BYTES and the scan task within ``budget``, a task's share of a worker
     (``budget.task_budget``; None: no limit known)."""
@@ -311,8 +356,9 @@ def train_centroids(feat_url: str, rows: np.ndarray, nlist: int, seed: int, metr
     """(nlist, D) float32: the coarse quantizer's centroids, faiss's IVF k-means on the sample ``rows``."""
     faiss = _faiss()
     X = np.ascontiguousarray(read_rows(feat_url, rows), dtype=np.float32)
-    index = faiss.index_factory(X.shape[1], f"IVF{nlist},Flat",
-                                faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2)
+    index = faiss.index_factory(
+        X.shape[1], f"IVF{nlist},Flat", faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2
+    )
     ivf = faiss.downcast_index(faiss.extract_index_ivf(index))
     ivf.cp.seed = seed
     index.train(X)
@@ -321,17 +367,24 @@ def train_centroids(feat_url: str, rows: np.ndarray, nlist: int, seed: int, metr
 
 def stream_plan(q_url: str, q_rows: np.ndarray, centroids: np.ndarray, nprobe: int, metric: str = "l2") -> tuple:
     """(queries, their ids, the queries of each list) for the scan tasks."""
-    from metricpipe.tasks import knn
     Q = np.ascontiguousarray(read_rows(q_url, q_rows), dtype=np.float32)
     probes = knn.nearest_lists(Q, centroids, min(nprobe, len(centroids)), metric)
     return Q, np.asarray(q_rows, np.int64), knn.queries_of_lists(probes, len(centroids))
 
 
-def stream_block(db_url: str, split_url: str, a: int, b: int, plan: tuple, centroids: np.ndarray, n_exact: int,
-                 k: int, metric: str = "l2") -> tuple:
+def stream_block(
+    db_url: str,
+    split_url: str,
+    a: int,
+    b: int,
+    plan: tuple,
+    centroids: np.ndarray,
+    n_exact: int,
+    k: int,
+    metric: str = "l2",
+) -> tuple:
     """One row-block's part of the search: (the IVF lists of every query in ranking space, the exact
     lists of the last ``n_exact`` queries, the recall check's), from the block's train rows."""
-    from metricpipe.tasks import knn
     Q, q_ids, lists = plan
     local = np.flatnonzero(open_array(split_url)[a:b] == 0)
     X = open_array(db_url)[a:b]
@@ -339,20 +392,23 @@ def stream_block(db_url: str, split_url: str, a: int, b: int, plan: tuple, centr
         X = X[local]
     x_ids = local + a
     run = knn.ivf_block_topk(Q, q_ids, lists, X, x_ids, centroids, k, metric=metric)
-    exact = knn.block_topk(Q[len(Q) - n_exact:], X, k, q_ids=q_ids[len(Q) - n_exact:], x_ids=x_ids,
-                           exclude_self=True, metric=metric) if n_exact else None
+    exact = (
+        knn.block_topk(
+            Q[len(Q) - n_exact :], X, k, q_ids=q_ids[len(Q) - n_exact :], x_ids=x_ids, exclude_self=True, metric=metric
+        )
+        if n_exact
+        else None
+    )
     return run, exact
 
 
 def merge_streamed(x: tuple, y: tuple, k: int) -> tuple:
     """Two blocks' (or block groups') parts merged: the same lists whatever the order."""
-    from metricpipe.tasks import knn
     return knn.merge_topk(x[0], y[0], k), (None if x[1] is None else knn.merge_topk(x[1], y[1], k))
 
 
 def streamed_lists(part: tuple, plan: tuple, lo: int, hi: int, metric: str = "l2") -> tuple[np.ndarray, np.ndarray]:
     """Queries lo:hi's (distances, ids), from the merged parts (-1 and inf where empty)."""
-    from metricpipe.tasks import knn
     run = part[0]
     return knn.ivf_distances((run[0][lo:hi], run[1][lo:hi]), plan[0][lo:hi], metric)
 
@@ -361,25 +417,68 @@ def streamed_exact(part: tuple) -> tuple[np.ndarray, np.ndarray]:
     return part[1]
 
 
-def search_streamed(ctx, q_url: str, db_url: str, split_url: str, blocks: list, cuts: list, probe: np.ndarray,
-                    sample: np.ndarray, nlist: int, nprobe: int, k: int, metric: str = "l2", name: str = "ivf",
-                    priority: int = 0) -> tuple[list, object, object]:
+def search_streamed(
+    ctx,
+    q_url: str,
+    db_url: str,
+    split_url: str,
+    blocks: list,
+    cuts: list,
+    probe: np.ndarray,
+    sample: np.ndarray,
+    nlist: int,
+    nprobe: int,
+    k: int,
+    metric: str = "l2",
+    name: str = "ivf",
+    priority: int = 0,
+) -> tuple[list, object, object]:
     """Submit the search of the query rows ``cuts`` (pieces of global rows of ``q_url``) among the
     train rows of the database ``db_url``'s row-``blocks``, over the streamed rows; ``probe`` are the
     recall check's queries, searched both ways in the same pass. Returns (each piece's future of
     (distances, ids), the probe's exact future, its IVF future)."""
-    cents = ctx.submit(train_centroids, db_url, sample, nlist, ctx.config.seed, metric, name=f"{name}-train",
-                       priority=priority)
-    plan = ctx.submit(stream_plan, q_url, np.concatenate([*cuts, probe]), cents, nprobe, metric,
-                      name=f"{name}-queries", priority=priority)
-    parts = [ctx.submit(stream_block, db_url, split_url, a, b, plan, cents, len(probe), k, metric,
-                        name=f"{name}-scan", priority=priority) for a, b in blocks]
-    while len(parts) > 1:   # a fixed tree over the blocks' order: the same lists on any cluster
-        parts = [ctx.submit(merge_streamed, parts[i], parts[i + 1], k, name=f"{name}-merge", priority=priority)
-                 if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
+    cents = ctx.submit(
+        train_centroids, db_url, sample, nlist, ctx.config.seed, metric, name=f"{name}-train", priority=priority
+    )
+    plan = ctx.submit(
+        stream_plan,
+        q_url,
+        np.concatenate([*cuts, probe]),
+        cents,
+        nprobe,
+        metric,
+        name=f"{name}-queries",
+        priority=priority,
+    )
+    parts = [
+        ctx.submit(
+            stream_block,
+            db_url,
+            split_url,
+            a,
+            b,
+            plan,
+            cents,
+            len(probe),
+            k,
+            metric,
+            name=f"{name}-scan",
+            priority=priority,
+        )
+        for a, b in blocks
+    ]
+    while len(parts) > 1:  # a fixed tree over the blocks' order: the same lists on any cluster
+        parts = [
+            ctx.submit(merge_streamed, parts[i], parts[i + 1], k, name=f"{name}-merge", priority=priority)
+            if i + 1 < len(parts)
+            else parts[i]
+            for i in range(0, len(parts), 2)
+        ]
     bounds = np.cumsum([0] + [len(c) for c in cuts] + [len(probe)])
-    pieces = [ctx.submit(streamed_lists, parts[0], plan, lo, hi, metric, name=f"{name}-lists", priority=priority)
-              for lo, hi in zip(bounds[:-1], bounds[1:])]
+    pieces = [
+        ctx.submit(streamed_lists, parts[0], plan, lo, hi, metric, name=f"{name}-lists", priority=priority)
+        for lo, hi in zip(bounds[:-1], bounds[1:])
+    ]
     return pieces[:-1], ctx.submit(streamed_exact, parts[0], name=f"{name}-lists", priority=priority), pieces[-1]
 
 

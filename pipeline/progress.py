@@ -7,6 +7,7 @@ one to the total, and its Dask done-callback one to the count. On a terminal the
 rewritten in place, with the count, rate and ETA (tqdm); elsewhere (a log file, a CI job) a plain line
 ``  stage: 12/40 tasks done`` at most every PLAIN_SECONDS, and one when the stage ends.
 """
+
 import os
 import sys
 import threading
@@ -50,21 +51,31 @@ class StageProgress:
         self._last = time.monotonic()
         self._closed = False
         self._terminal, self._file = terminal, file
-        self._bar = None     # drawn from the first task on: a stage that reuses everything shows no line
-        self._said = None    # the last (done, total) written as a plain line
+        self._bar = None  # drawn from the first task on: a stage that reuses everything shows no line
+        self._said = None  # the last (done, total) written as a plain line
 
     def add(self, future) -> None:
         with self._lock:
             self.total += 1
             if self._terminal and self._bar is None and not self._closed:
                 from tqdm import tqdm
+
                 file = self._file or sys.stderr
                 # a terminal that reports no size (a pty nobody sized, e.g. under `script`) would make tqdm
                 # draw nothing at all (0 rows): it gets 100 x 24
                 sized = _sized(file)
-                self._bar = tqdm(total=self.total, desc=f"  {self.stage}", unit="task", file=file, bar_format=BAR,
-                                 leave=True, dynamic_ncols=sized, ncols=None if sized else 100,
-                                 nrows=None if sized else 24, mininterval=0.2)
+                self._bar = tqdm(
+                    total=self.total,
+                    desc=f"  {self.stage}",
+                    unit="task",
+                    file=file,
+                    bar_format=BAR,
+                    leave=True,
+                    dynamic_ncols=sized,
+                    ncols=None if sized else 100,
+                    nrows=None if sized else 24,
+                    mininterval=0.2,
+                )
         future.add_done_callback(self._finished)
 
     def _finished(self, future) -> None:
@@ -77,14 +88,14 @@ class StageProgress:
     def _show(self, final: bool = False) -> None:
         if self._bar is not None:
             self._bar.total = self.total
-            self._bar.update(self.done - self._bar.n)   # tqdm redraws at most every mininterval
+            self._bar.update(self.done - self._bar.n)  # tqdm redraws at most every mininterval
             if final:
                 self._bar.refresh()
             return
         now = time.monotonic()
         if (now - self._last > PLAIN_SECONDS or final and self.total > 4) and self._said != (self.done, self.total):
             self.log(f"  {self.stage}: {self.done}/{self.total} tasks done")
-            self._last, self._said = now, (self.done, self.total)   # the final count, once
+            self._last, self._said = now, (self.done, self.total)  # the final count, once
 
     def write(self, msg: str) -> None:
         """A log line that does not tear the progress line: the line is cleared, the message written,

@@ -1,41 +1,40 @@
 """Runs the stage graph in order, shows progress, records timings, writes the manifest and report.
 
-    stage -> statistics -> [neighbours] -> train -> encode -> evaluate -> report
+stage -> statistics -> [neighbours] -> train -> encode -> evaluate -> report
 """
+
 import contextlib
 import os
 import shutil
 import time
 import uuid
-from dataclasses import replace
 
 import numpy as np
 
-from metricpipe import select, stages
-from metricpipe.budget import check_memory, refuse_without_dense_covariance
+from metricpipe import stages
+from metricpipe.checks import check_memory, check_methods, skipped_classifiers
 from metricpipe.cluster import DashboardHostError, connect, dashboard_lines
-from metricpipe.config import (SPLIT_NAMES, EvaluateConfig, NeighboursConfig, RunConfig, classifiers_given,
-                               unserved)
+from metricpipe.config import SPLIT_NAMES, NeighboursConfig, RunConfig
 from metricpipe.context import StageContext
 from metricpipe.errors import STAGES, StageError, check_terminated
-from metricpipe.folds import borrowing
-from metricpipe.stages.evaluate import RETRIEVAL_QUERIES
 from metricpipe.report import build_report, package_versions, read_summary, winner_lines
-from metricpipe.storage import MARKER_SUFFIX, Store, to_json
+from metricpipe.stages.evaluate import RETRIEVAL_QUERIES
+from metricpipe.store import MARKER_SUFFIX, Store, to_json
+from metricpipe.tasks import splits
 from metricpipe.tasks.errors import InputError
-from metricpipe.tasks import evaluation, registry, splits
 
 
-def stage_names(cfg: RunConfig) -> list[str]:
-    needs_graph = cfg.neighbours is not None or any(registry.feeds(m["method"]) == "neighbours" for m in cfg.methods) \
-        or any(c.startswith("softvote") for c in cfg.evaluate.classifiers)
-    return ["stage", "statistics"] + (["neighbours"] if needs_graph else []) + ["train", "encode", "evaluate",
-                                                                                  "report"]
-
-
-def run_pipeline(cfg: RunConfig, resume: bool = True, log=print, performance_report: str | None = None,
-                 client=None, force: str | None = None, repair: bool = False, terminal: bool = False,
-                 result=None) -> str:
+def run_pipeline(
+    cfg: RunConfig,
+    resume: bool = True,
+    log=print,
+    performance_report: str | None = None,
+    client=None,
+    force: str | None = None,
+    repair: bool = False,
+    terminal: bool = False,
+    result=None,
+) -> str:
     """Run every stage of ``cfg``; return the path of the report's index.html. ``force`` recomputes
     that stage and the ones after it; ``repair`` recomputes committed units that fail verification;
     ``terminal`` shows each stage's progress as one updating line on stderr (else plain log lines);
@@ -43,8 +42,7 @@ def run_pipeline(cfg: RunConfig, resume: bool = True, log=print, performance_rep
     which the CLI writes to stdout and the rest to stderr."""
     store = Store(cfg.store)
     with removed_if_refused(store):
-        return _run_locked(store, cfg, resume, log, performance_report, client, force, repair, terminal,
-                           result or log)
+        return _run_locked(store, cfg, resume, log, performance_report, client, force, repair, terminal, result or log)
 
 
 @contextlib.contextmanager
@@ -58,8 +56,12 @@ def removed_if_refused(store: Store):
     except InputError:
         # only a store this process locked: a command refused because another holds the lock must not
         # remove that one's (still uncommitted) work
-        if new_dir and getattr(store, "locked_here", False) and os.path.isdir(store.root) \
-                and not _committed_anything(store.root):
+        if (
+            new_dir
+            and getattr(store, "locked_here", False)
+            and os.path.isdir(store.root)
+            and not _committed_anything(store.root)
+        ):
             shutil.rmtree(store.root, ignore_errors=True)
         raise
 
@@ -79,44 +81,68 @@ def _committed_anything(root: str) -> bool:
 def _run_locked(store, cfg, resume, log, performance_report, client, force, repair, terminal, result) -> str:
     with contextlib.ExitStack() as stack:
         stack.enter_context(store.lock("metricpipe run", log=log))  # one writer at a time
-        back = store.restored + store.restore_replaced()   # a killed --force/--no-resume run's set-aside units
+        back = store.restored + store.restore_replaced()  # a killed --force/--no-resume run's set-aside units
         if back:
-            log(f"Restored {len(back)} committed unit(s) that a stopped run had set aside to recompute "
-                f"({', '.join(back[:3])}{', ...' if len(back) > 3 else ''})")
-        if client is None and cfg.cluster == "local":   # this run's, if it stops before committing them,
-            stack.callback(_restore_quietly, store, log)   # once its own workers are gone (registered
+            log(
+                f"Restored {len(back)} committed unit(s) that a stopped run had set aside to recompute "
+                f"({', '.join(back[:3])}{', ...' if len(back) > 3 else ''})"
+            )
+        if client is None and cfg.cluster == "local":  # this run's, if it stops before committing them,
+            stack.callback(_restore_quietly, store, log)  # once its own workers are gone (registered
             # before the cluster, so called after it closes); on another cluster a cancelled task may
             # still write, so the next command on the store restores them
-        quiet_log = []   # a finished run's worker log that stayed empty; removed once the cluster has closed
+        quiet_log = []  # a finished run's worker log that stayed empty; removed once the cluster has closed
         stack.callback(_remove_empty, quiet_log)
         plan = stages.prepare_data(cfg, store)  # refuse bad input before starting anything
         cfg = check_methods(cfg, plan.info, log)
         if client is None:
             try:
-                client = stack.enter_context(connect(cfg.cluster, cfg.workers, cfg.threads_per_worker,
-                                                     cfg.memory_limit, cfg.dashboard, cfg.tls, cfg.wait_timeout))
-            except DashboardHostError as e:    # found as the cluster starts: name the config too
+                client = stack.enter_context(
+                    connect(
+                        cfg.cluster,
+                        cfg.workers,
+                        cfg.threads_per_worker,
+                        cfg.memory_limit,
+                        cfg.dashboard,
+                        cfg.tls,
+                        cfg.wait_timeout,
+                    )
+                )
+            except DashboardHostError as e:  # found as the cluster starts: name the config too
                 raise InputError(f"{cfg.source_file}: {e}") from None
         if cfg.dashboard is not None or cfg.cluster != "local":
             for line in dashboard_lines(client):
                 log(line)
-        if cfg.cluster.startswith(("tcp://", "tls://")):   # a running scheduler: its workers are what they are
+        if cfg.cluster.startswith(("tcp://", "tls://")):  # a running scheduler: its workers are what they are
             unused = [cfg.setting(k) for k in ("workers", "memory_limit") if k in cfg.overridden or k in cfg.raw]
             if unused:
-                log(f"  note: {' and '.join(unused)} apply to a local cluster only; the scheduler at {cfg.cluster} "
-                    f"runs on its own workers")
+                log(
+                    f"  note: {' and '.join(unused)} apply to a local cluster only; the scheduler at {cfg.cluster} "
+                    f"runs on its own workers"
+                )
         check_memory(client, plan.info, cfg)
         worker_log = _log_workers_to_store(client, store) if cfg.cluster == "local" else None
         if performance_report:
             from distributed import performance_report as perf
+
             stack.enter_context(perf(filename=performance_report))
         try:
-            store.run_id = uuid.uuid4().hex[:16]   # the commit markers of this run carry it, its task keys too
+            store.run_id = uuid.uuid4().hex[:16]  # the commit markers of this run carry it, its task keys too
             forced_by = forcing(store, force if resume else STAGES[0], resume, log)
-            ctx = StageContext(client, store, cfg, resume=resume, log=log, force=force, repair=repair,
-                               terminal=terminal, forced_by=forced_by, run_id=store.run_id)
+            ctx = StageContext(
+                client,
+                store,
+                cfg,
+                resume=resume,
+                log=log,
+                force=force,
+                repair=repair,
+                terminal=terminal,
+                forced_by=forced_by,
+                run_id=store.run_id,
+            )
             out = _run(ctx, plan, log, result)
-            forcing(store, None, resume, log)   # finished: nothing left to continue
+            forcing(store, None, resume, log)  # finished: nothing left to continue
             quiet_log += [worker_log] if worker_log else []
             return out
         except StageError as e:
@@ -143,13 +169,16 @@ def forcing(store: Store, stage: str | None, resume: bool, log) -> tuple:
         return ()
     try:
         record = store.read_json(FORCING)
-    except (FileNotFoundError, ValueError, OSError):   # none, or torn: nothing to continue
+    except (FileNotFoundError, ValueError, OSError):  # none, or torn: nothing to continue
         record = None
-    earlier = tuple(record.get("runs", ())) if resume and isinstance(record, dict) and \
-        record.get("stage") == stage else ()
+    earlier = (
+        tuple(record.get("runs", ())) if resume and isinstance(record, dict) and record.get("stage") == stage else ()
+    )
     if earlier:
-        log(f"Continuing the --force {stage} run that stopped: the units it recomputed are kept "
-            f"(--no-resume recomputes everything)")
+        log(
+            f"Continuing the --force {stage} run that stopped: the units it recomputed are kept "
+            f"(--no-resume recomputes everything)"
+        )
     store.write_text(FORCING, to_json({"stage": stage, "runs": [*earlier, store.run_id]}))
     return earlier
 
@@ -157,6 +186,7 @@ def forcing(store: Store, stage: str | None, resume: bool, log) -> tuple:
 # Worker logs of a local run: into STORE/logs/ (the terminal shows our one-line messages).
 def _to_file(path: str) -> None:
     import logging
+
     log = logging.getLogger("distributed")
     for h in list(log.handlers):
         if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
@@ -179,130 +209,14 @@ def _log_workers_to_store(client, store) -> str | None:
         return None
     os.makedirs(store.inside("logs"), exist_ok=True)
     path = store.inside(f"logs/workers-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log")
-    client.run(_to_file, path)   # the workers' (the local scheduler runs in this process: its logging is ours)
+    client.run(_to_file, path)  # the workers' (the local scheduler runs in this process: its logging is ours)
     return path
 
 
-def _pool_notes(est, info, entry: dict) -> list[str]:
-    """A SLEM negative pool whose config ``entry`` asks for more images than its split holds takes
-    them all: said, since the model's parameters still read the count asked for (the default
-    count, 15,000 at most, goes unsaid)."""
-    neg = getattr(est, "negatives", None)
-    asked = entry.get("negatives")
-    asked = asked if isinstance(asked, list) else [asked]     # (a sweep of pools: a list of them)
-    if not isinstance(neg, dict) or not any(isinstance(a, dict) and "count" in a for a in asked) \
-            or not isinstance(neg.get("count"), int) or neg.get("split", "train") not in SPLIT_NAMES:
-        return []
-    split = neg.get("split", "train")
-    have = int((info.split == SPLIT_NAMES.index(split)).sum())
-    if 2 <= have < neg["count"]:
-        return [f"negatives.count {neg['count']:,} is more than the {have:,} {split} rows: the pool is all of them"]
-    return []
-
-
-def _refuse_held_out(named, held, classes: list) -> None:
-    """A learner's ``classes`` may not name a class data.split.classes holds out: it never sees its rows."""
-    both = np.intersect1d(named, held)
-    if len(both):
-        raise InputError(f"classes lists {classes[int(both[0])]!r}, which data.split.classes holds out (no learner "
-                         f"sees its rows); drop it from one of them")
-
-
-def check_methods(cfg: RunConfig, info, log=print) -> RunConfig:
-    """Every parameter the data's shape rules out (dim above the features, LDA's dim above
-    classes - 1, classes that are not labels of the data, ...) is refused here, after the source's header
-    and labels are read and before any unit is written."""
-    noted = set()    # once per config entry and note, not per model or searched candidate
-    n_ref = None
-    # the classes the learners see: every class, or those data.split.classes does not hold out
-    n_seen = len(splits.seen_classes(info.split, info.labels))
-    held = splits.unseen_classes(info.split, info.labels)
-    for n, spec in enumerate(cfg.methods):
-        metric = (spec.get("select") or {}).get("metric", "")
-        if metric.startswith(("knn", "softvote")):   # every candidate would vote over every reference row: a tie
-            k = int(metric[3:] if metric.startswith("knn") else metric[8:])
-            if n_ref is None:
-                split = info.split   # (sized with stand-in row keys: which rows are borrowed waits for staging)
-                if borrowing(split, cfg.data.split.val):
-                    split = splits.borrow(split, info.labels, np.arange(len(split), dtype=np.uint64), cfg.data.split.seed)
-                n_ref = len(select.selection_rows(split, info.labels, info.n_features, cfg.seed)[1])
-            if k > n_ref:
-                raise InputError(f"{cfg.source_file}: {cfg.entry(n)} ({stages.model_id(spec)}): select.metric {metric} "
-                                 f"votes over more neighbours than the {n_ref} train rows that selection compares "
-                                 f"the validation rows with; use K <= {n_ref}")
-        for cand in registry.candidates(spec):
-            try:
-                est = registry.make(cand)
-                est.check_data_shape(info.n_features, n_seen)
-                if hasattr(est, "trained_classes"):   # the labels NCMML's classes names are the data's
-                    _refuse_held_out(est.trained_classes(info.classes) if est.classes is not None else [], held,
-                                     info.classes)
-            except InputError as e:
-                raise InputError(f"{cfg.source_file}: {cfg.entry(n)} ({stages.model_id(cand)}): {e}") from None
-            refuse_without_dense_covariance(est, info.n_features, cfg.statistics.max_dense_dim,
-                                            f"{cfg.source_file}: {cfg.entry(n)} ({stages.model_id(cand)})")
-            raw = cfg.raw.get("methods") or []
-            i = cfg.method_entries[n] if n < len(cfg.method_entries) else n
-            asked = raw[i] if i < len(raw) and isinstance(raw[i], dict) else {}
-            notes = est.shape_notes(info.n_features, n_seen) + _pool_notes(est, info, asked)
-            for note in notes:
-                if (cfg.entry(n), note) not in noted:
-                    log(f"  {cfg.entry(n)} ({stages.model_id(cand)}): {note}")
-                    noted.add((cfg.entry(n), note))
-    ev = cfg.evaluate
-    n_test, n_train = int((info.split == stages.TEST).sum()), int((info.split == stages.TRAIN).sum())
-    if "neighbours" in stage_names(cfg):
-        stages.check_neighbours_k(cfg, n_train)
-    given = cfg.raw.get("evaluate") if isinstance(cfg.raw.get("evaluate"), dict) else {}
-    user_k = isinstance(given.get("retrieval"), dict) and "k" in given["retrieval"]
-    if ev.retrieval and not user_k and max(ev.retrieval_k) > n_test - 1:   # the default list, on a small test split
-        ks = tuple(k for k in ev.retrieval_k if k <= n_test - 1) or (1,)
-        log(f"  evaluate: {n_test} test rows: retrieval k {list(ks)} (the default's larger K need more rows)")
-        ev = replace(ev, retrieval_k=ks)
-        cfg = replace(cfg, evaluate=ev)
-    if ev.retrieval and max(ev.retrieval_k) > n_test - 1:
-        raise InputError(f"{cfg.source_file}: evaluate.retrieval.k: {max(ev.retrieval_k)} is more than the retrieval "
-                         f"database holds (each test query ranks the other {n_test - 1} test rows); use K <= "
-                         f"{n_test - 1}")
-    if ev.retrieval:   # a query with nothing relevant to find has no AP: every retrieval figure would be NaN
-        test, groups = info.split == stages.TEST, info.groups
-        keys = (groups if groups is not None else info.labels)[test]
-        if len(keys) and not evaluation.can_rank(keys):
-            log(f"  evaluate: no class{' (group)' if groups is not None else ''} has two of the {n_test} test "
-                f"rows, so no retrieval query has a relevant image to find: mAP, recall and MAP@R are undefined "
-                f"(NaN in the report); give the test split two or more rows of a class, or set "
-                f"evaluate.retrieval: false")
-    knn = [int(c[3:]) for c in ev.classifiers if c.startswith("knn")]
-    if knn and max(knn) > n_train and not classifiers_given(cfg.raw):   # the defaults, on a small train split
-        kept = tuple(c for c in ev.classifiers if not c.startswith("knn") or int(c[3:]) <= n_train)
-        log(f"  evaluate: {n_train} train rows: classifiers {list(kept)} (the default's larger knnK need more rows)")
-        cfg = replace(cfg, evaluate=replace(ev, classifiers=kept))
-        ev, knn = cfg.evaluate, [k for k in knn if k <= n_train]
-    for s in skipped_classifiers(cfg, cfg.methods):
-        if s["model"] != "every model":   # that one is logged above
-            log(f"  evaluate: {s['model']} skips {s['classifier']}: {s['reason']}")
-    if knn and max(knn) > n_train:
-        raise InputError(f"{cfg.source_file}: evaluate.classification.classifiers: knn{max(knn)} votes over more "
-                         f"neighbours than the {n_train} train rows; use knnK with K <= {n_train}")
-    return cfg
-
-
-def skipped_classifiers(cfg: RunConfig, specs) -> list[dict]:
-    """{model, classifier, reason} for each default classifier a model cannot serve (``unserved``): it is
-    skipped for that model, and the run manifest and report say so. A classifier the user lists is
-    refused at load instead."""
-    if classifiers_given(cfg.raw):
-        return []
-    small = [{"model": "every model", "classifier": c,   # check_methods dropped it
-              "reason": "votes over more neighbours than the train split holds"}
-             for c in EvaluateConfig.classifiers if c not in cfg.evaluate.classifiers]
-    return small + [{"model": stages.model_id(spec), "classifier": c, "reason": why}
-                    for spec in specs for c in cfg.evaluate.classifiers if (why := unserved(spec, c))]
-
-
 def _run(ctx: StageContext, plan, log, result) -> str:
+    """The stages in order on ``plan``'s data, then the report; returns the report's path."""
     cfg = ctx.config
-    names = stage_names(cfg)
+    names = stages.stage_names(cfg)
     timings, started = [], time.time()
     t_run = time.perf_counter()
 
@@ -310,7 +224,7 @@ def _run(ctx: StageContext, plan, log, result) -> str:
         check_terminated()
         log(f"[{i}/{len(names)}] {name} ...")
         t0, tasks0 = time.perf_counter(), ctx.tasks
-        with ctx.stage_progress(name):   # one counter over all the stage's tasks
+        with ctx.stage_progress(name):  # one counter over all the stage's tasks
             result = fn(*args)
         seconds = time.perf_counter() - t0
         timings.append({"stage": name, "seconds": round(seconds, 3), "tasks": ctx.tasks - tasks0})
@@ -326,50 +240,81 @@ def _run(ctx: StageContext, plan, log, result) -> str:
         if cfg.neighbours is None:
             cfg = ctx.config = cfg.with_overrides(neighbours=NeighboursConfig())
         graph = stage(next(i), "neighbours", stages.run_neighbours, ctx, data)
-        g = graph.meta()
-        notes = []
-        if g.get("method") == "ivf":  # the report shows how approximate the graph is
-            how = "over the streamed rows" if g.get("streamed") else f"rerank {g.get('rerank', 1)}"
-            notes.append(f"{g['index']}, nprobe {g['nprobe']}, {how}: recall@{g['k']} {g['recall']:.3f} against exact")
-        if g.get("queries") is not None and g["queries"] < data.n_samples:
-            notes.append(f"{g['queries']:,} sampled train rows searched")
-        if notes:
-            timings[-1]["note"] = "; ".join(notes)
+        note = _neighbours_note(graph.meta(), data.n_samples)
+        if note:
+            timings[-1]["note"] = note
     models = stage(next(i), "train", stages.run_train, ctx, data, stats, graph)
     codes = stage(next(i), "encode", stages.run_encode, ctx, data, models)
     evals = stage(next(i), "evaluate", stages.run_evaluate, ctx, data, codes, graph)
-    held = splits.unseen_classes(data.split, data.labels)   # data.split.classes
-    manifest = {
+    manifest = _manifest(ctx, cfg, data, stats, graph, models, codes, evals, started, timings)
+    return _report(ctx, manifest, len(names), t_run, log, result)
+
+
+def _neighbours_note(g: dict, n_samples: int) -> str:
+    """The neighbours stage's note in the timings: how approximate an IVF graph is, how many rows searched."""
+    notes = []
+    if g.get("method") == "ivf":  # the report shows how approximate the graph is
+        how = "over the streamed rows" if g.get("streamed") else f"rerank {g.get('rerank', 1)}"
+        notes.append(f"{g['index']}, nprobe {g['nprobe']}, {how}: recall@{g['k']} {g['recall']:.3f} against exact")
+    if g.get("queries") is not None and g["queries"] < n_samples:
+        notes.append(f"{g['queries']:,} sampled train rows searched")
+    return "; ".join(notes)
+
+
+def _manifest(ctx: StageContext, cfg, data, stats, graph, models, codes, evals, started: float, timings: list) -> dict:
+    """runs/latest.json: the run's settings, data set, units, repeats and timings (the report reads it)."""
+    held = splits.unseen_classes(data.split, data.labels)  # data.split.classes
+    return {
         # the file's settings with those the command line replaced (--store, --workers, ...)
         "config": {**cfg.raw, **{k: getattr(cfg, k) for k in sorted(cfg.overridden)}},
-        "store": ctx.store.url, "started": started, "versions": package_versions(),
-        "dataset": {"source": data.unit.meta().get("source"), "key": data.unit.key, "n_samples": data.n_samples,
-                    "n_features": data.n_features, "n_classes": len(data.classes),
-                    "splits": {SPLIT_NAMES[c]: int(n) for c, n in enumerate(np.bincount(data.split)) if n},
-                    **({"unseen_classes": [data.classes[c] for c in held]} if len(held) else {})},
-        "units": {"data": data.unit.rel, "statistics": stats.rel, "neighbours": graph.rel if graph else None,
-                  "models": [m.unit.rel for m in models], "codes": [u.rel for _, u, _ in codes],
-                  "selection": ctx.selections, "validated": ctx.validated},
+        "store": ctx.store.url,
+        "started": started,
+        "versions": package_versions(),
+        "dataset": {
+            "source": data.unit.meta().get("source"),
+            "key": data.unit.key,
+            "n_samples": data.n_samples,
+            "n_features": data.n_features,
+            "n_classes": len(data.classes),
+            "splits": {SPLIT_NAMES[c]: int(n) for c, n in enumerate(np.bincount(data.split)) if n},
+            **({"unseen_classes": [data.classes[c] for c in held]} if len(held) else {}),
+        },
+        "units": {
+            "data": data.unit.rel,
+            "statistics": stats.rel,
+            "neighbours": graph.rel if graph else None,
+            "models": [m.unit.rel for m in models],
+            "codes": [u.rel for _, u, _ in codes],
+            "selection": ctx.selections,
+            "validated": ctx.validated,
+        },
         # per model (in the order of units.models and evaluation_units): the [config entry, repeat]
         # pairs it is the model of
-        "serves": [[list(s) for s in m.serves] for m in models], "repeats": cfg.repeats,
+        "serves": [[list(s) for s in m.serves] for m in models],
+        "repeats": cfg.repeats,
         # what the report's verdict counts a test item's worth in, and the objective its closing line names
-        "test_items": scored_items(cfg, int((data.split == stages.TEST).sum())), "objective": cfg.objective,
-        "evaluation_units": [u.rel for _, u in evals], "timings": timings,
+        "test_items": scored_items(cfg, int((data.split == stages.TEST).sum())),
+        "objective": cfg.objective,
+        "evaluation_units": [u.rel for _, u in evals],
+        "timings": timings,
         "skipped": skipped_classifiers(cfg, [m.spec for m in models]),
     }
+
+
+def _report(ctx: StageContext, manifest: dict, n_stages: int, t_run: float, log, result) -> str:
+    """The last stage: write the manifest and the report, then the peak RSS and the winner lines."""
     t0 = time.perf_counter()
-    log(f"[{len(names)}/{len(names)}] report ...")
+    log(f"[{n_stages}/{n_stages}] report ...")
     manifest["seconds"] = time.perf_counter() - t_run
     ctx.store.write_text("runs/latest.json", to_json(manifest))
     path = build_report(ctx.store, manifest)
-    timings.append({"stage": "report", "seconds": round(time.perf_counter() - t0, 3)})
-    log(f"Completed {len(names)} of {len(names)} stages (report)")
-    peaks = _peak_rss(ctx.client)
+    manifest["timings"].append({"stage": "report", "seconds": round(time.perf_counter() - t0, 3)})
+    log(f"Completed {n_stages} of {n_stages} stages (report)")
+    peaks = peak_rss(ctx.client)
     if peaks:
         log("Peak RSS: " + ", ".join(f"{who} {mb:,.0f} MB" for who, mb in peaks))
     result(f"Report: {path}")
-    for line in winner_lines(read_summary(ctx.store)):   # the last lines name the winner
+    for line in winner_lines(read_summary(ctx.store)):  # the last lines name the winner
         result(line)
     return path
 
@@ -398,16 +343,17 @@ def max_rss_mb() -> float:
         with open("/proc/self/status") as f:
             for line in f:
                 if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0       # kB
+                    return int(line.split()[1]) / 1024.0  # kB
     except OSError:
         pass
     import resource
     import sys
+
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / 2**20 if sys.platform == "darwin" else rss / 1024.0  # bytes on macOS, KiB elsewhere
 
 
-def _peak_rss(client) -> list[tuple[str, float]]:
+def peak_rss(client) -> list[tuple[str, float]]:
     """(process, peak resident MB) for this client process and each worker process."""
     try:
         workers = client.run(max_rss_mb)

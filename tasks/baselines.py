@@ -5,10 +5,10 @@ computes the statistics in memory (:func:`metricpipe.tasks.moments.statistics`) 
 ``fit_statistics``, which is also what the pipeline calls with the statistics stage's result (the
 same moments, streamed over row-blocks). Codes are centred: ``code = (x - mean) @ components_``.
 """
+
 import warnings
 
 import numpy as np
-import scipy.linalg
 
 from metricpipe.tasks import moments
 from metricpipe.tasks.base import DIM_OR_NONE, NON_NEGATIVE, RANDOM_STATE, Learner, seed_of
@@ -34,11 +34,15 @@ class LinearCodes:
     def cost(self) -> dict:
         return self._encoder().cost(self.n_features_in_)
 
+    def keeps_distances(self) -> bool:
+        return self._encoder().keeps_distances(self.n_features_in_)
+
 
 class _StatisticsLearner(LinearCodes, Learner):
     """A learner defined by the data's moments (mean, covariance, class scatters, PCA basis)."""
+
     needs_labels = False
-    fitted_attributes = ("fit_meta_",)   # components_ and offset_: the learners that project
+    fitted_attributes = ("fit_meta_",)  # components_ and offset_: the learners that project
 
     def fit(self, X, y=None):
         """Fit on rows X (n_samples, n_features) with labels y (n_samples,) (used by LDA only).
@@ -71,13 +75,15 @@ class _StatisticsLearner(LinearCodes, Learner):
 
     def _check_dim(self, limit: int, why: str) -> int:
         if self.dim is not None and self.dim > limit:
-            raise InputError(f"The 'dim' parameter of {type(self).__name__} must be <= {limit} ({why}). "
-                             f"Got {self.dim} instead.")
+            raise InputError(
+                f"The 'dim' parameter of {type(self).__name__} must be <= {limit} ({why}). Got {self.dim} instead."
+            )
         return self.resolved_dim(limit)
 
 
 class Identity(_StatisticsLearner):
     """The raw features: no projection (the baseline every learner must beat)."""
+
     method = "identity"
     _parameter_constraints = {}
 
@@ -95,6 +101,7 @@ class PCA(_StatisticsLearner):
     ----------
     dim : int or None, default=None
     """
+
     method = "pca"
     fitted_attributes = ("components_", "offset_")
     dim_within_features = True
@@ -122,6 +129,7 @@ class PCAWhitening(_StatisticsLearner):
     eps : float >= 0, default=1e-6
         Regularisation relative to the largest variance.
     """
+
     method = "pcaw"
     fitted_attributes = ("components_", "offset_")
     dim_within_features = True
@@ -136,11 +144,15 @@ class PCAWhitening(_StatisticsLearner):
         d = self._check_dim(len(comps), "the number of principal components available")
         floor = var[:d] + self.eps * var[0]
         if not np.all(floor > 0):
-            if not var[0] > 0:   # eps is relative to the top variance: no eps helps constant rows
-                raise InputError("PCAWhitening: the training rows are all the same (every variance is 0), so there is "
-                                 "nothing to whiten; check X (every row identical?)")
-            raise InputError(f"PCAWhitening: component {int(np.argmin(floor))} has variance 0 and eps={self.eps}; "
-                             f"raise 'eps' above 0 (e.g. 1e-6, a share of the top variance) or lower 'dim'")
+            if not var[0] > 0:  # eps is relative to the top variance: no eps helps constant rows
+                raise InputError(
+                    "PCAWhitening: the training rows are all the same (every variance is 0), so there is "
+                    "nothing to whiten; check X (every row identical?)"
+                )
+            raise InputError(
+                f"PCAWhitening: component {int(np.argmin(floor))} has variance 0 and eps={self.eps}; "
+                f"raise 'eps' above 0 (e.g. 1e-6, a share of the top variance) or lower 'dim'"
+            )
         return comps[:d].T / np.sqrt(floor)[None, :], {"eps": self.eps}
 
 
@@ -163,6 +175,7 @@ class LDA(_StatisticsLearner):
         As scikit-learn's: the singular values (of the scaled within-class rows, then of the
         weighted class means relative to the largest) below it are dropped.
     """
+
     method = "lda"
     fitted_attributes = ("components_", "offset_", "classes_")
     needs_labels = True
@@ -173,11 +186,16 @@ class LDA(_StatisticsLearner):
         self.dim = dim
         self.tol = tol
 
+    def code_dim(self, n_features: int, n_classes: int) -> int:
+        return min(self.dim or n_classes - 1, n_classes - 1, n_features)
+
     def check_data_shape(self, n_features: int, n_classes: int) -> None:
         if self.dim is not None and self.dim > min(n_classes - 1, n_features):
-            raise InputError(f"The 'dim' parameter of LDA must be <= {min(n_classes - 1, n_features)} (LDA has at "
-                             f"most min(n_classes - 1, n_features) directions; the data has {n_classes} classes). "
-                             f"Got {self.dim} instead.")
+            raise InputError(
+                f"The 'dim' parameter of LDA must be <= {min(n_classes - 1, n_features)} (LDA has at "
+                f"most min(n_classes - 1, n_features) directions; the data has {n_classes} classes). "
+                f"Got {self.dim} instead."
+            )
 
     def _projection(self, stats):
         counts = np.asarray(stats["class_counts"], np.float64)
@@ -189,7 +207,7 @@ class LDA(_StatisticsLearner):
         D = stats["within_scatter"].shape[0]
         d = self._check_dim(min(n_classes - 1, D), "LDA has at most min(n_classes - 1, n_features) directions")
         sw = np.asarray(stats["within_scatter"], np.float64)
-        std = np.sqrt(np.maximum(np.diag(sw), 0) / n)          # the class-centred rows' deviation (ddof 0)
+        std = np.sqrt(np.maximum(np.diag(sw), 0) / n)  # the class-centred rows' deviation (ddof 0)
         std[std == 0] = 1.0
         fac = 1.0 / n
         # the scaled within-class rows' singular values and right vectors, from their Gram matrix
@@ -197,7 +215,7 @@ class LDA(_StatisticsLearner):
         lam, V = lam[::-1], V[:, ::-1]
         S = np.sqrt(np.maximum(lam, 0))
         rank = int((S > self.tol).sum())
-        if rank == 0:   # no feature varies within the classes: nothing to separate, one code for all
+        if rank == 0:  # no feature varies within the classes: nothing to separate, one code for all
             return np.zeros((D, d)), {"tol": self.tol, "singular_values": [0.0] * d}
         scalings = (V[:, :rank] / std[:, None]) / S[:rank]
         means = np.asarray(stats["class_means"], np.float64)[present]
@@ -210,8 +228,10 @@ class LDA(_StatisticsLearner):
         if self.dim is None:
             d = min(d, W.shape[1])
         if W.shape[1] < d:
-            raise InputError(f"The 'dim' parameter of LDA must be <= {W.shape[1]}, the discriminant directions the "
-                             f"data's within-class rank leaves. Got {d} instead.")
+            raise InputError(
+                f"The 'dim' parameter of LDA must be <= {W.shape[1]}, the discriminant directions the "
+                f"data's within-class rank leaves. Got {d} instead."
+            )
         return W[:, :d], {"tol": self.tol, "singular_values": S2[:d].tolist()}
 
 
@@ -223,6 +243,7 @@ class RandomProjection(_StatisticsLearner):
     dim : int or None, default=None (n_features)
     random_state : int, RandomState or None, default=None (seed 0)
     """
+
     method = "random"
     fitted_attributes = ("components_", "offset_")
     _parameter_constraints = {"dim": DIM_OR_NONE, "random_state": RANDOM_STATE}
@@ -233,8 +254,10 @@ class RandomProjection(_StatisticsLearner):
 
     def shape_notes(self, n_features: int, n_classes: int) -> list[str]:
         if self.dim is not None and self.dim > n_features:
-            return [f"dim {self.dim} > the {n_features} features: a random projection to more dimensions adds no "
-                    f"information (its codes are the features, mixed)"]
+            return [
+                f"dim {self.dim} > the {n_features} features: a random projection to more dimensions adds no "
+                f"information (its codes are the features, mixed)"
+            ]
         return []
 
     def _projection(self, stats):

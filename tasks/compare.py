@@ -4,6 +4,7 @@ Repeat r of every learned model is trained with its own seed (and its own borrow
 both models of a pair are scored on the same test rows in repeat r, so the per-repeat differences
 are paired. A model without a seed has the same value in every repeat.
 """
+
 import math
 
 import numpy as np

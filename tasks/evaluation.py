@@ -2,23 +2,39 @@
 database, on arrays handed to them. The evaluate stage reads the rows and calls these; a user can
 call them on codes in memory.
 """
+
 import numpy as np
 
 from metricpipe.tasks import knn, metrics, ncmml
+from metricpipe.tasks.slem import similarity
+
+#: The classifiers over class means: NCM (Eq. 5 of Mensink et al.) and its mixture over k centroids (Eq. 22).
+#: (A classifier's name; an NCMC model's own classifier is NCMC.)
+NCM, NCMC = "ncm", "ncmc"
 
 
 def scores(Q: np.ndarray, X: np.ndarray, score: str, x_sq: np.ndarray | None = None) -> np.ndarray:
     """Distances to rank by (ascending): squared Euclidean, minus the inner product, or minus kernel
     SLEM's similarity (Eq. 16, score "slem:..."); ``x_sq``: X's squared row norms, if known."""
     if score.startswith("slem:"):
-        from metricpipe.tasks.slem import similarity
         return -similarity(Q, X, score).astype(np.float32)
     return metrics.sq_distances(Q, X, x_sq) if score == "euclidean" else -(np.asarray(Q, np.float32) @ X.T)
 
 
-def retrieval(Q: np.ndarray, q_idx: np.ndarray, db_idx: np.ndarray, db_rows, rel_key: np.ndarray, ks: tuple,
-              ukb: bool, score: str, chunk_rows: int, group: int, accuracy_k: int | None = None,
-              centroids: np.ndarray | None = None) -> dict:
+def retrieval(
+    Q: np.ndarray,
+    q_idx: np.ndarray,
+    db_idx: np.ndarray,
+    db_rows,
+    rel_key: np.ndarray,
+    ks: tuple,
+    ukb: bool,
+    score: str,
+    chunk_rows: int,
+    group: int,
+    accuracy_k: int | None = None,
+    centroids: np.ndarray | None = None,
+) -> dict:
     """Per-query retrieval scores (``ap``, ``prec`` and ``recall`` at each k, ``ukb4``) of the queries
     Q (rows ``q_idx``) against the database rows ``db_idx`` (sorted), ``group`` queries at a time;
     relevance is equal ``rel_key``; a query that is in the database is not its own hit.
@@ -37,14 +53,15 @@ def retrieval(Q: np.ndarray, q_idx: np.ndarray, db_idx: np.ndarray, db_rows, rel
     work = np.empty_like(dist)  # buffers reused by every group
     parts = []
     for s in range(0, len(q_idx), group):
-        q = q_idx[s:s + group]
-        d = dist[:len(q)]
+        q = q_idx[s : s + group]
+        d = dist[: len(q)]
         for a in range(0, n_db, chunk_rows):  # in row-blocks: the score tiles stay small
             if X is None:
-                d[:, a:a + chunk_rows] = scores(Q[s:s + group], db_rows(a, min(n_db, a + chunk_rows)), score)
+                d[:, a : a + chunk_rows] = scores(Q[s : s + group], db_rows(a, min(n_db, a + chunk_rows)), score)
             else:
-                d[:, a:a + chunk_rows] = scores(Q[s:s + group], X[a:a + chunk_rows], score,
-                                                None if x_sq is None else x_sq[a:a + chunk_rows])
+                d[:, a : a + chunk_rows] = scores(
+                    Q[s : s + group], X[a : a + chunk_rows], score, None if x_sq is None else x_sq[a : a + chunk_rows]
+                )
         pos = np.minimum(np.searchsorted(db_idx, q), n_db - 1)
         own = np.flatnonzero(db_idx[pos] == q)
         d[own, pos[own]] = np.inf
@@ -55,7 +72,7 @@ def retrieval(Q: np.ndarray, q_idx: np.ndarray, db_idx: np.ndarray, db_rows, rel
             out["ukb4"] = metrics.ukb_score(d, relevant)
         if accuracy_k:
             # the k-th distance is read off the sorted rows retrieval_scores left in ``work``
-            top = knn.distance_topk(d, np.arange(n_db), accuracy_k, work[:len(q), min(accuracy_k, n_db) - 1])[1]
+            top = knn.distance_topk(d, np.arange(n_db), accuracy_k, work[: len(q), min(accuracy_k, n_db) - 1])[1]
             same = np.take_along_axis(relevant, np.maximum(top, 0), 1) & (top >= 0)
             # MRR reads the first relevant place of the queries with none among their first accuracy_k
             # only (usually none: a pass over the group's distances saved)
@@ -65,7 +82,7 @@ def retrieval(Q: np.ndarray, q_idx: np.ndarray, db_idx: np.ndarray, db_rows, rel
                 first[miss] = first_relevant_rank(d[miss], relevant[miss])
             out.update(metrics.knn_accuracy(same, out["n_relevant"], first))
         if centroids is not None:
-            out["cluster"] = nearest_centroid(Q[s:s + group], centroids)
+            out["cluster"] = nearest_centroid(Q[s : s + group], centroids)
         parts.append(out)
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
@@ -95,8 +112,7 @@ def knn_neighbour_labels(Q: np.ndarray, blocks, labels: np.ndarray, k: int, scor
     return neighbour_labels(knn_neighbours(Q, blocks, k, score)[1], labels)
 
 
-def knn_errors(Q: np.ndarray, y: np.ndarray, blocks, labels: np.ndarray, ks: list, score: str,
-               n_classes: int) -> dict:
+def knn_errors(Q: np.ndarray, y: np.ndarray, blocks, labels: np.ndarray, ks: list, score: str, n_classes: int) -> dict:
     """Top-1 and top-5 errors of kNN classifiers (each k in ``ks``) over the database ``blocks``, an
     iterable of (global rows, their codes); ``labels`` are indexed by global row."""
     return knn_errors_from(knn_neighbour_labels(Q, blocks, labels, max(ks), score), y, ks, n_classes)
@@ -121,8 +137,17 @@ def knn_predict(Q: np.ndarray, blocks, labels: np.ndarray, k: int, score: str, n
 SOFTVOTE_GROUP_BYTES = 64 << 20
 
 
-def softvote_errors(Q: np.ndarray, y: np.ndarray, nbr: np.ndarray, B: np.ndarray, flat: np.ndarray,
-                    labels: np.ndarray, soft: list, n_classes: int, score: str = "inner") -> dict:
+def softvote_errors(
+    Q: np.ndarray,
+    y: np.ndarray,
+    nbr: np.ndarray,
+    B: np.ndarray,
+    flat: np.ndarray,
+    labels: np.ndarray,
+    soft: list,
+    n_classes: int,
+    score: str = "inner",
+) -> dict:
     """Eq. 9 of SL-NE: the k members of each query's stored neighbourhood ``nbr`` (q, K) most similar
     under the model vote with the model's similarity (inner product of the query view Q and the base
     view B of rows ``flat``). Codes compared by distance (``score`` euclidean) have no similarity to
@@ -134,12 +159,12 @@ def softvote_errors(Q: np.ndarray, y: np.ndarray, nbr: np.ndarray, B: np.ndarray
     # 2 x 0.64 GB at 4,096 queries, K = 50, d = 784
     g = max(1, int(SOFTVOTE_GROUP_BYTES // max(1, 2 * nbr.shape[1] * Q.shape[1] * Q.itemsize)))
     for a in range(0, len(Q), g):
-        Bq = B[pos[a:a + g]]
+        Bq = B[pos[a : a + g]]
         if score == "euclidean":
-            diff = Bq - Q[a:a + g, None]
-            sims[a:a + g] = -np.einsum("qkd,qkd->qk", diff, diff)
+            diff = Bq - Q[a : a + g, None]
+            sims[a : a + g] = -np.einsum("qkd,qkd->qk", diff, diff)
         else:
-            sims[a:a + g] = np.einsum("qd,qkd->qk", Q[a:a + g], Bq)
+            sims[a : a + g] = np.einsum("qd,qkd->qk", Q[a : a + g], Bq)
     nb_labels = np.where(nbr >= 0, labels[np.maximum(nbr, 0)], -1)
     out = {}
     for k in soft:
@@ -149,8 +174,9 @@ def softvote_errors(Q: np.ndarray, y: np.ndarray, nbr: np.ndarray, B: np.ndarray
     return out
 
 
-def ncm_errors(Q: np.ndarray, y: np.ndarray, means: np.ndarray, bias: np.ndarray | None = None,
-               classes: np.ndarray | None = None) -> tuple:
+def ncm_errors(
+    Q: np.ndarray, y: np.ndarray, means: np.ndarray, bias: np.ndarray | None = None, classes: np.ndarray | None = None
+) -> tuple:
     """Nearest class mean of the codes (Eq. 5), or Eq. 27's dot form when class biases are given (a
     class without a learned bias takes the one the Euclidean form implies). ``classes``: the class
     codes that compete, those with a mean (default: every row of ``means``, (C, d))."""
@@ -159,8 +185,9 @@ def ncm_errors(Q: np.ndarray, y: np.ndarray, means: np.ndarray, bias: np.ndarray
     if bias is not None:
         bias = np.asarray(bias)[classes]
         bias = np.where(np.isfinite(bias), bias, -0.5 * (means.astype(np.float64) ** 2).sum(1))
-        ranking = np.argsort(-ncmml.ncm_scores(Q.astype(np.float64), means.astype(np.float64), bias),
-                             axis=1, kind="stable")
+        ranking = np.argsort(
+            -ncmml.ncm_scores(Q.astype(np.float64), means.astype(np.float64), bias), axis=1, kind="stable"
+        )
     else:
         ranking = metrics.nearest_mean_ranking(Q, means)
     errs = metrics.topk_errors(classes[ranking], y)
@@ -172,6 +199,17 @@ def ncmc_errors(Q: np.ndarray, y: np.ndarray, centroids: np.ndarray, owner: np.n
     s = ncmml.mixture_class_scores(Q.astype(np.float64), centroids, owner, n_classes)
     errs = metrics.topk_errors(np.argsort(-s, axis=1, kind="stable"), y)
     return errs[1], errs[5]
+
+
+def is_classifier(name) -> bool:
+    """Whether ``name`` names a classifier the evaluation scores: ``knnK`` or ``softvoteK`` (Eq. 9 of
+    SL-NE) with K >= 1, ``ncm``, or ``ncmc`` (Eq. 22's mixture over class centroids)."""
+    if not isinstance(name, str):
+        return False
+    for prefix in ("knn", "softvote"):
+        if name.startswith(prefix):
+            return name[len(prefix) :].isdigit() and int(name[len(prefix) :]) > 0
+    return name in ("ncm", "ncmc")
 
 
 def can_rank(keys, negatives: bool = False) -> bool:
@@ -195,8 +233,16 @@ def higher_is_better(metric: str) -> bool:
     return metric == "map"
 
 
-def validation_score(est, metric: str, Xv: np.ndarray, yv: np.ndarray, Xr: np.ndarray, yr: np.ndarray,
-                     nbr: np.ndarray | None = None, group: int = 512) -> float:
+def validation_score(
+    est,
+    metric: str,
+    Xv: np.ndarray,
+    yv: np.ndarray,
+    Xr: np.ndarray,
+    yr: np.ndarray,
+    nbr: np.ndarray | None = None,
+    group: int = 512,
+) -> float:
     """The selection metric of a fitted estimator: validation rows (Xv, yv) against reference rows
     (Xr, yr), a sample of the train split, as the database; features as the estimator takes them.
 
@@ -216,17 +262,32 @@ def validation_score(est, metric: str, Xv: np.ndarray, yv: np.ndarray, Xr: np.nd
     if metric == "map":
         R = len(Cr)
         rel = np.concatenate([yr, yv])
-        out = retrieval(Qv, np.arange(R, R + len(Qv)), np.arange(R), np.ascontiguousarray(Cr, np.float32), rel,
-                        (1,), False, score, 4096, group)
+        out = retrieval(
+            Qv,
+            np.arange(R, R + len(Qv)),
+            np.arange(R),
+            np.ascontiguousarray(Cr, np.float32),
+            rel,
+            (1,),
+            False,
+            score,
+            4096,
+            group,
+        )
         return float(np.nanmean(out["ap"]))
     if metric == "ncm":
-        means = np.stack([Cr[yr == c].mean(0) if (yr == c).any() else np.full(Cr.shape[1], np.inf)
-                          for c in range(n_classes)])
+        means = np.stack(
+            [Cr[yr == c].mean(0) if (yr == c).any() else np.full(Cr.shape[1], np.inf) for c in range(n_classes)]
+        )
         return float(ncm_errors(Qv, yv, means)[0].mean())
     if metric.startswith("knn"):
         k = int(metric[3:])
-        errs = [knn_errors(Qv[s:s + group], yv[s:s + group], [(np.arange(len(Cr)), Cr)], yr, [k], score,
-                           n_classes)[metric][0] for s in range(0, len(Qv), group)]
+        errs = [
+            knn_errors(Qv[s : s + group], yv[s : s + group], [(np.arange(len(Cr)), Cr)], yr, [k], score, n_classes)[
+                metric
+            ][0]
+            for s in range(0, len(Qv), group)
+        ]
         return float(np.concatenate(errs).mean())
     if metric.startswith("softvote"):
         if nbr is None:
@@ -238,6 +299,7 @@ def validation_score(est, metric: str, Xv: np.ndarray, yv: np.ndarray, Xr: np.nd
 
 
 # ---- pytorch-metric-learning's AccuracyCalculator metrics (map@r, r_precision, precision@1, mrr, nmi, ami)
+
 
 def relevant_counts(query_labels: np.ndarray, ref_labels: np.ndarray, self_in_ref: bool) -> np.ndarray:
     """R of every query: the references sharing its label, less the query itself when the queries
@@ -258,9 +320,17 @@ def topk_same(idx: np.ndarray, query_labels: np.ndarray, ref_labels: np.ndarray)
     return (nb == np.asarray(query_labels)[:, None]) & (idx >= 0)
 
 
-def neighbour_accuracy(Q: np.ndarray, blocks, query_labels: np.ndarray, ref_labels: np.ndarray,
-                       n_relevant: np.ndarray, k: int, q_ids: np.ndarray | None = None,
-                       exclude_self: bool = False, ks: tuple = ()) -> dict:
+def neighbour_accuracy(
+    Q: np.ndarray,
+    blocks,
+    query_labels: np.ndarray,
+    ref_labels: np.ndarray,
+    n_relevant: np.ndarray,
+    k: int,
+    q_ids: np.ndarray | None = None,
+    exclude_self: bool = False,
+    ks: tuple = (),
+) -> dict:
     """Per-query map@r, r_precision, precision@1 and mrr of the queries Q against a streamed reference.
 
     blocks : a callable giving a fresh iterable of (ids, rows) over the reference (global ids, sorted);

@@ -4,6 +4,7 @@ Squared Euclidean distances come from one GEMM per tile (||q||^2 + ||x||^2 - 2 q
 k best are found with argpartition and merged with the running list. Lists are ordered by
 (distance, index), so results do not depend on how the database was split into blocks.
 """
+
 from functools import lru_cache
 
 import numpy as np
@@ -37,10 +38,17 @@ def sq_norms(X: np.ndarray) -> np.ndarray:
     return np.einsum("ij,ij->i", X, X)
 
 
-def block_topk(Q: np.ndarray, X: np.ndarray, k: int, db_offset: int = 0,
-               q_ids: np.ndarray | None = None, x_ids: np.ndarray | None = None,
-               exclude_self: bool = False, metric: str = "l2", init: tuple | None = None
-               ) -> tuple[np.ndarray, np.ndarray]:
+def block_topk(
+    Q: np.ndarray,
+    X: np.ndarray,
+    k: int,
+    db_offset: int = 0,
+    q_ids: np.ndarray | None = None,
+    x_ids: np.ndarray | None = None,
+    exclude_self: bool = False,
+    metric: str = "l2",
+    init: tuple | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """k nearest rows of ``X`` (m, D) for every row of ``Q`` (n, D), by squared Euclidean distance
     (``metric="l2"``) or by largest inner product (``metric="ip"``, distances are then -q.x).
 
@@ -71,42 +79,43 @@ def block_topk(Q: np.ndarray, X: np.ndarray, k: int, db_offset: int = 0,
     size = min(QUERY_TILE, len(Q)) * min(DB_TILE, len(X))
     d_buf, m_buf = np.empty(size, np.float32), np.empty(size, bool)
     for q0 in range(0, len(Q), QUERY_TILE):
-        q = Q[q0:q0 + QUERY_TILE]
+        q = Q[q0 : q0 + QUERY_TILE]
         q_m2 = np.empty((len(q), X.shape[1]), np.float32)
         q_m2[:, :D] = q * np.float32(-2.0 if metric == "l2" else -1.0)  # fold the -2 of -2 q.x into the GEMM
         q_m2[:, D:] = 1.0
-        qid = None if q_ids is None else np.asarray(q_ids[q0:q0 + QUERY_TILE], dtype=np.int64)
+        qid = None if q_ids is None else np.asarray(q_ids[q0 : q0 + QUERY_TILE], dtype=np.int64)
         qn = sq_norms(q)[:, None] if metric == "l2" else 0.0
         if init is None:
             run = empty_topk(len(q), k)
         else:  # back to the kernel's ranking space: ||x||^2 - 2 q.x = distance - ||q||^2
-            run = (init[0][q0:q0 + QUERY_TILE] - qn, init[1][q0:q0 + QUERY_TILE].copy())
+            run = (init[0][q0 : q0 + QUERY_TILE] - qn, init[1][q0 : q0 + QUERY_TILE].copy())
         for x0 in range(0, len(X), DB_TILE):
-            ids = x_ids[x0:x0 + DB_TILE]
+            ids = x_ids[x0 : x0 + DB_TILE]
             # ||x||^2 - 2 q.x ranks each row exactly as the distance does (||q||^2 is constant per
             # row), so ||q||^2 and the clamp at 0 are applied to the k selected entries only.
-            Xt = X[x0:x0 + DB_TILE].T
-            d = np.matmul(q_m2, Xt, out=d_buf[:len(q) * Xt.shape[1]].reshape(len(q), Xt.shape[1]))
+            Xt = X[x0 : x0 + DB_TILE].T
+            d = np.matmul(q_m2, Xt, out=d_buf[: len(q) * Xt.shape[1]].reshape(len(q), Xt.shape[1]))
             if exclude_self and qid is not None:
                 pos = np.minimum(np.searchsorted(ids, qid), len(ids) - 1)
                 hit = np.flatnonzero(ids[pos] == qid)
                 d[hit, pos[hit]] = np.inf
-            run = _tile_topk(d, ids, run, k, m_buf[:d.size].reshape(d.shape))
+            run = _tile_topk(d, ids, run, k, m_buf[: d.size].reshape(d.shape))
         dist, idx = run
         if metric == "l2":
             dist = np.maximum(dist + qn, 0.0)
-        best[0][q0:q0 + len(q)], best[1][q0:q0 + len(q)] = dist, idx
+        best[0][q0 : q0 + len(q)], best[1][q0 : q0 + len(q)] = dist, idx
     return best
 
 
-def _tile_topk(d: np.ndarray, ids: np.ndarray, run: tuple, k: int, mask: np.ndarray | None = None
-               ) -> tuple[np.ndarray, np.ndarray]:
+def _tile_topk(
+    d: np.ndarray, ids: np.ndarray, run: tuple, k: int, mask: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Merge a distance tile into the running top-k lists ``run``.
 
     Once every list is full, only entries at or below a row's current k-th distance can enter it;
     they are gathered with one comparison pass instead of a per-row selection (np.partition), which
-    is most of the cost beyond the GEMM. Ties are kept (<=), so the (distance, index) order stays exact. Up to 4k survivors in
-    a row are merged this way; more (a loose threshold, early on) take the per-row selection."""
+    is most of the cost beyond the GEMM. Ties are kept (<=), so the (distance, index) order stays exact.
+    Up to 4k survivors in a row are merged this way; more (a loose threshold, early on) take the per-row selection."""
     kth = run[0][:, k - 1]
     if np.isfinite(kth).all():
         mask = np.less_equal(d, kth[:, None], out=mask)
@@ -135,8 +144,9 @@ def _tile_topk(d: np.ndarray, ids: np.ndarray, run: tuple, k: int, mask: np.ndar
     return merge_topk(run, (cand_d, cand_i), k)
 
 
-def distance_topk(d: np.ndarray, ids: np.ndarray, k: int, kth: np.ndarray | None = None
-                  ) -> tuple[np.ndarray, np.ndarray]:
+def distance_topk(
+    d: np.ndarray, ids: np.ndarray, k: int, kth: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """The top-k list of a precomputed (n, m) distance block whose columns are the rows ``ids``;
     ``kth``: each row's k-th smallest distance when already known (e.g. from a sorted copy)."""
     part = _select(d, min(k, d.shape[1]), kth)
@@ -180,8 +190,9 @@ def brute_force_knn(Q: np.ndarray, X: np.ndarray, k: int, exclude_self: bool = F
     return np.take_along_axis(d, order, 1), order
 
 
-def pooled_topk(Q: np.ndarray, blocks, k: int, q_ids: np.ndarray | None = None,
-                exclude_self: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def pooled_topk(
+    Q: np.ndarray, blocks, k: int, q_ids: np.ndarray | None = None, exclude_self: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
     """k nearest rows (squared Euclidean) of a stream of database ``blocks`` for every row of ``Q``,
     for large k (thousands; MAP@R needs k = the largest class).
 
@@ -216,15 +227,15 @@ def pooled_topk(Q: np.ndarray, blocks, k: int, q_ids: np.ndarray | None = None,
 
     def cut(rows):  # keep the k best (distance, id) of these rows' pools (each holds more than k)
         pd, pi = pool_d[rows], pool_i[rows]
-        kth = np.partition(pd, k - 1, axis=1)[:, k - 1]   # a selection, not a sort: O(pool) per row
+        kth = np.partition(pd, k - 1, axis=1)[:, k - 1]  # a selection, not a sort: O(pool) per row
         keep = pd < kth[:, None]
         tie = pd == kth[:, None]
-        need = k - np.count_nonzero(keep, axis=1)           # ties to keep: those of lowest id
+        need = k - np.count_nonzero(keep, axis=1)  # ties to keep: those of lowest id
         id_cut = np.full(len(rows), np.iinfo(np.int64).max)
-        for j in np.flatnonzero(np.count_nonzero(tie, axis=1) > need):   # rare: exact ties at the k-th
+        for j in np.flatnonzero(np.count_nonzero(tie, axis=1) > need):  # rare: exact ties at the k-th
             id_cut[j] = np.sort(pi[j][tie[j]])[need[j] - 1]
         keep |= tie & (pi <= id_cut[:, None])
-        flat = np.flatnonzero(keep)                          # exactly k per row, in pool order
+        flat = np.flatnonzero(keep)  # exactly k per row, in pool order
         r, c = np.divmod(flat, cap)
         pool_d[rows, :k] = pd[r, c].reshape(len(rows), k)
         pool_i[rows, :k] = pi[r, c].reshape(len(rows), k)
@@ -236,9 +247,9 @@ def pooled_topk(Q: np.ndarray, blocks, k: int, q_ids: np.ndarray | None = None,
         X = np.asarray(X)
         ids = np.asarray(ids, np.int64)
         for x0 in range(0, len(X), DB_TILE):
-            tid = ids[x0:x0 + DB_TILE]
-            d = _sq_dist64(Q, q_sq, X[x0:x0 + DB_TILE])
-            mask = d <= thr[:, None]   # ties with the k-th are kept: the cut orders them by id
+            tid = ids[x0 : x0 + DB_TILE]
+            d = _sq_dist64(Q, q_sq, X[x0 : x0 + DB_TILE])
+            mask = d <= thr[:, None]  # ties with the k-th are kept: the cut orders them by id
             if exclude_self and qid is not None:
                 _unmask_self(mask, tid, qid)
             cnt = np.count_nonzero(mask, axis=1)
@@ -273,8 +284,14 @@ def _unmask_self(mask: np.ndarray, tid: np.ndarray, qid: np.ndarray) -> None:
     mask[hit, pos[hit]] = False
 
 
-def nearest_of_class(Q: np.ndarray, blocks, q_labels: np.ndarray, ref_labels: np.ndarray,
-                     q_ids: np.ndarray | None = None, exclude_self: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def nearest_of_class(
+    Q: np.ndarray,
+    blocks,
+    q_labels: np.ndarray,
+    ref_labels: np.ndarray,
+    q_ids: np.ndarray | None = None,
+    exclude_self: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
     """(distance, id) of each query's nearest reference sharing its label, ties by id; (inf, -1) when
     none. ``blocks`` as for ``pooled_topk``; ``ref_labels`` indexed by global id."""
     Q = np.ascontiguousarray(Q, dtype=np.float64)
@@ -288,15 +305,21 @@ def nearest_of_class(Q: np.ndarray, blocks, q_labels: np.ndarray, ref_labels: np
         if exclude_self and qid is not None:
             _unmask_self(ok, ids, qid)
         d[~ok] = np.inf
-        j = np.argmin(d, axis=1)          # the first of equal minima: the lowest id in this block
+        j = np.argmin(d, axis=1)  # the first of equal minima: the lowest id in this block
         dj = d[np.arange(len(Q)), j]
-        better = dj < best_d               # an equal distance in a later block has a higher id
+        better = dj < best_d  # an equal distance in a later block has a higher id
         best_d[better], best_i[better] = dj[better], ids[j[better]]
     return best_d, best_i
 
 
-def rank_before(Q: np.ndarray, blocks, dist: np.ndarray, ids_at: np.ndarray, q_ids: np.ndarray | None = None,
-                exclude_self: bool = False) -> np.ndarray:
+def rank_before(
+    Q: np.ndarray,
+    blocks,
+    dist: np.ndarray,
+    ids_at: np.ndarray,
+    q_ids: np.ndarray | None = None,
+    exclude_self: bool = False,
+) -> np.ndarray:
     """How many references come before (``dist``, ``ids_at``) in each query's (distance, id) order,
     the query itself not counted: the place of that reference is this + 1."""
     Q = np.ascontiguousarray(Q, dtype=np.float64)
@@ -322,7 +345,7 @@ def rank_before(Q: np.ndarray, blocks, dist: np.ndarray, ids_at: np.ndarray, q_i
 # is what an IVF-Flat index with these centroids returns, computed in GEMMs instead of one scan per
 # query, and no index is held in memory (pipeline/ivf.py, streamed).
 
-ASSIGN_TILE = 8192   # rows assigned to lists at a time: an 8192 x nlist float32 score tile
+ASSIGN_TILE = 8192  # rows assigned to lists at a time: an 8192 x nlist float32 score tile
 # A list's comparison in tiles of at most LIST_QUERY_TILE queries x LIST_ROW_TILE rows (8 MB): a
 # crowded list (a large cluster, duplicate rows) never makes a larger matrix. Fixed sizes, so the
 # same pairs meet the same GEMM shapes on any cluster.
@@ -334,7 +357,7 @@ def _ranked(X: np.ndarray, metric: str, query: bool) -> np.ndarray:
     """Rows extended by one column so that a GEMM of query rows by database rows gives the ranking
     score: [-2 q, 1] . [x, ||x||^2] = ||x||^2 - 2 q.x (l2), [-q, 0] . [x, 0] = -q.x (ip)."""
     X = np.asarray(X, np.float32)
-    out = np.empty((len(X), X.shape[1] + 1), np.float32)   # one copy: filled in place
+    out = np.empty((len(X), X.shape[1] + 1), np.float32)  # one copy: filled in place
     out[:, :-1] = X
     if query:
         out[:, :-1] *= np.float32(-2.0 if metric == "l2" else -1.0)
@@ -352,9 +375,10 @@ def nearest_lists(X: np.ndarray, centroids: np.ndarray, n: int = 1, metric: str 
     X = np.ascontiguousarray(X, np.float32)
     out = np.empty((len(X), n), np.int32)
     for s in range(0, len(X), ASSIGN_TILE):
-        scores = _ranked(X[s:s + ASSIGN_TILE], metric, True) @ Cm2
-        out[s:s + len(scores)] = np.argmin(scores, 1)[:, None] if n == 1 else \
-            distance_topk(scores, np.arange(len(centroids)), n)[1]
+        scores = _ranked(X[s : s + ASSIGN_TILE], metric, True) @ Cm2
+        out[s : s + len(scores)] = (
+            np.argmin(scores, 1)[:, None] if n == 1 else distance_topk(scores, np.arange(len(centroids)), n)[1]
+        )
     return out
 
 
@@ -367,9 +391,17 @@ def queries_of_lists(probes: np.ndarray, nlist: int) -> tuple[np.ndarray, np.nda
     return (order // probes.shape[1]).astype(np.int64), start
 
 
-def ivf_block_topk(Q: np.ndarray, q_ids: np.ndarray, lists: tuple, X: np.ndarray, x_ids: np.ndarray,
-                   centroids: np.ndarray, k: int, init: tuple | None = None, metric: str = "l2"
-                   ) -> tuple[np.ndarray, np.ndarray]:
+def ivf_block_topk(
+    Q: np.ndarray,
+    q_ids: np.ndarray,
+    lists: tuple,
+    X: np.ndarray,
+    x_ids: np.ndarray,
+    centroids: np.ndarray,
+    k: int,
+    init: tuple | None = None,
+    metric: str = "l2",
+) -> tuple[np.ndarray, np.ndarray]:
     """The running top-k of every query over the rows of one database block that fall in the lists
     it probes (IVF-Flat search, the block's part of it); a query never lists its own id.
 
@@ -394,14 +426,14 @@ def ivf_block_topk(Q: np.ndarray, q_ids: np.ndarray, lists: tuple, X: np.ndarray
     own = nearest_lists(X, centroids, 1, metric)[:, 0]
     order = np.argsort(own, kind="stable")
     x_start = np.searchsorted(own[order], np.arange(nlist + 1))
-    Xa = _ranked(X[order], metric, False)      # the rows grouped by list
+    Xa = _ranked(X[order], metric, False)  # the rows grouped by list
     ids = np.asarray(x_ids, np.int64)[order]
     Qm2 = _ranked(Q, metric, True)
     queries, q_start = lists
     q_ids = np.asarray(q_ids, np.int64)
     for lst in np.flatnonzero((np.diff(x_start) > 0) & (np.diff(q_start) > 0)):
         for q0 in range(q_start[lst], q_start[lst + 1], LIST_QUERY_TILE):
-            qs = queries[q0:min(q0 + LIST_QUERY_TILE, q_start[lst + 1])]
+            qs = queries[q0 : min(q0 + LIST_QUERY_TILE, q_start[lst + 1])]
             Qt = Qm2[qs]
             for a in range(x_start[lst], x_start[lst + 1], LIST_ROW_TILE):
                 b = min(a + LIST_ROW_TILE, x_start[lst + 1])
@@ -428,6 +460,7 @@ def _compiled_push():
     """The compiled :func:`_push_topk_loop`, made on first use (importing numba costs ~0.3 s, which
     every command that imports this module but never searches would pay)."""
     from numba import njit
+
     return njit(cache=True, nogil=True, boundscheck=False)(_push_topk_loop)
 
 

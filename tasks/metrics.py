@@ -17,6 +17,7 @@ defines them (R = the query's relevant references, k its neighbour lists' length
 Classification: classes are ranked per query and top-1/top-5 error is the fraction of queries whose
 true class is not among the first 1/5.
 """
+
 import numpy as np
 
 
@@ -59,7 +60,7 @@ def retrieval_scores(dist: np.ndarray, relevant: np.ndarray, ks: tuple, work: np
     if work is None:
         sorted_all = np.sort(dist, axis=1)  # a value sort is far cheaper than an argsort
     else:
-        sorted_all = work[:dist.shape[0], :dist.shape[1]]
+        sorted_all = work[: dist.shape[0], : dist.shape[1]]
         np.copyto(sorted_all, dist)
         sorted_all.sort(axis=1)
     ap = np.full(len(dist), np.nan)
@@ -135,8 +136,9 @@ def _voted_only(order: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return np.where(np.take_along_axis(counts, order, 1) > 0, order, -1)
 
 
-def softvote_ranking(neighbour_labels: np.ndarray, scores: np.ndarray, n_classes: int, k: int,
-                     weighted: bool = True) -> np.ndarray:
+def softvote_ranking(
+    neighbour_labels: np.ndarray, scores: np.ndarray, n_classes: int, k: int, weighted: bool = True
+) -> np.ndarray:
     """Eq. 9 of SL-NE: classes ranked by the summed similarity of the k most similar members of each
     query's neighbourhood (``weighted=False``: one vote each). neighbour_labels, scores : (n, K) with
     -1 labels for missing neighbours. Classes without a voter are not ranked (-1, as in
@@ -186,15 +188,19 @@ def knn_accuracy(same: np.ndarray, n_relevant: np.ndarray, first_rank: np.ndarra
     R = np.asarray(n_relevant, np.int64)
     lone = R == 0
     ranks = np.arange(1, k + 1)
-    within_r = ranks[None, :] <= np.minimum(R, k)[:, None]     # the first min(R, k) places
+    within_r = ranks[None, :] <= np.minimum(R, k)[:, None]  # the first min(R, k) places
     hit = same & within_r
     with np.errstate(invalid="ignore", divide="ignore"):
         r_prec = hit.sum(1) / np.minimum(R, k)
-        map_r = (np.cumsum(hit, 1) * hit / ranks).sum(1) / R   # divided by R, not min(R, k), as PML does
+        map_r = (np.cumsum(hit, 1) * hit / ranks).sum(1) / R  # divided by R, not min(R, k), as PML does
     first = np.where(same.any(1), same.argmax(1) + 1, 0 if first_rank is None else first_rank)
     mrr = np.divide(1.0, first, out=np.zeros(n), where=first > 0)
-    out = {"precision@1": same[:, 0].astype(np.float64) if k else np.zeros(n), "r_precision": r_prec,
-           "map@r": map_r, "mrr": mrr}
+    out = {
+        "precision@1": same[:, 0].astype(np.float64) if k else np.zeros(n),
+        "r_precision": r_prec,
+        "map@r": map_r,
+        "mrr": mrr,
+    }
     return {name: np.where(lone, np.nan, v) for name, v in out.items()}
 
 
@@ -220,5 +226,8 @@ def clustering_scores(labels: np.ndarray, clusters: np.ndarray) -> dict:
     ``normalized_mutual_info_score`` and ``adjusted_mutual_info_score``, as the AccuracyCalculator
     calls them."""
     from sklearn.metrics import adjusted_mutual_info_score, normalized_mutual_info_score
-    return {"nmi": float(normalized_mutual_info_score(labels, clusters)),
-            "ami": float(adjusted_mutual_info_score(labels, clusters))}
+
+    return {
+        "nmi": float(normalized_mutual_info_score(labels, clusters)),
+        "ami": float(adjusted_mutual_info_score(labels, clusters)),
+    }

@@ -1,8 +1,11 @@
 """Model containers shared by learners and the encode stage."""
+
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
+
+from metricpipe.tasks.normalize import preprocess
 
 
 @dataclass(frozen=True)
@@ -17,6 +20,7 @@ class LinearModel:
 
     W : (p, d) float32 or None; b : (d,) float32 or None; meta : JSON-able facts about the fit.
     """
+
     W: np.ndarray | None
     b: np.ndarray | None = None
     meta: dict = field(default_factory=dict)
@@ -29,7 +33,6 @@ class LinearModel:
         X = np.asarray(X, np.float32)
         if self.pre_P is None:
             return X
-        from metricpipe.tasks.slne import preprocess
         return preprocess(X, self.pre_mean, self.pre_P)
 
     def transform(self, X: np.ndarray) -> np.ndarray:
@@ -47,7 +50,7 @@ class LinearModel:
     # benchmarks/README.md). Up to 20% the kernel takes 0.53-0.67x BLAS's time; at 30% 0.69-1.14x
     # (slower only at D = 16,384, R = 256), so a denser W goes to BLAS.
     SPARSE_BELOW = 0.2
-    DENSE_COMPUTE_BYTES = 256e6   # ... unless the dense W would take more memory than this
+    DENSE_COMPUTE_BYTES = 256e6  # ... unless the dense W would take more memory than this
 
     @cached_property
     def _matmul(self):
@@ -56,7 +59,8 @@ class LinearModel:
         if hasattr(W, "nnz"):
             size = W.shape[0] * W.shape[1]
             if W.nnz <= self.SPARSE_BELOW * size or size * 4 > self.DENSE_COMPUTE_BYTES:
-                from metricpipe.tasks.spmm import SparseRows
+                from metricpipe.tasks.spmm import SparseRows  # here: numba's import takes 0.13-0.27 s (measured)
+
                 return SparseRows(W).matmul
             W = W.toarray().astype(np.float32)
         return lambda Z: np.asarray(Z @ W, np.float32)
@@ -93,8 +97,7 @@ class LinearModel:
             del out["W"]
             # row indices in the smallest unsigned type that holds them (uint16 below 65,536 features)
             small = np.uint16 if W.shape[0] <= np.iinfo(np.uint16).max else np.int32
-            out.update(W_data=W.data, W_indices=W.indices.astype(small), W_indptr=W.indptr,
-                       W_shape=np.array(W.shape))
+            out.update(W_data=W.data, W_indices=W.indices.astype(small), W_indptr=W.indptr, W_shape=np.array(W.shape))
         return out
 
     @classmethod
@@ -102,10 +105,20 @@ class LinearModel:
         W = arrays.get("W")
         if "W_data" in arrays:
             import scipy.sparse
-            W = scipy.sparse.csc_array((arrays["W_data"], arrays["W_indices"].astype(np.int32), arrays["W_indptr"]),
-                                       shape=tuple(arrays["W_shape"]))
-        return cls(W, arrays.get("b"), attrs.get("fit_meta", {}), arrays.get("pre_mean"),
-                   arrays.get("pre_P"), arrays.get("M"), attrs.get("score", "euclidean"))
+
+            W = scipy.sparse.csc_array(
+                (arrays["W_data"], arrays["W_indices"].astype(np.int32), arrays["W_indptr"]),
+                shape=tuple(arrays["W_shape"]),
+            )
+        return cls(
+            W,
+            arrays.get("b"),
+            attrs.get("fit_meta", {}),
+            arrays.get("pre_mean"),
+            arrays.get("pre_P"),
+            arrays.get("M"),
+            attrs.get("score", "euclidean"),
+        )
 
     def cost(self, n_features: int) -> dict:
         """Non-zeros, storage bytes and multiply-adds per image of the projection."""

@@ -4,6 +4,7 @@ Blocks of rows become :class:`Moments`; any two combine (associatively, Chan et 
 update of centred second moments, so no catastrophic cancellation from raw sums); the final
 combination yields the mean, covariance, class means, within/between-class scatter and a PCA basis.
 """
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +21,7 @@ class Moments:
     only first moments are kept; class_counts : (C,) int64; class_sums : (C, D) float64; sumsq :
     float, the sum of the rows' squared norms (positive terms: a plain sum loses nothing).
     """
+
     n: int
     mean: np.ndarray
     m2: np.ndarray | None
@@ -56,8 +58,12 @@ def partial_moments(X: np.ndarray, y: np.ndarray, n_classes: int, second: bool =
         m2 = within_scatter(X, y, means, counts) + diff.T @ diff
         sumsq = float(np.trace(m2) + n * (mean @ mean))
     else:
-        sumsq = float(sum(np.einsum("ij,ij->", X[s:s + SCATTER_ROWS], X[s:s + SCATTER_ROWS], dtype=np.float64)
-                          for s in range(0, n, SCATTER_ROWS)))
+        sumsq = float(
+            sum(
+                np.einsum("ij,ij->", X[s : s + SCATTER_ROWS], X[s : s + SCATTER_ROWS], dtype=np.float64)
+                for s in range(0, n, SCATTER_ROWS)
+            )
+        )
     return Moments(n, mean, m2, counts, sums, sumsq)
 
 
@@ -80,9 +86,9 @@ def within_scatter(X: np.ndarray, y: np.ndarray, means: np.ndarray, counts: np.n
     # is a new mmap and page-faults; that doubled this loop's time there (0.067 s -> 0.145 s a block)
     Z, P = np.empty((min(SCATTER_ROWS, len(X)), D), dt), np.empty((D, D), dt)
     for s in range(0, len(X), SCATTER_ROWS):
-        z = Z[:min(SCATTER_ROWS, len(X) - s)]
-        np.take(m, y[s:s + len(z)], axis=0, out=z, mode="clip")  # "raise" would buffer out
-        np.subtract(X[s:s + len(z)], z, out=z, casting="unsafe")
+        z = Z[: min(SCATTER_ROWS, len(X) - s)]
+        np.take(m, y[s : s + len(z)], axis=0, out=z, mode="clip")  # "raise" would buffer out
+        np.subtract(X[s : s + len(z)], z, out=z, casting="unsafe")
         np.matmul(z.T, z, out=P)  # numpy runs z^T z as one syrk
         W += P
     # the slabs were centred on the rounded means m: sum (x - m)(x - m)^T = W + n_c (mu - m)(mu - m)^T
@@ -97,9 +103,9 @@ def class_sums(X: np.ndarray, y: np.ndarray, n_classes: int) -> np.ndarray:
     sums = np.zeros((n_classes, X.shape[1]))
     buf = np.empty((min(SCATTER_ROWS, len(y)), X.shape[1]))
     for s in range(0, len(y), SCATTER_ROWS):
-        ys = np.asarray(y[s:s + SCATTER_ROWS])
-        b = buf[:len(ys)]
-        np.copyto(b, X[s:s + len(ys)], casting="unsafe")
+        ys = np.asarray(y[s : s + SCATTER_ROWS])
+        b = buf[: len(ys)]
+        np.copyto(b, X[s : s + len(ys)], casting="unsafe")
         onehot = sp.csr_matrix((np.ones(len(ys)), (ys, np.arange(len(ys)))), shape=(n_classes, len(ys)))
         sums += onehot @ b
     return sums
@@ -110,8 +116,9 @@ def combine_moments(a: Moments, b: Moments) -> Moments:
     n = a.n + b.n
     if a.n == 0 or b.n == 0:
         src = b if a.n == 0 else a
-        return Moments(src.n, src.mean, src.m2, a.class_counts + b.class_counts, a.class_sums + b.class_sums,
-                       a.sumsq + b.sumsq)
+        return Moments(
+            src.n, src.mean, src.m2, a.class_counts + b.class_counts, a.class_sums + b.class_sums, a.sumsq + b.sumsq
+        )
     delta = b.mean - a.mean
     mean = a.mean + delta * (b.n / n)
     m2 = None
@@ -124,8 +131,9 @@ def combine_all(parts: list) -> Moments:
     """Pairwise tree combination in a fixed order: the same answer whatever the worker count."""
     parts = list(parts)
     while len(parts) > 1:
-        parts = [combine_moments(parts[i], parts[i + 1]) if i + 1 < len(parts) else parts[i]
-                 for i in range(0, len(parts), 2)]
+        parts = [
+            combine_moments(parts[i], parts[i + 1]) if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)
+        ]
     return parts[0]
 
 
@@ -143,8 +151,13 @@ def finalize_statistics(m: Moments, n_components: int | None = None) -> dict:
     counts = m.class_counts
     present = counts > 0
     means = class_means(counts, m.class_sums)
-    out = {"n_samples": np.int64(m.n), "mean": m.mean, "class_counts": counts, "class_means": means,
-           "mean_sq_norm": np.float64(m.sumsq / m.n)}
+    out = {
+        "n_samples": np.int64(m.n),
+        "mean": m.mean,
+        "class_counts": counts,
+        "class_means": means,
+        "mean_sq_norm": np.float64(m.sumsq / m.n),
+    }
     if m.m2 is None:
         return out
     out["covariance"] = m.m2 / (m.n - 1)
@@ -167,8 +180,9 @@ def without_rows(stats: dict, X: np.ndarray, y: np.ndarray) -> dict:
     b = partial_moments(np.asarray(X), np.asarray(y, np.int64), len(counts), second=False)
     left = counts - b.class_counts
     if np.any(left < 0):
-        raise ValueError(f"without_rows: {b.n} rows are not a part of the {int(counts.sum())} rows the statistics "
-                         f"describe")
+        raise ValueError(
+            f"without_rows: {b.n} rows are not a part of the {int(counts.sum())} rows the statistics describe"
+        )
     sums = np.asarray(stats["class_means"], np.float64) * counts[:, None] - b.class_sums
     return {**stats, "class_counts": left, "class_means": class_means(left, sums)}
 
@@ -182,8 +196,10 @@ def row_scale(stats: dict) -> float:
     spread (a large common offset) get a smaller step than their spread would bear; on raw digits
     s^2 is 3.2x the centred mean squared norm, within the selection grid's reach (3 to 300)."""
     if "mean_sq_norm" not in stats:
-        raise InputError("statistics without 'mean_sq_norm' (the rows' mean squared norm): make them with "
-                         "metricpipe.tasks.moments.statistics or finalize_statistics")
+        raise InputError(
+            "statistics without 'mean_sq_norm' (the rows' mean squared norm): make them with "
+            "metricpipe.tasks.moments.statistics or finalize_statistics"
+        )
     ms = float(stats["mean_sq_norm"])
     return float(np.sqrt(ms)) if ms > 0 and np.isfinite(ms) else 1.0
 
@@ -215,3 +231,10 @@ def statistics(X: np.ndarray, y: np.ndarray | None = None, n_components: int | N
     the moments of X (n, D) with class codes y (n,) in 0..C-1 (None: one class)."""
     y = np.zeros(len(X), np.int64) if y is None else np.asarray(y, np.int64)
     return finalize_statistics(partial_moments(X, y, int(y.max()) + 1 if len(y) else 1), n_components)
+
+
+def pca_statistics(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """What the statistics stage gives the learners, from rows X (n, D) in memory: the mean (D,)
+    float64 and the PCA basis (D, D) as rows, decreasing variance (:func:`finalize_statistics`)."""
+    stats = finalize_statistics(partial_moments(X, np.zeros(len(X), np.int64), 1))
+    return stats["mean"], stats["pca_components"]

@@ -1,4 +1,5 @@
 """Row-wise normalisation of feature blocks."""
+
 import numpy as np
 
 from metricpipe.tasks.errors import InputError
@@ -25,7 +26,15 @@ def normalize_rows(X: np.ndarray, kind: str) -> np.ndarray:
     else:
         raise InputError(f"normalize must be one of {', '.join(NORMALIZATIONS)}; got {kind!r}")
     norms[norms == 0] = 1.0  # leave zero rows at zero instead of dividing 0/0
-    if norms.max() > np.finfo(np.float32).max:   # a norm beyond float32 (huge values): divide in float64
+    if norms.max() > np.finfo(np.float32).max:  # a norm beyond float32 (huge values): divide in float64
         return (X / norms).astype(np.float32)
     return (X / norms.astype(np.float32)).astype(np.float32, copy=False)
 
+
+def preprocess(X: np.ndarray, mean: np.ndarray, P: np.ndarray) -> np.ndarray:
+    """Centre, project on the PCA basis P (D, p) and l2-normalise rows: the SL-NE input space
+    (SL-NE and SL-DE encode through it, and so does :class:`~metricpipe.tasks.models.LinearModel`)."""
+    Z = (np.asarray(X, np.float32) - mean.astype(np.float32)) @ P.astype(np.float32)
+    norms = np.linalg.norm(Z, axis=1, keepdims=True)
+    norms[norms == 0] = 1.0
+    return Z / norms

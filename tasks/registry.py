@@ -1,27 +1,26 @@
 """The one place a learner is named: ``method:`` names in configs -> estimator classes.
 
-A line says which class a method is and what the out-of-core pipeline feeds it (``feeds``); the
-parameters, their defaults and their constraints live on the class (``__init__`` and
-``_parameter_constraints``), so a YAML config and a Python user get the same names and the same
-checks. Adding a learner: its module in ``tasks/``, one line here, its tests.
+A line says which class a method is; everything else a learner is lives on its class: its parameters,
+their defaults and constraints (``__init__``, ``_parameter_constraints``), what the pipeline feeds it
+(``feeds``), its selection grid, its memory, its export (:class:`~metricpipe.tasks.base.Learner`). So
+a YAML config and a Python user get the same names and checks, and the pipeline asks the class.
 
-What the pipeline feeds (``feeds``), each a driver in ``pipeline/``:
-
-- ``statistics``: the statistics stage's moments (``est.fit_statistics(stats)``);
-- ``stream``: pools of the shuffled training rows (``est.fit_stream(...)``, SGD);
-- ``pairs``: the same pools, or user pairs, for pair learners;
-- ``neighbours``: the training rows in the PCA space with their neighbour graph (SL-NE, SL-DE);
-- ``subset``: a bounded stratified sample of the training rows (sparse projectors);
-- ``pool``: a pool of negatives, or its moments (SLEM, ESVM).
+Adding a learner: its module in ``tasks/``, one line here, its tests. A learner of another package is
+registered by that package's entry point in the group ``metricpipe.learners`` (name = the method, value
+= the class, e.g. ``toy = mypkg.learners:Toy``); it is then a method of configs and of :func:`make`
+as the built-in ones are.
 """
+
 import difflib
+import functools
 import itertools
 import math
-from dataclasses import dataclass
+from importlib import metadata
 from numbers import Real
 
 from sklearn.utils._param_validation import InvalidParameterError
 
+from metricpipe.tasks.base import Learner
 from metricpipe.tasks.baselines import LDA, PCA, Identity, PCAWhitening, RandomProjection
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.ncmml import KNNML, NCMC, NCMML
@@ -31,60 +30,124 @@ from metricpipe.tasks.slne import SLDE, SLNE
 from metricpipe.tasks.sparse import SparseProjector
 from metricpipe.tasks.validate import whole_number
 
-
-@dataclass(frozen=True)
-class Entry:
-    cls: type
-    feeds: str
-
-
-METHODS = {
-    "identity": Entry(Identity, "statistics"),
-    "pca": Entry(PCA, "statistics"),
-    "pcaw": Entry(PCAWhitening, "statistics"),
-    "lda": Entry(LDA, "statistics"),
-    "random": Entry(RandomProjection, "statistics"),
-    "slne": Entry(SLNE, "neighbours"),
-    "slde": Entry(SLDE, "neighbours"),
-    "sparse": Entry(SparseProjector, "subset"),
-    "ncmml": Entry(NCMML, "stream"),
-    "ncmc": Entry(NCMC, "stream"),
-    "knnml": Entry(KNNML, "stream"),
-    "nml": Entry(NML, "pairs"),
-    "linear-ml": Entry(LinearML, "pairs"),
-    "slem": Entry(SLEM, "pool"),          # kernel: gaussian | poly selects KernelSLEM
-    "esvm": Entry(ESVM, "pool"),
+BUILTIN = {
+    "identity": Identity,
+    "pca": PCA,
+    "pcaw": PCAWhitening,
+    "lda": LDA,
+    "random": RandomProjection,
+    "slne": SLNE,
+    "slde": SLDE,
+    "sparse": SparseProjector,
+    "ncmml": NCMML,
+    "ncmc": NCMC,
+    "knnml": KNNML,
+    "nml": NML,
+    "linear-ml": LinearML,
+    "slem": SLEM,
+    "esvm": ESVM,
 }
+
+#: A parameter whose value picks another class of the same method: {method: (parameter, {value: class})}
+VARIANTS = {"slem": ("kernel", {"gaussian": KernelSLEM, "poly": KernelSLEM})}
 
 #: The methods learned models are judged against (the report's "best baseline"): no metric learning.
 BASELINES = ("identity", "pca", "pcaw", "lda", "random")
+#: Raw features, the baseline a learned model has to beat to win an objective (the report's verdict).
+RAW = "identity"
+
+#: The methods a config without ``methods:`` trains: the features as they are.
+DEFAULT_METHODS = ({"method": "identity"},)
+
+PLUGINS = "metricpipe.learners"  # the entry-point group of other packages' learners
+
+
+@functools.lru_cache(maxsize=1)
+def methods() -> dict:
+    """Every method: the built-in ones, then those other installed packages register (entry points of
+    :data:`PLUGINS`; a plugin may not take a built-in name)."""
+    out = dict(BUILTIN)
+    for ep in metadata.entry_points(group=PLUGINS):
+        if ep.name in out:
+            raise InputError(
+                f"the learner plugin {ep.value!r} registers method {ep.name!r}, a name metricpipe "
+                f"already has; register it under another name"
+            )
+        try:
+            cls = ep.load()
+        except Exception as e:  # noqa: BLE001 - a broken plugin is named, not a traceback
+            raise InputError(
+                f"the learner plugin {ep.name} = {ep.value} cannot be imported: {type(e).__name__}: {e}".splitlines()[0]
+            ) from None
+        if not (isinstance(cls, type) and issubclass(cls, Learner)):
+            raise InputError(
+                f"the learner plugin {ep.name} = {ep.value} is not a metricpipe.tasks.base.Learner subclass"
+            )
+        out[ep.name] = cls
+    return out
+
+
+def __getattr__(name: str):
+    if name == "METHODS":  # (read when asked, so that plugins load after their package is installed)
+        return methods()
+    raise AttributeError(name)
+
 
 #: Every estimator class metricpipe exports.
-ESTIMATORS = (Identity, PCA, PCAWhitening, LDA, RandomProjection, SLNE, SLDE, SparseProjector, NCMML, NCMC,
-              KNNML, NML, LinearML, SLEM, KernelSLEM, ESVM)
-
-
-SLEM_KERNELS = ("linear", "gaussian", "poly")   # linear: SLEM; the others: KernelSLEM
+ESTIMATORS = (
+    Identity,
+    PCA,
+    PCAWhitening,
+    LDA,
+    RandomProjection,
+    SLNE,
+    SLDE,
+    SparseProjector,
+    NCMML,
+    NCMC,
+    KNNML,
+    NML,
+    LinearML,
+    SLEM,
+    KernelSLEM,
+    ESVM,
+)
 
 
 def estimator_class(method: str, params: dict | None = None) -> type:
     """The class of ``method`` (``{method: slem, kernel: gaussian}`` is :class:`KernelSLEM`)."""
-    if method not in METHODS:
-        near = difflib.get_close_matches(str(method), METHODS, n=1)
-        hint = f"; did you mean {near[0]!r}?" if near else f"; known methods: {', '.join(METHODS)}"
+    known = methods()
+    if method not in known:
+        near = difflib.get_close_matches(str(method), known, n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else f"; known methods: {', '.join(known)}"
         raise InputError(f"unknown method {method!r}{hint}")
-    kernel = (params or {}).get("kernel", "linear")
-    if method == "slem" and isinstance(kernel, str) and kernel not in SLEM_KERNELS:
-        raise InputError(f"The 'kernel' parameter of slem must be a str among {{{', '.join(map(repr, SLEM_KERNELS))}}}"
-                         f" (linear is SLEM, the others kernel SLEM). Got {kernel!r} instead.")
-    if method == "slem" and kernel != "linear":
-        return KernelSLEM
-    return METHODS[method].cls
+    if method in VARIANTS:
+        key, classes = VARIANTS[method]
+        base = known[method]
+        value = (params or {}).get(key, base().get_params()[key])
+        allowed = [base().get_params()[key], *classes]
+        if isinstance(value, str) and value not in allowed:
+            raise InputError(
+                f"The '{key}' parameter of {method} must be a str among "
+                f"{{{', '.join(map(repr, allowed))}}}. Got {value!r} instead."
+            )
+        return classes.get(value, base)
+    return known[method]
 
 
-def feeds(method: str) -> str:
-    """What the pipeline hands the learner (see the module's docstring)."""
-    return METHODS[method].feeds
+def feeds(method: str, params: dict | None = None) -> str:
+    """What the pipeline hands the learner (:attr:`~metricpipe.tasks.base.Learner.feeds`)."""
+    return estimator_class(method, params).feeds
+
+
+def name_defaults(spec: dict) -> dict:
+    """The parameters a model's name leaves out at these values: its class's defaults, with a variant
+    parameter at its method's default (``kernel`` is named unless it is linear SLEM's)."""
+    d = defaults(estimator_class(spec["method"], spec), spec)
+    if spec["method"] in VARIANTS:
+        key = VARIANTS[spec["method"]][0]
+        d[key] = methods()[spec["method"]]().get_params()[key]
+    return d
 
 
 def defaults(cls: type, params: dict | None = None) -> dict:
@@ -95,6 +158,18 @@ def defaults(cls: type, params: dict | None = None) -> dict:
         grid = cls.search_grid({**d, **params})
         d.update({k: v[0] for k, v in grid.items() if k in d and d[k] is None})
     return d
+
+
+def model_name(spec: dict) -> str:
+    """A model's short name (logs, selections, the report's labels): method, dim, then the parameters that
+    differ from their defaults (:func:`name_defaults`), e.g. ``ncmml-32-lr3.0``."""
+    defaults = name_defaults(spec)
+    extra = "-".join(
+        f"{k}{param_text(v)}"
+        for k, v in sorted(params_of(spec).items())
+        if k != "dim" and v is not None and (k not in defaults or v != defaults[k])
+    )
+    return "-".join(str(x) for x in (spec["method"], spec.get("dim") or "", extra) if x != "")
 
 
 def params_of(spec: dict) -> dict:
@@ -132,7 +207,7 @@ def _metric_ok(metric) -> bool:
         return False
     for prefix in ("knn", "softvote"):
         if metric.startswith(prefix):
-            return metric[len(prefix):].isdigit() and int(metric[len(prefix):]) > 0
+            return metric[len(prefix) :].isdigit() and int(metric[len(prefix) :]) > 0
     return metric in ("ncm", "ncmc", "map")
 
 
@@ -148,23 +223,26 @@ def _selection(name: str, cls: type, entry: dict, select, allowed: dict) -> dict
     if select is None or select is True:
         select = {}
     if not isinstance(select, dict):
-        raise InputError(f"select must be true, false or a mapping such as {{metric: map, lr: [0.1, 1.0]}}; "
-                         f"got {select!r}")
+        raise InputError(
+            f"select must be true, false or a mapping such as {{metric: map, lr: [0.1, 1.0]}}; got {select!r}"
+        )
     metric = select.get("metric", cls.selection_metric)
     if not _metric_ok(metric):
         raise InputError(f"select.metric {metric!r} is not a selection metric; use knnK, softvoteK, ncm, ncmc or map")
     refit = select.get("refit", True)
     if not isinstance(refit, bool):
-        raise InputError(f"select.refit must be true (refit the chosen candidate on every train row) or false; "
-                         f"got {refit!r}")
+        raise InputError(
+            f"select.refit must be true (refit the chosen candidate on every train row) or false; got {refit!r}"
+        )
     if metric == "ncmc" and not hasattr(cls, "kmeans"):
         raise InputError(f"select.metric ncmc needs an NCMC model (method ncmc); {name} has no class centroids")
     user_grid = {k: v for k, v in select.items() if k not in ("metric", "refit")}
     for key, values in user_grid.items():
         if key not in allowed:
             near = difflib.get_close_matches(key, allowed, n=1)
-            raise InputError(f"select: unknown parameter {key!r} for method {name}"
-                             f"{f'; did you mean {near[0]!r}?' if near else ''}")
+            raise InputError(
+                f"select: unknown parameter {key!r} for method {name}{f'; did you mean {near[0]!r}?' if near else ''}"
+            )
         if key in entry:
             raise InputError(f"select: {key!r} is both set ({entry[key]!r}) and searched; drop one of them")
         if not isinstance(values, list) or not values:
@@ -186,6 +264,7 @@ def _sweeps(cls: type, key: str, value) -> bool:
 def _counts_only(cls: type, key: str) -> bool:
     """Whether parameter ``key`` takes integers but no other numbers (an Interval of Integral only)."""
     from numbers import Integral
+
     kinds = [getattr(c, "type", None) for c in cls._parameter_constraints.get(key, [])]
     return Integral in kinds and not any(k is not None and k is not Integral for k in kinds)
 
@@ -216,7 +295,7 @@ def _one_spelling(cls: type, allowed: dict, key: str, value):
     :func:`_canonical` (``allowed``: the class's parameters and their defaults)."""
     default = allowed.get(key)
     if default is None and any(getattr(c, "type", None) is Real for c in cls._parameter_constraints.get(key, [])):
-        default = 0.0   # a real parameter left None by default (NCMML's lr): 30 is 30.0 all the same
+        default = 0.0  # a real parameter left None by default (NCMML's lr): 30 is 30.0 all the same
     return _canonical(key, default, _whole_to_int(cls, key, value))
 
 
@@ -236,7 +315,7 @@ def expand_method(entry: dict) -> list[dict]:
     raw = {k: v for k, v in entry.items() if k not in ("method", "select")}
     kernels = raw.get("kernel", "linear") if name == "slem" else None
     out = []
-    for kernel in (kernels if isinstance(kernels, list) else [kernels]):
+    for kernel in kernels if isinstance(kernels, list) else [kernels]:
         params = dict(raw, **({"kernel": kernel} if kernel is not None and "kernel" in raw else {}))
         cls = estimator_class(name, params)
         allowed = defaults(cls)
@@ -244,14 +323,20 @@ def expand_method(entry: dict) -> list[dict]:
         for key in params:
             if key not in allowed:
                 if key == "lambda" and "lam" in allowed:
-                    raise InputError(f"unknown parameter 'lambda' for method {name}; it is called 'lam' (Python "
-                                     f"reserves the word lambda, and configs use the Python names)")
+                    raise InputError(
+                        f"unknown parameter 'lambda' for method {name}; it is called 'lam' (Python "
+                        f"reserves the word lambda, and configs use the Python names)"
+                    )
                 if key == "seed" and "random_state" in allowed:
-                    raise InputError(f"unknown parameter 'seed' for method {name}; it is called 'random_state', "
-                                     f"as in scikit-learn")
+                    raise InputError(
+                        f"unknown parameter 'seed' for method {name}; it is called 'random_state', as in scikit-learn"
+                    )
                 near = difflib.get_close_matches(key, allowed, n=1)
-                hint = f"; did you mean {near[0]!r}?" if near else \
-                    f"; {name} takes {', '.join(allowed) or 'no parameters'}"
+                hint = (
+                    f"; did you mean {near[0]!r}?"
+                    if near
+                    else f"; {name} takes {', '.join(allowed) or 'no parameters'}"
+                )
                 raise InputError(f"unknown parameter {key!r} for method {name}{hint}")
         grids = {}
         for key, default in allowed.items():
@@ -263,10 +348,12 @@ def expand_method(entry: dict) -> list[dict]:
             else:
                 grids[key] = [v]
         n_models = math.prod(len(g) for g in grids.values())
-        if n_models > MAX_MODELS:   # refuse before expanding (a 1.7 KB sweep made 1.7M models)
+        if n_models > MAX_MODELS:  # refuse before expanding (a 1.7 KB sweep made 1.7M models)
             sizes = " x ".join(f"{len(g)} {k}" for k, g in grids.items() if len(g) > 1)
-            raise InputError(f"method {name} sweeps {sizes} = {n_models:,} models, over the limit of {MAX_MODELS:,} "
-                             f"per config; sweep fewer values, or split the sweep over several configs")
+            raise InputError(
+                f"method {name} sweeps {sizes} = {n_models:,} models, over the limit of {MAX_MODELS:,} "
+                f"per config; sweep fewer values, or split the sweep over several configs"
+            )
         for combo in itertools.product(*grids.values()):
             spec = {"method": name, **dict(zip(grids, combo))}
             # what is searched can depend on a swept value (a dense sparse projector has no anneal to
@@ -279,7 +366,7 @@ def expand_method(entry: dict) -> list[dict]:
                 spec.update({k: v[0] for k, v in select["grid"].items()}, select=select)
             for cand in candidates(spec):
                 try:
-                    make(cand)._validate_params()   # the class's own checks: the same for YAML and Python
+                    make(cand)._validate_params()  # the class's own checks: the same for YAML and Python
                 except InvalidParameterError as e:
                     raise InputError(str(e).splitlines()[0]) from None
             out.append(spec)

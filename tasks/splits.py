@@ -15,16 +15,25 @@ evaluation) and ``unseen_test`` (their test rows, scored). No stage that reads `
 or ``test`` rows sees them: statistics, neighbours, the shuffled copy, every learner, the borrowed
 validation rows and the seen-class evaluation. A user's split column names :data:`USER_SPLITS` only.
 """
+
 import numpy as np
 
 from metricpipe.tasks import stream
+from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.validate import check_pair_indices
 
-SPLIT_NAMES = ("train", "test", "val", "negatives",   # code = position; stored as int8 with flag_meanings
-               "unseen_train", "unseen_test")
+SPLIT_NAMES = (
+    "train",
+    "test",
+    "val",
+    "negatives",  # code = position; stored as int8 with flag_meanings
+    "unseen_train",
+    "unseen_test",
+)
 TRAIN, TEST, VAL, NEGATIVES, UNSEEN_TRAIN, UNSEEN_TEST = range(len(SPLIT_NAMES))
-USER_SPLITS = SPLIT_NAMES[:4]   # what a split column (and negatives.split) may name; the others are made here
+USER_SPLITS = SPLIT_NAMES[:4]  # what a split column (and negatives.split) may name; the others are made here
 
-BORROW = 4   # purpose of :func:`metricpipe.tasks.stream.rank` for the borrowed validation rows
+BORROW = 4  # purpose of :func:`metricpipe.tasks.stream.rank` for the borrowed validation rows
 
 
 def auto_val_size(n_train: int) -> int:
@@ -34,8 +43,9 @@ def auto_val_size(n_train: int) -> int:
     return int(min(10_000, max(0.1 * n_train, min(500, 0.2 * n_train))))
 
 
-def borrow(split: np.ndarray, labels: np.ndarray, keys: np.ndarray, seed: int,
-           keep: np.ndarray | None = None) -> np.ndarray:
+def borrow(
+    split: np.ndarray, labels: np.ndarray, keys: np.ndarray, seed: int, keep: np.ndarray | None = None
+) -> np.ndarray:
     """The split a parameter selection works on: ``split`` with a stratified share of its train rows
     (:func:`auto_val_size`, :func:`~metricpipe.tasks.stream.held_out`) recoded ``val``; every class
     keeps at least two train rows, and a few-shot class may give none. A split that has ``val`` rows
@@ -68,7 +78,7 @@ def borrow(split: np.ndarray, labels: np.ndarray, keys: np.ndarray, seed: int,
     return out
 
 
-UNSEEN = 7   # purpose of the seeded draw of held-out classes (``data.split.classes`` as a fraction)
+UNSEEN = 7  # purpose of the seeded draw of held-out classes (``data.split.classes`` as a fraction)
 
 
 def draw_unseen(n_classes: int, fraction: float, seed: int) -> np.ndarray:
@@ -106,3 +116,23 @@ def unseen_classes(split: np.ndarray, labels: np.ndarray) -> np.ndarray:
 def seen_classes(split: np.ndarray, labels: np.ndarray) -> np.ndarray:
     """Sorted class codes with train rows: the classes a run's learners may see."""
     return np.unique(np.asarray(labels)[np.asarray(split) == TRAIN])
+
+
+def check_pairs(i, j, y, split, where: str, random_split: bool = True):
+    """User pairs (data.pairs): integer indices of training rows, y in {-1, +1} (``random_split``:
+    the split was drawn by data.split.test, not read from the data's split column)."""
+    check_pair_indices(i, j, y, len(split), where)
+    for a in (np.asarray(i), np.asarray(j)):
+        if (split[a] != TRAIN).any():
+            k = int(np.flatnonzero(split[a] != TRAIN)[0])
+            part = SPLIT_NAMES[int(split[a[k]])] if 0 <= int(split[a[k]]) < len(SPLIT_NAMES) else "another"
+            how = (
+                " (data.split.test draws the test rows at random: give the data a split column to choose "
+                "the training rows)"
+                if part == "test" and random_split
+                else ""
+            )
+            raise InputError(
+                f"{where}: pair {k} uses row {int(a[k])}, which is in the {part} split, not train; "
+                f"pairs must only join training images{how}"
+            )

@@ -17,6 +17,7 @@ The pipeline writes the training rows in layout order once (a shuffled copy, one
 layout block) and reads it block by block; :func:`pools` does the same on arrays in memory, so
 ``fit(X, y)`` and the pipeline see the same pools and learn the same model.
 """
+
 import numpy as np
 
 POOL_MB = 64  # a pool is one 64 MB float32 block, the pipeline's default row-block (data.chunk_mb)
@@ -43,18 +44,18 @@ def row_keys(X: np.ndarray, rows: int = 4096) -> np.ndarray:
     """A 64-bit key per row of X (n, D), a hash of the row's float32 bytes: equal rows get equal
     keys wherever they are stored. The staging stage stores them (``row_key``) for the pipeline."""
     U = np.ascontiguousarray(X, np.float32).view(np.uint32)
-    mult = np.random.default_rng(20261123).integers(1, 2 ** 63, U.shape[1], dtype=np.uint64) | np.uint64(1)
+    mult = np.random.default_rng(20261123).integers(1, 2**63, U.shape[1], dtype=np.uint64) | np.uint64(1)
     out = np.empty(len(U), np.uint64)
     with np.errstate(over="ignore"):
         for a in range(0, len(U), rows):
-            out[a:a + rows] = (U[a:a + rows].astype(np.uint64) * mult).sum(axis=1, dtype=np.uint64)
+            out[a : a + rows] = (U[a : a + rows].astype(np.uint64) * mult).sum(axis=1, dtype=np.uint64)
     return _mix(out)
 
 
 def order_keys(keys: np.ndarray, seed, purpose: int = 0) -> np.ndarray:
     """The keys mixed with the seed (and a purpose, so that the validation rows, the k-means sample
     and the layout are independent draws)."""
-    s = np.random.default_rng([int(seed), 53, int(purpose)]).integers(0, 2 ** 63, dtype=np.uint64)
+    s = np.random.default_rng([int(seed), 53, int(purpose)]).integers(0, 2**63, dtype=np.uint64)
     return _mix(np.asarray(keys, np.uint64) ^ s)
 
 
@@ -87,7 +88,7 @@ def first_blocks(n: int, block_rows: int, seed: int, rows: int | None) -> np.nda
     if rows is None or rows >= n:
         return np.sort(order)
     sizes = np.minimum(block_rows, n - order * block_rows)
-    return np.sort(order[:int(np.searchsorted(np.cumsum(sizes), rows)) + 1])
+    return np.sort(order[: int(np.searchsorted(np.cumsum(sizes), rows)) + 1])
 
 
 def epoch_order(n: int, block_rows: int, epoch: int, seed: int, keep: np.ndarray | None = None):
@@ -107,8 +108,9 @@ def epoch_order(n: int, block_rows: int, epoch: int, seed: int, keep: np.ndarray
     return out
 
 
-def pools(X: np.ndarray, y: np.ndarray, keep: np.ndarray | None, block_rows: int, seed: int,
-          keys: np.ndarray | None = None):
+def pools(
+    X: np.ndarray, y: np.ndarray, keep: np.ndarray | None, block_rows: int, seed: int, keys: np.ndarray | None = None
+):
     """In memory: endless pools (X_pool, y_pool) of the training rows X (n, D), y (n,) in the
     order the pipeline streams them from its shuffled copy. ``keep`` (n,) bool marks the rows SGD
     may see (by row, not by layout position); ``keys``: X's :func:`row_keys`, if known."""
@@ -123,8 +125,7 @@ def pools(X: np.ndarray, y: np.ndarray, keep: np.ndarray | None, block_rows: int
         epoch += 1
 
 
-def stratified_subset(labels: np.ndarray, size: int, rank: np.ndarray, leave: int = 0,
-                      at_least: int = 1) -> np.ndarray:
+def stratified_subset(labels: np.ndarray, size: int, rank: np.ndarray, leave: int = 0, at_least: int = 1) -> np.ndarray:
     """Sorted positions of ``size`` rows, the same share of every class (at least ``at_least`` rows
     each, all of a class with fewer): in each class the rows first in ``rank`` (a seeded random
     order, :func:`rank`), so the subset depends on the rows' content and the seed, not on where they
@@ -134,17 +135,23 @@ def stratified_subset(labels: np.ndarray, size: int, rank: np.ndarray, leave: in
     if size >= len(labels) and not leave:
         return np.arange(len(labels))
     _, inv, counts = np.unique(labels, return_inverse=True, return_counts=True)
-    take = np.clip(np.maximum(at_least, np.rint(size * counts / max(1, len(labels)))).astype(np.int64), 0,
-                   np.maximum(counts - leave, 0))
+    take = np.clip(
+        np.maximum(at_least, np.rint(size * counts / max(1, len(labels)))).astype(np.int64),
+        0,
+        np.maximum(counts - leave, 0),
+    )
     return _first_in_rank(inv, counts, take, rank)
 
 
 def _first_in_rank(inv: np.ndarray, counts: np.ndarray, take: np.ndarray, rank: np.ndarray) -> np.ndarray:
     """Sorted positions of the ``take[c]`` rows of each class c (``inv``: each row's class index,
     ``counts``: rows per class) that come first in ``rank``."""
-    picked = [rows[np.argsort(rank[rows], kind="stable")[:t]]
-              for rows, t in zip(np.split(np.argsort(inv, kind="stable"), np.cumsum(counts)[:-1]), take) if t]
-    return np.sort(np.concatenate(picked)) if picked else np.zeros(0, np.int64)   # no rows: none picked
+    picked = [
+        rows[np.argsort(rank[rows], kind="stable")[:t]]
+        for rows, t in zip(np.split(np.argsort(inv, kind="stable"), np.cumsum(counts)[:-1]), take)
+        if t
+    ]
+    return np.sort(np.concatenate(picked)) if picked else np.zeros(0, np.int64)  # no rows: none picked
 
 
 def held_out(labels: np.ndarray, size: int, rank: np.ndarray, leave: int) -> np.ndarray:
@@ -166,7 +173,7 @@ def held_out(labels: np.ndarray, size: int, rank: np.ndarray, leave: int) -> np.
     first = np.full(len(classes), np.iinfo(np.int64).max)
     np.minimum.at(first, inv, rank)
     short = int(size) - int(take.sum())
-    for c in np.argsort(first, kind="stable"):      # few-shot classes, one row each, in seeded order
+    for c in np.argsort(first, kind="stable"):  # few-shot classes, one row each, in seeded order
         if short <= 0:
             break
         if take[c] == 0 and counts[c] > leave:
@@ -174,7 +181,20 @@ def held_out(labels: np.ndarray, size: int, rank: np.ndarray, leave: int) -> np.
     return _first_in_rank(inv, counts, take, rank)
 
 
-VALIDATION, KMEANS, REFERENCE = 1, 2, 3   # purposes of :func:`rank`
+VALIDATION, KMEANS, REFERENCE = 1, 2, 3  # purposes of :func:`rank` (4: the rows a selection borrows)
+SUBSET, QUERIES, EVALUATED = 5, 6, 7  # a sparse projector's subset; sampled graph queries; classified test rows
+
+
+def sample(labels: np.ndarray, size: int, keys: np.ndarray | None, seed, purpose: int = 0) -> np.ndarray:
+    """Sorted positions of about ``size`` rows, the same share of every class, by :func:`stratified_subset`
+    in the seeded order of the rows' content ``keys`` (None, for rows without keys such as a user's
+    embeddings: a seeded permutation of their positions)."""
+    order = (
+        rank(keys, seed, purpose)
+        if keys is not None
+        else np.random.default_rng([int(seed), 53, int(purpose)]).permutation(len(labels))
+    )
+    return stratified_subset(labels, size, order)
 
 
 def seeded_sample(rows: np.ndarray, size: int, seed) -> np.ndarray:

@@ -1,5 +1,6 @@
 """Seeded class-structured synthetic features, generated in fixed units so that any row range gives
 the same rows whatever the chunking."""
+
 import numpy as np
 
 UNIT = 1024  # rows per independently seeded unit
@@ -45,9 +46,20 @@ class SyntheticSpec:
         the class means.
     """
 
-    def __init__(self, n_samples: int, n_features: int, n_classes: int, seed: int = 0,
-                 rank: int | None = None, separation: float = 1.0, nonnegative: bool = False,
-                 nuisance: float = 1.7, modes: int = 3, spread: float = 0.7, width: float = 0.8):
+    def __init__(
+        self,
+        n_samples: int,
+        n_features: int,
+        n_classes: int,
+        seed: int = 0,
+        rank: int | None = None,
+        separation: float = 1.0,
+        nonnegative: bool = False,
+        nuisance: float = 1.7,
+        modes: int = 3,
+        spread: float = 0.7,
+        width: float = 0.8,
+    ):
         self.n_samples, self.n_features, self.n_classes = n_samples, n_features, n_classes
         self.seed, self.separation, self.nonnegative = seed, separation, nonnegative
         self.nuisance, self.modes, self.spread, self.width = nuisance, modes, spread, width
@@ -55,7 +67,7 @@ class SyntheticSpec:
         rng = np.random.default_rng([seed, 0])
         A, _ = np.linalg.qr(rng.standard_normal((n_features, self.rank)))
         z = rng.standard_normal((n_classes, self.rank))
-        extra = np.random.default_rng([seed, 4])   # after the draws of the old generator: it stays a special case
+        extra = np.random.default_rng([seed, 4])  # after the draws of the old generator: it stays a special case
         if modes > 1:
             z = z[:, None, :] + spread * extra.standard_normal((n_classes, modes, self.rank))
         # mode centres (C, M, D); one mode per class is the class mean itself
@@ -76,8 +88,7 @@ class SyntheticSpec:
         q = self.nuisance_basis.shape[1]
         for u in range(start // UNIT, (stop - 1) // UNIT + 1 if stop > start else 0):
             a, b = u * UNIT, min((u + 1) * UNIT, self.n_samples)
-            noise = np.random.default_rng([self.seed, 2, u]).standard_normal((b - a, self.n_features),
-                                                                             dtype=np.float32)
+            noise = np.random.default_rng([self.seed, 2, u]).standard_normal((b - a, self.n_features), dtype=np.float32)
             extra = np.random.default_rng([self.seed, 3, u])
             m = extra.integers(0, self.modes, b - a) if self.modes > 1 else 0
             block = self.means[y[a:b], m] + noise * self.scales
@@ -88,7 +99,7 @@ class SyntheticSpec:
                 g = extra.standard_normal((b - a, q), dtype=np.float32)
                 block += (self.nuisance * g) @ self.nuisance_basis.T
             lo, hi = max(a, start), min(b, stop)
-            out[lo - start:hi - start] = block[lo - a:hi - a]
+            out[lo - start : hi - start] = block[lo - a : hi - a]
         if self.nonnegative:
             np.maximum(out, 0.0, out=out)
         return out

@@ -1,4 +1,5 @@
 """Validators for user data: each raises InputError with a one-line message naming the fix."""
+
 import numbers
 import re
 
@@ -9,28 +10,35 @@ from metricpipe.tasks.errors import InputError
 
 def whole_number(v):
     """A float that is a whole number (YAML's 1e6) as the int it means; anything else as it is."""
-    return int(v) if isinstance(v, float) and v.is_integer() and abs(v) < 2 ** 53 else v
+    return int(v) if isinstance(v, float) and v.is_integer() and abs(v) < 2**53 else v
 
 
 def check_feature_block(X: np.ndarray, start: int, where: str) -> None:
     """Check a block of rows ``start:start+len(X)`` is 2-D, numeric and finite."""
     if X.ndim != 2:
-        raise InputError(f"{where}: features must be a 2-D (sample, feature) array; got {X.ndim}-D "
-                         f"shape {X.shape}; reshape to (n_samples, n_features)")
+        raise InputError(
+            f"{where}: features must be a 2-D (sample, feature) array; got {X.ndim}-D "
+            f"shape {X.shape}; reshape to (n_samples, n_features)"
+        )
     if not (np.issubdtype(X.dtype, np.number) or X.dtype == np.bool_):
         raise InputError(f"{where}: features must be numeric; got dtype {X.dtype}; convert to float32")
     if X.dtype.kind == "c":
-        raise InputError(f"{where}: features must be real numbers; got dtype {X.dtype}; take the magnitude "
-                         f"or split real and imaginary parts into columns")
+        raise InputError(
+            f"{where}: features must be real numbers; got dtype {X.dtype}; take the magnitude "
+            f"or split real and imaginary parts into columns"
+        )
     if np.issubdtype(X.dtype, np.floating):
         bad = ~np.isfinite(X)
         if bad.any():
             r, c = np.argwhere(bad)[0]
-            raise InputError(f"{where}: features contain {int(bad.sum())} non-finite value(s) (NaN or inf) "
-                             f"in rows {start}..{start + len(X) - 1}, first at row {start + r}, column {c}; "
-                             f"clean or impute them in the input file")
-        check_float32_range(X, start, where, "features are stored as float32: rescale them (e.g. divide by a "
-                                             "constant or take logs)")
+            raise InputError(
+                f"{where}: features contain {int(bad.sum())} non-finite value(s) (NaN or inf) "
+                f"in rows {start}..{start + len(X) - 1}, first at row {start + r}, column {c}; "
+                f"clean or impute them in the input file"
+            )
+        check_float32_range(
+            X, start, where, "features are stored as float32: rescale them (e.g. divide by a constant or take logs)"
+        )
 
 
 def check_float32_range(X: np.ndarray, start: int, where: str, fix: str) -> None:
@@ -40,8 +48,10 @@ def check_float32_range(X: np.ndarray, start: int, where: str, fix: str) -> None
     big = np.abs(X) > np.finfo(np.float32).max
     if big.any():
         r, c = np.argwhere(big)[0] if X.ndim == 2 else (np.flatnonzero(big)[0], 0)
-        raise InputError(f"{where}: features hold {int(big.sum())} value(s) beyond float32's range (+-3.4e38), "
-                         f"first {X[big][0]:.3g} at row {start + r}, column {c}; {fix}")
+        raise InputError(
+            f"{where}: features hold {int(big.sum())} value(s) beyond float32's range (+-3.4e38), "
+            f"first {X[big][0]:.3g} at row {start + r}, column {c}; {fix}"
+        )
 
 
 def beyond_float32(A: np.ndarray) -> bool:
@@ -55,8 +65,10 @@ def check_normalized_block(X: np.ndarray, start: int, normalize: str, where: str
     bad = ~np.isfinite(X)
     if bad.any():
         r, c = np.argwhere(bad)[0]
-        raise InputError(f"{where}: normalize: {normalize} overflows float32 at row {start + r}, column {c}; "
-                         f"rescale the features (e.g. divide by a constant) or use normalize: l2")
+        raise InputError(
+            f"{where}: normalize: {normalize} overflows float32 at row {start + r}, column {c}; "
+            f"rescale the features (e.g. divide by a constant) or use normalize: l2"
+        )
 
 
 def as_integer_labels(y: np.ndarray, where: str, what: str = "labels") -> np.ndarray:
@@ -66,14 +78,18 @@ def as_integer_labels(y: np.ndarray, where: str, what: str = "labels") -> np.nda
     bad = ~np.isfinite(y) | (y != np.round(y))
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise InputError(f"{where}: {what} must be integers or strings; got {int(bad.sum())} non-integral {y.dtype} "
-                         f"value(s), first {y[i].item()!r} at row {i}; store {'class labels' if what == 'labels' else what} "
-                         f"as integers or strings")
-    big = np.abs(y) >= 2.0 ** 53
+        raise InputError(
+            f"{where}: {what} must be integers or strings; got {int(bad.sum())} non-integral {y.dtype} "
+            f"value(s), first {y[i].item()!r} at row {i}; store {'class labels' if what == 'labels' else what} "
+            f"as integers or strings"
+        )
+    big = np.abs(y) >= 2.0**53
     if big.any():
         i = int(np.flatnonzero(big)[0])
-        raise InputError(f"{where}: {y.dtype} labels beyond 2^53 are not exact integers (first {y[i]:.6g} at row "
-                         f"{i}: classes would merge); store class labels as int64 or strings")
+        raise InputError(
+            f"{where}: {y.dtype} labels beyond 2^53 are not exact integers (first {y[i]:.6g} at row "
+            f"{i}: classes would merge); store class labels as int64 or strings"
+        )
     return y.astype(np.int64)
 
 
@@ -98,8 +114,9 @@ def encode_labels(y: np.ndarray, n_samples: int, where: str, what: str = "labels
     if y.ndim != 1:
         raise InputError(f"{where}: {what} must be a 1-D array; got shape {y.shape}")
     if len(y) != n_samples:
-        raise InputError(f"{where}: {what} have length {len(y)} but features have {n_samples} rows; "
-                         f"give one {one} per feature row")
+        raise InputError(
+            f"{where}: {what} have length {len(y)} but features have {n_samples} rows; give one {one} per feature row"
+        )
     if np.issubdtype(y.dtype, np.floating):
         y = as_integer_labels(y, where, what)
     elif not (np.issubdtype(y.dtype, np.integer) or y.dtype.kind in "USO"):
@@ -109,32 +126,40 @@ def encode_labels(y: np.ndarray, n_samples: int, where: str, what: str = "labels
     classes, codes = np.unique(y, return_inverse=True)
     names = [c.item() if hasattr(c, "item") else c for c in classes]
     if len(names) < 2:
-        raise InputError(f"{where}: labels hold only one class ({names[0]!r}); "
-                         f"supervised learning needs at least two classes")
+        raise InputError(
+            f"{where}: labels hold only one class ({names[0]!r}); supervised learning needs at least two classes"
+        )
     return codes.astype(np.int32), names
 
 
-def check_split(codes: np.ndarray, split: np.ndarray, split_names: tuple, classes: list, where: str,
-                given: bool = False) -> None:
+def check_split(
+    codes: np.ndarray, split: np.ndarray, split_names: tuple, classes: list, where: str, given: bool = False
+) -> None:
     """Check the train and test splits are non-empty and every class has >= 2 train members (``given``:
     the split came with the data, a column, rather than from data.split.test)."""
     train = split == split_names.index("train")
     test = split == split_names.index("test")
     if not train.any():
-        raise InputError(f"{where}: the train split is empty; " + ("mark some samples 'train' in its split column"
-                                                                   if given else "lower data.split.test"))
+        raise InputError(
+            f"{where}: the train split is empty; "
+            + ("mark some samples 'train' in its split column" if given else "lower data.split.test")
+        )
     if not test.any():
-        raise InputError(f"{where}: the test split is empty; " + ("mark some samples 'test' in its split column"
-                                                                  if given else "raise data.split.test"))
+        raise InputError(
+            f"{where}: the test split is empty; "
+            + ("mark some samples 'test' in its split column" if given else "raise data.split.test")
+        )
     counts = np.bincount(codes[train], minlength=len(classes))
     small = np.flatnonzero(counts < 2)
     if len(small):
         names = ", ".join(repr(classes[c]) for c in small[:5])
-        raise InputError(f"{where}: class(es) {names} have fewer than two training samples "
-                         f"({int(counts[small[0]])}); give every class at least two, or drop those classes")
+        raise InputError(
+            f"{where}: class(es) {names} have fewer than two training samples "
+            f"({int(counts[small[0]])}); give every class at least two, or drop those classes"
+        )
 
 
-_NUMBER = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*")   # a decimal literal: not "1_0", "nan", "inf"
+_NUMBER = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*")  # a decimal literal: not "1_0", "nan", "inf"
 
 
 def _number(v, who: str):
@@ -143,9 +168,11 @@ def _number(v, who: str):
     if isinstance(v, (bool, np.bool_, numbers.Integral)):
         return int(v)
     f = float(v)
-    if abs(f) >= 2.0 ** 53 and np.isfinite(f):
-        raise InputError(f"{who} lists {v!r}, a number beyond 2^53 written as a float, which names no label exactly; "
-                         f"write it as an integer")
+    if abs(f) >= 2.0**53 and np.isfinite(f):
+        raise InputError(
+            f"{who} lists {v!r}, a number beyond 2^53 written as a float, which names no label exactly; "
+            f"write it as an integer"
+        )
     return int(f) if f.is_integer() else f
 
 
@@ -180,7 +207,32 @@ def class_codes(classes, labels, who: str = "classes") -> np.ndarray:
     missing = [v for v, hit in found.values() if hit is None]
     if missing:
         shown = ", ".join(str(v) for v in labels[:5]) + (", ..." if len(labels) > 5 else "")
-        raise InputError(f"{who} lists {missing[:5]}, which {'is' if len(missing) == 1 else 'are'} not among the "
-                         f"class labels ({shown}); list labels as the data holds them"
-                         + ("" if numeric else " (quote text labels in YAML: '2.0')"))
+        raise InputError(
+            f"{who} lists {missing[:5]}, which {'is' if len(missing) == 1 else 'are'} not among the "
+            f"class labels ({shown}); list labels as the data holds them"
+            + ("" if numeric else " (quote text labels in YAML: '2.0')")
+        )
     return np.array(sorted({hit for _, hit in found.values()}), np.int64)
+
+
+def check_pair_indices(i, j, y, n_rows: int, where: str) -> None:
+    """Pairs given by the user: integer row indices in 0..n_rows-1 of one equal length, y in {-1, +1}."""
+    i, j, y = np.asarray(i), np.asarray(j), np.asarray(y)
+    if not (len(i) == len(j) == len(y)) or len(i) == 0:
+        raise InputError(
+            f"{where}: pairs need arrays i, j, y of one equal, non-zero length; got {len(i)}, {len(j)}, {len(y)}"
+        )
+    for name, a in (("i", i), ("j", j)):
+        if not np.issubdtype(a.dtype, np.integer):
+            raise InputError(f"{where}: pairs '{name}' must hold integer row indices; got {a.dtype}")
+        bad = (a < 0) | (a >= n_rows)
+        if bad.any():
+            raise InputError(
+                f"{where}: pair index {name}={int(a[bad][0])} is out of range 0..{n_rows - 1} "
+                f"(pair {int(np.flatnonzero(bad)[0])}); fix or drop it"
+            )
+    if not np.isin(y, (-1, 1)).all():
+        raise InputError(
+            f"{where}: pair labels y must be +1 (similar) or -1 (dissimilar); got "
+            f"{sorted(set(np.unique(y).tolist()) - {-1, 1})[:3]}"
+        )

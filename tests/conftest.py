@@ -1,4 +1,5 @@
 """Shared fixtures: seeded synthetic data with chunks that do not divide evenly, a session LocalCluster."""
+
 import os
 
 # scikit-learn's estimator checks include check_array_api_input, which runs only when scipy's array
@@ -12,6 +13,7 @@ os.environ.setdefault("SCIPY_ARRAY_API", "1")
 if not any(v in os.environ for v in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS")):
     os.environ["OPENBLAS_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
     from threadpoolctl import threadpool_limits
+
     threadpool_limits(1, user_api="blas")
 
 # The Ctrl-C tests check what a terminal's Ctrl-C does. A shell that starts the suite in the background
@@ -19,6 +21,7 @@ if not any(v in os.environ for v in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", 
 # inherits: those runs and their CLI subprocesses would then ignore the test's Ctrl-C (the product's
 # rule: a signal the process ignored stays ignored). The suite takes Python's default back.
 import signal  # noqa: E402
+
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
@@ -29,11 +32,15 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 # the tests keep Dask's default (spawn).
 os.environ.setdefault("DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD", "forkserver")
 import dask  # noqa: E402  (a plugin may have imported dask before the variable was set)
-dask.config.set({"distributed.worker.multiprocessing-method": os.environ["DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD"]})
+
+dask.config.set(
+    {"distributed.worker.multiprocessing-method": os.environ["DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD"]}
+)
 if os.environ["DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD"] == "forkserver":
     # the forkserver imports what a worker's first task would (scikit-learn, zarr, the stages: ~2 s
     # each time); distributed's own list (itself and its optional packages) is kept
     from distributed.utils import get_mp_context  # noqa: E402
+
     _ctx = get_mp_context()
     _ctx.set_forkserver_preload(["distributed", "numpy", "pandas", "scipy", "sklearn", "zarr", "metricpipe.runner"])
 
@@ -43,6 +50,7 @@ import pytest  # noqa: E402
 
 def _sigint_state():
     import signal
+
     return signal.getsignal(signal.SIGINT), signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
 
 
@@ -62,8 +70,17 @@ def _sigint_left_as_found(request):
 def client():
     from distributed import Client, LocalCluster
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address="127.0.0.1:0", memory_limit="2GB") as cluster, Client(cluster) as c:
+    with (
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address="127.0.0.1:0",
+            memory_limit="2GB",
+        ) as cluster,
+        Client(cluster) as c,
+    ):
         yield c
 
 
@@ -89,8 +106,11 @@ def hold_lock(store_dir):
     """A separate process holding the store's lock (as a running metricpipe would); kill it to release."""
     import subprocess
     import sys
-    code = ("import sys, time; from metricpipe.storage import Store\n"
-            "with Store(sys.argv[1]).lock('metricpipe run'):\n    print('locked', flush=True); time.sleep(120)")
+
+    code = (
+        "import sys, time; from metricpipe.store import Store\n"
+        "with Store(sys.argv[1]).lock('metricpipe run'):\n    print('locked', flush=True); time.sleep(120)"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code, str(store_dir)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "locked"
     return proc
@@ -111,7 +131,7 @@ def staged(client, store_dir, raw: dict):
     from metricpipe.config import parse_config
     from metricpipe.context import StageContext
     from metricpipe.stages import run_stage, run_statistics
-    from metricpipe.storage import Store
+    from metricpipe.store import Store
 
     ctx = StageContext(client, Store(str(store_dir)), parse_config(raw), log=lambda m: None)
     data = run_stage(ctx)

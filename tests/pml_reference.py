@@ -4,11 +4,11 @@ loops from its source, without torch: the reference the streaming kernels are te
 Neighbours are ranked by exact (float64) squared distance, ties by reference index, which is what
 faiss's IndexFlatL2 returns on exactly tied distances (checked on integer-grid data, k from 1 to N).
 """
+
 import numpy as np
 
 
-def pml_accuracy(query, query_labels, reference=None, reference_labels=None, k=None,
-                 ref_includes_query=False) -> dict:
+def pml_accuracy(query, query_labels, reference=None, reference_labels=None, k=None, ref_includes_query=False) -> dict:
     """``AccuracyCalculator(k=k).get_accuracy(query, query_labels, reference, reference_labels,
     ref_includes_query)`` for precision_at_1, r_precision, mean_average_precision_at_r and
     mean_reciprocal_rank (PML's names mapped to metricpipe's). ``k``: None (every reference),
@@ -26,7 +26,7 @@ def pml_accuracy(query, query_labels, reference=None, reference_labels=None, k=N
     out = {"precision@1": [], "r_precision": [], "map@r": [], "mrr": []}
     for i, (q, y) in enumerate(zip(query, query_labels)):
         d = ((reference - q) ** 2).sum(1)
-        order = list(np.lexsort((np.arange(len(reference)), d))[:k + int(self_in)])
+        order = list(np.lexsort((np.arange(len(reference)), d))[: k + int(self_in)])
         if self_in:  # FaissKNN searched k + 1: drop the query itself, else the last
             order.remove(i) if i in order else order.pop()
         if y in lone:
@@ -56,5 +56,5 @@ def tied_case(seed: int, n_ref: int = 60, dim: int = 2, classes: int = 4, n_quer
     if n_query is None:
         return X, y
     Q = rng.integers(0, 3, (n_query, dim)).astype(np.float32)
-    yq = rng.integers(0, classes + 1, n_query)   # label `classes` is absent from the reference
+    yq = rng.integers(0, classes + 1, n_query)  # label `classes` is absent from the reference
     return X, y, Q, yq

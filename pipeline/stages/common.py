@@ -1,15 +1,18 @@
 """What the stages share: the staged data's description (DataInfo), the output template writer,
 commit with timing, row reads and the moments tree reduction."""
+
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 
 import dask.array as da
 import numpy as np
 import xarray as xr
 
 from metricpipe.context import StageContext
-from metricpipe.storage import Unit, open_array, row_chunks, row_codecs
+from metricpipe.store import Unit, array_names, load_estimator, open_array, read_rows, row_chunks, row_codecs
 from metricpipe.tasks import moments
+from metricpipe.tasks.rows import TrainingRows
 from metricpipe.tasks.splits import TEST, TRAIN, VAL  # noqa: F401 - the stages' names for the split codes
 
 
@@ -36,17 +39,40 @@ class DataInfo:
         return np.flatnonzero(self.split == code)
 
 
+@dataclass(frozen=True)
+class Fed:
+    """What a feeder hands a learner's fit, as the memory rule sizes it: ``rows`` rows, ``k`` neighbours
+    each for ``anchors`` of them; ``fix``: the run's setting that shrinks it."""
+
+    rows: int
+    k: int = 0
+    anchors: int | None = None
+    fix: str = ""
+
+
+def labels_list(classes) -> list:
+    """Class labels as JSON and a learner's ``labels`` take them (numpy scalars as Python numbers and text)."""
+    return np.asarray(classes).tolist()
+
+
 def spec_params(spec: dict) -> dict:
     """A model's parameters as its records (and the report's labels) carry them: method and dim aside."""
     return {k: v for k, v in (spec or {}).items() if k not in ("method", "dim")}
 
 
-def _timed(ctx: StageContext, unit: Unit, started: float, meta: dict) -> None:
+def commit_timed(ctx: StageContext, unit: Unit, started: float, meta: dict) -> None:
     ctx.commit(unit, {**meta, "seconds": round(time.perf_counter() - started, 3)})
 
 
-def _write_template(url: str, variables: dict, coords: dict, attrs: dict, chunk_rows: int,
-                    samples: dict | None = None, compress: bool = True) -> None:
+def write_template(
+    url: str,
+    variables: dict,
+    coords: dict,
+    attrs: dict,
+    chunk_rows: int,
+    samples: dict | None = None,
+    compress: bool = True,
+) -> None:
     """Write the metadata and coordinates of an xarray Dataset; data chunks are filled by tasks.
     ``samples`` (name -> a few rows as stored) lets a variable go uncompressed where LZ4 gains little;
     ``compress=False`` stores every variable bare."""
@@ -64,10 +90,59 @@ def load_features(url: str, start: int, stop: int, rows: np.ndarray | None = Non
     X = open_array(f"{url}/features")[start:stop]
     return X if rows is None else X[rows]
 
-def _tree_combine(ctx, futures, name):
+
+def tree_combine(ctx, futures, name):
     while len(futures) > 1:
-        futures = [ctx.submit(moments.combine_moments, futures[i], futures[i + 1], name=name)
-                   if i + 1 < len(futures) else futures[i] for i in range(0, len(futures), 2)]
+        futures = [
+            ctx.submit(moments.combine_moments, futures[i], futures[i + 1], name=name)
+            if i + 1 < len(futures)
+            else futures[i]
+            for i in range(0, len(futures), 2)
+        ]
     return futures[0]
 
 
+class StagedRows(TrainingRows):
+    """Staged rows (sorted global ``rows``) as a learner reads its training rows
+    (:class:`metricpipe.tasks.rows.TrainingRows`): their labels, content keys and groups in full, the
+    rows by position or one staged row-block at a time. All of them are fit rows described by the
+    statistics, with no given validation rows; :class:`metricpipe.stages.train.rows.StoreRows` is a
+    fold's training rows."""
+
+    def __init__(self, data_url: str, chunks: list, rows: np.ndarray):
+        self._url, self._chunks, self._rows = data_url, chunks, np.asarray(rows, np.int64)
+        self.labels = open_array(f"{data_url}/label")[:][self._rows].astype(np.int64)
+        self.keys = open_array(f"{data_url}/row_key")[:][self._rows]
+        self.groups = open_array(f"{data_url}/group")[:][self._rows] if "group" in array_names(data_url) else None
+        self.n_features = int(open_array(f"{data_url}/features").shape[1])
+        self.in_stats = self.fit = np.ones(len(self._rows), bool)
+        self.val = None
+
+    def take(self, positions):
+        return read_rows(f"{self._url}/features", self._rows[np.asarray(positions, np.int64)])
+
+    def blocks(self, mask):
+        features = open_array(f"{self._url}/features")
+        for a, b in self._chunks:  # one staged row-block at a time
+            lo, hi = np.searchsorted(self._rows, [a, b])
+            local = np.flatnonzero(mask[lo:hi])
+            if len(local):
+                yield (features[a:b][self._rows[lo:hi][local] - a].astype(np.float64), self.labels[lo:hi][local])
+
+
+def moments_block(
+    url: str, start: int, stop: int, n_classes: int, second: bool, array_url: str | None = None, code: int = TRAIN
+):
+    """Moments of the train rows (split ``code``) of block start:stop (of ``array_url``, default the
+    staged features)."""
+    split = open_array(f"{url}/split")[start:stop]
+    y = open_array(f"{url}/label")[start:stop]
+    train = np.flatnonzero(split == code)
+    X = open_array(array_url or f"{url}/features")[start:stop][train]
+    return moments.partial_moments(X, y[train], n_classes, second=second)
+
+
+@lru_cache(maxsize=8)
+def cached_estimator(model_url: str):
+    """The fitted estimator of a model unit (cached per worker: every block of a model reuses it)."""
+    return load_estimator(model_url)

@@ -1,4 +1,5 @@
 """Stage 1, staging: read the source in row-blocks, validate, normalise, write `features` (sample, feature)."""
+
 import os
 import time
 from dataclasses import dataclass
@@ -9,16 +10,18 @@ import numpy as np
 from metricpipe.config import SPLIT_NAMES, USER_SPLITS, RunConfig
 from metricpipe.context import StageContext
 from metricpipe.sources import fingerprint, open_source
-from metricpipe.storage import chunk_rows_for, create_array, hash_key, open_array
+from metricpipe.stages.common import TEST, TRAIN, VAL, DataInfo, commit_timed, write_template
+from metricpipe.store import chunk_rows_for, create_array, hash_key, open_array
+from metricpipe.tasks import registry, splits, stream
 from metricpipe.tasks.errors import InputError
-from metricpipe.tasks import splits, stream
 from metricpipe.tasks.normalize import normalize_rows
-from metricpipe.tasks.validate import (check_feature_block, check_normalized_block, check_split, class_codes,
-                                      encode_labels)
-
-from metricpipe.stages.common import DataInfo, TEST, TRAIN, VAL, _timed, _write_template
-
-
+from metricpipe.tasks.validate import (
+    check_feature_block,
+    check_normalized_block,
+    check_split,
+    class_codes,
+    encode_labels,
+)
 
 # ---- 1. stage ----------------------------------------------------------------------------------------
 # The staged split is the user's: the validation rows a selection borrows from train are drawn later,
@@ -42,15 +45,18 @@ def _hold_out(cfg: RunConfig, split: np.ndarray, codes: np.ndarray, classes: lis
         held = class_codes(asked, classes, key)
     n_seen = len(classes) - len(held)
     if len(held) < 2 or n_seen < 2:
-        raise InputError(f"{key}: {asked!r} holds out {len(held)} and keeps {n_seen} of the {len(classes)} "
-                         f"classes of {where}; each side needs at least 2 classes: "
-                         + ("change the fraction" if isinstance(asked, float) else
-                            f"list between 2 and {len(classes) - 2} labels"))
+        raise InputError(
+            f"{key}: {asked!r} holds out {len(held)} and keeps {n_seen} of the {len(classes)} "
+            f"classes of {where}; each side needs at least 2 classes: "
+            + ("change the fraction" if isinstance(asked, float) else f"list between 2 and {len(classes) - 2} labels")
+        )
     out = splits.hold_out(split, codes, held)
     untested = np.setdiff1d(held, codes[out == splits.UNSEEN_TEST])
     if len(untested):
-        raise InputError(f"{key}: held-out class {classes[int(untested[0])]!r} has no test row in {where}, so "
-                         f"nothing of it would be scored; hold out classes with test rows")
+        raise InputError(
+            f"{key}: held-out class {classes[int(untested[0])]!r} has no test row in {where}, so "
+            f"nothing of it would be scored; hold out classes with test rows"
+        )
     return out
 
 
@@ -58,27 +64,43 @@ def _given_or_random_split(cfg: RunConfig, src, codes: np.ndarray, classes: list
     n = len(codes)
     if src.split is not None:
         if len(src.split) != n:
-            raise InputError(f"{src.name}: the split column {cfg.data.split.column!r} has {len(src.split)} values "
-                             f"for {n} rows (data.split.column); give one split name per feature row")
+            raise InputError(
+                f"{src.name}: the split column {cfg.data.split.column!r} has {len(src.split)} values "
+                f"for {n} rows (data.split.column); give one split name per feature row"
+            )
         unknown = sorted(str(v) for v in set(np.unique(src.split).tolist()) - set(USER_SPLITS))
         if unknown:
-            raise InputError(f"{src.name}: split column holds {unknown[:3]} (data.split.column); "
-                             f"allowed values are {', '.join(USER_SPLITS)}"
-                             + (" (hold classes out with data.split.classes)" if any(u.startswith("unseen")
-                                                                                    for u in unknown) else ""))
+            raise InputError(
+                f"{src.name}: split column holds {unknown[:3]} (data.split.column); "
+                f"allowed values are {', '.join(USER_SPLITS)}"
+                + (
+                    " (hold classes out with data.split.classes)"
+                    if any(u.startswith("unseen") for u in unknown)
+                    else ""
+                )
+            )
         if cfg.data.split.val not in ("auto", 0, 0.0):
-            raise InputError(f"{src.name}: this source comes with its own split, whose val rows data.split.val: "
-                             f"{cfg.data.split.val} cannot set; use val: auto (a tenth of its train split) or 0")
+            raise InputError(
+                f"{src.name}: this source comes with its own split, whose val rows data.split.val: "
+                f"{cfg.data.split.val} cannot set; use val: auto (a tenth of its train split) or 0"
+            )
         if "test" in ((cfg.raw.get("data") or {}).get("split") or {}):
-            raise InputError(f"{src.name}: this source comes with its own train/test split, which "
-                             f"data.split.test would not change; drop data.split.test (or give the rows "
-                             f"as an array file to split them by a fraction)")
+            raise InputError(
+                f"{src.name}: this source comes with its own train/test split, which "
+                f"data.split.test would not change; drop data.split.test (or give the rows "
+                f"as an array file to split them by a fraction)"
+            )
         lookup = {name: i for i, name in enumerate(SPLIT_NAMES)}
-        return np.array([lookup[s] for s in src.split], np.int8) if n < 1000 else \
-            np.select([src.split == s for s in SPLIT_NAMES], range(len(SPLIT_NAMES)), TRAIN).astype(np.int8)
+        return (
+            np.array([lookup[s] for s in src.split], np.int8)
+            if n < 1000
+            else np.select([src.split == s for s in SPLIT_NAMES], range(len(SPLIT_NAMES)), TRAIN).astype(np.int8)
+        )
     if cfg.data.split.column:
-        raise InputError(f"{src.name}: this source has no split column {cfg.data.split.column!r} "
-                         f"(data.split.column); use data.split.test instead")
+        raise InputError(
+            f"{src.name}: this source has no split column {cfg.data.split.column!r} "
+            f"(data.split.column); use data.split.test instead"
+        )
     from sklearn.model_selection import train_test_split
 
     s = cfg.data.split
@@ -86,8 +108,10 @@ def _given_or_random_split(cfg: RunConfig, src, codes: np.ndarray, classes: list
     split = np.full(n, TRAIN, np.int8)
     counts = np.bincount(codes)
     if counts.min() < 2:
-        raise InputError(f"{labels_file}: class {classes[int(np.argmin(counts))]!r} has {counts.min()} sample(s); a stratified "
-                         f"split needs at least two per class (data.labels); drop or merge that class")
+        raise InputError(
+            f"{labels_file}: class {classes[int(np.argmin(counts))]!r} has {counts.min()} sample(s); a stratified "
+            f"split needs at least two per class (data.labels); drop or merge that class"
+        )
     held = s.test + val_share
     try:
         _, rest = train_test_split(np.arange(n), test_size=held, stratify=codes, random_state=s.seed)
@@ -97,8 +121,10 @@ def _given_or_random_split(cfg: RunConfig, src, codes: np.ndarray, classes: list
         else:
             test = rest
     except ValueError as e:
-        raise InputError(f"{src.name}: cannot split {n} samples of {len(counts)} classes with "
-                         f"data.split.test={s.test}: {e}".splitlines()[0]) from None
+        raise InputError(
+            f"{src.name}: cannot split {n} samples of {len(counts)} classes with "
+            f"data.split.test={s.test}: {e}".splitlines()[0]
+        ) from None
     split[test] = TEST
     return split
 
@@ -129,11 +155,12 @@ def _stage_block(reader, start: int, stop: int, normalize: str, url: str, name: 
 @dataclass(frozen=True)
 class DataPlan:
     """Everything about the staged data that can be known and checked before any task runs."""
+
     source: object
     info: DataInfo
     coords: dict
     attrs: dict
-    pairs: dict | None = None   # user pairs for NML / linear ML (pair_i, pair_j, pair_y)
+    pairs: dict | None = None  # user pairs for NML / linear ML (pair_i, pair_j, pair_y)
 
 
 def check_store_outside_data(cfg: RunConfig, store) -> None:
@@ -143,14 +170,20 @@ def check_store_outside_data(cfg: RunConfig, store) -> None:
     dataset. Refused, not left out of the fingerprint: a dataset is no place for results
     (``data.verify_source`` would hash them too)."""
     data = Path(cfg.data.path) if cfg.data.path else None
-    if data is None or not data.is_dir() or not ((data / "zarr.json").exists() or data.suffix.lower() == ".zarr") \
-            or not getattr(store, "local", False):
+    if (
+        data is None
+        or not data.is_dir()
+        or not ((data / "zarr.json").exists() or data.suffix.lower() == ".zarr")
+        or not getattr(store, "local", False)
+    ):
         return
     data, root = data.resolve(), Path(store.root).resolve()
     if root == data or data in root.parents:
-        raise InputError(f"{cfg.source_file}: store: {store.url} is inside data.path {data}, the folder it stages (its "
-                         f"files would change the data's fingerprint, so every run would stage it again); choose a "
-                         f"store outside {data}")
+        raise InputError(
+            f"{cfg.source_file}: store: {store.url} is inside data.path {data}, the folder it stages (its "
+            f"files would change the data's fingerprint, so every run would stage it again); choose a "
+            f"store outside {data}"
+        )
 
 
 def prepare_data(cfg: RunConfig, store) -> DataPlan:
@@ -160,7 +193,7 @@ def prepare_data(cfg: RunConfig, store) -> DataPlan:
     n, D = int(src.reader.shape[0]), int(np.prod(src.reader.shape[1:]))
     if n == 0 or D == 0:
         raise InputError(f"{src.name}: features are empty (shape {tuple(src.reader.shape)}); check data.features")
-    labels_file = cfg.data.labels if (cfg.data.labels or "").endswith(".npy") else src.name   # where they were read
+    labels_file = cfg.data.labels if (cfg.data.labels or "").endswith(".npy") else src.name  # where they were read
     codes, classes = encode_labels(src.labels, n, f"{labels_file} (data.labels)")
     d = cfg.data
     pairs = _load_pairs(d.pairs) if d.pairs else None
@@ -168,15 +201,20 @@ def prepare_data(cfg: RunConfig, store) -> DataPlan:
     check_split(codes, split, SPLIT_NAMES, classes, src.name, given=src.split is not None)
     split = _hold_out(cfg, split, codes, classes, src.name)
     coords = {"label": codes, "split": split}
-    for key in ("groups", "ids"):   # a source of one array has no column to read them from
+    for key in ("groups", "ids"):  # a source of one array has no column to read them from
         if getattr(d, key) and getattr(src, key) is None:
-            raise InputError(f"{src.name}: data.{key} names an array beside the features, and this format holds "
-                             f"the features alone; save features, labels and {key} together in an .npz, HDF5, "
-                             f"Zarr or Parquet file")
+            raise InputError(
+                f"{src.name}: data.{key} names an array beside the features, and this format holds "
+                f"the features alone; save features, labels and {key} together in an .npz, HDF5, "
+                f"Zarr or Parquet file"
+            )
     groups = None
     if src.groups is not None:
-        groups = encode_labels(src.groups, n, f"{src.name} (data.groups)", "groups")[0] if len(np.unique(src.groups)) > 1 \
+        groups = (
+            encode_labels(src.groups, n, f"{src.name} (data.groups)", "groups")[0]
+            if len(np.unique(src.groups)) > 1
             else np.zeros(n, np.int32)
+        )
         coords["group"] = groups
     if src.ids is not None:
         ids = np.asarray(src.ids)
@@ -186,18 +224,33 @@ def prepare_data(cfg: RunConfig, store) -> DataPlan:
     pairs_fp = None
     if d.pairs:
         coords_pairs = _check_pairs(d.pairs, *pairs, split, random_split=src.split is None)
-    by_bytes = d.verify_source   # the fingerprint holds the files' bytes: their paths are not the data
+    by_bytes = d.verify_source  # the fingerprint holds the files' bytes: their paths are not the data
     if d.pairs:
         pairs_fp = fingerprint(d.pairs, contents=by_bytes)
     chunk_rows = chunk_rows_for(D, d.chunk_mb)
-    key = hash_key({"stage": "data", "layout": "user-split", "source": src.fingerprint, "name": _key_path(src.name, by_bytes),
-                    "features": d.features, "labels": _key_path(d.labels, by_bytes),
-                    "groups": _key_path(d.groups, by_bytes), "normalize": d.normalize, "split": _split_key(d.split),
-                    "chunk_rows": chunk_rows, **({"pairs": pairs_fp} if pairs_fp else {}),
-                    **({"ids": d.ids} if d.ids else {})})
+    key = hash_key(
+        {
+            "stage": "data",
+            "layout": "user-split",
+            "source": src.fingerprint,
+            "name": _key_path(src.name, by_bytes),
+            "features": d.features,
+            "labels": _key_path(d.labels, by_bytes),
+            "groups": _key_path(d.groups, by_bytes),
+            "normalize": d.normalize,
+            "split": _split_key(d.split),
+            "chunk_rows": chunk_rows,
+            **({"pairs": pairs_fp} if pairs_fp else {}),
+            **({"ids": d.ids} if d.ids else {}),
+        }
+    )
     info = DataInfo(store.unit("data", key), n, D, chunk_rows, classes, codes, split, groups)
-    attrs = {"source": src.name, "normalize": d.normalize, "classes": [str(c) for c in classes],
-             "split_flag_meanings": " ".join(SPLIT_NAMES)}
+    attrs = {
+        "source": src.name,
+        "normalize": d.normalize,
+        "classes": [str(c) for c in classes],
+        "split_flag_meanings": " ".join(SPLIT_NAMES),
+    }
     return DataPlan(src, info, coords, attrs, coords_pairs if d.pairs else None)
 
 
@@ -205,7 +258,7 @@ def _split_key(s) -> dict:
     """The split settings as the staged data depends on them: val auto and 0 stage the same rows (the
     borrowed validation rows are not staged)."""
     out = {**s.__dict__, "val": s.val if isinstance(s.val, float) and s.val > 0 else None}
-    if s.classes is None:   # (no classes held out: the key data staged before the setting existed had)
+    if s.classes is None:  # (no classes held out: the key data staged before the setting existed had)
         del out["classes"]
     else:
         out["classes"] = s.classes if isinstance(s.classes, float) else list(s.classes)
@@ -225,19 +278,23 @@ def _key_path(value, by_bytes: bool = False):
 def _load_pairs(path: str) -> tuple:
     """User pairs (data.pairs: an npz with arrays i, j, y) as read: (i, j, y)."""
     if not str(path).endswith(".npz"):
-        raise InputError(f"{path}: data.pairs must be an .npz file with arrays i, j, y (np.savez(path, i=..., "
-                         f"j=..., y=...))")
+        raise InputError(
+            f"{path}: data.pairs must be an .npz file with arrays i, j, y (np.savez(path, i=..., j=..., y=...))"
+        )
     try:
         with np.load(path, allow_pickle=False) as z:
             missing = [k for k in ("i", "j", "y") if k not in z.files]
             if missing:
-                raise InputError(f"{path}: data.pairs needs arrays i, j, y; missing {missing} (it holds {sorted(z.files)})")
+                raise InputError(
+                    f"{path}: data.pairs needs arrays i, j, y; missing {missing} (it holds {sorted(z.files)})"
+                )
             i, j, y = z["i"], z["j"], z["y"]
     except InputError:
         raise
     except FileNotFoundError:
-        raise InputError(f"{path}: file not found (data.pairs); check the path (a config's relative paths are read "
-                         f"from its folder)") from None
+        raise InputError(
+            f"{path}: file not found (data.pairs); check the path (a config's relative paths are read from its folder)"
+        ) from None
     except (OSError, ValueError) as e:
         raise InputError(f"{path}: cannot read data.pairs: {type(e).__name__}: {e}".splitlines()[0]) from None
     return i, j, y
@@ -245,8 +302,7 @@ def _load_pairs(path: str) -> tuple:
 
 def _check_pairs(path: str, i, j, y, split: np.ndarray, random_split: bool) -> dict:
     """The pairs checked against the staged rows, as the staged unit stores them."""
-    from metricpipe.nml_train import check_pairs
-    check_pairs(i, j, y, split, f"{path} (data.pairs)", random_split)
+    splits.check_pairs(i, j, y, split, f"{path} (data.pairs)", random_split)
     return {"pair_i": i.astype(np.int64), "pair_j": j.astype(np.int64), "pair_y": y.astype(np.int8)}
 
 
@@ -260,23 +316,36 @@ def run_stage(ctx: StageContext, plan: DataPlan | None = None) -> DataInfo:
     t0 = time.perf_counter()
     unit.begin()
     try:
-        _write_template(unit.url, {"features": (("sample", "feature"), (info.n_samples, info.n_features),
-                                                np.float32, np.nan),
-                                   "row_key": (("sample",), (info.n_samples,), np.uint64, 0)},
-                        plan.coords, plan.attrs, info.chunk_rows,
-                        samples={"features": _stored_sample(src.reader, info, ctx.config.data.normalize, src.name)})
+        write_template(
+            unit.url,
+            {
+                "features": (("sample", "feature"), (info.n_samples, info.n_features), np.float32, np.nan),
+                "row_key": (("sample",), (info.n_samples,), np.uint64, 0),
+            },
+            plan.coords,
+            plan.attrs,
+            info.chunk_rows,
+            samples={"features": _stored_sample(src.reader, info, ctx.config.data.normalize, src.name)},
+        )
         for name, values in (plan.pairs or {}).items():  # user pairs (NML), beside the rows
-            create_array(f"{unit.url}/{name}", values.shape, (max(1, min(len(values), 1 << 20)),),
-                         values.dtype)[:] = values
+            create_array(f"{unit.url}/{name}", values.shape, (max(1, min(len(values), 1 << 20)),), values.dtype)[:] = (
+                values
+            )
         normalize = ctx.config.data.normalize
-        futures = [ctx.submit(_stage_block, src.reader, a, b, normalize, unit.url, src.name, name="stage-block")
-                   for a, b in info.chunks]
+        futures = [
+            ctx.submit(_stage_block, src.reader, a, b, normalize, unit.url, src.name, name="stage-block")
+            for a, b in info.chunks
+        ]
         least = min(ctx.gather(futures, "stage", [f"rows {a}..{b - 1}" for a, b in info.chunks]))
     except InputError:
-        unit.discard()   # values refused block by block (NaN, inf, ...): no half-staged unit is left behind
+        unit.discard()  # values refused block by block (NaN, inf, ...): no half-staged unit is left behind
         raise
-    _timed(ctx, unit, t0, {"n_samples": info.n_samples, "n_features": info.n_features, "source": src.name,
-                           "min": list(least)})   # [value, row, column]: learners that need x >= 0 check it
+    commit_timed(
+        ctx,
+        unit,
+        t0,
+        {"n_samples": info.n_samples, "n_features": info.n_features, "source": src.name, "min": list(least)},
+    )  # [value, row, column]: learners that need x >= 0 check it
     return info
 
 
@@ -284,7 +353,6 @@ def check_nonnegative_for(cfg, info: DataInfo) -> None:
     """Refuse, right after staging, a learner that needs non-negative features (NML's chi2 kernel) on
     staged features with a negative value: found by its fit after the statistics and neighbours
     otherwise (or by its encode, for a negative test row), naming neither the file nor the row."""
-    from metricpipe.tasks import registry
     least = info.unit.meta().get("min")
     if least is None or least[0] >= 0:
         return
@@ -293,11 +361,13 @@ def check_nonnegative_for(cfg, info: DataInfo) -> None:
             value, row, col = least
             source = info.unit.meta().get("source", "the data")
             staged = f" after data.normalize: {cfg.data.normalize}" if cfg.data.normalize != "none" else ""
-            field, fix = (("data.synthetic", "set data.synthetic.nonnegative: true")
-                          if cfg.data.source == "synthetic" and not cfg.data.path else
-                          ("data.path", "use non-negative descriptors (histograms, ReLU activations)"))
-            raise InputError(f"{source}: {cfg.entry(n)} ({spec['method']}) needs non-negative features (its chi2 "
-                             f"kernel), but row {row}, column {col} is {value:g}{staged} ({field}); {fix} or drop "
-                             f"{spec['method']}")
-
-
+            field, fix = (
+                ("data.synthetic", "set data.synthetic.nonnegative: true")
+                if cfg.data.source == "synthetic" and not cfg.data.path
+                else ("data.path", "use non-negative descriptors (histograms, ReLU activations)")
+            )
+            raise InputError(
+                f"{source}: {cfg.entry(n)} ({spec['method']}) needs non-negative features (its chi2 "
+                f"kernel), but row {row}, column {col} is {value:g}{staged} ({field}); {fix} or drop "
+                f"{spec['method']}"
+            )

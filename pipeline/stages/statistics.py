@@ -1,28 +1,17 @@
 """Stage 2, statistics: mean, covariance, class means and scatters, PCA basis (blockwise tree reduction)."""
+
 import time
 
 import dask.array as da
 import numpy as np
 
+from metricpipe.budget import row_block
 from metricpipe.context import StageContext
-from metricpipe.storage import Unit, hash_key, open_array, save_arrays
+from metricpipe.stages.common import TRAIN, DataInfo, commit_timed, moments_block, tree_combine
+from metricpipe.store import Unit, hash_key, open_array, save_arrays
 from metricpipe.tasks import moments
 
-from metricpipe.stages.common import DataInfo, TRAIN, _timed, _tree_combine
-
-
-
 # ---- 2. statistics -------------------------------------------------------------------------------------
-
-def _moments_block(url: str, start: int, stop: int, n_classes: int, second: bool, array_url: str | None = None,
-                   code: int = TRAIN):
-    """Moments of the train rows (split ``code``) of block start:stop (of ``array_url``, default the
-    staged features)."""
-    split = open_array(f"{url}/split")[start:stop]
-    y = open_array(f"{url}/label")[start:stop]
-    train = np.flatnonzero(split == code)
-    X = open_array(array_url or f"{url}/features")[start:stop][train]
-    return moments.partial_moments(X, y[train], n_classes, second=second)
 
 
 def _finalize_statistics(m, url: str, n_components) -> dict:
@@ -37,25 +26,35 @@ def run_statistics(ctx: StageContext, data: DataInfo) -> Unit:
     dense = data.n_features <= cfg.max_dense_dim
     # the seed reaches randomized PCA only: dense statistics (and every model made from them) are the
     # same for any seed, so a new seed does not recompute them
-    key = hash_key({"stage": "statistics", "data": data.unit.key, "dense": dense,
-                    "seed": None if dense else ctx.config.seed, "components": None if dense else cfg.components})
+    key = hash_key(
+        {
+            "stage": "statistics",
+            "data": data.unit.key,
+            "dense": dense,
+            "seed": None if dense else ctx.config.seed,
+            "components": None if dense else cfg.components,
+        }
+    )
     unit = ctx.store.unit("statistics", key)
     if ctx.reuse(unit, "statistics"):
         ctx.log(f"  statistics: reusing {unit.rel}")
         return unit
     t0 = time.perf_counter()
     unit.begin()
-    parts = [ctx.submit(_moments_block, data.url, a, b, len(data.classes), dense, name="moments-block")
-             for a, b in data.chunks]
+    parts = [
+        ctx.submit(moments_block, data.url, a, b, len(data.classes), dense, name="moments-block")
+        for a, b in data.chunks
+    ]
     # wait, but leave each block's moments (a D x D matrix) on its worker: the tree combines them there
     ctx.gather(parts, "statistics", [f"rows {a}..{b - 1}" for a, b in data.chunks], fetch=False)
-    total = _tree_combine(ctx, parts, "moments-combine")
+    total = tree_combine(ctx, parts, "moments-combine")
     if dense:
-        meta = ctx.gather([ctx.submit(_finalize_statistics, total, unit.url, None, name="statistics-finalize")],
-                          "statistics")[0]
+        meta = ctx.gather(
+            [ctx.submit(_finalize_statistics, total, unit.url, None, name="statistics-finalize")], "statistics"
+        )[0]
     else:
         meta = _randomized_statistics(ctx, data, total, unit, cfg.components)
-    _timed(ctx, unit, t0, {**meta, "dense": dense})
+    commit_timed(ctx, unit, t0, {**meta, "dense": dense})
     return unit
 
 
@@ -74,3 +73,15 @@ def _randomized_statistics(ctx, data, total, unit, n_components) -> dict:
     return {"n_train": int(m.n)}
 
 
+def largest_tasks(info, cfg, limit: float) -> list:
+    """The D x D covariance (float64): a block's partial and the two being combined, beside a row-block."""
+    D = info.n_features
+    if D > cfg.statistics.max_dense_dim:
+        return []
+    return [
+        (
+            f"the statistics stage's {D} x {D} covariance (3 copies, float64)",
+            3 * 8.0 * D * D + row_block(info),
+            f"set statistics.max_dense_dim below {D} (randomized PCA) or raise memory_limit",
+        )
+    ]

@@ -1,4 +1,5 @@
 """Reference computations with scikit-learn and helpers shared by the integration tests."""
+
 import json
 import os
 from pathlib import Path
@@ -16,10 +17,10 @@ def sklearn_pca_protocol(Xtr, ytr, Xte, yte, dim):
     """PCA-dim retrieval mAP (test queries the rest of test) and kNN-1 top-1 error (train = database)."""
     pca = PCA(n_components=dim, svd_solver="full").fit(Xtr.astype(np.float64))
     Ztr, Zte = pca.transform(Xtr), pca.transform(Xte)
-    sq = (Zte ** 2).sum(1)
+    sq = (Zte**2).sum(1)
     aps = []
     for a in range(0, len(Zte), 1000):
-        d = sq[a:a + 1000, None] + sq[None, :] - 2 * Zte[a:a + 1000] @ Zte.T
+        d = sq[a : a + 1000, None] + sq[None, :] - 2 * Zte[a : a + 1000] @ Zte.T
         for i, row in enumerate(d):
             q = a + i
             keep = np.arange(len(Zte)) != q
@@ -29,8 +30,11 @@ def sklearn_pca_protocol(Xtr, ytr, Xte, yte, dim):
 
 
 def record(records, method, dim, metric, classifier=None):
-    hits = [r["value"] for r in records if r["method"] == method and r["dim"] == dim and r["metric"] == metric
-            and r["classifier"] == classifier]
+    hits = [
+        r["value"]
+        for r in records
+        if r["method"] == method and r["dim"] == dim and r["metric"] == metric and r["classifier"] == classifier
+    ]
     assert len(hits) == 1, (method, dim, metric, classifier, hits)
     return hits[0]
 
@@ -42,8 +46,11 @@ def run(raw: dict, client=None, **kw) -> dict:
 
 def fashion_root() -> Path:
     """Fashion-MNIST for tests: $METRICPIPE_DATA, else the shared folder beside the checkout."""
-    for p in (os.environ.get("METRICPIPE_DATA"), Path(__file__).parents[3] / "shared/data/fashion-mnist",
-              "/usr/share/datasets/fashion-mnist"):
+    for p in (
+        os.environ.get("METRICPIPE_DATA"),
+        Path(__file__).parents[3] / "shared/data/fashion-mnist",
+        "/usr/share/datasets/fashion-mnist",
+    ):
         if p and Path(p, "train-images-idx3-ubyte.gz").exists():
             return Path(p)
     raise AssertionError("Fashion-MNIST not found: set METRICPIPE_DATA to a folder with its IDX files")
@@ -51,7 +58,8 @@ def fashion_root() -> Path:
 
 def run_results(url) -> tuple:
     """(metric records, {model spec: arrays}) of the last run in the store at ``url`` (a path or URL)."""
-    from metricpipe.storage import Store, load_arrays
+    from metricpipe.store import Store, load_arrays
+
     st = Store(str(url))
     models = {}
     for rel in st.read_json("runs/latest.json")["units"]["models"]:
@@ -68,7 +76,7 @@ def portable_records(records: list) -> list:
 
 def assert_same_results(a, b) -> None:
     """Two runs' :func:`run_results` agree exactly: every metric and every model array."""
-    assert a[0] == b[0]                       # every metric, exactly
+    assert a[0] == b[0]  # every metric, exactly
     assert a[1].keys() == b[1].keys()
     for spec, arrays in a[1].items():
         for name, value in arrays.items():

@@ -1,4 +1,5 @@
 """Whole runs compared with scikit-learn computations of the same protocol."""
+
 import numpy as np
 import pytest
 from sklearn.datasets import load_digits
@@ -14,8 +15,15 @@ EVAL = {"retrieval": {"k": [1, 10]}, "classification": {"classifiers": ["knn1"]}
 
 
 def test_digits_pca_matches_sklearn(client, tmp_path):
-    m = run({"store": str(tmp_path), "data": {"source": "digits", "split": {"test": 0.2, "seed": 0, "val": 0}},
-             "methods": [{"method": "pca", "dim": 32}], "evaluate": EVAL}, client)
+    m = run(
+        {
+            "store": str(tmp_path),
+            "data": {"source": "digits", "split": {"test": 0.2, "seed": 0, "val": 0}},
+            "methods": [{"method": "pca", "dim": 32}],
+            "evaluate": EVAL,
+        },
+        client,
+    )
     X, y = load_digits(return_X_y=True)
     tr, te = train_test_split(np.arange(len(y)), test_size=0.2, stratify=y, random_state=0)
     ref_map, ref_err = sklearn_pca_protocol(X[tr], y[tr], X[te], y[te], 32)
@@ -34,9 +42,15 @@ def test_fashion_mnist_subset_pca_matches_sklearn(client, tmp_path):
     idx = np.r_[0:6000, 60000:61500]
     X, y, split = X[idx] / 255.0, y[idx], split[idx]
     np.savez(tmp_path / "fm.npz", X=X, y=y, split=split)
-    m = run({"store": str(tmp_path / "s"), "data": {"path": str(tmp_path / "fm.npz"), "split": {"column": "split", "val": 0},
-                                                  "chunk_mb": 5},
-             "methods": [{"method": "pca", "dim": 32}], "evaluate": EVAL}, client)
+    m = run(
+        {
+            "store": str(tmp_path / "s"),
+            "data": {"path": str(tmp_path / "fm.npz"), "split": {"column": "split", "val": 0}, "chunk_mb": 5},
+            "methods": [{"method": "pca", "dim": 32}],
+            "evaluate": EVAL,
+        },
+        client,
+    )
     tr, te = split == "train", split == "test"
     ref_map, ref_err = sklearn_pca_protocol(X[tr], y[tr], X[te], y[te], 32)
     assert abs(record(m["records"], "pca", 32, "map") - ref_map) < 0.005
@@ -46,16 +60,19 @@ def test_fashion_mnist_subset_pca_matches_sklearn(client, tmp_path):
 @pytest.mark.slow
 def test_full_fashion_mnist_example_matches_sklearn(tmp_path):
     """The acceptance run: examples/fashion-mnist.yaml on all 70k images, timed, against scikit-learn."""
+    import json
     import time
+    from pathlib import Path
 
     from metricpipe.config import load_config
     from metricpipe.runner import run_pipeline
-    from pathlib import Path
-    import json
 
     cfg = load_config(Path(__file__).parents[2] / "examples/fashion-mnist.yaml")
-    cfg = cfg.with_overrides(store=str(tmp_path), dashboard=":0",
-                             data=cfg.data.__class__(**{**cfg.data.__dict__, "root": str(fashion_root())}))
+    cfg = cfg.with_overrides(
+        store=str(tmp_path),
+        dashboard=":0",
+        data=cfg.data.__class__(**{**cfg.data.__dict__, "root": str(fashion_root())}),
+    )
     t0 = time.perf_counter()
     m = json.loads(Path(run_pipeline(cfg, log=print)).with_name("metrics.json").read_text())
     seconds = time.perf_counter() - t0
@@ -65,8 +82,10 @@ def test_full_fashion_mnist_example_matches_sklearn(tmp_path):
     ref_map, ref_err = sklearn_pca_protocol(X[tr], y[tr], X[te], y[te], 32)
     ours_map = record(m["records"], "pca", 32, "map")
     ours_err = record(m["records"], "pca", 32, "top1_error", "knn1")
-    print(f"\nfashion-mnist run {seconds:.1f} s; PCA-32 mAP {ours_map:.4f} vs sklearn {ref_map:.4f}; "
-          f"kNN-1 error {ours_err:.4f} vs sklearn {ref_err:.4f}")
+    print(
+        f"\nfashion-mnist run {seconds:.1f} s; PCA-32 mAP {ours_map:.4f} vs sklearn {ref_map:.4f}; "
+        f"kNN-1 error {ours_err:.4f} vs sklearn {ref_err:.4f}"
+    )
     assert abs(ours_map - ref_map) < 0.005 and abs(ours_err - ref_err) < 0.005
 
 
@@ -76,8 +95,15 @@ def test_digits_accuracy_metrics_match_the_pml_definitions(client, tmp_path):
     pixels, so distances tie exactly and the order of tied rows matters."""
     from tests.pml_reference import pml_accuracy
 
-    m = run({"store": str(tmp_path), "data": {"source": "digits", "split": {"test": 0.2, "seed": 0, "val": 0}},
-             "methods": [{"method": "identity"}], "evaluate": EVAL}, client)
+    m = run(
+        {
+            "store": str(tmp_path),
+            "data": {"source": "digits", "split": {"test": 0.2, "seed": 0, "val": 0}},
+            "methods": [{"method": "identity"}],
+            "evaluate": EVAL,
+        },
+        client,
+    )
     X, y = load_digits(return_X_y=True)
     _, te = train_test_split(np.arange(len(y)), test_size=0.2, stratify=y, random_state=0)
     te = np.sort(te)
@@ -90,36 +116,50 @@ def test_digits_accuracy_metrics_match_the_pml_definitions(client, tmp_path):
 
 # ---- val: auto borrows, so the user's train split is every baseline's and every database's -----------
 
+
 def _knn_reference(Ztr, ytr, Zte, k):
     """Brute force in float64 with the documented rule: neighbours by (distance, train row), the most
     votes among the k nearest, a tie to the class whose nearest member is closer, then the lower code."""
-    d = (Zte ** 2).sum(1)[:, None] + (Ztr ** 2).sum(1)[None] - 2 * Zte @ Ztr.T
+    d = (Zte**2).sum(1)[:, None] + (Ztr**2).sum(1)[None] - 2 * Zte @ Ztr.T
     order = np.lexsort((np.broadcast_to(np.arange(len(Ztr)), d.shape), d), axis=1)[:, :k]
     out = []
     for row in ytr[order]:
-        classes = list(dict.fromkeys(row))                     # in order of their nearest member
+        classes = list(dict.fromkeys(row))  # in order of their nearest member
         votes = [np.sum(row == c) for c in classes]
         out.append(max(zip(votes, [-i for i in range(len(classes))], classes))[2])
     return np.array(out)
 
 
 def _users_split_matches_sklearn(client, tmp_path, X, y, split, scale):
-    from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
     from sklearn.decomposition import PCA
+    from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
     from sklearn.metrics import average_precision_score
     from sklearn.neighbors import KNeighborsClassifier, NearestCentroid
+
     np.savez(tmp_path / "d.npz", X=X, y=y, split=split)
-    m = run({"store": str(tmp_path / "s"), "data": {"path": str(tmp_path / "d.npz"), "split": {"column": "split"}},
-             "methods": [{"method": "identity"}, {"method": "pca", "dim": 32}, {"method": "lda"},
-                         {"method": "ncmml", "dim": 8, "iters": 100, "validate_every": 50, "select": {"lr": [3.0, 30.0]}}],
-             "evaluate": {"retrieval": {"k": [10]}, "classification": {"classifiers": ["knn1", "knn10", "ncm"]}}}, client)
+    m = run(
+        {
+            "store": str(tmp_path / "s"),
+            "data": {"path": str(tmp_path / "d.npz"), "split": {"column": "split"}},
+            "methods": [
+                {"method": "identity"},
+                {"method": "pca", "dim": 32},
+                {"method": "lda"},
+                {"method": "ncmml", "dim": 8, "iters": 100, "validate_every": 50, "select": {"lr": [3.0, 30.0]}},
+            ],
+            "evaluate": {"retrieval": {"k": [10]}, "classification": {"classifiers": ["knn1", "knn10", "ncm"]}},
+        },
+        client,
+    )
     assert m["selection"], "the run borrowed validation rows for its selection"
     tr, te = split == "train", split == "test"
     X64 = X.astype(np.float64) * scale
     lda = LinearDiscriminantAnalysis().fit(X64[tr], y[tr])
-    codes = {("identity", 64 if X.shape[1] == 64 else X.shape[1]): (X64[tr], X64[te]),
-             ("pca", 32): tuple(PCA(32, svd_solver="full").fit(X64[tr]).transform(X64[s]) for s in (tr, te)),
-             ("lda", len(np.unique(y)) - 1): (lda.transform(X64[tr]), lda.transform(X64[te]))}
+    codes = {
+        ("identity", 64 if X.shape[1] == 64 else X.shape[1]): (X64[tr], X64[te]),
+        ("pca", 32): tuple(PCA(32, svd_solver="full").fit(X64[tr]).transform(X64[s]) for s in (tr, te)),
+        ("lda", len(np.unique(y)) - 1): (lda.transform(X64[tr]), lda.transform(X64[te])),
+    }
     for (method, dim), (Ztr, Zte) in codes.items():
         knn1 = 1 - KNeighborsClassifier(1, algorithm="brute").fit(Ztr, y[tr]).score(Zte, y[te])
         ncm = 1 - NearestCentroid().fit(Ztr, y[tr]).score(Zte, y[te])
@@ -127,9 +167,11 @@ def _users_split_matches_sklearn(client, tmp_path, X, y, split, scale):
         for name, ref in (("knn1", knn1), ("ncm", ncm), ("knn10", knn10)):
             assert record(m["records"], method, dim, "top1_error", name) == pytest.approx(ref, abs=1e-4), (method, name)
     Zte = X64[te]
-    sq = (Zte ** 2).sum(1)
-    aps = [average_precision_score(np.delete(y[te] == y[te][q], q), -np.delete(sq + sq[q] - 2 * Zte @ Zte[q], q))
-           for q in range(len(Zte))]
+    sq = (Zte**2).sum(1)
+    aps = [
+        average_precision_score(np.delete(y[te] == y[te][q], q), -np.delete(sq + sq[q] - 2 * Zte @ Zte[q], q))
+        for q in range(len(Zte))
+    ]
     assert record(m["records"], "identity", X.shape[1], "map") == pytest.approx(np.mean(aps), abs=1e-4)
 
 

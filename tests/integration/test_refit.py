@@ -1,11 +1,12 @@
 """Validation rows are borrowed, not taken: what the user called train is all of it for every final
 model, and the chosen candidate is refitted on it."""
+
 import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
 from metricpipe.folds import Fold, fold_split
-from metricpipe.storage import Store, load_estimator
+from metricpipe.store import Store, load_estimator
 from metricpipe.tasks.splits import VAL
 from tests.integration.helpers import run
 
@@ -22,16 +23,25 @@ def _digits_with_a_split_column(tmp_path):
 
 
 def _config(tmp_path, store, entry):
-    return {"store": str(tmp_path / store), "data": {"path": str(tmp_path / "d.npz"), "split": {"column": "split"}},
-            "methods": [{"method": "identity"}, entry],
-            "evaluate": {"retrieval": False, "classification": {"classifiers": ["ncm"]}}}
+    return {
+        "store": str(tmp_path / store),
+        "data": {"path": str(tmp_path / "d.npz"), "split": {"column": "split"}},
+        "methods": [{"method": "identity"}, entry],
+        "evaluate": {"retrieval": False, "classification": {"classifiers": ["ncm"]}},
+    }
 
 
 def _models(store):
     st = Store(store)
     manifest = st.read_json("runs/latest.json")
-    return st, manifest, {st.unit(*rel.split("/")).meta()["spec"]["method"]: st.unit(*rel.split("/"))
-                          for rel in manifest["units"]["models"]}
+    return (
+        st,
+        manifest,
+        {
+            st.unit(*rel.split("/")).meta()["spec"]["method"]: st.unit(*rel.split("/"))
+            for rel in manifest["units"]["models"]
+        },
+    )
 
 
 def test_the_chosen_candidate_is_refitted_on_every_train_row(client, tmp_path):
@@ -41,19 +51,20 @@ def test_the_chosen_candidate_is_refitted_on_every_train_row(client, tmp_path):
     final = models["ncmml"]
     chosen = st.unit("models", final.meta()["refit_of"])
     sel = st.unit(*manifest["units"]["selection"][0].split("/")).meta()
-    assert sel["model"] == chosen.key                         # the refit is of the selection's choice
-    assert final.meta()["spec"]["early_stopping"] is False    # with the steps the choice kept
+    assert sel["model"] == chosen.key  # the refit is of the selection's choice
+    assert final.meta()["spec"]["early_stopping"] is False  # with the steps the choice kept
     assert final.meta()["spec"]["iters"] == chosen.meta()["best_iter"]
     train = split == "train"
     borrowed = fold_split(st.unit(*manifest["units"]["data"].split("/")).url, Fold(0)) == VAL
-    assert borrowed.sum() > 100 and (train[borrowed]).all()   # borrowed from the user's train rows
+    assert borrowed.sum() > 100 and (train[borrowed]).all()  # borrowed from the user's train rows
     means = np.stack([X[train & (y == c)].mean(0) for c in range(10)])
     cand_means = np.stack([X[train & ~borrowed & (y == c)].mean(0) for c in range(10)])
     np.testing.assert_allclose(load_estimator(final.url).centroids_, means, rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(load_estimator(chosen.url).centroids_, cand_means, rtol=1e-5, atol=1e-4)
     # the fits a refit replaced are the run's (gc keeps them): every candidate that trained
-    assert manifest["units"]["validated"] == sorted(f"models/{c['model']}" for c in sel["candidates"]
-                                                    if c["score"] is not None)
+    assert manifest["units"]["validated"] == sorted(
+        f"models/{c['model']}" for c in sel["candidates"] if c["score"] is not None
+    )
 
 
 def test_refit_false_keeps_the_chosen_candidate(client, tmp_path):
@@ -80,11 +91,13 @@ def test_export_of_the_train_split_holds_every_train_row(client, tmp_path):
     from click.testing import CliRunner
 
     from metricpipe.cli import main
+
     _, _, split = _digits_with_a_split_column(tmp_path)
     run(_config(tmp_path, "s", NCMML), client)
     _, _, models = _models(str(tmp_path / "s"))
     out = tmp_path / "train.faiss"
-    r = CliRunner().invoke(main, ["export", str(tmp_path / "s"), "--model", models["ncmml"].key, "--faiss", str(out),
-                                  "--split", "train"])
+    r = CliRunner().invoke(
+        main, ["export", str(tmp_path / "s"), "--model", models["ncmml"].key, "--faiss", str(out), "--split", "train"]
+    )
     assert r.exit_code == 0, r.output
     assert faiss.read_index(str(out)).ntotal == int((split == "train").sum())

@@ -1,5 +1,6 @@
 """repeats: N on digits, end to end: every learned model trained with N seeds, baselines without seed
 once, and a report of means, spreads and paired verdicts."""
+
 import json
 from pathlib import Path
 
@@ -8,16 +9,23 @@ import pytest
 from metricpipe.config import parse_config
 from metricpipe.report import read_summary, winner_lines
 from metricpipe.runner import run_pipeline
-from metricpipe.storage import Store
+from metricpipe.store import Store
 
 pytestmark = pytest.mark.integration
 
 
 def test_five_repeats_on_digits_report_mean_spread_and_a_paired_verdict(client, tmp_path):
-    raw = {"store": str(tmp_path / "s"), "repeats": 5, "data": {"source": "digits", "split": {"test": 0.2, "seed": 0}},
-           "methods": [{"method": "identity"}, {"method": "pca", "dim": 16},
-                       {"method": "ncmml", "dim": 16, "iters": 100, "validate_every": 50, "select": False}],
-           "evaluate": {"retrieval": {"k": [1, 10]}, "classification": {"classifiers": ["knn1", "knn5", "ncm"]}}}
+    raw = {
+        "store": str(tmp_path / "s"),
+        "repeats": 5,
+        "data": {"source": "digits", "split": {"test": 0.2, "seed": 0}},
+        "methods": [
+            {"method": "identity"},
+            {"method": "pca", "dim": 16},
+            {"method": "ncmml", "dim": 16, "iters": 100, "validate_every": 50, "select": False},
+        ],
+        "evaluate": {"retrieval": {"k": [1, 10]}, "classification": {"classifiers": ["knn1", "knn5", "ncm"]}},
+    }
     closing = []
     path = run_pipeline(parse_config(raw), client=client, log=lambda m: None, result=closing.append)
     doc = json.loads(Path(path).with_name("metrics.json").read_text())
@@ -29,8 +37,9 @@ def test_five_repeats_on_digits_report_mean_spread_and_a_paired_verdict(client, 
     for r in doc["records"]:
         by_method.setdefault(r["method"], set()).add(r["model"])
     assert len(by_method["pca"]) == 1 and serves[next(iter(by_method["pca"]))] == [[1, r] for r in range(5)]
-    assert len(by_method["ncmml"]) == 5 and sorted(s for k in by_method["ncmml"] for s in serves[k]) == \
-        [[2, r] for r in range(5)]
+    assert len(by_method["ncmml"]) == 5 and sorted(s for k in by_method["ncmml"] for s in serves[k]) == [
+        [2, r] for r in range(5)
+    ]
     # per row, every repeat's value, their mean and sample standard deviation
     table = doc["repeats"]
     assert table["count"] == 5 and [r["method"] for r in table["rows"]] == ["identity", "pca", "ncmml"]
@@ -38,7 +47,7 @@ def test_five_repeats_on_digits_report_mean_spread_and_a_paired_verdict(client, 
     [m] = [m for m in ncmml["metrics"] if m["metric"] == "map"]
     assert len(m["values"]) == 5 and len(set(m["values"])) > 1 and m["sd"] > 0
     assert m["mean"] == pytest.approx(sum(m["values"]) / 5)
-    assert all(mm["sd"] is None for mm in table["rows"][1]["metrics"])        # pca: computed once
+    assert all(mm["sd"] is None for mm in table["rows"][1]["metrics"])  # pca: computed once
     # the verdict: per family, a paired 95% t interval over the five repeats
     s = read_summary(Store(str(tmp_path / "s")))
     assert s["repeats"] == 5 and [f["family"] for f in s["families"]] == ["retrieval", "knn", "ncm"]

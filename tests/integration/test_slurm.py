@@ -3,6 +3,7 @@ munge; munged, slurmctld and slurmd started here as root processes with their co
 logs in a tmp dir; proctrack/linuxproc, no cgroups) runs the pipeline's workers as batch jobs through
 dask-jobqueue. The metrics equal a LocalCluster run's, the workers really were SLURM jobs, and
 nothing the run starts listens beyond 127.0.0.1."""
+
 import os
 import shutil
 import socket
@@ -16,9 +17,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from metricpipe import cluster as cluster_module
 from metricpipe.cli import main
 from metricpipe.cluster import connect
+from metricpipe.cluster import spec as cluster_spec
 from tests.integration.helpers import run_results
 
 pytestmark = pytest.mark.integration
@@ -27,10 +28,13 @@ SPEC = Path(__file__).parents[2] / "cluster/slurm.yaml"
 PARTITION = "metricpipe"
 DAEMONS = ("munged", "slurmctld", "slurmd")
 COMMANDS = ("sbatch", "squeue", "sinfo", "scancel")
-CONFIG = {"data": {"source": "digits", "split": {"test": 0.25, "seed": 1}, "chunk_mb": 0.1},
-          "methods": [{"method": "identity"}, {"method": "pca", "dim": [8, 16]}],
-          "evaluate": {"retrieval": {"k": [1, 10]}, "classification": {"classifiers": ["knn1", "ncm"]}},
-          "workers": 1, "dashboard": "127.0.0.1:0"}
+CONFIG = {
+    "data": {"source": "digits", "split": {"test": 0.25, "seed": 1}, "chunk_mb": 0.1},
+    "methods": [{"method": "identity"}, {"method": "pca", "dim": [8, 16]}],
+    "evaluate": {"retrieval": {"k": [1, 10]}, "classification": {"classifiers": ["knn1", "ncm"]}},
+    "workers": 1,
+    "dashboard": "127.0.0.1:0",
+}
 
 SLURM_CONF = """\
 ClusterName=metricpipe-test
@@ -81,8 +85,10 @@ def _free_ports(n: int) -> list[int]:
 
 
 def _logs(root: Path) -> str:
-    return "\n".join(f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
-                     for p in sorted((root / "log").glob("*")))
+    return "\n".join(
+        f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
+        for p in sorted((root / "log").glob("*"))
+    )
 
 
 def _wait(what: str, ready, root: Path, procs: list, timeout: float = 60):
@@ -90,14 +96,15 @@ def _wait(what: str, ready, root: Path, procs: list, timeout: float = 60):
     while not ready():
         dead = [p.args[0] for p in procs if p.poll() is not None]
         if dead or time.time() > deadline:
-            pytest.fail(f"one-node SLURM: {what} not ready after {timeout:g} s"
-                        f"{f' ({dead} exited)' if dead else ''}\n{_logs(root)}")
+            pytest.fail(
+                f"one-node SLURM: {what} not ready after {timeout:g} s"
+                f"{f' ({dead} exited)' if dead else ''}\n{_logs(root)}"
+            )
         time.sleep(0.3)
 
 
 def _slurm(*args) -> str:
-    return subprocess.run([_which(args[0]), *args[1:]], capture_output=True, text=True, check=True,
-                          timeout=30).stdout
+    return subprocess.run([_which(args[0]), *args[1:]], capture_output=True, text=True, check=True, timeout=30).stdout
 
 
 def _jobs() -> set[str]:
@@ -120,8 +127,10 @@ def slurm(tmp_path_factory):
     sbatch/squeue; yields its tmp dir (``jobcomp.txt`` lists every finished job), stops it all after."""
     missing = [b for b in DAEMONS + COMMANDS if _which(b) is None]
     if missing:
-        pytest.fail(f"SLURM is not installed ({', '.join(missing)} not found): apt-get install slurm-wlm munge "
-                    f"(Debian's packages; .ci/run installs them)")
+        pytest.fail(
+            f"SLURM is not installed ({', '.join(missing)} not found): apt-get install slurm-wlm munge "
+            f"(Debian's packages; .ci/run installs them)"
+        )
     if os.geteuid() != 0:
         pytest.fail("the one-node SLURM needs root: slurmd starts each job as its user (CI runs as root)")
     root = tmp_path_factory.mktemp("slurm")
@@ -133,13 +142,20 @@ def slurm(tmp_path_factory):
     node = socket.gethostname().split(".")[0]
     ctld_port, slurmd_port = _free_ports(2)
     conf = root / "slurm.conf"
-    conf.write_text(SLURM_CONF.format(root=root, node=node, ctld_port=ctld_port, slurmd_port=slurmd_port,
-                                      partition=PARTITION))
+    conf.write_text(
+        SLURM_CONF.format(root=root, node=node, ctld_port=ctld_port, slurmd_port=slurmd_port, partition=PARTITION)
+    )
     env = {**os.environ, "SLURM_CONF": str(conf)}
     commands = {
-        "munged": ["-F", "--force", f"--key-file={key}", f"--socket={root}/munge/munge.socket",
-                   f"--pid-file={root}/munge/munged.pid", f"--seed-file={root}/munge/munged.seed",
-                   f"--log-file={root}/log/munged.log"],
+        "munged": [
+            "-F",
+            "--force",
+            f"--key-file={key}",
+            f"--socket={root}/munge/munge.socket",
+            f"--pid-file={root}/munge/munged.pid",
+            f"--seed-file={root}/munge/munged.seed",
+            f"--log-file={root}/log/munged.log",
+        ],
         "slurmctld": ["-D", "-i", "-f", str(conf)],
         "slurmd": ["-D", "-N", node, "-f", str(conf)],
     }
@@ -147,16 +163,25 @@ def slurm(tmp_path_factory):
     try:
         for name in DAEMONS:
             with open(root / f"log/{name}.out", "w") as out:
-                procs.append(subprocess.Popen([_which(name), *commands[name]], env=env, stdout=out,
-                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                              start_new_session=True))
+                procs.append(
+                    subprocess.Popen(
+                        [_which(name), *commands[name]],
+                        env=env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                    )
+                )
             if name == "munged":
                 _wait("munged's socket", (root / "munge/munge.socket").exists, root, procs)
 
         def idle():
-            state = subprocess.run([_which("sinfo"), "-h", "-N", "-o", "%T"], env=env, capture_output=True,
-                                   text=True, timeout=30)
+            state = subprocess.run(
+                [_which("sinfo"), "-h", "-N", "-o", "%T"], env=env, capture_output=True, text=True, timeout=30
+            )
             return state.stdout.strip() == "idle"
+
         _wait("the node (sinfo: idle)", idle, root, procs)
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("SLURM_CONF", str(conf))
@@ -177,8 +202,17 @@ def slurm(tmp_path_factory):
 def _spec(tmp_path, slurm, **change) -> Path:
     """cluster/slurm.yaml with this cluster's partition and a job size that fits its one node."""
     spec = yaml.safe_load(SPEC.read_text())
-    spec.update({"queue": PARTITION, "cores": 1, "processes": 1, "memory": "1GB", "walltime": "00:10:00",
-                 "log_directory": str(tmp_path / "slurm-logs"), **change})
+    spec.update(
+        {
+            "queue": PARTITION,
+            "cores": 1,
+            "processes": 1,
+            "memory": "1GB",
+            "walltime": "00:10:00",
+            "log_directory": str(tmp_path / "slurm-logs"),
+            **change,
+        }
+    )
     path = tmp_path / "slurm-spec.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -226,25 +260,37 @@ def test_workers_are_slurm_jobs_listening_on_loopback(tmp_path, slurm):
         # the scheduler and its dashboard (in this process, beside whatever else the session runs),
         # and every socket of the workers and their nannies
         ours = {int(a.rsplit(":", 1)[1]) for a in (client.scheduler.address, client.dashboard_link.split("/")[2])}
-        listening = [c.laddr for c in psutil.Process().net_connections("tcp")
-                     if c.status == psutil.CONN_LISTEN and c.laddr.port in ours]
+        listening = [
+            c.laddr
+            for c in psutil.Process().net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port in ours
+        ]
         for pid in [*client.run(os.getpid).values(), *client.run(os.getpid, nanny=True).values()]:
             listening += [c.laddr for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN]
         assert len(listening) >= 2 + 2 * 2 and all(addr.ip == "127.0.0.1" for addr in listening), listening
     assert _no_jobs_left()  # closing the cluster cancels its jobs
 
 
-@pytest.mark.parametrize("spec, expected", [
-    ({"memory": "10GB"},                # more memory than the node has: SLURM's own reason, before any job
-     ("SLURM refuses the worker job: ", "Requested node configuration is not available")),
-    ({"python": "/bin/false"},          # the job starts, but its worker command fails at once
-     ("no worker joined the scheduler at tcp://127.0.0.1:", "within 5 s (slurm)")),
-], ids=["job SLURM refuses", "worker that never joins"])
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        (
+            {"memory": "10GB"},  # more memory than the node has: SLURM's own reason, before any job
+            ("SLURM refuses the worker job: ", "Requested node configuration is not available"),
+        ),
+        (
+            {"python": "/bin/false"},  # the job starts, but its worker command fails at once
+            ("no worker joined the scheduler at tcp://127.0.0.1:", "within 5 s (slurm)"),
+        ),
+    ],
+    ids=["job SLURM refuses", "worker that never joins"],
+)
 def test_a_cluster_that_cannot_give_workers_is_a_one_line_error(tmp_path, slurm, monkeypatch, spec, expected):
-    monkeypatch.setattr(cluster_module, "WORKER_WAIT", 5)
+    monkeypatch.setattr(cluster_spec, "WORKER_WAIT", 5)
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump({**CONFIG, "store": str(tmp_path / "s"),
-                                   "cluster": str(_spec(tmp_path, slurm, **spec))}))
+    cfg.write_text(
+        yaml.safe_dump({**CONFIG, "store": str(tmp_path / "s"), "cluster": str(_spec(tmp_path, slurm, **spec))})
+    )
     res = CliRunner().invoke(main, ["run", str(cfg)])
     assert res.exit_code == 2, res.output
     assert all(part in res.output for part in expected), res.output

@@ -6,6 +6,7 @@ outside the store, an array added to a model, edited and truncated records, a FI
 Every command that reads a store is then run on it: nothing outside the store may change, and each
 command either works on verified data (its results are those of the untouched store) or refuses in
 one line (exit 2, no traceback)."""
+
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ from click.testing import CliRunner
 
 import metricpipe
 from metricpipe.cli import main
-from metricpipe.storage import MARKER_SUFFIX, record_digest, size_crc
+from metricpipe.store import MARKER_SUFFIX, record_digest, size_crc
 from metricpipe.tasks.errors import InputError
 
 pytestmark = pytest.mark.integration
@@ -29,17 +30,26 @@ def made(client, tmp_path_factory):
     """(the folder holding the untouched store ``good``, {method: model key}, the digits rows): one
     run on the session's cluster, two baselines and a learner with class means."""
     tmp = tmp_path_factory.mktemp("hostile")
-    cfg = {"store": str(tmp / "good"), "cluster": client.scheduler.address, "dashboard": ":0",
-           "data": {"source": "digits"},
-           "methods": [{"method": "identity"}, {"method": "pca", "dim": 8},
-                       {"method": "ncmml", "dim": 8, "iters": 20, "select": False}],
-           "evaluate": {"retrieval": {"k": [5]}, "classification": {"classifiers": ["knn1", "ncm"]}}}
+    cfg = {
+        "store": str(tmp / "good"),
+        "cluster": client.scheduler.address,
+        "dashboard": ":0",
+        "data": {"source": "digits"},
+        "methods": [
+            {"method": "identity"},
+            {"method": "pca", "dim": 8},
+            {"method": "ncmml", "dim": 8, "iters": 20, "select": False},
+        ],
+        "evaluate": {"retrieval": {"k": [5]}, "classification": {"classifiers": ["knn1", "ncm"]}},
+    }
     (tmp / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     res = _cli("run", tmp / "cfg.yaml")
     assert res.exit_code == 0, res.output
-    from metricpipe.models import describe
+    from metricpipe.store.models import describe
+
     keys = {r["method"]: r["key"] for r in describe(str(tmp / "good"))}
     from sklearn.datasets import load_digits
+
     return tmp, keys, load_digits().data
 
 
@@ -89,8 +99,10 @@ def _unit(store: Path, kind: str, method: str | None = None) -> str:
 
 def _add_array(store: Path, rel: str, name: str = "components_") -> None:
     import zarr
-    zarr.open_group(str(store / rel), mode="r+").create_array(name, shape=(64, 64), dtype="f4")[...] = \
-        np.eye(64, dtype=np.float32)[::-1]
+
+    zarr.open_group(str(store / rel), mode="r+").create_array(name, shape=(64, 64), dtype="f4")[...] = np.eye(
+        64, dtype=np.float32
+    )[::-1]
 
 
 def _edit_records(store: Path, truncate: bool = False) -> None:
@@ -112,18 +124,23 @@ def _fifo(store: Path, home: Path) -> None:
 
 
 HOSTILE = {
-    "lock linked to a user's file": lambda s, h: ((s / ".lock").unlink(missing_ok=True),
-                                                   (s / ".lock").symlink_to(h / "victim.txt")),
-    "lock linked, set-aside units": lambda s, h: ((s / ".lock").unlink(missing_ok=True),
-                                                   (s / ".lock").symlink_to(h / "victim.txt"),
-                                                   (s / ".replaced" / "models").mkdir(parents=True)),
+    "lock linked to a user's file": lambda s, h: (
+        (s / ".lock").unlink(missing_ok=True),
+        (s / ".lock").symlink_to(h / "victim.txt"),
+    ),
+    "lock linked, set-aside units": lambda s, h: (
+        (s / ".lock").unlink(missing_ok=True),
+        (s / ".lock").symlink_to(h / "victim.txt"),
+        (s / ".replaced" / "models").mkdir(parents=True),
+    ),
     "report linked to a folder": lambda s, h: (shutil.rmtree(s / "report"), (s / "report").symlink_to(h / "elsewhere")),
     "runs/latest.json linked outside": lambda s, h: _move_out(s, "runs/latest.json", h),
     "a unit's folder linked outside": lambda s, h: _move_out(s, _unit(s, "models", "pca"), h),
     "a unit's file linked outside": lambda s, h: _move_out(s, f"{_unit(s, 'models', 'identity')}/zarr.json", h),
     "records linked outside": lambda s, h: _move_out(s, f"{_unit(s, 'evaluation')}/records.json", h),
-    "a manifest naming units outside": lambda s, h: (s / "runs/latest.json").write_text(json.dumps(
-        {**json.loads((s / "runs/latest.json").read_text()), "units": {"models": ["../../home/elsewhere"]}})),
+    "a manifest naming units outside": lambda s, h: (s / "runs/latest.json").write_text(
+        json.dumps({**json.loads((s / "runs/latest.json").read_text()), "units": {"models": ["../../home/elsewhere"]}})
+    ),
     "a manifest of the wrong shape": lambda s, h: (s / "runs/latest.json").write_text('{"units": 5}'),
     "an array added to a model": lambda s, h: _add_array(s, _unit(s, "models", "identity")),
     "edited records": lambda s, h: _edit_records(s),
@@ -131,8 +148,14 @@ HOSTILE = {
     "a FIFO for a chunk": _fifo,
 }
 # alterations of a unit's own files, which `inspect --verify` must name
-IN_UNITS = {"a unit's file linked outside", "records linked outside", "an array added to a model", "edited records",
-            "truncated records", "a FIFO for a chunk"}
+IN_UNITS = {
+    "a unit's file linked outside",
+    "records linked outside",
+    "an array added to a model",
+    "edited records",
+    "truncated records",
+    "a FIFO for a chunk",
+}
 
 
 def _refused_in_one_line(res) -> bool:
@@ -161,7 +184,7 @@ def test_every_command_on_a_hostile_store_works_on_verified_data_or_refuses_in_o
         assert res.exception is None or isinstance(res.exception, SystemExit), (args, res.exception)
     res = _cli("inspect", "--verify", store)
     assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
-    if case in IN_UNITS:   # the damage is named, or the store refused
+    if case in IN_UNITS:  # the damage is named, or the store refused
         assert (res.exit_code == 1 and "DAMAGED" in res.output) or _refused_in_one_line(res), res.output
     else:
         assert res.exit_code in (0, 1) or _refused_in_one_line(res), res.output
@@ -189,13 +212,13 @@ def test_every_command_on_a_hostile_store_works_on_verified_data_or_refuses_in_o
             assert codes.read_bytes() == ref.read_bytes()
         else:
             assert not codes.exists()
-    for method, k in (("ncmml", []), ("pca", ["--k", "5"])):   # class means; the run's train codes
+    for method, k in (("ncmml", []), ("pca", ["--k", "5"])):  # class means; the run's train codes
         res = _cli("predict", store, "digits", "--model", keys[method], *k)
         assert res.exit_code == 0 or _refused_in_one_line(res), res.output
         if res.exit_code == 0:
             assert res.output == _cli("predict", good, "digits", "--model", keys[method], *k).output
 
-    res = _cli("run", tmp_path / "cfg.yaml")           # resuming: every unit is reused only once verified
+    res = _cli("run", tmp_path / "cfg.yaml")  # resuming: every unit is reused only once verified
     assert res.exit_code == 0 or _refused_in_one_line(res), res.output
     if res.exit_code == 0:
         assert _records(store) == good_records
@@ -212,7 +235,9 @@ def test_an_array_added_to_a_model_is_named_by_verify_and_never_loaded(made, tmp
     rel = f"models/{keys['identity']}"
     _add_array(store, rel)
     res = _cli("inspect", "--verify", store)
-    assert res.exit_code == 1 and f"DAMAGED {rel}/components_/zarr.json: not among the files of its commit" in res.output
+    assert (
+        res.exit_code == 1 and f"DAMAGED {rel}/components_/zarr.json: not among the files of its commit" in res.output
+    )
     with pytest.raises(InputError, match=f"model {keys['identity']} is damaged: {rel}/components_/c/0/0: not among"):
         metricpipe.load_model(str(store), keys["identity"])
     res = _cli("encode", store, "digits", "--model", keys["identity"], "--out", tmp_path / "out" / "c.npy")
@@ -221,9 +246,11 @@ def test_an_array_added_to_a_model_is_named_by_verify_and_never_loaded(made, tmp
     marker = store / f"{rel}{MARKER_SUFFIX}"
     meta = json.loads(marker.read_text())
     import fsspec
+
     fs = fsspec.filesystem("file")
-    meta["files"] = {str(p.relative_to(store / rel)): size_crc(fs, str(p))
-                     for p in sorted((store / rel).rglob("*")) if p.is_file()}
+    meta["files"] = {
+        str(p.relative_to(store / rel)): size_crc(fs, str(p)) for p in sorted((store / rel).rglob("*")) if p.is_file()
+    }
     meta["record"] = record_digest(meta)
     marker.write_text(json.dumps(meta))
     assert _cli("inspect", "--verify", store).exit_code == 0
@@ -242,6 +269,6 @@ def test_report_checks_the_evaluation_records_as_a_run_does(made, tmp_path, trun
     res = _cli("report", store)
     assert _refused_in_one_line(res) and f"{rel}/records.json: " in res.output, res.output
     assert "the last run's results are damaged: rerun 'metricpipe run CONFIG --repair'" in res.output
-    assert _records(store) == _records(made[0] / "good")       # the report as it was
+    assert _records(store) == _records(made[0] / "good")  # the report as it was
     assert _cli("run", tmp_path / "cfg.yaml", "--repair").exit_code == 0
     assert _refused_in_one_line(_cli("report", store)) is False and _records(store) == _records(made[0] / "good")

@@ -1,4 +1,5 @@
 """``metricpipe gc``: what the last run used is kept, the rest is listed and only --delete removes it."""
+
 import json
 
 import numpy as np
@@ -7,8 +8,8 @@ import yaml
 from click.testing import CliRunner
 
 from metricpipe.cli import main
-from metricpipe.inspect import verify_store
-from metricpipe.storage import MARKER_SUFFIX, Store, to_json
+from metricpipe.store import MARKER_SUFFIX, Store, to_json
+from metricpipe.store.describe import verify_store
 from tests.conftest import hold_lock, make_blobs
 
 
@@ -31,7 +32,8 @@ def _unit(store, kind, key, commit=True, attrs=None, **meta):
     u = store.unit(kind, key)
     u.begin()
     if attrs is not None:
-        from metricpipe.storage import save_arrays
+        from metricpipe.store import save_arrays
+
         save_arrays(u.url, {}, attrs)
     store.fs.pipe_file(f"{store.root}/{kind}/{key}/payload", bytes(100))
     if commit:
@@ -40,8 +42,11 @@ def _unit(store, kind, key, commit=True, attrs=None, **meta):
 
 
 def _all(store):
-    return {u.rel for kind in ("data", "statistics", "neighbours", "shuffled", "models", "selection", "codes",
-                               "evaluation") for u in store.units(kind)}
+    return {
+        u.rel
+        for kind in ("data", "statistics", "neighbours", "shuffled", "models", "selection", "codes", "evaluation")
+        for u in store.units(kind)
+    }
 
 
 @pytest.fixture
@@ -50,23 +55,33 @@ def store(tmp_path):
     copy; beside them an earlier config's units, a model add-classes made from the run's model, one
     made from the earlier config's, a killed writer's unit and a marker whose unit is gone."""
     st = Store(str(tmp_path / "s"))
-    run = {"data": R("data/d1"), "statistics": R("statistics/s1"), "neighbours": None,
-           "models": [R("models/m1")], "codes": [R("codes/c1")], "selection": [R("selection/x1")]}
+    run = {
+        "data": R("data/d1"),
+        "statistics": R("statistics/s1"),
+        "neighbours": None,
+        "models": [R("models/m1")],
+        "codes": [R("codes/c1")],
+        "selection": [R("selection/x1")],
+    }
     for kind, key in [("data", "d1"), ("statistics", "s1"), ("codes", "c1"), ("evaluation", "e1"), ("models", "cand")]:
         _unit(st, kind, key)
     _unit(st, "shuffled", "h1", attrs={"data": K("d1")})
-    _unit(st, "shuffled", "h2", attrs={"data": K("d1")})   # another seed's copy of its data: kept too
+    _unit(st, "shuffled", "h2", attrs={"data": K("d1")})  # another seed's copy of its data: kept too
     _unit(st, "shuffled", "h0", attrs={"data": K("d0")})
     _unit(st, "models", "m1", spec={"method": "ncmml"}, dim=4)
-    _unit(st, "selection", "x1", candidates=[{"model": K("m1")}, {"model": K("cand")},
-                                                {"model": None, "error": "diverged"}])
-    _unit(st, "models", "ext1", spec={"method": "ncmml"}, dim=4, extends=K("m1"))      # add-classes of the run's model
-    _unit(st, "models", "ext2", spec={"method": "ncmml"}, dim=4, extends=K("ext1"))    # ... and of that copy
+    _unit(
+        st,
+        "selection",
+        "x1",
+        candidates=[{"model": K("m1")}, {"model": K("cand")}, {"model": None, "error": "diverged"}],
+    )
+    _unit(st, "models", "ext1", spec={"method": "ncmml"}, dim=4, extends=K("m1"))  # add-classes of the run's model
+    _unit(st, "models", "ext2", spec={"method": "ncmml"}, dim=4, extends=K("ext1"))  # ... and of that copy
     for kind, key in [("data", "d0"), ("codes", "c0"), ("evaluation", "e0")]:
         _unit(st, kind, key)
     _unit(st, "models", "m0", spec={"method": "pca"}, dim=4)
-    _unit(st, "models", "ext0", spec={"method": "ncmml"}, dim=4, extends=K("m0"))     # of an earlier config's model
-    _unit(st, "models", "extc", spec={"method": "ncmml"}, dim=4, extends=K("cand"))   # of a kept candidate
+    _unit(st, "models", "ext0", spec={"method": "ncmml"}, dim=4, extends=K("m0"))  # of an earlier config's model
+    _unit(st, "models", "extc", spec={"method": "ncmml"}, dim=4, extends=K("cand"))  # of a kept candidate
     _unit(st, "models", "killed", commit=False)
     st.fs.pipe_file(f"{st.root}/codes/{K('gone')}{MARKER_SUFFIX}", b"{}")
     # a user's own folders and files inside the store's folders (a store made in a project folder):
@@ -76,25 +91,56 @@ def store(tmp_path):
         st.fs.pipe_file(f"{st.root}/{kind}/{name}/keep.txt", b"mine")
     st.fs.pipe_file(f"{st.root}/data/raw{MARKER_SUFFIX}", b"{}")
     import time
-    st.write_text("runs/latest.json", to_json({"units": run, "evaluation_units": [R("evaluation/e1")],
-                                               "started": time.time()}))
+
+    st.write_text(
+        "runs/latest.json", to_json({"units": run, "evaluation_units": [R("evaluation/e1")], "started": time.time()})
+    )
     time.sleep(0.01)
-    _unit(st, "models", "later")     # committed by a run that started after it and did not finish
+    _unit(st, "models", "later")  # committed by a run that started after it and did not finish
     return st
 
 
-KEPT = {R(x) for x in {"data/d1", "statistics/s1", "codes/c1", "evaluation/e1", "shuffled/h1", "shuffled/h2", "models/m1",
-        "models/cand", "selection/x1", "models/ext1", "models/ext2", "models/extc", "models/later"}}
-LISTED = {R(x) for x in {"data/d0", "codes/c0", "evaluation/e0", "shuffled/h0", "models/m0", "models/ext0", "models/killed",
-          "codes/gone"}}
+KEPT = {
+    R(x)
+    for x in {
+        "data/d1",
+        "statistics/s1",
+        "codes/c1",
+        "evaluation/e1",
+        "shuffled/h1",
+        "shuffled/h2",
+        "models/m1",
+        "models/cand",
+        "selection/x1",
+        "models/ext1",
+        "models/ext2",
+        "models/extc",
+        "models/later",
+    }
+}
+LISTED = {
+    R(x)
+    for x in {
+        "data/d0",
+        "codes/c0",
+        "evaluation/e0",
+        "shuffled/h0",
+        "models/m0",
+        "models/ext0",
+        "models/killed",
+        "codes/gone",
+    }
+}
 
 
 def test_gc_lists_what_the_last_run_did_not_use_and_removes_nothing(store):
     before = sorted(store.fs.find(store.root))
     res = _invoke("gc", store.url)
     assert res.exit_code == 0, res.output
-    assert res.output.splitlines()[-1].endswith("kept 1 unit committed after the last finished run started (a run "
-                                                "that did not finish, or add-classes: --resume reuses them)")
+    assert res.output.splitlines()[-1].endswith(
+        "kept 1 unit committed after the last finished run started (a run "
+        "that did not finish, or add-classes: --resume reuses them)"
+    )
     listed = {line.split()[0] for line in res.output.splitlines()[:-1]}
     assert listed == LISTED
     killed = R("models/killed")
@@ -108,7 +154,7 @@ def test_gc_delete_removes_exactly_the_listed_units_and_the_kept_ones_stay_intac
     assert res.exit_code == 0, res.output
     assert _all(store) == KEPT
     assert not store.fs.exists(f"{store.root}/codes/{K('gone')}{MARKER_SUFFIX}")
-    for kind, name in [("data", "raw"), ("models", "notes"), ("codes", "0123456789ABCDEF")]:   # the user's
+    for kind, name in [("data", "raw"), ("models", "notes"), ("codes", "0123456789ABCDEF")]:  # the user's
         assert store.fs.cat_file(f"{store.root}/{kind}/{name}/keep.txt") == b"mine"
     assert store.fs.exists(f"{store.root}/data/raw{MARKER_SUFFIX}")
     checked, problems = verify_store(store.url)
@@ -155,15 +201,18 @@ def test_gc_without_a_readable_last_run_removes_nothing(store, latest, match):
     assert sorted(store.fs.find(store.root)) == before
 
 
-@pytest.mark.parametrize("latest, problem", [
-    ("[]", "a list, not a mapping"),
-    ('{"units": 5}', "units: not a mapping"),
-    ('{"units": {"models": [3]}}', "units.models: not models/KEY paths"),
-    ('{"units": {"data": "data/../../../home"}}', "units.data: not data/KEY paths"),   # outside the store
-    ('{"units": {}, "evaluation_units": "evaluation/0123456789abcdef"}', "evaluation_units: not a list"),
-    ('{"units": {}, "started": "yesterday"}', "started: not a number"),
-    ('{"units": {}, "timings": [1]}', "timings: not a list of"),
-])
+@pytest.mark.parametrize(
+    "latest, problem",
+    [
+        ("[]", "a list, not a mapping"),
+        ('{"units": 5}', "units: not a mapping"),
+        ('{"units": {"models": [3]}}', "units.models: not models/KEY paths"),
+        ('{"units": {"data": "data/../../../home"}}', "units.data: not data/KEY paths"),  # outside the store
+        ('{"units": {}, "evaluation_units": "evaluation/0123456789abcdef"}', "evaluation_units: not a list"),
+        ('{"units": {}, "started": "yesterday"}', "started: not a number"),
+        ('{"units": {}, "timings": [1]}', "timings: not a list of"),
+    ],
+)
 def test_a_manifest_of_the_wrong_shape_is_one_line_for_gc_report_and_inspect(store, latest, problem):
     """runs/latest.json of the wrong shape was a TypeError (or AttributeError) traceback in gc and report."""
     store.fs.pipe_file(f"{store.root}/runs/latest.json", latest.encode())
@@ -190,10 +239,15 @@ def test_after_gc_the_last_config_reruns_from_the_store_and_an_earlier_one_is_re
     np.savez(tmp_path / "ok.npz", X=X, y=y)
 
     def config(name, iters, cluster=client.scheduler.address):
-        cfg = {"store": str(tmp_path / "store"), "cluster": cluster, "workers": 1, "dashboard": ":0",
-               "data": {"path": str(tmp_path / "ok.npz")},
-               "methods": [{"method": "pca", "dim": 4}, {"method": "ncmml", "dim": 4, "iters": iters}],
-               "evaluate": {"retrieval": {"k": [5]}, "classification": {"classifiers": ["ncm"]}}}
+        cfg = {
+            "store": str(tmp_path / "store"),
+            "cluster": cluster,
+            "workers": 1,
+            "dashboard": ":0",
+            "data": {"path": str(tmp_path / "ok.npz")},
+            "methods": [{"method": "pca", "dim": 4}, {"method": "ncmml", "dim": 4, "iters": iters}],
+            "evaluate": {"retrieval": {"k": [5]}, "classification": {"classifiers": ["ncm"]}},
+        }
         p = tmp_path / name
         p.write_text(yaml.safe_dump(cfg))
         return p
@@ -208,18 +262,18 @@ def test_after_gc_the_last_config_reruns_from_the_store_and_an_earlier_one_is_re
     b = config("b.yaml", 30)
     store = Store(str(tmp_path / "store"))
     copies = {u.rel for u in store.units("shuffled")}
-    assert copies     # NCMML read a shuffled copy of the staged data, which gc must keep
+    assert copies  # NCMML read a shuffled copy of the staged data, which gc must keep
     records = json.loads((tmp_path / "store/report/metrics.json").read_text())["records"]
     res = _invoke("gc", store.url, "--delete")
     assert res.exit_code == 0 and "removed" in res.output
     rerun = _invoke("run", b)
     assert rerun.exit_code == 0, rerun.output
     assert "reusing 2 of 2 models" in rerun.output and "reusing 2 of 2 evaluations" in rerun.output
-    assert {u.rel for u in store.units("shuffled")} == copies and "shuffled" not in rerun.output   # kept, not rewritten
+    assert {u.rel for u in store.units("shuffled")} == copies and "shuffled" not in rerun.output  # kept, not rewritten
     assert json.loads((tmp_path / "store/report/metrics.json").read_text())["records"] == records
     first = _invoke("run", a)
-    assert first.exit_code == 0 and "reusing 1 of 2 models" in first.output   # PCA is the same; NCMML was removed
-    assert "shuffled" not in first.output     # its retraining read the copy gc kept
+    assert first.exit_code == 0 and "reusing 1 of 2 models" in first.output  # PCA is the same; NCMML was removed
+    assert "shuffled" not in first.output  # its retraining read the copy gc kept
 
 
 def test_inspect_lists_a_store_whose_manifest_is_corrupt(store):

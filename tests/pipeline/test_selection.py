@@ -1,5 +1,6 @@
 """Parameter selection on the validation split: the split, the scores, the choice, and that the test
 split never enters it."""
+
 import json
 import re
 
@@ -11,19 +12,20 @@ from sklearn.neighbors import KNeighborsClassifier
 from metricpipe.config import parse_config
 from metricpipe.folds import Fold, fold_split
 from metricpipe.runner import run_pipeline
-from metricpipe.select import selection_rows
 from metricpipe.stages.data import prepare_data
-from metricpipe.storage import Store, load_estimator, open_array
+from metricpipe.stages.train.select import selection_rows
+from metricpipe.store import Store, load_estimator, open_array
 from metricpipe.tasks import evaluation, registry, splits
-from metricpipe.tasks.splits import auto_val_size
+from metricpipe.tasks.baselines import PCA
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.ncmml import NCMML
-from metricpipe.tasks.baselines import PCA
+from metricpipe.tasks.splits import auto_val_size
 
 TRAIN, TEST, VAL = 0, 1, 2
 
 
 # ---- the validation split ---------------------------------------------------------------------
+
 
 def _plan(tmp_path, split):
     cfg = parse_config({"store": str(tmp_path / "s"), "data": {"source": "digits", "split": split}})
@@ -31,12 +33,12 @@ def _plan(tmp_path, split):
 
 
 def _keys(n):
-    return np.random.default_rng(5).integers(0, 2 ** 63, n, dtype=np.uint64)
+    return np.random.default_rng(5).integers(0, 2**63, n, dtype=np.uint64)
 
 
 def test_auto_val_borrows_a_stratified_tenth_of_train_leaving_two_train_rows_per_class(tmp_path):
     info = _plan(tmp_path, {"test": 0.2, "seed": 0})
-    assert not (info.split == VAL).any()          # the staged split is the user's: every train row is train
+    assert not (info.split == VAL).any()  # the staged split is the user's: every train row is train
     n_pool = int((info.split == TRAIN).sum())
     split = splits.borrow(info.split, info.labels, _keys(len(info.split)), 0)
     val, train = split == VAL, split == TRAIN
@@ -44,7 +46,7 @@ def test_auto_val_borrows_a_stratified_tenth_of_train_leaving_two_train_rows_per
     assert val.sum() == pytest.approx(auto_val_size(n_pool), abs=len(info.classes))
     assert auto_val_size(n_pool) == int(min(10000, max(0.1 * n_pool, min(500, 0.2 * n_pool))))
     share = np.bincount(info.labels[val]) / np.bincount(info.labels[info.split != TEST])
-    assert share.min() > 0.1 and share.max() < 0.3          # stratified: every class gives its share
+    assert share.min() > 0.1 and share.max() < 0.3  # stratified: every class gives its share
     assert np.bincount(info.labels[train]).min() >= 2
     # the same seed, the same rows; another seed (a repeat), other rows
     assert np.array_equal(splits.borrow(info.split, info.labels, _keys(len(info.split)), 0), split)
@@ -70,12 +72,13 @@ def test_a_column_split_without_val_rows_borrows_them_from_train(tmp_path):
     X, y = load_digits(return_X_y=True)
     split = np.where(np.arange(len(y)) % 5 == 0, "test", "train")
     np.savez(tmp_path / "d.npz", X=X, y=y, split=split)
-    cfg = parse_config({"store": str(tmp_path / "s"),
-                        "data": {"path": str(tmp_path / "d.npz"), "split": {"column": "split"}}})
+    cfg = parse_config(
+        {"store": str(tmp_path / "s"), "data": {"path": str(tmp_path / "d.npz"), "split": {"column": "split"}}}
+    )
     info = prepare_data(cfg, Store(cfg.store)).info
     assert np.array_equal(info.split == TEST, split == "test") and np.array_equal(info.split == TRAIN, split == "train")
     borrowed = splits.borrow(info.split, info.labels, _keys(len(y)), 0)
-    assert (borrowed[split == "test"] == TEST).all()        # the user's test rows are untouched
+    assert (borrowed[split == "test"] == TEST).all()  # the user's test rows are untouched
     assert (borrowed == VAL).sum() == pytest.approx(auto_val_size(int((split == "train").sum())), abs=10)
 
 
@@ -86,12 +89,13 @@ def test_selection_rows_are_val_and_train_rows_only():
     val, ref = selection_rows(split, labels, 64, seed=0)
     assert (split[val] == VAL).all() and (split[ref] == TRAIN).all()
     assert len(val) == (split == VAL).sum() and len(ref) == (split == TRAIN).sum()
-    val2, ref2 = selection_rows(split, labels, 200_000, seed=0)   # wide rows: the budget shrinks both
+    val2, ref2 = selection_rows(split, labels, 200_000, seed=0)  # wide rows: the budget shrinks both
     assert len(val2) + len(ref2) <= max(200, 2.5e8 // (4 * 200_000)) + 100
     assert set(np.unique(labels[ref2])) == set(range(7))
 
 
 # ---- the score ----------------------------------------------------------------------------------
+
 
 def test_validation_scores_match_scikit_learn_and_brute_force():
     X, y = load_digits(return_X_y=True)
@@ -105,7 +109,7 @@ def test_validation_scores_match_scikit_learn_and_brute_force():
     d = ((Zv[:, None, :] - Zr[None]) ** 2).sum(-1)
     aps = []
     for q in range(len(Zv)):
-        rel = (yr[np.argsort(d[q], kind="stable")] == yv[q])
+        rel = yr[np.argsort(d[q], kind="stable")] == yv[q]
         hits = np.cumsum(rel)
         aps.append((hits[rel] / (np.flatnonzero(rel) + 1)).mean())
     assert evaluation.validation_score(est, "map", Xv, yv, Xr, yr) == pytest.approx(np.mean(aps), abs=1e-5)
@@ -120,6 +124,7 @@ def test_validation_scores_match_scikit_learn_and_brute_force():
 
 # ---- config -----------------------------------------------------------------------------------
 
+
 def test_unset_parameters_are_searched_set_ones_never():
     [spec] = registry.expand_method({"method": "slne"})
     assert spec["select"] == {"metric": "softvote10", "grid": {"step": [0.2, 0.05, 0.02, 0.005]}}
@@ -129,36 +134,41 @@ def test_unset_parameters_are_searched_set_ones_never():
     [spec] = registry.expand_method({"method": "ncmml", "select": {"metric": "knn1", "lr": [0.1, 1.0], "dim": [8, 16]}})
     assert spec["select"]["metric"] == "knn1" and len(registry.candidates(spec)) == 4
     assert all("select" not in c for c in registry.candidates(spec))
-    assert registry.expand_method({"method": "pca"}) == [{"method": "pca", "dim": None}]   # nothing to search
+    assert registry.expand_method({"method": "pca"}) == [{"method": "pca", "dim": None}]  # nothing to search
     assert "select" not in registry.expand_method({"method": "sparse", "sparsity": 0.0})[0]  # no support to anneal
     assert "select" in registry.expand_method({"method": "sparse", "sparsity": 0.9})[0]
 
 
-@pytest.mark.parametrize("method, key, value", [("nml", "optimizer", "sgd"), ("linear-ml", "optimizer", "adam"),
-                                               ("ncmml", "objective", "dot")])
+@pytest.mark.parametrize(
+    "method, key, value",
+    [("nml", "optimizer", "sgd"), ("linear-ml", "optimizer", "adam"), ("ncmml", "objective", "dot")],
+)
 def test_the_lr_grid_follows_the_optimizer_and_the_objective(method, key, value):
     """A step size means another thing under Adam, plain SGD or the dot form: the grid of the one the
     entry sets (Adam's lr 0.001 left Algorithm 1's NML at its start; lr 30 diverged for the dot form)."""
     cls = registry.estimator_class(method, {})
     other, default = cls.search_space_when[(key, value)]["lr"], cls.search_space["lr"]
-    assert other != default and cls().get_params()[key] != value   # the set value is not the default one
+    assert other != default and cls().get_params()[key] != value  # the set value is not the default one
     for entry, grid in (({"method": method}, default), ({"method": method, key: value}, other)):
         [spec] = registry.expand_method(entry)
         assert spec["select"]["grid"] == {"lr": grid}
         assert [c["lr"] for c in registry.candidates(spec)] == grid
-    [spec] = registry.expand_method({"method": method, key: value, "lr": 0.5})   # set: never searched
+    [spec] = registry.expand_method({"method": method, key: value, "lr": 0.5})  # set: never searched
     assert "select" not in spec
 
 
-@pytest.mark.parametrize("entry, words", [
-    ({"method": "slne", "step": 0.1, "select": {"step": [0.1, 0.2]}}, "both set"),
-    ({"method": "slne", "select": {"stpe": [0.1, 0.2]}}, "did you mean 'step'"),
-    ({"method": "slne", "select": {"metric": "accuracy"}}, "not a selection metric"),
-    ({"method": "slne", "select": {"step": 0.1}}, "non-empty list"),
-    ({"method": "ncmml", "select": {"metric": "ncmc"}}, "needs an NCMC model"),
-    ({"method": "slne", "select": "yes"}, "true, false or a mapping"),
-    ({"method": "ncmml", "select": {"lr": [1.0, -1.0]}}, "'lr' parameter"),
-])
+@pytest.mark.parametrize(
+    "entry, words",
+    [
+        ({"method": "slne", "step": 0.1, "select": {"step": [0.1, 0.2]}}, "both set"),
+        ({"method": "slne", "select": {"stpe": [0.1, 0.2]}}, "did you mean 'step'"),
+        ({"method": "slne", "select": {"metric": "accuracy"}}, "not a selection metric"),
+        ({"method": "slne", "select": {"step": 0.1}}, "non-empty list"),
+        ({"method": "ncmml", "select": {"metric": "ncmc"}}, "needs an NCMC model"),
+        ({"method": "slne", "select": "yes"}, "true, false or a mapping"),
+        ({"method": "ncmml", "select": {"lr": [1.0, -1.0]}}, "'lr' parameter"),
+    ],
+)
 def test_bad_select_entries_are_one_line_errors(entry, words):
     with pytest.raises(InputError, match=words) as e:
         registry.expand_method(entry)
@@ -167,26 +177,37 @@ def test_bad_select_entries_are_one_line_errors(entry, words):
 
 # ---- the pipeline ---------------------------------------------------------------------------------
 
+
 def _digits_npz(path, poison_test: bool):
     X, y = load_digits(return_X_y=True)
     split = np.where(np.arange(len(y)) % 5 == 0, "test", "train")
     y = y.copy()
-    if poison_test:   # every test label wrong: a selection that read them would change its mind
+    if poison_test:  # every test label wrong: a selection that read them would change its mind
         t = split == "test"
         y[t] = (y[t] + 1 + np.arange(t.sum()) % 9) % 10
     np.savez(path, X=X.astype(np.float32), y=y, split=split)
 
 
 def _run(tmp_path, name, client, poison=False, methods=None, again=False):
-    if not again:   # (a rerun reads the same file: rewriting it would be new data)
+    if not again:  # (a rerun reads the same file: rewriting it would be new data)
         _digits_npz(tmp_path / f"{name}.npz", poison)
-    raw = {"store": str(tmp_path / name),
-           "data": {"path": str(tmp_path / f"{name}.npz"), "split": {"column": "split"}, "chunk_mb": 0.05},
-           # lr 1e4 diverges (a failed candidate to record); the rest are the default grid's top
-           "methods": methods or [{"method": "ncmml", "dim": 8, "iters": 150, "validate_every": 50,
-                                   "select": {"lr": [30.0, 1e4, 10.0, 100.0]}},
-                                  {"method": "slem"}],
-           "evaluate": {"retrieval": {"k": [10]}, "classification": {"classifiers": ["knn1", "ncm"]}}}
+    raw = {
+        "store": str(tmp_path / name),
+        "data": {"path": str(tmp_path / f"{name}.npz"), "split": {"column": "split"}, "chunk_mb": 0.05},
+        # lr 1e4 diverges (a failed candidate to record); the rest are the default grid's top
+        "methods": methods
+        or [
+            {
+                "method": "ncmml",
+                "dim": 8,
+                "iters": 150,
+                "validate_every": 50,
+                "select": {"lr": [30.0, 1e4, 10.0, 100.0]},
+            },
+            {"method": "slem"},
+        ],
+        "evaluate": {"retrieval": {"k": [10]}, "classification": {"classifiers": ["knn1", "ncm"]}},
+    }
     logs = []
     path = run_pipeline(parse_config(raw), client=client, log=logs.append)
     return json.loads(open(path.replace("index.html", "metrics.json")).read()), logs
@@ -209,22 +230,29 @@ def test_selection_keeps_the_best_validation_score_and_ignores_the_test_labels(c
     assert all("diverged" in c["error"] for c in ncm["candidates"] if c["score"] is None)
     failed = [c["model"] for c in ncm["candidates"] if c["score"] is None]
     assert failed and not any((tmp_path / "clean" / "models" / key).exists() for key in failed)  # nothing half-written
-    why = [line for line in logs if re.match(rf"  train: ncmml\S*: {len(failed)} of {len(scores)} candidates failed, "
-                                             r"the selection compares the others; lr \S+: metric learning diverged after",
-                                             line)]
-    assert why and "lower 'lr'" not in why[0], logs       # and the log says why, with no advice for a searched lr
+    why = [
+        line
+        for line in logs
+        if re.match(
+            rf"  train: ncmml\S*: {len(failed)} of {len(scores)} candidates failed, "
+            r"the selection compares the others; lr \S+: metric learning diverged after",
+            line,
+        )
+    ]
+    assert why and "lower 'lr'" not in why[0], logs  # and the log says why, with no advice for a searched lr
     assert slem["candidates"][slem["chosen"]]["score"] == max(c["score"] for c in slem["candidates"])
     # the test metrics are the chosen model's, and its stored score is reproduced from the stored model
     lr = ncm["candidates"][ncm["chosen"]]["params"]["lr"]
     assert {r["params"]["lr"] for r in clean["records"] if r["method"] == "ncmml"} == {lr}
     store = tmp_path / "clean"
     data = next(p for p in (store / "data").iterdir() if p.is_dir())
-    split, labels = open_array(f"{data}/split")[:], open_array(f"{data}/label")[:]
+    labels = open_array(f"{data}/label")[:]
     X = open_array(f"{data}/features")[:]
-    val, ref = selection_rows(fold_split(str(data), Fold(0)), labels, X.shape[1], seed=0)   # the rows it borrowed
+    val, ref = selection_rows(fold_split(str(data), Fold(0)), labels, X.shape[1], seed=0)  # the rows it borrowed
     est = load_estimator(str(store / "models" / ncm["candidates"][ncm["chosen"]]["model"]))
-    assert evaluation.validation_score(est, "ncm", X[val], labels[val], X[ref], labels[ref]) == \
-        pytest.approx(ncm["candidates"][ncm["chosen"]]["score"], abs=1e-12)
+    assert evaluation.validation_score(est, "ncm", X[val], labels[val], X[ref], labels[ref]) == pytest.approx(
+        ncm["candidates"][ncm["chosen"]]["score"], abs=1e-12
+    )
     # the log line and the report name the config entry, its searched parameter aside
     assert clean["selection"][0]["label"] == "ncmml-8-iters150-validate_every50"
     assert clean["selection"][1]["label"].startswith("slem")
@@ -241,11 +269,13 @@ def test_a_selection_that_chooses_another_entry_s_model_encodes_and_evaluates_it
     report, logs = _run(tmp_path, "dup", client, methods=[fixed, searched])
     [sel] = report["selection"]
     assert sel["candidates"][sel["chosen"]]["params"] == {"lr": 10.0}
-    [model] = report["models"]        # the chosen candidate's refit, which the fixed entry's is too
-    assert Store(str(tmp_path / "dup")).unit("models", model["key"]).meta()["refit_of"] == \
-        sel["candidates"][sel["chosen"]]["model"]
+    [model] = report["models"]  # the chosen candidate's refit, which the fixed entry's is too
+    assert (
+        Store(str(tmp_path / "dup")).unit("models", model["key"]).meta()["refit_of"]
+        == sel["candidates"][sel["chosen"]]["model"]
+    )
     facts = [(r["model"], r["metric"], r["classifier"]) for r in report["records"]]
-    assert len(facts) == len(set(facts)), facts   # each of its figures once
+    assert len(facts) == len(set(facts)), facts  # each of its figures once
     assert any("1 entry ended with the model another entry has" in line for line in logs), logs
     assert not any("left unfinished" in line for line in logs), logs
 
@@ -253,14 +283,21 @@ def test_a_selection_that_chooses_another_entry_s_model_encodes_and_evaluates_it
 @pytest.mark.integration
 def test_every_candidate_failing_is_a_one_line_error(client, tmp_path):
     with pytest.raises(InputError, match=r"methods\[0\] \(ncmml-8\S*\): every candidate failed") as e:
-        _run(tmp_path, "bad", client, methods=[{"method": "ncmml", "dim": 8, "iters": 150,
-                                                "select": {"lr": [1e4, 1e5]}}])
+        _run(
+            tmp_path, "bad", client, methods=[{"method": "ncmml", "dim": 8, "iters": 150, "select": {"lr": [1e4, 1e5]}}]
+        )
     assert "\n" not in str(e.value)
     # a model without selection that diverges is named by its config entry too
     with pytest.raises(InputError, match=r"methods\[1\] \(ncmml-8\S*\): metric learning diverged after") as e:
-        _run(tmp_path, "bad2", client, methods=[{"method": "pca", "dim": 4},
-                                                 {"method": "ncmml", "dim": 8, "iters": 150, "lr": 1e5,
-                                                  "select": False}])
+        _run(
+            tmp_path,
+            "bad2",
+            client,
+            methods=[
+                {"method": "pca", "dim": 4},
+                {"method": "ncmml", "dim": 8, "iters": 150, "lr": 1e5, "select": False},
+            ],
+        )
     assert "\n" not in str(e.value)
 
 
@@ -269,7 +306,8 @@ def test_a_damaged_candidate_is_refused_on_load_and_retrained_by_repair(client, 
     """A candidate the selection did not keep is still a model of the store (encode, export, predict,
     load_model take it): a damaged one is named on load, and --repair recomputes it."""
     from metricpipe import load_model
-    from metricpipe.inspect import verify_store
+    from metricpipe.store.describe import verify_store
+
     methods = [{"method": "ncmml", "dim": 8, "iters": 150, "validate_every": 50, "select": {"lr": [30.0, 10.0]}}]
     report, _ = _run(tmp_path, "s", client, methods=methods)
     sel = report["selection"][0]
@@ -278,23 +316,28 @@ def test_a_damaged_candidate_is_refused_on_load_and_retrained_by_repair(client, 
     chunk = sorted(p for p in unit.rglob("*") if p.is_file() and p.name != "zarr.json")[0]
     intact = chunk.read_bytes()
     chunk.write_bytes(intact[:-2] + bytes(b ^ 0xFF for b in intact[-2:]))
-    with pytest.raises(InputError, match=rf"model {unkept} is damaged: models/{unkept}/\S+: checksum differs"
-                                         r".*--repair") as e:
+    with pytest.raises(
+        InputError,
+        match=rf"model {unkept} is damaged: models/{unkept}/\S+: checksum differs"
+        r".*--repair",
+    ) as e:
         load_model(str(tmp_path / "s"), unkept[:8])
     assert "\n" not in str(e.value)
-    assert load_model(str(tmp_path / "s"), sel["candidates"][sel["chosen"]]["model"]) is not None   # intact: loads
+    assert load_model(str(tmp_path / "s"), sel["candidates"][sel["chosen"]]["model"]) is not None  # intact: loads
     assert len(verify_store(str(tmp_path / "s"))[1]) == 1
-    raw = {"store": str(tmp_path / "s"),
-           "data": {"path": str(tmp_path / "s.npz"), "split": {"column": "split"}, "chunk_mb": 0.05},
-           "methods": methods,
-           "evaluate": {"retrieval": {"k": [10]}, "classification": {"classifiers": ["knn1", "ncm"]}}}
+    raw = {
+        "store": str(tmp_path / "s"),
+        "data": {"path": str(tmp_path / "s.npz"), "split": {"column": "split"}, "chunk_mb": 0.05},
+        "methods": methods,
+        "evaluate": {"retrieval": {"k": [10]}, "classification": {"classifiers": ["knn1", "ncm"]}},
+    }
     logs = []
     marker = next((tmp_path / "s" / "selection").glob("*.committed.json"))
     before = marker.read_text()
     run_pipeline(parse_config(raw), client=client, log=logs.append, repair=True)
     assert sum(f"repairing models/{unkept}" in line for line in logs) == 1, logs
-    assert chunk.read_bytes() == intact and verify_store(str(tmp_path / "s"))[1] == []   # retrained, same bits
-    assert marker.read_text() == before and not any("selected lr" in line for line in logs)   # the selection stands
+    assert chunk.read_bytes() == intact and verify_store(str(tmp_path / "s"))[1] == []  # retrained, same bits
+    assert marker.read_text() == before and not any("selected lr" in line for line in logs)  # the selection stands
     assert load_model(str(tmp_path / "s"), unkept).transform(np.zeros((1, 64))).shape == (1, 8)
 
 
@@ -302,23 +345,31 @@ def test_a_damaged_candidate_is_refused_on_load_and_retrained_by_repair(client, 
 def test_a_model_that_kept_its_start_says_so_and_a_selection_candidate_does_not(client, tmp_path):
     """A model trained with parameters that do not suit the data ended at its PCA start without a
     word (a library trial: NCMML and k-NN ML on unscaled wine kept best_iter_ 0)."""
-    report, logs = _run(tmp_path, "start", client, methods=[
-        {"method": "ncmml", "dim": 8, "iters": 100, "validate_every": 50, "lr": 1e-9},
-        {"method": "ncmml", "dim": 8, "iters": 100, "validate_every": 50, "select": {"lr": [1e-9, 10.0]}}])
+    report, logs = _run(
+        tmp_path,
+        "start",
+        client,
+        methods=[
+            {"method": "ncmml", "dim": 8, "iters": 100, "validate_every": 50, "lr": 1e-9},
+            {"method": "ncmml", "dim": 8, "iters": 100, "validate_every": 50, "select": {"lr": [1e-9, 10.0]}},
+        ],
+    )
     kept = [line for line in logs if "early stopping kept the model it starts from" in line]
     assert len(kept) == 1 and kept[0].startswith("  train: ncmml-8-iters100-lr1e-09-validate_every50: "), logs
 
 
 # ---- a choice at the edge of its grid ------------------------------------------------------------
 
+
 def test_outward_steps_beyond_the_edge_the_choice_sits_on_by_the_grid_s_own_ratio():
-    from metricpipe.select import EDGE_STEPS, at_edge, outward
+    from metricpipe.stages.train.select import EDGE_STEPS, at_edge, outward
+
     grid = {"lr": [3.0, 10.0, 30.0]}
     tried = [{"lr": v} for v in grid["lr"]]
     assert outward(grid, tried, {"lr": 30.0}, {}) == {"lr": ("upper", 90.0)}
     assert outward(grid, tried, {"lr": 3.0}, {}) == {"lr": ("lower", 0.9)}
-    assert outward(grid, tried, {"lr": 10.0}, {}) == {}                       # inside
-    assert outward(grid, tried, {"lr": 30.0}, {("lr", "upper"): EDGE_STEPS}) == {}   # bounded
+    assert outward(grid, tried, {"lr": 10.0}, {}) == {}  # inside
+    assert outward(grid, tried, {"lr": 30.0}, {("lr", "upper"): EDGE_STEPS}) == {}  # bounded
     assert at_edge(grid, tried, {"lr": 30.0}) == {"lr": "upper"} and at_edge(grid, tried, {"lr": 10.0}) == {}
     # a larger value that was tried and failed still bounds the choice
     assert at_edge(grid, tried + [{"lr": 90.0}], {"lr": 30.0}) == {}
@@ -336,7 +387,7 @@ def test_a_choice_at_either_edge_is_searched_beyond_it_and_said_when_it_stays(cl
     first, second = report["selection"]
     lrs = [c["params"]["lr"] for c in first["candidates"]]
     assert lrs[:2] == [0.01, 0.03] and first["extended"] == len(lrs) - 2 >= 1 and min(lrs[2:]) > 0.03
-    if first["extended"] == 2:   # still rising: said, in the log and the report
+    if first["extended"] == 2:  # still rising: said, in the log and the report
         assert first["edge"] == {"lr": "upper"}
         assert any("lr 0.27 is still the largest value tried" in line for line in logs), logs
     low = [c["params"]["lr"] for c in second["candidates"]]

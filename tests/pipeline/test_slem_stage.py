@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 
 from metricpipe.config import ConfigError, parse_config
-from metricpipe.slem_train import negative_rows
 from metricpipe.stages import run_encode, run_evaluate, run_train
-from metricpipe.storage import load_arrays, open_array
+from metricpipe.stages.train.pool import negative_rows
+from metricpipe.store import load_arrays, open_array
 from metricpipe.tasks import slem
 from tests.conftest import make_blobs, staged
 
@@ -19,20 +19,34 @@ def _data(tmp_path, n=600, D=12):
 def test_slem_models_train_encode_and_match_their_definitions(client, tmp_path):
     X, y = _data(tmp_path)
     neg = {"split": "train", "count": 200, "seed": 1}
-    ctx, data, stats = staged(client, tmp_path / "s", {
-        "data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.005, "split": {"test": 0.25, "seed": 0}},
-        "methods": [{"method": "slem", "lam": 0.1, "negatives": {"split": "train", "count": None}},
-                    {"method": "slem", "lam": 0.1, "negatives": neg},
-                    {"method": "slem", "kernel": "gaussian", "gamma": 0.05, "lam": 0.1, "negatives": neg},
-                    {"method": "slem", "kernel": "poly", "gamma": 0.1, "lam": 0.1, "rank": 8,
-                     "decomposition": "icd", "negatives": neg},
-                    {"method": "esvm", "lam": 0.01, "epochs": 3, "negatives": neg}],
-        "evaluate": {"retrieval": {"k": [10]}, "classification": {"classifiers": ["knn1"]}}})
+    ctx, data, stats = staged(
+        client,
+        tmp_path / "s",
+        {
+            "data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.005, "split": {"test": 0.25, "seed": 0}},
+            "methods": [
+                {"method": "slem", "lam": 0.1, "negatives": {"split": "train", "count": None}},
+                {"method": "slem", "lam": 0.1, "negatives": neg},
+                {"method": "slem", "kernel": "gaussian", "gamma": 0.05, "lam": 0.1, "negatives": neg},
+                {
+                    "method": "slem",
+                    "kernel": "poly",
+                    "gamma": 0.1,
+                    "lam": 0.1,
+                    "rank": 8,
+                    "decomposition": "icd",
+                    "negatives": neg,
+                },
+                {"method": "esvm", "lam": 0.01, "epochs": 3, "negatives": neg},
+            ],
+            "evaluate": {"retrieval": {"k": [10]}, "classification": {"classifiers": ["knn1"]}},
+        },
+    )
     assert len(data.chunks) > 3
     split = open_array(f"{data.url}/split")[:]
     Xs = open_array(f"{data.url}/features")[:].astype(np.float64)
     pool = negative_rows(split, neg, "t")
-    assert len(pool) == 200 and np.all(split[pool] == 0)            # train rows only, never test
+    assert len(pool) == 200 and np.all(split[pool] == 0)  # train rows only, never test
     models = run_train(ctx, data, stats, None)
     codes = run_encode(ctx, data, models)
     test = np.flatnonzero(split == 1)
@@ -73,43 +87,78 @@ def test_slem_models_train_encode_and_match_their_definitions(client, tmp_path):
 
 
 def test_negatives_must_not_be_the_test_split_and_need_a_valid_count(tmp_path):
-    for neg, msg in (({"split": "test"}, "never test"), ({"split": "holdout"}, "must name the split"),
-                     ({"count": 1}, "integer >= 2"), ({"size": 5}, "keys among")):
+    for neg, msg in (
+        ({"split": "test"}, "never test"),
+        ({"split": "holdout"}, "must name the split"),
+        ({"count": 1}, "integer >= 2"),
+        ({"size": 5}, "keys among"),
+    ):
         with pytest.raises(ConfigError, match=msg):
             parse_config({"data": {"source": "digits"}, "methods": [{"method": "slem", "negatives": neg}]})
 
 
 def test_an_empty_negative_split_is_a_one_line_error_naming_the_splits():
     from metricpipe.tasks.errors import InputError
+
     split = np.array([0, 0, 1, 1, 0], np.int8)
     with pytest.raises(InputError, match=r"negatives.split 'negatives' holds 0 image\(s\).*train \(3\), test \(2\)"):
         negative_rows(split, {"split": "negatives", "count": None, "seed": 0}, "c.yaml: slem")
 
 
-@pytest.mark.parametrize("method,classifiers,match", [
-    ({"kernel": "poly", "rank": 4, "decomposition": "kpca"}, ["knn1", "ncm"],
-     r"evaluate.classification.classifiers: ncm need codes in a vector space"),
-    ({"kernel": "gaussian", "rank": 16, "decomposition": "cholesky"}, ["knn1"],
-     r"decomposition cholesky is full rank, but rank is 16")])
+@pytest.mark.parametrize(
+    "method,classifiers,match",
+    [
+        (
+            {"kernel": "poly", "rank": 4, "decomposition": "kpca"},
+            ["knn1", "ncm"],
+            r"evaluate.classification.classifiers: ncm cannot be served by methods\[0\]: kernel SLEM \(poly\) compares "
+            r"images by Eq. 16 only; ncm needs codes in a vector space",
+        ),
+        (
+            {"kernel": "gaussian", "rank": 16, "decomposition": "cholesky"},
+            ["knn1"],
+            r"decomposition cholesky is full rank, but rank is 16",
+        ),
+    ],
+)
 def test_kernel_slem_contradictions_are_refused_before_any_work(method, classifiers, match):
     with pytest.raises(ConfigError, match=match):
-        parse_config({"data": {"source": "digits"}, "methods": [{"method": "slem", **method}],
-                      "evaluate": {"classification": {"classifiers": classifiers}}})
+        parse_config(
+            {
+                "data": {"source": "digits"},
+                "methods": [{"method": "slem", **method}],
+                "evaluate": {"classification": {"classifiers": classifiers}},
+            }
+        )
     # linear SLEM codes live in a vector space: every classifier is allowed
-    parse_config({"data": {"source": "digits"}, "methods": [{"method": "slem"}],
-                  "evaluate": {"classification": {"classifiers": classifiers}}})
+    parse_config(
+        {
+            "data": {"source": "digits"},
+            "methods": [{"method": "slem"}],
+            "evaluate": {"classification": {"classifiers": classifiers}},
+        }
+    )
 
 
 @pytest.mark.integration
 def test_linear_slem_without_a_dense_covariance_is_a_one_line_error(client, tmp_path):
     from metricpipe.tasks.errors import InputError
+
     _data(tmp_path)
-    ctx, data, stats = staged(client, tmp_path / "s", {
-        "data": {"path": str(tmp_path / "d.npz"), "split": {"test": 0.25, "seed": 0}},
-        "statistics": {"max_dense_dim": 8, "components": 4},
-        "methods": [{"method": "slem", "negatives": {"count": None}}]})
-    with pytest.raises(InputError, match=r"linear slem needs the D x D covariance, but D = 12 is above "
-                                         r"statistics.max_dense_dim"):
+    ctx, data, stats = staged(
+        client,
+        tmp_path / "s",
+        {
+            "data": {"path": str(tmp_path / "d.npz"), "split": {"test": 0.25, "seed": 0}},
+            "statistics": {"max_dense_dim": 8, "components": 4},
+            "methods": [{"method": "slem", "negatives": {"count": None}}],
+        },
+    )
+    with pytest.raises(
+        InputError,
+        match=r"linear slem needs the D x D covariance, but D = 12 is above "
+        r"statistics.max_dense_dim",
+    ):
         run_train(ctx, data, stats, None)
 
 
@@ -121,12 +170,19 @@ def test_default_classifiers_skip_what_kernel_slem_cannot_serve_and_the_report_s
     from pathlib import Path
 
     from metricpipe.runner import run_pipeline
+
     _data(tmp_path, n=300, D=8)
-    cfg = parse_config({"store": str(tmp_path / "s"), "data": {"path": str(tmp_path / "d.npz"),
-                                                               "split": {"test": 0.25, "seed": 0}},
-                        "methods": [{"method": "pca", "dim": 4},
-                                    {"method": "slem", "kernel": "gaussian", "gamma": 0.05, "lam": 0.1,
-                                     "negatives": {"count": 100}}]}, where="cfg.yaml")
+    cfg = parse_config(
+        {
+            "store": str(tmp_path / "s"),
+            "data": {"path": str(tmp_path / "d.npz"), "split": {"test": 0.25, "seed": 0}},
+            "methods": [
+                {"method": "pca", "dim": 4},
+                {"method": "slem", "kernel": "gaussian", "gamma": 0.05, "lam": 0.1, "negatives": {"count": 100}},
+            ],
+        },
+        where="cfg.yaml",
+    )
     logs = []
     report = Path(run_pipeline(cfg, client=client, log=logs.append))
     skipped = json.loads((tmp_path / "s/runs/latest.json").read_text())["skipped"]
@@ -143,10 +199,16 @@ def test_a_classifier_listed_for_kernel_slem_is_still_refused_in_one_line(tmp_pa
     from click.testing import CliRunner
 
     from metricpipe.cli import main
+
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text("data: {source: digits}\nmethods: [{method: slem, kernel: gaussian}]\n"
-                   "evaluate: {classification: {classifiers: [knn1, ncm]}}\n")
+    cfg.write_text(
+        "data: {source: digits}\nmethods: [{method: slem, kernel: gaussian}]\n"
+        "evaluate: {classification: {classifiers: [knn1, ncm]}}\n"
+    )
     res = CliRunner().invoke(main, ["run", str(cfg)])
     assert res.exit_code == 2
     assert res.output.count("\n") == 1 and "Traceback" not in res.output
-    assert f"{cfg}: evaluate.classification.classifiers: ncm need codes in a vector space" in res.output
+    assert (
+        f"{cfg}: evaluate.classification.classifiers: ncm cannot be served by methods[0]: kernel SLEM "
+        f"(gaussian) compares images by Eq. 16 only; ncm needs codes in a vector space" in res.output
+    )

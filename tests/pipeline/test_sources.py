@@ -45,6 +45,7 @@ def test_npz_blocks_with_split_column(tmp_path, arrays, compressed):
 def test_h5_and_zarr(tmp_path, arrays):
     import h5py
     import zarr
+
     X, y = arrays
     with h5py.File(tmp_path / "f.h5", "w") as f:
         f["X"], f["y"] = X, y
@@ -74,8 +75,11 @@ def test_truncated_fvecs_is_refused(tmp_path):
         open_source(_cfg(tmp_path / "f.fvecs", labels=str(tmp_path / "y.npy")))
     # text renamed .fvecs: 'not a multiple of a 1819043176-d row (7276172708 bytes)' told nothing
     (tmp_path / "t.fvecs").write_bytes(b"hello world, not vectors\n" * 40)
-    with pytest.raises(InputError, match=r"t.fvecs: its first 4 bytes read as dimension 1819043176, which a 1000-byte "
-                                         r"file cannot hold; it is not a fvecs file"):
+    with pytest.raises(
+        InputError,
+        match=r"t.fvecs: its first 4 bytes read as dimension 1819043176, which a 1000-byte "
+        r"file cannot hold; it is not a fvecs file",
+    ):
         open_source(_cfg(tmp_path / "t.fvecs", labels=str(tmp_path / "y.npy")))
 
 
@@ -93,20 +97,25 @@ def test_idx_folder_gives_train_test_split(tmp_path):
         _write_idx(tmp_path / f"{s}-images-idx3-ubyte.gz", a)
         _write_idx(tmp_path / f"{s}-labels-idx1-ubyte.gz", (np.arange(len(a)) % 3).astype(np.uint8))
     src = open_source(_cfg(tmp_path))
-    np.testing.assert_array_equal(_read_in_blocks(src.reader, 5),
-                                  np.vstack([imgs["train"], imgs["t10k"]]).reshape(17, 16))
+    np.testing.assert_array_equal(
+        _read_in_blocks(src.reader, 5), np.vstack([imgs["train"], imgs["t10k"]]).reshape(17, 16)
+    )
     assert list(src.split).count("test") == 5
     # a test fraction would be silently ignored on such a source: refused, before anything is written
     from metricpipe.stages import prepare_data
+
     cfg = parse_config({"data": {"path": str(tmp_path), "split": {"test": 0.3}}}, where="cfg.yaml")
-    with pytest.raises(InputError, match=r"comes with its own train/test split, which data.split.test would not "
-                                         r"change; drop data.split.test"):
+    with pytest.raises(
+        InputError,
+        match=r"comes with its own train/test split, which data.split.test would not "
+        r"change; drop data.split.test",
+    ):
         prepare_data(cfg, None)
 
 
 def test_fashion_mnist_not_found_says_how_to_get_it(tmp_path, monkeypatch):
     monkeypatch.delenv("METRICPIPE_DATA", raising=False)
-    monkeypatch.setattr("metricpipe.sources.FASHION_DEBIAN", str(tmp_path / "none"))
+    monkeypatch.setattr("metricpipe.sources.idx.FASHION_DEBIAN", str(tmp_path / "none"))
     with pytest.raises(InputError, match="apt-get install dataset-fashion-mnist"):
         open_source(parse_config({"data": {"source": "fashion-mnist"}}).data)
 
@@ -114,33 +123,40 @@ def test_fashion_mnist_not_found_says_how_to_get_it(tmp_path, monkeypatch):
 def test_a_metricpipe_data_folder_without_the_files_is_refused_not_passed_over(tmp_path, monkeypatch):
     """It fell back to Debian's copy without a word: the run used other files than the user meant."""
     from metricpipe.sources import FASHION_FILES
+
     (tmp_path / "debian").mkdir()
     for name in FASHION_FILES:
         (tmp_path / "debian" / f"{name}.gz").write_bytes(b"")
-    monkeypatch.setattr("metricpipe.sources.FASHION_DEBIAN", str(tmp_path / "debian"))
+    monkeypatch.setattr("metricpipe.sources.idx.FASHION_DEBIAN", str(tmp_path / "debian"))
     monkeypatch.setenv("METRICPIPE_DATA", str(tmp_path / "typo"))
-    with pytest.raises(InputError, match=r"METRICPIPE_DATA: no Fashion-MNIST IDX files in .*/typo \(nor in its "
-                                         r"fashion-mnist folder\).* or unset METRICPIPE_DATA"):
+    with pytest.raises(
+        InputError,
+        match=r"METRICPIPE_DATA: no Fashion-MNIST IDX files in .*/typo \(nor in its "
+        r"fashion-mnist folder\).* or unset METRICPIPE_DATA",
+    ):
         open_source(parse_config({"data": {"source": "fashion-mnist"}}).data)
-
 
 
 def test_a_data_root_without_the_files_is_refused_not_passed_over(tmp_path, monkeypatch):
     from metricpipe.sources import FASHION_FILES, fashion_mnist_root
+
     (tmp_path / "copy").mkdir()
     for name in FASHION_FILES:
         (tmp_path / "copy" / f"{name}.gz").write_bytes(b"")
-    monkeypatch.setenv("METRICPIPE_DATA", str(tmp_path / "copy"))    # a copy that would be found next
+    monkeypatch.setenv("METRICPIPE_DATA", str(tmp_path / "copy"))  # a copy that would be found next
     assert fashion_mnist_root(parse_config({"data": {"source": "fashion-mnist"}}).data) == tmp_path / "copy"
     with pytest.raises(InputError, match=r"data.root: no Fashion-MNIST IDX files in .*/typo \(nor in its"):
         open_source(parse_config({"data": {"source": "fashion-mnist", "root": str(tmp_path / "typo")}}).data)
 
 
-@pytest.mark.parametrize("setup, match", [
-    (lambda p: None, "file not found"),
-    (lambda p: p.write_bytes(b""), "file is empty"),
-    (lambda p: p.write_bytes(b"not a zip"), "cannot read"),
-])
+@pytest.mark.parametrize(
+    "setup, match",
+    [
+        (lambda p: None, "file not found"),
+        (lambda p: p.write_bytes(b""), "file is empty"),
+        (lambda p: p.write_bytes(b"not a zip"), "cannot read"),
+    ],
+)
 def test_unreadable_files(tmp_path, setup, match):
     p = tmp_path / "f.npz"
     setup(p)
@@ -157,7 +173,9 @@ def test_missing_array_name_lists_what_is_there(tmp_path, arrays):
 def test_folders_are_fingerprinted_by_every_file_and_contents_on_request(tmp_path):
     """Issue 19: only the first 1,000 files counted, so relabelling a Zarr source reused the old stage."""
     import os
+
     from metricpipe.sources import fingerprint
+
     d = tmp_path / "src"
     d.mkdir()
     for i in range(1200):
@@ -166,26 +184,31 @@ def test_folders_are_fingerprinted_by_every_file_and_contents_on_request(tmp_pat
     last = d / "c01199"
     st = last.stat()
     last.write_bytes(b"abc")
-    assert fingerprint(d) != base                               # file 1,200 changed size
-    last.write_bytes(b"xy")                                     # same size, and the same mtime put back
+    assert fingerprint(d) != base  # file 1,200 changed size
+    last.write_bytes(b"xy")  # same size, and the same mtime put back
     os.utime(last, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert fingerprint(d) == base                               # what sizes and mtimes cannot see ...
-    assert fingerprint(d, contents=True) != base_c              # ... a content hash does
+    assert fingerprint(d) == base  # what sizes and mtimes cannot see ...
+    assert fingerprint(d, contents=True) != base_c  # ... a content hash does
     assert fingerprint(d)[str(d.resolve())]["files"] == 1200
 
 
 def test_a_zarr_source_with_a_missing_chunk_is_refused(tmp_path):
     import zarr
+
     from metricpipe.config import DataConfig
     from metricpipe.sources import open_source
     from metricpipe.tasks.errors import InputError
+
     g = zarr.open_group(str(tmp_path / "d.zarr"), mode="w")
     g.create_array("X", shape=(100, 4), chunks=(10, 4), dtype="f4")[:] = np.ones((100, 4))
     g.create_array("y", shape=(100,), chunks=(10,), dtype="i8")[:] = np.arange(100) % 3
-    open_source(DataConfig(path=str(tmp_path / "d.zarr")))    # complete: fine
+    open_source(DataConfig(path=str(tmp_path / "d.zarr")))  # complete: fine
     (tmp_path / "d.zarr/y/c/4").unlink()
-    with pytest.raises(InputError, match=r"d.zarr: array 'y' \(a column\) is missing 1 of its 10 chunk\(s\), which "
-                                         r"would read as 0"):
+    with pytest.raises(
+        InputError,
+        match=r"d.zarr: array 'y' \(a column\) is missing 1 of its 10 chunk\(s\), which "
+        r"would read as 0",
+    ):
         open_source(DataConfig(path=str(tmp_path / "d.zarr")))
     (tmp_path / "d.zarr/X/c/3/0").unlink()
     with pytest.raises(InputError, match=r"array 'X' \(data.features\) is missing 1 of its 10 chunk"):
@@ -195,39 +218,49 @@ def test_a_zarr_source_with_a_missing_chunk_is_refused(tmp_path):
 def test_an_hdf5_source_with_unwritten_chunks_is_refused(tmp_path):
     """Rows whose chunks HDF5 never allocated read as the fill value: run, evaluate and encode went on."""
     import h5py
+
     from metricpipe.config import DataConfig
     from metricpipe.sources import open_source
     from metricpipe.tasks.errors import InputError
+
     with h5py.File(tmp_path / "d.h5", "w") as f:
         x = f.create_dataset("X", shape=(3000, 16), chunks=(500, 16), dtype="f4", fillvalue=-1.0)
         x[:2000] = 1.0
         f.create_dataset("y", shape=(3000,), chunks=(1000,), dtype="i8")[:] = np.arange(3000) % 3
-        f.create_dataset("g", shape=(3000,), dtype="i8")          # contiguous, never written
-        f.create_dataset("wide", shape=(10, 8), chunks=(5, 4), dtype="f4")[:, :4] = 1.0   # a column block missing
-    with pytest.raises(InputError, match=r"d.h5: dataset 'X' \(data.features\) has 2 of its 6 chunk\(s\) never "
-                                         r"written \(the first from row 2,000\), which would read as -1.0 \(its fill "
-                                         r"value\); write every row, or rewrite the file$"):
+        f.create_dataset("g", shape=(3000,), dtype="i8")  # contiguous, never written
+        f.create_dataset("wide", shape=(10, 8), chunks=(5, 4), dtype="f4")[:, :4] = 1.0  # a column block missing
+    with pytest.raises(
+        InputError,
+        match=r"d.h5: dataset 'X' \(data.features\) has 2 of its 6 chunk\(s\) never "
+        r"written \(the first from row 2,000\), which would read as -1.0 \(its fill "
+        r"value\); write every row, or rewrite the file$",
+    ):
         open_source(DataConfig(path=str(tmp_path / "d.h5")))
     with h5py.File(tmp_path / "d.h5", "a") as f:
         f["X"][2000:] = 2.0
-    assert open_source(DataConfig(path=str(tmp_path / "d.h5"))).reader.shape == (3000, 16)   # complete: fine
+    assert open_source(DataConfig(path=str(tmp_path / "d.h5"))).reader.shape == (3000, 16)  # complete: fine
     with pytest.raises(InputError, match=r"dataset 'g' \(a column\) was never written, so every row would read as 0"):
         open_source(DataConfig(path=str(tmp_path / "d.h5"), groups="g"))
-    with pytest.raises(InputError, match=r"dataset 'wide' \(data.features\) has 2 of its 4 chunk\(s\) never written "
-                                         r"\(the first from row 0\)"):
+    with pytest.raises(
+        InputError,
+        match=r"dataset 'wide' \(data.features\) has 2 of its 4 chunk\(s\) never written "
+        r"\(the first from row 0\)",
+    ):
         open_source(DataConfig(path=str(tmp_path / "d.h5"), features="wide", labels=""))
 
 
 def test_the_ids_array_is_part_of_the_staged_data_s_key(tmp_path, arrays):
     """The staged unit stores the ids as its ``id`` coordinate: other ids are another unit."""
     from metricpipe.stages import prepare_data
-    from metricpipe.storage import Store
+    from metricpipe.store import Store
+
     X, y = arrays
     np.savez(tmp_path / "d.npz", X=X, y=y, i=np.arange(30), j=np.arange(30) + 100)
 
     def key(**data):
         cfg = parse_config({"store": str(tmp_path / "s"), "data": {"path": str(tmp_path / "d.npz"), **data}})
         return prepare_data(cfg, Store(cfg.store)).info.unit.key
+
     assert len({key(), key(ids="i"), key(ids="j")}) == 3
     assert key(ids="i") == key(ids="i")
 
@@ -236,7 +269,8 @@ def test_one_file_spelled_another_way_is_the_same_staged_data(tmp_path, arrays, 
     """cfg/../d.npy, the absolute path, one relative to another folder, a symlink: one file, one key
     (the second spelling restaged everything and recomputed every stage after it)."""
     from metricpipe.stages import prepare_data
-    from metricpipe.storage import Store
+    from metricpipe.store import Store
+
     X, y = arrays
     (tmp_path / "cfg").mkdir()
     np.save(tmp_path / "X.npy", X)
@@ -246,10 +280,15 @@ def test_one_file_spelled_another_way_is_the_same_staged_data(tmp_path, arrays, 
     def key(path, labels, base):
         cfg = parse_config({"store": str(tmp_path / "s"), "data": {"path": path, "labels": labels}}, base_dir=base)
         return prepare_data(cfg, Store(cfg.store)).info.unit.key
-    keys = {key("../X.npy", "../y.npy", tmp_path / "cfg"), key(str(tmp_path / "X.npy"), str(tmp_path / "y.npy"), None),
-            key("X.npy", "y.npy", tmp_path), key(str(tmp_path / "link/X.npy"), "link/y.npy", tmp_path)}
+
+    keys = {
+        key("../X.npy", "../y.npy", tmp_path / "cfg"),
+        key(str(tmp_path / "X.npy"), str(tmp_path / "y.npy"), None),
+        key("X.npy", "y.npy", tmp_path),
+        key(str(tmp_path / "link/X.npy"), "link/y.npy", tmp_path),
+    }
     assert len(keys) == 1
-    np.save(tmp_path / "y2.npy", y[::-1])                  # other labels: another unit
+    np.save(tmp_path / "y2.npy", y[::-1])  # other labels: another unit
     assert key("X.npy", "y2.npy", tmp_path) not in keys
 
 
@@ -259,12 +298,14 @@ def test_parquet_rows_read_across_row_groups_and_batches_equal_the_file(tmp_path
     per block before): any range, across groups and batches, is the file's rows."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     from metricpipe import sources
+
     rng = np.random.default_rng(1)
     X = rng.normal(size=(50, 4)).astype(np.float32)
     col = pa.array(list(X), type=pa.list_(pa.float32(), 4) if fixed else pa.list_(pa.float32()))
     pq.write_table(pa.table({"emb": col, "label": np.arange(50) % 3}), tmp_path / "f.parquet", row_group_size=16)
-    monkeypatch.setattr(sources, "PARQUET_BATCH_ROWS", 5)
+    monkeypatch.setattr(sources.readers, "PARQUET_BATCH_ROWS", 5)
     src = open_source(_cfg(tmp_path / "f.parquet", features="emb", labels="label"))
     assert src.reader.shape == (50, 4)
     for a, b in [(0, 50), (3, 4), (14, 35), (16, 32), (47, 50), (20, 20)]:
@@ -275,6 +316,7 @@ def test_parquet_rows_read_across_row_groups_and_batches_equal_the_file(tmp_path
 def test_parquet_null_and_ragged_rows_are_named_in_any_row_group(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     X = np.ones((40, 3), np.float32)
     rows = [list(map(float, r)) for r in X]
     rows[33] = None
@@ -294,10 +336,12 @@ def test_idx_gz_sizes_are_read_modulo_2_32_and_a_cut_gz_is_one_line(tmp_path):
     truncated; a .gz cut before its trailer raised EOFError from gzip."""
     import gzip
     import struct
+
     from metricpipe.sources import IdxReader
-    head = struct.pack(">BBBBIII", 0, 0, 0x0E, 3, 70000, 78, 100)   # 70,000 x 7,800 float64: 4.4 GB
+
+    head = struct.pack(">BBBBIII", 0, 0, 0x0E, 3, 70000, 78, 100)  # 70,000 x 7,800 float64: 4.4 GB
     p = tmp_path / "big-idx3.gz"
-    p.write_bytes(gzip.compress(head)[:-4] + struct.pack("<I", (len(head) + 70000 * 7800 * 8) % 2 ** 32))
+    p.write_bytes(gzip.compress(head)[:-4] + struct.pack("<I", (len(head) + 70000 * 7800 * 8) % 2**32))
     assert IdxReader(str(p)).shape == (70000, 7800)
     rows = np.arange(60, dtype=np.uint8).reshape(10, 6)
     body = struct.pack(">BBBBII", 0, 0, 8, 2, 10, 6) + rows.tobytes()
@@ -314,6 +358,7 @@ def test_a_null_inside_a_parquet_row_is_named(tmp_path):
     """An integer list with a null element read back as -2^63 (a float one as NaN)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     pq.write_table(pa.table({"emb": [[1, 2], [3, 4], [5, None]], "y": [0, 1, 0]}), tmp_path / "i.parquet")
     r = open_source(_cfg(tmp_path / "i.parquet", features="emb")).reader
     with pytest.raises(InputError, match=r"column 'emb' \(data.features\) holds a null value in row 2; fill it"):
@@ -336,37 +381,44 @@ def test_verify_source_keys_the_staged_data_by_its_bytes_not_its_path_or_mtime(t
 
     from metricpipe.config import SPLIT_NAMES, parse_config
     from metricpipe.stages import prepare_data
-    from metricpipe.storage import Store
+    from metricpipe.store import Store
+
     rng = np.random.default_rng(0)
     (tmp_path / "a").mkdir()
     np.save(tmp_path / "a" / "X.npy", rng.normal(size=(60, 5)).astype(np.float32))
     np.save(tmp_path / "a" / "y.npy", np.arange(60) % 3)
 
     def info(folder, by_bytes, with_pairs=False):
-        cfg = parse_config({"store": str(tmp_path / "s"), "data": {"path": str(tmp_path / folder / "X.npy"),
-                                                                   "labels": str(tmp_path / folder / "y.npy"),
-                                                                   "verify_source": by_bytes,
-                                                                   **({"pairs": str(tmp_path / folder / "pairs.npz")}
-                                                                      if with_pairs else {})},
-                            "methods": [{"method": "pca", "dim": 2}]})
+        cfg = parse_config(
+            {
+                "store": str(tmp_path / "s"),
+                "data": {
+                    "path": str(tmp_path / folder / "X.npy"),
+                    "labels": str(tmp_path / folder / "y.npy"),
+                    "verify_source": by_bytes,
+                    **({"pairs": str(tmp_path / folder / "pairs.npz")} if with_pairs else {}),
+                },
+                "methods": [{"method": "pca", "dim": 2}],
+            }
+        )
         return prepare_data(cfg, Store(cfg.store)).info
 
     def key(*args):
         return info(*args).unit.key
 
-    train = np.flatnonzero(info("a", False).split == SPLIT_NAMES.index("train"))   # pairs join training rows
+    train = np.flatnonzero(info("a", False).split == SPLIT_NAMES.index("train"))  # pairs join training rows
     pairs = {"i": train[:3], "j": train[3:6], "y": np.array([1, 1, -1])}
     np.savez(tmp_path / "a" / "pairs.npz", **pairs)
     first, first_by_bytes = key("a", False), key("a", True)
-    shutil.copytree(tmp_path / "a", tmp_path / "b")            # another folder, new mtimes
-    os.utime(tmp_path / "a" / "X.npy", ns=(1, 10 ** 18))         # and the original touched
+    shutil.copytree(tmp_path / "a", tmp_path / "b")  # another folder, new mtimes
+    os.utime(tmp_path / "a" / "X.npy", ns=(1, 10**18))  # and the original touched
     assert key("b", True) == key("a", True) == first_by_bytes
-    assert key("b", False) != first and key("a", False) != first   # what paths and mtimes key
+    assert key("b", False) != first and key("a", False) != first  # what paths and mtimes key
     # the pairs file too (a review: it was keyed by path and mtime under verify_source as well)
     paired = key("a", True, True)
     assert key("b", True, True) == paired != first_by_bytes
     stat = os.stat(tmp_path / "b" / "pairs.npz")
-    np.savez(tmp_path / "b" / "pairs.npz", **{**pairs, "j": train[[3, 4, 6]]})   # same size
+    np.savez(tmp_path / "b" / "pairs.npz", **{**pairs, "j": train[[3, 4, 6]]})  # same size
     os.utime(tmp_path / "b" / "pairs.npz", ns=(stat.st_atime_ns, stat.st_mtime_ns))  # and mtime (cp -p)
     assert os.stat(tmp_path / "b" / "pairs.npz").st_size == stat.st_size
     assert key("b", True, True) != paired

@@ -1,11 +1,12 @@
 """Stages on a LocalCluster against in-memory references, with chunks that do not divide evenly."""
+
 import numpy as np
 import pytest
 
 from metricpipe import stages
 from metricpipe.config import parse_config
 from metricpipe.context import StageContext
-from metricpipe.storage import Store, load_arrays, load_estimator, open_array
+from metricpipe.store import Store, load_arrays, load_estimator, open_array
 from metricpipe.tasks.knn import brute_force_knn
 
 
@@ -15,8 +16,13 @@ def staged(client, tmp_path):
     X = rng.integers(0, 4, (1000, 7)).astype(np.float32)  # integer-valued: exact distances, real ties
     y = np.arange(1000) % 5
     np.savez(tmp_path / "d.npz", X=X, y=y)
-    cfg = parse_config({"data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.0083, "split": {"test": 0.3}},
-                        "neighbours": {"k": 6}, "methods": [{"method": "pca", "dim": 3}]})
+    cfg = parse_config(
+        {
+            "data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.0083, "split": {"test": 0.3}},
+            "neighbours": {"k": 6},
+            "methods": [{"method": "pca", "dim": 3}],
+        }
+    )
     ctx = StageContext(client, Store(str(tmp_path / "s")), cfg, log=lambda m: None)
     data = stages.run_stage(ctx)
     assert data.chunk_rows == 296 and data.n_samples % data.chunk_rows  # uneven chunks
@@ -27,7 +33,7 @@ def staged(client, tmp_path):
 def test_staged_features_and_coordinates(staged):
     _, data, X, y = staged
     np.testing.assert_array_equal(open_array(f"{data.url}/features")[:], X)
-    assert len(open_array(f"{data.url}/features").compressors) == 1   # 2-bit integers: LZ4 pays
+    assert len(open_array(f"{data.url}/features").compressors) == 1  # 2-bit integers: LZ4 pays
     np.testing.assert_array_equal(open_array(f"{data.url}/label")[:], y)
     assert (data.split == stages.TEST).mean() == pytest.approx(0.3, abs=0.01)
 
@@ -68,8 +74,9 @@ def test_encode_equals_model_transform(staged):
     [(spec, model, _)] = stages.run_train(ctx, data, stats, None)
     [(_, codes, dim)] = stages.run_encode(ctx, data, [(spec, model)])
     est = load_estimator(model.url)
-    np.testing.assert_allclose(open_array(f"{codes.url}/codes")[:], X @ est.components_ + est.offset_, rtol=1e-5,
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        open_array(f"{codes.url}/codes")[:], X @ est.components_ + est.offset_, rtol=1e-5, atol=1e-5
+    )
     assert dim == 3 and codes.done()
 
 
@@ -80,8 +87,12 @@ def test_randomized_pca_when_d_exceeds_max_dense_dim(client, tmp_path):
     X = (rng.normal(size=(900, 20)) * np.geomspace(10, 0.1, 20)) @ basis.T
     y = np.arange(900) % 3
     np.savez(tmp_path / "d.npz", X=X.astype(np.float32), y=y)
-    cfg = parse_config({"data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.02},
-                        "statistics": {"max_dense_dim": 10, "components": 4}})
+    cfg = parse_config(
+        {
+            "data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.02},
+            "statistics": {"max_dense_dim": 10, "components": 4},
+        }
+    )
     ctx = StageContext(client, Store(str(tmp_path / "s")), cfg, log=lambda m: None)
     data = stages.run_stage(ctx)
     unit = stages.run_statistics(ctx, data)
@@ -99,10 +110,16 @@ def test_sparse_projector_stage_stores_a_sparse_model_and_encodes_with_it(client
 
     X, y = make_blobs(n=400, d=20, classes=4, sep=0.8)
     np.savez(tmp_path / "d.npz", X=X, y=y)
-    ctx, data, stats = staged(client, tmp_path / "s", {
-        "data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.01},
-        "methods": [{"method": "sparse", "dim": 3, "sparsity": 0.75, "train_size": 200, "max_iter": 5,
-                     "queries": 20}]})
+    ctx, data, stats = staged(
+        client,
+        tmp_path / "s",
+        {
+            "data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.01},
+            "methods": [
+                {"method": "sparse", "dim": 3, "sparsity": 0.75, "train_size": 200, "max_iter": 5, "queries": 20}
+            ],
+        },
+    )
     [(spec, model, _)] = stages.run_train(ctx, data, stats, None)
     m = load_estimator(model.url)
     W = m.projectors_
@@ -115,8 +132,9 @@ def test_sparse_projector_stage_stores_a_sparse_model_and_encodes_with_it(client
     # early stopping on the validation rows borrowed from train: the kept U's recorded mAP is that of its
     # codes; the model kept is its refit on every train row, stopped at that iteration
     from metricpipe.folds import Fold, fold_split
-    from metricpipe.storage import Unit
+    from metricpipe.store import Unit
     from metricpipe.tasks.evaluation import validation_map
+
     first = Unit(ctx.store, "models", model.meta()["refit_of"])
     f = load_estimator(first.url)
     val = fold_split(data.url, Fold(0)) == stages.VAL
@@ -134,6 +152,7 @@ def _boom(i):
 
 def _bad_input(i):
     from metricpipe.tasks.errors import InputError
+
     raise InputError("feats.npy: features contain NaN; clean them")
 
 
@@ -153,6 +172,7 @@ def test_worker_failures_name_the_stage_and_block(client, tmp_path):
 
 def _late_boom(i):
     import time
+
     time.sleep(0.5)
     return 1 / 0
 
@@ -162,11 +182,13 @@ def test_results_are_handed_over_as_they_finish_before_a_later_failure(client, t
     """The train stage commits each model in ``on_result``: a task that fails (or an interrupt)
     after others finished must not lose theirs."""
     from metricpipe.errors import StageError
+
     ctx = StageContext(client, Store(str(tmp_path)), parse_config({"data": {"source": "digits"}}), log=lambda m: None)
     from distributed import wait
+
     seen = []
     done = [ctx.submit(int, "7", name="a"), ctx.submit(int, "8", name="c")]
-    wait(done)      # finished before the failing task is even submitted: no race on two workers
+    wait(done)  # finished before the failing task is even submitted: no race on two workers
     futures = [done[0], ctx.submit(_late_boom, 0, name="b"), done[1]]
     with pytest.raises(StageError, match="ZeroDivisionError"):
         ctx.gather(futures, "train", on_result=lambda i, r: seen.append((i, r)))
@@ -186,15 +208,18 @@ def test_each_result_is_read_once_and_one_that_cannot_be_read_is_a_stage_error(c
     from distributed import wait
 
     from metricpipe.errors import StageError
+
     ctx = StageContext(client, Store(str(tmp_path)), parse_config({"data": {"source": "digits"}}), log=lambda m: None)
     reads, real = [], distributed.Future.result
-    monkeypatch.setattr(distributed.Future, "result", lambda self, *a, **k: reads.append(self.key) or real(self, *a, **k))
+    monkeypatch.setattr(
+        distributed.Future, "result", lambda self, *a, **k: reads.append(self.key) or real(self, *a, **k)
+    )
     futures = [ctx.submit(int, str(i), name="r") for i in range(3)]
     assert ctx.gather(futures, "train", on_result=lambda i, r: None) == [0, 1, 2]
-    assert sorted(reads) == sorted(f.key for f in futures)          # once each
+    assert sorted(reads) == sorted(f.key for f in futures)  # once each
     reads.clear()
     twice = ctx.submit(int, "6", name="t")
-    assert ctx.gather([twice, twice], "train") == [6, 6] and reads == [twice.key]   # listed twice, read once
+    assert ctx.gather([twice, twice], "train") == [6, 6] and reads == [twice.key]  # listed twice, read once
     reads.clear()
     assert ctx.gather([ctx.submit(int, "5", name="w")], "statistics", fetch=False) is None and reads == []
     lost = ctx.submit(int, "4", name="lost")
@@ -208,16 +233,17 @@ def test_each_result_is_read_once_and_one_that_cannot_be_read_is_a_stage_error(c
 @pytest.mark.integration
 def test_workers_checksum_the_large_files_as_the_client_would(staged, monkeypatch):
     from metricpipe import context
+
     ctx, data, X, y = staged
     unit = data.unit
     sizes = unit.file_sizes()
     big = max(sizes.values())
-    monkeypatch.setattr(context, "CHECKSUM_TASK_BYTES", 2 * big)   # several files per task, several tasks
+    monkeypatch.setattr(context, "CHECKSUM_TASK_BYTES", 2 * big)  # several files per task, several tasks
     tasks = ctx.tasks
     sums = ctx.checksums(unit)
     assert ctx.tasks - tasks > 1 and set(sums) == {n for n, s in sizes.items() if s >= 2 * big // 16}
-    assert sums == unit.checksums(names=list(sums))                # same [size, CRC-32] as on the client
-    assert unit.meta()["files"] == unit.checksums()                # and as the commit recorded
+    assert sums == unit.checksums(names=list(sums))  # same [size, CRC-32] as on the client
+    assert unit.meta()["files"] == unit.checksums()  # and as the commit recorded
     chunk = next(n for n in sums if n.startswith("features/c/"))
     path = f"{data.url}/{chunk}"
     raw = bytearray(open(path, "rb").read())
@@ -230,14 +256,17 @@ def test_workers_checksum_the_large_files_as_the_client_would(staged, monkeypatc
 @pytest.mark.integration
 def test_retrieval_task_in_query_groups_equals_the_full_matrix(staged, monkeypatch, db_bytes):
     from sklearn.metrics import average_precision_score
+
     from metricpipe.tasks import metrics
+
     _, data, X, y = staged
-    from metricpipe.stages import evaluate
-    monkeypatch.setattr(evaluate, "RETRIEVAL_DB_BYTES", db_bytes)
+    from metricpipe.stages.evaluate import blocks
+
+    monkeypatch.setattr(blocks, "RETRIEVAL_DB_BYTES", db_bytes)
     te = data.rows(stages.TEST)
     q = te[::3]
     url = f"{data.url}/features"
-    got = evaluate._retrieval_block(url, url, "euclidean", q, te, y, (1, 10), True, data.chunk_rows, 7)
+    got = blocks.retrieval_block(url, url, "euclidean", q, te, y, (1, 10), True, data.chunk_rows, 7)
     d = ((X[q, None, :].astype(np.float64) - X[None, te, :]) ** 2).sum(-1)  # exact: integer features
     own = q[:, None] == te[None, :]
     d[own] = np.inf
@@ -256,27 +285,35 @@ def test_the_top_level_seed_keys_statistics_and_evaluation(client, tmp_path):
     """Randomized PCA and sampled retrieval queries use the run's seed: another seed must not reuse them
     (dense statistics do not depend on it: tests/pipeline/test_cli.py)."""
     from tests.conftest import staged
-    raw = {"data": {"source": "digits", "chunk_mb": 0.05}, "methods": [{"method": "pca", "dim": 4}],
-           "statistics": {"max_dense_dim": 32},
-           "evaluate": {"retrieval": {"k": [1], "queries": 50}, "classification": {"classifiers": ["knn1"]}}}
+
+    raw = {
+        "data": {"source": "digits", "chunk_mb": 0.05},
+        "methods": [{"method": "pca", "dim": 4}],
+        "statistics": {"max_dense_dim": 32},
+        "evaluate": {"retrieval": {"k": [1], "queries": 50}, "classification": {"classifiers": ["knn1"]}},
+    }
     units = {}
     for seed in (0, 1):
         ctx, data, stats = staged(client, tmp_path / "s", {**raw, "seed": seed})
         models = stages.run_train(ctx, data, stats, None)
         [(_, ev)] = stages.run_evaluate(ctx, data, stages.run_encode(ctx, data, models))
         units[seed] = (data.unit.key, stats.key, ev.key)
-    assert units[0][0] == units[1][0]                                  # staging does not depend on it
+    assert units[0][0] == units[1][0]  # staging does not depend on it
     assert units[0][1] != units[1][1] and units[0][2] != units[1][2]
 
 
 def test_encode_refuses_codes_that_are_not_finite_naming_the_model():
     from metricpipe.stages.encode import check_codes
     from metricpipe.tasks.errors import InputError
+
     codes = np.ones((5, 3), np.float32)
     check_codes(codes, 100, {"method": "pcaw", "eps": 0.5})
     codes[3, 2] = np.inf
-    with pytest.raises(InputError, match=r"^methods \(pcaw\S*\): 1 codes value\(s\) are not finite, first inf at row "
-                                         r"103, column 2 \(parameters \{eps: 0.5\}\)"):
+    with pytest.raises(
+        InputError,
+        match=r"^methods \(pcaw\S*\): 1 codes value\(s\) are not finite, first inf at row "
+        r"103, column 2 \(parameters \{eps: 0.5\}\)",
+    ):
         check_codes(codes, 100, {"method": "pcaw", "eps": 0.5})
 
 
@@ -285,6 +322,7 @@ def test_a_sigterm_whose_exception_was_swallowed_still_stops_the_run_at_its_next
     """The SIGTERM handler raises at once and sets a flag; the flag ends the run at the next task even
     when the exception was lost (Python runs the handler between any two bytecodes)."""
     from metricpipe.errors import TERMINATING, Terminated
+
     ctx = StageContext(client, Store(str(tmp_path)), parse_config({"data": {"source": "digits"}}), log=lambda m: None)
     assert ctx.gather([ctx.submit(int, "7", name="t")], "stage") == [7]
     TERMINATING.set()
@@ -298,26 +336,31 @@ def test_a_sigterm_whose_exception_was_swallowed_still_stops_the_run_at_its_next
 def test_a_task_given_an_earlier_task_s_refusal_passes_it_on_without_running():
     """An SL-DE member that fails returns its InputError; the task assembling the members gets it as
     an input and hands it on (not a TypeError unpacking it), in both wrappers."""
-    from metricpipe.context import Refused, _refusing, _returning_errors
+    from metricpipe.context import Refused, refusing, returning_errors
     from metricpipe.tasks.errors import InputError
+
     err = InputError("member 3 diverged")
 
     def boom(*members):
         raise AssertionError("must not run")
-    assert _returning_errors(boom, "spec", err) is err
-    assert _returning_errors(boom, [Refused(err)]) is err
-    assert _refusing(boom, "spec", err).error is err
-    assert _returning_errors(lambda *m: len(m), "spec", ({"a": 1}, {})) == 2   # ordinary inputs: it runs
+
+    assert returning_errors(boom, "spec", err) is err
+    assert returning_errors(boom, [Refused(err)]) is err
+    assert refusing(boom, "spec", err).error is err
+    assert returning_errors(lambda *m: len(m), "spec", ({"a": 1}, {})) == 2  # ordinary inputs: it runs
 
 
 def test_a_unit_left_unfinished_is_announced_once_however_often_it_is_asked_for(tmp_path):
     """The train stage asks about a unit more than once (candidates, selection): an interrupted
     --force train's unit was reported twice."""
     import os
+
     lines = []
     ctx = StageContext(None, Store(str(tmp_path)), parse_config({"data": {"source": "digits"}}), log=lines.append)
     unit = ctx.store.unit("models", "0123456789abcdef")
     os.makedirs(unit.url)
     assert not ctx.reuse(unit, "train") and not ctx.reuse(unit, "train")
-    assert lines == ["  train: models/0123456789abcdef was left unfinished by a run that stopped (interrupted or failed); "
-                     "recomputing it"]
+    assert lines == [
+        "  train: models/0123456789abcdef was left unfinished by a run that stopped (interrupted or failed); "
+        "recomputing it"
+    ]

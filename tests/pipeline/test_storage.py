@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from metricpipe.storage import Store, hash_key, load_arrays, save_arrays
+from metricpipe.store import Store, hash_key, load_arrays, save_arrays
 from metricpipe.tasks.errors import InputError
 
 
@@ -30,18 +30,19 @@ def test_marker_with_another_key_is_not_done(tmp_path):
 
 def test_a_refused_command_removes_the_new_store_it_locked_but_never_one_another_run_holds(tmp_path):
     from metricpipe.runner import removed_if_refused
+
     mine = Store(str(tmp_path / "mine"))
     with pytest.raises(InputError, match="bad input"):
         with removed_if_refused(mine), mine.lock("stage"):
-            raise InputError("bad input")                # refused after this process created and locked it
+            raise InputError("bad input")  # refused after this process created and locked it
     assert not (tmp_path / "mine").exists()
 
     path = tmp_path / "theirs"
-    me, them = Store(str(path)), Store(str(path))        # two lock holders: flock is per open file
+    me, them = Store(str(path)), Store(str(path))  # two lock holders: flock is per open file
     with pytest.raises(InputError, match="the store is in use by"):
-        with removed_if_refused(me):                     # the folder does not exist yet when this command starts
+        with removed_if_refused(me):  # the folder does not exist yet when this command starts
             them.check_writable()
-            with them.lock("run"):                       # ... another run creates and locks it meanwhile
+            with them.lock("run"):  # ... another run creates and locks it meanwhile
                 (path / "uncommitted").write_text("work in progress")
                 with me.lock("stage"):
                     pass
@@ -57,7 +58,9 @@ def test_keys_change_with_the_numerical_libraries_release(tmp_path, monkeypatch)
     """Another numpy (its BLAS), scipy, ... can change a result's bits: its results are not reused,
     and a unit's marker names what made it (so a model's codes are found again after an upgrade)."""
     from importlib import metadata
-    from metricpipe import storage
+
+    from metricpipe.store import keys as storage
+
     storage.code_version.cache_clear()
     now = hash_key({"a": 1})
     real = metadata.version
@@ -73,11 +76,12 @@ def test_keys_change_with_the_numerical_libraries_release(tmp_path, monkeypatch)
         assert hash_key({"a": 1}, u.meta()["version"]) == hash_key({"a": 1})
         # a marker of this release without its record digest is damaged (a flipped byte in "record")
         import json
+
         marker = tmp_path / "models" / "k.committed.json"
         meta = json.loads(marker.read_text())
         marker.write_text(json.dumps({k: v for k, v in meta.items() if k != "record"}))
         assert not u.done() and u.marker_damaged()
-        marker.write_text(json.dumps({"key": "k", "version": "0.3.7"}))   # an earlier release's: none
+        marker.write_text(json.dumps({"key": "k", "version": "0.3.7"}))  # an earlier release's: none
         assert u.done()
     finally:
         monkeypatch.undo()
@@ -99,9 +103,10 @@ def test_save_and_load_arrays_with_scalars(tmp_path):
 
 
 def test_row_arrays_are_compressed_only_where_lz4_pays(tmp_path):
-    from metricpipe.storage import create_array, lz4_ratio, open_array, row_codecs
+    from metricpipe.store import create_array, lz4_ratio, open_array, row_codecs
+
     rng = np.random.default_rng(0)
-    dense = rng.standard_normal((4096, 64)).astype(np.float32)          # descriptors: ~1.1x
+    dense = rng.standard_normal((4096, 64)).astype(np.float32)  # descriptors: ~1.1x
     pixels = np.where(rng.random((4096, 64)) < 0.5, 0, rng.integers(0, 256, (4096, 64))).astype(np.float32)
     assert lz4_ratio(dense) < 1.5 <= lz4_ratio(pixels)
     assert row_codecs(dense) == () and len(row_codecs(pixels)) == 1 and len(row_codecs()) == 1
@@ -118,13 +123,14 @@ def test_a_busy_zarr_loop_at_exit_leaves_no_traceback(tmp_path):
     close a running event loop", a traceback after a run that succeeded (seen once in ~60 runs)."""
     import subprocess
     import sys
+
     script = tmp_path / "busy.py"
     script.write_text(f"""
 import asyncio, time
 import zarr
 from zarr.core import sync
-import metricpipe.storage  # noqa: F401
-g = zarr.open_group({str(tmp_path / 'a.zarr')!r}, mode="w")
+import metricpipe.store  # noqa: F401
+g = zarr.open_group({str(tmp_path / "a.zarr")!r}, mode="w")
 g.create_array("a", shape=(4,), dtype="f4")[:] = 1
 async def busy():
     time.sleep(0.6)
@@ -132,8 +138,9 @@ asyncio.run_coroutine_threadsafe(busy(), sync.loop[0])
 time.sleep(0.05)
 """)
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr and "running event loop" not in proc.stderr, \
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr and "running event loop" not in proc.stderr, (
         proc.stderr
+    )
 
 
 def test_a_committed_unit_being_recomputed_comes_back_unless_its_replacement_commits(tmp_path):
@@ -142,7 +149,8 @@ def test_a_committed_unit_being_recomputed_comes_back_unless_its_replacement_com
     copy commits."""
     import os
 
-    from metricpipe.storage import MARKER_SUFFIX
+    from metricpipe.store import MARKER_SUFFIX
+
     store = Store(str(tmp_path / "s"))
 
     def committed(key, value):
@@ -153,22 +161,22 @@ def test_a_committed_unit_being_recomputed_comes_back_unless_its_replacement_com
         return unit
 
     a, b = committed("a" * 16, 1.0), committed("b" * 16, 2.0)
-    a.begin()                                            # a run starts recomputing a, then stops
-    save_arrays(a.url, {"w": np.zeros(3)})               # half-written
+    a.begin()  # a run starts recomputing a, then stops
+    save_arrays(a.url, {"w": np.zeros(3)})  # half-written
     b_aside = b._aside()
-    b.begin()                                            # and b, killed between the two moves:
-    os.replace(b_aside, b._root)                         # its files back in place, the marker aside
+    b.begin()  # and b, killed between the two moves:
+    os.replace(b_aside, b.root)  # its files back in place, the marker aside
     assert not a.done() and not b.done()
     assert sorted(store.restore_replaced()) == [a.rel, b.rel]
     assert a.done() and b.done() and a.verify() == [] and b.verify() == []
     assert load_arrays(a.url)[0]["w"].tolist() == [1.0] * 3 and a.meta()["value"] == 1.0
     assert load_arrays(b.url)[0]["w"].tolist() == [2.0] * 3
-    a.begin()                                            # recomputed and committed this time
+    a.begin()  # recomputed and committed this time
     save_arrays(a.url, {"w": np.full(3, 5.0)})
     a.commit({"value": 5.0})
     assert not os.path.exists(a._aside() + MARKER_SUFFIX) and store.restore_replaced() == []
     assert load_arrays(a.url)[0]["w"].tolist() == [5.0] * 3
-    assert not any((tmp_path / "s" / ".replaced").rglob("*"))   # nothing left behind
+    assert not any((tmp_path / "s" / ".replaced").rglob("*"))  # nothing left behind
 
 
 def test_a_committed_unit_whose_folder_is_gone_is_recomputed_and_set_aside_units_return_on_open(tmp_path):
@@ -176,21 +184,22 @@ def test_a_committed_unit_whose_folder_is_gone_is_recomputed_and_set_aside_units
     aside; and after a kill only `run` put set-aside units back, so `models` and `inspect` saw none."""
     import shutil
 
-    from metricpipe.storage import MARKER_SUFFIX
+    from metricpipe.store import MARKER_SUFFIX
+
     store = Store(str(tmp_path / "s"))
     unit = store.unit("models", "c" * 16)
     unit.begin()
     save_arrays(unit.url, {"w": np.ones(2)})
     unit.commit({})
-    shutil.rmtree(unit._root)                 # the folder gone, the marker left
-    unit.begin()                              # recomputing it: nothing to set aside
+    shutil.rmtree(unit.root)  # the folder gone, the marker left
+    unit.begin()  # recomputing it: nothing to set aside
     assert not (tmp_path / "s" / ".replaced" / "models" / ("c" * 16 + MARKER_SUFFIX)).exists()
     save_arrays(unit.url, {"w": np.ones(2)})
     unit.commit({})
-    unit.begin()                              # a run sets it aside and is killed
+    unit.begin()  # a run sets it aside and is killed
     assert not unit.done()
-    (tmp_path / "s" / ".replaced" / "notes.txt").write_text("a stray file")   # not a kind's folder: skipped
-    again = Store(str(tmp_path / "s"))        # any command that opens the store
+    (tmp_path / "s" / ".replaced" / "notes.txt").write_text("a stray file")  # not a kind's folder: skipped
+    again = Store(str(tmp_path / "s"))  # any command that opens the store
     assert again.restored == [unit.rel] and unit.done() and unit.verify() == []
     assert Store(str(tmp_path / "s")).restored == []
 
@@ -201,17 +210,17 @@ def test_a_lock_held_for_an_instant_delays_a_writer_instead_of_refusing_it(tmp_p
     import threading
 
     from tests.conftest import hold_lock
+
     store = Store(str(tmp_path / "s"))
     store.check_writable()
     holder = hold_lock(store.root)
-    threading.Timer(0.3, holder.kill).start()      # an instant's probe, as seen from here
+    threading.Timer(0.3, holder.kill).start()  # an instant's probe, as seen from here
     with pytest.raises(InputError, match="in use by"):
         with store.lock("probe", tries=1):
             pass
-    with store.lock("metricpipe run"):             # waits the 0.3 s out
+    with store.lock("metricpipe run"):  # waits the 0.3 s out
         pass
     holder.wait()
-
 
 
 def test_a_force_continued_reuses_only_what_its_own_stopped_attempts_committed(tmp_path):
@@ -220,6 +229,7 @@ def test_a_force_continued_reuses_only_what_its_own_stopped_attempts_committed(t
     of another --force, of a run that forced nothing, or of any run once --no-resume starts afresh."""
     from metricpipe.context import StageContext
     from metricpipe.runner import FORCING, forcing
+
     store = Store(str(tmp_path / "s"))
     logged, ids = [], []
 
@@ -238,27 +248,28 @@ def test_a_force_continued_reuses_only_what_its_own_stopped_attempts_committed(t
         return unit
 
     store.run_id = "plain"
-    old = committed("a" * 16)                    # an earlier, finished run's model
-    first = attempt("train")                     # --force train: recomputes it, keeps the stages before
+    old = committed("a" * 16)  # an earlier, finished run's model
+    first = attempt("train")  # --force train: recomputes it, keeps the stages before
     assert not first.reuse(old, "train") and first.reuse(old, "statistics")
-    new = committed("b" * 16)                    # ... commits one model, then stops
+    new = committed("b" * 16)  # ... commits one model, then stops
     assert new.meta()["run"] == "run0"
-    again = attempt("train")                     # the hint's command
+    again = attempt("train")  # the hint's command
     assert again.forced_by == ("run0",) and again.reuse(new, "train") and not again.reuse(old, "train")
     assert any(str(m).startswith("Continuing the --force train run") for m in logged)
-    third = attempt("train")                     # a third attempt continues both
+    third = attempt("train")  # a third attempt continues both
     assert third.forced_by == ("run0", "run1") and third.reuse(new, "train")
-    other = attempt("evaluate")                  # another --force: a new record, nothing spared
+    other = attempt("evaluate")  # another --force: a new record, nothing spared
     assert other.forced_by == () and store.read_json(FORCING) == {"stage": "evaluate", "runs": ["run3"]}
     assert attempt("train").forced_by == ()
-    assert not attempt("train", resume=False).forced_by   # --no-resume: every stage, from scratch ...
-    assert attempt("stage").forced_by == ("run5",)        # ... and its hint (--force stage) continues it
-    plain = attempt(None)                        # a run that forces nothing ends the record
+    assert not attempt("train", resume=False).forced_by  # --no-resume: every stage, from scratch ...
+    assert attempt("stage").forced_by == ("run5",)  # ... and its hint (--force stage) continues it
+    plain = attempt(None)  # a run that forces nothing ends the record
     assert plain.forced_by == () and not (tmp_path / "s" / FORCING).exists()
     assert attempt("train").forced_by == ()
 
 
 # ---- a store from someone else: no link followed, no file outside the store written ---------------
+
 
 def _victim(tmp_path):
     victim = tmp_path / "victim.txt"
@@ -271,6 +282,7 @@ def test_a_lock_that_is_a_link_a_hard_link_or_a_fifo_is_refused_and_its_target_l
     st/.lock; metricpipe gc st` overwrote the victim; so did `models` and `inspect` on a store with a
     .replaced/ folder (they take the lock to restore set-aside units)."""
     import os
+
     victim = _victim(tmp_path)
     root = tmp_path / "s"
     (root / "models").mkdir(parents=True)
@@ -279,28 +291,30 @@ def test_a_lock_that_is_a_link_a_hard_link_or_a_fifo_is_refused_and_its_target_l
         with Store(str(root)).lock():
             pass
     (root / ".replaced" / "models").mkdir(parents=True)
-    assert Store(str(root)).restored == []                      # opening it restores nothing, locks nothing
+    assert Store(str(root)).restored == []  # opening it restores nothing, locks nothing
     with pytest.raises(InputError, match=r"\.lock is a symbolic link"):
-        Store(str(root)).check_is_store()                        # every command refuses the store
+        Store(str(root)).check_is_store()  # every command refuses the store
     (root / ".lock").unlink()
-    os.link(victim, root / ".lock")                              # a hard link reaches the file as well
+    os.link(victim, root / ".lock")  # a hard link reaches the file as well
     with pytest.raises(InputError, match=r"\.lock has other hard links"):
         with Store(str(root)).lock():
             pass
     (root / ".lock").unlink()
-    os.mkfifo(root / ".lock")                                    # opened without O_NONBLOCK, a FIFO blocks
+    os.mkfifo(root / ".lock")  # opened without O_NONBLOCK, a FIFO blocks
     with pytest.raises(InputError, match=r"\.lock is not a regular file"):
         with Store(str(root)).lock():
             pass
     assert victim.read_text() == "the user's own file"
 
 
-@pytest.mark.parametrize("link", ["report", "runs", "runs/latest.json", "models", "models/KEY",
-                                  "models/KEY.committed.json", ".replaced"])
+@pytest.mark.parametrize(
+    "link", ["report", "runs", "runs/latest.json", "models", "models/KEY", "models/KEY.committed.json", ".replaced"]
+)
 def test_no_command_reads_or_writes_through_a_link_in_the_store(tmp_path, link):
     """A `report` linked to another folder got index.html written there; every path of the store now
     goes through Store.inside, which refuses a link anywhere below the store's folder."""
     import shutil
+
     victim, elsewhere = _victim(tmp_path), tmp_path / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "keep.txt").write_text("mine")
@@ -314,13 +328,19 @@ def test_no_command_reads_or_writes_through_a_link_in_the_store(tmp_path, link):
     st.write_text("report/index.html", "old")
     (tmp_path / "s" / ".replaced" / "models").mkdir(parents=True)
     path = tmp_path / "s" / link.replace("KEY", key)
-    shutil.move(path, elsewhere / path.name)                     # what was there now lives outside, linked
+    shutil.move(path, elsewhere / path.name)  # what was there now lives outside, linked
     path.symlink_to(victim if (elsewhere / path.name).is_file() else elsewhere / path.name)
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and not p.is_relative_to(tmp_path / "s")}
     with pytest.raises(InputError, match=r"is a symbolic link \(to .*\); metricpipe reads and writes nothing"):
         Store(str(tmp_path / "s")).check_exists()
-    for attempt in (lambda: st.write_text("report/index.html", "new"), lambda: st.read_json("runs/latest.json"),
-                    st.last_run, unit.begin, unit.remove, lambda: st.write_text(f"models/{key}.committed.json", "{}")):
+    for attempt in (
+        lambda: st.write_text("report/index.html", "new"),
+        lambda: st.read_json("runs/latest.json"),
+        st.last_run,
+        unit.begin,
+        unit.remove,
+        lambda: st.write_text(f"models/{key}.committed.json", "{}"),
+    ):
         try:
             attempt()
         except InputError as e:
@@ -336,6 +356,7 @@ def test_verify_counts_a_file_its_commit_does_not_list_a_link_or_a_fifo_as_damag
     import os
 
     import zarr
+
     victim = _victim(tmp_path)
     st = Store(str(tmp_path / "s"))
     unit = st.unit("models", "b" * 16)
@@ -344,16 +365,21 @@ def test_verify_counts_a_file_its_commit_does_not_list_a_link_or_a_fifo_as_damag
     unit.commit({})
     assert unit.verify() == []
     zarr.open_group(unit.url, mode="r+").create_array("components_", shape=(2, 2), dtype="f4")[...] = 1
-    assert unit.verify() == [f"{unit.rel}/components_/c/0/0: not among the files of its commit (added since)",
-                             f"{unit.rel}/components_/zarr.json: not among the files of its commit (added since)"]
+    assert unit.verify() == [
+        f"{unit.rel}/components_/c/0/0: not among the files of its commit (added since)",
+        f"{unit.rel}/components_/zarr.json: not among the files of its commit (added since)",
+    ]
     root = tmp_path / "s" / unit.rel
     import shutil
+
     shutil.rmtree(root / "components_")
     chunk = root / "w" / "c" / "0"
     chunk.unlink()
     chunk.symlink_to(victim)
     os.mkfifo(root / "w" / "fifo")
-    bad = unit.verify()        # the FIFO is not opened (it would block), the link not followed
-    assert bad[0] == f"{unit.rel}/w/c/0: a symbolic link (to {victim}); a unit holds regular files only (a store " \
-                     f"from someone else?)"
+    bad = unit.verify()  # the FIFO is not opened (it would block), the link not followed
+    assert (
+        bad[0] == f"{unit.rel}/w/c/0: a symbolic link (to {victim}); a unit holds regular files only (a store "
+        f"from someone else?)"
+    )
     assert bad[1].startswith(f"{unit.rel}/w/fifo: not a regular file") and len(bad) == 2

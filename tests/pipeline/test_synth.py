@@ -1,5 +1,6 @@
 """metricpipe synth writes the generator's rows blockwise; a run reads the store back by data.path and
 can evaluate retrieval on a seeded sample of queries."""
+
 import json
 import os
 
@@ -9,14 +10,33 @@ import yaml
 from click.testing import CliRunner
 
 from metricpipe.cli import main
-from metricpipe.storage import open_array
+from metricpipe.store import open_array
 from metricpipe.tasks.synthetic import SyntheticSpec
 
 
 def _synth(path, chunk_mb, cluster, *extra):
     """``metricpipe synth`` on the session's cluster (``cluster``: its scheduler's address)."""
-    return CliRunner().invoke(main, ["synth", "--samples", "3000", "--dim", "16", "--classes", "5", "--seed", "4",
-                                     "--store", str(path), "--chunk-mb", str(chunk_mb), "--cluster", cluster, *extra])
+    return CliRunner().invoke(
+        main,
+        [
+            "synth",
+            "--samples",
+            "3000",
+            "--dim",
+            "16",
+            "--classes",
+            "5",
+            "--seed",
+            "4",
+            "--store",
+            str(path),
+            "--chunk-mb",
+            str(chunk_mb),
+            "--cluster",
+            cluster,
+            *extra,
+        ],
+    )
 
 
 @pytest.fixture
@@ -30,8 +50,8 @@ def test_synth_store_holds_the_generators_rows_whatever_the_chunking(tmp_path, a
     assert res.exit_code == 0, res.output
     spec = SyntheticSpec(3000, 16, 5, seed=4)
     X = open_array(str(tmp_path / "a.zarr/X"))
-    assert X.chunks[0] < 3000                               # written in several blocks
-    assert X.compressors == ()                              # dense floats: stored bare (row_codecs)
+    assert X.chunks[0] < 3000  # written in several blocks
+    assert X.compressors == ()  # dense floats: stored bare (row_codecs)
     np.testing.assert_array_equal(X[:], spec.rows(0, 3000))
     np.testing.assert_array_equal(open_array(str(tmp_path / "a.zarr/y"))[:], spec.labels())
     assert _synth(tmp_path / "b.zarr", 0.05, address).exit_code == 0
@@ -46,6 +66,7 @@ def test_synth_store_holds_the_generators_rows_whatever_the_chunking(tmp_path, a
     os.rename(tmp_path / "b.zarr", tmp_path / "b.npz")
     from metricpipe.config import parse_config
     from metricpipe.sources import open_source
+
     src = open_source(parse_config({"data": {"path": str(tmp_path / "b.npz")}}).data)
     np.testing.assert_array_equal(src.reader.read(0, 3000), X[:])
 
@@ -53,6 +74,7 @@ def test_synth_store_holds_the_generators_rows_whatever_the_chunking(tmp_path, a
 @pytest.mark.integration
 def test_synth_knobs_reach_the_generator_and_the_store_attributes(tmp_path, address):
     import zarr
+
     res = _synth(tmp_path / "k.zarr", 0.05, address, "--separation", "2.0", "--nuisance", "0")
     assert res.exit_code == 0, res.output
     spec = SyntheticSpec(3000, 16, 5, seed=4, separation=2.0, nuisance=0.0)
@@ -64,6 +86,7 @@ def test_synth_knobs_reach_the_generator_and_the_store_attributes(tmp_path, addr
 
 def test_config_synthetic_nuisance_is_read_and_checked():
     from metricpipe.config import ConfigError, parse_config
+
     cfg = parse_config({"data": {"source": "synthetic", "synthetic": {"nuisance": 0}}})
     assert cfg.data.synthetic.nuisance == 0.0 and cfg.data.synthetic.separation == 1.0
     with pytest.raises(ConfigError, match="data.synthetic.nuisance: must be >= 0.0"):
@@ -73,11 +96,16 @@ def test_config_synthetic_nuisance_is_read_and_checked():
 @pytest.mark.integration
 def test_run_on_a_synth_store_with_sampled_queries_matches_numpy(tmp_path, address):
     from sklearn.metrics import average_precision_score
+
     assert _synth(tmp_path / "s.zarr", 0.02, address).exit_code == 0
-    cfg = {"store": str(tmp_path / "store"), "cluster": address, "seed": 7,
-           "data": {"path": str(tmp_path / "s.zarr"), "split": {"test": 0.2, "seed": 0}, "chunk_mb": 0.05},
-           "methods": [{"method": "identity"}],
-           "evaluate": {"retrieval": {"k": [10], "queries": 40}, "classification": {"classifiers": []}}}
+    cfg = {
+        "store": str(tmp_path / "store"),
+        "cluster": address,
+        "seed": 7,
+        "data": {"path": str(tmp_path / "s.zarr"), "split": {"test": 0.2, "seed": 0}, "chunk_mb": 0.05},
+        "methods": [{"method": "identity"}],
+        "evaluate": {"retrieval": {"k": [10], "queries": 40}, "classification": {"classifiers": []}},
+    }
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     res = CliRunner().invoke(main, ["run", str(tmp_path / "c.yaml")])
     assert res.exit_code == 0, res.output
@@ -85,7 +113,7 @@ def test_run_on_a_synth_store_with_sampled_queries_matches_numpy(tmp_path, addre
     data = json.loads((store / "runs/latest.json").read_text())["units"]["data"]
     split = open_array(str(store / data / "split"))[:]
     label = open_array(str(store / data / "label"))[:]
-    assert open_array(str(store / data / "features")).compressors == ()   # staged bare too
+    assert open_array(str(store / data / "features")).compressors == ()  # staged bare too
     X = open_array(str(store / data / "features"))[:].astype(np.float64)
     test = np.flatnonzero(split == 1)
     queries = np.sort(np.random.default_rng([7, 31]).choice(test, 40, replace=False))

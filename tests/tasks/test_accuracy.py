@@ -1,6 +1,7 @@
 """The AccuracyCalculator metrics (map@r, r_precision, precision@1, mrr, nmi, ami): the streaming
 top-k kernel against brute force, and the metrics against pytorch-metric-learning's definitions
 re-derived in loops (tests/pml_reference.py) on tiny cases with ties."""
+
 import numpy as np
 import pytest
 from sklearn.metrics import adjusted_mutual_info_score, normalized_mutual_info_score
@@ -18,7 +19,7 @@ def _blocks(X, sizes):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_pooled_topk_equals_brute_force_with_ties_and_pool_cuts(monkeypatch, seed):
-    monkeypatch.setattr(knn, "DB_TILE", 16)    # tiles of 16 rows: the pool (2k + 16) is cut many times
+    monkeypatch.setattr(knn, "DB_TILE", 16)  # tiles of 16 rows: the pool (2k + 16) is cut many times
     X, _ = tied_case(seed, n_ref=300, dim=2)
     rng = np.random.default_rng(seed)
     k = int(rng.integers(1, 40))
@@ -26,7 +27,7 @@ def test_pooled_topk_equals_brute_force_with_ties_and_pool_cuts(monkeypatch, see
     sizes[-1] = 300 - sizes[:-1].sum() if sizes[:-1].sum() < 300 else 0
     blocks = _blocks(X, sizes)
     d, i = knn.pooled_topk(X[:50], blocks, k, q_ids=np.arange(50), exclude_self=True)
-    ref_d, ref_i = knn.brute_force_knn(X[:50], X, k, exclude_self=True)   # float64, ties by index
+    ref_d, ref_i = knn.brute_force_knn(X[:50], X, k, exclude_self=True)  # float64, ties by index
     np.testing.assert_array_equal(i, ref_i)
     np.testing.assert_allclose(d, ref_d, atol=1e-5)
 
@@ -34,16 +35,20 @@ def test_pooled_topk_equals_brute_force_with_ties_and_pool_cuts(monkeypatch, see
 def test_pooled_topk_merges_across_reference_ranges():
     X, _ = tied_case(7, n_ref=200, dim=3)
     whole = knn.pooled_topk(X[:30], _blocks(X, [50, 70]), 25)
-    halves = knn.merge_topk(knn.pooled_topk(X[:30], [(np.arange(120), X[:120])], 25),
-                            knn.pooled_topk(X[:30], [(np.arange(120, 200), X[120:])], 25), 25)
+    halves = knn.merge_topk(
+        knn.pooled_topk(X[:30], [(np.arange(120), X[:120])], 25),
+        knn.pooled_topk(X[:30], [(np.arange(120, 200), X[120:])], 25),
+        25,
+    )
     np.testing.assert_array_equal(whole[1], halves[1])
 
 
 def _ours(Q, yq, X, y, self_in, sizes=None):
     R = evaluation.relevant_counts(yq, y, self_in)
     blocks = _blocks(X, sizes or [len(X)])
-    per_query = evaluation.neighbour_accuracy(Q, lambda: iter(blocks), yq, y, R, evaluation.accuracy_k(R),
-                                              np.arange(len(Q)), self_in)
+    per_query = evaluation.neighbour_accuracy(
+        Q, lambda: iter(blocks), yq, y, R, evaluation.accuracy_k(R), np.arange(len(Q)), self_in
+    )
     return evaluation.mean_accuracy(per_query)
 
 
@@ -51,7 +56,7 @@ def _ours(Q, yq, X, y, self_in, sizes=None):
 def test_accuracy_equals_pml_definitions_query_set_is_reference_set(seed):
     X, y = tied_case(seed, n_ref=int(np.random.default_rng(seed).integers(20, 80)))
     ours = _ours(X, y, X, y, True, sizes=[7, 5, 30, 100])
-    ref = pml_accuracy(X, y)                         # PML's default k (every reference)
+    ref = pml_accuracy(X, y)  # PML's default k (every reference)
     for name in NAMES:
         assert ours[name] == pytest.approx(ref[name], abs=1e-12), name
 
@@ -59,7 +64,7 @@ def test_accuracy_equals_pml_definitions_query_set_is_reference_set(seed):
 @pytest.mark.parametrize("seed", range(6))
 def test_accuracy_equals_pml_definitions_with_separate_queries_and_lone_labels(seed):
     X, y, Q, yq = tied_case(seed, n_ref=50, n_query=30)
-    yq[0] = 4                                        # at least one lone query (label 4 has no reference)
+    yq[0] = 4  # at least one lone query (label 4 has no reference)
     ours = _ours(Q, yq, X, y, False)
     ref = pml_accuracy(Q, yq, X, y)
     for name in NAMES:
@@ -113,4 +118,4 @@ def test_nmi_ami_equal_scikit_learn_on_the_same_clustering():
     out = metrics.clustering_scores(y, clusters)
     assert out["nmi"] == normalized_mutual_info_score(y, clusters)
     assert out["ami"] == adjusted_mutual_info_score(y, clusters)
-    np.testing.assert_array_equal(evaluation.kmeans_fit(X, 5, seed=0), C)   # seeded: deterministic
+    np.testing.assert_array_equal(evaluation.kmeans_fit(X, 5, seed=0), C)  # seeded: deterministic

@@ -23,13 +23,14 @@ def test_pca_codes_are_centred_and_decorrelated_and_match_sklearn(data):
     np.testing.assert_allclose(np.diag(cov), s["pca_variances"][:3], rtol=1e-4)
     assert np.abs(cov - np.diag(np.diag(cov))).max() < 1e-3 * cov.max()
     ref = SkPCA(3).fit_transform(X.astype(np.float64))
-    np.testing.assert_allclose(np.abs(Z), np.abs(ref), atol=1e-4)   # up to each component's sign
+    np.testing.assert_allclose(np.abs(Z), np.abs(ref), atol=1e-4)  # up to each component's sign
 
 
 def test_fit_in_memory_equals_fit_from_streamed_statistics(data):
     X, y, _ = data
-    parts = [partial_moments(X[a:a + 97], y[a:a + 97], 4) for a in range(0, len(X), 97)]
+    parts = [partial_moments(X[a : a + 97], y[a : a + 97], 4) for a in range(0, len(X), 97)]
     from metricpipe.tasks.moments import combine_all
+
     streamed = finalize_statistics(combine_all(parts))
     for est in (PCA(4), PCAWhitening(4), LDA(), RandomProjection(5, random_state=3)):
         a = est.fit(X, y).transform(X)
@@ -102,4 +103,4 @@ def test_lda_on_one_feature_or_constant_features_gives_finite_codes():
     Z = LDA().fit(X1, y).transform(X1)
     assert Z.shape == (90, 1) and np.isfinite(Z).all() and abs(np.corrcoef(Z[:, 0], y)[0, 1]) > 0.5
     Zc = LDA().fit(np.ones((90, 4)), y).transform(np.ones((5, 4)))
-    assert np.isfinite(Zc).all() and np.ptp(Zc, axis=0).max() == 0      # nothing to separate: one code for all
+    assert np.isfinite(Zc).all() and np.ptp(Zc, axis=0).max() == 0  # nothing to separate: one code for all

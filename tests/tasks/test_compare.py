@@ -16,7 +16,7 @@ def test_paired_interval_is_scipy_s_paired_t_interval():
 
 
 def test_a_model_better_on_one_seed_of_five_has_an_interval_around_zero():
-    base = np.full(5, 0.50)                           # a baseline without seed: one value in every repeat
+    base = np.full(5, 0.50)  # a baseline without seed: one value in every repeat
     mean, lo, hi = paired_interval([0.60, 0.49, 0.50, 0.495, 0.50], base)
     assert mean > 0 and lo < 0 < hi
     mean, lo, hi = paired_interval([0.52, 0.53, 0.51, 0.52, 0.525], base)

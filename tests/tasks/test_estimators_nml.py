@@ -1,6 +1,7 @@
 """NML and LinearML as scikit-learn estimators: the common checks, the entry points the pipeline
 calls (the same code path as fit), user pairs, parameter search, and batches that mix classes on
 data stored sorted by class."""
+
 import numpy as np
 import pytest
 from sklearn.base import clone
@@ -9,7 +10,7 @@ from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from metricpipe.tasks import moments, nml, stream
+from metricpipe.tasks import evaluation, moments, nml, stream
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.nml import NML, LinearML
 from metricpipe.tasks.normalize import normalize_rows
@@ -48,7 +49,7 @@ def test_fit_is_fit_stream_fed_by_the_in_memory_pools(cls):
     assert its[-1] == 700 and np.all(np.diff(its) > 0) and 40 <= len(its) <= 60
     assert np.array_equal(a.classes_, np.arange(5))
     c = clone(est).set_params(random_state=4).fit(X, y, block_rows=90)
-    assert not np.allclose(a.L_, c.L_)                      # the seed matters
+    assert not np.allclose(a.L_, c.L_)  # the seed matters
 
 
 def test_fit_from_labels_is_the_reference_loop_on_one_pool():
@@ -63,7 +64,7 @@ def test_fit_from_labels_is_the_reference_loop_on_one_pool():
     i, j, s = nml.sample_pairs(y[rows], 250, np.random.default_rng([1, 17]))
     Xp = normalize_rows(X[rows], "l1")
     L0 = np.random.default_rng([1, 19]).uniform(-0.5, 0.5, (3, X.shape[1]))
-    ref = _reference_sgd(est, L0, Xp, [(i[a:a + 16], j[a:a + 16], s[a:a + 16]) for a in range(0, 250, 16)])
+    ref = _reference_sgd(est, L0, Xp, [(i[a : a + 16], j[a : a + 16], s[a : a + 16]) for a in range(0, 250, 16)])
     assert ref.steps == est.n_steps_ == 16
     np.testing.assert_array_equal(est.L_, ref.L.astype(np.float32))
 
@@ -75,7 +76,7 @@ def test_each_pass_draws_pairs_pairs_shared_out_by_pool_size():
     got = list(est._label_pair_pools(stream.pools(X, y, None, 150, 0), len(X), np.random.default_rng(0)))
     sizes = [len(Xp) for Xp, *_ in got]
     counts = [len(s) for *_, s in got]
-    assert sum(counts) == 2000 and sum(counts[:3]) == 1000   # 3 pools (150, 150, 100 rows) a pass
+    assert sum(counts) == 2000 and sum(counts[:3]) == 1000  # 3 pools (150, 150, 100 rows) a pass
     for m, c in zip(sizes, counts):
         assert abs(c - 1000 * m / 400) <= 1
 
@@ -94,7 +95,7 @@ def test_batches_mix_classes_when_the_rows_are_sorted_by_class():
     Xp, i, j, s = next(est._label_pair_pools(stream.pools(X, y, None, 180, 0), len(X), np.random.default_rng(0)))
     classes = np.unique(np.r_[y0[i[:64]], y0[j[:64]]])
     assert len(classes) >= 8
-    assert 20 <= (s[:64] > 0).sum() <= 44                    # about half similar
+    assert 20 <= (s[:64] > 0).sum() <= 44  # about half similar
     assert np.array_equal(y0[i] == y0[j], s > 0)
 
 
@@ -114,7 +115,7 @@ def test_user_pairs_follow_the_layout_groups_of_the_pipeline():
     for blocks, sel in nml.pair_groups(pos[P[:, 0]], pos[P[:, 1]], 300, 70, 2):
         assert set(pos[P[sel]].ravel() // 70) <= set(blocks) and len(blocks) <= 2
         for a in range(0, len(sel), 32):
-            b = sel[a:a + 32][:1000 - seen]
+            b = sel[a : a + 32][: 1000 - seen]
             batches.append((P[b, 0], P[b, 1], s[b].astype(np.float32)))
             seen += len(b)
             if seen == 1000:
@@ -124,7 +125,7 @@ def test_user_pairs_follow_the_layout_groups_of_the_pipeline():
     # LinearML reads lr for rows of unit RMS norm: the reference runs on the rows over that norm
     stats = moments.statistics(X)
     s = moments.row_scale(stats)
-    assert abs(s - 1) > 0.5                                       # the scaling is tried, not a no-op
+    assert abs(s - 1) > 0.5  # the scaling is tried, not a no-op
     ref = _reference_sgd(est, stats["pca_components"][:3], (X / s).astype(np.float32), batches)
     np.testing.assert_allclose(est.L_, ref.L / s, rtol=1e-4, atol=1e-6)
     assert est.pair_source_ == "user" and est.n_pairs_ == 800 and est.pairs_seen_ == 1000
@@ -148,13 +149,16 @@ def test_pairs_as_metric_learn_takes_them():
     assert f(a.L_.astype(np.float64)) < 0.6 * f(L0)
 
 
-@pytest.mark.parametrize("pairs,y,X,match", [
-    (np.zeros((4, 3)), [1, -1, 1, -1], None, r"shape \(n_pairs, 2, n_features\)"),
-    (np.zeros((4, 3), int), [1, -1, 1, -1], np.ones((5, 2)), r"\(n_pairs, 2\) array of row indices"),
-    (np.array([[0, 1], [2, 9]]), [1, -1], np.ones((5, 2)), "pair index j=9 is out of range 0..4"),
-    (np.array([[0, 1], [2, 3]]), [1, 0], np.ones((5, 2)), r"must be \+1 \(similar\) or -1"),
-    (np.array([[0, 1], [2, 3]]), [1], np.ones((5, 2)), "equal, non-zero length"),
-])
+@pytest.mark.parametrize(
+    "pairs,y,X,match",
+    [
+        (np.zeros((4, 3)), [1, -1, 1, -1], None, r"shape \(n_pairs, 2, n_features\)"),
+        (np.zeros((4, 3), int), [1, -1, 1, -1], np.ones((5, 2)), r"\(n_pairs, 2\) array of row indices"),
+        (np.array([[0, 1], [2, 9]]), [1, -1], np.ones((5, 2)), "pair index j=9 is out of range 0..4"),
+        (np.array([[0, 1], [2, 3]]), [1, 0], np.ones((5, 2)), r"must be \+1 \(similar\) or -1"),
+        (np.array([[0, 1], [2, 3]]), [1], np.ones((5, 2)), "equal, non-zero length"),
+    ],
+)
 def test_bad_pairs_are_refused(pairs, y, X, match):
     with pytest.raises(InputError, match=match):
         LinearML(dim=1).fit_pairs(pairs, y, X=X)
@@ -215,7 +219,7 @@ def test_grid_search_on_digits_with_a_1nn_score():
 
     pipe = make_pipeline(StandardScaler(), LinearML(dim=8, pairs=20000, iters=20000, validation=0))
     gs = GridSearchCV(pipe, {"linearml__lr": [100.0, 1.0]}, cv=3, scoring=knn1).fit(X, y)
-    assert gs.best_params_ == {"linearml__lr": 1.0}      # lr 100 diverges (a fold's score is NaN)
+    assert gs.best_params_ == {"linearml__lr": 1.0}  # lr 100 diverges (a fold's score is NaN)
     assert np.isnan(gs.cv_results_["mean_test_score"][0])
     assert gs.best_score_ > 0.9 and gs.best_estimator_.transform(X).shape == (600, 8)
 
@@ -226,23 +230,40 @@ def test_linear_ml_lr_means_the_same_whatever_the_rows_scale(optimizer, learn_bi
     same hinge at every logged step and the same validation mAPs."""
     X, y = _data(n=400)
     keys = stream.row_keys(X)
-    est = LinearML(dim=3, pairs=600, iters=1500, batch=16, optimizer=optimizer, learn_bias=learn_bias, validation=100,
-                   random_state=2)
+    est = LinearML(
+        dim=3,
+        pairs=600,
+        iters=1500,
+        batch=16,
+        optimizer=optimizer,
+        learn_bias=learn_bias,
+        validation=100,
+        random_state=2,
+    )
     held = stream.validation_split(y, 100, keys, 2)
     keep = np.ones(len(X), bool)
     keep[held] = False
     fits = []
     for f in (1.0, 16.0):
         stats = moments.statistics(X * f)
-        fits.append(clone(est).fit_stream(stream.pools(X * f, y, keep, 90, 2, keys), int(keep.sum()), X.shape[1],
-                                          stats["pca_components"], X[held] * f, y[held],
-                                          row_scale=moments.row_scale(stats)))
+        fits.append(
+            clone(est).fit_stream(
+                stream.pools(X * f, y, keep, 90, 2, keys),
+                int(keep.sum()),
+                X.shape[1],
+                stats["pca_components"],
+                X[held] * f,
+                y[held],
+                row_scale=moments.row_scale(stats),
+            )
+        )
     one, big = fits
     hinge = [h["hinge"] for h in one.history_ if "hinge" in h]
-    assert len(set(np.round(hinge, 6))) > 3                       # L moved
+    assert len(set(np.round(hinge, 6))) > 3  # L moved
     for key in ("hinge", "val_map"):
-        assert [h[key] for h in big.history_ if key in h] == pytest.approx([h[key] for h in one.history_ if key in h],
-                                                                          rel=1e-5)
+        assert [h[key] for h in big.history_ if key in h] == pytest.approx(
+            [h[key] for h in one.history_ if key in h], rel=1e-5
+        )
     assert [h["iter"] for h in big.history_] == [h["iter"] for h in one.history_]
     np.testing.assert_allclose(big.L_ * 16, one.L_, rtol=1e-4, atol=1e-5 * np.abs(one.L_).max())
     assert big.bias_ == pytest.approx(one.bias_, rel=1e-5) and (one.bias_ != 1.0) == learn_bias
@@ -250,7 +271,9 @@ def test_linear_ml_lr_means_the_same_whatever_the_rows_scale(optimizer, learn_bi
 
 def test_a_diverging_step_is_an_error_not_a_nan_model():
     X, y = _data(n=200)
-    with pytest.raises(InputError, match=r"LinearML diverged after \d+ steps \(L is not finite in float32\); lower 'lr'"):
+    with pytest.raises(
+        InputError, match=r"LinearML diverged after \d+ steps \(L is not finite in float32\); lower 'lr'"
+    ):
         LinearML(dim=3, pairs=2000, iters=20000, lr=1e6, random_state=0).fit(X, y)
 
 
@@ -262,9 +285,9 @@ def test_early_stopping_keeps_the_l_with_the_best_validation_map(cls):
     checks = [h for h in est.history_ if "val_map" in h]
     best = max(checks, key=lambda h: h["val_map"])
     assert est.val_map_ == best["val_map"] and est.best_iter_ == best["iter"]
-    assert est.val_map_ == pytest.approx(nml.validation_map(est.transform(Xv), yv), abs=1e-6)
-    assert checks[0]["iter"] == 0                                   # the start is a candidate
-    if est.pairs_seen_ < 20000:   # stopped early: PATIENCE checks in a row without a better mAP
+    assert est.val_map_ == pytest.approx(evaluation.validation_map(est.transform(Xv), yv), abs=1e-6)
+    assert checks[0]["iter"] == 0  # the start is a candidate
+    if est.pairs_seen_ < 20000:  # stopped early: PATIENCE checks in a row without a better mAP
         assert len(checks) - 1 - checks.index(best) == nml.PATIENCE
     off = clone(est).set_params(validation=0).fit(X, y)
     assert off.best_iter_ is None and off.pairs_seen_ == 20000

@@ -1,12 +1,13 @@
 """SLNE, SLDE and SparseProjector as scikit-learn estimators: the common checks, the in-memory fit
 against the pipeline's entry points, the stored-state round trip, and a grid search on digits."""
+
 import json
 
 import numpy as np
 import pytest
 from sklearn.base import clone
 
-from metricpipe.tasks import slne, sparse
+from metricpipe.tasks import slne
 from metricpipe.tasks.slne import SLDE, SLNE
 from metricpipe.tasks.sparse import SparseProjector
 from tests.conftest import make_blobs
@@ -28,8 +29,9 @@ def _assert_same_state(a: dict, b: dict, atol=0.0):
         if hasattr(va, "toarray"):
             va, vb = va.toarray(), vb.toarray()
         if isinstance(va, np.ndarray):
-            np.testing.assert_allclose(va, vb, rtol=0, atol=atol, err_msg=k) if atol else \
-                np.testing.assert_array_equal(va, vb, err_msg=k)
+            np.testing.assert_allclose(va, vb, rtol=0, atol=atol, err_msg=k) if atol else np.testing.assert_array_equal(
+                va, vb, err_msg=k
+            )
         else:
             assert _close(va, vb, atol), k
 
@@ -47,17 +49,17 @@ def _close(a, b, atol) -> bool:
 
 def _blockwise(f, X, rows=70):
     """f applied row-block by row-block, as the pipeline's driver reads the rows."""
-    return np.concatenate([f(X[s:s + rows]) for s in range(0, len(X), rows)])
+    return np.concatenate([f(X[s : s + rows]) for s in range(0, len(X), rows)])
 
 
 def test_slne_fit_is_fit_space_on_the_statistics_and_graph():
     X, y = _data()
     est = SLNE(dim=6, input_dim=10, step=0.05, n_neighbors=12, random_state=3)
     a = clone(est).fit(X, y)
-    mean, comps = slne.pca_statistics(X)                  # what the statistics stage stores
-    g = slne.knn_graph(X, 12)                             # what the neighbours stage stores
+    mean, comps = slne.pca_statistics(X)  # what the statistics stage stores
+    g = slne.knn_graph(X, 12)  # what the neighbours stage stores
     b = clone(est).fit_space(est.input_rows(X, mean, comps), y, g, mean, comps)
-    _assert_same_state(a.fitted_state(), b.fitted_state())                       # bit for bit
+    _assert_same_state(a.fitted_state(), b.fitted_state())  # bit for bit
     np.testing.assert_array_equal(a.transform(X), b.transform(X))
     # the driver maps the rows block by block: float32 products of other row counts may round the
     # last bit of Z differently (the documented tolerance)
@@ -88,13 +90,16 @@ def test_slde_fit_is_its_members_then_assemble():
 def test_sparse_fit_is_fit_subset_on_the_stratified_rows(validation):
     """fit holds a stratified share out of the training subset for early stopping (validation > 0)."""
     from metricpipe.tasks import stream
+
     X, y = _data()
-    est = SparseProjector(dim=5, sparsity=0.7, queries=20, train_size=150, max_iter=8, validation=validation,
-                          random_state=6)
+    est = SparseProjector(
+        dim=5, sparsity=0.7, queries=20, train_size=150, max_iter=8, validation=validation, random_state=6
+    )
     a = clone(est).fit(X, y)
     mean, comps = slne.pca_statistics(X)
     held = stream.validation_split(y, validation, stream.row_keys(X), 6) if validation else np.array([], int)
-    rows = sparse.stratified_subset(y, 150, 6, among=np.setdiff1d(np.arange(len(X)), held))
+    among = np.setdiff1d(np.arange(len(X)), held)
+    rows = among[stream.sample(y[among], 150, stream.row_keys(X)[among], 6, stream.SUBSET)]
     assert not np.isin(rows, held).any()
     val = {"X_val": X[held], "key_val": y[held]} if validation else {}
     b = clone(est).fit_subset(X[rows], y[rows], mean, comps, **val)
@@ -111,10 +116,16 @@ def test_sparse_default_dim_is_64_projectors_or_every_direction_when_fewer(d):
     assert est.projectors_.shape == (d, min(d, 64)) and est.transform(X).shape == (200, min(d, 64))
 
 
-@pytest.mark.parametrize("est", [SLNE(dim=5, epochs=2), SLDE(members=2, member_dim=3, epochs=1, refine=True),
-                                 SparseProjector(dim=4, max_iter=4, queries=10), SparseProjector(dim=3, sparsity=0.0,
-                                                                                                 max_iter=3)],
-                         ids=["slne", "slde", "sparse", "dense"])
+@pytest.mark.parametrize(
+    "est",
+    [
+        SLNE(dim=5, epochs=2),
+        SLDE(members=2, member_dim=3, epochs=1, refine=True),
+        SparseProjector(dim=4, max_iter=4, queries=10),
+        SparseProjector(dim=3, sparsity=0.0, max_iter=3),
+    ],
+    ids=["slne", "slde", "sparse", "dense"],
+)
 def test_from_state_round_trip_gives_identical_transform(est):
     X, y = _data(n=200)
     fitted = clone(est).fit(X, y)
@@ -147,8 +158,12 @@ def test_grid_search_over_slne_on_digits():
 
     X, y = load_digits(return_X_y=True)
     X, y = X[:600], y[:600]
-    search = GridSearchCV(make_pipeline(StandardScaler(), SLNE(input_dim=32, epochs=2, n_neighbors=10)),
-                          {"slne__input_dim": [8, 32]}, scoring=nn1_accuracy, cv=3)
+    search = GridSearchCV(
+        make_pipeline(StandardScaler(), SLNE(input_dim=32, epochs=2, n_neighbors=10)),
+        {"slne__input_dim": [8, 32]},
+        scoring=nn1_accuracy,
+        cv=3,
+    )
     search.fit(X, y)
     scores = search.cv_results_["mean_test_score"]
     assert search.best_params_["slne__input_dim"] == [8, 32][int(np.argmax(scores))]

@@ -17,16 +17,17 @@ def test_normalizations():
     p = normalize_rows(X, "power")
     np.testing.assert_allclose(p[0], np.array([np.sqrt(3), -2]) / np.sqrt(7), rtol=1e-6)
     assert np.array_equal(normalize_rows(X, "none"), X)
-    big = np.full((2, 6), 1e38, np.float32)         # the l1 norm (6e38) overflows float32, the result does not
+    big = np.full((2, 6), 1e38, np.float32)  # the l1 norm (6e38) overflows float32, the result does not
     np.testing.assert_allclose(normalize_rows(big, "l1"), np.full((2, 6), 1 / 6), rtol=1e-6)
     np.testing.assert_allclose(normalize_rows(big, "l2"), np.full((2, 6), 1 / np.sqrt(6)), rtol=1e-6)
 
 
 def test_float_labels_are_exact_integers_or_refused():
     from metricpipe.tasks.validate import label_values
+
     assert label_values(np.array([3.0, -1.0]), "f").tolist() == [3, -1] and label_values([True], "f").dtype == np.int64
     with pytest.raises(InputError, match=r"f: float64 labels beyond 2\^53 .*first 1e\+19 at row 1"):
-        encode_labels(np.array([1.0, 1e19, 2e19]), 3, "f")           # int64 would merge 1e19 and 2e19
+        encode_labels(np.array([1.0, 1e19, 2e19]), 3, "f")  # int64 would merge 1e19 and 2e19
     with pytest.raises(InputError, match=r"f: labels must be integers .*2 non-integral float64 value\(s\), first nan"):
         encode_labels(np.array([np.nan, 0.0, 0.25]), 3, "f")
 
@@ -91,6 +92,7 @@ def test_few_shot_data_that_validation_cannot_score_trains_on_every_row():
     another of its class and early stopping is off; those rows used to stay out of training anyway
     (NML, linear ML, sparse projectors). Now the model is the one trained with validation off."""
     from metricpipe.tasks.sparse import SparseProjector
+
     rng = np.random.default_rng(0)
     y = np.repeat(np.arange(60), 3)
     X = np.abs(rng.normal(size=(60, 10))[y] + rng.normal(size=(180, 10))).astype(np.float32)
@@ -110,11 +112,19 @@ def test_lr_left_unset_is_the_first_value_of_the_grid_the_objective_or_optimizer
 
     from metricpipe.stages.train import model_id
     from metricpipe.tasks.nml import NML
+
     X, y = load_digits(return_X_y=True)
-    dot = NCMML(dim=16, objective="dot", iters=300, validate_every=50).fit(X[:1200], y[:1200])   # lr 30: diverged
+    dot = NCMML(dim=16, objective="dot", iters=300, validate_every=50).fit(X[:1200], y[:1200])  # lr 30: diverged
     assert dot.score(X[1200:], y[1200:]) > 0.8
-    for est, want in ((NCMML(), 30.0), (NCMML(objective="dot"), 1.0), (NML(), 0.001), (NML(optimizer="sgd"), 10.0),
-                      (LinearML(), 0.1), (LinearML(optimizer="adam"), 0.01), (NCMML(objective="dot", lr=3.0), 3.0)):
+    for est, want in (
+        (NCMML(), 30.0),
+        (NCMML(objective="dot"), 1.0),
+        (NML(), 0.001),
+        (NML(optimizer="sgd"), 10.0),
+        (LinearML(), 0.1),
+        (LinearML(optimizer="adam"), 0.01),
+        (NCMML(objective="dot", lr=3.0), 3.0),
+    ):
         assert est._searched("lr") == want
     assert model_id({"method": "ncmml", "dim": 8, "objective": "dot", "lr": 1.0}) == "ncmml-8-objectivedot"
     assert model_id({"method": "ncmml", "dim": 8, "objective": "dot", "lr": 30.0}) == "ncmml-8-lr30.0-objectivedot"
@@ -124,31 +134,38 @@ def test_lr_left_unset_is_the_first_value_of_the_grid_the_objective_or_optimizer
 def test_non_finite_input_is_one_line_naming_the_first_bad_row_and_column(method):
     """scikit-learn's own message is several lines, names no row and suggests other estimators."""
     from metricpipe.tasks import registry
+
     rng = np.random.default_rng(0)
     X, y = np.abs(rng.normal(size=(60, 6))), np.arange(60) % 3
     bad = X.copy()
     bad[41, 4] = np.inf
     est = registry.make({"method": method})
     name = type(est).__name__
-    with pytest.raises(InputError, match=rf"^{name}: X: Input contains 1 non-finite value\(s\) \(NaN or inf\), first "
-                                         r"inf at row 41, column 4; drop or impute those rows[^\n]*$"):
+    with pytest.raises(
+        InputError,
+        match=rf"^{name}: X: Input contains 1 non-finite value\(s\) \(NaN or inf\), first "
+        r"inf at row 41, column 4; drop or impute those rows[^\n]*$",
+    ):
         est.fit(bad, y)
-    if method in ("ncmml", "nml", "linear-ml", "sparse"):    # the learners that take validation rows
+    if method in ("ncmml", "nml", "linear-ml", "sparse"):  # the learners that take validation rows
         with pytest.raises(InputError, match=rf"^{name}: X_val: Input contains 1 non-finite value"):
             est.fit(X, y, X_val=bad, y_val=y)
-
 
 
 def test_slem_with_a_kernel_names_kernel_slem():
     """The README says the estimators' parameters mirror the config, where {method: slem, kernel:
     gaussian} is kernel SLEM; SLEM(kernel='gaussian') said only "must be among {'linear'}"."""
     from metricpipe.tasks.slem import SLEM
-    with pytest.raises(InputError, match=r"^SLEM is the linear form; for kernel 'gaussian' use KernelSLEM\(kernel='gaussian'\)"):
+
+    with pytest.raises(
+        InputError, match=r"^SLEM is the linear form; for kernel 'gaussian' use KernelSLEM\(kernel='gaussian'\)"
+    ):
         SLEM(kernel="gaussian").fit(np.random.default_rng(0).normal(size=(20, 3)), np.arange(20) % 2)
 
 
 def test_can_rank_needs_a_row_with_another_of_its_key_and_with_negatives_another_key():
     from metricpipe.tasks.evaluation import can_rank
+
     assert not can_rank([]) and not can_rank([1, 2, 3]) and can_rank([1, 2, 2])
     assert can_rank([4, 4]) and not can_rank([4, 4], negatives=True) and can_rank([4, 4, 5], negatives=True)
 
@@ -157,6 +174,9 @@ def test_can_rank_needs_a_row_with_another_of_its_key_and_with_negatives_another
 def test_a_1d_x_is_one_line_naming_its_shape_and_the_reshape(cls):
     """scikit-learn's message for a 1-D X runs to 30 lines: it prints the whole array."""
     x = np.arange(200.0)
-    with pytest.raises(InputError, match=rf"^{cls.__name__}: X: expected a 2-D array \(n_samples, n_features\), got "
-                                         r"1-D of shape \(200,\); Reshape your data with X.reshape\(-1, 1\)[^\n]*$"):
+    with pytest.raises(
+        InputError,
+        match=rf"^{cls.__name__}: X: expected a 2-D array \(n_samples, n_features\), got "
+        r"1-D of shape \(200,\); Reshape your data with X.reshape\(-1, 1\)[^\n]*$",
+    ):
         cls().fit(x, np.arange(200) % 2)

@@ -64,15 +64,16 @@ def _ivf_reference(Q, q_ids, X, C, nprobe, k, metric="l2"):
 
     def score(A, B):
         return ((A[:, None] - B[None]) ** 2).sum(-1) if metric == "l2" else -(A @ B.T)
+
     own = np.argmin(score(X64, C64), 1)
     dq = score(Q64, C64)
     probes = np.lexsort((np.broadcast_to(np.arange(len(C)), dq.shape), dq), axis=-1)[:, :nprobe]
     dist, idx = np.full((len(Q), k), np.inf), np.full((len(Q), k), -1)
     for r in range(len(Q)):
         cand = np.flatnonzero(np.isin(own, probes[r]) & (np.arange(len(X)) != q_ids[r]))
-        d = score(Q64[r:r + 1], X64[cand])[0]
+        d = score(Q64[r : r + 1], X64[cand])[0]
         o = np.lexsort((cand, d))[:k]
-        dist[r, :len(o)], idx[r, :len(o)] = d[o], cand[o]
+        dist[r, : len(o)], idx[r, : len(o)] = d[o], cand[o]
     return dist, idx, probes
 
 
@@ -86,14 +87,14 @@ def test_ivf_over_streamed_blocks_is_brute_force_over_the_probed_lists_ties_incl
     C = rng.integers(0, 4, (12, 5)).astype(np.float32)
     q_ids = np.sort(rng.choice(900, 120, replace=False))
     Q, k, nprobe = X[q_ids], 15, 3
-    monkeypatch.setattr(knn, "LIST_QUERY_TILE", 7)    # lists compared in tiles (a crowded list)
+    monkeypatch.setattr(knn, "LIST_QUERY_TILE", 7)  # lists compared in tiles (a crowded list)
     monkeypatch.setattr(knn, "LIST_ROW_TILE", 11)
     want_d, want_i, probes = _ivf_reference(Q, q_ids, X, C, nprobe, k, metric)
     np.testing.assert_array_equal(knn.nearest_lists(Q, C, nprobe, metric), probes)
     lists = knn.queries_of_lists(knn.nearest_lists(Q, C, nprobe, metric), len(C))
     parts = [knn.ivf_block_topk(Q, q_ids, lists, X[a:b], np.arange(a, b), C, k, metric=metric) for a, b in splits]
     run = parts[0]
-    for p in parts[1:]:     # blocks searched apart and merged in any order: the same lists
+    for p in parts[1:]:  # blocks searched apart and merged in any order: the same lists
         run = knn.merge_topk(run, p, k)
     dist, idx = knn.ivf_distances(run, Q, metric)
     np.testing.assert_array_equal(idx, want_i)
@@ -108,6 +109,7 @@ def test_ivf_over_streamed_blocks_is_brute_force_over_the_probed_lists_ties_incl
 
 def test_ivf_over_streamed_blocks_finds_what_faiss_ivf_flat_finds_with_the_same_centroids():
     import faiss
+
     rng = np.random.default_rng(4)
     X = rng.normal(size=(4000, 24)).astype(np.float32)
     C = X[rng.choice(4000, 32, replace=False)] + 0.1
@@ -124,8 +126,8 @@ def test_ivf_over_streamed_blocks_finds_what_faiss_ivf_flat_finds_with_the_same_
     lists = knn.queries_of_lists(knn.nearest_lists(Q, C, nprobe), 32)
     run = None
     for a in range(0, 4000, 700):
-        run = knn.ivf_block_topk(Q, q_ids, lists, X[a:a + 700], np.arange(a, min(4000, a + 700)), C, k, init=run)
+        run = knn.ivf_block_topk(Q, q_ids, lists, X[a : a + 700], np.arange(a, min(4000, a + 700)), C, k, init=run)
     dist, idx = knn.ivf_distances(run, Q)
     same = np.mean([len(np.intersect1d(a, b)) / k for a, b in zip(idx, fi)])
-    assert same > 0.995, same       # (near-ties may round apart: faiss scans, the kernel uses a GEMM)
+    assert same > 0.995, same  # (near-ties may round apart: faiss scans, the kernel uses a GEMM)
     np.testing.assert_allclose(dist, ((X[idx] - Q[:, None]) ** 2).sum(-1), rtol=1e-4, atol=1e-4)

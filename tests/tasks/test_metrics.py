@@ -29,9 +29,9 @@ def test_precision_at_k_splits_a_tie_group_at_the_cut_in_proportion():
     # the tied items, computed by brute force over every column (not from sorted rows)
     rng = np.random.default_rng(2)
     dist = rng.integers(0, 6, (30, 40)).astype(np.float32)
-    dist[:3, :5] = np.inf                      # left-out items (e.g. the query itself) sort last
+    dist[:3, :5] = np.inf  # left-out items (e.g. the query itself) sort last
     rel = rng.random((30, 40)) < 0.3
-    ks = (1, 4, 10, 40, 55)                    # 55: past the database, cut at its 40 items
+    ks = (1, 4, 10, 40, 55)  # 55: past the database, cut at its 40 items
     out = metrics.retrieval_scores(dist, rel, ks)
     for q in range(30):
         for j, k in enumerate(ks):
@@ -85,8 +85,10 @@ def test_classes_without_a_vote_are_not_ranked_so_a_top5_is_never_filled_by_clas
     for k in (1, 3, 10):
         ranking = metrics.knn_class_ranking(nb, 10, k)
         voted = [set(row[:k]) for row in nb]
-        assert all(set(r[r >= 0]) == v and (r[:len(v)] >= 0).all() and (r[len(v):] == -1).all()
-                   for r, v in zip(ranking, voted))
+        assert all(
+            set(r[r >= 0]) == v and (r[: len(v)] >= 0).all() and (r[len(v) :] == -1).all()
+            for r, v in zip(ranking, voted)
+        )
         errs = metrics.topk_errors(ranking, y)
         np.testing.assert_array_equal(errs[5], [yy not in list(r[:5]) for yy, r in zip(y, ranking)])
         if k == 1:
@@ -121,9 +123,10 @@ def test_softvote_of_codes_compared_by_distance_is_a_vote_of_the_nearest_members
     from collections import Counter
 
     from metricpipe.tasks.evaluation import softvote_errors
+
     rng = np.random.default_rng(3)
     Q = rng.normal(size=(30, 4)).astype(np.float32)
-    B = (rng.normal(size=(60, 4)) * rng.uniform(0.2, 5, (60, 1))).astype(np.float32)   # norms far apart
+    B = (rng.normal(size=(60, 4)) * rng.uniform(0.2, 5, (60, 1))).astype(np.float32)  # norms far apart
     labels, y = rng.integers(0, 3, 60), rng.integers(0, 3, 30)
     nbr = np.stack([rng.choice(60, 20, replace=False) for _ in range(30)])
     flat = np.arange(60)
@@ -132,7 +135,7 @@ def test_softvote_of_codes_compared_by_distance_is_a_vote_of_the_nearest_members
         near = nbr[q][np.argsort(((B[nbr[q]] - Q[q]) ** 2).sum(1), kind="stable")[:5]]
         counts = Counter(labels[near])
         top = max(counts.values())
-        want_e.append(min(c for c, v in counts.items() if v == top) != y[q])   # ties: the lower class first
+        want_e.append(min(c for c, v in counts.items() if v == top) != y[q])  # ties: the lower class first
         sims = B[nbr[q]] @ Q[q]
         best = nbr[q][np.argsort(-sims, kind="stable")[:5]]
         votes = np.full(3, -np.inf)
@@ -149,6 +152,7 @@ def test_softvote_in_query_groups_gives_the_same_bits(monkeypatch, score):
     """The gathered neighbours are scored in groups of queries (whole, they were 2 x 0.64 GB at 4,096
     queries of 784-d codes): the groups change no vote."""
     from metricpipe.tasks import evaluation
+
     rng = np.random.default_rng(3)
     B = rng.normal(size=(400, 24)).astype(np.float32)
     Q = rng.normal(size=(97, 24)).astype(np.float32)
@@ -156,7 +160,7 @@ def test_softvote_in_query_groups_gives_the_same_bits(monkeypatch, score):
     flat = np.arange(400)
     labels, y = rng.integers(0, 5, 400), rng.integers(0, 5, 97)
     whole = evaluation.softvote_errors(Q, y, nbr, B, flat, labels, [3, 10], 5, score)
-    monkeypatch.setattr(evaluation, "SOFTVOTE_GROUP_BYTES", 1)   # one query at a time
+    monkeypatch.setattr(evaluation, "SOFTVOTE_GROUP_BYTES", 1)  # one query at a time
     grouped = evaluation.softvote_errors(Q, y, nbr, B, flat, labels, [3, 10], 5, score)
     for k in whole:
         for a, b in zip(whole[k], grouped[k]):
@@ -168,12 +172,12 @@ def test_a_tied_knn_vote_goes_to_the_nearer_class_where_scikit_learn_takes_the_l
     at equal distances neighbours are in train-row order); scikit-learn's KNeighborsClassifier gives a
     tie to the lowest label."""
     Xtr = np.array([[1.0], [2.0], [3.0], [4.0]])
-    ytr = np.array([1, 0, 1, 0])                 # the query at 0: class 1 nearest, then 0, 1, 0: 2 votes each
+    ytr = np.array([1, 0, 1, 0])  # the query at 0: class 1 nearest, then 0, 1, 0: 2 votes each
     Xte = np.zeros((1, 1))
     order = np.argsort(metrics.sq_distances(Xte, Xtr), axis=1, kind="stable")
     assert metrics.knn_class_ranking(ytr[order], 2, 4)[0, 0] == 1
     assert KNeighborsClassifier(n_neighbors=4, algorithm="brute").fit(Xtr, ytr).predict(Xte)[0] == 0
-    tied_at = np.array([[1.0], [-1.0], [3.0], [-3.0]])   # voters of both classes equally near: the earlier row
+    tied_at = np.array([[1.0], [-1.0], [3.0], [-3.0]])  # voters of both classes equally near: the earlier row
     order = np.argsort(metrics.sq_distances(Xte, tied_at), axis=1, kind="stable")
     assert metrics.knn_class_ranking(ytr[order], 2, 4)[0, 0] == 1
     assert metrics.knn_class_ranking(ytr[::-1][order], 2, 4)[0, 0] == 0

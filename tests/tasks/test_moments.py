@@ -50,15 +50,16 @@ def test_float32_slabs_keep_precision_on_large_blocks(monkeypatch):
 def test_mean_squared_norm_streams_to_numpys(dtype, second):
     X, y = make_blobs(n=601, d=9)
     X = (3.0 * X + 7.0).astype(dtype)
-    parts = [partial_moments(X[a:b], y[a:b], 4, second=second) for a, b in [(0, 100), (100, 350), (350, 350),
-                                                                           (350, 601)]]
+    parts = [
+        partial_moments(X[a:b], y[a:b], 4, second=second) for a, b in [(0, 100), (100, 350), (350, 350), (350, 601)]
+    ]
     got = finalize_statistics(combine_all(parts))["mean_sq_norm"]
     np.testing.assert_allclose(got, (X.astype(np.float64) ** 2).sum(1).mean(), rtol=TOL[dtype])
 
 
 def test_row_scale_is_the_rms_norm_and_one_for_l2_or_zero_rows():
     X, y = make_blobs(n=200, d=5)
-    assert moments.row_scale(moments.statistics(X, y)) == pytest.approx(np.sqrt((X ** 2).sum(1).mean()), rel=1e-6)
+    assert moments.row_scale(moments.statistics(X, y)) == pytest.approx(np.sqrt((X**2).sum(1).mean()), rel=1e-6)
     L2 = X / np.linalg.norm(X, axis=1, keepdims=True)
     assert moments.row_scale(moments.statistics(L2, y)) == pytest.approx(1.0, abs=1e-6)
     assert moments.row_scale(moments.statistics(np.zeros((4, 3)), np.array([0, 0, 1, 1]))) == 1.0
@@ -111,7 +112,7 @@ def test_without_rows_gives_the_class_means_of_the_other_rows_and_keeps_the_rest
     got = moments.without_rows(stats, X[out], y[out])
     close(got["class_means"], np.stack([X[~out & (y == c)].mean(0) for c in range(4)]), TOL[X.dtype.type])
     assert got["class_counts"].tolist() == np.bincount(y[~out], minlength=4).tolist()
-    for k in ("mean", "covariance", "pca_components", "mean_sq_norm"):   # what reads no label: every row's
+    for k in ("mean", "covariance", "pca_components", "mean_sq_norm"):  # what reads no label: every row's
         assert got[k] is stats[k]
     with pytest.raises(ValueError, match="not a part of"):
-        moments.without_rows(got, X[y == 0], y[y == 0])   # more rows of class 0 than it has left
+        moments.without_rows(got, X[y == 0], y[y == 0])  # more rows of class 0 than it has left

@@ -41,7 +41,7 @@ def test_ncmc_gradient_matches_finite_differences_and_k1_equals_ncm():
     # Eq. 10's alpha written out for NCM against the mixture's alpha (Eq. 25) at k = 1
     X, y, W, means, owner = _case(k=1)
     Y, Mp = X @ W.T, means @ W.T
-    P = ncmml._softmax(-0.5 * ((Y[:, None] - Mp[None]) ** 2).sum(-1))
+    P = ncmml.softmax(-0.5 * ((Y[:, None] - Mp[None]) ** 2).sum(-1))
     alpha = P - np.eye(4)[y]
     G10 = sum(alpha[i, c] * W @ np.outer(means[c] - X[i], means[c] - X[i]) for i in range(len(X)) for c in range(4))
     _, G = ncmml.log_likelihood_and_gradient(W, X, y, means, owner, 4)
@@ -74,7 +74,7 @@ def test_sorting_gradient_equals_the_explicit_triplet_loop(mode, k, margin):
     Y = X @ W.T
     targets = ncmml.choose_targets(Y, n_pos, k, mode)
     negatives = np.broadcast_to(~is_pos, targets.shape)
-    cp, cn = ncmml.triplet_counts(ncmml._sqdist(Y[:n_pos], Y), targets, negatives, margin)
+    cp, cn = ncmml.triplet_counts(ncmml.sqdist(Y[:n_pos], Y), targets, negatives, margin)
     G = ncmml.triplet_gradient(W, X, np.arange(n_pos), cp, cn)
     loss, G_loop = ncmml.triplet_loss_loop(W, X, np.arange(n_pos), targets, negatives, margin)
     assert loss > 0 and cp.sum() > 0 and cp.sum() == cn.sum()
@@ -106,7 +106,7 @@ def test_streaming_lloyd_equals_in_memory_lloyd_and_kmeanspp_refuses_too_few_row
     rng = np.random.default_rng(0)
     cents = np.concatenate([ncmml.kmeans_plus_plus(X[y == c], 2, rng) for c in range(3)])
     owner = np.repeat(np.arange(3), 2)
-    parts = [ncmml.lloyd_partial(X[a:a + 70], y[a:a + 70], cents, owner) for a in range(0, 300, 70)]
+    parts = [ncmml.lloyd_partial(X[a : a + 70], y[a : a + 70], cents, owner) for a in range(0, 300, 70)]
     new = ncmml.lloyd_update(cents, sum(p[0] for p in parts), sum(p[1] for p in parts))
     for c in range(3):  # reference: one Lloyd step on the class's rows in memory
         Xc, mine = X[y == c], np.flatnonzero(owner == c)
@@ -161,17 +161,19 @@ def test_dot_form_trained_on_some_classes_keeps_one_bias_per_trained_class():
 
 def test_ncmc_kmeans_seeding_sample_is_bounded_in_bytes():
     from metricpipe.tasks.ncmml import KMEANS_BYTES, KMEANS_SAMPLE, NCMC
+
     est = NCMC(centroids=10)
     per = est.kmeans_per_class(1000, 4096)
-    assert 10 <= per < KMEANS_SAMPLE and per * 1000 * 4096 * 4 <= KMEANS_BYTES   # 1,000 classes x 4,096 dims
-    assert est.kmeans_per_class(10, 784) == KMEANS_SAMPLE                        # small data: unchanged
-    assert NCMC(centroids=30).kmeans_per_class(10_000, 100_000) == 30            # never below k
+    assert 10 <= per < KMEANS_SAMPLE and per * 1000 * 4096 * 4 <= KMEANS_BYTES  # 1,000 classes x 4,096 dims
+    assert est.kmeans_per_class(10, 784) == KMEANS_SAMPLE  # small data: unchanged
+    assert NCMC(centroids=30).kmeans_per_class(10_000, 100_000) == 30  # never below k
 
 
 def test_held_out_is_the_stratified_subset_wherever_every_class_has_a_share_and_capped_where_not():
     """Data whose every class's share rounds to a row or more hold out exactly the rows they did (so
     runs on such data keep their splits); few-shot classes no longer push the total past ``size``."""
     from metricpipe.tasks import stream
+
     rng = np.random.default_rng(3)
     for _ in range(200):
         n, C = int(rng.integers(50, 3000)), int(rng.integers(2, 15))
@@ -183,12 +185,12 @@ def test_held_out_is_the_stratified_subset_wherever_every_class_has_a_share_and_
         if (size * counts[counts > 0] / n >= 1).all():
             assert np.array_equal(got, stream.stratified_subset(y, size, r, leave=1))
         assert len(got) <= max(size, int(np.rint(size * counts / n).clip(0, None).sum()))
-        assert (np.bincount(y[got], minlength=C) <= np.maximum(counts - 1, 0)).all()   # one row each stays
-    y = np.repeat(np.arange(50), 4)                      # 4 images per class, a tenth held out
+        assert (np.bincount(y[got], minlength=C) <= np.maximum(counts - 1, 0)).all()  # one row each stays
+    y = np.repeat(np.arange(50), 4)  # 4 images per class, a tenth held out
     r = stream.rank(stream.row_keys(rng.normal(size=(200, 3)).astype(np.float32)), 0, stream.VALIDATION)
     got = stream.held_out(y, 20, r, leave=2)
-    assert len(got) == 20 and np.bincount(y[got]).max() == 1      # was 50: one of every class
-    for k in (2, 3, 4):                                          # a fifth held out, not one row a class
+    assert len(got) == 20 and np.bincount(y[got]).max() == 1  # was 50: one of every class
+    for k in (2, 3, 4):  # a fifth held out, not one row a class
         y = np.repeat(np.arange(200), k)
         keys = stream.row_keys(rng.normal(size=(200 * k, 3)).astype(np.float32))
         assert len(stream.validation_split(y, 5000, keys, 0)) == 40 * k
@@ -200,6 +202,7 @@ def test_few_shot_classes_hold_out_at_most_a_fifth_and_every_class_still_compete
     a fifth is held out; a class without validation rows still competes as an answer, and given
     validation rows may miss classes too."""
     from metricpipe.tasks import stream
+
     rng = np.random.default_rng(0)
     centres = rng.normal(size=(200, 64))
     y = np.repeat(np.arange(200), 2)
@@ -213,8 +216,9 @@ def test_few_shot_classes_hold_out_at_most_a_fifth_and_every_class_still_compete
     Xt = (centres[np.repeat(kept, 3)] + rng.normal(size=(3 * len(kept), 64))).astype(np.float32)
     assert est.score(Xt, np.repeat(kept, 3)) > 0.5
     X2, y2 = make_blobs(n=300, d=6, classes=3, sep=2.0, seed=1)
-    ncmml.NCMML(dim=2, iters=20, validate_every=10).fit(X2[:240], y2[:240], X_val=X2[240:][y2[240:] != 2],
-                                                        y_val=y2[240:][y2[240:] != 2])
+    ncmml.NCMML(dim=2, iters=20, validate_every=10).fit(
+        X2[:240], y2[:240], X_val=X2[240:][y2[240:] != 2], y_val=y2[240:][y2[240:] != 2]
+    )
 
 
 def test_all_targets_step_is_scaled_to_k_targets_per_query():
@@ -227,6 +231,7 @@ def test_all_targets_step_is_scaled_to_k_targets_per_query():
     G, _ = ncmml.knnml_step(W, X, is_pos, k, "all")
     np.testing.assert_allclose(G, G_loop * k / (n_pos - 1) / n_pos, rtol=1e-9, atol=1e-12)
     from sklearn.datasets import load_digits
+
     Xd, y = load_digits(return_X_y=True)
     # the scaled step still diverges on digits at lr 0.1 (W grows ~3x a step; it used to keep the start,
     # best_iter_ 0, with later iterates beyond float32): a one-line divergence, and a smaller lr trains

@@ -10,11 +10,11 @@ def _pairs(n=12, D=7, d=3, seed=0, zero_col=True):
     rng = np.random.default_rng(seed)
     X = rng.random((2 * n, D)) * (rng.random((2 * n, D)) > 0.3)
     if zero_col:
-        X[:, 2] = 0.0                           # an all-zero column
-    X[0] = 0.0                                  # an all-zero image
+        X[:, 2] = 0.0  # an all-zero column
+    X[0] = 0.0  # an all-zero image
     X /= np.maximum(X.sum(1, keepdims=True), 1e-12)
     L = rng.uniform(-0.5, 0.5, (d, D))
-    L[1, 4] = 0.0                               # l_c = 0 meets x_c = 0 somewhere
+    L[1, 4] = 0.0  # l_c = 0 meets x_c = 0 somewhere
     y = np.where(rng.random(n) < 0.5, 1.0, -1.0)
     return X[:n], X[n:], y, L
 
@@ -70,8 +70,8 @@ def test_reused_work_buffer_gives_the_fresh_result_on_gathered_and_dense_columns
     L = rng.uniform(-0.5, 0.5, (4, 30))
     work = np.empty(4 * 9 * 30, np.float32)
     sparse = rng.random((9, 30)) * (rng.random((9, 30)) > 0.5)
-    sparse[:, :10] = 0.0                         # the union of non-zero columns is 2/3 of D: gathered
-    dense = rng.random((5, 30))                  # all columns: no gather
+    sparse[:, :10] = 0.0  # the union of non-zero columns is 2/3 of D: gathered
+    dense = rng.random((5, 30))  # all columns: no gather
     for X in (sparse, dense, sparse[:3]):
         K, R, cols = nml.chi2_embed(L, X, gradient=True, work=work)
         np.testing.assert_allclose(K, nml.chi2_kernel(X, L), rtol=1e-5, atol=1e-7)
@@ -120,7 +120,7 @@ def test_pool_pairs_are_balanced_distinct_and_correctly_labelled():
     i, j, s = nml.sample_pairs(y, 4001, np.random.default_rng(3))
     assert len(s) == 4001 and (i != j).all() and (s == 1).sum() == 2000
     assert np.array_equal(s == 1, y[i] == y[j])
-    assert 0.4 < (s[:200] == 1).mean() < 0.6                # shuffled: both kinds throughout
+    assert 0.4 < (s[:200] == 1).mean() < 0.6  # shuffled: both kinds throughout
     again = nml.sample_pairs(y, 4001, np.random.default_rng(3))
     relabelled = nml.sample_pairs(10 * y + 7, 4001, np.random.default_rng(3))  # codes' order only matters
     assert all(np.array_equal(a, b) and np.array_equal(a, c) for a, b, c in zip((i, j, s), again, relabelled))
@@ -149,4 +149,4 @@ def test_pair_groups_visit_every_pair_once_per_epoch_by_block_pairs():
         assert np.array_equal(np.sort(np.concatenate([sel for _, sel in groups])), np.arange(500))
         for blocks, sel in groups:
             assert len(blocks) <= 2 and set(pi[sel] // 30) | set(pj[sel] // 30) == set(blocks)
-    assert [b for b, _ in epochs[0]] != [b for b, _ in epochs[1]]   # a new seeded order every epoch
+    assert [b for b, _ in epochs[0]] != [b for b, _ in epochs[1]]  # a new seeded order every epoch

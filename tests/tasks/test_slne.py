@@ -19,9 +19,9 @@ def test_neighbourhoods_include_reverse_neighbours_and_split_by_label():
     g = np.array([[1, -1], [2, -1], [0, -1], [0, -1]])  # 3 -> 0 only; 0 is not 3's... reverse gives 0 -> 3
     y = np.array([0, 0, 1, 1])
     nb = slne.neighbourhoods(g, y)
-    nbrs = {i: set(nb.indices[nb.indptr[i]:nb.indptr[i + 1]]) for i in range(4)}
+    nbrs = {i: set(nb.indices[nb.indptr[i] : nb.indptr[i + 1]]) for i in range(4)}
     assert nbrs == {0: {1, 2, 3}, 1: {0, 2}, 2: {0, 1}, 3: {0}}  # Eq. 4: j in N_i or i in N_j
-    assert list(nb.target[nb.indptr[0]:nb.indptr[1]]) == [True, False, False]
+    assert list(nb.target[nb.indptr[0] : nb.indptr[1]]) == [True, False, False]
 
 
 def test_eq7_selection_is_the_most_violating_pair():
@@ -43,12 +43,15 @@ def test_single_update_is_minus_rho_times_the_hinge_subgradient():
     nb = slne.neighbourhoods(g, y)
     rng = np.random.default_rng(0)
     M = np.eye(X.shape[1]) + 0.1 * rng.normal(size=(X.shape[1],) * 2)
-    i = next(i for i in range(len(X)) if nb.target[nb.indptr[i]:nb.indptr[i + 1]].any()
-             and not nb.target[nb.indptr[i]:nb.indptr[i + 1]].all())
+    i = next(
+        i
+        for i in range(len(X))
+        if nb.target[nb.indptr[i] : nb.indptr[i + 1]].any() and not nb.target[nb.indptr[i] : nb.indptr[i + 1]].all()
+    )
     dM, hinge = slne.triplet_update(M, X, nb, np.array([i]), np.array([0.3]), 5.0, "violating", rng)
     # brute force Eq. 7 and the hinge of Eq. 6 for sample i
-    nbrs = nb.indices[nb.indptr[i]:nb.indptr[i + 1]]
-    tgt = nb.target[nb.indptr[i]:nb.indptr[i + 1]]
+    nbrs = nb.indices[nb.indptr[i] : nb.indptr[i + 1]]
+    tgt = nb.target[nb.indptr[i] : nb.indptr[i + 1]]
     s = X[i] @ M @ X[nbrs].T
     j, l = nbrs[tgt][np.argmin(s[tgt])], nbrs[~tgt][np.argmax(s[~tgt])]
 
@@ -112,7 +115,7 @@ def test_factor_of_the_start_keeps_the_leading_pca_directions(c):
     L = slne.factor(c * np.eye(8, dtype=np.float32), rank=3)
     np.testing.assert_allclose(np.abs(L), np.sqrt(c) * np.eye(8)[:, :3], atol=1e-7)
     Z = np.random.default_rng(0).normal(size=(50, 20))
-    est = slne.SLNE(dim=4, epochs=1, step=0.0).fit(Z, np.arange(50) % 3)   # step 0: M stays I
+    est = slne.SLNE(dim=4, epochs=1, step=0.0).fit(Z, np.arange(50) % 3)  # step 0: M stays I
     C = est.transform(Z)
     ref = slne.preprocess(Z, est.mean_, est.basis_)[:, :4]
     np.testing.assert_allclose(np.abs(C), np.abs(ref), atol=1e-5)
@@ -128,6 +131,7 @@ def test_softvote_is_eq9_over_the_most_similar_neighbours():
 
 # ---- the estimators ------------------------------------------------------------------------------------
 
+
 def _blobs(n=240, d=10, seed=0, sep=1.0):
     X, y = make_blobs(n=n, d=d, classes=3, seed=seed, sep=sep)
     return X + 2.0, y  # not centred: the estimator centres
@@ -135,6 +139,7 @@ def _blobs(n=240, d=10, seed=0, sep=1.0):
 
 def test_slne_fits_pca_space_exact_knn_graph_and_todays_linear_model_codes():
     from metricpipe.tasks.models import LinearModel
+
     X, y = _blobs()
     est = slne.SLNE(dim=4, input_dim=6, step=0.05, n_neighbors=7, random_state=2).fit(X, y)
     # the input space: the mean and the 6 leading principal directions of X (numpy reference)
@@ -166,7 +171,7 @@ def test_slne_exact_views_give_the_bilinear_similarity_and_codes_its_psd_part():
     est = slne.SLNE(step=0.5, epochs=2, random_state=0).fit(X, y)
     q, b = est.exact_views(X[:20])
     Z = slne.preprocess(X[:20], est.mean_, est.basis_)
-    np.testing.assert_allclose(q @ b.T, Z @ est.M_ @ Z.T, rtol=1e-4, atol=1e-5)       # Eq. 2
+    np.testing.assert_allclose(q @ b.T, Z @ est.M_ @ Z.T, rtol=1e-4, atol=1e-5)  # Eq. 2
     vals, vecs = np.linalg.eigh(0.5 * (est.M_ + est.M_.T).astype(np.float64))
     psd = vecs @ np.diag(np.clip(vals, 0, None)) @ vecs.T
     C = est.transform(X[:20])
@@ -182,7 +187,7 @@ def test_slne_refuses_bad_input_dim_graph_and_single_class():
         slne.SLNE().fit(X, y, neighbors=np.zeros((10, 3), np.int64))
     with pytest.raises(InputError, match=r"row indices in \[0, 240\)"):
         slne.SLNE().fit(X, y, neighbors=np.full((240, 3), 240))
-    with pytest.raises(InputError, match=r"neighbors lists no neighbour at all"):   # trained nothing, silently
+    with pytest.raises(InputError, match=r"neighbors lists no neighbour at all"):  # trained nothing, silently
         slne.SLNE().fit(X, y, neighbors=np.full((240, 3), -1))
     with pytest.raises(InputError, match="at least 2 classes .* got 1 class"):
         slne.SLNE().fit(X, np.zeros(len(X)))
@@ -197,7 +202,7 @@ def test_training_graph_keeps_anchors_and_their_neighbours_in_local_indices():
     np.testing.assert_array_equal(rows, [2, 3, 5, 7, 9, 11])
     anchor = np.isin(rows, anchors)
     np.testing.assert_array_equal(np.where(graph[anchor] >= 0, rows[graph[anchor]], -1), nbrs)
-    assert np.all(graph[~anchor] == -1)                 # neighbour-only rows have no list of their own
+    assert np.all(graph[~anchor] == -1)  # neighbour-only rows have no list of their own
     # with every train row an anchor, the rows are the anchors and the graph is re-indexed
     rows, graph = slne.training_graph(np.array([1, 4, 6]), np.array([[4, 6], [1, 6], [4, 1]]))
     np.testing.assert_array_equal(rows, [1, 4, 6])
@@ -222,7 +227,7 @@ def test_slde_codes_concatenate_member_factors_split_over_members():
     q, b = est.exact_views(X[:30])
     direct = sum((Z @ Pn.T) @ Mn @ (Z @ Pn.T).T for Pn, Mn in zip(Ps, est.member_matrices_))
     np.testing.assert_allclose(q @ b.T, direct, rtol=1e-4, atol=1e-5)
-    assert slne.SLDE(members=3, member_dim=4).fit(X, y).factor_.shape[1] <= 12   # None: all positive
+    assert slne.SLDE(members=3, member_dim=4).fit(X, y).factor_.shape[1] <= 12  # None: all positive
     with pytest.raises(InputError, match=r"must be <= members x member_dim = 3 x 4 = 12"):
         slne.SLDE(members=3, member_dim=4, dim=13).fit(X, y)
     with pytest.raises(InputError, match="'dim' parameter of slde must be >= members"):
@@ -235,8 +240,13 @@ def test_slde_default_members_have_at_least_16_pca_directions_where_the_input_al
     """8 members of 8 PCA directions on digits (p = 64) did not learn: each M_n shrank towards 0 and
     early stopping kept M_n = I. members None: 8, or as many blocks of 16 as p holds."""
     est = slne.SLDE()
-    assert [(est.n_members(p), est.member_size(p)) for p in (784, 196, 64, 40, 10)] == \
-        [(8, 64), (8, 24), (4, 16), (2, 20), (1, 10)]
+    assert [(est.n_members(p), est.member_size(p)) for p in (784, 196, 64, 40, 10)] == [
+        (8, 64),
+        (8, 24),
+        (4, 16),
+        (2, 20),
+        (1, 10),
+    ]
     assert slne.SLDE(subspace="random").n_members(64) == 8 and slne.SLDE(members=8).member_size(64) == 8
     X, y = _blobs(d=40)
     fitted = slne.SLDE(epochs=1, random_state=0).fit(X, y)
@@ -272,8 +282,16 @@ def test_slde_refine_is_coordinate_descent_from_the_independent_members():
     # the refined member n sees the others' similarity as a fixed offset on every edge
     nb = slne.neighbourhoods(slne.knn_graph(X, 50), y)
     others = sum(slne.edge_scores(Z @ P.T, M, nb) for P, M in zip(Ps[1:], plain.member_matrices_[1:]))
-    M0, _ = slne.learn_similarity(Z @ Ps[0].T, y, slne.knn_graph(X, 50), step=0.05, epochs=2,
-                                  seed=slne.member_seed(1, 0), offset=others, M0=plain.member_matrices_[0])
+    M0, _ = slne.learn_similarity(
+        Z @ Ps[0].T,
+        y,
+        slne.knn_graph(X, 50),
+        step=0.05,
+        epochs=2,
+        seed=slne.member_seed(1, 0),
+        offset=others,
+        M0=plain.member_matrices_[0],
+    )
     np.testing.assert_array_equal(M0, refined.member_matrices_[0])
 
 
@@ -287,10 +305,11 @@ def test_validated_training_keeps_the_epoch_with_the_lowest_validation_error():
     def validate(M):
         seen.append(M.copy())
         return next(errors)
+
     M, history = slne.learn_similarity(Z, y, graph, epochs=3, step=0.5, validate=validate)
     assert [h.get("val_error") for h in history] == [0.5, 0.3, 0.4, 0.35]
     assert np.array_equal(M, seen[1].astype(np.float32)) and not np.array_equal(M, seen[3].astype(np.float32))
-    np.testing.assert_array_equal(seen[0], np.eye(5))                  # the start is a candidate
+    np.testing.assert_array_equal(seen[0], np.eye(5))  # the start is a candidate
 
 
 def test_softvote_validator_is_eq9_by_brute_force():
@@ -309,6 +328,7 @@ def test_softvote_validator_is_eq9_by_brute_force():
 
 def test_slne_fit_with_validation_rows_never_ends_worse_than_its_start():
     from sklearn.datasets import load_digits
+
     X, y = load_digits(return_X_y=True)
     est = slne.SLNE(step=5.0, random_state=0).fit(X[:800], y[:800], X_val=X[800:1100], y_val=y[800:1100])
     errs = [h["val_error"] for h in est.history_]
@@ -320,14 +340,15 @@ def test_the_soft_vote_validator_lets_m_choose_the_voters_among_the_whole_neighb
     (Euclidean) neighbourhood most similar under M. Cut to its first k, the neighbourhood left M only
     the voters' weights: on digits every epoch and step scored the start's error."""
     from metricpipe.tasks.slne import softvote_validator
-    Z = np.array([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]], np.float32)   # train rows: class 0, then two of class 1
+
+    Z = np.array([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]], np.float32)  # train rows: class 0, then two of class 1
     y = np.array([0, 1, 1])
     Zv, yv = np.array([[1.0, 0.1]], np.float32), np.array([1])
-    nbr = np.array([[0, 1, 2]])                                     # Euclidean order: the class-0 row first
+    nbr = np.array([[0, 1, 2]])  # Euclidean order: the class-0 row first
     score = softvote_validator(Zv, yv, nbr, Z, y, k=1)
-    assert score(np.eye(2)) == 1.0                                  # z_v . z_0 = 1 > 0.1: class 0 votes, wrong
-    assert score(np.diag([0.01, 1.0])) == 0.0                       # under M the class-1 rows are the most similar
-    assert softvote_validator(Zv, yv, nbr, Z, y, k=3)(np.eye(2)) == 1.0   # all three vote: 1 against 0.2, wrong
+    assert score(np.eye(2)) == 1.0  # z_v . z_0 = 1 > 0.1: class 0 votes, wrong
+    assert score(np.diag([0.01, 1.0])) == 0.0  # under M the class-1 rows are the most similar
+    assert softvote_validator(Zv, yv, nbr, Z, y, k=3)(np.eye(2)) == 1.0  # all three vote: 1 against 0.2, wrong
 
 
 def test_factor_pads_to_the_rank_asked_for_with_zero_columns():

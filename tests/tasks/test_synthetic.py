@@ -1,6 +1,7 @@
 """The synthetic generator's class structure is what its docstring claims (issue 21): raw features rank
 the classes moderately, a projection learned from labels ranks them much better, and the nuisance
 directions carry more variance than the class signal but no class information."""
+
 import numpy as np
 import pytest
 from sklearn.decomposition import PCA
@@ -34,7 +35,7 @@ def data():
 def test_raw_features_rank_moderately_and_a_learned_projection_much_better(data):
     spec, X, y, train, db, queries = data
     raw = _map(X, y, queries, db)
-    assert 0.3 < raw < 0.5, raw                      # issue 21: neither trivial nor hopeless
+    assert 0.3 < raw < 0.5, raw  # issue 21: neither trivial nor hopeless
     lda = LinearDiscriminantAnalysis(n_components=32).fit(X[train], y[train])
     learned = _map(lda.transform(X), y, queries, db)
     assert learned > raw + 0.15, (raw, learned)
@@ -48,10 +49,12 @@ def test_nuisance_directions_have_high_variance_and_no_class_signal(data):
     assert B.shape == (D, D // 16) and np.abs(A.T @ B).max() < 1e-5
     var_signal, var_nuisance = (X @ A).var(0), (X @ B).var(0)
     assert var_nuisance.min() > var_signal.mean(), (var_nuisance, var_signal.mean())
+
     # class means differ along A, not along B: between-class variance over total variance
     def between_share(P):
         means = np.stack([P[y == c].mean(0) for c in range(C)])
         return means.var(0).sum() / P.var(0).sum()
+
     assert between_share(X @ B) < 0.02 < 0.3 < between_share(X @ A)
     # PCA's leading directions are drawn to the nuisance: most of B lies in the top-16 PCA subspace
     V = PCA(16).fit(X[train]).components_
@@ -73,7 +76,13 @@ def test_special_case_is_the_generator_before_issue_21():
     means = (3.0 * rng.standard_normal((c, 5)) @ A.T).astype(np.float32)
     scales = (1.0 / np.sqrt(1.0 + np.arange(d) / 8.0)).astype(np.float32)
     y = np.random.default_rng([seed, 1]).integers(0, c, n).astype(np.int32)
-    old = np.vstack([means[y[a:a + UNIT]] + np.random.default_rng([seed, 2, a // UNIT]).standard_normal(
-        (min(UNIT, n - a), d), dtype=np.float32) * scales for a in range(0, n, UNIT)])
+    old = np.vstack(
+        [
+            means[y[a : a + UNIT]]
+            + np.random.default_rng([seed, 2, a // UNIT]).standard_normal((min(UNIT, n - a), d), dtype=np.float32)
+            * scales
+            for a in range(0, n, UNIT)
+        ]
+    )
     np.testing.assert_array_equal(s.labels(), y)
     np.testing.assert_array_equal(s.rows(0, n), old)

@@ -1,0 +1,5 @@
+"""``python -m metricpipe.cli``: the ``metricpipe`` command."""
+
+from metricpipe.cli import main
+
+main()

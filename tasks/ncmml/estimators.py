@@ -1,0 +1,559 @@
+"""The estimators NCMML, NCMC and KNNML (Mensink et al.): W from the PCA directions, minibatch SGD
+(:class:`~metricpipe.tasks.ncmml.sgd.MetricSGD`) over the pools of :mod:`metricpipe.tasks.stream`, in
+memory from arrays and in the pipeline from the shuffled copy of the train rows."""
+
+from numbers import Integral
+
+import numpy as np
+from sklearn.base import ClassifierMixin
+from sklearn.utils.validation import check_is_fitted
+
+from metricpipe.tasks import knn, metrics, moments, stream
+from metricpipe.tasks.base import COUNT, POSITIVE, Interval, Options, StrOptions, seed_of
+from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.ncmml.kmeans import class_kmeans
+from metricpipe.tasks.ncmml.learner import SGD_CONSTRAINTS, MetricLearner
+from metricpipe.tasks.ncmml.objectives import implied_bias, metrics_nearest, mixture_class_scores, ncm_scores
+from metricpipe.tasks.ncmml.sgd import MetricSGD
+from metricpipe.tasks.ncmml.triplets import l2_targets, sample_fixed_batch, sample_triplet_batch
+from metricpipe.tasks.rows import ArrayRows, TrainingRows
+
+KMEANS_SAMPLE = 2000  # rows per class NCMC's k-means++ seeds from, at most ...
+KMEANS_BYTES = 2.5e8  # ... and at most this many bytes of float32 rows over all classes (>= k per class)
+
+
+class _NCMClassifier(ClassifierMixin):
+    """predict / predict_proba of the nearest-class-mean rule (Eq. 5), its mixture (Eq. 22) or its
+    dot form with class biases (Eq. 27), over ``centroids_`` (input space) and their classes."""
+
+    fitted_attributes = ("centroids_", "centroid_classes_", "class_bias_")
+
+    def _class_scores(self, X):
+        check_is_fitted(self)
+        X = self._check_X(X, reset=False).astype(np.float64)
+        W = self.components_.astype(np.float64)
+        Y, Mp = X @ W, self.centroids_.astype(np.float64) @ W
+        C = len(self.classes_)
+        if self.class_bias_ is not None:
+            scores = np.full((len(X), C), -np.inf)
+            scores[:, self.centroid_classes_] = ncm_scores(Y, Mp, self.class_bias_[self.centroid_classes_])
+            return scores
+        return mixture_class_scores(Y, Mp, self.centroid_classes_, C)
+
+    def add_centroids(self, centroids, classes):
+        """Extend the fitted classifier with new classes without touching W (Sections 3.6 and 5.4).
+
+        centroids : (m, n_features) their means (NCMC: k-means centroids, several per class) in the
+        input space; classes : (m,) each centroid's class label, of the kind ``classes_`` holds and
+        not one of them (codes len(classes_), ... follow in order of first appearance; ``predict``
+        returns these labels). In the dot form (Eq. 27) every class then takes the bias the
+        Euclidean form implies, -||W mu_c||^2 / 2: a learned bias and an implied one are not on one
+        scale, and Section 3.4 finds the implied one as good for the trained classes. Returns self.
+        """
+        check_is_fitted(self)
+        centroids = np.asarray(centroids, np.float32)
+        labels = np.asarray(classes)
+        if centroids.ndim != 2 or centroids.shape[1] != self.n_features_in_:
+            raise InputError(f"centroids must be (m, {self.n_features_in_}); got shape {centroids.shape}")
+        if labels.shape != (len(centroids),):
+            raise InputError(f"classes must hold one label per centroid ({len(centroids)}); got shape {labels.shape}")
+        if not np.isfinite(centroids).all():
+            raise InputError("centroids hold NaN or inf; give finite class means")
+        text_old, text_new = self.classes_.dtype.kind in "USO", labels.dtype.kind in "USO"
+        if len(labels) and text_old != text_new:
+            raise InputError(
+                f"the new classes' labels must be of the kind of the model's classes ("
+                f"{'text' if text_old else 'numbers'}); got {labels[:3].tolist()}"
+            )
+        new = list(dict.fromkeys(labels.tolist()))
+        taken = [c for c in new if np.isin(c, self.classes_)]
+        if taken:
+            raise InputError(
+                f"class {taken[0]!r} is already one of the model's classes; add_centroids adds new classes only"
+            )
+        position = {c: len(self.classes_) + i for i, c in enumerate(new)}
+        codes = np.array([position[c] for c in labels.tolist()], np.int32)
+        self.centroids_ = np.concatenate([self.centroids_, centroids])
+        self.centroid_classes_ = np.concatenate([self.centroid_classes_, codes]).astype(np.int32)
+        self.classes_ = np.concatenate([self.classes_, np.asarray(new, dtype=labels.dtype)])
+        if self.class_bias_ is not None:  # one mean per class (Eq. 27): every class by its norm
+            self.class_bias_ = self._implied_biases()
+        return self
+
+    def _implied_biases(self) -> np.ndarray:
+        bias = np.full(len(self.classes_), np.nan, np.float32)
+        bias[self.centroid_classes_] = implied_bias(
+            self.components_.T.astype(np.float64), self.centroids_.astype(np.float64)
+        )
+        return bias
+
+    def predict_proba(self, X):
+        """p(c|x) for every class, shape (n_samples, n_classes)."""
+        s = self._class_scores(X)
+        s = s - s.max(axis=1, keepdims=True)
+        e = np.exp(s)
+        return e / e.sum(axis=1, keepdims=True)
+
+    def predict(self, X):
+        """The most probable class of every row."""
+        scores = self._class_scores(X)
+        return self.classes_[np.argmax(scores, axis=1)]
+
+
+class NCMML(_NCMClassifier, MetricLearner):
+    """Nearest-class-mean metric learning (Mensink et al., Sections 3.1-3.2).
+
+    p(c|x) = softmax_c(-||W x - W mu_c||^2 / 2) (Eq. 5); the mean log-likelihood (Eq. 9) is maximised
+    by minibatch SGD with the gradient of Eq. 10; ``objective='dot'`` is Eq. 27's
+    softmax(x^T W^T W mu_c + s_c) with a learned bias per class.
+
+    Parameters
+    ----------
+    dim : int or None, default=None
+        Rows of W: the code dimension. None: 32, or every PCA direction when the data has fewer
+        features (so the defaults run on 13-d data as on 4,096-d; a dim set above them is refused).
+    objective : {'euclidean', 'dot'}, default='euclidean'
+    batch : int, default=1000
+        Images per SGD step.
+    lr : float or None, default=None
+        Fixed SGD step for rows of unit RMS norm: the learner divides it by the training rows' mean
+        squared norm and starts W at the PCA directions over their RMS norm (the same run as on the
+        rows scaled to unit RMS norm; nothing changes on l2-normalised rows). None: 30 for the
+        Euclidean objective, 1 for the dot form (where 10 and more diverged), the first value each
+        objective's selection grid tries; if W then diverges, SGD goes on from the best W validated
+        so far at a tenth of the rate, at most 3 times (``lr_``: the rate it ended with). A rate you
+        set is kept: its divergence is an error.
+    iters : int, default=2000
+        SGD steps.
+    validate_every : int, default=100
+    validation : int, default=5000
+        Validation rows at most: held out of SGD when no X_val is given, else a seeded sample of X_val
+        (the pipeline's validation rows) when it holds more.
+    early_stopping : bool, default=True
+        Keep the W with the lowest validation error (checked every ``validate_every`` steps, the start
+        included; SGD stops after half of its checks in a row without a lower one). False: no
+        validation rows, every training row trains and the W of step ``iters`` is kept (a run refits
+        the chosen candidate so, with the steps it kept: ``refit_params``).
+    classes : list of labels or None, default=None
+        The labels (as y holds them) of the classes whose images train W; the others are new
+        classes the classifier meets with their means only (Section 5.4).
+    random_state : int, RandomState or None, default=None (seed 0)
+
+    Attributes
+    ----------
+    components_ : ndarray (n_features, dim), W^T
+    centroids_ : ndarray (n_classes, n_features), the class means
+    centroid_classes_ : ndarray (n_classes,)
+    class_bias_ : ndarray (n_classes,) or None (dot objective only)
+    classes_, history_, best_iter_, val_error_, lr_
+    val_error_new_classes_, best_iter_new_classes_ : with ``classes`` and rows of the other
+        classes to validate on: their NCM error at the kept W, and the step where it was lowest
+        (a diagnostic of Section 5.4's protocol: W is still chosen on the trained classes)
+    """
+
+    # lr is read for rows of unit RMS norm, so one grid serves raw and l2 data: half a decade apart
+    # around the default. With the old grid (0.001 ... 100) the validation error was lowest at 10, 30
+    # or 100 on digits, Fashion 14 x 14 and HOG, and 0.001 to 0.1 never moved W off its start in 2,000
+    # steps; with this one it was lowest at 3 to 300 on those and on Fashion-MNIST (benchmarks/README.md)
+    search_space = {"lr": [30.0, 3.0, 10.0, 100.0, 300.0]}
+    selection_metric = "ncm"
+    own_classifier = "ncm"  # Eq. 5 (Eq. 27 in the dot form) over the class means
+    # the dot form (Eq. 27) steps on scores, not squared distances: lr 10 and more diverged on digits,
+    # Fashion 14 x 14 and HOG, whose validation error was lowest at 1, 3 and 3 (0.1 never left the start)
+    search_space_when = {("objective", "dot"): {"lr": [1.0, 0.3, 3.0, 10.0, 0.1]}}
+
+    method = "ncmml"
+    fitted_attributes = ("val_error_new_classes_", "best_iter_new_classes_")
+    _parameter_constraints = {**SGD_CONSTRAINTS, "objective": [StrOptions({"euclidean", "dot"})]}
+
+    def __init__(
+        self,
+        dim=None,
+        objective="euclidean",
+        batch=1000,
+        lr=None,
+        iters=2000,
+        validate_every=100,
+        validation=5000,
+        early_stopping=True,
+        classes=None,
+        random_state=None,
+    ):
+        self.dim = dim
+        self.objective = objective
+        self.batch = batch
+        self.lr = lr
+        self.iters = iters
+        self.validate_every = validate_every
+        self.validation = validation
+        self.early_stopping = early_stopping
+        self.classes = classes
+        self.random_state = random_state
+
+    def _side_inputs(self, rows, keep, means, trained, n_classes, seed) -> dict:
+        """With ``classes`` set, the other classes' rows to monitor: their given validation rows, else a
+        stratified share of their rows, as validation (then out of the class means), ``validation`` rows
+        at most."""
+        others = ~np.isin(rows.labels, trained)
+        if self.classes is None or not self.early_stopping or not others.any():
+            return {}
+        new = np.zeros(0, np.int64) if rows.val is None else rows.val[others[rows.val]]
+        carved = not len(new)
+        if carved:
+            pos = np.flatnonzero(others & rows.fit)
+            new = pos[stream.validation_split(rows.labels[pos], self.validation, rows.keys[pos], seed)]
+        new = stream.seeded_sample(new, self.validation, seed)
+        if carved:
+            means[new] = False
+        return {"X_new": rows.take(new), "y_new": rows.labels[new]}
+
+    def _begin(self, statistics: dict, labels=None, X_new=None, y_new=None):
+        """W from the statistics' PCA directions, SGD with the class means of the trained classes
+        (Eq. 10, or Eq. 27's dot form). With ``classes`` set, (X_new, y_new): validation rows of the
+        other classes, whose NCM error over all class means is recorded at every validation
+        (``history_``'s "val_error_new_classes") but never chooses W."""
+        W0 = self._start(statistics)
+        C = len(self.classes_)
+        trained, present = self._fit_classes(statistics, labels)
+        means = statistics["class_means"]
+        sgd = MetricSGD(
+            W0,
+            "dot" if self.objective == "dot" else "ncm",
+            self._searched("lr"),
+            means[trained],
+            trained,
+            C,
+            scale=moments.row_scale(statistics),
+        )
+        # with classes left out, the dot model classifies by implied biases (below): early stopping too
+        sgd.implied_bias = self.objective == "dot" and len(trained) < len(present)
+        self._monitor = None
+        if X_new is not None and len(X_new):  # (the dot form with implied biases is this same rule)
+            Xn, yn = np.asarray(X_new, np.float64), np.asarray(y_new, np.int64)
+            M = np.asarray(means, np.float64)[present]
+            self._monitor = lambda s: float((present[metrics_nearest(Xn @ s.W.T, M @ s.W.T)] != yn).mean())
+        return sgd, {"means": np.asarray(means, np.float32)[present], "present": present, "trained": trained}
+
+    def _end(self, kept: dict, bias) -> None:
+        hist = [h for h in self.history_ if "val_error_new_classes" in h]
+        self.val_error_new_classes_ = next(
+            (h["val_error_new_classes"] for h in hist if h["iter"] == self.best_iter_), None
+        )
+        self.best_iter_new_classes_ = min(hist, key=lambda h: h["val_error_new_classes"])["iter"] if hist else None
+        self.__dict__.pop("_monitor", None)
+        trained, present = kept["trained"], kept["present"]
+        self.centroids_ = kept["means"]
+        self.centroid_classes_ = present.astype(np.int32)
+        self.class_bias_ = None
+        if self.objective == "dot":
+            # the learned biases (Eq. 27) when every class with a mean was trained; with classes left out,
+            # every class takes the implied one: the learned ones (from 0) and the implied ones
+            # (-||W mu||^2 / 2) are on different scales, so the left-out classes would never win
+            # (Section 3.4: as good)
+            if len(trained) < len(present):
+                self.class_bias_ = self._implied_biases()
+            else:
+                self.class_bias_ = np.full(len(self.classes_), np.nan, np.float32)
+                self.class_bias_[trained] = bias
+
+
+class NCMC(_NCMClassifier, MetricLearner):
+    """Nearest class multiple centroids (Mensink et al., Section 3.3): k centroids per class from
+    k-means in the input space, the mixture posterior of Eqs. 21-22 and its gradient (Eqs. 24-25).
+
+    Parameters
+    ----------
+    centroids : int, default=10
+        k, centroids per class; a class with fewer training images has one centroid on each.
+    train_centroids : {1} or None, default=None
+        1: NCMC-test, W learns with the class means and is used with the k centroids.
+    kmeans_iters : int, default=10
+        Lloyd passes over the data.
+    dim, batch, lr, iters, validate_every, validation, early_stopping, classes, random_state : as :class:`NCMML`.
+    """
+
+    search_space = NCMML.search_space
+    selection_metric = "ncmc"
+    own_classifier = "ncmc"  # Eq. 22's mixture over the k centroids of every class
+
+    method = "ncmc"
+    _parameter_constraints = {
+        **SGD_CONSTRAINTS,
+        "centroids": COUNT,
+        "train_centroids": [Options(Integral, {1}), None],
+        "kmeans_iters": COUNT,
+    }
+
+    def __init__(
+        self,
+        dim=None,
+        centroids=10,
+        train_centroids=None,
+        kmeans_iters=10,
+        batch=1000,
+        lr=None,
+        iters=2000,
+        validate_every=100,
+        validation=5000,
+        early_stopping=True,
+        classes=None,
+        random_state=None,
+    ):
+        self.dim = dim
+        self.centroids = centroids
+        self.train_centroids = train_centroids
+        self.kmeans_iters = kmeans_iters
+        self.batch = batch
+        self.lr = lr
+        self.iters = iters
+        self.validate_every = validate_every
+        self.validation = validation
+        self.early_stopping = early_stopping
+        self.classes = classes
+        self.random_state = random_state
+
+    @staticmethod
+    def kmeans_sample(
+        labels: np.ndarray, keys: np.ndarray, seed, per_class: int = KMEANS_SAMPLE, at_least: int = 0
+    ) -> np.ndarray:
+        """Positions (among the training rows, whose :func:`~metricpipe.tasks.stream.row_keys` are
+        ``keys``) of the stratified sample k-means++ seeds from: each class's share of it, and at
+        least ``at_least`` rows of each class (all of a class with fewer; its first in the same
+        seeded order), since a class's share of a sample of unequal classes can fall below its k.
+        In that seeded order, not the rows' stored one: k-means++ draws its seeds by position in the
+        sample, so the same rows stored in another order get the same centroids."""
+        labels = np.asarray(labels)
+        rank = stream.rank(keys, seed, stream.KMEANS)
+        pos = stream.stratified_subset(labels, per_class * len(np.unique(labels)), rank, at_least=max(1, at_least))
+        return pos[np.argsort(rank[pos], kind="stable")]
+
+    def kmeans_per_class(self, n_classes: int, n_features: int) -> int:
+        """Rows per class the k-means++ seeding sample holds: KMEANS_SAMPLE, fewer where the sample
+        would pass KMEANS_BYTES (1,000 classes x 4,096 dimensions: 15 rows each, 246 MB), never
+        fewer than the k centroids it seeds; the Lloyd passes that follow see every row."""
+        fit = int(KMEANS_BYTES // (4 * max(1, n_classes) * max(1, n_features)))
+        return max(self.centroids, min(KMEANS_SAMPLE, fit))
+
+    def kmeans(self, X_sample, y_sample, blocks, n_classes: int, counts=None):
+        """k centroids for every class (Section 3.3): k-means++ on the sample, then ``kmeans_iters``
+        Lloyd passes over ``blocks()`` (a callable giving (X, y) row-blocks). A class with fewer
+        training images than k (``counts``: each class's training images; default the sample's)
+        has one centroid on each, as few-shot data and scikit-learn's checks' small classes need (the
+        sample holds them all: :meth:`kmeans_sample`'s ``at_least``). Returns (centroids, their
+        classes), k per class (fewer for such a class)."""
+        in_sample = np.bincount(np.asarray(y_sample, np.int64), minlength=n_classes)
+        counts = in_sample if counts is None else np.asarray(counts, np.int64)
+        k = np.minimum(self.centroids, counts)
+        need = np.where(counts > 0, np.maximum(k, 1), 0)  # a class with no training image has no centroid
+        if (in_sample < need).any():
+            c = int(np.argmax(in_sample < need))
+            raise InputError(
+                f"NCMC: class code {c} has {int(in_sample[c])} image(s) in the k-means sample for "
+                f"{int(need[c])} centroid(s); give every class training images"
+            )
+        classes = np.flatnonzero(counts > 0)
+        return class_kmeans(
+            np.asarray(X_sample),
+            np.asarray(y_sample),
+            classes,
+            k[classes],
+            blocks,
+            self.kmeans_iters,
+            np.random.default_rng([seed_of(self.random_state), 11]),
+        )
+
+    def _side_inputs(self, rows, keep, means, trained, n_classes, seed) -> dict:
+        """k-means over the rows in the class means (k-means sees no validation row)."""
+        return {"centroids": self.class_centroids(rows, means, n_classes)}
+
+    def class_centroids(self, rows: TrainingRows, mask: np.ndarray, n_classes: int):
+        """k centroids per class of the rows where ``mask`` holds (:meth:`kmeans`): k-means++ on its
+        seeding sample (:meth:`kmeans_sample`), one streamed pass over the rows per Lloyd step. Returns
+        (centroids in the input space, their class codes)."""
+        pos = np.flatnonzero(mask)
+        sample = pos[
+            self.kmeans_sample(
+                rows.labels[pos],
+                rows.keys[pos],
+                seed_of(self.random_state),
+                self.kmeans_per_class(n_classes, rows.n_features),
+                self.centroids,
+            )
+        ]
+        return self.kmeans(
+            rows.take(sample),
+            rows.labels[sample],
+            lambda: rows.blocks(mask),
+            n_classes,
+            np.bincount(rows.labels[pos], minlength=n_classes),
+        )
+
+    def _init_side(self, init, X, codes) -> dict:
+        """partial_fit's centroids: ``init["centroids"]``, else k-means on the first call's rows."""
+        if init is not None and "centroids" in init:
+            return {"centroids": init["centroids"]}
+        return {"centroids": self.class_centroids(ArrayRows(X, codes), np.ones(len(X), bool), len(self.classes_))}
+
+    def _begin(self, statistics: dict, labels=None, centroids=None):
+        """W from the statistics' PCA directions, SGD with the k-means ``centroids`` (:meth:`kmeans`'s
+        answer) of the trained classes (Eqs. 24-25), or with their means (``train_centroids`` 1)."""
+        W0 = self._start(statistics)
+        C = len(self.classes_)
+        trained = self._fit_classes(statistics, labels)[0]
+        cents, owner = centroids
+        if self.train_centroids == 1:  # NCMC-test: the metric learns with one mean per class
+            sgd = MetricSGD(
+                W0,
+                "ncm",
+                self._searched("lr"),
+                statistics["class_means"][trained],
+                trained,
+                C,
+                scale=moments.row_scale(statistics),
+            )
+        else:
+            mine = np.isin(owner, trained)
+            sgd = MetricSGD(
+                W0, "ncm", self._searched("lr"), cents[mine], owner[mine], C, scale=moments.row_scale(statistics)
+            )
+        return sgd, {"centroids": np.asarray(cents, np.float32), "owner": np.asarray(owner, np.int32)}
+
+    def _end(self, kept: dict, bias) -> None:
+        self.centroids_ = kept["centroids"]
+        self.centroid_classes_ = kept["owner"]
+        self.class_bias_ = None
+
+
+class KNNML(MetricLearner):
+    """k-NN metric learning (Mensink et al., Section 4): the triplet hinge of Eq. 35 with targets
+    fixed (l2 same-class neighbours within the pool), all same-class images, or dynamic (the k
+    closest under the current W); batches of ``batch`` images, 2/3 from one class (Section 4.2);
+    the gradient from one sort per query (Algorithm 1). Early stopping on the kNN error of the
+    validation rows against ``validation`` reference rows of the training set.
+
+    Parameters
+    ----------
+    targets : {'dynamic', 'all', 'fixed'}, default='dynamic'
+    k : int, default=5
+    batch : int, default=300
+    lr : float or None, default=None
+        As :class:`NCMML`'s: the step for rows of unit RMS norm; None: 0.1 (the grid's first value),
+        a tenth of it after each divergence, at most 3 times.
+    margin : float > 0, default=0.1
+        The hinge's margin (Eq. 35's 1), a squared distance between rows of unit RMS norm under W.
+        Searched (0.1, 1, 0.01) with lr: at the PCA start such rows are about 0.5-0.7 apart (digits,
+        Fashion-MNIST 14 x 14), so with Eq. 35's margin 1 nearly every triplet violates, the first
+        step grows W about 13-fold and early stopping mostly keeps the start; a margin of m is the
+        same run as the start W0 / sqrt(m) with margin 1. 0.1 is the margin validation chose on
+        digits, Fashion-MNIST, Fashion 14 x 14 and HOG (benchmarks/README.md).
+    dim, iters, validate_every, validation, early_stopping, classes, random_state : as :class:`NCMML`.
+    """
+
+    search_space = {"lr": [0.1, 0.0001, 0.001, 0.01, 1.0], "margin": [0.1, 1.0, 0.01]}
+    selection_metric = "knn5"
+
+    method = "knnml"
+    _parameter_constraints = {
+        **SGD_CONSTRAINTS,
+        "targets": [StrOptions({"dynamic", "all", "fixed"})],
+        "k": COUNT,
+        "batch": [Interval(Integral, 3, None, closed="left")],
+        "margin": POSITIVE,
+    }
+
+    def pool_rows(self, n_classes: int) -> None:
+        """Every row: a pool gives batches only from classes with two rows in it, so no row count
+        bounds what ``iters`` steps read."""
+        return None
+
+    def __init__(
+        self,
+        dim=None,
+        targets="dynamic",
+        k=5,
+        batch=300,
+        lr=None,
+        margin=0.1,
+        iters=2000,
+        validate_every=100,
+        validation=5000,
+        early_stopping=True,
+        classes=None,
+        random_state=None,
+    ):
+        self.dim = dim
+        self.targets = targets
+        self.k = k
+        self.batch = batch
+        self.lr = lr
+        self.margin = margin
+        self.iters = iters
+        self.validate_every = validate_every
+        self.validation = validation
+        self.early_stopping = early_stopping
+        self.classes = classes
+        self.random_state = random_state
+
+    @staticmethod
+    def reference_rows(labels: np.ndarray, keep: np.ndarray, keys: np.ndarray, size: int, seed) -> np.ndarray:
+        """Positions of the reference rows (among SGD's rows) the validation kNN error searches."""
+        pos = np.flatnonzero(keep)
+        return pos[stream.stratified_subset(labels[pos], size, stream.rank(keys[pos], seed, stream.REFERENCE))]
+
+    def _side_inputs(self, rows, keep, means, trained, n_classes, seed) -> dict:
+        """The reference rows (among SGD's) the validation queries search."""
+        if not self.early_stopping:
+            return {}
+        ref = self.reference_rows(rows.labels, keep, rows.keys, self.validation, seed)
+        return {"reference": (rows.take(ref), rows.labels[ref])}
+
+    def _batches(self, X, y, rng):
+        """Triplet batches of ``batch`` rows, 2/3 from one class (Section 4.2), as many as the pool holds."""
+        tl2 = l2_targets(X, y, self.k) if self.targets == "fixed" else None
+        out = []
+        for _ in range(max(1, len(y) // self.batch)):
+            drawn = (
+                sample_fixed_batch(y, tl2, self.batch, 2.0 / 3.0, rng)
+                if tl2 is not None
+                else sample_triplet_batch(y, self.batch, 2.0 / 3.0, rng)
+            )
+            if drawn is not None:
+                out.append(drawn)
+        return out
+
+    def _begin(self, statistics: dict, labels=None, reference=None):
+        """W from the statistics' PCA directions, SGD on the triplet hinge (Eq. 35). ``reference`` =
+        (X_ref, y_ref): the training rows the validation queries search (:meth:`reference_rows`; None
+        without early stopping)."""
+        W0 = self._start(statistics)
+        C = len(self.classes_)
+        self._fit_classes(statistics, labels)  # (checks ``classes`` against the labels)
+        sgd = MetricSGD(
+            W0,
+            "knn",
+            self._searched("lr"),
+            n_classes=C,
+            targets=self.targets,
+            k=self.k,
+            scale=moments.row_scale(statistics),
+            margin=self.margin,
+        )
+        return sgd, {}
+
+    def _validation_error(self, side: dict):
+        """The kNN error of the validation rows among the reference rows."""
+        if not self.early_stopping:
+            return None
+        Xr, yr = np.asarray(side["reference"][0], np.float64), np.asarray(side["reference"][1], np.int64)
+        return lambda s, Xv, yv: _knn_error(s, Xv, yv, Xr, yr, self.k)
+
+
+def _knn_error(sgd: MetricSGD, Xv, yv, Xr, yr, k: int) -> float:
+    """Top-1 error of the kNN classifier (k neighbours among the reference rows) under the current W."""
+    k = min(k, len(Xr))
+    with np.errstate(over="ignore", invalid="ignore"):  # a W on its way to diverging: a poor error, not a crash
+        _, nb = knn.block_topk(
+            (np.asarray(Xv, np.float64) @ sgd.W.T).astype(np.float32), (Xr @ sgd.W.T).astype(np.float32), k
+        )
+    rank = metrics.knn_class_ranking(yr[nb], sgd.n_classes, k)
+    return float((rank[:, 0] != yv).mean())
