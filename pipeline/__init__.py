@@ -12,7 +12,7 @@ This package is the orchestration layer (config, CLI, stages, storage, cluster, 
 ``metricpipe.tasks`` holds the estimators and numerical kernels.
 """
 
-__version__ = "0.4.0"
+__version__ = "0.4.1"
 
 import os as _os
 

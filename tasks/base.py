@@ -380,10 +380,12 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         afterwards (:meth:`refit_params`)."""
         return False
 
-    def refit_params(self) -> dict:
+    def refit_params(self) -> dict | None:
         """On a fitted learner: the parameters with which a fit on every training row, the validation
         rows included, repeats this fit's schedule without validation rows (NCMML: the steps it
-        kept, early stopping off). {} when the fit read no validation rows."""
+        kept, early stopping off). {} when the fit read no validation rows; None when a refit would
+        see no more rows than this fit did (a training subset capped below the rows offered): the
+        pipeline then keeps this fit, whose kept state validation chose, as the final model."""
         return {}
 
     def keeps_distances(self) -> bool:

@@ -101,3 +101,26 @@ def test_export_of_the_train_split_holds_every_train_row(client, tmp_path):
     )
     assert r.exit_code == 0, r.output
     assert faiss.read_index(str(out)).ntotal == int((split == "train").sum())
+
+
+SPARSE = {"method": "sparse", "dim": 8, "sparsity": 0.5, "queries": 20, "max_iter": 20, "validation": 200}
+
+
+@pytest.mark.parametrize("train_size", [300, 5000])
+def test_a_learner_whose_subset_is_capped_keeps_its_validated_fit(client, tmp_path, train_size):
+    """Sparse projectors draw train_size rows: when that caps the subset a refit would see no more rows,
+    so the chosen candidate is the final model; else it is refitted with the kept iteration."""
+    _digits_with_a_split_column(tmp_path)
+    entry = {**SPARSE, "train_size": train_size, "select": {"anneal": [0.5, 0.0]}}
+    run(_config(tmp_path, "s", entry), client)
+    st, manifest, models = _models(str(tmp_path / "s"))
+    sel = st.unit(*manifest["units"]["selection"][0].split("/")).meta()
+    final = models["sparse"]
+    if train_size == 300:
+        assert final.key == sel["model"] and "refit_of" not in final.meta()
+        assert final.rel not in manifest["units"]["validated"]
+    else:
+        assert final.meta()["refit_of"] == sel["model"]
+        chosen = st.unit("models", sel["model"])
+        assert final.meta()["spec"]["stop_iter"] == chosen.meta()["best_iter"]
+        assert f"models/{sel['model']}" in manifest["units"]["validated"]

@@ -169,3 +169,18 @@ def test_grid_search_over_slne_on_digits():
     assert search.best_params_["slne__input_dim"] == [8, 32][int(np.argmax(scores))]
     assert np.all(scores > 0.7) and scores.max() > scores.min()
     assert search.best_estimator_.transform(X[:5]).shape[0] == 5
+
+
+@pytest.mark.parametrize("train_size", [60, 10_000])
+def test_sparse_refit_params_keep_the_fit_when_train_size_capped_its_subset(train_size):
+    """A refit on more rows draws as many as train_size: with the subset capped, refit_params says keep
+    this fit (None); else the refit repeats the kept iteration on every row, validation off."""
+    X, y = _data()
+    est = SparseProjector(dim=5, sparsity=0.7, queries=20, train_size=train_size, max_iter=8, validation=40)
+    est.fit(X, y)
+    assert est.best_iter_ is not None
+    if train_size < len(X) - 40:
+        assert est.subset_capped_ and est.refit_params() is None
+    else:
+        assert not est.subset_capped_ and est.refit_params() == {"stop_iter": est.best_iter_, "validation": 0}
+    assert clone(est).set_params(validation=0).fit(X, y).refit_params() == {}  # no validation: nothing to repeat

@@ -220,7 +220,9 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
     kept = sum(1 for p in plans if p.final.key not in made and not any(u.key in made for u in p.cunits))
     if kept:
         ctx.log(f"  train: reusing {kept} of {len(plans)} models")
-    ctx.validated = sorted({u.rel for p in plans if p.refit for u in p.cunits if u.done()})  # (gc keeps them)
+    ctx.validated = sorted(
+        {u.rel for p in plans if p.refit for u in p.cunits if u.done() and u.key != p.final.key}
+    )  # the fits a refit replaced (gc keeps them)
     return _kept(ctx, plans)
 
 
@@ -267,7 +269,11 @@ def _refits(ctx: StageContext, plans: list, data, stats, neighbours) -> tuple[di
             p.final = p.cunits[p.chosen]
             continue
         chosen = p.cunits[p.chosen]
-        spec = {**p.cands[p.chosen], **(chosen.meta().get("refit") or {})}
+        params = chosen.meta().get("refit", {})
+        if params is None:  # the learner: a refit would see no more rows than this fit did, so keep it
+            p.final = chosen
+            continue
+        spec = {**p.cands[p.chosen], **params}
         p.final = ctx.store.unit("models", model_key(spec, stats, neighbours, data))
         refits.setdefault(p.final.key, (spec, p.final, Fold(), p))
         refit_of[p.final.key] = chosen.key
