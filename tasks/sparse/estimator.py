@@ -282,7 +282,7 @@ class SparseProjector(Learner):
         same ``max_iter`` schedule and stops where the validated run's best state was. None (keep this
         fit) when ``train_size`` capped the subset: a refit would draw as many rows, and the state at
         that iteration of another subset's trajectory is not the validated one (issue 45 measured a
-        refit 1 to 4 mAP points below the kept fit on Fashion 14 x 14)."""
+        refit 1 to 7.5 mAP points below the kept fit on Fashion 14 x 14)."""
         best = getattr(self, "best_iter_", None)
         if best is None:
             return {}
