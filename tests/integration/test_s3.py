@@ -60,7 +60,7 @@ def s3():
         mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
         mp.setenv("AWS_CONFIG_FILE", os.devnull)  # nothing from the machine's ~/.aws
         mp.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
-        mp.setenv("AWS_ENDPOINT_URL_S3", endpoint)  # the setting the README documents
+        mp.setenv("AWS_ENDPOINT_URL_S3", endpoint)  # the setting the user guide documents
         mp.setenv("NO_PROXY", ",".join(filter(None, ["127.0.0.1", "localhost", os.environ.get("NO_PROXY")])))
         s3fs.S3FileSystem.clear_instance_cache()
         fs = s3fs.S3FileSystem(use_listings_cache=False)

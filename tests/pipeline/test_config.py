@@ -343,26 +343,44 @@ def test_a_missing_relative_data_path_names_where_it_was_looked_for(tmp_path, mo
     )
 
 
-def test_readme_config_reference_is_valid():
-    """The README's config block lists every key; it must parse, read as a file and as a built-in source."""
+def _yaml_blocks(relpath: str) -> list:
+    """The ```yaml blocks of a documentation file, parsed."""
     import re
-    from pathlib import Path
 
     import yaml
 
-    text = Path(__file__).parents[2].joinpath("README.md").read_text()
-    block = re.search(r"## Config reference\s+```yaml\n(.*?)```", text, re.S).group(1)
-    raw = yaml.safe_load(block)
-    # source and path are alternatives: the keys of a file only go with path, root and synthetic with a source
-    file_keys = ("path", "features", "labels", "groups", "ids", "pairs")
-    as_file = {**raw, "data": {k: v for k, v in raw["data"].items() if k not in ("source", "root", "synthetic")}}
-    assert parse_config(as_file, where="README.md").data.path == raw["data"]["path"]
-    raw["data"] = {k: v for k, v in raw["data"].items() if k not in file_keys}
-    assert parse_config({**raw, "data": {**raw["data"], "source": "synthetic", "root": None}}).data.synthetic.samples
-    raw["data"].pop("synthetic")  # fashion-mnist's
+    text = Path(__file__).parents[2].joinpath(relpath).read_text()
+    return [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", text, re.S)]
+
+
+def test_readme_config_example_parses_as_a_file_would():
+    """The README's config example is a valid config: parsed, its list expanded, its set step kept."""
+    (raw,) = _yaml_blocks("README.md")
     cfg = parse_config(raw, where="README.md")
-    assert {m["method"] for m in cfg.methods} >= {"identity", "pca", "pcaw", "lda", "random", "slne", "slde"}
+    assert cfg.data.source == "fashion-mnist" and cfg.data.normalize == "l2"
+    assert [m.get("dim") for m in cfg.methods if m["method"] == "pca"] == [16, 32, 64]
     assert "softvote3" in cfg.evaluate.classifiers
+
+
+def test_learners_page_lists_every_parameter_of_every_learner_at_its_default():
+    """docs/guide/learners.md shows a methods entry per learner with every parameter at its default (a
+    kernel SLEM's smaller pool excepted): a parameter added, renamed or given another default fails here
+    until the page says so, and the entries must parse as a config's methods."""
+    from metricpipe.tasks import registry
+    from metricpipe.tasks.slem import KernelSLEM
+
+    entries = [e for block in _yaml_blocks("docs/guide/learners.md") for e in block["methods"]]
+    shown = {}
+    for e in entries:
+        cls = registry.estimator_class(e["method"], e)
+        defaults = cls().get_params()
+        params = {k: v for k, v in e.items() if k != "method"}
+        assert set(params) == set(defaults), (cls.__name__, set(params) ^ set(defaults))
+        differ = {k for k, v in params.items() if v != defaults[k] and k != "negatives"}
+        assert not differ, (cls.__name__, {k: (params[k], defaults[k]) for k in differ})
+        shown[cls] = e
+    assert set(shown) == set(registry.BUILTIN.values()) | {KernelSLEM}
+    assert len(parse_config({**BASE, "methods": entries}).methods) == len(entries)
 
 
 def test_alias_expansion_is_counted_without_expanding():

@@ -371,14 +371,15 @@ def test_encode_on_the_cluster_gives_the_same_codes_in_row_order(stored, client,
     np.testing.assert_array_equal(np.load(out)["X"], _stored_codes(cunit))
 
 
-def _apply_model_from_readme():
-    """The README's numpy-only apply_model, executed with numpy alone in its namespace."""
+def _apply_model_from_docs():
+    """The user guide's numpy-only apply_model (docs/guide/index.md), executed with numpy alone in its
+    namespace."""
     from pathlib import Path
 
-    text = (Path(__file__).parents[2] / "README.md").read_text()
-    block = text.split("<!-- apply-model -->\n```python\n", 1)[1].split("```", 1)[0]
+    text = (Path(__file__).parents[2] / "docs" / "guide" / "index.md").read_text()
+    block = text.split("(apply-model)=\n```python\n", 1)[1].split("```", 1)[0]
     ns = {}
-    exec(compile(block, "README.md", "exec"), ns)
+    exec(compile(block, "docs/guide/index.md", "exec"), ns)
     assert not {k for k, v in ns.items() if getattr(v, "__name__", "").startswith("metricpipe")}
     return ns["apply_model"]
 
@@ -386,7 +387,7 @@ def _apply_model_from_readme():
 @pytest.mark.integration
 def test_npz_export_applied_with_numpy_alone_reproduces_the_codes(stored, tmp_path):
     ctx, data, X, models, codes = stored
-    apply_model = _apply_model_from_readme()
+    apply_model = _apply_model_from_docs()
     kinds = set()
     for (spec, unit, _), (_, cunit, _) in zip(models, codes):
         out = tmp_path / f"{unit.key}.npz"

@@ -153,7 +153,7 @@ def test_non_finite_input_is_one_line_naming_the_first_bad_row_and_column(method
 
 
 def test_slem_with_a_kernel_names_kernel_slem():
-    """The README says the estimators' parameters mirror the config, where {method: slem, kernel:
+    """The user guide says the estimators' parameters mirror the config, where {method: slem, kernel:
     gaussian} is kernel SLEM; SLEM(kernel='gaussian') said only "must be among {'linear'}"."""
     from metricpipe.tasks.slem import SLEM
 

@@ -168,7 +168,7 @@ def test_softvote_in_query_groups_gives_the_same_bits(monkeypatch, score):
 
 
 def test_a_tied_knn_vote_goes_to_the_nearer_class_where_scikit_learn_takes_the_lower_label():
-    """The rule the README states: most votes, then the class whose nearest voter comes first (closer;
+    """The rule the user guide states: most votes, then the class whose nearest voter comes first (closer;
     at equal distances neighbours are in train-row order); scikit-learn's KNeighborsClassifier gives a
     tie to the lowest label."""
     Xtr = np.array([[1.0], [2.0], [3.0], [4.0]])
