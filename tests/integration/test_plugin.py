@@ -15,14 +15,15 @@ from metricpipe.tasks import registry
 pytestmark = pytest.mark.integration
 
 
-def _readme_learner() -> str:
-    """The learner the README's "Writing a learner" shows (its first python block): the test runs it."""
-    text = (Path(__file__).parents[2] / "README.md").read_text()
+def _documented_learner() -> str:
+    """The learner the docs' "Writing a learner" shows (docs/contributing.md, its first python block):
+    the test runs it."""
+    text = (Path(__file__).parents[2] / "docs" / "contributing.md").read_text()
     section = text[text.index("## Writing a learner") :]
     return section[section.index("```python\n") + 10 : section.index("```\n", section.index("```python\n") + 10)]
 
 
-TOY = _readme_learner()
+TOY = _documented_learner()
 
 
 @pytest.fixture
