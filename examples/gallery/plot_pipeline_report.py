@@ -8,6 +8,8 @@ writes an HTML report. Here a small config runs on the digits in a temporary sto
 in-process Dask cluster; the figures below are the report's own plots.
 """
 
+# sphinx_gallery_multi_image = "single"
+
 import base64
 import io
 import re
@@ -47,7 +49,8 @@ with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_
 
 # %%
 # The report (``STORE/report/index.html``) embeds its figures; here they are, as it draws them:
-# each metric against the code dimension, one colour per method.
+# each metric against the code dimension, one colour per method, then the training curve of each
+# learned model.
 
 html = open(report).read()
 for png in re.findall(r'src="data:image/png;base64,([^"]+)"', html):
