@@ -47,12 +47,27 @@ def __dir__():
 
 
 def load_model(store: str, key: str):
-    """The fitted estimator of model ``key`` in the run store ``store`` (a directory or fsspec URL).
+    """The fitted estimator of a model a run stored.
 
-    Its ``transform`` takes raw features, as given to ``metricpipe run``: when the run normalised
-    its data (``data.normalize``), the estimator comes wrapped in a scikit-learn ``Pipeline`` whose
-    first step applies that normalisation. ``key`` may be a prefix of the key (``metricpipe models
-    STORE`` lists them).
+    Parameters
+    ----------
+    store : str
+        The run's store: a directory or an fsspec URL (``s3://BUCKET/PREFIX``).
+    key : str
+        The model's key, or a prefix of it (``metricpipe models STORE`` lists them).
+
+    Returns
+    -------
+    estimator : Learner or sklearn.pipeline.Pipeline
+        Its ``transform`` takes raw features, as given to ``metricpipe run``, and returns codes of
+        shape (n_samples, n_codes): when the run normalised its data (``data.normalize``), the
+        estimator comes wrapped in a scikit-learn ``Pipeline`` whose first step applies that
+        normalisation.
+
+    Raises
+    ------
+    InputError
+        One line when no model or several have that key, or the model's files fail their checksums.
     """
     from metricpipe.store.models import load_model as load  # deferred: Zarr and scikit-learn on first use
 

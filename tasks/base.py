@@ -22,7 +22,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from metricpipe.tasks.errors import InputError
-from metricpipe.tasks.validate import check_float32_range
+from metricpipe.tasks.validate import assume_finite, check_finite_float32
 
 # constraints shared by many learners
 DIM = [Interval(Integral, 1, None, closed="left")]
@@ -58,49 +58,51 @@ def one_blas_thread():
     return threadpool_limits(1, user_api="blas")
 
 
-def _assume_finite() -> bool:
-    import sklearn
-
-    return bool(sklearn.get_config()["assume_finite"])
-
-
-def _within_float32(X, where: str = "X") -> None:
-    """Finite, and within float32's range: codes are float32 and several learners compute in it, so a
-    finite float64 value beyond its range would come out as inf or NaN codes (the command line
-    refuses such files when it stages them). One line naming the first bad row and column."""
-    X = np.asarray(X)
-    if np.issubdtype(X.dtype, np.floating) and not _assume_finite():
-        bad = ~np.isfinite(X)
-        if bad.any():
-            r, c = np.argwhere(bad)[0] if X.ndim == 2 else (np.flatnonzero(bad)[0], 0)
-            raise InputError(
-                f"{where}: Input contains {int(bad.sum())} non-finite value(s) (NaN or inf), first "
-                f"{X[r, c] if X.ndim == 2 else X.flat[r]} at row {r}, column {c}; drop or impute those "
-                f"rows (e.g. sklearn.impute.SimpleImputer in a Pipeline before this step)"
-            )
-        check_float32_range(X, 0, where, "metricpipe computes in float32: scale the features")
-
-
 class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
-    """Base of every learner. Subclasses declare ``_parameter_constraints`` and implement
-    ``fit`` and ``_transform``.
+    """Base of every learner: a scikit-learn transformer the pipeline can feed, store and rebuild.
 
-    Class attributes a subclass may override:
+    Subclasses declare ``_parameter_constraints`` and implement ``fit`` and ``_transform(X)`` (the
+    codes of checked rows, shape (n_samples, n_codes)); the class attributes below say what the
+    pipeline feeds them and how their codes are used. A fitted learner also has ``n_features_in_``
+    and the property ``_n_features_out`` (the code dimension; scikit-learn's
+    ``get_feature_names_out`` uses it).
 
-    ``code_metric``: how two codes are compared, ``"euclidean"`` (distance) or ``"inner"``
-    (product; SL-NE/SL-DE); a property where it depends on the fit (kernel SLEM's Eq. 16 score).
-    ``method``: the name in configs (``methods: [{method: ncmml}]``).
-    ``search_space``: the parameters chosen on a validation split when a config leaves them unset,
-    each with its candidate values (the default first); ``selection_metric``: what ranks the
-    candidates, in the evaluate stage's words (``knnK``, ``softvoteK``, ``ncm``, ``ncmc``, ``map``).
-    Both are read by :func:`metricpipe.tasks.evaluation.validation_score` and the pipeline's
-    selection; a Python user passes them to GridSearchCV themselves.
-    ``own_classifier``: the classifier the learner is, in the evaluate stage's words (``ncm`` for
-    NCMML, ``ncmc`` for NCMC; None for a learner that only encodes): the evaluate stage scores a
-    model with it whatever ``evaluate.classification.classifiers`` lists.
-
-    A fitted learner also has ``n_features_in_`` and the property ``_n_features_out`` (the code
-    dimension; scikit-learn's ``get_feature_names_out`` uses it).
+    Attributes
+    ----------
+    method : str
+        The name in configs (``methods: [{method: ncmml}]``).
+    feeds : {'statistics', 'stream', 'pairs', 'neighbours', 'subset', 'pool'}
+        What the pipeline hands its fit (the train stage has one feeder per kind): the statistics
+        stage's moments, pools of the shuffled training rows, the same pools or user pairs, the rows
+        and their neighbour graph, a bounded stratified sample of the rows, a pool of negatives.
+    code_metric : {'euclidean', 'inner'} or str
+        How two codes are compared: Euclidean distance or inner product (SL-NE/SL-DE, sparse
+        projectors); a property where it depends on the fit (kernel SLEM's Eq. 16 score).
+    search_space : dict of str to list
+        The parameters chosen on a validation split when a config leaves them unset, each with its
+        candidate values (the default first); read by the pipeline's selection and by
+        :func:`metricpipe.tasks.evaluation.validation_score` (a Python user passes them to
+        ``GridSearchCV``).
+    selection_metric : str
+        What ranks the candidates, in the evaluate stage's words (``knnK``, ``softvoteK``, ``ncm``,
+        ``ncmc``, ``map``).
+    own_classifier : str or None
+        The classifier the learner is (``ncm`` for NCMML, ``ncmc`` for NCMC; None for a learner
+        that only encodes): the evaluate stage scores a model with it whatever
+        ``evaluate.classification.classifiers`` lists.
+    requires_nonnegative : bool
+        Whether its input must be non-negative (NML's chi2 kernel): the pipeline checks the staged
+        features.
+    reads_statistics : tuple of str
+        The statistics its fit reads (names of the arrays of
+        :func:`~metricpipe.tasks.moments.finalize_statistics`).
+    fitted_attributes : tuple of str
+        The fitted attributes the class adds to its bases' (:meth:`declared_state`): the only ones
+        :meth:`from_state` sets.
+    DEFAULT_DIM : int or None
+        The code dimension ``dim: None`` stands for, capped at what the data offers (None: every one).
+    dim_within_features : bool
+        Whether ``dim`` starts from the PCA directions (so it cannot exceed the number of features).
     """
 
     method: str = ""
@@ -121,15 +123,35 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
 
     @classmethod
     def search_grid(cls, params: dict) -> dict:
-        """The search space for an entry with these parameters (a subclass drops what they make moot)."""
+        """The search space for an entry with these parameters (a subclass drops what they make moot).
+
+        Parameters
+        ----------
+        params : dict
+            The parameters a config entry sets.
+
+        Returns
+        -------
+        dict of str to list
+            Each searched parameter and its candidate values, the default first.
+        """
         return next((space for (k, v), space in cls.search_space_when.items() if params.get(k) == v), cls.search_space)
 
     #: the code dimension ``dim: None`` stands for, capped at what the data offers (None: every one)
     DEFAULT_DIM: int | None = None
 
     def resolved_dim(self, available: int) -> int:
-        """``dim``, or for ``dim`` None ``DEFAULT_DIM`` capped at the ``available`` directions (the PCA
-        components a learner starts from: at most n_features)."""
+        """The code dimension: ``dim``, or for ``dim`` None ``DEFAULT_DIM`` capped at ``available``.
+
+        Parameters
+        ----------
+        available : int
+            The directions a learner starts from (its PCA components: at most n_features).
+
+        Returns
+        -------
+        int
+        """
         if self.dim is not None:
             return self.dim
         return available if self.DEFAULT_DIM is None else min(available, self.DEFAULT_DIM)
@@ -173,7 +195,7 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
                 f"{np.ndim(X)}-D of shape {np.shape(X)}; Reshape your data with {where}.reshape(-1, 1) "
                 f"for a single feature or {where}.reshape(1, -1) for a single sample"
             ) from None
-        _within_float32(out if y is None else out[0], f"{type(self).__name__}: {where}")
+        check_finite_float32(out if y is None else out[0], f"{type(self).__name__}: {where}")
         return out
 
     def _check_val(self, X_val, y_val):
@@ -243,18 +265,20 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features_in_)
+        X : array-like of shape (n_samples, n_features)
+            Rows of the features the learner was fitted on.
 
         Returns
         -------
         codes : ndarray of shape (n_samples, n_codes), float32
+            Compared as :attr:`code_metric` says (distance or inner product).
         """
         check_is_fitted(self)
         X = self._check_X(X, reset=False)
         with np.errstate(over="ignore", invalid="ignore"):
             codes = np.asarray(self._transform(X), np.float32)
         # (the pipeline sets assume_finite: staging refused such values and it checks codes itself)
-        if not _assume_finite() and not np.isfinite(codes).all():
+        if not assume_finite() and not np.isfinite(codes).all():
             r, c = np.argwhere(~np.isfinite(codes))[0]
             raise InputError(
                 f"{type(self).__name__}: the codes are not finite ({codes[r, c]} at row {r}, column {c}): "
@@ -275,24 +299,47 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     # -- storage: the pipeline saves the fitted attributes and rebuilds the estimator from them --------
     #: the fitted attributes a class adds to its bases' (:meth:`declared_state` collects them): the
     #: only ones :meth:`from_state` sets, so an array added to a stored model (a store made by
-    #: someone else) cannot change what the rebuilt estimator computes (Identity given components_)
+    #: someone else) cannot change what the rebuilt estimator computes (Identity given ``components_``)
     fitted_attributes: tuple = ("n_features_in_", "feature_names_in_")
 
     @classmethod
     def declared_state(cls) -> frozenset:
-        """Every fitted attribute the class declares (its ``fitted_attributes`` and its bases')."""
+        """Every fitted attribute the class declares (its ``fitted_attributes`` and its bases').
+
+        Returns
+        -------
+        frozenset of str
+        """
         return frozenset(a for c in cls.__mro__ for a in vars(c).get("fitted_attributes", ()))
 
     def fitted_state(self) -> dict:
-        """Every fitted attribute (public, ending in ``_``): arrays, scipy sparse arrays, numbers,
-        strings and JSON-able lists/dicts. The pipeline stores arrays in Zarr and the rest as JSON."""
+        """Every fitted attribute (public, ending in ``_``), as the pipeline stores it.
+
+        Returns
+        -------
+        dict of str to object
+            Arrays, scipy sparse arrays, numbers, strings and JSON-able lists/dicts; the pipeline
+            stores arrays in Zarr and the rest as JSON.
+        """
         check_is_fitted(self)
         return {k: v for k, v in vars(self).items() if k.endswith("_") and not k.startswith("_")}
 
     @classmethod
     def from_state(cls, params: dict, state: dict) -> "Learner":
-        """The fitted estimator from its parameters and :meth:`fitted_state`; an attribute the class
-        does not declare (:meth:`declared_state`) is not set."""
+        """The fitted estimator from its parameters and :meth:`fitted_state`.
+
+        Parameters
+        ----------
+        params : dict
+            The estimator's parameters (``get_params()``).
+        state : dict
+            Its fitted attributes; one the class does not declare (:meth:`declared_state`) is not set.
+
+        Returns
+        -------
+        Learner
+            The fitted estimator.
+        """
         est = cls(**params)
         declared = cls.declared_state()
         for k, v in state.items():
@@ -309,9 +356,24 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     dense_alternative = ""
 
     def check_data_shape(self, n_features: int, n_classes: int) -> None:
-        """Refuse parameters the data's shape rules out, before any work (the pipeline calls it
-        after reading the source's header): ``dim`` above the features a PCA start has. Subclasses
-        with other limits extend it (the class labels NCMML's ``classes`` names: ``trained_classes``)."""
+        """Refuse parameters the data's shape rules out, before any work.
+
+        The pipeline calls it after reading the source's header: ``dim`` above the features a PCA
+        start has is refused. Subclasses with other limits extend it (the class labels NCMML's
+        ``classes`` names: :meth:`trained_classes`).
+
+        Parameters
+        ----------
+        n_features : int
+            Features of the data.
+        n_classes : int
+            Classes of its labels.
+
+        Raises
+        ------
+        InputError
+            One line naming the parameter, the limit and the value.
+        """
         for name in ("dim", "input_dim") if self.dim_within_features else ("input_dim",):
             v = getattr(self, name, None)
             if isinstance(v, Integral) and v > n_features:
@@ -321,46 +383,133 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
                 )
 
     def shape_notes(self, n_features: int, n_classes: int) -> list[str]:
-        """What the data's shape changes in the parameters without ruling them out (e.g. a value
-        rounded to the nearest feasible one): the pipeline prints each before any work."""
+        """What the data's shape changes in the parameters without ruling them out.
+
+        Parameters
+        ----------
+        n_features, n_classes : int
+            The data's shape, as for :meth:`check_data_shape`.
+
+        Returns
+        -------
+        list of str
+            One line each (e.g. a value rounded to the nearest feasible one): the pipeline prints
+            them before any work.
+        """
         return []
 
     # -- what the pipeline asks of a learner before any work ------------------------------------------
     def trained_classes(self, labels) -> np.ndarray:
-        """The class codes (positions in ``labels``, the class labels in code order) whose rows train it:
-        every class (NCMML's ``classes`` names a subset)."""
+        """The class codes whose rows train it: every class (NCMML's ``classes`` names a subset).
+
+        Parameters
+        ----------
+        labels : ndarray of shape (n_classes,)
+            The class labels in code order.
+
+        Returns
+        -------
+        ndarray of shape (n_trained,), int
+            Positions in ``labels``.
+        """
         return np.arange(len(labels))
 
     def code_dim(self, n_features: int, n_classes: int) -> int:
-        """The width of its codes on data of this shape, as its parameters give it before any fit: ``dim``,
-        else the rule ``dim: None`` stands for (``DEFAULT_DIM``, capped at the features)."""
+        """The width of its codes on data of this shape, as its parameters give it before any fit.
+
+        Parameters
+        ----------
+        n_features, n_classes : int
+            The data's shape.
+
+        Returns
+        -------
+        int
+            ``dim``, else the rule ``dim: None`` stands for (``DEFAULT_DIM``, capped at the features).
+        """
         if isinstance(getattr(self, "dim", None), Integral):
             return min(int(self.dim), n_features)
         return n_features if self.DEFAULT_DIM is None else min(self.DEFAULT_DIM, n_features)
 
     def view_dim(self, n_features: int, n_classes: int) -> int:
-        """The widest view of a row the evaluation classifies in (the codes; SL-NE's exact view too)."""
+        """The widest view of a row the evaluation classifies in (the codes; SL-NE's exact view too).
+
+        Parameters
+        ----------
+        n_features, n_classes : int
+            The data's shape.
+
+        Returns
+        -------
+        int
+        """
         return self.code_dim(n_features, n_classes)
 
     def largest_task(self, n_rows: int, n_features: int, n_classes: int, k: int = 0, anchors: int | None = None):
-        """(what, bytes, the parameter to change) of the largest task its fit holds beyond a row-block,
-        fed ``n_rows`` rows (its pool, its training rows) with ``k`` neighbours each for ``anchors`` of
-        them; None when it holds no more than the row-blocks it reads (the memory rule's default)."""
+        """The largest task its fit holds beyond a row-block (the pipeline's memory rule).
+
+        Parameters
+        ----------
+        n_rows : int
+            Rows it is fed (its pool, its training rows).
+        n_features, n_classes : int
+            The data's shape.
+        k : int, default=0
+            Neighbours of each anchor row.
+        anchors : int or None, default=None
+            Rows with a neighbourhood (None: every row).
+
+        Returns
+        -------
+        tuple of (str, int, str) or None
+            (what, bytes, the parameter to change); None when it holds no more than the row-blocks
+            it reads.
+        """
         return None
 
     def pool_rows(self, n_classes: int) -> int | None:
-        """Rows of the shuffled training rows its fit reads at most (a streamed learner that stops after
-        a number of steps), so that the pipeline writes only the blocks visited first; None: every row."""
+        """Rows of the shuffled training rows its fit reads at most.
+
+        Parameters
+        ----------
+        n_classes : int
+            Classes of the data.
+
+        Returns
+        -------
+        int or None
+            A bound for a streamed learner that stops after a number of steps, so that the pipeline
+            writes only the blocks visited first; None: every row.
+        """
         return None
 
     def serves(self, classifier: str) -> str | None:
-        """Why its codes cannot serve ``classifier`` (knnK, softvoteK, ncm, ncmc); None: they can."""
+        """Why its codes cannot serve a classifier.
+
+        Parameters
+        ----------
+        classifier : str
+            ``knnK``, ``softvoteK``, ``ncm`` or ``ncmc``.
+
+        Returns
+        -------
+        str or None
+            The reason, in words; None: they can.
+        """
         return None
 
     def portable(self) -> tuple[str, dict, dict]:
-        """(kind, arrays, scalars) of the fitted model for ``metricpipe export --npz``, applied with
-        numpy alone by the README's ``apply_model``: ``affine`` (codes = X @ W + b; no W: X; no b: no
-        offset), ``sphere``, ``chi2``, ``slem``, ``kernel_slem`` (each learner's docstring)."""
+        """The fitted model for ``metricpipe export --npz``, applied with numpy alone.
+
+        Returns
+        -------
+        kind : str
+            ``affine`` (codes = X @ W + b; no W: X; no b: no offset), ``sphere``, ``chi2``, ``slem``
+            or ``kernel_slem`` (each learner's docstring).
+        arrays : dict of str to ndarray
+            E.g. ``W`` of shape (n_features, n_codes) and ``b`` of shape (n_codes,).
+        scalars : dict of str to float
+        """
         check_is_fitted(self)
         W, b = getattr(self, "components_", None), getattr(self, "offset_", None)
         arrays = {} if W is None else {"W": W.toarray() if scipy.sparse.issparse(W) else np.asarray(W)}
@@ -369,31 +518,60 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         return "affine", arrays, {}
 
     def fit_facts(self) -> dict:
-        """Facts of the fit a run records with the model (kept steps, validation scores; ``samples``:
-        the rows or pairs it processed, from which the run reports a rate); {} by default."""
+        """Facts of the fit a run records with the model.
+
+        Returns
+        -------
+        dict
+            Kept steps, validation scores; ``samples``: the rows or pairs it processed, from which the
+            run reports a rate. {} by default.
+        """
         return {}
 
     # -- validation and refit: what the pipeline asks before and after a fit -------------------------
     def validates(self) -> bool:
-        """Whether ``fit`` reads validation rows (early stopping): the pipeline then hands it the
-        validation rows it borrowed from the train split, and refits the model on every train row
-        afterwards (:meth:`refit_params`)."""
+        """Whether ``fit`` reads validation rows (early stopping).
+
+        Returns
+        -------
+        bool
+            True: the pipeline hands it the validation rows it borrowed from the train split, and
+            refits the model on every train row afterwards (:meth:`refit_params`).
+        """
         return False
 
     def refit_params(self) -> dict | None:
-        """On a fitted learner: the parameters with which a fit on every training row, the validation
-        rows included, repeats this fit's schedule without validation rows (NCMML: the steps it
-        kept, early stopping off). {} when the fit read no validation rows; None when a refit would
-        see no more rows than this fit did (a training subset capped below the rows offered): the
-        pipeline then keeps this fit, whose kept state validation chose, as the final model."""
+        """On a fitted learner: the parameters of the refit on every training row.
+
+        Returns
+        -------
+        dict or None
+            The parameters with which a fit on every training row, the validation rows included,
+            repeats this fit's schedule without validation rows (NCMML: the steps it kept, early
+            stopping off). {} when the fit read no validation rows; None when a refit would see no
+            more rows than this fit did (a training subset capped below the rows offered): the
+            pipeline then keeps this fit, whose kept state validation chose, as the final model.
+        """
         return {}
 
     def keeps_distances(self) -> bool:
-        """On a fitted learner: whether its codes keep the input's Euclidean distances (identity, a
-        full-rank rotation), so that a kNN graph of the features is one of the codes. False by default."""
+        """On a fitted learner: whether its codes keep the input's Euclidean distances.
+
+        Returns
+        -------
+        bool
+            True for the identity or a full-rank rotation: a kNN graph of the features is then one
+            of the codes. False by default.
+        """
         return False
 
     def cost(self) -> dict:
-        """Non-zeros, storage bytes and multiply-adds per image of the encoder (0 when it has no
-        projection); subclasses with a projection override it."""
+        """What the encoder costs per image; subclasses with a projection override it.
+
+        Returns
+        -------
+        dict
+            ``nnz`` (non-zeros), ``storage_bytes`` and ``flops_per_image`` (multiply-adds); 0 each
+            when it has no projection.
+        """
         return {"nnz": 0, "storage_bytes": 0, "flops_per_image": 0}

@@ -45,11 +45,19 @@ class _StatisticsLearner(LinearCodes, Learner):
     fitted_attributes = ("fit_meta_",)  # components_ and offset_: the learners that project
 
     def fit(self, X, y=None):
-        """Fit on rows X (n_samples, n_features) with labels y (n_samples,) (used by LDA only).
+        """Fit on rows X: their statistics (mean, covariance, PCA, class scatters), computed in memory.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Training rows.
+        y : array-like of shape (n_samples,) or None, default=None
+            Class labels (read by LDA only).
 
         Returns
         -------
         self
+            The fitted estimator.
         """
         self._validate_params()
         if self.needs_labels:
@@ -59,9 +67,9 @@ class _StatisticsLearner(LinearCodes, Learner):
         return self.fit_statistics(moments.statistics(X, codes), _validated=True)
 
     def fit_statistics(self, stats: dict, _validated: bool = False):
-        """Fit from the statistics dict of :func:`metricpipe.tasks.moments.finalize_statistics`
-        (``mean`` (D,), ``pca_components`` (k, D), ``pca_variances`` (k,), scatters, class counts):
-        the pipeline's entry point."""
+        """Fit from the statistics of :func:`metricpipe.tasks.moments.finalize_statistics`: the
+        pipeline's entry point (``stats``: ``mean`` (D,), ``pca_components`` (k, D), ``pca_variances``
+        (k,), scatters, class counts); returns self."""
         if not _validated:
             self._validate_params()
             self.n_features_in_ = int(len(stats["mean"]))
@@ -82,7 +90,15 @@ class _StatisticsLearner(LinearCodes, Learner):
 
 
 class Identity(_StatisticsLearner):
-    """The raw features: no projection (the baseline every learner must beat)."""
+    """The raw features: no projection (the baseline every learner must beat).
+
+    Attributes
+    ----------
+    n_features_in_ : int
+        Features of the rows seen by ``fit``; the codes are the rows themselves, as float32.
+    fit_meta_ : dict
+        ``{"dim": n_features}``.
+    """
 
     method = "identity"
     _parameter_constraints = {}
@@ -100,6 +116,25 @@ class PCA(_StatisticsLearner):
     Parameters
     ----------
     dim : int or None, default=None
+        Components kept (the code dimension), at most n_features; None: every one.
+
+    Attributes
+    ----------
+    components_ : ndarray of shape (n_features, dim), float32
+        The leading principal directions, as columns; codes are ``X @ components_ + offset_``.
+    offset_ : ndarray of shape (dim,), float32
+        ``-mean @ components_``: the codes of centred rows.
+    fit_meta_ : dict
+        ``{"explained_variance": float}``, the variance the kept components hold.
+    n_features_in_ : int
+
+    Examples
+    --------
+    >>> from sklearn.datasets import load_digits
+    >>> from metricpipe import PCA
+    >>> X, y = load_digits(return_X_y=True)
+    >>> PCA(dim=16).fit(X).transform(X).shape
+    (1797, 16)
     """
 
     method = "pca"
@@ -128,6 +163,16 @@ class PCAWhitening(_StatisticsLearner):
         0.74, a library trial), so set ``dim`` (or raise ``eps``) for retrieval.
     eps : float >= 0, default=1e-6
         Regularisation relative to the largest variance.
+
+    Attributes
+    ----------
+    components_ : ndarray of shape (n_features, dim), float32
+        The leading principal directions, each scaled by 1/sqrt(lambda_i + eps * lambda_1).
+    offset_ : ndarray of shape (dim,), float32
+        ``-mean @ components_``.
+    fit_meta_ : dict
+        ``{"eps": eps}``.
+    n_features_in_ : int
     """
 
     method = "pcaw"
@@ -157,14 +202,15 @@ class PCAWhitening(_StatisticsLearner):
 
 
 class LDA(_StatisticsLearner):
-    """Fisher LDA as scikit-learn's ``LinearDiscriminantAnalysis(solver="svd")`` computes it, from the
-    streamed moments instead of the rows: the pooled within-class covariance (scatter over the rows)
-    of the features scaled to unit within-class deviation is whitened on its directions of
-    singular value above ``tol`` (the others, e.g. pixels that never change, are dropped), then the
-    class means weighted by their priors are rotated onto their principal axes, which keep
-    ``tol`` times the largest singular value at least. The codes equal scikit-learn's transform up
-    to the sign of each column (and a shift): kNN and nearest-class-mean classifiers give the same
-    answers on them.
+    """Fisher's linear discriminant analysis, from the streamed moments instead of the rows.
+
+    As scikit-learn's ``LinearDiscriminantAnalysis(solver="svd")`` computes it: the pooled
+    within-class covariance (scatter over the rows) of the features scaled to unit within-class
+    deviation is whitened on its directions of singular value above ``tol`` (the others, e.g. pixels
+    that never change, are dropped), then the class means weighted by their priors are rotated onto
+    their principal axes, which keep ``tol`` times the largest singular value at least. The codes
+    equal scikit-learn's transform up to the sign of each column (and a shift): kNN and
+    nearest-class-mean classifiers give the same answers on them.
 
     Parameters
     ----------
@@ -174,6 +220,18 @@ class LDA(_StatisticsLearner):
     tol : float >= 0, default=1e-4
         As scikit-learn's: the singular values (of the scaled within-class rows, then of the
         weighted class means relative to the largest) below it are dropped.
+
+    Attributes
+    ----------
+    components_ : ndarray of shape (n_features, dim), float32
+        The discriminant directions, as columns.
+    offset_ : ndarray of shape (dim,), float32
+        ``-mean @ components_``.
+    classes_ : ndarray of shape (n_classes,)
+        The class labels of y.
+    fit_meta_ : dict
+        ``{"tol": tol, "singular_values": [...]}`` of the kept directions.
+    n_features_in_ : int
     """
 
     method = "lda"
@@ -240,8 +298,20 @@ class RandomProjection(_StatisticsLearner):
 
     Parameters
     ----------
-    dim : int or None, default=None (n_features)
-    random_state : int, RandomState or None, default=None (seed 0)
+    dim : int or None, default=None
+        The code dimension; None: n_features (more adds no information, with a warning).
+    random_state : int, RandomState or None, default=None
+        Seed of the Gaussian matrix (None: seed 0, so a fit is reproducible).
+
+    Attributes
+    ----------
+    components_ : ndarray of shape (n_features, dim), float32
+        The Gaussian matrix.
+    offset_ : ndarray of shape (dim,), float32
+        ``-mean @ components_``: the codes of centred rows.
+    fit_meta_ : dict
+        ``{"seed": int}``.
+    n_features_in_ : int
     """
 
     method = "random"

@@ -54,6 +54,30 @@ def check_float32_range(X: np.ndarray, start: int, where: str, fix: str) -> None
         )
 
 
+def assume_finite() -> bool:
+    """Whether scikit-learn's ``assume_finite`` is set (the pipeline sets it: it checked the data when staging)."""
+    import sklearn  # deferred: the validators load without scikit-learn
+
+    return bool(sklearn.get_config()["assume_finite"])
+
+
+def check_finite_float32(X, where: str = "X") -> None:
+    """Finite, and within float32's range: codes are float32 and several learners compute in it, so a
+    finite float64 value beyond its range would come out as inf or NaN codes (the command line
+    refuses such files when it stages them). One line naming the first bad row and column."""
+    X = np.asarray(X)
+    if np.issubdtype(X.dtype, np.floating) and not assume_finite():
+        bad = ~np.isfinite(X)
+        if bad.any():
+            r, c = np.argwhere(bad)[0] if X.ndim == 2 else (np.flatnonzero(bad)[0], 0)
+            raise InputError(
+                f"{where}: Input contains {int(bad.sum())} non-finite value(s) (NaN or inf), first "
+                f"{X[r, c] if X.ndim == 2 else X.flat[r]} at row {r}, column {c}; drop or impute those "
+                f"rows (e.g. sklearn.impute.SimpleImputer in a Pipeline before this step)"
+            )
+        check_float32_range(X, 0, where, "metricpipe computes in float32: scale the features")
+
+
 def beyond_float32(A: np.ndarray) -> bool:
     """Whether A holds a value that is not finite or that float32 cannot hold (a diverging SGD
     iterate: the model is stored, and its codes computed, in float32)."""

@@ -59,8 +59,21 @@ from metricpipe.errors import ConfigError
 
 
 def reference() -> list[Key]:
-    """Every config key, section by section: rows of (key, type, default, description) for the config
-    reference of the docs (:func:`reference_markdown` is one way to show them)."""
+    """Every config key, section by section, for the config reference of the docs.
+
+    Returns
+    -------
+    list of Key
+        One row per key, in file order: ``key`` (dotted, ``data.split.test``), ``type``, ``default``
+        (as YAML) and ``description``; :func:`reference_markdown` is one way to show them.
+
+    Examples
+    --------
+    >>> from metricpipe.config import reference
+    >>> row = next(r for r in reference() if r.key == "data.split.test")
+    >>> row.type, row.default
+    ('float in (0, 1)', '0.2')
+    """
     return schema.reference(RunConfig)
 
 

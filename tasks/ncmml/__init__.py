@@ -20,11 +20,12 @@ handed to it. The estimators NCMML, NCMC and KNNML run the SGD over the pools of
 Modules: ``objectives`` (the likelihoods and their gradients, Eqs. 5-10, 21-27), ``kmeans`` (NCMC's
 class k-means), ``triplets`` (k-NN ML's batches and Algorithm 1's gradient), ``sgd`` (MetricSGD and
 its back-off), ``learner`` (what the three estimators share: the rows a fit reads, the SGD loop) and
-``estimators`` (NCMML, NCMC, KNNML).
+``estimators`` (NCMML, NCMC) and ``knnml`` (KNNML).
 """
 
-from metricpipe.tasks.ncmml.estimators import KMEANS_BYTES, KMEANS_SAMPLE, KNNML, NCMC, NCMML
+from metricpipe.tasks.ncmml.estimators import KMEANS_BYTES, KMEANS_SAMPLE, NCMC, NCMML
 from metricpipe.tasks.ncmml.kmeans import assign, class_kmeans, kmeans_plus_plus, lloyd_partial, lloyd_update
+from metricpipe.tasks.ncmml.knnml import KNNML
 from metricpipe.tasks.ncmml.learner import IDLE_POOLS, PATIENCE, MetricLearner
 from metricpipe.tasks.ncmml.objectives import (
     dot_log_likelihood_and_gradient,

@@ -1,4 +1,4 @@
-"""The estimators NCMML, NCMC and KNNML (Mensink et al.): W from the PCA directions, minibatch SGD
+"""The estimators NCMML and NCMC (Mensink et al.): W from the PCA directions, minibatch SGD
 (:class:`~metricpipe.tasks.ncmml.sgd.MetricSGD`) over the pools of :mod:`metricpipe.tasks.stream`, in
 memory from arrays and in the pipeline from the shuffled copy of the train rows."""
 
@@ -8,14 +8,13 @@ import numpy as np
 from sklearn.base import ClassifierMixin
 from sklearn.utils.validation import check_is_fitted
 
-from metricpipe.tasks import knn, metrics, moments, stream
-from metricpipe.tasks.base import COUNT, POSITIVE, Interval, Options, StrOptions, seed_of
+from metricpipe.tasks import moments, stream
+from metricpipe.tasks.base import COUNT, Options, StrOptions, seed_of
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.ncmml.kmeans import class_kmeans
 from metricpipe.tasks.ncmml.learner import SGD_CONSTRAINTS, MetricLearner
 from metricpipe.tasks.ncmml.objectives import implied_bias, metrics_nearest, mixture_class_scores, ncm_scores
 from metricpipe.tasks.ncmml.sgd import MetricSGD
-from metricpipe.tasks.ncmml.triplets import l2_targets, sample_fixed_batch, sample_triplet_batch
 from metricpipe.tasks.rows import ArrayRows, TrainingRows
 
 KMEANS_SAMPLE = 2000  # rows per class NCMC's k-means++ seeds from, at most ...
@@ -43,12 +42,22 @@ class _NCMClassifier(ClassifierMixin):
     def add_centroids(self, centroids, classes):
         """Extend the fitted classifier with new classes without touching W (Sections 3.6 and 5.4).
 
-        centroids : (m, n_features) their means (NCMC: k-means centroids, several per class) in the
-        input space; classes : (m,) each centroid's class label, of the kind ``classes_`` holds and
-        not one of them (codes len(classes_), ... follow in order of first appearance; ``predict``
-        returns these labels). In the dot form (Eq. 27) every class then takes the bias the
-        Euclidean form implies, -||W mu_c||^2 / 2: a learned bias and an implied one are not on one
-        scale, and Section 3.4 finds the implied one as good for the trained classes. Returns self.
+        In the dot form (Eq. 27) every class then takes the bias the Euclidean form implies,
+        -||W mu_c||^2 / 2: a learned bias and an implied one are not on one scale, and Section 3.4
+        finds the implied one as good for the trained classes.
+
+        Parameters
+        ----------
+        centroids : array-like of shape (m, n_features)
+            The new classes' means in the input space (NCMC: k-means centroids, several per class).
+        classes : array-like of shape (m,)
+            Each centroid's class label, of the kind ``classes_`` holds and not one of them; they
+            follow the known classes in order of first appearance, and ``predict`` returns them.
+
+        Returns
+        -------
+        self
+            The extended classifier.
         """
         check_is_fitted(self)
         centroids = np.asarray(centroids, np.float32)
@@ -88,14 +97,36 @@ class _NCMClassifier(ClassifierMixin):
         return bias
 
     def predict_proba(self, X):
-        """p(c|x) for every class, shape (n_samples, n_classes)."""
+        """The posterior p(c|x) of every class.
+
+        Eq. 5 (Eq. 27 in the dot form, Eq. 22's mixture for NCMC).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes)
+            Columns in the order of ``classes_``; each row sums to 1.
+        """
         s = self._class_scores(X)
         s = s - s.max(axis=1, keepdims=True)
         e = np.exp(s)
         return e / e.sum(axis=1, keepdims=True)
 
     def predict(self, X):
-        """The most probable class of every row."""
+        """The most probable class of every row.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+            Labels from ``classes_``.
+        """
         scores = self._class_scores(X)
         return self.classes_[np.argmax(scores, axis=1)]
 
@@ -113,6 +144,8 @@ class NCMML(_NCMClassifier, MetricLearner):
         Rows of W: the code dimension. None: 32, or every PCA direction when the data has fewer
         features (so the defaults run on 13-d data as on 4,096-d; a dim set above them is refused).
     objective : {'euclidean', 'dot'}, default='euclidean'
+        The class posterior: the softmax of negative squared distances to the class means (Eq. 5),
+        or of dot products with a learned bias per class (Eq. 27).
     batch : int, default=1000
         Images per SGD step.
     lr : float or None, default=None
@@ -126,6 +159,7 @@ class NCMML(_NCMClassifier, MetricLearner):
     iters : int, default=2000
         SGD steps.
     validate_every : int, default=100
+        SGD steps between two checks of the validation error (early stopping).
     validation : int, default=5000
         Validation rows at most: held out of SGD when no X_val is given, else a seeded sample of X_val
         (the pipeline's validation rows) when it holds more.
@@ -137,18 +171,47 @@ class NCMML(_NCMClassifier, MetricLearner):
     classes : list of labels or None, default=None
         The labels (as y holds them) of the classes whose images train W; the others are new
         classes the classifier meets with their means only (Section 5.4).
-    random_state : int, RandomState or None, default=None (seed 0)
+    random_state : int, RandomState or None, default=None
+        Seed of the validation share, the pools and the SGD batches (None: seed 0).
 
     Attributes
     ----------
-    components_ : ndarray (n_features, dim), W^T
-    centroids_ : ndarray (n_classes, n_features), the class means
-    centroid_classes_ : ndarray (n_classes,)
-    class_bias_ : ndarray (n_classes,) or None (dot objective only)
-    classes_, history_, best_iter_, val_error_, lr_
-    val_error_new_classes_, best_iter_new_classes_ : with ``classes`` and rows of the other
-        classes to validate on: their NCM error at the kept W, and the step where it was lowest
-        (a diagnostic of Section 5.4's protocol: W is still chosen on the trained classes)
+    components_ : ndarray of shape (n_features, dim), float32
+        W^T: codes are ``X @ components_``, compared by Euclidean distance.
+    centroids_ : ndarray of shape (n_centroids, n_features)
+        The class means in the input space (one per class with rows; more after
+        :meth:`add_centroids`).
+    centroid_classes_ : ndarray of shape (n_centroids,), int32
+        Each centroid's class, as a position in ``classes_``.
+    class_bias_ : ndarray of shape (n_classes,) or None
+        The learned bias s_c of each class (dot objective only).
+    classes_ : ndarray of shape (n_classes,)
+        The class labels.
+    history_ : list of dict
+        The SGD's record: ``{"iter", "val_error", "batch"}`` at each check, ``{"iter", "lr"}`` at a
+        back-off.
+    best_iter_ : int
+        The step of the kept W.
+    val_error_ : float or None
+        Its validation error (None without validation rows).
+    lr_ : float
+        The rate SGD ended with (lower than ``lr`` after a back-off).
+    val_error_new_classes_, best_iter_new_classes_ : float or None, int or None
+        With ``classes`` and rows of the other classes to validate on: their NCM error at the kept
+        W, and the step where it was lowest (a diagnostic of Section 5.4's protocol: W is still
+        chosen on the trained classes).
+    n_features_in_ : int
+
+    Examples
+    --------
+    >>> from sklearn.datasets import load_digits
+    >>> from metricpipe import NCMML
+    >>> X, y = load_digits(return_X_y=True)
+    >>> ncm = NCMML(dim=16, iters=200, random_state=0).fit(X[:1500], y[:1500])
+    >>> ncm.transform(X[1500:]).shape
+    (297, 16)
+    >>> bool(ncm.score(X[1500:], y[1500:]) > 0.8)
+    True
     """
 
     # lr is read for rows of unit RMS norm, so one grid serves raw and l2 data: half a decade apart
@@ -270,6 +333,19 @@ class NCMC(_NCMClassifier, MetricLearner):
     kmeans_iters : int, default=10
         Lloyd passes over the data.
     dim, batch, lr, iters, validate_every, validation, early_stopping, classes, random_state : as :class:`NCMML`.
+
+    Attributes
+    ----------
+    components_ : ndarray of shape (n_features, dim), float32
+        W^T: codes are ``X @ components_``.
+    centroids_ : ndarray of shape (n_centroids, n_features)
+        The k-means centroids of every class in the input space.
+    centroid_classes_ : ndarray of shape (n_centroids,), int32
+        Each centroid's class, as a position in ``classes_``.
+    class_bias_ : None
+        (NCMC has no dot form.)
+    classes_, history_, best_iter_, val_error_, lr_ : as :class:`NCMML`'s
+    n_features_in_ : int
     """
 
     search_space = NCMML.search_space
@@ -422,138 +498,3 @@ class NCMC(_NCMClassifier, MetricLearner):
         self.centroids_ = kept["centroids"]
         self.centroid_classes_ = kept["owner"]
         self.class_bias_ = None
-
-
-class KNNML(MetricLearner):
-    """k-NN metric learning (Mensink et al., Section 4): the triplet hinge of Eq. 35 with targets
-    fixed (l2 same-class neighbours within the pool), all same-class images, or dynamic (the k
-    closest under the current W); batches of ``batch`` images, 2/3 from one class (Section 4.2);
-    the gradient from one sort per query (Algorithm 1). Early stopping on the kNN error of the
-    validation rows against ``validation`` reference rows of the training set.
-
-    Parameters
-    ----------
-    targets : {'dynamic', 'all', 'fixed'}, default='dynamic'
-    k : int, default=5
-    batch : int, default=300
-    lr : float or None, default=None
-        As :class:`NCMML`'s: the step for rows of unit RMS norm; None: 0.1 (the grid's first value),
-        a tenth of it after each divergence, at most 3 times.
-    margin : float > 0, default=0.1
-        The hinge's margin (Eq. 35's 1), a squared distance between rows of unit RMS norm under W.
-        Searched (0.1, 1, 0.01) with lr: at the PCA start such rows are about 0.5-0.7 apart (digits,
-        Fashion-MNIST 14 x 14), so with Eq. 35's margin 1 nearly every triplet violates, the first
-        step grows W about 13-fold and early stopping mostly keeps the start; a margin of m is the
-        same run as the start W0 / sqrt(m) with margin 1. 0.1 is the margin validation chose on
-        digits, Fashion-MNIST, Fashion 14 x 14 and HOG (benchmarks/README.md).
-    dim, iters, validate_every, validation, early_stopping, classes, random_state : as :class:`NCMML`.
-    """
-
-    search_space = {"lr": [0.1, 0.0001, 0.001, 0.01, 1.0], "margin": [0.1, 1.0, 0.01]}
-    selection_metric = "knn5"
-
-    method = "knnml"
-    _parameter_constraints = {
-        **SGD_CONSTRAINTS,
-        "targets": [StrOptions({"dynamic", "all", "fixed"})],
-        "k": COUNT,
-        "batch": [Interval(Integral, 3, None, closed="left")],
-        "margin": POSITIVE,
-    }
-
-    def pool_rows(self, n_classes: int) -> None:
-        """Every row: a pool gives batches only from classes with two rows in it, so no row count
-        bounds what ``iters`` steps read."""
-        return None
-
-    def __init__(
-        self,
-        dim=None,
-        targets="dynamic",
-        k=5,
-        batch=300,
-        lr=None,
-        margin=0.1,
-        iters=2000,
-        validate_every=100,
-        validation=5000,
-        early_stopping=True,
-        classes=None,
-        random_state=None,
-    ):
-        self.dim = dim
-        self.targets = targets
-        self.k = k
-        self.batch = batch
-        self.lr = lr
-        self.margin = margin
-        self.iters = iters
-        self.validate_every = validate_every
-        self.validation = validation
-        self.early_stopping = early_stopping
-        self.classes = classes
-        self.random_state = random_state
-
-    @staticmethod
-    def reference_rows(labels: np.ndarray, keep: np.ndarray, keys: np.ndarray, size: int, seed) -> np.ndarray:
-        """Positions of the reference rows (among SGD's rows) the validation kNN error searches."""
-        pos = np.flatnonzero(keep)
-        return pos[stream.stratified_subset(labels[pos], size, stream.rank(keys[pos], seed, stream.REFERENCE))]
-
-    def _side_inputs(self, rows, keep, means, trained, n_classes, seed) -> dict:
-        """The reference rows (among SGD's) the validation queries search."""
-        if not self.early_stopping:
-            return {}
-        ref = self.reference_rows(rows.labels, keep, rows.keys, self.validation, seed)
-        return {"reference": (rows.take(ref), rows.labels[ref])}
-
-    def _batches(self, X, y, rng):
-        """Triplet batches of ``batch`` rows, 2/3 from one class (Section 4.2), as many as the pool holds."""
-        tl2 = l2_targets(X, y, self.k) if self.targets == "fixed" else None
-        out = []
-        for _ in range(max(1, len(y) // self.batch)):
-            drawn = (
-                sample_fixed_batch(y, tl2, self.batch, 2.0 / 3.0, rng)
-                if tl2 is not None
-                else sample_triplet_batch(y, self.batch, 2.0 / 3.0, rng)
-            )
-            if drawn is not None:
-                out.append(drawn)
-        return out
-
-    def _begin(self, statistics: dict, labels=None, reference=None):
-        """W from the statistics' PCA directions, SGD on the triplet hinge (Eq. 35). ``reference`` =
-        (X_ref, y_ref): the training rows the validation queries search (:meth:`reference_rows`; None
-        without early stopping)."""
-        W0 = self._start(statistics)
-        C = len(self.classes_)
-        self._fit_classes(statistics, labels)  # (checks ``classes`` against the labels)
-        sgd = MetricSGD(
-            W0,
-            "knn",
-            self._searched("lr"),
-            n_classes=C,
-            targets=self.targets,
-            k=self.k,
-            scale=moments.row_scale(statistics),
-            margin=self.margin,
-        )
-        return sgd, {}
-
-    def _validation_error(self, side: dict):
-        """The kNN error of the validation rows among the reference rows."""
-        if not self.early_stopping:
-            return None
-        Xr, yr = np.asarray(side["reference"][0], np.float64), np.asarray(side["reference"][1], np.int64)
-        return lambda s, Xv, yv: _knn_error(s, Xv, yv, Xr, yr, self.k)
-
-
-def _knn_error(sgd: MetricSGD, Xv, yv, Xr, yr, k: int) -> float:
-    """Top-1 error of the kNN classifier (k neighbours among the reference rows) under the current W."""
-    k = min(k, len(Xr))
-    with np.errstate(over="ignore", invalid="ignore"):  # a W on its way to diverging: a poor error, not a crash
-        _, nb = knn.block_topk(
-            (np.asarray(Xv, np.float64) @ sgd.W.T).astype(np.float32), (Xr @ sgd.W.T).astype(np.float32), k
-        )
-    rank = metrics.knn_class_ranking(yr[nb], sgd.n_classes, k)
-    return float((rank[:, 0] != yv).mean())

@@ -112,16 +112,28 @@ class MetricLearner(Learner):
         return int(self.iters) * int(self.batch) + held
 
     def fit(self, X, y, X_val=None, y_val=None, block_rows=None):
-        """Learn W from rows X (n_samples, n_features) with labels y.
+        """Learn W from rows X with labels y by minibatch SGD, from the PCA directions of X.
 
-        Early stopping reads (X_val, y_val) when given, else a stratified, seeded share of X (at most a
-        fifth, ``validation`` rows at most) that SGD never sees. SGD takes its batches from pools of
-        ``block_rows`` rows (default: 64 MB of float32 rows, as the pipeline's row-blocks), each a
-        uniform sample of the training rows whatever their order (:func:`metricpipe.tasks.stream.pools`).
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Training rows.
+        y : array-like of shape (n_samples,)
+            Their class labels.
+        X_val : array-like of shape (n_val, n_features) or None, default=None
+            Validation rows for early stopping; None: a stratified, seeded share of X (at most a
+            fifth, ``validation`` rows at most) that SGD never sees.
+        y_val : array-like of shape (n_val,) or None, default=None
+            Their labels, among those of y.
+        block_rows : int or None, default=None
+            Rows per pool SGD takes its batches from, each pool a uniform sample of the training rows
+            whatever their order (:func:`metricpipe.tasks.stream.pools`); None: 64 MB of float32
+            rows, as the pipeline's row-blocks.
 
         Returns
         -------
         self
+            The fitted estimator.
         """
         self._validate_params()
         X, codes = self._check_Xy(X, y)

@@ -49,7 +49,24 @@ class NML(PairLearner):
     Attributes
     ----------
     L_ : ndarray of shape (dim, n_features), float32
-    bias_, history_, pairs_seen_, n_steps_, n_pairs_, pair_source_, classes_ (fit(X, y) only)
+        The landmarks l_t of Eq. 7: code t of a row x is k(l_t, x), x l1-normalised.
+    bias_ : float
+        The threshold b (learned when ``learn_bias``).
+    classes_ : ndarray of shape (n_classes,)
+        The class labels (``fit(X, y)`` only).
+    history_ : list of dict
+        ``{"iter": pairs seen, "hinge": mean hinge since the previous entry}``, about 50 entries,
+        and ``{"iter", "val_map"}`` at each validation.
+    best_iter_ : int or None
+        Pairs seen by the kept L (None without validation).
+    val_map_ : float or None
+        Its validation mAP (None without validation).
+    pairs_seen_, n_steps_ : int
+        Pairs SGD saw, and its steps.
+    n_pairs_ : int
+        Pairs drawn from the labels or given.
+    pair_source_ : {'labels', 'user'}
+    n_features_in_ : int
 
     Notes
     -----
@@ -144,8 +161,12 @@ class LinearML(PairLearner):
         None: 64, or every component when the data has fewer features.
     pairs, iters, batch, learn_bias, validation, random_state : as in :class:`NML`
     bias : float, default=1.0
+        The threshold b of the hinge (its start when ``learn_bias``): a squared distance between
+        rows of unit RMS norm under L.
     margin : float >= 0, default=0.2
+        The margin m of the hinge.
     optimizer : {"sgd", "adam"}, default="sgd"
+        Plain SGD, or Adam (each entry's step scaled by its running gradient size).
     lr : float >= 0 or None, default=None
         The step for rows of unit RMS norm, as ``bias`` and ``margin`` are distances between such
         rows: L starts at the PCA components over the training rows' RMS norm s and steps by lr / s^2
@@ -155,8 +176,24 @@ class LinearML(PairLearner):
     Attributes
     ----------
     L_ : ndarray of shape (dim, n_features), float32
-        Codes are ``X @ L_.T``.
-    bias_, history_, pairs_seen_, n_steps_, n_pairs_, pair_source_, classes_ (fit(X, y) only)
+        Codes are ``X @ L_.T``, compared by Euclidean distance.
+    bias_ : float
+        The threshold b (learned when ``learn_bias``).
+    classes_ : ndarray of shape (n_classes,)
+        The class labels (``fit(X, y)`` only).
+    history_ : list of dict
+        ``{"iter": pairs seen, "hinge": mean hinge since the previous entry}``, about 50 entries,
+        and ``{"iter", "val_map"}`` at each validation.
+    best_iter_ : int or None
+        Pairs seen by the kept L (None without validation).
+    val_map_ : float or None
+        Its validation mAP (None without validation).
+    pairs_seen_, n_steps_ : int
+        Pairs SGD saw, and its steps.
+    n_pairs_ : int
+        Pairs drawn from the labels or given.
+    pair_source_ : {'labels', 'user'}
+    n_features_in_ : int
 
     Notes
     -----

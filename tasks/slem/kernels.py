@@ -148,7 +148,7 @@ class KernelSLEM(PoolLearner):
     gamma : float >= 0 or "scale", default "scale"
         The kernel's gamma; "scale" sets it from the pool (fitted ``gamma_``): Gaussian
         1 / mean ||a - b||^2 = 1 / (2 tr Cov), so distances are on the kernel's scale whatever the
-        features' units (about 1 on l2-normalised rows); polynomial 1 / mean |a^T b|, so the
+        features' units (about 1 on l2-normalised rows); polynomial 1 / mean ``|a^T b|``, so the
         quadratic term is as large as the linear one.
     rank : "full" or int >= 1, default "full"
         r, the factor's rank (clipped to the pool size); "full": n.
@@ -169,10 +169,12 @@ class KernelSLEM(PoolLearner):
     factor_mean_ : ndarray of shape (r,)
         mu_B, the mean row of B.
     cholesky_ : ndarray of shape (r, r)
-        Lower Cholesky factor of A_B = (1/n) B^T B - mu_B mu_B^T + ridge_ Id.
+        Lower Cholesky factor of A_B = (1/n) B^T B - mu_B mu_B^T + ``ridge_`` Id.
     ridge_ : float
         The ridge lam times the pool's mean k(x, x) (what Eq. 16 divides by; models stored before
-        0.3.8 load with ridge_ = lam, as they were fitted).
+        0.3.8 load with ``ridge_`` = lam, as they were fitted).
+    gamma_ : float
+        The kernel's gamma (``gamma``, or the one "scale" set from the pool).
     rank_ : int
         r, the factor's rank after clipping (KPCA and ICD drop null directions).
     factor_info_ : dict

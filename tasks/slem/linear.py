@@ -86,9 +86,10 @@ class SLEM(PoolLearner):
     Attributes
     ----------
     mean_ : ndarray of shape (n_features,)
-        mu, the pool's mean.
+        mu, the pool's mean: codes are the unit rows of A^-1 (x - mu), compared by Euclidean
+        distance.
     cholesky_ : ndarray of shape (n_features, n_features)
-        Lower Cholesky factor of A = cov + ridge_ Id (cov the pool's biased covariance).
+        Lower Cholesky factor of A = cov + ``ridge_`` Id (cov the pool's biased covariance).
     ridge_ : float
         The ridge added, lam s^2 (s^2 the pool's mean squared norm).
     n_negatives_ : int

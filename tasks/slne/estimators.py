@@ -64,8 +64,19 @@ class SLNE(Bilinear):
 
     Attributes
     ----------
-    mean_ : (D,) float32; basis_ : (D, p) float32; M_ : (p, p) float32; factor_ : (p, r) float32;
-    history_ : list of {"epoch", "violations", "hinge"}; classes_; n_features_in_.
+    mean_ : ndarray of shape (n_features,), float32
+        The training rows' mean.
+    basis_ : ndarray of shape (n_features, p), float32
+        The PCA directions of the input space: z = l2normalize((x - ``mean_``) @ ``basis_``).
+    M_ : ndarray of shape (p, p), float32
+        The similarity s(x, y) = z_x^T M z_y (Eq. 2).
+    factor_ : ndarray of shape (p, dim), float32
+        The codes are z @ ``factor_``, whose inner products approximate s (the PSD part of M).
+    history_ : list of dict
+        ``{"epoch", "violations", "hinge"}`` per epoch (and ``"val_error"`` with validation rows).
+    classes_ : ndarray of shape (n_classes,)
+        The class labels.
+    n_features_in_ : int
     """
 
     # step sizes a decade apart and between: a step that suits pixels overshoots on other data
@@ -123,8 +134,16 @@ class SLNE(Bilinear):
         neighbors : int array of shape (n_samples, k) or None
             Each row's neighbours as row indices of X (-1 = none); None: the exact kNN graph of X
             (``n_neighbors``, self excluded).
-        X_val, y_val : optional validation rows and labels: M is then the epoch's (or the start's)
-            with the lowest soft-vote error on them (early stopping; ``history_`` has "val_error").
+        X_val : array-like of shape (n_val, n_features) or None, default=None
+            Validation rows: M is then the epoch's (or the start's) with the lowest soft-vote error
+            on them (early stopping; ``history_`` has "val_error").
+        y_val : array-like of shape (n_val,) or None, default=None
+            Their labels.
+
+        Returns
+        -------
+        self
+            The fitted estimator.
         """
         self._validate_params()
         X, y = self._fit_data(X, y)
@@ -210,9 +229,17 @@ class SLDE(Bilinear):
 
     Attributes
     ----------
-    mean_, basis_, M_ (the ensemble M_E of Eq. 8), factor_, classes_ : as :class:`SLNE`.
-    member_matrices_ : (members, d, d) float32, each M_n.
-    history_ : list of {"member", "history"}, one per member.
+    mean_, basis_, classes_ : as :class:`SLNE`'s
+    M_ : ndarray of shape (p, p), float32
+        The ensemble's similarity M_E of Eq. 8 in the input space.
+    factor_ : ndarray of shape (p, dim), float32
+        Each member's factor mapped back to the input space, concatenated: the codes are
+        z @ ``factor_``, compared by inner product.
+    member_matrices_ : ndarray of shape (members, d, d), float32
+        Each member's M_n in its subspace.
+    history_ : list of dict
+        ``{"member", "history"}``, one per member.
+    n_features_in_ : int
     """
 
     # step sizes a decade apart and between: a step that suits pixels overshoots on other data
@@ -353,8 +380,16 @@ class SLDE(Bilinear):
         y : array-like of shape (n_samples,)
         neighbors : int array of shape (n_samples, k) or None
             Each row's neighbours as row indices of X (-1 = none); None: the exact kNN graph of X.
-        X_val, y_val : optional validation rows: each member keeps its epoch with the lowest
-            soft-vote error on them, in its subspace (early stopping, as :meth:`SLNE.fit`).
+        X_val : array-like of shape (n_val, n_features) or None, default=None
+            Validation rows: each member keeps its epoch with the lowest soft-vote error on them, in
+            its subspace (early stopping, as :meth:`SLNE.fit`).
+        y_val : array-like of shape (n_val,) or None, default=None
+            Their labels.
+
+        Returns
+        -------
+        self
+            The fitted estimator.
         """
         self._validate_params()
         X, y = self._fit_data(X, y)

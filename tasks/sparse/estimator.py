@@ -60,13 +60,25 @@ class SparseProjector(Learner):
 
     Attributes
     ----------
-    projectors_ : (D, R) float32, a scipy CSC sparse array when sparsity > 0, else dense.
-    bias_ : (R,) float32, -mean U (the codes of centred rows).
-    history_ : list of {"iter", "objective", "train_map"[, "val_map"]}. n_iter_ : iterations run (see
-    :func:`rank_projectors`). best_iter_, val_map_ : the kept U's iteration and validation mAP (None
-    without validation). subset_capped_ : whether ``train_size`` capped the training subset (a refit
-    on more rows would draw as many; :meth:`refit_params`).
-    n_features_in_, classes_.
+    projectors_ : ndarray or scipy CSC sparse array of shape (n_features, dim), float32
+        U, sparse when ``sparsity`` > 0: codes are ``X @ projectors_ + bias_``, compared by inner
+        product.
+    bias_ : ndarray of shape (dim,), float32
+        -mean U: the codes of centred rows.
+    history_ : list of dict
+        ``{"iter", "objective", "train_map"}`` (and ``"val_map"`` with validation) per entry.
+    n_iter_ : int
+        Iterations run (see :func:`rank_projectors`).
+    best_iter_ : int or None
+        The kept U's iteration (None without validation).
+    val_map_ : float or None
+        Its validation mAP (None without validation).
+    subset_capped_ : bool
+        Whether ``train_size`` capped the training subset (a refit on more rows would draw as many;
+        :meth:`refit_params`).
+    classes_ : ndarray of shape (n_keys,)
+        The relevance keys of y.
+    n_features_in_ : int
     """
 
     # how long the support shrinks from D to its final size; 0 is Algorithm 1 as printed (cut to M
@@ -158,9 +170,19 @@ class SparseProjector(Learner):
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features)
-        y : array-like of shape (n_samples,), the relevance keys (same key = relevant).
-        X_val, y_val : optional validation rows and keys for early stopping (see ``validation``);
-            without them a share of X is held out of the training subset.
+            Training rows.
+        y : array-like of shape (n_samples,)
+            Their relevance keys (same key = relevant): class labels, or instance groups.
+        X_val : array-like of shape (n_val, n_features) or None, default=None
+            Validation rows for early stopping (see ``validation``); None: a share of X is held out
+            of the training subset.
+        y_val : array-like of shape (n_val,) or None, default=None
+            Their keys.
+
+        Returns
+        -------
+        self
+            The fitted estimator.
         """
         self._validate_params()
         if y is None:
