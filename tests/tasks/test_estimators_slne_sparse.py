@@ -8,6 +8,7 @@ import pytest
 from sklearn.base import clone
 
 from metricpipe.tasks import slne
+from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.slne import SLDE, SLNE
 from metricpipe.tasks.sparse import SparseProjector
 from tests.conftest import make_blobs
@@ -184,3 +185,29 @@ def test_sparse_refit_params_keep_the_fit_when_train_size_capped_its_subset(trai
     else:
         assert not est.subset_capped_ and est.refit_params() == {"stop_iter": est.best_iter_, "validation": 0}
     assert clone(est).set_params(validation=0).fit(X, y).refit_params() == {}  # no validation: nothing to repeat
+
+
+def test_slde_refit_repeats_each_member_s_kept_epoch():
+    """refit_params gives each member the epoch it kept on validation (member_epochs), and a fit with
+    member_epochs trains member n for exactly member_epochs[n] epochs (fit_member with that epochs)."""
+    X, y = _data()
+    Xv, yv = _data(n=120, seed=5)
+    est = SLDE(members=3, member_dim=4, input_dim=12, step=0.2, epochs=4, random_state=2)
+    fitted = clone(est).fit(X, y, X_val=Xv, y_val=yv)
+    kept = [min((h["val_error"], h["epoch"]) for h in m["history"] if "val_error" in h)[1] for m in fitted.history_]
+    assert fitted.refit_params() == {"member_epochs": kept}
+    assert clone(est).fit(X, y).refit_params() == {}  # no validation: nothing to repeat
+    epochs = [0, 2, 1]
+    a = clone(est).set_params(member_epochs=epochs).fit(X, y)
+    mean, comps = slne.pca_statistics(X)
+    g = slne.knn_graph(X, est.n_neighbors)
+    for n, e in enumerate(epochs):
+        M, _ = slne.fit_member(
+            {**est.member_params(), "epochs": e}, est.member_rows(X, mean, comps, n), y, g, est.member_seed(n)
+        )
+        np.testing.assert_array_equal(a.member_matrices_[n], M)
+    assert not np.array_equal(a.member_matrices_[1], np.eye(4, dtype=np.float32))  # the members did learn
+    with pytest.raises(InputError, match="member_epochs"):
+        clone(est).set_params(member_epochs=[1, 2]).check_data_shape(X.shape[1], 4)
+    with pytest.raises(InputError, match="member_epochs"):
+        clone(est).set_params(member_epochs=[1, 2, -1]).fit(X, y)

@@ -108,7 +108,7 @@ def _train_member(est, n, data_url, stats_url, graph_url, chunks, fold):
     split = fold_split(data_url, fold)
     Zn, y, graph = _inputs(data_url, graph_url, chunks, to_space, split)
     return slne.fit_member(
-        est.member_params(),
+        est.member_params(n),
         Zn,
         y,
         graph,
