@@ -7,11 +7,12 @@ import sys
 import click
 
 from metricpipe.cli.errors import echo, handle_errors
+from metricpipe.cli.options import example
 from metricpipe.progress import human_bytes
 from metricpipe.tasks.errors import InputError
 
 
-@click.command()
+@click.command(epilog=example("metricpipe inspect runs/digits --verify"))
 @click.argument("store")
 @click.option(
     "--verify",
@@ -42,7 +43,7 @@ def inspect(store, verify):
         sys.exit(1)
 
 
-@click.command()
+@click.command(epilog=example("metricpipe unlock s3://bucket/runs/fashion"))
 @click.argument("store")
 @handle_errors
 def unlock(store):
@@ -68,7 +69,7 @@ def _in_use(st) -> str | None:
         return None
 
 
-@click.command()
+@click.command(epilog=example("metricpipe gc runs/digits", "metricpipe gc runs/digits --delete"))
 @click.argument("store")
 @click.option("--delete", is_flag=True, help="Remove the units listed (without it, gc only lists them).")
 @handle_errors
@@ -117,14 +118,14 @@ def gc(store, delete):
     )
 
 
-@click.command()
+@click.command(epilog=example("metricpipe models runs/digits"))
 @click.argument("store")
 @handle_errors
 def models(store):
     """List STORE's trained models: key, method, code dimension, whether its run encoded it, the
     staged data it was trained on (key prefix) and its normalisation, and parameters.
 
-    In Python, ``metricpipe.load_model(STORE, KEY)`` returns one as a fitted estimator (in a Pipeline
+    In Python, metricpipe.load_model(STORE, KEY) returns one as a fitted estimator (in a Pipeline
     after the run's normalizer when it had one)."""
     from metricpipe.store.models import damaged_models, describe  # deferred: loads Zarr
     from metricpipe.tasks.registry import param_text  # deferred: loads scikit-learn
@@ -161,7 +162,7 @@ def models(store):
         )
 
 
-@click.command()
+@click.command(epilog=example("metricpipe report runs/digits"))
 @click.argument("store")
 @handle_errors
 def report(store):
