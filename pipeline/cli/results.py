@@ -140,12 +140,14 @@ def evaluate(
     memory_limit,
 ):
     """MAP@R, R-precision, precision@1, MRR, NMI and AMI of EMBEDDINGS (npy, npz, h5, zarr, parquet) as
-    pytorch-metric-learning's AccuracyCalculator defines them, out of core on the cluster."""
+    pytorch-metric-learning's AccuracyCalculator defines them: in this process for small inputs (up to
+    4 million values, rows x dimensions, and 400 million query-reference pairs), else out of core on
+    the cluster (always when --cluster, --workers or --memory-limit is given)."""
     from metricpipe.budget import limit_name  # deferred: loads scikit-learn
     from metricpipe.cluster import connect, dashboard_lines  # deferred: loads Dask
     from metricpipe.commands import assess  # deferred: loads Dask and scikit-learn
     from metricpipe.config import parse_config  # deferred: loads scikit-learn
-    from metricpipe.runner import peak_rss  # deferred: loads Dask and scikit-learn
+    from metricpipe.runner import max_rss_mb, peak_rss  # deferred: loads Dask and scikit-learn
 
     if out:
         from metricpipe.commands.export import check_out  # deferred: loads scikit-learn and Zarr
@@ -169,6 +171,11 @@ def evaluate(
     cfg = apply_overrides(
         parse_config({"data": {"source": "digits"}}, where="metricpipe evaluate"), None, cluster, workers, memory_limit
     )
+    t0 = time.perf_counter()
+    if (cluster, workers, memory_limit) == (None, None, None) and assess.fits_in_process(q, rows, ref):
+        records = assess.evaluate_in_process(q, rows, ref, self_in, seed, log=echo)
+        _evaluated(out, records, time.perf_counter() - t0, [("this process", max_rss_mb())])
+        return
     with connect(
         cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard, cfg.tls, cfg.wait_timeout
     ) as client:
@@ -187,6 +194,13 @@ def evaluate(
         )
         seconds = time.perf_counter() - t0
         peaks = peak_rss(client)
+    _evaluated(out, records, seconds, peaks)
+
+
+def _evaluated(out: str | None, records: list, seconds: float, peaks: list) -> None:
+    """Write evaluate's records to ``out`` (when given) and print them, the time and the peak memory."""
+    from metricpipe.commands import assess  # deferred: loads Dask and scikit-learn
+
     if out:
         assess.write_records(out, records)
     for r in records:
