@@ -17,7 +17,13 @@ from numbers import Integral, Real
 import numpy as np
 import scipy.sparse
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
-from sklearn.utils._param_validation import Interval, InvalidParameterError, Options, StrOptions  # noqa: F401 (re-exported)
+from sklearn.utils._param_validation import (  # noqa: F401 (re-exported)
+    Interval,
+    InvalidParameterError,
+    Options,
+    StrOptions,
+    validate_parameter_constraints,
+)
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
@@ -149,12 +155,30 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         scikit-learn's Interval), so ``dim: true`` in a config would train a 1-d model."""
         super()._validate_params()
         for key, value in self.get_params(deep=False).items():
-            allowed = self._parameter_constraints.get(key, ["boolean"])
-            if isinstance(value, (bool, np.bool_)) and "boolean" not in allowed and bool not in allowed:
-                raise InvalidParameterError(
-                    f"The {key!r} parameter of {type(self).__name__} must be a number, not "
-                    f"a boolean. Got {value!r} instead."
-                )
+            self._no_boolean(key, value)
+
+    @classmethod
+    def _no_boolean(cls, key: str, value) -> None:
+        allowed = cls._parameter_constraints.get(key, ["boolean"])
+        if isinstance(value, (bool, np.bool_)) and "boolean" not in allowed and bool not in allowed:
+            raise InvalidParameterError(
+                f"The {key!r} parameter of {cls.__name__} must be a number, not a boolean. Got {value!r} instead."
+            )
+
+    @classmethod
+    def check_parameter(cls, key: str, value) -> None:
+        """The checks of one parameter on its own (its declared constraints, no boolean for a number),
+        whatever the others: what a config's checks run per value, so that every bad value of an entry
+        is told at once (the checks across parameters run in ``fit``, and on the whole entry after).
+
+        Raises
+        ------
+        InvalidParameterError
+            In scikit-learn's wording ("The 'dim' parameter of PCA must be ... Got 0 instead.").
+        """
+        if key in cls._parameter_constraints:
+            validate_parameter_constraints({key: cls._parameter_constraints[key]}, {key: value}, cls.__name__)
+        cls._no_boolean(key, value)
 
     def _check_X(self, X, reset: bool, y=None, where: str = "X", **kw):
         """``validate_data`` with float32/float64 input (other dtypes are cast to float64); ``where``
