@@ -6,7 +6,8 @@ Every learner is a scikit-learn estimator, usable in memory without Dask::
     codes = NCMML(dim=32).fit(X_train, y_train).transform(X_test)
 
 and the same classes are driven out of core by the Dask pipeline (``metricpipe run CONFIG``);
-:func:`load_model` returns a stored model of a run as a fitted estimator.
+:func:`load_model` returns a stored model of a run as a fitted estimator, and
+:func:`evaluate_embeddings` scores codes in memory with the evaluate stage's metrics.
 
 This package is the orchestration layer (config, CLI, stages, storage, cluster, report; no maths);
 ``metricpipe.tasks`` holds the estimators and numerical kernels.
@@ -31,6 +32,12 @@ if _os.environ.pop("METRICPIPE_STARTING_WORKER", None) == "1":
 # The estimators load on first use (PEP 562), so the command line starts without scikit-learn and
 # scipy (``metricpipe --help`` in 0.08 s here, not 1.8 s) and a Ctrl-C during those imports reaches its handler.
 def __getattr__(name: str):
+    if name in _PUBLIC_FUNCTIONS:
+        import importlib  # deferred: the function's module loads scikit-learn
+
+        value = getattr(importlib.import_module(_PUBLIC_FUNCTIONS[name]), name)
+        globals()[name] = value
+        return value
     if name in _PUBLIC_ESTIMATORS:
         from metricpipe.tasks import registry  # deferred: imports scikit-learn (1.8 s), not needed by --help
 
@@ -43,7 +50,7 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_PUBLIC_ESTIMATORS))
+    return sorted(set(globals()) | set(_PUBLIC_ESTIMATORS) | set(_PUBLIC_FUNCTIONS))
 
 
 def load_model(store: str, key: str):
@@ -93,4 +100,6 @@ _PUBLIC_ESTIMATORS = (
     "SLNE",
     "SparseProjector",
 )
-__all__ = [*_PUBLIC_ESTIMATORS, "load_model"]
+#: functions of metricpipe.tasks users call from here: name -> module (loaded on first use, as the estimators)
+_PUBLIC_FUNCTIONS = {"evaluate_embeddings": "metricpipe.tasks.scoring"}
+__all__ = [*_PUBLIC_ESTIMATORS, *_PUBLIC_FUNCTIONS, "load_model"]

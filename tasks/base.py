@@ -17,7 +17,13 @@ from numbers import Integral, Real
 import numpy as np
 import scipy.sparse
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
-from sklearn.utils._param_validation import Interval, InvalidParameterError, Options, StrOptions  # noqa: F401 (re-exported)
+from sklearn.utils._param_validation import (  # noqa: F401 (re-exported)
+    Interval,
+    InvalidParameterError,
+    Options,
+    StrOptions,
+    validate_parameter_constraints,
+)
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
@@ -78,6 +84,8 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     code_metric : {'euclidean', 'inner'} or str
         How two codes are compared: Euclidean distance or inner product (SL-NE/SL-DE, sparse
         projectors); a property where it depends on the fit (kernel SLEM's Eq. 16 score).
+        :meth:`code_distance`, :meth:`get_metric`, :meth:`pair_distance` and :meth:`knn_params`
+        apply it (metric-learn's names), e.g. for scikit-learn's neighbour estimators.
     search_space : dict of str to list
         The parameters chosen on a validation split when a config leaves them unset, each with its
         candidate values (the default first); read by the pipeline's selection and by
@@ -169,12 +177,30 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         scikit-learn's Interval), so ``dim: true`` in a config would train a 1-d model."""
         super()._validate_params()
         for key, value in self.get_params(deep=False).items():
-            allowed = self._parameter_constraints.get(key, ["boolean"])
-            if isinstance(value, (bool, np.bool_)) and "boolean" not in allowed and bool not in allowed:
-                raise InvalidParameterError(
-                    f"The {key!r} parameter of {type(self).__name__} must be a number, not "
-                    f"a boolean. Got {value!r} instead."
-                )
+            self._no_boolean(key, value)
+
+    @classmethod
+    def _no_boolean(cls, key: str, value) -> None:
+        allowed = cls._parameter_constraints.get(key, ["boolean"])
+        if isinstance(value, (bool, np.bool_)) and "boolean" not in allowed and bool not in allowed:
+            raise InvalidParameterError(
+                f"The {key!r} parameter of {cls.__name__} must be a number, not a boolean. Got {value!r} instead."
+            )
+
+    @classmethod
+    def check_parameter(cls, key: str, value) -> None:
+        """The checks of one parameter on its own (its declared constraints, no boolean for a number),
+        whatever the others: what a config's checks run per value, so that every bad value of an entry
+        is told at once (the checks across parameters run in ``fit``, and on the whole entry after).
+
+        Raises
+        ------
+        InvalidParameterError
+            In scikit-learn's wording ("The 'dim' parameter of PCA must be ... Got 0 instead.").
+        """
+        if key in cls._parameter_constraints:
+            validate_parameter_constraints({key: cls._parameter_constraints[key]}, {key: value}, cls.__name__)
+        cls._no_boolean(key, value)
 
     def _check_X(self, X, reset: bool, y=None, where: str = "X", **kw):
         """``validate_data`` with float32/float64 input (other dtypes are cast to float64); ``where``
@@ -290,6 +316,87 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
 
     def _transform(self, X):  # pragma: no cover - every subclass implements it
         raise NotImplementedError
+
+    # -- how codes are compared (metric-learn's names: get_metric, pair_distance, pair_score) -----------
+    def code_distance(self, a, b):
+        """How this learner's codes rank neighbours, lower nearer, as metricpipe's kNN, retrieval and
+        evaluation compare them (``code_metric``): the Euclidean distance ``||a - b||`` ("euclidean"),
+        or minus the inner product ``-a . b`` ("inner": SL-NE, SL-DE, sparse projectors; a
+        dissimilarity, not a metric: it can be negative); kernel SLEM: minus Eq. 16's cosine.
+
+        Parameters
+        ----------
+        a, b : array-like of shape (n_codes,) or (n_pairs, n_codes)
+            Two codes, or two arrays of codes compared row by row.
+
+        Returns
+        -------
+        float, or ndarray of shape (n_pairs,)
+        """
+        A, B = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        d = self._code_distances(np.atleast_2d(A), np.atleast_2d(B))
+        return float(d[0]) if A.ndim == 1 and B.ndim == 1 else d
+
+    def _code_distances(self, A: np.ndarray, B: np.ndarray) -> np.ndarray:
+        """code_distance of the rows of A (n, d) and B (n, d), row by row."""
+        if self.code_metric == "inner":
+            return -np.einsum("ij,ij->i", A, B)
+        return np.sqrt(np.einsum("ij,ij->i", A - B, A - B))
+
+    def pair_distance(self, pairs) -> np.ndarray:
+        """:meth:`code_distance` of the codes of each pair of input rows (metric-learn's
+        ``pair_distance``).
+
+        Parameters
+        ----------
+        pairs : array-like of shape (n_pairs, 2, n_features_in_)
+
+        Returns
+        -------
+        ndarray of shape (n_pairs,)
+        """
+        pairs = np.asarray(pairs)
+        if pairs.ndim != 3 or pairs.shape[1] != 2:
+            raise InputError(
+                f"{type(self).__name__}.pair_distance: pairs of shape {pairs.shape}; give (n_pairs, 2, n_features)"
+            )
+        Z = self.transform(pairs.reshape(-1, pairs.shape[-1])).reshape(len(pairs), 2, -1)
+        return self.code_distance(Z[:, 0], Z[:, 1])
+
+    def pair_score(self, pairs) -> np.ndarray:
+        """Minus :meth:`pair_distance`: higher is more similar (metric-learn's ``pair_score``)."""
+        return -self.pair_distance(pairs)
+
+    def get_metric(self):
+        """A function ``d(u, v)`` of two input rows (1-D arrays of ``n_features_in_``): the
+        :meth:`code_distance` of their codes, as metric-learn's ``get_metric``. scikit-learn's
+        neighbour estimators take it on raw features (``KNeighborsClassifier(metric=est.get_metric(),
+        algorithm="brute")``); on codes, :meth:`knn_params` is faster.
+
+        Returns
+        -------
+        callable (u, v) -> float
+        """
+        check_is_fitted(self)
+
+        def metric_fun(u, v):
+            return float(self.pair_distance(np.stack([np.ravel(u), np.ravel(v)])[None])[0])
+
+        return metric_fun
+
+    def knn_params(self) -> dict:
+        """The keyword arguments of scikit-learn's ``KNeighborsClassifier`` / ``NearestNeighbors`` that
+        compare this learner's codes as metricpipe does: ``{"metric": "euclidean"}``, or for codes
+        compared otherwise (``code_metric`` "inner", kernel SLEM) ``{"metric": self.code_distance,
+        "algorithm": "brute"}``. Euclidean distance on inner-product codes finds other neighbours.
+
+        Returns
+        -------
+        dict
+        """
+        if self.code_metric == "euclidean":
+            return {"metric": "euclidean"}
+        return {"metric": self.code_distance, "algorithm": "brute"}
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

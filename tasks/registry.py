@@ -309,65 +309,97 @@ def expand_method(entry: dict) -> list[dict]:
     ``select: {metric, grid}`` when parameters are left to the validation split (:func:`_selection`).
 
     Unknown keys and bad values are refused with scikit-learn's wording ("The 'dim' parameter of
-    NCMML must be an int in the range [1, inf). Got 0 instead.").
+    NCMML must be an int in the range [1, inf). Got 0 instead."), all of an entry's in one
+    InputError, a line each: every unknown key, every bad value of every parameter, ``select``'s.
     """
     name = entry.get("method")
     raw = {k: v for k, v in entry.items() if k not in ("method", "select")}
     kernels = raw.get("kernel", "linear") if name == "slem" else None
-    out = []
+    out, problems = [], []
     for kernel in kernels if isinstance(kernels, list) else [kernels]:
         params = dict(raw, **({"kernel": kernel} if kernel is not None and "kernel" in raw else {}))
         cls = estimator_class(name, params)
         allowed = defaults(cls)
-        params = {k: _one_spelling(cls, allowed, k, v) for k, v in params.items()}
-        for key in params:
-            if key not in allowed:
-                if key == "lambda" and "lam" in allowed:
-                    raise InputError(
-                        f"unknown parameter 'lambda' for method {name}; it is called 'lam' (Python "
-                        f"reserves the word lambda, and configs use the Python names)"
-                    )
-                if key == "seed" and "random_state" in allowed:
-                    raise InputError(
-                        f"unknown parameter 'seed' for method {name}; it is called 'random_state', as in scikit-learn"
-                    )
-                near = difflib.get_close_matches(key, allowed, n=1)
-                hint = (
-                    f"; did you mean {near[0]!r}?"
-                    if near
-                    else f"; {name} takes {', '.join(allowed) or 'no parameters'}"
-                )
-                raise InputError(f"unknown parameter {key!r} for method {name}{hint}")
-        grids = {}
-        for key, default in allowed.items():
-            v = params.get(key, default)
-            if _sweeps(cls, key, v):
-                if not v:
-                    raise InputError(f"The '{key}' parameter of {name} must not be an empty list.")
-                grids[key] = v
-            else:
-                grids[key] = [v]
-        n_models = math.prod(len(g) for g in grids.values())
-        if n_models > MAX_MODELS:  # refuse before expanding (a 1.7 KB sweep made 1.7M models)
-            sizes = " x ".join(f"{len(g)} {k}" for k, g in grids.items() if len(g) > 1)
-            raise InputError(
-                f"method {name} sweeps {sizes} = {n_models:,} models, over the limit of {MAX_MODELS:,} "
-                f"per config; sweep fewer values, or split the sweep over several configs"
-            )
-        for combo in itertools.product(*grids.values()):
-            spec = {"method": name, **dict(zip(grids, combo))}
-            # what is searched can depend on a swept value (a dense sparse projector has no anneal to
-            # search): each model's own selection, from the entry with its values in place of the lists
-            select = _selection(name, cls, {k: spec[k] for k in params}, entry.get("select"), allowed)
-            # a searched parameter left None (NCMML's lr) is the value it stands for: select: false and
-            # the selection's first candidate are then one model (one key, trained once)
-            spec.update({k: v[0] for k, v in cls.search_grid(spec).items() if spec.get(k, 0) is None})
-            if select:
-                spec.update({k: v[0] for k, v in select["grid"].items()}, select=select)
-            for cand in candidates(spec):
-                try:
-                    make(cand)._validate_params()  # the class's own checks: the same for YAML and Python
-                except InvalidParameterError as e:
-                    raise InputError(str(e).splitlines()[0]) from None
-            out.append(spec)
+        found = _entry_problems(name, cls, allowed, params, entry.get("select"))
+        problems += [p for p in found if p not in problems]
+        if not found:
+            params = {k: _one_spelling(cls, allowed, k, v) for k, v in params.items()}
+            out += _expanded_specs(name, cls, allowed, params, entry.get("select"), problems)
+    if problems:
+        raise InputError("\n".join(problems))
+    return out
+
+
+def _unknown_key(name: str, key: str, allowed: dict) -> str:
+    """Why ``key`` is not a parameter of method ``name`` (its near name, or the parameters it takes)."""
+    if key == "lambda" and "lam" in allowed:
+        return (
+            f"unknown parameter 'lambda' for method {name}; it is called 'lam' (Python "
+            f"reserves the word lambda, and configs use the Python names)"
+        )
+    if key == "seed" and "random_state" in allowed:
+        return f"unknown parameter 'seed' for method {name}; it is called 'random_state', as in scikit-learn"
+    near = difflib.get_close_matches(key, allowed, n=1)
+    hint = f"; did you mean {near[0]!r}?" if near else f"; {name} takes {', '.join(allowed) or 'no parameters'}"
+    return f"unknown parameter {key!r} for method {name}{hint}"
+
+
+def _entry_problems(name: str, cls: type, allowed: dict, params: dict, select) -> list[str]:
+    """Every problem of an entry, a line each: each unknown key, each bad value of each parameter
+    (checked alone by the class: :meth:`~metricpipe.tasks.base.Learner.check_parameter`),
+    ``select``'s first."""
+    problems = [_unknown_key(name, key, allowed) for key in params if key not in allowed]
+    first = {}
+    for key, value in params.items():
+        if key not in allowed:
+            continue
+        value = _one_spelling(cls, allowed, key, value)
+        if _sweeps(cls, key, value) and not value:
+            problems.append(f"The '{key}' parameter of {name} must not be an empty list.")
+        for v in value if _sweeps(cls, key, value) else [value]:
+            try:
+                cls.check_parameter(key, v)
+            except InvalidParameterError as e:
+                msg = str(e).splitlines()[0]
+                problems += [] if msg in problems else [msg]
+        first[key] = value[0] if _sweeps(cls, key, value) and value else value
+    try:
+        _selection(name, cls, first, select, allowed)
+    except InputError as e:
+        problems.append(str(e))
+    return problems
+
+
+def _expanded_specs(name: str, cls: type, allowed: dict, params: dict, select, problems: list) -> list[dict]:
+    """The specs of an entry whose parameters each passed their checks: one per combination of the
+    swept values; a combination (or a selection candidate) the class refuses adds to ``problems``."""
+    grids = {}
+    for key, default in allowed.items():
+        v = params.get(key, default)
+        grids[key] = v if _sweeps(cls, key, v) else [v]
+    n_models = math.prod(len(g) for g in grids.values())
+    if n_models > MAX_MODELS:  # refuse before expanding (a 1.7 KB sweep made 1.7M models)
+        sizes = " x ".join(f"{len(g)} {k}" for k, g in grids.items() if len(g) > 1)
+        raise InputError(
+            f"method {name} sweeps {sizes} = {n_models:,} models, over the limit of {MAX_MODELS:,} "
+            f"per config; sweep fewer values, or split the sweep over several configs"
+        )
+    out = []
+    for combo in itertools.product(*grids.values()):
+        spec = {"method": name, **dict(zip(grids, combo))}
+        # what is searched can depend on a swept value (a dense sparse projector has no anneal to
+        # search): each model's own selection, from the entry with its values in place of the lists
+        sel = _selection(name, cls, {k: spec[k] for k in params}, select, allowed)
+        # a searched parameter left None (NCMML's lr) is the value it stands for: select: false and
+        # the selection's first candidate are then one model (one key, trained once)
+        spec.update({k: v[0] for k, v in cls.search_grid(spec).items() if spec.get(k, 0) is None})
+        if sel:
+            spec.update({k: v[0] for k, v in sel["grid"].items()}, select=sel)
+        for cand in candidates(spec):
+            try:
+                make(cand)._validate_params()  # the class's own checks: the same for YAML and Python
+            except (InvalidParameterError, InputError) as e:
+                msg = str(e).splitlines()[0]
+                problems += [] if msg in problems else [msg]
+        out.append(spec)
     return out

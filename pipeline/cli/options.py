@@ -13,6 +13,15 @@ if TYPE_CHECKING:
     from metricpipe.config import RunConfig
 
 
+#: The --model option's help where a command takes one model of a store.
+MODEL_KEY_HELP = "Key (or key prefix) of a model in STORE (see 'metricpipe models STORE')."
+
+
+def example(*commands: str) -> str:
+    """A command's epilog: its examples, one a line, shown by --help as written (click's \\b)."""
+    return "\b\nExample" + ("s" if len(commands) > 1 else "") + ":\n" + "\n".join(f"  {c}" for c in commands)
+
+
 def cluster_options(f=None, *, config: bool = False):
     """--cluster, --workers and --memory-limit; ``config=True`` for a command that reads a config file."""
     if f is None:

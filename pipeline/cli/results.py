@@ -6,16 +6,18 @@ import time
 import click
 
 from metricpipe.cli.errors import echo, handle_errors, in_options
-from metricpipe.cli.options import apply_overrides, cluster_options
+from metricpipe.cli.options import MODEL_KEY_HELP, apply_overrides, cluster_options, example
 from metricpipe.tasks.errors import InputError
 
 
-@click.command()
+@click.command(epilog=example("metricpipe synth --samples 20000 --dim 64 --classes 10 --store synth.zarr"))
 @click.option("--samples", type=click.IntRange(min=4), required=True, help="Rows N.")
 @click.option("--dim", type=click.IntRange(min=1), required=True, help="Features D.")
-@click.option("--classes", type=click.IntRange(min=2), default=10, show_default=True)
+@click.option("--classes", type=click.IntRange(min=2), default=10, show_default=True, help="Number of classes.")
 @click.option("--store", required=True, type=click.Path(), help="The Zarr store to create (e.g. synth.zarr).")
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option(
+    "--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the class means and noise."
+)
 @click.option("--nonnegative", is_flag=True, help="Clip at 0 (ReLU-like features, e.g. for NML).")
 @click.option(
     "--separation",
@@ -32,7 +34,13 @@ from metricpipe.tasks.errors import InputError
     help="Standard deviation along the D // 16 class-free directions (0 = none; higher is harder "
     "for raw features and PCA, not for a learned projection).",
 )
-@click.option("--chunk-mb", type=click.FloatRange(min=0.001), default=64.0, show_default=True)
+@click.option(
+    "--chunk-mb",
+    type=click.FloatRange(min=0.001),
+    default=64.0,
+    show_default=True,
+    help="Megabytes of features per chunk (one block a worker writes).",
+)
 @cluster_options
 @handle_errors
 def synth(
@@ -68,7 +76,9 @@ def synth(
         )
 
 
-@click.command("add-classes")
+@click.command(
+    "add-classes", epilog=example("metricpipe add-classes runs/digits new_classes.npz --labels y --model 3f2a")
+)
 @click.argument("store")
 @click.argument("new_data", type=click.Path(exists=False))
 @click.option(
@@ -99,7 +109,7 @@ def add_classes_cmd(store, new_data, features, labels, model, hierarchy, prior_w
         add_classes(store, new_data, features, labels, model, hierarchy, prior_weight, zero_shot, log=echo)
 
 
-@click.command()
+@click.command(epilog=example("metricpipe evaluate codes.npz --queries 1000 --out metrics.json"))
 @click.argument("embeddings", type=click.Path(exists=False))
 @click.option(
     "--labels", default="y", show_default=True, help="Label array or column name inside the file, or a .npy path."
@@ -130,12 +140,14 @@ def evaluate(
     memory_limit,
 ):
     """MAP@R, R-precision, precision@1, MRR, NMI and AMI of EMBEDDINGS (npy, npz, h5, zarr, parquet) as
-    pytorch-metric-learning's AccuracyCalculator defines them, out of core on the cluster."""
+    pytorch-metric-learning's AccuracyCalculator defines them: in this process for small inputs (up to
+    4 million values, rows x dimensions, and 400 million query-reference pairs), else out of core on
+    the cluster (always when --cluster, --workers or --memory-limit is given)."""
     from metricpipe.budget import limit_name  # deferred: loads scikit-learn
     from metricpipe.cluster import connect, dashboard_lines  # deferred: loads Dask
     from metricpipe.commands import assess  # deferred: loads Dask and scikit-learn
     from metricpipe.config import parse_config  # deferred: loads scikit-learn
-    from metricpipe.runner import peak_rss  # deferred: loads Dask and scikit-learn
+    from metricpipe.runner import max_rss_mb, peak_rss  # deferred: loads Dask and scikit-learn
 
     if out:
         from metricpipe.commands.export import check_out  # deferred: loads scikit-learn and Zarr
@@ -159,6 +171,11 @@ def evaluate(
     cfg = apply_overrides(
         parse_config({"data": {"source": "digits"}}, where="metricpipe evaluate"), None, cluster, workers, memory_limit
     )
+    t0 = time.perf_counter()
+    if (cluster, workers, memory_limit) == (None, None, None) and assess.fits_in_process(q, rows, ref):
+        records = assess.evaluate_in_process(q, rows, ref, self_in, seed, log=echo)
+        _evaluated(out, records, time.perf_counter() - t0, [("this process", max_rss_mb())])
+        return
     with connect(
         cfg.cluster, cfg.workers, cfg.threads_per_worker, cfg.memory_limit, cfg.dashboard, cfg.tls, cfg.wait_timeout
     ) as client:
@@ -177,6 +194,13 @@ def evaluate(
         )
         seconds = time.perf_counter() - t0
         peaks = peak_rss(client)
+    _evaluated(out, records, seconds, peaks)
+
+
+def _evaluated(out: str | None, records: list, seconds: float, peaks: list) -> None:
+    """Write evaluate's records to ``out`` (when given) and print them, the time and the peak memory."""
+    from metricpipe.commands import assess  # deferred: loads Dask and scikit-learn
+
     if out:
         assess.write_records(out, records)
     for r in records:
@@ -188,10 +212,10 @@ def evaluate(
     )
 
 
-@click.command()
+@click.command(epilog=example("metricpipe predict runs/digits digits --model 3f2a --out labels.npy"))
 @click.argument("store")
 @click.argument("data", type=click.Path(exists=False))
-@click.option("--model", required=True, help="Key (or key prefix) of a model in STORE (`metricpipe models STORE`).")
+@click.option("--model", required=True, help=MODEL_KEY_HELP)
 @click.option(
     "--features", default="X", show_default=True, help="Array name inside npz/h5/zarr, or column of a Parquet file."
 )
@@ -245,10 +269,10 @@ def predict(store, data, model, features, labels, k, out):
     echo(f"{len(names)} rows classified{scored}" + (f"; predictions in {out}" if out else ""))
 
 
-@click.command()
+@click.command(epilog=example("metricpipe encode runs/digits digits --model 3f2a --out codes.npz"))
 @click.argument("store")
 @click.argument("data", type=click.Path(exists=False))
-@click.option("--model", required=True, help="Key (or key prefix) of a model in STORE (`metricpipe models STORE`).")
+@click.option("--model", required=True, help=MODEL_KEY_HELP)
 @click.option(
     "--out",
     required=True,
@@ -289,9 +313,14 @@ def encode(store, data, model, out, features, labels, ids, cluster, workers, mem
     )
 
 
-@click.command()
+@click.command(
+    epilog=example(
+        "metricpipe export runs/digits --model 3f2a --npz model.npz",
+        "metricpipe export runs/digits --model 3f2a --faiss codes.faiss --split test",
+    )
+)
 @click.argument("store")
-@click.option("--model", required=True, help="Key (or key prefix) of a model in STORE (`metricpipe models STORE`).")
+@click.option("--model", required=True, help=MODEL_KEY_HELP)
 @click.option(
     "--faiss",
     "faiss_path",

@@ -9,12 +9,12 @@ from pathlib import Path
 import click
 
 from metricpipe.cli.errors import echo, handle_errors, in_options
-from metricpipe.cli.options import apply_overrides, cluster_options, repeats_option
+from metricpipe.cli.options import apply_overrides, cluster_options, example, repeats_option
 from metricpipe.errors import STAGES
 from metricpipe.tasks.errors import InputError
 
 
-@click.command()
+@click.command(epilog=example("metricpipe run examples/digits.yaml --store /tmp/digits --workers 2"))
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.option("--store", help="Store directory or fsspec URL (overrides config).")
 @cluster_options(config=True)
@@ -80,7 +80,7 @@ def run(
     )  # progress on stderr, the results on stdout
 
 
-@click.command()
+@click.command(epilog=example("metricpipe demo --store /tmp/digits"))
 @click.option("--store", default="runs/digits", show_default=True, help="Where to write the demo's store.")
 @click.option(
     "--resume/--no-resume",
@@ -108,14 +108,20 @@ def demo_config_path() -> Path:
     raise InputError("examples/digits.yaml is missing from this installation; reinstall metricpipe")
 
 
-@click.command("stage")
+@click.command("stage", epilog=example("metricpipe stage digits --store /tmp/digits --normalize l2"))
 @click.argument("source")
 @click.option("--store", required=True, help="Store directory or fsspec URL.")
 @click.option(
     "--features", default="X", show_default=True, help="Array name inside npz/h5/zarr, or column of a Parquet file."
 )
 @click.option("--labels", default="y", show_default=True, help="Label array name, or a .npy path.")
-@click.option("--normalize", default="none", show_default=True, type=click.Choice(["none", "l1", "l2", "power"]))
+@click.option(
+    "--normalize",
+    default="none",
+    show_default=True,
+    type=click.Choice(["none", "l1", "l2", "power"]),
+    help="Normalise each row before staging (as the config's data.normalize).",
+)
 @click.option(
     "--test",
     "test_fraction",

@@ -7,11 +7,12 @@ import sys
 import click
 
 from metricpipe.cli.errors import echo, handle_errors
+from metricpipe.cli.options import example
 from metricpipe.progress import human_bytes
 from metricpipe.tasks.errors import InputError
 
 
-@click.command()
+@click.command(epilog=example("metricpipe inspect runs/digits --verify"))
 @click.argument("store")
 @click.option(
     "--verify",
@@ -42,7 +43,7 @@ def inspect(store, verify):
         sys.exit(1)
 
 
-@click.command()
+@click.command(epilog=example("metricpipe unlock s3://bucket/runs/fashion"))
 @click.argument("store")
 @handle_errors
 def unlock(store):
@@ -68,7 +69,7 @@ def _in_use(st) -> str | None:
         return None
 
 
-@click.command()
+@click.command(epilog=example("metricpipe gc runs/digits", "metricpipe gc runs/digits --delete"))
 @click.argument("store")
 @click.option("--delete", is_flag=True, help="Remove the units listed (without it, gc only lists them).")
 @handle_errors
@@ -117,17 +118,20 @@ def gc(store, delete):
     )
 
 
-@click.command()
+@click.command(epilog=example("metricpipe models runs/digits"))
 @click.argument("store")
 @handle_errors
 def models(store):
     """List STORE's trained models: key, method, code dimension, whether its run encoded it, the
-    staged data it was trained on (key prefix) and its normalisation, and parameters.
+    staged data it was trained on (key prefix) and its normalisation, the last run's headline metrics
+    (from STORE/report), and parameters; a model add-classes made names the model it extends and the
+    classes it added.
 
-    In Python, ``metricpipe.load_model(STORE, KEY)`` returns one as a fitted estimator (in a Pipeline
+    In Python, metricpipe.load_model(STORE, KEY) returns one as a fitted estimator (in a Pipeline
     after the run's normalizer when it had one)."""
+    from metricpipe.report import model_headlines  # deferred: loads scikit-learn and Zarr
+    from metricpipe.store import Store  # deferred: loads Zarr
     from metricpipe.store.models import damaged_models, describe  # deferred: loads Zarr
-    from metricpipe.tasks.registry import param_text  # deferred: loads scikit-learn
 
     rows = describe(store)
     damaged = damaged_models(store)
@@ -141,17 +145,21 @@ def models(store):
     if not rows:
         click.echo(f"{store}: no committed models")
         return
-    click.echo(f"{'key':<16}  {'method':<10} {'codes':>5}  {'encoded':<7}  {'data':<8}  {'normalize':<9}  parameters")
+    names, values = model_headlines(Store(store))
+    widths = [max(6, len(n)) for n in names]
+    metrics = "".join(f"{n:>{w}}  " for n, w in zip(names, widths))
+    click.echo(
+        f"{'key':<16}  {'method':<10} {'codes':>5}  {'encoded':<7}  {'data':<8}  {'normalize':<9}  {metrics}parameters"
+    )
     for r in rows:
-        # random_state None is seed 0 (the one spelling keys use for both): shown as the seed it is
-        params = " ".join(
-            f"{k}={param_text(0 if k == 'random_state' and v is None else v)}" for k, v in sorted(r["params"].items())
-        )
-        ext = f" (extends {r['extends']})" if r["extends"] else f" (refit of {r['refit_of']})" if r["refit_of"] else ""
+        shown = values.get(r["key"], [None] * len(names))
+        metrics = "".join("-".rjust(w) + "  " if v is None else f"{v:>{w}.4f}  " for v, w in zip(shown, widths))
         click.echo(
             f"{r['key']:<16}  {r['method']:<10} {r['dim']:>5}  {'yes' if r['encoded'] else 'no':<7}  "
-            f"{(r['data'] or '-')[:8]:<8}  {r['normalize'] or '-':<9}  {params}{ext}"
+            f"{(r['data'] or '-')[:8]:<8}  {r['normalize'] or '-':<9}  {metrics}{_parameters(r)}"
         )
+    if names:
+        click.echo(f"{', '.join(names)}: the last run's test figures (report/index.html defines them); - : not scored")
     if not all(r["encoded"] for r in rows):
         click.echo(
             "encoded no: a candidate that parameter selection did not keep (or a fit on the train rows less "
@@ -161,7 +169,22 @@ def models(store):
         )
 
 
-@click.command()
+def _parameters(row: dict) -> str:
+    """A model's parameters, then what it was made from: the model and the classes add-classes added to
+    it, or the fit a refit replaced."""
+    from metricpipe.tasks.registry import param_text  # deferred: loads scikit-learn
+
+    # random_state None is seed 0 (the one spelling keys use for both): shown as the seed it is
+    params = " ".join(
+        f"{k}={param_text(0 if k == 'random_state' and v is None else v)}" for k, v in sorted(row["params"].items())
+    )
+    if row["extends"]:
+        added = ", ".join(param_text(c) for c in row["added"])
+        return f"{params} (add-classes: {row['extends']} + {len(row['added'])} class(es): {added})"
+    return f"{params} (refit of {row['refit_of']})" if row["refit_of"] else params
+
+
+@click.command(epilog=example("metricpipe report runs/digits"))
 @click.argument("store")
 @handle_errors
 def report(store):

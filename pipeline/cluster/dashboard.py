@@ -1,9 +1,10 @@
 """The local scheduler's dashboard: where it listens, the link printed for it, and Dask's warning
-about a taken port kept quiet."""
+about a taken port and the log records of a viewer who left kept quiet."""
 
 import contextlib
 import errno
 import ipaddress
+import logging
 
 from metricpipe.tasks.errors import InputError
 
@@ -68,14 +69,66 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
+#: Where the dashboard's server (bokeh on tornado, on asyncio) logs a viewer's connection failing.
+DASHBOARD_LOGGERS = (
+    "bokeh.server.views.ws",
+    "bokeh.server.protocol_handler",
+    "bokeh.server.connection",
+    "bokeh.server.session",
+    "tornado.application",
+    "tornado.general",
+    "asyncio",
+)
+#: Exceptions (names in the class hierarchy, so tornado loads only with the dashboard) that mean the
+#: viewer's connection is gone.
+CLOSED = frozenset({"WebSocketClosedError", "StreamClosedError", "ConnectionError"})
+
+
+def _closed(exc) -> bool:
+    """Whether ``exc`` or an exception it was raised from or during is a closed connection."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if any(c.__name__ in CLOSED for c in type(exc).__mro__):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+class ViewerGone(logging.Filter):
+    """Drops the records a dashboard viewer who disconnects abruptly (a closed tab, a killed browser,
+    a dropped network) leaves: bokeh's "Failed sending message as connection was closed" and any
+    record whose exception is a closed connection (tornado's "Uncaught exception" and asyncio's
+    "exception was never retrieved" with a 20-line WebSocketClosedError / StreamClosedError
+    traceback). The run is unaffected; every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith("Failed sending message as connection was closed"):
+            return False
+        return not (record.exc_info and _closed(record.exc_info[1]))
+
+
+_VIEWER_GONE = ViewerGone()
+
+
+def quiet_viewer_disconnects() -> None:
+    """Put :class:`ViewerGone` on the dashboard's loggers of this process (once)."""
+    for name in DASHBOARD_LOGGERS:
+        logger = logging.getLogger(name)
+        if _VIEWER_GONE not in logger.filters:
+            logger.addFilter(_VIEWER_GONE)
+
+
 @contextlib.contextmanager
 def taken_port_quiet():
     """Dask's multi-line "Port 8787 is already in use ... Hosting the HTTP server on port N instead"
     warning, silenced while a scheduler starts here: the port is taken between dashboard_address's
     check and the bind when another run starts at the same moment, and the link printed is the real
-    one either way."""
+    one either way. The scheduler's dashboard serves from this process: the records of a viewer who
+    disconnects are dropped from now on (:func:`quiet_viewer_disconnects`)."""
     import warnings
 
+    quiet_viewer_disconnects()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Port \d+ is already in use", category=UserWarning)
         yield

@@ -43,6 +43,12 @@ MIN_GROUP = 16  # queries per task at least (a smaller worker limit is refused)
 METRICS = ("map@r", "r_precision", "precision@1", "mrr")
 # The pipeline's cut-off metrics, mprec@K and recall@K, read from the same neighbour lists (K up to k).
 RETRIEVAL_K = (1, 10, 100)
+# Inputs this small are evaluated in this process, without a cluster (a LocalCluster takes 7-30 s to
+# start; 1,500 x 32 codes score in well under a second here): at most IN_PROCESS_VALUES values (rows x
+# dimensions of the queries and the reference: 16 MB of float32) and IN_PROCESS_PAIRS query-reference
+# pairs. The same functions score the same query groups either way.
+IN_PROCESS_VALUES = 4_000_000
+IN_PROCESS_PAIRS = 4e8
 
 
 @dataclass(frozen=True)
@@ -306,6 +312,41 @@ def group_size(
     return max(1, min(int(pool // per_query), -(-n_queries // (2 * workers))))
 
 
+def fits_in_process(q: Side, rows: np.ndarray, ref: Side) -> bool:
+    """Whether the evaluation is small enough for this process (IN_PROCESS_VALUES, IN_PROCESS_PAIRS)."""
+    n_ref = ref.reader.shape[0]
+    values = (q.reader.shape[0] + (n_ref if ref.path != q.path else 0)) * q.reader.shape[1]
+    return values <= IN_PROCESS_VALUES and len(rows) * n_ref <= IN_PROCESS_PAIRS
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What both ways of evaluating share: the queries' labels and R, k, the k-means sample."""
+
+    yq: np.ndarray  # the query rows' labels
+    R: np.ndarray  # each query's count of relevant references
+    k: int
+    n_clusters: int
+    km: np.ndarray  # positions (in ``rows``) of the queries k-means is fitted on
+    sampled: bool  # the queries are a sample of q's rows (else every row, in order)
+    wanted: np.ndarray  # q's rows the scan picks up
+
+    @property
+    def km_rows(self) -> np.ndarray:
+        """q's rows k-means is fitted on."""
+        return self.wanted[self.km] if self.sampled else self.wanted
+
+
+def _plan(q: Side, rows: np.ndarray, ref: Side, self_in: bool, seed: int) -> _Plan:
+    yq = q.labels[rows]
+    R, k = _relevant(q, ref, yq, self_in)
+    n_clusters = len(np.unique(yq))
+    rng = np.random.default_rng([seed, 21])
+    km = np.sort(rng.choice(len(rows), min(len(rows), KMEANS_ROWS_PER_CLUSTER * n_clusters), replace=False))
+    sampled = len(rows) < q.reader.shape[0]
+    return _Plan(yq, R, k, n_clusters, km, sampled, rows if sampled else rows[km])
+
+
 def evaluate_embeddings(
     client,
     q: Side,
@@ -318,24 +359,18 @@ def evaluate_embeddings(
 ) -> list[dict]:
     """Metric records of the queries ``rows`` of ``q`` against ``ref``, in ``metrics.json``'s form
     (``limit_setting``: what sizes the workers, named when their limit is too small)."""
-    yq = q.labels[rows]
-    R, k = _relevant(q, ref, yq, self_in)
+    p = _plan(q, rows, ref, self_in, seed)
     # before any scan: the groups' size depends only on k and the workers' limit
     block = min(ref.reader.shape[0], _block_rows(ref.reader)) * ref.reader.shape[1] * 4.0  # (96 KB of data: 96 KB)
     g = group_size(
-        k, len(rows), max(1, len(client.scheduler_info()["workers"])), worker_limit(client), limit_setting, block
+        p.k, len(rows), max(1, len(client.scheduler_info()["workers"])), worker_limit(client), limit_setting, block
     )
-    n_clusters = len(np.unique(yq))
-    rng = np.random.default_rng([seed, 21])
-    km = np.sort(rng.choice(len(rows), min(len(rows), KMEANS_ROWS_PER_CLUSTER * n_clusters), replace=False))
-    sampled = len(rows) < q.reader.shape[0]
-    wanted = rows if sampled else rows[km]
     q_reader_f, r_reader_f = client.scatter([q.reader, ref.reader], broadcast=True, hash=False)
-    scans = _scan_inputs(client, q, ref, q_reader_f, r_reader_f, wanted)
-    centroids = client.submit(_centroids, scans, wanted[km] if sampled else wanted, n_clusters, [seed, 22])
+    scans = _scan_inputs(client, q, ref, q_reader_f, r_reader_f, p.wanted)
+    centroids = client.submit(_centroids, scans, p.km_rows, p.n_clusters, [seed, 22])
     r_labels_f = client.scatter(ref.labels, broadcast=True, hash=False)
     log(
-        f"evaluate: {len(rows):,} queries against {ref.reader.shape[0]:,} references, k = {k:,}, "
+        f"evaluate: {len(rows):,} queries against {ref.reader.shape[0]:,} references, k = {p.k:,}, "
         f"{-(-len(rows) // g)} task(s) of up to {g} queries"
     )
     groups = [
@@ -343,22 +378,54 @@ def evaluate_embeddings(
             _group,
             q_reader_f,
             rows[s : s + g],
-            scans if sampled else None,
+            scans if p.sampled else None,
             r_reader_f,
             _blocks(ref.reader),
             f"{ref.path} ({ref.option})",
-            k,
+            p.k,
             self_in,
-            yq[s : s + g],
+            p.yq[s : s + g],
             r_labels_f,
-            R[s : s + g],
+            p.R[s : s + g],
             centroids,
             pure=False,
         )
         for s in range(0, len(rows), g)
     ]
-    values, cutoffs = _metric_values(_gather_groups(client, groups), yq, R)
-    return _records(q, rows, ref, k, self_in, R, values, cutoffs)
+    values, cutoffs = _metric_values(_gather_groups(client, groups), p.yq, p.R)
+    return _records(q, rows, ref, p.k, self_in, p.R, values, cutoffs)
+
+
+def evaluate_in_process(q: Side, rows: np.ndarray, ref: Side, self_in: bool, seed: int = 0, log=print) -> list[dict]:
+    """:func:`evaluate_embeddings` without a cluster, for inputs :func:`fits_in_process` admits: the
+    same scan, centroids and query groups, called here one after the other."""
+    p = _plan(q, rows, ref, self_in, seed)
+    scans = [_scan(q.reader, a, b, f"{q.path} ({q.option})", p.wanted) for a, b in _blocks(q.reader)]
+    if ref.path != q.path:  # the reference checked up front too, as on the cluster
+        for a, b in _blocks(ref.reader):
+            _scan(ref.reader, a, b, f"{ref.path} ({ref.option})", np.empty(0, np.int64))
+    centroids = _centroids(scans, p.km_rows, p.n_clusters, [seed, 22])
+    g = group_size(p.k, len(rows), 1)
+    log(f"evaluate: {len(rows):,} queries against {ref.reader.shape[0]:,} references, k = {p.k:,}, in this process")
+    parts = [
+        _group(
+            q.reader,
+            rows[s : s + g],
+            scans if p.sampled else None,
+            ref.reader,
+            _blocks(ref.reader),
+            f"{ref.path} ({ref.option})",
+            p.k,
+            self_in,
+            p.yq[s : s + g],
+            ref.labels,
+            p.R[s : s + g],
+            centroids,
+        )
+        for s in range(0, len(rows), g)
+    ]
+    values, cutoffs = _metric_values(parts, p.yq, p.R)
+    return _records(q, rows, ref, p.k, self_in, p.R, values, cutoffs)
 
 
 def _relevant(q: Side, ref: Side, yq: np.ndarray, self_in: bool) -> tuple[np.ndarray, int]:

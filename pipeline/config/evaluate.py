@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from metricpipe.config.schema import Reading, Section, read_section, setting
 from metricpipe.tasks.evaluation import is_classifier
+from metricpipe.tasks.scoring import DEFAULT_CLASSIFIERS, DEFAULT_RETRIEVAL_K
 from metricpipe.tasks.validate import whole_number
 
 OBJECTIVES = ("retrieval", "classification")  # what evaluate.objective may name
@@ -44,7 +45,7 @@ def _part(cls):
 @dataclass(frozen=True)
 class RetrievalSettings(Section):
     k: tuple = setting(
-        (1, 10, 100),
+        DEFAULT_RETRIEVAL_K,
         "The K of precision@K and recall@K (test images query the rest of the test set)",
         parse=_counts,
         shown="int >= 1, or a list of them",
@@ -61,7 +62,7 @@ class RetrievalSettings(Section):
 @dataclass(frozen=True)
 class ClassificationSettings(Section):
     classifiers: tuple = setting(
-        ("knn1", "knn10", "ncm"),
+        DEFAULT_CLASSIFIERS,
         "knnK, softvoteK (Eq. 9 of SL-NE), ncm, ncmc; left "
         "unset, a model skips one it cannot serve (with a note), a listed one is refused",
         parse=_classifiers,

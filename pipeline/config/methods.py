@@ -46,8 +46,8 @@ def _expanded(entry, rd: Reading, key: str) -> list[dict]:
         rd.fail(key, f"expected a mapping with a 'method' key, got {entry!r}")
     try:
         specs = registry.expand_method(entry)
-    except InputError as e:
-        rd.fail(key, str(e))
+    except InputError as e:  # a line per problem of the entry, each naming it
+        raise ConfigError("\n".join(f"{rd.where}: {key}: {line}" for line in str(e).splitlines())) from None
     for spec in specs:
         if "negatives" in spec:
             spec["negatives"] = _negatives(spec["negatives"], rd, f"{key}.negatives")

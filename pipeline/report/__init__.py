@@ -8,7 +8,7 @@ Modules, each using only those before it: ``data`` (records -> rows, labels, met
 repeats, held-out classes), ``verdict`` (the summary and the closing lines), ``plots`` (matplotlib),
 ``html`` (the page), ``build`` (reads the run's units, writes both files)."""
 
-from metricpipe.report.build import build_report, extended_models, read_summary, run_models
+from metricpipe.report.build import build_report, extended_models, model_headlines, read_summary, run_models
 from metricpipe.report.data import (
     RECALL_FLOOR,
     RECALL_SPREAD,
@@ -29,6 +29,7 @@ __all__ = [
     "definition",
     "extended_models",
     "headline_metrics",
+    "model_headlines",
     "package_versions",
     "read_summary",
     "recall_hidden",

@@ -1,7 +1,16 @@
 """Building the report: read the last run's committed units, each checked against its commit as a run
 checks a unit it reuses, and write report/metrics.json and report/index.html."""
 
-from metricpipe.report.data import definitions_of, held_out_classes, model_label, repeat_table, swept_params
+from metricpipe.report.data import (
+    definition,
+    definitions_of,
+    headline_metrics,
+    held_out_classes,
+    model_label,
+    repeat_table,
+    swept_params,
+    view_of,
+)
 from metricpipe.report.html import render_html
 from metricpipe.report.verdict import summarize
 from metricpipe.stages.common import spec_params
@@ -86,6 +95,31 @@ def _metadata(rel: str) -> bool:
 def read_summary(store: Store) -> dict:
     """The summary of the store's report (what :func:`winner_lines` prints)."""
     return store.read_json("report/metrics.json")["summary"]
+
+
+def model_headlines(store: Store) -> tuple[list[str], dict]:
+    """The headline metrics of each model of the last run's report (report/metrics.json): the column
+    names (mAP, MAP@R, then each classifier's top-1 error as "knn1 err") and {model key: [value or None
+    per column]}, the mean over the repeats of the codes view. ([], {}) when the store has no report or
+    it is not one metricpipe wrote."""
+    try:
+        records = store.read_json("report/metrics.json")["records"]
+        records = [r for r in records if isinstance(r.get("model"), str) and view_of(r) == "codes"]
+        columns = headline_metrics(records)
+        sums = {}
+        for r in records:
+            if (r["metric"], r["classifier"]) in columns and isinstance(r["value"], (int, float)):
+                s = sums.setdefault((r["model"], r["metric"], r["classifier"]), [0.0, 0])
+                s[0], s[1] = s[0] + r["value"], s[1] + 1
+    except FileNotFoundError:
+        return [], {}
+    except (ValueError, KeyError, TypeError, AttributeError):  # an edited or foreign file: no figures
+        return [], {}
+    names = [definition(m)[0] if c is None else f"{c} err" for m, c in columns]
+    out = {}
+    for (model, metric, classifier), (total, n) in sums.items():
+        out.setdefault(model, [None] * len(columns))[columns.index((metric, classifier))] = total / n
+    return names, out
 
 
 def _codes_units(manifest: dict) -> list:

@@ -336,7 +336,11 @@ def _figure(panels: list[dict], ncols: int = 2) -> str:
     if not panels:
         return ""
     alt = html.escape("; ".join(f"{p['title']}: {p['ylabel']} against {p['xlabel']}" for p in panels if p), quote=True)
-    return f'<figure><img alt="{alt}" src="data:image/png;base64,{panels_png(panels, ncols)}"></figure>'
+    png = panels_png(panels, ncols)  # shown at the size it was drawn for: its fonts at their point size
+    return (
+        f'<figure><img alt="{alt}" width="{png.width}" height="{png.height}" '
+        f'src="data:image/png;base64,{png.data}"></figure>'
+    )
 
 
 def _mean_records(*row_sets: dict) -> list[dict]:
@@ -415,11 +419,24 @@ def _plots_html(records: list, rows: dict, views: dict, main: list) -> str:
     plots = _figure(panels)
     if plots:
         plots = (
-            "<p><small>Each headline metric against the code dimension d, one line per model, baselines "
-            "dashed; models with equal values draw over each other (the tables above have every value)."
+            "<p><small>Each headline metric against the code dimension d, one line per model: learned "
+            "models in colour with filled markers, baselines grey, dashed, with hollow markers; models "
+            "with equal values draw over each other (the tables above have every value)."
             "</small></p>" + plots
         )
     return plots
+
+
+def _pack_rows(groups: list[list], width: int) -> list:
+    """The groups' items in rows of ``width``, a group never split across rows (None fills a row's end):
+    models with one or two training curves share a row."""
+    out, row = [], []
+    for g in groups:
+        if len(row) + len(g) > width:
+            out += row + [None] * (width - len(row))
+            row = []
+        row += g
+    return out + row
 
 
 def _training_html(records: list, curves: list | None) -> str:
@@ -427,14 +444,15 @@ def _training_html(records: list, curves: list | None) -> str:
     esc = html.escape
     swept = swept_params(records)
     per_model = [curve_panels(c, swept) for c in curves or []]
-    width = max((len(ps) for ps in per_model), default=1)  # one row per model
-    training = _figure([p for ps in per_model for p in ps + [None] * (width - len(ps))], ncols=width)
+    width = max((len(ps) for ps in per_model), default=1)
+    training = _figure(_pack_rows(per_model, max(2, width)), ncols=max(2, width))
     if training:
         shown = sorted({p["ylabel"] for ps in per_model for p in ps})
         caption = "; ".join(f"<b>{esc(k)}</b>: {esc(CURVES.get(k, 'as recorded by the learner'))}" for k in shown)
         training = (
-            f"<h2>Training curves</h2><p><small>One row per iterative model, one panel per quantity it "
-            f"records, against SGD steps (iter; pairs seen for NML and linear ML) or epochs. {caption}. "
+            f"<h2>Training curves</h2><p><small>One panel per quantity an iterative model records (a "
+            f"model's panels side by side, titled with the model), against SGD steps (iter; pairs seen "
+            f"for NML and linear ML) or epochs. {caption}. "
             f"The model kept is the state with the best validation value (its best_iter_ in the model's "
             f"record).</small></p>{training}"
         )

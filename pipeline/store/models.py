@@ -134,8 +134,9 @@ def load_model(store_url: str, key: str):
 
 
 def describe(store_url: str) -> list[dict]:
-    """One row per committed model: key, method, dimension, parameters, what it extends, the staged
-    data it was trained on (its key) and that data's normalisation (None where the commit does not say)."""
+    """One row per committed model: key, method, dimension, parameters, what it extends and the classes
+    add-classes added to it, the staged data it was trained on (its key) and that data's normalisation
+    (None where the commit does not say)."""
     store = Store(store_url)
     store.check_is_store()
     rows = []
@@ -151,6 +152,7 @@ def describe(store_url: str) -> list[dict]:
                 "dim": meta.get("dim"),
                 "params": spec,
                 "extends": meta.get("extends"),
+                "added": meta.get("added") or [],
                 "refit_of": meta.get("refit_of"),
                 "encoded": bool(codes and codes.done()),
                 "data": meta.get("data"),

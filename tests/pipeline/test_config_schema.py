@@ -165,6 +165,48 @@ def test_all_errors_of_a_config_come_together_one_line_each():
     assert str(e.value) == "c.yaml: data.source: must be one of digits, fashion-mnist, synthetic, got 'mnist'"
 
 
+def test_every_mistake_of_one_methods_entry_comes_in_the_same_run():
+    """A methods entry stopped at its first mistake: a second run found the next one (a new user's
+    first hour). Each unknown key, each bad value of each parameter (of a sweep too) and the
+    selection's mistake now come together, a line each naming the entry."""
+    raw = {
+        "data": {"source": "digits"},
+        "methods": [
+            {"method": "ncmml", "dim": 0, "lr": -1, "itres": 10, "batch": 0, "iters": 2.5},
+            {"method": "pca", "dim": [8, 0, -2], "whiten": True},
+            {"method": "sparse", "dim": 8, "sparsity": 2, "select": {"metric": "knn0"}},
+            {"method": "slem", "kernel": ["linear", "gaussian"], "lam": -1},
+            {"method": "ncmml", "select": {"lr": [-1, 3]}},
+        ],
+    }
+    with pytest.raises(ConfigError) as e:
+        parse_config(raw, where="c.yaml")
+    lines = str(e.value).splitlines()
+
+    def what(line):  # (entry, the mistake, the bad value)
+        mistake = re.search(r"unknown parameter '\w+'|The '\w+' parameter|select\.metric", line).group(0)
+        value = re.search(r"Got (\S+) instead", line)
+        return line.split(": ")[1], mistake, value.group(1) if value else None
+
+    got = [what(ln) for ln in lines]
+    assert got == [
+        ("methods[0]", "unknown parameter 'itres'", None),
+        ("methods[0]", "The 'dim' parameter", "0"),
+        ("methods[0]", "The 'lr' parameter", "-1.0"),
+        ("methods[0]", "The 'batch' parameter", "0"),
+        ("methods[0]", "The 'iters' parameter", "2.5"),
+        ("methods[1]", "unknown parameter 'whiten'", None),
+        ("methods[1]", "The 'dim' parameter", "0"),
+        ("methods[1]", "The 'dim' parameter", "-2"),
+        ("methods[2]", "The 'sparsity' parameter", "2.0"),
+        ("methods[2]", "select.metric", None),
+        ("methods[3]", "The 'lam' parameter", "-1.0"),  # linear SLEM's
+        ("methods[3]", "The 'lam' parameter", "-1.0"),  # kernel SLEM's (> 0)
+        ("methods[4]", "The 'lr' parameter", "-1.0"),  # a selection candidate's
+    ], lines
+    assert all(ln.startswith("c.yaml: methods[") for ln in lines)
+
+
 CONFIG = Path(__file__).parents[2] / "pipeline" / "config"
 
 

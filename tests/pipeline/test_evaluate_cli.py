@@ -362,3 +362,56 @@ def test_relative_paths_are_read_on_workers_that_run_in_another_folder(client, t
     assert _values(tmp_path / "m.json")["map@r"] >= 0
     recs = json.loads((tmp_path / "m.json").read_text())
     assert recs[0]["params"]["reference"] == "r.npz"  # the records keep the paths as given
+
+
+def _no_cluster(monkeypatch):
+    """connect() replaced by a refusal that records the call: (calls, ...)."""
+    import metricpipe.cluster
+    from metricpipe.tasks.errors import InputError
+
+    calls = []
+
+    def refuse(*args, **kwargs):
+        calls.append(args)
+        raise InputError("a cluster was started")
+
+    monkeypatch.setattr(metricpipe.cluster, "connect", refuse)
+    return calls
+
+
+@pytest.mark.integration
+def test_a_small_input_is_evaluated_in_process_as_on_the_cluster(client, tmp_path, monkeypatch):
+    """1,500 x 32-like inputs took 7-30 s for the LocalCluster alone: below the bound, no cluster
+    starts, and the records are the cluster's and pytorch-metric-learning's."""
+    X, y = tied_case(5, n_ref=150, dim=3, classes=5)
+    np.savez(tmp_path / "e.npz", X=X, y=y)
+    res = _run(tmp_path / "e.npz", "--cluster", client.scheduler.address, "--out", tmp_path / "cluster.json")
+    assert res.exit_code == 0, res.output
+    calls = _no_cluster(monkeypatch)
+    res = _run(tmp_path / "e.npz", "--queries", 60, "--out", tmp_path / "sample.json")
+    assert res.exit_code == 0 and not calls and "in this process" in res.output, res.output
+    res = _run(tmp_path / "e.npz", "--out", tmp_path / "local.json")
+    assert res.exit_code == 0 and not calls and "in this process" in res.output, res.output
+    assert _values(tmp_path / "local.json") == _values(tmp_path / "cluster.json")
+    ref = pml_accuracy(X, y)
+    for name in ACC:
+        assert _values(tmp_path / "local.json")[name] == pytest.approx(ref[name], abs=1e-9), name
+
+
+def test_a_larger_input_or_a_named_cluster_goes_to_the_cluster(tmp_path, monkeypatch):
+    from metricpipe.commands import assess
+
+    X, y = tied_case(5, n_ref=150, dim=3, classes=5)
+    np.savez(tmp_path / "e.npz", X=X, y=y)
+    calls = _no_cluster(monkeypatch)
+    for option in (["--cluster", "local"], ["--workers", "1"], ["--memory-limit", "2GB"]):
+        res = _run(tmp_path / "e.npz", *option)
+        assert res.exit_code == 2 and "a cluster was started" in res.output, (option, res.output)
+    assert len(calls) == 3
+    monkeypatch.setattr(assess, "IN_PROCESS_VALUES", X.size - 1)  # one value too many
+    res = _run(tmp_path / "e.npz")
+    assert res.exit_code == 2 and len(calls) == 4, res.output
+    monkeypatch.setattr(assess, "IN_PROCESS_VALUES", X.size)
+    monkeypatch.setattr(assess, "IN_PROCESS_PAIRS", len(X) ** 2 - 1)  # every row queries every row
+    res = _run(tmp_path / "e.npz")
+    assert res.exit_code == 2 and len(calls) == 5, res.output

@@ -53,9 +53,9 @@ def test_the_retrieval_sample_is_announced_only_when_there_is_retrieval(client, 
     """evaluate.retrieval: false still logged 'retrieval by a seeded sample of 10,000 ...'."""
     import gc
 
-    from metricpipe.stages.evaluate import protocol
+    from metricpipe.tasks import scoring
 
-    monkeypatch.setattr(protocol, "RETRIEVAL_QUERIES", 50)  # of the 300 test rows
+    monkeypatch.setattr(scoring, "RETRIEVAL_QUERIES", 50)  # of the 300 test rows
     said = {}
     for retrieval in (False, {"k": [1]}):
         cfg = parse_config(

@@ -378,7 +378,7 @@ def test_the_training_curves_and_plots_say_what_they_show():
     for key in ("val_error", "batch", "violations", "hinge"):
         assert f"<b>{key}</b>: {escape(CURVES[key])}" in page
     assert "<b>objective</b>" not in page  # only the quantities drawn
-    assert "baselines dashed; models with equal values draw over each other" in page
+    assert "baselines grey, dashed, with hollow markers; models with equal values draw over each other" in page
 
 
 def test_a_learned_model_a_hair_above_a_baseline_is_a_tie_for_the_winner_too():

@@ -28,7 +28,6 @@ from metricpipe.stages.evaluate.protocol import (
     CLASSIFY_QUERIES,
     EVAL_BUDGET,
     RETRIEVAL_DB_BYTES,
-    RETRIEVAL_QUERIES,
     Protocol,
     fixed_blocks,
     protocols,
@@ -40,6 +39,7 @@ from metricpipe.stages.evaluate.records import view_records
 from metricpipe.store import Unit, hash_key, read_attrs
 from metricpipe.tasks import evaluation, registry
 from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.scoring import RETRIEVAL_QUERIES
 from metricpipe.tasks.validate import class_codes
 
 __all__ = [

@@ -6,7 +6,7 @@ import numpy as np
 from metricpipe.stages.common import TRAIN, StagedRows, cached_estimator
 from metricpipe.stages.evaluate.protocol import RETRIEVAL_DB_BYTES
 from metricpipe.store import open_array, read_rows
-from metricpipe.tasks import evaluation, moments
+from metricpipe.tasks import evaluation, scoring
 
 
 def retrieval_block(
@@ -122,8 +122,7 @@ def read_ncm_model(model_url: str) -> dict | None:
 def class_means(m) -> tuple[np.ndarray, np.ndarray]:
     """(class means (C, d), the class codes with rows): only those compete (the classes a run holds
     out have no train row, the seen ones no held-out row)."""
-    stats = moments.finalize_statistics(m)
-    return stats["class_means"].astype(np.float32), np.flatnonzero(stats["class_counts"] > 0)
+    return scoring.ncm_means(m)
 
 
 def unseen_ncm_model(model_url: str, data_url: str, chunks: list, code: int) -> dict | None:

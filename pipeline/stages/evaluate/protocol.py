@@ -9,20 +9,15 @@ from metricpipe.config import unserved
 from metricpipe.context import StageContext
 from metricpipe.stages.common import TEST, TRAIN, DataInfo
 from metricpipe.store import open_array
-from metricpipe.tasks import evaluation, registry, splits, stream
+from metricpipe.tasks import evaluation, registry, scoring, splits, stream
 
 # Fixed (not worker-count dependent) so that every query meets the same GEMM shapes on any cluster.
 CLASSIFY_QUERIES = 4096
 
 
-# Retrieval ranks the whole test split for each query (the full-ranking mAP): past this many test rows
-# a seeded sample of this many queries does it, unless evaluate.retrieval.queries says otherwise.
-RETRIEVAL_QUERIES = 10_000
-
-
-# k-means for NMI/AMI is fitted on at most this many query rows per class (faiss's default cap, which
-# pytorch-metric-learning's AccuracyCalculator uses), read in one task.
-KMEANS_ROWS_PER_CLASS = 256
+# Retrieval's queries (every test row, or a seeded sample: scoring.RETRIEVAL_QUERIES past that many)
+# and k-means's rows for NMI/AMI (scoring.KMEANS_ROWS_PER_CLASS per class, read in one task) are
+# tasks.scoring's, which evaluate_embeddings applies to codes in memory.
 
 
 # An evaluation task's memory: EVAL_BUDGET bytes beyond its queries, of which a retrieval task
@@ -86,17 +81,13 @@ def _protocol(ctx: StageContext, data: DataInfo, name: str | None, train: int, t
     ev = ctx.config.evaluate
     test = data.rows(test_code)
     of = "" if name is None else f" {name}-class"
-    queries = test  # retrieval queries: every test image, or a seeded sample of them (evaluate.retrieval.queries)
-    n_queries = ev.queries
-    if n_queries is None and len(test) > RETRIEVAL_QUERIES:
-        n_queries = RETRIEVAL_QUERIES
-        if ev.retrieval:  # (retrieval: false: the sample serves the clustering scores alone)
-            ctx.log(
-                f"  evaluate: retrieval by a seeded sample of {n_queries:,} of the {len(test):,}{of} test rows "
-                f"(set evaluate.retrieval.queries to change it)"
-            )
-    if n_queries is not None and n_queries < len(test):
-        queries = np.sort(np.random.default_rng([ctx.config.seed, 31]).choice(test, n_queries, replace=False))
+    # retrieval queries: every test image, or a seeded sample of them (evaluate.retrieval.queries)
+    queries = scoring.retrieval_queries(test, ev.queries, ctx.config.seed)
+    if ev.queries is None and len(queries) < len(test) and ev.retrieval:  # (retrieval: false: the sample
+        ctx.log(  # serves the clustering scores alone)
+            f"  evaluate: retrieval by a seeded sample of {len(queries):,} of the {len(test):,}{of} test rows "
+            f"(set evaluate.retrieval.queries to change it)"
+        )
     # classification: every test image, or a seeded class-stratified sample (evaluate.classification.queries)
     classified = (
         test
@@ -116,13 +107,9 @@ def _protocol(ctx: StageContext, data: DataInfo, name: str | None, train: int, t
     # map@r & co. (test queries against the test set, itself left out): k = the largest class less one
     acc_k = evaluation.accuracy_k(evaluation.relevant_counts(rel_key[queries], rel_key[test], True))
     n_clusters = len(np.unique(data.labels[queries]))
-    km_rows = np.sort(
-        np.random.default_rng([ctx.config.seed, 32]).choice(
-            queries, min(len(queries), KMEANS_ROWS_PER_CLASS * n_clusters), replace=False
-        )
-    )
+    km_rows = scoring.kmeans_rows(queries, n_clusters, ctx.config.seed)
     # the unseen classes' test rows are fewer: retrieval's K beyond them is left out there (K = 1 stays)
-    ks = tuple(k for k in ev.retrieval_k if k < len(test)) or (1,)
+    ks = scoring.retrieval_ks(ev.retrieval_k, len(test))
     return Protocol(
         name, train, test, queries, classified, ks, acc_k, km_rows, n_clusters, ukb, int((data.split == train).sum())
     )
