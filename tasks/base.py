@@ -27,7 +27,9 @@ from sklearn.utils._param_validation import (  # noqa: F401 (re-exported)
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from metricpipe.tasks.code_metric import CodeComparison
 from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.state import StoredState
 from metricpipe.tasks.validate import assume_finite, check_finite_float32
 
 # constraints shared by many learners
@@ -64,7 +66,7 @@ def one_blas_thread():
     return threadpool_limits(1, user_api="blas")
 
 
-class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
+class Learner(StoredState, CodeComparison, ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     """Base of every learner: a scikit-learn transformer the pipeline can feed, store and rebuild.
 
     Subclasses declare ``_parameter_constraints`` and implement ``fit`` and ``_transform(X)`` (the
@@ -193,6 +195,13 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         whatever the others: what a config's checks run per value, so that every bad value of an entry
         is told at once (the checks across parameters run in ``fit``, and on the whole entry after).
 
+        Parameters
+        ----------
+        key : str
+            The parameter's name.
+        value : object
+            Its value.
+
         Raises
         ------
         InvalidParameterError
@@ -317,142 +326,10 @@ class Learner(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     def _transform(self, X):  # pragma: no cover - every subclass implements it
         raise NotImplementedError
 
-    # -- how codes are compared (metric-learn's names: get_metric, pair_distance, pair_score) -----------
-    def code_distance(self, a, b):
-        """How this learner's codes rank neighbours, lower nearer, as metricpipe's kNN, retrieval and
-        evaluation compare them (``code_metric``): the Euclidean distance ``||a - b||`` ("euclidean"),
-        or minus the inner product ``-a . b`` ("inner": SL-NE, SL-DE, sparse projectors; a
-        dissimilarity, not a metric: it can be negative); kernel SLEM: minus Eq. 16's cosine.
-
-        Parameters
-        ----------
-        a, b : array-like of shape (n_codes,) or (n_pairs, n_codes)
-            Two codes, or two arrays of codes compared row by row.
-
-        Returns
-        -------
-        float, or ndarray of shape (n_pairs,)
-        """
-        A, B = np.asarray(a, np.float64), np.asarray(b, np.float64)
-        d = self._code_distances(np.atleast_2d(A), np.atleast_2d(B))
-        return float(d[0]) if A.ndim == 1 and B.ndim == 1 else d
-
-    def _code_distances(self, A: np.ndarray, B: np.ndarray) -> np.ndarray:
-        """code_distance of the rows of A (n, d) and B (n, d), row by row."""
-        if self.code_metric == "inner":
-            return -np.einsum("ij,ij->i", A, B)
-        return np.sqrt(np.einsum("ij,ij->i", A - B, A - B))
-
-    def pair_distance(self, pairs) -> np.ndarray:
-        """:meth:`code_distance` of the codes of each pair of input rows (metric-learn's
-        ``pair_distance``).
-
-        Parameters
-        ----------
-        pairs : array-like of shape (n_pairs, 2, n_features_in_)
-
-        Returns
-        -------
-        ndarray of shape (n_pairs,)
-        """
-        pairs = np.asarray(pairs)
-        if pairs.ndim != 3 or pairs.shape[1] != 2:
-            raise InputError(
-                f"{type(self).__name__}.pair_distance: pairs of shape {pairs.shape}; give (n_pairs, 2, n_features)"
-            )
-        Z = self.transform(pairs.reshape(-1, pairs.shape[-1])).reshape(len(pairs), 2, -1)
-        return self.code_distance(Z[:, 0], Z[:, 1])
-
-    def pair_score(self, pairs) -> np.ndarray:
-        """Minus :meth:`pair_distance`: higher is more similar (metric-learn's ``pair_score``)."""
-        return -self.pair_distance(pairs)
-
-    def get_metric(self):
-        """A function ``d(u, v)`` of two input rows (1-D arrays of ``n_features_in_``): the
-        :meth:`code_distance` of their codes, as metric-learn's ``get_metric``. scikit-learn's
-        neighbour estimators take it on raw features (``KNeighborsClassifier(metric=est.get_metric(),
-        algorithm="brute")``); on codes, :meth:`knn_params` is faster.
-
-        Returns
-        -------
-        callable (u, v) -> float
-        """
-        check_is_fitted(self)
-
-        def metric_fun(u, v):
-            return float(self.pair_distance(np.stack([np.ravel(u), np.ravel(v)])[None])[0])
-
-        return metric_fun
-
-    def knn_params(self) -> dict:
-        """The keyword arguments of scikit-learn's ``KNeighborsClassifier`` / ``NearestNeighbors`` that
-        compare this learner's codes as metricpipe does: ``{"metric": "euclidean"}``, or for codes
-        compared otherwise (``code_metric`` "inner", kernel SLEM) ``{"metric": self.code_distance,
-        "algorithm": "brute"}``. Euclidean distance on inner-product codes finds other neighbours.
-
-        Returns
-        -------
-        dict
-        """
-        if self.code_metric == "euclidean":
-            return {"metric": "euclidean"}
-        return {"metric": self.code_distance, "algorithm": "brute"}
-
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.transformer_tags.preserves_dtype = ["float32"]
         return tags
-
-    # -- storage: the pipeline saves the fitted attributes and rebuilds the estimator from them --------
-    #: the fitted attributes a class adds to its bases' (:meth:`declared_state` collects them): the
-    #: only ones :meth:`from_state` sets, so an array added to a stored model (a store made by
-    #: someone else) cannot change what the rebuilt estimator computes (Identity given ``components_``)
-    fitted_attributes: tuple = ("n_features_in_", "feature_names_in_")
-
-    @classmethod
-    def declared_state(cls) -> frozenset:
-        """Every fitted attribute the class declares (its ``fitted_attributes`` and its bases').
-
-        Returns
-        -------
-        frozenset of str
-        """
-        return frozenset(a for c in cls.__mro__ for a in vars(c).get("fitted_attributes", ()))
-
-    def fitted_state(self) -> dict:
-        """Every fitted attribute (public, ending in ``_``), as the pipeline stores it.
-
-        Returns
-        -------
-        dict of str to object
-            Arrays, scipy sparse arrays, numbers, strings and JSON-able lists/dicts; the pipeline
-            stores arrays in Zarr and the rest as JSON.
-        """
-        check_is_fitted(self)
-        return {k: v for k, v in vars(self).items() if k.endswith("_") and not k.startswith("_")}
-
-    @classmethod
-    def from_state(cls, params: dict, state: dict) -> "Learner":
-        """The fitted estimator from its parameters and :meth:`fitted_state`.
-
-        Parameters
-        ----------
-        params : dict
-            The estimator's parameters (``get_params()``).
-        state : dict
-            Its fitted attributes; one the class does not declare (:meth:`declared_state`) is not set.
-
-        Returns
-        -------
-        Learner
-            The fitted estimator.
-        """
-        est = cls(**params)
-        declared = cls.declared_state()
-        for k, v in state.items():
-            if k in declared:
-                setattr(est, k, v)
-        return est
 
     #: whether ``dim`` starts from the PCA directions (so it cannot exceed the number of features)
     dim_within_features = False
