@@ -9,6 +9,7 @@ import re
 import shlex
 import sys
 import traceback
+import warnings
 
 import click
 
@@ -119,7 +120,7 @@ def stop_interrupted(e: KeyboardInterrupt, kwargs: dict | None = None) -> None:
         echo(f"error: {e}")
         if kwargs and "config" in kwargs:
             echo(f"to resume: {_resume_command(kwargs)} (finished stages are kept)")
-        sys.unraisablehook = _quiet_after_interrupt
+        _quiet_after_interrupt_from_now()
         sys.exit(EXIT_INPUT)
     how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
     ctx = click.get_current_context(silent=True)
@@ -129,8 +130,16 @@ def stop_interrupted(e: KeyboardInterrupt, kwargs: dict | None = None) -> None:
         echo(f"{how}; finished stages are kept, rerun with --resume to continue")
     else:  # encode, evaluate, ...: no --resume (their outputs are written whole or not at all)
         echo(f"{how}; rerun the command to start again")
-    sys.unraisablehook = _quiet_after_interrupt
+    _quiet_after_interrupt_from_now()
     sys.exit(143 if isinstance(e, Terminated) else 130)
+
+
+def _quiet_after_interrupt_from_now() -> None:
+    """The one line said, what the interrupt cut short stays quiet at exit: finalisers
+    (:func:`_quiet_after_interrupt`) and the coroutines of an async read it stopped (zarr's
+    ``open_array``: "coroutine ... was never awaited", seen after the resume hint on a loaded machine)."""
+    sys.unraisablehook = _quiet_after_interrupt
+    warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited", category=RuntimeWarning)
 
 
 def _quiet_after_interrupt(unraisable, _default=sys.unraisablehook) -> None:

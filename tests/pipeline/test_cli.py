@@ -1876,3 +1876,19 @@ def test_repeats_on_the_command_line_overrides_the_config_for_run_and_demo(monke
         "error: --repeats: must be <= 100 (every repeat trains every learned model again), got 101"
     ]
     assert not (tmp_path / "store").exists()
+
+
+def test_an_interrupt_leaves_no_coroutine_warning_after_its_one_line():
+    """After the resume hint, a coroutine the interrupt cut short ("was never awaited", at exit) stays
+    quiet; other runtime warnings still show."""
+    import warnings
+
+    from metricpipe.cli.errors import stop_interrupted
+
+    with warnings.catch_warnings():
+        with pytest.raises(SystemExit):
+            stop_interrupted(KeyboardInterrupt(), None)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.warn("coroutine 'open_array' was never awaited", RuntimeWarning, stacklevel=1)
+            warnings.warn("something else", RuntimeWarning, stacklevel=1)
+        assert [str(w.message) for w in seen] == ["something else"]
