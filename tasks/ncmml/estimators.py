@@ -8,7 +8,7 @@ import numpy as np
 from sklearn.base import ClassifierMixin
 from sklearn.utils.validation import check_is_fitted
 
-from metricpipe.tasks import knn, metrics, moments, stream
+from metricpipe.tasks import knn, madds, metrics, moments, stream
 from metricpipe.tasks.base import COUNT, POSITIVE, Interval, Options, StrOptions, seed_of
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.ncmml.kmeans import class_kmeans
@@ -164,7 +164,14 @@ class NCMML(_NCMClassifier, MetricLearner):
 
     method = "ncmml"
     fitted_attributes = ("val_error_new_classes_", "best_iter_new_classes_")
+
     _parameter_constraints = {**SGD_CONSTRAINTS, "objective": [StrOptions({"euclidean", "dot"})]}
+
+    def _step_cost(self, m, D, K, d, pool):
+        """The dot form (Eq. 27) projects twice, compares in the input space: 5 (m, d, D) GEMMs, 2 (m, K, D)."""
+        if self.objective != "dot":
+            return super()._step_cost(m, D, K, d, pool)
+        return madds.passes(m * D, 6) + 5 * madds.gemm(m, d, D) + 2 * madds.gemm(m, K, D) + 40 * madds.CALL
 
     def __init__(
         self,
@@ -326,6 +333,18 @@ class NCMC(_NCMClassifier, MetricLearner):
         rank = stream.rank(keys, seed, stream.KMEANS)
         pos = stream.stratified_subset(labels, per_class * len(np.unique(labels)), rank, at_least=max(1, at_least))
         return pos[np.argsort(rank[pos], kind="stable")]
+
+    def _n_centroids(self, n_classes: int) -> int:
+        return n_classes * (1 if self.train_centroids == 1 else int(self.centroids))
+
+    def _setup_cost(self, n_rows, D, C, d):
+        """k-means (Section 3.3): k-means++ seeds from each class's sample (k passes over it), then
+        ``kmeans_iters`` Lloyd passes, each reading the rows and comparing them with their class's k."""
+        k, sample = int(self.centroids), min(n_rows, C * self.kmeans_per_class(C, D))
+        seeding = madds.passes(sample * D, 3 * k) + k * C * madds.draws(sample / max(C, 1))
+        lloyd = madds.passes(n_rows * D, 15) + madds.gemm(n_rows, k, D) + 20 * C * madds.CALL
+        lloyd *= int(self.kmeans_iters)
+        return super()._setup_cost(n_rows, D, C, d) + seeding + lloyd
 
     def kmeans_per_class(self, n_classes: int, n_features: int) -> int:
         """Rows per class the k-means++ seeding sample holds: KMEANS_SAMPLE, fewer where the sample
@@ -506,6 +525,27 @@ class KNNML(MetricLearner):
             return {}
         ref = self.reference_rows(rows.labels, keep, rows.keys, self.validation, seed)
         return {"reference": (rows.take(ref), rows.labels[ref])}
+
+    def _step_cost(self, m, D, K, d, pool):
+        """A triplet step (Algorithm 1): the batch drawn from its pool (a pass over the pool's labels
+        per class; fixed targets: each pool's same-class l2 neighbours, shared by its steps), the
+        projections, one sort per query of its distances to the batch, and the gradient 2 W X^T A X
+        (an m x m by m x D GEMM)."""
+        queries = max(2, int(round(2.0 / 3.0 * m)))
+        draw = madds.passes(pool, K + 2) + madds.sort(pool)
+        if self.targets == "fixed":  # l2_targets: per class, its rows among its rows, once per pool
+            per_pool = K * madds.gemm(pool / K, pool / K, D, float32=True) + madds.passes(pool * pool / K, 3)
+            draw += per_pool / max(1, pool // m)
+        gradient = madds.gemm(m, m, D) + 2 * madds.gemm(d, m, D) + madds.passes(m * m, 8)
+        ranking = madds.passes(queries * m, 40)  # lexsort of each query's distances, counts put back
+        if self.targets == "dynamic":  # the k closest positives under W: their distances, sorted
+            ranking += madds.passes(queries * queries, 30)
+        return draw + madds.passes(m * D, 3) + madds.gemm(m, d, D) + ranking + gradient + 60 * madds.CALL
+
+    def _validation_cost(self, n_val, D, K, d):
+        """The validation rows and the reference rows projected, and a k-NN search among the latter."""
+        n_ref = int(self.validation)
+        return madds.gemm(n_val + n_ref, d, D) + madds.passes((n_val + n_ref) * D, 2) + knn.search_cost(n_val, n_ref, d)
 
     def _batches(self, X, y, rng):
         """Triplet batches of ``batch`` rows, 2/3 from one class (Section 4.2), as many as the pool holds."""
