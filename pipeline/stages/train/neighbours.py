@@ -158,3 +158,8 @@ def fed(est, info, cfg, n_train: int) -> Fed:
     anchors = n_train if nb.queries is None else min(n_train, nb.queries)
     rows = n_train if nb.queries is None else min(n_train, nb.queries * (nb.k + 1))
     return Fed(rows, nb.k, anchors, "set neighbours.queries (the sampled rows and their neighbours train it)")
+
+
+def reads(est, info, cfg, n_rows: int) -> int:
+    """Nothing inside the fit: its rows and graph are read before it."""
+    return 0

@@ -56,3 +56,8 @@ def submit(ctx, spec: dict, est, data, stats, neighbours, unit, name: str, fold:
 def fed(est, info, cfg, n_train: int):
     """Pools of one row-block (or two blocks of the user's pairs): nothing beyond a row-block task."""
     return None
+
+
+def reads(est, info, cfg, n_rows: int) -> int:
+    """Nothing beyond the pools the learner reads (its ``fit_cost`` counts them)."""
+    return 0

@@ -127,3 +127,10 @@ def fed(est, info, cfg, n_train: int) -> Fed:
     split = neg.get("split", "train")
     n = int((info.split == SPLIT_NAMES.index(split)).sum()) if split in SPLIT_NAMES else 0
     return Fed(n if neg.get("count") is None else min(n, int(neg["count"])))
+
+
+def reads(est, info, cfg, n_rows: int) -> int:
+    """The row-blocks holding its pool (spread over its split: every block), unless the statistics
+    stage's moments are the pool's (every row of the split, a learner fitted from the covariance)."""
+    every = (est.negatives or {}).get("count") is None
+    return 0 if every and est.needs_dense_covariance else info.n_samples

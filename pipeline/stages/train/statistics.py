@@ -29,3 +29,8 @@ def submit(ctx, spec, est, data, stats, neighbours, unit, name, fold):
 def fed(est, info, cfg, n_train: int):
     """Moments: no task of its fit holds more than the statistics stage's (None: nothing to add)."""
     return None
+
+
+def reads(est, info, cfg, n_rows: int) -> int:
+    """Nothing inside the fit: the statistics are read before it."""
+    return 0

@@ -68,3 +68,8 @@ def submit(ctx, spec, est, data, stats, neighbours, unit, name, fold: Fold):
 def fed(est, info, cfg, n_train: int):
     """Pools of one row-block: nothing beyond a row-block task (None)."""
     return None
+
+
+def reads(est, info, cfg, n_rows: int) -> int:
+    """Nothing beyond the pools the learner reads (its ``fit_cost`` counts them)."""
+    return 0

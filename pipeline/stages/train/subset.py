@@ -37,3 +37,8 @@ def submit(ctx, spec: dict, est, data, stats, neighbours, unit, name: str, fold:
 def fed(est, info, cfg, n_train: int):
     """A bounded subset read in one task (the learner's own bound, ``train_size``): None."""
     return None
+
+
+def reads(est, info, cfg, n_rows: int) -> int:
+    """Its subset is spread over the train rows: every row-block holding them is read."""
+    return info.n_samples
