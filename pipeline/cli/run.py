@@ -81,6 +81,33 @@ def run(
 
 
 @click.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--workers", type=click.IntRange(min=1), help="Number of workers the run will have (overrides config).")
+@click.option(
+    "--rate",
+    type=click.FloatRange(min=0, min_open=True),
+    help="G multiply-adds per second per core to convert costs to time (default: time a GEMM now).",
+)
+@repeats_option
+@handle_errors
+def plan(config, workers, rate, repeats):
+    """List every model and selection candidate a run of CONFIG trains, with the time each takes, before any work.
+
+    Reads the data's header and labels (nothing is staged, no cluster starts): each fit's cost comes
+    from its learner's algorithm and the data's shape, in multiply-adds, turned into seconds by a GEMM
+    timed on this machine. "at most": early stopping decides the steps, the most are counted.
+
+    Example: metricpipe plan examples/fashion-mnist-ncmml.yaml
+    """
+    from metricpipe.commands.plan import plan_lines  # deferred: loads scikit-learn and Zarr
+    from metricpipe.config import load_config  # deferred: loads scikit-learn
+
+    cfg = apply_overrides(load_config(config), None, None, workers, None, repeats)
+    for line in plan_lines(cfg, None if rate is None else rate * 1e9, log=echo):
+        click.echo(line)
+
+
+@click.command()
 @click.option("--store", default="runs/digits", show_default=True, help="Where to write the demo's store.")
 @click.option(
     "--resume/--no-resume",
