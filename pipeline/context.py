@@ -57,15 +57,23 @@ class StageContext:
     # seed -> rows of its shuffled copy that the train stage's SGD learners read at most (None or
     # missing: every row); the train stage sets it before the learners ask for their copy
     shuffle_rows: dict = field(default_factory=dict)
-    # the plan's seconds per task name (the train stage's models), from which progress tells the time left
+    # per stage, (the plan's seconds per task name, the names the plan expects to be submitted): the
+    # train stage's fits, from which its progress tells the time left
     estimates: dict = field(default_factory=dict)
 
     @contextlib.contextmanager
     def stage_progress(self, stage: str):
         """Count every task submitted inside the block as ``stage``'s, on one line; ``log`` goes through
         it meanwhile, so messages do not tear the line."""
+        seconds, planned = self.estimates.get(stage, ({}, ()))
         progress = self.progress = StageProgress(
-            stage, self.log, self.terminal, estimates=self.estimates, slots=self.slots(), running=self.processing
+            stage,
+            self.log,
+            self.terminal,
+            estimates=seconds,
+            planned=planned,
+            slots=self.slots(),
+            running=self.processing,
         )
         log, self.log = self.log, progress.write
         finished = False
@@ -82,6 +90,11 @@ class StageContext:
             return max(1, sum(self.client.nthreads().values()))
         except Exception:  # noqa: BLE001 - a scheduler that does not answer: the config's count
             return max(1, self.config.workers * self.config.threads_per_worker)
+
+    def skip_task(self, name: str) -> None:
+        """Say that a task the plan expected will not run (its unit is reused)."""
+        if self.progress is not None:
+            self.progress.skip(name)
 
     def processing(self) -> set:
         """The keys of the tasks the workers are executing now (the scheduler's answer: a task it has

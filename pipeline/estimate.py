@@ -10,7 +10,7 @@ them into seconds; the run's workers take the fits ``slots`` at a time.
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -86,7 +86,6 @@ class Estimate:
     rate: float
     slots: int
     measured: bool = True  # the rate was timed here (not given)
-    names: dict = field(default_factory=dict)
 
     def seconds(self, madds: float | None) -> float | None:
         return None if madds is None else madds / self.rate
@@ -94,14 +93,25 @@ class Estimate:
     def fit_seconds(self, fit) -> float | None:
         return None if fit.cost is None else self.seconds(fit.cost.madds)
 
-    def task_seconds(self) -> dict:
-        """{train task name: estimated seconds} of the fits (progress tells the time left from them)."""
-        out = {}
+    def progress_estimates(self) -> dict:
+        """{stage: (estimated seconds per task name, the names expected)} from which progress tells the
+        time left: the train stage's fits (a refit is named after the candidate it refits, which is
+        chosen later: each candidate's name has one, none expected)."""
+        seconds, planned = {}, set()
         for f in self.fits:
             s = self.fit_seconds(f)
-            if s is not None and f.role != "refit":  # a refit's name holds the steps it kept: not known yet
-                out[f"train-{registry.model_name(f.spec)}"] = s
-        return out
+            if s is None or f.same_as_earlier:
+                continue
+            if f.role == "refit":
+                for c in self._candidates(f):
+                    seconds[f"train-{registry.model_name(c.spec)}-refit"] = s
+            else:
+                seconds[f"train-{registry.model_name(f.spec)}"] = s
+                planned.add(f"train-{registry.model_name(f.spec)}")
+        return {"train": (seconds, planned)}
+
+    def _candidates(self, refit) -> list:
+        return [f for f in self.fits if (f.n, f.repeat) == (refit.n, refit.repeat) and f.role == "candidate"]
 
     def train_wall(self) -> float | None:
         """Seconds of the train stage on ``slots``: the candidates and models, then the refits (each

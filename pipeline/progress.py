@@ -80,8 +80,9 @@ class StageProgress:
     """The counter of stage ``stage``: ``add`` each submitted future (with its task name), ``write`` log
     lines through it while it is shown, ``close`` it when the stage returns. ``terminal`` picks the
     updating line. ``estimates``: the plan's seconds per task name; ``slots``: tasks that run at once;
-    ``running``: a callable giving the keys of the tasks the workers are processing (None: the oldest
-    unfinished ones, ``slots`` of them); ``clock``: seconds (tests give a fake one); ``heartbeat``: a
+    ``planned``: the names of the tasks the plan expects (counted as left until submitted or
+    skipped); ``running``: a callable giving the keys of the tasks the workers are processing (None:
+    the oldest unfinished ones, ``slots`` of them); ``clock``: seconds (tests give a fake one); ``heartbeat``: a
     thread that calls :meth:`tick` every TICK_SECONDS (tests call it themselves)."""
 
     def __init__(
@@ -91,6 +92,7 @@ class StageProgress:
         terminal: bool = False,
         file=None,
         estimates: dict | None = None,
+        planned=(),
         slots: int = 1,
         running: Callable[[], set] | None = None,
         clock: Callable[[], float] | None = None,
@@ -106,6 +108,7 @@ class StageProgress:
         self._bar = None  # drawn from the first task on: a stage that reuses everything shows no line
         self._said = None  # the last (done, total) written as a plain line
         self._estimates, self._slots, self._running = estimates or {}, max(1, int(slots)), running
+        self._planned = {n for n in planned if n in self._estimates}  # expected, not submitted yet
         self._pending = {}  # key -> task name, in submission order
         self._names, self._names_at = None, None  # the running tasks' names, and when they were asked
         self._finished_known = 0.0  # the estimated seconds of the finished tasks that have one
@@ -122,6 +125,7 @@ class StageProgress:
         with self._lock:
             self.total += 1
             self._pending[_key(future)] = name or ""
+            self._planned.discard(name)
             if self._terminal and self._bar is None and not self._closed:
                 self._bar = self._new_bar()
         future.add_done_callback(self._finished)
@@ -177,6 +181,11 @@ class StageProgress:
                 out.append(n)
         return out
 
+    def skip(self, name: str) -> None:
+        """A task the plan expected that will not be submitted (its result is reused)."""
+        with self._lock:
+            self._planned.discard(name)
+
     def _refresh_names(self, now: float) -> None:
         if self._names_at is None or now - self._names_at >= NAMES_SECONDS:
             self._names, self._names_at = self.running_names(), now
@@ -197,7 +206,7 @@ class StageProgress:
             return self._eta[0]
 
     def _raw_left(self, now: float) -> float | None:
-        left = [self._estimates[n] for n in self._pending.values() if n in self._estimates]
+        left = [self._estimates[n] for n in [*self._pending.values(), *self._planned] if n in self._estimates]
         if left:
             # the plan's seconds run `slots` at a time (the longest one alone at least), at the pace the
             # finished tasks kept against their estimates until the last of them finished (the plan's

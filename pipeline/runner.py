@@ -132,7 +132,7 @@ def _run_locked(store, cfg, resume, log, performance_report, client, force, repa
                 terminal=terminal,
                 forced_by=forced_by,
                 run_id=store.run_id,
-                estimates=est.task_seconds(),
+                estimates=est.progress_estimates(),
             )
             out = _run(ctx, plan, log, result)
             forcing(store, None, resume, log)  # finished: nothing left to continue

@@ -183,6 +183,22 @@ def test_the_time_left_counts_down_between_tasks_and_without_estimates_uses_the_
     p.close(finished=False)
 
 
+def test_the_fits_the_plan_expects_count_as_left_until_submitted_unless_reused():
+    """The first tasks of the train stage copy the rows; the models come after: the time left counts
+    them from the start, and not those the run reuses."""
+    plan = {"train-a": 50.0, "train-b": 30.0, "train-c": 20.0}
+    for reused, left in (((), 100.0), (("train-c",), 80.0)):
+        lines, clock = [], [0.0]
+        p = _progress(clock, lines, estimates=plan, planned=set(plan))
+        for name in reused:
+            p.skip(name)
+        p.add(_Task("copy"), "shuffle-scatter")  # no estimate
+        assert p.seconds_left() == left
+        p.add(_Task("a"), "train-a")  # submitted: counted once
+        assert p.seconds_left() == left
+        p.close(finished=False)
+
+
 def test_without_a_terminal_a_run_names_its_stage_and_the_models_it_trains(client, tmp_path, monkeypatch):
     from metricpipe import progress
 

@@ -199,13 +199,17 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
     ctx.shuffle_rows = _copy_rows([c for p in plans for c in p.cands], len(data.classes))
     # phase 1: every candidate (and every model fitted once) whose entry has no choice yet
     todo, required = _candidates_to_fit(ctx, plans)
+    for p in plans:  # what the plan expected and the run already has: no time left for it
+        for c, u in zip(p.cands, p.cunits):
+            if u.key not in todo:
+                ctx.skip_task(f"train-{model_id(c)}")
     futures = _submit(ctx, todo, data, stats, neighbours)
     scores = _submit_scores(ctx, plans, futures, data)
     _gather_models(ctx, futures, required, data)
     _choose(ctx, plans, scores, data, stats, neighbours)
     # phase 2: the chosen candidates refitted on every train row
     refits, refit_of = _refits(ctx, plans, data, stats, neighbours)
-    trained = _submit(ctx, refits, data, stats, neighbours)
+    trained = _submit(ctx, refits, data, stats, neighbours, refit_of)
     _gather_models(ctx, trained, set(trained), data, refit_of)
     made = set(futures) | set(trained)
     kept = sum(1 for p in plans if p.final.key not in made and not any(u.key in made for u in p.cunits))
@@ -279,12 +283,15 @@ def _with_extensions(ctx, p: _Plan, meta: dict) -> None:
         p.cunits.append(ctx.store.unit("models", row["model"]))
 
 
-def _submit(ctx: StageContext, todo: dict, data, stats, neighbours) -> dict:
+def _submit(ctx: StageContext, todo: dict, data, stats, neighbours, refit_of: dict | None = None) -> dict:
     """Submit the training of every unit of ``todo`` ({key: (spec, unit, fold, plan)}) that is not
-    reusable; returns {key: (spec, unit, future, plan)}."""
+    reusable; returns {key: (spec, unit, future, plan)}. A refit's task (``refit_of``) is named
+    after the candidate it refits: ``train-NAME-refit``."""
     out = {}
     for key, (spec, unit, fold, plan) in todo.items():
+        name = f"{model_id(plan.cands[plan.chosen])}-refit" if refit_of and key in refit_of else model_id(spec)
         if ctx.reuse(unit, "train"):
+            ctx.skip_task(f"train-{name}")
             continue
         unit.begin()
         driver = FEEDERS[registry.feeds(spec["method"], spec)].submit
@@ -293,7 +300,7 @@ def _submit(ctx: StageContext, todo: dict, data, stats, neighbours) -> dict:
             out[key] = (
                 spec,
                 unit,
-                driver(ctx, spec, registry.make(spec), data, stats, neighbours, unit, model_id(spec), fold),
+                driver(ctx, spec, registry.make(spec), data, stats, neighbours, unit, name, fold),
                 plan,
             )
         finally:

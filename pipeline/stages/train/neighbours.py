@@ -150,7 +150,8 @@ def submit(ctx, spec: dict, est, data, stats, neighbours, unit, name: str, fold:
     if not n_members:  # one task fits it
         return ctx.submit(_train_slne, est, spec, *args, unit.url, fold, name=f"train-{name}")
     members = [ctx.submit(_train_member, est, n, *args, fold, name=f"train-{name}-member{n}") for n in range(n_members)]
-    return ctx.submit(_assemble, est, spec, *args, unit.url, fold, *members, name=f"train-{name}-ensemble")
+    # the task that ends in the model carries its name (the plan's estimate of the whole model is its)
+    return ctx.submit(_assemble, est, spec, *args, unit.url, fold, *members, name=f"train-{name}")
 
 
 def fed(est, info, cfg, n_train: int) -> Fed:
