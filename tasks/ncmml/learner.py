@@ -113,9 +113,10 @@ class MetricLearner(Learner):
 
     # -- what a fit costs, before any work (Learner.fit_cost) ---------------------------------------------
     def fit_cost(self, n_rows, n_features, n_classes, k=0, n_val=0) -> madds.FitCost:
-        """``iters`` SGD steps (:meth:`_step_cost` each, the batch read from its pool and its products),
-        a validation every ``validate_every`` of them (:meth:`_validation_cost`), and what the learner
-        does once (:meth:`_setup_cost`); with early stopping an upper bound (it may stop sooner)."""
+        """``iters`` SGD steps (:meth:`_step_cost` each: the batch taken from its pool, its products), the
+        pools read (``iters`` x ``batch`` rows), a validation every ``validate_every`` steps
+        (:meth:`_validation_cost`) and what the learner does once (:meth:`_setup_cost`); with early
+        stopping an upper bound (it may stop sooner)."""
         D, C = n_features, n_classes
         d = self.code_dim(D, C)
         n_v = 0
@@ -130,6 +131,7 @@ class MetricLearner(Learner):
             + int(self.iters) * self._step_cost(int(self.batch), D, self._n_centroids(C), d, pool)
             + checks * self._validation_cost(n_v, D, self._n_centroids(C), d)
             + madds.passes(n_v * D, 2)  # the validation rows read
+            + madds.read(int(self.iters) * int(self.batch) * D)  # the pools read (in the pipeline: decompressed)
         )
         return madds.FitCost(total, bool(self.early_stopping) and self.iters > 0)
 

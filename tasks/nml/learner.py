@@ -113,7 +113,8 @@ class PairLearner(Learner):
         checks = VALIDATIONS + 2 if n_v else 0
         ranking = madds.gemm(n_v, n_v, d, float32=True) + 2 * n_v * madds.sort(n_v) + madds.passes(n_v * n_v, 10)
         check = self._embed_cost(n_v, D, d) + ranking
-        total = madds.FIT + steps * self._step_cost(b, D, d) + madds.passes(rows_read * D, 5) + checks * check
+        pools = madds.read(rows_read * D) + madds.passes(rows_read * D, 4)  # read (decompressed), checked, normalised
+        total = madds.FIT + steps * self._step_cost(b, D, d) + pools + checks * check
         return madds.FitCost(total, n_v > 0 and self.iters > 0)
 
     def _step_cost(self, b: int, D: int, d: int) -> float:  # pragma: no cover - each learner says
