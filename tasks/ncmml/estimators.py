@@ -536,8 +536,8 @@ class KNNML(MetricLearner):
         if self.targets == "fixed":  # l2_targets: per class, its rows among its rows, once per pool
             per_pool = K * madds.gemm(pool / K, pool / K, D, float32=True) + madds.passes(pool * pool / K, 3)
             draw += per_pool / max(1, pool // m)
-        gradient = madds.gemm(m, m, D) + 2 * madds.gemm(d, m, D) + madds.passes(m * m, 8)
-        ranking = madds.passes(queries * m, 40)  # lexsort of each query's distances, counts put back
+        gradient = madds.gemm(m, m, D) + 2 * madds.gemm(d, m, D) + madds.passes(m * m, 16)
+        ranking = madds.passes(queries * m, 50)  # lexsort of each query's distances, counts put back
         if self.targets == "dynamic":  # the k closest positives under W: their distances, sorted
             ranking += madds.passes(queries * queries, 30)
         return draw + madds.passes(m * D, 3) + madds.gemm(m, d, D) + ranking + gradient + 60 * madds.CALL
