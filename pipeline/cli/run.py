@@ -86,7 +86,8 @@ def run(
 @click.option(
     "--rate",
     type=click.FloatRange(min=0, min_open=True),
-    help="G multiply-adds per second per core to convert costs to time (default: time a GEMM now).",
+    help="G multiply-adds per second a task gets, to turn costs into time (default: a GEMM timed on one core "
+    "now, times the share of a core the machine's load leaves).",
 )
 @repeats_option
 @handle_errors
@@ -94,8 +95,10 @@ def plan(config, workers, rate, repeats):
     """List every model and selection candidate a run of CONFIG trains, with the time each takes, before any work.
 
     Reads the data's header and labels (nothing is staged, no cluster starts): each fit's cost comes
-    from its learner's algorithm and the data's shape, in multiply-adds, turned into seconds by a GEMM
-    timed on this machine. "at most": early stopping decides the steps, the most are counted.
+    from its learner's algorithm and the data's shape, in multiply-adds, turned into seconds by the
+    rate a GEMM reaches on one core of this machine and the share of a core its load leaves a task.
+    "at most": early stopping decides the steps, the most are counted; "unknown": the learner does
+    not say.
 
     Example: metricpipe plan examples/fashion-mnist-ncmml.yaml
     """
