@@ -57,12 +57,24 @@ class StageContext:
     # seed -> rows of its shuffled copy that the train stage's SGD learners read at most (None or
     # missing: every row); the train stage sets it before the learners ask for their copy
     shuffle_rows: dict = field(default_factory=dict)
+    # per stage, (the plan's seconds per task name, the names the plan expects to be submitted): the
+    # train stage's fits, from which its progress tells the time left
+    estimates: dict = field(default_factory=dict)
 
     @contextlib.contextmanager
     def stage_progress(self, stage: str):
         """Count every task submitted inside the block as ``stage``'s, on one line; ``log`` goes through
         it meanwhile, so messages do not tear the line."""
-        progress = self.progress = StageProgress(stage, self.log, self.terminal)
+        seconds, planned = self.estimates.get(stage, ({}, ()))
+        progress = self.progress = StageProgress(
+            stage,
+            self.log,
+            self.terminal,
+            estimates=seconds,
+            planned=planned,
+            slots=self.slots(),
+            running=self.processing,
+        )
         log, self.log = self.log, progress.write
         finished = False
         try:
@@ -71,6 +83,23 @@ class StageContext:
         finally:
             progress.close(finished)
             self.log, self.progress = log, None
+
+    def slots(self) -> int:
+        """Tasks the cluster runs at once (its workers' threads; the config's while none has joined)."""
+        try:
+            return max(1, sum(self.client.nthreads().values()))
+        except Exception:  # noqa: BLE001 - a scheduler that does not answer: the config's count
+            return max(1, self.config.workers * self.config.threads_per_worker)
+
+    def skip_task(self, name: str) -> None:
+        """Say that a task the plan expected will not run (its unit is reused)."""
+        if self.progress is not None:
+            self.progress.skip(name)
+
+    def processing(self) -> set:
+        """The keys of the tasks the workers are executing now (the scheduler's answer: a task it has
+        handed to a worker may still wait there behind another)."""
+        return set(self.client.run_on_scheduler(_executing))
 
     def reuse(self, unit, stage: str) -> bool:
         """Whether ``unit`` (of ``stage``) is committed, intact and may be reused; otherwise the caller
@@ -151,7 +180,7 @@ class StageContext:
             fn, *args, key=f"{name}-{self.run_id}-{uuid.uuid4().hex[:6]}", retries=RETRIES, pure=False, **kwargs
         )
         if self.progress is not None:
-            self.progress.add(future)
+            self.progress.add(future, name)
         return future
 
     def gather(
@@ -174,7 +203,7 @@ class StageContext:
         if self.progress is None:  # a stage run alone (tests, `metricpipe stage`): count this call's tasks
             with self.stage_progress(stage) as progress:
                 for f in futures:
-                    progress.add(f)
+                    progress.add(f, task_name(f.key))
                 return self.gather(futures, stage, labels, on_result, fetch)
         labels = labels or [f"task {i}" for i in range(len(futures))]
         where = {f.key: lab for f, lab in zip(futures, labels)}
@@ -213,6 +242,16 @@ class StageContext:
             raise
         check_terminated()
         return [results[f.key] for f in futures] if fetch else None
+
+
+def _executing(dask_scheduler) -> list:
+    """On the scheduler: the keys its workers have said they are executing."""
+    return [ts.key for ws in dask_scheduler.workers.values() for ts in ws.executing]
+
+
+def task_name(key) -> str:
+    """The name :meth:`StageContext.submit` gave a task, from its key (``NAME-RUNID-XXXXXX``)."""
+    return str(key).rsplit("-", 2)[0] if isinstance(key, str) and key.count("-") >= 2 else str(key)
 
 
 class Refused:

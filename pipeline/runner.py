@@ -17,6 +17,7 @@ from metricpipe.cluster import DashboardHostError, connect, dashboard_lines
 from metricpipe.config import SPLIT_NAMES, NeighboursConfig, RunConfig
 from metricpipe.context import StageContext
 from metricpipe.errors import STAGES, StageError, check_terminated
+from metricpipe.estimate import estimate, run_lines
 from metricpipe.report import build_report, package_versions, read_summary, winner_lines
 from metricpipe.stages.evaluate import RETRIEVAL_QUERIES
 from metricpipe.store import MARKER_SUFFIX, Store, to_json
@@ -110,17 +111,8 @@ def _run_locked(store, cfg, resume, log, performance_report, client, force, repa
                 )
             except DashboardHostError as e:  # found as the cluster starts: name the config too
                 raise InputError(f"{cfg.source_file}: {e}") from None
-        if cfg.dashboard is not None or cfg.cluster != "local":
-            for line in dashboard_lines(client):
-                log(line)
-        if cfg.cluster.startswith(("tcp://", "tls://")):  # a running scheduler: its workers are what they are
-            unused = [cfg.setting(k) for k in ("workers", "memory_limit") if k in cfg.overridden or k in cfg.raw]
-            if unused:
-                log(
-                    f"  note: {' and '.join(unused)} apply to a local cluster only; the scheduler at {cfg.cluster} "
-                    f"runs on its own workers"
-                )
         check_memory(client, plan.info, cfg)
+        est = _announce(client, cfg, plan.info, log)  # the plan, before any work; then the dashboard
         worker_log = _log_workers_to_store(client, store) if cfg.cluster == "local" else None
         if performance_report:
             from distributed import performance_report as perf
@@ -140,6 +132,7 @@ def _run_locked(store, cfg, resume, log, performance_report, client, force, repa
                 terminal=terminal,
                 forced_by=forced_by,
                 run_id=store.run_id,
+                estimates=est.progress_estimates(),
             )
             out = _run(ctx, plan, log, result)
             forcing(store, None, resume, log)  # finished: nothing left to continue
@@ -149,6 +142,30 @@ def _run_locked(store, cfg, resume, log, performance_report, client, force, repa
             if worker_log is None:
                 raise
             raise StageError(f"{str(e).splitlines()[0]} (worker tracebacks: {worker_log})") from e
+
+
+def _announce(client, cfg: RunConfig, info, log):
+    """What a run says once its input is checked and its cluster is up, before any work: its plan
+    (each config entry's fits and their time, :mod:`metricpipe.estimate`), then the dashboard's link,
+    then what the config sets that the cluster ignores. Returns the plan."""
+    try:  # the tasks the cluster runs at once: its workers' threads
+        slots = sum(client.nthreads().values()) or None
+    except Exception:  # noqa: BLE001 - a scheduler that does not say: the config's
+        slots = None
+    est = estimate(cfg, info, slots=slots)
+    for line in run_lines(est):
+        log(line)
+    if cfg.dashboard is not None or cfg.cluster != "local":
+        for line in dashboard_lines(client):
+            log(line)
+    if cfg.cluster.startswith(("tcp://", "tls://")):  # a running scheduler: its workers are what they are
+        unused = [cfg.setting(k) for k in ("workers", "memory_limit") if k in cfg.overridden or k in cfg.raw]
+        if unused:
+            log(
+                f"  note: {' and '.join(unused)} apply to a local cluster only; the scheduler at {cfg.cluster} "
+                f"runs on its own workers"
+            )
+    return est
 
 
 # A --force (or --no-resume) run that has not finished: {"stage": its stage, "runs": the run ids of

@@ -27,8 +27,10 @@ from sklearn.utils._param_validation import (  # noqa: F401 (re-exported)
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from metricpipe.tasks import madds
 from metricpipe.tasks.code_metric import CodeComparison
 from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.madds import FitCost
 from metricpipe.tasks.state import StoredState
 from metricpipe.tasks.validate import assume_finite, check_finite_float32
 
@@ -501,6 +503,36 @@ class Learner(StoredState, CodeComparison, ClassNamePrefixFeaturesOutMixin, Tran
             arrays["b"] = np.asarray(b)
         return "affine", arrays, {}
 
+    def fit_cost(self, n_rows: int, n_features: int, n_classes: int, k: int = 0, n_val: int = 0) -> FitCost | None:
+        """What fitting it costs on data of this shape, before any work: multiply-adds in the unit of
+        :mod:`metricpipe.tasks.madds` (a float64 GEMM's), from its algorithm (the steps it takes, the
+        products each makes, the factorisations), ``at_most`` where early stopping decides the steps.
+
+        Parameters
+        ----------
+        n_rows : int
+            The rows its fit is fed (its training rows, its pool of negatives).
+        n_features, n_classes : int
+            The data's dimension and classes.
+        k : int
+            Neighbours per row of the graph it is fed (SL-NE, SL-DE), else 0.
+        n_val : int
+            Validation rows it is given (its early stopping), 0 when it holds its own out.
+
+        Returns
+        -------
+        FitCost or None
+            None when the learner does not say (a plan shows "unknown").
+        """
+        return None
+
+    def transform_cost(self, n_rows: int, n_features: int, n_classes: int) -> float:
+        """Multiply-adds (:mod:`metricpipe.tasks.madds`'s unit) of encoding ``n_rows`` rows, before any
+        fit: a projection to :meth:`code_dim` columns, and the rows read (decompressed) and checked, by
+        default."""
+        projection = madds.gemm(n_rows, self.code_dim(n_features, n_classes), n_features)
+        return projection + madds.passes(n_rows * n_features, 4)
+
     def fit_facts(self) -> dict:
         """Facts of the fit a run records with the model.
 
@@ -537,6 +569,12 @@ class Learner(StoredState, CodeComparison, ClassNamePrefixFeaturesOutMixin, Tran
             pipeline then keeps this fit, whose kept state validation chose, as the final model.
         """
         return {}
+
+    def refits(self, n_rows: int) -> bool:
+        """Before any fit: whether a validated fit on ``n_rows`` rows is followed by a refit on every
+        training row (:meth:`refit_params` not None): yes, unless its fit uses fewer rows than that
+        anyway."""
+        return True
 
     def keeps_distances(self) -> bool:
         """On a fitted learner: whether its codes keep the input's Euclidean distances.

@@ -10,7 +10,7 @@ import warnings
 
 import numpy as np
 
-from metricpipe.tasks import moments
+from metricpipe.tasks import madds, moments
 from metricpipe.tasks.base import DIM_OR_NONE, NON_NEGATIVE, RANDOM_STATE, Learner, seed_of
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.models import LinearModel
@@ -81,6 +81,15 @@ class _StatisticsLearner(LinearCodes, Learner):
         self.fit_meta_ = meta
         return self
 
+    def fit_cost(self, n_rows, n_features, n_classes, k=0, n_val=0) -> madds.FitCost:
+        """The statistics stage computed the moments and the PCA: what is left is the projection's
+        own work (:meth:`_projection_cost`) on the D x D statistics, whatever the rows."""
+        return madds.FitCost(madds.FIT + self._projection_cost(n_features, n_classes))
+
+    def _projection_cost(self, n_features: int, n_classes: int) -> float:
+        """Multiply-adds of :meth:`_projection` and of storing W (D, d) as float32 with its offset."""
+        return madds.passes(n_features * self.code_dim(n_features, n_classes), 2)
+
     def _check_dim(self, limit: int, why: str) -> int:
         if self.dim is not None and self.dim > limit:
             raise InputError(
@@ -108,6 +117,9 @@ class Identity(_StatisticsLearner):
 
     def _projection(self, stats):
         return None, {"dim": int(len(stats["mean"]))}
+
+    def _projection_cost(self, n_features, n_classes):
+        return 0.0
 
 
 class PCA(_StatisticsLearner):
@@ -255,6 +267,10 @@ class LDA(_StatisticsLearner):
                 f"Got {self.dim} instead."
             )
 
+    def _projection_cost(self, n_features, n_classes):
+        """The within-class scatter's eigendecomposition (D x D) and the passes that scale it."""
+        return madds.eigh(n_features) + madds.passes(n_features**2, 6) + madds.gemm(n_classes, n_features, n_features)
+
     def _projection(self, stats):
         counts = np.asarray(stats["class_counts"], np.float64)
         present = counts > 0
@@ -329,6 +345,11 @@ class RandomProjection(_StatisticsLearner):
                 f"information (its codes are the features, mixed)"
             ]
         return []
+
+    def _projection_cost(self, n_features, n_classes):
+        """A normal draw per entry of W (D, d), then the passes that scale and store it."""
+        d = self.resolved_dim(n_features)
+        return madds.draws(n_features * d) + madds.passes(n_features * d, 3)
 
     def _projection(self, stats):
         D = len(stats["mean"])

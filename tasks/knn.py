@@ -9,6 +9,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from metricpipe.tasks import madds
+
 # Distance tiles are (query_tile x db_tile) float32; 512 x 4096 x 4 B = 8 MiB stays in the last-level
 # cache for the passes after the GEMM, which is still large enough to run near peak (measured: 75.7
 # GFLOP/s per process at 512 x 4096 against 69.6 at 1024 x 8192, alone or with a second process).
@@ -491,3 +493,10 @@ def _push_topk_loop(run_d, run_i, qs, d, ids, q_ids):  # pragma: no cover - comp
                 j -= 1
             run_d[q, j] = v
             run_i[q, j] = i
+
+
+def search_cost(n_queries: int, n_database: int, dim: int) -> float:
+    """Multiply-adds of an exact k-NN search of ``n_queries`` rows among ``n_database`` of ``dim``
+    dimensions (:func:`block_topk`): the float32 distance GEMM and the passes that add the norms and
+    select each query's k (:mod:`metricpipe.tasks.madds`'s unit)."""
+    return madds.gemm(n_queries, n_database, dim, float32=True) + madds.passes(n_queries * n_database, 3)

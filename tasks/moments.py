@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from metricpipe.tasks import madds
 from metricpipe.tasks.errors import InputError
 
 
@@ -238,3 +239,14 @@ def pca_statistics(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     float64 and the PCA basis (D, D) as rows, decreasing variance (:func:`finalize_statistics`)."""
     stats = finalize_statistics(partial_moments(X, np.zeros(len(X), np.int64), 1))
     return stats["mean"], stats["pca_components"]
+
+
+def statistics_cost(n_rows: int, n_features: int) -> float:
+    """Multiply-adds of :func:`statistics` over ``n_rows`` rows: the scatter (a D x D GEMM over the
+    rows), the class sums, and the PCA's eigendecomposition (:mod:`metricpipe.tasks.madds`'s unit)."""
+    return (
+        madds.gemm(n_features, n_features, n_rows)
+        + madds.passes(n_rows * n_features, 3)
+        + madds.eigh(n_features)
+        + madds.passes(n_features**2, 6)
+    )

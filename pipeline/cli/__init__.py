@@ -3,7 +3,7 @@
 Only click and the error types load with it: each command imports what it uses (the config, scikit-learn,
 distributed) inside handle_errors, so ``--help`` is quick and a Ctrl-C during those imports gets the
 one-line answer, not a traceback. ``main`` is the group; the commands live by what they work on: ``run``
-(run, demo, stage), ``store`` (inspect, models, report, gc, unlock), ``results`` (encode, export, predict,
+(run, plan, demo, stage), ``store`` (inspect, models, report, gc, unlock), ``results`` (encode, export, predict,
 evaluate, add-classes, synth); ``options`` holds the options they share, ``errors`` how a command ends."""
 
 import signal
@@ -80,6 +80,7 @@ def main(verbose):
 
 for command in (
     run.run,
+    run.plan,
     run.demo,
     run.stage_cmd,
     store.inspect,

@@ -80,6 +80,34 @@ def run(
     )  # progress on stderr, the results on stdout
 
 
+@click.command(epilog=example("metricpipe plan examples/fashion-mnist-ncmml.yaml --workers 2"))
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--workers", type=click.IntRange(min=1), help="Number of workers the run will have (overrides config).")
+@click.option(
+    "--rate",
+    type=click.FloatRange(min=0, min_open=True),
+    help="G multiply-adds per second a task gets, to turn costs into time (default: a GEMM timed on one core "
+    "now, times the share of a core the machine's load leaves).",
+)
+@repeats_option
+@handle_errors
+def plan(config, workers, rate, repeats):
+    """List every model and selection candidate a run of CONFIG trains, with the time each takes, before any work.
+
+    Reads the data's header and labels (nothing is staged, no cluster starts): each fit's cost comes
+    from its learner's algorithm and the data's shape, in multiply-adds, turned into seconds by the
+    rate a GEMM reaches on one core of this machine and the share of a core its load leaves a task.
+    "at most": early stopping decides the steps, the most are counted; "unknown": the learner does
+    not say.
+    """
+    from metricpipe.commands.plan import plan_lines  # deferred: loads scikit-learn and Zarr
+    from metricpipe.config import load_config  # deferred: loads scikit-learn
+
+    cfg = apply_overrides(load_config(config), None, None, workers, None, repeats)
+    for line in plan_lines(cfg, None if rate is None else rate * 1e9, log=echo):
+        click.echo(line)
+
+
 @click.command(epilog=example("metricpipe demo --store /tmp/digits"))
 @click.option("--store", default="runs/digits", show_default=True, help="Where to write the demo's store.")
 @click.option(

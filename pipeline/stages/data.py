@@ -12,7 +12,7 @@ from metricpipe.context import StageContext
 from metricpipe.sources import fingerprint, open_source
 from metricpipe.stages.common import TEST, TRAIN, VAL, DataInfo, commit_timed, write_template
 from metricpipe.store import chunk_rows_for, create_array, hash_key, open_array
-from metricpipe.tasks import registry, splits, stream
+from metricpipe.tasks import madds, registry, splits, stream
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.normalize import normalize_rows
 from metricpipe.tasks.validate import (
@@ -371,3 +371,9 @@ def check_nonnegative_for(cfg, info: DataInfo) -> None:
                 f"kernel), but row {row}, column {col} is {value:g}{staged} ({field}); {fix} or drop "
                 f"{spec['method']}"
             )
+
+
+def work(info, cfg, specs: list) -> float:
+    """Multiply-adds of staging (:mod:`metricpipe.tasks.madds`'s unit): each value read (decompressed),
+    checked, normalised, keyed and written (compressed): about 40 passes, measured on Fashion-MNIST."""
+    return madds.passes(info.n_samples * info.n_features, 40)

@@ -110,3 +110,10 @@ def run_encode(ctx: StageContext, data: DataInfo, models: list) -> list[tuple[di
     for unit, meta in pending:
         commit_timed(ctx, unit, t0, meta)
     return out
+
+
+def work(info, cfg, specs: list) -> float:
+    """Multiply-adds of encoding every row with each model of ``specs`` (each learner says what its
+    transform costs)."""
+    n_classes = len(info.classes or []) or 2
+    return sum(registry.make(s).transform_cost(info.n_samples, info.n_features, n_classes) for s in specs)

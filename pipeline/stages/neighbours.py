@@ -388,3 +388,14 @@ def largest_tasks(info, cfg, limit: float) -> list:
             )
         )
     return out
+
+
+def work(info, cfg, specs: list) -> float | None:
+    """Multiply-adds of the exact graph: every row (or neighbours.queries train rows) searched among the
+    train rows; None for an IVF graph (not estimated)."""
+    nb = cfg.neighbours or NeighboursConfig()
+    n_train = int((info.split == TRAIN).sum())
+    if nb.method == "ivf" or (nb.method == "auto" and n_train > ivf.EXACT_MAX_TRAIN):
+        return None
+    queries = info.n_samples if nb.queries is None else min(nb.queries, n_train)
+    return knn.search_cost(queries, n_train, info.n_features)

@@ -85,3 +85,11 @@ def largest_tasks(info, cfg, limit: float) -> list:
             f"set statistics.max_dense_dim below {D} (randomized PCA) or raise memory_limit",
         )
     ]
+
+
+def work(info, cfg, specs: list) -> float | None:
+    """Multiply-adds of the stage (:mod:`metricpipe.tasks.madds`'s unit): the moments of the train rows
+    and the PCA; None past statistics.max_dense_dim (randomized PCA: not estimated)."""
+    if info.n_features > cfg.statistics.max_dense_dim:
+        return None
+    return moments.statistics_cost(int((info.split == TRAIN).sum()), info.n_features)

@@ -8,7 +8,7 @@ import numpy as np
 from sklearn.base import ClassifierMixin
 from sklearn.utils.validation import check_is_fitted
 
-from metricpipe.tasks import moments, stream
+from metricpipe.tasks import madds, moments, stream
 from metricpipe.tasks.base import COUNT, Options, StrOptions, seed_of
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.ncmml.kmeans import class_kmeans
@@ -227,7 +227,14 @@ class NCMML(_NCMClassifier, MetricLearner):
 
     method = "ncmml"
     fitted_attributes = ("val_error_new_classes_", "best_iter_new_classes_")
+
     _parameter_constraints = {**SGD_CONSTRAINTS, "objective": [StrOptions({"euclidean", "dot"})]}
+
+    def _step_cost(self, m, D, K, d, pool):
+        """The dot form (Eq. 27) projects twice, compares in the input space: 5 (m, d, D) GEMMs, 2 (m, K, D)."""
+        if self.objective != "dot":
+            return super()._step_cost(m, D, K, d, pool)
+        return madds.passes(m * D, 6) + 5 * madds.gemm(m, d, D) + 2 * madds.gemm(m, K, D) + 40 * madds.CALL
 
     def __init__(
         self,
@@ -402,6 +409,18 @@ class NCMC(_NCMClassifier, MetricLearner):
         rank = stream.rank(keys, seed, stream.KMEANS)
         pos = stream.stratified_subset(labels, per_class * len(np.unique(labels)), rank, at_least=max(1, at_least))
         return pos[np.argsort(rank[pos], kind="stable")]
+
+    def _n_centroids(self, n_classes: int) -> int:
+        return n_classes * (1 if self.train_centroids == 1 else int(self.centroids))
+
+    def _setup_cost(self, n_rows, D, C, d):
+        """k-means (Section 3.3): k-means++ seeds from each class's sample (k passes over it), then
+        ``kmeans_iters`` Lloyd passes, each reading the rows and comparing them with their class's k."""
+        k, sample = int(self.centroids), min(n_rows, C * self.kmeans_per_class(C, D))
+        seeding = madds.passes(sample * D, 3 * k) + k * C * madds.draws(sample / max(C, 1))
+        lloyd = madds.passes(n_rows * D, 15) + madds.gemm(n_rows, k, D) + 20 * C * madds.CALL
+        lloyd *= int(self.kmeans_iters)
+        return super()._setup_cost(n_rows, D, C, d) + seeding + lloyd
 
     def kmeans_per_class(self, n_classes: int, n_features: int) -> int:
         """Rows per class the k-means++ seeding sample holds: KMEANS_SAMPLE, fewer where the sample

@@ -5,7 +5,7 @@ from numbers import Integral
 
 import numpy as np
 
-from metricpipe.tasks import knn, metrics, moments, stream
+from metricpipe.tasks import knn, madds, metrics, moments, stream
 from metricpipe.tasks.base import COUNT, POSITIVE, Interval, StrOptions
 from metricpipe.tasks.ncmml.learner import SGD_CONSTRAINTS, MetricLearner
 from metricpipe.tasks.ncmml.sgd import MetricSGD
@@ -105,6 +105,27 @@ class KNNML(MetricLearner):
             return {}
         ref = self.reference_rows(rows.labels, keep, rows.keys, self.validation, seed)
         return {"reference": (rows.take(ref), rows.labels[ref])}
+
+    def _step_cost(self, m, D, K, d, pool):
+        """A triplet step (Algorithm 1): the batch drawn from its pool (a pass over the pool's labels
+        per class; fixed targets: each pool's same-class l2 neighbours, shared by its steps), the
+        projections, one sort per query of its distances to the batch, and the gradient 2 W X^T A X
+        (an m x m by m x D GEMM)."""
+        queries = max(2, int(round(2.0 / 3.0 * m)))
+        draw = madds.passes(pool, K + 2) + madds.sort(pool)
+        if self.targets == "fixed":  # l2_targets: per class, its rows among its rows, once per pool
+            per_pool = K * madds.gemm(pool / K, pool / K, D, float32=True) + madds.passes(pool * pool / K, 3)
+            draw += per_pool / max(1, pool // m)
+        gradient = madds.gemm(m, m, D) + 2 * madds.gemm(d, m, D) + madds.passes(m * m, 16)
+        ranking = madds.passes(queries * m, 50)  # lexsort of each query's distances, counts put back
+        if self.targets == "dynamic":  # the k closest positives under W: their distances, sorted
+            ranking += madds.passes(queries * queries, 30)
+        return draw + madds.passes(m * D, 3) + madds.gemm(m, d, D) + ranking + gradient + 60 * madds.CALL
+
+    def _validation_cost(self, n_val, D, K, d):
+        """The validation rows and the reference rows projected, and a k-NN search among the latter."""
+        n_ref = int(self.validation)
+        return madds.gemm(n_val + n_ref, d, D) + madds.passes((n_val + n_ref) * D, 2) + knn.search_cost(n_val, n_ref, d)
 
     def _batches(self, X, y, rng):
         """Triplet batches of ``batch`` rows, 2/3 from one class (Section 4.2), as many as the pool holds."""

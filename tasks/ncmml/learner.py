@@ -7,7 +7,7 @@ from numbers import Integral, Real
 
 import numpy as np
 
-from metricpipe.tasks import moments, stream
+from metricpipe.tasks import madds, moments, stream
 from metricpipe.tasks.base import (
     COUNT,
     DIM_OR_NONE,
@@ -110,6 +110,49 @@ class MetricLearner(Learner):
             return None
         held = int(self.validation) + int(n_classes) if self.early_stopping else 0
         return int(self.iters) * int(self.batch) + held
+
+    # -- what a fit costs, before any work (Learner.fit_cost) ---------------------------------------------
+    def fit_cost(self, n_rows, n_features, n_classes, k=0, n_val=0) -> madds.FitCost:
+        """``iters`` SGD steps (:meth:`_step_cost` each: the batch taken from its pool, its products), the
+        pools read (``iters`` x ``batch`` rows), a validation every ``validate_every`` steps
+        (:meth:`_validation_cost`) and what the learner does once (:meth:`_setup_cost`); with early
+        stopping an upper bound (it may stop sooner)."""
+        D, C = n_features, n_classes
+        d = self.code_dim(D, C)
+        n_v = 0
+        if self.early_stopping:  # the given validation rows, else a share of the training rows held out
+            n_v = min(int(self.validation), n_val if n_val else n_rows // 5)
+        fit_rows = n_rows - (0 if n_val else n_v)
+        checks = int(self.iters) // int(self.validate_every) + 1 if n_v else 0
+        pool = min(stream.block_rows_for(D), max(1, fit_rows))  # the rows of a pool
+        total = (
+            madds.FIT
+            + self._setup_cost(fit_rows, D, C, d)
+            + int(self.iters) * self._step_cost(int(self.batch), D, self._n_centroids(C), d, pool)
+            + checks * self._validation_cost(n_v, D, self._n_centroids(C), d)
+            + madds.passes(n_v * D, 2)  # the validation rows read
+            + madds.read(int(self.iters) * int(self.batch) * D)  # the pools read (in the pipeline: decompressed)
+        )
+        return madds.FitCost(total, bool(self.early_stopping) and self.iters > 0)
+
+    def _n_centroids(self, n_classes: int) -> int:
+        """The centroids its gradient and validation compare with: a mean per class."""
+        return n_classes
+
+    def _step_cost(self, m: int, D: int, K: int, d: int, pool: int) -> float:
+        """One SGD step on a batch of ``m`` rows (read from its ``pool``, float64) for the gradient of
+        Eq. 10 (24-25) against K centroids: the projections, the posteriors (summed per class by an
+        unbuffered add) and the four GEMMs of the gradient."""
+        gemms = 2 * madds.gemm(m, d, D) + madds.gemm(m, K, D) + 4 * madds.gemm(d, K, D)
+        return madds.passes(m * D, 5) + madds.passes(m * K, 40) + gemms + 40 * madds.CALL
+
+    def _validation_cost(self, n_val: int, D: int, K: int, d: int) -> float:
+        """One early-stopping check: the validation rows projected and classified among K centroids."""
+        return madds.passes(n_val * D, 1) + madds.gemm(n_val, d, D) + madds.passes(n_val * K, 4)
+
+    def _setup_cost(self, n_rows: int, D: int, C: int, d: int) -> float:
+        """What a fit does once besides its steps (none here: W starts from the statistics' PCA)."""
+        return madds.passes(d * D, 2)
 
     def fit(self, X, y, X_val=None, y_val=None, block_rows=None):
         """Learn W from rows X with labels y by minibatch SGD, from the PCA directions of X.

@@ -3,7 +3,7 @@
 import numpy as np
 from sklearn.utils.validation import check_is_fitted
 
-from metricpipe.tasks import moments
+from metricpipe.tasks import madds, moments
 from metricpipe.tasks.base import COUNT, DIM_OR_NONE
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.nml.kernels import TINY, check_nonnegative, chi2_embed
@@ -83,6 +83,19 @@ class NML(PairLearner):
     search_space_when = {("optimizer", "sgd"): {"lr": [10.0, 1.0, 100.0, 1000.0]}}
 
     method = "nml"
+
+    def _step_cost(self, b, D, d):
+        """The chi2 embedding of the batch's 2b rows with its gradient: memory-bound passes over a
+        (d, 2b, D) float32 array (|l| + |x|, the division, the product, the square, the reduction),
+        Adam's update of L (d, D), and the step's calls."""
+        update = madds.passes(d * D, 10 if self.optimizer == "adam" else 3)
+        return madds.passes(d * 2 * b * D, 1.6) + update + 100 * madds.CALL
+
+    def _embed_cost(self, n, D, d):
+        return madds.passes(d * n * D, 0.8)
+
+    def transform_cost(self, n_rows, n_features, n_classes):
+        return self._embed_cost(n_rows, n_features, int(self.dim)) + madds.passes(n_rows * n_features, 4)
 
     def code_dim(self, n_features: int, n_classes: int) -> int:
         return int(self.dim)  # L's rows: any number, whatever the features
@@ -226,6 +239,14 @@ class LinearML(PairLearner):
         return "affine", {"W": self.L_.T}, {}
 
     _kind = "linear"
+
+    def _step_cost(self, b, D, d):
+        """The batch's differences projected, the gradient's GEMM and the update of L (d, D)."""
+        return madds.passes(b * D, 4) + 2 * madds.gemm(b, d, D) + madds.passes(d * D, 3) + 60 * madds.CALL
+
+    def _embed_cost(self, n, D, d):
+        return madds.gemm(n, d, D)
+
     _parameter_constraints = {**PAIR_CONSTRAINTS, "dim": DIM_OR_NONE}
     dim_within_features = True
     DEFAULT_DIM = 64

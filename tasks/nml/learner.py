@@ -4,7 +4,7 @@ from numbers import Integral, Real
 
 import numpy as np
 
-from metricpipe.tasks import moments, stream
+from metricpipe.tasks import madds, moments, stream
 from metricpipe.tasks.base import (
     COUNT,
     DIM,
@@ -101,6 +101,27 @@ class PairLearner(Learner):
 
     def validates(self) -> bool:
         return self.validation > 0
+
+    def fit_cost(self, n_rows, n_features, n_classes, k=0, n_val=0) -> madds.FitCost:
+        """``iters`` / ``batch`` steps (:meth:`_step_cost` each), the pools read (``iters`` / ``pairs``
+        passes over the rows), and with validation 22 checks (the rows embedded, each querying the
+        others, fully ranked); with validation an upper bound (early stopping may stop sooner)."""
+        D, d, b = n_features, self.code_dim(n_features, n_classes), int(self.batch)
+        steps = -(-int(self.iters) // b)
+        n_v = min(int(self.validation), n_val if n_val else n_rows // 5) if self.validates() else 0
+        rows_read = int(self.iters) / int(self.pairs) * max(1, n_rows - (0 if n_val else n_v))
+        checks = VALIDATIONS + 2 if n_v else 0
+        ranking = madds.gemm(n_v, n_v, d, float32=True) + 2 * n_v * madds.sort(n_v) + madds.passes(n_v * n_v, 10)
+        check = self._embed_cost(n_v, D, d) + ranking
+        pools = madds.read(rows_read * D) + madds.passes(rows_read * D, 4)  # read (decompressed), checked, normalised
+        total = madds.FIT + steps * self._step_cost(b, D, d) + pools + checks * check
+        return madds.FitCost(total, n_v > 0 and self.iters > 0)
+
+    def _step_cost(self, b: int, D: int, d: int) -> float:  # pragma: no cover - each learner says
+        raise NotImplementedError
+
+    def _embed_cost(self, n: int, D: int, d: int) -> float:  # pragma: no cover - each learner says
+        raise NotImplementedError
 
     def start(self, statistics: dict) -> tuple:
         """(L's start rows or None for the seeded default, the rows' RMS norm ``lr`` is read by) from the

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from metricpipe.tasks import moments
+from metricpipe.tasks import madds, moments
 from metricpipe.tasks.base import COUNT, NON_NEGATIVE, RANDOM_STATE, seed_of
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.slem.linear import unit_rows
@@ -112,6 +112,17 @@ class ESVM(PoolLearner):
         self.batch = batch
         self.negatives = negatives
         self.random_state = random_state
+
+    def fit_cost(self, n_rows, n_features, n_classes, k=0, n_val=0) -> madds.FitCost:
+        """The fit keeps the pool (a copy, its scale): the SVMs are trained per image as it is encoded."""
+        return madds.FitCost(madds.FIT + madds.passes(n_rows * n_features, 6))
+
+    def transform_cost(self, n_rows, n_features, n_classes):
+        """An SVM per row: ``epochs`` x pool / ``batch`` SGD steps, each two (rows, batch, D) GEMMs."""
+        n = int((self.negatives or {}).get("count") or 5000)
+        steps = max(1, int(self.epochs) * n // int(self.batch))
+        b, D = int(self.batch), n_features
+        return steps * (2 * madds.gemm(n_rows, b, D) + madds.passes(n_rows * D, 6) + madds.passes(b * D, 2))
 
     def _fit_pool(self, Xneg):
         if len(Xneg) < 2:

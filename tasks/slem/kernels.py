@@ -8,6 +8,7 @@ import numpy as np
 import scipy.linalg as sla
 from sklearn.utils.validation import check_is_fitted
 
+from metricpipe.tasks import madds
 from metricpipe.tasks.base import NON_NEGATIVE, POSITIVE, Interval, StrOptions
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.slem.linear import factor, inverse_from_cholesky, regularised_covariance, solve
@@ -267,6 +268,38 @@ class KernelSLEM(PoolLearner):
         self.rank = rank
         self.decomposition = decomposition
         self.negatives = negatives
+
+    def _rank(self, n: int) -> int:
+        return n if self.rank == "full" else min(int(self.rank), n)
+
+    def fit_cost(self, n_rows, n_features, n_classes, k=0, n_val=0) -> madds.FitCost:
+        """On a pool of n = ``n_rows`` images: the n x n kernel matrix and its factor (Cholesky and the
+        triangular inverse, or KPCA's r leading eigenvectors: a tridiagonal reduction of n^3), or ICD's
+        r kernel columns; then A_B = B^T B / n (r x r) and its Cholesky factor."""
+        n, D, r = n_rows, n_features, self._rank(n_rows)
+        if self.decomposition == "icd":
+            factor = r * (madds.passes(n * D, 2) + madds.gemm(n, 1, r) + madds.passes(n, 8))
+        else:
+            kernel = madds.gemm(n, n, D) + madds.passes(n * n, 4)
+            if self.decomposition == "cholesky":
+                factor = kernel + 2 * madds.cholesky(n)
+            else:
+                factor = kernel + 2.5 * n**3 + madds.gemm(r, n, 1)
+        solve = madds.gemm(r, r, n) + madds.cholesky(r) + madds.passes(r * r, 6)
+        return madds.FitCost(madds.FIT + madds.passes(n * D, 6) + factor + solve)
+
+    def transform_cost(self, n_rows, n_features, n_classes):
+        """Per row its kernel with the pool (or ICD's pivots), v = P k and the two triangular solves."""
+        n = int((self.negatives or {}).get("count") or 5000)
+        r = self._rank(n)
+        kept = r if self.decomposition == "icd" else n
+        return (
+            madds.gemm(n_rows, kept, n_features)
+            + madds.passes(n_rows * kept, 4)
+            + madds.gemm(n_rows, r, kept)
+            + madds.gemm(n_rows, r, r)
+            + madds.passes(n_rows * n_features, 4)
+        )
 
     def _fit_pool(self, Xneg):
         Xneg = np.asarray(Xneg, np.float64)

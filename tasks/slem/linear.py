@@ -5,7 +5,7 @@ import numpy as np
 import scipy.linalg as sla
 from sklearn.utils.validation import check_is_fitted
 
-from metricpipe.tasks import moments
+from metricpipe.tasks import madds, moments
 from metricpipe.tasks.base import NON_NEGATIVE, StrOptions
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.slem.pool import PoolLearner, check_negatives
@@ -137,6 +137,19 @@ class SLEM(PoolLearner):
 
     def _fit_pool(self, Xneg):  # the pool in memory is one block of the streamed moments
         return self._fit_blocks([Xneg])
+
+    def fit_cost(self, n_rows, n_features, n_classes, k=0, n_val=0) -> madds.FitCost:
+        """The pool's mean and covariance (a D x D GEMM over its ``n_rows`` rows; none when the pool is
+        every row of its split, whose moments the statistics stage has), A of Eq. 6 and its Cholesky
+        factor."""
+        D = n_features
+        moments_cost = 0.0 if (self.negatives or {}).get("count") is None else madds.gemm(D, D, n_rows)
+        factor = madds.cholesky(D) + madds.passes(D * D, 6)
+        return madds.FitCost(madds.FIT + moments_cost + madds.passes(n_rows * D, 2) + factor)
+
+    def transform_cost(self, n_rows, n_features, n_classes):
+        """Two triangular solves per row (A^-1 (x - mu)) and the rows read."""
+        return madds.gemm(n_rows, n_features, n_features) + madds.passes(n_rows * n_features, 6)
 
     def fit_blocks(self, blocks):
         """Fit on the pool given as row blocks, folded one at a time (tasks.moments partial ->

@@ -6,6 +6,7 @@ from numbers import Integral
 import numpy as np
 from sklearn.utils.validation import check_is_fitted
 
+from metricpipe.tasks import madds
 from metricpipe.tasks.base import (
     COUNT,
     NON_NEGATIVE,
@@ -57,6 +58,34 @@ class Bilinear(Learner):
 
     def _input_dim(self, n_features: int) -> int:
         return min(self.input_dim or n_features, n_features)
+
+    def solver_cost(self, n_rows: int, p: int, k: int, n_val: int) -> float:
+        """Multiply-adds of Algorithm 1 (:func:`~metricpipe.tasks.slne.solver.learn_similarity`) on
+        ``n_rows`` rows of ``p`` dimensions with ``k`` neighbours each: the symmetrised neighbourhoods
+        (a sort of their 2 n k edges), then per epoch a batch of ``batch`` rows at a time: x^T M for the
+        batch, its edges' scores and the most violating pair of each row (a sort of its edges), the
+        rank-``batch`` update of M and its symmetrisation (passes over p x p); per epoch with
+        ``n_val`` validation rows, their soft vote."""
+        b, E = int(self.batch), int(self.epochs)
+        edges = 1.5 * k * b  # a row's symmetrised neighbourhood: its k and those listing it
+        batch = (
+            2 * madds.gemm(b, p, p, float32=True)
+            + madds.passes(p * p, 4)
+            + madds.passes(edges * p, 2)
+            + madds.passes(edges, 100)  # Eq. 7: two lexsorts of the edges by (row, score)
+            + 150 * madds.CALL
+        )
+        graph = madds.sort(2 * n_rows * k) + madds.passes(2 * n_rows * k, 10)
+        validation = madds.gemm(n_val, p, p, float32=True) + madds.passes(n_val * k * p, 2) if n_val else 0.0
+        return graph + E * (-(-n_rows // b) * batch + validation) + validation
+
+    def fit_cost(self, n_rows, n_features, n_classes, k=0, n_val=0) -> madds.FitCost:
+        """Algorithm 1 on the training rows in the input space (:meth:`solver_cost`) and the factor
+        of M (an eigendecomposition); the epochs are all taken (validation picks one afterwards)."""
+        p = self._input_dim(n_features)
+        k = k or int(self.n_neighbors)
+        n_val = min(n_val, 2000)  # (the pipeline's VALIDATION_ROWS at most)
+        return madds.FitCost(madds.FIT + self.solver_cost(n_rows, p, k, n_val) + madds.eigh(p))
 
     def code_dim(self, n_features: int, n_classes: int) -> int:
         """``dim``, else the input space's width (``input_dim``, default every feature; an upper bound:

@@ -96,15 +96,16 @@ def fit_member(
 
     Returns
     -------
-    M_n : (d, d) float32; meta : {"history", "seconds", "samples_per_second"}.
+    M_n : (d, d) float32; meta : {"history", "seconds", "cpu_seconds" (this thread's), "samples_per_second"}.
     """
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     validate = None if validation is None else softvote_validator(*validation, Zn, y)
     M, history = learn_similarity(Zn, y, graph, **params, seed=seed, offset=offset, M0=M0, validate=validate)
     seconds = time.perf_counter() - t0
     return M, {
         "history": history,
         "seconds": seconds,
+        "cpu_seconds": time.thread_time() - c0,
         "samples_per_second": params.get("epochs", 3) * len(Zn) / max(seconds, 1e-9),
     }
 

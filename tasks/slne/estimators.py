@@ -5,6 +5,7 @@ from numbers import Integral
 
 import numpy as np
 
+from metricpipe.tasks import madds
 from metricpipe.tasks.base import (
     COUNT,
     DIM_OR_NONE,
@@ -317,6 +318,18 @@ class SLDE(Bilinear):
         self.random_state = random_state
 
     # -- what the pipeline maps over its workers ----------------------------------------------------------
+    def fit_cost(self, n_rows, n_features, n_classes, k=0, n_val=0):
+        """Each member's Algorithm 1 in its ``member_dim`` dimensions (the members' fits add up,
+        wherever they run), then the ensemble assembled: M_E = sum P_n^T M_n P_n and each member's
+        factor."""
+        p = self._input_dim(n_features)
+        d, members = self.member_size(p), self.n_members(p)
+        k = k or int(self.n_neighbors)
+        each = self.solver_cost(n_rows, d, k, min(n_val, 2000)) + madds.eigh(d)
+        assemble = members * (madds.gemm(p, d, d) + madds.gemm(p, p, d))
+        refine = members * self.solver_cost(n_rows, d, k, 0) if self.refine else 0.0
+        return madds.FitCost(madds.FIT + members * each + assemble + refine)
+
     def member_params(self, n: int | None = None) -> dict:
         """The SL-NE solver parameters member ``n`` uses (the ``params`` of :func:`fit_member`): its
         ``member_epochs`` entry where given (None: the parameters every member shares)."""

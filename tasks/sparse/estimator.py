@@ -7,7 +7,7 @@ import numpy as np
 import scipy.sparse
 from sklearn.utils.validation import check_array, check_is_fitted
 
-from metricpipe.tasks import evaluation, stream
+from metricpipe.tasks import evaluation, madds, stream
 from metricpipe.tasks.base import COUNT, DIM_OR_NONE, NON_NEGATIVE, RANDOM_STATE, Interval, Learner, StrOptions, seed_of
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.models import LinearModel
@@ -295,6 +295,37 @@ class SparseProjector(Learner):
 
     def validates(self) -> bool:
         return self.validation > 0
+
+    def refits(self, n_rows: int) -> bool:
+        """No refit when ``train_size`` caps the subset of the ``n_rows`` fit rows (:meth:`refit_params`)."""
+        return n_rows < int(self.train_size)
+
+    def fit_cost(self, n_rows, n_features, n_classes, k=0, n_val=0) -> madds.FitCost:
+        """Algorithm 1 on its subset of N = ``train_size`` rows: per iteration the objective over all N
+        queries (an N x N score matrix), the gradient of ``queries`` of them and a golden-section
+        search of up to 20 evaluations, each a projection of the subset; 50 history entries (the
+        training mAP, each query ranking the others) and, with validation, as many checks of the
+        validation rows' mAP. With validation an upper bound (it may stop sooner)."""
+        D = n_features
+        R = min(self.resolved_dim(D), D)
+        n_v = min(int(self.validation), n_val if n_val else n_rows // 5) if self.validates() else 0
+        N = max(2, min(int(self.train_size), n_rows - (0 if n_val else n_v)))
+        P = min(int(self.queries), N)
+        iters = int(self.max_iter) if self.stop_iter is None else min(int(self.max_iter), int(self.stop_iter))
+        project = madds.gemm(N, R, D)
+        objective = project + madds.gemm(N, N, R) + madds.passes(N * N, 30)
+        gradient = project + 2 * madds.gemm(P, N, R) + madds.gemm(P, N, D) + 2 * madds.gemm(D, P, R)
+        search = 20 * (project + madds.gemm(P, N, R) + madds.passes(P * N, 30) + R * madds.sort(D))
+        iteration = objective + gradient + search + madds.passes(P * N, 30) + 200 * madds.CALL
+        entries = min(iters, 50) + 1
+
+        def ranked(n):  # every row querying the others, fully ranked (a few calls per query)
+            scores = madds.gemm(n, R, D) + madds.gemm(n, n, R) + madds.passes(n * n, 20)
+            return scores + n * (2 * madds.sort(n) + 20 * madds.CALL)
+
+        start = madds.gemm(N, N, D) + madds.passes(N * N, 5) + madds.passes(N * D, 4)
+        total = madds.FIT + start + iters * iteration + entries * (ranked(N) + (ranked(n_v) if n_v else 0.0))
+        return madds.FitCost(total, n_v > 0 and iters > 0)
 
     def fit_facts(self) -> dict:
         return {"final": self.history_[-1], "best_iter": self.best_iter_, "val_map": self.val_map_}

@@ -55,11 +55,11 @@ def test_without_a_terminal_each_stage_logs_plain_lines_of_one_count_over_all_it
     tasks = _stage_tasks(tmp_path / "store")
     assert tasks["evaluate"] >= 2 * len(METHODS) and tasks["encode"] >= len(METHODS)  # gathered per model
     for stage, n in tasks.items():
-        counts = [m for m in logs if m.startswith(f"  {stage}: ") and m.endswith(" tasks done")]
+        counts = [m for m in logs if re.match(rf"  {stage}: \d+/\d+ tasks done", m)]
         if n <= 4:  # a stage of a few tasks says nothing until it completes (as before)
             assert not counts
             continue
-        assert counts and counts[-1] == f"  {stage}: {n}/{n} tasks done", (stage, counts)
+        assert counts and counts[-1].startswith(f"  {stage}: {n}/{n} tasks done ("), (stage, counts)
         assert len(counts) <= 3, counts  # at most every few seconds: not one line per model or per task
 
 
@@ -69,7 +69,7 @@ def test_a_plain_count_is_not_written_twice(monkeypatch):
 
     lines, clock = [], [0.0]
     monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
-    p = progress.StageProgress("train", lines.append)
+    p = progress.StageProgress("train", lines.append, heartbeat=False)
 
     class Done:
         def add_done_callback(self, fn):
@@ -82,7 +82,134 @@ def test_a_plain_count_is_not_written_twice(monkeypatch):
         clock[0] = 6.0 * (i + 1)  # each finishes past the plain line's interval
         t.fn(t)
     p.close()
-    assert lines == [f"  train: {i}/6 tasks done" for i in range(1, 7)]
+    assert [ln.split(" (")[0] for ln in lines] == [f"  train: {i}/6 tasks done" for i in range(1, 7)]
+
+
+class _Task:
+    """A fake future: a key, and the done-callback the progress gives it (called to finish it)."""
+
+    def __init__(self, key):
+        self.key = key
+
+    def add_done_callback(self, fn):
+        self.fn = fn
+
+    def finish(self):
+        self.fn(self)
+
+
+def _progress(clock, lines, **kw):
+    from metricpipe.progress import StageProgress
+
+    return StageProgress("train", lines.append, clock=lambda: clock[0], heartbeat=False, **kw)
+
+
+def test_without_a_terminal_a_heartbeat_names_what_runs_at_least_every_30_s_while_no_task_finishes():
+    """A run printed 'train: 26/49 tasks done' and then nothing for over 6 minutes."""
+    from metricpipe.progress import HEARTBEAT_SECONDS
+
+    lines, clock = [], [0.0]
+    p = _progress(clock, lines, slots=2)
+    tasks = [_Task(f"k{i}") for i in range(3)]
+    for t, name in zip(tasks, ["train-ncmml-32", "train-knnml-32-lr0.1", "train-nml-64"]):
+        p.add(t, name)
+    for second in range(1, 91):  # 90 s of ticks (one a second), no task finishing
+        clock[0] = float(second)
+        p.tick()
+    assert HEARTBEAT_SECONDS <= 30
+    assert [ln.split(" (")[0] for ln in lines] == ["  train: 0/3 tasks done"] * 3  # at 25, 50, 75 s
+    assert lines[0] == "  train: 0/3 tasks done (25 s; running ncmml-32, knnml-32-lr0.1)", lines[0]
+    assert "1 min 15 s" in lines[2]  # the elapsed time
+    p.close(finished=False)
+
+
+def test_the_running_tasks_are_those_the_scheduler_says_execute():
+    lines, clock = [], [0.0]
+    tasks = [_Task(f"k{i}") for i in range(3)]
+    p = _progress(clock, lines, slots=2, running=lambda: {"k2"})
+    for t, name in zip(tasks, ["train-a", "train-b", "train-c"]):
+        p.add(t, name)
+    assert p.running_names() == ["c"]
+    p.close(finished=False)
+
+
+def _eta_run(estimates: dict, order: list, durations: dict, slots: int = 1) -> list:
+    """(the time left shown after each task finishes, the true time left then) for tasks run one at a
+    time in ``order``, each taking ``durations`` seconds."""
+    lines, clock = [], [0.0]
+    p = _progress(clock, lines, slots=slots, estimates={f"train-{k}": v for k, v in estimates.items()})
+    tasks = {k: _Task(k) for k in order}
+    for k in order:
+        p.add(tasks[k], f"train-{k}")
+    out, total = [], sum(durations.values())
+    for k in order:
+        clock[0] += durations[k]
+        tasks[k].finish()
+        out.append((p.seconds_left(), total - clock[0]))
+    p.close(finished=False)
+    return out
+
+
+def test_the_time_left_follows_the_plan_not_the_pace_of_the_last_tasks():
+    """Short tasks first, then long ones: a rate of the last few tasks said 1 minute, then 22."""
+    estimates = {"a": 2.0, "b": 2.0, "c": 2.0, "d": 100.0, "e": 100.0, "f": 2.0}
+    for slower in (1.3, 0.7):  # the machine runs slower (faster) than planned
+        shown = _eta_run(estimates, list(estimates), {k: slower * v for k, v in estimates.items()})
+        for left, true in shown[:4]:  # while a long task remains
+            assert 0.6 * true <= left <= 1.5 * true, shown
+        # what the pace of the finished tasks alone would say after the short ones: 3 tasks x 2.6 s
+        assert shown[2][0] > 10 * 3 * 2.0 * slower
+
+
+def test_the_time_left_counts_down_between_tasks_and_without_estimates_uses_the_stage_pace():
+    lines, clock = [], [0.0]
+    p = _progress(clock, lines, estimates={"train-a": 60.0, "train-b": 60.0})
+    a, b = _Task("a"), _Task("b")
+    p.add(a, "train-a")
+    p.add(b, "train-b")
+    assert p.seconds_left() == 120.0  # the plan's, before anything finished
+    clock[0] = 30.0
+    assert p.seconds_left() == pytest.approx(90.0)  # counting down
+    p.close(finished=False)
+    lines, clock = [], [0.0]
+    p = _progress(clock, lines)  # no estimates: nothing to say until a task finished, then its pace
+    tasks = [_Task(i) for i in range(4)]
+    for t in tasks:
+        p.add(t, "encode-block")
+    assert p.seconds_left() is None and "left" not in p.status()
+    clock[0] = 10.0
+    tasks[0].finish()
+    assert p.seconds_left() == pytest.approx(30.0)
+    p.close(finished=False)
+
+
+def test_the_fits_the_plan_expects_count_as_left_until_submitted_unless_reused():
+    """The first tasks of the train stage copy the rows; the models come after: the time left counts
+    them from the start, and not those the run reuses."""
+    plan = {"train-a": 50.0, "train-b": 30.0, "train-c": 20.0}
+    for reused, left in (((), 100.0), (("train-c",), 80.0)):
+        lines, clock = [], [0.0]
+        p = _progress(clock, lines, estimates=plan, planned=set(plan))
+        for name in reused:
+            p.skip(name)
+        p.add(_Task("copy"), "shuffle-scatter")  # no estimate
+        assert p.seconds_left() == left
+        p.add(_Task("a"), "train-a")  # submitted: counted once
+        assert p.seconds_left() == left
+        p.close(finished=False)
+
+
+def test_without_a_terminal_a_run_names_its_stage_and_the_models_it_trains(client, tmp_path, monkeypatch):
+    from metricpipe import progress
+
+    monkeypatch.setattr(progress, "PLAIN_SECONDS", 0.0)  # a line for every finished task
+    monkeypatch.setattr(progress, "NAMES_SECONDS", 0.0)
+    logs = []
+    run_pipeline(parse_config(_raw(tmp_path), where="cfg.yaml"), client=client, log=logs.append)
+    train = [m for m in logs if m.startswith("  train: ") and "tasks done" in m]
+    assert train, logs
+    named = [m for m in train if re.search(r"running .*(identity|pca-4|pca-6|random-4)", m)]
+    assert named, train
 
 
 def test_on_a_terminal_each_stage_is_one_line_rewritten_in_place_up_to_its_total(tmp_path):

@@ -37,7 +37,7 @@ from metricpipe.stages.evaluate.protocol import (
 )
 from metricpipe.stages.evaluate.records import view_records
 from metricpipe.store import Unit, hash_key, read_attrs
-from metricpipe.tasks import evaluation, registry
+from metricpipe.tasks import evaluation, knn, madds, registry
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.scoring import RETRIEVAL_QUERIES
 from metricpipe.tasks.validate import class_codes
@@ -383,3 +383,20 @@ def largest_tasks(info, cfg, limit: float) -> list:
             )
         )
     return out
+
+
+def work(info, cfg, specs: list) -> float:
+    """Multiply-adds of scoring the codes of each model of ``specs``: classification, the classified
+    test rows searched among the train rows; retrieval, each query's distances to the test rows, fully
+    ranked (the mAP's)."""
+    ev, n_classes = cfg.evaluate, len(info.classes or []) or 2
+    n_train, n_test = int((info.split == TRAIN).sum()), int((info.split == TEST).sum())
+    total = 0.0
+    for spec in specs:
+        d = registry.make(spec).view_dim(info.n_features, n_classes)
+        if ev.classifiers:
+            total += knn.search_cost(min(ev.classify_queries or n_test, n_test), n_train, d)
+        if ev.retrieval:
+            q = min(ev.queries if ev.queries is not None else RETRIEVAL_QUERIES, n_test)
+            total += knn.search_cost(q, n_test, d) + q * madds.sort(n_test)
+    return total

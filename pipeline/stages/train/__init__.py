@@ -18,6 +18,7 @@ from metricpipe.context import StageContext
 from metricpipe.folds import Fold, borrow_seed, borrowing, fold_split
 from metricpipe.stages.common import DataInfo, labels_list
 from metricpipe.stages.train import neighbours, pairs, pool, select, statistics, stream, subset
+from metricpipe.stages.train.fits import entry_fits, planned_fits
 from metricpipe.store import Unit, hash_key
 from metricpipe.tasks import registry
 from metricpipe.tasks.base import seed_of
@@ -61,6 +62,12 @@ def largest_tasks(info, cfg, limit: float) -> list:
     return out
 
 
+def fits(info, cfg) -> tuple:
+    """(the rows its fits see, every fit with its cost) of the train stage of ``cfg`` on ``info``, before
+    any work (:func:`~metricpipe.stages.train.fits.planned_fits`, fed as this stage's feeders feed)."""
+    return planned_fits(info, cfg, FEEDERS)
+
+
 def model_key(spec: dict, stats: Unit, neighbours: Unit | None, data: DataInfo, fold: Fold = Fold()) -> str:
     inputs = {"stage": "model", "spec": spec, "statistics": stats.key, "data": data.unit.key, **fold.key()}
     if registry.feeds(spec["method"], spec) == "neighbours":  # (what its fit reads)
@@ -91,15 +98,6 @@ class _Plan:
     refit: bool = False  # refit the chosen candidate on every train row (its rows were borrowed)
     chosen: int | None = None  # the candidate kept, once known
     final: Unit | None = None  # the model kept (the chosen candidate, or its refit)
-
-
-def repeat_spec(spec: dict, repeat: int) -> dict:
-    """The entry's spec for repeat ``repeat``: a learner with a seed gets ``random_state`` + repeat
-    (repeat 0 is the entry as written); one without keeps its spec (its repeats differ only by the
-    rows a selection borrows)."""
-    if repeat == 0 or "random_state" not in registry.defaults(registry.estimator_class(spec["method"], spec)):
-        return spec
-    return {**spec, "random_state": seed_of(spec.get("random_state")) + repeat}
 
 
 def _copy_rows(specs: list, n_classes: int) -> dict:
@@ -168,33 +166,26 @@ def _plans(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit | No
         )
         ctx.log(f"  train: the data has no validation rows ({why}), so parameters keep their defaults")
     plans = []
-    for r, (fold, split) in enumerate(folds):
-        for n, entry in enumerate(ctx.config.methods):
-            spec = repeat_spec(entry, r)
-            cands = registry.candidates(spec)
-            validated = has_val and (len(cands) > 1 or registry.make(cands[0]).validates())
-            if has_val and r == 0:
-                _note_val_classes(ctx, data, split, n, spec)
-            if not validated:  # nothing to choose or stop on: one model on every train row
-                cands, fold_n = cands[:1], Fold()
-            else:
-                fold_n = fold
-            refit = validated and fold_n.borrow is not None and (spec.get("select") or {}).get("refit", True)
-            plan = _Plan(
-                n,
-                r,
-                spec,
-                fold_n,
-                cands,
-                [ctx.store.unit("models", model_key(c, stats, neighbours, data, fold_n)) for c in cands],
-                refit=refit,
+    for e in entry_fits(ctx.config.methods, ctx.config.repeats, has_val, borrowed):
+        fold, split = folds[e.repeat]
+        if has_val and e.repeat == 0:
+            _note_val_classes(ctx, data, split, e.n, e.spec)
+        fold_n = fold if e.validated else Fold()  # nothing to choose or stop on: one model on every train row
+        plan = _Plan(
+            e.n,
+            e.repeat,
+            e.spec,
+            fold_n,
+            list(e.cands),
+            [ctx.store.unit("models", model_key(c, stats, neighbours, data, fold_n)) for c in e.cands],
+            refit=e.refit,
+        )
+        if len(e.cands) > 1:
+            plan.sel_unit = ctx.store.unit(
+                "selection",
+                select.selection_key(plan.cunits, e.spec["select"]["metric"], ctx.config.seed, ctx.config),
             )
-            if len(cands) > 1:
-                plan.sel_unit = ctx.store.unit(
-                    "selection",
-                    select.selection_key(plan.cunits, spec["select"]["metric"], ctx.config.seed, ctx.config),
-                )
-            plans.append(plan)
+        plans.append(plan)
     return plans
 
 
@@ -208,13 +199,17 @@ def run_train(ctx: StageContext, data: DataInfo, stats: Unit, neighbours: Unit |
     ctx.shuffle_rows = _copy_rows([c for p in plans for c in p.cands], len(data.classes))
     # phase 1: every candidate (and every model fitted once) whose entry has no choice yet
     todo, required = _candidates_to_fit(ctx, plans)
+    for p in plans:  # what the plan expected and the run already has: no time left for it
+        for c, u in zip(p.cands, p.cunits):
+            if u.key not in todo:
+                ctx.skip_task(f"train-{model_id(c)}")
     futures = _submit(ctx, todo, data, stats, neighbours)
     scores = _submit_scores(ctx, plans, futures, data)
     _gather_models(ctx, futures, required, data)
     _choose(ctx, plans, scores, data, stats, neighbours)
     # phase 2: the chosen candidates refitted on every train row
     refits, refit_of = _refits(ctx, plans, data, stats, neighbours)
-    trained = _submit(ctx, refits, data, stats, neighbours)
+    trained = _submit(ctx, refits, data, stats, neighbours, refit_of)
     _gather_models(ctx, trained, set(trained), data, refit_of)
     made = set(futures) | set(trained)
     kept = sum(1 for p in plans if p.final.key not in made and not any(u.key in made for u in p.cunits))
@@ -288,12 +283,15 @@ def _with_extensions(ctx, p: _Plan, meta: dict) -> None:
         p.cunits.append(ctx.store.unit("models", row["model"]))
 
 
-def _submit(ctx: StageContext, todo: dict, data, stats, neighbours) -> dict:
+def _submit(ctx: StageContext, todo: dict, data, stats, neighbours, refit_of: dict | None = None) -> dict:
     """Submit the training of every unit of ``todo`` ({key: (spec, unit, fold, plan)}) that is not
-    reusable; returns {key: (spec, unit, future, plan)}."""
+    reusable; returns {key: (spec, unit, future, plan)}. A refit's task (``refit_of``) is named
+    after the candidate it refits: ``train-NAME-refit``."""
     out = {}
     for key, (spec, unit, fold, plan) in todo.items():
+        name = f"{model_id(plan.cands[plan.chosen])}-refit" if refit_of and key in refit_of else model_id(spec)
         if ctx.reuse(unit, "train"):
+            ctx.skip_task(f"train-{name}")
             continue
         unit.begin()
         driver = FEEDERS[registry.feeds(spec["method"], spec)].submit
@@ -302,7 +300,7 @@ def _submit(ctx: StageContext, todo: dict, data, stats, neighbours) -> dict:
             out[key] = (
                 spec,
                 unit,
-                driver(ctx, spec, registry.make(spec), data, stats, neighbours, unit, model_id(spec), fold),
+                driver(ctx, spec, registry.make(spec), data, stats, neighbours, unit, name, fold),
                 plan,
             )
         finally:

@@ -89,7 +89,7 @@ def _train_slne(est, spec, data_url, stats_url, graph_url, chunks, model_url, fo
     split = fold_split(data_url, fold)
     Z, y, graph = _inputs(data_url, graph_url, chunks, to_space, split)
     val = _validation(data_url, graph_url, to_space, split) if est.validates() else None
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     est.fit_space(Z, y, graph, mean, components, *(val or ()))
     seconds = time.perf_counter() - t0
     return save_model(
@@ -97,6 +97,7 @@ def _train_slne(est, spec, data_url, stats_url, graph_url, chunks, model_url, fo
         est,
         spec,
         seconds,
+        cpu_seconds=time.thread_time() - c0,
         samples_per_second=est.epochs * len(Z) / max(seconds, 1e-9),
         best_epoch=est.best_epoch(),
     )
@@ -124,7 +125,7 @@ def _assemble(est, spec, data_url, stats_url, graph_url, chunks, model_url, fold
     Z = y = graph = None
     if est.refine:
         Z, y, graph = _inputs(data_url, graph_url, chunks, est.input_map(mean, components), fold_split(data_url, fold))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     est.assemble(list(members), mean, components, Z, y, graph)
     metas = [meta for _, meta in members]
     seconds = sum(m["seconds"] for m in metas) + time.perf_counter() - t0
@@ -133,6 +134,7 @@ def _assemble(est, spec, data_url, stats_url, graph_url, chunks, model_url, fold
         est,
         spec,
         seconds,
+        cpu_seconds=sum(m.get("cpu_seconds", 0.0) for m in metas) + time.thread_time() - c0,
         members=len(metas),
         member_seconds=[m["seconds"] for m in metas],
         samples_per_second=float(np.mean([m["samples_per_second"] for m in metas])),
@@ -148,7 +150,8 @@ def submit(ctx, spec: dict, est, data, stats, neighbours, unit, name: str, fold:
     if not n_members:  # one task fits it
         return ctx.submit(_train_slne, est, spec, *args, unit.url, fold, name=f"train-{name}")
     members = [ctx.submit(_train_member, est, n, *args, fold, name=f"train-{name}-member{n}") for n in range(n_members)]
-    return ctx.submit(_assemble, est, spec, *args, unit.url, fold, *members, name=f"train-{name}-ensemble")
+    # the task that ends in the model carries its name (the plan's estimate of the whole model is its)
+    return ctx.submit(_assemble, est, spec, *args, unit.url, fold, *members, name=f"train-{name}")
 
 
 def fed(est, info, cfg, n_train: int) -> Fed:
@@ -158,3 +161,8 @@ def fed(est, info, cfg, n_train: int) -> Fed:
     anchors = n_train if nb.queries is None else min(n_train, nb.queries)
     rows = n_train if nb.queries is None else min(n_train, nb.queries * (nb.k + 1))
     return Fed(rows, nb.k, anchors, "set neighbours.queries (the sampled rows and their neighbours train it)")
+
+
+def reads(est, info, cfg, n_rows: int) -> int:
+    """Nothing inside the fit: its rows and graph are read before it."""
+    return 0

@@ -31,12 +31,12 @@ def _train_user_pairs(
         [order[np.searchsorted(row[order], open_array(f"{data_url}/{k}")[:])] for k in ("pair_i", "pair_j")], axis=1
     )
     y = open_array(f"{data_url}/pair_y")[:]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     est.fit_pair_blocks(
         pairs, y, lambda b: features[b * block_rows : (b + 1) * block_rows], n, block_rows, D, init, scale
     )
     seconds = time.perf_counter() - t0
-    return save_model(model_url, est, spec, seconds, **fit_facts(est, seconds))
+    return save_model(model_url, est, spec, seconds, cpu_seconds=time.thread_time() - c0, **fit_facts(est, seconds))
 
 
 def submit(ctx, spec: dict, est, data, stats, neighbours, unit, name: str, fold: Fold):
@@ -56,3 +56,8 @@ def submit(ctx, spec: dict, est, data, stats, neighbours, unit, name: str, fold:
 def fed(est, info, cfg, n_train: int):
     """Pools of one row-block (or two blocks of the user's pairs): nothing beyond a row-block task."""
     return None
+
+
+def reads(est, info, cfg, n_rows: int) -> int:
+    """Nothing beyond the pools the learner reads (its ``fit_cost`` counts them)."""
+    return 0

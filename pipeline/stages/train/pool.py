@@ -90,7 +90,7 @@ def _train(est, spec: dict, data_url: str, stats_url: str, chunks, model_url: st
             f"{getattr(est, 'kernel', '')} (it holds the pool, and kernel SLEM its n x n kernel "
             f"matrix; decomposition icd has no such matrix); lower negatives.count"
         )
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     try:
         if linear and fold.borrow is None and neg["split"] == "train" and len(rows) == np.count_nonzero(split == TRAIN):
             stats, _ = load_arrays(stats_url)  # the statistics stage's moments
@@ -103,12 +103,13 @@ def _train(est, spec: dict, data_url: str, stats_url: str, chunks, model_url: st
             est.fit_pool(_gather(data_url, rows))
     except InputError as e:
         raise InputError(f"{where}: {e}") from None
-    offline = time.perf_counter() - t0
+    offline, cpu = time.perf_counter() - t0, time.thread_time() - c0
     sample = _gather(data_url, rows[:ONLINE_SAMPLE])
     t1 = time.perf_counter()
     est.transform(sample)
     online = (time.perf_counter() - t1) / len(sample)
-    return save_model(model_url, est, spec, offline, offline_seconds=offline, online_seconds_per_image=online, **facts)
+    facts.update(cpu_seconds=cpu, offline_seconds=offline, online_seconds_per_image=online)
+    return save_model(model_url, est, spec, offline, **facts)
 
 
 def submit(ctx, spec: dict, est, data, stats, neighbours, unit, name: str, fold: Fold):
@@ -127,3 +128,10 @@ def fed(est, info, cfg, n_train: int) -> Fed:
     split = neg.get("split", "train")
     n = int((info.split == SPLIT_NAMES.index(split)).sum()) if split in SPLIT_NAMES else 0
     return Fed(n if neg.get("count") is None else min(n, int(neg["count"])))
+
+
+def reads(est, info, cfg, n_rows: int) -> int:
+    """The row-blocks holding its pool (spread over its split: every block), unless the statistics
+    stage's moments are the pool's (every row of the split, a learner fitted from the covariance)."""
+    every = (est.negatives or {}).get("count") is None
+    return 0 if every and est.needs_dense_covariance else info.n_samples

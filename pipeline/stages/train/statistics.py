@@ -9,9 +9,9 @@ from metricpipe.store import load_arrays, save_model
 
 def _fit(est, spec: dict, stats_url: str, model_url: str) -> dict:
     stats, _ = load_arrays(stats_url)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     est.fit_statistics(stats)
-    return save_model(model_url, est, spec, time.perf_counter() - t0)
+    return save_model(model_url, est, spec, time.perf_counter() - t0, cpu_seconds=time.thread_time() - c0)
 
 
 def submit(ctx, spec, est, data, stats, neighbours, unit, name, fold):
@@ -29,3 +29,8 @@ def submit(ctx, spec, est, data, stats, neighbours, unit, name, fold):
 def fed(est, info, cfg, n_train: int):
     """Moments: no task of its fit holds more than the statistics stage's (None: nothing to add)."""
     return None
+
+
+def reads(est, info, cfg, n_rows: int) -> int:
+    """Nothing inside the fit: the statistics are read before it."""
+    return 0

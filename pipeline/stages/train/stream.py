@@ -33,10 +33,10 @@ def _train(
     est = clone(est)  # fitted here, never the caller's object (a threaded worker shares it)
     stats = load_arrays(stats_url, est.reads_statistics)[0]
     rows = StoreRows(data_url, fold, chunks, copy_url, block_rows)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     est.fit_rows(rows, stats, labels=names)
     seconds = time.perf_counter() - t0
-    return save_model(model_url, est, spec, seconds, **fit_facts(est, seconds))
+    return save_model(model_url, est, spec, seconds, cpu_seconds=time.thread_time() - c0, **fit_facts(est, seconds))
 
 
 def fit_facts(est, seconds: float) -> dict:
@@ -68,3 +68,8 @@ def submit(ctx, spec, est, data, stats, neighbours, unit, name, fold: Fold):
 def fed(est, info, cfg, n_train: int):
     """Pools of one row-block: nothing beyond a row-block task (None)."""
     return None
+
+
+def reads(est, info, cfg, n_rows: int) -> int:
+    """Nothing beyond the pools the learner reads (its ``fit_cost`` counts them)."""
+    return 0
