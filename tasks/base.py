@@ -527,9 +527,21 @@ class Learner(StoredState, CodeComparison, ClassNamePrefixFeaturesOutMixin, Tran
         return None
 
     def transform_cost(self, n_rows: int, n_features: int, n_classes: int) -> float:
-        """Multiply-adds (:mod:`metricpipe.tasks.madds`'s unit) of encoding ``n_rows`` rows, before any
-        fit: a projection to :meth:`code_dim` columns, and the rows read (decompressed) and checked, by
-        default."""
+        """What encoding rows costs, before any fit: a projection to :meth:`code_dim` columns, and the
+        rows read (decompressed) and checked, by default.
+
+        Parameters
+        ----------
+        n_rows : int
+            The rows encoded.
+        n_features, n_classes : int
+            The data's dimension and classes.
+
+        Returns
+        -------
+        float
+            Multiply-adds in the unit of :mod:`metricpipe.tasks.madds`.
+        """
         projection = madds.gemm(n_rows, self.code_dim(n_features, n_classes), n_features)
         return projection + madds.passes(n_rows * n_features, 4)
 
@@ -571,9 +583,19 @@ class Learner(StoredState, CodeComparison, ClassNamePrefixFeaturesOutMixin, Tran
         return {}
 
     def refits(self, n_rows: int) -> bool:
-        """Before any fit: whether a validated fit on ``n_rows`` rows is followed by a refit on every
-        training row (:meth:`refit_params` not None): yes, unless its fit uses fewer rows than that
-        anyway."""
+        """Before any fit: whether a validated fit is followed by a refit on every training row.
+
+        Parameters
+        ----------
+        n_rows : int
+            The rows the validated fit is given.
+
+        Returns
+        -------
+        bool
+            True (:meth:`refit_params` will not be None), unless its fit uses fewer rows than
+            ``n_rows`` anyway.
+        """
         return True
 
     def keeps_distances(self) -> bool:
