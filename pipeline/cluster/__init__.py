@@ -7,6 +7,7 @@ scheduler   a running scheduler (tcp://, tls://): TLS settings, the handshake ch
 spec        a spec file's SLURM or Kubernetes cluster; the SLURM spec and job checks
 watch       WorkerWatch: stop a run that has had no worker for wait_timeout seconds
 dashboard   where the dashboard listens and the link printed for it
+heap        HeapTemporaries: workers' numpy temporaries from the heap, not fresh pages
 """
 
 from metricpipe.cluster.connection import cluster_client, comm_failure, connect

@@ -3,6 +3,7 @@ and watched, with a failed connection between its members one line."""
 
 import contextlib
 
+from metricpipe.cluster.heap import HeapTemporaries
 from metricpipe.cluster.local import local_client
 from metricpipe.cluster.scheduler import scheduler_client
 from metricpipe.cluster.spec import spec_cluster_client
@@ -76,4 +77,5 @@ def cluster_client(
     else:
         connected = spec_cluster_client(cluster, workers)
     with connected as client, WorkerWatch(client, cluster, wait_timeout):
+        client.register_plugin(HeapTemporaries())
         yield client
