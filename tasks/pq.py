@@ -111,8 +111,15 @@ def train(X: np.ndarray, M: int, metric: str = "l2", rotate: bool = False, seed:
     quantiser.do_polysemous_training = False
     quantiser.pq.cp.seed = int(seed)
     quantiser.pq.cp.min_points_per_centroid = 1  # a small sample is legal: no warning on stderr
+    rotation = faiss.downcast_VectorTransform(index.chain.at(0)) if rotate else None
+    if rotation is not None:  # OPQ's own k-means, as it makes it but seeded and quiet on a small sample
+        inner = faiss.ProductQuantizer(rotation.d_out, M, BITS)
+        inner.cp.seed, inner.cp.min_points_per_centroid = int(seed), 1
+        rotation.pq = inner
     with one_thread():  # bit-reproducible: faiss's k-means sums in thread order
         index.train(X)
+    if rotation is not None:
+        rotation.pq = None  # (``inner`` goes with this call)
     return faiss.serialize_index(index)
 
 
