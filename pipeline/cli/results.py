@@ -317,6 +317,7 @@ def encode(store, data, model, out, features, labels, ids, cluster, workers, mem
     epilog=example(
         "metricpipe export runs/digits --model 3f2a --npz model.npz",
         "metricpipe export runs/digits --model 3f2a --faiss codes.faiss --split test",
+        "metricpipe export runs/digits --model 3f2a --faiss pq8.faiss --pq 8",
     )
 )
 @click.argument("store")
@@ -335,22 +336,40 @@ def encode(store, data, model, out, features, labels, ids, cluster, workers, mem
     help="Which rows go into the faiss index (test: the database the run's retrieval searched).",
 )
 @click.option(
+    "--pq",
+    "pq_bytes",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --faiss: the run's encoded database of M bytes per vector (a size of its encode.pq: the "
+    "product quantiser the evaluation searched) instead of the float codes.",
+)
+@click.option(
     "--npz",
     "npz_path",
     type=click.Path(dir_okay=False),
     help="Write the model as plain arrays + model_json (apply it with numpy: see the README).",
 )
 @handle_errors
-def export(store, model, faiss_path, split, npz_path):
+def export(store, model, faiss_path, split, pq_bytes, npz_path):
     """Export a model of STORE: its codes as a faiss index, or the model as arrays usable without metricpipe."""
     from metricpipe.commands.export import check_out, export_faiss, export_npz  # deferred: loads scikit-learn and Zarr
 
     if not faiss_path and not npz_path:
         raise InputError("metricpipe export: nothing to write; give --faiss PATH and/or --npz PATH")
+    if pq_bytes is not None and not faiss_path:
+        raise InputError(f"--pq {pq_bytes}: names the encoded database --faiss writes; give --faiss PATH too")
     for p, opt, formats in ((faiss_path, "--faiss", (".faiss", ".index")), (npz_path, "--npz", (".npz",))):
         if p:
             check_out(p, opt, formats, store=store)
-    if faiss_path:
+    if faiss_path and pq_bytes is not None:
+        from metricpipe.commands.encoded import export_encoded  # deferred: loads faiss
+
+        r = export_encoded(store, model, faiss_path, split, pq_bytes)
+        echo(
+            f"faiss index ({r['index']}, {r['bytes_per_vector']} bytes per vector, {r['metric']}) of "
+            f"{r['rows']:,} {split} rows of model {r['model']}'s encoded database in {faiss_path}"
+        )
+    elif faiss_path:
         r = export_faiss(store, model, faiss_path, split)
         echo(
             f"faiss index ({r['index']}, {r['metric']}) of {r['rows']:,} {split} codes of model {r['model']} "
