@@ -100,11 +100,11 @@ def quality_html(section: dict | None) -> str:
     if not section or not section.get("records"):
         return ""
     esc, rows = html.escape, quality_rows(section["records"])
-    best = {}
-    for mc, _, higher in COLUMNS:
-        for r in rows if higher is not None else []:
-            have = [x["values"][mc] for x in rows if x["pq_bytes"] == r["pq_bytes"] and mc in x["values"]]
-            best[(r["pq_bytes"], mc)] = max(have) if higher else min(have)
+    best = {}  # {(size, column): its best value}, the ranked columns only
+    for mc, _, higher in (c for c in COLUMNS if c[2] is not None):
+        for r in (r for r in rows if mc in r["values"]):
+            old = best.get((r["pq_bytes"], mc), r["values"][mc])
+            best[(r["pq_bytes"], mc)] = max(old, r["values"][mc]) if higher else min(old, r["values"][mc])
     head = "".join(f"<th>{esc(name)}</th>" for _, name, _ in COLUMNS)
     body = "".join(
         f"<tr><td>{r['pq_bytes']}</td><td class=l>{esc(r['label'])}"
@@ -125,7 +125,7 @@ def quality_html(section: dict | None) -> str:
         f"raw features ({ANCHOR_LABEL}): the test rows query the compressed database with their "
         "uncompressed codes (asymmetric distances). Retrieval as in the tables above; kNN-1 against the "
         "compressed train rows; queries / s of that kNN search on one thread. Bold: the best at each "
-        f"size.</small></p><p>Best at each size: {named}.</p>"
+        f"size.</small></p>{f'<p>Best at each size: {named}.</p>' if named else ''}"
         f"<table><tr><th>bytes (encode.pq)</th><th class=l>method</th>{head}</tr>{body}</table>{skipped}"
         f"{figure_html([quality_panel(rows)], ncols=1)}"
     )
