@@ -259,5 +259,5 @@ def training_curves(store: Store, manifest: dict) -> list[dict]:
         if history and "member" in history[0]:  # an ensemble (SL-DE): its first member's curve
             history = history[0]["history"]
         if history:
-            out.append({"model": attrs["spec"], "history": history})
+            out.append({"model": attrs["spec"], "key": unit.key, "history": history})
     return out

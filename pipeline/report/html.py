@@ -432,7 +432,8 @@ def _training_html(records: list, curves: list | None) -> str:
     """The training curves section: one row per iterative model, one panel per quantity it records."""
     esc = html.escape
     swept = swept_params(records)
-    per_model = [curve_panels(c, swept) for c in curves or []]
+    named = {r["model"]: r for r in records if r.get("model")}
+    per_model = [curve_panels(c, swept, named) for c in curves or []]
     width = max((len(ps) for ps in per_model), default=1)
     training = figure_html(_pack_rows(per_model, max(2, width)), ncols=max(2, width))
     if training:

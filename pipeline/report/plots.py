@@ -78,16 +78,19 @@ def log_axis(values) -> bool:
     return bool(xs) and max(xs) >= LOG_SPAN * min(xs)
 
 
-def curve_panels(curve: dict, swept: frozenset = frozenset()) -> list[dict]:
+def curve_panels(curve: dict, swept: frozenset = frozenset(), named: dict | None = None) -> list[dict]:
     """One panel per recorded quantity (objective, validation error...) of a model's training history
-    (titled as the tables name the model: ``swept`` as in :func:`model_label`)."""
+    (titled as the tables name the model: ``named`` {model key: a record of it}, else its own spec, e.g.
+    a candidate selection did not keep; ``swept`` as in :func:`model_label`). A refit is named as its
+    records name it: by the candidate it refits, not by the steps it was given."""
     hist = curve["history"]
     xkey = "iter" if "iter" in hist[0] else "epoch"
     keys = list(dict.fromkeys(k for h in hist for k in h if k != xkey and isinstance(h[k], (int, float))))
-    title = model_label(
-        {"method": curve["model"]["method"], "params": {k: v for k, v in curve["model"].items() if k != "method"}},
-        swept,
-    )
+    record = (named or {}).get(curve.get("key")) or {
+        "method": curve["model"]["method"],
+        "params": {k: v for k, v in curve["model"].items() if k != "method"},
+    }
+    title = model_label(record, swept)
     panels = []
     for k in keys:
         have = [h for h in hist if isinstance(h.get(k), (int, float))]  # e.g. val_error also at the start

@@ -190,6 +190,19 @@ def test_training_curve_titles_name_a_swept_parameter_like_the_tables():
     assert curve_panels(curve, swept_params(recs))[0]["title"] == "sparse sparsity=0.9"
 
 
+def test_a_refit_curve_is_titled_as_its_records_name_it_not_by_the_steps_it_was_given():
+    from metricpipe.report.plots import curve_panels
+
+    rec = {**_rec("ncmml", 32, "ncm", 0.1, lr=3.0), "model": "abc"}
+    curve = {
+        "model": {"method": "ncmml", "dim": 32, "lr": 3.0, "early_stopping": False, "iters": 1700},
+        "key": "abc",
+        "history": [{"iter": i, "objective": 1.0 / (i + 1)} for i in range(3)],
+    }
+    assert curve_panels(curve, named={"abc": rec})[0]["title"] == "ncmml lr=3.0"
+    assert "iters=1700" in curve_panels(curve)[0]["title"]  # without its record: its own spec
+
+
 def test_summary_ignores_other_views_and_ties_go_to_the_smaller_code():
     from metricpipe.report import summarize
 
