@@ -8,6 +8,7 @@ import pytest
 from sklearn.decomposition import PCA
 from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
 
+from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.synthetic import UNIT, SyntheticSpec
 
 N, D, C = 20_000, 128, 100
@@ -132,3 +133,24 @@ def test_rows_at_rank_32_or_below_are_issue_21s(shape):
     np.testing.assert_array_equal(spec.means, means)
     np.testing.assert_array_equal(spec.signal_basis, A)
     np.testing.assert_array_equal(spec.nuisance_basis, B)
+
+
+def test_overlap_moves_that_share_of_the_nuisance_into_the_signal_and_blurs_the_class_means():
+    n, d, c = 10_000, 128, 100
+    errors = {}
+    for overlap in (0.0, 0.5, 1.0):
+        spec = SyntheticSpec(n, d, c, seed=0, nuisance=2.0, overlap=overlap)
+        A, B = spec.signal_basis, spec.nuisance_basis
+        np.testing.assert_allclose(((A.T @ B) ** 2).sum(0), overlap, atol=1e-5)
+        np.testing.assert_allclose(np.linalg.norm(B, axis=0), 1.0, atol=1e-5)
+        X, y = spec.rows(0, n), spec.labels()
+        errors[overlap] = _ncm_error(spec, X, y)
+    assert errors[0.0] < errors[0.5] < errors[1.0], errors
+    # what a learned metric undoes: LDA's class means classify far better than the raw ones
+    train = np.arange(n) < 8000
+    Z = LinearDiscriminantAnalysis(n_components=32).fit(X[train], y[train]).transform(X)
+    means = np.stack([Z[train & (y == k)].mean(0) for k in range(c)])
+    learned = np.mean(((Z[~train, None] - means[None]) ** 2).sum(-1).argmin(1) != y[~train])
+    assert learned < errors[1.0] / 2, (learned, errors)
+    with pytest.raises(InputError, match=r"The 'overlap' parameter of SyntheticSpec must be a float in \[0, 1\]"):
+        SyntheticSpec(10, 4, 2, overlap=1.5)
