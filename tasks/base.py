@@ -27,10 +27,9 @@ from sklearn.utils._param_validation import (  # noqa: F401 (re-exported)
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from metricpipe.tasks import madds
 from metricpipe.tasks.code_metric import CodeComparison
+from metricpipe.tasks.costs import StatedCost
 from metricpipe.tasks.errors import InputError
-from metricpipe.tasks.madds import FitCost
 from metricpipe.tasks.state import StoredState
 from metricpipe.tasks.validate import assume_finite, check_finite_float32
 
@@ -68,7 +67,9 @@ def one_blas_thread():
     return threadpool_limits(1, user_api="blas")
 
 
-class Learner(StoredState, CodeComparison, ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
+class Learner(
+    StoredState, CodeComparison, StatedCost, ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
+):
     """Base of every learner: a scikit-learn transformer the pipeline can feed, store and rebuild.
 
     Subclasses declare ``_parameter_constraints`` and implement ``fit`` and ``_transform(X)`` (the
@@ -503,36 +504,6 @@ class Learner(StoredState, CodeComparison, ClassNamePrefixFeaturesOutMixin, Tran
             arrays["b"] = np.asarray(b)
         return "affine", arrays, {}
 
-    def fit_cost(self, n_rows: int, n_features: int, n_classes: int, k: int = 0, n_val: int = 0) -> FitCost | None:
-        """What fitting it costs on data of this shape, before any work: multiply-adds in the unit of
-        :mod:`metricpipe.tasks.madds` (a float64 GEMM's), from its algorithm (the steps it takes, the
-        products each makes, the factorisations), ``at_most`` where early stopping decides the steps.
-
-        Parameters
-        ----------
-        n_rows : int
-            The rows its fit is fed (its training rows, its pool of negatives).
-        n_features, n_classes : int
-            The data's dimension and classes.
-        k : int
-            Neighbours per row of the graph it is fed (SL-NE, SL-DE), else 0.
-        n_val : int
-            Validation rows it is given (its early stopping), 0 when it holds its own out.
-
-        Returns
-        -------
-        FitCost or None
-            None when the learner does not say (a plan shows "unknown").
-        """
-        return None
-
-    def transform_cost(self, n_rows: int, n_features: int, n_classes: int) -> float:
-        """Multiply-adds (:mod:`metricpipe.tasks.madds`'s unit) of encoding ``n_rows`` rows, before any
-        fit: a projection to :meth:`code_dim` columns, and the rows read (decompressed) and checked, by
-        default."""
-        projection = madds.gemm(n_rows, self.code_dim(n_features, n_classes), n_features)
-        return projection + madds.passes(n_rows * n_features, 4)
-
     def fit_facts(self) -> dict:
         """Facts of the fit a run records with the model.
 
@@ -571,9 +542,19 @@ class Learner(StoredState, CodeComparison, ClassNamePrefixFeaturesOutMixin, Tran
         return {}
 
     def refits(self, n_rows: int) -> bool:
-        """Before any fit: whether a validated fit on ``n_rows`` rows is followed by a refit on every
-        training row (:meth:`refit_params` not None): yes, unless its fit uses fewer rows than that
-        anyway."""
+        """Before any fit: whether a validated fit is followed by a refit on every training row.
+
+        Parameters
+        ----------
+        n_rows : int
+            The rows the validated fit is given.
+
+        Returns
+        -------
+        bool
+            True (:meth:`refit_params` will not be None), unless its fit uses fewer rows than
+            ``n_rows`` anyway.
+        """
         return True
 
     def keeps_distances(self) -> bool:
@@ -586,14 +567,3 @@ class Learner(StoredState, CodeComparison, ClassNamePrefixFeaturesOutMixin, Tran
             of the codes. False by default.
         """
         return False
-
-    def cost(self) -> dict:
-        """What the encoder costs per image; subclasses with a projection override it.
-
-        Returns
-        -------
-        dict
-            ``nnz`` (non-zeros), ``storage_bytes`` and ``flops_per_image`` (multiply-adds); 0 each
-            when it has no projection.
-        """
-        return {"nnz": 0, "storage_bytes": 0, "flops_per_image": 0}

@@ -178,10 +178,11 @@ def params_of(spec: dict) -> dict:
 
 
 def param_text(value) -> str:
-    """A parameter's value as names and logs show it: a dict (SLEM's negatives) as (key=value,...), not
-    Python's repr with its quotes."""
+    """A parameter's value as names and logs show it: a dict (SLEM's negatives) as (key=value,...) in key
+    order, not Python's repr with its quotes (so a name is the same whether the spec came from a config
+    or from a stored record, whose JSON sorts the keys)."""
     if isinstance(value, dict):
-        return "(" + ",".join(f"{k}={param_text(v)}" for k, v in value.items()) + ")"
+        return "(" + ",".join(f"{k}={param_text(v)}" for k, v in sorted(value.items())) + ")"
     return str(value)
 
 

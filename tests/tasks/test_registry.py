@@ -87,10 +87,14 @@ def test_dict_parameters_read_as_key_value_pairs_in_names_and_labels():
     ("slem-negatives{'split': 'train', 'count': 2000}")."""
     from metricpipe.stages.train import model_id
 
-    assert registry.param_text({"split": "train", "count": 2000}) == "(split=train,count=2000)"
+    assert registry.param_text({"split": "train", "count": 2000}) == "(count=2000,split=train)"
+    # in key order: a name from a config and one from a stored record (JSON, keys sorted) agree
+    assert registry.param_text({"count": 2000, "split": "train"}) == registry.param_text(
+        {"split": "train", "count": 2000}
+    )
     assert registry.param_text(0.5) == "0.5" and registry.param_text([1, 2]) == "[1, 2]"
     name = model_id({"method": "slem", "lam": 1.0, "negatives": {"split": "train", "count": 2000}})
-    assert name == "slem-lam1.0-negatives(split=train,count=2000)", name
+    assert name == "slem-lam1.0-negatives(count=2000,split=train)", name
     # the kernel picks the class: kernel SLEM is named so even with KernelSLEM's own default kernel
     assert model_id({"method": "slem", "kernel": "gaussian"}) == "slem-kernelgaussian" != model_id({"method": "slem"})
 
