@@ -35,6 +35,15 @@ from metricpipe.tasks.errors import InputError
     "for raw features and PCA, not for a learned projection).",
 )
 @click.option(
+    "--overlap",
+    type=click.FloatRange(0, 1),
+    default=0.0,
+    show_default=True,
+    help="Share of the nuisance inside the class signal's subspace: 0 keeps it orthogonal (it hurts "
+    "retrieval only); 1 puts it inside, where it also blurs nearest-class-mean classification and a "
+    "learned metric can undo it.",
+)
+@click.option(
     "--chunk-mb",
     type=click.FloatRange(min=0.001),
     default=64.0,
@@ -44,10 +53,26 @@ from metricpipe.tasks.errors import InputError
 @cluster_options
 @handle_errors
 def synth(
-    samples, dim, classes, store, seed, nonnegative, separation, nuisance, chunk_mb, cluster, workers, memory_limit
+    samples,
+    dim,
+    classes,
+    store,
+    seed,
+    nonnegative,
+    separation,
+    nuisance,
+    overlap,
+    chunk_mb,
+    cluster,
+    workers,
+    memory_limit,
 ):
     """Write N x D class-structured synthetic features (X, y) as a Zarr store, blockwise on the workers;
-    use it with data: {path: STORE}."""
+    use it with data: {path: STORE}.
+
+    The class means are spread as over 32 directions whatever D and C, so the flags, not the shape, set
+    how hard the data is. The papers' shape (raw mAP about 0.26, l2 NCM top-5 error 0.22, LDA-512 far
+    better): --dim 4096 --classes 1000 --nuisance 2 --overlap 1 (add --nonnegative for NML)."""
     from metricpipe.cluster import connect, dashboard_lines  # deferred: loads Dask
     from metricpipe.commands.synth import check_args, write_synthetic  # deferred: loads Zarr
     from metricpipe.config import parse_config  # deferred: loads scikit-learn
@@ -73,6 +98,7 @@ def synth(
             log=echo,
             separation=separation,
             nuisance=nuisance,
+            overlap=overlap,
         )
 
 

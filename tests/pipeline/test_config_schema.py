@@ -111,6 +111,7 @@ def test_keyed_sections_keep_their_fields():
         "separation",
         "nonnegative",
         "nuisance",
+        "overlap",
     ]
     assert (
         parse_config(BASE).evaluate.__dict__
