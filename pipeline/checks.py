@@ -11,13 +11,13 @@ from metricpipe.budget import refuse_without_dense_covariance
 from metricpipe.config import SPLIT_NAMES, EvaluateConfig, RunConfig, classifiers_given, unserved
 from metricpipe.folds import borrowing
 from metricpipe.stages.train.select import selection_rows
-from metricpipe.tasks import evaluation, registry, splits
+from metricpipe.tasks import evaluation, pq, registry, splits
 from metricpipe.tasks.errors import InputError
 
 
 def largest_tasks(info, cfg: RunConfig, limit: float) -> list:
     """What the largest task of each stage of this run holds (each stage says: ``largest_tasks``)."""
-    ran = [stages.statistics, stages.train, stages.evaluate] + (
+    ran = [stages.statistics, stages.train, stages.encode, stages.evaluate] + (
         [stages.neighbours] if "neighbours" in stages.stage_names(cfg) else []
     )
     return [task for stage in ran for task in stage.largest_tasks(info, cfg, limit)]
@@ -43,7 +43,19 @@ def check_methods(cfg: RunConfig, info, log=print) -> RunConfig:
                     noted.add((cfg.entry(n), note))
     if "neighbours" in stages.stage_names(cfg):
         stages.check_neighbours_k(cfg, int((info.split == stages.TRAIN).sum()))
+    _check_encode(cfg, info)
     return _check_classifiers(_check_retrieval(cfg, info, log), info, log)
+
+
+def _check_encode(cfg: RunConfig, info) -> None:
+    """encode.pq's quantisers train 256 centroids per sub-quantiser on the train rows: as many rows at least."""
+    n_train = int((info.split == stages.TRAIN).sum())
+    if cfg.encode.pq and n_train < pq.CENTROIDS:
+        raise InputError(
+            f"{cfg.source_file}: encode.pq: a product quantiser trains {pq.CENTROIDS} centroids per "
+            f"sub-quantiser on the train rows, and the data has {n_train}; give at least {pq.CENTROIDS} "
+            f"train rows, or leave encode.pq out"
+        )
 
 
 def _check_selection_metric(cfg: RunConfig, n: int, spec: dict, info) -> None:

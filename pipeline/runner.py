@@ -261,10 +261,23 @@ def _run(ctx: StageContext, plan, log, result) -> str:
         if note:
             timings[-1]["note"] = note
     models = stage(next(i), "train", stages.run_train, ctx, data, stats, graph)
-    codes = stage(next(i), "encode", stages.run_encode, ctx, data, models)
-    evals = stage(next(i), "evaluate", stages.run_evaluate, ctx, data, codes, graph)
+    codes, encoded, unencoded = stage(next(i), "encode", _encode, ctx, data, models)
+    evals, encoded_evals = stage(next(i), "evaluate", _evaluate, ctx, data, codes, graph, encoded)
     manifest = _manifest(ctx, cfg, data, stats, graph, models, codes, evals, started, timings)
+    manifest["units"].update(pq=[e.unit.rel for e in encoded], pq_evaluation=[u.rel for u in encoded_evals])
+    manifest["pq_skipped"] = unencoded
     return _report(ctx, manifest, len(names), t_run, log, result)
+
+
+def _encode(ctx: StageContext, data, models) -> tuple:
+    """The encode stage: every model's codes, then the encoded databases (encode.pq)."""
+    codes = stages.run_encode(ctx, data, models)
+    return (codes, *stages.run_quantise(ctx, data, codes))
+
+
+def _evaluate(ctx: StageContext, data, codes, graph, encoded) -> tuple:
+    """The evaluate stage: every model's codes, then the encoded databases through their indexes."""
+    return stages.run_evaluate(ctx, data, codes, graph), stages.run_evaluate_encoded(ctx, data, encoded)
 
 
 def _neighbours_note(g: dict, n_samples: int) -> str:

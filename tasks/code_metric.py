@@ -101,3 +101,25 @@ class CodeComparison:
         if self.code_metric == "euclidean":
             return {"metric": "euclidean"}
         return {"metric": self.code_distance, "algorithm": "brute"}
+
+
+#: How a vector index (faiss) compares the codes of a learner, by its ``code_metric``.
+VECTOR_METRICS = {"euclidean": "l2", "inner": "ip"}
+
+
+def vector_metric(code_metric: str | None) -> str | None:
+    """``"l2"`` (Euclidean codes) or ``"ip"`` (inner product: SL-NE, SL-DE, sparse projectors): how a
+    vector index such as faiss's compares a learner's codes, as its ``code_metric`` says (None:
+    Euclidean); None when the codes are compared by another score (kernel SLEM's Eq. 16), which no
+    vector index computes.
+
+    Parameters
+    ----------
+    code_metric : str or None
+        A learner's :attr:`~metricpipe.tasks.base.Learner.code_metric`, or a model's recorded one.
+
+    Returns
+    -------
+    str or None
+    """
+    return VECTOR_METRICS.get(code_metric or "euclidean")

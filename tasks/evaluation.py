@@ -48,7 +48,6 @@ def retrieval(
     n_db = len(db_idx)
     X = db_rows if isinstance(db_rows, np.ndarray) else None
     x_sq = np.einsum("ij,ij->i", X, X) if X is not None and score == "euclidean" else None
-    db_key = rel_key[db_idx]
     dist = np.empty((min(group, len(q_idx)), n_db), np.float32)
     work = np.empty_like(dist)  # buffers reused by every group
     parts = []
@@ -62,29 +61,52 @@ def retrieval(
                 d[:, a : a + chunk_rows] = scores(
                     Q[s : s + group], X[a : a + chunk_rows], score, None if x_sq is None else x_sq[a : a + chunk_rows]
                 )
-        pos = np.minimum(np.searchsorted(db_idx, q), n_db - 1)
-        own = np.flatnonzero(db_idx[pos] == q)
-        d[own, pos[own]] = np.inf
-        relevant = rel_key[q][:, None] == db_key[None, :]
-        relevant[own, pos[own]] = False
-        out = metrics.retrieval_scores(d, relevant, ks, work=work)
-        if ukb:
-            out["ukb4"] = metrics.ukb_score(d, relevant)
-        if accuracy_k:
-            # the k-th distance is read off the sorted rows retrieval_scores left in ``work``
-            top = knn.distance_topk(d, np.arange(n_db), accuracy_k, work[: len(q), min(accuracy_k, n_db) - 1])[1]
-            same = np.take_along_axis(relevant, np.maximum(top, 0), 1) & (top >= 0)
-            # MRR reads the first relevant place of the queries with none among their first accuracy_k
-            # only (usually none: a pass over the group's distances saved)
-            miss = np.flatnonzero(~same.any(1) & (out["n_relevant"] > 0))
-            first = np.zeros(len(q), np.int64)
-            if len(miss):
-                first[miss] = first_relevant_rank(d[miss], relevant[miss])
-            out.update(metrics.knn_accuracy(same, out["n_relevant"], first))
+        out = ranked(d, q, db_idx, rel_key, ks, ukb, accuracy_k, work)
         if centroids is not None:
             out["cluster"] = nearest_centroid(Q[s : s + group], centroids)
         parts.append(out)
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def ranked(
+    d: np.ndarray,
+    q: np.ndarray,
+    db_idx: np.ndarray,
+    rel_key: np.ndarray,
+    ks: tuple,
+    ukb: bool = False,
+    accuracy_k: int | None = None,
+    work: np.ndarray | None = None,
+) -> dict:
+    """Per-query retrieval scores of the queries ``q`` (global rows) from their distances ``d``
+    (len(q), len(db_idx)) to the database rows ``db_idx`` (sorted), lower nearer, however they were
+    computed (:func:`retrieval`'s codes, or a compressed index's asymmetric distances): ``ap``,
+    ``prec`` and ``recall`` at each K of ``ks``, ``ukb4``, and with ``accuracy_k`` the
+    AccuracyCalculator's ``map@r``, ``r_precision``, ``precision@1`` and ``mrr``. A query that is in
+    the database is not its own hit (``d`` is changed in place there); relevance is equal ``rel_key``.
+    ``work``: a buffer of at least d's shape for the sorted distances (reused across calls)."""
+    n_db = len(db_idx)
+    work = np.empty_like(d) if work is None else work
+    pos = np.minimum(np.searchsorted(db_idx, q), n_db - 1)
+    own = np.flatnonzero(db_idx[pos] == q)
+    d[own, pos[own]] = np.inf
+    relevant = rel_key[q][:, None] == rel_key[db_idx][None, :]
+    relevant[own, pos[own]] = False
+    out = metrics.retrieval_scores(d, relevant, ks, work=work)
+    if ukb:
+        out["ukb4"] = metrics.ukb_score(d, relevant)
+    if accuracy_k:
+        # the k-th distance is read off the sorted rows retrieval_scores left in ``work``
+        top = knn.distance_topk(d, np.arange(n_db), accuracy_k, work[: len(q), min(accuracy_k, n_db) - 1])[1]
+        same = np.take_along_axis(relevant, np.maximum(top, 0), 1) & (top >= 0)
+        # MRR reads the first relevant place of the queries with none among their first accuracy_k
+        # only (usually none: a pass over the group's distances saved)
+        miss = np.flatnonzero(~same.any(1) & (out["n_relevant"] > 0))
+        first = np.zeros(len(q), np.int64)
+        if len(miss):
+            first[miss] = first_relevant_rank(d[miss], relevant[miss])
+        out.update(metrics.knn_accuracy(same, out["n_relevant"], first))
+    return out
 
 
 def knn_neighbours(Q: np.ndarray, blocks, k: int, score: str) -> tuple[np.ndarray, np.ndarray]:

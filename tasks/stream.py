@@ -183,6 +183,7 @@ def held_out(labels: np.ndarray, size: int, rank: np.ndarray, leave: int) -> np.
 
 VALIDATION, KMEANS, REFERENCE = 1, 2, 3  # purposes of :func:`rank` (4: the rows a selection borrows)
 SUBSET, QUERIES, EVALUATED = 5, 6, 7  # a sparse projector's subset; sampled graph queries; classified test rows
+QUANTISER = 8  # the rows a product quantiser (encode.pq) trains on
 
 
 def sample(labels: np.ndarray, size: int, keys: np.ndarray | None, seed, purpose: int = 0) -> np.ndarray:

@@ -28,6 +28,7 @@ from metricpipe.sources import open_source
 from metricpipe.store import Store, chunk_rows_for, load_estimator, open_array, read_attrs, row_chunks
 from metricpipe.store.models import codes_of, find_model, staged_arrays
 from metricpipe.tasks.base import one_blas_thread
+from metricpipe.tasks.code_metric import vector_metric
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.normalize import normalize_rows
 from metricpipe.tasks.validate import check_feature_block, label_values
@@ -281,7 +282,8 @@ def written_whole(out: str, option: str = "--out"):
     publish(tmp, out, option)
 
 
-def _model_and_data(store_url: str, key: str):
+def model_and_data(store_url: str, key: str):
+    """(store, model unit, its commit record, its normalisation, its staged data's unit) of model KEY."""
     store = Store(store_url)
     store.check_exists()
     unit, meta = find_model(store, key)
@@ -308,7 +310,7 @@ def encode(
     work is large (LOCAL_BYTES, LOCAL_FLOPS); otherwise the blocks are encoded here, one at a time."""
     check_out(out, inputs=((data, "DATA"), (labels, "--labels")), store=store_url)
     data_config(data, features, labels, ids)  # a built-in's refusals, before the store is read
-    store, unit, meta, normalize, data_unit = _model_and_data(store_url, key)
+    store, unit, meta, normalize, data_unit = model_and_data(store_url, key)
     src = open_input(data, features, labels, ids)
     n, D = src.reader.shape[0], int(np.prod(src.reader.shape[1:]))
     est = _model(unit.url)
@@ -480,9 +482,9 @@ def export_faiss(store_url: str, key: str, path: str, split: str = "test", log=p
     L2 otherwise; flat up to IVF_ABOVE rows, IVF above (nprobe stored in the index)."""
     import faiss
 
-    store, unit, meta, _, _ = _model_and_data(store_url, key)
+    store, unit, meta, _, _ = model_and_data(store_url, key)
     score = meta.get("score") or "euclidean"
-    if score not in ("euclidean", "inner"):
+    if vector_metric(score) is None:
         raise InputError(
             f"{store.url}: model {unit.key} ({meta['spec']['method']}) compares codes by {score}, "
             f"which faiss has no index for; export --npz and use its similarity"
@@ -492,7 +494,7 @@ def export_faiss(store_url: str, key: str, path: str, split: str = "test", log=p
         raise InputError(f"{store.url}: the {split} split is empty (--split); choose another split")
     codes = open_array(f"{cu.url}/codes")
     d = codes.shape[1]
-    metric = faiss.METRIC_INNER_PRODUCT if score == "inner" else faiss.METRIC_L2
+    metric = faiss.METRIC_INNER_PRODUCT if vector_metric(score) == "ip" else faiss.METRIC_L2
     if len(rows) > IVF_ABOVE:
         nlist = int(4 * np.sqrt(len(rows)))
         quant = faiss.IndexFlatIP(d) if score == "inner" else faiss.IndexFlatL2(d)
@@ -526,7 +528,7 @@ def _read(arr, rows: np.ndarray) -> np.ndarray:
 def export_npz(store_url: str, key: str, path: str) -> dict:
     """Model KEY as plain arrays in an .npz plus the entry ``model_json`` (a JSON string: kind,
     normalisation, scalars): what the README's numpy formulas need, no metricpipe."""
-    store, unit, meta, normalize, _ = _model_and_data(store_url, key)
+    store, unit, meta, normalize, _ = model_and_data(store_url, key)
     kind, arrays, scalars = _model(unit.url).portable()
     info = {
         "kind": kind,

@@ -16,7 +16,7 @@ import numpy as np
 from metricpipe.progress import human_bytes
 from metricpipe.store import chunk_rows_for, create_array, open_array
 from metricpipe.tasks.errors import InputError
-from metricpipe.tasks.synthetic import SyntheticSpec
+from metricpipe.tasks.synthetic import GENERATION, SyntheticSpec
 
 
 def _write_rows(url: str, spec: SyntheticSpec, labels: np.ndarray, a: int, b: int) -> int:
@@ -53,13 +53,16 @@ def write_synthetic(
     log=print,
     separation: float = 1.0,
     nuisance: float = 1.7,
+    overlap: float = 0.0,
 ) -> str:
     from distributed import as_completed
 
     path = check_args(path, n, dim, classes)
     tmp = f"{path}.partial"
     shutil.rmtree(tmp, ignore_errors=True)  # leftovers of a killed synth
-    spec = SyntheticSpec(n, dim, classes, seed=seed, nonnegative=nonnegative, separation=separation, nuisance=nuisance)
+    spec = SyntheticSpec(
+        n, dim, classes, seed=seed, nonnegative=nonnegative, separation=separation, nuisance=nuisance, overlap=overlap
+    )
     labels = spec.labels()
     rows = chunk_rows_for(dim, chunk_mb)
     import zarr
@@ -74,6 +77,8 @@ def write_synthetic(
                 "nonnegative": nonnegative,
                 "separation": separation,
                 "nuisance": nuisance,
+                "overlap": overlap,
+                "generation": GENERATION,
             }
         }
     )

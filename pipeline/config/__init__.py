@@ -7,6 +7,7 @@ a config's errors come back together, one line each. :func:`reference` lists eve
 - :mod:`.schema`    the generic section parser and the key reference
 - :mod:`.run`       the top-level keys, statistics, neighbours, tls; parse_config, load_config
 - :mod:`.data`      data, data.split, data.synthetic
+- :mod:`.encode`    encode (pq: the encoded databases)
 - :mod:`.evaluate`  evaluate (retrieval, classification, objective) and EvaluateConfig
 - :mod:`.methods`   methods: expanded by the registry; what a model can serve, asked of its learner
 - :mod:`.checks`    single settings shared with the command line (store, cluster, memory, dashboard)
@@ -35,6 +36,7 @@ from metricpipe.config.data import (
     SyntheticConfig,
     file_only_given,
 )
+from metricpipe.config.encode import MAX_PQ_BYTES, EncodeConfig
 from metricpipe.config.evaluate import (
     OBJECTIVES,
     ClassificationSettings,
@@ -97,6 +99,7 @@ __all__ = [
     "FILE_ONLY",
     "MAX_CONFIG_DEPTH",
     "MAX_CONFIG_NODES",
+    "MAX_PQ_BYTES",
     "MAX_REPEATS",
     "MIN_MEMORY_LIMIT",
     "OBJECTIVES",
@@ -106,6 +109,7 @@ __all__ = [
     "ClassificationSettings",
     "ConfigError",
     "DataConfig",
+    "EncodeConfig",
     "EvaluateConfig",
     "EvaluateSettings",
     "Key",

@@ -122,6 +122,13 @@ class SyntheticConfig(Section):
         kind=float,
         minimum=0.0,
     )
+    overlap: float = setting(
+        0.0,
+        "Share of the nuisance inside the class signal's subspace (0: orthogonal; 1: inside, blurring the class means)",
+        kind=float,
+        minimum=0.0,
+        maximum=1.0,
+    )
 
 
 def _defaults_when_empty(cls):

@@ -13,6 +13,7 @@ from metricpipe.config.checks import (
     dashboard_address,
 )
 from metricpipe.config.data import DataConfig, read_data
+from metricpipe.config.encode import EncodeConfig
 from metricpipe.config.evaluate import EvaluateConfig, EvaluateSettings, classifiers_given, read_evaluate
 from metricpipe.config.files import read_yaml
 from metricpipe.config.methods import check_served, read_methods
@@ -180,6 +181,11 @@ class RunConfig(Section):
         "The k-NN graph of the train rows (made when given, when a method needs it, or for softvote classifiers)",
         section=NeighboursConfig,
         parse=_neighbours,
+    )
+    encode: EncodeConfig = setting(
+        EncodeConfig(),
+        "What the encode stage writes besides every model's float codes",
+        section=EncodeConfig,
     )
     evaluate: EvaluateConfig = setting(
         EvaluateConfig(),

@@ -6,7 +6,8 @@ metrics, other views, costs, definitions and plots follow.
 
 Modules, each using only those before it: ``data`` (records -> rows, labels, metric definitions,
 repeats, held-out classes), ``verdict`` (the summary and the closing lines), ``plots`` (matplotlib),
-``html`` (the page), ``build`` (reads the run's units, writes both files)."""
+``quality`` (quality per byte of the encoded databases), ``html`` (the page), ``build`` (reads the
+run's units, writes both files)."""
 
 from metricpipe.report.build import build_report, extended_models, model_headlines, read_summary, run_models
 from metricpipe.report.data import (

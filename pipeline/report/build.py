@@ -12,6 +12,7 @@ from metricpipe.report.data import (
     view_of,
 )
 from metricpipe.report.html import render_html
+from metricpipe.report.quality import best_per_size, quality_rows
 from metricpipe.report.verdict import summarize
 from metricpipe.stages.common import spec_params
 from metricpipe.store import Store, read_attrs, to_json
@@ -33,26 +34,9 @@ def build_report(store: Store, manifest: dict) -> str:
     records = []
     # the evaluate stage makes one evaluation unit per codes unit, in the manifest's order
     for rel, codes, serves in zip(manifest["evaluation_units"], _codes_units(manifest), _serves(manifest)):
-        kind, key = rel.split("/")
-        unit = store.unit(kind, key)
-        if not unit.done():  # wiped or half-written by a later, interrupted run: never read it
-            raise InputError(
-                f"{store.url}: {rel} of the last run is not committed (a later run was interrupted?); "
-                f"rerun 'metricpipe run CONFIG --resume' to recompute it"
-            )
-        _verified(unit)
         model = _model_of(store, codes)
-        try:
-            found = unit.read_json("records.json")
-        except ValueError:  # (a unit committed before markers listed their files: not checked above)
-            found = None
-        if not isinstance(found, list) or not all(isinstance(r, dict) for r in found):
-            raise InputError(
-                f"{store.url}: {rel}/records.json is not a list of metric records; rerun 'metricpipe run "
-                f"CONFIG --repair' to recompute it"
-            )
         served = {} if serves is None else {"serves": serves}  # [[config entry, repeat], ...]
-        records += [{**r, "model": model, **served} for r in found]
+        records += [{**r, "model": model, **served} for r in _records_of(store, rel)]
     held = held_out_classes(records, manifest["dataset"].get("unseen_classes"))
     records = [r for r in records if r.get("classes") != "unseen"]  # the tables, summary and plots: seen classes
     doc = {
@@ -71,9 +55,47 @@ def build_report(store: Store, manifest: dict) -> str:
     doc["skipped"] = manifest.get("skipped", [])  # default classifiers a model cannot serve
     if held:
         doc["held_out_classes"] = held
+    encoded = quality_per_byte(store, manifest)
+    if encoded:
+        doc["quality_per_byte"] = encoded
     store.write_text("report/metrics.json", to_json({**doc, "training": curves}))
     store.write_text("report/index.html", render_html(doc, curves))
     return store.path("report", "index.html")
+
+
+def _records_of(store: Store, rel: str) -> list[dict]:
+    """The metric records of the last run's evaluation unit ``rel``, checked against its commit."""
+    unit = store.unit(*rel.split("/"))
+    if not unit.done():  # wiped or half-written by a later, interrupted run: never read it
+        raise InputError(
+            f"{store.url}: {rel} of the last run is not committed (a later run was interrupted?); "
+            f"rerun 'metricpipe run CONFIG --resume' to recompute it"
+        )
+    _verified(unit)
+    try:
+        found = unit.read_json("records.json")
+    except ValueError:  # (a unit committed before markers listed their files: not checked above)
+        found = None
+    if not isinstance(found, list) or not all(isinstance(r, dict) for r in found):
+        raise InputError(
+            f"{store.url}: {rel}/records.json is not a list of metric records; rerun 'metricpipe run "
+            f"CONFIG --repair' to recompute it"
+        )
+    return found
+
+
+def quality_per_byte(store: Store, manifest: dict) -> dict | None:
+    """The encoded databases' records (encode.pq; each with ``pq_bytes`` and its model's key, None for
+    the raw features' OPQ + PQ), the best method at each size, and the models left out; None without."""
+    units = manifest["units"]
+    records = []
+    for rel, pq_rel in zip(units.get("pq_evaluation") or [], units.get("pq") or []):
+        pq_unit = store.unit(*pq_rel.split("/"))
+        model = pq_unit.meta().get("model") if pq_unit.done() else None
+        records += [{**r, "model": model} for r in _records_of(store, rel)]
+    if not records:
+        return None
+    return {"records": records, "best": best_per_size(quality_rows(records)), "skipped": manifest.get("pq_skipped", [])}
 
 
 def _verified(unit, keep=None) -> None:

@@ -18,7 +18,8 @@ from metricpipe.report.data import (
     row_label,
     swept_params,
 )
-from metricpipe.report.plots import curve_panels, panel_over_dim, panel_over_k, panels_png
+from metricpipe.report.plots import curve_panels, figure_html, panel_over_dim, panel_over_k
+from metricpipe.report.quality import quality_html
 from metricpipe.report.verdict import LEVEL, fmt_difference, side_value, summarize
 from metricpipe.store import to_json
 from metricpipe.tasks.registry import BASELINES
@@ -331,18 +332,6 @@ CURVES = {
 }
 
 
-def _figure(panels: list[dict], ncols: int = 2) -> str:
-    """The panels as one image; its alt text lists them."""
-    if not panels:
-        return ""
-    alt = html.escape("; ".join(f"{p['title']}: {p['ylabel']} against {p['xlabel']}" for p in panels if p), quote=True)
-    png = panels_png(panels, ncols)  # shown at the size it was drawn for: its fonts at their point size
-    return (
-        f'<figure><img alt="{alt}" width="{png.width}" height="{png.height}" '
-        f'src="data:image/png;base64,{png.data}"></figure>'
-    )
-
-
 def _mean_records(*row_sets: dict) -> list[dict]:
     """One record per row and metric, its value the mean over the repeats (what the plots draw)."""
     return [
@@ -416,7 +405,7 @@ def _plots_html(records: list, rows: dict, views: dict, main: list) -> str:
     if len(all_ks) > 6:  # precision against K, one panel per dimension
         dims = sorted({r["dim"] for r in shown if at_k(r["metric"])}, key=lambda d: (d is None, d or 0))
         panels += [panel_over_k(shown, "mprec", d) for d in dims]
-    plots = _figure(panels)
+    plots = figure_html(panels)
     if plots:
         plots = (
             "<p><small>Each headline metric against the code dimension d, one line per model: learned "
@@ -446,7 +435,7 @@ def _training_html(records: list, curves: list | None) -> str:
     named = {r["model"]: r for r in records if r.get("model")}
     per_model = [curve_panels(c, swept, named) for c in curves or []]
     width = max((len(ps) for ps in per_model), default=1)
-    training = _figure(_pack_rows(per_model, max(2, width)), ncols=max(2, width))
+    training = figure_html(_pack_rows(per_model, max(2, width)), ncols=max(2, width))
     if training:
         shown = sorted({p["ylabel"] for ps in per_model for p in ps})
         caption = "; ".join(f"<b>{esc(k)}</b>: {esc(CURVES.get(k, 'as recorded by the learner'))}" for k in shown)
@@ -500,6 +489,7 @@ column. Rows with a key are the run's models.{_repeats_note(records)}</small></p
 {more}
 {_extended_html(doc.get("extended_models", []))}
 {_costs_html(rows, doc, extended)}
+{quality_html(doc.get("quality_per_byte"))}
 {_definitions_html(records)}
 {_selection_html(doc.get("selection", []))}
 <h2>Plots</h2>{plots}

@@ -7,6 +7,7 @@ grey dashed line and a hollow marker; no two models of a figure share a colour a
 (:func:`model_styles`)."""
 
 import base64
+import html
 import io
 import math
 import textwrap
@@ -159,6 +160,18 @@ def panels_png(panels: list[dict], ncols: int = 2) -> Png:
     fig.savefig(buf, format="png", dpi=DPI)  # fixed margins, no bbox_inches="tight" (a second draw)
     plt.close(fig)
     return Png(base64.b64encode(buf.getvalue()).decode(), round(width * DPI), round(height * DPI))
+
+
+def figure_html(panels: list[dict], ncols: int = 2) -> str:
+    """The panels as one image; its alt text lists them."""
+    if not panels:
+        return ""
+    alt = html.escape("; ".join(f"{p['title']}: {p['ylabel']} against {p['xlabel']}" for p in panels if p), quote=True)
+    png = panels_png(panels, ncols)  # shown at the size it was drawn for: its fonts at their point size
+    return (
+        f'<figure><img alt="{alt}" width="{png.width}" height="{png.height}" '
+        f'src="data:image/png;base64,{png.data}"></figure>'
+    )
 
 
 def _draw_panel(ax, p: dict, styles: dict) -> None:

@@ -30,7 +30,7 @@ from metricpipe.sources.readers import (
     refuse_objects,
 )
 from metricpipe.tasks.errors import InputError
-from metricpipe.tasks.synthetic import SyntheticSpec
+from metricpipe.tasks.synthetic import GENERATION, SyntheticSpec
 
 
 class SyntheticReader:
@@ -76,13 +76,20 @@ def open_source(cfg: DataConfig) -> Source:
     if cfg.source == "synthetic":
         s = cfg.synthetic
         spec = SyntheticSpec(
-            s.samples, s.dim, s.classes, s.seed, separation=s.separation, nonnegative=s.nonnegative, nuisance=s.nuisance
+            s.samples,
+            s.dim,
+            s.classes,
+            s.seed,
+            separation=s.separation,
+            nonnegative=s.nonnegative,
+            nuisance=s.nuisance,
+            overlap=s.overlap,
         )
         return Source(
             "builtin:synthetic",
             SyntheticReader(spec),
             spec.labels(),
-            fingerprint={"builtin": "synthetic", **s.__dict__},
+            fingerprint={"builtin": "synthetic", "generation": GENERATION, **s.__dict__},
         )
     path = Path(cfg.path)
     if not path.exists():

@@ -13,8 +13,8 @@ stage is `metricpipe.report`.
 from metricpipe.stages import encode, evaluate, neighbours, statistics, train
 from metricpipe.stages.common import TEST, TRAIN, VAL, DataInfo, load_features
 from metricpipe.stages.data import DataPlan, check_nonnegative_for, prepare_data, run_stage
-from metricpipe.stages.encode import run_encode
-from metricpipe.stages.evaluate import EVAL_BUDGET, RETRIEVAL_DB_BYTES, run_evaluate
+from metricpipe.stages.encode import run_encode, run_quantise
+from metricpipe.stages.evaluate import EVAL_BUDGET, RETRIEVAL_DB_BYTES, run_evaluate, run_evaluate_encoded
 from metricpipe.stages.neighbours import check_neighbours_k, run_neighbours
 from metricpipe.stages.statistics import run_statistics
 from metricpipe.stages.train import model_id, run_train
@@ -41,6 +41,8 @@ __all__ = [
     "prepare_data",
     "run_encode",
     "run_evaluate",
+    "run_evaluate_encoded",
+    "run_quantise",
     "run_neighbours",
     "run_stage",
     "run_statistics",

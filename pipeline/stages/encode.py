@@ -1,5 +1,7 @@
 """Stage 5, encode: every model applied to every row-block (``codes`` (sample, code)); a bilinear
-model (SL-NE, SL-DE) also writes the two views whose inner product is its exact similarity."""
+model (SL-NE, SL-DE) also writes the two views whose inner product is its exact similarity. With
+``encode.pq``, the encoded databases: per size, a product quantiser of each model's codes and of the
+raw features, and every row's PQ code (:mod:`metricpipe.stages.pq`)."""
 
 import time
 
@@ -7,9 +9,11 @@ import numpy as np
 import sklearn
 
 from metricpipe.context import StageContext
-from metricpipe.stages.common import DataInfo, cached_estimator, commit_timed, load_features, write_template
+from metricpipe.stages import pq as pq_units
+from metricpipe.stages.common import TRAIN, DataInfo, cached_estimator, commit_timed, load_features, write_template
 from metricpipe.store import hash_key, open_array
-from metricpipe.tasks import registry
+from metricpipe.tasks import pq, registry
+from metricpipe.tasks.code_metric import vector_metric
 from metricpipe.tasks.errors import InputError
 
 
@@ -110,6 +114,97 @@ def run_encode(ctx: StageContext, data: DataInfo, models: list) -> list[tuple[di
     for unit, meta in pending:
         commit_timed(ctx, unit, t0, meta)
     return out
+
+
+def run_quantise(ctx: StageContext, data: DataInfo, codes: list) -> tuple[list, list]:
+    """``encode.pq``: per size, a product quantiser of each model's codes whose metric is a vector
+    space's (the learner's code_metric says) and of the raw features, trained on a seeded sample of
+    train rows, then every row's PQ code, one task per row-block. Returns ([Encoded], [skip notes])."""
+    sizes = ctx.config.encode.pq
+    if not sizes:
+        return [], []
+    sources, skipped = [], []
+    for spec, unit, dim in codes:
+        meta = unit.meta()
+        metric = vector_metric(meta.get("score"))
+        if metric is None:  # e.g. kernel SLEM's Eq. 16: no vector index computes it
+            name, how = registry.model_name(spec), ":".join(meta["score"].split(":")[:2])
+            skipped.append({"model": name, "reason": f"it compares codes by {how}, not in a vector space"})
+            ctx.log(f"  encode: no product quantiser of {name}: it compares codes by {how}, not in a vector space")
+            continue
+        sources.append(pq_units.Source(spec, meta["model"], f"{unit.url}/codes", dim, metric, False))
+    out = [
+        pq_units.Encoded(s, m, pq_units.unit_for(ctx.store, data, s, m, ctx.config.seed))
+        for s in [*sources, pq_units.anchor(data)]
+        for m in sizes
+    ]
+    todo = [e for e in out if not ctx.reuse(e.unit, "encode")]
+    if len(todo) < len(out):
+        ctx.log(f"  encode: reusing {len(out) - len(todo)} of {len(out)} encoded databases")
+    try:
+        _quantise(ctx, data, todo)
+    except InputError:
+        for e in todo:
+            e.unit.discard()
+        raise
+    return out, skipped
+
+
+def _quantise(ctx: StageContext, data: DataInfo, todo: list) -> None:
+    """Train each quantiser (one task each), then encode every row-block with it; commit each unit
+    with its real bytes per vector (the trained index's ``sa_code_size``)."""
+    t0, seed = time.perf_counter(), ctx.config.seed
+    trained, samples = [], []
+    for e in todo:
+        pq_units.begin(e.unit, e.source, e.pq_bytes)
+        rows = pq_units.sample_rows(data, e.source.dim, seed)
+        samples.append(len(rows))
+        args = (e.source.url, rows, e.unit.url, e.pq_bytes, e.source.metric, e.source.rotate, seed)
+        trained.append(ctx.submit(pq_units.train_quantiser, *args, name=f"pq-train-{_name(e)}"))
+    blobs = ctx.gather(trained, "encode", [f"{_name(e)} quantiser" for e in todo])
+    futures, labels, sizes = [], [], []
+    for e, future, blob in zip(todo, trained, blobs):
+        sizes.append(pq_units.create_codes(e.unit.url, data.n_samples, data.chunk_rows, blob))
+        for a, b in data.chunks:  # the trained quantiser goes to each worker once (the train task's result)
+            futures.append(
+                ctx.submit(pq_units.encode_rows, e.source.url, e.unit.url, future, a, b, name=f"pq-encode-{_name(e)}")
+            )
+            labels.append(f"{_name(e)} rows {a}..{b - 1}")
+    ctx.gather(futures, "encode", labels)
+    for e, size, n in zip(todo, sizes, samples):
+        meta = {
+            "model": e.source.model,
+            "spec": e.source.spec,
+            "pq_bytes": e.pq_bytes,
+            "bytes_per_vector": size,
+            "index": pq.factory(e.source.dim, e.pq_bytes, e.source.rotate),
+            "metric": e.source.metric,
+            "sample_rows": n,
+        }
+        commit_timed(ctx, e.unit, t0, meta)
+
+
+def _name(e) -> str:
+    """An encoded database as logs and task names say it: the model's name (the anchor's), its size."""
+    spec = e.source.spec
+    who = f"{pq.ANCHOR} (raw)" if e.source.model is None else registry.model_name(spec)
+    return f"{who} pq{e.pq_bytes}"
+
+
+def largest_tasks(info, cfg, limit: float) -> list:
+    """A quantiser's training (encode.pq): its sample of the widest vectors it encodes, the raw features
+    (the anchor's OPQ), held with the copies faiss makes while it trains."""
+    if not cfg.encode.pq:
+        return []
+    rows = pq_units.sample_size(int((info.split == TRAIN).sum()), info.n_features)
+    return [
+        (
+            f"a product quantiser's training ({rows:,} sampled train rows of {info.n_features} features, "
+            f"{pq_units.TRAIN_COPIES} copies)",
+            pq_units.TRAIN_COPIES * 4.0 * rows * info.n_features,
+            "raise memory_limit, or leave encode.pq out",
+        )
+    ]
 
 
 def work(info, cfg, specs: list) -> float:

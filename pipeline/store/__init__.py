@@ -11,6 +11,8 @@ Layout (every result is a *unit* ``KIND/KEY/`` where KEY hashes everything the r
                              (`save_estimator`), attributes method, dim, params
     STORE/selection/KEY/     a spec's candidates' validation scores and the choice
     STORE/codes/KEY/         one model's codes for every sample (sample, code)
+    STORE/pq/KEY/            an encoded database (encode.pq): a product quantiser (trained) and every
+                             sample's PQ code (sample, byte), of a model's codes or the raw features
     STORE/evaluation/KEY/    one model's metrics (records.json)
     STORE/runs/latest.json   the last run's config and the units it used (`metricpipe gc` keeps those)
     STORE/runs/forcing.json  a --force run that has not finished yet: its stage and attempts (runner.forcing)

@@ -94,13 +94,21 @@ def lz4_ratio(sample: np.ndarray) -> float:
 
 
 def create_array(
-    url: str, shape, chunks, dtype, fill_value=None, attrs=None, rows: bool = False, sample: np.ndarray | None = None
+    url: str,
+    shape,
+    chunks,
+    dtype,
+    fill_value=None,
+    attrs=None,
+    rows: bool = False,
+    sample: np.ndarray | None = None,
+    bare: bool = False,
 ):
     """A new array; ``rows`` marks a row-block array that stages read repeatedly, compressed when
-    ``sample`` says it pays (see row_codecs)."""
+    ``sample`` says it pays (see row_codecs); ``bare``: never compressed (e.g. PQ codes)."""
     import zarr
 
-    extra = {"compressors": row_codecs(sample)} if rows else {}
+    extra = {"compressors": () if bare else row_codecs(sample)} if rows or bare else {}
     a = zarr.create_array(
         store=url, shape=shape, chunks=chunks, dtype=dtype, fill_value=fill_value, overwrite=True, **extra
     )

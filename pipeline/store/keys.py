@@ -12,8 +12,8 @@ from metricpipe import __version__
 MARKER_SUFFIX = ".committed.json"
 REPLACED = ".replaced"  # STORE/.replaced/KIND/KEY: committed units a run is recomputing (Unit.begin)
 # every kind of unit a run writes (shuffled: the SGD learners' copy of the training rows; selection: the
-# validation scores of a spec's candidates and its choice)
-KINDS = ("data", "statistics", "neighbours", "shuffled", "models", "selection", "codes", "evaluation")
+# validation scores of a spec's candidates and its choice; pq: an encoded database, encode.pq)
+KINDS = ("data", "statistics", "neighbours", "shuffled", "models", "selection", "codes", "pq", "evaluation")
 # what the store itself names below its folder (units are under KINDS): checked for links on opening
 LAYOUT = {
     ".lock": (),

@@ -251,6 +251,12 @@ BAD = {
     ),
     "missing file": (lambda t: {"path": str(t / "nope.npz")}, {}, r"nope.npz: file not found \(data.path\)"),
     "unknown key": (lambda t: {"source": "digits"}, {"methds": []}, r"methds: unknown key; did you mean 'methods'"),
+    "encode.pq on too few train rows": (
+        lambda t: _bad_npz(t, X=X, y=Y),
+        {"encode": {"pq": [4]}},
+        r"cfg.yaml: encode.pq: a product quantiser trains 256 centroids per sub-quantiser on the train rows, "
+        r"and the data has \d+; give at least 256 train rows, or leave encode.pq out$",
+    ),
     "bad dim": (
         lambda t: {"source": "digits"},
         {"methods": [{"method": "pca", "dim": 1000}]},
@@ -516,6 +522,7 @@ def _run_model_key(store: Path) -> str:
         "predictions to a missing folder",
         "predictions to a .txt",
         "faiss index to a .npz",
+        "an encoded database the run did not make",
         "k above the train rows",
         "codes into the store",
         "predictions into the store",
@@ -563,6 +570,11 @@ def test_bad_command_input_exits_2_with_one_line_and_store_unchanged(good_store,
         args, match = (
             ["export", store, "--model", _ncm_key(store), "--faiss", tmp_path / "x.npz"],
             r"x.npz: unknown output format \(--faiss\); name it with one of .faiss, .index",
+        )
+    elif case == "an encoded database the run did not make":
+        args, match = (
+            ["export", store, "--model", _ncm_key(store), "--faiss", tmp_path / "x.faiss", "--pq", "8"],
+            r"--pq 8: model \w+ has no encoded database of 8 bytes per vector: the last run made none for it",
         )
     elif case in (
         "codes into the store",

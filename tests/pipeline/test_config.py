@@ -190,6 +190,11 @@ def test_defaults_and_method_expansion():
             {**BASE, "cluster": {"n_workers": 1}},
             r"cluster: expected local, .*the local cluster's size is set by workers",
         ),
+        ({**BASE, "encode": {"pq": [8, 0]}}, r"cfg.yaml: encode.pq: expected bytes per vector, integers from 1"),
+        ({**BASE, "encode": {"pq": "8"}}, r"encode.pq: expected bytes per vector, .* got '8'"),
+        ({**BASE, "encode": {"pq": [16, 8, 16]}}, r"encode.pq: 16 is listed twice; list each size once"),
+        ({**BASE, "encode": {"pqs": [8]}}, r"encode.pqs: unknown key; did you mean 'encode.pq'"),
+        ({**BASE, "encode": [8, 16]}, r"encode: expected a mapping \(key: value\), got \[8, 16\]"),
         (
             {**BASE, "methods": [{"method": "slem", "kernel": "rbf"}]},  # (KernelSLEM's own list left out linear)
             r"The 'kernel' parameter of slem must be a str among \{'linear', 'gaussian', 'poly'\}.*Got 'rbf' instead",

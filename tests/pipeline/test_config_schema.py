@@ -111,6 +111,7 @@ def test_keyed_sections_keep_their_fields():
         "separation",
         "nonnegative",
         "nuisance",
+        "overlap",
     ]
     assert (
         parse_config(BASE).evaluate.__dict__
@@ -143,6 +144,7 @@ def test_all_errors_of_a_config_come_together_one_line_each():
         "wrokers": 1,
         "methods": [{"method": "pca", "dim": -1}, {"method": "lda"}, {"dim": 3}],
         "neighbours": {"k": 0},
+        "encode": {"pq": [8, 8]},
         "evaluate": {"classification": {"classifiers": ["svm"]}},
     }
     with pytest.raises(ConfigError) as e:
@@ -156,6 +158,7 @@ def test_all_errors_of_a_config_come_together_one_line_each():
         "methods[0]",
         "methods[2]",
         "neighbours.k",
+        "encode.pq",
         "evaluate.classification.classifiers",
     ], lines
     assert all(ln.startswith("c.yaml: ") for ln in lines)

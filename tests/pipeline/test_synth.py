@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from metricpipe.cli import main
 from metricpipe.store import open_array
-from metricpipe.tasks.synthetic import SyntheticSpec
+from metricpipe.tasks.synthetic import GENERATION, SyntheticSpec
 
 
 def _synth(path, chunk_mb, cluster, *extra):
@@ -82,6 +82,34 @@ def test_synth_knobs_reach_the_generator_and_the_store_attributes(tmp_path, addr
     assert not np.array_equal(spec.rows(0, 3000), SyntheticSpec(3000, 16, 5, seed=4, separation=2.0).rows(0, 3000))
     attrs = zarr.open_group(store=str(tmp_path / "k.zarr"), mode="r").attrs["synthetic"]
     assert attrs["separation"] == 2.0 and attrs["nuisance"] == 0.0
+
+
+@pytest.mark.integration
+def test_synth_overlap_reaches_the_generator_and_the_store_attributes(tmp_path, address):
+    import zarr
+
+    res = _synth(tmp_path / "o.zarr", 0.05, address, "--overlap", "0.5")
+    assert res.exit_code == 0, res.output
+    spec = SyntheticSpec(3000, 16, 5, seed=4, overlap=0.5)
+    np.testing.assert_array_equal(open_array(str(tmp_path / "o.zarr/X"))[:], spec.rows(0, 3000))
+    assert not np.array_equal(spec.rows(0, 3000), SyntheticSpec(3000, 16, 5, seed=4).rows(0, 3000))
+    attrs = zarr.open_group(store=str(tmp_path / "o.zarr"), mode="r").attrs["synthetic"]
+    assert attrs["overlap"] == 0.5 and attrs["generation"] == GENERATION
+
+
+def test_config_synthetic_overlap_is_read_checked_and_keys_the_staged_data():
+    from metricpipe.config import ConfigError, parse_config
+    from metricpipe.sources import open_source
+
+    def source(**synthetic):
+        return open_source(parse_config({"data": {"source": "synthetic", "synthetic": synthetic}}).data)
+
+    inside, default = source(overlap=1.0, samples=100, dim=16), source(samples=100, dim=16)
+    assert inside.reader.spec.overlap == 1.0 and default.reader.spec.overlap == 0.0
+    # rows made by another generation of the generator are another data unit, never reused
+    assert default.fingerprint["generation"] == GENERATION and inside.fingerprint != default.fingerprint
+    with pytest.raises(ConfigError, match=r"data.synthetic.overlap: must be <= 1.0, got 1.5"):
+        parse_config({"data": {"source": "synthetic", "synthetic": {"overlap": 1.5}}})
 
 
 def test_config_synthetic_nuisance_is_read_and_checked():

@@ -5,6 +5,7 @@
     blocks     the worker-side functions (a block of queries each)
     knn_index  kNN through IVF lists past ivf.EXACT_MAX_TRAIN train rows
     records    the metric records of a view
+    encoded    the encoded databases (encode.pq), searched through their product quantisers
 """
 
 import time
@@ -23,6 +24,7 @@ from metricpipe.stages.evaluate.blocks import (
     retrieval_block,
     unseen_ncm_model,
 )
+from metricpipe.stages.evaluate.encoded import run_evaluate_encoded
 from metricpipe.stages.evaluate.knn_index import index_plan, ivf_lists
 from metricpipe.stages.evaluate.protocol import (
     CLASSIFY_QUERIES,
@@ -51,6 +53,7 @@ __all__ = [
     "largest_tasks",
     "protocols",
     "run_evaluate",
+    "run_evaluate_encoded",
     "served_classifiers",
 ]
 

@@ -1,0 +1,212 @@
+"""Encoded databases: a faiss product quantiser of M bytes per vector trained on a sample of codes,
+every row's PQ code, and retrieval and kNN scored through the index, uncompressed queries against
+the compressed database (asymmetric distances, as a retrieval system searches it).
+
+An index is made of two parts the pipeline stores apart: the trained, empty quantiser
+(``faiss.serialize_index`` bytes, :func:`train`) and the rows' codes (``sa_encode``, :func:`encode`).
+:func:`filled` puts the codes of some rows back into a copy of the quantiser, with the rows as ids:
+the index a search reads, and the one ``metricpipe export --faiss --pq`` writes.
+
+Sizes: M sub-quantisers of 8 bits each (256 centroids) make M bytes per vector. Codes whose dimension
+d is not a multiple of M are padded with zero columns (``Pad``: the padded columns are zero in every
+row and centroid, so a code's decoding is the quantised vector itself); the unsupervised anchor rotates
+raw features with OPQ first, onto the multiple of M at or below d (OPQ also balances the variance of
+the sub-quantisers). faiss is the standard library for this, as numpy is for the rest.
+"""
+
+import contextlib
+import time
+
+import numpy as np
+
+from metricpipe.tasks import evaluation
+from metricpipe.tasks.errors import InputError
+
+BITS = 8  # bits per sub-quantiser: M sub-quantisers, M bytes per vector
+CENTROIDS = 1 << BITS
+#: Rows a quantiser trains on at most: faiss's k-means samples 256 rows per centroid anyway
+#: (``max_points_per_centroid``), and OPQ 256 x 256 rows, so more rows would not be read.
+TRAIN_ROWS = CENTROIDS * 256
+#: The unsupervised anchor's name in the records: faiss's OPQ + PQ of the raw (staged) features.
+ANCHOR = "opq-pq"
+
+
+def _faiss():
+    import faiss  # deferred: a run without encode.pq never loads it
+
+    return faiss
+
+
+def factory(d: int, M: int, rotate: bool = False) -> str:
+    """The faiss index_factory string of an M-byte quantiser of d-dimensional vectors: ``PQ{M}``,
+    zero-padded to a multiple of M (``Pad{d2},PQ{M}``), or with ``rotate`` faiss's OPQ rotation onto
+    the multiple of M at or below d (up to M when d < M): ``OPQ{M}_{d2},PQ{M}``."""
+    if rotate:
+        return f"OPQ{M}_{max(M, d - d % M)},PQ{M}"
+    d2 = -(-d // M) * M
+    return f"PQ{M}" if d2 == d else f"Pad{d2},PQ{M}"
+
+
+def _metric(metric: str):
+    faiss = _faiss()
+    if metric not in ("l2", "ip"):
+        raise InputError(f"metric: got {metric!r}; a quantiser compares vectors by 'l2' or 'ip'")
+    return faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2
+
+
+def _quantiser(index):
+    """The IndexPQ of an index (behind its padding or rotation, and its id map)."""
+    faiss = _faiss()
+    index = faiss.downcast_index(index)
+    if isinstance(index, faiss.IndexIDMap2):
+        index = faiss.downcast_index(index.index)
+    return faiss.downcast_index(index.index) if isinstance(index, faiss.IndexPreTransform) else index
+
+
+@contextlib.contextmanager
+def one_thread():
+    """faiss on one OpenMP thread inside the block (a Dask worker's share; the measured search speed
+    is a single thread's)."""
+    faiss = _faiss()
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(before)
+
+
+def train(X: np.ndarray, M: int, metric: str = "l2", rotate: bool = False, seed: int = 0) -> np.ndarray:
+    """The trained, empty quantiser of M bytes per vector for rows like ``X`` (n, d), as
+    ``faiss.serialize_index`` bytes (uint8).
+
+    Parameters
+    ----------
+    X : array of shape (n_samples, d)
+        The training sample (at least 256 rows: k-means' centroids per sub-quantiser).
+    M : int
+        Bytes per vector (sub-quantisers of 8 bits).
+    metric : {"l2", "ip"}
+        Squared Euclidean distance or inner product (:func:`~metricpipe.tasks.code_metric.vector_metric`).
+    rotate : bool
+        OPQ's learned rotation first (the unsupervised anchor), see :func:`factory`.
+    seed : int
+        The seed of faiss's k-means.
+
+    Returns
+    -------
+    ndarray of uint8
+    """
+    faiss = _faiss()
+    X = np.ascontiguousarray(X, np.float32)
+    if len(X) < CENTROIDS:
+        raise InputError(
+            f"a product quantiser trains {CENTROIDS} centroids per sub-quantiser and got {len(X)} rows; "
+            f"give at least {CENTROIDS} train rows"
+        )
+    index = faiss.index_factory(X.shape[1], factory(X.shape[1], M, rotate), _metric(metric))
+    quantiser = _quantiser(index)
+    # the factory turns on polysemous training (Hamming filtering, which search never uses): 12 s of
+    # a 12.02 s training of PQ4 on 500 x 16 rows
+    quantiser.do_polysemous_training = False
+    quantiser.pq.cp.seed = int(seed)
+    quantiser.pq.cp.min_points_per_centroid = 1  # a small sample is legal: no warning on stderr
+    rotation = faiss.downcast_VectorTransform(index.chain.at(0)) if rotate else None
+    if rotation is not None:  # OPQ's own k-means, as it makes it but seeded and quiet on a small sample
+        inner = faiss.ProductQuantizer(rotation.d_out, M, BITS)
+        inner.cp.seed, inner.cp.min_points_per_centroid = int(seed), 1
+        rotation.pq = inner
+    with one_thread():  # bit-reproducible: faiss's k-means sums in thread order
+        index.train(X)
+    if rotation is not None:
+        rotation.pq = None  # (``inner`` goes with this call)
+    return faiss.serialize_index(index)
+
+
+def code_size(trained: np.ndarray) -> int:
+    """Bytes of one vector's code (faiss's ``sa_code_size``)."""
+    return int(_faiss().deserialize_index(trained).sa_code_size())
+
+
+def encode(trained: np.ndarray, X: np.ndarray) -> np.ndarray:
+    """The PQ codes (n, code_size) uint8 of the rows of ``X`` (faiss's ``sa_encode``)."""
+    index = _faiss().deserialize_index(trained)
+    with one_thread():
+        return index.sa_encode(np.ascontiguousarray(X, np.float32))
+
+
+def decode(trained: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """The vectors (n, d) that PQ codes stand for (faiss's ``sa_decode``)."""
+    return _faiss().deserialize_index(trained).sa_decode(np.ascontiguousarray(codes, np.uint8))
+
+
+def filled(trained: np.ndarray, codes: np.ndarray, ids: np.ndarray):
+    """The searchable index of the rows ``ids`` (int64, their ids) given their PQ ``codes``: a copy of
+    the trained quantiser holding the codes (faiss's ``IndexIDMap2``: search returns the ids)."""
+    faiss = _faiss()
+    codes, ids = np.ascontiguousarray(codes, np.uint8), np.ascontiguousarray(ids, np.int64)
+    if codes.ndim != 2 or len(codes) != len(ids):
+        raise InputError(f"codes of shape {codes.shape} for {len(ids)} ids; give one code per id")
+    inner = faiss.deserialize_index(trained)
+    out = faiss.IndexIDMap2(inner)  # (it takes an empty index: the codes go below it)
+    pq = _quantiser(inner)
+    pq.add_sa_codes(codes)
+    inner.ntotal = pq.ntotal  # the rotation or padding in front counts them too
+    faiss.copy_array_to_vector(ids, out.id_map)
+    out.ntotal = len(ids)
+    out.construct_rev_map()
+    return out
+
+
+def serialized(index) -> np.ndarray:
+    """``faiss.serialize_index``: the bytes ``faiss.read_index`` reads back from a file."""
+    return _faiss().serialize_index(index)
+
+
+def search(index, Q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(distances, ids) (n, k) of the k nearest indexed rows of each query, nearest first: squared
+    Euclidean distances, or minus the inner product for an inner-product index (lower is nearer in
+    both, as the evaluation ranks); ids -1 past the indexed rows."""
+    faiss = _faiss()
+    D, ids = index.search(np.ascontiguousarray(Q, np.float32), int(k))
+    if index.metric_type == faiss.METRIC_INNER_PRODUCT:
+        D = -D
+    return D.astype(np.float32), ids.astype(np.int64)
+
+
+def retrieval(
+    index,
+    Q: np.ndarray,
+    q_idx: np.ndarray,
+    db_idx: np.ndarray,
+    rel_key: np.ndarray,
+    ks: tuple,
+    accuracy_k: int | None = None,
+    group: int = 256,
+) -> dict:
+    """Per-query retrieval scores (:func:`metricpipe.tasks.evaluation.ranked`: ``ap``, ``prec``,
+    ``recall``, ``map@r``, ...) of the queries ``Q`` (rows ``q_idx``) against the database ``index``
+    of the rows ``db_idx`` (sorted; its ids), each query ranking the whole database by its asymmetric
+    distances, ``group`` queries at a time."""
+    n_db, parts = len(db_idx), []
+    if index.ntotal != n_db:
+        raise InputError(f"the index holds {index.ntotal} rows, the database {n_db}; give the index of db_idx")
+    for s in range(0, len(q_idx), group):
+        D, ids = search(index, Q[s : s + group], n_db)  # every row, ranked: the full-ranking mAP
+        d = np.empty_like(D)
+        d[np.arange(len(D))[:, None], np.searchsorted(db_idx, ids)] = D
+        parts.append(evaluation.ranked(d, q_idx[s : s + group], db_idx, rel_key, ks, False, accuracy_k))
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def knn_errors(index, Q: np.ndarray, y: np.ndarray, labels: np.ndarray, ks: list, n_classes: int) -> tuple[dict, float]:
+    """({knnK: (top-1, top-5 errors per query)}, seconds): kNN classification of the queries ``Q``
+    (labels ``y``) by the indexed rows (``labels`` by id), and the wall time of the search itself on
+    one thread (the k nearest of every query, k the largest of ``ks``, or 1 without any)."""
+    with one_thread():
+        t0 = time.perf_counter()
+        ids = search(index, Q, max(ks, default=1))[1]
+        seconds = time.perf_counter() - t0
+    if not ks:
+        return {}, seconds
+    return evaluation.knn_errors_from(evaluation.neighbour_labels(ids, labels), y, ks, n_classes), seconds
