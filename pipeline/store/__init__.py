@@ -60,6 +60,7 @@ from metricpipe.store.arrays import (
     size_crc,
     size_crcs,
     stop_zarr_loop,
+    write_rows,
 )
 from metricpipe.store.estimators import load_estimator, save_estimator, save_model
 from metricpipe.store.keys import (
@@ -115,6 +116,7 @@ __all__ = [
     "save_model",
     "size_crc",
     "size_crcs",
+    "write_rows",
     "stop_zarr_loop",
     "to_json",
     "write_fix",

@@ -117,6 +117,43 @@ def create_array(
     return a
 
 
+def write_rows(url: str, start: int, values: np.ndarray) -> dict:
+    """Write ``values`` as rows ``start:start + len(values)`` of the array at ``url`` and return
+    {chunk file inside the array: [size, CRC-32]} of every chunk file written, taken from the bytes as
+    they go to the store: a commit reuses them instead of reading the files back (1 GB of staged
+    features took 3.1 s of checksum tasks after the blocks were written; the CRC of the bytes in
+    memory is a third of that, spread over the writing tasks)."""
+    import zarr
+
+    arr = zarr.open_array(store=url, mode="r+")
+    rec = _recording(arr.store)
+    zarr.open_array(store=rec, path=arr.path, mode="r+")[start : start + len(values)] = values
+    prefix = f"{arr.path}/" if arr.path else ""
+    return {k[len(prefix) :]: v for k, v in rec.sums.items() if k.startswith(prefix)}
+
+
+def _recording(store):
+    """``store`` wrapped so that it keeps [size, CRC-32] of each value set through it (``sums``), and
+    forgets a deleted one (zarr removes a chunk left at the fill value instead of writing it)."""
+    from zarr.storage import WrapperStore
+
+    class Recording(WrapperStore):
+        def __init__(self, inner):
+            super().__init__(inner)
+            self.sums = {}
+
+        async def set(self, key, value):
+            data = value.as_numpy_array()
+            self.sums[key] = [int(data.nbytes), zlib.crc32(data)]
+            await super().set(key, value)
+
+        async def delete(self, key):
+            self.sums.pop(key, None)
+            await super().delete(key)
+
+    return Recording(store)
+
+
 def save_arrays(url: str, arrays: dict, attrs: dict | None = None) -> None:
     """Write small arrays (statistics, models) as one Zarr group."""
     import zarr
