@@ -10,7 +10,16 @@ import numpy as np
 import xarray as xr
 
 from metricpipe.context import StageContext
-from metricpipe.store import Unit, array_names, load_estimator, open_array, read_rows, row_chunks, row_codecs
+from metricpipe.store import (
+    Unit,
+    array_names,
+    load_estimator,
+    open_array,
+    read_block,
+    read_rows,
+    row_chunks,
+    row_codecs,
+)
 from metricpipe.tasks import moments
 from metricpipe.tasks.rows import TrainingRows, take_rows
 from metricpipe.tasks.splits import TEST, TRAIN, VAL  # noqa: F401 - the stages' names for the split codes
@@ -93,7 +102,7 @@ def write_template(
 
 def load_features(url: str, start: int, stop: int, rows: np.ndarray | None = None) -> np.ndarray:
     """Rows ``start:stop`` of a staged array (optionally only the local positions ``rows``)."""
-    X = open_array(f"{url}/features")[start:stop]
+    X = read_block(f"{url}/features", start, stop)
     return X if rows is None else take_rows(X, rows)
 
 
@@ -144,8 +153,8 @@ def moments_block(
     split = open_array(f"{url}/split")[start:stop]
     y = open_array(f"{url}/label")[start:stop]
     train = np.flatnonzero(split == code)
-    X = take_rows(open_array(array_url or f"{url}/features")[start:stop], train)
-    return moments.partial_moments(X, y[train], n_classes, second=second)
+    X = read_block(array_url or f"{url}/features", start, stop)
+    return moments.partial_moments(X, y[train], n_classes, second=second, rows=train)
 
 
 @lru_cache(maxsize=8)

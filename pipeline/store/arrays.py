@@ -2,6 +2,7 @@
 checksums, and the row-block sizes of staged data."""
 
 import json
+import os
 import zlib
 
 import numpy as np
@@ -207,6 +208,50 @@ def read_rows(url: str, idx: np.ndarray) -> np.ndarray:
         lo, hi = cuts[c], cuts[c + 1]
         out[lo:hi] = arr.get_orthogonal_selection((idx[lo:hi], slice(None)))
     return out
+
+
+def read_block(url: str, start: int, stop: int) -> np.ndarray:
+    """Rows ``start:stop`` of a stored array. A block that is exactly one chunk of an uncompressed
+    array in a local store is read straight into the result: zarr reads the file into bytes and
+    copies them again (74 ms against 30 ms for a 64 MB block, measured, paid by every stage per
+    row-block and by the kNN stage per query piece). Anything else is read through zarr."""
+    arr = open_array(url)
+    path = _bare_chunk_file(arr, start, stop)
+    if path is not None:
+        out = np.empty((stop - start,) + arr.shape[1:], arr.dtype)
+        try:
+            with open(path, "rb") as f:
+                if f.readinto(memoryview(out).cast("B")) == out.nbytes and not f.read(1):
+                    return out
+        except FileNotFoundError:
+            pass  # a chunk left at the fill value has no file: zarr fills it in
+    return arr[start:stop]
+
+
+def _bare_chunk_file(arr, start: int, stop: int) -> str | None:
+    """The file of chunk ``start:stop`` when it holds exactly those rows' bytes as numpy lays them out
+    (Zarr v3, local store, only the bytes codec in this machine's byte order, C order, one chunk across
+    the other dimensions); None otherwise."""
+    import sys
+
+    from zarr.codecs import BytesCodec
+    from zarr.storage import LocalStore
+
+    meta, rows = arr.metadata, arr.chunks[0]
+    codecs = getattr(meta, "codecs", ())
+    if (
+        not isinstance(arr.store, LocalStore)
+        or len(codecs) != 1
+        or not isinstance(codecs[0], BytesCodec)
+        or (codecs[0].endian is not None and codecs[0].endian.value != sys.byteorder)
+        or arr.order != "C"
+        or start % rows
+        or stop - start != rows
+        or tuple(arr.chunks[1:]) != tuple(arr.shape[1:])
+    ):
+        return None
+    key = meta.encode_chunk_key((start // rows,) + (0,) * (arr.ndim - 1))
+    return os.path.join(str(arr.store.root), *([arr.path] if arr.path else []), key)
 
 
 def array_names(url: str) -> set:

@@ -404,3 +404,23 @@ def test_write_rows_returns_the_checksums_of_the_chunk_files_as_written(tmp_path
     # a block left at the fill value is removed by zarr, not written: nothing to vouch for
     assert write_rows(url, 100, np.zeros((100, 16), np.float32)) == {}
     assert not (tmp_path / "a" / "c" / "1" / "0").exists()
+
+
+def test_read_block_reads_a_bare_chunk_s_file_and_anything_else_through_zarr(tmp_path, monkeypatch):
+    from metricpipe.store import arrays, create_array, open_array, read_block
+
+    X = np.random.default_rng(0).standard_normal((250, 16)).astype(np.float32)
+    bare = create_array(str(tmp_path / "bare"), X.shape, (100, 16), np.float32, rows=True, sample=X)
+    lz4 = create_array(str(tmp_path / "lz4"), X.shape, (100, 16), np.float32, rows=True, sample=np.zeros((9, 16)))
+    keys = create_array(str(tmp_path / "keys"), (250,), (100,), np.uint64, rows=True, sample=X[:, 0])
+    bare[:], lz4[:], keys[:] = X, X, np.arange(250, dtype=np.uint64)
+    bare[100:200] = 0.0  # left at the fill value: zarr removes the chunk's file
+    assert not (tmp_path / "bare" / "c" / "1" / "0").exists()
+    direct = []
+    real = arrays._bare_chunk_file
+    monkeypatch.setattr(arrays, "_bare_chunk_file", lambda *a: direct.append(real(*a)) or direct[-1])
+    for name in ("bare", "lz4", "keys"):
+        for a, b in ((0, 100), (100, 200), (200, 250), (50, 150)):
+            np.testing.assert_array_equal(read_block(str(tmp_path / name), a, b), open_array(str(tmp_path / name))[a:b])
+    # bare whole chunks (the one at the fill value too, then read by zarr); the 1-D keys' as well
+    assert [p is not None for p in direct] == [True, True, False, False] + [False] * 4 + [True, True, False, False]
