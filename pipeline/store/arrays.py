@@ -123,10 +123,20 @@ def write_rows(url: str, start: int, values: np.ndarray) -> dict:
     {chunk file inside the array: [size, CRC-32]} of every chunk file written, taken from the bytes as
     they go to the store: a commit reuses them instead of reading the files back (1 GB of staged
     features took 3.1 s of checksum tasks after the blocks were written; the CRC of the bytes in
-    memory is a third of that, spread over the writing tasks)."""
+    memory is a third of that, spread over the writing tasks). One whole chunk of an uncompressed
+    local array is written as its file directly (:func:`read_block`'s case; zarr copies the block
+    into a new buffer first: 60 ms against 25 ms for 64 MB, measured), anything else through zarr."""
     import zarr
 
     arr = zarr.open_array(store=url, mode="r+")
+    path = _bare_chunk_file(arr, start, start + len(values))
+    if path is not None:  # one whole uncompressed chunk: its file is the values' bytes
+        data = np.ascontiguousarray(values, arr.dtype)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(f"{path}.partial", "wb") as f:  # (renamed whole, as zarr writes a chunk)
+            f.write(memoryview(data).cast("B"))
+        os.replace(f"{path}.partial", path)
+        return {os.path.relpath(path, url): [int(data.nbytes), zlib.crc32(data)]}
     rec = _recording(arr.store)
     zarr.open_array(store=rec, path=arr.path, mode="r+")[start : start + len(values)] = values
     prefix = f"{arr.path}/" if arr.path else ""

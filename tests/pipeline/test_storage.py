@@ -389,7 +389,7 @@ def test_verify_counts_a_file_its_commit_does_not_list_a_link_or_a_fifo_as_damag
 def test_write_rows_returns_the_checksums_of_the_chunk_files_as_written(tmp_path, sample_kind):
     import fsspec
 
-    from metricpipe.store import create_array, size_crc, write_rows
+    from metricpipe.store import create_array, open_array, size_crc, write_rows
 
     rng = np.random.default_rng(0)
     X = rng.integers(0, 3, (250, 16)) if sample_kind == "compressible" else rng.standard_normal((250, 16))
@@ -401,9 +401,13 @@ def test_write_rows_returns_the_checksums_of_the_chunk_files_as_written(tmp_path
         sums = write_rows(url, start, X[start : start + 100])
         chunk = f"c/{start // 100}/0"
         assert sums == {chunk: size_crc(fs, f"{url}/{chunk}")}
-    # a block left at the fill value is removed by zarr, not written: nothing to vouch for
-    assert write_rows(url, 100, np.zeros((100, 16), np.float32)) == {}
-    assert not (tmp_path / "a" / "c" / "1" / "0").exists()
+    np.testing.assert_array_equal(open_array(url)[:], X)
+    # a compressed block left at the fill value is removed by zarr, not written: nothing to vouch for
+    # (a bare whole chunk is written as it is)
+    sums = write_rows(url, 100, np.zeros((100, 16), np.float32))
+    assert (sums == {}) == (sample_kind == "compressible")
+    assert (tmp_path / "a" / "c" / "1" / "0").exists() == (sample_kind == "dense")
+    np.testing.assert_array_equal(open_array(url)[100:200], 0.0)
 
 
 def test_read_block_reads_a_bare_chunk_s_file_and_anything_else_through_zarr(tmp_path, monkeypatch):
