@@ -7,7 +7,9 @@ The GEMM rate is measured here with numpy on a large GEMM (1024 x 8192 x D), wha
 faiss run single-threaded (as each Dask worker does) and are compared with one thread's rate; the
 stage runs on a LocalCluster of two single-threaded workers and is compared with the machine's rate,
 measured as two single-threaded processes running the GEMM at once (and, for reference, with twice
-one thread's rate, which ignores the caches and memory bandwidth the two cores share).
+one thread's rate, which ignores the caches and memory bandwidth the two cores share). On a machine
+shared with other jobs the stage's rate is also given per CPU second (its workers' and the client's
+user + system time) against one thread's GEMM rate per CPU second, which the load does not move.
 """
 
 import argparse
@@ -26,15 +28,28 @@ from metricpipe.tasks.synthetic import SyntheticSpec  # noqa: E402
 GEMM_SHAPE = (1024, 8192)  # rows of the two operands of the reference GEMM (a large one, whatever our tiles)
 
 
-def gemm_rate(D: int, repeat: int = 5) -> float:
+def gemm_rate(D: int, repeat: int = 5, cpu: bool = False) -> float:
+    """FLOP per second of wall time (``cpu``: per CPU second of this process) of the reference GEMM."""
     rng = np.random.default_rng(0)
     a = rng.standard_normal((GEMM_SHAPE[0], D), dtype=np.float32)
     b = rng.standard_normal((GEMM_SHAPE[1], D), dtype=np.float32)
     a @ b.T
-    t = time.perf_counter()
+    clock = time.process_time if cpu else time.perf_counter
+    t = clock()
     for _ in range(repeat):
         a @ b.T
-    return repeat * 2 * a.shape[0] * b.shape[0] * D / (time.perf_counter() - t)
+    return repeat * 2 * a.shape[0] * b.shape[0] * D / (clock() - t)
+
+
+def cpu_seconds(client=None) -> float:
+    """User + system CPU seconds of this process, and of the cluster's workers when ``client`` is given."""
+    import psutil
+
+    def own():
+        t = psutil.Process().cpu_times()
+        return t.user + t.system
+
+    return own() + (sum(client.run(own).values()) if client is not None else 0.0)
 
 
 def _gemm_worker(D, barrier, out):
@@ -118,14 +133,19 @@ def main():
         ctx = StageContext(client, Store(f"{tmp}/store"), cfg, log=lambda m: None)
         data = run_stage(ctx)
         n_train = int((data.split == 0).sum())
-        t = time.perf_counter()
+        t, c = time.perf_counter(), cpu_seconds(client)
         run_neighbours(ctx, data)
-        t_stage = time.perf_counter() - t
+        t_stage, c_stage = time.perf_counter() - t, cpu_seconds(client) - c
+        peak_cpu = gemm_rate(D, cpu=True)
         f_stage = 2.0 * n_train * n_train * D
         print(
             f"neighbours stage, 2 workers x 1 thread: {t_stage:.2f} s = {f_stage / t_stage / 1e9:.1f} GFLOP/s "
             f"= {f_stage / t_stage / machine:.2f} x the machine's GEMM rate (2 processes at once); "
             f"{f_stage / t_stage / (2 * peak):.2f} x twice one thread's rate"
+        )
+        print(
+            f"   per CPU second: {f_stage / c_stage / 1e9:.1f} GFLOP ({c_stage:.2f} CPU s) against one thread's "
+            f"GEMM {peak_cpu / 1e9:.1f} GFLOP per CPU second = {f_stage / c_stage / peak_cpu:.2f} x"
         )
 
 

@@ -13,6 +13,11 @@ On N x D float32 synthetic features saved as one .npy file, measured in one run:
 The stage times exclude the cluster's start-up and one-time imports (scikit-learn's, for the split:
 ~1 s); the store is fresh each time. Asserts nothing.
 
+Each ratio is also given in CPU seconds (the workers' and the client's user + system time against the
+reference's): on a machine shared with other jobs, wall time compares a 2-worker stage with a
+one-process reference under whatever share of the cores each got, while CPU time does not move with
+the load (it leaves out what wall time adds: waiting, and cores left idle).
+
     PYTHONPATH=. python benchmarks/bench_stages.py [--samples 1000000] [--dim 256] [--workers 2]
 """
 
@@ -32,6 +37,17 @@ from metricpipe.context import StageContext
 from metricpipe.stages.common import load_features
 from metricpipe.store import Store, chunk_rows_for, create_array, load_arrays, load_estimator, open_array
 from metricpipe.tasks.synthetic import SyntheticSpec
+
+
+def cpu_seconds(client=None) -> float:
+    """User + system CPU seconds of this process, and of the cluster's workers when ``client`` is given."""
+    import psutil
+
+    def own():
+        t = psutil.Process().cpu_times()
+        return t.user + t.system
+
+    return own() + (sum(client.run(own).values()) if client is not None else 0.0)
 
 
 def main():
@@ -64,14 +80,14 @@ def main():
         }
     )
     rows = chunk_rows_for(D, cfg.data.chunk_mb)
-    t = time.perf_counter()
+    t, c0 = time.perf_counter(), cpu_seconds()
     src = np.load(f"{tmp}/X.npy", mmap_mode="r")
     out = create_array(
         f"{tmp}/copy.zarr", (n, D), (rows, D), np.float32, rows=True, sample=np.asarray(src[:4096])
     )  # the stage's codec choice
     for s in range(0, n, rows):
         out[s : s + rows] = np.asarray(src[s : s + rows])
-    t_copy = time.perf_counter() - t
+    t_copy, c_copy = time.perf_counter() - t, cpu_seconds() - c0
 
     import sklearn.model_selection  # noqa: F401 -- imported once per process by a run, not per stage
 
@@ -84,39 +100,48 @@ def main():
         store = Store(cfg.store)
         store.check_writable()
         ctx = StageContext(c, store, cfg, log=lambda m: None)
-        t = time.perf_counter()
+        t, c0 = time.perf_counter(), cpu_seconds(c)
         data = stages.run_stage(ctx)
-        t_stage = time.perf_counter() - t
+        t_stage, c_stage = time.perf_counter() - t, cpu_seconds(c) - c0
         print(
             f"1. staging: {mb / t_stage:,.0f} MB/s; plain sequential copy {mb / t_copy:,.0f} MB/s; "
-            f"staging / copy throughput = {t_copy / t_stage:.2f}"
+            f"staging / copy throughput = {t_copy / t_stage:.2f} (in CPU seconds {c_stage:.2f} against "
+            f"{c_copy:.2f}: {c_copy / c_stage:.2f})"
         )
 
-        t = time.perf_counter()
+        t, cs = time.perf_counter(), cpu_seconds(c)
         stats_unit = stages.run_statistics(ctx, data)
-        t_stats = time.perf_counter() - t
+        t_stats, c_stats = time.perf_counter() - t, cpu_seconds(c) - cs
         stats, _ = load_arrays(stats_unit.url)
         train = np.flatnonzero(data.split == 0)
         t = time.perf_counter()
         Xt = np.load(f"{tmp}/X.npy")[train].astype(np.float64)
         t_load = time.perf_counter() - t
+        X0 = Xt.copy()
         t = time.perf_counter()
         mean = Xt.mean(0)
         Xt -= mean
         cov = Xt.T @ Xt / (len(Xt) - 1)
         np.linalg.eigh(cov)
         t_np = time.perf_counter() - t
+        with threadpool_limits(1):  # CPU seconds on one thread: idle BLAS threads spin, which counts
+            cs = cpu_seconds()
+            X0 -= X0.mean(0)
+            np.linalg.eigh(X0.T @ X0 / (len(X0) - 1))
+            c_np = cpu_seconds() - cs
+        del X0
         diff = max(np.abs(stats["mean"] - mean).max(), np.abs(stats["covariance"] - cov).max())
         print(
             f"2. statistics stage {t_stats:.2f} s; numpy in memory {t_np:.2f} s (+ {t_load:.2f} s to load); "
-            f"stage / numpy time = {t_stats / t_np:.2f}; max |difference| {diff:.1e}"
+            f"stage / numpy time = {t_stats / t_np:.2f} (CPU seconds {c_stats:.2f} / {c_np:.2f} on one thread = "
+            f"{c_stats / c_np:.2f}); max |difference| {diff:.1e}"
         )
         del Xt
 
         models = stages.run_train(ctx, data, stats_unit, None)
-        t = time.perf_counter()
+        t, ce = time.perf_counter(), cpu_seconds(c)
         codes = stages.run_encode(ctx, data, models)
-        t_enc = time.perf_counter() - t
+        t_enc, c_enc = time.perf_counter() - t, cpu_seconds(c) - ce
         est = load_estimator(models[0][1].url)  # PCA: codes (x - mean) W = x W + b
         arrays = {"W": est.components_, "b": est.offset_}
         Xa = np.load(f"{tmp}/X.npy")
@@ -126,10 +151,10 @@ def main():
         err = np.abs(open_array(f"{codes[0][1].url}/codes")[:1000] - ref[:1000]).max()
         del ref, Xa
         with threadpool_limits(1):  # as in a worker: one thread
-            t = time.perf_counter()
+            t, cb = time.perf_counter(), cpu_seconds()
             for a0, b0 in data.chunks:  # the plain per-block work: read the staged block, one matmul
                 load_features(data.url, a0, b0) @ arrays["W"] + arrays["b"]
-            t_block = (time.perf_counter() - t) / len(data.chunks)
+            t_block, c_block = (time.perf_counter() - t) / len(data.chunks), (cpu_seconds() - cb) / len(data.chunks)
         per_block = t_enc * a.workers / len(data.chunks)
         print(
             f"3. encode stage (PCA-64) {t_enc:.2f} s = {n / t_enc:,.0f} rows/s; numpy matmul in memory "
@@ -137,7 +162,8 @@ def main():
         )
         print(
             f"   per block ({len(data.chunks)} blocks): stage {per_block:.3f} s (wall x {a.workers} workers / blocks); "
-            f"read + matmul {t_block:.3f} s; stage / (read + matmul) = {per_block / t_block:.2f}"
+            f"read + matmul {t_block:.3f} s; stage / (read + matmul) = {per_block / t_block:.2f} (CPU seconds "
+            f"per block {c_enc / len(data.chunks):.3f} / {c_block:.3f} = {c_enc / len(data.chunks) / c_block:.2f})"
         )
     if a.dir is None:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -141,18 +141,25 @@ class StageContext:
             return False
         return unit.meta().get("run") in self.forced_by
 
-    def commit(self, unit, meta: dict) -> None:
-        """Commit ``unit`` with its files' checksums, the large files read by the workers in parallel."""
-        unit.commit(meta, self.checksums(unit))
+    def commit(self, unit, meta: dict, written: dict | None = None) -> None:
+        """Commit ``unit`` with its files' checksums: ``written`` (path inside the unit: [size, CRC-32])
+        those its tasks took of the bytes they wrote (:func:`metricpipe.store.write_rows`), the other
+        large files read back by the workers in parallel."""
+        written = written or {}
+        unit.commit(meta, {**self.checksums(unit, skip=set(written)), **written})
         self.made.add(unit.rel)
 
-    def checksums(self, unit, names: list | None = None) -> dict:
+    def checksums(self, unit, names: list | None = None, skip: set = frozenset()) -> dict:
         """{name: [size, CRC-32]} of the unit's files of CHECKSUM_TASK_BYTES / 16 (8 MiB) or more, among
         ``names`` (all files when None), taken by tasks of about CHECKSUM_TASK_BYTES each: reading a
         1 GB unit back on the client took 0.88 s, longer than writing it on two workers. Missing
-        files are left out (the caller reports them)."""
+        files, and those in ``skip``, are left out (the caller reports or has them)."""
         sizes = unit.file_sizes()
-        names = [n for n in (sizes if names is None else names) if sizes.get(n, 0) >= CHECKSUM_TASK_BYTES // 16]
+        names = [
+            n
+            for n in (sizes if names is None else names)
+            if sizes.get(n, 0) >= CHECKSUM_TASK_BYTES // 16 and n not in skip
+        ]
         if not names:
             return {}
         groups, total = [[]], 0

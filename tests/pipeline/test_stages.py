@@ -361,3 +361,39 @@ def test_a_unit_left_unfinished_is_announced_once_however_often_it_is_asked_for(
         "  train: models/0123456789abcdef was left unfinished by a run that stopped (interrupted or failed); "
         "recomputing it"
     ]
+
+
+@pytest.mark.integration
+def test_staging_and_encode_commit_the_checksums_of_the_bytes_they_wrote_reading_none_back(
+    client, tmp_path, monkeypatch
+):
+    """Each block's task checksums the chunk files it writes; the commit reads none of them back (1 GB
+    of staged features took 3.1 s of checksum tasks), and its record is what the files hold."""
+    from metricpipe import context
+
+    X = np.random.default_rng(1).standard_normal((1000, 7)).astype(np.float32)
+    np.savez(tmp_path / "d.npz", X=X, y=np.arange(1000) % 5)
+    cfg = parse_config(
+        {
+            "data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.0083, "split": {"test": 0.3}},
+            "methods": [{"method": "pca", "dim": 3}],
+        }
+    )
+    monkeypatch.setattr(context, "CHECKSUM_TASK_BYTES", 16)  # any file would be read back by a task
+    ctx = StageContext(client, Store(str(tmp_path / "s")), cfg, log=lambda m: None)
+    read_back, submit = [], ctx.submit
+
+    def spy(fn, *args, name, **kwargs):
+        if name == "checksum":
+            read_back.extend(args[2])  # size_crcs(fs, root, names)
+        return submit(fn, *args, name=name, **kwargs)
+
+    monkeypatch.setattr(ctx, "submit", spy)
+    data = stages.run_stage(ctx)
+    models = stages.run_train(ctx, data, stages.run_statistics(ctx, data), None)
+    (_, codes, _), *_ = stages.run_encode(ctx, data, models)
+    files = [n for unit in (data.unit, codes) for n in unit.meta()["files"]]
+    written = [n for n in files if n.split("/c/")[0] in ("features", "row_key", "codes") and "/c/" in n]
+    assert len(written) == 3 * len(data.chunks)
+    assert read_back and not set(read_back) & set(written)  # (the template's small files are read back)
+    assert data.unit.meta()["files"] == data.unit.checksums() and codes.meta()["files"] == codes.checksums()

@@ -383,3 +383,48 @@ def test_verify_counts_a_file_its_commit_does_not_list_a_link_or_a_fifo_as_damag
         f"from someone else?)"
     )
     assert bad[1].startswith(f"{unit.rel}/w/fifo: not a regular file") and len(bad) == 2
+
+
+@pytest.mark.parametrize("sample_kind", ["compressible", "dense"])  # LZ4 chunks and bare ones
+def test_write_rows_returns_the_checksums_of_the_chunk_files_as_written(tmp_path, sample_kind):
+    import fsspec
+
+    from metricpipe.store import create_array, open_array, size_crc, write_rows
+
+    rng = np.random.default_rng(0)
+    X = rng.integers(0, 3, (250, 16)) if sample_kind == "compressible" else rng.standard_normal((250, 16))
+    X = X.astype(np.float32)
+    url = str(tmp_path / "a")
+    create_array(url, X.shape, (100, 16), np.float32, fill_value=0.0, rows=True, sample=X)
+    fs = fsspec.filesystem("file")
+    for start in (0, 100, 200):
+        sums = write_rows(url, start, X[start : start + 100])
+        chunk = f"c/{start // 100}/0"
+        assert sums == {chunk: size_crc(fs, f"{url}/{chunk}")}
+    np.testing.assert_array_equal(open_array(url)[:], X)
+    # a compressed block left at the fill value is removed by zarr, not written: nothing to vouch for
+    # (a bare whole chunk is written as it is)
+    sums = write_rows(url, 100, np.zeros((100, 16), np.float32))
+    assert (sums == {}) == (sample_kind == "compressible")
+    assert (tmp_path / "a" / "c" / "1" / "0").exists() == (sample_kind == "dense")
+    np.testing.assert_array_equal(open_array(url)[100:200], 0.0)
+
+
+def test_read_block_reads_a_bare_chunk_s_file_and_anything_else_through_zarr(tmp_path, monkeypatch):
+    from metricpipe.store import arrays, create_array, open_array, read_block
+
+    X = np.random.default_rng(0).standard_normal((250, 16)).astype(np.float32)
+    bare = create_array(str(tmp_path / "bare"), X.shape, (100, 16), np.float32, rows=True, sample=X)
+    lz4 = create_array(str(tmp_path / "lz4"), X.shape, (100, 16), np.float32, rows=True, sample=np.zeros((9, 16)))
+    keys = create_array(str(tmp_path / "keys"), (250,), (100,), np.uint64, rows=True, sample=X[:, 0])
+    bare[:], lz4[:], keys[:] = X, X, np.arange(250, dtype=np.uint64)
+    bare[100:200] = 0.0  # left at the fill value: zarr removes the chunk's file
+    assert not (tmp_path / "bare" / "c" / "1" / "0").exists()
+    direct = []
+    real = arrays._bare_chunk_file
+    monkeypatch.setattr(arrays, "_bare_chunk_file", lambda *a: direct.append(real(*a)) or direct[-1])
+    for name in ("bare", "lz4", "keys"):
+        for a, b in ((0, 100), (100, 200), (200, 250), (50, 150)):
+            np.testing.assert_array_equal(read_block(str(tmp_path / name), a, b), open_array(str(tmp_path / name))[a:b])
+    # bare whole chunks (the one at the fill value too, then read by zarr); the 1-D keys' as well
+    assert [p is not None for p in direct] == [True, True, False, False] + [False] * 4 + [True, True, False, False]

@@ -180,3 +180,36 @@ def test_a_1d_x_is_one_line_naming_its_shape_and_the_reshape(cls):
         r"1-D of shape \(200,\); Reshape your data with X.reshape\(-1, 1\)[^\n]*$",
     ):
         cls().fit(x, np.arange(200) % 2)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_all_finite_finds_any_non_finite_value_without_a_mask(bad):
+    from metricpipe.tasks.validate import all_finite
+
+    X = np.random.default_rng(0).standard_normal((300, 7)).astype(np.float32)
+    assert all_finite(X) and all_finite(X[:0])
+    X[123, 4] = bad
+    assert not all_finite(X)
+    with pytest.raises(InputError, match=r"first at row 1123, column 4"):
+        check_feature_block(X, 1000, "f.npy")
+
+
+def test_row_keys_are_each_row_s_own_hash_whatever_the_slab():
+    """Slabs of 4,096 rows share one buffer: each key is still that of its row alone."""
+    from metricpipe.tasks import stream
+
+    X = np.random.default_rng(1).standard_normal((9000, 11)).astype(np.float32)
+    keys = stream.row_keys(X)
+    rows = [0, 4095, 4096, 4097, 8191, 8192, 8999]
+    np.testing.assert_array_equal(keys[rows], [stream.row_keys(X[r : r + 1])[0] for r in rows])
+    assert len(np.unique(keys)) == len(keys)
+
+
+def test_take_rows_takes_positions_or_a_mask():
+    from metricpipe.tasks.rows import take_rows
+
+    X = np.arange(20.0, dtype=np.float32).reshape(10, 2)
+    np.testing.assert_array_equal(take_rows(X, np.array([7, 2, 2])), X[[7, 2, 2]])
+    mask = np.zeros(10, bool)
+    mask[[1, 8]] = True
+    np.testing.assert_array_equal(take_rows(X, mask), X[mask])

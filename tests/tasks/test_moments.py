@@ -116,3 +116,19 @@ def test_without_rows_gives_the_class_means_of_the_other_rows_and_keeps_the_rest
         assert got[k] is stats[k]
     with pytest.raises(ValueError, match="not a part of"):
         moments.without_rows(got, X[y == 0], y[y == 0])  # more rows of class 0 than it has left
+
+
+@pytest.mark.parametrize("second", [True, False])
+def test_moments_of_selected_rows_gathered_by_slabs_are_those_of_the_copy(second):
+    """``rows`` gathers a slab at a time (no copy of the selection): the same bits as X[rows]."""
+    rng = np.random.default_rng(0)
+    X = (rng.standard_normal((2 * moments.SCATTER_ROWS + 777, 9)) + 5).astype(np.float32)
+    y = rng.integers(0, 4, len(X))
+    rows = np.flatnonzero(rng.random(len(X)) < 0.9)
+    a = moments.partial_moments(X[rows], y[rows], 4, second=second)
+    b = moments.partial_moments(X, y[rows], 4, second=second, rows=rows)
+    assert a.n == b.n == len(rows) and a.sumsq == b.sumsq
+    for f in ("mean", "class_counts", "class_sums") + (("m2",) if second else ()):
+        np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+    with pytest.raises(IndexError):
+        moments.partial_moments(X, y[:1], 4, rows=np.array([len(X)]))
