@@ -22,11 +22,13 @@ def connect(
     tls: tuple | None = None,
     wait_timeout: float | None = None,
 ):
-    """Yield a connected Client (`cluster_client`); a failed connection between the cluster's members
-    while it is used (a worker registered at an address the scheduler or this machine cannot reach:
-    OSError from a scatter or a gather) is one line naming the address."""
+    """Yield a connected Client (`cluster_client`), its workers' heap set (:class:`HeapTemporaries`); a
+    failed connection between the cluster's members while it is used (a worker registered at an
+    address the scheduler or this machine cannot reach: OSError from the plugin's registration, a
+    scatter or a gather) is one line naming the address."""
     with cluster_client(cluster, workers, threads_per_worker, memory_limit, dashboard, tls, wait_timeout) as client:
         try:
+            client.register_plugin(HeapTemporaries())  # (reaches every worker: a failure is the one line below)
             yield client
         except OSError as e:
             if not comm_failure(e):
@@ -77,5 +79,4 @@ def cluster_client(
     else:
         connected = spec_cluster_client(cluster, workers)
     with connected as client, WorkerWatch(client, cluster, wait_timeout):
-        client.register_plugin(HeapTemporaries())
         yield client
