@@ -263,15 +263,9 @@ def panel_over_dim(records: list, metric: str, classifier) -> dict:
                 baselines.add(label)
     label, higher, _ = definition(metric)
     label += "" if classifier is None else f" ({classifier})"
-    return dict(
-        series=series,
-        baselines=frozenset(baselines),
-        xlabel="code dimension",
-        ylabel=label,
-        discrete_x=True,
-        log2_x=log_axis(x for pts in series.values() for x, _ in pts),
-        title=f"{label} ({'higher' if higher else 'lower'} is better)",
-    )
+    title = f"{label} ({'higher' if higher else 'lower'} is better)"
+    log2_x = log_axis(x for pts in series.values() for x, _ in pts)
+    return series_panel(series, baselines, "code dimension", label, title, log2_x=log2_x)
 
 
 def panel_over_k(records: list, name: str, dim) -> dict:
@@ -284,12 +278,19 @@ def panel_over_k(records: list, name: str, dim) -> dict:
             series.setdefault(label, []).append((at[1], r["value"]))
             if r["method"] in BASELINES:
                 baselines.add(label)
+    title = f"{DEFINITIONS[name][0].format(k='K')} against K, d = {dim}"
+    return series_panel(series, baselines, "K", f"{name}@K", title, marker=".")
+
+
+def series_panel(series: dict, baselines, xlabel: str, ylabel: str, title: str, **style) -> dict:
+    """A panel of one line per model over discrete x values (``series``: label -> [(x, y)]), the
+    ``baselines`` among them drawn apart; ``style``: ``log2_x``, ``marker``."""
     return dict(
         series=series,
         baselines=frozenset(baselines),
-        xlabel="K",
-        ylabel=f"{name}@K",
+        xlabel=xlabel,
+        ylabel=ylabel,
         discrete_x=True,
-        marker=".",
-        title=f"{DEFINITIONS[name][0].format(k='K')} against K, d = {dim}",
+        title=title,
+        **style,
     )

@@ -6,7 +6,7 @@ learned model, baselines and faiss's unsupervised OPQ + PQ of the raw features g
 import html
 
 from metricpipe.report.data import model_label, swept_params
-from metricpipe.report.plots import figure_html
+from metricpipe.report.plots import figure_html, series_panel
 from metricpipe.tasks.pq import ANCHOR
 from metricpipe.tasks.registry import BASELINES
 
@@ -76,15 +76,8 @@ def quality_panel(rows: list) -> dict:
             series.setdefault(r["label"], []).append((r["values"][("bytes_per_vector", None)], r["values"][mc]))
             if r["baseline"]:
                 baselines.add(r["label"])
-    return dict(
-        series=series,
-        baselines=frozenset(baselines),
-        xlabel="bytes per vector",
-        ylabel=name,
-        discrete_x=True,
-        log2_x=True,
-        title=f"{name} through the encoded database ({'higher' if higher else 'lower'} is better)",
-    )
+    title = f"{name} through the encoded database ({'higher' if higher else 'lower'} is better)"
+    return series_panel(series, baselines, "bytes per vector", name, title, log2_x=True)
 
 
 def _cell(row: dict, mc: tuple, best: dict) -> str:
