@@ -184,7 +184,7 @@ class StageContext:
         if point and name.startswith(point.split(":", 1)[0]):
             fn = functools.partial(_die_once, point.split(":", 1)[1], fn)
         future = self.client.submit(
-            fn, *args, key=f"{name}-{self.run_id}-{uuid.uuid4().hex[:6]}", retries=RETRIES, pure=False, **kwargs
+            fn, *args, key=task_key(name, self.run_id, self.tasks), retries=RETRIES, pure=False, **kwargs
         )
         if self.progress is not None:
             self.progress.add(future, name)
@@ -256,8 +256,15 @@ def _executing(dask_scheduler) -> list:
     return [ts.key for ws in dask_scheduler.workers.values() for ts in ws.executing]
 
 
+def task_key(name: str, run_id: str, number: int) -> str:
+    """The Dask key of a run's ``number``-th task: unique by construction. (Keys ended in 6 random hex
+    digits: two tasks of one name drew the same key about once in 10^4 runs, and Dask then hands the
+    second submit the first task's future, so a class-means tree summed two models' moments.)"""
+    return f"{name}-{run_id}-{number}"
+
+
 def task_name(key) -> str:
-    """The name :meth:`StageContext.submit` gave a task, from its key (``NAME-RUNID-XXXXXX``)."""
+    """The name :meth:`StageContext.submit` gave a task, from its key (:func:`task_key`)."""
     return str(key).rsplit("-", 2)[0] if isinstance(key, str) and key.count("-") >= 2 else str(key)
 
 

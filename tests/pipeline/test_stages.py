@@ -197,6 +197,20 @@ def test_results_are_handed_over_as_they_finish_before_a_later_failure(client, t
 
 
 @pytest.mark.integration
+def test_tasks_of_one_name_never_share_a_key_whatever_the_random_source(client, tmp_path, monkeypatch):
+    """Dask hands a submit whose key exists the existing task's future: two tasks of one name (the
+    class-means trees of two views) must never share a key, even if random draws repeat."""
+    import uuid
+
+    fixed = uuid.UUID(int=7)
+    monkeypatch.setattr(uuid, "uuid4", lambda: fixed)  # every draw the same: a collision made certain
+    ctx = StageContext(client, Store(str(tmp_path)), parse_config({"data": {"source": "digits"}}), log=lambda m: None)
+    futures = [ctx.submit(int, str(i), name="ncm-means") for i in range(20)]
+    assert len({f.key for f in futures}) == 20
+    assert ctx.gather(futures, "evaluate") == list(range(20))
+
+
+@pytest.mark.integration
 def test_each_result_is_read_once_and_one_that_cannot_be_read_is_a_stage_error(client, tmp_path, monkeypatch):
     """A finished task whose worker is lost before its result is read (KilledWorker on the re-run, a
     cancelled future) gave a raw traceback and exit 1: gather read each result twice or three times.
