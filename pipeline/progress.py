@@ -10,12 +10,15 @@ rewritten in place (tqdm); elsewhere (a log file, a CI job) a plain line
 every PLAIN_SECONDS when tasks finish, and at least every HEARTBEAT_SECONDS while none does, and one
 when the stage ends.
 
-The time left is not the rate of the last few tasks (one long model after many short ones swung it
-from 1 to 22 minutes): with the plan's estimate of each task (``estimates``, by task name; the train
-stage's models) it is the estimates of the unfinished tasks, run ``slots`` at a time, times the pace
-the finished ones kept against their estimates (starting from the plan's own, PRIOR_SECONDS of
-weight); without estimates, the stage's average pace per task since it began. Either counts down
-between finished tasks and is smoothed (SMOOTHING of each new value).
+The time left is not the rate of the last few tasks, nor the count's pace (one long model after many
+short ones swung it from 1 to 22 minutes; 5 kNN searches among 128 quick writes said 2 h 40 min for a
+5 min stage): with an estimate of each task (the plan's by task name, ``estimates``: the train
+stage's models; or the task's own, from the multiply-adds its stage gave ``StageContext.submit``) it
+is the estimates of the unfinished tasks, run ``slots`` at a time, times the pace the finished ones
+kept against their estimates (starting from the plan's own, PRIOR_SECONDS of weight); tasks without
+one (writes, combines) count for nothing. With no estimate at all, the stage's average pace per task
+since it began. Either counts down between finished tasks and is smoothed (SMOOTHING of each new
+value).
 """
 
 import os
@@ -110,8 +113,11 @@ class StageProgress:
         self._estimates, self._slots, self._running = estimates or {}, max(1, int(slots)), running
         self._planned = {n for n in planned if n in self._estimates}  # expected, not submitted yet
         self._pending = {}  # key -> task name, in submission order
+        self._seconds = {}  # key -> estimated seconds, of the unfinished tasks that have an estimate
         self._names, self._names_at = None, None  # the running tasks' names, and when they were asked
         self._finished_known = 0.0  # the estimated seconds of the finished tasks that have one
+        self._busy, self._busy_at = 0.0, self._start  # seconds during which such a task was unfinished
+        self._busy_done = 0.0  # ... until the last of them finished
         self._eta = None  # (seconds left shown, when)
         self._stop = threading.Event()
         self._thread = None
@@ -120,11 +126,17 @@ class StageProgress:
             self._thread.start()
 
     # -- the count ---------------------------------------------------------------------------------------
-    def add(self, future, name: str | None = None) -> None:
-        """Count ``future`` (its task ``name`` says which model it trains) as one of the stage's tasks."""
+    def add(self, future, name: str | None = None, seconds: float | None = None) -> None:
+        """Count ``future`` (its task ``name`` says which model it trains) as one of the stage's tasks;
+        ``seconds``: its estimate (default: the plan's for its name, if any)."""
         with self._lock:
             self.total += 1
             self._pending[_key(future)] = name or ""
+            if seconds is None:
+                seconds = self._estimates.get(name)
+            if seconds is not None:
+                self._busy_until(self._clock())
+                self._seconds[_key(future)] = float(seconds)
             self._planned.discard(name)
             if self._terminal and self._bar is None and not self._closed:
                 self._bar = self._new_bar()
@@ -154,11 +166,21 @@ class StageProgress:
         with self._lock:
             if self._closed:
                 return
-            name = self._pending.pop(_key(future), None)
-            self._finished_known += self._estimates.get(name, 0.0) if name is not None else 0.0
+            self._pending.pop(_key(future), None)
             self._last_finish = self._clock()
+            self._busy_until(self._last_finish)
+            if _key(future) in self._seconds:
+                self._finished_known += self._seconds.pop(_key(future))
+                self._busy_done = self._busy
             self.done += 1
             self._show()
+
+    def _busy_until(self, now: float) -> None:
+        """Count the time since the last event towards the estimated tasks' time if any was unfinished
+        (the tasks without an estimate, a train stage's row shuffle, do not slow the pace)."""
+        if self._seconds:
+            self._busy += now - self._busy_at
+        self._busy_at = now
 
     # -- what runs, and the time left ----------------------------------------------------------------------
     def running_names(self) -> list[str]:
@@ -206,16 +228,16 @@ class StageProgress:
             return self._eta[0]
 
     def _raw_left(self, now: float) -> float | None:
-        left = [self._estimates[n] for n in [*self._pending.values(), *self._planned] if n in self._estimates]
+        left = [*self._seconds.values(), *(self._estimates[n] for n in self._planned)]
         if left:
             # the plan's seconds run `slots` at a time (the longest one alone at least), at the pace the
-            # finished tasks kept against their estimates until the last of them finished (the plan's
-            # own pace counting PRIOR_SECONDS), less the time since then (the running tasks' progress);
-            # a tenth of it at least while tasks remain
+            # finished tasks kept against their estimates (over the time some estimated task was
+            # unfinished, until the last of them finished; the plan's own pace counting PRIOR_SECONDS),
+            # less such time since then (the running tasks' progress); a tenth of it at least
             planned = max(max(left), sum(left) / self._slots)
-            observed = self._last_finish - self._start
-            pace = (observed + PRIOR_SECONDS) / (self._finished_known / self._slots + PRIOR_SECONDS)
-            return max(planned * pace - (now - self._last_finish), 0.1 * planned * pace)
+            pace = (self._busy_done + PRIOR_SECONDS) / (self._finished_known / self._slots + PRIOR_SECONDS)
+            busy = self._busy + (now - self._busy_at if self._seconds else 0.0)
+            return max(planned * pace - (busy - self._busy_done), 0.1 * planned * pace)
         if not self.done:
             return None
         return (self._last_finish - self._start) * (self.total - self.done) / self.done  # the stage's pace per task

@@ -133,6 +133,7 @@ def _run_locked(store, cfg, resume, log, performance_report, client, force, repa
                 forced_by=forced_by,
                 run_id=store.run_id,
                 estimates=est.progress_estimates(),
+                rate=est.rate,
             )
             out = _run(ctx, plan, log, result)
             forcing(store, None, resume, log)  # finished: nothing left to continue

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from metricpipe.tasks import evaluation
+from metricpipe.tasks import evaluation, madds
 from metricpipe.tasks.errors import InputError
 
 BITS = 8  # bits per sub-quantiser: M sub-quantisers, M bytes per vector
@@ -29,6 +29,32 @@ CENTROIDS = 1 << BITS
 TRAIN_ROWS = CENTROIDS * 256
 #: The unsupervised anchor's name in the records: faiss's OPQ + PQ of the raw (staged) features.
 ANCHOR = "opq-pq"
+
+
+#: faiss's k-means iterations (ClusteringParameters.niter) and OPQ's (OPQMatrix: niter outer
+#: iterations of niter_pq k-means iterations each, after niter_pq_0 for its first quantiser).
+KMEANS_ITERS, OPQ_ITERS, OPQ_PQ_ITERS, OPQ_PQ_ITERS_0 = 25, 50, 4, 40
+
+
+def train_cost(n: int, d: int, M: int, rotate: bool = False) -> float:
+    """Multiply-adds of :func:`train` on ``n`` rows of ``d`` dimensions (:mod:`metricpipe.tasks.madds`'s
+    unit): each k-means iteration finds every row's nearest of CENTROIDS centroids in each of the M
+    sub-spaces (n x 256 x d in all); OPQ's iterations each also encode the rows and rotate them
+    (a d x d GEMM over the rows and a d x d SVD, about two eigendecompositions)."""
+    n = min(n, TRAIN_ROWS)
+    step = madds.gemm(n, CENTROIDS, d, float32=True)
+    cost = KMEANS_ITERS * step
+    if rotate:
+        cost += OPQ_PQ_ITERS_0 * step + OPQ_ITERS * (
+            (OPQ_PQ_ITERS + 1) * step + 2 * madds.gemm(n, d, d, float32=True) + 2 * madds.eigh(d)
+        )
+    return cost
+
+
+def encode_cost(n: int, d: int, rotate: bool = False) -> float:
+    """Multiply-adds of :func:`encode` of ``n`` rows (each row's nearest centroid in each sub-space,
+    after OPQ's rotation)."""
+    return madds.gemm(n, CENTROIDS, d, float32=True) + (madds.gemm(n, d, d, float32=True) if rotate else 0.0)
 
 
 def _faiss():

@@ -109,7 +109,15 @@ def run_encode(ctx: StageContext, data: DataInfo, models: list) -> list[tuple[di
         for a, b in data.chunks:
             futures.append(
                 ctx.submit(
-                    _encode_block, data.url, model.url, unit.url, a, b, spec, name=f"encode-{registry.model_name(spec)}"
+                    _encode_block,
+                    data.url,
+                    model.url,
+                    unit.url,
+                    a,
+                    b,
+                    spec,
+                    name=f"encode-{registry.model_name(spec)}",
+                    madds=registry.make(spec).transform_cost(b - a, data.n_features, len(data.classes) or 2),
                 )
             )
             labels.append(f"model {registry.model_name(spec)} rows {a}..{b - 1}")
@@ -173,14 +181,24 @@ def _quantise(ctx: StageContext, data: DataInfo, todo: list) -> None:
         rows = pq_units.sample_rows(data, e.source.dim, seed)
         samples.append(len(rows))
         args = (e.source.url, rows, e.unit.url, e.pq_bytes, e.source.metric, e.source.rotate, seed)
-        trained.append(ctx.submit(pq_units.train_quantiser, *args, name=f"pq-train-{_name(e)}"))
+        cost = pq.train_cost(len(rows), e.source.dim, e.pq_bytes, e.source.rotate)
+        trained.append(ctx.submit(pq_units.train_quantiser, *args, name=f"pq-train-{_name(e)}", madds=cost))
     blobs = ctx.gather(trained, "encode", [f"{_name(e)} quantiser" for e in todo])
     futures, labels, sizes = [], [], []
     for e, future, blob in zip(todo, trained, blobs):
         sizes.append(pq_units.create_codes(e.unit.url, data.n_samples, data.chunk_rows, blob))
         for a, b in data.chunks:  # the trained quantiser goes to each worker once (the train task's result)
             futures.append(
-                ctx.submit(pq_units.encode_rows, e.source.url, e.unit.url, future, a, b, name=f"pq-encode-{_name(e)}")
+                ctx.submit(
+                    pq_units.encode_rows,
+                    e.source.url,
+                    e.unit.url,
+                    future,
+                    a,
+                    b,
+                    name=f"pq-encode-{_name(e)}",
+                    madds=pq.encode_cost(b - a, e.source.dim, e.source.rotate),
+                )
             )
             labels.append(f"{_name(e)} rows {a}..{b - 1}")
     ctx.gather(futures, "encode", labels)
@@ -222,6 +240,15 @@ def largest_tasks(info, cfg, limit: float) -> list:
 
 def work(info, cfg, specs: list) -> float:
     """Multiply-adds of encoding every row with each model of ``specs`` (each learner says what its
-    transform costs)."""
-    n_classes = len(info.classes or []) or 2
-    return sum(registry.make(s).transform_cost(info.n_samples, info.n_features, n_classes) for s in specs)
+    transform costs) and, per size of ``encode.pq``, of training and applying the product quantiser
+    of each model's codes and the anchor's OPQ + PQ of the features (a model whose codes no vector
+    index compares is counted too: an upper bound)."""
+    n_classes, D = len(info.classes or []) or 2, info.n_features
+    total = sum(registry.make(s).transform_cost(info.n_samples, D, n_classes) for s in specs)
+    n_train = int((info.split == TRAIN).sum())
+    sources = [(registry.make(s).code_dim(D, n_classes), False) for s in specs] + [(D, True)]
+    for M in cfg.encode.pq:
+        for dim, rotate in sources:
+            rows = pq_units.sample_size(n_train, dim)
+            total += pq.train_cost(rows, dim, M, rotate) + pq.encode_cost(info.n_samples, dim, rotate)
+    return total

@@ -105,7 +105,18 @@ def run_neighbours(ctx: StageContext, data: DataInfo) -> Unit:
     elif by_index:
         pieces, extra = _ivf_pieces(ctx, data, unit, blocks, cuts, k)
     else:
-        pieces = [ctx.submit(_knn_piece, data.url, piece, blocks, k, name="knn-piece") for piece in cuts]
+        pieces = [
+            ctx.submit(
+                _knn_piece,
+                data.url,
+                piece,
+                blocks,
+                k,
+                name="knn-piece",
+                madds=knn.search_cost(len(piece), n_train, data.n_features),
+            )
+            for piece in cuts
+        ]
     writes, where = _write_tasks(ctx, unit, data, cuts, pieces, k)
     ctx.gather(pieces, "neighbours", [f"query rows {p[0]}..{p[-1]}" for p in cuts])
     ctx.gather(writes, "neighbours", where)

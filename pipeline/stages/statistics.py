@@ -9,7 +9,7 @@ from metricpipe.budget import row_block
 from metricpipe.context import StageContext
 from metricpipe.stages.common import TRAIN, DataInfo, commit_timed, moments_block, tree_combine
 from metricpipe.store import Unit, hash_key, open_array, save_arrays
-from metricpipe.tasks import moments
+from metricpipe.tasks import madds, moments
 
 # ---- 2. statistics -------------------------------------------------------------------------------------
 
@@ -41,17 +41,32 @@ def run_statistics(ctx: StageContext, data: DataInfo) -> Unit:
         return unit
     t0 = time.perf_counter()
     unit.begin()
-    parts = [
-        ctx.submit(moments_block, data.url, a, b, len(data.classes), dense, name="moments-block")
-        for a, b in data.chunks
-    ]
-    # wait, but leave each block's moments (a D x D matrix) on its worker: the tree combines them there
+    D = data.n_features
+    parts, total = tree_combine(
+        ctx,
+        (
+            ctx.submit(
+                moments_block,
+                data.url,
+                a,
+                b,
+                len(data.classes),
+                dense,
+                name="moments-block",
+                madds=madds.gemm(D, D, int((data.split[a:b] == TRAIN).sum())) if dense else None,
+            )
+            for a, b in data.chunks
+        ),
+        "moments-combine",
+    )
+    # wait, without fetching the blocks' moments (a D x D matrix each, freed once combined), so that a
+    # failure names its block
     ctx.gather(parts, "statistics", [f"rows {a}..{b - 1}" for a, b in data.chunks], fetch=False)
-    total = tree_combine(ctx, parts, "moments-combine")
     if dense:
-        meta = ctx.gather(
-            [ctx.submit(_finalize_statistics, total, unit.url, None, name="statistics-finalize")], "statistics"
-        )[0]
+        finalize = ctx.submit(
+            _finalize_statistics, total, unit.url, None, name="statistics-finalize", madds=madds.eigh(D)
+        )
+        meta = ctx.gather([finalize], "statistics")[0]
     else:
         meta = _randomized_statistics(ctx, data, total, unit, cfg.components)
     commit_timed(ctx, unit, t0, {**meta, "dense": dense})

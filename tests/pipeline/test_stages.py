@@ -38,6 +38,65 @@ def test_staged_features_and_coordinates(staged):
     assert (data.split == stages.TEST).mean() == pytest.approx(0.3, abs=0.01)
 
 
+class _HeldMoments:
+    """A scheduler plugin: the most results of the statistics stage's tasks held in memory at once."""
+
+    name = "held-moments"
+
+    def __init__(self):
+        self.held, self.most = set(), 0
+
+    def transition(self, key, start, finish, *args, **kwargs):
+        if not str(key).startswith(("moments-block", "moments-combine")):
+            return
+        if finish == "memory":
+            self.held.add(key)
+        else:
+            self.held.discard(key)
+        self.most = max(self.most, len(self.held))
+
+
+@pytest.mark.integration
+def test_the_statistics_stage_combines_moments_as_blocks_finish_not_after_all(client, tmp_path):
+    """Every block's D x D moments were held until the last block finished: 128 blocks of 4,096-d
+    moments (167 MB each) on 2 workers of 4.8 GB, and a worker was restarted."""
+    from distributed.diagnostics.plugin import SchedulerPlugin
+
+    rng = np.random.default_rng(3)
+    X, y = rng.standard_normal((1200, 6)).astype(np.float32), np.arange(1200) % 3
+    np.savez(tmp_path / "d.npz", X=X, y=y)
+    cfg = parse_config({"data": {"path": str(tmp_path / "d.npz"), "chunk_mb": 0.0012, "split": {"test": 0.2}}})
+    ctx = StageContext(client, Store(str(tmp_path / "s")), cfg, log=lambda m: None)
+    data = stages.run_stage(ctx)
+    assert len(data.chunks) == 24
+    plugin = type("Held", (_HeldMoments, SchedulerPlugin), {})()
+    client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.add_plugin(plugin, name=plugin.name))
+    names, real = [], ctx.submit
+    ctx.submit = lambda fn, *a, **k: names.append(k["name"]) or real(fn, *a, **k)
+    try:
+        stats, _ = load_arrays(stages.run_statistics(ctx, data).url)
+        most = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins["held-moments"].most)
+    finally:
+        client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.remove_plugin(name="held-moments"))
+    # each pair is combined right behind it, ahead of later blocks: after the j-th block, as many
+    # combines as j has trailing zero bits (a binary counter); then the smaller trees left, combined
+    after = [0] * 24
+    j = 0
+    for name in names:
+        if name == "moments-block":
+            j += 1
+        elif name == "moments-combine" and j < 24:
+            after[j - 1] += 1
+    assert after[:23] == [(k & -k).bit_length() - 1 for k in range(1, 24)], after
+    assert names.count("moments-combine") == 23
+    # the blocks' moments are freed as they are combined: 2 workers held a few of them at a time
+    # (tiny blocks finish faster than the scheduler sends combines; every one of them was held before)
+    assert most <= 18, most
+    tr = data.split == stages.TRAIN
+    ref = np.cov(X[tr].astype(np.float64), rowvar=False)
+    np.testing.assert_allclose(stats["covariance"], ref, rtol=0, atol=1e-6 * np.abs(ref).max())
+
+
 @pytest.mark.integration
 def test_statistics_stage_equals_numpy(staged):
     ctx, data, X, y = staged

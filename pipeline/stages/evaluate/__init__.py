@@ -210,9 +210,15 @@ def _submit_classify(run: _Run, jobs: list) -> None:
                     lists,
                     job["proto"].train,
                     name=f"classify-{registry.model_name(job['spec'])}",
+                    madds=_classify_cost(job, len(q)) if lists is None else None,  # (given lists: no search)
                 )
                 for q, lists in zip(job["blocks"], job["lists"])
             ]
+
+
+def _classify_cost(job: dict, n_queries: int) -> float | None:
+    """Multiply-adds of a classify task's exact kNN search over the train rows (None: no kNN)."""
+    return knn.search_cost(n_queries, job["proto"].n_train, job["dim"]) if job["k"] else None
 
 
 def _write_records(run: _Run, jobs: list, costs: dict) -> None:
@@ -272,7 +278,7 @@ def _job(
     """Submit one view's retrieval under ``proto`` and what its classification needs (class means, an
     NCM model's biases or centroids); the classify tasks follow once kNN's lists are known."""
     means = _class_means_task(run, proto, db_url) if evaluation.NCM in served else None
-    ret = _retrieval_tasks(run, proto, spec, q_url, db_url, score) if run.ctx.config.evaluate.retrieval else []
+    ret = _retrieval_tasks(run, proto, spec, dim, q_url, db_url, score) if run.ctx.config.evaluate.retrieval else []
     ncm_model = _ncm_model_task(run, proto, spec, view, model_url, served)
     blocks = fixed_blocks(proto.classified, CLASSIFY_QUERIES)
     return {
@@ -298,14 +304,18 @@ def _job(
 def _class_means_task(run: _Run, proto: Protocol, db_url: str):
     """The classes' means of the train rows in the codes at ``db_url`` (a tree of partial moments)."""
     ctx, data = run.ctx, run.data
-    parts = [
-        ctx.submit(moments_block, data.url, a, b, len(data.classes), False, db_url, proto.train, name="ncm-means")
-        for a, b in data.chunks
-    ]
-    return ctx.submit(class_means, tree_combine(ctx, parts, "ncm-combine"), name="ncm-means")
+    _, total = tree_combine(
+        ctx,
+        (
+            ctx.submit(moments_block, data.url, a, b, len(data.classes), False, db_url, proto.train, name="ncm-means")
+            for a, b in data.chunks
+        ),
+        "ncm-combine",
+    )
+    return ctx.submit(class_means, total, name="ncm-means")
 
 
-def _retrieval_tasks(run: _Run, proto: Protocol, spec: dict, q_url: str, db_url: str, score: str) -> list:
+def _retrieval_tasks(run: _Run, proto: Protocol, spec: dict, dim: int, q_url: str, db_url: str, score: str) -> list:
     """The query blocks' retrieval tasks, after the k-means centroids of the queries they cluster with."""
     ctx, data = run.ctx, run.data
     cents = ctx.submit(
@@ -333,6 +343,7 @@ def _retrieval_tasks(run: _Run, proto: Protocol, spec: dict, q_url: str, db_url:
             cents,
             run.db_max,
             name=f"retrieval-{registry.model_name(spec)}",
+            madds=knn.search_cost(len(q), len(proto.test), dim) + len(q) * madds.sort(len(proto.test)),
         )
         for q in query_blocks(proto.queries, len(proto.test))
     ]
