@@ -39,8 +39,9 @@ KMEANS_ITERS, OPQ_ITERS, OPQ_PQ_ITERS, OPQ_PQ_ITERS_0 = 25, 50, 4, 40
 def train_cost(n: int, d: int, M: int, rotate: bool = False) -> float:
     """Multiply-adds of :func:`train` on ``n`` rows of ``d`` dimensions (:mod:`metricpipe.tasks.madds`'s
     unit): each k-means iteration finds every row's nearest of CENTROIDS centroids in each of the M
-    sub-spaces (n x 256 x d multiply-adds and n x 256 x M distances in all); OPQ's iterations each also encode the rows and rotate them
-    (a d x d GEMM over the rows and a d x d SVD, about two eigendecompositions)."""
+    sub-spaces (n x 256 x d multiply-adds and n x 256 x M distances in all); OPQ's iterations each
+    also encode the rows and rotate them (a d x d GEMM over the rows and a d x d SVD, about two
+    eigendecompositions)."""
     n = min(n, TRAIN_ROWS)
     # each (row, centroid) distance of each sub-space is also written and scanned for the nearest: a
     # pass per pair (measured, one core: 20,000 x 64 rows, M = 16, 5.9 CPU s, 2.1x this estimate;

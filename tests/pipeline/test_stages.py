@@ -89,9 +89,10 @@ def test_the_statistics_stage_combines_moments_as_blocks_finish_not_after_all(cl
             after[j - 1] += 1
     assert after[:23] == [(k & -k).bit_length() - 1 for k in range(1, 24)], after
     assert names.count("moments-combine") == 23
-    # the blocks' moments are freed as they are combined: 2 workers held a few of them at a time
-    # (tiny blocks finish faster than the scheduler sends combines; every one of them was held before)
-    assert most <= 18, most
+    # the blocks' moments are freed as they are combined, so fewer are ever held at once than the
+    # blocks (before, every one of them was: 24). Tiny blocks finish about as fast as the scheduler
+    # sends combines, so how many fewer depends on the load (9 quiet, 20 beside a test suite).
+    assert most < 24, most
     tr = data.split == stages.TRAIN
     ref = np.cov(X[tr].astype(np.float64), rowvar=False)
     np.testing.assert_allclose(stats["covariance"], ref, rtol=0, atol=1e-6 * np.abs(ref).max())
