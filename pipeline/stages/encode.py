@@ -106,6 +106,7 @@ def run_encode(ctx: StageContext, data: DataInfo, models: list) -> list[tuple[di
                 },
             )
         )  # inspect names the model
+        learner = registry.make(spec)  # (its transform's cost prices each block's task)
         for a, b in data.chunks:
             futures.append(
                 ctx.submit(
@@ -117,7 +118,7 @@ def run_encode(ctx: StageContext, data: DataInfo, models: list) -> list[tuple[di
                     b,
                     spec,
                     name=f"encode-{registry.model_name(spec)}",
-                    madds=registry.make(spec).transform_cost(b - a, data.n_features, len(data.classes) or 2),
+                    madds=learner.transform_cost(b - a, data.n_features, len(data.classes) or 2),
                 )
             )
             labels.append(f"model {registry.model_name(spec)} rows {a}..{b - 1}")
