@@ -303,14 +303,14 @@ def report(args, store: str, lines: list, wall: float, rates: dict, copy_bps: fl
             f"| {t['stage']} | {t['seconds']:.1f} | {'' if lim is None else f'{lim:.1f}'} | {'' if ratio is None else f'{ratio:.2f}'} |"
         )
     print(f"\n{peaks}\n\n| fit | CPU (s) | stated cost (s) | CPU / cost |\n| --- | --- | --- | --- |")
-    for name, cpu, est, r in fit_rows:
-        print(f"| {name} | {cpu:.1f} | {'' if est is None else f'{est:.1f}'} | {'' if r is None else f'{r:.2f}'} |")
+    for fit, cpu, est, r in fit_rows:
+        print(f"| {fit} | {cpu:.1f} | {'' if est is None else f'{est:.1f}'} | {'' if r is None else f'{r:.2f}'} |")
     acc = accuracy(store)
     cols = ACCURACY
     print("\n| model (NCM columns: NCMC's own classifier for NCMC) | " + " | ".join(cols) + " |")
     print("| --- |" + " --- |" * len(cols))
-    for name, vals in acc.items():
-        print(f"| {name} | " + " | ".join("" if vals.get(c) is None else f"{vals[c]:.4f}" for c in cols) + " |")
+    for model, vals in acc.items():
+        print(f"| {model} | " + " | ".join("" if vals.get(c) is None else f"{vals[c]:.4f}" for c in cols) + " |")
     if args.out:
         with open(args.out.replace(".json", f"-{name}.json"), "w") as f:
             out = {"wall": wall, "rates": rates, "copy_bps": copy_bps, "stages": stage_rows}
