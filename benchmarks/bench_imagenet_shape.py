@@ -22,8 +22,9 @@ as a worker runs; the limit of the stage is its work at that rate on ``--workers
 - stage: a plain copy of the synth file's feature chunks (read + write of the same bytes);
 - statistics: the covariance's N D^2 multiply-adds at the float64 GEMM rate;
 - neighbours: the exact search's queries x train rows x D multiply-adds at the float32 GEMM rate;
-- train: each fit's CPU seconds against its stated cost (``Learner.fit_cost``) at the GEMM rate, the
-  stage against the sum of the stated costs;
+- train: each fit's CPU seconds against the plan's estimate of it (its learner's ``fit_cost`` on the
+  rows the plan gives it: a SLEM's pool, a candidate's share) at the GEMM rate, the stage against the
+  sum of the estimates;
 - encode: reading the staged features once per model, plus each model's ``transform_cost``;
 - evaluate: retrieval's queries x test rows and kNN's queries x train rows, at each code's width.
 
@@ -182,21 +183,35 @@ def stage_limits(store: str, manifest: dict, rates: dict, copy_bps: float, worke
     }
 
 
-def fits(store: str, rate64: float) -> list:
-    """(model, fit, CPU seconds, the plan's cost in seconds, ratio) of every fit the run's records hold."""
+def fits(cfg, rate64: float) -> list:
+    """(model, CPU seconds of its fit, the plan's estimate in seconds, ratio) of every fit the run's
+    records hold: the estimate is `metricpipe plan`'s for that fit (its rows: a SLEM's pool, a
+    candidate's share), at the float64 GEMM rate measured before the run."""
+    from metricpipe import stages
+    from metricpipe.checks import check_methods
+    from metricpipe.estimate import estimate
     from metricpipe.store import Store
     from metricpipe.store.models import model_units
     from metricpipe.tasks import registry
 
-    ds = json.load(open(f"{store}/runs/latest.json"))["dataset"]
+    data = stages.prepare_data(cfg, Store(cfg.store))
+    plan = estimate(check_methods(cfg, data.info, lambda m: None), data.info, rate64)
+    planned = {registry.model_name(f.spec): f for f in plan.fits if f.role != "refit" and not f.same_as_earlier}
     rows = []
-    for _, rec in model_units(Store(store)):
-        cpu, spec = rec.get("cpu_seconds"), rec["spec"]
-        if cpu is None:
+    for _, rec in model_units(Store(cfg.store)):
+        cpu, name = rec.get("cpu_seconds"), registry.model_name(rec["spec"])
+        f = planned.get(name)
+        if cpu is None or rec.get("refit_of"):
             continue
-        cost = registry.make(spec).fit_cost(ds["splits"]["train"], ds["n_features"], ds["n_classes"], 10)
-        est = None if cost is None else cost.madds / rate64
-        rows.append((registry.model_name(spec), cpu, est, None if not est else cpu / est))
+        est = None if f is None or f.cost is None else f.cost.madds / rate64
+        rows.append(
+            (
+                name + (" (at most)" if f is not None and f.cost and f.cost.at_most else ""),
+                cpu,
+                est,
+                None if not est else cpu / est,
+            )
+        )
     return rows
 
 
@@ -268,7 +283,7 @@ def main():
         )
         wall = time.perf_counter() - t0
         print(f"\n## pass {name} (synth {synth_s:.0f} s, not counted)")
-        report(args, store, lines, wall, rates, copy_bps, name)
+        report(args, parse_config(cfg, where=f"bench_imagenet_shape {name}"), store, lines, wall, rates, copy_bps, name)
 
 
 def plan(cfg: dict, args, nonnegative: bool) -> None:
@@ -284,11 +299,11 @@ def plan(cfg: dict, args, nonnegative: bool) -> None:
         print(line)
 
 
-def report(args, store: str, lines: list, wall: float, rates: dict, copy_bps: float, name: str) -> None:
+def report(args, cfg, store: str, lines: list, wall: float, rates: dict, copy_bps: float, name: str) -> None:
     manifest = json.load(open(f"{store}/runs/latest.json"))
     limits = stage_limits(store, manifest, rates, copy_bps, args.workers)
-    fit_rows = fits(store, rates["float64"])
-    limits["train"] = sum(r[2] or 0.0 for r in fit_rows) / args.workers  # the fits' stated costs
+    fit_rows = fits(cfg, rates["float64"])
+    limits["train"] = sum(r[2] or 0.0 for r in fit_rows) / args.workers  # the plan's estimates
     peaks = next((ln for ln in lines if ln.startswith("Peak RSS")), "Peak RSS: ?")
     print(
         f"\n{args.samples:,} x {args.dim}, {args.classes} classes, {args.workers} workers of {args.memory}: {wall:.0f} s"
@@ -302,7 +317,7 @@ def report(args, store: str, lines: list, wall: float, rates: dict, copy_bps: fl
         print(
             f"| {t['stage']} | {t['seconds']:.1f} | {'' if lim is None else f'{lim:.1f}'} | {'' if ratio is None else f'{ratio:.2f}'} |"
         )
-    print(f"\n{peaks}\n\n| fit | CPU (s) | stated cost (s) | CPU / cost |\n| --- | --- | --- | --- |")
+    print(f"\n{peaks}\n\n| fit | CPU (s) | plan's estimate (s) | CPU / estimate |\n| --- | --- | --- | --- |")
     for fit, cpu, est, r in fit_rows:
         print(f"| {fit} | {cpu:.1f} | {'' if est is None else f'{est:.1f}'} | {'' if r is None else f'{r:.2f}'} |")
     acc = accuracy(store)
