@@ -296,9 +296,19 @@ def test_every_candidate_failing_is_a_one_line_error(client, tmp_path):
             methods=[
                 {"method": "pca", "dim": 4},
                 {"method": "ncmml", "dim": 8, "iters": 150, "lr": 1e5, "select": False},
+                # a fit that ends after the other one diverged: kept, not cancelled (a k-NN ML that
+                # diverged cancelled an NCMC 80 minutes into its fit)
+                {"method": "ncmml", "dim": 8, "iters": 4000, "select": False, "early_stopping": False},
             ],
         )
     assert "\n" not in str(e.value)
+    from metricpipe.store import Store
+    from metricpipe.store.models import model_units
+    from metricpipe.tasks import registry
+
+    kept = {registry.model_name(m["spec"]) for _, m in model_units(Store(str(tmp_path / "bad2")))}
+    assert {"pca-4", "ncmml-8-early_stoppingFalse-iters4000"} <= kept, kept
+    assert not any("1e+05" in k or "100000" in k for k in kept), kept  # the diverged one is not
 
 
 @pytest.mark.integration

@@ -333,7 +333,9 @@ def _score(ctx, p: _Plan, cands, cunits, futures: dict, sel_future) -> dict:
 
 def _gather_models(ctx: StageContext, futures: dict, required: set, data, refit_of: dict | None = None) -> None:
     """Wait for the models of ``futures``, committing each as its task returns (an interrupt or a later
-    failure keeps it); a failed model in ``required`` stops the run with its entry's one line."""
+    failure keeps it); a failed model in ``required`` stops the run with its entry's one line, once
+    the other models have finished and are kept (a k-NN ML that diverged after 69 steps cancelled an
+    NCMC 80 minutes into its fit, and SL-DE's members: a rerun had them all to fit again)."""
     t0 = time.perf_counter()
     items = list(futures.values())
     names = [
@@ -341,14 +343,16 @@ def _gather_models(ctx: StageContext, futures: dict, required: set, data, refit_
         for spec, unit, _, plan in items
     ]
 
+    failed = []
+
     def commit(i, res):
         spec, unit, _, plan = items[i]
         if isinstance(res, Exception):
-            if unit.key in required:  # a model the run needs: its config entry's one line
-                raise InputError(
-                    f"{ctx.config.source_file}: {ctx.config.entry(plan.n)} ({model_id(spec)}): {res}"
-                ) from None
-            unit.discard()  # the selection records the failure; no half-written model is left behind
+            unit.discard()  # no half-written model is left behind (a selection records the failure)
+            if unit.key in required:  # a model the run needs: its config entry's one line, said now
+                failed.append(f"{ctx.config.source_file}: {ctx.config.entry(plan.n)} ({model_id(spec)}): {res}")
+                if len(failed) == 1 and len(items) > 1:
+                    ctx.log(f"  train: {failed[0]}; the other models go on and are kept, then the run stops")
             return
         unit.commit(
             {
@@ -366,6 +370,8 @@ def _gather_models(ctx: StageContext, futures: dict, required: set, data, refit_
             ctx.log(f"  train: {names[i]} {res['samples_per_second']:.0f} samples/s")
 
     ctx.gather([f for _, _, f, _ in items], "train", [f"model {n}" for n in names], on_result=commit)
+    if failed:
+        raise InputError(failed[0])
 
 
 def _choose(ctx: StageContext, plans: list[_Plan], scores: dict, data, stats, neighbours) -> None:
