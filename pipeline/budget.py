@@ -1,4 +1,5 @@
-"""The memory rule: what one task may hold, checked before staging against the workers' limits.
+"""The memory rule: what one task may hold, checked before staging against the workers' limits; and
+the disk rule: what a run writes to its store, checked against the store's free space.
 
 A task holds at most BLOCKS_PER_TASK row-blocks of the staged features (a kNN piece: its queries, one
 database block and the distance tile; NML: the two blocks of a pair group) plus the evaluation's
@@ -22,6 +23,9 @@ the worker process itself (Python, numpy, faiss, zarr: ~250 MB resident before a
 1 GB limit). A configuration that cannot fit is refused before staging with one line naming the
 setting to change.
 """
+
+import os
+import shutil
 
 from metricpipe.tasks.errors import InputError
 
@@ -96,6 +100,40 @@ def check_memory(client, cfg, needs) -> None:
             )
 
 
+#: Bytes a run writes besides its units' arrays (logs, reports, manifests, Zarr metadata), kept free.
+DISK_MARGIN = 5e8
+
+
+def disk_free(store) -> float | None:
+    """Bytes free on a local store's file system (None: object storage, which does not say)."""
+    if not getattr(store, "local", False):
+        return None
+    path = os.path.abspath(store.root)
+    while not os.path.exists(path):  # a store not made yet: the folder it will be made in
+        path = os.path.dirname(path)
+    return float(shutil.disk_usage(path).free)
+
+
+def check_disk(store, cfg, needs: list, held: float = 0.0, who: str = "the run") -> None:
+    """The disk rule: refuse, before writing, what would fill the store's file system. ``needs`` lists
+    (what, bytes, how to shrink it) of the units ``who`` writes at their largest (each stage's
+    ``stored_bytes``); ``held`` bytes of them the store already holds (units a resume reuses)."""
+    free = disk_free(store)
+    need = sum(b for _, b, _ in needs) - held
+    if free is None or not needs or need + DISK_MARGIN <= free:
+        return
+    what, most, fix = max(needs, key=lambda n: n[1])
+    raise InputError(
+        f"{cfg.source_file}: {who} writes ~{_size(need)} to the store {store.url}, whose file system has "
+        f"{_size(free)} free ({_size(DISK_MARGIN)} of it kept for logs and reports); the most is {what} "
+        f"(~{_size(most)}): {fix + ', or ' if fix else ''}free space there or use a store on a larger disk"
+    )
+
+
+def _size(b: float) -> str:
+    return f"{b / 1e9:,.1f} GB" if abs(b) >= 1e9 else f"{b / 1e6:,.1f} MB"
+
+
 def row_block(info) -> float:
     """Bytes of one staged row-block of ``info`` (a small set is one block)."""
     return block_bytes(min(info.chunk_rows, len(info.split)), info.n_features)
@@ -114,12 +152,15 @@ def refuse_without_dense_covariance(est, n_features: int, max_dense_dim: int, wh
 
 __all__ = [
     "BLOCKS_PER_TASK",
+    "DISK_MARGIN",
     "INDEX_BLOCKS",
     "PAUSE_FRACTION",
     "SPILL_FRACTION",
     "WORKER_RESIDENT",
     "block_bytes",
+    "check_disk",
     "check_memory",
+    "disk_free",
     "index_budget",
     "limit_name",
     "refuse_without_dense_covariance",

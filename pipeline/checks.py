@@ -1,6 +1,7 @@
 """What the data rules out, checked once its header and labels are read and before any unit is written:
 each learner's parameters against the data's shape (`check_methods`), the evaluation's K against the
-splits, and each stage's largest task against the workers' memory (`check_memory`)."""
+splits, each stage's largest task against the workers' memory (`check_memory`), and what the run writes
+against the store's free space (`check_disk`)."""
 
 from dataclasses import replace
 
@@ -26,6 +27,30 @@ def largest_tasks(info, cfg: RunConfig, limit: float) -> list:
 def check_memory(client, info, cfg: RunConfig) -> None:
     """Refuse, before staging, a run whose largest task would not fit a worker (``budget``)."""
     budget.check_memory(client, cfg, lambda limit: largest_tasks(info, cfg, limit))
+
+
+def stored_bytes(info, cfg: RunConfig) -> list:
+    """(what, bytes, how to shrink it) of every unit this run writes at its largest, each stage saying
+    (its ``stored_bytes``; the statistics, neighbours, models and evaluations are small beside them)."""
+    specs = stages.train.final_specs(stages.train.fits(info, cfg)[1])
+    return (
+        stages.data.stored_bytes(info)
+        + stages.train.stored_bytes(info, cfg)
+        + stages.encode.stored_bytes(info, cfg, specs)
+    )
+
+
+def check_disk(store, info, cfg: RunConfig) -> None:
+    """Refuse, before staging, a run whose units would not fit the store's file system (the disk rule,
+    ``budget.check_disk``): what each stage writes at the most (its ``stored_bytes``), less what the
+    store's committed units of those kinds hold (a resume reuses them). The stages check again,
+    exactly, before they write."""
+    if budget.disk_free(store) is None:
+        return
+    needs = stored_bytes(info, cfg)
+    kinds = ("data", "shuffled", "codes", stages.pq.KIND)
+    held = sum(u.nbytes() for kind in kinds for u in store.units(kind) if u.done())
+    budget.check_disk(store, cfg, needs, held)
 
 
 def check_methods(cfg: RunConfig, info, log=print) -> RunConfig:

@@ -131,22 +131,12 @@ class Estimate:
         return sum(self.stage_wall(s) or 0.0 for s in STAGE_WORK) + (self.train_wall() or 0.0)
 
 
-def final_specs(fits: list) -> list:
-    """One spec per model the run keeps (for the stages after train): each entry and repeat's, once."""
-    out, seen = [], set()
-    for f in fits:
-        if (f.n, f.repeat) not in seen and not f.same_as_earlier:
-            out.append(f.spec)
-        seen.add((f.n, f.repeat))
-    return out
-
-
 def estimate(cfg: RunConfig, info, rate: float | None = None, slots: int | None = None) -> Estimate:
     """The plan of a run of ``cfg`` on data ``info`` (:func:`metricpipe.stages.prepare_data`'s):
     ``rate`` multiply-adds per second per task, or timed now (:func:`machine_rate`); ``slots`` tasks
     at once (default: the config's workers and threads)."""
     rows, fits = stages.train.fits(info, cfg)
-    specs = final_specs(fits)
+    specs = stages.train.final_specs(fits)
     names = set(stages.stage_names(cfg))
     modules = {
         "stage": stages.data,

@@ -12,7 +12,7 @@ import uuid
 import numpy as np
 
 from metricpipe import stages
-from metricpipe.checks import check_memory, check_methods, skipped_classifiers
+from metricpipe.checks import check_disk, check_memory, check_methods, skipped_classifiers
 from metricpipe.cluster import DashboardHostError, connect, dashboard_lines
 from metricpipe.config import SPLIT_NAMES, NeighboursConfig, RunConfig
 from metricpipe.context import StageContext
@@ -96,6 +96,7 @@ def _run_locked(store, cfg, resume, log, performance_report, client, force, repa
         stack.callback(_remove_empty, quiet_log)
         plan = stages.prepare_data(cfg, store)  # refuse bad input before starting anything
         cfg = check_methods(cfg, plan.info, log)
+        check_disk(store, plan.info, cfg)
         if client is None:
             try:
                 client = stack.enter_context(

@@ -432,6 +432,21 @@ class Learner(
         """
         return self.code_dim(n_features, n_classes)
 
+    def stored_width(self, n_features: int, n_classes: int) -> int:
+        """Floats per row the pipeline's encode stage writes for it (the disk rule): its codes.
+
+        Parameters
+        ----------
+        n_features, n_classes : int
+            The data's shape.
+
+        Returns
+        -------
+        int
+            :meth:`code_dim`; a bilinear learner adds its two exact views.
+        """
+        return self.code_dim(n_features, n_classes)
+
     def largest_task(self, n_rows: int, n_features: int, n_classes: int, k: int = 0, anchors: int | None = None):
         """The largest task its fit holds beyond a row-block (the pipeline's memory rule).
 

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import numpy as np
 
+from metricpipe import budget
 from metricpipe.config import SPLIT_NAMES, USER_SPLITS, RunConfig
 from metricpipe.context import StageContext
 from metricpipe.sources import fingerprint, open_source
 from metricpipe.stages.common import TEST, TRAIN, VAL, DataInfo, commit_timed, under, write_template
-from metricpipe.store import chunk_rows_for, create_array, hash_key, write_rows
+from metricpipe.store import chunk_rows_for, create_array, hash_key, stored_rows, write_rows
 from metricpipe.tasks import madds, registry, splits, stream
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.normalize import normalize_rows
@@ -314,6 +315,7 @@ def run_stage(ctx: StageContext, plan: DataPlan | None = None) -> DataInfo:
     if ctx.reuse(unit, "stage"):
         ctx.log(f"  stage: reusing {unit.rel}")
         return info
+    budget.check_disk(ctx.store, ctx.config, stored_bytes(info), who="staging")
     t0 = time.perf_counter()
     unit.begin()
     try:
@@ -374,6 +376,17 @@ def check_nonnegative_for(cfg, info: DataInfo) -> None:
                 f"kernel), but row {row}, column {col} is {value:g}{staged} ({field}); {fix} or drop "
                 f"{spec['method']}"
             )
+
+
+def stored_bytes(info) -> list:
+    """What staging writes at the most (the disk rule): the features as float32 (LZ4 may store less)."""
+    return [
+        (
+            f"the staged features ({info.n_samples:,} x {info.n_features:,} float32)",
+            4.0 * stored_rows(info.n_samples, info.chunk_rows) * info.n_features,
+            "",
+        )
+    ]
 
 
 def work(info, cfg, specs: list) -> float:

@@ -8,6 +8,7 @@ import time
 import numpy as np
 import sklearn
 
+from metricpipe import budget
 from metricpipe.context import StageContext
 from metricpipe.stages import pq as pq_units
 from metricpipe.stages.common import (
@@ -19,7 +20,7 @@ from metricpipe.stages.common import (
     under,
     write_template,
 )
-from metricpipe.store import hash_key, write_rows
+from metricpipe.store import hash_key, stored_rows, write_rows
 from metricpipe.tasks import pq, registry
 from metricpipe.tasks.code_metric import vector_metric
 from metricpipe.tasks.errors import InputError
@@ -69,15 +70,20 @@ def _encode_block(data_url: str, model_url: str, code_url: str, start: int, stop
 
 def run_encode(ctx: StageContext, data: DataInfo, models: list) -> list[tuple[dict, object, int]]:
     """Apply every model to every row-block; returns [(spec, codes unit, code dim)]."""
-    out, futures, labels, pending, owner = [], [], [], [], []
-    t0 = time.perf_counter()
+    out, todo = [], []
     for spec, model, *_ in models:
         meta = model.meta()
-        dim = int(meta["dim"])
         unit = ctx.store.unit("codes", hash_key({"stage": "codes", "model": model.key, "data": data.unit.key}))
-        out.append((spec, unit, dim))
-        if ctx.reuse(unit, "encode"):
-            continue
+        out.append((spec, unit, int(meta["dim"])))
+        if not ctx.reuse(unit, "encode"):
+            todo.append((spec, model, meta, unit))
+    widths = [int(meta["dim"]) + 2 * int(meta.get("bilinear_dim") or 0) for _, _, meta, _ in todo]
+    needs = [_codes_need(data, spec, w) for (spec, *_), w in zip(todo, widths)]
+    budget.check_disk(ctx.store, ctx.config, needs, who="the encode stage")
+    futures, labels, pending, owner = [], [], [], []
+    t0 = time.perf_counter()
+    for spec, model, meta, unit in todo:
+        dim = int(meta["dim"])
         unit.begin()
         variables = {"codes": (("sample", "code"), (data.n_samples, dim), np.float32, np.nan)}
         if meta.get("bilinear_dim"):
@@ -138,6 +144,32 @@ def run_encode(ctx: StageContext, data: DataInfo, models: list) -> list[tuple[di
     return out
 
 
+def _codes_need(data: DataInfo, spec: dict, width: int) -> tuple:
+    """(what, bytes, how to shrink) of one model's codes of ``width`` floats per row (the disk rule)."""
+    n_rows, stored = data.n_samples, stored_rows(data.n_samples, data.chunk_rows)
+    fix = "lower its dim or leave it out" + (
+        ", or lower its input_dim (its exact views' width)" if "input_dim" in registry.make(spec).get_params() else ""
+    )
+    return (f"the codes of {registry.model_name(spec)} ({n_rows:,} x {width:,} float32)", 4.0 * stored * width, fix)
+
+
+def _pq_need(data: DataInfo, pq_bytes: int, sources: int) -> tuple:
+    return (
+        f"{sources} encoded database(s) of {pq_bytes} bytes per vector",
+        float(stored_rows(data.n_samples, data.chunk_rows)) * pq_bytes * sources,
+        "fewer encode.pq sizes",
+    )
+
+
+def stored_bytes(info, cfg, specs: list) -> list:
+    """What the stage writes at the most (the disk rule): every model's codes and a bilinear one's
+    exact views (each learner's ``stored_width``), and per size of ``encode.pq`` every model's PQ codes
+    and the anchor's (a model whose codes no vector index compares is counted too: an upper bound)."""
+    n_classes, D = len(info.classes or []) or 2, info.n_features
+    out = [_codes_need(info, s, registry.make(s).stored_width(D, n_classes)) for s in specs]
+    return out + [_pq_need(info, M, len(specs) + 1) for M in cfg.encode.pq]
+
+
 def run_quantise(ctx: StageContext, data: DataInfo, codes: list) -> tuple[list, list]:
     """``encode.pq``: per size, a product quantiser of each model's codes whose metric is a vector
     space's (the learner's code_metric says) and of the raw features, trained on a seeded sample of
@@ -175,6 +207,9 @@ def run_quantise(ctx: StageContext, data: DataInfo, codes: list) -> tuple[list, 
 def _quantise(ctx: StageContext, data: DataInfo, todo: list) -> None:
     """Train each quantiser (one task each), then encode every row-block with it; commit each unit
     with its real bytes per vector (the trained index's ``sa_code_size``)."""
+    sizes = sorted({e.pq_bytes for e in todo})
+    needs = [_pq_need(data, M, sum(e.pq_bytes == M for e in todo)) for M in sizes]
+    budget.check_disk(ctx.store, ctx.config, needs, who="the encode stage")
     t0, seed = time.perf_counter(), ctx.config.seed
     trained, samples = [], []
     for e in todo:

@@ -61,6 +61,7 @@ from metricpipe.store.arrays import (
     size_crc,
     size_crcs,
     stop_zarr_loop,
+    stored_rows,
     write_rows,
 )
 from metricpipe.store.estimators import load_estimator, save_estimator, save_model
@@ -111,6 +112,7 @@ __all__ = [
     "read_rows",
     "record_digest",
     "row_chunk",
+    "stored_rows",
     "row_chunks",
     "row_codecs",
     "save_arrays",

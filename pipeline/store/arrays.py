@@ -289,6 +289,13 @@ def chunk_rows_for(n_features: int, chunk_mb: float, itemsize: int = 4) -> int:
     return max(1, int(chunk_mb * 1e6 // (n_features * itemsize)))
 
 
+def stored_rows(n_rows: int, chunk_rows: int) -> int:
+    """Rows an ``n_rows``-row array chunked by ``chunk_rows`` (``row_chunk``) takes on disk: Zarr
+    writes its edge chunk whole."""
+    c = row_chunk(chunk_rows, n_rows)
+    return -(-n_rows // c) * c
+
+
 def row_chunk(chunk_rows: int, n_rows: int) -> int:
     """Rows per chunk of an ``n_rows``-row array: ``chunk_rows``, but no more than the rows. Zarr stores
     and decodes an edge chunk whole, so a 64 MB chunk over 1,150 rows made every read decode 64 MB."""

@@ -119,7 +119,7 @@ class ESVM(PoolLearner):
 
     def transform_cost(self, n_rows, n_features, n_classes):
         """An SVM per row: ``epochs`` x pool / ``batch`` SGD steps, each two (rows, batch, D) GEMMs."""
-        n = int((self.negatives or {}).get("count") or 5000)
+        n = self._pool_size()
         steps = max(1, int(self.epochs) * n // int(self.batch))
         b, D = int(self.batch), n_features
         return steps * (2 * madds.gemm(n_rows, b, D) + madds.passes(n_rows * D, 6) + madds.passes(b * D, 2))

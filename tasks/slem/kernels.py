@@ -226,7 +226,10 @@ class KernelSLEM(PoolLearner):
         return f"kernel SLEM ({self.kernel}) compares images by Eq. 16 only; {classifier} needs codes in a vector space"
 
     def code_dim(self, n_features: int, n_classes: int) -> int:
-        return n_features  # an upper bound: its codes' width follows its pool (Lemma 1)
+        """Eq. 16's parts per image (``_n_features_out``): v = P k and its solve (r each), the image's
+        self-similarity and its features; r the rank its pool of ``negatives.count`` images allows (an
+        upper bound: a split with fewer images makes a smaller pool)."""
+        return 2 * self._rank(self._pool_size()) + 1 + n_features
 
     def largest_task(self, n_rows: int, n_features: int, n_classes: int, k: int = 0, anchors: int | None = None):
         """Its pool of ``n_rows`` images: an n x n float64 kernel matrix and its factor (Cholesky, KPCA),
@@ -290,7 +293,7 @@ class KernelSLEM(PoolLearner):
 
     def transform_cost(self, n_rows, n_features, n_classes):
         """Per row its kernel with the pool (or ICD's pivots), v = P k and the two triangular solves."""
-        n = int((self.negatives or {}).get("count") or 5000)
+        n = self._pool_size()
         r = self._rank(n)
         kept = r if self.decomposition == "icd" else n
         return (

@@ -60,6 +60,11 @@ class PoolLearner(Learner):
 
     feeds = "pool"
 
+    def _pool_size(self) -> int:
+        """Images of its pool as its parameters say: ``negatives.count`` (its default when unset; when
+        None, every image of the split, which only the pipeline knows: the default count stands in)."""
+        return int(check_negatives(self.negatives)["count"] or NEGATIVES["count"])
+
     def fit(self, X, y=None):
         """Fit on a seeded sample of ``negatives.count`` rows of X (all rows when there are fewer).
 

@@ -95,6 +95,10 @@ class Bilinear(Learner):
     def view_dim(self, n_features: int, n_classes: int) -> int:
         return max(self.code_dim(n_features, n_classes), self._input_dim(n_features))  # the exact view
 
+    def stored_width(self, n_features: int, n_classes: int) -> int:
+        """The codes and the two exact views (query and base, each of the input space's width)."""
+        return self.code_dim(n_features, n_classes) + 2 * self._input_dim(n_features)
+
     def _task_rows(self, n_features: int) -> tuple[int, str, str]:
         """(the width its task holds rows in, what the task is, the parameters that shrink it)."""
         return self._input_dim(n_features), "an SL-NE task", "input_dim"

@@ -833,3 +833,23 @@ def meta_version(ctx):
     from pathlib import Path
 
     return json.loads(next(Path(ctx.store.url, "models").glob("*.committed.json")).read_text())["version"]
+
+
+@pytest.mark.integration
+def test_the_disk_rule_prices_every_learners_codes_as_encode_writes_them(stored):
+    """``stages.encode.stored_bytes`` (each learner's ``stored_width``: codes, and a bilinear
+    learner's two exact views) against the bytes of the chunks the encode stage wrote."""
+    from metricpipe.stages import encode
+
+    ctx, data, _, models, codes = stored
+    specs = [spec for spec, *_ in models]
+    needs = encode.stored_bytes(data, ctx.config, specs)
+    assert len(needs) == len(specs)  # (no encode.pq here)
+    for spec, (what, need, _), (_, cunit, _) in zip(specs, needs, codes):
+        sizes = cunit.file_sizes()
+        views = {"codes", "query", "base"} & {name.split("/")[0] for name in sizes}
+        chunks = sum(size for name, size in sizes.items() if name.split("/")[0] in views and "/c/" in name)
+        assert chunks > 0 and need >= chunks, (spec["method"], need, chunks)
+        # exact but for SL-NE and SL-DE, whose codes are the positive part of M (``dim`` at most)
+        assert need == chunks or spec["method"] in ("slne", "slde"), (spec["method"], need, chunks)
+        assert ("query" in views) == (spec["method"] in ("slne", "slde")), spec["method"]

@@ -17,7 +17,7 @@ import numpy as np
 from metricpipe.context import StageContext
 from metricpipe.folds import Fold, borrow_seed, borrowing, fold_split
 from metricpipe.stages.common import DataInfo, labels_list
-from metricpipe.stages.train import neighbours, pairs, pool, select, statistics, stream, subset
+from metricpipe.stages.train import neighbours, pairs, pool, select, shuffle, statistics, stream, subset
 from metricpipe.stages.train.fits import entry_fits, planned_fits
 from metricpipe.store import Unit, hash_key
 from metricpipe.tasks import registry
@@ -59,6 +59,27 @@ def largest_tasks(info, cfg, limit: float) -> list:
                 seen.add(task[0])
                 what, need, fix = task
                 out.append((what, need, ", ".join(x for x in (fed.fix, fix) if x) + ", or raise memory_limit"))
+    return out
+
+
+def stored_bytes(info, cfg) -> list:
+    """What the stage writes at the most (the disk rule): each seed's shuffled copy of the training
+    rows its SGD learners read (the fitted models are small beside it)."""
+    n_train = int((info.split == TRAIN).sum())
+    specs = [f.spec for f in fits(info, cfg)[1]]
+    out = []
+    for seed, rows in _copy_rows(specs, len(info.classes or [])).items():
+        out += shuffle.stored_bytes(shuffle.first_rows(n_train, info.chunk_rows, seed, rows), info.n_features)
+    return out
+
+
+def final_specs(fits: list) -> list:
+    """One spec per model the run keeps (for the stages after train): each entry and repeat's, once."""
+    out, seen = [], set()
+    for f in fits:
+        if (f.n, f.repeat) not in seen and not f.same_as_earlier:
+            out.append(f.spec)
+        seen.add((f.n, f.repeat))
     return out
 
 

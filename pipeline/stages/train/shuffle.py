@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from metricpipe import budget
 from metricpipe.context import StageContext
 from metricpipe.store import Unit, create_array, hash_key, open_array, read_attrs, row_chunk, save_arrays
 from metricpipe.tasks import stream
@@ -62,6 +63,29 @@ def _gather_block(url: str, j: int, counts: np.ndarray, block_rows: int, n_train
     return hi - lo
 
 
+def stored_bytes(rows: int, n_features: int, scratch: bool = False) -> list:
+    """What a shuffled copy of ``rows`` rows writes at the most (the disk rule; LZ4 may store less);
+    with ``scratch``, at its peak, while the pieces of the first pass are on disk beside it."""
+    copy = 4.0 * rows * n_features
+    return [
+        (
+            f"the shuffled copy of {rows:,} training rows{' and its scratch pieces' if scratch else ''}",
+            copy * (2 if scratch else 1),
+            "",
+        )
+    ]
+
+
+def first_rows(n_train: int, block_rows: int, seed: int, rows: int | None) -> int:
+    """Rows of the copy written for ``seed`` when SGD reads ``rows`` of them (None: every row): the
+    blocks epoch 0 visits first until they hold that many (``stream.first_blocks``)."""
+    return _rows_in(stream.first_blocks(n_train, block_rows, seed, rows), n_train, block_rows)
+
+
+def _rows_in(blocks, n_train: int, block_rows: int) -> int:
+    return int(sum(min(block_rows, n_train - j * block_rows) for j in blocks))
+
+
 def shuffled(ctx: StageContext, data, seed: int) -> Unit:
     """The committed shuffled copy of the training rows for ``seed`` (written when missing): the
     blocks that epoch 0 visits first until they hold ``ctx.shuffle_rows[seed]`` rows, or all of
@@ -77,6 +101,8 @@ def shuffled(ctx: StageContext, data, seed: int) -> Unit:
     unit = ctx.store.unit("shuffled", hash_key(key))
     if ctx.reuse(unit, "train"):
         return unit
+    rows = _rows_in(written, n, br)
+    budget.check_disk(ctx.store, ctx.config, stored_bytes(rows, data.n_features, scratch=True), who="the train stage")
     t0 = time.perf_counter()
     unit.begin()
     train, pi, dest, br = _plan(data, seed)
@@ -133,7 +159,6 @@ def shuffled(ctx: StageContext, data, seed: int) -> Unit:
             "seconds": round(time.perf_counter() - t0, 3),
         },
     )
-    rows = int(sum(min(br, n - j * br) for j in written))
     ctx.log(
         f"  train: shuffled {rows} training rows"
         + (f" ({len(written)} of {n_out} blocks, what SGD reads)" if part else "")
