@@ -391,9 +391,10 @@ def _expanded_specs(name: str, cls: type, allowed: dict, params: dict, select, p
         # what is searched can depend on a swept value (a dense sparse projector has no anneal to
         # search): each model's own selection, from the entry with its values in place of the lists
         sel = _selection(name, cls, {k: spec[k] for k in params}, select, allowed)
-        # a searched parameter left None (NCMML's lr) is the value it stands for: select: false and
-        # the selection's first candidate are then one model (one key, trained once)
-        spec.update({k: v[0] for k, v in cls.search_grid(spec).items() if spec.get(k, 0) is None})
+        # a parameter left None (NCMML's lr) stays None unless the selection searches it: the learner
+        # then starts at its grid's first value and backs off after a divergence, in the pipeline as
+        # in memory (filled in, select: false trained at a fixed rate: k-NN ML's 0.1 diverged at
+        # 4,096-d and stopped the run); a selection's candidates try their stated rates
         if sel:
             spec.update({k: v[0] for k, v in sel["grid"].items()}, select=sel)
         for cand in candidates(spec):

@@ -43,12 +43,20 @@ def _declared(r: dict) -> dict:
     )
 
 
+def _stated(params: dict, declared: dict) -> dict:
+    """``params`` with a parameter left None as the value it stands for (an unset lr: its grid's first)."""
+    return {k: declared.get(k) if v is None else v for k, v in params.items()}
+
+
 def model_label(r: dict, swept: frozenset = frozenset()) -> str:
     """Method plus the parameters that differ from their defaults (the legend of a plot), and those in
     ``swept`` ((method, parameter) pairs that take several values in the run: see :func:`swept_params`) even
     at their default, so that a sweep's default member is told from the others."""
     declared = _declared(r)
-    params = {**{k: declared[k] for m, k in swept if m == r["method"] and k in declared}, **r["params"]}
+    params = {
+        **{k: declared[k] for m, k in swept if m == r["method"] and k in declared},
+        **_stated(r["params"], declared),
+    }
     order = {k: i for i, k in enumerate(declared)}  # the class's order, whichever a row set
     extra = [
         f"{k}={param_text(v)}"
@@ -68,7 +76,8 @@ def swept_params(rows) -> frozenset:
         ident = (r["method"], to_json(r["params"]))
         if ident not in seen:  # records repeat a model's params once per metric
             seen.add(ident)
-            by_method.setdefault(r["method"], []).append((r["params"], _declared(r)))
+            declared = _declared(r)
+            by_method.setdefault(r["method"], []).append((_stated(r["params"], declared), declared))
     out = set()
     for method, have in by_method.items():
         for k in {k for params, _ in have for k in params} - {"view", "score"}:  # not parameters: see _ident

@@ -312,6 +312,40 @@ def test_every_candidate_failing_is_a_one_line_error(client, tmp_path):
 
 
 @pytest.mark.integration
+def test_an_unset_lr_backs_off_in_the_pipeline_as_in_memory(client, tmp_path):
+    """The config filled an unset lr with its grid's first value, so select: false trained at a fixed
+    rate: k-NN ML at 0.1 diverged on 4,096-d rows and stopped the run, where KNNML() in memory backs
+    off. On 120 classes of 10 rows (where KNNML(lr=0.1) diverges) the pipeline now backs off too."""
+    from sklearn.datasets import make_classification
+
+    from metricpipe import load_model
+    from metricpipe.store.models import model_units
+
+    X, y = make_classification(1200, 100, n_informative=40, n_classes=120, n_clusters_per_class=1, random_state=0)
+    np.savez(tmp_path / "d.npz", X=X.astype(np.float32), y=y, split=np.where(np.arange(1200) % 10, "train", "test"))
+    logs = []
+
+    def run(name, **knnml):
+        raw = {
+            "store": str(tmp_path / name),
+            "data": {"path": str(tmp_path / "d.npz"), "split": {"column": "split"}},
+            "methods": [{"method": "knnml", "select": False, "random_state": 0, **knnml}],
+            "evaluate": {"retrieval": {"k": [5]}, "classification": {"classifiers": ["knn1"]}},
+        }
+        return run_pipeline(parse_config(raw), client=client, log=logs.append)
+
+    with pytest.raises(InputError, match=r"methods\[0\] \(knnml\): metric learning diverged .*\(now 0.1\)"):
+        run("set", lr=0.1)  # a rate the user sets is theirs
+    run("unset")
+    [(key, meta)] = [(k, m) for k, m in model_units(Store(str(tmp_path / "unset"))) if not m.get("refit_of")]
+    est = load_model(str(tmp_path / "unset"), key.key)  # (no data.normalize: the learner itself)
+    drops = [h["lr"] for h in est.history_ if "lr" in h]
+    assert drops and drops[0] == pytest.approx(0.01) and est.lr_ == drops[-1], est.history_
+    assert np.isfinite(est.components_).all() and est.best_iter_ > 0
+    assert not any("lr=None" in line for line in logs), [line for line in logs if "lr=None" in line]
+
+
+@pytest.mark.integration
 def test_a_damaged_candidate_is_refused_on_load_and_retrained_by_repair(client, tmp_path):
     """A candidate the selection did not keep is still a model of the store (encode, export, predict,
     load_model take it): a damaged one is named on load, and --repair recomputes it."""

@@ -67,19 +67,26 @@ def test_a_model_s_spec_does_not_depend_on_how_a_value_is_spelled():
     assert expand_method({"method": "nml", "iters": 1e4})[0]["iters"] == 10000  # a count stays an int
 
 
-def test_select_false_is_the_selection_s_first_candidate_when_lr_is_left_unset():
-    """lr: None (NCMML, NML, linear ML) stands for the first value of the applicable grid; left None in
-    the spec it made select: false another model than that candidate (two keys, trained twice, two
-    report rows named alike)."""
+def test_an_unset_lr_stays_unset_unless_the_selection_searches_it():
+    """The config filled an unset lr (NCMML, NML, linear ML, k-NN ML) with its grid's first value, so
+    select: false trained at a fixed rate and never backed off as the same learner does in memory:
+    k-NN ML at 0.1 diverged on 4,096-d rows and stopped the run. Unset, it stays None (the learner
+    starts at that value and backs off); a selection's candidates try their stated rates."""
     for entry in (
         {"method": "ncmml"},
         {"method": "ncmml", "objective": "dot"},
         {"method": "nml", "optimizer": "sgd"},
         {"method": "linear-ml", "optimizer": "adam"},
+        {"method": "knnml"},
     ):
         [plain] = expand_method({**entry, "select": False})
         [chosen] = expand_method(entry)
-        assert plain == registry.candidates(chosen)[0] and plain["lr"] is not None, entry
+        assert plain["lr"] is None and registry.candidates(plain) == [plain], entry
+        first = registry.candidates(chosen)[0]
+        assert first["lr"] == registry.make(plain)._searched("lr"), entry  # the rate None starts at
+        assert registry.model_name(plain) == registry.model_name(first), entry  # named alike: the same start
+    [partial] = expand_method({"method": "knnml", "select": {"margin": [0.1, 1.0]}})  # lr not searched
+    assert all(c["lr"] is None for c in registry.candidates(partial))
 
 
 def test_dict_parameters_read_as_key_value_pairs_in_names_and_labels():
