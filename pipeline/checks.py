@@ -12,6 +12,7 @@ from metricpipe.budget import refuse_without_dense_covariance
 from metricpipe.config import SPLIT_NAMES, EvaluateConfig, RunConfig, classifiers_given, unserved
 from metricpipe.folds import borrowing
 from metricpipe.stages.train.select import selection_rows
+from metricpipe.store import chunk_bytes
 from metricpipe.tasks import evaluation, pq, registry, splits
 from metricpipe.tasks.errors import InputError
 
@@ -31,10 +32,12 @@ def check_memory(client, info, cfg: RunConfig) -> None:
 
 def stored_bytes(info, cfg: RunConfig) -> list:
     """(what, bytes, how to shrink it) of every unit this run writes at its largest, each stage saying
-    (its ``stored_bytes``; the statistics, neighbours, models and evaluations are small beside them)."""
+    (its ``stored_bytes``; the neighbour graph, models, evaluations and report are small beside them:
+    ``budget.disk_margin``)."""
     specs = stages.train.final_specs(stages.train.fits(info, cfg)[1])
     return (
         stages.data.stored_bytes(info)
+        + stages.statistics.stored_bytes(info, cfg)
         + stages.train.stored_bytes(info, cfg)
         + stages.encode.stored_bytes(info, cfg, specs)
     )
@@ -43,14 +46,22 @@ def stored_bytes(info, cfg: RunConfig) -> list:
 def check_disk(store, info, cfg: RunConfig) -> None:
     """Refuse, before staging, a run whose units would not fit the store's file system (the disk rule,
     ``budget.check_disk``): what each stage writes at the most (its ``stored_bytes``), less what the
-    store's committed units of those kinds hold (a resume reuses them). The stages check again,
-    exactly, before they write."""
+    store's committed units of those kinds hold, counted alike (a resume reuses them). The stages
+    check again, exactly, before they write."""
     if budget.disk_free(store) is None:
         return
     needs = stored_bytes(info, cfg)
-    kinds = ("data", "shuffled", "codes", stages.pq.KIND)
-    held = sum(u.nbytes() for kind in kinds for u in store.units(kind) if u.done())
+    kinds = ("data", "statistics", "shuffled", "codes", stages.pq.KIND)
+    held = sum(_counted(u) for kind in kinds for u in store.units(kind) if u.done())
     budget.check_disk(store, cfg, needs, held)
+
+
+def _counted(unit) -> float:
+    """A committed unit's bytes as the rule counts them (its chunks uncompressed); 0 if unreadable."""
+    try:
+        return chunk_bytes(unit.url)
+    except Exception:  # a damaged unit is no credit (the stage that needs it verifies and recomputes it)
+        return 0.0
 
 
 def check_methods(cfg: RunConfig, info, log=print) -> RunConfig:

@@ -102,6 +102,14 @@ def largest_tasks(info, cfg, limit: float) -> list:
     ]
 
 
+def stored_bytes(info, cfg) -> list:
+    """What the stage writes (the disk rule), float64: the class means and, up to max_dense_dim, four
+    D x D matrices (covariance, the two scatters, the PCA basis); past it the randomized PCA's basis."""
+    D, C = info.n_features, len(info.classes or [])
+    square = 4 * D if D <= cfg.statistics.max_dense_dim else min(cfg.statistics.components, D)
+    return [(f"the statistics ({D:,}-d, {C:,} classes, float64)", 8.0 * D * (square + C), "")]
+
+
 def work(info, cfg, specs: list) -> float | None:
     """Multiply-adds of the stage (:mod:`metricpipe.tasks.madds`'s unit): the moments of the train rows
     and the PCA; None past statistics.max_dense_dim (randomized PCA: not estimated)."""

@@ -45,6 +45,7 @@ be a link: that one the user chose.)
 
 from metricpipe.store.arrays import (
     array_names,
+    chunk_bytes,
     chunk_rows_for,
     create_array,
     load_arrays,
@@ -95,6 +96,7 @@ __all__ = [
     "Store",
     "Unit",
     "array_names",
+    "chunk_bytes",
     "chunk_rows_for",
     "code_version",
     "create_array",

@@ -273,6 +273,17 @@ def array_names(url: str) -> set:
     return {k for k, _ in zarr.open_group(store=url, mode="r").arrays()}
 
 
+def chunk_bytes(url: str) -> float:
+    """Bytes of a Zarr group's arrays as whole chunks, uncompressed: what the disk rule counts of a
+    unit (its files may be smaller: LZ4)."""
+    import zarr
+
+    total = 0.0
+    for _, a in zarr.open_group(store=url, mode="r").arrays():
+        total += float(np.prod([-(-s // c) * c for s, c in zip(a.shape, a.chunks)])) * a.dtype.itemsize
+    return total
+
+
 def read_attrs(url: str) -> dict:
     """The attributes of a Zarr group, without reading its arrays."""
     import zarr

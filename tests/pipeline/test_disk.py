@@ -30,7 +30,7 @@ def _run(client, tmp, methods, **extra):
 
 
 def _free(monkeypatch, spare: float) -> None:
-    """The store's file system has ``spare`` bytes free beyond the rule's margin."""
+    """The store's file system has ``spare`` bytes free beyond the rule's fixed margin."""
     monkeypatch.setattr(budget, "disk_free", lambda store: budget.DISK_MARGIN + spare)
 
 
@@ -45,11 +45,12 @@ def test_a_run_that_would_fill_the_disk_is_refused_before_staging(client, tmp_pa
     assert res.exit_code == 2, res.output
     lines = res.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), res.output
-    need = 3 * 4.0 * ROWS * D  # the features and two codes of 64 floats per row
+    need = 3 * 4.0 * ROWS * D + 8.0 * D * (4 * D + 10)  # the features and two codes of 64 floats a row; statistics
     assert (
-        f"cfg.yaml: the run writes ~{need / 1e6:.1f} MB to the store {tmp_path / 'store'}, whose file system has "
-        f"{(budget.DISK_MARGIN + 1e6) / 1e6:.1f} MB free (500.0 MB of it kept for logs and reports); the most is "
-        f"the staged features (1,797 x 64 float32) (~0.5 MB): free space there or use a store on a larger disk"
+        f"cfg.yaml: the run writes ~{need / 1e6:.1f} MB to the store {tmp_path / 'store'} (and keeps "
+        f"{budget.disk_margin(need) / 1e6:.1f} MB for models, logs and the report), but its file system has "
+        f"{budget.disk_margin(need) / 1e6 + 1:.1f} MB free; the most is the staged features (1,797 x 64 float32) "
+        f"(~0.5 MB): free space there or use a store on a larger disk"
     ) in lines[0]
     assert not _committed(tmp_path, "data")  # nothing staged
 
@@ -63,7 +64,7 @@ def test_a_resume_is_credited_what_it_reuses_and_encode_checks_exactly(client, t
     codes = 4.0 * ROWS * 48
     # a second run drops identity and LDA and adds PCA-48: before staging it needs the features, PCA-16
     # and PCA-48 less what the store holds (at least identity's, LDA's and PCA-16's codes), under 48
-    # floats a row; the encode stage then needs PCA-48's codes whole, one byte more than is free
+    # floats a row; the encode stage then needs PCA-48's codes whole, more than is free
     _free(monkeypatch, codes - 1)
     res = _run(client, tmp_path, [first[2], wide])
     assert res.exit_code == 2, res.output
@@ -76,8 +77,8 @@ def test_a_resume_is_credited_what_it_reuses_and_encode_checks_exactly(client, t
     assert any(u.meta().get("spec", {}).get("dim") == 48 for u in _committed(tmp_path, "models"))
     assert len(_committed(tmp_path, "codes")) == 3
     assert len(Store(str(tmp_path / "store")).units("codes")) == 3  # no half-written unit either
-    # with the byte it lacked, the same command resumes and encodes it
-    _free(monkeypatch, codes + 1)
+    # with the bytes it lacked, the same command resumes and encodes it
+    _free(monkeypatch, codes * (1 + budget.DISK_SHARE) + 1)
     res = _run(client, tmp_path, [first[2], wide])
     assert res.exit_code == 0, res.output
     assert len(_committed(tmp_path, "codes")) == 4
