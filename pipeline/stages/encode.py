@@ -147,9 +147,8 @@ def run_encode(ctx: StageContext, data: DataInfo, models: list) -> list[tuple[di
 def _codes_need(data: DataInfo, spec: dict, width: int) -> tuple:
     """(what, bytes, how to shrink) of one model's codes of ``width`` floats per row (the disk rule)."""
     n_rows, stored = data.n_samples, stored_rows(data.n_samples, data.chunk_rows)
-    fix = "lower its dim or leave it out" + (
-        ", or lower its input_dim (its exact views' width)" if "input_dim" in registry.make(spec).get_params() else ""
-    )
+    views = "input_dim" in registry.make(spec).get_params()  # (a bilinear learner's exact views are that wide)
+    fix = f"lower its {'input_dim (its exact views) or dim' if views else 'dim'}, or leave it out"
     return (f"the codes of {registry.model_name(spec)} ({n_rows:,} x {width:,} float32)", 4.0 * stored * width, fix)
 
 

@@ -70,7 +70,7 @@ def test_a_resume_is_credited_what_it_reuses_and_encode_checks_exactly(client, t
     assert res.exit_code == 2, res.output
     last = res.output.strip().splitlines()[-1]
     assert last.startswith("error: ") and "cfg.yaml: the encode stage writes ~0.3 MB" in last, res.output
-    assert "the most is the codes of pca-48 (1,797 x 48 float32) (~0.3 MB): lower its dim or leave it out" in last
+    assert "the most is the codes of pca-48 (1,797 x 48 float32) (~0.3 MB): lower its dim, or leave it out" in last
     runs = json.loads((tmp_path / "store/runs/latest.json").read_text())
     assert runs  # (the first run's)
     # the train stage's PCA-48 is kept; no codes of it were begun
