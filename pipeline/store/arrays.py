@@ -59,6 +59,15 @@ def size_crcs(fs, root: str, names: list) -> dict:
 # ---- Zarr helpers (the only place that talks to zarr directly) -------------------------------------
 
 
+def remove_tree(url: str) -> None:
+    """Remove the folder (or prefix) ``url`` and everything below it, if it exists (a task's scratch)."""
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(url)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+
+
 def open_array(url: str, mode: str = "r"):
     import zarr
 

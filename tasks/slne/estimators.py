@@ -386,6 +386,13 @@ class SLDE(Bilinear):
         Pn = subspace(P.shape[1], n, d, self.subspace, seed_of(self.random_state))
         return lambda X: project(preprocess(X, mean32, P), Pn)
 
+    def members_map(self, mean, components):
+        """Every member's :meth:`member_map` as one function of X, returning their rows in member
+        order: X is preprocessed once, then projected into each subspace (the same values)."""
+        mean32, P = self.input_space(mean, components)
+        Ps = self.projections(P.shape[1], P.shape[0])
+        return lambda X: [project(Z, Pn) for Z in (preprocess(X, mean32, P),) for Pn in Ps]
+
     def member_ranks(self, p: int) -> list:
         """The code dimension each member keeps (None: all its positive eigen-directions) for a
         p-dimensional input space."""

@@ -853,3 +853,15 @@ def test_the_disk_rule_prices_every_learners_codes_as_encode_writes_them(stored)
         # exact but for SL-NE and SL-DE, whose codes are the positive part of M (``dim`` at most)
         assert need == chunks or spec["method"] in ("slne", "slde"), (spec["method"], need, chunks)
         assert ("query" in views) == (spec["method"] in ("slne", "slde")), spec["method"]
+
+
+@pytest.mark.integration
+def test_an_slde_model_keeps_none_of_its_members_scratch_rows(stored):
+    """SL-DE's training rows are written once in every member's subspace into its unit
+    (``member_rows``) for the member tasks to read; the committed model holds none of them."""
+    from metricpipe.stages.train.neighbours import SCRATCH
+
+    ctx, _, _, models, _ = stored
+    [unit] = [u for spec, u, _ in models if spec["method"] == "slde"]
+    assert unit.done() and not any(name.startswith(SCRATCH) for name in unit.file_sizes())
+    assert not unit.verify()  # every file is the commit's (no scratch left beside it)

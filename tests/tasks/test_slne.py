@@ -368,3 +368,23 @@ def test_slne_dim_beyond_the_pca_directions_kept_is_refused():
     Z = est.input_rows(X, mean, comps[:5])
     with pytest.raises(InputError, match=r"'dim' parameter of SLNE must be <= 5, the input space's dimension"):
         est.fit_space(Z, y, slne.knn_graph(Z, 5), mean, comps[:5])
+
+
+def test_members_map_gives_each_member_map_s_rows_exactly():
+    """The pipeline reads and preprocesses an SL-DE's training rows once for every member
+    (``members_map``): each member must see the very rows its own ``member_map`` gives."""
+    from metricpipe.tasks.moments import pca_statistics
+    from metricpipe.tasks.slne import SLDE
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(300, 40)).astype(np.float32)
+    mean, components = pca_statistics(X)
+    for params in (
+        {"members": 3, "member_dim": 8},
+        {"members": 2, "member_dim": 5, "subspace": "random", "input_dim": 20},
+    ):
+        est = SLDE(**params, random_state=4)
+        parts = est.members_map(mean, components)(X[17:230])
+        assert len(parts) == params["members"]
+        for n, part in enumerate(parts):
+            np.testing.assert_array_equal(part, est.member_map(mean, components, n)(X[17:230]))
