@@ -3,8 +3,10 @@ the estimator's input space, and calls the estimator's entry points (`tasks.slne
 
 SL-NE holds its training set in the preprocessed space (n_train x p floats) in one task: the SGD
 of Algorithm 1 visits samples in random order. An SL-DE member holds only its projection
-(n_train x d), which is what lets members of a high-dimensional input train on small workers; each
-member is one task (:func:`metricpipe.tasks.slne.fit_member`), and one more task assembles them
+(n_train x d), which is what lets members of a high-dimensional input train on small workers: a
+task per row-block preprocesses its training rows once and writes them in every member's subspace
+to a scratch array in the model's unit, each member is one task reading its own
+(:func:`metricpipe.tasks.slne.fit_member`), and one more task assembles them
 (:meth:`SLDE.assemble`). At millions of rows, ``neighbours.queries`` bounds the training set: the
 sampled rows and their neighbours.
 """
