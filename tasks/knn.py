@@ -1,8 +1,9 @@
 """Exact k-nearest-neighbour search over blocks, merged into a running top-k.
 
 Squared Euclidean distances come from one GEMM per tile (||q||^2 + ||x||^2 - 2 q.x); each tile's
-k best are found with argpartition and merged with the running list. Lists are ordered by
-(distance, index), so results do not depend on how the database was split into blocks.
+entries are pushed into the running top-k lists by one compiled pass (an entry above a list's k-th
+distance costs one comparison). Lists are ordered by (distance, index), so results do not depend on
+how the database was split into blocks.
 """
 
 from functools import lru_cache
@@ -11,11 +12,12 @@ import numpy as np
 
 from metricpipe.tasks import madds
 
-# Distance tiles are (query_tile x db_tile) float32; 512 x 4096 x 4 B = 8 MiB stays in the last-level
-# cache for the passes after the GEMM, which is still large enough to run near peak (measured: 75.7
-# GFLOP/s per process at 512 x 4096 against 69.6 at 1024 x 8192, alone or with a second process).
+# Distance tiles are (query_tile x db_tile) float32: 512 x 2048 x 4 B = 4 MiB, read by the push pass
+# right after its GEMM writes it, which is still large enough to run near peak (measured on the
+# Intel VM, 6,000 x 30,000 x 784, k = 50: the kernel at 0.89 x the GEMM rate at 512 x 2048, 0.76 x at
+# 512 x 4096, 0.88 x at 512 x 1024).
 QUERY_TILE = 512
-DB_TILE = 4096
+DB_TILE = 2048
 
 
 def empty_topk(n_queries: int, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -76,74 +78,38 @@ def block_topk(
     D = X.shape[1]
     if metric == "l2":  # ||x||^2 rides in the GEMM as an extra column (a query's is 1): one pass less per tile
         X = np.concatenate([X, sq_norms(X)[:, None]], axis=1)
-    # One distance tile and one mask reused for every tile: fresh 8 MB temporaries per tile are
-    # page-faulted in again each time under Dask's MALLOC_TRIM_THRESHOLD_ (the nanny's default).
-    size = min(QUERY_TILE, len(Q)) * min(DB_TILE, len(X))
-    d_buf, m_buf = np.empty(size, np.float32), np.empty(size, bool)
+    # One distance tile reused for every tile: a fresh temporary per tile is page-faulted in again
+    # each time under Dask's MALLOC_TRIM_THRESHOLD_ (the nanny's default).
+    d_buf = np.empty(min(QUERY_TILE, len(Q)) * min(DB_TILE, len(X)), np.float32)
+    push = _compiled_push()
     for q0 in range(0, len(Q), QUERY_TILE):
         q = Q[q0 : q0 + QUERY_TILE]
         q_m2 = np.empty((len(q), X.shape[1]), np.float32)
         q_m2[:, :D] = q * np.float32(-2.0 if metric == "l2" else -1.0)  # fold the -2 of -2 q.x into the GEMM
         q_m2[:, D:] = 1.0
-        qid = None if q_ids is None else np.asarray(q_ids[q0 : q0 + QUERY_TILE], dtype=np.int64)
+        # a query's own id is skipped with exclude_self; -2 matches no row
+        qid = (
+            np.asarray(q_ids[q0 : q0 + QUERY_TILE], dtype=np.int64)
+            if exclude_self and q_ids is not None
+            else np.full(len(q), -2, np.int64)
+        )
         qn = sq_norms(q)[:, None] if metric == "l2" else 0.0
         if init is None:
-            run = empty_topk(len(q), k)
+            run_d, run_i = empty_topk(len(q), k)
         else:  # back to the kernel's ranking space: ||x||^2 - 2 q.x = distance - ||q||^2
-            run = (init[0][q0 : q0 + QUERY_TILE] - qn, init[1][q0 : q0 + QUERY_TILE].copy())
+            run_d = np.ascontiguousarray(init[0][q0 : q0 + QUERY_TILE] - qn, np.float32)
+            run_i = np.array(init[1][q0 : q0 + QUERY_TILE], np.int64)
+        rows = np.arange(len(q))
         for x0 in range(0, len(X), DB_TILE):
-            ids = x_ids[x0 : x0 + DB_TILE]
             # ||x||^2 - 2 q.x ranks each row exactly as the distance does (||q||^2 is constant per
             # row), so ||q||^2 and the clamp at 0 are applied to the k selected entries only.
             Xt = X[x0 : x0 + DB_TILE].T
             d = np.matmul(q_m2, Xt, out=d_buf[: len(q) * Xt.shape[1]].reshape(len(q), Xt.shape[1]))
-            if exclude_self and qid is not None:
-                pos = np.minimum(np.searchsorted(ids, qid), len(ids) - 1)
-                hit = np.flatnonzero(ids[pos] == qid)
-                d[hit, pos[hit]] = np.inf
-            run = _tile_topk(d, ids, run, k, m_buf[: d.size].reshape(d.shape))
-        dist, idx = run
+            push(run_d, run_i, rows, d, x_ids[x0 : x0 + DB_TILE], qid)
         if metric == "l2":
-            dist = np.maximum(dist + qn, 0.0)
-        best[0][q0 : q0 + len(q)], best[1][q0 : q0 + len(q)] = dist, idx
+            run_d = np.maximum(run_d + qn, 0.0)
+        best[0][q0 : q0 + len(q)], best[1][q0 : q0 + len(q)] = run_d, run_i
     return best
-
-
-def _tile_topk(
-    d: np.ndarray, ids: np.ndarray, run: tuple, k: int, mask: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Merge a distance tile into the running top-k lists ``run``.
-
-    Once every list is full, only entries at or below a row's current k-th distance can enter it;
-    they are gathered with one comparison pass instead of a per-row selection (np.partition), which
-    is most of the cost beyond the GEMM. Ties are kept (<=), so the (distance, index) order stays exact.
-    Up to 4k survivors in a row are merged this way; more (a loose threshold, early on) take the per-row selection."""
-    kth = run[0][:, k - 1]
-    if np.isfinite(kth).all():
-        mask = np.less_equal(d, kth[:, None], out=mask)
-        cnt = np.count_nonzero(mask, axis=1)
-        width = int(cnt.max(initial=0))
-        if width == 0:
-            return run
-        if width <= 4 * k:
-            m = d.shape[1]
-            flat = np.flatnonzero(mask)
-            r, c = np.divmod(flat, m)
-            rows = np.flatnonzero(cnt)
-            where = np.empty(len(d), np.int64)
-            where[rows] = np.arange(len(rows))
-            slot = np.arange(len(flat)) - (np.cumsum(cnt) - cnt)[r]
-            cand_d = np.full((len(rows), width), np.inf, np.float32)
-            cand_i = np.full((len(rows), width), -1, np.int64)
-            cand_d[where[r], slot] = d[r, c]
-            cand_i[where[r], slot] = ids[c]
-            dist, idx = run[0].copy(), run[1].copy()
-            dist[rows], idx[rows] = merge_topk((dist[rows], idx[rows]), (cand_d, cand_i), k)
-            return dist, idx
-    part = _select(d, k)
-    cand_d = np.take_along_axis(d, part, 1)
-    cand_i = np.where(np.isinf(cand_d), -1, ids[part])
-    return merge_topk(run, (cand_d, cand_i), k)
 
 
 def distance_topk(
