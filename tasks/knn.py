@@ -18,6 +18,8 @@ from metricpipe.tasks import madds
 # 512 x 4096, 0.88 x at 512 x 1024).
 QUERY_TILE = 512
 DB_TILE = 2048
+# pooled_topk's float64 tiles: database rows per tile, and the pool's room beyond 2k
+POOL_TILE = 4096
 
 
 def empty_topk(n_queries: int, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -165,7 +167,7 @@ def pooled_topk(
     for large k (thousands; MAP@R needs k = the largest class).
 
     ``block_topk`` merges every tile into a sorted list, a sort of k entries per tile; here each
-    query keeps a pool of 2k + DB_TILE candidates and only entries at or below its current k-th
+    query keeps a pool of 2k + POOL_TILE candidates and only entries at or below its current k-th
     distance enter it; the pool is cut back to its k best (a selection, np.partition) when it would
     overflow, as faiss's reservoir does, and sorted once at the end. A query sees about
     k (1 + ln(N / k)) entries enter in all, so the pool is cut a few times per query.
@@ -186,7 +188,7 @@ def pooled_topk(
     """
     Q = np.ascontiguousarray(Q, dtype=np.float64)
     n = len(Q)
-    cap = 2 * k + DB_TILE
+    cap = 2 * k + POOL_TILE
     pool_d = np.full((n, cap), np.inf, np.float64)
     pool_i = np.full((n, cap), -1, np.int64)
     fill = np.zeros(n, np.int64)
@@ -214,9 +216,9 @@ def pooled_topk(
     for ids, X in blocks:
         X = np.asarray(X)
         ids = np.asarray(ids, np.int64)
-        for x0 in range(0, len(X), DB_TILE):
-            tid = ids[x0 : x0 + DB_TILE]
-            d = _sq_dist64(Q, q_sq, X[x0 : x0 + DB_TILE])
+        for x0 in range(0, len(X), POOL_TILE):
+            tid = ids[x0 : x0 + POOL_TILE]
+            d = _sq_dist64(Q, q_sq, X[x0 : x0 + POOL_TILE])
             mask = d <= thr[:, None]  # ties with the k-th are kept: the cut orders them by id
             if exclude_self and qid is not None:
                 _unmask_self(mask, tid, qid)

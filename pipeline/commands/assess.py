@@ -292,7 +292,7 @@ def group_size(
     # 2k + tile candidates of 16 bytes, 3.5 times: the sort that cuts them and the task's copies (with
     # it, k = 10,147 groups of 292 queries on 1 GB workers peaked at 661-693 MB; at 2.5 times groups of
     # 410 peaked at 833-873 MB, over Dask's pause, and 500 MB workers were killed)
-    per_query = (2 * k + knn.DB_TILE) * 16 * 3.5
+    per_query = (2 * k + knn.POOL_TILE) * 16 * 3.5
     group = min(MIN_GROUP, n_queries)  # fewer per task: each task streams the whole reference
     pool = max(POOL_BYTES, group * per_query)
     if limit is not None:

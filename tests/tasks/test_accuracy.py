@@ -19,7 +19,7 @@ def _blocks(X, sizes):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_pooled_topk_equals_brute_force_with_ties_and_pool_cuts(monkeypatch, seed):
-    monkeypatch.setattr(knn, "DB_TILE", 16)  # tiles of 16 rows: the pool (2k + 16) is cut many times
+    monkeypatch.setattr(knn, "POOL_TILE", 16)  # tiles of 16 rows: the pool (2k + 16) is cut many times
     X, _ = tied_case(seed, n_ref=300, dim=2)
     rng = np.random.default_rng(seed)
     k = int(rng.integers(1, 40))
