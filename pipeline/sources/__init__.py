@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from metricpipe.config import DataConfig
-from metricpipe.sources.base import ConcatReader, Source, fingerprint
+from metricpipe.sources.base import ConcatReader, Source, SyntheticReader, fingerprint
 from metricpipe.sources.idx import FASHION_FILES, IdxReader, fashion_mnist_root, find_idx, idx_source
 from metricpipe.sources.readers import (
     CheckedGroup,
@@ -31,19 +31,6 @@ from metricpipe.sources.readers import (
 )
 from metricpipe.tasks.errors import InputError
 from metricpipe.tasks.synthetic import GENERATION, SyntheticSpec
-
-
-class SyntheticReader:
-    def __init__(self, spec: SyntheticSpec):
-        self.spec = spec
-        self.shape = (spec.n_samples, spec.n_features)
-        self.dtype = np.dtype(np.float32)
-        self._labels = None
-
-    def read(self, start, stop):
-        if self._labels is None:
-            self._labels = self.spec.labels()
-        return self.spec.rows(start, stop, self._labels)
 
 
 def _column(container, key, path, field_name, n=None):
