@@ -166,7 +166,7 @@ def pooled_topk(
     """k nearest rows (squared Euclidean) of a stream of database ``blocks`` for every row of ``Q``,
     for large k (thousands; MAP@R needs k = the largest class).
 
-    ``block_topk`` merges every tile into a sorted list, a sort of k entries per tile; here each
+    ``block_topk`` inserts each entry below a list's k-th into its sorted list (up to k moves); here each
     query keeps a pool of 2k + POOL_TILE candidates and only entries at or below its current k-th
     distance enter it; the pool is cut back to its k best (a selection, np.partition) when it would
     overflow, as faiss's reservoir does, and sorted once at the end. A query sees about
