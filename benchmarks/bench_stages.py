@@ -15,12 +15,15 @@ and the stages' own modules on each worker: ~1 s each, once per run); the store 
 and the page cache's dirty pages are written out (os.sync) before each timed section, so that no
 section pays for another's writes. Asserts nothing.
 
+4. the encode stage of ``--models`` PCA models (default 8): each block read once per model (a task per
+   model and block, as before) against once per group of models (a task per block and group, now).
+
 Each ratio is also given in CPU seconds (the workers' and the client's user + system time against the
 reference's): on a machine shared with other jobs, wall time compares a 2-worker stage with a
 one-process reference under whatever share of the cores each got, while CPU time does not move with
 the load (it leaves out what wall time adds: waiting, and cores left idle).
 
-    PYTHONPATH=. python benchmarks/bench_stages.py [--samples 1000000] [--dim 256] [--workers 2]
+    PYTHONPATH=. python benchmarks/bench_stages.py [--samples 1000000] [--dim 256] [--workers 2] [--models 8]
 """
 
 import argparse
@@ -59,12 +62,38 @@ def _import_stages():
     import metricpipe.stages  # noqa: F401
 
 
+def many_models(c, store, cfg, data, stats_unit, a):
+    """4. the encode stage of ``a.models`` PCA models: each block read once per model (a task per model
+    and block, as before) against once for a group of models (a task per block and group)."""
+    from metricpipe.stages import encode
+
+    dims = [max(4, 64 - 4 * i) for i in range(a.models)]
+    cfg = parse_config({**cfg.raw, "methods": [{"method": "pca", "dim": d} for d in dims]})
+    ctx = StageContext(c, store, cfg, log=lambda m: None)
+    models = stages.run_train(ctx, data, stats_unit, None)
+    figures = {}
+    for label, per_task in (("a read per model", 1), ("a read per group", encode.MODELS_PER_TASK)):
+        encode.MODELS_PER_TASK = per_task
+        shutil.rmtree(f"{store.root}/codes", ignore_errors=True)  # fresh codes units: nothing reused
+        os.sync()
+        t, c0 = time.perf_counter(), cpu_seconds(c)
+        stages.run_encode(ctx, data, models)
+        figures[label] = (time.perf_counter() - t, cpu_seconds(c) - c0)
+    (w1, c1), (w2, c2) = figures.values()
+    print(
+        f"4. encode stage of {a.models} PCA models ({len(data.chunks)} blocks): a read per model {w1:.2f} s "
+        f"({c1:.2f} CPU s), a read per block for a group of models {w2:.2f} s ({c2:.2f} CPU s): "
+        f"{w1 / w2:.2f} x the wall time, {c1 / c2:.2f} x the CPU time"
+    )
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--samples", type=int, default=1_000_000)
     p.add_argument("--dim", type=int, default=256)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--dir", default=None, help="scratch directory (default: a temporary one)")
+    p.add_argument("--models", type=int, default=8, help="models of part 4 (0: leave it out)")
     a = p.parse_args()
     tmp = a.dir or tempfile.mkdtemp(prefix="mp-bench-")
     os.makedirs(tmp, exist_ok=True)
@@ -179,6 +208,8 @@ def main():
             f"read + matmul {t_block:.3f} s; stage / (read + matmul) = {per_block / t_block:.2f} (CPU seconds "
             f"per block {c_enc / len(data.chunks):.3f} / {c_block:.3f} = {c_enc / len(data.chunks) / c_block:.2f})"
         )
+        if a.models > 1:
+            many_models(c, store, cfg, data, stats_unit, a)
     if a.dir is None:
         shutil.rmtree(tmp, ignore_errors=True)
 
