@@ -134,7 +134,8 @@ def run_encode(ctx: StageContext, data: DataInfo, models: list) -> list[tuple[di
             )
         )  # inspect names the model
     # each block's task reads it once for its group of models (model_groups); its cost is theirs
-    costs = [registry.make(spec) for spec, *_ in todo]  # (each transform's cost prices the tasks)
+    learners = [registry.make(spec) for spec, *_ in todo]  # (each transform's cost prices the tasks)
+    n_classes = len(data.classes) or 2
     for group in model_groups(len(todo), len(data.chunks)):
         names = [registry.model_name(todo[i][0]) for i in group]
         who = names[0] if len(names) == 1 else f"{len(names)}-models"
@@ -147,7 +148,7 @@ def run_encode(ctx: StageContext, data: DataInfo, models: list) -> list[tuple[di
                     b,
                     [(todo[i][1].url, pending[i][0].url, todo[i][0]) for i in group],
                     name=f"encode-{who}",
-                    madds=sum(costs[i].transform_cost(b - a, data.n_features, len(data.classes) or 2) for i in group),
+                    madds=sum(learners[i].transform_cost(b - a, data.n_features, n_classes) for i in group),
                 )
             )
             labels.append(f"model{'s' if len(names) > 1 else ''} {', '.join(names)} rows {a}..{b - 1}")
