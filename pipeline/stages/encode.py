@@ -3,6 +3,7 @@ model (SL-NE, SL-DE) also writes the two views whose inner product is its exact 
 ``encode.pq``, the encoded databases: per size, a product quantiser of each model's codes and of the
 raw features, and every row's PQ code (:mod:`metricpipe.stages.pq`)."""
 
+import collections
 import time
 
 import numpy as np
@@ -229,31 +230,39 @@ def run_quantise(ctx: StageContext, data: DataInfo, codes: list) -> tuple[list, 
 
 
 def _quantise(ctx: StageContext, data: DataInfo, todo: list) -> None:
-    """Train each quantiser (one task each), then encode every row-block with it; commit each unit
-    with its real bytes per vector (the trained index's ``sa_code_size``)."""
+    """Each encoded database as one chain of tasks: its quantiser's training, its codes array, then
+    every row-block encoded with it. The chains go in longest training first: Dask places a task whose
+    kind it has not timed as if it took half a second, so three 23-minute OPQ trainings submitted
+    after fifteen short ones all queued on one worker and the other, idle, never took one. Each
+    database is committed (with its real bytes per vector, the trained index's ``sa_code_size``) as
+    soon as its last block is written, while the others still run: a stop keeps the finished ones."""
     sizes = sorted({e.pq_bytes for e in todo})
     needs = [_pq_need(data, M, sum(e.pq_bytes == M for e in todo)) for M in sizes]
     budget.check_disk(ctx.store, ctx.config, needs, who="the encode stage")
     t0, seed = time.perf_counter(), ctx.config.seed
-    trained, samples = [], []
-    for e in todo:
+    rows = {dim: pq_units.sample_rows(data, dim, seed) for dim in sorted({e.source.dim for e in todo})}
+    cost = [pq.train_cost(len(rows[e.source.dim]), e.source.dim, e.pq_bytes, e.source.rotate) for e in todo]
+    futures, labels, owner, arrays = [], [], [], set()  # arrays: the positions of the codes arrays' tasks
+    for i in sorted(range(len(todo)), key=lambda i: -cost[i]):
+        e, sample = todo[i], rows[todo[i].source.dim]
         pq_units.begin(e.unit, e.source, e.pq_bytes)
-        rows = pq_units.sample_rows(data, e.source.dim, seed)
-        samples.append(len(rows))
-        args = (e.source.url, rows, e.unit.url, e.pq_bytes, e.source.metric, e.source.rotate, seed)
-        cost = pq.train_cost(len(rows), e.source.dim, e.pq_bytes, e.source.rotate)
-        trained.append(ctx.submit(pq_units.train_quantiser, *args, name=f"pq-train-{_name(e)}", madds=cost))
-    blobs = ctx.gather(trained, "encode", [f"{_name(e)} quantiser" for e in todo])
-    futures, labels, sizes = [], [], []
-    for e, future, blob in zip(todo, trained, blobs):
-        sizes.append(pq_units.create_codes(e.unit.url, data.n_samples, data.chunk_rows, blob))
+        args = (e.source.url, sample, e.unit.url, e.pq_bytes, e.source.metric, e.source.rotate, seed)
+        trained = ctx.submit(pq_units.train_quantiser, *args, name=f"pq-train-{_name(e)}", madds=cost[i])
+        codes = ctx.submit(
+            pq_units.create_codes, e.unit.url, data.n_samples, data.chunk_rows, trained, name=f"pq-codes-{_name(e)}"
+        )
+        arrays.add(len(futures))
+        futures.append(codes)
+        labels.append(f"{_name(e)} quantiser")
+        owner.append(i)
         for a, b in data.chunks:  # the trained quantiser goes to each worker once (the train task's result)
             futures.append(
                 ctx.submit(
                     pq_units.encode_rows,
                     e.source.url,
                     e.unit.url,
-                    future,
+                    trained,
+                    codes,
                     a,
                     b,
                     name=f"pq-encode-{_name(e)}",
@@ -261,18 +270,29 @@ def _quantise(ctx: StageContext, data: DataInfo, todo: list) -> None:
                 )
             )
             labels.append(f"{_name(e)} rows {a}..{b - 1}")
-    ctx.gather(futures, "encode", labels)
-    for e, size, n in zip(todo, sizes, samples):
-        meta = {
-            "model": e.source.model,
-            "spec": e.source.spec,
-            "pq_bytes": e.pq_bytes,
-            "bytes_per_vector": size,
-            "index": pq.factory(e.source.dim, e.pq_bytes, e.source.rotate),
-            "metric": e.source.metric,
-            "sample_rows": n,
-        }
-        commit_timed(ctx, e.unit, t0, meta)
+            owner.append(i)
+    left = collections.Counter(owner)
+    size = {}
+
+    def finished(j: int, result) -> None:
+        i = owner[j]
+        if j in arrays:
+            size[i] = result
+        left[i] -= 1
+        if not left[i]:
+            e = todo[i]
+            meta = {
+                "model": e.source.model,
+                "spec": e.source.spec,
+                "pq_bytes": e.pq_bytes,
+                "bytes_per_vector": size[i],
+                "index": pq.factory(e.source.dim, e.pq_bytes, e.source.rotate),
+                "metric": e.source.metric,
+                "sample_rows": len(rows[e.source.dim]),
+            }
+            commit_timed(ctx, e.unit, t0, meta)
+
+    ctx.gather(futures, "encode", labels, on_result=finished)
 
 
 def _name(e) -> str:

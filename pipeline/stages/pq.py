@@ -94,15 +94,21 @@ def train_quantiser(src_url: str, rows: np.ndarray, unit_url: str, pq_bytes: int
 
 def create_codes(unit_url: str, n_samples: int, chunk_rows: int, trained: np.ndarray) -> int:
     """The unit's ``codes`` array (one row of ``sa_code_size`` bytes per staged row, one chunk per
-    row-block, stored bare: PQ codes do not compress); returns the bytes per vector."""
+    row-block, stored bare: PQ codes do not compress), made once its quantiser is trained (a task
+    after the training's); returns the bytes per vector."""
     size = pq.code_size(trained)
     create_array(f"{unit_url}/codes", (n_samples, size), (chunk_rows, size), np.uint8, rows=True, bare=True)
     return size
 
 
-def encode_rows(src_url: str, unit_url: str, trained: np.ndarray, a: int, b: int) -> int:
-    """Encode rows a:b of ``src_url`` into the same rows of the unit's ``codes`` (one chunk)."""
-    open_array(f"{unit_url}/codes", mode="r+")[a:b] = pq.encode(trained, open_array(src_url)[a:b])
+def encode_rows(src_url: str, unit_url: str, trained: np.ndarray, size: int, a: int, b: int) -> int:
+    """Encode rows a:b of ``src_url`` into the same rows of the unit's ``codes`` (one chunk); ``size``:
+    what :func:`create_codes` returned (its task's result: so the block is written after the array
+    exists)."""
+    codes = pq.encode(trained, open_array(src_url)[a:b])
+    if codes.shape[1] != size:
+        raise ValueError(f"{unit_url}: codes of {codes.shape[1]} bytes for an array of {size}")
+    open_array(f"{unit_url}/codes", mode="r+")[a:b] = codes
     return b - a
 
 

@@ -525,3 +525,47 @@ def test_encode_reads_each_block_once_for_all_its_models(staged, monkeypatch):
         est = load_estimator(model.url)
         np.testing.assert_array_equal(open_array(f"{codes.url}/codes")[:], est.transform(X).astype(np.float32))
         assert codes.done() and dim == est.transform(X[:1]).shape[1]
+
+
+def _encode_after_the_others(src_url, unit_url, *block):
+    """A block of one encoded database that fails once every other database of its run is committed
+    (or after 20 s)."""
+    import time
+    from pathlib import Path
+
+    deadline = time.monotonic() + 20
+    while len(list(Path(unit_url).parent.glob("*.committed.json"))) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    raise ZeroDivisionError("division by zero in block")
+
+
+def test_encoded_databases_go_longest_training_first_and_each_is_kept_when_the_stage_fails(staged, monkeypatch):
+    """encode.pq trained every quantiser, then encoded every block, then committed them all: three
+    23-minute OPQ trainings submitted after fifteen short ones queued on one worker (Dask places a kind
+    of task it has not timed as if it took half a second) while the other idled, and a stop 56 minutes
+    in kept nothing. Each database is now a chain of tasks, submitted longest training first, and is
+    committed when its last block is written: a failing block of one keeps the three others."""
+    from metricpipe.errors import StageError
+    from metricpipe.stages import encode
+
+    ctx, data, _, _ = staged
+    ctx.config = parse_config({**ctx.config.raw, "encode": {"pq": [2, 4]}})
+    trainings, submit = [], ctx.submit
+
+    def spy(fn, *args, name, madds=None, **kwargs):
+        if name.startswith("pq-train-"):
+            trainings.append((name.removeprefix("pq-train-"), madds))
+        if name == "pq-encode-pca-3 pq2":
+            fn = _encode_after_the_others
+        return submit(fn, *args, name=name, madds=madds, **kwargs)
+
+    monkeypatch.setattr(ctx, "submit", spy)
+    models = stages.run_train(ctx, data, stages.run_statistics(ctx, data), None)
+    codes = stages.run_encode(ctx, data, models)
+    with pytest.raises(StageError, match=r"stage encode failed on pca-3 pq2 rows \d+\.\.\d+: ZeroDivisionError"):
+        encode.run_quantise(ctx, data, codes)
+    costs = [m for _, m in trainings]
+    assert costs == sorted(costs, reverse=True) and len(costs) == 4, trainings
+    assert [n for n, _ in trainings[:2]] == ["opq-pq (raw) pq4", "opq-pq (raw) pq2"]
+    committed = sorted((u.meta()["model"] is None, u.meta()["pq_bytes"]) for u in ctx.store.units("pq") if u.done())
+    assert committed == [(False, 4), (True, 2), (True, 4)]
