@@ -141,9 +141,10 @@ class MetricLearner(Learner):
 
     def _step_cost(self, m: int, D: int, K: int, d: int, pool: int) -> float:
         """One SGD step on a batch of ``m`` rows (read from its ``pool``, float64) for the gradient of
-        Eq. 10 (24-25) against K centroids: the projections, the posteriors (summed per class by an
-        unbuffered add) and the four GEMMs of the gradient."""
-        gemms = 2 * madds.gemm(m, d, D) + madds.gemm(m, K, D) + 4 * madds.gemm(d, K, D)
+        Eq. 10 (24-25) against K centroids: the projections of the rows and the centroids, their
+        distances, the posteriors (summed per class by an unbuffered add), the gradient's two factors
+        in the projected space and its two D-wide GEMMs."""
+        gemms = 2 * madds.gemm(m, d, D) + 2 * madds.gemm(K, d, D) + 3 * madds.gemm(m, K, d)
         return madds.passes(m * D, 5) + madds.passes(m * K, 40) + gemms + 40 * madds.CALL
 
     def _validation_cost(self, n_val: int, D: int, K: int, d: int) -> float:

@@ -48,10 +48,13 @@ def log_likelihood_and_gradient(
         return L, None
     mine = owner[None, :] == y[:, None]  # centroids of the true class
     alpha = pc - np.where(mine, pc / py[:, None], 0.0)  # Eq. 25 (Eq. 10 when k = 1)
-    # sum_ij alpha_ij (Mp_j - Y_i)(mu_j - x_i)^T, expanded into four GEMMs
-    col, row = alpha.sum(0), alpha.sum(1)
-    G = (Mp.T * col) @ centroids - Mp.T @ (alpha.T @ X) - (Y.T @ alpha) @ centroids + (Y.T * row) @ X
-    return L, G / m
+    # sum_ij alpha_ij (Mp_j - Y_i)(mu_j - x_i)^T = A mu + B x: one GEMM over the centroids' D columns
+    # and one over the rows', their factors A (d, K) and B (d, m) formed in the projected space first.
+    # (Four D-wide GEMMs, one of them alpha^T X (K x m x D), did 2.5x the multiply-adds at NCMC's
+    # 10,000 centroids.)
+    A = Mp.T * alpha.sum(0) - Y.T @ alpha
+    B = Y.T * alpha.sum(1) - (alpha @ Mp).T
+    return L, (A @ centroids + B @ X) / m
 
 
 def dot_log_likelihood_and_gradient(
