@@ -49,6 +49,18 @@ def gemm(m: float, n: float, k: float, float32: bool = False) -> float:
     return m * n * k * (GEMM32 if float32 else 1.0) + CALL
 
 
+def chain(*dims: float) -> float:
+    """``np.linalg.multi_dot`` of matrices of shapes (dims[0], dims[1]), (dims[1], dims[2]), ...: the
+    GEMMs of the cheapest order (the same dynamic programme multi_dot solves)."""
+    n = len(dims) - 1
+    best = {(i, i): 0.0 for i in range(n)}
+    for span in range(1, n):
+        for i in range(n - span):
+            j = i + span
+            best[i, j] = min(best[i, k] + best[k + 1, j] + gemm(dims[i], dims[j + 1], dims[k + 1]) for k in range(i, j))
+    return best[0, n - 1]
+
+
 def passes(elements: float, n: float = 1.0) -> float:
     """``n`` elementwise passes over ``elements`` elements (with their numpy calls)."""
     return n * (elements * PASS + CALL)

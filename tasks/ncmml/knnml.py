@@ -110,13 +110,13 @@ class KNNML(MetricLearner):
         """A triplet step (Algorithm 1): the batch drawn from its pool (a pass over the pool's labels
         per class; fixed targets: each pool's same-class l2 neighbours, shared by its steps), the
         projections, one sort per query of its distances to the batch, and the gradient 2 W X^T A X
-        ((W X^T) A, d x m x m, then by X)."""
+        (``multi_dot``'s order)."""
         queries = max(2, int(round(2.0 / 3.0 * m)))
         draw = madds.passes(pool, K + 2) + madds.sort(pool)
         if self.targets == "fixed":  # l2_targets: per class, its rows among its rows, once per pool
             per_pool = K * madds.gemm(pool / K, pool / K, D, float32=True) + madds.passes(pool * pool / K, 3)
             draw += per_pool / max(1, pool // m)
-        gradient = madds.gemm(d, m, m) + 2 * madds.gemm(d, m, D) + madds.passes(m * m, 16)
+        gradient = madds.chain(d, D, m, m, D) + madds.passes(m * m, 16)
         ranking = madds.passes(queries * m, 50)  # lexsort of each query's distances, counts put back
         if self.targets == "dynamic":  # the k closest positives under W: their distances, sorted
             ranking += madds.passes(queries * queries, 30)

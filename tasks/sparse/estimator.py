@@ -314,7 +314,7 @@ class SparseProjector(Learner):
         iters = int(self.max_iter) if self.stop_iter is None else min(int(self.max_iter), int(self.stop_iter))
         project = madds.gemm(N, R, D)
         objective = project + madds.gemm(N, N, R) + madds.passes(N * N, 30)
-        gradient = project + 2 * madds.gemm(P, N, R) + madds.gemm(P, N, D) + 2 * madds.gemm(D, P, R)
+        gradient = project + madds.gemm(P, N, R) + madds.chain(D, P, N, R) + madds.chain(D, N, P, R)
         search = 20 * (project + madds.gemm(P, N, R) + madds.passes(P * N, 30) + R * madds.sort(D))
         iteration = objective + gradient + search + madds.passes(P * N, 30) + 200 * madds.CALL
         entries = min(iters, 50) + 1

@@ -58,8 +58,9 @@ def objective_and_gradient(
     pos, neg = gt.masks(qs)
     f, C = query_terms(S, pos, neg, piv, eps)
     G = None
-    if gradient:  # d s(q, k) / dU = x_q y_k^T + x_k y_q^T  =>  G = X_q^T (C Y) + (C X)^T Y_q
-        G = X[qs].T @ (C @ Y) + (C @ X).T @ Y[qs]
+    if gradient:  # d s(q, k) / dU = x_q y_k^T + x_k y_q^T  =>  G = X_q^T C Y + X^T C^T Y_q, each
+        # in the cheapest order for the shapes ((C X)^T Y_q took queries x N x D where N x R x D will do)
+        G = np.linalg.multi_dot([X[qs].T, C, Y]) + np.linalg.multi_dot([X.T, C.T, Y[qs]])
     return float(f.sum()), G, f
 
 

@@ -1,6 +1,7 @@
 """What a fit costs, stated by each learner before any work (Learner.fit_cost, in multiply-adds of a
 float64 GEMM: tasks/madds.py), and checked against the CPU time the fit takes."""
 
+import numpy as np
 import pytest
 
 from metricpipe.tasks import madds, registry
@@ -72,3 +73,24 @@ def test_the_units_add_up():
     assert madds.gemm(10, 20, 30, float32=True) == 6000 * madds.GEMM32 + madds.CALL
     assert (FitCost(1.0) + FitCost(2.0, True)) == FitCost(3.0, True)
     assert FitCost(2.0, True).times(3) == FitCost(6.0, True)
+
+
+def test_a_chain_of_products_is_priced_at_its_cheapest_order():
+    """madds.chain prices ``np.linalg.multi_dot`` (which the triplet and ranking gradients call): the
+    cheapest of every parenthesisation, enumerated here by brute force."""
+
+    def every_order(dims):
+        if len(dims) == 2:
+            return [0.0]
+        return [
+            left + right + madds.gemm(dims[0], dims[-1], dims[k])
+            for k in range(1, len(dims) - 1)
+            for left in every_order(dims[: k + 1])
+            for right in every_order(dims[k:])
+        ]
+
+    rng = np.random.default_rng(0)
+    for n in range(2, 7):
+        for _ in range(20):
+            dims = tuple(int(v) for v in rng.integers(1, 5000, n + 1))
+            assert madds.chain(*dims) == pytest.approx(min(every_order(dims)), rel=1e-12)
