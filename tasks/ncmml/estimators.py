@@ -231,10 +231,12 @@ class NCMML(_NCMClassifier, MetricLearner):
     _parameter_constraints = {**SGD_CONSTRAINTS, "objective": [StrOptions({"euclidean", "dot"})]}
 
     def _step_cost(self, m, D, K, d, pool):
-        """The dot form (Eq. 27) projects twice, compares in the input space: 5 (m, d, D) GEMMs, 2 (m, K, D)."""
+        """The dot form (Eq. 27): the rows and the means projected, their products, and the gradient's
+        two D-wide products (one a ``multi_dot``)."""
         if self.objective != "dot":
             return super()._step_cost(m, D, K, d, pool)
-        return madds.passes(m * D, 6) + 5 * madds.gemm(m, d, D) + 2 * madds.gemm(m, K, D) + 40 * madds.CALL
+        gemms = 2 * madds.gemm(m, d, D) + madds.gemm(K, d, D) + 2 * madds.gemm(m, K, d) + madds.chain(d, m, K, D)
+        return madds.passes(m * D, 6) + madds.passes(m * K, 8) + gemms + 40 * madds.CALL
 
     def __init__(
         self,

@@ -60,20 +60,19 @@ def log_likelihood_and_gradient(
 def dot_log_likelihood_and_gradient(
     W: np.ndarray, bias: np.ndarray, X: np.ndarray, y: np.ndarray, means: np.ndarray, gradient: bool = True
 ):
-    """Eq. 27: logits x^T W^T W mu_c + s_c. The images are projected twice (x_hat = W^T W x) and
-    compared with the means in the input space, so the C means are never projected (Table 1)."""
+    """Eq. 27: logits x^T W^T W mu_c + s_c, as the projected rows against the projected means (the
+    means projected once per step: the rows' double projection W^T W x compared in the input space
+    took two more m x C x D products)."""
     m = len(X)
-    Y = X @ W.T
-    Xh = Y @ W  # (m, D) double projection
-    P = softmax(Xh @ means.T + bias)
+    Y, Mp = X @ W.T, means @ W.T
+    P = softmax(Y @ Mp.T + bias)
     L = float(np.log(np.maximum(P[np.arange(m), y], 1e-300)).mean())
     if not gradient:
         return L, None, None
     R = -P
     R[np.arange(m), y] += 1.0  # [c = y] - p(c|x)
-    # d/dW x^T W^T W mu = W (x mu^T + mu x^T)
-    RM = R @ means  # (m, D)
-    G = (Y.T @ RM + (RM @ W.T).T @ X) / m
+    # d/dW x^T W^T W mu = W (x mu^T + mu x^T): sum_i,c R_ic (y_i mu_c^T + Mp_c x_i^T)
+    G = (np.linalg.multi_dot([Y.T, R, means]) + (R @ Mp).T @ X) / m
     return L, G, R.mean(0)
 
 
