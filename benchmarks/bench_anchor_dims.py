@@ -1,0 +1,56 @@
+"""The unsupervised anchor's OPQ output dimension (issue 48): faiss's OPQ{M}_{D'},PQ{M} of the raw
+Fashion-MNIST pixels for D' = 4M, 8M, 16M and all of d (the pipeline's anchor today), on a validation
+split of the train rows only: the quantiser trains on 50,000 train rows, 2,000 of the 10,000 held-out
+rows are classified by kNN-1 against them, and 1,000 rank the 10,000 held-out rows (mAP), through the
+index as the evaluate stage does. Prints each training's CPU seconds (one thread); asserts nothing.
+
+    python benchmarks/bench_anchor_dims.py [8,16,32]
+"""
+
+import gzip
+import os
+import sys
+import time
+
+import numpy as np
+
+from metricpipe.tasks import pq
+
+
+def idx(path):
+    with gzip.open(path) as f:
+        data = f.read()
+    ndim = data[3]
+    shape = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
+    return np.frombuffer(data, np.uint8, offset=4 + 4 * ndim).reshape(shape)
+
+
+def main():
+    root = os.environ.get("METRICPIPE_DATA", "/usr/share/datasets/fashion-mnist") + "/"  # Debian's package
+    X = idx(root + "train-images-idx3-ubyte.gz").reshape(60000, -1).astype(np.float32)
+    y = idx(root + "train-labels-idx1-ubyte.gz").astype(np.int64)
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    rng = np.random.default_rng(0)
+    perm = rng.permutation(60000)
+    tr, va = np.sort(perm[:50000]), np.sort(perm[50000:])
+    real = pq.factory
+    Ms = [int(a) for a in sys.argv[1].split(",")] if len(sys.argv) > 1 else [8, 16, 32]
+    for M in Ms:
+        for mult in (4, 8, 16, None):
+            dout = 784 - 784 % M if mult is None else mult * M
+            pq.factory = lambda d, M_, rotate=False, _o=dout: f"OPQ{M_}_{_o},PQ{M_}" if rotate else real(d, M_, rotate)
+            t = time.process_time()
+            trained = pq.train(X[tr], M, "l2", rotate=True, seed=0)
+            secs = time.process_time() - t
+            db = pq.filled(trained, pq.encode(trained, X[tr]), tr)
+            errs, _ = pq.knn_errors(db, X[va[:2000]], y[va[:2000]], y, [1], 10)
+            vdb = pq.filled(trained, pq.encode(trained, X[va]), va)
+            r = pq.retrieval(vdb, X[va[:1000]], va[:1000], va, y, (10,))
+            print(
+                f"M {M:2d} OPQ out {dout:3d}: train {secs:6.1f} CPU s, kNN-1 err {np.mean(errs['knn1'][0]):.4f}, mAP {np.mean(r['ap']):.4f}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
