@@ -232,10 +232,11 @@ def run_quantise(ctx: StageContext, data: DataInfo, codes: list) -> tuple[list, 
 def _quantise(ctx: StageContext, data: DataInfo, todo: list) -> None:
     """Each encoded database as one chain of tasks: its quantiser's training, its codes array, then
     every row-block encoded with it. The chains go in longest training first: Dask places a task whose
-    kind it has not timed as if it took half a second, so three 23-minute OPQ trainings submitted
-    after fifteen short ones all queued on one worker and the other, idle, never took one. Each
-    database is committed (with its real bytes per vector, the trained index's ``sa_code_size``) as
-    soon as its last block is written, while the others still run: a stop keeps the finished ones."""
+    kind it has not timed as if it took half a second, so three OPQ trainings of about an hour each
+    (4,096-d), submitted after fifteen short ones, all queued on one worker and the idle one never
+    took one. Each database is committed (with its real bytes per vector, the trained index's
+    ``sa_code_size``) as soon as its last block is written, while the others still run: a stop keeps
+    the finished ones."""
     sizes = sorted({e.pq_bytes for e in todo})
     needs = [_pq_need(data, M, sum(e.pq_bytes == M for e in todo)) for M in sizes]
     budget.check_disk(ctx.store, ctx.config, needs, who="the encode stage")

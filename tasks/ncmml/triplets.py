@@ -42,7 +42,7 @@ def triplet_gradient(W: np.ndarray, X: np.ndarray, queries: np.ndarray, cp: np.n
     w[queries] = cp - cn  # + x_qp x_qp^T per violating triplet, - x_qn x_qn^T
     # sum_qj w_qj (x_q - x_j)(x_q - x_j)^T = X^T (diag(rowsum + colsum) - w - w^T) X
     A = np.diag(w.sum(1) + w.sum(0)) - w - w.T
-    # the cheapest order for the shapes ((W X^T) A) X while m <= D): W X^T (A X) took m x m x D
+    # multi_dot takes the cheapest order for the shapes (((W X^T) A) X while m <= D); (W X^T)(A X) took m x m x D
     return 2.0 * np.linalg.multi_dot([W, X.T, A, X])
 
 

@@ -541,7 +541,7 @@ def _encode_after_the_others(src_url, unit_url, *block):
 
 def test_encoded_databases_go_longest_training_first_and_each_is_kept_when_the_stage_fails(staged, monkeypatch):
     """encode.pq trained every quantiser, then encoded every block, then committed them all: three
-    23-minute OPQ trainings submitted after fifteen short ones queued on one worker (Dask places a kind
+    hour-long OPQ trainings (4,096-d) submitted after fifteen short ones queued on one worker (Dask places a kind
     of task it has not timed as if it took half a second) while the other idled, and a stop 56 minutes
     in kept nothing. Each database is now a chain of tasks, submitted longest training first, and is
     committed when its last block is written: a failing block of one keeps the three others."""
