@@ -529,10 +529,14 @@ def test_encode_reads_each_block_once_for_all_its_models(staged, monkeypatch):
 
 def _encode_after_the_others(src_url, unit_url, *block):
     """A block of one encoded database that fails once every other database of its run is committed
-    (or after 20 s)."""
+    (or after 20 s). It leaves the worker's thread while it waits (``secede``), so the other databases'
+    tasks run meanwhile whatever the cluster's threads."""
     import time
     from pathlib import Path
 
+    from distributed import secede
+
+    secede()
     deadline = time.monotonic() + 20
     while len(list(Path(unit_url).parent.glob("*.committed.json"))) < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
