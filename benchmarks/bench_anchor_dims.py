@@ -7,37 +7,32 @@ index as the evaluate stage does. Prints each training's CPU seconds (one thread
     python benchmarks/bench_anchor_dims.py [8,16,32]
 """
 
-import gzip
-import os
 import sys
 import time
 
 import numpy as np
 
+from metricpipe.config import parse_config
+from metricpipe.sources import open_source
 from metricpipe.tasks import pq
 
 
-def idx(path):
-    with gzip.open(path) as f:
-        data = f.read()
-    ndim = data[3]
-    shape = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
-    return np.frombuffer(data, np.uint8, offset=4 + 4 * ndim).reshape(shape)
-
-
 def main():
-    root = os.environ.get("METRICPIPE_DATA", "/usr/share/datasets/fashion-mnist") + "/"  # Debian's package
-    X = idx(root + "train-images-idx3-ubyte.gz").reshape(60000, -1).astype(np.float32)
-    y = idx(root + "train-labels-idx1-ubyte.gz").astype(np.int64)
+    # the project's own reader of the IDX files (data.root, $METRICPIPE_DATA or Debian's package)
+    src = open_source(parse_config({"data": {"source": "fashion-mnist"}}).data)
+    train = np.flatnonzero(np.asarray(src.split) == "train")  # the test images are never read here
+    X = src.reader.read(0, src.reader.shape[0])[train].astype(np.float32)
+    y = np.asarray(src.labels)[train].astype(np.int64)
     X /= np.linalg.norm(X, axis=1, keepdims=True)
     rng = np.random.default_rng(0)
-    perm = rng.permutation(60000)
-    tr, va = np.sort(perm[:50000]), np.sort(perm[50000:])
+    perm = rng.permutation(len(train))
+    tr, va = np.sort(perm[:-10000]), np.sort(perm[-10000:])  # rows of X: 50,000 to train, 10,000 to validate
     real = pq.factory
     Ms = [int(a) for a in sys.argv[1].split(",")] if len(sys.argv) > 1 else [8, 16, 32]
     for M in Ms:
         for mult in (4, 8, 16, None):
-            dout = 784 - 784 % M if mult is None else mult * M
+            d = X.shape[1]
+            dout = d - d % M if mult is None else mult * M
             pq.factory = lambda d, M_, rotate=False, _o=dout: f"OPQ{M_}_{_o},PQ{M_}" if rotate else real(d, M_, rotate)
             t = time.process_time()
             trained = pq.train(X[tr], M, "l2", rotate=True, seed=0)
