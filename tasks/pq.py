@@ -10,8 +10,9 @@ the index a search reads, and the one ``metricpipe export --faiss --pq`` writes.
 Sizes: M sub-quantisers of 8 bits each (256 centroids) make M bytes per vector. Codes whose dimension
 d is not a multiple of M are padded with zero columns (``Pad``: the padded columns are zero in every
 row and centroid, so a code's decoding is the quantised vector itself); the unsupervised anchor rotates
-raw features with OPQ first, onto the multiple of M at or below d (OPQ also balances the variance of
-the sub-quantisers). faiss is the standard library for this, as numpy is for the rest.
+raw features with OPQ first (OPQ also balances the variance of the sub-quantisers), onto 4 dimensions
+per byte as faiss's guidelines advise, or onto all of d when d is smaller (:func:`rotation_dim`).
+faiss is the standard library for this, as numpy is for the rest.
 """
 
 import contextlib
@@ -34,31 +35,59 @@ ANCHOR = "opq-pq"
 #: faiss's k-means iterations (ClusteringParameters.niter) and OPQ's (OPQMatrix: niter outer
 #: iterations of niter_pq k-means iterations each, after niter_pq_0 for its first quantiser).
 KMEANS_ITERS, OPQ_ITERS, OPQ_PQ_ITERS, OPQ_PQ_ITERS_0 = 25, 50, 4, 40
+#: Multiply-adds per d^2 D' of an OPQ iteration's SVD (faiss's sgesvd of a D' x d matrix, "All" of
+#: both factors), measured on one core: OPQ onto D' = 32, 64, 128 of 3,000 rows at 4,096-d trained in
+#: 42.7, 78.9 and 145.4 CPU s, and onto 32 at 1,024 and 2,048-d in 10.6 and 16.6 s: a d-free 8.5 s plus
+#: 6.4e-8 s per d^2 D' (within 3 %) over OPQ's 50 iterations: 1.3e-9 s a d^2 D' an iteration, about 40
+#: float64 GEMM multiply-adds (at this module's 27-31 G/s).
+OPQ_SVD = 40.0
 
 
-def train_cost(n: int, d: int, M: int, rotate: bool = False) -> float:
+#: Dimensions OPQ rotates onto per byte of code: faiss's guideline for ``OPQ{M}_{D'}`` (D' = 4M, at
+#: most d). Each of OPQ's iterations takes a d x D' SVD, so a rotation onto all of d costs d^3 an
+#: iteration: over an hour at 4,096-d, against minutes onto 4M, and no better on a validation split
+#: (benchmarks/bench_anchor_dims.py; benchmarks/README.md, "Encoded databases").
+OPQ_DIMS_PER_BYTE = 4
+
+
+def rotation_dim(d: int, M: int, dim: int | None = None) -> int:
+    """The dimension OPQ rotates d-dimensional vectors onto for M bytes: ``dim`` if given (a multiple
+    of M), else OPQ_DIMS_PER_BYTE x M, or the multiple of M at or below d when that is smaller (M when
+    d < M)."""
+    if dim is not None:
+        if dim % M or dim <= 0:
+            raise InputError(f"an OPQ rotation onto {dim} dimensions for {M} bytes; give a positive multiple of {M}")
+        return int(dim)
+    return max(M, min(OPQ_DIMS_PER_BYTE * M, d - d % M))
+
+
+def train_cost(n: int, d: int, M: int, rotate: bool = False, rotate_dim: int | None = None) -> float:
     """Multiply-adds of :func:`train` on ``n`` rows of ``d`` dimensions (:mod:`metricpipe.tasks.madds`'s
     unit): each k-means iteration finds every row's nearest of CENTROIDS centroids in each of the M
-    sub-spaces (n x 256 x d multiply-adds and n x 256 x M distances in all); OPQ's iterations each
-    also encode the rows and rotate them (a d x d GEMM over the rows and a d x d SVD, about two
-    eigendecompositions)."""
+    sub-spaces (n x 256 x d multiply-adds and n x 256 x M distances in all); with OPQ (onto D' =
+    :func:`rotation_dim` dimensions) the k-means runs in D', OPQ starts from a random d x d rotation
+    (a QR), and each of its iterations encodes the rows, rotates them (two n x d x D' GEMMs) and takes
+    the SVD of a D' x d matrix, asking LAPACK for all of its d x d right factor (OPQ_SVD x d^2 D')."""
     n = min(n, TRAIN_ROWS)
     # each (row, centroid) distance of each sub-space is also written and scanned for the nearest: a
     # pass per pair (measured, one core: 20,000 x 64 rows, M = 16, 5.9 CPU s, 2.1x this estimate;
     # 31,250 x 512, M = 32, 3.5 s, 0.35x: faiss's k-means is not a GEMM at 4 to 16 dimensions)
-    step = madds.gemm(n, CENTROIDS, d, float32=True) + madds.passes(n * CENTROIDS * M)
-    cost = KMEANS_ITERS * step
-    if rotate:
-        cost += OPQ_PQ_ITERS_0 * step + OPQ_ITERS * (
-            (OPQ_PQ_ITERS + 1) * step + 2 * madds.gemm(n, d, d, float32=True) + 2 * madds.eigh(d)
-        )
-    return cost
+    if not rotate:
+        return KMEANS_ITERS * (madds.gemm(n, CENTROIDS, d, float32=True) + madds.passes(n * CENTROIDS * M))
+    r = rotation_dim(d, M, rotate_dim)
+    step = madds.gemm(n, CENTROIDS, r, float32=True) + madds.passes(n * CENTROIDS * M)
+    rotation = 2 * madds.gemm(n, d, r, float32=True) + OPQ_SVD * d * d * r
+    start = 4 / 3 * d**3 * madds.GEMM32  # the random rotation's QR (LAPACK sgeqrf and sorgqr)
+    return start + (KMEANS_ITERS + OPQ_PQ_ITERS_0) * step + OPQ_ITERS * ((OPQ_PQ_ITERS + 1) * step + rotation)
 
 
-def encode_cost(n: int, d: int, rotate: bool = False) -> float:
+def encode_cost(n: int, d: int, M: int, rotate: bool = False) -> float:
     """Multiply-adds of :func:`encode` of ``n`` rows (each row's nearest centroid in each sub-space,
-    after OPQ's rotation)."""
-    return madds.gemm(n, CENTROIDS, d, float32=True) + (madds.gemm(n, d, d, float32=True) if rotate else 0.0)
+    after OPQ's rotation onto :func:`rotation_dim` dimensions)."""
+    if not rotate:
+        return madds.gemm(n, CENTROIDS, d, float32=True)
+    r = rotation_dim(d, M)
+    return madds.gemm(n, CENTROIDS, r, float32=True) + madds.gemm(n, d, r, float32=True)
 
 
 def _faiss():
@@ -67,12 +96,12 @@ def _faiss():
     return faiss
 
 
-def factory(d: int, M: int, rotate: bool = False) -> str:
+def factory(d: int, M: int, rotate: bool = False, rotate_dim: int | None = None) -> str:
     """The faiss index_factory string of an M-byte quantiser of d-dimensional vectors: ``PQ{M}``,
     zero-padded to a multiple of M (``Pad{d2},PQ{M}``), or with ``rotate`` faiss's OPQ rotation onto
-    the multiple of M at or below d (up to M when d < M): ``OPQ{M}_{d2},PQ{M}``."""
+    :func:`rotation_dim` dimensions first: ``OPQ{M}_{D'},PQ{M}``."""
     if rotate:
-        return f"OPQ{M}_{max(M, d - d % M)},PQ{M}"
+        return f"OPQ{M}_{rotation_dim(d, M, rotate_dim)},PQ{M}"
     d2 = -(-d // M) * M
     return f"PQ{M}" if d2 == d else f"Pad{d2},PQ{M}"
 
@@ -106,7 +135,9 @@ def one_thread():
         faiss.omp_set_num_threads(before)
 
 
-def train(X: np.ndarray, M: int, metric: str = "l2", rotate: bool = False, seed: int = 0) -> np.ndarray:
+def train(
+    X: np.ndarray, M: int, metric: str = "l2", rotate: bool = False, seed: int = 0, rotate_dim: int | None = None
+) -> np.ndarray:
     """The trained, empty quantiser of M bytes per vector for rows like ``X`` (n, d), as
     ``faiss.serialize_index`` bytes (uint8).
 
@@ -122,6 +153,8 @@ def train(X: np.ndarray, M: int, metric: str = "l2", rotate: bool = False, seed:
         OPQ's learned rotation first (the unsupervised anchor), see :func:`factory`.
     seed : int
         The seed of faiss's k-means.
+    rotate_dim : int, optional
+        The dimension OPQ rotates onto (a multiple of M); by default :func:`rotation_dim`'s rule.
 
     Returns
     -------
@@ -134,7 +167,7 @@ def train(X: np.ndarray, M: int, metric: str = "l2", rotate: bool = False, seed:
             f"a product quantiser trains {CENTROIDS} centroids per sub-quantiser and got {len(X)} rows; "
             f"give at least {CENTROIDS} train rows"
         )
-    index = faiss.index_factory(X.shape[1], factory(X.shape[1], M, rotate), _metric(metric))
+    index = faiss.index_factory(X.shape[1], factory(X.shape[1], M, rotate, rotate_dim), _metric(metric))
     quantiser = _quantiser(index)
     # the factory turns on polysemous training (Hamming filtering, which search never uses): 12 s of
     # a 12.02 s training of PQ4 on 500 x 16 rows

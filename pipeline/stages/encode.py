@@ -267,7 +267,7 @@ def _quantise(ctx: StageContext, data: DataInfo, todo: list) -> None:
                     a,
                     b,
                     name=f"pq-encode-{_name(e)}",
-                    madds=pq.encode_cost(b - a, e.source.dim, e.source.rotate),
+                    madds=pq.encode_cost(b - a, e.source.dim, e.pq_bytes, e.source.rotate),
                 )
             )
             labels.append(f"{_name(e)} rows {a}..{b - 1}")
@@ -331,5 +331,5 @@ def work(info, cfg, specs: list) -> float:
     for M in cfg.encode.pq:
         for dim, rotate in sources:
             rows = pq_units.sample_size(n_train, dim)
-            total += pq.train_cost(rows, dim, M, rotate) + pq.encode_cost(info.n_samples, dim, rotate)
+            total += pq.train_cost(rows, dim, M, rotate) + pq.encode_cost(info.n_samples, dim, M, rotate)
     return total

@@ -23,6 +23,7 @@ CASES = {
     "l2, d padded to a multiple of M": (12, 8, "l2", False),
     "inner product, padded": (6, 8, "ip", False),
     "l2, OPQ onto a multiple of M": (18, 4, "l2", True),
+    "l2, OPQ onto 4 dimensions a byte": (40, 4, "l2", True),
 }
 
 
@@ -73,5 +74,20 @@ def test_factory_pads_or_rotates_so_that_every_size_works():
     assert pq.factory(64, 8) == "PQ8"
     assert pq.factory(64, 24) == "Pad72,PQ24"
     assert pq.factory(16, 32) == "Pad32,PQ32"
-    assert pq.factory(784, 32, rotate=True) == "OPQ32_768,PQ32"
+    assert pq.factory(784, 32, rotate=True) == "OPQ32_128,PQ32"  # faiss's guideline: 4 dimensions a byte
+    assert pq.factory(100, 32, rotate=True) == "OPQ32_96,PQ32"  # at most d
     assert pq.factory(16, 32, rotate=True) == "OPQ32_32,PQ32"
+    assert pq.factory(784, 32, rotate=True, rotate_dim=768) == "OPQ32_768,PQ32"
+
+
+def test_an_opq_rotation_onto_a_dimension_m_does_not_divide_is_refused():
+    with pytest.raises(InputError, match=r"onto 100 dimensions for 32 bytes; give a positive multiple of 32"):
+        pq.factory(784, 32, rotate=True, rotate_dim=100)
+
+
+def test_the_anchor_s_training_is_priced_by_the_dimension_it_rotates_onto():
+    # at 4,096-d the rotation onto all of d is dominated by its d x d SVDs; onto 4M it is not
+    full, rule = pq.train_cost(7812, 4096, 8, True, 4096), pq.train_cost(7812, 4096, 8, True)
+    assert full > 50 * rule
+    assert pq.train_cost(7812, 4096, 8, True, 32) == rule
+    assert pq.train_cost(7812, 4096, 8) < rule  # the rotation costs on top of the PQ's k-means
