@@ -91,6 +91,7 @@ def config(args, data_path: str, store: str, models: list) -> dict:
             "retrieval": {"k": [10], "queries": args.queries},
             "classification": {"queries": args.classify_queries},
         },
+        **({"encode": {"pq": [int(m) for m in args.pq.split(",")]}} if args.pq else {}),
     }
 
 
@@ -250,6 +251,8 @@ def main():
     ap.add_argument("--plan", action="store_true", help="print the plan only")
     ap.add_argument("--passes", default="main,nonnegative", help="which of PASSES to run, in order")
     ap.add_argument("--out", default=None, help="write the figures as JSON")
+    ap.add_argument("--pq", default="", help="encode.pq: bytes per vector, comma-separated (e.g. 8,16,32)")
+    ap.add_argument("--resume", action="store_true", help="resume the pass's store (its finished units reused)")
     args = ap.parse_args()
 
     from metricpipe.config import parse_config
@@ -273,12 +276,13 @@ def main():
                 f"machine, one thread: GEMM float64 {rates['float64'] / 1e9:.1f} G multiply-adds/s, float32 "
                 f"{rates['float32'] / 1e9:.1f}; a plain copy {copy_bps / 1e6:,.0f} MB/s"
             )
-        shutil.rmtree(store, ignore_errors=True)
+        if not args.resume:
+            shutil.rmtree(store, ignore_errors=True)
         lines = []
         t0 = time.perf_counter()
         run_pipeline(
             parse_config(cfg, where=f"bench_imagenet_shape {name}"),
-            resume=False,
+            resume=args.resume,
             log=lambda s: (lines.append(s), print(s)),
         )
         wall = time.perf_counter() - t0
@@ -326,10 +330,31 @@ def report(args, cfg, store: str, lines: list, wall: float, rates: dict, copy_bp
     print("| --- |" + " --- |" * len(cols))
     for model, vals in acc.items():
         print(f"| {model} | " + " | ".join("" if vals.get(c) is None else f"{vals[c]:.4f}" for c in cols) + " |")
+    encoded = per_byte(store)
+    if encoded:
+        print("\n| method | bytes | mAP | MAP@R | kNN-1 error | queries / s |\n| --- | --- | --- | --- | --- | --- |")
+        for r in encoded:
+            print(f"| {r['label']} | {r['pq_bytes']} | " + " | ".join(r["cells"]) + " |")
     if args.out:
         with open(args.out.replace(".json", f"-{name}.json"), "w") as f:
-            out = {"wall": wall, "rates": rates, "copy_bps": copy_bps, "stages": stage_rows}
+            out = {"wall": wall, "rates": rates, "copy_bps": copy_bps, "stages": stage_rows, "per_byte": encoded}
             json.dump({**out, "peaks": peaks, "fits": fit_rows, "accuracy": acc}, f, indent=1, default=str)
+
+
+def per_byte(store: str) -> list:
+    """The report's quality-per-byte rows (encode.pq): {label, pq_bytes, cells} by size, then method."""
+    from metricpipe.report.quality import quality_rows
+
+    m = json.load(open(f"{store}/report/metrics.json"))
+    if "quality_per_byte" not in m:
+        return []
+    cols = [("map", None), ("map@r", None), ("top1_error", "knn1"), ("qps", None)]
+    out = []
+    for r in quality_rows(m["quality_per_byte"]["records"]):
+        cells = [r["values"].get(c) for c in cols]
+        cells = ["" if v is None else (f"{v:,.0f}" if c[0] == "qps" else f"{v:.4f}") for c, v in zip(cols, cells)]
+        out.append({"label": r["label"], "pq_bytes": r["pq_bytes"], "cells": cells})
+    return out
 
 
 if __name__ == "__main__":
