@@ -44,9 +44,10 @@ OPQ_SVD = 40.0
 
 
 #: Dimensions OPQ rotates onto per byte of code: faiss's guideline for ``OPQ{M}_{D'}`` (D' = 4M, at
-#: most d). Each of OPQ's iterations takes a d x D' SVD, so a rotation onto all of d costs d^3 an
-#: iteration: over an hour at 4,096-d, against minutes onto 4M, and no better on a validation split
-#: (benchmarks/bench_anchor_dims.py; benchmarks/README.md, "Encoded databases").
+#: most d). Each of OPQ's iterations costs OPQ_SVD x d^2 D', so a rotation onto all of d costs d^3 an
+#: iteration: over an hour at 4,096-d, against minutes onto 4M, for a kNN-1 error within two standard
+#: errors on validation splits of Fashion-MNIST and digits (benchmarks/bench_anchor_dims.py;
+#: benchmarks/README.md, "Encoded databases").
 OPQ_DIMS_PER_BYTE = 4
 
 
