@@ -36,11 +36,13 @@ ANCHOR = "opq-pq"
 #: iterations of niter_pq k-means iterations each, after niter_pq_0 for its first quantiser).
 KMEANS_ITERS, OPQ_ITERS, OPQ_PQ_ITERS, OPQ_PQ_ITERS_0 = 25, 50, 4, 40
 #: Multiply-adds per d^2 D' of an OPQ iteration's SVD (faiss's sgesvd of a D' x d matrix, "All" of
-#: both factors), measured on one core: OPQ onto D' = 32, 64, 128 of 3,000 rows at 4,096-d trained in
-#: 42.7, 78.9 and 145.4 CPU s, and onto 32 at 1,024 and 2,048-d in 10.6 and 16.6 s: a d-free 8.5 s plus
-#: 6.4e-8 s per d^2 D' (within 3 %) over OPQ's 50 iterations: 1.3e-9 s a d^2 D' an iteration, about 40
-#: float64 GEMM multiply-adds (at this module's 27-31 G/s).
-OPQ_SVD = 40.0
+#: both factors). Measured on one core of an AMD EPYC VM (one-thread float64 GEMM 8.8 G/s): OPQ onto
+#: D' = 32, 64, 128 of 3,000 rows at 4,096-d trained in 42.7, 78.9 and 145.4 CPU s, and onto 32 at
+#: 1,024 and 2,048-d in 10.6 and 16.6 s: a d-free 8.5 s plus 6.4e-8 s per d^2 D' (within 3 %) over
+#: OPQ's 50 iterations, 11 GEMM multiply-adds there. LAPACK is slower against the GEMM on the Intel
+#: VM with AVX-512 this module's constants come from: the rotation onto all 4,096 dimensions ran 57
+#: CPU minutes there without finishing, which takes at least 28; the plan counts 30.
+OPQ_SVD = 30.0
 
 
 #: Dimensions OPQ rotates onto per byte of code: faiss's guideline for ``OPQ{M}_{D'}`` (D' = 4M, at
